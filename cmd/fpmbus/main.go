@@ -1,0 +1,96 @@
+// Command fpmbus moves Dynamo's forward-pass metrics from ZMQ onto NATS JetStream and turns them into
+// traces, gap events, merged benchmark artefacts and sealed datasets. Run `fpmbus help` for commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// command is one subcommand. run gets the arguments after the command name and returns an error to
+// print; errUsage (wrapped) makes main exit 2 instead of 1.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+var commands = map[string]command{}
+
+func register(c command) { commands[c.name] = c }
+
+// errUsage marks errors caused by how the command was called (bad flag or value): exit status 2.
+var errUsage = errors.New("usage")
+
+// exitCoder lets a command choose its own exit status (e.g. a partial publication).
+type exitCoder interface{ ExitCode() int }
+
+func main() {
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()})))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(runMain(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stdout)
+		return 0
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "fpmbus: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	err := c.run(ctx, args[1:])
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	}
+	fmt.Fprintf(stderr, "fpmbus %s: %v\n", c.name, err)
+	var ec exitCoder
+	if errors.As(err, &ec) {
+		return ec.ExitCode()
+	}
+	if errors.Is(err, errUsage) {
+		return 2
+	}
+	return 1
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: fpmbus <command> [flags]\n\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w, "\nRun `fpmbus <command> -h` for a command's flags.")
+}
+
+func logLevel() slog.Level {
+	switch strings.ToLower(os.Getenv("FPMBUS_LOG_LEVEL")) {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}

@@ -1,0 +1,50 @@
+// Package schemas holds the Go types and JSON Schema documents of every wire and file format fpmbus
+// reads or writes: Dynamo's ForwardPassMetrics (msgpack on ZMQ, canonical JSON on NATS) and the
+// dynamo.fpm.trace.v1 trace line.
+//
+// Invariants: a *FPM returned by DecodeFPM or ParseFPMJSON has passed Validate, and its JSON field holds
+// the canonical JSON object — every field of the payload, unknown ones too, in payload order, floats
+// formatted as Dynamo's Rust trace writer (serde_json/ryu) formats them. Consumers copy JSON verbatim.
+package schemas
+
+// FPMVersion is the only ForwardPassMetrics version Dynamo accepts.
+const FPMVersion = 1
+
+// FPM is one decoded, validated ForwardPassMetrics message.
+type FPM struct {
+	Version   int64
+	WorkerID  string
+	DPRank    int64
+	CounterID int64
+	WallTime  float64
+	Scheduled ScheduledRequests
+	Queued    QueuedRequests
+	// JSON is the canonical JSON object (compact, payload order, unknown fields kept).
+	JSON []byte
+}
+
+// ScheduledRequests mirrors Dynamo's ScheduledRequestMetrics (7 fields, in this order).
+type ScheduledRequests struct {
+	NumPrefillRequests int64
+	SumPrefillTokens   int64
+	VarPrefillLength   float64
+	SumPrefillKVTokens int64
+	NumDecodeRequests  int64
+	SumDecodeKVTokens  int64
+	VarDecodeKVTokens  float64
+}
+
+// QueuedRequests mirrors Dynamo's QueuedRequestMetrics (6 fields, in this order).
+type QueuedRequests struct {
+	NumPrefillRequests int64
+	SumPrefillTokens   int64
+	VarPrefillLength   float64
+	NumDecodeRequests  int64
+	SumDecodeKVTokens  int64
+	VarDecodeKVTokens  float64
+}
+
+// IsHeartbeat reports whether f is an idle heartbeat: wall_time 0 and every request count zero.
+func (f *FPM) IsHeartbeat() bool {
+	return f.WallTime == 0 && f.Scheduled == (ScheduledRequests{}) && f.Queued == (QueuedRequests{})
+}

@@ -1,0 +1,127 @@
+package streams
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream and bucket names.
+const (
+	StreamFPM      = "FPM"
+	StreamEvents   = "FPM_EVENTS"
+	StreamBench    = "FPM_BENCH"
+	BucketDatasets = "FPM_DATASETS"
+)
+
+// DefaultDuplicateWindow covers the bridge's own publish retries (ack timeout plus backoff), not more.
+// The server keeps every message id inside the window in memory: at 100 ranks x 100 FPM/s a 2-minute
+// window holds 1.2M ids (~gigabytes with per-id overhead across a fleet), 30 s holds a quarter of that.
+const DefaultDuplicateWindow = 30 * time.Second
+
+// Config holds the server-side settings of fpmbus's streams. The zero value is not valid; start from
+// DefaultConfig, whose values suit one embedded node.
+type Config struct {
+	Replicas        int           `json:"replicas"`
+	MaxAge          time.Duration `json:"max_age"`
+	MaxBytes        int64         `json:"max_bytes"`
+	EventsMaxAge    time.Duration `json:"events_max_age"`
+	BenchMaxAge     time.Duration `json:"bench_max_age"`
+	DuplicateWindow time.Duration `json:"duplicate_window"`
+	// MaxMsgSize bounds one message on FPM_BENCH (benchmark artefacts are large). -1 = server limit.
+	BenchMaxMsgSize int32 `json:"bench_max_msg_size"`
+	Storage         jetstream.StorageType
+}
+
+// DefaultConfig: one replica, file storage, FPM kept 7 days or 10 GiB, events 30 days, artefacts 90 days.
+func DefaultConfig() Config {
+	return Config{
+		Replicas:        1,
+		MaxAge:          7 * 24 * time.Hour,
+		MaxBytes:        10 << 30,
+		EventsMaxAge:    30 * 24 * time.Hour,
+		BenchMaxAge:     90 * 24 * time.Hour,
+		DuplicateWindow: DefaultDuplicateWindow,
+		BenchMaxMsgSize: -1,
+		Storage:         jetstream.FileStorage,
+	}
+}
+
+// Validate reports the first setting that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.Replicas < 1 || c.Replicas > 5:
+		return fmt.Errorf("streams: replicas %d: want 1 to 5", c.Replicas)
+	case c.MaxAge < 0 || c.EventsMaxAge < 0 || c.BenchMaxAge < 0:
+		return fmt.Errorf("streams: max age must not be negative")
+	case c.DuplicateWindow <= 0:
+		return fmt.Errorf("streams: duplicate window %v must be positive", c.DuplicateWindow)
+	case c.MaxAge > 0 && c.DuplicateWindow > c.MaxAge:
+		return fmt.Errorf("streams: duplicate window %v exceeds max age %v", c.DuplicateWindow, c.MaxAge)
+	}
+	return nil
+}
+
+// FPMStream is the definition of the FPM stream.
+func (c Config) FPMStream() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:         StreamFPM,
+		Description:  "Dynamo forward-pass metrics, one canonical JSON FPM per message, bridged from ZMQ",
+		Subjects:     []string{FPMWildcard},
+		Retention:    jetstream.LimitsPolicy,
+		Discard:      jetstream.DiscardOld,
+		MaxAge:       c.MaxAge,
+		MaxBytes:     c.MaxBytes,
+		MaxMsgs:      -1,
+		MaxConsumers: -1,
+		Storage:      c.Storage,
+		Replicas:     c.Replicas,
+		Duplicates:   c.DuplicateWindow,
+		AllowDirect:  true,
+	}
+}
+
+// EventsStream is the definition of FPM_EVENTS (dead letters, drop markers, gap events).
+func (c Config) EventsStream() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:         StreamEvents,
+		Description:  "fpmbus events: dead letters, bridge drop markers, gap events",
+		Subjects:     []string{EventsWildcard},
+		Retention:    jetstream.LimitsPolicy,
+		Discard:      jetstream.DiscardOld,
+		MaxAge:       c.EventsMaxAge,
+		MaxBytes:     -1,
+		MaxMsgs:      -1,
+		MaxConsumers: -1,
+		Storage:      c.Storage,
+		Replicas:     c.Replicas,
+		Duplicates:   c.DuplicateWindow,
+		AllowDirect:  true,
+	}
+}
+
+// BenchStream is the definition of FPM_BENCH (rank and merged benchmark artefacts).
+func (c Config) BenchStream() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:         StreamBench,
+		Description:  "fpmbus benchmark artefacts: per-rank self-benchmark files and merged artefacts",
+		Subjects:     []string{BenchWildcard},
+		Retention:    jetstream.LimitsPolicy,
+		Discard:      jetstream.DiscardOld,
+		MaxAge:       c.BenchMaxAge,
+		MaxBytes:     -1,
+		MaxMsgs:      -1,
+		MaxConsumers: -1,
+		MaxMsgSize:   c.BenchMaxMsgSize,
+		Storage:      c.Storage,
+		Replicas:     c.Replicas,
+		Duplicates:   c.DuplicateWindow,
+		AllowDirect:  true,
+	}
+}
+
+// All returns every stream definition, in the order Apply creates them.
+func (c Config) All() []jetstream.StreamConfig {
+	return []jetstream.StreamConfig{c.FPMStream(), c.EventsStream(), c.BenchStream()}
+}

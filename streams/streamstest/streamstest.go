@@ -1,0 +1,117 @@
+// Package streamstest starts a real embedded JetStream server for tests: loopback, a random port, a
+// store under t.TempDir(), fpmbus's streams applied. Cleanup closes the connection and stops the server.
+package streamstest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// Env is one running test server and a client on it.
+type Env struct {
+	Server   *streams.Server
+	StoreDir string
+	NC       *nats.Conn
+	JS       jetstream.JetStream
+}
+
+// Start runs a server with streams.DefaultConfig applied.
+func Start(t testing.TB) *Env {
+	t.Helper()
+	return StartAt(t, "127.0.0.1:0", t.TempDir())
+}
+
+// StartAt runs a server on listen with the given store dir (reuse both to simulate a restart).
+func StartAt(t testing.TB, listen, storeDir string) *Env {
+	t.Helper()
+	srv, err := streams.StartServer(streams.ServerConfig{Listen: listen, StoreDir: storeDir})
+	if err != nil {
+		t.Fatalf("start embedded server: %v", err)
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		_ = srv.Shutdown(context.Background())
+		t.Fatalf("connect: %v", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := streams.Apply(ctx, js, streams.DefaultConfig()); err != nil {
+		t.Fatalf("apply streams: %v", err)
+	}
+	e := &Env{Server: srv, StoreDir: storeDir, NC: nc, JS: js}
+	t.Cleanup(e.Stop)
+	return e
+}
+
+// Stop closes the client and shuts the server down; safe to call twice.
+func (e *Env) Stop() {
+	if e.NC != nil {
+		e.NC.Close()
+		e.NC = nil
+	}
+	if e.Server != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = e.Server.Shutdown(ctx)
+		e.Server = nil
+	}
+}
+
+// Messages fetches every message of stream on subject filter (">" for all) with an ordered consumer.
+func Messages(t testing.TB, js jetstream.JetStream, stream, filter string) []jetstream.Msg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatalf("stream info %s: %v", stream, err)
+	}
+	cfg := jetstream.OrderedConsumerConfig{}
+	if filter != "" && filter != ">" {
+		cfg.FilterSubjects = []string{filter}
+	}
+	c, err := s.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		t.Fatalf("ordered consumer: %v", err)
+	}
+	var out []jetstream.Msg
+	for {
+		ci, err := c.Info(ctx)
+		if err == nil && ci.NumPending == 0 && ci.Delivered.Stream >= info.State.LastSeq {
+			return out
+		}
+		batch, err := c.FetchNoWait(500)
+		if err != nil {
+			t.Fatalf("fetch: %v", err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			out = append(out, m)
+			n++
+		}
+		if n == 0 {
+			ci, err := c.Info(ctx)
+			if err != nil {
+				t.Fatalf("consumer info: %v", err)
+			}
+			if ci.NumPending == 0 {
+				return out
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
