@@ -76,10 +76,6 @@ func Messages(t testing.TB, js jetstream.JetStream, stream, filter string) []jet
 	if err != nil {
 		t.Fatalf("stream %s: %v", stream, err)
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatalf("stream info %s: %v", stream, err)
-	}
 	cfg := jetstream.OrderedConsumerConfig{}
 	if filter != "" && filter != ">" {
 		cfg.FilterSubjects = []string{filter}
@@ -90,11 +86,7 @@ func Messages(t testing.TB, js jetstream.JetStream, stream, filter string) []jet
 	}
 	var out []jetstream.Msg
 	for {
-		ci, err := c.Info(ctx)
-		if err == nil && ci.NumPending == 0 && ci.Delivered.Stream >= info.State.LastSeq {
-			return out
-		}
-		batch, err := c.FetchNoWait(500)
+		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(200*time.Millisecond))
 		if err != nil {
 			t.Fatalf("fetch: %v", err)
 		}
@@ -103,15 +95,15 @@ func Messages(t testing.TB, js jetstream.JetStream, stream, filter string) []jet
 			out = append(out, m)
 			n++
 		}
-		if n == 0 {
-			ci, err := c.Info(ctx)
-			if err != nil {
-				t.Fatalf("consumer info: %v", err)
-			}
-			if ci.NumPending == 0 {
-				return out
-			}
-			time.Sleep(10 * time.Millisecond)
+		if n > 0 {
+			continue
+		}
+		ci, err := c.Info(ctx)
+		if err != nil {
+			t.Fatalf("consumer info: %v", err)
+		}
+		if ci.NumPending == 0 {
+			return out
 		}
 	}
 }
