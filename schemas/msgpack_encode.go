@@ -1,0 +1,126 @@
+package schemas
+
+import (
+	"encoding/binary"
+	"math"
+)
+
+// EncodeMsgpack encodes f exactly as Python's msgspec.msgpack.Encoder encodes Dynamo's ForwardPassMetrics
+// struct (what the synthetic publisher sends in place of a real worker). f.JSON is ignored, so unknown
+// fields are not encoded. f is not validated: call f.Validate first if it may break the FPM rules.
+func EncodeMsgpack(f *FPM) []byte {
+	return AppendMsgpack(make([]byte, 0, 320), f)
+}
+
+// AppendMsgpack appends the msgpack encoding of f to dst and returns the extended buffer (see
+// EncodeMsgpack). The layout is msgspec's for a struct without array_like, tag or omit_defaults:
+//
+//   - a map of the 7 fields in declaration order (version, worker_id, dp_rank, counter_id, wall_time,
+//     scheduled_requests, queued_requests), the nested ones maps of 7 and 6 fields, keys as fixstr;
+//   - integers in the smallest encoding: positive fixint, uint8/16/32/64 when non-negative, negative
+//     fixint, int8/16/32/64 when negative;
+//   - floats always float64 (0xcb), even when integral;
+//   - strings as fixstr, str8, str16 or str32 by length.
+func AppendMsgpack(dst []byte, f *FPM) []byte {
+	dst = append(dst, 0x87)
+	dst = appendKey(dst, fieldVersion)
+	dst = appendMsgpackInt(dst, f.Version)
+	dst = appendKey(dst, fieldWorkerID)
+	dst = appendMsgpackStr(dst, f.WorkerID)
+	dst = appendKey(dst, fieldDPRank)
+	dst = appendMsgpackInt(dst, f.DPRank)
+	dst = appendKey(dst, fieldCounterID)
+	dst = appendMsgpackInt(dst, f.CounterID)
+	dst = appendKey(dst, fieldWallTime)
+	dst = appendMsgpackFloat(dst, f.WallTime)
+
+	s := &f.Scheduled
+	dst = appendKey(dst, fieldScheduled)
+	dst = append(dst, 0x87)
+	dst = appendKey(dst, fieldNumPrefill)
+	dst = appendMsgpackInt(dst, s.NumPrefillRequests)
+	dst = appendKey(dst, fieldSumPrefillTokens)
+	dst = appendMsgpackInt(dst, s.SumPrefillTokens)
+	dst = appendKey(dst, fieldVarPrefillLength)
+	dst = appendMsgpackFloat(dst, s.VarPrefillLength)
+	dst = appendKey(dst, fieldSumPrefillKV)
+	dst = appendMsgpackInt(dst, s.SumPrefillKVTokens)
+	dst = appendKey(dst, fieldNumDecode)
+	dst = appendMsgpackInt(dst, s.NumDecodeRequests)
+	dst = appendKey(dst, fieldSumDecodeKV)
+	dst = appendMsgpackInt(dst, s.SumDecodeKVTokens)
+	dst = appendKey(dst, fieldVarDecodeKVTokens)
+	dst = appendMsgpackFloat(dst, s.VarDecodeKVTokens)
+
+	q := &f.Queued
+	dst = appendKey(dst, fieldQueued)
+	dst = append(dst, 0x86)
+	dst = appendKey(dst, fieldNumPrefill)
+	dst = appendMsgpackInt(dst, q.NumPrefillRequests)
+	dst = appendKey(dst, fieldSumPrefillTokens)
+	dst = appendMsgpackInt(dst, q.SumPrefillTokens)
+	dst = appendKey(dst, fieldVarPrefillLength)
+	dst = appendMsgpackFloat(dst, q.VarPrefillLength)
+	dst = appendKey(dst, fieldNumDecode)
+	dst = appendMsgpackInt(dst, q.NumDecodeRequests)
+	dst = appendKey(dst, fieldSumDecodeKV)
+	dst = appendMsgpackInt(dst, q.SumDecodeKVTokens)
+	dst = appendKey(dst, fieldVarDecodeKVTokens)
+	return appendMsgpackFloat(dst, q.VarDecodeKVTokens)
+}
+
+// appendKey appends a field name (always shorter than 32 bytes) as a fixstr.
+func appendKey(dst []byte, k string) []byte {
+	dst = append(dst, 0xa0|byte(len(k)))
+	return append(dst, k...)
+}
+
+func appendMsgpackStr(dst []byte, s string) []byte {
+	switch n := len(s); {
+	case n < 32:
+		dst = append(dst, 0xa0|byte(n))
+	case n <= math.MaxUint8:
+		dst = append(dst, 0xd9, byte(n))
+	case n <= math.MaxUint16:
+		dst = append(dst, 0xda)
+		dst = binary.BigEndian.AppendUint16(dst, uint16(n))
+	default:
+		dst = append(dst, 0xdb)
+		dst = binary.BigEndian.AppendUint32(dst, uint32(n))
+	}
+	return append(dst, s...)
+}
+
+// appendMsgpackInt appends v in the smallest encoding msgspec uses for a Python int.
+func appendMsgpackInt(dst []byte, v int64) []byte {
+	if v >= 0 {
+		switch u := uint64(v); {
+		case u < 128:
+			return append(dst, byte(u))
+		case u <= math.MaxUint8:
+			return append(dst, 0xcc, byte(u))
+		case u <= math.MaxUint16:
+			return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
+		case u <= math.MaxUint32:
+			return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
+		default:
+			return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
+		}
+	}
+	switch {
+	case v >= -32:
+		return append(dst, byte(v))
+	case v >= math.MinInt8:
+		return append(dst, 0xd0, byte(v))
+	case v >= math.MinInt16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xd1), uint16(v))
+	case v >= math.MinInt32:
+		return binary.BigEndian.AppendUint32(append(dst, 0xd2), uint32(v))
+	default:
+		return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
+	}
+}
+
+func appendMsgpackFloat(dst []byte, f float64) []byte {
+	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(f))
+}
