@@ -1,0 +1,95 @@
+package producer_test
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pebbe/zmq4"
+
+	"github.com/fpmbus/fpmbus/producer"
+	"github.com/fpmbus/fpmbus/producer/producertest"
+	"github.com/fpmbus/fpmbus/schemas"
+)
+
+// BenchmarkPublisherSend measures what one rank's sender does per message (stamp counter_id, encode the
+// msgpack payload, send the three frames without blocking), in messages per second: with no subscriber
+// (libzmq discards at once) and with a subscriber draining as fast as it can.
+func BenchmarkPublisherSend(b *testing.B) {
+	f, _ := producer.NewEngine(1, "bench-worker", 0).Step()
+	for _, withSub := range []bool{false, true} {
+		name := "no-subscriber"
+		if withSub {
+			name = "subscriber"
+		}
+		b.Run(name, func(b *testing.B) {
+			port := producertest.FreeBasePort(b, "", 1)
+			ep := "tcp://127.0.0.1:" + strconv.Itoa(port)
+			s, err := producer.NewSender(nil, ep, producer.DefaultSendHWM, producer.WithLinger(0))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			if withSub {
+				stop := drain(b, ep)
+				defer stop()
+				time.Sleep(200 * time.Millisecond) // slow joiner
+			}
+			buf := make([]byte, 0, 512)
+			var seq uint64
+			var dropped int
+			b.ReportAllocs()
+			start := time.Now()
+			for b.Loop() {
+				f.CounterID = int64(seq)
+				buf = schemas.AppendMsgpack(buf[:0], &f)
+				if err := s.Send(seq, buf); errors.Is(err, producer.ErrDropped) {
+					dropped++
+				} else if err != nil {
+					b.Fatal(err)
+				}
+				seq++
+			}
+			b.ReportMetric(float64(seq)/time.Since(start).Seconds(), "msgs/s")
+			b.ReportMetric(float64(len(buf)), "payload-bytes")
+			if dropped > 0 {
+				b.ReportMetric(float64(dropped), "eagain")
+			}
+		})
+	}
+}
+
+// drain connects a SUB socket to ep and reads until the returned stop function is called.
+func drain(b *testing.B, ep string) (stop func()) {
+	ctx, err := zmq4.NewContext()
+	if err != nil {
+		b.Fatal(err)
+	}
+	sock, err := ctx.NewSocket(zmq4.SUB)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sock.SetLinger(0)
+	sock.SetRcvtimeo(50 * time.Millisecond)
+	sock.SetSubscribe("")
+	if err := sock.Connect(ep); err != nil {
+		b.Fatal(err)
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() { // owns sock
+		defer close(done)
+		defer func() { sock.Close(); ctx.Term() }()
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			sock.RecvMessageBytes(0)
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(quit); <-done }) }
+}

@@ -1,0 +1,192 @@
+// Package producertest helps tests talk to synthetic Dynamo FPM publishers over real libzmq: it finds a
+// free block of consecutive ports for the ranks, and receives Dynamo's three-frame messages on a SUB
+// socket. Everything it creates is closed by the test's Cleanup.
+package producertest
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pebbe/zmq4"
+
+	"github.com/fpmbus/fpmbus/schemas"
+)
+
+// Port block bounds: below the usual Linux ephemeral range (32768+), which Dynamo also warns about.
+const (
+	portLow  = 21000
+	portHigh = 32000
+)
+
+var (
+	mu     sync.Mutex
+	handed = map[int]bool{} // ports already given out in this process
+)
+
+// FreeBasePort returns a base port such that base..base+n-1 are all free on host (127.0.0.1 when ""),
+// chosen at random below the ephemeral port range and never handed out twice in one process. The ports
+// are probed and released, so another process could still take one before the caller binds it.
+func FreeBasePort(tb testing.TB, host string, n int) int {
+	tb.Helper()
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for range 200 {
+		base := portLow + rand.IntN(portHigh-portLow-n)
+		if probe(host, base, n) {
+			for p := base; p < base+n; p++ {
+				handed[p] = true
+			}
+			return base
+		}
+	}
+	tb.Fatalf("producertest: no %d consecutive free ports on %s in %d..%d", n, host, portLow, portHigh)
+	return 0
+}
+
+func probe(host string, base, n int) bool {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for p := base; p < base+n; p++ {
+		if handed[p] {
+			return false
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err != nil {
+			return false
+		}
+		ls = append(ls, l)
+	}
+	return true
+}
+
+// ConnectEndpoint turns a bind endpoint into one a subscriber can connect to: tcp://*:P becomes
+// tcp://127.0.0.1:P; anything else is returned unchanged.
+func ConnectEndpoint(bind string) string {
+	if rest, ok := strings.CutPrefix(bind, "tcp://*:"); ok {
+		return "tcp://127.0.0.1:" + rest
+	}
+	return bind
+}
+
+// ErrTimeout is returned by Subscriber.Recv when nothing arrived in time.
+var ErrTimeout = errors.New("producertest: receive timed out")
+
+// Message is one multipart message as received.
+type Message struct {
+	Frames [][]byte
+	// Seq is the big-endian sequence of frame 1; valid only when Wellformed.
+	Seq uint64
+	// Wellformed: exactly 3 frames, an empty topic and an 8-byte sequence.
+	Wellformed bool
+}
+
+// Payload returns the last frame.
+func (m Message) Payload() []byte { return m.Frames[len(m.Frames)-1] }
+
+// Subscriber is a SUB socket subscribed to everything (an empty filter, as Dynamo's consumers use). It
+// is owned by the test goroutine that uses it.
+type Subscriber struct {
+	ctx  *zmq4.Context
+	sock *zmq4.Socket
+}
+
+// NewSubscriber connects a SUB socket to endpoint (a bind endpoint is converted by ConnectEndpoint).
+// rcvhwm sets ZMQ_RCVHWM when > 0. The socket is closed by tb's Cleanup.
+func NewSubscriber(tb testing.TB, endpoint string, rcvhwm int) *Subscriber {
+	tb.Helper()
+	ctx, err := zmq4.NewContext()
+	if err != nil {
+		tb.Fatalf("producertest: zmq context: %v", err)
+	}
+	s := &Subscriber{ctx: ctx}
+	tb.Cleanup(s.Close)
+	if s.sock, err = ctx.NewSocket(zmq4.SUB); err != nil {
+		tb.Fatalf("producertest: SUB socket: %v", err)
+	}
+	must := func(what string, err error) {
+		if err != nil {
+			tb.Fatalf("producertest: %s: %v", what, err)
+		}
+	}
+	must("linger", s.sock.SetLinger(0))
+	if rcvhwm > 0 {
+		must("rcvhwm", s.sock.SetRcvhwm(rcvhwm))
+	}
+	must("subscribe", s.sock.SetSubscribe(""))
+	must("connect "+endpoint, s.sock.Connect(ConnectEndpoint(endpoint)))
+	return s
+}
+
+// Recv waits up to timeout for the next message; ErrTimeout if none came.
+func (s *Subscriber) Recv(timeout time.Duration) (Message, error) {
+	if err := s.sock.SetRcvtimeo(timeout); err != nil {
+		return Message{}, err
+	}
+	frames, err := s.sock.RecvMessageBytes(0)
+	if err != nil {
+		if zmq4.AsErrno(err) == zmq4.Errno(syscall.EAGAIN) {
+			return Message{}, ErrTimeout
+		}
+		return Message{}, err
+	}
+	m := Message{Frames: frames}
+	if len(frames) == 3 && len(frames[0]) == 0 && len(frames[1]) == 8 {
+		m.Wellformed = true
+		m.Seq = binary.BigEndian.Uint64(frames[1])
+	}
+	return m, nil
+}
+
+// RecvFPM receives the next message, checks Dynamo's frame layout and decodes the payload with
+// schemas.DecodeFPM. Any problem fails the test.
+func (s *Subscriber) RecvFPM(tb testing.TB, timeout time.Duration) (uint64, *schemas.FPM) {
+	tb.Helper()
+	m, err := s.Recv(timeout)
+	if err != nil {
+		tb.Fatalf("producertest: receive: %v", err)
+	}
+	if !m.Wellformed {
+		tb.Fatalf("producertest: malformed message: %s", describe(m.Frames))
+	}
+	f, err := schemas.DecodeFPM(m.Payload())
+	if err != nil {
+		tb.Fatalf("producertest: seq %d: decode payload: %v", m.Seq, err)
+	}
+	return m.Seq, f
+}
+
+// Close closes the socket and its context; safe to call twice.
+func (s *Subscriber) Close() {
+	if s.sock != nil {
+		s.sock.Close()
+		s.sock = nil
+	}
+	if s.ctx != nil {
+		s.ctx.Term()
+		s.ctx = nil
+	}
+}
+
+func describe(frames [][]byte) string {
+	lens := make([]string, len(frames))
+	for i, f := range frames {
+		lens[i] = strconv.Itoa(len(f))
+	}
+	return fmt.Sprintf("%d frames of %s bytes", len(frames), strings.Join(lens, "/"))
+}
