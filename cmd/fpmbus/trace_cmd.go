@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+func init() {
+	register(command{
+		name:    "trace",
+		summary: "write Dynamo FPM trace segments (gzip JSONL, sampled | full) from the FPM stream",
+		run:     runTrace,
+	})
+}
+
+// traceOptions holds the trace writer's flags, shared with `fpmbus up`. Defaults come from Dynamo's
+// variables (DYN_FPM_MODE, DYN_FPM_OUTPUT_PATH, DYN_FPM_SAMPLE_INTERVAL_MS, DYN_FPM_JSONL_GZ_ROLL_BYTES,
+// DYN_FPM_MAX_SEGMENTS), else Dynamo's defaults. Numbers are kept as text until config(), so that a bad
+// value from the environment or a flag is reported with its name.
+type traceOptions struct {
+	mode           string
+	output         string
+	sampleInterval string
+	rollBytes      string
+	maxSegments    string
+	producerID     string
+	group          string
+	filter         string
+	stopTimeout    time.Duration
+}
+
+// traceFlags registers the trace writer's flags on fs.
+func traceFlags(fs *flag.FlagSet) *traceOptions {
+	o := &traceOptions{}
+	d := trace.DefaultConfig()
+	fs.StringVar(&o.mode, "trace-mode", envOr(trace.EnvMode, d.Mode), "capture mode: sampled (newest FPM per key per interval) or full (every FPM) (env "+trace.EnvMode+")")
+	output := d.OutputPath
+	if v, ok := os.LookupEnv(trace.EnvOutputPath); ok {
+		output = v // blank is reported by config(), as Dynamo reports it
+	}
+	fs.StringVar(&o.output, "trace-output", output, "output path; files are <path without .jsonl[.gz]>.<producer>.<index:06>.jsonl.gz (env "+trace.EnvOutputPath+")")
+	fs.StringVar(&o.sampleInterval, "sample-interval", envOr(trace.EnvSampleInterval, fmt.Sprint(d.SampleInterval.Milliseconds())), "sampled mode interval in milliseconds, a positive integer (env "+trace.EnvSampleInterval+")")
+	fs.StringVar(&o.rollBytes, "roll-bytes", envOr(trace.EnvRollBytes, fmt.Sprint(d.RollBytes)), "start a new segment before it exceeds this many uncompressed bytes (env "+trace.EnvRollBytes+")")
+	fs.StringVar(&o.maxSegments, "max-segments", envOr(trace.EnvMaxSegments, fmt.Sprint(d.MaxSegments)), "segments kept per producer, the active one included (env "+trace.EnvMaxSegments+")")
+	fs.StringVar(&o.producerID, "producer-id", "", "file every FPM under this producer id (default: the message's Fpm-Producer header, else its worker_id)")
+	fs.StringVar(&o.group, "group", d.Durable, "durable consumer name on stream FPM; run one writer per name (split work with disjoint --filter and names)")
+	fs.StringVar(&o.filter, "filter", d.FilterSubject, "FPM subjects to trace, e.g. fpm.dynamo.backend.>")
+	fs.DurationVar(&o.stopTimeout, "stop-timeout", d.StopTimeout, "on interrupt, how long to keep writing what was already received")
+	return o
+}
+
+// config turns the flags into a validated trace.Config; a bad value is a usage error naming the flag,
+// its variable and the value.
+func (o *traceOptions) config() (trace.Config, error) {
+	c := trace.DefaultConfig()
+	mode, err := trace.ParseMode(o.mode)
+	if err != nil {
+		return c, fmt.Errorf("%w: --trace-mode %q (%s): want sampled or full", errUsage, o.mode, trace.EnvMode)
+	}
+	c.Mode = mode
+	if strings.TrimSpace(o.output) == "" {
+		return c, fmt.Errorf("%w: --trace-output %q (%s): blank output path", errUsage, o.output, trace.EnvOutputPath)
+	}
+	c.OutputPath = strings.TrimSpace(o.output)
+	ms, err := trace.ParsePositive(o.sampleInterval)
+	if err != nil || ms > int64(time.Duration(1<<62)/time.Millisecond) {
+		return c, fmt.Errorf("%w: --sample-interval %q (%s): want a positive integer (milliseconds)", errUsage, o.sampleInterval, trace.EnvSampleInterval)
+	}
+	c.SampleInterval = time.Duration(ms) * time.Millisecond
+	if c.RollBytes, err = trace.ParsePositive(o.rollBytes); err != nil {
+		return c, fmt.Errorf("%w: --roll-bytes %q (%s): want a positive integer (uncompressed bytes)", errUsage, o.rollBytes, trace.EnvRollBytes)
+	}
+	n, err := trace.ParsePositive(o.maxSegments)
+	if err != nil || n > 1<<31-1 {
+		return c, fmt.Errorf("%w: --max-segments %q (%s): want a positive integer", errUsage, o.maxSegments, trace.EnvMaxSegments)
+	}
+	c.MaxSegments = int(n)
+	c.ProducerID = o.producerID
+	c.Durable = o.group
+	c.FilterSubject = o.filter
+	c.StopTimeout = o.stopTimeout
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return c, nil
+}
+
+func runTrace(ctx context.Context, args []string) error {
+	if len(args) > 0 && (args[0] == "backfill" || args[0] == "info") {
+		return fmt.Errorf("fpmbus trace %s: not implemented yet", args[0])
+	}
+	fs := newFlagSet("trace", "trace [--server URL] [--trace-mode sampled|full] [--trace-output PATH] [--group NAME] [--filter SUBJECT] …")
+	conn := connFlags(fs, "trace")
+	scfg := streamFlags(fs)
+	topts := traceFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := topts.config()
+	if err != nil {
+		return err
+	}
+	if err := scfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	// Fail before connecting if the output cannot be written (Dynamo's write preflight).
+	if err := trace.ProbeOutput(cfg.OutputPath); err != nil {
+		return err
+	}
+	cfg.Registerer = prometheus.DefaultRegisterer
+
+	nc, err := streams.Connect(*conn)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = streams.Apply(actx, js, *scfg)
+	cancel()
+	if err != nil {
+		return err
+	}
+	w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()))
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	// Run flushes the connection after its last acks, so closing afterwards loses none.
+	return w.Run(ctx)
+}

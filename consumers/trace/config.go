@@ -1,0 +1,228 @@
+package trace
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// The Dynamo variables the trace writer reads; their meaning and defaults are Dynamo's
+// (lib/llm/src/fpm_trace/config.rs).
+const (
+	EnvMode           = "DYN_FPM_MODE"
+	EnvOutputPath     = "DYN_FPM_OUTPUT_PATH"
+	EnvSampleInterval = "DYN_FPM_SAMPLE_INTERVAL_MS"
+	EnvRollBytes      = "DYN_FPM_JSONL_GZ_ROLL_BYTES"
+	EnvMaxSegments    = "DYN_FPM_MAX_SEGMENTS"
+)
+
+// Defaults, as in Dynamo, plus fpmbus's consumer settings.
+const (
+	DefaultMode           = schemas.CaptureSampled
+	DefaultOutputPath     = "/tmp/dynamo-fpm"
+	DefaultSampleInterval = 5000 * time.Millisecond
+	DefaultRollBytes      = 256 << 20 // uncompressed JSONL bytes
+	DefaultMaxSegments    = 4
+	DefaultDurable        = "fpm-trace"
+	DefaultFilterSubject  = streams.FPMWildcard
+	DefaultFlushInterval  = time.Second
+	DefaultBufferSize     = 1 << 20
+	DefaultStopTimeout    = 10 * time.Second
+	DefaultMaxAckPending  = 20000
+	DefaultAckWait        = 60 * time.Second
+)
+
+// ErrInvalidConfig is wrapped by every configuration error; the message names the setting (variable
+// and flag) and the bad value.
+var ErrInvalidConfig = errors.New("trace: invalid configuration")
+
+// Config configures a Writer. Start from DefaultConfig (or ConfigFromEnv); the zero value is not valid.
+type Config struct {
+	// Mode is schemas.CaptureSampled or schemas.CaptureFull (DYN_FPM_MODE, --trace-mode).
+	Mode string
+	// OutputPath is Dynamo's output path (DYN_FPM_OUTPUT_PATH, --trace-output): a trailing .jsonl.gz
+	// or .jsonl is stripped and ".<producer>.<index:06>.jsonl.gz" appended.
+	OutputPath string
+	// SampleInterval is the sampled-mode interval, whole milliseconds (DYN_FPM_SAMPLE_INTERVAL_MS,
+	// --sample-interval). Validated in both modes, as Dynamo does.
+	SampleInterval time.Duration
+	// RollBytes is the uncompressed size at which a segment rolls (DYN_FPM_JSONL_GZ_ROLL_BYTES,
+	// --roll-bytes).
+	RollBytes int64
+	// MaxSegments is how many segments of one producer are kept, the active one included
+	// (DYN_FPM_MAX_SEGMENTS, --max-segments).
+	MaxSegments int
+	// ProducerID, when set, files every message under this producer id (--producer-id). Empty: the
+	// message's Fpm-Producer header, else its worker_id.
+	ProducerID string
+	// Durable is the durable consumer name on stream FPM (--group). Run one writer per name: two
+	// writers on one durable would write the same producers' segments. To spread producers over
+	// several writers, give each its own durable and a disjoint FilterSubject.
+	Durable string
+	// FilterSubject selects the FPM subjects this writer consumes (--filter), e.g. fpm.dynamo.>.
+	FilterSubject string
+	// FlushInterval bounds how long a received message waits before its line is durable and acked.
+	FlushInterval time.Duration
+	// BufferSize is the uncompressed bytes one producer buffers before its flush (Dynamo: 1 MiB per
+	// writer). All producers also flush every FlushInterval, and when half of MaxAckPending waits.
+	BufferSize int
+	// StopTimeout bounds the graceful stop: draining the messages already received.
+	StopTimeout time.Duration
+	// MaxAckPending of the durable consumer: how many messages may wait for their line to be durable.
+	// A flush starts when half of it is waiting.
+	MaxAckPending int
+	// AckWait of the durable consumer; 0 = automatic (DefaultAckWait, or in sampled mode at least
+	// twice SampleInterval + FlushInterval, since a message may wait a whole interval for its line).
+	AckWait time.Duration
+	// Registerer receives the writer's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig returns Dynamo's defaults (sampled mode, /tmp/dynamo-fpm, 5 s, 256 MiB, 4 segments)
+// and fpmbus's consumer defaults.
+func DefaultConfig() Config {
+	return Config{
+		Mode:           DefaultMode,
+		OutputPath:     DefaultOutputPath,
+		SampleInterval: DefaultSampleInterval,
+		RollBytes:      DefaultRollBytes,
+		MaxSegments:    DefaultMaxSegments,
+		Durable:        DefaultDurable,
+		FilterSubject:  DefaultFilterSubject,
+		FlushInterval:  DefaultFlushInterval,
+		BufferSize:     DefaultBufferSize,
+		StopTimeout:    DefaultStopTimeout,
+		MaxAckPending:  DefaultMaxAckPending,
+	}
+}
+
+// ConfigFromEnv returns DefaultConfig overridden by the DYN_FPM_* variables read through getenv
+// (os.Getenv in the binary). An unset or empty variable keeps the default; a value that is set but
+// invalid is an error naming the variable and the value (Dynamo disables tracing with a warning there;
+// fpmbus refuses to start instead). Values are trimmed; the mode is case-insensitive.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	c := DefaultConfig()
+	if v, ok := lookup(getenv, EnvMode); ok {
+		m, err := ParseMode(v)
+		if err != nil {
+			return c, fmt.Errorf("%w: %s=%q: want sampled or full", ErrInvalidConfig, EnvMode, v)
+		}
+		c.Mode = m
+	}
+	if v := getenv(EnvOutputPath); v != "" {
+		if strings.TrimSpace(v) == "" {
+			return c, fmt.Errorf("%w: %s=%q: blank output path", ErrInvalidConfig, EnvOutputPath, v)
+		}
+		c.OutputPath = strings.TrimSpace(v)
+	}
+	if v, ok := lookup(getenv, EnvSampleInterval); ok {
+		n, err := ParsePositive(v)
+		if err != nil || n > math.MaxInt64/int64(time.Millisecond) {
+			return c, fmt.Errorf("%w: %s=%q: want a positive integer (milliseconds)", ErrInvalidConfig, EnvSampleInterval, v)
+		}
+		c.SampleInterval = time.Duration(n) * time.Millisecond
+	}
+	if v, ok := lookup(getenv, EnvRollBytes); ok {
+		n, err := ParsePositive(v)
+		if err != nil {
+			return c, fmt.Errorf("%w: %s=%q: want a positive integer (uncompressed bytes)", ErrInvalidConfig, EnvRollBytes, v)
+		}
+		c.RollBytes = n
+	}
+	if v, ok := lookup(getenv, EnvMaxSegments); ok {
+		n, err := ParsePositive(v)
+		if err != nil || n > math.MaxInt32 {
+			return c, fmt.Errorf("%w: %s=%q: want a positive integer", ErrInvalidConfig, EnvMaxSegments, v)
+		}
+		c.MaxSegments = int(n)
+	}
+	return c, c.Validate()
+}
+
+// lookup returns the trimmed value of a set, non-blank variable.
+func lookup(getenv func(string) string, name string) (string, bool) {
+	v := strings.TrimSpace(getenv(name))
+	return v, v != ""
+}
+
+// ParseMode parses a capture mode: "sampled" or "full", trimmed, case-insensitive.
+func ParseMode(s string) (string, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case schemas.CaptureSampled:
+		return schemas.CaptureSampled, nil
+	case schemas.CaptureFull:
+		return schemas.CaptureFull, nil
+	}
+	return "", fmt.Errorf("%w: mode %q: want sampled or full", ErrInvalidConfig, s)
+}
+
+// ParsePositive parses a positive decimal integer as Dynamo does (trimmed; no sign, no fraction, no
+// zero).
+func ParsePositive(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	n, err := strconv.ParseUint(s, 10, 63)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("%w: %q is not a positive integer", ErrInvalidConfig, s)
+	}
+	return int64(n), nil
+}
+
+// Validate reports the first setting that cannot work, naming its variable or flag and its value.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case c.Mode != schemas.CaptureSampled && c.Mode != schemas.CaptureFull:
+		return bad("mode %q (%s, --trace-mode): want sampled or full", c.Mode, EnvMode)
+	case strings.TrimSpace(c.OutputPath) == "":
+		return bad("output path %q (%s, --trace-output): blank", c.OutputPath, EnvOutputPath)
+	case c.SampleInterval < time.Millisecond || c.SampleInterval%time.Millisecond != 0:
+		return bad("sample interval %v (%s, --sample-interval): want a positive whole number of milliseconds", c.SampleInterval, EnvSampleInterval)
+	case c.RollBytes <= 0:
+		return bad("roll bytes %d (%s, --roll-bytes): want a positive integer", c.RollBytes, EnvRollBytes)
+	case c.MaxSegments <= 0:
+		return bad("max segments %d (%s, --max-segments): want a positive integer", c.MaxSegments, EnvMaxSegments)
+	case c.Durable == "" || strings.ContainsAny(c.Durable, ".*> \t"):
+		return bad("durable name %q (--group): want a non-empty name without '.', '*', '>' or spaces", c.Durable)
+	case c.FilterSubject == "" || (c.FilterSubject != streams.FPMWildcard && !strings.HasPrefix(c.FilterSubject, streams.FPMRoot+".")):
+		return bad("filter subject %q (--filter): want a subject under %s", c.FilterSubject, streams.FPMWildcard)
+	case c.FlushInterval <= 0:
+		return bad("flush interval %v: want a positive duration", c.FlushInterval)
+	case c.BufferSize <= 0:
+		return bad("buffer size %d: want a positive number of bytes", c.BufferSize)
+	case c.StopTimeout <= 0:
+		return bad("stop timeout %v: want a positive duration", c.StopTimeout)
+	case c.MaxAckPending < 2:
+		return bad("max ack pending %d: want at least 2", c.MaxAckPending)
+	case c.AckWait < 0:
+		return bad("ack wait %v: want 0 (automatic) or a positive duration", c.AckWait)
+	case c.AckWait > 0 && c.AckWait <= c.holdBound():
+		return bad("ack wait %v: must exceed %v, the longest a message waits for its line (flush interval, plus the sample interval in sampled mode)", c.AckWait, c.holdBound())
+	}
+	return nil
+}
+
+// holdBound is the longest a received message normally waits before its ack.
+func (c Config) holdBound() time.Duration {
+	if c.Mode == schemas.CaptureSampled {
+		return c.SampleInterval + c.FlushInterval
+	}
+	return c.FlushInterval
+}
+
+// ackWait is the effective AckWait (see Config.AckWait).
+func (c Config) ackWait() time.Duration {
+	if c.AckWait > 0 {
+		return c.AckWait
+	}
+	return max(DefaultAckWait, 2*c.holdBound())
+}

@@ -1,0 +1,462 @@
+package trace
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// lineID identifies a published FPM in the output.
+type lineID struct {
+	producer, worker string
+	rank             int64
+	counter          int64
+}
+
+// checkExactlyOnce parses every output line and checks it against the published messages: one line
+// per message, fpm bytes identical to the body, observed_at from the header.
+func checkExactlyOnce(t *testing.T, out map[string][][]byte, published []testFPM, mode string) {
+	t.Helper()
+	want := map[lineID]testFPM{}
+	for _, f := range published {
+		want[lineID{SanitizeProducerID(f.key.WorkerID), f.key.WorkerID, int64(f.key.DPRank), f.counter}] = f
+	}
+	seen := map[lineID]bool{}
+	total := 0
+	for producer, lines := range out {
+		for i, l := range lines {
+			total++
+			tl, err := schemas.ParseTraceLine(l)
+			if err != nil {
+				t.Fatalf("%s line %d: %v\n%s", producer, i, err, l)
+			}
+			f, err := schemas.ParseFPMJSON(tl.Event.FPM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := lineID{producer, f.WorkerID, f.DPRank, f.CounterID}
+			if seen[id] {
+				t.Fatalf("duplicate line for %+v", id)
+			}
+			seen[id] = true
+			p, ok := want[id]
+			if !ok {
+				t.Fatalf("line for %+v was never published", id)
+			}
+			if !bytes.Equal(tl.Event.FPM, p.body(t)) {
+				t.Fatalf("%+v: fpm %s, published %s", id, tl.Event.FPM, p.body(t))
+			}
+			if tl.Event.ObservedAtUnixMs != p.receivedMs {
+				t.Fatalf("%+v: observed_at %d, header %d", id, tl.Event.ObservedAtUnixMs, p.receivedMs)
+			}
+			if tl.Event.CaptureMode != mode || tl.Event.Source.Namespace != p.key.Namespace ||
+				tl.Event.Source.Component != p.key.Component || tl.Event.Source.ProducerID != p.key.WorkerID {
+				t.Fatalf("%+v: event %+v", id, tl.Event)
+			}
+		}
+	}
+	if total != len(published) {
+		t.Fatalf("%d lines, %d messages published", total, len(published))
+	}
+}
+
+func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
+	env := streamstest.Start(t)
+	const n = 5000
+	msgs, published := manyFPMs(t, testKeys(4), n, 1_782_777_600_000)
+	publish(t, env.JS, msgs)
+
+	cfg := testConfig(t)
+	cfg.RollBytes = 256 << 10 // several segments per producer
+	cfg.MaxSegments = 1000
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	r := startWriter(t, cfg, env.JS)
+	ci := waitConsumed(t, env.JS, cfg.Durable)
+	if err := r.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if ci.NumAckPending != 0 || ci.NumPending != 0 || ci.AckFloor.Stream != n {
+		t.Fatalf("consumer: ack pending %d, pending %d, ack floor %d", ci.NumAckPending, ci.NumPending, ci.AckFloor.Stream)
+	}
+	out := outputLines(t, cfg.OutputPath)
+	if len(out) != 2 {
+		t.Fatalf("producers %d, want 2 (w0, w1)", len(out))
+	}
+	checkExactlyOnce(t, out, published, schemas.CaptureFull)
+	if got := counterValue(t, r.w.metrics.writtenMode); got != n {
+		t.Fatalf("fpmbus_trace_written_total = %v, want %d", got, n)
+	}
+	if got := counterValue(t, r.w.metrics.rolled); got == 0 {
+		t.Fatal("no segment rolled")
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+		if mf.GetName() == "fpmbus_trace_flush_seconds" && mf.GetMetric()[0].GetHistogram().GetSampleCount() == 0 {
+			t.Fatal("no flush observed")
+		}
+	}
+	for _, n := range []string{"fpmbus_trace_written_total", "fpmbus_trace_segments_rolled_total", "fpmbus_trace_flush_seconds"} {
+		if !names[n] {
+			t.Fatalf("metric %s not registered (have %v)", n, names)
+		}
+	}
+	// Within each producer, lines keep the stream order of each key.
+	for p, lines := range out {
+		last := map[int64]int64{}
+		for _, l := range lines {
+			tl, _ := schemas.ParseTraceLine(l)
+			f, _ := schemas.ParseFPMJSON(tl.Event.FPM)
+			if prev, ok := last[f.DPRank]; ok && f.CounterID != prev+1 {
+				t.Fatalf("%s rank %d: counter %d after %d", p, f.DPRank, f.CounterID, prev)
+			}
+			last[f.DPRank] = f.CounterID
+		}
+	}
+
+	// A restart writes nothing twice and never touches the old segments; new messages go to new ones.
+	sizes := map[string]int64{}
+	for _, p := range []string{"w0", "w1"} {
+		segs, _ := ListSegments(OutputBase(cfg.OutputPath) + "." + p)
+		for _, s := range segs {
+			fi, _ := os.Stat(s.Path)
+			sizes[s.Path] = fi.Size()
+		}
+	}
+	cfg.Registerer = nil
+	r2 := startWriter(t, cfg, env.JS)
+	more, published2 := manyFPMs(t, testKeys(4), 400, 1_782_777_700_000)
+	for i := range published2 {
+		published2[i].counter += n / 4
+	}
+	for i := range more {
+		more[i] = published2[i].msg(t)
+	}
+	publish(t, env.JS, more)
+	waitConsumed(t, env.JS, cfg.Durable)
+	if err := r2.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for path, size := range sizes {
+		fi, err := os.Stat(path)
+		if err != nil || fi.Size() != size {
+			t.Fatalf("old segment %s changed after restart: %v", path, err)
+		}
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), append(published, published2...), schemas.CaptureFull)
+}
+
+func TestGracefulStopFlushesAndAcks(t *testing.T) {
+	env := streamstest.Start(t)
+	msgs, published := manyFPMs(t, testKeys(2), 300, 1_782_777_600_000)
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	cfg.FlushInterval = time.Hour // only the stop flushes
+	cfg.AckWait = 2 * time.Hour
+	r := startWriter(t, cfg, env.JS)
+
+	// Wait until the writer holds every message unacked.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, cfg.Durable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ci, err := c.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ci.NumPending == 0 && ci.NumAckPending == 300 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not all delivered: %+v", ci)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // the writer's loop has handled what it received
+	if out := outputLines(t, cfg.OutputPath); len(out) != 0 {
+		t.Fatalf("lines written before the stop: %d producers", len(out))
+	}
+	if err := r.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	ci := waitConsumed(t, env.JS, cfg.Durable)
+	if ci.NumAckPending != 0 {
+		t.Fatalf("ack pending %d after stop", ci.NumAckPending)
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
+}
+
+func TestInvalidMessagesAreTerminatedAndCounted(t *testing.T) {
+	env := streamstest.Start(t)
+	good := testFPM{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}, counter: 1, receivedMs: 1000}
+	badBody := good.msg(t)
+	badBody.Data = []byte(`{"version":2}`)
+	badBody.Header.Set(streams.HeaderMsgID, "bad-body")
+	badSubject := good.msg(t)
+	badSubject.Subject = "fpm.ns.c.w"
+	badSubject.Header.Set(streams.HeaderMsgID, "bad-subject")
+	notJSON := good.msg(t)
+	notJSON.Data = []byte("\x87\xa7version\x01")
+	notJSON.Header.Set(streams.HeaderMsgID, "not-json")
+	publish(t, env.JS, []*nats.Msg{badBody, good.msg(t), badSubject, notJSON})
+
+	cfg := testConfig(t)
+	r := startWriter(t, cfg, env.JS)
+	ci := waitConsumed(t, env.JS, cfg.Durable)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if ci.NumAckPending != 0 || ci.NumRedelivered != 0 {
+		t.Fatalf("consumer %+v", ci)
+	}
+	if got := counterValue(t, r.w.metrics.invalid); got != 3 {
+		t.Fatalf("invalid = %v, want 3", got)
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), []testFPM{good}, schemas.CaptureFull)
+}
+
+func TestProducerIDAndObservedAt(t *testing.T) {
+	env := streamstest.Start(t)
+	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "4192", DPRank: 0}
+	msgs := []*nats.Msg{
+		testFPM{key: k, counter: 1, receivedMs: 1111, producer: "worker/a:b"}.msg(t),
+		testFPM{key: k, counter: 2, receivedMs: 2222, producer: "worker:a/b"}.msg(t), // same file
+		testFPM{key: k, counter: 3}.msg(t),                                           // no headers
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	before := time.Now().UnixMilli()
+	r := startWriter(t, cfg, env.JS)
+	waitConsumed(t, env.JS, cfg.Durable)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	out := outputLines(t, cfg.OutputPath)
+	if len(out) != 2 || len(out["worker_a_b"]) != 2 || len(out["4192"]) != 1 {
+		t.Fatalf("producers: %v", keysOf(out))
+	}
+	for i, want := range []struct {
+		producer string
+		observed int64
+	}{{"worker/a:b", 1111}, {"worker:a/b", 2222}} {
+		tl, err := schemas.ParseTraceLine(out["worker_a_b"][i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tl.Event.Source.ProducerID != want.producer || tl.Event.ObservedAtUnixMs != want.observed {
+			t.Fatalf("line %d: %+v", i, tl.Event)
+		}
+	}
+	tl, err := schemas.ParseTraceLine(out["4192"][0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No Fpm-Received-At-Ms: the stream timestamp (set when the test published it).
+	if obs := tl.Event.ObservedAtUnixMs; obs < before-60_000 || obs > time.Now().UnixMilli() {
+		t.Fatalf("observed_at %d is not the stream timestamp", obs)
+	}
+
+	// --producer-id files everything under one producer.
+	cfg2 := testConfig(t)
+	cfg2.ProducerID = "fixed"
+	cfg2.Durable = "other"
+	r2 := startWriter(t, cfg2, env.JS)
+	waitConsumed(t, env.JS, cfg2.Durable)
+	if err := r2.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if out := outputLines(t, cfg2.OutputPath); len(out) != 1 || len(out["fixed"]) != 3 {
+		t.Fatalf("override: %v", keysOf(out))
+	}
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func keysOf(m map[string][][]byte) map[string]int {
+	out := map[string]int{}
+	for k, v := range m {
+		out[k] = len(v)
+	}
+	return out
+}
+
+func TestFullModeGolden(t *testing.T) {
+	env := streamstest.Start(t)
+	a := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "4192", DPRank: 0}
+	b := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "4192", DPRank: 1}
+	c := streams.Key{Namespace: "team \"x\"", Component: "prefill", WorkerID: "", DPRank: 0}
+	var msgs []*nats.Msg
+	for i, f := range []testFPM{
+		{key: a, counter: 41, receivedMs: 1782777601250},
+		{key: b, counter: 7, receivedMs: 1782777601251},
+		{key: a, counter: 42, receivedMs: 1782777601275, heartbeat: true},
+		{key: c, counter: 0, receivedMs: 1782777601300},
+		{key: b, counter: 8, receivedMs: 1782777601301, producer: "conn/7"},
+	} {
+		m := f.msg(t)
+		m.Header.Set(streams.HeaderMsgID, fmt.Sprint("golden-", i))
+		msgs = append(msgs, m)
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	start := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
+	ticks := 0
+	clock := func() time.Time { ticks++; return start.Add(time.Duration(ticks-1) * 250 * time.Millisecond) }
+	r := startWriter(t, cfg, env.JS, WithClock(clock))
+	waitConsumed(t, env.JS, cfg.Durable)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	out := outputLines(t, cfg.OutputPath)
+	var got bytes.Buffer
+	for _, p := range []string{"4192", "conn_7", "unknown"} {
+		fmt.Fprintf(&got, "# %s\n", filepath.Base(SegmentPath(SegmentPrefix(cfg.OutputPath, p), 0)))
+		for _, l := range out[p] {
+			got.Write(l)
+			got.WriteByte('\n')
+		}
+	}
+	golden := filepath.Join("testdata", "full_trace.golden.jsonl")
+	if *update {
+		if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Fatalf("output differs from %s:\n got:\n%s\nwant:\n%s", golden, got.Bytes(), want)
+	}
+}
+
+func TestDiskFailureLosesNothingAndDuplicatesNothing(t *testing.T) {
+	env := streamstest.Start(t)
+	msgs, published := manyFPMs(t, testKeys(4), 2000, 1_782_777_600_000)
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	cfg.BufferSize = 16 << 10 // many flushes
+	cfg.MaxSegments = 1000
+
+	// The first run's files fail their third write with a short write (disk full).
+	w, err := New(cfg, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.open = func(path string) (file, error) {
+		f, err := createFile(path)
+		if err != nil {
+			return nil, err
+		}
+		return &faultyFile{file: f, failWrite: 3}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = w.Run(ctx)
+	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), ".000000.jsonl.gz") {
+		t.Fatalf("Run = %v, want ENOSPC naming the segment", err)
+	}
+
+	// The next run repairs the torn tails and writes what was not acked, exactly once.
+	r := startWriter(t, cfg, env.JS)
+	waitConsumed(t, env.JS, cfg.Durable)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
+}
+
+func TestSampledMode(t *testing.T) {
+	env := streamstest.Start(t)
+	const base = 1_782_777_600_000 // a multiple of the interval
+	a := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}
+	b := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 1}
+	var fs []testFPM
+	// Key a: interval 0 counters 0..9, interval 1 counters 10..19, interval 2 counter 20, interval 3
+	// counter 20 again (unchanged: not repeated), interval 5 counter 21.
+	for i := range 20 {
+		fs = append(fs, testFPM{key: a, counter: int64(i), receivedMs: base + int64(i)*100})
+	}
+	fs = append(fs,
+		testFPM{key: a, counter: 20, receivedMs: base + 2500},
+		testFPM{key: b, counter: 100, receivedMs: base + 2600}, // key b: only one message
+		testFPM{key: a, counter: 20, receivedMs: base + 3100},
+		testFPM{key: a, counter: 5, receivedMs: base + 900}, // late: interval 0 is written
+		testFPM{key: a, counter: 21, receivedMs: base + 5999},
+	)
+	var msgs []*nats.Msg
+	for i, f := range fs {
+		m := f.msg(t)
+		m.Header.Set(streams.HeaderMsgID, fmt.Sprint("s-", i))
+		msgs = append(msgs, m)
+	}
+	// Publish in observation order except the deliberately late one.
+	publish(t, env.JS, msgs)
+
+	cfg := testConfig(t)
+	cfg.Mode = schemas.CaptureSampled
+	cfg.SampleInterval = time.Second
+	r := startWriter(t, cfg, env.JS)
+	// Sampling waits for the interval to end; the stop writes what is pending.
+	time.Sleep(300 * time.Millisecond)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	ci := waitConsumed(t, env.JS, cfg.Durable)
+	if ci.NumAckPending != 0 || ci.AckFloor.Stream != uint64(len(fs)) {
+		t.Fatalf("consumer %+v", ci)
+	}
+	out := outputLines(t, cfg.OutputPath)
+	var got []string
+	for _, l := range out["w"] {
+		tl, err := schemas.ParseTraceLine(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, _ := schemas.ParseFPMJSON(tl.Event.FPM)
+		if tl.Event.CaptureMode != schemas.CaptureSampled {
+			t.Fatalf("capture_mode %q", tl.Event.CaptureMode)
+		}
+		got = append(got, fmt.Sprintf("%d/%d@%d", f.DPRank, f.CounterID, tl.Event.ObservedAtUnixMs-base))
+	}
+	// Key b's line may come before or after key a's last one (written at a flush tick or at the stop).
+	sort.Strings(got)
+	want := []string{"0/19@1900", "0/20@2500", "0/21@5999", "0/9@900", "1/100@2600"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("sampled lines %v, want %v", got, want)
+	}
+}

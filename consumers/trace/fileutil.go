@@ -1,0 +1,57 @@
+package trace
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// file is what a SegmentWriter needs from a segment file. *os.File implements it; tests inject short
+// writes and failing syncs by embedding it.
+type file interface {
+	io.Writer
+	Sync() error
+	Close() error
+}
+
+// createFile creates path exclusively for writing (it must not exist: a segment is never reopened).
+func createFile(path string) (file, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o644)
+}
+
+// syncDir fsyncs a directory so that entries created, renamed or removed in it are durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// ProbeOutput creates, fsyncs and removes a file in the directory of outputPath, creating the
+// directory first. It turns an unwritable output path into one clear error at start.
+func ProbeOutput(outputPath string) error {
+	dir := filepath.Dir(OutputBase(outputPath))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("trace: create output directory %s: %w", dir, err)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(OutputBase(outputPath))+".write-probe-*")
+	if err != nil {
+		return fmt.Errorf("trace: output directory %s is not writable: %w", dir, err)
+	}
+	name := f.Name()
+	_, werr := f.Write([]byte("fpmbus-trace-write-probe"))
+	serr := f.Sync()
+	cerr := f.Close()
+	rerr := os.Remove(name)
+	if err := errors.Join(werr, serr, cerr, rerr); err != nil {
+		return fmt.Errorf("trace: write probe %s: %w", name, err)
+	}
+	return nil
+}

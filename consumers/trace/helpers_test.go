@@ -1,0 +1,210 @@
+package trace
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// testFPM is one message as the bridge publishes it.
+type testFPM struct {
+	key        streams.Key
+	counter    int64
+	receivedMs int64  // Fpm-Received-At-Ms; 0 = header missing
+	producer   string // Fpm-Producer; "" = header missing
+	heartbeat  bool
+}
+
+// body returns the canonical JSON body, made by the schemas codec from a msgpack payload.
+func (f testFPM) body(t testing.TB) []byte {
+	t.Helper()
+	m := &schemas.FPM{Version: 1, WorkerID: f.key.WorkerID, DPRank: int64(f.key.DPRank), CounterID: f.counter}
+	if !f.heartbeat {
+		m.WallTime = 0.025 + float64(f.counter%7)/1000
+		m.Scheduled = schemas.ScheduledRequests{NumPrefillRequests: 2, SumPrefillTokens: 256 + f.counter%100, VarPrefillLength: 1.5, SumPrefillKVTokens: 64, NumDecodeRequests: 3, SumDecodeKVTokens: 1024 + f.counter}
+		m.Queued = schemas.QueuedRequests{NumPrefillRequests: 1, SumPrefillTokens: 128}
+	}
+	d, err := schemas.DecodeFPM(schemas.EncodeMsgpack(m))
+	if err != nil {
+		t.Fatalf("test FPM: %v", err)
+	}
+	return d.JSON
+}
+
+func (f testFPM) msg(t testing.TB) *nats.Msg {
+	m := nats.NewMsg(streams.FPMSubject(f.key))
+	m.Data = f.body(t)
+	m.Header.Set(streams.HeaderMsgID, streams.MsgID(f.key, 1, uint64(f.counter)))
+	m.Header.Set(streams.HeaderSeq, strconv.FormatInt(f.counter, 10))
+	m.Header.Set(streams.HeaderNamespace, f.key.Namespace)
+	m.Header.Set(streams.HeaderComponent, f.key.Component)
+	m.Header.Set(streams.HeaderWorkerID, f.key.WorkerID)
+	m.Header.Set(streams.HeaderDPRank, strconv.Itoa(f.key.DPRank))
+	if f.receivedMs != 0 {
+		m.Header.Set(streams.HeaderReceivedAt, strconv.FormatInt(f.receivedMs, 10))
+	}
+	if f.producer != "" {
+		m.Header.Set(streams.HeaderProducer, f.producer)
+	}
+	return m
+}
+
+// publish publishes msgs to the FPM stream (asynchronously, then waits for every ack).
+func publish(t testing.TB, js jetstream.JetStream, msgs []*nats.Msg) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i, m := range msgs {
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+		if i%1000 == 999 || i == len(msgs)-1 {
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-ctx.Done():
+				t.Fatal("publish: timeout")
+			}
+		}
+	}
+}
+
+// manyFPMs returns n messages round-robin over keys, counters 0.., received one ms apart.
+func manyFPMs(t testing.TB, keys []streams.Key, n int, startMs int64) ([]*nats.Msg, []testFPM) {
+	t.Helper()
+	var msgs []*nats.Msg
+	var fs []testFPM
+	for i := range n {
+		k := keys[i%len(keys)]
+		f := testFPM{key: k, counter: int64(i / len(keys)), receivedMs: startMs + int64(i), heartbeat: i%10 == 9}
+		fs = append(fs, f)
+		msgs = append(msgs, f.msg(t))
+	}
+	return msgs, fs
+}
+
+func testKeys(n int) []streams.Key {
+	var ks []streams.Key
+	for i := range n {
+		ks = append(ks, streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w" + strconv.Itoa(i/2), DPRank: i % 2})
+	}
+	return ks
+}
+
+// testConfig is a full-mode config writing under a temp dir, with fast flushes.
+func testConfig(t testing.TB) Config {
+	cfg := DefaultConfig()
+	cfg.Mode = schemas.CaptureFull
+	cfg.OutputPath = filepath.Join(t.TempDir(), "dynamo-fpm.jsonl.gz")
+	cfg.FlushInterval = 50 * time.Millisecond
+	cfg.StopTimeout = 5 * time.Second
+	return cfg
+}
+
+// testLogger logs into the test's output (shown on failure or with -v).
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// running is a Writer running in a goroutine.
+type running struct {
+	w      *Writer
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startWriter(t testing.TB, cfg Config, js jetstream.JetStream, opts ...Option) *running {
+	t.Helper()
+	w, err := New(cfg, js, append([]Option{WithLogger(testLogger(t))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{w: w, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- w.Run(ctx) }()
+	select {
+	case <-w.Ready():
+	case err := <-r.done:
+		cancel()
+		t.Fatalf("writer did not start: %v", err)
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatal("writer not ready after 10s")
+	}
+	t.Cleanup(func() { _ = r.stop() })
+	return r
+}
+
+// stop cancels Run and returns its result (once; later calls return nil).
+func (r *running) stop() error {
+	if r.cancel == nil {
+		return nil
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		return err
+	case <-time.After(30 * time.Second):
+		return errors.New("writer did not stop within 30s")
+	}
+}
+
+// waitConsumed waits until the consumer has acked everything on the stream.
+func waitConsumed(t testing.TB, js jetstream.JetStream, durable string) *jetstream.ConsumerInfo {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := js.Consumer(ctx, streams.StreamFPM, durable)
+		var ci *jetstream.ConsumerInfo
+		if err == nil {
+			ci, err = c.Info(ctx)
+		}
+		cancel()
+		if err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.Delivered.Stream > 0 && ci.AckFloor.Stream >= ci.Delivered.Stream {
+			return ci
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("consumer %s not done: %+v, %v", durable, ci, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// outputLines reads every segment of every producer under outputPath: producer -> lines in segment
+// order.
+func outputLines(t testing.TB, outputPath string) map[string][][]byte {
+	t.Helper()
+	producers, err := Producers(outputPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][][]byte{}
+	for _, p := range producers {
+		segs, err := ListSegments(OutputBase(outputPath) + "." + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sort.Slice(segs, func(i, j int) bool { return segs[i].Index < segs[j].Index })
+		for _, s := range segs {
+			if err := ReadSegment(s.Path, func(l []byte) error {
+				out[p] = append(out[p], append([]byte(nil), l...))
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,70 @@
+package trace
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics of one Writer. New always builds them; with a nil Registerer they are not registered.
+type metrics struct {
+	written     *prometheus.CounterVec
+	invalid     prometheus.Counter
+	rolled      prometheus.Counter
+	flush       prometheus.Histogram
+	writtenMode prometheus.Counter // written.WithLabelValues(mode), resolved once
+}
+
+func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
+	m := &metrics{
+		written: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fpmbus_trace_written_total",
+			Help: "Trace lines written and fsynced (their messages then acked), by capture mode.",
+		}, []string{"mode"}),
+		invalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fpmbus_trace_invalid_total",
+			Help: "FPM messages not written because their subject or body is invalid (terminated, not redelivered).",
+		}),
+		rolled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fpmbus_trace_segments_rolled_total",
+			Help: "Trace segments finished because the next line would exceed the roll size.",
+		}),
+		flush: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "fpmbus_trace_flush_seconds",
+			Help:    "Time to compress, write and fsync one flush of every dirty segment, before acking.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+	}
+	if reg != nil {
+		var err error
+		if m.written, err = register(reg, m.written); err != nil {
+			return nil, err
+		}
+		if m.invalid, err = register(reg, m.invalid); err != nil {
+			return nil, err
+		}
+		if m.rolled, err = register(reg, m.rolled); err != nil {
+			return nil, err
+		}
+		if m.flush, err = register(reg, m.flush); err != nil {
+			return nil, err
+		}
+	}
+	m.writtenMode = m.written.WithLabelValues(mode)
+	return m, nil
+}
+
+// register registers c, or returns the equal collector registered before (two writers in one process
+// share the series).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, err
+	}
+	return c, nil
+}

@@ -1,0 +1,270 @@
+package trace
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/klauspost/compress/gzip"
+)
+
+// Reading and repairing segments. A segment is a sequence of complete gzip members, each holding whole
+// lines (SegmentWriter writes one member per flush and acks nothing before the member is fsynced). A
+// kill -9 can leave the newest segment with a torn last member: Repair, run explicitly at startup,
+// cuts it off. Because no message in a torn member was ever acked, JetStream redelivers all of them
+// and the new run writes them again, into a new segment: nothing is lost and nothing is written twice.
+
+// maxMemberBytes bounds one member's uncompressed size when reading (a guard against decompression
+// bombs; the writer's members are at most about BufferSize, or one oversized line). A variable so that
+// the fuzz test can lower it.
+var maxMemberBytes = 64 << 20
+
+// Sentinels carried in CorruptError.Err (next to gzip's own errors and io.ErrUnexpectedEOF).
+var (
+	// ErrTornLine: the data ends inside a line (no trailing newline).
+	ErrTornLine = errors.New("trace: last line is torn (no trailing newline)")
+	// ErrMemberTooLarge: a member decompresses to more than maxMemberBytes.
+	ErrMemberTooLarge = errors.New("trace: gzip member too large")
+)
+
+// CorruptError reports a damaged segment. Everything before Offset is whole gzip members holding whole
+// lines; the damage starts at Offset (Err says what it is and where it was found). Repair truncates
+// the segment at Offset.
+type CorruptError struct {
+	Segment string
+	Offset  int64
+	Err     error
+}
+
+func (e *CorruptError) Error() string {
+	return "trace: segment " + e.Segment + ": corrupt after byte " + strconv.FormatInt(e.Offset, 10) + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause (for example io.ErrUnexpectedEOF for a truncated member).
+func (e *CorruptError) Unwrap() error { return e.Err }
+
+// ReadSegment calls fn with every line of the segment at path, in order, without its newline. The
+// slice is valid only during the call. Lines are delivered a member at a time, only once the member
+// (and the line it ends with) is complete, so on a *CorruptError fn has seen exactly the lines before
+// CorruptError.Offset. An error from fn stops the read and is returned as is.
+func ReadSegment(path string, fn func(line []byte) error) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read segment: %w", err)
+	}
+	_, err = scanSegment(path, data, fn)
+	return err
+}
+
+// scanResult describes one scanned segment.
+type scanResult struct {
+	good      int64 // end of the last member after which the data is line-aligned
+	goodLines int   // lines before good
+	cutLines  int   // whole lines decoded after good (in members that are torn or not line-aligned)
+}
+
+// scanSegment reads data (the bytes of segment path) member by member; see ReadSegment.
+func scanSegment(path string, data []byte, fn func(line []byte) error) (scanResult, error) {
+	var res scanResult
+	br := bytes.NewReader(data)
+	var zr gzip.Reader
+	var out []byte // decoded bytes after res.good: whole lines, then possibly a partial one
+	var chunk [32 << 10]byte
+	corrupt := func(err error) (scanResult, error) {
+		res.cutLines += bytes.Count(out, []byte{'\n'})
+		return res, &CorruptError{Segment: path, Offset: res.good, Err: err}
+	}
+	for br.Len() > 0 {
+		start := int64(len(data) - br.Len())
+		if err := zr.Reset(br); err != nil {
+			return corrupt(fmt.Errorf("gzip member at byte %d: %w", start, eofIsUnexpected(err)))
+		}
+		zr.Multistream(false)
+		for {
+			n, err := zr.Read(chunk[:])
+			out = append(out, chunk[:n]...)
+			if len(out) > maxMemberBytes {
+				return corrupt(fmt.Errorf("gzip member at byte %d: %w (over %d bytes)", start, ErrMemberTooLarge, maxMemberBytes))
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return corrupt(fmt.Errorf("gzip member at byte %d: %w", start, err))
+			}
+		}
+		if len(out) > 0 && out[len(out)-1] != '\n' {
+			continue // a line spans into the next member: not a safe boundary yet
+		}
+		for rest := out; len(rest) > 0; {
+			i := bytes.IndexByte(rest, '\n')
+			if fn != nil {
+				if err := fn(rest[:i]); err != nil {
+					return res, err
+				}
+			}
+			res.goodLines++
+			rest = rest[i+1:]
+		}
+		out = out[:0]
+		res.good = int64(len(data) - br.Len())
+	}
+	if len(out) > 0 {
+		return corrupt(ErrTornLine)
+	}
+	return res, nil
+}
+
+// eofIsUnexpected turns a bare io.EOF inside a member's header into io.ErrUnexpectedEOF: bytes were
+// there, so the member is truncated.
+func eofIsUnexpected(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// RepairResult says what Repair did to one segment.
+type RepairResult struct {
+	Segment string
+	// Repaired is true when the segment was torn and has been cut at Offset (removed if Offset is 0).
+	Repaired bool
+	Removed  bool
+	Offset   int64 // bytes kept
+	CutBytes int64
+	// KeptLines are the lines in the kept part; CutLines the whole lines decoded from the cut part.
+	KeptLines, CutLines int
+	// Cause is the *CorruptError that was found, or nil.
+	Cause error
+}
+
+// Repair checks the segment at path and, if its tail is damaged, cuts it off atomically: the whole
+// members before the damage are copied byte for byte into path + ".repair.tmp", which is fsynced and
+// renamed over path, and the directory is fsynced. A segment with no whole member left is removed.
+// What was cut (file, byte offset, lines) is logged at warn level. An undamaged segment is not
+// touched. logger may be nil.
+func Repair(path string, logger *slog.Logger) (RepairResult, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	res := RepairResult{Segment: path}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return res, fmt.Errorf("repair segment: %w", err)
+	}
+	scan, cerr := scanSegment(path, data, nil)
+	res.Offset, res.KeptLines, res.CutLines = int64(len(data)), scan.goodLines, scan.cutLines
+	if cerr == nil {
+		return res, nil
+	}
+	res.Cause = cerr
+	res.Repaired = true
+	res.Offset = scan.good
+	res.CutBytes = int64(len(data)) - scan.good
+	dir := filepath.Dir(path)
+	if scan.good == 0 {
+		if err := os.Remove(path); err != nil {
+			return res, fmt.Errorf("repair segment %s: remove: %w", path, err)
+		}
+		res.Removed = true
+	} else {
+		tmp := path + repairTmpSuffix
+		if err := writeFileSync(tmp, data[:scan.good]); err != nil {
+			_ = os.Remove(tmp)
+			return res, fmt.Errorf("repair segment %s: %w", path, err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			_ = os.Remove(tmp)
+			return res, fmt.Errorf("repair segment %s: rename: %w", path, err)
+		}
+	}
+	if err := syncDir(dir); err != nil {
+		return res, fmt.Errorf("repair segment %s: sync directory: %w", path, err)
+	}
+	logger.Warn("trace segment repaired: torn tail cut",
+		"segment", path, "offset", res.Offset, "cut_bytes", res.CutBytes,
+		"kept_lines", res.KeptLines, "cut_lines", res.CutLines, "removed", res.Removed, "cause", cerr)
+	return res, nil
+}
+
+const repairTmpSuffix = ".repair.tmp"
+
+// writeFileSync writes data to a new file at path and fsyncs it.
+func writeFileSync(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	serr := f.Sync()
+	cerr := f.Close()
+	return errors.Join(werr, serr, cerr)
+}
+
+// RepairOutput is the startup repair step: for every producer with segments under outputPath it
+// removes leftover ".repair.tmp" files of that producer and repairs the newest segment (only the
+// newest can be torn: a segment is finished, fsynced, before the next one is started).
+func RepairOutput(outputPath string, logger *slog.Logger) ([]RepairResult, error) {
+	producers, err := Producers(outputPath)
+	if err != nil {
+		return nil, err
+	}
+	var out []RepairResult
+	for _, p := range producers {
+		prefix := OutputBase(outputPath) + "." + p
+		if err := removeRepairLeftovers(prefix, logger); err != nil {
+			return out, err
+		}
+		segs, err := ListSegments(prefix)
+		if err != nil {
+			return out, err
+		}
+		for i := len(segs) - 1; i >= 0; i-- {
+			if !segs[i].Regular {
+				continue
+			}
+			r, err := Repair(segs[i].Path, logger)
+			if err != nil {
+				return out, err
+			}
+			out = append(out, r)
+			break
+		}
+	}
+	return out, nil
+}
+
+// removeRepairLeftovers deletes "<segment>.repair.tmp" files of prefix left by a crash during Repair.
+func removeRepairLeftovers(prefix string, logger *slog.Logger) error {
+	dir, base := filepath.Split(prefix)
+	if dir == "" {
+		dir = "."
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		seg, ok := strings.CutSuffix(e.Name(), repairTmpSuffix)
+		if !ok {
+			continue
+		}
+		if _, ok := segmentIndex(base, seg); !ok || !e.Type().IsRegular() {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("remove repair leftover: %w", err)
+		}
+		if logger != nil {
+			logger.Info("trace: removed repair leftover", "file", p)
+		}
+	}
+	return nil
+}

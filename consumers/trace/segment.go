@@ -1,0 +1,201 @@
+package trace
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Segment naming is Dynamo's (lib/llm/src/fpm_trace/sink.rs producer_output_path and
+// lib/llm/src/telemetry/jsonl_gz.rs segment_path):
+//
+//	prefix  = OutputPath without a trailing ".jsonl.gz" or ".jsonl", + "." + SanitizeProducerID(id)
+//	segment = prefix + "." + %06d(index) + ".jsonl.gz"
+//
+// A file belongs to a prefix only if its name is exactly SegmentPath(prefix, i) for some i, so
+// "worker1" never claims "worker10"'s files, and ".tmp" or ".bak" siblings are never touched.
+
+// SegmentSuffix ends every segment file name.
+const SegmentSuffix = ".jsonl.gz"
+
+// SanitizeProducerID maps a producer id to the form used in file names: every character that is not
+// an ASCII letter, digit, '-' or '_' becomes '_' (one '_' per character, not per byte); an empty id
+// becomes "unknown".
+func SanitizeProducerID(id string) string {
+	if id == "" {
+		return "unknown"
+	}
+	clean := true
+	for i := 0; i < len(id); i++ {
+		if !producerByte(id[i]) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return id
+	}
+	var b strings.Builder
+	b.Grow(len(id))
+	for _, r := range id {
+		if r < 0x80 && producerByte(byte(r)) {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+func producerByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_'
+}
+
+// OutputBase strips a trailing ".jsonl.gz" or ".jsonl" from Dynamo's output path.
+func OutputBase(outputPath string) string {
+	if s, ok := strings.CutSuffix(outputPath, ".jsonl.gz"); ok {
+		return s
+	}
+	if s, ok := strings.CutSuffix(outputPath, ".jsonl"); ok {
+		return s
+	}
+	return outputPath
+}
+
+// SegmentPrefix is the prefix of one producer's segments under outputPath.
+func SegmentPrefix(outputPath, producerID string) string {
+	return OutputBase(outputPath) + "." + SanitizeProducerID(producerID)
+}
+
+// SegmentPath is the file of segment index under prefix.
+func SegmentPath(prefix string, index uint64) string {
+	return fmt.Sprintf("%s.%06d%s", prefix, index, SegmentSuffix)
+}
+
+// Segment is one segment file found on disk.
+type Segment struct {
+	Index uint64
+	Path  string
+	// Regular is false for a directory or other non-file that happens to have a segment's name: it
+	// still occupies its index (the next segment goes above it) but is never read, repaired or pruned.
+	Regular bool
+}
+
+// ListSegments returns the segments of prefix, oldest (lowest index) first. A missing directory
+// means no segments.
+func ListSegments(prefix string) ([]Segment, error) {
+	dir, base := filepath.Split(prefix)
+	if dir == "" {
+		dir = "."
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list segments of %s: %w", prefix, err)
+	}
+	var out []Segment
+	for _, e := range entries {
+		idx, ok := segmentIndex(base, e.Name())
+		if !ok {
+			continue
+		}
+		out = append(out, Segment{Index: idx, Path: filepath.Join(dir, e.Name()), Regular: e.Type().IsRegular()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
+	return out, nil
+}
+
+// segmentIndex returns i when name is exactly the file name of segment i of base (a prefix's last
+// path element): base + "." + at least six digits + ".jsonl.gz", formatted as %06d formats i.
+func segmentIndex(base, name string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(name, base+".")
+	if !ok {
+		return 0, false
+	}
+	digits, ok := strings.CutSuffix(rest, SegmentSuffix)
+	if !ok || len(digits) < 6 {
+		return 0, false
+	}
+	for i := 0; i < len(digits); i++ {
+		if digits[i] < '0' || digits[i] > '9' {
+			return 0, false
+		}
+	}
+	idx, err := strconv.ParseUint(digits, 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	// "0000001" parses as 1 but is not SegmentPath(prefix, 1): not ours.
+	if fmt.Sprintf("%06d", idx) != digits {
+		return 0, false
+	}
+	return idx, true
+}
+
+// NextSegmentIndex is the index a new writer of prefix starts at: the highest existing index + 1
+// (holes are not filled), or 0.
+func NextSegmentIndex(prefix string) (uint64, error) {
+	segs, err := ListSegments(prefix)
+	if err != nil {
+		return 0, err
+	}
+	if len(segs) == 0 {
+		return 0, nil
+	}
+	last := segs[len(segs)-1].Index
+	if last == ^uint64(0) {
+		return 0, fmt.Errorf("segments of %s: no index above %d", prefix, last)
+	}
+	return last + 1, nil
+}
+
+// Producers returns the sanitized producer ids that have segments under outputPath, sorted. A name
+// counts only if its producer part is a sanitized id (letters, digits, '-', '_'), so another writer's
+// files that share the directory are not claimed.
+func Producers(outputPath string) ([]string, error) {
+	dir, base := filepath.Split(OutputBase(outputPath))
+	if dir == "" {
+		dir = "."
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list producers under %s: %w", outputPath, err)
+	}
+	seen := map[string]bool{}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), base+".")
+		if !ok {
+			continue
+		}
+		stem, ok := strings.CutSuffix(rest, SegmentSuffix)
+		if !ok {
+			continue
+		}
+		dot := strings.LastIndexByte(stem, '.')
+		if dot <= 0 {
+			continue
+		}
+		producer := stem[:dot]
+		if SanitizeProducerID(producer) != producer {
+			continue
+		}
+		if _, ok := segmentIndex(producer, rest); !ok {
+			continue
+		}
+		seen[producer] = true
+	}
+	out := make([]string, 0, len(seen))
+	for p := range seen {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out, nil
+}
