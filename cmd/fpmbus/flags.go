@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -12,9 +13,18 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
+// helpOutput receives -h output and flag errors (tests capture it).
+var helpOutput io.Writer = os.Stderr
+
+// flagSets records every FlagSet newFlagSet made, by command path ("streams show"); the README test
+// reads it to check that every flag is documented.
+var flagSets = map[string]*flag.FlagSet{}
+
 // newFlagSet returns a FlagSet whose parse errors come back wrapped in errUsage.
 func newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet("fpmbus "+name, flag.ContinueOnError)
+	fs.SetOutput(helpOutput)
+	flagSets[name] = fs
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: fpmbus %s\n\nflags:\n", synopsis)
 		fs.PrintDefaults()

@@ -1,0 +1,219 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// Defaults of Config. A zero field takes its default.
+const (
+	DefaultNamespace      = "dynamo"
+	DefaultComponent      = "backend"
+	DefaultMaxBuffer      = 100000
+	DefaultMaxBufferBytes = 256 << 20
+	DefaultMaxPayload     = 1 << 20
+	DefaultMaxInFlight    = 4096
+	DefaultAckTimeout     = 5 * time.Second
+	DefaultStopTimeout    = 10 * time.Second
+	// DefaultFPMPort is Dynamo's default DYN_FORWARDPASS_METRIC_PORT: rank r binds DefaultFPMPort + r.
+	DefaultFPMPort = 20380
+)
+
+// ErrInvalidConfig is wrapped by every error Config.Validate returns.
+var ErrInvalidConfig = errors.New("bridge: invalid config")
+
+// Endpoint is one ZMQ PUB socket of one data-parallel rank.
+type Endpoint struct {
+	// URL is a ZMQ endpoint, for example tcp://127.0.0.1:20380.
+	URL string
+	// DPRank is the rank the endpoint belongs to; statistics and metrics are kept per DPRank, and dead
+	// letters (whose payload names no rank) are filed under it.
+	DPRank int
+}
+
+// EndpointsFor returns Dynamo's endpoints for dpSize ranks on host: rank r is tcp://host:basePort+r.
+// A dpSize below 1 is taken as 1.
+func EndpointsFor(host string, basePort, dpSize int) []Endpoint {
+	if dpSize < 1 {
+		dpSize = 1
+	}
+	eps := make([]Endpoint, dpSize)
+	for r := range eps {
+		eps[r] = Endpoint{URL: "tcp://" + net.JoinHostPort(host, strconv.Itoa(basePort+r)), DPRank: r}
+	}
+	return eps
+}
+
+// Config configures a Bridge. It is a plain struct: a zero field takes the default named in its comment.
+type Config struct {
+	// Endpoints to subscribe to; at least one, with distinct URLs and distinct ranks.
+	Endpoints []Endpoint
+	// BasePort and DPSize record that Endpoints came from EndpointsFor(host, BasePort, DPSize). When
+	// BasePort is set, Run checks once that the ports Dynamo binds (BasePort..BasePort+DPSize, see
+	// CheckEphemeralPorts) lie outside this host's ephemeral port range and logs a warning if not.
+	BasePort int
+	DPSize   int
+	// Namespace and Component name the Dynamo component (defaults "dynamo" and "backend"); they are
+	// the first two tokens of every subject.
+	Namespace string
+	Component string
+	// ProducerID is the Fpm-Producer header of every FPM; empty means each message's worker_id.
+	ProducerID string
+	// BridgeID names this bridge instance in headers and drop markers (default hostname-pid).
+	BridgeID string
+	// MaxBuffer bounds the messages waiting for the broker (default 100000); a message arriving at a
+	// full buffer is dropped and recorded in a drop marker.
+	MaxBuffer int
+	// MaxBufferBytes bounds the bytes of those messages (default 256 MiB).
+	MaxBufferBytes int64
+	// MaxPayload bounds one ZMQ payload in bytes (default 1 MiB); larger ones are dead-lettered.
+	MaxPayload int
+	// MaxInFlight bounds the asynchronous publishes awaiting an ack (default 4096).
+	MaxInFlight int
+	// AckTimeout is how long one publish may wait for its ack before it is retried (default 5s).
+	AckTimeout time.Duration
+	// StopTimeout bounds the graceful stop: publishing what is buffered and waiting for acks (default 10s).
+	StopTimeout time.Duration
+	// Streams is applied with streams.Apply at start; the zero value means streams.DefaultConfig().
+	Streams streams.Config
+	// Registerer receives the bridge's Prometheus metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+	// Logger receives the bridge's logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if c.Component == "" {
+		c.Component = DefaultComponent
+	}
+	if c.BridgeID == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "bridge"
+		}
+		c.BridgeID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if c.MaxBuffer == 0 {
+		c.MaxBuffer = DefaultMaxBuffer
+	}
+	if c.MaxBufferBytes == 0 {
+		c.MaxBufferBytes = DefaultMaxBufferBytes
+	}
+	if c.MaxPayload == 0 {
+		c.MaxPayload = DefaultMaxPayload
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = DefaultAckTimeout
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = DefaultStopTimeout
+	}
+	if c.DPSize == 0 && c.BasePort != 0 {
+		c.DPSize = len(c.Endpoints)
+	}
+	if c.Streams == (streams.Config{}) {
+		c.Streams = streams.DefaultConfig()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first setting that cannot work, wrapped in ErrInvalidConfig. Zero fields are
+// valid: they take their defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	if len(c.Endpoints) == 0 {
+		return bad("no ZMQ endpoints")
+	}
+	urls := make(map[string]bool, len(c.Endpoints))
+	ranks := make(map[int]bool, len(c.Endpoints))
+	for i, ep := range c.Endpoints {
+		scheme, rest, ok := strings.Cut(ep.URL, "://")
+		if !ok || scheme == "" || rest == "" {
+			return bad("endpoint %d: %q is not a ZMQ endpoint (want tcp://host:port)", i, ep.URL)
+		}
+		if ep.DPRank < 0 {
+			return bad("endpoint %s: dp rank %d is negative", ep.URL, ep.DPRank)
+		}
+		if urls[ep.URL] {
+			return bad("endpoint %s listed twice", ep.URL)
+		}
+		if ranks[ep.DPRank] {
+			return bad("dp rank %d has two endpoints", ep.DPRank)
+		}
+		urls[ep.URL], ranks[ep.DPRank] = true, true
+	}
+	switch {
+	case c.BasePort < 0 || c.BasePort > 65535:
+		return bad("base port %d: want 1 to 65535", c.BasePort)
+	case c.DPSize < 0:
+		return bad("dp size %d is negative", c.DPSize)
+	case c.MaxBuffer < 1:
+		return bad("max buffer %d: want at least 1 message", c.MaxBuffer)
+	case c.MaxBufferBytes < 1:
+		return bad("max buffer bytes %d: want at least 1", c.MaxBufferBytes)
+	case c.MaxPayload < 1:
+		return bad("max payload %d: want at least 1 byte", c.MaxPayload)
+	case c.MaxInFlight < 1:
+		return bad("max in flight %d: want at least 1", c.MaxInFlight)
+	case c.AckTimeout < 0:
+		return bad("ack timeout %v is negative", c.AckTimeout)
+	case c.StopTimeout < 0:
+		return bad("stop timeout %v is negative", c.StopTimeout)
+	}
+	if err := c.Streams.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// Option changes how a Bridge runs; options exist for tests (a clock, a proc file), not for settings
+// an operator chooses, which live in Config.
+type Option func(*options)
+
+type options struct {
+	now      func() time.Time
+	procPath string
+	onAck    func(it *item, at time.Time) // called by the publisher goroutine for each acked FPM; at = ack time
+}
+
+// WithClock replaces time.Now for receive timestamps and epochs.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) {
+		if now != nil {
+			o.now = now
+		}
+	}
+}
+
+// WithProcPath reads the ephemeral port range from path instead of /proc/sys/net/ipv4/ip_local_port_range.
+func WithProcPath(path string) Option {
+	return func(o *options) { o.procPath = path }
+}
+
+// withAckHook calls f on the publisher goroutine for every acked FPM (tests and benchmarks).
+func withAckHook(f func(it *item, at time.Time)) Option {
+	return func(o *options) { o.onAck = f }
+}

@@ -1,0 +1,45 @@
+// Package bridge moves Dynamo's per-forward-pass metrics (FPM) from ZeroMQ onto NATS JetStream.
+//
+// One FPM travels through these files, in this order:
+//
+//	socket.go     one goroutine per ZMQ endpoint owns its SUB socket and reads 3-frame multiparts
+//	frames.go     ParseFrames splits (topic, 8-byte big-endian sequence, msgpack payload);
+//	              schemas.DecodeFPM turns the payload into a validated FPM with its canonical JSON
+//	epoch.go      the (key, sequence) pair gets a publisher-run epoch, so message ids survive restarts
+//	message.go    the nats.Msg: subject fpm.<ns>.<comp>.<worker>.<rank>, JSON body, Fpm-* headers;
+//	              bad input becomes a dead letter on FPM_EVENTS instead
+//	buffer.go     a bounded FIFO shared by all sockets; when full, new messages are dropped and the
+//	              dropped sequence ranges become drop markers (which are never dropped)
+//	publish.go    one goroutine publishes in order with a bounded async window, and on failure waits
+//	              for the broker and republishes the unacknowledged messages with the same ids
+//	bridge.go     New, Run, Ready, Stats: the component contract shared by fpmbus
+//	config.go     Config, its defaults and Validate; EndpointsFor
+//	metrics.go    Prometheus collectors per rank; stats.go the Stats snapshot
+//	portcheck.go  warns when Dynamo's FPM ports overlap the host's ephemeral port range
+//
+// # Invariants
+//
+//   - The ZMQ read loop never waits on the broker: it parses, decodes, stamps the receive time and
+//     does a non-blocking enqueue. A publisher is never slowed down by NATS.
+//   - Every multipart received is accounted for exactly once, per rank: published to FPM, dead-lettered
+//     to FPM_EVENTS (invalid input), or dropped with a drop marker (buffer full, shutdown, rejected).
+//     Stats().Ranks[r] satisfies, once the bridge has stopped,
+//     Received == Published + Dropped + Invalid, and Invalid == DeadLettered + DeadLettersLost.
+//   - Memory is bounded: at most MaxBuffer messages (and MaxBufferBytes bytes) wait in the buffer, at
+//     most MaxInFlight are in flight; drop markers are small and only created by drops.
+//   - A message keeps its Nats-Msg-Id across the bridge's retries, so JetStream deduplicates them.
+//
+// # Ownership and locks
+//
+// Run owns every goroutine it starts (one reader per endpoint, one publisher) and stops each with
+// close(quit); <-done. Each ZMQ socket is created, used and closed by its reader goroutine only (ZMQ
+// sockets are not thread-safe); a reader parks in Go's network poller on the socket's ZMQ_FD while idle
+// and receives without blocking, so no OS thread sits in a blocking cgo call (it falls back to blocking
+// receives with a 100 ms timeout where the fd cannot be polled). The nats.Conn belongs to the caller:
+// the bridge never closes or drains it; the JetStream context New creates subscribes on it for acks
+// until it is closed.
+//
+// Lock order: buffer.mu, epochs.mu and publisher.evMu are never held together. nats.go calls the ack
+// handlers (which take evMu) with its own publisher lock held; the bridge never calls into nats.go
+// while holding evMu.
+package bridge

@@ -1,0 +1,494 @@
+package bridge
+
+import (
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+const (
+	// publishBatch is the most items the publisher takes from the buffer at once.
+	publishBatch = 512
+	// publishTick is how often the publisher closes idle drop ranges, refreshes the server's
+	// max_payload and checks the stop deadline.
+	publishTick = 100 * time.Millisecond
+	// maxRejects is how often the server may refuse one message (an API error other than 503) before
+	// the bridge gives it up as rejected instead of retrying it forever.
+	maxRejects = 3
+	// finalMarkerWait bounds the wait for the acks of the drop markers published at stop.
+	finalMarkerWait = 2 * time.Second
+)
+
+// ackEvent is the outcome of one asynchronous publish, delivered by nats.go's ack handlers.
+type ackEvent struct {
+	msg *nats.Msg
+	ack *jetstream.PubAck
+	err error
+	at  time.Time // when nats.go delivered the outcome: the moment the bridge learnt it
+}
+
+// publisher moves items from the buffer to JetStream in order, with at most MaxInFlight publishes
+// awaiting an ack. On a failed or timed-out publish it stops taking new items, waits until every
+// publish in flight is resolved, waits for the connection (exponential backoff), and republishes the
+// failed items in their original order with their original Nats-Msg-Id; JetStream deduplicates the ones
+// that were stored after all. It never drops an item on a publish error; only a message the server
+// refuses maxRejects times is given up (reason rejected).
+//
+// The fields under "owned" belong to the publisher goroutine (or, after it has exited, to Run).
+// nats.go's ack handlers only append to events, under evMu, and never block.
+type publisher struct {
+	b           *Bridge
+	js          jetstream.JetStream
+	maxInFlight int
+
+	evMu     sync.Mutex
+	events   []ackEvent
+	evNotify chan struct{} // capacity 1
+
+	inFlight   atomic.Int64 // == len(window), for Stats and the in-flight gauge
+	serverMax  atomic.Int64 // the server's max_payload as last seen (0 before the first connect)
+	markersPub atomic.Uint64
+
+	// owned
+	window     map[*nats.Msg]*item // publishes awaiting an ack
+	retry      []*item             // failed publishes, republished in order once the broker is back
+	markers    []*item             // drop markers not yet published
+	recovering bool
+	retryAt    time.Time
+	bo         *backoff.ExponentialBackOff
+	final      bool // finishing: failures are logged, not retried
+	fatal      error
+	scratch    []*item
+	evScratch  []ackEvent
+}
+
+func newPublisher(b *Bridge) *publisher {
+	return &publisher{
+		b:           b,
+		maxInFlight: b.cfg.MaxInFlight,
+		evNotify:    make(chan struct{}, 1),
+		window:      make(map[*nats.Msg]*item, b.cfg.MaxInFlight),
+		bo: backoff.NewExponentialBackOff(
+			backoff.WithInitialInterval(50*time.Millisecond),
+			backoff.WithMaxInterval(5*time.Second),
+			backoff.WithMaxElapsedTime(0),
+		),
+	}
+}
+
+// onAck and onErr are nats.go's async publish handlers. They run on nats.go goroutines (onErr with
+// nats.go's publisher lock held), so they only record the event.
+func (p *publisher) onAck(_ jetstream.JetStream, m *nats.Msg, pa *jetstream.PubAck) {
+	p.pushEvent(ackEvent{msg: m, ack: pa, at: time.Now()})
+}
+
+func (p *publisher) onErr(_ jetstream.JetStream, m *nats.Msg, err error) {
+	p.pushEvent(ackEvent{msg: m, err: err})
+}
+
+func (p *publisher) pushEvent(ev ackEvent) {
+	p.evMu.Lock()
+	p.events = append(p.events, ev)
+	p.evMu.Unlock()
+	select {
+	case p.evNotify <- struct{}{}:
+	default:
+	}
+}
+
+// run is the publisher goroutine. When drain is closed (the readers have stopped), it publishes what
+// is left and returns once everything is acknowledged, or at *deadline, after reporting what is still
+// unpublished as dropped (finish). It also returns, with p.fatal set, if the connection is closed.
+func (p *publisher) run(drain <-chan struct{}, deadline *time.Time, done chan<- struct{}) {
+	defer close(done)
+	tick := time.NewTicker(publishTick)
+	defer tick.Stop()
+	retryTimer := time.NewTimer(time.Hour)
+	retryTimer.Stop()
+	defer retryTimer.Stop()
+	// Wake up as soon as the connection is back instead of at the end of a backoff interval.
+	status := p.b.nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
+	defer p.b.nc.RemoveStatusListener(status)
+	p.refreshServerMax()
+	draining := false
+	for {
+		p.handleEvents()
+		now := time.Now()
+		if !draining {
+			select {
+			case <-drain:
+				draining = true
+				p.b.buf.closeIdle(now, true)
+			default:
+			}
+		}
+		if draining && !now.Before(*deadline) {
+			p.finish()
+			return
+		}
+		if p.recovering {
+			p.recover(now)
+			if p.fatal != nil {
+				return
+			}
+		}
+		if !p.recovering {
+			p.publishMarkers()
+			p.fill()
+		}
+		if draining && p.idle() {
+			return
+		}
+
+		var bufC <-chan struct{}
+		if !p.recovering && len(p.window) < p.maxInFlight {
+			bufC = p.b.buf.notify
+		}
+		var retryC <-chan time.Time
+		if p.recovering && len(p.window) == 0 {
+			retryTimer.Reset(time.Until(p.retryAt))
+			retryC = retryTimer.C
+		}
+		var drainC <-chan struct{}
+		if !draining {
+			drainC = drain
+		}
+		select {
+		case <-p.evNotify:
+		case <-bufC:
+		case <-retryC:
+		case <-drainC:
+		case st := <-status:
+			if st == nats.CONNECTED && p.recovering {
+				p.bo.Reset()
+				p.retryAt = time.Now()
+			}
+		case now := <-tick.C:
+			p.b.buf.closeIdle(now, false)
+			p.refreshServerMax()
+		}
+	}
+}
+
+func (p *publisher) refreshServerMax() {
+	if p.b.nc.IsConnected() {
+		p.serverMax.Store(p.b.nc.MaxPayload())
+	}
+}
+
+// idle reports whether nothing is left to publish or acknowledge.
+func (p *publisher) idle() bool {
+	return len(p.window) == 0 && len(p.retry) == 0 && len(p.markers) == 0 &&
+		p.b.buf.len() == 0 && p.b.buf.nOpen.Load() == 0 && !p.b.buf.pendingMarkers()
+}
+
+// send publishes it asynchronously and adds it to the window.
+func (p *publisher) send(it *item) error {
+	if _, err := p.js.PublishMsgAsync(it.msg); err != nil {
+		return err
+	}
+	p.window[it.msg] = it
+	p.inFlight.Store(int64(len(p.window)))
+	return nil
+}
+
+// permanent reports whether a synchronous publish error can never succeed for this message.
+func permanent(err error) bool {
+	return errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) ||
+		errors.Is(err, nats.ErrHeadersNotSupported) || errors.Is(err, nats.ErrBadHeaderMsg)
+}
+
+// fill publishes items from the buffer while the window has room.
+func (p *publisher) fill() {
+	for {
+		free := p.maxInFlight - len(p.window)
+		if free <= 0 {
+			return
+		}
+		batch := p.b.buf.pop(p.scratch[:0], min(free, publishBatch))
+		if len(batch) == 0 {
+			return
+		}
+		for i, it := range batch {
+			err := p.send(it)
+			if err == nil {
+				continue
+			}
+			if permanent(err) {
+				p.reject(it, err)
+				continue
+			}
+			p.retry = append(p.retry, batch[i:]...)
+			p.enterRecovery(err)
+			break
+		}
+		clear(batch)
+		p.scratch = batch[:0]
+		if p.recovering {
+			return
+		}
+	}
+}
+
+// publishMarkers publishes the drop markers closed since the last call, while the window has room.
+func (p *publisher) publishMarkers() {
+	for _, r := range p.b.buf.takeMarkers() {
+		p.markers = append(p.markers, p.b.markerItem(r))
+	}
+	for len(p.markers) > 0 && len(p.window) < p.maxInFlight {
+		it := p.markers[0]
+		if err := p.send(it); err != nil {
+			if permanent(err) {
+				p.reject(it, err)
+				p.markers = p.markers[1:]
+				continue
+			}
+			p.enterRecovery(err)
+			return
+		}
+		p.markers = p.markers[1:]
+	}
+}
+
+// enterRecovery stops new publishes until the failed ones are republished.
+func (p *publisher) enterRecovery(err error) {
+	if p.recovering || p.final {
+		return
+	}
+	p.recovering = true
+	p.retryAt = time.Now().Add(p.bo.NextBackOff())
+	p.b.log.Warn("publish failed; holding new messages until the broker acknowledges again",
+		"error", err, "in_flight", len(p.window), "buffered", p.b.buf.len())
+}
+
+// recover republishes the failed items, in their original order, once nothing is in flight and the
+// connection is up; on a new failure it waits for the next backoff interval.
+func (p *publisher) recover(now time.Time) {
+	if len(p.window) > 0 || now.Before(p.retryAt) {
+		return
+	}
+	if p.b.nc.IsClosed() {
+		p.fatal = errConnClosed
+		return
+	}
+	if !p.b.nc.IsConnected() {
+		p.retryAt = now.Add(p.bo.NextBackOff())
+		return
+	}
+	p.refreshServerMax()
+	slices.SortFunc(p.retry, func(a, b *item) int {
+		switch {
+		case a.order < b.order:
+			return -1
+		case a.order > b.order:
+			return 1
+		}
+		return 0
+	})
+	for i, it := range p.retry {
+		err := p.send(it)
+		if err == nil {
+			continue
+		}
+		if permanent(err) {
+			p.reject(it, err)
+			continue
+		}
+		rest := copy(p.retry, p.retry[i:])
+		clear(p.retry[rest:])
+		p.retry = p.retry[:rest]
+		p.retryAt = now.Add(p.bo.NextBackOff())
+		return
+	}
+	clear(p.retry)
+	p.retry = p.retry[:0]
+	p.recovering = false
+	p.bo.Reset()
+	p.b.log.Info("publishing resumed", "in_flight", len(p.window), "buffered", p.b.buf.len())
+}
+
+// handleEvents applies the outcomes delivered by the ack handlers since the last call.
+func (p *publisher) handleEvents() {
+	p.evMu.Lock()
+	evs := p.events
+	p.events = p.evScratch[:0]
+	p.evMu.Unlock()
+	for _, ev := range evs {
+		it := p.window[ev.msg]
+		if it == nil {
+			continue // resolved earlier (for example reported dropped at stop)
+		}
+		delete(p.window, ev.msg)
+		if ev.err == nil {
+			p.acked(it, ev.ack, ev.at)
+		} else {
+			p.failed(it, ev.err)
+		}
+	}
+	p.inFlight.Store(int64(len(p.window)))
+	clear(evs)
+	p.evScratch = evs[:0]
+}
+
+func (p *publisher) acked(it *item, pa *jetstream.PubAck, at time.Time) {
+	switch it.kind {
+	case kindFPM:
+		p.b.ranks[it.slot].countPublished(pa.Duplicate)
+		p.b.metrics.receiveToAck.Observe(at.Sub(it.recv).Seconds())
+		if p.b.opts.onAck != nil {
+			p.b.opts.onAck(it, at)
+		}
+	case kindDeadLetter:
+		p.b.ranks[it.slot].countDeadLettered()
+	case kindMarker:
+		p.markersPub.Add(1)
+		p.b.metrics.markers.Inc()
+		r := it.marker
+		p.b.log.Warn("FPMs dropped by the bridge (drop marker stored)", "key", r.key.String(), "epoch", r.epoch,
+			"first_seq", r.first, "last_seq", r.last, "count", r.count, "reason", r.reason)
+	}
+}
+
+func (p *publisher) failed(it *item, err error) {
+	if p.final {
+		p.lost(it, err)
+		return
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.Code != 503 {
+		it.errs++
+		if it.errs >= maxRejects {
+			p.reject(it, err)
+			return
+		}
+	}
+	p.retry = append(p.retry, it)
+	p.enterRecovery(err)
+}
+
+// reject gives up a message the server or client refuses for good.
+func (p *publisher) reject(it *item, err error) {
+	p.b.log.Error("message rejected; giving it up", "subject", it.msg.Subject, "error", err)
+	switch it.kind {
+	case kindFPM:
+		p.b.ranks[it.slot].countDropped(ReasonRejected)
+		p.b.buf.recordDrop(it, ReasonRejected)
+	case kindDeadLetter:
+		p.b.ranks[it.slot].countDeadLetterLost(ReasonRejected)
+	case kindMarker:
+		p.lost(it, err)
+	}
+}
+
+// lost logs a drop marker that could not be stored: the last place its information survives.
+func (p *publisher) lost(it *item, err error) {
+	if it.kind != kindMarker {
+		return
+	}
+	r := it.marker
+	p.b.log.Error("drop marker could not be stored", "key", r.key.String(), "epoch", r.epoch,
+		"first_seq", r.first, "last_seq", r.last, "count", r.count, "reason", r.reason, "error", err)
+}
+
+// finish ends a stop that ran out of time (or a dead connection): every FPM not yet acknowledged is
+// counted as dropped with reason shutdown and covered by a drop marker, and the markers are published
+// if the broker is reachable. An FPM counted here may still have been stored if its ack was lost.
+// finish runs on the publisher goroutine, or on Run's once the publisher goroutine has exited.
+func (p *publisher) finish() {
+	p.handleEvents()
+	p.final = true
+	left := make([]*item, 0, len(p.window)+len(p.retry)+p.b.buf.len())
+	for _, it := range p.window {
+		left = append(left, it)
+	}
+	clear(p.window)
+	p.inFlight.Store(0)
+	left = append(left, p.retry...)
+	p.retry = nil
+	for {
+		n := len(left)
+		left = p.b.buf.pop(left, publishBatch)
+		if len(left) == n {
+			break
+		}
+	}
+	slices.SortFunc(left, func(a, b *item) int {
+		switch {
+		case a.order < b.order:
+			return -1
+		case a.order > b.order:
+			return 1
+		}
+		return 0
+	})
+	now := time.Now()
+	p.b.buf.closeIdle(now, true)
+	var fpms, deadLetters int
+	for _, it := range left {
+		switch it.kind {
+		case kindFPM:
+			fpms++
+			p.b.ranks[it.slot].countDropped(ReasonShutdown)
+			p.b.buf.recordDrop(it, ReasonShutdown)
+		case kindDeadLetter:
+			deadLetters++
+			p.b.ranks[it.slot].countDeadLetterLost(ReasonShutdown)
+		case kindMarker:
+			p.markers = append(p.markers, it)
+		}
+	}
+	p.b.buf.closeIdle(now, true)
+	for _, r := range p.b.buf.takeMarkers() {
+		p.markers = append(p.markers, p.b.markerItem(r))
+	}
+	if fpms > 0 || deadLetters > 0 {
+		p.b.log.Error("stopped with unacknowledged messages; reported as dropped (reason shutdown)",
+			"fpms", fpms, "dead_letters", deadLetters, "drop_markers", len(p.markers))
+	}
+	p.publishFinalMarkers()
+}
+
+// publishFinalMarkers publishes the remaining drop markers if the broker is reachable and waits up to
+// finalMarkerWait for their acks; markers not stored are logged.
+func (p *publisher) publishFinalMarkers() {
+	if len(p.markers) == 0 {
+		return
+	}
+	if p.b.nc.IsConnected() {
+		for _, it := range p.markers {
+			if err := p.send(it); err != nil {
+				p.lost(it, err)
+			}
+		}
+		p.markers = nil
+		wait := min(p.b.cfg.AckTimeout, finalMarkerWait)
+		if wait <= 0 {
+			wait = finalMarkerWait
+		}
+		timeout := time.NewTimer(wait)
+		defer timeout.Stop()
+		for len(p.window) > 0 {
+			select {
+			case <-p.evNotify:
+				p.handleEvents()
+			case <-timeout.C:
+				for _, it := range p.window {
+					p.lost(it, errors.New("no ack before the stop deadline"))
+				}
+				clear(p.window)
+				p.inFlight.Store(0)
+			}
+		}
+		return
+	}
+	for _, it := range p.markers {
+		p.lost(it, nats.ErrDisconnected)
+	}
+	p.markers = nil
+}

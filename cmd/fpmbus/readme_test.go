@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// documentedCommands are the command paths the README documents, each under a heading
+// "### fpmbus <path>". Every registered command must be among them.
+var documentedCommands = []string{
+	"up", "bridge", "publish", "trace", "gaps", "gaps report", "streams show", "streams apply",
+}
+
+// sharedFlagSections are README sections documenting flags common to several commands, by anchor.
+var sharedFlagSections = map[string]string{
+	"connection-flags": "### Connection flags",
+	"stream-flags":     "### Stream flags",
+}
+
+// TestREADMEDocumentsEveryCommandAndFlag keeps the README honest: every command has a section and
+// every flag of it appears there as `--name`.
+func TestREADMEDocumentsEveryCommandAndFlag(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(raw)
+	helpOutput = io.Discard
+	t.Cleanup(func() { helpOutput = os.Stderr })
+	for name := range commands {
+		found := false
+		for _, p := range documentedCommands {
+			found = found || p == name || strings.HasPrefix(p, name+" ")
+		}
+		if !found {
+			t.Errorf("command %q is registered but not in documentedCommands (and so not checked against the README)", name)
+		}
+	}
+	for _, path := range documentedCommands {
+		t.Run(path, func(t *testing.T) {
+			if code := runMain(context.Background(), append(strings.Fields(path), "-h"), io.Discard, io.Discard); code != 0 {
+				t.Fatalf("fpmbus %s -h exited %d", path, code)
+			}
+			fs, ok := flagSets[path]
+			if !ok {
+				t.Fatalf("fpmbus %s made no FlagSet named %q", path, path)
+			}
+			section := readmeSection(readme, "### fpmbus "+path)
+			if section == "" {
+				t.Fatalf("README has no section \"### fpmbus %s\"", path)
+			}
+			documented := func(text, name string) bool {
+				return strings.Contains(text, "`--"+name+"`") || strings.Contains(text, "`--"+name+" ")
+			}
+			fs.VisitAll(func(f *flag.Flag) {
+				if documented(section, f.Name) {
+					return
+				}
+				// Flags shared by several commands are documented once, in a section the command links to.
+				for anchor, heading := range sharedFlagSections {
+					if strings.Contains(section, "(#"+anchor+")") && documented(readmeSection(readme, heading), f.Name) {
+						return
+					}
+				}
+				{
+					t.Errorf("README section for fpmbus %s does not document `--%s`", path, f.Name)
+				}
+			})
+		})
+	}
+}
+
+// readmeSection returns the text from heading to the next heading of the same or a higher level.
+func readmeSection(readme, heading string) string {
+	i := strings.Index(readme, heading+"\n")
+	if i < 0 {
+		return ""
+	}
+	rest := readme[i+len(heading)+1:]
+	if m := regexp.MustCompile(`(?m)^#{1,3} `).FindStringIndex(rest); m != nil {
+		rest = rest[:m[0]]
+	}
+	return rest
+}

@@ -1,0 +1,368 @@
+package gaps
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net/url"
+	"sort"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// These tests run the real pipeline: a Dynamo-like ZMQ publisher (libzmq XPUB, so a test can wait
+// for the bridge's subscription), the real bridge, a real JetStream server and the detector.
+
+// zpub is a scripted FPM publisher for worker "w", rank 0.
+type zpub struct {
+	t    testing.TB
+	zctx *zmq.Context
+	sock *zmq.Socket
+	URL  string
+	sent uint64 // next sequence number
+	lost []uint64
+}
+
+// newZPub binds an XPUB on endpoint with send high-water mark hwm; nodrop makes a full pipe refuse
+// the send (EAGAIN, which Dynamo's publisher treats as a drop) instead of libzmq dropping silently,
+// so the test knows exactly which numbers were lost.
+func newZPub(t testing.TB, endpoint string, hwm int, nodrop bool) *zpub {
+	t.Helper()
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, err := zctx.NewSocket(zmq.XPUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range []error{sock.SetLinger(0), sock.SetSndhwm(hwm), sock.SetRcvtimeo(15 * time.Second), sock.SetXpubNodrop(nodrop)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sock.Bind(endpoint); err != nil {
+		t.Fatalf("bind %s: %v", endpoint, err)
+	}
+	last, err := sock.GetLastEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &zpub{t: t, zctx: zctx, sock: sock, URL: last}
+	t.Cleanup(p.Close)
+	return p
+}
+
+func (p *zpub) Close() {
+	if p.sock != nil {
+		p.sock.Close()
+		p.sock = nil
+		_ = p.zctx.Term()
+	}
+}
+
+func (p *zpub) waitSubscribed() {
+	p.t.Helper()
+	msg, err := p.sock.RecvBytes(0)
+	if err != nil || len(msg) == 0 || msg[0] != 1 {
+		p.t.Fatalf("waiting for the bridge's subscription on %s: %q %v", p.URL, msg, err)
+	}
+}
+
+// send sends the next number without blocking, as Dynamo does: a refused send is lost, and the
+// number is consumed anyway.
+func (p *zpub) send(heartbeat bool) bool {
+	p.t.Helper()
+	seq := p.sent
+	p.sent++
+	f := &schemas.FPM{Version: 1, WorkerID: "w", CounterID: int64(seq)}
+	if !heartbeat {
+		f.WallTime = 0.02
+		f.Scheduled = schemas.ScheduledRequests{NumPrefillRequests: 1, SumPrefillTokens: 128, NumDecodeRequests: 2, SumDecodeKVTokens: 512}
+	}
+	frames := [][]byte{nil, binary.BigEndian.AppendUint64(nil, seq), schemas.EncodeMsgpack(f)}
+	for i, fr := range frames {
+		flags := zmq.DONTWAIT
+		if i < len(frames)-1 {
+			flags |= zmq.SNDMORE
+		}
+		if _, err := p.sock.SendBytes(fr, flags); err != nil {
+			if i == 0 && errors.Is(zmq.AsErrno(err), zmq.Errno(syscall.EAGAIN)) {
+				p.lost = append(p.lost, seq)
+				return false
+			}
+			p.t.Fatalf("send %d: %v", seq, err)
+		}
+	}
+	return true
+}
+
+// sendN sends n numbers, one every `every` (0: as fast as possible).
+func (p *zpub) sendN(n int, every time.Duration) {
+	for range n {
+		p.send(false)
+		if every > 0 {
+			time.Sleep(every)
+		}
+	}
+}
+
+// pipeline is a bridge on env for one publisher endpoint.
+type pipeline struct {
+	t      testing.TB
+	env    *streamstest.Env
+	b      *bridge.Bridge
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startPipelineBridge(t testing.TB, env *streamstest.Env, endpoint string, mutate func(*bridge.Config)) *pipeline {
+	t.Helper()
+	nc, err := streams.Connect(streams.ConnConfig{URL: env.Server.ClientURL(), Name: "gaps-test-bridge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := bridge.Config{Endpoints: []bridge.Endpoint{{URL: endpoint, DPRank: 0}}, BridgeID: "test-bridge", Logger: testLogger()}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	b, err := bridge.New(cfg, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &pipeline{t: t, env: env, b: b, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- b.Run(ctx) }()
+	t.Cleanup(func() { p.stop(); nc.Close() })
+	select {
+	case <-b.Ready():
+	case err := <-p.done:
+		t.Fatalf("bridge stopped before ready: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("bridge not ready")
+	}
+	return p
+}
+
+func (p *pipeline) stop() {
+	if p.cancel == nil {
+		return
+	}
+	p.cancel()
+	p.cancel = nil
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		p.t.Fatal("bridge did not stop")
+	}
+}
+
+// waitAccounted waits until the bridge has published or dropped (with a marker) all n received.
+func (p *pipeline) waitAccounted(n uint64) bridge.RankStats {
+	p.t.Helper()
+	var r bridge.RankStats
+	checkFor(p.t, 60*time.Second, 10*time.Millisecond, func() error {
+		s := p.b.Stats()
+		r = s.Ranks[0]
+		if r.Received != n || r.Published+r.Dropped != n || s.Buffered != 0 || s.InFlight != 0 {
+			return errors.New("bridge has not accounted for every message yet")
+		}
+		return nil
+	})
+	return r
+}
+
+// runs turns sorted numbers into maximal contiguous ranges.
+func runs(seqs []uint64) [][2]uint64 {
+	sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
+	var out [][2]uint64
+	for _, s := range seqs {
+		if n := len(out); n > 0 && out[n-1][1]+1 == s {
+			out[n-1][1] = s
+		} else {
+			out = append(out, [2]uint64{s, s})
+		}
+	}
+	return out
+}
+
+func checkRanges(t testing.TB, k streams.Key, evs []Event, cause string, want [][2]uint64) {
+	t.Helper()
+	var got [][2]uint64
+	for _, e := range evs {
+		if e.Type != TypeGap || e.Cause != cause {
+			t.Fatalf("%s: unexpected event %s (%s)", k, e.ID, e.Cause)
+		}
+		got = append(got, [2]uint64{*e.FirstMissing, *e.LastMissing})
+		if e.Missing != *e.LastMissing-*e.FirstMissing+1 {
+			t.Fatalf("event %s: missing %d", e.ID, e.Missing)
+		}
+	}
+	equal(t, want, got, "gap ranges of "+k.String())
+}
+
+// TestPipelineZMQDrop: a publisher with a tiny send high-water mark bursts faster than its pipe to
+// the bridge drains; the numbers libzmq refused never reach the bridge, no marker covers them, and
+// each run of them is one zmq_drop event.
+func TestPipelineZMQDrop(t *testing.T) {
+	env := streamstest.Start(t)
+	pub := newZPub(t, "tcp://127.0.0.1:*", 1, true)
+	pl := startPipelineBridge(t, env, pub.URL, nil)
+	pub.waitSubscribed()
+	cfg := testConfig()
+	h := startDetector(t, env.Server.ClientURL(), cfg)
+
+	pub.sendN(10, 5*time.Millisecond)
+	for try := 0; try == 0 || len(pub.lost) == 0 && try < 20; try++ {
+		pub.sendN(2000, 0) // the pipe holds one message: much of a burst is refused
+		time.Sleep(100 * time.Millisecond)
+	}
+	check(t, len(pub.lost) > 0, "no ZMQ drop forced")
+	time.Sleep(200 * time.Millisecond)
+	// A tail that gets through closes every gap (a refused tail number is lost like any other).
+	for ok, n := false, 0; !ok || n < 3; n++ {
+		ok = pub.send(false)
+		time.Sleep(20 * time.Millisecond)
+	}
+	sent := pub.sent
+	r := pl.waitAccounted(sent - uint64(len(pub.lost)))
+	equal(t, uint64(0), r.Dropped, "bridge drops")
+
+	k := key("w", 0)
+	want := runs(append([]uint64(nil), pub.lost...))
+	by := waitEvents(t, env.JS, len(want), 30*time.Second)
+	checkRanges(t, k, by[k], CauseZMQDrop, want)
+	equal(t, sent, delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
+	equal(t, float64(len(pub.lost)), h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseZMQDrop))
+	t.Logf("sent %d, lost %d in %d gaps", sent, len(pub.lost), len(want))
+}
+
+// TestPipelineBrokerOutage: the broker goes away while the publisher keeps sending; the bridge
+// buffers up to MaxBuffer, drops the rest with drop markers published once the broker is back, and
+// every dropped run is one bridge_drop event citing its markers.
+func TestPipelineBrokerOutage(t *testing.T) {
+	env := streamstest.Start(t)
+	u, _ := url.Parse(env.Server.ClientURL())
+	addr, store := u.Host, env.StoreDir
+	pub := newZPub(t, "tcp://127.0.0.1:*", 0, false)
+	pl := startPipelineBridge(t, env, pub.URL, func(c *bridge.Config) {
+		c.MaxBuffer = 50
+		c.AckTimeout = time.Second
+	})
+	pub.waitSubscribed()
+	cfg := testConfig()
+	cfg.MarkerGrace = 2 * time.Second
+	h := startDetector(t, env.Server.ClientURL(), cfg)
+
+	pub.sendN(100, time.Millisecond)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if pl.b.Stats().Ranks[0].Published < 100 {
+			return errors.New("first 100 not published")
+		}
+		return nil
+	})
+	env.Stop()
+	pub.sendN(300, 2*time.Millisecond) // 50 are buffered, the rest dropped
+	env2 := streamstest.StartAt(t, addr, store)
+	time.Sleep(1500 * time.Millisecond) // the bridge reconnects and publishes buffer and markers
+	pub.sendN(10, 5*time.Millisecond)
+	sent := pub.sent
+	r := pl.waitAccounted(sent)
+	check(t, r.Dropped > 0, "nothing dropped during the outage")
+
+	k := key("w", 0)
+	var dropped []uint64
+	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		dropped = dropped[:0]
+		for _, m := range streamstest.Messages(t, env2.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
+			dm, err := ParseDropMarker(m.Data())
+			if err != nil {
+				return err
+			}
+			for q := dm.FirstSeq; q <= dm.LastSeq; q++ {
+				dropped = append(dropped, q)
+			}
+		}
+		if uint64(len(dropped)) != r.Dropped {
+			return errors.New("markers not all stored yet")
+		}
+		return nil
+	})
+	want := runs(dropped)
+	by := waitEvents(t, env2.JS, len(want), 30*time.Second)
+	checkRanges(t, k, by[k], CauseBridgeDrop, want)
+	for _, e := range by[k] {
+		check(t, len(e.Evidence.Markers) > 0 && e.Evidence.Markers[0].Reason == "buffer_full", "evidence %+v", e.Evidence)
+	}
+	equal(t, sent, delivered(t, env2.JS, k)+missingOf(by[k]), "delivered + missing != sent")
+	equal(t, float64(r.Dropped), h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseBridgeDrop))
+	t.Logf("sent %d, bridge dropped %d in %d gaps", sent, r.Dropped, len(want))
+}
+
+// TestPipelinePublisherRestart: the publisher process restarts (a new socket on the same port,
+// numbering from 0 again); the bridge starts a new epoch and the detector reports one
+// publisher_restart event saying how far the old run got.
+func TestPipelinePublisherRestart(t *testing.T) {
+	env := streamstest.Start(t)
+	pub := newZPub(t, "tcp://127.0.0.1:*", 0, false)
+	endpoint := pub.URL
+	pl := startPipelineBridge(t, env, endpoint, nil)
+	pub.waitSubscribed()
+	h := startDetector(t, env.Server.ClientURL(), testConfig())
+	pub.sendN(50, time.Millisecond)
+	pl.waitAccounted(50)
+	pub.Close()
+
+	pub2 := newZPub(t, endpoint, 0, false)
+	pub2.waitSubscribed()
+	pub2.sendN(30, time.Millisecond)
+	pl.waitAccounted(80)
+
+	k := key("w", 0)
+	by := waitEvents(t, env.JS, 1, 20*time.Second)
+	match(t, k, by[k], want{TypeGap, CausePublisherRestart, -1, -1, 0, -1})
+	e := by[k][0]
+	check(t, e.Evidence.OldRun.LastSeq == 49 && e.Evidence.OldRun.Messages == 50 && *e.Evidence.NewRunFirstSeq == 0 &&
+		e.Before.Epoch < e.After.Epoch && e.Before.Seq == 49 && e.After.Seq == 0, "restart event %+v", e)
+	equal(t, uint64(80), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
+	equal(t, 1.0, h.metric("fpmbus_gaps_events_total", "cause", CausePublisherRestart))
+}
+
+// TestPipelineSilentPublisher: a publisher that stops sending, heartbeats included, is stale after
+// --stale-after; when it sends again (without restarting) a resumed event closes the period.
+func TestPipelineSilentPublisher(t *testing.T) {
+	env := streamstest.Start(t)
+	pub := newZPub(t, "tcp://127.0.0.1:*", 0, false)
+	pl := startPipelineBridge(t, env, pub.URL, nil)
+	pub.waitSubscribed()
+	cfg := testConfig()
+	cfg.StaleAfter = 500 * time.Millisecond
+	h := startDetector(t, env.Server.ClientURL(), cfg)
+	for i := range 6 {
+		pub.send(i%3 == 2) // busy passes and heartbeats
+		time.Sleep(50 * time.Millisecond)
+	}
+	k := key("w", 0)
+	by := waitEvents(t, env.JS, 1, 10*time.Second)
+	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1})
+	equal(t, 1.0, h.metric("fpmbus_gaps_stale_publishers"))
+	pub.sendN(3, 10*time.Millisecond)
+	pl.waitAccounted(9)
+	by = waitFirstEvents(t, env.JS, 2, 10*time.Second)
+	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeResumed, CauseStale, -1, -1, 0, 0})
+	e := by[k][1]
+	check(t, e.Before.Seq == 5 && e.After.Seq == 6 && e.Evidence.SilentMs >= 500, "resumed %+v", e)
+	equal(t, uint64(9), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	equal(t, 2.0, h.metric("fpmbus_gaps_heartbeats_total"))
+}

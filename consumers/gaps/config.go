@@ -1,0 +1,233 @@
+package gaps
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// Defaults.
+const (
+	DefaultGroup         = "fpm-gaps"
+	DefaultFilterSubject = streams.FPMWildcard
+	DefaultStateBucket   = "FPM_GAPS_STATE"
+	// DefaultHeartbeatInterval is Dynamo's publisher heartbeat interval; DefaultStaleAfter is five of them.
+	DefaultHeartbeatInterval  = time.Second
+	DefaultStaleAfter         = 5 * DefaultHeartbeatInterval
+	DefaultMarkerGrace        = 10 * time.Second
+	DefaultCommitInterval     = 200 * time.Millisecond
+	DefaultCheckpointInterval = time.Second
+	DefaultMaxAckPending      = 20000
+	DefaultAckWait            = 60 * time.Second
+	DefaultStopTimeout        = 10 * time.Second
+	DefaultPublishTimeout     = 10 * time.Second
+)
+
+// ErrInvalidConfig is wrapped by every configuration error.
+var ErrInvalidConfig = errors.New("gaps: invalid configuration")
+
+// Config configures a Detector. Start from DefaultConfig; the zero value is not valid.
+type Config struct {
+	// Group names the detector group (--group): the prefix of its durable consumers and of its keys in
+	// the state bucket. Instances of one group share state; with PartitionCount > 1 each instance has
+	// its own durables, <group>-p<index>of<count>.
+	Group string
+	// FilterSubject selects the FPM subjects (--filter), e.g. fpm.dynamo.>; drop markers are read from
+	// the matching fpmevents.drop.… subjects.
+	FilterSubject string
+	// StaleAfter (--stale-after): a publisher that sends nothing, not even a heartbeat, for this long
+	// is stale.
+	StaleAfter time.Duration
+	// MarkerGrace (--marker-grace): how long, in stream time on FPM_EVENTS, a revealed gap waits for a
+	// bridge drop marker before it is classified as a ZMQ drop. Drop markers may be stored after the
+	// FPMs that follow the dropped ones (the bridge publishes them once the broker is back).
+	MarkerGrace time.Duration
+	// StateBucket is the KV bucket holding one state entry per publisher (created if missing).
+	StateBucket string
+	// PartitionIndex of PartitionCount (--partition i/n): static partitioning by publisher key.
+	PartitionIndex int
+	PartitionCount int
+	// CommitInterval bounds how long a processed message waits for its ack (and, when it changed
+	// more than the sequence, for the checkpoint of its publisher's state).
+	CommitInterval time.Duration
+	// CheckpointInterval: a publisher whose messages only advanced its sequence is checkpointed at most
+	// this often; those messages are acked without waiting for it, since a restarted detector re-reads
+	// a publisher's messages after its checkpoint from the stream. It bounds that re-read.
+	CheckpointInterval time.Duration
+	// MaxAckPending and AckWait of the durable consumers.
+	MaxAckPending int
+	AckWait       time.Duration
+	// StopTimeout bounds the graceful stop; PublishTimeout one wait for publish acks.
+	StopTimeout    time.Duration
+	PublishTimeout time.Duration
+	// StateReplicas and StateStorage of the state bucket (default: one replica, file storage).
+	StateReplicas int
+	StateStorage  jetstream.StorageType
+	// Registerer receives the detector's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig returns the defaults: all FPM subjects, stale after 5 s, a 10 s marker grace, one
+// instance.
+func DefaultConfig() Config {
+	return Config{
+		Group:              DefaultGroup,
+		FilterSubject:      DefaultFilterSubject,
+		StaleAfter:         DefaultStaleAfter,
+		MarkerGrace:        DefaultMarkerGrace,
+		StateBucket:        DefaultStateBucket,
+		PartitionCount:     1,
+		CommitInterval:     DefaultCommitInterval,
+		CheckpointInterval: DefaultCheckpointInterval,
+		MaxAckPending:      DefaultMaxAckPending,
+		AckWait:            DefaultAckWait,
+		StopTimeout:        DefaultStopTimeout,
+		PublishTimeout:     DefaultPublishTimeout,
+		StateReplicas:      1,
+		StateStorage:       jetstream.FileStorage,
+	}
+}
+
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Validate reports the first setting that cannot work, naming its flag and value.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case !validName(c.Group):
+		return bad("group %q (--group): want letters, digits, '-' or '_'", c.Group)
+	case c.FilterSubject != streams.FPMWildcard && !strings.HasPrefix(c.FilterSubject, streams.FPMRoot+"."):
+		return bad("filter subject %q (--filter): want a subject under %s", c.FilterSubject, streams.FPMWildcard)
+	case strings.ContainsAny(c.FilterSubject, " \t"):
+		return bad("filter subject %q (--filter): contains white space", c.FilterSubject)
+	case c.StaleAfter <= 0:
+		return bad("stale after %v (--stale-after): want a positive duration", c.StaleAfter)
+	case c.StaleAfter%time.Millisecond != 0:
+		return bad("stale after %v (--stale-after): want whole milliseconds", c.StaleAfter)
+	case c.MarkerGrace < 0 || c.MarkerGrace%time.Millisecond != 0:
+		return bad("marker grace %v (--marker-grace): want zero or a positive number of whole milliseconds", c.MarkerGrace)
+	case !validName(c.StateBucket):
+		return bad("state bucket %q (--state-bucket): want letters, digits, '-' or '_'", c.StateBucket)
+	case c.PartitionCount < 1 || c.PartitionIndex < 0 || c.PartitionIndex >= c.PartitionCount:
+		return bad("partition %d/%d (--partition): want index/count with 0 <= index < count", c.PartitionIndex, c.PartitionCount)
+	case c.CommitInterval <= 0:
+		return bad("commit interval %v: want a positive duration", c.CommitInterval)
+	case c.CheckpointInterval < 0:
+		return bad("checkpoint interval %v: want zero (every commit) or a positive duration", c.CheckpointInterval)
+	case c.MaxAckPending < 2:
+		return bad("max ack pending %d: want at least 2", c.MaxAckPending)
+	case c.AckWait <= c.CommitInterval:
+		return bad("ack wait %v: must exceed the commit interval %v", c.AckWait, c.CommitInterval)
+	case c.StopTimeout <= 0:
+		return bad("stop timeout %v (--stop-timeout): want a positive duration", c.StopTimeout)
+	case c.PublishTimeout <= 0:
+		return bad("publish timeout %v: want a positive duration", c.PublishTimeout)
+	case c.StateReplicas < 1 || c.StateReplicas > 5:
+		return bad("state replicas %d: want 1 to 5", c.StateReplicas)
+	}
+	return nil
+}
+
+// ParsePartition parses --partition "i/n" (e.g. "0/2"); "" means 0/1.
+func ParsePartition(s string) (index, count int, err error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, 1, nil
+	}
+	a, b, ok := strings.Cut(s, "/")
+	i, err1 := strconv.Atoi(a)
+	n, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || n < 1 || i < 0 || i >= n {
+		return 0, 0, fmt.Errorf("%w: partition %q: want index/count, e.g. 0/2", ErrInvalidConfig, s)
+	}
+	return i, n, nil
+}
+
+// suffix is the durable-name suffix of a partitioned instance.
+func (c Config) suffix() string {
+	if c.PartitionCount <= 1 {
+		return ""
+	}
+	return "-p" + strconv.Itoa(c.PartitionIndex) + "of" + strconv.Itoa(c.PartitionCount)
+}
+
+// FPMDurable and MarkerDurable are the durable consumer names on FPM and FPM_EVENTS.
+func (c Config) FPMDurable() string    { return c.Group + c.suffix() }
+func (c Config) MarkerDurable() string { return c.Group + "-markers" + c.suffix() }
+
+// MarkerFilter is the drop-marker subject filter matching FilterSubject.
+func (c Config) MarkerFilter() string {
+	return streams.EventsRoot + ".drop." + strings.TrimPrefix(c.FilterSubject, streams.FPMRoot+".")
+}
+
+// FPMConsumerConfig is the durable consumer the detector declares (idempotently) on stream FPM.
+func (c Config) FPMConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       c.FPMDurable(),
+		Description:   "fpmbus gap detector: FPM counter_id gaps per publisher",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+		FilterSubject: c.FilterSubject,
+	}
+}
+
+// MarkerConsumerConfig is the durable consumer of the bridge's drop markers on FPM_EVENTS.
+func (c Config) MarkerConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       c.MarkerDurable(),
+		Description:   "fpmbus gap detector: bridge drop markers",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+		FilterSubject: c.MarkerFilter(),
+	}
+}
+
+// StateBucketConfig is the KV bucket of the per-publisher state.
+func (c Config) StateBucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      c.StateBucket,
+		Description: "fpmbus gap detector: per-publisher sequence state (one key per group and publisher)",
+		History:     1,
+		Storage:     c.StateStorage,
+		Replicas:    c.StateReplicas,
+	}
+}
+
+func (c Config) rules() rules {
+	return rules{graceMs: c.MarkerGrace.Milliseconds(), staleAfterMs: c.StaleAfter.Milliseconds()}
+}
+
+// pullBatch is how many messages the client asks the server for at a time.
+func (c Config) pullBatch() int { return min(max(c.MaxAckPending/4, 1), 4096) }
+
+// tick is how often the detector checks for stale publishers and expired marker graces.
+func (c Config) tick() time.Duration {
+	d := min(c.StaleAfter, max(c.MarkerGrace, time.Millisecond)) / 5
+	return min(max(d, 20*time.Millisecond), time.Second)
+}

@@ -1,0 +1,387 @@
+package gaps
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+func key(worker string, rank int) streams.Key {
+	return streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: worker, DPRank: rank}
+}
+
+// want is the expected content of one event.
+type want struct {
+	typ, cause  string
+	first, last int64 // -1: no missing range
+	missing     uint64
+	restarted   int // resumed: 1 true, 0 false, -1 unset
+}
+
+func gapW(cause string, first, last int64) want {
+	return want{TypeGap, cause, first, last, uint64(last - first + 1), -1}
+}
+
+func (w want) String() string {
+	return fmt.Sprintf("%s/%s/%d-%d/%d", w.typ, w.cause, w.first, w.last, w.missing)
+}
+
+func match(t testing.TB, k streams.Key, got []Event, ws ...want) {
+	t.Helper()
+	if len(got) != len(ws) {
+		t.Fatalf("%s: %d events %v, want %v", k, len(got), summarizeAll(got), ws)
+	}
+	for i, w := range ws {
+		e := got[i]
+		first, last := int64(-1), int64(-1)
+		if e.FirstMissing != nil {
+			first, last = int64(*e.FirstMissing), int64(*e.LastMissing)
+		}
+		restarted := -1
+		if e.Restarted != nil {
+			restarted = 0
+			if *e.Restarted {
+				restarted = 1
+			}
+		}
+		g := want{e.Type, e.Cause, first, last, e.Missing, restarted}
+		if g != w {
+			b, _ := json.Marshal(e)
+			t.Fatalf("%s event %d: got %v, want %v\n%s", k, i, g, w, b)
+		}
+		if e.Key.Key() != k || e.Schema != EventSchema || e.EventSeq != uint64(i+1) {
+			t.Fatalf("%s event %d: key %v schema %s event_seq %d", k, i, e.Key, e.Schema, e.EventSeq)
+		}
+	}
+}
+
+// TestDetectorClassifiesScriptedStreams publishes what a bridge would publish for five publishers
+// (bridge drop with a late marker, ZMQ drop, publisher restart, duplicates and reordering, a bridge
+// restart) and checks every event, and that delivered + reported missing == sent.
+func TestDetectorClassifiesScriptedStreams(t *testing.T) {
+	env := streamstest.Start(t)
+	t0 := time.Now().UnixMilli()
+	kb, kz, kr, kd, kn := key("bridge", 0), key("zmq", 1), key("restart", 0), key("dup", 0), key("newbridge", 2)
+	var msgs []*nats.Msg
+	// bridge_drop: 10..14 dropped by the bridge; its marker is stored after the FPMs that follow.
+	msgs = append(msgs, fpms(kb, 0, 9, t0, t0)...)
+	msgs = append(msgs, fpms(kb, 15, 30, t0, t0+200)...)
+	// zmq_drop: 10..12 and 20..20 never reached the bridge.
+	msgs = append(msgs, fpms(kz, 0, 9, t0, t0)...)
+	msgs = append(msgs, fpms(kz, 13, 19, t0, t0+100)...)
+	msgs = append(msgs, fpms(kz, 21, 25, t0, t0+200)...)
+	// publisher_restart: the run got to 39; the new one (epoch t0+1000) starts at 0.
+	msgs = append(msgs, fpms(kr, 0, 39, t0, t0)...)
+	msgs = append(msgs, fpms(kr, 0, 9, t0+1000, t0+1000)...)
+	// duplicates and out-of-order: 0..5, 5 again, 7, 6, 8..10, 3 again (stored twice by a late retry).
+	msgs = append(msgs, fpms(kd, 0, 5, t0, t0)...)
+	dup := fpmMsg(kd, 5, t0, t0+50, false, "test-bridge")
+	dup.Header.Set(streams.HeaderMsgID, "retry-5") // outside the duplicate window, say
+	msgs = append(msgs, dup, fpmMsg(kd, 7, t0, t0+70, false, "test-bridge"), fpmMsg(kd, 6, t0, t0+60, false, "test-bridge"))
+	msgs = append(msgs, fpms(kd, 8, 10, t0, t0+80)...)
+	dup3 := fpmMsg(kd, 3, t0, t0+30, false, "test-bridge")
+	dup3.Header.Set(streams.HeaderMsgID, "retry-3")
+	msgs = append(msgs, dup3)
+	// a bridge restart: new epoch, the sequence goes on: nothing to report.
+	msgs = append(msgs, fpms(kn, 0, 9, t0, t0)...)
+	msgs = append(msgs, fpms(kn, 10, 19, t0+500, t0+500)...)
+	publishAll(t, env.JS, msgs...)
+
+	h := startDetector(t, env.Server.ClientURL(), testConfig())
+	time.Sleep(100 * time.Millisecond)
+	publishAll(t, env.JS, markerMsg(kb, t0, 10, 14, "buffer_full"))
+
+	by := waitEvents(t, env.JS, 4, 20*time.Second)
+	match(t, kb, by[kb], gapW(CauseBridgeDrop, 10, 14))
+	match(t, kz, by[kz], gapW(CauseZMQDrop, 10, 12), gapW(CauseZMQDrop, 20, 20))
+	match(t, kr, by[kr], want{TypeGap, CausePublisherRestart, -1, -1, 0, -1})
+	match(t, kd, by[kd])
+	match(t, kn, by[kn])
+
+	r := by[kr][0]
+	check(t, r.Evidence.OldRun != nil && r.Evidence.OldRun.LastSeq == 39 && r.Evidence.OldRun.Messages == 40 &&
+		r.Before.Seq == 39 && r.After.Seq == 0 && r.Epoch == t0+1000, "restart evidence %+v", r)
+	b := by[kb][0]
+	check(t, len(b.Evidence.Markers) == 1 && b.Evidence.Markers[0].Reason == "buffer_full" && b.Before.Seq == 9 && b.After.Seq == 15 &&
+		b.Before.ObservedAtMs == t0+90 && b.After.ObservedAtMs == t0+200 && b.ID == GapID(kb, t0, 10, 14), "bridge_drop evidence %+v", b)
+	z := by[kz][0]
+	check(t, z.Evidence.MarkerGraceMs == 300 && len(z.Evidence.Markers) == 0, "zmq evidence %+v", z.Evidence)
+
+	sent := map[streams.Key]uint64{kb: 31, kz: 26, kr: 50, kd: 11, kn: 20}
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	for k, n := range sent {
+		d := delivered(t, env.JS, k)
+		if k == kd {
+			d -= 2 // the two retries stored twice
+		}
+		equal(t, n, d+missingOf(by[k]), k.String()+": delivered + missing != sent")
+	}
+	equal(t, 2.0, h.metric("fpmbus_gaps_duplicates_total"))
+	equal(t, 1.0, h.metric("fpmbus_gaps_out_of_order_total"))
+	equal(t, 4.0, h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseZMQDrop))
+	equal(t, 5.0, h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseBridgeDrop))
+	equal(t, 1.0, h.metric("fpmbus_gaps_events_total", "cause", CausePublisherRestart))
+	check(t, h.stop() == nil, "stop")
+
+	// The checkpointed state matches.
+	kv, err := env.JS.KeyValue(context.Background(), DefaultStateBucket)
+	check(t, err == nil, "bucket: %v", err)
+	ent, err := kv.Get(context.Background(), kvKey(DefaultGroup, kd))
+	check(t, err == nil, "state of %s: %v", kd, err)
+	var st State
+	check(t, json.Unmarshal(ent.Value(), &st) == nil, "state json")
+	equal(t, Counters{Messages: 11, Heartbeats: 3, Duplicates: 2, OutOfOrder: 1}, st.Counters)
+	equal(t, 0, len(st.Outbox))
+}
+
+// TestDetectorStaleAndResumed: a publisher that goes silent is reported stale by the wall clock, a
+// later message closes the period (resumed, no restart), a second silence ends with a restart.
+func TestDetectorStaleAndResumed(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig()
+	cfg.StaleAfter = 400 * time.Millisecond
+	h := startDetector(t, env.Server.ClientURL(), cfg)
+	k := key("silent", 0)
+	now := func() int64 { return time.Now().UnixMilli() }
+	e1 := now()
+	publishAll(t, env.JS, fpms(k, 0, 4, e1, now())...)
+	by := waitEvents(t, env.JS, 1, 10*time.Second)
+	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1})
+	check(t, by[k][0].Before.Seq == 4 && by[k][0].StaleAfterMs == 400, "stale event %+v", by[k][0])
+	equal(t, 1.0, h.metric("fpmbus_gaps_stale_publishers"))
+
+	publishAll(t, env.JS, fpms(k, 5, 6, e1, now())...)
+	// Resumed, then silent again: stale a second time.
+	by = waitFirstEvents(t, env.JS, 3, 10*time.Second)
+	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeResumed, CauseStale, -1, -1, 0, 0},
+		want{TypeStale, CauseStale, -1, -1, 0, -1})
+	// The publisher comes back restarted.
+	publishAll(t, env.JS, fpms(k, 0, 2, now(), now())...)
+	by = waitFirstEvents(t, env.JS, 5, 10*time.Second)
+	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeResumed, CauseStale, -1, -1, 0, 0},
+		want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeGap, CausePublisherRestart, -1, -1, 0, -1},
+		want{TypeResumed, CauseStale, -1, -1, 0, 1})
+	check(t, by[k][3].Evidence.AfterStale && by[k][3].Evidence.OldRun.LastSeq == 6, "restart after stale %+v", by[k][3].Evidence)
+}
+
+// TestDetectorKilledMidGap kills a detector (its connection closed under it, nothing flushed) while a
+// bridge-dropped gap waits for its marker and a ZMQ gap waits for its grace; the restarted detector
+// reports each exactly once, and nothing else, although everything unacked is redelivered.
+func TestDetectorKilledMidGap(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig()
+	cfg.MarkerGrace = 3 * time.Second
+	k := key("crash", 0)
+	t0 := time.Now().UnixMilli()
+	h := startDetector(t, env.Server.ClientURL(), cfg)
+	publishAll(t, env.JS, fpms(k, 0, 9, t0, t0)...)
+	publishAll(t, env.JS, fpms(k, 20, 29, t0, t0+200)...) // 10..19: the bridge dropped them
+	publishAll(t, env.JS, fpms(k, 35, 40, t0, t0+400)...) // 30..34: lost upstream
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := h.metric("fpmbus_gaps_messages_total"); n != 26 {
+			return fmt.Errorf("%v of 26 applied", n)
+		}
+		if n := h.metric("fpmbus_gaps_pending_gaps"); n != 2 {
+			return fmt.Errorf("%v of 2 gaps pending", n)
+		}
+		return nil
+	})
+	h.kill()
+	check(t, len(storedEvents(t, env.JS)) == 0, "no event before the crash")
+
+	h2 := startDetector(t, env.Server.ClientURL(), cfg)
+	publishAll(t, env.JS, markerMsg(k, t0, 10, 19, "buffer_full"))
+	publishAll(t, env.JS, fpms(k, 41, 45, t0, t0+600)...)
+	by := waitEvents(t, env.JS, 2, 20*time.Second)
+	match(t, k, by[k], gapW(CauseBridgeDrop, 10, 19), gapW(CauseZMQDrop, 30, 34))
+	// Redeliveries of the unacked messages arrive after AckWait; none may add an event.
+	time.Sleep(cfg.AckWait + time.Second)
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	by = waitEvents(t, env.JS, 2, time.Second)
+	equal(t, uint64(46), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing")
+	check(t, h2.stop() == nil, "stop")
+}
+
+// TestDetectorPublishesACheckpointedOutbox: a detector that checkpointed events but died before
+// storing all of them; the next one stores exactly the missing ones.
+func TestDetectorPublishesACheckpointedOutbox(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	cfg := testConfig()
+	k := key("outbox", 0)
+	t0 := time.Now().UnixMilli()
+	publishAll(t, env.JS, fpms(k, 0, 3, t0, t0)...)
+	publishAll(t, env.JS, fpms(k, 6, 7, t0, t0+100)...)
+	publishAll(t, env.JS, fpms(k, 9, 9, t0, t0+200)...)
+	// What the dead detector had applied: both gaps classified, the first event stored.
+	st := &State{V: stateVersion, Key: keyJSON(k)}
+	tr := &tracker{key: k, st: st, r: cfg.rules()}
+	for i, m := range streamstest.Messages(t, env.JS, streams.StreamFPM, ">") {
+		meta, _ := m.Metadata()
+		o, err := observation(m.Headers(), m.Data(), meta.Sequence.Stream, meta.Timestamp)
+		check(t, err == nil, "observation %d: %v", i, err)
+		tr.observe(&o)
+	}
+	tr.expire(time.Now().Add(time.Hour).UnixMilli())
+	equal(t, 2, len(st.Outbox))
+	first := st.Outbox[0]
+	body, _ := json.Marshal(&first)
+	m := nats.NewMsg(first.Subject())
+	m.Data = body
+	m.Header.Set(streams.HeaderMsgID, first.ID)
+	m.Header.Set(streams.HeaderEventType, first.Type)
+	publishAll(t, env.JS, m)
+	kv, err := env.JS.CreateOrUpdateKeyValue(ctx, cfg.StateBucketConfig())
+	check(t, err == nil, "bucket: %v", err)
+	data, _ := json.Marshal(st)
+	_, err = kv.Put(ctx, kvKey(cfg.Group, k), data)
+	check(t, err == nil, "put: %v", err)
+
+	h := startDetector(t, env.Server.ClientURL(), cfg)
+	by := waitEvents(t, env.JS, 2, 10*time.Second)
+	match(t, k, by[k], gapW(CauseZMQDrop, 4, 5), gapW(CauseZMQDrop, 8, 8))
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if n := h.metric("fpmbus_gaps_events_total"); n != 1 {
+			return fmt.Errorf("%v events published by the new detector, want 1 (the other was stored)", n)
+		}
+		return nil
+	})
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	time.Sleep(200 * time.Millisecond)
+	equal(t, 1.0, h.metric("fpmbus_gaps_events_total"), "no event re-applied from the redelivered FPMs")
+}
+
+// TestTwoInstancesSplitThePublishers runs two partitioned instances: each publisher is processed by
+// exactly one, and together they report every gap once.
+func TestTwoInstancesSplitThePublishers(t *testing.T) {
+	env := streamstest.Start(t)
+	t0 := time.Now().UnixMilli()
+	var keys []streams.Key
+	owner := map[int]int{}
+	for i := range 8 {
+		k := key(fmt.Sprint("w", i), i%2)
+		keys = append(keys, k)
+		owner[PartitionOf(k, 2)]++
+	}
+	check(t, owner[0] > 0 && owner[1] > 0, "both partitions own publishers: %v", owner)
+	var msgs []*nats.Msg
+	for i, k := range keys {
+		msgs = append(msgs, fpms(k, 0, 9, t0, t0)...)
+		msgs = append(msgs, fpms(k, uint64(11+i), 20+uint64(i), t0, t0+100)...) // gap 10..10+i
+	}
+	publishAll(t, env.JS, msgs...)
+	var hs []*harness
+	for i := range 2 {
+		cfg := testConfig()
+		cfg.PartitionIndex, cfg.PartitionCount = i, 2
+		hs = append(hs, startDetector(t, env.Server.ClientURL(), cfg))
+	}
+	by := waitEvents(t, env.JS, len(keys), 20*time.Second)
+	for i, k := range keys {
+		match(t, k, by[k], gapW(CauseZMQDrop, 10, 10+int64(i)))
+	}
+	for i, h := range hs {
+		equal(t, float64(owner[i]), h.metric("fpmbus_gaps_events_total"), fmt.Sprint("instance ", i, " events"))
+		equal(t, float64(owner[i]*20), h.metric("fpmbus_gaps_messages_total"), fmt.Sprint("instance ", i, " messages"))
+		check(t, h.stop() == nil, "stop %d", i)
+	}
+
+	// Rebalance to one instance: it takes over both partitions' state, replays nothing twice and
+	// goes on.
+	h := startDetector(t, env.Server.ClientURL(), testConfig())
+	var more []*nats.Msg
+	for i, k := range keys {
+		more = append(more, fpms(k, 21+uint64(i), 21+uint64(i), t0, t0+300)...)
+		more = append(more, fpms(k, 23+uint64(i), 24+uint64(i), t0, t0+400)...) // gap 22+i
+	}
+	publishAll(t, env.JS, more...)
+	by = waitEvents(t, env.JS, 2*len(keys), 20*time.Second)
+	for i, k := range keys {
+		match(t, k, by[k], gapW(CauseZMQDrop, 10, 10+int64(i)), gapW(CauseZMQDrop, 22+int64(i), 22+int64(i)))
+	}
+	equal(t, float64(len(keys)), h.metric("fpmbus_gaps_events_total"))
+	equal(t, float64(len(keys)*3), h.metric("fpmbus_gaps_messages_total"), "only the new messages are applied")
+}
+
+// TestReport builds the report from the state bucket and, with --since, from the streams.
+func TestReport(t *testing.T) {
+	env := streamstest.Start(t)
+	start := time.Now()
+	t0 := start.UnixMilli()
+	kz, kr := key("zmq", 0), key("restart", 1)
+	var msgs []*nats.Msg
+	msgs = append(msgs, fpms(kz, 0, 9, t0, t0)...)
+	msgs = append(msgs, fpms(kz, 12, 19, t0, t0+100)...)
+	msgs = append(msgs, fpms(kr, 0, 19, t0, t0)...)
+	msgs = append(msgs, fpms(kr, 0, 4, t0+1, t0+300)...)
+	publishAll(t, env.JS, msgs...)
+	h := startDetector(t, env.Server.ClientURL(), testConfig())
+	waitEvents(t, env.JS, 2, 10*time.Second)
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	check(t, h.stop() == nil, "stop")
+
+	for _, since := range []time.Time{{}, start.Add(-time.Minute)} {
+		rep, err := BuildReport(context.Background(), env.JS, ReportConfig{Since: since})
+		check(t, err == nil, "report: %v", err)
+		equal(t, 2, len(rep.Publishers))
+		r, z := rep.Publishers[0], rep.Publishers[1]
+		equal(t, keyJSON(kr), r.Key)
+		equal(t, ConditionRestarted, r.State)
+		equal(t, uint64(25), r.Messages)
+		equal(t, uint64(1), r.Gaps.PublisherRestart)
+		equal(t, uint64(0), r.MissingTotal)
+		equal(t, ConditionLive, z.State)
+		equal(t, uint64(18), z.Messages)
+		equal(t, uint64(3), z.Heartbeats) // 0, 5, 15
+		equal(t, CauseCounts{ZMQDrop: 1}, z.Gaps)
+		equal(t, uint64(2), z.MissingTotal)
+		check(t, z.LossPercent > 9.99 && z.LossPercent < 10.01, "loss %v", z.LossPercent)
+		var sb strings.Builder
+		check(t, rep.WriteText(&sb) == nil, "text")
+		check(t, strings.Contains(sb.String(), "zmq\t") || strings.Contains(sb.String(), "zmq "), "text report:\n%s", sb.String())
+	}
+}
+
+// TestDetectorRereadsWhatItAckedPastItsCheckpoint: messages that only advance a sequence are acked
+// before their publisher's state is checkpointed; a detector killed then must not see a false gap
+// (the next one re-reads them from the stream), neither for a publisher that goes on nor for one
+// that stays silent.
+func TestDetectorRereadsWhatItAckedPastItsCheckpoint(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig()
+	cfg.CheckpointInterval = time.Hour
+	cfg.StaleAfter = 2 * time.Second
+	ka, kb := key("goes-on", 0), key("silent", 1)
+	now := func() int64 { return time.Now().UnixMilli() }
+	t0 := now()
+	h := startDetector(t, env.Server.ClientURL(), cfg)
+	publishAll(t, env.JS, append(fpms(ka, 0, 9, t0, now()), fpms(kb, 0, 9, t0, now())...)...)
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	time.Sleep(100 * time.Millisecond)
+	publishAll(t, env.JS, append(fpms(ka, 10, 49, t0, now()), fpms(kb, 10, 29, t0, now())...)...)
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	kv, err := env.JS.KeyValue(context.Background(), DefaultStateBucket)
+	check(t, err == nil, "bucket: %v", err)
+	ent, err := kv.Get(context.Background(), kvKey(DefaultGroup, ka))
+	check(t, err == nil, "state: %v", err)
+	var st State
+	check(t, json.Unmarshal(ent.Value(), &st) == nil && st.Last.Seq == 9, "checkpoint holds only the first ten messages: %+v", st.Last)
+	h.kill()
+
+	h2 := startDetector(t, env.Server.ClientURL(), cfg)
+	publishAll(t, env.JS, fpms(ka, 50, 59, t0, now())...)
+	publishAll(t, env.JS, fpms(ka, 65, 66, t0, now())...)
+	by := waitFirstEvents(t, env.JS, 3, 15*time.Second) // ka's gap, both stale by now
+	match(t, ka, by[ka], gapW(CauseZMQDrop, 60, 64), want{TypeStale, CauseStale, -1, -1, 0, -1})
+	match(t, kb, by[kb], want{TypeStale, CauseStale, -1, -1, 0, -1})
+	check(t, by[kb][0].Before.Seq == 29, "the silent publisher's last message is 29: %+v", by[kb][0].Before)
+	equal(t, 0.0, h2.metric("fpmbus_gaps_duplicates_total"))
+}

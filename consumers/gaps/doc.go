@@ -1,0 +1,60 @@
+// Package gaps is the gap detector: durable JetStream consumers of the FPM stream and of the
+// bridge's drop markers that track every publisher's sequence (namespace, component, worker_id,
+// dp_rank) and publish one JSON event per gap on FPM_EVENTS, subject
+// fpmevents.gap.<namespace>.<component>.<worker_id>.<dp_rank> (streams.GapEventSubject), saying what
+// was lost and why.
+//
+// Dynamo's publisher numbers every message it sends, heartbeats included, from 0 per run (the ZMQ
+// sequence frame, = counter_id, header Fpm-Seq). A missing number is classified as
+//
+//	bridge_drop        the bridge dropped it itself and said so in a drop marker (fpmevents.drop.…)
+//	zmq_drop           the bridge received a jump and no marker covered it within --marker-grace
+//	publisher_restart  the sequence went back under a new bridge epoch; the event says how far the
+//	                   old run got (its missing numbers are the new run's first ones that never came)
+//	stale              the publisher was silent past --stale-after and came back further on
+//
+// plus "stale" and "resumed" events that open and close a silent period. Duplicates and out-of-order
+// numbers are counted, not reported. Every missing number is in exactly one gap event.
+//
+// One FPM travels through these files:
+//
+//	detector.go   Detector: New, Run, Ready; the loop over both consumers, ticks, graceful stop
+//	fetch.go      a goroutine per consumer moving pulled messages onto a channel
+//	tracker.go    the per-publisher rules (pure: state in, state and events out)
+//	marker.go     ParseDropMarker, the bridge's drop marker (fuzzed)
+//	event.go      Event (the JSON format), causes, deterministic event ids
+//	state.go      State, one publisher's checkpoint, and its KV key
+//	store.go      loading, catching up and checkpointing state; publishing events; acking
+//	partition.go  which publishers an instance owns (All, Static i/n)
+//	report.go     BuildReport: `fpmbus gaps report`
+//	metrics.go    Prometheus metrics (fpmbus_gaps_*)
+//	heartbeat.go  heartbeat detection without a full parse
+//
+// # Invariants
+//
+//   - Per publisher, FPMs are applied in stream order, each once: State.StreamSeq is the last one
+//     applied; a delivered message at or below it is a redelivery and is skipped. A publisher loaded
+//     from its checkpoint first re-reads (direct get by subject) its FPMs between the checkpoint and
+//     the first one delivered, so a message acked after the checkpoint is never lost to it.
+//   - A message whose effect is more than "the sequence advanced by one" (a gap, a marker, a
+//     duplicate, an event, ...) is acked only after the State reflecting it is in the state bucket,
+//     written with the expected revision (a concurrent writer makes the write fail and the publisher
+//     is reloaded). Plain advances are acked at once and checkpointed every CheckpointInterval: the
+//     re-read above covers them.
+//   - Events are checkpointed in State.Outbox before they are published, and published with a
+//     deterministic Nats-Msg-Id (gap:<key>:<epoch>:<first>-<last>, …:restart, stale:…, resumed:…);
+//     a loaded outbox is reconciled with the events already stored on the publisher's subject, so a
+//     crash anywhere stores each event once.
+//   - Event content comes from the messages (bridge receive time, epochs, sequence numbers) and from
+//     stream time, never from the detector's clock; the wall clock only decides when to look (stale
+//     publishers while caught up).
+//   - A revealed gap is classified zmq_drop only when every drop marker stored up to
+//     (its revealing FPM's stream time + MarkerGrace) has been applied: the marker consumer has
+//     passed that stream time, or is caught up with the server's clock past it.
+//
+// # Ownership
+//
+// Run's goroutine owns all state. It starts two fetcher goroutines and at most one checkpoint
+// goroutine at a time (which touches only its own snapshot), and stops them before returning. There
+// are no mutexes.
+package gaps

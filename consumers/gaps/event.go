@@ -1,0 +1,178 @@
+package gaps
+
+import (
+	"strconv"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// EventSchema names the JSON format of every event the detector publishes.
+const EventSchema = "fpmbus.gap.v1"
+
+// Event types (the "type" field and the Fpm-Event header).
+const (
+	// TypeGap reports missing sequence numbers of one publisher, with their cause. Every missing
+	// sequence number is reported by exactly one gap event.
+	TypeGap = "gap"
+	// TypeStale reports that a publisher sent nothing, not even a heartbeat, for StaleAfter.
+	TypeStale = "stale"
+	// TypeResumed closes a stale period: the publisher was heard again.
+	TypeResumed = "resumed"
+)
+
+// Causes of a gap (the "cause" field; label cause of the metrics).
+const (
+	// CauseBridgeDrop: the bridge dropped the messages itself (buffer full during a broker outage,
+	// shutdown, rejected) and said so in a drop marker covering them.
+	CauseBridgeDrop = "bridge_drop"
+	// CauseZMQDrop: the bridge received a jump in the sequence and no drop marker covered it within
+	// the marker grace: the publisher's send buffer or the ZMQ transport lost them.
+	CauseZMQDrop = "zmq_drop"
+	// CausePublisherRestart: the sequence went back; the publisher started a new run. The event says
+	// how far the old run got; its missing numbers are the new run's first ones that never arrived.
+	CausePublisherRestart = "publisher_restart"
+	// CauseStale: the publisher went silent for longer than StaleAfter and came back with a jump that
+	// no drop marker covered (node or network loss). Also the cause of every TypeStale event.
+	CauseStale = "stale"
+)
+
+// Causes lists every cause, in report order.
+var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, CauseStale}
+
+// HeaderEventSeq carries an event's per-publisher number (event_seq) on FPM_EVENTS.
+const HeaderEventSeq = "Fpm-Gap-Event-Seq"
+
+// KeyJSON is a publisher key as it appears in events, drop markers and state.
+type KeyJSON struct {
+	Namespace string `json:"namespace"`
+	Component string `json:"component"`
+	WorkerID  string `json:"worker_id"`
+	DPRank    int    `json:"dp_rank"`
+}
+
+func keyJSON(k streams.Key) KeyJSON { return KeyJSON{k.Namespace, k.Component, k.WorkerID, k.DPRank} }
+
+// Key returns the streams.Key.
+func (k KeyJSON) Key() streams.Key {
+	return streams.Key{Namespace: k.Namespace, Component: k.Component, WorkerID: k.WorkerID, DPRank: k.DPRank}
+}
+
+// Point is one FPM around a gap: its sequence, its observed time (the bridge's receive time,
+// Fpm-Received-At-Ms), the bridge epoch it was published under and the bridge that published it.
+type Point struct {
+	Seq          uint64 `json:"seq"`
+	ObservedAtMs int64  `json:"observed_at_ms"`
+	Epoch        int64  `json:"epoch"`
+	Bridge       string `json:"bridge,omitempty"`
+}
+
+// MarkerRef is a drop marker cited as evidence.
+type MarkerRef struct {
+	FirstSeq          uint64 `json:"first_seq"`
+	LastSeq           uint64 `json:"last_seq"`
+	Count             uint64 `json:"count"`
+	Reason            string `json:"reason"`
+	Bridge            string `json:"bridge"`
+	Epoch             int64  `json:"epoch"`
+	FirstReceivedAtMs int64  `json:"first_received_at_ms"`
+	LastReceivedAtMs  int64  `json:"last_received_at_ms"`
+}
+
+// RunSummary describes one publisher run (one sequence from its first seen number on).
+type RunSummary struct {
+	FirstSeq    uint64 `json:"first_seq"`
+	LastSeq     uint64 `json:"last_seq"`
+	FirstEpoch  int64  `json:"first_epoch"`
+	LastEpoch   int64  `json:"last_epoch"`
+	Messages    uint64 `json:"messages"`
+	StartedAtMs int64  `json:"started_at_ms"`
+	LastAtMs    int64  `json:"last_at_ms"`
+	// ByRestart: the run began with a publisher restart (not with the first message ever seen).
+	ByRestart bool `json:"by_restart"`
+}
+
+// Evidence says why the detector chose the cause.
+type Evidence struct {
+	// Summary is one human-readable sentence.
+	Summary string `json:"summary"`
+	// Markers are the drop markers covering a bridge_drop range.
+	Markers []MarkerRef `json:"markers,omitempty"`
+	// MarkerGraceMs: how long (stream time on FPM_EVENTS) the detector waited for a drop marker.
+	MarkerGraceMs int64 `json:"marker_grace_ms,omitempty"`
+	// EpochChanged: the messages before and after the gap carry different bridge epochs; with
+	// BridgeChanged false as well, the same bridge id started a new epoch without a sequence regression
+	// (a restarted bridge), never a publisher restart.
+	EpochChanged  bool `json:"epoch_changed,omitempty"`
+	BridgeChanged bool `json:"bridge_changed,omitempty"`
+	// AfterStale: the gap ends a stale period (the publisher had been silent for StaleAfter).
+	AfterStale bool `json:"after_stale,omitempty"`
+	// OldRun is how far the previous run got (publisher_restart).
+	OldRun *RunSummary `json:"old_run,omitempty"`
+	// NewRunFirstSeq is the first sequence number received from the new run (publisher_restart).
+	NewRunFirstSeq *uint64 `json:"new_run_first_seq,omitempty"`
+	// SilentMs is how long nothing was heard before the publisher came back (observed times).
+	SilentMs int64 `json:"silent_ms,omitempty"`
+}
+
+// Event is one JSON event on FPM_EVENTS, subject streams.GapEventSubject(key), header
+// Fpm-Event: <type>, Nats-Msg-Id: <id>. See the package documentation for the format.
+type Event struct {
+	Schema   string  `json:"schema"`
+	Type     string  `json:"type"`
+	ID       string  `json:"id"`
+	Key      KeyJSON `json:"key"`
+	EventSeq uint64  `json:"event_seq"`
+	Cause    string  `json:"cause"`
+	// Epoch is the bridge epoch of the message that revealed the gap (the run the gap belongs to).
+	Epoch int64 `json:"epoch"`
+	// FirstMissing..LastMissing is the missing range; absent when Missing is 0.
+	FirstMissing *uint64 `json:"first_missing,omitempty"`
+	LastMissing  *uint64 `json:"last_missing,omitempty"`
+	Missing      uint64  `json:"missing"`
+	// MissingRanges lists the ranges when the missing numbers are not contiguous (publisher_restart
+	// only, when drop markers cover numbers in the middle).
+	MissingRanges [][2]uint64 `json:"missing_ranges,omitempty"`
+	// Before is the last message before the gap (the old run's last one for a restart, the last one
+	// heard for stale and resumed); After is the first message after it.
+	Before *Point `json:"before,omitempty"`
+	After  *Point `json:"after,omitempty"`
+	// StaleAfterMs and StaleAtMs (stale): the threshold and the observed time it was crossed
+	// (before.observed_at_ms + stale_after_ms).
+	StaleAfterMs int64 `json:"stale_after_ms,omitempty"`
+	StaleAtMs    int64 `json:"stale_at_ms,omitempty"`
+	// Restarted (resumed): whether the publisher restarted while it was silent.
+	Restarted *bool    `json:"restarted,omitempty"`
+	Evidence  Evidence `json:"evidence"`
+}
+
+// Subject is the subject the event is published on.
+func (e *Event) Subject() string { return streams.GapEventSubject(e.Key.Key()) }
+
+// keyTokens is the key part of the key's subjects: <namespace>.<component>.<worker_id>.<dp_rank>.
+func keyTokens(k streams.Key) string {
+	s := streams.FPMSubject(k)
+	return s[len(streams.FPMRoot)+1:]
+}
+
+// GapID is the Nats-Msg-Id of the gap event for first..last revealed under epoch.
+func GapID(k streams.Key, epoch int64, first, last uint64) string {
+	return "gap:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(first, 10) + "-" + strconv.FormatUint(last, 10)
+}
+
+// RestartID is the Nats-Msg-Id of the publisher_restart event of the run that started under epoch.
+func RestartID(k streams.Key, epoch int64) string {
+	return "gap:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":restart"
+}
+
+// StaleID is the Nats-Msg-Id of the stale event after message lastSeq of epoch.
+func StaleID(k streams.Key, epoch int64, lastSeq uint64) string {
+	return "stale:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
+}
+
+// ResumedID is the Nats-Msg-Id of the resumed event closing the stale event StaleID(k, epoch, lastSeq).
+func ResumedID(k streams.Key, epoch int64, lastSeq uint64) string {
+	return "resumed:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
+}
+
+func u64p(v uint64) *uint64 { return &v }
+func boolp(v bool) *bool    { return &v }

@@ -1,0 +1,269 @@
+package gaps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// ReportConfig selects what BuildReport summarizes.
+type ReportConfig struct {
+	// Group and StateBucket name the detector group whose state is read (defaults DefaultGroup,
+	// DefaultStateBucket).
+	Group       string
+	StateBucket string
+	// Since, when set, counts messages and gaps stored since then (read from the FPM and FPM_EVENTS
+	// streams); zero means the detector's cumulative counters.
+	Since time.Time
+	// FilterSubject limits the FPMs counted with Since (default fpm.>).
+	FilterSubject string
+}
+
+// PublisherReport is one publisher's line of a report.
+type PublisherReport struct {
+	Key        KeyJSON `json:"key"`
+	State      string  `json:"state"` // live, stale, restarted
+	Messages   uint64  `json:"messages"`
+	Heartbeats uint64  `json:"heartbeats"`
+	// Gaps and Missing by cause; a publisher_restart counts as a gap even with nothing missing.
+	Gaps         CauseCounts `json:"gaps"`
+	Missing      CauseCounts `json:"missing"`
+	GapsTotal    uint64      `json:"gaps_total"`
+	MissingTotal uint64      `json:"missing_total"`
+	// LossPercent is missing / (messages + missing) * 100.
+	LossPercent  float64 `json:"loss_percent"`
+	StalePeriods uint64  `json:"stale_periods"`
+	Restarts     uint64  `json:"restarts"`
+	Duplicates   uint64  `json:"duplicates"`
+	OutOfOrder   uint64  `json:"out_of_order"`
+	PendingGaps  int     `json:"pending_gaps"`
+	LastSeq      uint64  `json:"last_seq"`
+	LastSeenMs   int64   `json:"last_seen_ms"`
+	RunStartedMs int64   `json:"run_started_ms"`
+}
+
+// Report is the result of BuildReport.
+type Report struct {
+	Group      string            `json:"group"`
+	Since      *time.Time        `json:"since,omitempty"`
+	Publishers []PublisherReport `json:"publishers"`
+}
+
+// BuildReport summarizes, per publisher, messages, heartbeats, gaps and missing messages by cause,
+// the loss percentage and the current state, from the detector group's state bucket (and, with
+// Since, from the streams).
+func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (*Report, error) {
+	if rc.Group == "" {
+		rc.Group = DefaultGroup
+	}
+	if rc.StateBucket == "" {
+		rc.StateBucket = DefaultStateBucket
+	}
+	if rc.FilterSubject == "" {
+		rc.FilterSubject = DefaultFilterSubject
+	}
+	rep := &Report{Group: rc.Group, Publishers: []PublisherReport{}}
+	by := map[streams.Key]*PublisherReport{}
+	get := func(k streams.Key) *PublisherReport {
+		p := by[k]
+		if p == nil {
+			p = &PublisherReport{Key: keyJSON(k), State: ConditionLive}
+			by[k] = p
+		}
+		return p
+	}
+	states, err := loadStates(ctx, js, rc.StateBucket, rc.Group)
+	if err != nil {
+		return nil, err
+	}
+	for k, st := range states {
+		p := get(k)
+		p.LastSeq, p.LastSeenMs, p.RunStartedMs, p.PendingGaps = st.Last.Seq, st.LastSeenMs, st.Run.StartedAtMs, len(st.Pending)
+		switch {
+		case st.Stale != nil:
+			p.State = ConditionStale
+		case st.Run.ByRestart && (rc.Since.IsZero() || st.Run.StartedAtMs >= rc.Since.UnixMilli()):
+			p.State = ConditionRestarted
+		}
+		if rc.Since.IsZero() {
+			c := st.Counters
+			p.Messages, p.Heartbeats, p.Gaps, p.Missing = c.Messages, c.Heartbeats, c.Gaps, c.Missing
+			p.StalePeriods, p.Restarts, p.Duplicates, p.OutOfOrder = c.StalePeriods, c.Restarts, c.Duplicates, c.OutOfOrder
+		}
+	}
+	if !rc.Since.IsZero() {
+		since := rc.Since
+		rep.Since = &since
+		err := scan(ctx, js, streams.StreamEvents, streams.GapEventWildcard, since, func(m jetstream.Msg) {
+			var e Event
+			if json.Unmarshal(m.Data(), &e) != nil {
+				return
+			}
+			p := get(e.Key.Key())
+			switch e.Type {
+			case TypeGap:
+				p.Gaps.add(e.Cause, 1)
+				p.Missing.add(e.Cause, e.Missing)
+				if e.Cause == CausePublisherRestart {
+					p.Restarts++
+				}
+			case TypeStale:
+				p.StalePeriods++
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		subjects := map[string]streams.Key{}
+		err = scan(ctx, js, streams.StreamFPM, rc.FilterSubject, since, func(m jetstream.Msg) {
+			k, ok := subjects[m.Subject()]
+			if !ok {
+				var err error
+				if k, err = streams.ParseFPMSubject(m.Subject()); err != nil {
+					return
+				}
+				subjects[m.Subject()] = k
+			}
+			p := get(k)
+			p.Messages++
+			if isHeartbeat(m.Data()) {
+				p.Heartbeats++
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range by {
+		p.GapsTotal, p.MissingTotal = p.Gaps.Total(), p.Missing.Total()
+		if d := p.Messages + p.MissingTotal; d > 0 {
+			p.LossPercent = float64(p.MissingTotal) * 100 / float64(d)
+		}
+		rep.Publishers = append(rep.Publishers, *p)
+	}
+	sort.Slice(rep.Publishers, func(i, j int) bool {
+		a, b := rep.Publishers[i].Key, rep.Publishers[j].Key
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		if a.Component != b.Component {
+			return a.Component < b.Component
+		}
+		if a.WorkerID != b.WorkerID {
+			return a.WorkerID < b.WorkerID
+		}
+		return a.DPRank < b.DPRank
+	})
+	return rep, nil
+}
+
+// loadStates reads the newest state of every publisher of group.
+func loadStates(ctx context.Context, js jetstream.JetStream, bucket, group string) (map[streams.Key]*State, error) {
+	out := map[streams.Key]*State{}
+	s, err := js.Stream(ctx, "KV_"+bucket)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gaps: state bucket %s: %w", bucket, err)
+	}
+	prefix := "$KV." + bucket + "."
+	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + group + ".>"}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gaps: read state bucket %s: %w", bucket, err)
+	}
+	err = drain(ctx, oc, func(m jetstream.Msg) {
+		k, ok := keyFromKV(group, strings.TrimPrefix(m.Subject(), prefix))
+		if !ok {
+			return
+		}
+		if op := m.Headers().Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return
+		}
+		var st State
+		if json.Unmarshal(m.Data(), &st) == nil {
+			out[k] = &st
+		}
+	})
+	return out, err
+}
+
+// scan passes every message of stream on filter stored since t to f.
+func scan(ctx context.Context, js jetstream.JetStream, stream, filter string, since time.Time, f func(jetstream.Msg)) error {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("gaps: stream %s: %w", stream, err)
+	}
+	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
+	})
+	if err != nil {
+		return fmt.Errorf("gaps: read %s: %w", stream, err)
+	}
+	return drain(ctx, oc, f)
+}
+
+// drain fetches until the consumer has nothing pending.
+func drain(ctx context.Context, c jetstream.Consumer, f func(jetstream.Msg)) error {
+	for {
+		ci, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if ci.NumPending == 0 {
+			return nil
+		}
+		batch, err := c.Fetch(int(min(ci.NumPending, 10000)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return err
+		}
+		for m := range batch.Messages() {
+			f(m)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// WriteText writes r as an aligned table.
+func (r *Report) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if r.Since != nil {
+		fmt.Fprintf(tw, "group %s, since %s\n", r.Group, r.Since.Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(tw, "group %s, since the detector first saw each publisher\n", r.Group)
+	}
+	fmt.Fprintln(tw, "NAMESPACE\tCOMPONENT\tWORKER\tRANK\tSTATE\tMESSAGES\tHEARTBEATS\tGAPS\tBRIDGE_DROP\tZMQ_DROP\tRESTART\tSTALE\tMISSING\tLOSS%\tLAST_SEQ\tLAST_SEEN")
+	for _, p := range r.Publishers {
+		worker := p.Key.WorkerID
+		if worker == "" {
+			worker = `""`
+		}
+		last := "-"
+		if p.LastSeenMs > 0 {
+			last = time.UnixMilli(p.LastSeenMs).UTC().Format(time.RFC3339)
+		}
+		gap := func(c string) string { return fmt.Sprintf("%d/%d", p.Gaps.Get(c), p.Missing.Get(c)) }
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%.3f\t%d\t%s\n",
+			p.Key.Namespace, p.Key.Component, worker, p.Key.DPRank, p.State, p.Messages, p.Heartbeats, p.GapsTotal,
+			gap(CauseBridgeDrop), gap(CauseZMQDrop), gap(CausePublisherRestart), gap(CauseStale), p.MissingTotal, p.LossPercent, p.LastSeq, last)
+	}
+	fmt.Fprintln(tw, "(cause columns: gaps/missing messages)")
+	return tw.Flush()
+}

@@ -1,0 +1,171 @@
+package gaps
+
+import (
+	"strings"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// stateVersion is the version of the State JSON written to the KV bucket.
+const stateVersion = 1
+
+// State is everything the detector knows about one publisher. It is checkpointed as JSON in the
+// state bucket (one KV entry per publisher and group) before the messages it reflects are acked, so
+// a restarted or rebalanced detector continues exactly where the last one stopped: messages at or
+// below StreamSeq (FPM) and MarkerSeq (FPM_EVENTS) are already reflected, events in Outbox may not
+// have been published yet.
+type State struct {
+	V   int     `json:"v"`
+	Key KeyJSON `json:"key"`
+	// StreamSeq is the FPM stream sequence of the last FPM of this publisher reflected here; MarkerSeq
+	// the FPM_EVENTS sequence of the last drop marker.
+	StreamSeq uint64 `json:"stream_seq"`
+	MarkerSeq uint64 `json:"marker_seq"`
+	// EventStreamSeq is the FPM_EVENTS sequence of the last event known to be stored; NextEventSeq the
+	// event_seq the next event gets (1-based, per publisher).
+	EventStreamSeq uint64 `json:"event_stream_seq"`
+	NextEventSeq   uint64 `json:"next_event_seq"`
+	// Started is set by the first FPM.
+	Started bool `json:"started"`
+	// Run is the current publisher run, MaxEpoch the newest bridge epoch seen in it, Last its message
+	// with the highest sequence number.
+	Run      RunSummary `json:"run"`
+	MaxEpoch int64      `json:"max_epoch"`
+	Last     Point      `json:"last"`
+	// FirstSeenMs and LastSeenMs are the oldest and newest observed time of any FPM of the publisher.
+	FirstSeenMs int64 `json:"first_seen_ms"`
+	LastSeenMs  int64 `json:"last_seen_ms"`
+	// Pending are revealed gaps whose cause is not known yet (waiting for a drop marker).
+	Pending []Pending `json:"pending,omitempty"`
+	// Markers are drop markers that may still explain a pending or future gap.
+	Markers []heldMarker `json:"markers,omitempty"`
+	// Stale is set while the publisher is silent.
+	Stale    *Point   `json:"stale,omitempty"`
+	Counters Counters `json:"counters"`
+	// Outbox holds events not yet confirmed stored on FPM_EVENTS, in event_seq order.
+	Outbox []Event `json:"outbox,omitempty"`
+}
+
+// Pending is a revealed gap held open until every missing number is covered by a drop marker or the
+// marker grace has passed.
+type Pending struct {
+	// Kind is jump (sequence skipped forward), resume (a jump ending a stale period) or restart (the
+	// first numbers of a new run).
+	Kind string `json:"kind"`
+	// Ranges are the missing numbers (sorted, disjoint, inclusive); late messages punch holes.
+	Ranges [][2]uint64 `json:"ranges"`
+	Before Point       `json:"before"`
+	After  Point       `json:"after"`
+	// RevealedMs is the stream time (Unix ms) at which the message after the gap was stored; the
+	// marker grace counts from it.
+	RevealedMs int64 `json:"revealed_ms"`
+	// EpochLo..EpochHi are the bridge epochs a drop marker for these numbers can carry.
+	EpochLo int64 `json:"epoch_lo"`
+	EpochHi int64 `json:"epoch_hi"`
+	// OldRun is the run a restart ended (kind restart).
+	OldRun *RunSummary `json:"old_run,omitempty"`
+	// AfterStale: the gap ends a stale period (kind resume, or a restart while stale).
+	AfterStale bool  `json:"after_stale,omitempty"`
+	SilentMs   int64 `json:"silent_ms,omitempty"`
+}
+
+// heldMarker is a drop marker kept in State; Used once it covered part of a gap.
+type heldMarker struct {
+	DropMarker
+	Used bool `json:"used,omitempty"`
+}
+
+// Pending kinds.
+const (
+	kindJump    = "jump"
+	kindResume  = "resume"
+	kindRestart = "restart"
+)
+
+// CauseCounts counts per cause.
+type CauseCounts struct {
+	BridgeDrop       uint64 `json:"bridge_drop"`
+	ZMQDrop          uint64 `json:"zmq_drop"`
+	PublisherRestart uint64 `json:"publisher_restart"`
+	Stale            uint64 `json:"stale"`
+}
+
+func (c *CauseCounts) ptr(cause string) *uint64 {
+	switch cause {
+	case CauseBridgeDrop:
+		return &c.BridgeDrop
+	case CauseZMQDrop:
+		return &c.ZMQDrop
+	case CausePublisherRestart:
+		return &c.PublisherRestart
+	case CauseStale:
+		return &c.Stale
+	}
+	return nil
+}
+
+// Get returns the count of cause (0 for an unknown cause).
+func (c CauseCounts) Get(cause string) uint64 {
+	if p := c.ptr(cause); p != nil {
+		return *p
+	}
+	return 0
+}
+
+func (c *CauseCounts) add(cause string, n uint64) {
+	if p := c.ptr(cause); p != nil {
+		*p += n
+	}
+}
+
+// Total is the sum over the causes.
+func (c CauseCounts) Total() uint64 { return c.BridgeDrop + c.ZMQDrop + c.PublisherRestart + c.Stale }
+
+// Counters are a publisher's cumulative counts since the detector first saw it.
+type Counters struct {
+	// Messages counts distinct FPMs (duplicates excluded), Heartbeats the idle heartbeats among them.
+	Messages   uint64 `json:"messages"`
+	Heartbeats uint64 `json:"heartbeats"`
+	// Duplicates are FPMs whose sequence number was already seen; OutOfOrder are FPMs that arrived
+	// after a later one and filled a pending gap. Neither is a gap.
+	Duplicates uint64 `json:"duplicates"`
+	OutOfOrder uint64 `json:"out_of_order"`
+	// SeqMismatch counts FPMs the bridge flagged with Fpm-Seq-Mismatch (counter_id != sequence frame).
+	SeqMismatch uint64 `json:"seq_mismatch"`
+	// Gaps counts gap events by cause (a publisher_restart event counts even when nothing is
+	// missing); Missing counts the missing sequence numbers they report.
+	Gaps    CauseCounts `json:"gaps"`
+	Missing CauseCounts `json:"missing"`
+	// Restarts counts publisher restarts, StalePeriods stale events.
+	Restarts     uint64 `json:"restarts"`
+	StalePeriods uint64 `json:"stale_periods"`
+	// Markers counts drop markers received; MarkersUnused those discarded without covering a gap
+	// (for example a shutdown marker for messages that were stored after all, or a marker that came
+	// after its gap had been classified).
+	Markers       uint64 `json:"markers"`
+	MarkersUnused uint64 `json:"markers_unused"`
+}
+
+// Condition is a publisher's current state in reports and metrics.
+const (
+	ConditionLive      = "live"
+	ConditionStale     = "stale"
+	ConditionRestarted = "restarted"
+)
+
+// kvKey is the state bucket key of k for group: "<group>.<namespace>.<component>.<worker_id>.<dp_rank>"
+// with the subject tokens' '%' escapes written as '=' (KV keys do not allow '%'; '=' never appears
+// in an encoded token).
+func kvKey(group string, k streams.Key) string {
+	return group + "." + strings.ReplaceAll(keyTokens(k), "%", "=")
+}
+
+// keyFromKV parses kvKey's result back.
+func keyFromKV(group, kv string) (streams.Key, bool) {
+	rest, ok := strings.CutPrefix(kv, group+".")
+	if !ok {
+		return streams.Key{}, false
+	}
+	k, err := streams.ParseKeySubject("x."+strings.ReplaceAll(rest, "=", "%"), "x")
+	return k, err == nil
+}

@@ -1,0 +1,537 @@
+package gaps
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// maxMarkers bounds the drop markers kept per publisher; the oldest go first.
+const maxMarkers = 1024
+
+// Observation is one FPM as the tracker sees it.
+type Observation struct {
+	// StreamSeq is the message's FPM stream sequence; StoredMs its stream timestamp (Unix ms).
+	StreamSeq uint64
+	StoredMs  int64
+	// Seq is the publisher's sequence number (Fpm-Seq, the ZMQ sequence frame = counter_id).
+	Seq uint64
+	// ObservedAtMs is the bridge's receive time (Fpm-Received-At-Ms).
+	ObservedAtMs int64
+	// Epoch (Fpm-Epoch) and Bridge (Fpm-Bridge) say which bridge run published it.
+	Epoch  int64
+	Bridge string
+	// Heartbeat: an idle heartbeat (wall_time 0, every count zero).
+	Heartbeat bool
+	// SeqMismatch: the bridge flagged counter_id != sequence frame.
+	SeqMismatch bool
+}
+
+func (o *Observation) point() Point {
+	return Point{Seq: o.Seq, ObservedAtMs: o.ObservedAtMs, Epoch: o.Epoch, Bridge: o.Bridge}
+}
+
+// rules are the detector settings the tracker applies.
+type rules struct {
+	graceMs      int64
+	staleAfterMs int64
+}
+
+// tracker applies one publisher's messages and drop markers, in order, to its State and appends the
+// resulting events to State.Outbox. It is pure: no I/O, no clock (time comes in as arguments), so the
+// same inputs in the same order give the same state and events.
+//
+// Sequence rules (Dynamo's publisher numbers every message, heartbeats too, from 0 per run):
+//   - seq > last: the run goes on; numbers skipped in between are a gap (held as Pending until drop
+//     markers cover it or the marker grace passes). A new bridge epoch here is a restarted bridge, not
+//     a restarted publisher.
+//   - seq <= last under an epoch newer than any of the run: the bridge saw the sequence go back, so
+//     the publisher restarted.
+//   - seq <= last otherwise, or any seq under an epoch older than the run's first: a late message (fills
+//     a pending gap: out of order) or a duplicate.
+type tracker struct {
+	key    streams.Key
+	st     *State
+	r      rules
+	onEmit func(*Event) // may be nil
+	// significant is set by every change beyond a message advancing the sequence by one (a gap, a
+	// marker, an event, a duplicate, ...); the detector checkpoints such a state before acking.
+	significant bool
+}
+
+// observe applies one FPM. The caller has checked that o.StreamSeq > st.StreamSeq.
+func (t *tracker) observe(o *Observation) {
+	st := t.st
+	st.StreamSeq = o.StreamSeq
+	if !st.Started || o.Seq != st.Last.Seq+1 || o.Epoch < st.Run.FirstEpoch || st.Stale != nil ||
+		o.ObservedAtMs-st.LastSeenMs > t.r.staleAfterMs {
+		t.significant = true
+	}
+	if o.SeqMismatch {
+		st.Counters.SeqMismatch++
+	}
+	if !st.Started {
+		st.Started = true
+		st.FirstSeenMs, st.LastSeenMs = o.ObservedAtMs, o.ObservedAtMs
+		t.startRun(o, false)
+		t.count(o)
+		if len(st.Markers) > 0 {
+			t.prune()
+		}
+		return
+	}
+	advance := o.Seq > st.Last.Seq
+	if o.Epoch < st.Run.FirstEpoch || !advance && o.Epoch <= st.MaxEpoch {
+		// A late message: of an older run (its epoch predates the run's), or of this run.
+		switch {
+		case t.fill(o):
+			st.Counters.OutOfOrder++
+			t.count(o)
+		case o.Epoch >= st.Run.FirstEpoch && o.Seq < st.Run.FirstSeq && !st.Run.ByRestart:
+			// Before the first number the detector ever saw of this run: new, not a duplicate.
+			st.Run.FirstSeq = o.Seq
+			st.Counters.OutOfOrder++
+			t.count(o)
+		default:
+			st.Counters.Duplicates++
+		}
+		return
+	}
+	silentMs := o.ObservedAtMs - st.LastSeenMs
+	if st.Stale == nil && silentMs > t.r.staleAfterMs {
+		t.goStale()
+	}
+	stale := st.Stale
+	if advance {
+		if o.Seq > st.Last.Seq+1 {
+			kind := kindJump
+			if stale != nil {
+				kind = kindResume
+			}
+			t.reveal(Pending{
+				Kind: kind, Ranges: [][2]uint64{{st.Last.Seq + 1, o.Seq - 1}},
+				Before: st.Last, After: o.point(), RevealedMs: o.StoredMs,
+				EpochLo: min(st.Last.Epoch, o.Epoch), EpochHi: max(st.Last.Epoch, o.Epoch),
+				AfterStale: stale != nil, SilentMs: silentMs,
+			})
+		}
+		st.Last = o.point()
+		st.Run.LastSeq, st.Run.LastEpoch, st.Run.LastAtMs = o.Seq, o.Epoch, o.ObservedAtMs
+		st.MaxEpoch = max(st.MaxEpoch, o.Epoch)
+	} else {
+		t.restart(o, stale != nil, silentMs)
+	}
+	t.count(o)
+	st.LastSeenMs = max(st.LastSeenMs, o.ObservedAtMs)
+	if stale != nil {
+		t.resume(o, stale, !advance)
+	}
+	if len(st.Markers) > 0 {
+		t.prune()
+	}
+}
+
+func (t *tracker) count(o *Observation) {
+	t.st.Counters.Messages++
+	t.st.Run.Messages++
+	if o.Heartbeat {
+		t.st.Counters.Heartbeats++
+	}
+}
+
+func (t *tracker) startRun(o *Observation, byRestart bool) {
+	t.st.Run = RunSummary{
+		FirstSeq: o.Seq, LastSeq: o.Seq, FirstEpoch: o.Epoch, LastEpoch: o.Epoch,
+		StartedAtMs: o.ObservedAtMs, LastAtMs: o.ObservedAtMs, ByRestart: byRestart,
+	}
+	t.st.MaxEpoch = o.Epoch
+	t.st.Last = o.point()
+}
+
+// restart ends the current run at o, the first message of a new one. The new run's numbers below
+// o.Seq that never arrived are held like a gap (markers may cover some); the publisher_restart event
+// is emitted when they are classified (at once when o.Seq is 0).
+func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64) {
+	st := t.st
+	old := st.Run
+	before := st.Last
+	t.startRun(o, true)
+	st.Counters.Restarts++
+	p := Pending{
+		Kind: kindRestart, Before: before, After: o.point(), RevealedMs: o.StoredMs,
+		EpochLo: o.Epoch, EpochHi: o.Epoch, OldRun: &old, AfterStale: afterStale, SilentMs: silentMs,
+	}
+	if o.Seq > 0 {
+		p.Ranges = [][2]uint64{{0, o.Seq - 1}}
+	}
+	t.reveal(p)
+}
+
+// goStale emits the stale event of the silence after st.Last. Its content depends only on the state,
+// so the live path (wall clock) and a replay (event time) publish the same event.
+func (t *tracker) goStale() {
+	st := t.st
+	last := st.Last
+	st.Stale = &last
+	st.Counters.StalePeriods++
+	t.emit(&Event{
+		Type: TypeStale, ID: StaleID(t.key, last.Epoch, last.Seq), Cause: CauseStale, Epoch: last.Epoch,
+		Before: &last, StaleAfterMs: t.r.staleAfterMs, StaleAtMs: st.LastSeenMs + t.r.staleAfterMs,
+		Evidence: Evidence{Summary: fmt.Sprintf("nothing heard from the publisher, not even a heartbeat, for %v after seq %d",
+			time.Duration(t.r.staleAfterMs)*time.Millisecond, last.Seq)},
+	})
+}
+
+// markStale is the wall-clock path: the caller saw no message for StaleAfter while caught up.
+func (t *tracker) markStale() bool {
+	if !t.st.Started || t.st.Stale != nil {
+		return false
+	}
+	t.significant = true
+	t.goStale()
+	return true
+}
+
+func (t *tracker) resume(o *Observation, stale *Point, restarted bool) {
+	st := t.st
+	st.Stale = nil
+	after := o.point()
+	silent := o.ObservedAtMs - stale.ObservedAtMs
+	sum := fmt.Sprintf("heard again after %v of silence at seq %d (last was %d); the publisher did not restart",
+		time.Duration(silent)*time.Millisecond, o.Seq, stale.Seq)
+	if restarted {
+		sum = fmt.Sprintf("heard again after %v of silence at seq %d (last was %d); the publisher restarted meanwhile",
+			time.Duration(silent)*time.Millisecond, o.Seq, stale.Seq)
+	}
+	t.emit(&Event{
+		Type: TypeResumed, ID: ResumedID(t.key, stale.Epoch, stale.Seq), Cause: CauseStale, Epoch: o.Epoch,
+		Before: stale, After: &after, StaleAfterMs: t.r.staleAfterMs, Restarted: boolp(restarted),
+		Evidence: Evidence{Summary: sum, SilentMs: silent, EpochChanged: stale.Epoch != o.Epoch,
+			BridgeChanged: stale.Bridge != o.Bridge, AfterStale: true},
+	})
+}
+
+// reveal adds a pending gap and classifies it at once if drop markers already cover all of it.
+func (t *tracker) reveal(p Pending) {
+	t.st.Pending = append(t.st.Pending, p)
+	t.tryResolve(len(t.st.Pending)-1, false)
+}
+
+// fill removes a late message's number from the pending gap holding it.
+func (t *tracker) fill(o *Observation) bool {
+	for i := range t.st.Pending {
+		p := &t.st.Pending[i]
+		if o.Epoch < p.EpochLo || o.Epoch > p.EpochHi {
+			continue
+		}
+		for j, r := range p.Ranges {
+			if o.Seq < r[0] || o.Seq > r[1] {
+				continue
+			}
+			var repl [][2]uint64
+			if o.Seq > r[0] {
+				repl = append(repl, [2]uint64{r[0], o.Seq - 1})
+			}
+			if o.Seq < r[1] {
+				repl = append(repl, [2]uint64{o.Seq + 1, r[1]})
+			}
+			p.Ranges = slices.Replace(p.Ranges, j, j+1, repl...)
+			if len(p.Ranges) == 0 && p.Kind != kindRestart {
+				t.st.Pending = slices.Delete(t.st.Pending, i, i+1)
+			} else {
+				t.tryResolve(i, false)
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// addMarker applies a drop marker stored at FPM_EVENTS sequence eventsSeq.
+func (t *tracker) addMarker(m DropMarker, eventsSeq uint64) {
+	st := t.st
+	t.significant = true
+	st.MarkerSeq = eventsSeq
+	st.Counters.Markers++
+	st.Markers = append(st.Markers, heldMarker{DropMarker: m})
+	for i := 0; i < len(st.Pending); {
+		if !t.tryResolve(i, false) {
+			i++
+		}
+	}
+	t.prune()
+}
+
+// expire classifies every pending gap revealed at least the marker grace before watermarkMs (stream
+// time up to which every drop marker has been applied). It returns how many it classified.
+func (t *tracker) expire(watermarkMs int64) int {
+	n := 0
+	for i := 0; i < len(t.st.Pending); {
+		if t.st.Pending[i].RevealedMs+t.r.graceMs <= watermarkMs {
+			t.tryResolve(i, true)
+			n++
+			continue
+		}
+		i++
+	}
+	if n > 0 {
+		t.significant = true
+		if len(t.st.Markers) > 0 {
+			t.prune()
+		}
+	}
+	return n
+}
+
+// segment is a piece of a pending gap with one cause.
+type segment struct {
+	first, last uint64
+	covered     bool
+}
+
+// segments splits p's ranges into pieces covered by a compatible drop marker and pieces that are not,
+// marking the markers used.
+func (t *tracker) segments(p *Pending, mark bool) (segs []segment, full bool) {
+	full = true
+	var cov [][2]uint64
+	for _, r := range p.Ranges {
+		cov = cov[:0]
+		for i := range t.st.Markers {
+			m := &t.st.Markers[i]
+			if m.Epoch < p.EpochLo || m.Epoch > p.EpochHi || m.LastSeq < r[0] || m.FirstSeq > r[1] {
+				continue
+			}
+			cov = append(cov, [2]uint64{max(m.FirstSeq, r[0]), min(m.LastSeq, r[1])})
+			if mark {
+				m.Used = true
+			}
+		}
+		slices.SortFunc(cov, func(a, b [2]uint64) int {
+			switch {
+			case a[0] < b[0]:
+				return -1
+			case a[0] > b[0]:
+				return 1
+			}
+			return 0
+		})
+		next := r[0]
+		done := false
+		for _, c := range cov {
+			if done || c[1] < next {
+				continue
+			}
+			if c[0] > next {
+				segs = append(segs, segment{next, c[0] - 1, false})
+				full = false
+			}
+			start := max(c[0], next)
+			if n := len(segs); n > 0 && segs[n-1].covered && segs[n-1].last+1 == start {
+				segs[n-1].last = c[1]
+			} else {
+				segs = append(segs, segment{start, c[1], true})
+			}
+			if c[1] == r[1] {
+				done = true
+				continue
+			}
+			next = c[1] + 1
+		}
+		if !done {
+			segs = append(segs, segment{next, r[1], false})
+			full = false
+		}
+	}
+	return segs, full
+}
+
+// tryResolve classifies pending gap i when markers cover all of it, or always when force is set
+// (the marker grace has passed), emits its events and removes it. It reports whether it did.
+func (t *tracker) tryResolve(i int, force bool) bool {
+	p := &t.st.Pending[i]
+	segs, full := t.segments(p, false)
+	if !full && !force {
+		return false
+	}
+	segs, _ = t.segments(p, true)
+	pd := *p
+	t.st.Pending = slices.Delete(t.st.Pending, i, i+1)
+	t.emitPending(&pd, segs)
+	return true
+}
+
+func (t *tracker) emitPending(p *Pending, segs []segment) {
+	base := Evidence{
+		EpochChanged:  p.Before.Epoch != p.After.Epoch,
+		BridgeChanged: p.Before.Bridge != p.After.Bridge,
+		AfterStale:    p.AfterStale,
+	}
+	if p.AfterStale {
+		base.SilentMs = p.SilentMs
+	}
+	if p.Kind == kindRestart {
+		var missing uint64
+		var ranges [][2]uint64
+		for _, s := range segs {
+			if !s.covered {
+				missing += s.last - s.first + 1
+				ranges = append(ranges, [2]uint64{s.first, s.last})
+			}
+		}
+		ev := base
+		ev.OldRun = p.OldRun
+		ev.NewRunFirstSeq = u64p(p.After.Seq)
+		ev.Summary = fmt.Sprintf("the sequence went back from %d to %d under a new bridge epoch: the publisher restarted; the old run got to seq %d (%d messages from seq %d)",
+			p.Before.Seq, p.After.Seq, p.OldRun.LastSeq, p.OldRun.Messages, p.OldRun.FirstSeq)
+		if missing > 0 {
+			ev.Summary += fmt.Sprintf("; %d of the new run's first %d messages never arrived", missing, p.After.Seq)
+		}
+		e := &Event{Type: TypeGap, ID: RestartID(t.key, p.After.Epoch), Cause: CausePublisherRestart, Epoch: p.After.Epoch,
+			Missing: missing, Before: &p.Before, After: &p.After, Evidence: ev}
+		if len(ranges) > 0 {
+			e.FirstMissing, e.LastMissing = u64p(ranges[0][0]), u64p(ranges[len(ranges)-1][1])
+			if len(ranges) > 1 {
+				e.MissingRanges = ranges
+			}
+		}
+		t.emit(e)
+	}
+	for _, s := range segs {
+		if p.Kind == kindRestart && !s.covered {
+			continue
+		}
+		ev := base
+		cause := CauseZMQDrop
+		n := s.last - s.first + 1
+		switch {
+		case s.covered:
+			cause = CauseBridgeDrop
+			reasons := ""
+			for i := range t.st.Markers {
+				m := &t.st.Markers[i]
+				if m.Epoch >= p.EpochLo && m.Epoch <= p.EpochHi && m.LastSeq >= s.first && m.FirstSeq <= s.last {
+					ev.Markers = append(ev.Markers, m.ref())
+					if reasons == "" {
+						reasons = m.Reason
+					} else if !containsWord(reasons, m.Reason) {
+						reasons += ", " + m.Reason
+					}
+				}
+			}
+			ev.Summary = fmt.Sprintf("the bridge dropped %d message(s) itself (%s) and published drop markers covering them", n, reasons)
+		case p.Kind == kindResume:
+			cause = CauseStale
+			ev.Summary = fmt.Sprintf("the publisher was silent for %v and came back %d number(s) further with no drop marker: lost while nothing reached the bridge (node or network loss)",
+				time.Duration(p.SilentMs)*time.Millisecond, n)
+		default:
+			ev.MarkerGraceMs = t.r.graceMs
+			ev.Summary = fmt.Sprintf("the bridge received seq %d after %d and no drop marker covered the %d missing number(s) within %v: lost before the bridge (publisher send buffer full or ZMQ transport)",
+				p.After.Seq, p.Before.Seq, n, time.Duration(t.r.graceMs)*time.Millisecond)
+			if ev.EpochChanged {
+				ev.Summary += "; the bridge epoch changed across the gap (a bridge restart or handover: sent while no bridge was subscribed)"
+			}
+		}
+		t.emit(&Event{Type: TypeGap, ID: GapID(t.key, p.After.Epoch, s.first, s.last), Cause: cause, Epoch: p.After.Epoch,
+			FirstMissing: u64p(s.first), LastMissing: u64p(s.last), Missing: n, Before: &p.Before, After: &p.After, Evidence: ev})
+	}
+}
+
+func containsWord(list, w string) bool {
+	for len(list) > 0 {
+		i := 0
+		for i < len(list) && list[i] != ',' {
+			i++
+		}
+		if list[:i] == w {
+			return true
+		}
+		if i+2 > len(list) {
+			break
+		}
+		list = list[i+2:]
+	}
+	return false
+}
+
+// emit numbers e, counts it and appends it to the outbox.
+func (t *tracker) emit(e *Event) {
+	st := t.st
+	t.significant = true
+	if st.NextEventSeq == 0 {
+		st.NextEventSeq = 1
+	}
+	e.Schema = EventSchema
+	e.Key = keyJSON(t.key)
+	e.EventSeq = st.NextEventSeq
+	st.NextEventSeq++
+	if e.Type == TypeGap {
+		st.Counters.Gaps.add(e.Cause, 1)
+		st.Counters.Missing.add(e.Cause, e.Missing)
+	}
+	st.Outbox = append(st.Outbox, *e)
+	if t.onEmit != nil {
+		t.onEmit(&st.Outbox[len(st.Outbox)-1])
+	}
+}
+
+// prune drops the markers that can no longer explain a gap: not covering a pending one, and not for
+// numbers or epochs beyond the newest message.
+func (t *tracker) prune() {
+	st := t.st
+	if !st.Started {
+		return
+	}
+	keep := st.Markers[:0]
+	for _, m := range st.Markers {
+		if t.useful(&m) {
+			keep = append(keep, m)
+		} else if !m.Used {
+			st.Counters.MarkersUnused++
+		}
+	}
+	clear(st.Markers[len(keep):])
+	st.Markers = keep
+	if over := len(st.Markers) - maxMarkers; over > 0 {
+		slices.SortStableFunc(st.Markers, func(a, b heldMarker) int {
+			switch {
+			case a.Epoch != b.Epoch:
+				if a.Epoch < b.Epoch {
+					return -1
+				}
+				return 1
+			case a.FirstSeq < b.FirstSeq:
+				return -1
+			case a.FirstSeq > b.FirstSeq:
+				return 1
+			}
+			return 0
+		})
+		for _, m := range st.Markers[:over] {
+			if !m.Used {
+				st.Counters.MarkersUnused++
+			}
+		}
+		st.Markers = slices.Delete(st.Markers, 0, over)
+	}
+}
+
+func (t *tracker) useful(m *heldMarker) bool {
+	st := t.st
+	if m.Epoch > st.Last.Epoch || (m.Epoch == st.Last.Epoch && m.LastSeq > st.Last.Seq) {
+		return true
+	}
+	for i := range st.Pending {
+		p := &st.Pending[i]
+		if m.Epoch < p.EpochLo || m.Epoch > p.EpochHi {
+			continue
+		}
+		for _, r := range p.Ranges {
+			if m.LastSeq >= r[0] && m.FirstSeq <= r[1] {
+				return true
+			}
+		}
+	}
+	return false
+}
