@@ -13,7 +13,8 @@ import (
 // documentedCommands are the command paths the README documents, each under a heading
 // "### fpmbus <path>". Every registered command must be among them.
 var documentedCommands = []string{
-	"up", "bridge", "publish", "trace", "gaps", "gaps report", "streams show", "streams apply",
+	"up", "bridge", "publish", "trace", "gaps", "gaps report", "merge", "bench merge", "bench validate", "bench publish",
+	"streams show", "streams apply",
 }
 
 // sharedFlagSections are README sections documenting flags common to several commands, by anchor.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/bridge"
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/streams"
@@ -42,10 +43,10 @@ type stage struct {
 }
 
 // runUp runs the embedded server, the bridge and the consumers until ctx ends, then stops them in the
-// order: demo publishers, bridge (publishes what it buffered), gap detector (checkpoints), trace writer
+// order: demo publishers, bridge (publishes what it buffered), benchmark merger, gap detector (checkpoints), trace writer
 // (flushes, fsyncs, acks), NATS connection (drained), server (JetStream flushed to disk).
 func runUp(ctx context.Context, args []string) error {
-	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [bridge, trace and gaps flags]")
+	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [bridge, trace, gaps and merge flags]")
 	listen := fs.String("listen", streams.DefaultListen, "client address of the embedded JetStream server (loopback by default)")
 	dataDir := fs.String("data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
 	demo := fs.Bool("demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
@@ -55,6 +56,7 @@ func runUp(ctx context.Context, args []string) error {
 	scfg := streamFlags(fs)
 	topts := traceFlags(fs)
 	gopts := gapsFlags(fs)
+	mopts := mergeFlags(fs)
 	bopts := bridgeFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -72,6 +74,10 @@ func runUp(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	gcfg, err := gopts.config()
+	if err != nil {
+		return err
+	}
+	mcfg, err := mopts.config()
 	if err != nil {
 		return err
 	}
@@ -187,6 +193,17 @@ func runUp(ctx context.Context, args []string) error {
 			return err
 		}
 		if err := startStage("gap detector", d.Ready(), d.Run, "group", gcfg.Group, "stale_after", gcfg.StaleAfter); err != nil {
+			return err
+		}
+		mcfg.Streams = scfg
+		mcfg.Logger = slog.Default()
+		m, err := merge.New(js, mcfg)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		mergeReady := make(chan struct{})
+		close(mergeReady) // the merger has no warm-up: it is ready once its durable exists, inside Run
+		if err := startStage("benchmark merger", mergeReady, m.Run, "output", mcfg.Output, "rank_timeout", mcfg.RankTimeout); err != nil {
 			return err
 		}
 		bcfg.Streams = *scfg

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+func init() {
+	register(command{
+		name:    "bench",
+		summary: "self-benchmark artefacts: publish rank files to FPM_BENCH, merge or validate them offline",
+		run:     runBench,
+	})
+}
+
+const benchUsage = `fpmbus bench publish|merge|validate [flags] FILE...
+
+  publish   validate each rank artefact on its own and publish it to FPM_BENCH (fpmbench.rank.<run>.<rank>);
+            --probe FILE publishes worker-probe replies (fpmbench.probe.<run>)
+  merge     merge the rank artefacts of one run offline, without a broker: the merged artefact and its
+            worker-probe sidecar, written atomically
+  validate  check rank artefacts on their own, publishing nothing`
+
+func runBench(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: %s", errUsage, benchUsage)
+	}
+	switch args[0] {
+	case "publish":
+		return runBenchPublish(ctx, args[1:], os.Stdout)
+	case "merge":
+		return runBenchMerge(args[1:], os.Stdout)
+	case "validate":
+		return runBenchValidate(args[1:], os.Stdout)
+	case "-h", "--help", "help":
+		fmt.Fprintln(os.Stdout, benchUsage)
+		return nil
+	}
+	return fmt.Errorf("%w: fpmbus bench: unknown action %q\n%s", errUsage, args[0], benchUsage)
+}
+
+// benchParse parses flags that may come before, between or after the FILE arguments.
+func benchParse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var files []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			return files, nil
+		}
+		files = append(files, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// benchStringList is a repeatable string flag.
+type benchStringList []string
+
+func (l *benchStringList) String() string     { return strings.Join(*l, ",") }
+func (l *benchStringList) Set(v string) error { *l = append(*l, v); return nil }
+
+func runBenchMerge(args []string, stdout io.Writer) error {
+	fs := newFlagSet("bench merge", "bench merge [--bench-output PATH] [--probe FILE]... [--partial-ranks] RANK_FILE...")
+	output := fs.String("bench-output", envOr("FPMBUS_BENCH_OUTPUT", ""),
+		"merged artefact path ("+merge.RunIDPlaceholder+" is replaced by the run id); default: Dynamo's <stem>_merged<ext> of the rank-0 file (env FPMBUS_BENCH_OUTPUT)")
+	var probes benchStringList
+	fs.Var(&probes, "probe", "worker-probe replies (collective_rpc's list, an envelope, or one reply); repeatable")
+	partial := fs.Bool("partial-ranks", false, "merge a subset of the run's ranks as Dynamo's node-local merge does (missing ranks get unavailable warmup evidence)")
+	parallel := fs.Int("parallel", 0, "rank artefacts read at once (each costs its size in memory); 0: min(CPUs, 4)")
+	files, err := benchParse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 {
+		return fmt.Errorf("%w: bench merge needs the run's rank artefacts", errUsage)
+	}
+	ranks := make([]merge.RankFile, len(files))
+	rank0 := ""
+	for i, f := range files {
+		abs, err := filepath.Abs(f)
+		if err != nil {
+			return err
+		}
+		path := f
+		ranks[i] = merge.RankFile{Rank: merge.RankFromPath(f), Path: abs, Load: func() ([]byte, error) { return os.ReadFile(path) }}
+		if merge.RankFromPath(f) < 0 && rank0 == "" {
+			rank0 = abs
+		}
+	}
+	if rank0 == "" {
+		rank0 = ranks[0].Path
+	}
+	var replies []merge.ProbeReplies
+	for _, p := range probes {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		pr, err := merge.ParseProbeReplies(data, p)
+		if err != nil {
+			return err
+		}
+		replies = append(replies, pr)
+	}
+	// The run id is needed for {run_id} before the merge: take it from the first rank's header.
+	out := *output
+	if out == "" {
+		out = merge.MergedPathFor(rank0)
+	}
+	if strings.Contains(out, merge.RunIDPlaceholder) {
+		sum, err := merge.ValidateRank(merge.RankFile{Rank: ranks[0].Rank, Path: ranks[0].Path, Load: ranks[0].Load})
+		if err != nil {
+			return err
+		}
+		out = merge.ExpandPath(out, sum.RunID)
+	}
+	if out, err = filepath.Abs(out); err != nil {
+		return err
+	}
+	start := time.Now()
+	res, err := merge.Merge(ranks, replies, merge.Options{MergedPath: out, RequireAllRanks: !*partial, Parallelism: *parallel})
+	if err != nil {
+		return err
+	}
+	for _, pr := range replies {
+		if pr.RunID != "" && pr.RunID != res.RunID {
+			return fmt.Errorf("bench merge: probe replies %s are for run %q, not %q", pr.Source, pr.RunID, res.RunID)
+		}
+	}
+	digest, size, err := merge.WriteResult(res)
+	if err != nil {
+		return err
+	}
+	if len(res.CaptureErrors) > 0 {
+		slog.Warn("engine provenance capture failed or was absent on some ranks; they are listed in engine.capture_errors",
+			"run_id", res.RunID, "capture_errors", res.CaptureErrors)
+	}
+	fmt.Fprintf(stdout, "merged run %s: ranks %v of %d, %d points -> %s (%d bytes, sha256 %s) in %v\n",
+		res.RunID, res.SourceRanks, res.GlobalSize, res.Points, res.MergedPath, size, digest, time.Since(start).Round(time.Millisecond))
+	if res.Sidecar != nil {
+		resolution, _ := res.Sidecar.Path("merged", "resolution").Text()
+		fmt.Fprintf(stdout, "worker-probe sidecar -> %s (merged resolution %s)\n", res.SidecarPath, resolution)
+	} else {
+		fmt.Fprintln(stdout, "no engine block: no worker-probe sidecar")
+	}
+	return nil
+}
+
+func runBenchValidate(args []string, stdout io.Writer) error {
+	fs := newFlagSet("bench validate", "bench validate RANK_FILE...")
+	files, err := benchParse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 {
+		return fmt.Errorf("%w: bench validate needs rank artefacts", errUsage)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		sum, err := merge.ValidateRank(merge.RankFile{Rank: merge.RankFromPath(f), Path: f, Data: data})
+		if err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		fmt.Fprintf(stdout, "%s: valid rank %d of %d, run %s, %d points\n", f, sum.Rank, sum.DPSize, sum.RunID, sum.Points)
+	}
+	return nil
+}
+
+func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlagSet("bench publish", "bench publish [--server URL] [--probe FILE [--run-id ID]]... RANK_FILE...")
+	conn := connFlags(fs, "bench-publish")
+	cfg := streamFlags(fs)
+	var probes benchStringList
+	fs.Var(&probes, "probe", "worker-probe replies to publish for the run; repeatable")
+	runID := fs.String("run-id", "", "run of the --probe replies (default: the replies' own run_id, else the rank files' run)")
+	inlineMax := fs.Int("inline-max", merge.DefaultInlineMax, "largest body sent inline; larger ones go to the object store "+merge.ObjectBucket)
+	files, err := benchParse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 && len(probes) == 0 {
+		return fmt.Errorf("%w: bench publish needs rank artefacts or --probe files", errUsage)
+	}
+	if *inlineMax < 1 {
+		return fmt.Errorf("%w: --inline-max %d must be positive", errUsage, *inlineMax)
+	}
+	// Every rank is checked before anything is published; files are read again to publish them (one
+	// artefact in memory at a time) and must not have changed in between.
+	type rankFile struct {
+		path, file, digest string
+		sum                merge.RankSummary
+	}
+	var ranks []rankFile
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		abs, err := filepath.Abs(f)
+		if err != nil {
+			return err
+		}
+		sum, err := merge.ValidateRank(merge.RankFile{Rank: merge.RankFromPath(f), Path: abs, Data: data})
+		if err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		ranks = append(ranks, rankFile{f, abs, merge.SHA256Hex(data), sum})
+	}
+	probeRun := *runID
+	if probeRun == "" && len(ranks) > 0 {
+		probeRun = ranks[0].sum.RunID
+	}
+	nc, err := streams.Connect(*conn)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := streams.Apply(actx, js, *cfg); err != nil {
+		return err
+	}
+	store := merge.NewStore(js, *inlineMax, *cfg)
+	for _, p := range probes {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		abs, _ := filepath.Abs(p)
+		ack, run, err := store.PublishProbe(ctx, probeRun, abs, data)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "published probe replies %s for run %s: %s seq %d%s\n", p, run, merge.ProbeSubject(run), ack.Sequence, benchDupNote(ack))
+	}
+	for _, r := range ranks {
+		data, err := os.ReadFile(r.path)
+		if err != nil {
+			return err
+		}
+		if merge.SHA256Hex(data) != r.digest {
+			return fmt.Errorf("%s changed while it was being published; nothing more was published", r.path)
+		}
+		ack, err := store.PublishRankChecked(ctx, r.file, data, r.sum)
+		if err != nil {
+			return err
+		}
+		where := "inline"
+		if len(data) > *inlineMax {
+			where = "object store " + merge.ObjectBucket
+		}
+		fmt.Fprintf(stdout, "published rank %d of %d of run %s (%d points, %d bytes, %s): %s seq %d%s\n",
+			r.sum.Rank, r.sum.DPSize, r.sum.RunID, r.sum.Points, len(data), where, merge.RankSubject(r.sum.RunID, r.sum.Rank), ack.Sequence, benchDupNote(ack))
+	}
+	return nil
+}
+
+func benchDupNote(ack *jetstream.PubAck) string {
+	if ack.Duplicate {
+		return " (duplicate: already published)"
+	}
+	return ""
+}

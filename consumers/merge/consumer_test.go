@@ -1,0 +1,447 @@
+package merge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+func TestMain(m *testing.M) {
+	// nats.go v1.55.0's ObjectStore.Put makes a JetStream context per call and removes its status
+	// listener on return; when a small Put returns before the listener goroutine started by the first
+	// async publish has read its channel, that goroutine reads nil and blocks forever
+	// (jetstream/object.go Put -> cleanupReplySub vs publish.go resetPendingAcksOnReconnect). It is
+	// nats.go's, one per affected Put, and not something this package can stop.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
+}
+
+// running is a consumer under test with the events it published.
+type running struct {
+	c      *Consumer
+	events chan Event
+	errc   chan error
+}
+
+func startConsumer(t *testing.T, env *streamstest.Env, cfg Config) *running {
+	t.Helper()
+	r := &running{events: make(chan Event, 64), errc: make(chan error, 1)}
+	cfg.OnEvent = func(ev Event) { r.events <- ev }
+	if cfg.Output == "" {
+		cfg.Output = filepath.Join(t.TempDir(), "benchmark_results_"+RunIDPlaceholder+"_merged.json")
+	}
+	if cfg.SpoolDir == "" {
+		cfg.SpoolDir = t.TempDir()
+	}
+	cfg.InlineMax = 4096
+	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	c, err := New(env.JS, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.c = c
+	go func() { r.errc <- c.Run(context.Background()) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+func (r *running) stop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.c.Close(ctx); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	select {
+	case err := <-r.errc:
+		if err != nil {
+			t.Errorf("run: %v", err)
+		}
+		r.errc <- nil
+	case <-ctx.Done():
+	}
+}
+
+func (r *running) next(t *testing.T, want string) Event {
+	t.Helper()
+	for {
+		select {
+		case ev := <-r.events:
+			if want == "" || ev.Event == want {
+				return ev
+			}
+			t.Logf("event %s (waiting for %s): %+v", ev.Event, want, ev)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no %s event", want)
+		}
+	}
+}
+
+func (r *running) quiet(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case ev := <-r.events:
+		t.Fatalf("unexpected event %+v", ev)
+	case <-time.After(d):
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
+
+func count(t *testing.T, env *streamstest.Env, stream, subject string) int {
+	t.Helper()
+	return len(streamstest.Messages(t, env.JS, stream, subject))
+}
+
+// publishRaw re-publishes a rank with a fresh message id, as a re-publication after the duplicate window
+// would arrive.
+func publishRaw(t *testing.T, env *streamstest.Env, store *Store, file string, data []byte, msgID string) {
+	t.Helper()
+	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := nats.Header{}
+	hdr.Set(HeaderKind, KindRank)
+	hdr.Set(HeaderRun, sum.RunID)
+	hdr.Set(HeaderRank, strconv.Itoa(sum.Rank))
+	hdr.Set(HeaderDPSize, strconv.Itoa(sum.DPSize))
+	hdr.Set(HeaderFile, file)
+	digest := SHA256Hex(data)
+	if _, err := store.publish(context.Background(), RankSubject(sum.RunID, sum.Rank), msgID, objectName(KindRank, sum.RunID, sum.Rank, digest), hdr, body{data: data, digest: digest}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	store := NewStore(env.JS, 4096, streams.DefaultConfig()) // 60 KB rank files go through the object store
+	ranks, _ := loadGoldenInputs(t, goldenDir("protocol_4rank"))
+	probeData, err := os.ReadFile(filepath.Join(goldenDir("protocol_4rank"), "probe.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runID := goldenCases[1].spec.runID
+	out := filepath.Join(t.TempDir(), "benchmark_results_"+RunIDPlaceholder+"_merged.json")
+
+	r := startConsumer(t, env, Config{Output: out})
+	if _, _, err := store.PublishProbe(ctx, runID, "/tmp/probe.json", probeData); err != nil {
+		t.Fatal(err)
+	}
+	byRank := map[int]RankFile{}
+	for _, rf := range ranks {
+		byRank[RankFromPath(rf.Path)] = rf
+		if RankFromPath(rf.Path) < 0 {
+			byRank[0] = rf
+		}
+	}
+	for _, rank := range []int{2, 0, 3} {
+		if _, _, err := store.PublishRank(ctx, byRank[rank].Path, byRank[rank].Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Rank 0 again: the server deduplicates the identical re-publication inside its window...
+	if _, ack, err := store.PublishRank(ctx, byRank[0].Path, byRank[0].Data); err != nil || !ack.Duplicate {
+		t.Fatalf("identical re-publication: ack %+v err %v, want a duplicate", ack, err)
+	}
+	// ...and the merger recognises one arriving after the window (a new message id, the same bytes).
+	publishRaw(t, env, store, byRank[0].Path, byRank[0].Data, "after-the-window-1")
+	r.quiet(t, 300*time.Millisecond) // three of four ranks: nothing happens yet
+	if _, _, err := store.PublishRank(ctx, byRank[1].Path, byRank[1].Data); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.next(t, EventMerged)
+	if ev.RunID != runID || len(ev.SourceRanks) != 4 || ev.Points != 4 {
+		t.Fatalf("merged event %+v", ev)
+	}
+
+	// The broker merge equals the offline merge of the same files.
+	mergedPath := ExpandPath(out, runID)
+	want, err := Merge(ranks, mustProbes(t, probeData), Options{MergedPath: mergedPath, RequireAllRanks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(mergedPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, schemas.AppendBenchJSON(nil, want.Merged)) {
+		t.Fatalf("broker merge differs from the offline merge")
+	}
+	if ev.MergedSHA256 != SHA256Hex(got) {
+		t.Fatalf("event digest %s, file %s", ev.MergedSHA256, SHA256Hex(got))
+	}
+	side, err := os.ReadFile(SidecarPathFor(mergedPath))
+	if err != nil || !bytes.Equal(side, schemas.AppendBenchJSON(nil, want.Sidecar)) {
+		t.Fatalf("sidecar differs from the offline one (%v)", err)
+	}
+	msgs := streamstest.Messages(t, env.JS, streams.StreamBench, MergedSubject(runID))
+	if len(msgs) != 1 || msgs[0].Headers().Get(HeaderObject) == "" {
+		t.Fatalf("%d merged messages (want 1, body in the object store)", len(msgs))
+	}
+	body, err := store.Fetch(ctx, msgs[0].Headers(), msgs[0].Data())
+	if err != nil || !bytes.Equal(body, got) {
+		t.Fatalf("the published merged artefact differs from the file (%v)", err)
+	}
+	if n := count(t, env, streams.StreamBench, SidecarSubject(runID)); n != 1 {
+		t.Fatalf("%d sidecar messages", n)
+	}
+
+	// A conflicting re-publication of rank 1 is reported; the merged artefact stands.
+	docs := goldenCases[1].spec.build()
+	docs[1].Set("benchmark_config", obj("mode", "graph_aware", "content_mode", "synthetic", "pool_tag", "other"))
+	if _, _, err := store.PublishRank(ctx, byRank[1].Path, schemas.AppendBenchJSON(nil, &docs[1])); err != nil {
+		t.Fatal(err)
+	}
+	cev := r.next(t, EventConflict)
+	if cev.Rank == nil || *cev.Rank != 1 || cev.KeptSHA256 != SHA256Hex(byRank[1].Data) {
+		t.Fatalf("conflict event %+v", cev)
+	}
+
+	// After a restart the durable replays nothing merged twice: an identical re-publication is silent.
+	r.stop(t)
+	r2 := startConsumer(t, env, Config{Output: out})
+	publishRaw(t, env, store, byRank[2].Path, byRank[2].Data, "after-the-window-2")
+	r2.quiet(t, 500*time.Millisecond)
+	if n := count(t, env, streams.StreamBench, MergedSubject(runID)); n != 1 {
+		t.Fatalf("%d merged messages after the restart", n)
+	}
+	if n := count(t, env, streams.StreamEvents, OutcomeSubject(runID)); n != 1 {
+		t.Fatalf("%d outcome events", n)
+	}
+	after, _ := os.ReadFile(mergedPath)
+	if !bytes.Equal(after, got) {
+		t.Fatalf("the merged file changed")
+	}
+}
+
+func mustProbes(t *testing.T, data []byte) []ProbeReplies {
+	t.Helper()
+	p, err := ParseProbeReplies(data, "probe.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []ProbeReplies{p}
+}
+
+func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	dir := t.TempDir()
+	r := startConsumer(t, env, Config{Output: filepath.Join(dir, "m_"+RunIDPlaceholder+".json")})
+	docs := ruleBase.build()
+	setPath(&docs[1], v("FLASHINFER"), "engine", "attention", "backend_requested")
+	files := defaultFiles(docs)
+	for _, rf := range files {
+		if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := r.next(t, EventRejected)
+	if ev.RunID != ruleBase.runID || ev.Rank == nil || *ev.Rank != 1 || ev.Rule != RuleEngineMismatch || ev.Detail == "" {
+		t.Fatalf("rejection event %+v", ev)
+	}
+	publishRaw(t, env, store, files[1].Path, files[1].Data, "again")
+	r.quiet(t, 300*time.Millisecond)
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("a rejected merge wrote %d files", len(entries))
+	}
+	if n := count(t, env, streams.StreamBench, MergedSubject(ruleBase.runID)); n != 0 {
+		t.Fatalf("%d merged messages for a rejected run", n)
+	}
+	msgs := streamstest.Messages(t, env.JS, streams.StreamEvents, OutcomeSubject(ruleBase.runID))
+	if len(msgs) != 1 || msgs[0].Headers().Get(streams.HeaderEventType) != EventRejected {
+		t.Fatalf("%d outcome events", len(msgs))
+	}
+	var body Event
+	if err := json.Unmarshal(msgs[0].Data(), &body); err != nil || body.Rule != RuleEngineMismatch {
+		t.Fatalf("event body %s (%v)", msgs[0].Data(), err)
+	}
+}
+
+func TestBenchBrokerReportsIncompleteRun(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	r := startConsumer(t, env, Config{RankTimeout: 700 * time.Millisecond})
+	spec := runSpec{runID: "incomplete-run", grid: "g", size: 4, points: 2}
+	files := spec.rankFiles()
+	for _, i := range []int{0, 2} {
+		if _, _, err := store.PublishRank(ctx, files[i].Path, files[i].Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := r.next(t, EventIncomplete)
+	if ev.RunID != spec.runID || ev.DPSize != 4 || !equalInts(ev.MissingRanks, []int{1, 3}) || !equalInts(ev.PresentRanks, []int{0, 2}) {
+		t.Fatalf("incomplete event %+v", ev)
+	}
+	// A rank arriving late does not revive the run.
+	if _, _, err := store.PublishRank(ctx, files[1].Path, files[1].Data); err != nil {
+		t.Fatal(err)
+	}
+	r.quiet(t, 300*time.Millisecond)
+}
+
+func TestBenchBrokerLateProbeRewritesSidecar(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	out := filepath.Join(t.TempDir(), "r_"+RunIDPlaceholder+"_merged.json")
+	r := startConsumer(t, env, Config{Output: out})
+	spec := runSpec{runID: "late-probe", grid: "g", size: 2, points: 2, raw: 2, protocol: true, exec: true, engine: true}
+	for _, rf := range spec.rankFiles() {
+		if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := r.next(t, EventMerged)
+	side := readSidecar(t, ev.SidecarPath)
+	if side.Merged.Resolution != NoRepliesReason {
+		t.Fatalf("sidecar without replies: resolution %q", side.Merged.Resolution)
+	}
+	merged, _ := os.ReadFile(ev.MergedPath)
+	replies := v([]any{workerReply(0, 0, 0, 0, 0, mla(""), layers), workerReply(1, 0, 0, 0, 0, mla(""), layers)})
+	if _, _, err := store.PublishProbe(ctx, spec.runID, "/tmp/probe.json", schemas.AppendBenchJSON(nil, &replies)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for readSidecar(t, ev.SidecarPath).Merged.Resolution != schemas.ResolutionProbe {
+		if time.Now().After(deadline) {
+			t.Fatalf("sidecar not rewritten: %q", readSidecar(t, ev.SidecarPath).Merged.Resolution)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if after, _ := os.ReadFile(ev.MergedPath); !bytes.Equal(after, merged) {
+		t.Fatalf("a late probe reply changed the merged artefact")
+	}
+}
+
+func readSidecar(t *testing.T, path string) schemas.WorkerProbeSidecar {
+	t.Helper()
+	var s schemas.WorkerProbeSidecar
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Two instances, one per partition: every run is merged exactly once, by its owner.
+func TestBenchBrokerTwoPartitions(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	dir := t.TempDir()
+	p0 := startConsumer(t, env, Config{Partition: 0, Partitions: 2, Output: filepath.Join(dir, "p0_"+RunIDPlaceholder+".json")})
+	p1 := startConsumer(t, env, Config{Partition: 1, Partitions: 2, Output: filepath.Join(dir, "p1_"+RunIDPlaceholder+".json")})
+	if p0.c.Durable() == p1.c.Durable() {
+		t.Fatalf("partitions share durable %s", p0.c.Durable())
+	}
+	owners := map[string]int{}
+	for i := range 8 {
+		spec := runSpec{runID: "scale-run-" + strconv.Itoa(i), grid: "g", size: 2, points: 2}
+		owners[spec.runID] = Partition(spec.runID, 2)
+		for _, rf := range spec.rankFiles() {
+			if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if len(owners) != 8 {
+		t.Fatal("duplicate run ids")
+	}
+	seen := map[string]bool{}
+	for _, want := range []int{0, 1} {
+		inst := []*running{p0, p1}[want]
+		n := 0
+		for id, o := range owners {
+			if o == want {
+				n++
+				_ = id
+			}
+		}
+		for range n {
+			ev := inst.next(t, EventMerged)
+			if owners[ev.RunID] != want || seen[ev.RunID] {
+				t.Fatalf("partition %d merged %s (owner %d, seen %v)", want, ev.RunID, owners[ev.RunID], seen[ev.RunID])
+			}
+			seen[ev.RunID] = true
+		}
+	}
+	p0.quiet(t, 200*time.Millisecond)
+	p1.quiet(t, 50*time.Millisecond)
+	for id := range owners {
+		if n := count(t, env, streams.StreamBench, MergedSubject(id)); n != 1 {
+			t.Fatalf("run %s merged %d times", id, n)
+		}
+	}
+	if _, err := New(env.JS, Config{Partition: 2, Partitions: 2}); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("partition 2 of 2 accepted: %v", err)
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// A graceful stop in the middle of a run hands its ranks back; the next instance of the partition
+// merges the run when the remaining ranks arrive.
+func TestBenchBrokerResumesAfterRestart(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	out := filepath.Join(t.TempDir(), "r_"+RunIDPlaceholder+"_merged.json")
+	spec := runSpec{runID: "restart-run", grid: "g", size: 4, points: 2, raw: 2, protocol: true, exec: true, engine: true}
+	files := spec.rankFiles()
+	a := startConsumer(t, env, Config{Output: out})
+	for _, rf := range files[:2] {
+		if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.quiet(t, 300*time.Millisecond)
+	a.stop(t)
+	b := startConsumer(t, env, Config{Output: out})
+	for _, rf := range files[2:] {
+		if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev := b.next(t, EventMerged)
+	if !equalInts(ev.SourceRanks, []int{0, 1, 2, 3}) {
+		t.Fatalf("merged ranks %v", ev.SourceRanks)
+	}
+	if n := count(t, env, streams.StreamBench, MergedSubject(spec.runID)); n != 1 {
+		t.Fatalf("%d merged messages", n)
+	}
+}

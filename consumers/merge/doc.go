@@ -1,0 +1,53 @@
+// Package merge is fpmbus's benchmark merger: it folds the per-rank self-benchmark artefacts of one
+// Dynamo run (vLLM --benchmark-mode) into the merged artefact and its worker-probe sidecar, following
+// Dynamo's worker_factory.py merge and seed 000 (measurement protocol, per-sample timing and graph
+// dispatch, warmup evidence, engine provenance, worker probe sidecar and coverage). Where upstream
+// writes the worker probe inline into the artefacts, fpmbus follows the seed: a separate sidecar.
+//
+// # Pieces
+//
+//   - Merge (merge.go, evidence.go, probe.go): the pure merge. Rank artefacts in, a *Result or a
+//     *RejectError naming the run, rank, point and Rule broken out; nothing is written.
+//   - WriteResult (write.go): the files, in the seed's order: remove a sidecar left by an earlier run,
+//     write the merged artefact atomically (temp file, fsync, rename, directory fsync), then the sidecar.
+//   - Store (publish.go): bodies on FPM_BENCH, inline up to 1 MiB, otherwise in the object store
+//     FPM_BENCH_OBJECTS behind a small manifest message (see the Store comment for why).
+//   - Consumer (consumer.go): the durable merger behind `fpmbus merge` and `fpmbus up`.
+//   - `fpmbus bench merge` runs Merge + WriteResult offline; `fpmbus bench publish` runs ValidateRank
+//     and publishes.
+//
+// # How a merge reads a run
+//
+// Rank artefacts of a large run are big (8 ranks x 2,000 points with raw samples: 170 MB each, because
+// every rank's file carries every rank's FPMs in its synchronised iteration groups). Merge never holds
+// more than one tree: (1) it scans every rank's run-level fields, skipping results and
+// iteration_groups; (2) it builds the reference (lowest) rank's tree without its own results and checks
+// its groups point by point; (3) it streams every rank against that tree with schemas.BenchScanner —
+// its copy of the groups is compared without being built, each of its results is parsed alone — a few
+// ranks at a time; (4) it assembles the merged document from the reference tree.
+//
+// # The merged artefact
+//
+// It is the reference rank's document, every field kept (unknown ones included, numbers as written),
+// with these members set as Dynamo sets them; a member the reference has keeps its position, a new one
+// is appended in this order: engine (reseeded from the first rank whose capture succeeded when the
+// reference's failed; parallel.data_parallel_rank null; capture_errors for degraded ranks),
+// artifact_type "merged", dp {ranks, source_ranks, managed_size, global_size}, rank_files,
+// merged_output_path, worker_probe_path (right after merged_output_path, only with an engine block),
+// results (flattened per benchmark id, then rank, point.dp_rank set, kv_seed_regime carried),
+// iteration_groups, rank_warmup_evidence (execution-evidence runs; warmup_evidence removed), timing (the
+// slowest rank's, with measured_iteration_seconds the sum of group wall times and
+// rank_benchmark_elapsed_seconds), coverage (times global_size), skipped_points. It is written as
+// Python's json.dump(indent=2) writes it (see schemas.WriteBenchJSON), so it is byte-identical to
+// Dynamo's merger output for the same inputs.
+//
+// # Scale-out
+//
+// One owner per run: the consumer of partition i of N handles the runs with
+// fnv-1a(run_id) mod N == i (Partition) on its own durable ("fpmbus-merge-p<i>of<N>") filtered to
+// fpmbench.rank.> and fpmbench.probe.>; messages of other runs are acked unread. Static hash
+// partitioning was chosen over a lease: the durable of a partition keeps its progress and its
+// unacked in-progress runs across restarts, no clock-based lease can expire under a slow merge, and the
+// owner of a run is computable by anyone (the event's "partition" field says who merged it). Run one
+// instance per partition.
+package merge

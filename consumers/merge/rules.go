@@ -1,0 +1,150 @@
+package merge
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// Rule names one merge rule. Its value is the stable snake_case name used in rejection events, log lines
+// and error messages.
+type Rule string
+
+// The rules, in the order Merge checks them: each rank artefact on its own (the rules `fpmbus bench
+// publish` also applies before publishing), then every rank against the reference (lowest) rank, then
+// the reference rank's synchronised groups point by point, then every rank's copy of the groups and its
+// own results. The first rule broken is reported.
+const (
+	// Each rank on its own.
+	RuleMalformedJSON      Rule = "malformed_json"              // not one JSON object (syntax, duplicate key, ...), or a body that does not match its sha256
+	RuleSchemaVersion      Rule = "schema_version"              // schema_version is not 2
+	RuleArtifactType       Rule = "artifact_type"               // artifact_type present and not "rank"
+	RuleMissingRunID       Rule = "missing_run_id"              // run_id missing or empty
+	RuleMissingGridDigest  Rule = "missing_grid_digest"         // grid_digest missing or empty
+	RuleDPSize             Rule = "dp_size"                     // dp.size not an integer >= 1
+	RuleRankMismatch       Rule = "rank_mismatch"               // dp.rank outside 0..dp.size-1, or not the rank the file was supplied as (subject, _dpN name)
+	RuleStatus             Rule = "status"                      // status not complete|partial, or inconsistent with valid/usable/stop_reason/error/coverage/missing_phases
+	RuleCoverageArithmetic Rule = "coverage_arithmetic"         // coverage counts invalid, or results/iteration_groups/skipped_points counts disagree with them
+	RuleTimingInvalid      Rule = "timing_invalid"              // timing block, timestamps or elapsed seconds invalid
+	RuleProtocolInvalid    Rule = "protocol_invalid"            // measurement_protocol not an object with schema_version 1
+	RuleExecutionContract  Rule = "execution_evidence_contract" // invalid execution_evidence contract, or warmup_evidence / benchmark_sample without one
+	RuleWarmupEvidence     Rule = "warmup_evidence"             // the warmup ledger or one of its records is invalid
+	RuleDuplicateRank      Rule = "duplicate_rank"              // two artefacts for the same rank
+
+	// Every rank against the reference rank.
+	RuleRunMismatch       Rule = "run_mismatch"         // run_id differs
+	RuleGridMismatch      Rule = "grid_digest_mismatch" // grid_digest differs
+	RuleDPSizeMismatch    Rule = "dp_size_mismatch"     // dp.size differs
+	RuleMissingRanks      Rule = "missing_ranks"        // a rank of 0..dp.size-1 was not supplied (when every rank is required)
+	RuleLegacyProtocolMix Rule = "legacy_protocol_mix"  // some ranks have a measurement_protocol and others are legacy artefacts without one
+	RuleProtocolMismatch  Rule = "protocol_mismatch"    // measurement protocols differ
+	RuleStatusMismatch    Rule = "status_mismatch"      // status or stop_reason differs
+	RuleCoverageMismatch  Rule = "coverage_mismatch"    // coverage differs
+	RuleEngineMismatch    Rule = "engine_mismatch"      // startup engine blocks differ outside the excluded post-run fields and parallel.data_parallel_rank
+
+	// The reference rank's iteration groups, point by point.
+	RuleMissingIterationGroups     Rule = "missing_iteration_groups"     // no iteration groups
+	RuleBenchmarkID                Rule = "benchmark_id"                 // benchmark_id not an integer >= 1, or the group's point names another id
+	RuleDuplicateBenchmarkID       Rule = "duplicate_benchmark_id"       // the same benchmark_id twice
+	RuleGroupRanks                 Rule = "group_ranks"                  // expected_dp_ranks or rank_results ranks are not 0..dp.size-1, or the group is not complete
+	RuleRankPointFPM               Rule = "rank_point_fpm"               // a rank-point lacks exactly one FPM with counter_id == benchmark_id, matching dp_rank and a finite wall_time >= 0
+	RuleMeasurementWithoutProtocol Rule = "measurement_without_protocol" // benchmark_measurement in a run without a measurement_protocol
+	RuleMissingGroupEvidence       Rule = "missing_group_evidence"       // a member of a synchronised group lacks benchmark_measurement (schema_version 1, its dp_rank)
+	RuleMeasurementIdentity        Rule = "measurement_identity"         // point_key empty or differing between the ranks of a point, or preparation.grid_digest not the run's
+	RuleRawSamples                 Rule = "raw_samples"                  // raw_fpms missing/empty/over expected_internal_samples, a retained benchmark_sample, or a raw sample of another point/rank/worker
+	RuleSampleIndex                Rule = "sample_index"                 // sample_index is not the sample's position in raw_fpms
+	RuleForwardIndexOrder          Rule = "forward_index_order"          // forward_index does not strictly increase within a rank
+	RuleTimingMismatch             Rule = "sample_timing"                // a raw sample's timing basis or interval contradicts its wall_time
+	RuleCudagraphPadding           Rule = "cudagraph"                    // observed: paddings != padded - unpadded or padded < unpadded; unavailable: a non-null value
+	RuleEstimate                   Rule = "estimate"                     // estimate method, raw_sample_indices or retained wall_time inconsistent
+	RuleWarmupReference            Rule = "warmup_reference"             // warmup_records_before invalid, or a counted warmup record overlaps the point's first raw sample
+	RuleGroupWallTime              Rule = "group_wall_time"              // group wall_time is not the maximum rank wall time, or that maximum is not positive (seed 003 req. 5)
+	RuleNonContiguousBenchmarkIDs  Rule = "non_contiguous_benchmark_ids" // ids are not 1..n
+
+	// Every rank's copy of the groups, its timing, its own results.
+	RuleIterationGroupsMismatch Rule = "iteration_groups_mismatch"  // the rank's synchronised iteration groups differ from the reference rank's
+	RuleMeasuredTime            Rule = "measured_iteration_seconds" // measured_iteration_seconds is not the sum of group wall times, or exceeds elapsed
+	RuleResultIDSet             Rule = "result_id_set"              // results name another set of benchmark ids (or one twice)
+	RulePointMismatch           Rule = "point_mismatch"             // a result's point differs from its group's
+	RuleLocalResultMismatch     Rule = "local_result_mismatch"      // a rank's own FPM differs from its copy in the synchronised group
+)
+
+// Rules lists every rule in check order.
+var Rules = []Rule{
+	RuleMalformedJSON, RuleSchemaVersion, RuleArtifactType, RuleMissingRunID, RuleMissingGridDigest, RuleDPSize,
+	RuleRankMismatch, RuleStatus, RuleCoverageArithmetic, RuleTimingInvalid, RuleProtocolInvalid,
+	RuleExecutionContract, RuleWarmupEvidence, RuleDuplicateRank,
+	RuleRunMismatch, RuleGridMismatch, RuleDPSizeMismatch, RuleMissingRanks, RuleLegacyProtocolMix,
+	RuleProtocolMismatch, RuleStatusMismatch, RuleCoverageMismatch, RuleEngineMismatch,
+	RuleMissingIterationGroups, RuleBenchmarkID, RuleDuplicateBenchmarkID, RuleGroupRanks, RuleRankPointFPM,
+	RuleMeasurementWithoutProtocol, RuleMissingGroupEvidence, RuleMeasurementIdentity, RuleRawSamples,
+	RuleSampleIndex, RuleForwardIndexOrder, RuleTimingMismatch, RuleCudagraphPadding, RuleEstimate,
+	RuleWarmupReference, RuleGroupWallTime, RuleNonContiguousBenchmarkIDs,
+	RuleIterationGroupsMismatch, RuleMeasuredTime, RuleResultIDSet, RulePointMismatch, RuleLocalResultMismatch,
+}
+
+// ErrRejected matches every *RejectError (errors.Is).
+var ErrRejected = errors.New("merge: benchmark run rejected")
+
+// RejectError is a merge that broke a rule. Nothing was written. Rank and Point are set when the rule
+// concerns one rank or one benchmark point (Point is the benchmark_id in decimal).
+type RejectError struct {
+	RunID  string
+	Rank   *int
+	Point  string
+	Rule   Rule
+	Detail string
+	// File is the rank artefact's recorded path, when the rule concerns one rank file.
+	File string
+}
+
+func (e *RejectError) Error() string {
+	var b strings.Builder
+	b.WriteString("merge: rejected")
+	if e.RunID != "" {
+		b.WriteString(" run ")
+		b.WriteString(strconv.Quote(e.RunID))
+	}
+	if e.Rank != nil {
+		b.WriteString(" rank ")
+		b.WriteString(strconv.Itoa(*e.Rank))
+	}
+	if e.Point != "" {
+		b.WriteString(" point ")
+		b.WriteString(e.Point)
+	}
+	if e.File != "" {
+		b.WriteString(" (")
+		b.WriteString(e.File)
+		b.WriteString(")")
+	}
+	b.WriteString(": rule ")
+	b.WriteString(string(e.Rule))
+	if e.Detail != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Detail)
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrRejected.
+func (e *RejectError) Is(target error) bool { return target == ErrRejected }
+
+// LogAttrs returns the error as slog key/value pairs: run_id, rank, point, rule, detail (and file).
+func (e *RejectError) LogAttrs() []any {
+	a := []any{"run_id", e.RunID}
+	if e.Rank != nil {
+		a = append(a, "rank", *e.Rank)
+	} else {
+		a = append(a, "rank", nil)
+	}
+	a = append(a, "point", e.Point, "rule", string(e.Rule), "detail", e.Detail)
+	if e.File != "" {
+		a = append(a, "file", e.File)
+	}
+	return a
+}
+
+func intp(v int) *int { return &v }
+
+func pointName(id int64) string { return strconv.FormatInt(id, 10) }

@@ -1,0 +1,141 @@
+package merge
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+func TestBenchWriteResultOrderAndStaleSidecar(t *testing.T) {
+	dir := t.TempDir()
+	merged := filepath.Join(dir, "benchmark_results_merged.json")
+	sidecar := SidecarPathFor(merged)
+	stale := []byte(`{"schema":"dynamo.fpm.benchmark_worker_probe","run_id":"an-earlier-run"}`)
+
+	// A legacy run has no engine block: the earlier run's sidecar is removed and none is written.
+	if err := os.WriteFile(sidecar, stale, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	legacy, err := Merge(runSpec{runID: "legacy", grid: "g", size: 2, points: 2}.rankFiles(), nil, Options{MergedPath: merged, RequireAllRanks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest, size, err := WriteResult(legacy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sidecar); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the earlier run's sidecar survived: %v", err)
+	}
+	b, _ := os.ReadFile(merged)
+	if SHA256Hex(b) != digest || int64(len(b)) != size {
+		t.Fatalf("digest/size do not describe the file")
+	}
+
+	// A run with an engine block: the sidecar is written after the merged artefact, same run_id.
+	if err := os.WriteFile(sidecar, stale, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Merge(ruleBase.rankFiles(), nil, Options{MergedPath: merged, RequireAllRanks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := WriteResult(res); err != nil {
+		t.Fatal(err)
+	}
+	var side schemas.WorkerProbeSidecar
+	sb, _ := os.ReadFile(sidecar)
+	if err := json.Unmarshal(sb, &side); err != nil || side.RunID != ruleBase.runID || side.MergedOutputPath != merged {
+		t.Fatalf("sidecar %+v (%v)", side, err)
+	}
+	mi, _ := os.Stat(merged)
+	si, _ := os.Stat(sidecar)
+	if si.ModTime().Before(mi.ModTime()) {
+		t.Fatalf("sidecar written before the merged artefact")
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.Contains(e.Name(), ".tmp-") {
+			t.Fatalf("temporary file left behind: %s", e.Name())
+		}
+	}
+}
+
+func TestBenchWriteFileAtomicLeavesOldFileOnError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.json")
+	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("disk full")
+	_, _, err := WriteFileAtomic(path, func(w io.Writer) error {
+		_, _ = w.Write([]byte("half a merged arte"))
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("err %v", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "old" {
+		t.Fatalf("the old file was replaced by a torn one: %q", b)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Fatalf("%d files left, want only the old one", len(entries))
+	}
+}
+
+func TestBenchPathsAndSubjects(t *testing.T) {
+	for in, want := range map[string]int{
+		"/tmp/benchmark_results.json": -1, "/tmp/benchmark_results_dp3.json": 3, "b_dp12.json": 12, "x_dpx.json": -1,
+	} {
+		if got := RankFromPath(in); got != want {
+			t.Errorf("RankFromPath(%s) = %d, want %d", in, got, want)
+		}
+	}
+	if got := MergedPathFor("/tmp/benchmark_results.json"); got != DefaultMergedPath {
+		t.Errorf("MergedPathFor: %s", got)
+	}
+	if got := MergedPathFor("/tmp/benchmark_results_dp4.json"); got != "/tmp/benchmark_results_merged.json" {
+		t.Errorf("MergedPathFor dp4: %s", got)
+	}
+	if got := SidecarPathFor(DefaultMergedPath); got != "/tmp/benchmark_results_merged_worker_probe.json" {
+		t.Errorf("SidecarPathFor: %s", got)
+	}
+	if got := ExpandPath("/o/r_{run_id}_merged.json", "a/b c"); got != "/o/r_a%2Fb%20c_merged.json" {
+		t.Errorf("ExpandPath: %s", got)
+	}
+	run := "run.with*odd>chars"
+	for _, c := range []struct {
+		subject, kind string
+		rank          int
+	}{{RankSubject(run, 7), KindRank, 7}, {ProbeSubject(run), KindProbe, -1}, {MergedSubject(run), KindMerged, -1}} {
+		kind, id, rank, err := ParseBenchSubject(c.subject)
+		if err != nil || kind != c.kind || id != run || rank != c.rank {
+			t.Errorf("%s: %s %q %d %v", c.subject, kind, id, rank, err)
+		}
+		if strings.Count(c.subject, ".") != map[bool]int{true: 3, false: 2}[c.kind == KindRank] {
+			t.Errorf("%s: the run id is not one token", c.subject)
+		}
+	}
+	for _, bad := range []string{"fpmbench.rank.r", "fpmbench.rank.r.-1", "fpmbench.other.r", "fpm.rank.r.0"} {
+		if _, _, _, err := ParseBenchSubject(bad); !errors.Is(err, streams.ErrBadSubject) {
+			t.Errorf("%s accepted: %v", bad, err)
+		}
+	}
+	counts := [4]int{}
+	for i := range 4000 {
+		counts[Partition("3f6a0c1e-run-"+strconv.Itoa(i), 4)]++
+	}
+	for p, n := range counts {
+		if n < 800 || n > 1200 {
+			t.Errorf("partition %d owns %d of 4000 runs", p, n)
+		}
+	}
+}

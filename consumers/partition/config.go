@@ -1,0 +1,350 @@
+package partition
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// Defaults. PinnedTTL bounds crash failover; AckWait only bounds how long a message handed to a
+// handler may stay unacked before the server redelivers it (the member drops such redeliveries while
+// it owns the partition; see the package comment), so it is generous.
+const (
+	DefaultPartitions     = 16
+	DefaultAckWait        = 60 * time.Second
+	DefaultPinnedTTL      = 10 * time.Second
+	DefaultMaxAckPending  = 10000
+	DefaultBatch          = 1000
+	DefaultReleaseTimeout = 30 * time.Second
+
+	// MinPinnedTTL keeps the pull expiry (PinnedTTL/3) at nats.go's 1 s minimum.
+	MinPinnedTTL = 3 * time.Second
+	// MaxPartitions bounds Partitions (one durable consumer each).
+	MaxPartitions = 1024
+	// MaxPinnedTTL keeps member heartbeats well inside the members bucket's age limit.
+	MaxPinnedTTL = 10 * time.Minute
+)
+
+// Names shared by every group.
+const (
+	// PriorityGroup is the pinned-client priority group of every partition consumer.
+	PriorityGroup = "owner"
+	// MembersBucket is the KV bucket of live members: key <stream>.<group>.<member id>, re-put every
+	// PinnedTTL/4, deleted on graceful leave. It is liveness only; ownership is the server's pin.
+	MembersBucket    = "FPM_GROUPS"
+	membersBucketTTL = time.Hour
+
+	// Stream metadata recording how a partition stream was made, checked by every Join.
+	metaPartitions = "fpmbus_partitions"
+	metaFilters    = "fpmbus_filters"
+	metaSource     = "fpmbus_source"
+)
+
+// ErrInvalidConfig is wrapped by every configuration error.
+var ErrInvalidConfig = errors.New("partition: invalid configuration")
+
+// ErrGroupMismatch is returned by Join when the group already exists on the server with a different
+// partitioning (partition count, filters or key tokens). Changing it would move keys between partitions
+// and break per-key order; Delete the group first (its consumers restart from the stream's start).
+var ErrGroupMismatch = errors.New("partition: group exists with a different partitioning")
+
+// ErrNoPartition is returned by Config.PartitionOf for a subject no filter matches.
+var ErrNoPartition = errors.New("partition: subject matches no filter of the group")
+
+// Filter selects subjects of the stream and says which of their tokens form the partition key.
+type Filter struct {
+	// Subject is a subject filter on the stream, e.g. "fpm.*.*.*.*". It may end in ">".
+	Subject string `json:"subject"`
+	// KeyTokens are 1-based indexes of the "*" wildcards of Subject whose values, concatenated, are
+	// hashed into the partition (exactly the server's {{partition(n,i...)}} transform). Empty: the whole
+	// subject is hashed.
+	KeyTokens []int `json:"key_tokens,omitempty"`
+}
+
+// Config describes one consumer group: which stream it reads, how keys map to partitions and the
+// consumer settings of every partition.
+type Config struct {
+	// Stream is the stream the group consumes (its subjects and messages are never changed).
+	Stream string
+	// Group names the group: instances with the same Stream and Group share the work. Letters,
+	// digits, '-' and '_'.
+	Group string
+	// Partitions is the number of partitions P. Fixed for the life of the group. P=1 consumes Stream
+	// directly (no copy); P>1 consumes a partition stream that sources Stream and prefixes every
+	// subject with its partition number (one extra write per message; see the package comment).
+	Partitions int
+	// Filters select the subjects consumed and their partition key. At least one; they must not overlap.
+	Filters []Filter
+	// AckWait of every partition consumer: how long a handed message may stay unacked before the
+	// server redelivers it.
+	AckWait time.Duration
+	// PinnedTTL is how long the server keeps a partition pinned to an instance that stopped pulling
+	// (crashed or cut off), and how long a member without heartbeat stays in the membership: crash
+	// failover takes about PinnedTTL to PinnedTTL*4/3.
+	PinnedTTL time.Duration
+	// MaxAckPending bounds the unacked messages of one partition (and the member's buffer for it).
+	MaxAckPending int
+	// Batch is how many messages one pull asks for (<= MaxAckPending).
+	Batch int
+	// ReleaseTimeout bounds a graceful release: the handler draining and acking what it was given.
+	// Past it the handler's context is cancelled and the partition is given up without an unpin.
+	ReleaseTimeout time.Duration
+}
+
+// FPMConfig is a group on stream FPM keyed by the whole producer key (namespace, component,
+// worker_id, dp_rank): tokens 1-4 of fpm.<namespace>.<component>.<worker_id>.<dp_rank>.
+func FPMConfig(group string) Config {
+	return Config{
+		Stream:         streams.StreamFPM,
+		Group:          group,
+		Partitions:     DefaultPartitions,
+		Filters:        []Filter{{Subject: streams.FPMRoot + ".*.*.*.*", KeyTokens: []int{1, 2, 3, 4}}},
+		AckWait:        DefaultAckWait,
+		PinnedTTL:      DefaultPinnedTTL,
+		MaxAckPending:  DefaultMaxAckPending,
+		Batch:          DefaultBatch,
+		ReleaseTimeout: DefaultReleaseTimeout,
+	}
+}
+
+// withDefaults fills zero durations and sizes.
+func (c Config) withDefaults() Config {
+	if c.Partitions == 0 {
+		c.Partitions = DefaultPartitions
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.PinnedTTL == 0 {
+		c.PinnedTTL = DefaultPinnedTTL
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = DefaultMaxAckPending
+	}
+	if c.Batch == 0 {
+		c.Batch = min(DefaultBatch, c.MaxAckPending)
+	}
+	if c.ReleaseTimeout == 0 {
+		c.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	return c
+}
+
+// Validate reports the first setting that cannot work. Zero durations and sizes take their defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	switch {
+	case !validName(c.Stream, true):
+		return bad("stream %q: want letters, digits, '-' and '_'", c.Stream)
+	case !validName(c.Group, false):
+		return bad("group %q: want 1-64 letters, digits, '-' and '_'", c.Group)
+	case c.Partitions < 1 || c.Partitions > MaxPartitions:
+		return bad("partitions %d: want 1 to %d", c.Partitions, MaxPartitions)
+	case len(c.Filters) == 0:
+		return bad("no filter: say which subjects of %s the group consumes", c.Stream)
+	case c.AckWait < time.Second:
+		return bad("ack wait %v: want at least 1s", c.AckWait)
+	case c.PinnedTTL < MinPinnedTTL || c.PinnedTTL > MaxPinnedTTL:
+		return bad("pinned TTL %v: want %v to %v", c.PinnedTTL, MinPinnedTTL, MaxPinnedTTL)
+	case c.MaxAckPending < 1:
+		return bad("max ack pending %d: want at least 1", c.MaxAckPending)
+	case c.Batch < 1 || c.Batch > c.MaxAckPending:
+		return bad("batch %d: want 1 to max ack pending (%d)", c.Batch, c.MaxAckPending)
+	case c.ReleaseTimeout <= 0:
+		return bad("release timeout %v: want > 0", c.ReleaseTimeout)
+	}
+	for i, f := range c.Filters {
+		toks := strings.Split(f.Subject, ".")
+		wild := 0
+		for j, t := range toks {
+			switch {
+			case t == "":
+				return bad("filter %d %q: empty token", i, f.Subject)
+			case t == ">":
+				if j != len(toks)-1 {
+					return bad("filter %d %q: '>' must be the last token", i, f.Subject)
+				}
+			case t == "*":
+				wild++
+			case strings.ContainsAny(t, "*> \t{}"):
+				return bad("filter %d %q: token %q", i, f.Subject, t)
+			}
+		}
+		seen := map[int]bool{}
+		for _, k := range f.KeyTokens {
+			if k < 1 || k > wild || seen[k] {
+				return bad("filter %d %q: key token %d: want distinct indexes 1..%d of its '*' wildcards", i, f.Subject, k, wild)
+			}
+			seen[k] = true
+		}
+		for j := range i {
+			if subjectsCollide(f.Subject, c.Filters[j].Subject) {
+				return bad("filters %q and %q overlap", c.Filters[j].Subject, f.Subject)
+			}
+		}
+	}
+	return nil
+}
+
+func validName(s string, allowLong bool) bool {
+	if s == "" || (!allowLong && len(s) > 64) || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// subjectsCollide reports whether some subject matches both filters.
+func subjectsCollide(a, b string) bool {
+	ta, tb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; ; i++ {
+		switch {
+		case i == len(ta) && i == len(tb):
+			return true
+		case i < len(ta) && ta[i] == ">", i < len(tb) && tb[i] == ">":
+			return true
+		case i == len(ta) || i == len(tb):
+			return false
+		case ta[i] != tb[i] && ta[i] != "*" && tb[i] != "*":
+			return false
+		}
+	}
+}
+
+// PartitionOf returns the partition of a message subject: the FNV-1a 32-bit hash of the concatenated
+// key-token values (no separator; the whole subject when the filter has no key tokens), modulo
+// Partitions. This is exactly what the server's {{partition(P,i...)}} subject transform computes, so
+// the value is stable across versions and instances and is what the partition stream stores.
+func (c Config) PartitionOf(subject string) (int, error) {
+	c = c.withDefaults()
+	toks := strings.Split(subject, ".")
+	for _, f := range c.Filters {
+		vals, ok := matchWildcards(f.Subject, toks)
+		if !ok {
+			continue
+		}
+		if c.Partitions == 1 {
+			return 0, nil
+		}
+		h := fnv.New32a()
+		if len(f.KeyTokens) == 0 {
+			_, _ = h.Write([]byte(subject))
+		} else {
+			for _, k := range f.KeyTokens {
+				_, _ = h.Write([]byte(vals[k-1]))
+			}
+		}
+		return int(h.Sum32() % uint32(c.Partitions)), nil
+	}
+	return 0, fmt.Errorf("%w: %q", ErrNoPartition, subject)
+}
+
+// matchWildcards matches subject tokens against filter and returns the values of its '*' tokens.
+func matchWildcards(filter string, toks []string) ([]string, bool) {
+	ft := strings.Split(filter, ".")
+	var vals []string
+	for i, f := range ft {
+		if f == ">" {
+			return vals, len(toks) > i
+		}
+		if i >= len(toks) {
+			return nil, false
+		}
+		switch f {
+		case "*":
+			vals = append(vals, toks[i])
+		case toks[i]:
+		default:
+			return nil, false
+		}
+	}
+	return vals, len(toks) == len(ft)
+}
+
+// transformDest is the destination of filter f's subject transform into the partition stream:
+// "{{partition(P,i...)}}." followed by the filter with every '*' written back as {{wildcard(n)}}, so
+// the stored subject is "<partition>.<original subject>".
+func (c Config) transformDest(f Filter) string {
+	var b strings.Builder
+	b.WriteString("{{partition(")
+	b.WriteString(strconv.Itoa(c.Partitions))
+	for _, k := range f.KeyTokens {
+		b.WriteByte(',')
+		b.WriteString(strconv.Itoa(k))
+	}
+	b.WriteString(")}}")
+	n := 0
+	for _, t := range strings.Split(f.Subject, ".") {
+		b.WriteByte('.')
+		if t == "*" {
+			n++
+			b.WriteString("{{wildcard(" + strconv.Itoa(n) + ")}}")
+		} else {
+			b.WriteString(t)
+		}
+	}
+	return b.String()
+}
+
+// PartitionStream is the stream a group with Partitions > 1 consumes, "" for Partitions == 1.
+func (c Config) PartitionStream() string {
+	if c.withDefaults().Partitions == 1 {
+		return ""
+	}
+	return c.Stream + "_PART_" + c.Group
+}
+
+// ConsumerStream is the stream the partition consumers live on.
+func (c Config) ConsumerStream() string {
+	if s := c.PartitionStream(); s != "" {
+		return s
+	}
+	return c.Stream
+}
+
+// ConsumerName is the durable consumer of partition p: the group name itself when Partitions == 1
+// (so `nats consumer info FPM <group>` works), else "<group>-<p>".
+func (c Config) ConsumerName(p int) string {
+	if c.withDefaults().Partitions == 1 {
+		return c.Group
+	}
+	return c.Group + "-" + strconv.Itoa(p)
+}
+
+// filterSubjects are the consumer filters of partition p.
+func (c Config) filterSubjects(p int) []string {
+	if c.withDefaults().Partitions == 1 {
+		out := make([]string, len(c.Filters))
+		for i, f := range c.Filters {
+			out[i] = f.Subject
+		}
+		return out
+	}
+	return []string{strconv.Itoa(p) + ".>"}
+}
+
+// filtersSignature records the partitioning in the partition stream's metadata.
+func (c Config) filtersSignature() string {
+	parts := make([]string, len(c.Filters))
+	for i, f := range c.Filters {
+		ks := make([]string, len(f.KeyTokens))
+		for j, k := range f.KeyTokens {
+			ks[j] = strconv.Itoa(k)
+		}
+		parts[i] = f.Subject + "[" + strings.Join(ks, ",") + "]"
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,120 @@
+// Package partition is the one mechanism every stateful fpmbus consumer (trace writer, gap detector,
+// benchmark merger) uses to share a stream's keys among the instances of a group: each key belongs to
+// one of P partitions, each partition has exactly one owner at a time, an owner that stops hands its
+// partitions on at once, and one that crashes loses them after a bounded time, without loss, without
+// reordering a key's messages, and without two instances ever processing a key at the same time.
+//
+// # Design: server-side partitions, pinned-client consumers, a reset on every takeover
+//
+// Pieces, all on the NATS server (2.14+; fpmbus embeds 2.15):
+//
+//   - Partitions. With P > 1 the group reads a partition stream <Stream>_PART_<Group> that sources
+//     its stream through the server's subject transform "{{partition(P,i...)}}.<subject>": the server
+//     prefixes every message with its partition number while copying it. The FPM stream, its subjects
+//     and its messages are untouched (users keep `nats sub 'fpm.>'`), and a key's messages keep their
+//     order. With P = 1 there is no copy: the group consumes the stream itself.
+//   - Ownership. Partition p is one durable pull consumer (<Group>-<p>; with P = 1 just <Group>) with
+//     the pinned-client priority policy (ADR-42): however many instances pull it, the server delivers
+//     to one (the pinned one) and moves the pin only when that instance has not pulled for PinnedTTL
+//     (crash, cut off) or when it unpins (graceful). Exclusivity is the server's, not a client
+//     protocol's: two instances with different views of the group still cannot both get messages.
+//   - Ordered takeover. Pinning alone does not keep order across owners: the new owner is sent the
+//     newer messages first, the old owner's unacked ones only after AckWait (verified in
+//     TestServerPinnedClientBehaviour). So a member that wins a pin first resets the consumer to its ack
+//     floor (ResetConsumer, server 2.14+); every message the previous owner did not ack then comes
+//     again, in stream order, before anything newer, at once, and the pin is kept. While it owns the
+//     partition the member checks that deliveries are numbered without gaps (a gap means one got lost
+//     on the way, e.g. in a reconnect) and ends the session to reset again if not.
+//   - Balance. Members heartbeat in KV bucket FPM_GROUPS (key <stream>.<group>.<member>, every
+//     PinnedTTL/4; deleted on graceful leave) and watch it. Every member computes the same assignment
+//     from the live set (rendezvous hashing with a ceil(P/N) cap: balanced, few moves when one joins
+//     or leaves) and pulls only the partitions assigned to it; a partition given to another member is
+//     released gracefully. The bucket only steers who pulls; it never decides who processes.
+//
+// Handing a partition over gracefully (Stop, a rebalance): the owner stops handing messages (its
+// pulls go on, so it keeps the pin), closes the handler's channel, waits for the handler to make its
+// output durable, ack and return, waits until the server has applied those acks, resets the consumer
+// (so that what it leaves unacked is deliverable at once: the server pins a partition only when it
+// has a message to deliver) and unpins. The new owner, already waiting, is pinned at once and goes on
+// from the next message; nothing is delivered twice (TestGroupGracefulStopHandsOverExactlyOnce:
+// 10,000 messages, 10,000 deliveries, partitions owned again ~0.1 s after Stop). After a crash the
+// partition is stuck until the pin expires, PinnedTTL after the dead owner's last pull (an owner
+// renews its pulls every PinnedTTL/3 whatever its handler does); then the next owner resets and gets
+// every unacked message first. If nothing new arrives to be delivered, a standby that sees the
+// consumer unpinned with unacked messages resets it itself. The dead owner may have made messages
+// durable without acking them; those come again and the output must recognise them (handler rules).
+//
+// Bounds: a graceful handoff takes the handler's drain plus a few round trips. Crash failover takes
+// about PinnedTTL to PinnedTTL + 1.5 s (default PinnedTTL 10 s; with 3 s the tests measured 2.8 s on
+// a busy partition, 3.4 s on an idle one, against an AckWait of 30 s). A member cut off from the
+// server ends its sessions at the disconnect (handlers see ctx cancelled) and takes its partitions
+// again after reconnecting, unless PinnedTTL passed and another member took them.
+//
+// # Why not orbit.go pcgroups (v0.2.2)
+//
+// Studied and rejected; it uses the same server features but does not meet the requirements:
+//   - Static groups need the partition number as the first token of the stream's own subjects (an
+//     FPM subject transform), which changes the FPM subjects users rely on; their membership is fixed
+//     and any change to it stops every member.
+//   - Elastic groups copy the stream into a work-queue stream (like P > 1 here), but "members" are
+//     names an administrator adds to or drops from a KV config; instances of one member name are hot
+//     standbys of each other. An instance stopping or crashing never moves its partitions to other
+//     members unless someone edits the config, and a membership change deletes and recreates
+//     consumers while messages may be in flight (the library's own comments note redelivered
+//     duplicates). There is no reset on takeover, so order across owners is the server's (newer
+//     first). It also logs with the global logger and hands messages one by one to a callback.
+//
+// Making each partition a pcgroups member name would rebuild this package on top of pcgroups' KV
+// config, watchers and sleeps. Using the server primitives directly is fewer moving parts.
+//
+// # Costs
+//
+//   - P > 1 writes every message twice (the source and the partition stream) and stores it twice:
+//     the partition stream has the source's retention, limits, storage and replicas, so a lagging
+//     group loses nothing the source still has. A work-queue copy would hold only the backlog, but
+//     the server deleting every acked message made consumption 1.5 to 4 times slower in our runs
+//     (TestThroughputComparison, member_P16_workqueue). Use P = 1 when one instance (plus standbys)
+//     is enough: no copy at all, and about the throughput of a plain durable consumer.
+//   - The extra server work of P > 1 (sixteen filtered consumers on one stream) costs a quarter to a
+//     third of one member's throughput against P = 1 (medians on a shared 2-CPU host, server in
+//     process: plain consumer 81k msgs/s, P = 1 69k, P = 16 50k, work-queue P = 16 32k, P = 16 while
+//     the server is still copying 25k); it pays off once instances run on separate hosts.
+//   - P is fixed for a group's life: Join refuses another P, filters or key tokens (ErrGroupMismatch);
+//     Delete the group to change them (it then starts again from the stream's first message).
+//   - One durable consumer per partition per group. While a member is assigned a partition it does
+//     not own (idle, or taking over) it sends one standby pull a second and reads the consumer's info
+//     every PinnedTTL/2; each member puts its key every PinnedTTL/4. Every member of a group must use
+//     the same Config (each Join updates the consumers to its own).
+//
+// The members bucket uses file storage (a server restart keeps it); a server restart loses the pins,
+// which the members simply win again (TestGroupSurvivesServerRestart).
+//
+// # Keys and partitions
+//
+// A Filter names a subject filter and which of its '*' wildcards form the key (KeyTokens, 1-based;
+// none = the whole subject). The partition of a message is FNV-1a 32 over the concatenated key-token
+// values (no separator), modulo P: exactly the server's partition() transform, so Config.PartitionOf
+// in any process agrees with the server (TestPartitionOfMatchesServerTransform) and the map never
+// changes for a given config (TestPartitionOfGolden). FPMConfig keys FPM by namespace, component,
+// worker_id and dp_rank (tokens 1-4 of fpm.*.*.*.*). Several filters may share a key: the merger's
+// fpmbench.rank.*.* and fpmbench.probe.* with KeyTokens {1} put a run's ranks and probes together.
+// With P a power of two only the low log2(P) bits of each key byte matter (FNV-1a's multiply keeps
+// low bits low); real worker ids and ranks spread evenly over 16 (256 keys: 14 to 18 per partition),
+// but keys that differ only in characters whose low bits move together can bunch up.
+//
+// # Handler rules (what a consumer must do)
+//
+//   - Ack a message only after its output is durable; ack or Term every message; never Nak (a message
+//     given back is redelivered only by the next owner's reset).
+//   - A message can come again after a crash (durable, not yet acked): keep, per key and durably with
+//     the output, the last StreamSequence written, and skip (ack) messages at or below it. Sequences
+//     grow per key; StreamSequence is the source stream's, also when reading a partition stream.
+//   - msgs closed: finish, make durable, ack, close files, return nil. ctx cancelled: stop at once,
+//     return (ctx.Err() is fine); do not write more.
+//   - AckWait must exceed the longest time a message waits for its ack (e.g. a flush interval): a
+//     message redelivered while its handler holds it is dropped, but costs a delivery.
+//   - Ownership is a lease: a member frozen (not merely slow) for PinnedTTL while holding messages
+//     may, when it resumes, still write what it held before it learns at its next pull that the
+//     partition moved (its ctx is then cancelled). The per-key sequence check keeps such writes from
+//     duplicating lines only where the output is shared; nothing in NATS can fence a frozen process.
+package partition

@@ -1,0 +1,392 @@
+package partition
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Handler processes one owned partition. The member calls it in its own goroutine each time it takes
+// the partition, with the partition's messages in stream order (original subjects), and:
+//
+//   - closes msgs when it gives the partition up gracefully (rebalance, Stop, Consume's context):
+//     the handler still owns the partition until it returns, so it makes its output durable, acks,
+//     closes its files and returns nil. This is the "on revoked" hook; the call itself is "on assigned".
+//   - cancels ctx when the partition is lost (connection closed or cut off, pin lost, or the graceful
+//     release exceeded ReleaseTimeout): the handler stops at once and returns; what it has not acked
+//     is redelivered to the next owner.
+//
+// The handler must Ack (or Term) every message once its output is durable, and never Nak: a message
+// it gives back is only redelivered by the next owner. It must keep reading msgs until it is closed
+// or ctx is done; returning earlier, or returning an error, stops the whole member (Consume returns
+// the error) so that another instance takes the partitions over.
+type Handler func(ctx context.Context, partition int, msgs <-chan jetstream.Msg) error
+
+var (
+	// ErrAlreadyRunning is returned by a second Consume on the same Member.
+	ErrAlreadyRunning = errors.New("partition: member already consuming")
+	// ErrHandlerReturned is returned by Consume when a handler returned nil before its partition was
+	// revoked.
+	ErrHandlerReturned = errors.New("partition: handler returned before its partition was revoked")
+)
+
+// apiTimeout bounds one JetStream API call made by a member.
+const apiTimeout = 5 * time.Second
+
+// Option configures a Member beyond Config.
+type Option func(*Member) error
+
+// WithMemberID names the member (default <hostname>-<pid>-<random>): letters, digits, '-', '_'.
+// Two running members must never share an id.
+func WithMemberID(id string) Option {
+	return func(m *Member) error {
+		if !validName(id, false) {
+			return fmt.Errorf("%w: member id %q: want 1-64 letters, digits, '-' and '_'", ErrInvalidConfig, id)
+		}
+		m.id = id
+		return nil
+	}
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(m *Member) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+		}
+		m.log = l
+		return nil
+	}
+}
+
+// Member is one instance of a group. Join declares the group, Consume takes part in it until the
+// context ends, Stop is called or an error occurs. A Member consumes once.
+type Member struct {
+	cfg    Config
+	js     jetstream.JetStream
+	nc     *nats.Conn
+	id     string
+	key    string
+	log    *slog.Logger
+	kv     jetstream.KeyValue
+	stream jetstream.Stream // the stream the partition consumers live on
+
+	running  atomic.Bool
+	stopReq  chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+
+	mu    sync.Mutex
+	owned map[int]bool
+	hard  context.CancelFunc // while Consume runs: ends every partition abruptly
+}
+
+// Join checks cfg, declares the group on the server (idempotently: the partition stream when
+// Partitions > 1, one pinned-client durable consumer per partition, the members bucket) and returns a
+// Member that takes no partition before Consume. It fails with ErrGroupMismatch if the group exists
+// with another partitioning.
+func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Option) (*Member, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if js == nil {
+		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
+	}
+	cfg = cfg.withDefaults()
+	m := &Member{
+		cfg:     cfg,
+		js:      js,
+		nc:      js.Conn(),
+		id:      defaultMemberID(),
+		log:     slog.Default(),
+		stopReq: make(chan struct{}),
+		done:    make(chan struct{}),
+		owned:   map[int]bool{},
+	}
+	for _, o := range opts {
+		if err := o(m); err != nil {
+			return nil, err
+		}
+	}
+	var err error
+	if m.stream, err = declare(ctx, js, cfg); err != nil {
+		return nil, err
+	}
+	if m.kv, err = membersBucket(ctx, js, m.stream.CachedInfo().Config.Replicas); err != nil {
+		return nil, err
+	}
+	m.key = cfg.Stream + "." + cfg.Group + "." + m.id
+	m.log = m.log.With("group", cfg.Group, "stream", cfg.Stream, "member", m.id)
+	return m, nil
+}
+
+func defaultMemberID() string {
+	host, _ := os.Hostname()
+	var b strings.Builder
+	for i := 0; i < len(host) && b.Len() < 32; i++ {
+		c := host[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	if b.Len() == 0 {
+		b.WriteString("member")
+	}
+	return b.String() + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatUint(rand.Uint64()&0xffffff, 36)
+}
+
+// ID is the member's id in the group.
+func (m *Member) ID() string { return m.id }
+
+// Config is the group's configuration, defaults filled in.
+func (m *Member) Config() Config { return m.cfg }
+
+// Owned lists the partitions whose handler runs now, ascending.
+func (m *Member) Owned() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]int, 0, len(m.owned))
+	for p := range m.owned {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (m *Member) setOwned(p int, on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if on {
+		m.owned[p] = true
+	} else {
+		delete(m.owned, p)
+	}
+}
+
+// Stop leaves the group gracefully: the member's key is deleted (the others take its partitions as
+// soon as they are unpinned), every handler's msgs is closed, and each partition is unpinned once its
+// handler has returned and its acks are on the server. If ctx ends first, the remaining partitions are
+// given up abruptly (handlers' contexts cancelled, no unpin: the others wait PinnedTTL). Stop returns
+// when Consume has returned.
+func (m *Member) Stop(ctx context.Context) error {
+	m.stopOnce.Do(func() { close(m.stopReq) })
+	if !m.running.Load() {
+		return nil
+	}
+	select {
+	case <-m.done:
+		return nil
+	case <-ctx.Done():
+		m.mu.Lock()
+		if m.hard != nil {
+			m.hard()
+		}
+		m.mu.Unlock()
+		<-m.done
+		return ctx.Err()
+	}
+}
+
+type workerExit struct {
+	w   *worker
+	err error
+}
+
+// Consume takes part in the group until ctx ends or Stop is called (then it leaves gracefully, like
+// Stop, and returns nil), or until a handler fails or the connection closes (it returns that error).
+// While it runs, the member heartbeats in the members bucket, watches the others, and runs a worker
+// for each partition the shared assignment gives it; a worker takes its partition when the server
+// pins it to it and then calls h.
+func (m *Member) Consume(ctx context.Context, h Handler) error {
+	if h == nil {
+		return fmt.Errorf("%w: nil handler", ErrInvalidConfig)
+	}
+	if !m.running.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer close(m.done)
+	hardCtx, hardCancel := context.WithCancel(context.Background())
+	defer hardCancel()
+	m.mu.Lock()
+	m.hard = hardCancel
+	m.mu.Unlock()
+
+	status := m.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	defer m.nc.RemoveStatusListener(status)
+	if m.nc.IsClosed() {
+		return fmt.Errorf("partition: %w", nats.ErrConnectionClosed)
+	}
+	if err := m.heartbeat(hardCtx); err != nil {
+		return fmt.Errorf("partition: announce member %s: %w", m.id, err)
+	}
+	prefix := m.cfg.Stream + "." + m.cfg.Group + "."
+	watcher, err := m.kv.Watch(hardCtx, prefix+"*")
+	if err != nil {
+		return fmt.Errorf("partition: watch members: %w", err)
+	}
+	watching := true
+	stopWatch := func() {
+		if watching {
+			_ = watcher.Stop()
+			watching = false
+		}
+	}
+	defer stopWatch()
+
+	v := newView(m.cfg.PinnedTTL)
+	workers := map[int]*worker{}
+	exits := make(chan workerExit)
+	ready := false
+	recompute := func() {
+		if !ready {
+			return
+		}
+		want := map[int]bool{}
+		for _, p := range assign(v.live(time.Now()), m.cfg.Partitions)[m.id] {
+			want[p] = true
+		}
+		for p := range want {
+			if workers[p] == nil {
+				w := newWorker(m, p, hardCtx)
+				workers[p] = w
+				go func() { exits <- workerExit{w, w.run(h)} }()
+			}
+		}
+		for p, w := range workers {
+			if !want[p] {
+				w.release()
+			}
+		}
+	}
+	hb := time.NewTicker(m.cfg.PinnedTTL / 4)
+	defer hb.Stop()
+	var beating atomic.Bool
+	var beats sync.WaitGroup
+	defer beats.Wait()
+	check := time.NewTicker(max(m.cfg.PinnedTTL/10, 100*time.Millisecond))
+	defer check.Stop()
+
+	var fatal error
+	closed := false
+loop:
+	for {
+		select {
+		case e, ok := <-watcher.Updates():
+			if !ok {
+				fatal = errors.New("partition: members watch ended")
+				break loop
+			}
+			if e == nil {
+				ready = true
+			} else if id, ok := strings.CutPrefix(e.Key(), prefix); ok {
+				if e.Operation() == jetstream.KeyValuePut {
+					at := time.Now()
+					if !ready {
+						at = e.Created() // initial value: judge its age by when it was written
+					}
+					v.put(id, at)
+				} else {
+					v.del(id)
+				}
+			}
+			recompute()
+		case <-hb.C:
+			if !beating.Swap(true) { // never more than one in flight, never blocking this loop
+				beats.Add(1)
+				go func() {
+					defer beats.Done()
+					defer beating.Store(false)
+					if err := m.heartbeat(hardCtx); err != nil {
+						m.log.Warn("partition: heartbeat failed", "err", err)
+					}
+				}()
+			}
+		case <-check.C:
+			recompute()
+		case st := <-status:
+			if st == nats.CLOSED {
+				fatal = fmt.Errorf("partition: %w", nats.ErrConnectionClosed)
+				closed = true
+				break loop
+			}
+			// Disconnected: acks cannot reach the server and deliveries may be lost; end every session
+			// now (handlers see ctx cancelled) and take the partitions again once reconnected.
+			for _, w := range workers {
+				w.interrupt()
+			}
+		case ex := <-exits:
+			delete(workers, ex.w.p)
+			if ex.err != nil {
+				fatal = ex.err
+				break loop
+			}
+			recompute()
+		case <-ctx.Done():
+			break loop
+		case <-m.stopReq:
+			break loop
+		}
+	}
+	stopWatch()
+
+	if closed || m.nc.IsClosed() {
+		hardCancel()
+	} else {
+		beats.Wait() // a heartbeat landing after the delete would resurrect the key
+		dctx, cancel := context.WithTimeout(hardCtx, apiTimeout)
+		if err := m.kv.Delete(dctx, m.key); err != nil {
+			m.log.Warn("partition: delete member key", "err", err)
+		}
+		cancel()
+		for _, w := range workers {
+			w.release()
+		}
+	}
+	for len(workers) > 0 {
+		ex := <-exits
+		delete(workers, ex.w.p)
+		if ex.err != nil && fatal == nil {
+			fatal = ex.err
+		}
+	}
+	if fatal != nil {
+		m.log.Error("partition: member stopped", "err", fatal)
+	}
+	return fatal
+}
+
+// memberRecord is the value of a member's key: for people reading the bucket (`nats kv get`).
+type memberRecord struct {
+	ID    string `json:"id"`
+	Host  string `json:"host"`
+	PID   int    `json:"pid"`
+	Owned []int  `json:"owned"`
+	At    int64  `json:"at_unix_ms"`
+}
+
+func (m *Member) heartbeat(ctx context.Context) error {
+	host, _ := os.Hostname()
+	b, err := json.Marshal(memberRecord{ID: m.id, Host: host, PID: os.Getpid(), Owned: m.Owned(), At: time.Now().UnixMilli()})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.PinnedTTL/2)
+	defer cancel()
+	_, err = m.kv.Put(ctx, m.key, b)
+	return err
+}

@@ -1,0 +1,224 @@
+package partition
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// With Partitions = 1 the group consumes the stream itself (no partition stream, no copy): one member
+// owns everything, a second one stands by and takes over when the first stops.
+func TestSinglePartitionGroupFailsOverToStandby(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig("single", 1)
+	rec := newRecorder(t, cfg)
+	a := startMember(t, env, cfg, "a", rec)
+	standby := standbyFor("a")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := publish(ctx, env.JS, 4, 250, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a to process everything", func() bool { return rec.total.Load() == 1000 })
+	b := startMember(t, env, cfg, standby, rec)
+	time.Sleep(cfg.PinnedTTL / 2)
+	if got := b.m.Owned(); len(got) != 0 {
+		t.Fatalf("standby owns %v", got)
+	}
+	if _, err := env.JS.Stream(ctx, "FPM_PART_single"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("a single-partition group made a partition stream: %v", err)
+	}
+	if err := a.m.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := publishFrom(ctx, env.JS, 4, 250, 250, 0); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, 2*cfg.PinnedTTL, "b to take over", func() bool { return rec.total.Load() == 2000 })
+	t.Logf("standby took over and caught up %v after the stop", took)
+	rec.check(4, 500)
+	if d := rec.deliveries.Load(); d != 2000 {
+		t.Fatalf("deliveries %d for 2000 messages", d)
+	}
+}
+
+// A group's partitioning cannot change under it: Join refuses, Delete removes it.
+func TestJoinRefusesOtherPartitioning(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c16 := testConfig("g", 16)
+	if _, err := Join(ctx, env.JS, c16); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Join(ctx, env.JS, c16); err != nil {
+		t.Fatalf("second join with the same config: %v", err)
+	}
+	c8 := testConfig("g", 8)
+	if _, err := Join(ctx, env.JS, c8); !errors.Is(err, ErrGroupMismatch) {
+		t.Fatalf("join with 8 partitions: %v, want ErrGroupMismatch", err)
+	}
+	c1 := testConfig("g", 1)
+	if _, err := Join(ctx, env.JS, c1); !errors.Is(err, ErrGroupMismatch) {
+		t.Fatalf("join with 1 partition: %v, want ErrGroupMismatch", err)
+	}
+	byWorker := testConfig("g", 16)
+	byWorker.Filters = []Filter{{Subject: streams.FPMRoot + ".*.*.*.*", KeyTokens: []int{3}}}
+	if _, err := Join(ctx, env.JS, byWorker); !errors.Is(err, ErrGroupMismatch) {
+		t.Fatalf("join with other key tokens: %v, want ErrGroupMismatch", err)
+	}
+	if err := Delete(ctx, env.JS, c16); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Join(ctx, env.JS, c1); err != nil {
+		t.Fatalf("join with 1 partition after delete: %v", err)
+	}
+	if _, err := Join(ctx, env.JS, c16); !errors.Is(err, ErrGroupMismatch) {
+		t.Fatalf("join with 16 partitions over a 1-partition group: %v, want ErrGroupMismatch", err)
+	}
+	if err := Delete(ctx, env.JS, c1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A handler error stops its member (Consume returns it) and the partition is handed on at once, not
+// after PinnedTTL; the next owner gets the unacked message again.
+func TestHandlerErrorStopsMemberAndHandsOver(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig("failing", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, jsA := connect(t, env)
+	a, err := Join(ctx, jsA, cfg, WithMemberID("a"), WithLogger(testLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("disk full")
+	aDone := make(chan error, 1)
+	go func() {
+		aDone <- a.Consume(ctx, func(ctx context.Context, _ int, msgs <-chan jetstream.Msg) error {
+			for range msgs {
+				return boom // fails on its first message, without acking it
+			}
+			return nil
+		})
+	}()
+	if err := publish(ctx, env.JS, 1, 3, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-aDone; !errors.Is(err, boom) {
+		t.Fatalf("Consume returned %v, want the handler's error", err)
+	}
+	failed := time.Now()
+	rec := newRecorder(t, cfg)
+	startMember(t, env, cfg, "b", rec)
+	took := waitFor(t, cfg.PinnedTTL, "b to process all three", func() bool { return rec.total.Load() == 3 })
+	t.Logf("b took over %v after a failed (%v since the failure)", took, time.Since(failed))
+	rec.check(1, 3)
+}
+
+// Cancelling Consume's context leaves the group gracefully, like Stop.
+func TestConsumeContextCancelLeaves(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig("ctx", 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := Join(ctx, env.JS, cfg, WithLogger(testLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(t, cfg)
+	cctx, ccancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Consume(cctx, rec.handler(m.ID())) }()
+	if err := publish(ctx, env.JS, 8, 10, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "all messages", func() bool { return rec.total.Load() == 80 })
+	if err := m.Consume(ctx, rec.handler("again")); !errors.Is(err, ErrAlreadyRunning) {
+		t.Fatalf("second Consume: %v", err)
+	}
+	ccancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Consume after cancel: %v", err)
+	}
+	if o := m.Owned(); len(o) != 0 {
+		t.Fatalf("owns %v after leaving", o)
+	}
+	kv, err := env.JS.KeyValue(ctx, MembersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx, cfg.Stream+"."+cfg.Group+"."+m.ID()); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("member key after leaving: %v", err)
+	}
+	rec.check(8, 10)
+}
+
+// The owner crashes holding every message unacked and nothing new arrives: the server would pin the
+// partition again only once AckWait (30 s here) expired. The standby sees it unpinned with unacked
+// messages and resets it, so it takes over in about PinnedTTL.
+func TestCrashOnIdleStreamTakesOverBeforeAckWait(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig("idle", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ncA, jsA := connect(t, env)
+	a, err := Join(ctx, jsA, cfg, WithMemberID("a"), WithLogger(testLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held atomic.Int64
+	aDone := make(chan error, 1)
+	go func() {
+		aDone <- a.Consume(ctx, func(ctx context.Context, _ int, msgs <-chan jetstream.Msg) error {
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case _, ok := <-msgs:
+					if !ok {
+						return nil
+					}
+					held.Add(1) // never acked: the output is not durable yet when the crash comes
+				}
+			}
+		})
+	}()
+	if err := publish(ctx, env.JS, 2, 5, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a to hold every message", func() bool { return held.Load() == 10 })
+	rec := newRecorder(t, cfg)
+	standby := standbyFor("a")
+	startMember(t, env, cfg, standby, rec)
+	time.Sleep(500 * time.Millisecond)
+	if held.Load() != 10 || rec.total.Load() != 0 {
+		t.Fatalf("a holds %d, %s processed %d before the crash", held.Load(), standby, rec.total.Load())
+	}
+	ncA.Close()
+	<-aDone
+	crashed := time.Now()
+	took := waitFor(t, 3*cfg.PinnedTTL, "b to process the crashed member's messages", func() bool { return rec.total.Load() == 10 })
+	t.Logf("%s processed them %v after the crash (PinnedTTL %v, AckWait %v)", standby, took, cfg.PinnedTTL, cfg.AckWait)
+	if time.Since(crashed) > cfg.AckWait/2 {
+		t.Fatal("took over only after AckWait")
+	}
+	rec.check(2, 5)
+}
+
+// standbyFor returns a member id that loses partition 0 of a 1-partition group to owner.
+func standbyFor(owner string) string {
+	for c := 'b'; ; c++ {
+		if id := string(c); len(assign([]string{owner, id}, 1)[owner]) == 1 {
+			return id
+		}
+	}
+}

@@ -1,0 +1,58 @@
+package schemas
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// JSON Schema documents (draft 2020-12, in FS under jsonschema/) of the benchmark formats. The structural
+// parts of the merge rules are expressed there; rules that relate fields (status consistency, coverage
+// arithmetic, identical blocks across ranks, timing sums) are fpmbus's merger's job.
+const (
+	BenchRankSchemaFile                = "bench-rank.schema.json"
+	BenchMergedSchemaFile              = "bench-merged.schema.json"
+	BenchMeasurementProtocolSchemaFile = "bench-measurement-protocol.schema.json"
+	BenchMeasurementSchemaFile         = "bench-measurement.schema.json"
+	BenchSampleSchemaFile              = "bench-sample.schema.json"
+	BenchWarmupEvidenceSchemaFile      = "bench-warmup-evidence.schema.json"
+	BenchEngineSchemaFile              = "bench-engine.schema.json"
+	BenchWorkerProbeSchemaFile         = "bench-worker-probe.schema.json"
+	BenchProbeRepliesSchemaFile        = "bench-probe-replies.schema.json"
+)
+
+// BenchSchemaFiles lists the benchmark schema documents.
+var BenchSchemaFiles = []string{
+	BenchRankSchemaFile, BenchMergedSchemaFile, BenchMeasurementProtocolSchemaFile, BenchMeasurementSchemaFile,
+	BenchSampleSchemaFile, BenchWarmupEvidenceSchemaFile, BenchEngineSchemaFile, BenchWorkerProbeSchemaFile,
+	BenchProbeRepliesSchemaFile,
+}
+
+var benchSchemas sync.Map // file name -> *jsonschema.Schema
+
+// ValidateBenchDocument validates a JSON document against one of the benchmark schema documents (compiled
+// once and cached). It reads the whole document into generic values, so it is meant for tests and
+// tooling, not for the merge path of tens-of-megabyte artefacts.
+func ValidateBenchDocument(schemaFile string, doc []byte) error {
+	var s *jsonschema.Schema
+	if v, ok := benchSchemas.Load(schemaFile); ok {
+		s = v.(*jsonschema.Schema)
+	} else {
+		c, err := CompileSchema(schemaFile)
+		if err != nil {
+			return err
+		}
+		benchSchemas.Store(schemaFile, c)
+		s = c
+	}
+	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return fmt.Errorf("schemas: %s: parse document: %w", schemaFile, err)
+	}
+	if err := s.Validate(inst); err != nil {
+		return fmt.Errorf("schemas: %s: %w", schemaFile, err)
+	}
+	return nil
+}
