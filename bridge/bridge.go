@@ -76,6 +76,7 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Bridge, error) {
 	b.pub = newPublisher(b)
 	b.metrics = newMetrics(
 		func() float64 { return float64(b.buf.len()) },
+		func() float64 { return float64(b.buf.high.Load()) },
 		func() float64 { return float64(b.pub.inFlight.Load()) },
 	)
 	for _, ep := range b.endpoints {

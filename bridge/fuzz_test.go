@@ -57,7 +57,7 @@ func offlineBridge(maxPayload int) *Bridge {
 	b := &Bridge{cfg: cfg, log: cfg.Logger, endpoints: cfg.Endpoints, buf: newBuffer(10, 1<<20), epochs: newEpochs(),
 		rankWarned: make([]atomic.Bool, 1)}
 	b.pub = newPublisher(b)
-	b.metrics = newMetrics(func() float64 { return 0 }, func() float64 { return 0 })
+	b.metrics = newMetrics(func() float64 { return 0 }, func() float64 { return 0 }, func() float64 { return 0 })
 	b.ranks = []*rankCounters{{m: b.metrics.forRank(3)}}
 	return b
 }

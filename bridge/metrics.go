@@ -20,11 +20,12 @@ type metrics struct {
 	dlLost       *prometheus.CounterVec
 	markers      prometheus.Counter
 	buffered     prometheus.GaugeFunc
+	bufferedHigh prometheus.GaugeFunc
 	inFlight     prometheus.GaugeFunc
 	receiveToAck prometheus.Histogram
 }
 
-func newMetrics(buffered, inFlight func() float64) *metrics {
+func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append([]string{"rank"}, labels...))
 	}
@@ -43,6 +44,9 @@ func newMetrics(buffered, inFlight func() float64) *metrics {
 		buffered: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fpmbus_bridge_buffered_messages", Help: "Messages waiting in the bridge's buffer (at most MaxBuffer).",
 		}, buffered),
+		bufferedHigh: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fpmbus_bridge_buffered_messages_high", Help: "The most messages the buffer held at once since start (never above MaxBuffer).",
+		}, bufferedHigh),
 		inFlight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fpmbus_bridge_in_flight", Help: "Publishes awaiting a JetStream ack (at most MaxInFlight).",
 		}, inFlight),
@@ -58,7 +62,7 @@ func newMetrics(buffered, inFlight func() float64) *metrics {
 func (m *metrics) register(r prometheus.Registerer) error {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.received, m.published, m.invalid, m.dropped, m.duplicates,
-		m.seqMismatch, m.deadLetters, m.dlLost, m.markers, m.buffered, m.inFlight, m.receiveToAck} {
+		m.seqMismatch, m.deadLetters, m.dlLost, m.markers, m.buffered, m.bufferedHigh, m.inFlight, m.receiveToAck} {
 		if err := r.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -23,7 +23,7 @@ func TestNatsCLISubAndStreamView(t *testing.T) {
 	up := startUp(t, 2)
 	sub := start(t, "nats sub", natsBin, "--server", up.url, "sub", "fpm.*.*.*.1", "--count", "10")
 	sub.waitOutput("Subscribing on", 15*time.Second)
-	if err := publish(t, up.basePort, 2, 20, "cli", "--rate", "200").wait(30 * time.Second); err != nil {
+	if err := publish(t, 1, up.basePort, 2, 20, "cli", "--rate", "200").wait(30 * time.Second); err != nil {
 		t.Fatalf("publisher: %v", err)
 	}
 	if err := sub.wait(30 * time.Second); err != nil {

@@ -36,10 +36,12 @@ func startUp(t *testing.T, dpSize int, extra ...string) *upEnv {
 	return e
 }
 
-func publish(t *testing.T, basePort, dpSize, count int, workerID string, extra ...string) *proc {
+// publish runs `fpmbus publish`, which waits until subs subscribers (the bridge, plus any capture
+// sockets) have joined every rank before its first message.
+func publish(t *testing.T, subs, basePort, dpSize, count int, workerID string, extra ...string) *proc {
 	t.Helper()
 	args := []string{"publish", "--fpm-port", strconv.Itoa(basePort), "--dp-size", strconv.Itoa(dpSize),
-		"--count", strconv.Itoa(count), "--worker-id", workerID, "--start-delay", "700ms"}
+		"--count", strconv.Itoa(count), "--worker-id", workerID, "--wait-subscribers", strconv.Itoa(subs)}
 	return fpmbus(t, "fpmbus publish "+workerID, append(args, extra...)...)
 }
 
@@ -52,7 +54,7 @@ func TestPipelineFourRanksEveryMessageOnceInStreamAndTrace(t *testing.T) {
 	for r := range caps {
 		caps[r] = startCapture(t, fmt.Sprintf("tcp://127.0.0.1:%d", up.basePort+r))
 	}
-	pub := publish(t, up.basePort, ranks, perRank, "e2e-w", "--rate", "2500", "--seed", "7")
+	pub := publish(t, 2, up.basePort, ranks, perRank, "e2e-w", "--rate", "2500", "--seed", "7")
 	if err := pub.wait(60 * time.Second); err != nil {
 		t.Fatalf("publisher: %v", err)
 	}

@@ -72,6 +72,12 @@ type Config struct {
 	// that subscribers that connect meanwhile do not lose the first messages (see the package comment on
 	// slow joiners).
 	StartDelay time.Duration
+	// WaitSubscribers, when > 0, makes each rank's socket an XPUB (identical to a PUB on the wire) and
+	// makes Run wait, before StartDelay, until that many subscribers joined every rank (at most
+	// WaitTimeout): the deterministic cure for ZMQ's slow joiner.
+	WaitSubscribers int
+	// WaitTimeout bounds WaitSubscribers (default 30s); Run fails with ErrNoSubscribers after it.
+	WaitTimeout time.Duration
 	// Seed seeds each rank's engine simulation (mixed with the rank). The same Seed gives the same FPMs.
 	Seed int64
 	// Logger receives the publisher's logs. Nil discards them.
@@ -144,6 +150,10 @@ func (c Config) Validate() error {
 		return bad("send hwm %d: want >= 0", c.SendHWM)
 	case c.StartDelay < 0:
 		return bad("start delay %v: want >= 0", c.StartDelay)
+	case c.WaitSubscribers < 0:
+		return bad("wait subscribers %d: want >= 0", c.WaitSubscribers)
+	case c.WaitTimeout < 0:
+		return bad("wait timeout %v: want >= 0", c.WaitTimeout)
 	}
 	return nil
 }

@@ -95,6 +95,9 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	p := &Publisher{cfg: cfg, log: cfg.Logger, zctx: zctx, ready: make(chan struct{})}
 	opts := []SenderOption{WithLinger(cfg.Linger), WithNoDrop(cfg.NoDrop)}
+	if cfg.WaitSubscribers > 0 {
+		opts = append(opts, WithSubscriberCount())
+	}
 	for i := range cfg.DPSize {
 		ep := cfg.Endpoint(i)
 		s, err := NewSender(zctx, ep, cfg.SendHWM, opts...)
@@ -160,6 +163,18 @@ func (p *Publisher) Run(ctx context.Context) error {
 		close(p.runDone)
 	}()
 
+	if n := p.cfg.WaitSubscribers; n > 0 {
+		timeout := p.cfg.WaitTimeout
+		if timeout == 0 {
+			timeout = 30 * time.Second
+		}
+		for _, r := range p.ranks { // the rank goroutines, which own the sockets later, have not started
+			if err := r.sender.WaitSubscribers(n, timeout); err != nil {
+				p.release()
+				return err
+			}
+		}
+	}
 	if d := p.cfg.StartDelay; d > 0 {
 		t := time.NewTimer(d)
 		select {

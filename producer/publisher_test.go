@@ -27,6 +27,11 @@ func newPublisher(t *testing.T, cfg producer.Config, rcvhwm int) (*producer.Publ
 		cfg.DPSize = 1
 	}
 	cfg.BasePort = producertest.FreeBasePort(t, cfg.Host, cfg.DPSize)
+	if cfg.StartDelay > 0 && cfg.WaitSubscribers == 0 {
+		// Tests that give a start delay want their subscriber to see everything: wait for it to join
+		// instead of hoping the delay covers ZMQ's slow joiner on a loaded machine.
+		cfg.WaitSubscribers = 1
+	}
 	p, err := producer.New(cfg)
 	if err != nil {
 		t.Fatal(err)

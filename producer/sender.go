@@ -44,6 +44,17 @@ type SenderOption func(*senderOptions) error
 type senderOptions struct {
 	linger time.Duration
 	noDrop bool
+	xpub   bool
+}
+
+// WithSubscriberCount makes the socket an XPUB (verbose), which looks exactly like a PUB on the wire but
+// reports each subscription, so WaitSubscribers can wait for subscribers instead of sleeping through
+// ZMQ's slow-joiner window.
+func WithSubscriberCount() SenderOption {
+	return func(o *senderOptions) error {
+		o.xpub = true
+		return nil
+	}
 }
 
 // WithLinger sets ZMQ_LINGER (default DefaultLinger): how long closing waits for frames still queued for
@@ -101,10 +112,14 @@ func NewSender(zctx *zmq4.Context, endpoint string, sndhwm int, opts ...SenderOp
 		}
 		s.ctx, zctx = c, c
 	}
-	sock, err := zctx.NewSocket(zmq4.PUB)
+	kind := zmq4.PUB
+	if o.xpub {
+		kind = zmq4.XPUB
+	}
+	sock, err := zctx.NewSocket(kind)
 	if err != nil {
 		s.Close()
-		return nil, fmt.Errorf("producer: new PUB socket: %w", err)
+		return nil, fmt.Errorf("producer: new %v socket: %w", kind, err)
 	}
 	s.sock = sock
 	if err := s.setup(endpoint, sndhwm, o); err != nil {
@@ -122,6 +137,12 @@ func (s *Sender) setup(endpoint string, sndhwm int, o senderOptions) error {
 	if err := s.sock.SetSndhwm(sndhwm); err != nil {
 		return fmt.Errorf("producer: set ZMQ_SNDHWM: %w", err)
 	}
+	if o.xpub {
+		// Verbose: every subscriber's (identical, empty) subscription is reported, not just the first.
+		if err := s.sock.SetXpubVerbose(1); err != nil {
+			return fmt.Errorf("producer: set ZMQ_XPUB_VERBOSE: %w", err)
+		}
+	}
 	if o.noDrop {
 		if err := s.sock.SetXpubNodrop(true); err != nil {
 			return fmt.Errorf("producer: set ZMQ_XPUB_NODROP: %w", err)
@@ -134,6 +155,35 @@ func (s *Sender) setup(endpoint string, sndhwm int, o senderOptions) error {
 	}
 	if err := s.sock.Bind(endpoint); err != nil {
 		return &BindError{Endpoint: endpoint, Rank: -1, Err: sysErr(err)}
+	}
+	return nil
+}
+
+// ErrNoSubscribers is returned by WaitSubscribers when too few subscribers joined in time.
+var ErrNoSubscribers = errors.New("producer: subscribers did not join in time")
+
+// WaitSubscribers waits until n subscriptions have arrived (a socket made WithSubscriberCount) or
+// timeout passes. It must be called by the goroutine that owns the socket, before sending.
+func (s *Sender) WaitSubscribers(n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for got := 0; got < n; {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("%w: %s has %d of %d after %v", ErrNoSubscribers, s.endpoint, got, n, timeout)
+		}
+		if err := s.sock.SetRcvtimeo(min(left, 100*time.Millisecond)); err != nil {
+			return err
+		}
+		msg, err := s.sock.RecvBytes(0)
+		if err != nil {
+			if zmq4.AsErrno(err) == zmq4.Errno(syscall.EAGAIN) {
+				continue
+			}
+			return fmt.Errorf("producer: wait for subscribers on %s: %w", s.endpoint, err)
+		}
+		if len(msg) > 0 && msg[0] == 1 { // 1 = subscribe, 0 = unsubscribe, then the topic
+			got++
+		}
 	}
 	return nil
 }

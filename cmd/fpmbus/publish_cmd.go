@@ -36,6 +36,8 @@ type publishOptions struct {
 	sendHWM        int
 	seed           int64
 	startDelay     time.Duration
+	waitSubs       int
+	waitTimeout    time.Duration
 }
 
 // publishFlags registers the synthetic publisher's flags on fs. Defaults follow Dynamo's environment:
@@ -59,6 +61,8 @@ func publishFlags(fs *flag.FlagSet) *publishOptions {
 	fs.IntVar(&o.sendHWM, "send-hwm", producer.DefaultSendHWM, "ZMQ_SNDHWM of each PUB socket, in messages")
 	fs.Int64Var(&o.seed, "seed", 0, "seed of the load simulation (same seed: same FPMs)")
 	fs.DurationVar(&o.startDelay, "start-delay", 0, "wait this long after binding before the first message (lets subscribers join)")
+	fs.IntVar(&o.waitSubs, "wait-subscribers", 0, "before the first message, wait until this many subscribers joined every rank (XPUB; same wire format)")
+	fs.DurationVar(&o.waitTimeout, "wait-timeout", 30*time.Second, "give up --wait-subscribers after this long (exit 1)")
 	return o
 }
 
@@ -100,6 +104,8 @@ func (o *publishOptions) config() (producer.Config, error) {
 		SendHWM:           o.sendHWM,
 		Seed:              o.seed,
 		StartDelay:        o.startDelay,
+		WaitSubscribers:   o.waitSubs,
+		WaitTimeout:       o.waitTimeout,
 		Logger:            slog.Default(),
 	}
 	if err := cfg.Validate(); err != nil {
