@@ -13,7 +13,7 @@ import (
 // documentedCommands are the command paths the README documents, each under a heading
 // "### fpmbus <path>". Every registered command must be among them.
 var documentedCommands = []string{
-	"up", "bridge", "publish", "trace", "gaps", "gaps report", "merge", "bench merge", "bench validate", "bench publish",
+	"up", "bridge", "publish", "trace", "trace backfill", "trace info", "gaps", "gaps report", "merge", "bench merge", "bench validate", "bench publish",
 	"streams show", "streams apply",
 }
 

@@ -38,12 +38,29 @@ type traceOptions struct {
 	group          string
 	filter         string
 	stopTimeout    time.Duration
+	flushInterval  time.Duration
+	maxAckPending  int
+	ackWait        time.Duration
 }
 
-// traceFlags registers the trace writer's flags on fs.
+// traceFlags registers the trace writer's flags on fs: traceOutputFlags plus the durable consumer's.
 func traceFlags(fs *flag.FlagSet) *traceOptions {
-	o := &traceOptions{}
+	o := traceOutputFlags(fs)
 	d := trace.DefaultConfig()
+	fs.StringVar(&o.group, "group", d.Durable, "durable consumer name on stream FPM; run one writer per name (split work with disjoint --filter and names)")
+	fs.DurationVar(&o.stopTimeout, "stop-timeout", d.StopTimeout, "on interrupt, how long to keep writing what was already received")
+	fs.DurationVar(&o.flushInterval, "trace-flush-interval", d.FlushInterval, "longest a received FPM waits before its line is fsynced and the message acked")
+	fs.IntVar(&o.maxAckPending, "trace-max-ack-pending", d.MaxAckPending, "messages the trace consumer may hold unacked (a flush starts at a quarter of it)")
+	fs.DurationVar(&o.ackWait, "trace-ack-wait", 0, "ack wait of the trace consumer: an unacked message is redelivered after it (0: automatic, at least 60s)")
+	return o
+}
+
+// traceOutputFlags registers what shapes the trace files (mode, path, interval, rolling, retention,
+// producer id, filter), shared by the writer and `trace backfill`; the other options keep their
+// defaults.
+func traceOutputFlags(fs *flag.FlagSet) *traceOptions {
+	d := trace.DefaultConfig()
+	o := &traceOptions{group: d.Durable, stopTimeout: d.StopTimeout, flushInterval: d.FlushInterval, maxAckPending: d.MaxAckPending}
 	fs.StringVar(&o.mode, "trace-mode", envOr(trace.EnvMode, d.Mode), "capture mode: sampled (newest FPM per key per interval) or full (every FPM) (env "+trace.EnvMode+")")
 	output := d.OutputPath
 	if v, ok := os.LookupEnv(trace.EnvOutputPath); ok {
@@ -54,9 +71,7 @@ func traceFlags(fs *flag.FlagSet) *traceOptions {
 	fs.StringVar(&o.rollBytes, "roll-bytes", envOr(trace.EnvRollBytes, fmt.Sprint(d.RollBytes)), "start a new segment before it exceeds this many uncompressed bytes (env "+trace.EnvRollBytes+")")
 	fs.StringVar(&o.maxSegments, "max-segments", envOr(trace.EnvMaxSegments, fmt.Sprint(d.MaxSegments)), "segments kept per producer, the active one included (env "+trace.EnvMaxSegments+")")
 	fs.StringVar(&o.producerID, "producer-id", "", "file every FPM under this producer id (default: the message's Fpm-Producer header, else its worker_id)")
-	fs.StringVar(&o.group, "group", d.Durable, "durable consumer name on stream FPM; run one writer per name (split work with disjoint --filter and names)")
 	fs.StringVar(&o.filter, "filter", d.FilterSubject, "FPM subjects to trace, e.g. fpm.dynamo.backend.>")
-	fs.DurationVar(&o.stopTimeout, "stop-timeout", d.StopTimeout, "on interrupt, how long to keep writing what was already received")
 	return o
 }
 
@@ -90,6 +105,9 @@ func (o *traceOptions) config() (trace.Config, error) {
 	c.Durable = o.group
 	c.FilterSubject = o.filter
 	c.StopTimeout = o.stopTimeout
+	c.FlushInterval = o.flushInterval
+	c.MaxAckPending = o.maxAckPending
+	c.AckWait = o.ackWait
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -97,10 +115,15 @@ func (o *traceOptions) config() (trace.Config, error) {
 }
 
 func runTrace(ctx context.Context, args []string) error {
-	if len(args) > 0 && (args[0] == "backfill" || args[0] == "info") {
-		return fmt.Errorf("fpmbus trace %s: not implemented yet", args[0])
+	if len(args) > 0 {
+		switch args[0] {
+		case "backfill":
+			return runTraceBackfill(ctx, args[1:])
+		case "info":
+			return runTraceInfo(ctx, args[1:])
+		}
 	}
-	fs := newFlagSet("trace", "trace [--server URL] [--trace-mode sampled|full] [--trace-output PATH] [--group NAME] [--filter SUBJECT] …")
+	fs := newFlagSet("trace", "trace [--server URL] [--trace-mode sampled|full] [--trace-output PATH] [--group NAME] [--filter SUBJECT] …\n       fpmbus trace backfill --since T --until T | --start-seq N --end-seq M [--trace-mode …] [--trace-output …]\n       fpmbus trace info [--json] FILE|DIR…")
 	conn := connFlags(fs, "trace")
 	scfg := streamFlags(fs)
 	topts := traceFlags(fs)

@@ -8,31 +8,50 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// ErrAlreadyRunning is returned by a second call of Writer.Run.
+// ErrAlreadyRunning is returned by a second call of Writer.Run (or Backfill).
 var ErrAlreadyRunning = errors.New("trace: writer already running")
+
+// errStopping tells a caller of awaitFlush that the loop's context is done while a flush is blocked
+// (retrying a failed write): the lines stay buffered for the graceful stop.
+var errStopping = errors.New("trace: stopping")
+
+// Write retry defaults (see WithWriteRetry).
+const (
+	DefaultRetryInitial = 100 * time.Millisecond
+	DefaultRetryMax     = 30 * time.Second
+)
+
+// floorPollInterval is how often Run reads the consumer's ack floor to forget settled sequences.
+const floorPollInterval = 5 * time.Second
 
 // Writer is the trace writer: a durable pull consumer on stream FPM that turns every message into a
 // dynamo.fpm.trace.v1 line in its producer's segments (full mode) or the newest message per key and
 // interval (sampled mode), and acks a message only once the line holding it (or replacing it) is
-// fsynced.
+// fsynced. A redelivered message whose line is already written is acked and skipped (seqState,
+// recover.go); a failed write is retried with backoff, without acking, until the disk takes it again.
 //
-// Run owns every file and all run state; a Writer runs once.
+// Run (or Backfill) owns every file and all run state; a Writer runs once.
 type Writer struct {
-	cfg     Config
-	js      jetstream.JetStream
-	logger  *slog.Logger
-	now     func() time.Time
-	level   int
-	open    func(path string) (file, error)
-	metrics *metrics
-	ready   chan struct{}
-	running atomic.Bool
+	cfg        Config
+	js         jetstream.JetStream
+	logger     *slog.Logger
+	now        func() time.Time
+	level      int
+	open       func(path string) (file, error)
+	retry      func() backoff.BackOff
+	meta       metaOf
+	floorEvery time.Duration
+	wrap       func(msgSource) msgSource // tests: lose acks, inject redeliveries
+	metrics    *metrics
+	ready      chan struct{}
+	running    atomic.Bool
 
 	// Run state, owned by Run's goroutine.
 	start     time.Time
@@ -44,6 +63,14 @@ type Writer struct {
 	fl        *flusher
 	lineBuf   []byte
 	sampler   *sampler // sampled mode only
+	seqs      *seqState
+	recovery  RecoveryResult
+	// interrupt ends a wait for the flush in flight: the context during the loop, the stop deadline
+	// during the graceful stop; with stopping set the flush is then given up.
+	interrupt <-chan struct{}
+	stopping  bool
+	// Totals of this run.
+	linesWritten, invalidCount uint64
 }
 
 // producer is one producer's segment writer and the messages waiting for its lines to be durable.
@@ -58,18 +85,20 @@ type producer struct {
 // the message's own line, or for a message that needs no line (sampled mode: superseded, unchanged
 // counter, late), the lines appended before it.
 type pendingAck struct {
-	msg jetstream.Msg
-	seq uint64
+	msg  jetstream.Msg
+	seq  uint64 // line number in p.sw
+	sseq uint64 // stream sequence (seqState), 0 if unknown
 }
 
 // ackDurable acks the pending messages whose lines are durable and keeps the others.
-func (p *producer) ackDurable() (acked int, err error) {
+func (p *producer) ackDurable(seqs *seqState) (acked int, err error) {
 	durable := p.sw.Durable()
 	i := 0
 	for ; i < len(p.pending) && p.pending[i].seq <= durable; i++ {
 		if aerr := p.pending[i].msg.Ack(); aerr != nil && err == nil {
 			err = aerr
 		}
+		seqs.finish(p.pending[i].sseq)
 		p.pending[i].msg = nil
 	}
 	n := copy(p.pending, p.pending[i:])
@@ -115,8 +144,32 @@ func WithCompressionLevel(level int) Option {
 	}
 }
 
+// WithWriteRetry sets the backoff of a failed segment write (disk full, I/O error, unwritable
+// directory): exponential from initial to at most maxWait, with jitter, retried until it succeeds or
+// the writer stops (defaults DefaultRetryInitial, DefaultRetryMax).
+func WithWriteRetry(initial, maxWait time.Duration) Option {
+	return func(w *Writer) error {
+		if initial <= 0 || maxWait < initial {
+			return fmt.Errorf("%w: write retry %v..%v: want 0 < initial <= max", ErrInvalidConfig, initial, maxWait)
+		}
+		w.retry = retryPolicy(initial, maxWait)
+		return nil
+	}
+}
+
+func retryPolicy(initial, maxWait time.Duration) func() backoff.BackOff {
+	return func() backoff.BackOff {
+		b := backoff.NewExponentialBackOff()
+		b.InitialInterval = initial
+		b.MaxInterval = maxWait
+		b.MaxElapsedTime = 0 // until the disk takes the data again, or the writer stops
+		b.Reset()
+		return b
+	}
+}
+
 // New checks cfg and returns a Writer on js. Nothing is created on the server or on disk until Run.
-// Options: WithLogger, WithClock, WithCompressionLevel.
+// Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry.
 func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Writer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -125,15 +178,19 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Writer, error) {
 		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
 	}
 	w := &Writer{
-		cfg:       cfg,
-		js:        js,
-		logger:    slog.Default(),
-		now:       time.Now,
-		level:     DefaultCompressionLevel,
-		open:      createFile,
-		ready:     make(chan struct{}),
-		producers: map[string]*producer{},
-		bySegment: map[string]*producer{},
+		cfg:        cfg,
+		js:         js,
+		logger:     slog.Default(),
+		now:        time.Now,
+		level:      DefaultCompressionLevel,
+		open:       createFile,
+		retry:      retryPolicy(DefaultRetryInitial, DefaultRetryMax),
+		meta:       jsMeta,
+		floorEvery: floorPollInterval,
+		ready:      make(chan struct{}),
+		producers:  map[string]*producer{},
+		bySegment:  map[string]*producer{},
+		seqs:       newSeqState(0),
 	}
 	for _, o := range opts {
 		if err := o(w); err != nil {
@@ -146,7 +203,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Writer, error) {
 	}
 	w.metrics = m
 	if cfg.Mode == schemas.CaptureSampled {
-		w.sampler = newSampler(cfg.SampleInterval)
+		w.sampler = newSampler(cfg.SampleInterval, cfg.SampleInterval+2*cfg.FlushInterval)
 	}
 	return w, nil
 }
@@ -180,49 +237,90 @@ func (c Config) pullBatch() int {
 // the server has the acks, closes the files and returns nil. What the StopTimeout cuts off stays
 // unacked and is redelivered after AckWait.
 //
-// Before fetching, Run probes that the output directory is writable and repairs the newest segment
-// of every producer found there (RepairOutput). An error from the disk or the server ends Run with
-// that error; messages whose lines are not durable are then left unacked (redelivered).
+// Before fetching, Run probes that the output directory is writable, repairs the newest segment of
+// every producer found there (RepairOutput) and runs the recovery (recover.go): the unacked messages
+// whose lines are already on disk are skipped when redelivered. A failed write is retried with backoff
+// (WithWriteRetry) while nothing more is acked; an error that retrying cannot fix (another writer owns
+// a segment, the server is gone) ends Run with that error, leaving messages whose lines are not durable
+// unacked (redelivered).
 func (w *Writer) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
+	if err := w.prepareOutput(); err != nil {
+		return err
+	}
+	cons, err := w.js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, w.cfg.ConsumerConfig())
+	if err != nil {
+		return fmt.Errorf("trace: declare consumer %s on %s: %w", w.cfg.Durable, streams.StreamFPM, err)
+	}
+	if w.recovery, err = w.recover(ctx, cons.CachedInfo()); err != nil {
+		return err
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(w.cfg.pullBatch()))
+	if err != nil {
+		return fmt.Errorf("trace: fetch from consumer %s: %w", w.cfg.Durable, err)
+	}
+	fp := startFloorPoller(cons, w.floorEvery)
+	defer fp.stop()
+	var src msgSource = it
+	if w.wrap != nil {
+		src = w.wrap(src)
+	}
+	w.logger.Info("trace writer started", "mode", w.cfg.Mode, "output", w.cfg.OutputPath,
+		"consumer", w.cfg.Durable, "filter", w.cfg.FilterSubject)
+	return w.consume(ctx, src, fp.floors, false)
+}
+
+// Recovery returns what the startup recovery found (valid once Ready is closed).
+func (w *Writer) Recovery() RecoveryResult { return w.recovery }
+
+// prepareOutput is the startup disk step: the write probe and the torn-tail repair.
+func (w *Writer) prepareOutput() error {
 	if err := ProbeOutput(w.cfg.OutputPath); err != nil {
 		return err
 	}
 	if _, err := RepairOutput(w.cfg.OutputPath, w.logger); err != nil {
 		return fmt.Errorf("trace: startup repair: %w", err)
 	}
-	cons, err := w.js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, w.cfg.ConsumerConfig())
-	if err != nil {
-		return fmt.Errorf("trace: declare consumer %s on %s: %w", w.cfg.Durable, streams.StreamFPM, err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(w.cfg.pullBatch()))
-	if err != nil {
-		return fmt.Errorf("trace: fetch from consumer %s: %w", w.cfg.Durable, err)
-	}
-	f := startFetcher(it, w.cfg.pullBatch(), w.cfg.ProducerID)
-	w.start = w.now()
-	w.logger.Info("trace writer started", "mode", w.cfg.Mode, "output", w.cfg.OutputPath,
-		"consumer", w.cfg.Durable, "filter", w.cfg.FilterSubject)
-	w.fl = startFlusher()
-	close(w.ready)
+	return nil
+}
 
-	if err := w.loop(ctx, f); err != nil {
+// consume runs the loop over src until ctx is done or, when bounded, src ends with errEndOfRange;
+// then it stops gracefully (shutdown), or, after a failure, aborts. floors carries the consumer's ack
+// floor (nil: none).
+func (w *Writer) consume(ctx context.Context, src msgSource, floors <-chan uint64, bounded bool) error {
+	f := startFetcher(src, w.cfg.pullBatch(), w.cfg.ProducerID, w.meta)
+	w.start = w.now()
+	w.fl = startFlusher(w.retry, w.reportRetry)
+	close(w.ready)
+	if err := w.loop(ctx, f, floors, bounded); err != nil {
 		w.abort(f)
 		return err
 	}
 	return w.shutdown(f)
 }
 
-// loop handles messages and flush ticks until ctx is done (nil) or something fails.
-func (w *Writer) loop(ctx context.Context, f *fetcher) error {
+// reportRetry logs a failed write that will be retried (called from the flusher's goroutines).
+func (w *Writer) reportRetry(sw *SegmentWriter, err error, wait time.Duration) {
+	w.metrics.retries.Inc()
+	w.logger.Warn("trace writer: write failed; nothing more is acked until it succeeds, retrying",
+		"prefix", sw.Prefix(), "err", err, "retry_in", wait)
+}
+
+// loop handles messages and flush ticks until ctx is done (nil), a bounded source ends (nil) or
+// something fails.
+func (w *Writer) loop(ctx context.Context, f *fetcher, floors <-chan uint64, bounded bool) error {
 	tick := time.NewTicker(w.cfg.FlushInterval)
 	defer tick.Stop()
+	w.interrupt = ctx.Done()
 	for {
 		select {
 		case m, ok := <-f.msgs:
 			if !ok {
+				if bounded && f.ended() {
+					return nil
+				}
 				return f.failure()
 			}
 			if err := w.handle(m); err != nil {
@@ -232,6 +330,8 @@ func (w *Writer) loop(ctx context.Context, f *fetcher) error {
 			if err := w.completeFlush(res); err != nil {
 				return err
 			}
+		case floor := <-floors:
+			w.seqs.trim(floor)
 		case <-tick.C:
 			if w.sampler != nil {
 				if err := w.sampler.emitDue(w, w.now()); err != nil {
@@ -248,10 +348,14 @@ func (w *Writer) loop(ctx context.Context, f *fetcher) error {
 }
 
 // shutdown is the graceful stop: stop pulling, write every message the server delivered before it saw
-// the unsubscribe (a drained subscription receives all of them), flush, ack, close.
+// the unsubscribe (a drained subscription receives all of them), flush, ack, close. A flush that is
+// still failing at the StopTimeout is given up (its messages stay unacked).
 func (w *Writer) shutdown(f *fetcher) error {
+	stop, cancel := context.WithTimeout(context.Background(), w.cfg.StopTimeout)
+	defer cancel()
+	w.interrupt, w.stopping = stop.Done(), true
 	var err error
-	w.drain(f, func(m fetched) bool {
+	w.drain(f, stop.Done(), func(m fetched) bool {
 		err = w.handle(m)
 		return err == nil
 	})
@@ -265,13 +369,18 @@ func (w *Writer) shutdown(f *fetcher) error {
 		err = ferr
 	}
 	w.fl.stop()
-	cerr := w.closeAll()
-	if err == nil {
-		err = cerr
-	}
-	w.flushAcks()
 	if err != nil {
+		w.closeFailed()
+		if w.sampler != nil {
+			w.sampler.nakAll(w)
+		}
+		w.flushAcks()
 		return err
+	}
+	cerr := w.closeAll()
+	w.flushAcks()
+	if cerr != nil {
+		return cerr
 	}
 	w.logger.Info("trace writer stopped")
 	return nil
@@ -279,7 +388,7 @@ func (w *Writer) shutdown(f *fetcher) error {
 
 // flushAcks waits until the server has received the acks sent so far (they are fire-and-forget
 // publishes, buffered by the client): an ack lost because the process exits right after Run means a
-// line written twice.
+// redelivery (skipped by the next run's recovery, but work nonetheless).
 func (w *Writer) flushAcks() {
 	if nc := w.js.Conn(); nc != nil && !nc.IsClosed() {
 		if err := nc.FlushTimeout(w.cfg.StopTimeout); err != nil {
@@ -288,19 +397,37 @@ func (w *Writer) flushAcks() {
 	}
 }
 
-// handle turns one message into a line (or a pending sample). A message that can never be written is
-// terminated: redelivery cannot fix it.
+// handle turns one message into a line (or a pending sample). A redelivery of a message that is done
+// (acked, or written by an earlier run) is acked again and skipped; one of a message still held is
+// dropped (the held copy's ack settles it). A message that can never be written is terminated:
+// redelivery cannot fix it.
 func (w *Writer) handle(f fetched) error {
 	r := f.rec
+	if r.delivered > 1 {
+		switch held, done := w.seqs.status(r.seq); {
+		case done:
+			w.metrics.skippedWritten.Inc()
+			if err := r.msg.Ack(); err != nil {
+				w.logger.Warn("trace writer: ack of a redelivered message already written", "seq", r.seq, "err", err)
+			}
+			return nil
+		case held:
+			w.metrics.skippedHeld.Inc()
+			return nil
+		}
+	}
 	if f.err != nil {
 		m := r.msg
 		w.metrics.invalid.Inc()
+		w.invalidCount++
 		w.logger.Warn("trace writer: invalid FPM message terminated", "subject", m.Subject(), "err", f.err)
 		if terr := m.TermWithReason("fpmbus trace: " + f.err.Error()); terr != nil {
 			w.logger.Warn("trace writer: terminate", "subject", m.Subject(), "err", terr)
 		}
+		w.seqs.finish(r.seq)
 		return nil
 	}
+	w.seqs.hold(r.seq)
 	if w.sampler != nil {
 		return w.sampler.add(w, &r)
 	}
@@ -360,13 +487,11 @@ func (w *Writer) producerFor(id string) (*producer, error) {
 	return p, nil
 }
 
-// drain stops pulling and passes every message still arriving to fn (until fn returns false or
-// StopTimeout passes), then stops the fetcher. Once the drain is complete the server knows the pull
-// subscription is gone, so nothing more is delivered to it, and a nak is redelivered to someone else.
-func (w *Writer) drain(f *fetcher, fn func(fetched) bool) {
+// drain stops pulling and passes every message still arriving to fn (until fn returns false or done is
+// closed), then stops the fetcher. Once the drain is complete the server knows the pull subscription
+// is gone, so nothing more is delivered to it, and a nak is redelivered to someone else.
+func (w *Writer) drain(f *fetcher, done <-chan struct{}, fn func(fetched) bool) {
 	f.drain()
-	timer := time.NewTimer(w.cfg.StopTimeout)
-	defer timer.Stop()
 loop:
 	for {
 		select {
@@ -374,7 +499,7 @@ loop:
 			if !ok || !fn(m) {
 				break loop
 			}
-		case <-timer.C:
+		case <-done:
 			w.logger.Warn("trace writer: stop timeout; messages not yet handled will be redelivered after the ack wait",
 				"stop_timeout", w.cfg.StopTimeout, "ack_wait", w.cfg.ackWait())
 			break loop
@@ -384,34 +509,51 @@ loop:
 }
 
 // abort ends a failed run: messages whose lines are durable are acked, the others (and those still
-// arriving) naked so that they are redelivered at once; the files are closed without a flush (a member
-// written now would be acked by nobody, and its messages are redelivered anyway).
+// arriving) naked so that they are redelivered at once; a flush still retrying is given up, and the
+// files are closed without a flush (a member written now would be acked by nobody, and its messages
+// are redelivered anyway).
 func (w *Writer) abort(f *fetcher) {
+	closed := make(chan struct{})
+	close(closed)
+	w.interrupt, w.stopping = closed, true
 	// Nak only once the drain is complete: the server then knows this subscription is gone and
 	// redelivers to another one instead of back into the one being drained.
-	var unhandled []jetstream.Msg
-	w.drain(f, func(m fetched) bool {
-		unhandled = append(unhandled, m.rec.msg)
+	var unhandled []fetched
+	stop, cancel := context.WithTimeout(context.Background(), w.cfg.StopTimeout)
+	w.drain(f, stop.Done(), func(m fetched) bool {
+		unhandled = append(unhandled, m)
 		return true
 	})
+	cancel()
 	for _, m := range unhandled {
-		_ = m.Nak()
+		if held, done := w.seqs.status(m.rec.seq); m.rec.delivered > 1 && (held || done) {
+			continue // a redelivered copy of a message this writer holds or settled
+		}
+		_ = m.rec.msg.Nak()
 	}
 	_ = w.awaitFlush() // its durable lines are acked
 	w.fl.stop()
+	w.closeFailed()
+	if w.sampler != nil {
+		w.sampler.nakAll(w)
+	}
+	w.flushAcks()
+}
+
+// closeFailed acks what is durable, naks what is not and closes every file without flushing.
+func (w *Writer) closeFailed() {
 	for _, p := range w.bySegment {
-		_, _ = p.ackDurable()
+		n, _ := p.ackDurable(w.seqs)
+		w.waiting -= n
 		for _, pa := range p.pending {
 			_ = pa.msg.Nak()
+			w.seqs.release(pa.sseq)
 		}
+		w.waiting -= len(p.pending)
 		p.pending = nil
 		p.sw.closeFile()
 		p.sw.closed = true
 	}
-	if w.sampler != nil {
-		w.sampler.nakAll()
-	}
-	w.flushAcks()
 }
 
 // closeAll closes every segment writer (they have been flushed).
@@ -421,4 +563,99 @@ func (w *Writer) closeAll() error {
 		err = errors.Join(err, p.sw.Close())
 	}
 	return err
+}
+
+// release hands the given producers back (the seam for a partitioned group's "on revoked"): their
+// pending samples are written, their lines flushed and fsynced, their messages acked, their files
+// closed, and the writer forgets them (a later message of theirs starts a new segment).
+func (w *Writer) release(ids []string) error {
+	ps := map[*producer]bool{}
+	var list []*producer
+	for _, id := range ids {
+		if p, ok := w.producers[id]; ok && !ps[p] {
+			ps[p] = true
+			list = append(list, p)
+		}
+	}
+	if len(list) == 0 {
+		return nil
+	}
+	if w.sampler != nil {
+		if err := w.sampler.emitProducers(w, ps); err != nil {
+			return err
+		}
+	}
+	if err := w.submit(list); err != nil {
+		return err
+	}
+	if err := w.awaitFlush(); err != nil {
+		return err
+	}
+	var err error
+	for _, p := range list {
+		n, aerr := p.ackDurable(w.seqs)
+		w.waiting -= n
+		if aerr != nil {
+			w.logger.Warn("trace writer: ack failed; the message will be redelivered and skipped", "err", aerr)
+		}
+		if len(p.pending) > 0 {
+			err = errors.Join(err, fmt.Errorf("trace: release %s: %d messages not durable", p.sw.Prefix(), len(p.pending)))
+		}
+		err = errors.Join(err, p.sw.Close())
+		delete(w.bySegment, p.sw.Prefix())
+	}
+	for id, p := range w.producers {
+		if ps[p] {
+			delete(w.producers, id)
+		}
+	}
+	if w.sampler != nil {
+		w.sampler.forget(ps)
+	}
+	return err
+}
+
+// floorPoller reads the durable consumer's ack floor every so often, off the loop; the loop trims
+// seqState with it. It owns one goroutine; stop ends it.
+type floorPoller struct {
+	floors chan uint64
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startFloorPoller(cons jetstream.Consumer, every time.Duration) *floorPoller {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &floorPoller{floors: make(chan uint64, 1), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			ictx, icancel := context.WithTimeout(ctx, every)
+			ci, err := cons.Info(ictx)
+			icancel()
+			if err != nil {
+				continue
+			}
+			select {
+			case <-p.floors: // replace a value not yet taken
+			default:
+			}
+			select {
+			case p.floors <- ci.AckFloor.Stream:
+			default:
+			}
+		}
+	}()
+	return p
+}
+
+func (p *floorPoller) stop() {
+	p.cancel()
+	<-p.done
 }

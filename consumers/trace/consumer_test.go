@@ -3,14 +3,12 @@ package trace
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -362,42 +360,6 @@ func TestFullModeGolden(t *testing.T) {
 	if !bytes.Equal(got.Bytes(), want) {
 		t.Fatalf("output differs from %s:\n got:\n%s\nwant:\n%s", golden, got.Bytes(), want)
 	}
-}
-
-func TestDiskFailureLosesNothingAndDuplicatesNothing(t *testing.T) {
-	env := streamstest.Start(t)
-	msgs, published := manyFPMs(t, testKeys(4), 2000, 1_782_777_600_000)
-	publish(t, env.JS, msgs)
-	cfg := testConfig(t)
-	cfg.BufferSize = 16 << 10 // many flushes
-	cfg.MaxSegments = 1000
-
-	// The first run's files fail their third write with a short write (disk full).
-	w, err := New(cfg, env.JS, WithLogger(testLogger(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.open = func(path string) (file, error) {
-		f, err := createFile(path)
-		if err != nil {
-			return nil, err
-		}
-		return &faultyFile{file: f, failWrite: 3}, nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = w.Run(ctx)
-	if !errors.Is(err, syscall.ENOSPC) || !strings.Contains(err.Error(), ".000000.jsonl.gz") {
-		t.Fatalf("Run = %v, want ENOSPC naming the segment", err)
-	}
-
-	// The next run repairs the torn tails and writes what was not acked, exactly once.
-	r := startWriter(t, cfg, env.JS)
-	waitConsumed(t, env.JS, cfg.Durable)
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
 }
 
 func TestSampledMode(t *testing.T) {

@@ -9,13 +9,26 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// fetcher moves messages from a pull iterator (which blocks in Next) onto a channel, so that Run can
+// msgSource is where the writer's messages come from: the seam between the consumer loop and the
+// consumer. Run uses the durable pull consumer's iterator (jetstream.MessagesContext), a backfill an
+// ordered consumer's, bounded to its range; a partitioned group (consumers/partition) can hand a
+// partition's messages through the same three calls. Next blocks until a message arrives or the
+// source ends (then it returns an error; jetstream.ErrMsgIteratorClosed after Drain or Stop). Drain
+// stops pulling but lets Next return what was already received; Stop ends at once.
+type msgSource interface {
+	Next(...jetstream.NextOpt) (jetstream.Msg, error)
+	Drain()
+	Stop()
+}
+
+// fetcher moves messages from a msgSource (which blocks in Next) onto a channel, so that the loop can
 // select between messages, flush ticks and its context. It also parses them (parseRecord), so that
 // checking the next messages overlaps with writing the previous ones. It owns one goroutine; stop ends
 // it and waits. The msgs channel is always closed when the goroutine ends.
 type fetcher struct {
-	it       jetstream.MessagesContext
+	it       msgSource
 	producer string // Config.ProducerID
+	meta     metaOf
 	msgs     chan fetched
 	quit     chan struct{}
 	done     chan struct{}
@@ -30,10 +43,11 @@ type fetched struct {
 	err error  // the message can never be written
 }
 
-func startFetcher(it jetstream.MessagesContext, buffer int, producerOverride string) *fetcher {
+func startFetcher(it msgSource, buffer int, producerOverride string, meta metaOf) *fetcher {
 	f := &fetcher{
 		it:       it,
 		producer: producerOverride,
+		meta:     meta,
 		msgs:     make(chan fetched, buffer),
 		quit:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -53,13 +67,22 @@ func (f *fetcher) run() {
 			}
 			return
 		}
-		r, err := parseRecord(m, f.producer)
+		r, err := parseRecord(m, f.producer, f.meta)
 		select {
 		case f.msgs <- fetched{rec: r, err: err}:
 		case <-f.quit:
 			return
 		}
 	}
+}
+
+// errEndOfRange ends a bounded source (a backfill's range): the loop then stops gracefully.
+var errEndOfRange = errors.New("trace: end of range")
+
+// ended reports whether the source ended because its range is complete.
+func (f *fetcher) ended() bool {
+	<-f.done
+	return errors.Is(f.err, errEndOfRange)
 }
 
 // failure is the error to return when msgs closed without drain or stop.

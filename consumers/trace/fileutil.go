@@ -9,10 +9,11 @@ import (
 )
 
 // file is what a SegmentWriter needs from a segment file. *os.File implements it; tests inject short
-// writes and failing syncs by embedding it.
+// writes, failing syncs and failing truncates by embedding it.
 type file interface {
 	io.Writer
 	Sync() error
+	Truncate(size int64) error
 	Close() error
 }
 

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/cenkalti/backoff/v4"
 )
 
 // Flushing: the consumer loop hands batches of buffered lines to the flusher goroutine, which
@@ -14,12 +16,22 @@ import (
 // while the loop goes on receiving and buffering. When a flush completes, the loop acks the messages
 // whose lines it made durable. At most one flush is in flight: a second one waits for the first,
 // which bounds memory and unacked messages.
+//
+// A failed write does not end the run: the flusher cuts the segment back to its last fsynced member,
+// waits (exponential backoff), and writes the batch again into a new segment, until the disk takes it
+// (see SegmentWriter.writeBatchRetry). Meanwhile the flush stays in flight: the loop acks nothing more,
+// blocks at its next flush, and the server stops delivering at MaxAckPending, keeping the messages.
+// Only the stop deadline (or a failure elsewhere) gives a retrying flush up.
 
-// flusher runs writeBatch off the consumer loop. It owns one goroutine; stop ends it.
+// flusher runs writeBatchRetry off the consumer loop. It owns one goroutine; stop ends it.
 type flusher struct {
 	reqs     chan []flushJob
 	done     chan flushResult // the result of the flush in flight
 	exited   chan struct{}
+	giveUp   chan struct{} // closed: retrying writes return their error
+	once     sync.Once
+	retry    func() backoff.BackOff
+	report   func(sw *SegmentWriter, err error, wait time.Duration)
 	inflight bool // owned by the consumer loop
 }
 
@@ -36,14 +48,32 @@ type flushResult struct {
 	took time.Duration
 }
 
-func startFlusher() *flusher {
+// startFlusher starts the flusher; retry (nil: no retry) makes the backoff of a failed write, report
+// is told of every retry.
+func startFlusher(retry func() backoff.BackOff, report func(sw *SegmentWriter, err error, wait time.Duration)) *flusher {
 	fl := &flusher{
 		reqs:   make(chan []flushJob),
 		done:   make(chan flushResult, 1),
 		exited: make(chan struct{}),
+		giveUp: make(chan struct{}),
+		retry:  retry,
+		report: report,
 	}
 	go fl.run()
 	return fl
+}
+
+func (fl *flusher) write(j *flushJob) {
+	var bo backoff.BackOff
+	if fl.retry != nil {
+		bo = fl.retry()
+	}
+	j.err = j.p.sw.writeBatchRetry(j.b, fl.giveUp, bo, fl.report)
+}
+
+// abandon gives up the writes still retrying.
+func (fl *flusher) abandon() {
+	fl.once.Do(func() { close(fl.giveUp) })
 }
 
 func (fl *flusher) run() {
@@ -52,7 +82,7 @@ func (fl *flusher) run() {
 	for jobs := range fl.reqs {
 		t0 := time.Now()
 		if len(jobs) == 1 {
-			jobs[0].err = jobs[0].p.sw.writeBatch(jobs[0].b)
+			fl.write(&jobs[0])
 		} else {
 			var wg sync.WaitGroup
 			for i := range jobs {
@@ -60,7 +90,7 @@ func (fl *flusher) run() {
 				sem <- struct{}{}
 				go func() {
 					defer wg.Done()
-					jobs[i].err = jobs[i].p.sw.writeBatch(jobs[i].b)
+					fl.write(&jobs[i])
 					<-sem
 				}()
 			}
@@ -81,9 +111,14 @@ func (w *Writer) flush() error {
 	return w.submit(w.dirty)
 }
 
-// submit hands ps's buffered lines to the flusher, after waiting for the flush in flight, if any.
+// submit hands ps's buffered lines to the flusher, after waiting for the flush in flight, if any. If
+// the loop's context ends while that flush is blocked (a write retrying), the lines stay buffered for
+// the graceful stop.
 func (w *Writer) submit(ps []*producer) error {
 	if err := w.awaitFlush(); err != nil {
+		if errors.Is(err, errStopping) {
+			return nil
+		}
 		return err
 	}
 	var jobs []flushJob
@@ -105,11 +140,21 @@ func (w *Writer) submit(ps []*producer) error {
 	return nil
 }
 
-// awaitFlush waits for the flush in flight, if any, and completes it.
+// awaitFlush waits for the flush in flight, if any, and completes it. When w.interrupt closes first,
+// it returns errStopping during the loop; while stopping, it gives the flush up and completes it.
 func (w *Writer) awaitFlush() error {
 	if !w.fl.inflight {
 		return nil
 	}
+	select {
+	case res := <-w.fl.done:
+		return w.completeFlush(res)
+	case <-w.interrupt:
+	}
+	if !w.stopping {
+		return errStopping
+	}
+	w.fl.abandon()
 	return w.completeFlush(<-w.fl.done)
 }
 
@@ -128,6 +173,7 @@ func (w *Writer) completeFlush(res flushResult) error {
 		written += j.lines
 	}
 	w.metrics.writtenMode.Add(float64(written))
+	w.linesWritten += uint64(written)
 	w.ackAll()
 	if failed != nil {
 		return fmt.Errorf("trace: flush: %w", failed)
@@ -144,10 +190,10 @@ func (w *Writer) ackAll() {
 		if len(p.pending) == 0 {
 			continue
 		}
-		n, err := p.ackDurable()
+		n, err := p.ackDurable(w.seqs)
 		w.waiting -= n
 		if err != nil {
-			w.logger.Warn("trace writer: ack failed; the message will be redelivered and written again", "err", err)
+			w.logger.Warn("trace writer: ack failed; the message will be redelivered (and skipped: its line is written)", "err", err)
 		}
 	}
 }

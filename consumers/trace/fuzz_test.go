@@ -1,10 +1,15 @@
 package trace
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // FuzzReadSegment reads arbitrary bytes as a segment: it must never panic, and it either delivers
@@ -52,6 +57,103 @@ func FuzzReadSegment(f *testing.F) {
 		}
 		if after != before {
 			t.Fatalf("lines after Repair %d, before %d", after, before)
+		}
+	})
+}
+
+// FuzzCheckFPM: the writer's fast path accepts only bodies that schemas.ParseFPMJSON accepts, with the
+// same worker_id, dp_rank and counter_id; checkFPM fails exactly when ParseFPMJSON fails. Seeds: the
+// codec's canonical bodies (which must take the fast path) and near misses.
+func FuzzCheckFPM(f *testing.F) {
+	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w-1_x", DPRank: 3}
+	for _, tf := range []testFPM{{key: k, counter: 0}, {key: k, counter: 123456789, heartbeat: true}, {key: streams.Key{}, counter: 7}} {
+		b := tf.body(f)
+		f.Add(b)
+		f.Add(bytes.Replace(b, []byte(`"dp_rank":3`), []byte(`"dp_rank":-3`), 1))
+		f.Add(bytes.Replace(b, []byte(`"version":1`), []byte(`"version":2`), 1))
+		f.Add(bytes.Replace(b, []byte(`0.0`), []byte(`1e400`), 1))
+		f.Add(bytes.Replace(b, []byte(`"counter_id":`), []byte(`"counter_id":00`), 1))
+		f.Add(append(append([]byte(nil), b[:len(b)-2]...), `,"x":1}}`...))
+		f.Add(bytes.Replace(b, []byte(`"worker_id":"`), []byte(`"worker_id":"\u00e9`), 1))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		want, werr := schemas.ParseFPMJSON(body)
+		if id, ok := fastFPM(body); ok {
+			if werr != nil {
+				t.Fatalf("fast path accepted a body ParseFPMJSON rejects (%v): %q", werr, body)
+			}
+			if id.workerID != want.WorkerID || id.dpRank != want.DPRank || id.counterID != want.CounterID {
+				t.Fatalf("fast path read %+v, ParseFPMJSON %q/%d/%d: %q", id, want.WorkerID, want.DPRank, want.CounterID, body)
+			}
+		}
+		id, err := checkFPM(body)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("checkFPM error %v, ParseFPMJSON error %v: %q", err, werr, body)
+		}
+		if err == nil && (id.workerID != want.WorkerID || id.dpRank != want.DPRank || id.counterID != want.CounterID) {
+			t.Fatalf("checkFPM read %+v: %q", id, body)
+		}
+	})
+}
+
+func TestFastPathTakesTheCanonicalBodies(t *testing.T) {
+	for name, tf := range map[string]testFPM{
+		"a forward pass": {key: streams.Key{WorkerID: "4192", DPRank: 1}, counter: 42},
+		"a heartbeat":    {key: streams.Key{WorkerID: "4192"}, counter: 43, heartbeat: true},
+		"empty worker":   {key: streams.Key{}, counter: 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := tf.body(t)
+			id, ok := fastFPM(b)
+			if !ok || id.workerID != tf.key.WorkerID || id.dpRank != int64(tf.key.DPRank) || id.counterID != tf.counter {
+				t.Fatalf("fastFPM = %+v, %v for %s", id, ok, b)
+			}
+		})
+	}
+}
+
+// FuzzInfo reads arbitrary bytes as a segment: Info never panics; it either reports (a damaged tail
+// with an offset inside the file) or fails with ErrNotGzip or ErrNotTrace (a *LineError naming the
+// file and line). Seeds: a writer-made segment, text, other JSON.
+func FuzzInfo(f *testing.F) {
+	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w"}
+	m := testFPM{key: k, counter: 1, receivedMs: 1000}.msg(f)
+	r, err := parseRecord(&ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}}, "", nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	line := string(appendLine(nil, &r, 0, schemas.CaptureFull))
+	f.Add(append(member(f, line+"\n"), member(f, line+"\n"+line+"\n")...))
+	f.Add(member(f, strings.Replace(line, "full", "bogus", 1)+"\n"))
+	f.Add(member(f, "{\"a\":1}\n"))
+	f.Add([]byte("not gzip"))
+	dir := f.TempDir()
+	defer func(n int) { maxMemberBytes = n }(maxMemberBytes)
+	maxMemberBytes = 1 << 20
+	f.Fuzz(func(t *testing.T, data []byte) {
+		path := filepath.Join(dir, "t.w.000000.jsonl.gz")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Info([]string{path})
+		if err != nil {
+			var le *LineError
+			switch {
+			case errors.Is(err, ErrNotGzip):
+			case errors.Is(err, ErrNotTrace) && errors.As(err, &le) && le.Segment == path && le.Line > 0:
+			default:
+				t.Fatalf("unexpected error %v", err)
+			}
+			return
+		}
+		for _, d := range rep.Damaged {
+			if d.Offset < 0 || d.Offset > int64(len(data)) {
+				t.Fatalf("damage offset %d outside %d bytes", d.Offset, len(data))
+			}
+		}
+		var buf bytes.Buffer
+		if err := rep.WriteText(&buf); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

@@ -12,7 +12,11 @@ type metrics struct {
 	invalid     prometheus.Counter
 	rolled      prometheus.Counter
 	flush       prometheus.Histogram
+	retries     prometheus.Counter
+	skipped     *prometheus.CounterVec
 	writtenMode prometheus.Counter // written.WithLabelValues(mode), resolved once
+	// skipped.WithLabelValues("written") and ("held"), resolved once
+	skippedWritten, skippedHeld prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
@@ -34,6 +38,14 @@ func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
 			Help:    "Time to compress, write and fsync one flush of every dirty segment, before acking.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fpmbus_trace_write_retries_total",
+			Help: "Failed segment writes (disk full, I/O error) retried after a backoff; nothing is acked meanwhile.",
+		}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fpmbus_trace_redelivered_skipped_total",
+			Help: "Redelivered FPM messages not written again: written (line already on disk, acked again) or held (a copy is waiting for its flush).",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
 		var err error
@@ -49,8 +61,16 @@ func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
 		if m.flush, err = register(reg, m.flush); err != nil {
 			return nil, err
 		}
+		if m.retries, err = register(reg, m.retries); err != nil {
+			return nil, err
+		}
+		if m.skipped, err = register(reg, m.skipped); err != nil {
+			return nil, err
+		}
 	}
 	m.writtenMode = m.written.WithLabelValues(mode)
+	m.skippedWritten = m.skipped.WithLabelValues("written")
+	m.skippedHeld = m.skipped.WithLabelValues("held")
 	return m, nil
 }
 

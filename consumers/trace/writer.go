@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/klauspost/compress/gzip"
 )
 
@@ -34,6 +36,11 @@ var ErrWriterClosed = errors.New("trace: segment writer closed")
 //     oldest segments of the prefix are removed until MaxSegments remain, the active one included.
 //     Files whose names do not match the prefix exactly are never touched.
 //   - It starts at NextSegmentIndex(prefix): a segment left by an earlier run is never appended to.
+//   - A write that fails (short write, failed fsync, full disk) leaves the file with a torn tail. The
+//     trace Writer's flusher then abandons the segment (writeBatchRetry): it cuts the file back to its
+//     last fsynced member, fsyncs and closes it, and after a backoff writes the lines again into a new
+//     segment, one index up; every later segment moves up by one too. So no segment but the newest
+//     ever has a torn tail, and a line is in exactly one segment. Flush, used alone, does not retry.
 //
 // The writer has two sides. The line side (Append, Buffered, Appended, Durable) only touches memory;
 // the file side (compress, write, fsync, roll the file, prune) runs in Flush, or, for the trace Writer,
@@ -63,6 +70,8 @@ type SegmentWriter struct {
 	open   func(path string) (file, error)
 	f      file   // open segment file, nil before its first write
 	fIndex uint64 // index of f
+	fSize  int64  // bytes of f written and fsynced (whole members)
+	shift  uint64 // segments abandoned after a failed write: file index = line-side index + shift
 	zw     *gzip.Writer
 	zbuf   bytes.Buffer
 }
@@ -119,7 +128,9 @@ func newSegmentWriter(prefix string, rollBytes int64, maxSegments, level int, lo
 // Prefix is the writer's segment prefix.
 func (w *SegmentWriter) Prefix() string { return w.prefix }
 
-// Path is the file of the segment the next line goes to (it may not exist yet).
+// Path is the file of the segment the next line goes to (it may not exist yet). After a failed write
+// the files are numbered higher (see SegmentWriter); Path then names the segment the line would have
+// gone to.
 func (w *SegmentWriter) Path() string { return SegmentPath(w.prefix, w.index) }
 
 // Buffered is the number of uncompressed bytes waiting for Flush.
@@ -204,19 +215,99 @@ func (w *SegmentWriter) complete(b batch, err error) error {
 // writeBatch is the file side: each chunk becomes one gzip member, written with one write and fsynced;
 // a chunk of a new segment first closes the previous segment's file. It touches only file-side fields.
 func (w *SegmentWriter) writeBatch(b batch) error {
-	for _, c := range b.chunks {
+	_, err := w.writeChunks(b.chunks)
+	return err
+}
+
+// writeChunks writes chunks in order and returns how many were written completely.
+func (w *SegmentWriter) writeChunks(chunks []chunk) (int, error) {
+	for i, c := range chunks {
 		if len(c.data) == 0 {
 			continue
 		}
 		if err := w.writeChunk(c); err != nil {
-			return err
+			return i, err
 		}
 	}
+	return len(chunks), nil
+}
+
+// writeBatchRetry writes b like writeBatch, but retries a failed chunk: it waits bo's next backoff
+// (report is told), abandons the segment (cut back to its last fsynced member, fsynced, closed; see
+// abandon) and writes the chunk again into a new segment, until it succeeds or stop is closed; then
+// it returns the last error. An error that retrying cannot fix (the segment file exists already:
+// another writer owns the producer) is returned at once, as is any error when bo is nil.
+func (w *SegmentWriter) writeBatchRetry(b batch, stop <-chan struct{}, bo backoff.BackOff, report func(*SegmentWriter, error, time.Duration)) error {
+	chunks := b.chunks
+	for retried := false; ; retried = true {
+		n, err := w.writeChunks(chunks)
+		if err == nil {
+			if retried {
+				w.logger.Info("trace segment write succeeded after retrying", "segment", SegmentPath(w.prefix, w.fIndex))
+			}
+			return nil
+		}
+		chunks = chunks[n:]
+		if bo == nil || errors.Is(err, os.ErrExist) {
+			return err
+		}
+		for {
+			wait := bo.NextBackOff()
+			if wait == backoff.Stop {
+				return err
+			}
+			if report != nil {
+				report(w, err, wait)
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-stop:
+				t.Stop()
+				return err
+			case <-t.C:
+			}
+			aerr := w.abandon()
+			if aerr == nil {
+				break
+			}
+			err = aerr
+		}
+	}
+}
+
+// abandon gives up the open segment after a failed write: it cuts the file back to the bytes that were
+// fsynced (whole members), fsyncs and closes it, and moves the following segments one index up. A file
+// left empty is removed. Until abandon succeeds the file stays the newest, so a crash meanwhile leaves
+// a torn tail only where the startup repair looks.
+func (w *SegmentWriter) abandon() error {
+	if w.f == nil {
+		return nil // the failure was creating the file: nothing to cut
+	}
+	path := SegmentPath(w.prefix, w.fIndex)
+	if err := w.f.Truncate(w.fSize); err != nil {
+		return fmt.Errorf("cut segment %s back to byte %d: %w", path, w.fSize, err)
+	}
+	if err := w.f.Sync(); err != nil {
+		return fmt.Errorf("sync segment %s after cutting it back to byte %d: %w", path, w.fSize, err)
+	}
+	if err := w.f.Close(); err != nil {
+		w.logger.Warn("trace segment abandoned: close", "segment", path, "err", err)
+	}
+	w.f = nil
+	w.shift++
+	if w.fSize == 0 {
+		if err := os.Remove(path); err == nil {
+			_ = syncDir(filepath.Dir(path))
+		}
+	}
+	w.logger.Warn("trace segment abandoned after a failed write; its lines go to the next segment",
+		"segment", path, "offset", w.fSize, "next", SegmentPath(w.prefix, w.fIndex+1))
 	return nil
 }
 
 func (w *SegmentWriter) writeChunk(c chunk) error {
-	path := SegmentPath(w.prefix, c.index)
+	idx := c.index + w.shift
+	path := SegmentPath(w.prefix, idx)
 	w.zbuf.Reset()
 	w.zw.Reset(&w.zbuf)
 	if _, err := w.zw.Write(c.data); err != nil {
@@ -225,12 +316,12 @@ func (w *SegmentWriter) writeChunk(c chunk) error {
 	if err := w.zw.Close(); err != nil {
 		return fmt.Errorf("compress segment %s: %w", path, err)
 	}
-	if w.f != nil && w.fIndex != c.index {
+	if w.f != nil && w.fIndex != idx {
 		// The previous segment is complete: its last member was fsynced when written.
 		f := w.f
 		w.f = nil
 		if err := f.Close(); err != nil {
-			return fmt.Errorf("close segment %s: %w", SegmentPath(w.prefix, w.fIndex), err)
+			w.logger.Warn("trace segment close", "segment", SegmentPath(w.prefix, w.fIndex), "err", err)
 		}
 	}
 	first := w.f == nil
@@ -242,25 +333,26 @@ func (w *SegmentWriter) writeChunk(c chunk) error {
 			}
 			return fmt.Errorf("create segment %s: %w", path, err)
 		}
-		w.f, w.fIndex = f, c.index
+		w.f, w.fIndex, w.fSize = f, idx, 0
 	}
 	member := w.zbuf.Bytes()
 	if n, err := w.f.Write(member); err != nil || n != len(member) {
 		if err == nil {
 			err = fmt.Errorf("short write: %d of %d bytes", n, len(member))
 		}
-		return fmt.Errorf("write segment %s: %w", path, err)
+		return fmt.Errorf("write segment %s at byte %d: %w", path, w.fSize, err)
 	}
 	if err := w.f.Sync(); err != nil {
-		return fmt.Errorf("sync segment %s: %w", path, err)
+		return fmt.Errorf("sync segment %s at byte %d: %w", path, w.fSize, err)
 	}
 	if first {
 		// The new file's directory entry must be durable too, before any line in it is acked.
 		if err := syncDir(filepath.Dir(path)); err != nil {
 			return fmt.Errorf("sync directory of %s: %w", path, err)
 		}
-		w.prune(c.index)
+		w.prune(idx)
 	}
+	w.fSize += int64(len(member))
 	return nil
 }
 

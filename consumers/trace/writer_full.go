@@ -13,6 +13,6 @@ func (w *Writer) handleFull(r *record) error {
 	if err := w.write(p, r); err != nil {
 		return err
 	}
-	p.pending = append(p.pending, pendingAck{msg: r.msg, seq: p.sw.Appended()})
+	p.pending = append(p.pending, pendingAck{msg: r.msg, seq: p.sw.Appended(), sseq: r.seq})
 	return w.account(p, 1)
 }

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// runTraceBackfill is `fpmbus trace backfill`: replay a range of stream FPM into trace segments with an
+// ordered consumer (no durable consumer is created or touched; nothing is acked), through the trace
+// writer's own code path.
+func runTraceBackfill(ctx context.Context, args []string) error {
+	fs := newFlagSet("trace backfill", "trace backfill [--server URL] (--since T [--until T] | --start-seq N [--end-seq M]) [--trace-mode sampled|full] [--trace-output PATH] …\n\n"+
+		"Times are RFC 3339 (2026-06-30T12:00:00Z) or Unix milliseconds, compared with the stream's\n"+
+		"timestamps; bounds are inclusive, an open end is the stream's last message at the start.")
+	conn := connFlags(fs, "trace-backfill")
+	topts := traceOutputFlags(fs)
+	since := fs.String("since", "", "replay messages stored at or after this time")
+	until := fs.String("until", "", "replay messages stored at or before this time")
+	startSeq := fs.Uint64("start-seq", 0, "first stream sequence to replay")
+	endSeq := fs.Uint64("end-seq", 0, "last stream sequence to replay")
+	progress := fs.String("progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := topts.config()
+	if err != nil {
+		return err
+	}
+	rng := trace.BackfillRange{StartSeq: *startSeq, EndSeq: *endSeq}
+	if rng.Since, err = parseTime("--since", *since); err != nil {
+		return err
+	}
+	if rng.Until, err = parseTime("--until", *until); err != nil {
+		return err
+	}
+	if (rng.StartSeq != 0 || rng.EndSeq != 0) && (*since != "" || *until != "") {
+		return fmt.Errorf("%w: --since/--until and --start-seq/--end-seq select the range in two ways: use one", errUsage)
+	}
+	show, err := progressMode(*progress, os.Stderr)
+	if err != nil {
+		return err
+	}
+	if err := trace.ProbeOutput(cfg.OutputPath); err != nil {
+		return err
+	}
+
+	nc, err := streams.Connect(*conn)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()))
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	rep := newProgress(show, os.Stderr)
+	res, err := w.Backfill(ctx, rng, rep.update)
+	rep.finish()
+	if err != nil {
+		if errors.Is(err, trace.ErrBadRange) {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		return err
+	}
+	if res.Messages == 0 {
+		fmt.Println("backfill: the range holds no message on", cfg.FilterSubject)
+		return nil
+	}
+	fmt.Printf("backfill: %d messages (stream sequences %d..%d) -> %d %s lines under %s", res.Messages, res.FirstSeq, res.LastSeq, res.Lines, cfg.Mode, cfg.OutputPath)
+	if res.Invalid > 0 {
+		fmt.Printf(", %d invalid skipped", res.Invalid)
+	}
+	fmt.Println()
+	return nil
+}
+
+// parseTime parses a bound: RFC 3339 (with or without fraction) or Unix milliseconds; "" is open.
+func parseTime(flagName, v string) (time.Time, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms >= 0 {
+		return time.UnixMilli(ms), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: %s %q: want RFC 3339 (2026-06-30T12:00:00Z) or Unix milliseconds", errUsage, flagName, v)
+	}
+	return t, nil
+}
+
+type progressKind int
+
+const (
+	progressNone progressKind = iota
+	progressBar
+	progressLines
+)
+
+func progressMode(v string, out *os.File) (progressKind, error) {
+	switch v {
+	case "auto":
+		if term.IsTerminal(int(out.Fd())) {
+			return progressBar, nil
+		}
+		return progressLines, nil
+	case "bar":
+		return progressBar, nil
+	case "lines":
+		return progressLines, nil
+	case "none":
+		return progressNone, nil
+	}
+	return 0, fmt.Errorf("%w: --progress %q: want auto, bar, lines or none", errUsage, v)
+}
+
+// progress shows a backfill's progress: a bar on a terminal, a line every few seconds otherwise.
+type progress struct {
+	kind  progressKind
+	out   io.Writer
+	bar   *progressbar.ProgressBar
+	total uint64
+	last  time.Time
+	done  uint64
+}
+
+// progressLineEvery is how often plain progress lines are printed.
+const progressLineEvery = 2 * time.Second
+
+func newProgress(kind progressKind, out io.Writer) *progress {
+	return &progress{kind: kind, out: out, last: time.Now()}
+}
+
+// update is the Backfill progress callback (called from one goroutine at a time).
+func (p *progress) update(bp trace.BackfillProgress) {
+	p.done = bp.Done
+	switch p.kind {
+	case progressBar:
+		if p.bar == nil || bp.Total != p.total {
+			if p.bar == nil {
+				p.bar = progressbar.NewOptions64(int64(bp.Total),
+					progressbar.OptionSetWriter(p.out),
+					progressbar.OptionSetDescription("backfill"),
+					progressbar.OptionShowCount(),
+					progressbar.OptionShowIts(),
+					progressbar.OptionSetItsString("msg"),
+					progressbar.OptionSetPredictTime(true),
+					progressbar.OptionThrottle(100*time.Millisecond),
+					progressbar.OptionFullWidth())
+			} else {
+				p.bar.ChangeMax64(int64(bp.Total))
+			}
+			p.total = bp.Total
+		}
+		_ = p.bar.Set64(int64(bp.Done))
+	case progressLines:
+		if time.Since(p.last) < progressLineEvery && bp.Done < bp.Total {
+			return
+		}
+		p.last = time.Now()
+		pct := 100.0
+		if bp.Total > 0 {
+			pct = 100 * float64(bp.Done) / float64(bp.Total)
+		}
+		fmt.Fprintf(p.out, "backfill: %d/%d messages (%.0f%%), stream sequence %d\n", bp.Done, bp.Total, pct, bp.Seq)
+		p.total = bp.Total
+	}
+}
+
+func (p *progress) finish() {
+	if p.bar != nil {
+		_ = p.bar.Finish()
+		fmt.Fprintln(p.out)
+	}
+}

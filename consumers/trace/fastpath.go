@@ -1,0 +1,133 @@
+package trace
+
+import (
+	"github.com/fpmbus/fpmbus/schemas"
+)
+
+// The writer needs three values from an FPM body — worker_id, dp_rank, counter_id — and the verdict
+// of schemas.ParseFPMJSON on it. Parsing every body into a tree for that is the writer's largest cost
+// per message, while almost every body is the bridge's canonical JSON of a Dynamo FPM: the same fields
+// in the same order, plain numbers, an ASCII worker_id. checkFPM recognises exactly that shape with one
+// pass over the bytes and accepts it; anything else (other field order, unknown fields, whitespace,
+// escapes, non-ASCII, exponents, negative numbers, over 18 digits) goes to schemas.ParseFPMJSON. The
+// fast path only ever accepts, so the validation is schemas' own: every body it accepts is one that
+// ParseFPMJSON accepts with the same three values (every field present, version 1, a string
+// worker_id, integers >= 0 that fit an int64, finite numbers >= 0, valid UTF-8, no duplicate key).
+// FuzzCheckFPM checks that against ParseFPMJSON.
+
+// fpmIdent is what the writer keeps of a valid FPM body.
+type fpmIdent struct {
+	workerID  string
+	dpRank    int64
+	counterID int64
+}
+
+// checkFPM validates body by the rules of schemas.ParseFPMJSON and returns its identity.
+func checkFPM(body []byte) (fpmIdent, error) {
+	if id, ok := fastFPM(body); ok {
+		return id, nil
+	}
+	f, err := schemas.ParseFPMJSON(body)
+	if err != nil {
+		return fpmIdent{}, err
+	}
+	return fpmIdent{workerID: f.WorkerID, dpRank: f.DPRank, counterID: f.CounterID}, nil
+}
+
+// fpmTemplate is the canonical FPM object: literal text between the values, a value kind after each.
+var fpmTemplate = [...]struct {
+	lit  string
+	kind byte // 's' ASCII string, 'i' integer, 'f' number with a fraction, 0: end
+}{
+	{`{"version":1,"worker_id":"`, 's'},
+	{`","dp_rank":`, 'i'},
+	{`,"counter_id":`, 'i'},
+	{`,"wall_time":`, 'f'},
+	{`,"scheduled_requests":{"num_prefill_requests":`, 'i'},
+	{`,"sum_prefill_tokens":`, 'i'},
+	{`,"var_prefill_length":`, 'f'},
+	{`,"sum_prefill_kv_tokens":`, 'i'},
+	{`,"num_decode_requests":`, 'i'},
+	{`,"sum_decode_kv_tokens":`, 'i'},
+	{`,"var_decode_kv_tokens":`, 'f'},
+	{`},"queued_requests":{"num_prefill_requests":`, 'i'},
+	{`,"sum_prefill_tokens":`, 'i'},
+	{`,"var_prefill_length":`, 'f'},
+	{`,"num_decode_requests":`, 'i'},
+	{`,"sum_decode_kv_tokens":`, 'i'},
+	{`,"var_decode_kv_tokens":`, 'f'},
+	{`}}`, 0},
+}
+
+// maxFastDigits keeps every integer within int64 and every number finite.
+const maxFastDigits = 18
+
+// fastFPM matches body against fpmTemplate; ok is false for anything else.
+func fastFPM(body []byte) (id fpmIdent, ok bool) {
+	p := 0
+	ints := 0
+	for _, t := range fpmTemplate {
+		if len(body)-p < len(t.lit) || string(body[p:p+len(t.lit)]) != t.lit {
+			return id, false
+		}
+		p += len(t.lit)
+		switch t.kind {
+		case 's':
+			start := p
+			for p < len(body) && body[p] >= 0x20 && body[p] < 0x7f && body[p] != '"' && body[p] != '\\' {
+				p++
+			}
+			id.workerID = string(body[start:p])
+		case 'i', 'f':
+			v, n := fastUint(body[p:])
+			if n == 0 {
+				return id, false
+			}
+			p += n
+			if t.kind == 'f' {
+				if p >= len(body) || body[p] != '.' {
+					return id, false
+				}
+				p++
+				start := p
+				for p < len(body) && p-start <= maxFastDigits && body[p] >= '0' && body[p] <= '9' {
+					p++
+				}
+				if p == start || p-start > maxFastDigits {
+					return id, false
+				}
+				break
+			}
+			switch ints {
+			case 0:
+				id.dpRank = v
+			case 1:
+				id.counterID = v
+			}
+			ints++
+		}
+	}
+	return id, p == len(body)
+}
+
+// fastUint reads a JSON integer without sign: "0" or [1-9][0-9]*, at most maxFastDigits digits. n is
+// the number of bytes read, 0 if none fit.
+func fastUint(b []byte) (v int64, n int) {
+	if len(b) == 0 || b[0] < '0' || b[0] > '9' {
+		return 0, 0
+	}
+	if b[0] == '0' {
+		if len(b) > 1 && b[1] >= '0' && b[1] <= '9' {
+			return 0, 0 // a leading zero is not JSON
+		}
+		return 0, 1
+	}
+	for n < len(b) && b[n] >= '0' && b[n] <= '9' {
+		if n == maxFastDigits {
+			return 0, 0
+		}
+		v = v*10 + int64(b[n]-'0')
+		n++
+	}
+	return v, n
+}

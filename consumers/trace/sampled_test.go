@@ -1,0 +1,390 @@
+package trace
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// ackMsg is a message of the fake consumer: it records its ack (or term) and has stream metadata.
+type ackMsg struct {
+	fakeMsg
+	seq   uint64
+	acked bool
+	termd bool
+}
+
+func (m *ackMsg) Ack() error                  { m.acked = true; return nil }
+func (m *ackMsg) Term() error                 { m.termd = true; return nil }
+func (m *ackMsg) TermWithReason(string) error { m.termd = true; return nil }
+func (m *ackMsg) Nak() error                  { return nil }
+func (m *ackMsg) Metadata() (*jetstream.MsgMetadata, error) {
+	md := &jetstream.MsgMetadata{NumDelivered: 1, Timestamp: time.UnixMilli(1_782_777_600_000)}
+	md.Sequence.Stream = m.seq
+	return md, nil
+}
+
+// harness drives a Writer's loop by hand, without a server: messages, flush ticks at a fake wall-clock
+// time, and the graceful stop's final steps. Every flush is awaited, so acks are deterministic.
+type harness struct {
+	t    *testing.T
+	w    *Writer
+	cfg  Config
+	now  time.Time
+	seq  uint64
+	msgs []*ackMsg
+}
+
+var harnessStart = time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
+
+func newHarness(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	h := &harness{t: t, cfg: cfg, now: harnessStart}
+	w, err := New(cfg, fakeJS{}, WithLogger(slog.New(slog.DiscardHandler)), WithClock(func() time.Time { return h.now }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.start = h.now
+	w.fl = startFlusher(nil, nil)
+	h.w = w
+	t.Cleanup(func() {
+		if w.fl != nil {
+			w.fl.stop()
+			w.fl = nil
+		}
+	})
+	return h
+}
+
+// send hands one message to the writer; the wall clock advances 1 ms per message.
+func (h *harness) send(f testFPM) *ackMsg {
+	h.t.Helper()
+	h.seq++
+	m := f.msg(h.t)
+	am := &ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}, seq: h.seq}
+	r, err := parseRecord(am, h.cfg.ProducerID, nil)
+	if err := h.w.handle(fetched{rec: r, err: err}); err != nil {
+		h.t.Fatal(err)
+	}
+	h.now = h.now.Add(time.Millisecond)
+	h.msgs = append(h.msgs, am)
+	return am
+}
+
+// tick is the loop's flush tick at wall time at (since start), with the flush awaited.
+func (h *harness) tick(at time.Duration) {
+	h.t.Helper()
+	h.now = harnessStart.Add(at)
+	if err := h.w.sampler.emitDue(h.w, h.now); err != nil {
+		h.t.Fatal(err)
+	}
+	h.flushNow()
+}
+
+func (h *harness) flushNow() {
+	h.t.Helper()
+	if err := h.w.flush(); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.w.awaitFlush(); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// stop is the graceful stop's end: every pending sample written, flushed, acked, files closed.
+func (h *harness) stop() {
+	h.t.Helper()
+	if h.w.sampler != nil {
+		if err := h.w.sampler.emitAll(h.w); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	h.flushNow()
+	h.w.fl.stop()
+	h.w.fl = nil
+	if err := h.w.closeAll(); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// lines returns "rank/counter@observed-base" per line of producer w, in file order.
+func (h *harness) lines(base int64) []string {
+	h.t.Helper()
+	var out []string
+	for _, l := range outputLines(h.t, h.cfg.OutputPath)["w"] {
+		tl, err := schemas.ParseTraceLine(l)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if tl.Event.CaptureMode != schemas.CaptureSampled {
+			h.t.Fatalf("capture_mode %q", tl.Event.CaptureMode)
+		}
+		f, _ := schemas.ParseFPMJSON(tl.Event.FPM)
+		out = append(out, fmt.Sprintf("%d/%d@%d", f.DPRank, f.CounterID, tl.Event.ObservedAtUnixMs-base))
+	}
+	return out
+}
+
+func (h *harness) unacked() []int {
+	var out []int
+	for i, m := range h.msgs {
+		if !m.acked {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func sampledConfig(t *testing.T) Config {
+	cfg := testConfig(t)
+	cfg.Mode = schemas.CaptureSampled
+	cfg.SampleInterval = time.Second
+	cfg.FlushInterval = 100 * time.Millisecond // wall-clock fallback after 1s + 2*100ms
+	return cfg
+}
+
+// step is one event of a sampled-mode scenario: a message (observed at ms after base), or a flush tick
+// at a wall-clock time, or the graceful stop.
+type step struct {
+	rank, counter int64
+	at            int64         // observed_at - base, for a message
+	tick          time.Duration // > 0: a flush tick at this wall time since start
+	stop          bool
+	// After the step: the lines written so far, and the messages (by index) not yet acked.
+	lines   []string
+	unacked []int
+}
+
+func msgStep(rank, counter, at int64) step { return step{rank: rank, counter: counter, at: at} }
+
+func TestSampledModeFakeClock(t *testing.T) {
+	const base = 1_782_777_600_000 // a multiple of the 1 s interval
+	for name, steps := range map[string][]step{
+		"a changed counter is written once per interval, the newest of it": {
+			msgStep(0, 1, 100), msgStep(0, 2, 600), msgStep(0, 3, 999),
+			msgStep(0, 4, 1000), // interval 1 starts: interval 0's newest (3) is written
+			step{tick: 10 * time.Millisecond, lines: []string{"0/3@999"}, unacked: []int{3}},
+			msgStep(0, 5, 2500),
+			step{stop: true, lines: []string{"0/3@999", "0/4@1000", "0/5@2500"}, unacked: []int{}},
+		},
+		"an unchanged counter is not repeated, but its message is acked": {
+			msgStep(0, 7, 100),
+			msgStep(0, 7, 1100), // same counter in interval 1
+			msgStep(0, 8, 2100),
+			msgStep(0, 8, 3100),
+			step{stop: true, lines: []string{"0/7@100", "0/8@2100"}, unacked: []int{}},
+		},
+		"interval boundaries are multiples of the interval of observed_at": {
+			msgStep(0, 1, 1500), msgStep(0, 2, 1999), // interval [1000, 2000)
+			msgStep(0, 3, 2000), msgStep(0, 4, 2001), // interval [2000, 3000): 1999 and 2000 are apart
+			msgStep(0, 5, 3999),
+			step{stop: true, lines: []string{"0/2@1999", "0/4@2001", "0/5@3999"}, unacked: []int{}},
+		},
+		"the graceful stop writes every pending sample": {
+			msgStep(0, 1, 10), msgStep(1, 1, 20), msgStep(0, 2, 30),
+			step{tick: 50 * time.Millisecond, lines: nil, unacked: []int{1, 2}}, // 0/1 superseded: acked after the flush
+			step{stop: true, lines: []string{"0/2@30", "1/1@20"}, unacked: []int{}},
+		},
+		"wall-clock fallback: a pending sample is written when nothing newer arrives": {
+			msgStep(0, 1, 10),
+			step{tick: 1100 * time.Millisecond, lines: nil, unacked: []int{0}}, // held 1.1s < 1s + 2*100ms
+			step{tick: 1250 * time.Millisecond, lines: []string{"0/1@10"}, unacked: []int{}},
+			msgStep(0, 2, 20), // late: its interval is written already
+			step{tick: 1300 * time.Millisecond, lines: []string{"0/1@10"}, unacked: []int{}},
+		},
+		"event time, not the wall clock, ends an idle key's interval": {
+			msgStep(0, 1, 10),  // rank 0 then falls silent
+			msgStep(1, 1, 100), // rank 1 goes on into interval 2
+			msgStep(1, 2, 1100),
+			msgStep(1, 3, 2000), // watermark 2000 = one whole interval past rank 0's interval end
+			step{tick: 20 * time.Millisecond, lines: []string{"1/1@100", "1/2@1100", "0/1@10"}, unacked: []int{3}},
+		},
+		"an older message than the pending one is acked without a line": {
+			msgStep(0, 5, 500), msgStep(0, 4, 400),
+			step{tick: 10 * time.Millisecond, lines: nil, unacked: []int{0}},
+			step{stop: true, lines: []string{"0/5@500"}, unacked: []int{}},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, sampledConfig(t))
+			for i, s := range steps {
+				switch {
+				case s.stop:
+					h.stop()
+				case s.tick > 0:
+					h.tick(s.tick)
+				default:
+					h.send(testFPM{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: int(s.rank)},
+						counter: s.counter, receivedMs: base + s.at})
+				}
+				if s.lines == nil && s.unacked == nil && !s.stop && s.tick == 0 {
+					continue
+				}
+				if got := h.lines(base); strings.Join(got, " ") != strings.Join(s.lines, " ") {
+					t.Fatalf("step %d: lines %v, want %v", i, got, s.lines)
+				}
+				if got := h.unacked(); fmt.Sprint(got) != fmt.Sprint(nilIfEmpty(s.unacked)) {
+					t.Fatalf("step %d: unacked messages %v, want %v", i, got, s.unacked)
+				}
+			}
+		})
+	}
+}
+
+func nilIfEmpty(s []int) []int {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}
+
+// No message is acked before the line that holds or replaces it is durable: after every step, each
+// acked message has a durable line of its key observed at or after it, or an unacked newer message of
+// its key and interval that will carry its observation (a superseded message is acked at the next
+// flush, see sampler).
+func TestSampledModeAcksOnlyBehindDurableLines(t *testing.T) {
+	const base = 1_782_777_600_000
+	h := newHarness(t, sampledConfig(t))
+	observed := func(j int) int64 { return base + int64(j)*13 }
+	for i := range 400 {
+		k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: i % 2}
+		h.send(testFPM{key: k, counter: int64(i / 2), receivedMs: observed(i)})
+		if i%37 == 0 {
+			h.tick(time.Duration(i) * time.Millisecond)
+		}
+		newest := map[int]int64{}
+		for _, l := range outputLines(t, h.cfg.OutputPath)["w"] {
+			tl, _ := schemas.ParseTraceLine(l)
+			f, _ := schemas.ParseFPMJSON(tl.Event.FPM)
+			newest[int(f.DPRank)] = max(newest[int(f.DPRank)], tl.Event.ObservedAtUnixMs)
+		}
+		for j, am := range h.msgs {
+			if !am.acked || newest[j%2] >= observed(j) {
+				continue
+			}
+			carried := false
+			for n := j + 2; n < len(h.msgs) && observed(n)/1000 == observed(j)/1000; n += 2 {
+				carried = carried || !h.msgs[n].acked
+			}
+			if !carried {
+				t.Fatalf("after message %d: message %d (observed %d) acked; newest durable line of its key %d, no newer unacked message in its interval",
+					i, j, observed(j), newest[j%2])
+			}
+		}
+	}
+	h.stop()
+	if u := h.unacked(); len(u) != 0 {
+		t.Fatalf("unacked after stop: %v", u)
+	}
+}
+
+func TestSampledModeGolden(t *testing.T) {
+	const base = 1_782_777_600_000
+	cfg := sampledConfig(t)
+	cfg.SampleInterval = 500 * time.Millisecond
+	h := newHarness(t, cfg)
+	a := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "4192", DPRank: 0}
+	b := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "4192", DPRank: 1}
+	c := streams.Key{Namespace: "team \"x\"", Component: "prefill", WorkerID: "", DPRank: 0}
+	for i, f := range []testFPM{
+		{key: a, counter: 40, receivedMs: base + 1250},
+		{key: a, counter: 41, receivedMs: base + 1260},
+		{key: b, counter: 7, receivedMs: base + 1270},
+		{key: c, counter: 0, receivedMs: base + 1300},
+		{key: a, counter: 42, receivedMs: base + 1520, heartbeat: true},
+		{key: b, counter: 8, receivedMs: base + 1530, producer: "conn/7"},
+		{key: a, counter: 43, receivedMs: base + 2010},
+		{key: b, counter: 9, receivedMs: base + 2020},
+		{key: a, counter: 43, receivedMs: base + 2600}, // unchanged: not repeated
+	} {
+		h.send(f)
+		if i == 5 {
+			h.tick(300 * time.Millisecond)
+		}
+	}
+	h.tick(2 * time.Second) // wall-clock fallback for the keys left idle
+	h.stop()
+	out := outputLines(t, cfg.OutputPath)
+	var got bytes.Buffer
+	for _, p := range []string{"4192", "conn_7", "unknown"} {
+		fmt.Fprintf(&got, "# %s\n", filepath.Base(SegmentPath(SegmentPrefix(cfg.OutputPath, p), 0)))
+		for _, l := range out[p] {
+			got.Write(l)
+			got.WriteByte('\n')
+		}
+	}
+	golden := filepath.Join("testdata", "sampled_trace.golden.jsonl")
+	if *update {
+		if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Fatalf("output differs from %s:\n got:\n%s\nwant:\n%s", golden, got.Bytes(), want)
+	}
+}
+
+// The seam for a partitioned group's "on revoked": release writes the released producers' pending
+// samples, makes their lines durable, acks their messages and closes their files, leaving the other
+// producers alone; a later message of a released producer starts a new segment.
+func TestReleaseHandsProducersBack(t *testing.T) {
+	const base = 1_782_777_600_000
+	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := sampledConfig(t)
+			cfg.Mode = mode
+			h := newHarness(t, cfg)
+			w0 := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w0"}
+			w1 := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w1"}
+			var m0, m1 []*ackMsg
+			for i := range 10 {
+				m0 = append(m0, h.send(testFPM{key: w0, counter: int64(i), receivedMs: base + int64(i)}))
+				m1 = append(m1, h.send(testFPM{key: w1, counter: int64(i), receivedMs: base + int64(i)}))
+			}
+			if err := h.w.release([]string{"w0"}); err != nil {
+				t.Fatal(err)
+			}
+			for i, m := range m0 {
+				if !m.acked {
+					t.Fatalf("w0 message %d not acked after its release", i)
+				}
+			}
+			for i, m := range m1 {
+				// Sampled mode acks superseded messages at any flush; the pending one waits for its line.
+				if m.acked && (mode == schemas.CaptureFull || i == len(m1)-1) {
+					t.Fatalf("w1 message %d acked: it was not released", i)
+				}
+			}
+			if _, ok := h.w.producers["w0"]; ok {
+				t.Fatal("released producer still open")
+			}
+			want := 10
+			if mode == schemas.CaptureSampled {
+				want = 1 // the newest of the interval
+			}
+			if got := len(prefixLines(t, SegmentPrefix(cfg.OutputPath, "w0"))[0]); got != want {
+				t.Fatalf("w0 segment 0: %d lines, want %d", got, want)
+			}
+			h.send(testFPM{key: w0, counter: 99, receivedMs: base + 5000})
+			h.stop()
+			segs := prefixLines(t, SegmentPrefix(cfg.OutputPath, "w0"))
+			if len(segs) != 2 || len(segs[1]) != 1 {
+				t.Fatalf("w0 segments after a new message: %v", segs)
+			}
+		})
+	}
+}
