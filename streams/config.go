@@ -63,16 +63,17 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// FPMStream is the definition of the FPM stream.
-func (c Config) FPMStream() jetstream.StreamConfig {
+// stream is the definition every fpmbus stream shares: limits retention, discard old, direct gets on,
+// the duplicate window, storage and replicas from c.
+func (c Config) stream(name, description, subject string, maxAge time.Duration, maxBytes int64) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
-		Name:         StreamFPM,
-		Description:  "Dynamo forward-pass metrics, one canonical JSON FPM per message, bridged from ZMQ",
-		Subjects:     []string{FPMWildcard},
+		Name:         name,
+		Description:  description,
+		Subjects:     []string{subject},
 		Retention:    jetstream.LimitsPolicy,
 		Discard:      jetstream.DiscardOld,
-		MaxAge:       c.MaxAge,
-		MaxBytes:     c.MaxBytes,
+		MaxAge:       maxAge,
+		MaxBytes:     maxBytes,
 		MaxMsgs:      -1,
 		MaxConsumers: -1,
 		Storage:      c.Storage,
@@ -80,45 +81,26 @@ func (c Config) FPMStream() jetstream.StreamConfig {
 		Duplicates:   c.DuplicateWindow,
 		AllowDirect:  true,
 	}
+}
+
+// FPMStream is the definition of the FPM stream.
+func (c Config) FPMStream() jetstream.StreamConfig {
+	return c.stream(StreamFPM, "Dynamo forward-pass metrics, one canonical JSON FPM per message, bridged from ZMQ",
+		FPMWildcard, c.MaxAge, c.MaxBytes)
 }
 
 // EventsStream is the definition of FPM_EVENTS (dead letters, drop markers, gap events).
 func (c Config) EventsStream() jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:         StreamEvents,
-		Description:  "fpmbus events: dead letters, bridge drop markers, gap events",
-		Subjects:     []string{EventsWildcard},
-		Retention:    jetstream.LimitsPolicy,
-		Discard:      jetstream.DiscardOld,
-		MaxAge:       c.EventsMaxAge,
-		MaxBytes:     -1,
-		MaxMsgs:      -1,
-		MaxConsumers: -1,
-		Storage:      c.Storage,
-		Replicas:     c.Replicas,
-		Duplicates:   c.DuplicateWindow,
-		AllowDirect:  true,
-	}
+	return c.stream(StreamEvents, "fpmbus events: dead letters, bridge drop markers, gap events",
+		EventsWildcard, c.EventsMaxAge, -1)
 }
 
 // BenchStream is the definition of FPM_BENCH (rank and merged benchmark artefacts).
 func (c Config) BenchStream() jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:         StreamBench,
-		Description:  "fpmbus benchmark artefacts: per-rank self-benchmark files and merged artefacts",
-		Subjects:     []string{BenchWildcard},
-		Retention:    jetstream.LimitsPolicy,
-		Discard:      jetstream.DiscardOld,
-		MaxAge:       c.BenchMaxAge,
-		MaxBytes:     -1,
-		MaxMsgs:      -1,
-		MaxConsumers: -1,
-		MaxMsgSize:   c.BenchMaxMsgSize,
-		Storage:      c.Storage,
-		Replicas:     c.Replicas,
-		Duplicates:   c.DuplicateWindow,
-		AllowDirect:  true,
-	}
+	sc := c.stream(StreamBench, "fpmbus benchmark artefacts: per-rank self-benchmark files and merged artefacts",
+		BenchWildcard, c.BenchMaxAge, -1)
+	sc.MaxMsgSize = c.BenchMaxMsgSize
+	return sc
 }
 
 // All returns every stream definition, in the order Apply creates them.
