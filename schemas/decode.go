@@ -6,19 +6,20 @@ package schemas
 // Errors: a *DecodeError wrapping ErrMalformed when payload is not one well-formed msgpack map, or a
 // *ValidationError wrapping ErrInvalid when the map breaks an FPM rule; both name the field. payload is
 // not retained: the returned FPM shares no memory with it.
+//
+// The common shape is decoded in one pass (fastpath.go); anything else by the general tree path. Hot
+// loops should use a Decoder (one per goroutine) or AppendDecodeFPM, which allocate less.
 func DecodeFPM(payload []byte) (*FPM, error) {
-	d := getDecoder(payload)
-	defer putDecoder(d)
-	if err := d.parseMsgpack(); err != nil {
+	d := getFastDecoder()
+	var f FPM
+	err := d.DecodeFPM(payload, &f)
+	putFastDecoder(d)
+	if err != nil {
 		return nil, err
 	}
-	f := new(FPM)
-	if err := validateFPM(&d.tree, 0, f); err != nil {
-		return nil, err
-	}
-	d.out, _ = appendCanonical(d.out[:0], &d.tree, 0)
-	f.JSON = append(make([]byte, 0, len(d.out)), d.out...)
-	return f, nil
+	out := new(FPM)
+	*out = f
+	return out, nil
 }
 
 // ParseFPMJSON parses a canonical JSON FPM body (as stored on the FPM stream, or nested under "fpm" in a
@@ -28,16 +29,18 @@ func DecodeFPM(payload []byte) (*FPM, error) {
 //
 // Errors: a *DecodeError (Format "json") wrapping ErrMalformed when body is not one JSON object (syntax,
 // duplicate keys, invalid UTF-8, nesting deeper than 32), or a *ValidationError wrapping ErrInvalid.
+//
+// The compact form is read in one pass (fastpath.go); anything else by the general tree path. Hot loops
+// should use Decoder.ParseFPMJSON, which allocates nothing for the compact form.
 func ParseFPMJSON(body []byte) (*FPM, error) {
-	d := getDecoder(body)
-	defer putDecoder(d)
-	if err := d.parseJSON(); err != nil {
+	d := getFastDecoder()
+	var f FPM
+	err := d.ParseFPMJSON(body, &f)
+	putFastDecoder(d)
+	if err != nil {
 		return nil, err
 	}
-	f := new(FPM)
-	if err := validateFPM(&d.tree, 0, f); err != nil {
-		return nil, err
-	}
-	f.JSON = body
-	return f, nil
+	out := new(FPM)
+	*out = f
+	return out, nil
 }
