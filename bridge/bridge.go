@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -42,7 +43,8 @@ type Bridge struct {
 	pub       *publisher
 
 	deadLetterN atomic.Uint64
-	rankWarned  []atomic.Bool // per endpoint: logged a payload dp_rank that differs from the endpoint's
+	rankWarned  []atomic.Bool     // per endpoint: logged a payload dp_rank that differs from the endpoint's
+	decoders    []schemas.Decoder // per endpoint, owned by that endpoint's reader goroutine
 	ready       chan struct{}
 	started     atomic.Bool
 }
@@ -69,6 +71,7 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Bridge, error) {
 		epochs:     newEpochs(),
 		ready:      make(chan struct{}),
 		rankWarned: make([]atomic.Bool, len(cfg.Endpoints)),
+		decoders:   make([]schemas.Decoder, len(cfg.Endpoints)),
 	}
 	for _, o := range opts {
 		o(&b.opts)

@@ -99,8 +99,8 @@ func (b *Bridge) process(slot int, frames [][]byte, recv, mono time.Time) *item 
 			strconv.Itoa(b.cfg.MaxPayload) + "-byte limit"
 		return b.deadLetter(slot, frames, StageSize, reason, seq, true, recv, mono)
 	}
-	f, err := schemas.DecodeFPM(payload)
-	if err != nil {
+	var f schemas.FPM
+	if err := b.decoders[slot].DecodeFPM(payload, &f); err != nil {
 		stage := StageDecode
 		if errors.Is(err, schemas.ErrInvalid) {
 			stage = StageValidate
@@ -112,7 +112,7 @@ func (b *Bridge) process(slot int, frames [][]byte, recv, mono time.Time) *item 
 			strconv.FormatInt(max, 10) + "-byte max_payload"
 		return b.deadLetter(slot, frames, StageSize, reason, seq, true, recv, mono)
 	}
-	return b.fpmItem(slot, f, frames[0], seq, recv, mono)
+	return b.fpmItem(slot, &f, frames[0], seq, recv, mono)
 }
 
 // fpmItem builds the FPM message: subject streams.FPMSubject(key), body f.JSON verbatim, and the Fpm-*
