@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -193,6 +194,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	fs.Var(&probes, "probe", "worker-probe replies to publish for the run; repeatable")
 	runID := fs.String("run-id", "", "run of the --probe replies (default: the replies' own run_id, else the rank files' run)")
 	inlineMax := fs.Int("inline-max", merge.DefaultInlineMax, "largest body sent inline; larger ones go to the object store "+merge.ObjectBucket)
+	profile := fs.String("profile", "", "collection profile (JSON) of the run, published on fpmbench.profile.<run> before the ranks so the sealer can derive cell identities")
 	files, err := benchParse(fs, args)
 	if err != nil {
 		return err
@@ -242,6 +244,19 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	defer cancel()
 	if err := streams.Apply(actx, js, *cfg); err != nil {
 		return err
+	}
+	if *profile != "" {
+		if len(ranks) == 0 {
+			return fmt.Errorf("%w: --profile needs the run's rank artefacts (their run_id names the run)", errUsage)
+		}
+		body, err := os.ReadFile(*profile)
+		if err != nil {
+			return err
+		}
+		if err := seal.PublishProfile(ctx, js, ranks[0].sum.RunID, body); err != nil {
+			return fmt.Errorf("--profile %s: %w", *profile, err)
+		}
+		fmt.Fprintf(stdout, "published collection profile %s for run %s: %s\n", *profile, ranks[0].sum.RunID, seal.ProfileSubject(ranks[0].sum.RunID))
 	}
 	store := merge.NewStore(js, *inlineMax, *cfg)
 	for _, p := range probes {

@@ -14,6 +14,7 @@ import (
 // "### fpmbus <path>". Every registered command must be among them.
 var documentedCommands = []string{
 	"up", "bridge", "publish", "trace", "trace backfill", "trace info", "gaps", "gaps report", "merge", "bench merge", "bench validate", "bench publish",
+	"seal", "datasets publish", "datasets coverage", "datasets ls", "datasets get", "datasets history",
 	"streams show", "streams apply",
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/fpmbus/fpmbus/bridge"
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/streams"
@@ -43,10 +44,10 @@ type stage struct {
 }
 
 // runUp runs the embedded server, the bridge and the consumers until ctx ends, then stops them in the
-// order: demo publishers, bridge (publishes what it buffered), benchmark merger, gap detector (checkpoints), trace writer
+// order: demo publishers, bridge (publishes what it buffered), dataset sealer, benchmark merger, gap detector (checkpoints), trace writer
 // (flushes, fsyncs, acks), NATS connection (drained), server (JetStream flushed to disk).
 func runUp(ctx context.Context, args []string) error {
-	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [bridge, trace, gaps and merge flags]")
+	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [bridge, trace, gaps, merge and seal flags]")
 	listen := fs.String("listen", streams.DefaultListen, "client address of the embedded JetStream server (loopback by default)")
 	dataDir := fs.String("data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
 	demo := fs.Bool("demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
@@ -57,6 +58,7 @@ func runUp(ctx context.Context, args []string) error {
 	topts := traceFlags(fs)
 	gopts := gapsFlags(fs)
 	mopts := mergeFlags(fs)
+	sopts := sealFlags(fs)
 	bopts := bridgeFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -204,6 +206,24 @@ func runUp(ctx context.Context, args []string) error {
 		mergeReady := make(chan struct{})
 		close(mergeReady) // the merger has no warm-up: it is ready once its durable exists, inside Run
 		if err := startStage("benchmark merger", mergeReady, m.Run, "output", mcfg.Output, "rank_timeout", mcfg.RankTimeout); err != nil {
+			return err
+		}
+		octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
+		kv, err := seal.OpenBucket(octx, js, *scfg)
+		ocancel()
+		if err != nil {
+			return err
+		}
+		sealer, err := seal.New(kv, seal.WithSource("fpmbus up"))
+		if err != nil {
+			return err
+		}
+		sc, err := seal.NewConsumer(js, sealer, seal.ConsumerConfig{Durable: sopts.durable, AllowPartial: sopts.allowPartial,
+			ProfileWait: sopts.profileWait, AckWait: sopts.ackWait, Streams: *scfg})
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if err := startStage("dataset sealer", mergeReady, sc.Run, "bucket", streams.BucketDatasets); err != nil {
 			return err
 		}
 		bcfg.Streams = *scfg

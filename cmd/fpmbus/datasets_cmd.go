@@ -1,0 +1,360 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+func init() {
+	register(command{
+		name:    "datasets",
+		summary: "sealed FPM datasets in KV FPM_DATASETS: publish a dataset file, coverage of a plan, ls, get, history",
+		run:     runDatasets,
+	})
+}
+
+const datasetsUsage = `fpmbus datasets publish|coverage|ls|get|history [flags]
+
+  publish FILE       validate a dataset file (schemas/jsonschema/dataset-file.schema.json) and seal its cells;
+                     --plan FILE ties it to a frozen plan, --allow-partial seals the valid cells and exits 3
+  coverage --plan F  covered, partial and missing cells of a plan, unsupported settings, estimated GPU-hours
+  ls                 every sealed cell and campaign record
+  get KEY            one sealed cell (cell.<sha256>) or campaign (campaign.<id>) as JSON
+  history KEY        every revision of a key (a sealed cell has exactly one)
+
+Exit status: 0 done, 1 error or rejected (nothing written), 2 usage, 3 partial publication, 4 conflict.
+Watch seals as they happen with: nats kv watch FPM_DATASETS`
+
+func runDatasets(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: %s", errUsage, datasetsUsage)
+	}
+	out := io.Writer(os.Stdout)
+	switch args[0] {
+	case "publish":
+		return runDatasetsPublish(ctx, args[1:], out)
+	case "coverage":
+		return runDatasetsCoverage(ctx, args[1:], out)
+	case "ls":
+		return runDatasetsLs(ctx, args[1:], out)
+	case "get":
+		return runDatasetsGet(ctx, args[1:], out)
+	case "history":
+		return runDatasetsHistory(ctx, args[1:], out)
+	case "-h", "--help", "help":
+		fmt.Fprintln(out, datasetsUsage)
+		return nil
+	}
+	return fmt.Errorf("%w: fpmbus datasets: unknown action %q\n%s", errUsage, args[0], datasetsUsage)
+}
+
+// datasetsParse parses flags around exactly want positional arguments.
+func datasetsParse(fs *flag.FlagSet, args []string, want int, what string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(pos) != want {
+		return nil, fmt.Errorf("%w: want %s", errUsage, what)
+	}
+	return pos, nil
+}
+
+func openKV(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Config) (jetstream.KeyValue, func(), error) {
+	s, _, closeConn, err := openSealer(ctx, conn, scfg, "fpmbus datasets")
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.KV(), closeConn, nil
+}
+
+func readPlan(path string) (*schemas.DatasetPlan, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --plan: %v", errUsage, err)
+	}
+	defer f.Close()
+	p, err := schemas.DecodePlan(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return p, nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
+	fs := newFlagSet("datasets publish", "datasets publish [--plan FILE] [--allow-partial] [--json] FILE")
+	conn := connFlags(fs, "datasets")
+	scfg := streamFlags(fs)
+	planPath := fs.String("plan", "", "the frozen plan (JSON) the dataset belongs to; default: a plan of exactly the file's cells")
+	allowPartial := fs.Bool("allow-partial", false, "seal the cells that pass even when others are rejected or missing; exits 3 while the campaign is incomplete")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	pos, err := datasetsParse(fs, args, 1, "one dataset FILE")
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(pos[0])
+	if err != nil {
+		return err
+	}
+	ds, err := schemas.DecodeDataset(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", pos[0], err)
+	}
+	var plan *schemas.DatasetPlan
+	if *planPath != "" {
+		if plan, err = readPlan(*planPath); err != nil {
+			return err
+		}
+	}
+	s, _, closeConn, err := openSealer(ctx, conn, scfg, "fpmbus datasets publish")
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	rep, perr := s.PublishDataset(ctx, ds, seal.PublishOptions{AllowPartial: *allowPartial, Plan: plan})
+	if *asJSON {
+		if err := printJSON(w, rep); err != nil {
+			return err
+		}
+	} else {
+		printReport(w, rep)
+	}
+	return perr
+}
+
+func printReport(w io.Writer, rep *seal.Report) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "run %s  campaign %s (%s)\n", rep.RunID, rep.CampaignID, rep.Campaign)
+	fmt.Fprintln(tw, "KEY\tSTATE\tSOURCE\tRUN\tDATASET DIGEST\tIDENTITY\tREASON")
+	for _, c := range rep.Cells {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Key, c.State, c.Source, c.RunID, short(c.DatasetDigest), identityText(c.Identity), c.Reason)
+	}
+	tw.Flush()
+	for _, r := range rep.Rejections {
+		fmt.Fprintf(w, "rejected: %v\n", r)
+	}
+}
+
+func short(d string) string {
+	if len(d) > 16 {
+		return d[:16]
+	}
+	return d
+}
+
+func identityText(id *schemas.CellIdentity) string {
+	if id == nil {
+		return ""
+	}
+	p := id.Parallelism
+	return fmt.Sprintf("%s %s %s %s %s tp%d pp%d dp%d ep%d profile %s@%s settings %s", id.Model, id.Hardware, id.Backend,
+		id.BackendVersion, id.Quantization, p.TP, p.PP, p.DP, p.MoEEP, id.ProfileName, id.ProfileVersion, short(id.SettingsDigest))
+}
+
+func runDatasetsCoverage(ctx context.Context, args []string, w io.Writer) error {
+	fs := newFlagSet("datasets coverage", "datasets coverage --plan FILE [--json]")
+	conn := connFlags(fs, "datasets")
+	scfg := streamFlags(fs)
+	planPath := fs.String("plan", "", "the plan (JSON, schemas.DatasetPlan) to check; required")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if _, err := datasetsParse(fs, args, 0, "no arguments besides flags"); err != nil {
+		return err
+	}
+	if *planPath == "" {
+		return fmt.Errorf("%w: --plan FILE is required", errUsage)
+	}
+	plan, err := readPlan(*planPath)
+	if err != nil {
+		return err
+	}
+	kv, closeConn, err := openKV(ctx, conn, scfg)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	rep, err := seal.Coverage(ctx, kv, plan)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(w, rep)
+	}
+	fmt.Fprintf(w, "campaign %s: %s — %d covered, %d partial, %d missing; estimated %.2f GPU-hours to collect",
+		rep.CampaignID, rep.State, rep.Covered, rep.Partial, rep.Missing, rep.EstimatedGPUHours)
+	if rep.BudgetGPUHours > 0 {
+		fmt.Fprintf(w, " (budget %.2f%s)", rep.BudgetGPUHours, map[bool]string{true: ", OVER BUDGET: confirm before collecting"}[rep.OverBudget])
+	}
+	fmt.Fprintln(w)
+	if len(rep.UnsupportedSettings) > 0 {
+		fmt.Fprintf(w, "unsupported settings: %s\n", strings.Join(rep.UnsupportedSettings, ", "))
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSTATE\tROWS\tGPU-H\tSOURCE\tRUN\tDATASET DIGEST\tIDENTITY")
+	for _, c := range rep.Cells {
+		id := c.Identity
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%.2f\t%s\t%s\t%s\t%s\n", c.Key, c.State, c.Rows, c.ExpectedRows, c.EstimatedGPUHours,
+			c.Source, c.RunID, short(c.DatasetDigest), identityText(&id))
+	}
+	return tw.Flush()
+}
+
+func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
+	fs := newFlagSet("datasets ls", "datasets ls [--json]")
+	conn := connFlags(fs, "datasets")
+	scfg := streamFlags(fs)
+	asJSON := fs.Bool("json", false, "print JSON lines, one per key")
+	if _, err := datasetsParse(fs, args, 0, "no arguments besides flags"); err != nil {
+		return err
+	}
+	kv, closeConn, err := openKV(ctx, conn, scfg)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return err
+	}
+	var ks []string
+	for k := range lister.Keys() {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	if !*asJSON {
+		fmt.Fprintln(tw, "KEY\tSTATE\tREV\tSOURCE\tRUN\tDATASET DIGEST\tROWS\tIDENTITY")
+	}
+	for _, k := range ks {
+		if strings.HasPrefix(k, schemas.CampaignKeyPrefix) {
+			c, rev, err := seal.GetCampaign(ctx, kv, strings.TrimPrefix(k, schemas.CampaignKeyPrefix))
+			if err != nil {
+				return err
+			}
+			if *asJSON {
+				_ = json.NewEncoder(w).Encode(map[string]any{"key": k, "revision": rev, "campaign": c})
+				continue
+			}
+			fmt.Fprintf(tw, "%s\tcampaign %s\t%d\t\t\t%s\t%d cells\tplan %s\n", k, c.State, rev, "", len(c.Cells), short(c.PlanDigest))
+			continue
+		}
+		v, rev, err := seal.Get(ctx, kv, k)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			v.Rows = nil
+			_ = json.NewEncoder(w).Encode(map[string]any{"key": k, "state": "sealed", "revision": rev, "source": v.Source,
+				"run_id": v.Provenance.RunID, "dataset_digest": v.Provenance.DatasetDigest, "row_count": v.Provenance.RowCount, "identity": v.Identity})
+			continue
+		}
+		fmt.Fprintf(tw, "%s\tsealed\t%d\t%s\t%s\t%s\t%d\t%s\n", k, rev, v.Source, v.Provenance.RunID, short(v.Provenance.DatasetDigest),
+			v.Provenance.RowCount, identityText(&v.Identity))
+	}
+	return tw.Flush()
+}
+
+// keyArg accepts a full key, or a campaign id.
+func keyArg(s string) string {
+	if strings.HasPrefix(s, schemas.CellKeyPrefix) || strings.HasPrefix(s, schemas.CampaignKeyPrefix) {
+		return s
+	}
+	return seal.CampaignKey(s)
+}
+
+func runDatasetsGet(ctx context.Context, args []string, w io.Writer) error {
+	fs := newFlagSet("datasets get", "datasets get KEY")
+	conn := connFlags(fs, "datasets")
+	scfg := streamFlags(fs)
+	pos, err := datasetsParse(fs, args, 1, "one KEY (cell.<sha256> or campaign.<id>)")
+	if err != nil {
+		return err
+	}
+	kv, closeConn, err := openKV(ctx, conn, scfg)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	e, err := kv.Get(ctx, keyArg(pos[0]))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("%s: not sealed (state missing)", pos[0])
+	}
+	if err != nil {
+		return err
+	}
+	var v any
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		return fmt.Errorf("%s: corrupt value: %w", pos[0], err)
+	}
+	state := "sealed"
+	if strings.HasPrefix(e.Key(), schemas.CampaignKeyPrefix) {
+		state = "campaign"
+	}
+	return printJSON(w, map[string]any{"key": e.Key(), "state": state, "revision": e.Revision(), "created": e.Created(), "value": v})
+}
+
+func runDatasetsHistory(ctx context.Context, args []string, w io.Writer) error {
+	fs := newFlagSet("datasets history", "datasets history KEY")
+	conn := connFlags(fs, "datasets")
+	scfg := streamFlags(fs)
+	pos, err := datasetsParse(fs, args, 1, "one KEY (cell.<sha256> or campaign.<id>)")
+	if err != nil {
+		return err
+	}
+	kv, closeConn, err := openKV(ctx, conn, scfg)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	hist, err := kv.History(ctx, keyArg(pos[0]))
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REV\tCREATED\tOP\tSTATE\tSOURCE\tRUN\tDATASET DIGEST\tATTEMPT")
+	for _, e := range hist {
+		var v struct {
+			State      string             `json:"state"`
+			Source     string             `json:"source"`
+			AttemptID  string             `json:"attempt_id"`
+			Provenance schemas.Provenance `json:"provenance"`
+		}
+		_ = json.Unmarshal(e.Value(), &v)
+		if v.State == "" && v.AttemptID != "" {
+			v.State = "sealed"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Revision(), e.Created().UTC().Format("2006-01-02T15:04:05.000Z"),
+			e.Operation(), v.State, v.Source, v.Provenance.RunID, short(v.Provenance.DatasetDigest), v.AttemptID)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,47 @@
+// Package seal is fpmbus's dataset sealer (seed 003, lifecycle steps 4-7 and 9): validated FPM cells
+// are published to the JetStream KV bucket FPM_DATASETS, where the first writer wins.
+//
+// # Keys and values
+//
+//	cell.<sha256 of the canonical cell identity>   schemas.SealedCell, written once with Create, never changed
+//	campaign.<id>                                 schemas.Campaign (the frozen plan and each cell's state),
+//	                                              written with Create, then only with Update on the revision read
+//
+// The identity (schemas.CellIdentity) is the exact model, hardware, backend and version, quantization,
+// KV dtype, parallelism, backend selections, collection-profile name and version, schema version and a
+// settings digest: sha256 of the canonical JSON of the merged artefact's engine block (members that only
+// record resolution on one rank removed, as the merger's identity check drops them), its
+// benchmark_config and the whole collection profile. Any change of backend, profile or schema version
+// is a new key, so old cells stay inspectable but never satisfy new coverage.
+//
+// # First writer wins, without a lock
+//
+// Sealer.Seal issues kv.Create. It wins or loses atomically on the stream's last-subject-sequence check.
+// A loss (errors.Is(err, jetstream.ErrKeyExists)) reads the value: the same attempt (run id and dataset
+// digest) is an idempotent success (AlreadySealed), anything else a *ConflictError naming both the sealed
+// and the refused attempt; the sealed value is never touched. Any other error (timeout, leader change,
+// no responders) leaves the outcome unknown: the key is read back, and the unique attempt id stored in
+// the value says whether the lost-ack Create was ours (Sealed, Settled) or someone else's; if the key is
+// absent the Create is retried. The campaign record is changed only by UpdateCampaign: read, apply,
+// Update(expected revision), re-read and re-apply on a revision conflict.
+//
+// # Publication
+//
+// PublishDataset validates everything first (schemas.Dataset.Validate: every rule, every cell; nothing
+// is written on a rejection), freezes the plan, seals the passing cells and records every planned cell's
+// state. By default every frozen cell must be present (ErrIncomplete). With AllowPartial the passing
+// cells are sealed, every missing cell is recorded with its reason, the campaign stays partial and the
+// command exits ExitPartial (3); a conflict exits ExitConflict (4).
+//
+// The durable Consumer (`fpmbus seal`) reads merged artefacts from fpmbench.merged.<run> (bodies
+// inline or in FPM_BENCH_OBJECTS, via merge.Store), takes the run's collection profile from the last
+// message on fpmbench.profile.<run> (published by `fpmbus bench publish --profile FILE`; see
+// PublishProfile), builds the cell with FromMerged and publishes it. It is stateless: instances share
+// nothing but the bucket.
+//
+// # Watching
+//
+// `nats kv watch FPM_DATASETS` shows each seal (and campaign update) as it happens;
+// `nats kv watch FPM_DATASETS 'cell.>'` only the seals. `fpmbus datasets ls|get|history` and
+// `fpmbus datasets coverage --plan FILE` show source, dataset digest, cell identity and state.
+package seal

@@ -1,0 +1,290 @@
+package seal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/fpmbus/fpmbus/schemas"
+)
+
+// ErrPartial: a publication with AllowPartial sealed the cells that passed, but the campaign is
+// incomplete (missing cells are recorded). Commands exit with ExitPartial.
+var ErrPartial = errors.New("seal: partial publication, campaign incomplete")
+
+// ErrIncomplete: without AllowPartial, every frozen cell must be in the dataset; nothing was written.
+var ErrIncomplete = errors.New("seal: dataset does not cover the frozen plan")
+
+// Exit statuses of `fpmbus seal`-family commands for outcomes that are not plain failures.
+const (
+	ExitPartial  = 3 // --allow-partial: passed cells sealed, others missing
+	ExitConflict = 4 // at least one cell was sealed first by a different attempt
+)
+
+// PartialError lists the cells left missing by a partial publication.
+type PartialError struct {
+	CampaignID string
+	Sealed     int
+	Missing    []string
+}
+
+func (e *PartialError) Error() string {
+	return fmt.Sprintf("%v: campaign %s: %d cell(s) sealed, %d missing: %s", ErrPartial, e.CampaignID, e.Sealed,
+		len(e.Missing), strings.Join(e.Missing, ", "))
+}
+func (e *PartialError) Unwrap() error { return ErrPartial }
+func (e *PartialError) ExitCode() int { return ExitPartial }
+
+// ConflictsError collects the conflicts of one publication.
+type ConflictsError struct{ Conflicts []*ConflictError }
+
+func (e *ConflictsError) Error() string {
+	parts := make([]string, len(e.Conflicts))
+	for i, c := range e.Conflicts {
+		parts[i] = c.Error()
+	}
+	return fmt.Sprintf("%d conflict(s): %s", len(e.Conflicts), strings.Join(parts, "; "))
+}
+func (e *ConflictsError) Unwrap() error { return ErrConflict }
+func (e *ConflictsError) ExitCode() int { return ExitConflict }
+
+// PublishOptions controls PublishDataset.
+type PublishOptions struct {
+	// AllowPartial seals the cells that pass even when others are rejected or missing (requirement 9).
+	AllowPartial bool
+	// Plan is the frozen plan the dataset belongs to; nil means a plan of exactly the dataset's cells.
+	Plan *schemas.DatasetPlan
+	// Concurrency bounds parallel seals (default 8).
+	Concurrency int
+}
+
+// Cell states in a Report besides the seal Results.
+const (
+	StateRejected = "rejected"
+	StateMissing  = "missing"
+)
+
+// CellReport is one cell's outcome, with the fields requirement 13 asks every result to show.
+type CellReport struct {
+	Key           string                `json:"key"`
+	State         string                `json:"state"`
+	Source        string                `json:"source,omitempty"`
+	RunID         string                `json:"run_id,omitempty"`
+	DatasetDigest string                `json:"dataset_digest,omitempty"`
+	Revision      uint64                `json:"revision,omitempty"`
+	Identity      *schemas.CellIdentity `json:"identity,omitempty"`
+	Reason        string                `json:"reason,omitempty"`
+}
+
+// Report is the outcome of one publication.
+type Report struct {
+	RunID      string                  `json:"run_id"`
+	CampaignID string                  `json:"campaign_id"`
+	Campaign   string                  `json:"campaign_state"`
+	Cells      []CellReport            `json:"cells"`
+	Rejections []*schemas.DatasetError `json:"rejections,omitempty"`
+}
+
+var campaignIDRe = regexp.MustCompile(`^[-_=a-zA-Z0-9.]{1,200}$`)
+
+// CampaignIDFor is the campaign id of a dataset without a plan: its campaign_id, or "run-" + the
+// first 16 hex digits of sha256(run_id).
+func CampaignIDFor(ds *schemas.Dataset) string {
+	if ds.CampaignID != "" {
+		return ds.CampaignID
+	}
+	return "run-" + schemas.SHA256Hex([]byte(ds.RunID))[:16]
+}
+
+// PlanOf is the implicit plan of a dataset published without one: exactly its cells.
+func PlanOf(ds *schemas.Dataset) *schemas.DatasetPlan {
+	p := &schemas.DatasetPlan{SchemaVersion: schemas.DatasetSchemaVersion, CampaignID: CampaignIDFor(ds)}
+	for _, c := range ds.Cells {
+		p.Cells = append(p.Cells, schemas.PlanCell{Identity: c.Identity, ExpectedRows: max(1, len(c.Rows))})
+	}
+	return p
+}
+
+// PublishDataset validates ds and, if it passes (or AllowPartial is set), seals its cells and records
+// them in the campaign record of the plan.
+//
+// Order: validate everything (nothing is written when a rejection is found and AllowPartial is not
+// set); freeze the plan (Create of the campaign record, or reuse of the same plan's record); seal each
+// passed cell with Create; record every cell's state with Update on the campaign's revision. Errors:
+// schemas.ValidationErrors (nothing written), *ConflictsError (some cells sealed first by another
+// attempt; theirs are untouched), *PartialError (AllowPartial and some planned cells missing).
+func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o PublishOptions) (*Report, error) {
+	rep := &Report{RunID: ds.RunID}
+	errs := ds.Validate()
+	plan := o.Plan
+	if plan == nil {
+		plan = PlanOf(ds)
+	} else {
+		planned := map[string]bool{}
+		for _, pc := range plan.Cells {
+			planned[pc.Identity.Key()] = true
+		}
+		for i, c := range ds.Cells {
+			if !planned[c.Key] {
+				errs = append(errs, &schemas.DatasetError{Rule: schemas.RuleIdentity, Cell: ds.CellLabel(i), Row: -1,
+					Detail: fmt.Sprintf("cell is not in the plan of campaign %s", plan.CampaignID)})
+			}
+		}
+	}
+	rep.CampaignID = plan.CampaignID
+	rep.Rejections = errs
+	if !campaignIDRe.MatchString(plan.CampaignID) {
+		return rep, fmt.Errorf("seal: campaign id %q: want 1-200 of [-_=.a-zA-Z0-9]", plan.CampaignID)
+	}
+	datasetLevel := false
+	for _, e := range errs {
+		datasetLevel = datasetLevel || e.Cell == ""
+	}
+	if len(errs) > 0 && (!o.AllowPartial || datasetLevel) {
+		return rep, errs
+	}
+	if !o.AllowPartial {
+		have := map[string]bool{}
+		for _, c := range ds.Cells {
+			have[c.Key] = true
+		}
+		var absent []string
+		for _, pc := range plan.Cells {
+			if k := pc.Identity.Key(); !have[k] {
+				absent = append(absent, k)
+			}
+		}
+		if len(absent) > 0 {
+			return rep, fmt.Errorf("%w: %d planned cell(s) of campaign %s absent from run %s (use --allow-partial): %s",
+				ErrIncomplete, len(absent), plan.CampaignID, ds.RunID, strings.Join(absent, ", "))
+		}
+	}
+	rejected := errs.ByCell()
+
+	if _, err := FreezePlan(ctx, s.kv, plan); err != nil {
+		return rep, err
+	}
+
+	type job struct {
+		i    int
+		cell *schemas.Cell
+	}
+	var (
+		mu        sync.Mutex
+		conflicts []*ConflictError
+		failures  []error
+		byKey     = map[string]CellReport{}
+	)
+	n := o.Concurrency
+	if n < 1 {
+		n = 8
+	}
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				out, err := s.Seal(ctx, j.cell, plan.CampaignID)
+				cr := CellReport{Key: j.cell.Key, RunID: j.cell.Provenance.RunID, DatasetDigest: j.cell.Provenance.DatasetDigest,
+					Identity: &j.cell.Identity, Revision: out.Revision, Source: s.source}
+				var ce *ConflictError
+				mu.Lock()
+				switch {
+				case errors.As(err, &ce):
+					cr.State = Conflict.String()
+					cr.Reason = ce.Error()
+					conflicts = append(conflicts, ce)
+				case err != nil:
+					cr.State = StateMissing
+					cr.Reason = err.Error()
+					failures = append(failures, err)
+				default:
+					cr.State = out.Result.String()
+					if out.Value != nil {
+						cr.Source = out.Value.Source
+					}
+				}
+				byKey[j.cell.Key] = cr
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range ds.Cells {
+		if len(rejected[ds.CellLabel(i)]) > 0 {
+			continue
+		}
+		jobs <- job{i, &ds.Cells[i]}
+	}
+	close(jobs)
+	wg.Wait()
+
+	// Every planned cell gets a state; rejected and absent ones are missing.
+	record := map[string]schemas.CampaignCell{}
+	var missing []string
+	sealed := 0
+	for i, c := range ds.Cells {
+		if rs := rejected[ds.CellLabel(i)]; len(rs) > 0 {
+			reasons := make([]string, len(rs))
+			for k, r := range rs {
+				reasons[k] = r.Error()
+			}
+			byKey[c.Key] = CellReport{Key: c.Key, State: StateRejected, RunID: c.Provenance.RunID,
+				DatasetDigest: c.Provenance.DatasetDigest, Identity: &ds.Cells[i].Identity, Reason: strings.Join(reasons, "; ")}
+		}
+	}
+	for _, pc := range plan.Cells {
+		key := pc.Identity.Key()
+		cr, ok := byKey[key]
+		if !ok {
+			id := pc.Identity
+			cr = CellReport{Key: key, State: StateMissing, Identity: &id, Reason: "no cell for it in run " + ds.RunID}
+			byKey[key] = cr
+		}
+		cc := schemas.CampaignCell{Key: key, RunID: cr.RunID, DatasetDigest: cr.DatasetDigest, Reason: cr.Reason}
+		switch cr.State {
+		case Sealed.String(), AlreadySealed.String():
+			cc.State = schemas.CellSealed
+			sealed++
+		case Conflict.String():
+			cc.State = schemas.CellConflict
+		default:
+			cc.State = schemas.CellMissing
+			missing = append(missing, key)
+		}
+		record[key] = cc
+	}
+	camp, err := RecordCells(ctx, s.kv, plan.CampaignID, record)
+	if err != nil {
+		return rep, err
+	}
+	rep.Campaign = camp.State
+	// What is missing is the campaign's view: a cell sealed by an earlier run of it is not missing.
+	missing, sealed = nil, 0
+	for _, cc := range camp.Cells {
+		if cc.State == schemas.CellSealed {
+			sealed++
+		} else if cc.State == schemas.CellMissing || cc.State == schemas.CellPending {
+			missing = append(missing, cc.Key)
+		}
+	}
+	for _, cr := range byKey {
+		rep.Cells = append(rep.Cells, cr)
+	}
+	sort.Slice(rep.Cells, func(i, j int) bool { return rep.Cells[i].Key < rep.Cells[j].Key })
+	switch {
+	case len(failures) > 0:
+		return rep, fmt.Errorf("seal: %d cell(s) not settled: %w", len(failures), errors.Join(failures...))
+	case len(conflicts) > 0:
+		return rep, &ConflictsError{Conflicts: conflicts}
+	case len(missing) > 0:
+		sort.Strings(missing)
+		return rep, &PartialError{CampaignID: plan.CampaignID, Sealed: sealed, Missing: missing}
+	}
+	return rep, nil
+}

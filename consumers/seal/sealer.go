@@ -1,0 +1,297 @@
+package seal
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// ErrConflict: a different attempt sealed the cell first. The sealed value is untouched.
+var ErrConflict = errors.New("seal: cell already sealed by a different attempt")
+
+// ErrUnsettled: the outcome of a Create stayed unknown (timeouts, no leader) for every retry.
+var ErrUnsettled = errors.New("seal: outcome unknown after retries")
+
+// ConflictError names both identities of a refused seal: what is sealed and what was refused.
+type ConflictError struct {
+	Key     string
+	Sealed  Attempt
+	Refused Attempt
+}
+
+// Attempt is what makes two publications "the same attempt": run id and dataset digest (plus the
+// unique attempt id, which only says who wrote the value).
+type Attempt struct {
+	RunID         string `json:"run_id"`
+	DatasetDigest string `json:"dataset_digest"`
+	AttemptID     string `json:"attempt_id"`
+	Source        string `json:"source,omitempty"`
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("%v: %s sealed by run %q (dataset %s, attempt %s, source %q); refused run %q (dataset %s, attempt %s)",
+		ErrConflict, e.Key, e.Sealed.RunID, e.Sealed.DatasetDigest, e.Sealed.AttemptID, e.Sealed.Source,
+		e.Refused.RunID, e.Refused.DatasetDigest, e.Refused.AttemptID)
+}
+
+func (e *ConflictError) Unwrap() error { return ErrConflict }
+
+// Result is how one seal ended.
+type Result int
+
+const (
+	// Sealed: this call's Create won (possibly found out by reading the key back after a lost ack).
+	Sealed Result = iota + 1
+	// AlreadySealed: the same attempt (run id and dataset digest) was sealed before: idempotent success.
+	AlreadySealed
+	// Conflict: a different attempt was sealed first; err is a *ConflictError.
+	Conflict
+)
+
+func (r Result) String() string {
+	switch r {
+	case Sealed:
+		return "sealed"
+	case AlreadySealed:
+		return "already_sealed"
+	case Conflict:
+		return "conflict"
+	}
+	return "unknown"
+}
+
+// Outcome of one Seal.
+type Outcome struct {
+	Key      string
+	Result   Result
+	Revision uint64 // the sealed value's revision
+	// Settled is true when the result was found by reading the key back after an unknown outcome.
+	Settled bool
+	Value   *schemas.SealedCell // the value in the bucket
+}
+
+// Sealer seals cells into FPM_DATASETS with compare-and-set. It holds no lock and no state besides the
+// bucket handle: any number of sealers, in any number of processes, may race on the same cells; for
+// each key the first successful Create is the only value ever stored. Safe for concurrent use.
+type Sealer struct {
+	kv        jetstream.KeyValue
+	source    string
+	retries   int
+	backoff   time.Duration
+	opTimeout time.Duration
+	now       func() time.Time
+}
+
+// Option configures a Sealer.
+type Option func(*Sealer) error
+
+// WithSource names the publisher in sealed values ("fpmbus seal", "fpmbus datasets publish").
+func WithSource(s string) Option { return func(x *Sealer) error { x.source = s; return nil } }
+
+// WithRetries sets how often an unknown outcome is retried (default 20) and the first pause (default
+// 100 ms, doubling up to 2 s).
+func WithRetries(n int, backoff time.Duration) Option {
+	return func(x *Sealer) error {
+		if n < 1 || backoff <= 0 {
+			return fmt.Errorf("seal: retries %d and backoff %v must be positive", n, backoff)
+		}
+		x.retries, x.backoff = n, backoff
+		return nil
+	}
+}
+
+// WithOpTimeout bounds one KV request (default 5 s).
+func WithOpTimeout(d time.Duration) Option {
+	return func(x *Sealer) error {
+		if d <= 0 {
+			return fmt.Errorf("seal: op timeout %v must be positive", d)
+		}
+		x.opTimeout = d
+		return nil
+	}
+}
+
+// BucketConfig is the FPM_DATASETS definition: sealed cells are never deleted by age; history keeps
+// campaign revisions inspectable (`fpmbus datasets history`).
+func BucketConfig(sc streams.Config) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      streams.BucketDatasets,
+		Description: "fpmbus sealed FPM dataset cells (first writer wins) and campaign records",
+		History:     64,
+		Storage:     sc.Storage,
+		Replicas:    sc.Replicas,
+	}
+}
+
+// OpenBucket creates FPM_DATASETS idempotently (an existing bucket is used as it is).
+func OpenBucket(ctx context.Context, js jetstream.JetStream, sc streams.Config) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, streams.BucketDatasets)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("seal: open bucket: %w", err)
+	}
+	kv, err = js.CreateKeyValue(ctx, BucketConfig(sc))
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return js.KeyValue(ctx, streams.BucketDatasets)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("seal: create bucket: %w", err)
+	}
+	return kv, nil
+}
+
+// New returns a Sealer on kv. Options: WithSource, WithRetries, WithOpTimeout.
+func New(kv jetstream.KeyValue, opts ...Option) (*Sealer, error) {
+	s := &Sealer{kv: kv, source: "fpmbus", retries: 20, backoff: 100 * time.Millisecond, opTimeout: 5 * time.Second, now: time.Now}
+	for _, o := range opts {
+		if err := o(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// KV is the bucket.
+func (s *Sealer) KV() jetstream.KeyValue { return s.kv }
+
+// NewAttemptID returns a random 128-bit attempt id.
+func NewAttemptID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Seal publishes one validated cell (the caller validated it) under a fresh attempt id.
+func (s *Sealer) Seal(ctx context.Context, c *schemas.Cell, campaignID string) (Outcome, error) {
+	return s.SealAttempt(ctx, c, campaignID, NewAttemptID())
+}
+
+// SealAttempt publishes c with the given attempt id.
+//
+// Create wins or loses atomically. On ErrKeyExists the value is read: the same attempt is AlreadySealed
+// (or Sealed, when the value carries our attempt id: our earlier Create won but its ack was lost), a
+// different one is a Conflict. Any other error (timeout, leader election, no responders) leaves the
+// outcome unknown: the key is read back and, if still absent, Create is retried. The sealed value is
+// never modified.
+func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, attemptID string) (Outcome, error) {
+	val := schemas.SealedCell{
+		SchemaVersion: schemas.DatasetSchemaVersion, Key: c.Key, Identity: c.Identity, Provenance: c.Provenance,
+		Rows: c.Rows, AttemptID: attemptID, CampaignID: campaignID, Source: s.source, SealedAtUnixMS: s.now().UnixMilli(),
+	}
+	body, err := json.Marshal(val)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("seal: encode %s: %w", c.Key, err)
+	}
+	pause := s.backoff
+	var lastErr error
+	unknown := false
+	for try := 0; try < s.retries; try++ {
+		if err := ctx.Err(); err != nil {
+			return Outcome{}, fmt.Errorf("seal %s: %w", c.Key, err)
+		}
+		if unknown {
+			// Settle an unknown outcome by reading the key back.
+			out, found, err := s.readBack(ctx, c, attemptID)
+			if err == nil && found {
+				out.Settled = true
+				return s.finish(out, c, attemptID)
+			}
+			if err != nil {
+				lastErr = err
+				sleep(ctx, &pause)
+				continue
+			}
+		}
+		octx, cancel := context.WithTimeout(ctx, s.opTimeout)
+		rev, err := s.kv.Create(octx, c.Key, body)
+		cancel()
+		if err == nil {
+			return Outcome{Key: c.Key, Result: Sealed, Revision: rev, Value: &val, Settled: unknown}, nil
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			out, found, rerr := s.readBack(ctx, c, attemptID)
+			if rerr == nil && found {
+				out.Settled = unknown
+				return s.finish(out, c, attemptID)
+			}
+			lastErr = fmt.Errorf("read back after lost create: %v", rerr)
+		} else {
+			lastErr = err
+		}
+		unknown = true
+		sleep(ctx, &pause)
+	}
+	return Outcome{}, fmt.Errorf("%w: %s: %v", ErrUnsettled, c.Key, lastErr)
+}
+
+func (s *Sealer) finish(out Outcome, c *schemas.Cell, attemptID string) (Outcome, error) {
+	if out.Result == Conflict {
+		return out, &ConflictError{Key: c.Key,
+			Sealed:  Attempt{RunID: out.Value.Provenance.RunID, DatasetDigest: out.Value.Provenance.DatasetDigest, AttemptID: out.Value.AttemptID, Source: out.Value.Source},
+			Refused: Attempt{RunID: c.Provenance.RunID, DatasetDigest: c.Provenance.DatasetDigest, AttemptID: attemptID, Source: s.source}}
+	}
+	return out, nil
+}
+
+// readBack reads key c.Key; found is false when it does not exist.
+func (s *Sealer) readBack(ctx context.Context, c *schemas.Cell, attemptID string) (Outcome, bool, error) {
+	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
+	e, err := s.kv.Get(octx, c.Key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Outcome{}, false, nil
+	}
+	if err != nil {
+		return Outcome{}, false, err
+	}
+	var v schemas.SealedCell
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		return Outcome{}, false, fmt.Errorf("seal: sealed value of %s is corrupt: %w", c.Key, err)
+	}
+	out := Outcome{Key: c.Key, Revision: e.Revision(), Value: &v}
+	switch {
+	case v.AttemptID == attemptID:
+		out.Result = Sealed
+	case v.SameAttempt(c):
+		out.Result = AlreadySealed
+	default:
+		out.Result = Conflict
+	}
+	return out, true, nil
+}
+
+func sleep(ctx context.Context, pause *time.Duration) {
+	t := time.NewTimer(*pause)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	if *pause *= 2; *pause > 2*time.Second {
+		*pause = 2 * time.Second
+	}
+}
+
+// Get reads a sealed cell.
+func Get(ctx context.Context, kv jetstream.KeyValue, key string) (*schemas.SealedCell, uint64, error) {
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	var v schemas.SealedCell
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		return nil, 0, fmt.Errorf("seal: sealed value of %s is corrupt: %w", key, err)
+	}
+	return &v, e.Revision(), nil
+}
