@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,7 +33,7 @@ type gapsOptions struct {
 	filter      string
 	staleAfter  time.Duration
 	markerGrace time.Duration
-	partition   string
+	partitions  int
 	stateBucket string
 	stopTimeout time.Duration
 }
@@ -45,7 +46,7 @@ func gapsFlags(fs *flag.FlagSet) *gapsOptions {
 	fs.StringVar(&o.filter, "gaps-filter", d.FilterSubject, "FPM subjects to watch, e.g. fpm.dynamo.>")
 	fs.DurationVar(&o.staleAfter, "stale-after", d.StaleAfter, "a publisher silent this long (not even a heartbeat) is stale: 5 x the 1 s heartbeat by default")
 	fs.DurationVar(&o.markerGrace, "marker-grace", d.MarkerGrace, "how long a gap waits for a bridge drop marker before it is classified zmq_drop (stream time)")
-	fs.StringVar(&o.partition, "partition", envOr("FPMBUS_GAPS_PARTITION", ""), "this instance's share of the publishers as index/count, e.g. 0/2 (env FPMBUS_GAPS_PARTITION; default: all)")
+	fs.IntVar(&o.partitions, "gaps-partitions", envIntOr("FPMBUS_GAPS_PARTITIONS", d.Partitions), "partitions of the publishers shared by the instances of --gaps-group (fixed for the group's life; 1: one active detector, the other instances hot standbys) (env FPMBUS_GAPS_PARTITIONS)")
 	fs.StringVar(&o.stateBucket, "state-bucket", d.StateBucket, "KV bucket holding each publisher's detector state")
 	fs.DurationVar(&o.stopTimeout, "gaps-stop-timeout", d.StopTimeout, "on interrupt, how long to keep checkpointing what was already received")
 	return o
@@ -60,11 +61,7 @@ func (o *gapsOptions) config() (gaps.Config, error) {
 	c.MarkerGrace = o.markerGrace
 	c.StateBucket = o.stateBucket
 	c.StopTimeout = o.stopTimeout
-	i, n, err := gaps.ParsePartition(o.partition)
-	if err != nil {
-		return c, fmt.Errorf("%w: --partition %q: want index/count, e.g. 0/2", errUsage, o.partition)
-	}
-	c.PartitionIndex, c.PartitionCount = i, n
+	c.Partitions = o.partitions
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -75,7 +72,7 @@ func runGaps(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "report" {
 		return runGapsReport(ctx, args[1:])
 	}
-	fs := newFlagSet("gaps", "gaps [--server URL] [--stale-after D] [--marker-grace D] [--partition i/n] [--metrics-addr ADDR] … | gaps report [--since T] [--json]")
+	fs := newFlagSet("gaps", "gaps [--server URL] [--stale-after D] [--marker-grace D] [--gaps-partitions N] [--metrics-addr ADDR] … | gaps report [--since T] [--json]")
 	conn := connFlags(fs, "gaps")
 	scfg := streamFlags(fs)
 	gopts := gapsFlags(fs)
@@ -123,6 +120,14 @@ func runGaps(ctx context.Context, args []string) error {
 	}
 	// Run flushes the connection after its last acks, so closing afterwards loses none.
 	return d.Run(ctx)
+}
+
+// envIntOr is the integer in environment variable name, or def when unset or not a number.
+func envIntOr(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return n
+	}
+	return def
 }
 
 // parseSince accepts an RFC 3339 time or a duration before now ("1h", "30m").

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -29,7 +30,9 @@ func benchRecords() int {
 // per publisher every 1000 messages) with (a) a loop that only acks every message, on the same
 // consumer settings, and (b) the gap detector, each on its own durable consumer, until everything is
 // acked. The two alternate FPMBUS_BENCH_ROUNDS times (default 5) so that a busy machine slows both
-// alike; it reports the median rates and the ratio of the medians (target >= 0.9).
+// alike; it reports the median rates and the ratio of the medians (target >= 0.9). It also runs (c) an
+// ack-only member of a partition group like the detector's (consumers/partition, one partition) and
+// reports ratio-vs-member: the detector's cost on top of the shared scale-out mechanism.
 func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	n := benchRecords()
 	rounds := 5
@@ -57,20 +60,25 @@ func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	publishAll(b, env.JS, msgs...)
 	b.ResetTimer()
 	for i := range b.N {
-		var ack, det []float64
+		var ack, mem, det []float64
 		for r := range rounds {
 			cfg := DefaultConfig()
 			cfg.Group = fmt.Sprint("ackonly-", i, "-", r)
 			ack = append(ack, float64(n)/benchAckOnly(b, env.JS, cfg, n).Seconds())
+			cfg.Group = fmt.Sprint("member-", i, "-", r)
+			mem = append(mem, float64(n)/benchAckOnlyMember(b, env.Server.ClientURL(), cfg, n).Seconds())
 			cfg.Group = fmt.Sprint("gaps-", i, "-", r)
 			det = append(det, float64(n)/benchDetector(b, env.Server.ClientURL(), cfg, n).Seconds())
 		}
 		sort.Float64s(ack)
+		sort.Float64s(mem)
 		sort.Float64s(det)
-		ackRate, detRate := ack[len(ack)/2], det[len(det)/2]
+		ackRate, memRate, detRate := ack[len(ack)/2], mem[len(mem)/2], det[len(det)/2]
 		b.ReportMetric(ackRate, "ackonly-msg/s")
+		b.ReportMetric(memRate, "member-ackonly-msg/s")
 		b.ReportMetric(detRate, "detector-msg/s")
 		b.ReportMetric(detRate/ackRate, "ratio")
+		b.ReportMetric(detRate/memRate, "ratio-vs-member")
 	}
 }
 
@@ -91,6 +99,54 @@ func benchDetector(b *testing.B, url string, cfg Config, n int) time.Duration {
 	done := make(chan error, 1)
 	start := time.Now()
 	go func() { done <- d.Run(ctx) }()
+	<-d.Ready()
+	ready := time.Since(start)
+	waitAckFloor(b, js, cfg.FPMDurable(), 1)
+	first := time.Since(start)
+	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
+	took := time.Since(start)
+	if os.Getenv("FPMBUS_BENCH_TRACE") != "" {
+		b.Logf("detector: ready %v, first ack %v, all acked %v", ready, first, took)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return took
+}
+
+// benchAckOnlyMember acks n messages as a member of a partition group with the detector's
+// partitioning (Config.PartitionConfig) and consumer settings: the detector's mechanism without the
+// detector.
+func benchAckOnlyMember(b *testing.B, url string, cfg Config, n int) time.Duration {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	start := time.Now()
+	m, err := partition.Join(context.Background(), js, cfg.PartitionConfig(), partition.WithLogger(testLogger()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- m.Consume(ctx, func(ctx context.Context, _ int, msgs <-chan jetstream.Msg) error {
+			for {
+				select {
+				case msg, ok := <-msgs:
+					if !ok {
+						return nil
+					}
+					_ = msg.Ack()
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		})
+	}()
 	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
 	took := time.Since(start)
 	cancel()

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -20,9 +22,11 @@ var ErrAlreadyRunning = errors.New("gaps: detector already running")
 // burst is how many messages the loop takes without blocking before it considers a checkpoint.
 const burst = 512
 
-// Detector is the gap detector: durable pull consumers on FPM (the messages) and FPM_EVENTS (the
-// bridge's drop markers) that track every owned publisher's sequence, publish one event per gap on
-// FPM_EVENTS and checkpoint each publisher's State in the state bucket before acking what it reflects.
+// Detector is the gap detector: one member of the partition group Config.Group on stream FPM
+// (consumers/partition) that tracks the sequence of every publisher of the partitions it owns, reads
+// the bridge's drop markers (an ordered consumer on FPM_EVENTS; markers of publishers it does not own
+// are ignored, their owner reads them too), publishes one event per gap on FPM_EVENTS and checkpoints
+// each publisher's State in the state bucket before acking what it reflects.
 //
 // Run owns all run state; a Detector runs once.
 type Detector struct {
@@ -30,16 +34,24 @@ type Detector struct {
 	js      jetstream.JetStream
 	logger  *slog.Logger
 	now     func() time.Time
-	part    Partition
+	part    *owned
 	metrics *metrics
 	rules   rules
 	ready   chan struct{}
 	running atomic.Bool
+	id      string // member id (optional)
+
+	// Handler goroutines -> loop.
+	in     chan pitem
+	lostCh chan *psess
+	quit   chan struct{} // closed when the loop has ended: handlers stop sending
 
 	// Run state, owned by Run's goroutine.
 	fpmStream, evStream, kvStream jetstream.Stream
-	fpmCons, mkCons               jetstream.Consumer
-	fpmF, mkF                     *fetcher
+	partStream                    jetstream.Stream // the stream the partition consumers live on
+	member                        *partition.Member
+	mkCons                        jetstream.Consumer
+	mkF                           *fetcher
 	keys                          map[streams.Key]*entry
 	subjects                      map[string]subjectKey // subject -> key, parsed once
 	dirty                         []*entry
@@ -47,10 +59,14 @@ type Detector struct {
 	lastCommit                    time.Time
 	flight                        *inflight // the checkpoint being written, if any
 	stopping                      bool      // the graceful stop: checkpoint every changed state
+	revoking                      int       // sessions being revoked gracefully
+	consumed                      bool      // the member's Consume has returned
 	newEvents                     bool      // events emitted since the last checkpoint started
-	fpmLastSeq                    uint64    // highest FPM stream sequence delivered to the loop
 	mkLastSeq                     uint64    // highest FPM_EVENTS sequence delivered to the loop
 	mkLastStoredMs                int64     // its stream time
+	// markerSubjects are the drop marker subjects with a marker stored before the marker consumer
+	// started or read by it since: a publisher loaded without one has no marker to catch up.
+	markerSubjects map[string]bool
 }
 
 type subjectKey struct {
@@ -62,6 +78,7 @@ type subjectKey struct {
 // the KV revision of the checkpoint and the messages waiting for the next one.
 type entry struct {
 	key     streams.Key
+	part    int // its partition
 	kvSubj  string
 	st      State
 	t       tracker
@@ -71,8 +88,8 @@ type entry struct {
 	// written is when st was last checkpointed (or loaded).
 	written time.Time
 	// catchUp: FPMs of this publisher may exist between st.StreamSeq and the next one delivered (a
-	// fresh load after a restart, a rebalance or a lost checkpoint race); read them from the stream
-	// before applying the next delivered one.
+	// fresh load after a restart, a takeover or a lost checkpoint race); read them from the stream
+	// before applying the next delivered one (or before calling it stale).
 	catchUp   bool
 	lastLocal time.Time // when the loop last applied an FPM of it (wall clock, for the live stale check)
 	msgs      []jetstream.Msg
@@ -104,23 +121,22 @@ func WithClock(now func() time.Time) Option {
 	}
 }
 
-// WithPartition replaces the static partition of Config (PartitionIndex/PartitionCount) with p, for
-// example a dynamic partitioner. The durable names still follow Config.
-func WithPartition(p Partition) Option {
+// WithMemberID names the detector in its partition group (default <hostname>-<pid>-<random>).
+func WithMemberID(id string) Option {
 	return func(d *Detector) error {
-		if p == nil {
-			return fmt.Errorf("%w: nil partition", ErrInvalidConfig)
-		}
-		d.part = p
+		d.id = id
 		return nil
 	}
 }
 
 // New checks cfg and returns a Detector on js. Nothing is created on the server until Run; the
-// streams must exist (streams.Apply). Options: WithLogger, WithClock, WithPartition.
+// streams must exist (streams.Apply). Options: WithLogger, WithClock, WithMemberID.
 func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if err := cfg.PartitionConfig().Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
 	if js == nil {
 		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
@@ -134,11 +150,10 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) 
 		ready:    make(chan struct{}),
 		keys:     map[streams.Key]*entry{},
 		subjects: map[string]subjectKey{},
-	}
-	if cfg.PartitionCount > 1 {
-		d.part = Static{Index: cfg.PartitionIndex, Count: cfg.PartitionCount}
-	} else {
-		d.part = All{}
+		part:     &owned{cfg: cfg, sess: map[int]*psess{}},
+		in:       make(chan pitem, 1024),
+		lostCh:   make(chan *psess, partition.MaxPartitions),
+		quit:     make(chan struct{}),
 	}
 	for _, o := range opts {
 		if err := o(d); err != nil {
@@ -153,7 +168,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) 
 	return d, nil
 }
 
-// Ready is closed once Run has loaded the state, declared the consumers and started fetching.
+// Ready is closed once Run has joined the group and started reading.
 func (d *Detector) Ready() <-chan struct{} { return d.ready }
 
 // ioCtx bounds one server call made from the loop.
@@ -161,46 +176,43 @@ func (d *Detector) ioCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d.cfg.PublishTimeout)
 }
 
-// Run detects gaps until ctx is done, then stops gracefully within StopTimeout: it stops fetching,
-// applies the messages already received, checkpoints, publishes the pending events, acks and returns
-// nil. Messages not acked are redelivered and skipped if already reflected, so a stop anywhere
-// (even kill -9) neither loses a gap nor reports one twice.
+// Run detects gaps until ctx is done, then stops gracefully within StopTimeout: every owned partition
+// is handed on after its publishers are checkpointed, their events published and their messages
+// acked; it returns nil. Messages not acked are redelivered to the next owner and skipped if already
+// reflected, so a stop anywhere (even kill -9) neither loses a gap nor reports one twice.
 //
-// Before fetching, Run creates the state bucket if missing and loads the state of every owned
-// publisher in it (publishing events a previous run checkpointed but may not have stored).
+// Run creates the state bucket if missing and joins the partition group; each time it is given a
+// partition it loads the state of that partition's publishers (publishing events a previous owner
+// checkpointed but may not have stored) and catches them up from the stream.
 func (d *Detector) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
+	defer close(d.quit)
 	if err := d.setup(ctx); err != nil {
 		return err
 	}
-	itF, err := d.fpmCons.Messages(jetstream.PullMaxMessages(d.cfg.pullBatch()))
-	if err != nil {
-		return fmt.Errorf("gaps: fetch from consumer %s: %w", d.cfg.FPMDurable(), err)
-	}
-	itM, err := d.mkCons.Messages(jetstream.PullMaxMessages(min(d.cfg.pullBatch(), 256)))
-	if err != nil {
-		itF.Stop()
-		return fmt.Errorf("gaps: fetch from consumer %s: %w", d.cfg.MarkerDurable(), err)
-	}
-	d.fpmF = startFetcher("FPM", itF, 256)
-	d.mkF = startFetcher("drop marker", itM, 256)
+	ccx, ccancel := context.WithCancel(context.Background())
+	defer ccancel()
+	consumed := make(chan error, 1)
+	go func() { consumed <- d.member.Consume(ccx, d.handle) }()
 	d.lastCommit = d.now()
 	d.logger.Info("gap detector started", "group", d.cfg.Group, "filter", d.cfg.FilterSubject,
-		"partition", fmt.Sprintf("%d/%d", d.cfg.PartitionIndex, d.cfg.PartitionCount),
-		"stale_after", d.cfg.StaleAfter, "marker_grace", d.cfg.MarkerGrace, "publishers", len(d.keys))
+		"partitions", d.cfg.Partitions, "member", d.member.ID(),
+		"stale_after", d.cfg.StaleAfter, "marker_grace", d.cfg.MarkerGrace)
 	close(d.ready)
 
-	if err := d.loop(ctx); err != nil {
-		d.abort()
+	err := d.loop(ctx, consumed)
+	if err != nil {
+		ccancel()
+		d.abort(consumed)
 		return err
 	}
 	return d.shutdown()
 }
 
-// setup creates the state bucket, looks up the streams, loads the owned publishers' state and
-// declares the consumers.
+// setup creates the state bucket, looks up the streams, starts reading drop markers and joins the
+// partition group.
 func (d *Detector) setup(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
@@ -217,45 +229,62 @@ func (d *Detector) setup(ctx context.Context) error {
 	if d.evStream, err = d.js.Stream(sctx, streams.StreamEvents); err != nil {
 		return fmt.Errorf("gaps: stream %s: %w", streams.StreamEvents, err)
 	}
-	if d.fpmCons, err = d.js.CreateOrUpdateConsumer(sctx, streams.StreamFPM, d.cfg.FPMConsumerConfig()); err != nil {
-		return fmt.Errorf("gaps: declare consumer %s on %s: %w", d.cfg.FPMDurable(), streams.StreamFPM, err)
-	}
-	if d.mkCons, err = d.js.CreateOrUpdateConsumer(sctx, streams.StreamEvents, d.cfg.MarkerConsumerConfig()); err != nil {
-		return fmt.Errorf("gaps: declare consumer %s on %s: %w", d.cfg.MarkerDurable(), streams.StreamEvents, err)
-	}
-	info, err := d.fpmCons.Info(sctx)
+	// Drop markers: every instance reads all of them from now on (markers stored before are read by
+	// direct get when a publisher is loaded) and applies those of the publishers it owns.
+	evInfo, err := d.evStream.Info(sctx, jetstream.WithSubjectFilter(d.cfg.MarkerFilter()))
 	if err != nil {
-		return fmt.Errorf("gaps: consumer %s: %w", d.cfg.FPMDurable(), err)
+		return fmt.Errorf("gaps: stream %s: %w", streams.StreamEvents, err)
 	}
-	if err := d.preload(sctx); err != nil {
-		return err
+	d.markerSubjects = make(map[string]bool, len(evInfo.State.Subjects))
+	for subj := range evInfo.State.Subjects {
+		d.markerSubjects[subj] = true
 	}
-	// Messages a previous run acked after its last checkpoint of a publisher are not redelivered:
-	// re-read them from the stream, up to the last one the consumer delivered.
-	for _, e := range d.keys {
-		if err := d.catchUpFPM(e, info.Delivered.Stream+1); err != nil {
-			return err
-		}
+	d.mkLastSeq = evInfo.State.LastSeq
+	if d.mkCons, err = d.evStream.OrderedConsumer(sctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{d.cfg.MarkerFilter()},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    evInfo.State.LastSeq + 1,
+	}); err != nil {
+		return fmt.Errorf("gaps: read drop markers on %s: %w", streams.StreamEvents, err)
+	}
+	itM, err := d.mkCons.Messages(jetstream.PullMaxMessages(256))
+	if err != nil {
+		return fmt.Errorf("gaps: read drop markers on %s: %w", streams.StreamEvents, err)
+	}
+	d.mkF = startFetcher("drop marker", itM, 256)
+	opts := []partition.Option{partition.WithLogger(d.logger)}
+	if d.id != "" {
+		opts = append(opts, partition.WithMemberID(d.id))
+	}
+	if d.member, err = partition.Join(sctx, d.js, d.cfg.PartitionConfig(), opts...); err != nil {
+		d.mkF.stop()
+		return fmt.Errorf("gaps: join group %s: %w", d.cfg.Group, err)
+	}
+	if d.partStream, err = d.js.Stream(sctx, d.cfg.PartitionConfig().ConsumerStream()); err != nil {
+		d.mkF.stop()
+		return fmt.Errorf("gaps: group %s: %w", d.cfg.Group, err)
 	}
 	return nil
 }
 
-// loop handles messages and ticks until ctx is done (nil) or something fails.
-func (d *Detector) loop(ctx context.Context) error {
+// loop handles messages, partition changes and ticks until the member has stopped (nil: graceful)
+// or something fails. ctx done starts the graceful stop: the member hands every partition on.
+func (d *Detector) loop(ctx context.Context, consumed <-chan error) error {
 	tick := time.NewTicker(min(d.cfg.tick(), d.cfg.CommitInterval))
 	defer tick.Stop()
+	done := ctx.Done()
+	var stopErr chan error
 	for {
 		select {
-		case m, ok := <-d.fpmF.msgs:
-			if !ok {
-				return d.fpmF.failure()
-			}
-			if err := d.handleFPM(m); err != nil {
+		case it := <-d.in:
+			if err := d.handleItem(it); err != nil {
 				return err
 			}
 			if err := d.more(); err != nil {
 				return err
 			}
+		case s := <-d.lostCh:
+			d.lose(s)
 		case m, ok := <-d.mkF.msgs:
 			if !ok {
 				return d.mkF.failure()
@@ -272,22 +301,49 @@ func (d *Detector) loop(ctx context.Context) error {
 			}
 		case <-tick.C:
 			d.onTick()
-		case <-ctx.Done():
+		case <-done:
+			done = nil
+			d.stopping = true
+			stopErr = make(chan error, 1)
+			go func() {
+				sctx, cancel := context.WithTimeout(context.Background(), d.cfg.StopTimeout+d.cfg.PublishTimeout)
+				defer cancel()
+				stopErr <- d.member.Stop(sctx)
+			}()
+		case err := <-consumed:
+			d.consumed = true
+			if stopErr != nil {
+				<-stopErr
+			}
+			for {
+				select {
+				case s := <-d.lostCh:
+					d.lose(s)
+					continue
+				default:
+				}
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("gaps: group %s: %w", d.cfg.Group, err)
+			}
+			if done != nil {
+				return fmt.Errorf("gaps: group %s: member stopped", d.cfg.Group)
+			}
 			return nil
 		}
+		d.settleRevokes()
 		d.maybeCommit()
 	}
 }
 
 // more takes up to burst messages that are already waiting, without blocking.
 func (d *Detector) more() error {
-	for range burst {
+	for n := 0; n < burst; n++ {
 		select {
-		case m, ok := <-d.fpmF.msgs:
-			if !ok {
-				return d.fpmF.failure()
-			}
-			if err := d.handleFPM(m); err != nil {
+		case it := <-d.in:
+			n += len(it.ms)
+			if err := d.handleItem(it); err != nil {
 				return err
 			}
 		case m, ok := <-d.mkF.msgs:
@@ -313,14 +369,15 @@ func (d *Detector) flightDone() <-chan struct{} {
 }
 
 // maybeCommit starts a checkpoint, unless one is in flight, when events wait to be published, when
-// an eighth of MaxAckPending waits, or when CommitInterval has passed.
+// an eighth of MaxAckPending waits, when a partition is being handed on, or when CommitInterval has
+// passed.
 func (d *Detector) maybeCommit() {
 	if len(d.dirty) == 0 || d.flight != nil {
 		return
 	}
 	now := d.now()
-	idle := len(d.fpmF.msgs) == 0 && len(d.mkF.msgs) == 0
-	if !idle && d.held < d.cfg.MaxAckPending/8 && now.Sub(d.lastCommit) < d.cfg.CommitInterval && !d.eventsWaiting() {
+	idle := len(d.in) == 0 && len(d.mkF.msgs) == 0
+	if !idle && d.held < d.cfg.MaxAckPending/8 && now.Sub(d.lastCommit) < d.cfg.CommitInterval && !d.eventsWaiting() && d.revoking == 0 {
 		return
 	}
 	d.lastCommit = now
@@ -366,30 +423,32 @@ func (d *Detector) subjectKeyOf(subject, root string) (streams.Key, bool) {
 	return k, err == nil
 }
 
-// handleFPM applies one delivered FPM.
-func (d *Detector) handleFPM(m jetstream.Msg) error {
+// handleFPM applies one delivered FPM of partition p.
+func (d *Detector) handleFPM(m jetstream.Msg, p int) error {
 	meta, err := m.Metadata()
 	if err != nil {
 		d.terminate(m, "FPM", fmt.Errorf("metadata: %w", err))
 		return nil
 	}
 	seq := meta.Sequence.Stream
-	d.fpmLastSeq = max(d.fpmLastSeq, seq)
+	if d.cfg.Partitions > 1 { // a partition stream: the FPM sequence is in Nats-Stream-Source
+		if seq, err = partition.StreamSequence(m); err != nil {
+			d.terminate(m, "FPM", err)
+			return nil
+		}
+	}
 	key, ok := d.subjectKeyOf(m.Subject(), streams.FPMRoot)
 	if !ok {
 		d.terminate(m, "FPM", fmt.Errorf("subject %q is not fpm.<namespace>.<component>.<worker_id>.<dp_rank>", m.Subject()))
 		return nil
 	}
-	if !d.part.Owns(key) {
-		d.unload(key)
-		_ = m.Ack()
-		return nil
-	}
 	e, err := d.entry(key)
 	if err != nil {
-		d.logger.Warn("gap detector: cannot load publisher state; message will be redelivered", "key", key.String(), "err", err)
-		_ = m.NakWithDelay(time.Second)
-		return nil
+		// Not acked and not skippable: give the partition up (Run fails, another member takes it).
+		return fmt.Errorf("gaps: load state of %s: %w", key, err)
+	}
+	if e.part != p {
+		d.logger.Warn("gap detector: publisher delivered on another partition than computed", "key", key.String(), "partition", p, "computed", e.part)
 	}
 	d.hold(e, m)
 	if seq <= e.st.StreamSeq {
@@ -398,9 +457,7 @@ func (d *Detector) handleFPM(m jetstream.Msg) error {
 	}
 	if e.catchUp {
 		if err := d.catchUpFPM(e, seq); err != nil {
-			d.logger.Warn("gap detector: catch-up read failed; state reloaded later", "key", key.String(), "err", err)
-			d.drop(e, true)
-			return nil
+			return err
 		}
 	}
 	o, err := observation(m.Headers(), m.Data(), seq, meta.Timestamp)
@@ -433,33 +490,30 @@ func (d *Detector) apply(e *entry, o *Observation) {
 	d.metrics.outOfOrder.Add(float64(n.OutOfOrder - c.OutOfOrder))
 }
 
-// handleMarker applies one delivered drop marker.
+// handleMarker applies one delivered drop marker (an ordered consumer: nothing to ack; a publisher
+// loaded later reads the markers after its MarkerSeq by direct get).
 func (d *Detector) handleMarker(m jetstream.Msg) error {
 	meta, err := m.Metadata()
 	if err != nil {
-		d.terminate(m, streams.StreamEvents, fmt.Errorf("metadata: %w", err))
 		return nil
 	}
 	seq := meta.Sequence.Stream
 	d.mkLastSeq = max(d.mkLastSeq, seq)
 	d.mkLastStoredMs = max(d.mkLastStoredMs, meta.Timestamp.UnixMilli())
+	d.markerSubjects[m.Subject()] = true
 	key, ok := d.subjectKeyOf(m.Subject(), streams.EventsRoot+".drop")
 	if !ok {
-		d.terminate(m, streams.StreamEvents, fmt.Errorf("subject %q is not a drop marker subject", m.Subject()))
+		d.metrics.invalid.WithLabelValues(streams.StreamEvents).Inc()
+		d.logger.Warn("gap detector: drop marker with a bad subject ignored", "subject", m.Subject())
 		return nil
 	}
 	if !d.part.Owns(key) {
-		d.unload(key)
-		_ = m.Ack()
 		return nil
 	}
 	e, err := d.entry(key)
 	if err != nil {
-		d.logger.Warn("gap detector: cannot load publisher state; marker will be redelivered", "key", key.String(), "err", err)
-		_ = m.NakWithDelay(time.Second)
-		return nil
+		return fmt.Errorf("gaps: load state of %s: %w", key, err)
 	}
-	d.hold(e, m)
 	if seq <= e.st.MarkerSeq {
 		d.metrics.skipped.Inc()
 		return nil
@@ -539,6 +593,11 @@ func observation(h map[string][]string, body []byte, streamSeq uint64, stored ti
 // onTick runs the wall-clock checks: stale publishers and marker graces that have passed.
 func (d *Detector) onTick() {
 	now := d.now()
+	for _, s := range d.part.sess {
+		if s.lost.Load() { // normally seen on lostCh already
+			d.lose(s)
+		}
+	}
 	var stale []*entry
 	pending, nStale := 0, 0
 	for _, e := range d.keys {
@@ -552,12 +611,13 @@ func (d *Detector) onTick() {
 		}
 		pending += len(e.st.Pending)
 	}
-	if len(stale) > 0 && d.caughtUp(d.fpmCons, d.fpmF, d.fpmLastSeq) {
-		for _, e := range stale {
-			if e.t.markStale() {
-				nStale++
-				d.touch(e)
-			}
+	for _, e := range stale {
+		if !d.silent(e) {
+			continue
+		}
+		if e.t.markStale() {
+			nStale++
+			d.touch(e)
 		}
 	}
 	if pending > 0 {
@@ -578,9 +638,25 @@ func (d *Detector) onTick() {
 	d.metrics.publishers.Set(float64(len(d.keys)))
 }
 
-func (d *Detector) caughtUp(c jetstream.Consumer, f *fetcher, last uint64) bool {
-	_, ok := d.caughtUpAt(c, f, last)
-	return ok
+// silent reports whether the stream holds no FPM of e after the last one applied (reading those a
+// takeover left to catch up first): then it is stale, whatever the partition consumer still holds.
+func (d *Detector) silent(e *entry) bool {
+	if e.catchUp {
+		before := e.st.StreamSeq
+		if err := d.catchUpFPM(e, math.MaxUint64); err != nil {
+			d.logger.Warn("gap detector: catch-up read failed", "key", e.key.String(), "err", err)
+			e.catchUp = true
+			return false
+		}
+		if e.st.StreamSeq != before {
+			e.lastLocal = d.now()
+			return false
+		}
+	}
+	ctx, cancel := d.ioCtx()
+	defer cancel()
+	_, err := d.fpmStream.GetMsg(ctx, e.st.StreamSeq+1, jetstream.WithGetMsgSubject(streams.FPMSubject(e.key)))
+	return errors.Is(err, jetstream.ErrMsgNotFound)
 }
 
 // caughtUpAt reports whether every message stored for consumer c has reached the loop, and the
@@ -604,82 +680,44 @@ func (d *Detector) caughtUpAt(c jetstream.Consumer, f *fetcher, last uint64) (ti
 	return info.TimeStamp, true
 }
 
-// shutdown is the graceful stop: stop pulling, apply what was delivered, checkpoint, publish, ack.
+// shutdown ends a graceful stop: the member has handed every partition on (each after its
+// publishers were checkpointed and acked); stop reading markers and flush the acks.
 func (d *Detector) shutdown() error {
-	deadline := d.now().Add(d.cfg.StopTimeout)
-	for _, f := range []*fetcher{d.fpmF, d.mkF} {
-		f.drain()
-	}
-	timer := time.NewTimer(d.cfg.StopTimeout)
-	defer timer.Stop()
-	fpm, mk := d.fpmF.msgs, d.mkF.msgs
-	for fpm != nil || mk != nil {
-		select {
-		case m, ok := <-fpm:
-			if !ok {
-				fpm = nil
-				continue
-			}
-			_ = d.handleFPM(m)
-		case m, ok := <-mk:
-			if !ok {
-				mk = nil
-				continue
-			}
-			_ = d.handleMarker(m)
-		case <-timer.C:
-			d.logger.Warn("gap detector: stop timeout; messages not yet applied will be redelivered")
-			fpm, mk = nil, nil
-		}
-	}
-	d.fpmF.stop()
 	d.mkF.stop()
-	d.stopping = true
-	for _, e := range d.keys {
-		if e.changed {
-			d.markDirty(e)
-		}
-	}
-	var err error
-	for len(d.dirty) > 0 || d.flight != nil {
-		if err = d.commit(); err == nil && !d.outboxPending() && len(d.dirty) == 0 {
-			break
-		}
-		if d.now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	d.nakHeld()
-	d.flushAcks()
-	if err != nil {
-		return fmt.Errorf("gaps: final checkpoint: %w", err)
-	}
-	d.logger.Info("gap detector stopped")
-	return nil
-}
-
-// abort ends a failed run: nothing more is checkpointed; held messages are naked (redelivered).
-func (d *Detector) abort() {
-	for _, f := range []*fetcher{d.fpmF, d.mkF} {
-		f.stop()
-	}
 	if d.flight != nil {
 		<-d.flight.done
 		_ = d.finishCommit()
 	}
-	d.nakHeld()
+	d.forgetAll()
+	d.flushAcks()
+	d.logger.Info("gap detector stopped")
+
+	return nil
+}
+
+// abort ends a failed run: the member gives its partitions up abruptly; nothing more is checkpointed
+// and held messages stay unacked (the next owner gets them again).
+func (d *Detector) abort(consumed <-chan error) {
+	if d.member != nil && !d.consumed {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = d.member.Stop(ctx)
+		<-consumed
+	}
+	d.mkF.stop()
+	if d.flight != nil {
+		<-d.flight.done
+		_ = d.finishCommit()
+	}
+	d.forgetAll()
 	d.flushAcks()
 }
 
-func (d *Detector) nakHeld() {
+func (d *Detector) forgetAll() {
 	for _, e := range d.keys {
-		for _, m := range e.msgs {
-			_ = m.Nak()
-		}
-		d.held -= len(e.msgs)
-		e.msgs = nil
+		d.drop(e)
 	}
+	clear(d.part.sess)
 }
 
 // flushAcks waits until the server has received the acks sent so far.

@@ -18,14 +18,15 @@
 //
 // One FPM travels through these files:
 //
-//	detector.go   Detector: New, Run, Ready; the loop over both consumers, ticks, graceful stop
-//	fetch.go      a goroutine per consumer moving pulled messages onto a channel
+//	detector.go   Detector: New, Run, Ready; the loop over partitions and markers, ticks, graceful stop
+//	session.go    the partition.Handler: partitions gained, handed on (checkpoint, ack) and lost
+//	fetch.go      a goroutine moving pulled drop markers onto a channel
 //	tracker.go    the per-publisher rules (pure: state in, state and events out)
 //	marker.go     ParseDropMarker, the bridge's drop marker (fuzzed)
 //	event.go      Event (the JSON format), causes, deterministic event ids
 //	state.go      State, one publisher's checkpoint, and its KV key
 //	store.go      loading, catching up and checkpointing state; publishing events; acking
-//	partition.go  which publishers an instance owns (All, Static i/n)
+//	partition.go  which publishers an instance owns (the partitions it holds now)
 //	report.go     BuildReport: `fpmbus gaps report`
 //	metrics.go    Prometheus metrics (fpmbus_gaps_*)
 //	heartbeat.go  heartbeat detection without a full parse
@@ -36,25 +37,43 @@
 //     applied; a delivered message at or below it is a redelivery and is skipped. A publisher loaded
 //     from its checkpoint first re-reads (direct get by subject) its FPMs between the checkpoint and
 //     the first one delivered, so a message acked after the checkpoint is never lost to it.
+//
 //   - A message whose effect is more than "the sequence advanced by one" (a gap, a marker, a
 //     duplicate, an event, ...) is acked only after the State reflecting it is in the state bucket,
 //     written with the expected revision (a concurrent writer makes the write fail and the publisher
-//     is reloaded). Plain advances are acked at once and checkpointed every CheckpointInterval: the
-//     re-read above covers them.
+//     is reloaded; its held messages are acked once it is, the re-read covering them). Plain advances
+//     are acked with the next commit without waiting for a state write, and checkpointed at most
+//     every CheckpointInterval (and when their partition is handed on): the re-read above covers
+//     them. A publisher is called stale only when FPM holds nothing of it after its last applied
+//     message (a direct get, after the re-read if a takeover left one to do).
+//
 //   - Events are checkpointed in State.Outbox before they are published, and published with a
 //     deterministic Nats-Msg-Id (gap:<key>:<epoch>:<first>-<last>, …:restart, stale:…, resumed:…);
 //     a loaded outbox is reconciled with the events already stored on the publisher's subject, so a
 //     crash anywhere stores each event once.
+//
 //   - Event content comes from the messages (bridge receive time, epochs, sequence numbers) and from
 //     stream time, never from the detector's clock; the wall clock only decides when to look (stale
 //     publishers while caught up).
+//
 //   - A revealed gap is classified zmq_drop only when every drop marker stored up to
 //     (its revealing FPM's stream time + MarkerGrace) has been applied: the marker consumer has
 //     passed that stream time, or is caught up with the server's clock past it.
 //
+//   - Publishers are shared through consumers/partition (group Config.Group, Config.Partitions,
+//     keyed by the publisher): only the member holding a publisher's partition applies its FPMs and
+//     markers. Handing a partition on gracefully first checkpoints, publishes and acks everything of
+//     its publishers; a lost partition is forgotten at once, without writing (a checkpoint already in
+//     flight is fenced by the expected revision). A message is never Nak'ed: what is not acked comes
+//     again to the next owner.
+//
+//   - Drop markers are read by an ordered consumer per instance from its start; a loaded publisher
+//     first reads by direct get its markers after MarkerSeq (only if its subject has any).
+//
 // # Ownership
 //
-// Run's goroutine owns all state. It starts two fetcher goroutines and at most one checkpoint
-// goroutine at a time (which touches only its own snapshot), and stops them before returning. There
-// are no mutexes.
+// Run's goroutine owns all state. It starts the marker fetcher goroutine, the partition member
+// (whose handler goroutines only forward messages and partition changes to the loop on one
+// channel) and at most one checkpoint goroutine at a time (which touches only its own snapshot), and
+// stops them before returning. There are no mutexes.
 package gaps

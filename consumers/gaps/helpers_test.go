@@ -71,6 +71,7 @@ func testConfig() Config {
 	c.CommitInterval = 20 * time.Millisecond
 	c.AckWait = 2 * time.Second
 	c.StopTimeout = 5 * time.Second
+	c.PinnedTTL = 3 * time.Second
 	return c
 }
 

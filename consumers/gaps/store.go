@@ -25,7 +25,7 @@ func (d *Detector) kvSubject(k streams.Key) string {
 
 func (d *Detector) newEntry(k streams.Key) *entry {
 	now := d.now()
-	e := &entry{key: k, kvSubj: d.kvSubject(k), catchUp: true, lastLocal: now, written: now}
+	e := &entry{key: k, part: d.partitionOf(k), kvSubj: d.kvSubject(k), catchUp: true, lastLocal: now, written: now}
 	e.st.V, e.st.Key = stateVersion, keyJSON(k)
 	e.t = tracker{key: k, st: &e.st, r: d.rules, onEmit: func(*Event) { d.newEvents = true }}
 	return e
@@ -48,9 +48,10 @@ func (d *Detector) decodeState(e *entry, raw *jetstream.RawStreamMsg) {
 	e.st.Key = keyJSON(e.key)
 }
 
-// preload loads the state of every owned publisher of the group, so that a publisher that stays
-// silent after a restart is still found stale, and publishes what its outbox holds.
-func (d *Detector) preload(ctx context.Context) error {
+// preload loads the state of every publisher of partition p of the group not loaded yet, so that a
+// publisher that stays silent after a takeover is still found stale, and publishes what its outbox
+// holds.
+func (d *Detector) preload(ctx context.Context, p int) error {
 	filter := "$KV." + d.cfg.StateBucket + "." + d.cfg.Group + ".>"
 	oc, err := d.kvStream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
@@ -74,7 +75,7 @@ func (d *Detector) preload(ctx context.Context) error {
 			n++
 			left--
 			k, ok := keyFromKV(d.cfg.Group, m.Subject()[prefix:])
-			if !ok || !d.part.Owns(k) {
+			if !ok || d.keys[k] != nil || d.partitionOf(k) != p {
 				continue
 			}
 			meta, err := m.Metadata()
@@ -103,12 +104,26 @@ func (d *Detector) entry(k streams.Key) (*entry, error) {
 	if e := d.keys[k]; e != nil {
 		return e, nil
 	}
+	return d.load(k, false)
+}
+
+// load loads k's state from the bucket, unless its partition's keys were read when it was acquired
+// and k was not among them (a write by someone else since makes the first checkpoint fail and k
+// reload with reread).
+func (d *Detector) load(k streams.Key, reread bool) (*entry, error) {
 	e := d.newEntry(k)
-	ctx, cancel := d.ioCtx()
-	raw, err := d.kvStream.GetLastMsgForSubject(ctx, e.kvSubj)
-	cancel()
+	var raw *jetstream.RawStreamMsg
+	var err error = jetstream.ErrMsgNotFound
+	if s := d.part.sess[e.part]; reread || s == nil || !s.scanned {
+		ctx, cancel := d.ioCtx()
+		raw, err = d.kvStream.GetLastMsgForSubject(ctx, e.kvSubj)
+		cancel()
+	}
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
+		// Never checkpointed: none of its FPMs was acked (the first one changes more than the
+		// sequence, so it is acked only after its state is written), nothing to re-read.
+		e.catchUp = false
 	case err != nil:
 		return nil, fmt.Errorf("load state: %w", err)
 	default:
@@ -129,6 +144,9 @@ func (d *Detector) prepare(e *entry) error {
 			return err
 		}
 		d.touch(e)
+	}
+	if !d.markerSubjects[streams.DropMarkerSubject(e.key)] {
+		return nil // no marker of it stored before the marker consumer started nor read since
 	}
 	before := e.st.MarkerSeq
 	if err := d.catchUpMarkers(e); err != nil {
@@ -229,21 +247,8 @@ func parseCounter(body []byte) (uint64, error) {
 	return uint64(f.CounterID), nil
 }
 
-// unload forgets k (ownership lost): its held messages are naked, to be acked as not owned when
-// redelivered; its state is in the bucket for the next owner.
-func (d *Detector) unload(k streams.Key) {
-	if e := d.keys[k]; e != nil {
-		d.drop(e, true)
-	}
-}
-
-// drop forgets e; with nak its held messages are redelivered.
-func (d *Detector) drop(e *entry, nak bool) {
-	for _, m := range e.msgs {
-		if nak {
-			_ = m.Nak()
-		}
-	}
+// drop forgets e; its held messages stay unacked (the partition's next owner gets them again).
+func (d *Detector) drop(e *entry) {
 	d.held -= len(e.msgs)
 	e.msgs = nil
 	delete(d.keys, e.key)
@@ -254,6 +259,25 @@ func (d *Detector) drop(e *entry, nak bool) {
 		}
 	}
 	e.isDirty = false
+}
+
+// reload replaces e, whose checkpoint another writer changed, by the state in the bucket. Its held
+// messages are acked: the reloaded entry re-reads from the stream every FPM after its checkpoint.
+func (d *Detector) reload(e *entry, msgs []jetstream.Msg) {
+	d.drop(e)
+	if _, err := d.load(e.key, true); err != nil {
+		d.logger.Warn("gap detector: reload publisher state", "key", e.key.String(), "err", err)
+		return // its next message loads it; the messages stay unacked
+	}
+	for _, m := range msgs {
+		_ = m.Ack()
+	}
+}
+
+// isRevoking reports whether partition p is being handed on (checkpoint everything changed).
+func (d *Detector) isRevoking(p int) bool {
+	s := d.part.sess[p]
+	return s != nil && s.revoking
 }
 
 // commitItem is one publisher's part of a checkpoint: its state bytes (nil when only already
@@ -295,7 +319,7 @@ func (d *Detector) startCommit() {
 		e.msgs = nil
 		// A state that only advanced its sequence is written at most every CheckpointInterval: its
 		// messages are acked anyway (a restart re-reads them from the stream after the checkpoint).
-		if e.changed && (e.t.significant || d.stopping || f.start.Sub(e.written) >= d.cfg.CheckpointInterval) {
+		if e.changed && (e.t.significant || d.stopping || d.isRevoking(e.part) || f.start.Sub(e.written) >= d.cfg.CheckpointInterval) {
 			data, err := json.Marshal(&e.st)
 			if err != nil { // cannot happen: State has only plain fields
 				d.logger.Error("gap detector: encode state", "key", e.key.String(), "err", err)
@@ -427,9 +451,7 @@ func (d *Detector) write(f *inflight) {
 	for _, it := range f.items {
 		switch {
 		case it.conflict:
-			for _, m := range it.msgs {
-				_ = m.Nak()
-			}
+			// Left to finishCommit: the publisher is reloaded, then its messages acked.
 		case it.err == nil && len(it.confirmed) == len(it.events):
 			for _, m := range it.msgs {
 				_ = m.Ack()
@@ -455,7 +477,10 @@ func (d *Detector) finishCommit() error {
 			if live {
 				d.metrics.conflicts.Inc()
 				d.logger.Warn("gap detector: publisher state changed by another writer; reloading", "key", e.key.String())
-				d.drop(e, true)
+				d.held -= len(e.msgs)
+				held := append(it.msgs, e.msgs...)
+				e.msgs = nil
+				d.reload(e, held)
 			}
 			continue
 		}
@@ -491,10 +516,7 @@ func (d *Detector) finishCommit() error {
 			}
 		}
 		if !live {
-			for _, m := range it.msgs {
-				_ = m.Nak()
-			}
-			d.held -= len(it.msgs)
+			d.held -= len(it.msgs) // unacked: the partition's next owner gets them again
 			continue
 		}
 		// Retry with the next checkpoint: the messages wait again, the state is written again.
