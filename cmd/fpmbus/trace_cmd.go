@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -123,14 +124,19 @@ func runTrace(ctx context.Context, args []string) error {
 			return runTraceInfo(ctx, args[1:])
 		}
 	}
-	fs := newFlagSet("trace", "trace [--server URL] [--trace-mode sampled|full] [--trace-output PATH] [--group NAME] [--filter SUBJECT] …\n       fpmbus trace backfill --since T --until T | --start-seq N --end-seq M [--trace-mode …] [--trace-output …]\n       fpmbus trace info [--json] FILE|DIR…")
+	fs := newFlagSet("trace", "trace [--server URL] [--trace-mode sampled|full] [--trace-output PATH] [--group NAME [--partitions N]] [--filter SUBJECT] …\n       fpmbus trace backfill --since T --until T | --start-seq N --end-seq M [--trace-mode …] [--trace-output …]\n       fpmbus trace info [--json] FILE|DIR…")
 	conn := connFlags(fs, "trace")
 	scfg := streamFlags(fs)
 	topts := traceFlags(fs)
+	gopts := traceGroupFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg, err := topts.config()
+	if err != nil {
+		return err
+	}
+	group, err := gopts.options(cfg)
 	if err != nil {
 		return err
 	}
@@ -162,6 +168,43 @@ func runTrace(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if group != nil {
+		return w.RunGroup(ctx, *group)
+	}
 	// Run flushes the connection after its last acks, so closing afterwards loses none.
 	return w.Run(ctx)
+}
+
+// traceGroupOptions are the scale-out flags of `fpmbus trace` (not of `fpmbus up`).
+type traceGroupOptions struct {
+	partitions int
+	pinnedTTL  time.Duration
+	member     string
+}
+
+func traceGroupFlags(fs *flag.FlagSet) *traceGroupOptions {
+	o := &traceGroupOptions{}
+	fs.IntVar(&o.partitions, "partitions", 0, "scale-out (0: off, one writer per --group on a plain durable consumer). "+
+		"1: instances with the same --group form a group with one active writer and hot standbys (consumer <group> on FPM). "+
+		"N > 1: they share N partitions of the producers (keyed by worker_id) through the copy stream FPM_PART_<group> "+
+		"(every message stored twice); a producer's files have one writer at a time. All instances need the same --trace-output directory "+
+		"(one host or a shared file system) and the same --partitions; not with --producer-id unless 1")
+	fs.DurationVar(&o.pinnedTTL, "pinned-ttl", partition.DefaultPinnedTTL, "with --partitions: how long a crashed instance keeps its partitions before the others take them over (at least 3s)")
+	fs.StringVar(&o.member, "member-id", "", "with --partitions: this instance's name in the group (default <host>-<pid>-<random>)")
+	return o
+}
+
+// options returns the group options, nil when scale-out is off; a bad combination is a usage error.
+func (o *traceGroupOptions) options(cfg trace.Config) (*trace.GroupOptions, error) {
+	switch {
+	case o.partitions < 0:
+		return nil, fmt.Errorf("%w: --partitions %d: want 0 (off) or 1 to %d", errUsage, o.partitions, partition.MaxPartitions)
+	case o.partitions == 0:
+		return nil, nil
+	}
+	g := &trace.GroupOptions{Partitions: o.partitions, PinnedTTL: o.pinnedTTL, MemberID: o.member}
+	if _, err := cfg.PartitionConfig(*g); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return g, nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -52,6 +53,14 @@ type Writer struct {
 	metrics    *metrics
 	ready      chan struct{}
 	running    atomic.Bool
+
+	// Scale-out (group.go): the membership of RunGroup; in a partition session, the parent's start
+	// (fixedStart), no naks (a partition's messages are only redelivered by the next owner's reset)
+	// and the takeover check.
+	member     *partition.Member
+	fixedStart time.Time
+	noNak      bool
+	takeover   *takeover
 
 	// Run state, owned by Run's goroutine.
 	start     time.Time
@@ -291,7 +300,10 @@ func (w *Writer) prepareOutput() error {
 // floor (nil: none).
 func (w *Writer) consume(ctx context.Context, src msgSource, floors <-chan uint64, bounded bool) error {
 	f := startFetcher(src, w.cfg.pullBatch(), w.cfg.ProducerID, w.meta)
-	w.start = w.now()
+	w.start = w.fixedStart
+	if w.start.IsZero() {
+		w.start = w.now()
+	}
 	w.fl = startFlusher(w.retry, w.reportRetry)
 	close(w.ready)
 	if err := w.loop(ctx, f, floors, bounded); err != nil {
@@ -333,6 +345,9 @@ func (w *Writer) loop(ctx context.Context, f *fetcher, floors <-chan uint64, bou
 		case floor := <-floors:
 			w.seqs.trim(floor)
 		case <-tick.C:
+			if w.takeover != nil && w.takeover.lost() {
+				return errPartitionLost
+			}
 			if w.sampler != nil {
 				if err := w.sampler.emitDue(w, w.now()); err != nil {
 					return err
@@ -402,6 +417,9 @@ func (w *Writer) flushAcks() {
 // dropped (the held copy's ack settles it). A message that can never be written is terminated:
 // redelivery cannot fix it.
 func (w *Writer) handle(f fetched) error {
+	if w.takeover != nil && w.takeover.lost() {
+		return errPartitionLost
+	}
 	r := f.rec
 	if r.delivered > 1 {
 		switch held, done := w.seqs.status(r.seq); {
@@ -426,6 +444,19 @@ func (w *Writer) handle(f fetched) error {
 		}
 		w.seqs.finish(r.seq)
 		return nil
+	}
+	if w.takeover != nil {
+		switch written, err := w.takeover.written(&r); {
+		case err != nil:
+			return err
+		case written:
+			w.metrics.skippedWritten.Inc()
+			w.seqs.finish(r.seq)
+			if err := r.msg.Ack(); err != nil {
+				w.logger.Warn("trace writer: ack of a message written by the previous owner", "seq", r.seq, "err", err)
+			}
+			return nil
+		}
 	}
 	w.seqs.hold(r.seq)
 	if w.sampler != nil {
@@ -529,7 +560,9 @@ func (w *Writer) abort(f *fetcher) {
 		if held, done := w.seqs.status(m.rec.seq); m.rec.delivered > 1 && (held || done) {
 			continue // a redelivered copy of a message this writer holds or settled
 		}
-		_ = m.rec.msg.Nak()
+		if !w.noNak {
+			_ = m.rec.msg.Nak()
+		}
 	}
 	_ = w.awaitFlush() // its durable lines are acked
 	w.fl.stop()
@@ -546,7 +579,9 @@ func (w *Writer) closeFailed() {
 		n, _ := p.ackDurable(w.seqs)
 		w.waiting -= n
 		for _, pa := range p.pending {
-			_ = pa.msg.Nak()
+			if !w.noNak {
+				_ = pa.msg.Nak()
+			}
 			w.seqs.release(pa.sseq)
 		}
 		w.waiting -= len(p.pending)

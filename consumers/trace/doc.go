@@ -49,9 +49,46 @@
 //     from the writer's clock; only the outer timestamp is writer-relative, as in Dynamo. Sampled
 //     intervals are aligned to event time, so a backfill of a range writes the live writer's events.
 //
-// Scale-out: the loop reads from a msgSource (fetch.go) and resolves stream sequences through a metaOf
-// function (line.go), so a partitioned group (consumers/partition) can hand one partition's messages
-// in, with the FPM stream sequence from partition.StreamSequence; on revoke, Writer.release flushes,
-// acks and closes that partition's producers. Producers must then map to partitions one to one (two
-// instances must never write one producer's files).
+// # Scale-out (RunGroup, `fpmbus trace --partitions N`)
+//
+// Several instances with the same group name (Config.Durable, --group) share the work by partition,
+// through consumers/partition: JetStream's own partitioning (the server's partition() subject
+// transform into a copy stream FPM_PART_<group>, one pinned-client durable per partition, members in
+// KV FPM_GROUPS, a consumer reset on every takeover). Not orbit.go pcgroups: its static groups need a
+// partition token in the FPM subjects themselves, and its elastic groups move partitions only when an
+// administrator edits their membership, not when an instance stops or crashes, and have no reset on
+// takeover (see consumers/partition/doc.go).
+//
+//   - Files are per producer, so the partition key is the worker_id token alone (token 3 of
+//     fpm.<namespace>.<component>.<worker_id>.<dp_rank>; never tokens 1-4, which would spread one
+//     worker's ranks, hence its file, over several instances). Config.PartitionConfig derives the
+//     group from FilterSubject. With P > 1 a message filed under another producer (an Fpm-Producer
+//     header other than its worker_id) stops the member with ErrGroupUnsupported, and --producer-id
+//     is refused: one producer's messages must be in one partition. Worker ids that differ but
+//     sanitize to the same file name (SanitizeProducerID) are not detected.
+//   - P = 1: no copy; the group's consumer is <group> on FPM itself, one instance writes, the others
+//     are hot standbys. P > 1: every FPM message is stored twice (FPM and FPM_PART_<group>, same
+//     limits) and the server does the extra work of P filtered consumers: use it when one writer
+//     cannot keep up. P is fixed for the group's life (partition.ErrGroupMismatch otherwise).
+//   - Each owned partition runs its own writer loop (a session: this package's fetcher, flusher,
+//     seqState and, in sampled mode, sampler) over the partition's messages (chanSource), with the
+//     FPM stream sequence from partition.StreamSequence (partitionMeta). Graceful revoke (a rebalance,
+//     an instance stopping): the session stops as a stopping Run does (sampled: pending samples
+//     written), flushes, fsyncs, acks, closes its files and returns; then the partition is handed on.
+//     Lost (connection closed, pin lost): nothing more is written, nothing is naked; what is durable
+//     is acked, the rest comes again to the next owner after its reset.
+//   - Takeover: the torn-tail repair and the redelivery recovery of Run, per producer, when a session
+//     sees the producer's first message (group.go, takeover): the newest segment is repaired, and the
+//     identities of the lines in the producer's recent segments are read; redelivered messages whose
+//     lines an earlier owner made durable (its acks lost) are acked and skipped (they are a prefix of
+//     the producer's messages in the session). In sampled mode the same lines seed the sampler.
+//   - The output directory must be shared by all instances (same --trace-output on one host, or a
+//     shared file system with exclusive create and fsync): a new owner continues a producer's series
+//     at the next free segment index. Segments are created with O_EXCL, so two writers never share
+//     a file even if the lease is broken (a frozen process, see partition's handler rules).
+//   - RunGroup does not run RepairOutput over the whole directory (another member may be writing any
+//     producer's newest segment); MaxSegments pruning is per producer and done by its current owner.
+//   - Crash failover waits PinnedTTL (--pinned-ttl, default 10 s); a graceful handover takes the
+//     session's flush plus a few round trips. Line timestamps (writer-relative) restart from the
+//     new owner's start at a handover.
 package trace

@@ -191,10 +191,7 @@ func (w *Writer) recover(ctx context.Context, ci *jetstream.ConsumerInfo) (Recov
 		for k := range seeds {
 			ks = append(ks, k)
 		}
-		slices.SortFunc(ks, func(a, b sampleKey) int { // a deterministic emission order
-			return cmp.Or(strings.Compare(a.namespace, b.namespace), strings.Compare(a.component, b.component),
-				strings.Compare(a.producer, b.producer), strings.Compare(a.workerID, b.workerID), cmp.Compare(a.dpRank, b.dpRank))
-		})
+		sortSampleKeys(ks)
 		for _, k := range ks {
 			w.sampler.seed(k, seeds[k])
 		}
@@ -259,4 +256,12 @@ func (w *Writer) scanStream(ctx context.Context, from, to uint64, fn func(jetstr
 		}
 	}
 	return nil
+}
+
+// sortSampleKeys sorts seeded keys: a deterministic emission order.
+func sortSampleKeys(ks []sampleKey) {
+	slices.SortFunc(ks, func(a, b sampleKey) int {
+		return cmp.Or(strings.Compare(a.namespace, b.namespace), strings.Compare(a.component, b.component),
+			strings.Compare(a.producer, b.producer), strings.Compare(a.workerID, b.workerID), cmp.Compare(a.dpRank, b.dpRank))
+	})
 }

@@ -190,7 +190,9 @@ func (s *sampler) emit(w *Writer, e *sample) error {
 func (s *sampler) nakAll(w *Writer) {
 	for _, e := range s.order {
 		if e.has {
-			_ = e.rec.msg.Nak()
+			if !w.noNak {
+				_ = e.rec.msg.Nak()
+			}
 			w.seqs.release(e.rec.seq)
 			e.has, e.rec = false, record{}
 		}

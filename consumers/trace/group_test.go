@@ -1,0 +1,514 @@
+package trace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// ownership records which instance has a segment file of each producer open, and every time two
+// instances had one producer's files open at once.
+type ownership struct {
+	mu         sync.Mutex
+	open       map[string]map[string]int // prefix -> instance -> open files
+	violations []string
+	opened     map[string][]string // prefix -> instance of each segment opened, in order
+}
+
+type trackedFile struct {
+	file
+	o        *ownership
+	prefix   string
+	instance string
+	once     sync.Once
+}
+
+func (f *trackedFile) Close() error {
+	err := f.file.Close()
+	f.once.Do(func() {
+		f.o.mu.Lock()
+		defer f.o.mu.Unlock()
+		f.o.open[f.prefix][f.instance]--
+		if f.o.open[f.prefix][f.instance] == 0 {
+			delete(f.o.open[f.prefix], f.instance)
+		}
+	})
+	return err
+}
+
+func (o *ownership) opener(instance string) func(string) (file, error) {
+	return func(path string) (file, error) {
+		f, err := createFile(path)
+		if err != nil {
+			return nil, err
+		}
+		// path is <prefix>.<index:06>.jsonl.gz
+		prefix := strings.TrimSuffix(path, ".jsonl.gz")
+		prefix = prefix[:strings.LastIndexByte(prefix, '.')]
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.open[prefix] == nil {
+			o.open[prefix] = map[string]int{}
+		}
+		for other, n := range o.open[prefix] {
+			if other != instance && n > 0 {
+				o.violations = append(o.violations, fmt.Sprintf("%s opened %s while %s has %d file(s) of it open", instance, filepath.Base(path), other, n))
+			}
+		}
+		o.open[prefix][instance]++
+		o.opened[prefix] = append(o.opened[prefix], instance)
+		return &trackedFile{file: f, o: o, prefix: prefix, instance: instance}, nil
+	}
+}
+
+// groupInstance is one writer of the group on its own connection.
+type groupInstance struct {
+	name   string
+	nc     *nats.Conn
+	w      *Writer
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startGroupInstance(t *testing.T, env *streamstest.Env, cfg Config, g GroupOptions, name string, o *ownership) *groupInstance {
+	t.Helper()
+	nc, err := nats.Connect(env.Server.ClientURL(), nats.Name(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(cfg, js, WithLogger(testLogger(t).With("instance", name)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.open = o.opener(name)
+	g.MemberID = name
+	ctx, cancel := context.WithCancel(context.Background())
+	gi := &groupInstance{name: name, nc: nc, w: w, cancel: cancel, done: make(chan error, 1)}
+	go func() { gi.done <- w.RunGroup(ctx, g) }()
+	select {
+	case <-w.Ready():
+	case err := <-gi.done:
+		cancel()
+		t.Fatalf("%s did not start: %v", name, err)
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatalf("%s not ready after 10s", name)
+	}
+	t.Cleanup(func() { _ = gi.stop() })
+	return gi
+}
+
+// stop leaves the group gracefully and returns RunGroup's result (once).
+func (gi *groupInstance) stop() error {
+	if gi.cancel == nil {
+		return nil
+	}
+	gi.cancel()
+	gi.cancel = nil
+	select {
+	case err := <-gi.done:
+		return err
+	case <-time.After(60 * time.Second):
+		return errors.New(gi.name + " did not stop within 60s")
+	}
+}
+
+// kill closes the instance's connection: its partitions are lost, not handed over.
+func (gi *groupInstance) kill(t *testing.T) {
+	gi.nc.Close()
+	select {
+	case err := <-gi.done:
+		if err == nil {
+			t.Errorf("%s: RunGroup returned nil after its connection was closed", gi.name)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not end within 30s of its connection closing", gi.name)
+	}
+	gi.cancel()
+	gi.cancel = nil
+}
+
+// waitGroupConsumed waits until every partition consumer of the group has acked every message and
+// the partition stream holds n.
+func waitGroupConsumed(t *testing.T, js jetstream.JetStream, pc partition.Config, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(120 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ok, status := true, ""
+		if ps := pc.PartitionStream(); ps != "" {
+			s, err := js.Stream(ctx, ps)
+			if err != nil || s.CachedInfo().State.Msgs != n {
+				ok = false
+				if err == nil {
+					status = fmt.Sprintf("partition stream %d/%d", s.CachedInfo().State.Msgs, n)
+				}
+			}
+		}
+		for p := range pc.Partitions {
+			if !ok {
+				break
+			}
+			c, err := js.Consumer(ctx, pc.ConsumerStream(), pc.ConsumerName(p))
+			if err != nil {
+				ok, status = false, err.Error()
+				break
+			}
+			ci := c.CachedInfo()
+			if ci.NumPending != 0 || ci.NumAckPending != 0 {
+				ok, status = false, fmt.Sprintf("partition %d: pending %d, ack pending %d", p, ci.NumPending, ci.NumAckPending)
+			}
+		}
+		cancel()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group not done: %s", status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type lineKey struct {
+	worker  string
+	rank    int64
+	counter int64
+}
+
+// TestGroupScaleOutThreeInstancesOneStoppedOneKilled runs three writers of one group over six
+// partitions while messages keep arriving; one leaves gracefully mid-run, then one is killed (its
+// connection closed: its partitions are lost and taken over after PinnedTTL, with lines on disk
+// whose acks never arrived). Afterwards every message is exactly once in the segments, each
+// producer's lines are in order, and no producer's files were ever open in two instances at once.
+func TestGroupScaleOutThreeInstancesOneStoppedOneKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("scale-out test takes ~5s per mode")
+	}
+	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
+		t.Run(mode, func(t *testing.T) { testGroupScaleOut(t, mode) })
+	}
+}
+
+func testGroupScaleOut(t *testing.T, mode string) {
+	env := streamstest.Start(t)
+	keys := testKeys(20) // 10 producers (w0..w9), 2 ranks each
+	const n = 24000
+	msgs, published := manyFPMs(t, keys, n, 1_782_777_600_000)
+
+	cfg := testConfig(t)
+	cfg.Mode = mode
+	cfg.SampleInterval = 100 * time.Millisecond
+	cfg.Durable = "trace-group"
+	cfg.RollBytes = 64 << 10 // many segments per producer: handovers are visible in their indexes
+	cfg.MaxSegments = 100000
+	cfg.MaxAckPending = 2000
+	g := GroupOptions{Partitions: 6, PinnedTTL: 3 * time.Second}
+	pc, err := cfg.PartitionConfig(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pc.Filters[0]; got.Subject != "fpm.*.*.*.*" || len(got.KeyTokens) != 1 || got.KeyTokens[0] != 3 {
+		t.Fatalf("partition filter %+v: want fpm.*.*.*.* keyed by token 3 (worker_id)", got)
+	}
+
+	o := &ownership{open: map[string]map[string]int{}, opened: map[string][]string{}}
+	publish(t, env.JS, msgs[:6000])
+	a := startGroupInstance(t, env, cfg, g, "a", o)
+	b := startGroupInstance(t, env, cfg, g, "b", o)
+	c := startGroupInstance(t, env, cfg, g, "c", o)
+
+	publish(t, env.JS, msgs[6000:12000])
+	time.Sleep(time.Second)
+	t.Logf("owned before stop: a %v, b %v, c %v", a.w.Member().Owned(), b.w.Member().Owned(), c.w.Member().Owned())
+	if err := b.stop(); err != nil { // graceful, mid-run
+		t.Fatalf("stop b: %v", err)
+	}
+	publish(t, env.JS, msgs[12000:18000])
+	pubDone := make(chan struct{})
+	go func() { // publishing goes on while c is killed, so that c holds lines durable but not acked
+		defer close(pubDone)
+		publish(t, env.JS, msgs[18000:])
+	}()
+	time.Sleep(100 * time.Millisecond)
+	t.Logf("owned before kill: a %v, c %v", a.w.Member().Owned(), c.w.Member().Owned())
+	c.kill(t) // abrupt: connection closed, no handover; a takes c's partitions after PinnedTTL
+	<-pubDone
+
+	waitGroupConsumed(t, env.JS, pc, n)
+	if err := a.stop(); err != nil {
+		t.Fatalf("stop a: %v", err)
+	}
+	t.Logf("redeliveries skipped as already written: a %v, b %v, c %v", counterValue(t, a.w.metrics.skippedWritten),
+		counterValue(t, b.w.metrics.skippedWritten), counterValue(t, c.w.metrics.skippedWritten))
+
+	o.mu.Lock()
+	for _, v := range o.violations {
+		t.Errorf("two writers: %s", v)
+	}
+	instancesPerProducer := 0
+	for prefix, ins := range o.opened {
+		seen := map[string]bool{}
+		for _, i := range ins {
+			seen[i] = true
+		}
+		if len(seen) > 1 {
+			instancesPerProducer++
+		}
+		t.Logf("%s: segments opened by %v", filepath.Base(prefix), ins)
+	}
+	o.mu.Unlock()
+	if instancesPerProducer == 0 {
+		t.Errorf("no producer was handed over between instances: the test did not exercise a handover")
+	}
+
+	checkGroupOutput(t, outputLines(t, cfg.OutputPath), published, 10, true, mode, cfg.SampleInterval)
+}
+
+// TestGroupPartitionConfig checks the partitioning derived from a writer config: keyed by worker_id
+// whatever the filter, refused where one producer's messages could be split.
+func TestGroupPartitionConfig(t *testing.T) {
+	cfg := testConfig(t)
+	for _, tc := range []struct {
+		filter string
+		parts  int
+		subj   string
+		key    []int
+		bad    bool
+	}{
+		{filter: "fpm.>", parts: 4, subj: "fpm.*.*.*.*", key: []int{3}},
+		{filter: "fpm.dynamo.>", parts: 4, subj: "fpm.dynamo.*.*.*", key: []int{2}},
+		{filter: "fpm.dynamo.backend.*.*", parts: 4, subj: "fpm.dynamo.backend.*.*", key: []int{1}},
+		{filter: "fpm.dynamo.backend.w1.>", parts: 4, bad: true},
+		{filter: "fpm.dynamo.backend.w1.>", parts: 1, subj: "fpm.dynamo.backend.w1.*"},
+		{filter: "fpm.>", parts: 0, bad: true},
+	} {
+		c := cfg
+		c.FilterSubject = tc.filter
+		pc, err := c.PartitionConfig(GroupOptions{Partitions: tc.parts})
+		if tc.bad {
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("%s P=%d: got %v, want ErrInvalidConfig", tc.filter, tc.parts, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s P=%d: %v", tc.filter, tc.parts, err)
+			continue
+		}
+		f := pc.Filters[0]
+		if f.Subject != tc.subj || fmt.Sprint(f.KeyTokens) != fmt.Sprint(tc.key) {
+			t.Errorf("%s P=%d: filter %+v, want %s keyed %v", tc.filter, tc.parts, f, tc.subj, tc.key)
+		}
+	}
+	c := cfg
+	c.ProducerID = "one"
+	if _, err := c.PartitionConfig(GroupOptions{Partitions: 2}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("producer id with 2 partitions: got %v, want ErrInvalidConfig", err)
+	}
+	if _, err := c.PartitionConfig(GroupOptions{Partitions: 1}); err != nil {
+		t.Errorf("producer id with 1 partition: %v", err)
+	}
+}
+
+// ackLoser loses every ack (sent, never arrived), as a writer killed between its fsyncs and its acks.
+type ackLoser struct{ msgSource }
+
+type lostAckMsg struct{ jetstream.Msg }
+
+func (lostAckMsg) Ack() error { return nil }
+
+func (s ackLoser) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error) {
+	m, err := s.msgSource.Next(opts...)
+	if err != nil {
+		return m, err
+	}
+	return lostAckMsg{m}, nil
+}
+
+// TestGroupTakeoverSkipsLinesOfPreviousOwner: one partition (--partitions 1, a hot standby), every
+// producer under one --producer-id. The first owner writes every message but none of its acks
+// arrives; when it leaves, the standby gets every message again and must write none of them twice,
+// then carries on with new messages in the same producer's files.
+func TestGroupTakeoverSkipsLinesOfPreviousOwner(t *testing.T) {
+	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
+		t.Run(mode, func(t *testing.T) { testGroupTakeover(t, mode) })
+	}
+}
+
+func testGroupTakeover(t *testing.T, mode string) {
+	env := streamstest.Start(t)
+	msgs, published := manyFPMs(t, testKeys(6), 3000, 1_782_777_600_000)
+	cfg := testConfig(t)
+	cfg.Mode = mode
+	cfg.SampleInterval = 100 * time.Millisecond
+	cfg.Durable = "trace-standby"
+	cfg.ProducerID = "all"
+	cfg.RollBytes = 64 << 10
+	cfg.MaxSegments = 100000
+	g := GroupOptions{Partitions: 1, PinnedTTL: 3 * time.Second}
+	pc, err := cfg.PartitionConfig(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &ownership{open: map[string]map[string]int{}, opened: map[string][]string{}}
+	publish(t, env.JS, msgs[:2000])
+
+	nc, err := nats.Connect(env.Server.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	lossy, err := New(cfg, js, WithLogger(testLogger(t).With("instance", "lossy")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lossy.open = o.opener("lossy")
+	lossy.wrap = func(s msgSource) msgSource { return ackLoser{s} }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- lossy.RunGroup(ctx, GroupOptions{Partitions: 1, PinnedTTL: 3 * time.Second, MemberID: "lossy"})
+	}()
+	<-lossy.Ready()
+	// Wait until the lossy owner got all 2000 messages (none acked) and wrote their lines.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, cfg.Durable)
+		if err == nil && c.CachedInfo().NumPending == 0 && c.CachedInfo().NumAckPending == 2000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lossy owner did not get all 2000 messages: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(5 * cfg.FlushInterval)
+	if mode == schemas.CaptureFull {
+		n := 0
+		for _, ls := range outputLines(t, cfg.OutputPath) {
+			n += len(ls)
+		}
+		if n != 2000 {
+			t.Fatalf("lossy owner wrote %d of 2000 lines", n)
+		}
+	}
+	standby := startGroupInstance(t, env, cfg, g, "standby", o)
+	cancel() // the lossy owner leaves: its partition, unacked, goes to the standby
+	if err := <-done; err != nil {
+		t.Fatalf("lossy: %v", err)
+	}
+	publish(t, env.JS, msgs[2000:])
+	waitGroupConsumed(t, env.JS, pc, 3000)
+	if err := standby.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := counterValue(t, standby.w.metrics.skippedWritten); mode == schemas.CaptureFull && got != 2000 {
+		t.Errorf("standby skipped %v redelivered messages, want 2000", got)
+	}
+	for _, v := range o.violations {
+		t.Errorf("two writers: %s", v)
+	}
+	out := outputLines(t, cfg.OutputPath)
+	if len(out) != 1 || len(out["all"]) == 0 {
+		t.Fatalf("producers %d, lines of \"all\" %d: want 1 producer", len(out), len(out["all"]))
+	}
+	checkGroupOutput(t, out, published, 1, false, mode, cfg.SampleInterval)
+	t.Logf("segments opened: %v", o.opened)
+}
+
+// checkGroupOutput checks that every published message has exactly one line, in order per key, in
+// the files of producers producers (each a worker's own when byWorker).
+//
+// In sampled mode a line stands for a key's interval: every (key, interval) published has exactly
+// one line, and each key's intervals are in order.
+func checkGroupOutput(t *testing.T, out map[string][][]byte, published []testFPM, producers int, byWorker bool, mode string, interval time.Duration) {
+	t.Helper()
+	ivMs := interval.Milliseconds()
+	if mode == schemas.CaptureSampled {
+		// Replace counters by intervals: the rest of the check is the same.
+		pub := make([]testFPM, 0, len(published))
+		seenIv := map[lineKey]bool{}
+		for _, f := range published {
+			k := lineKey{f.key.WorkerID, int64(f.key.DPRank), f.receivedMs / ivMs}
+			if !seenIv[k] {
+				seenIv[k] = true
+				f.counter = k.counter
+				pub = append(pub, f)
+			}
+		}
+		published = pub
+	}
+	want := map[lineKey]bool{}
+	for _, f := range published {
+		want[lineKey{f.key.WorkerID, int64(f.key.DPRank), f.counter}] = true
+	}
+	if len(out) != producers {
+		t.Errorf("producers: got %d, want %d", len(out), producers)
+	}
+	seen := map[lineKey]int{}
+	dups := 0
+	for prod, lines := range out {
+		last := map[[2]string]int64{}
+		for i, l := range lines {
+			tl, err := schemas.ParseTraceLine(l)
+			if err != nil {
+				t.Fatalf("%s line %d: %v", prod, i, err)
+			}
+			f, err := schemas.ParseFPMJSON(tl.Event.FPM)
+			if err != nil {
+				t.Fatalf("%s line %d: fpm: %v", prod, i, err)
+			}
+			if byWorker && (tl.Event.Source.ProducerID != f.WorkerID || prod != f.WorkerID) {
+				t.Fatalf("%s line %d: producer %q, worker %q", prod, i, tl.Event.Source.ProducerID, f.WorkerID)
+			}
+			if mode == schemas.CaptureSampled {
+				f.CounterID = tl.Event.ObservedAtUnixMs / ivMs
+			}
+			k := lineKey{f.WorkerID, f.DPRank, f.CounterID}
+			seen[k]++
+			if seen[k] > 1 {
+				dups++
+				if dups <= 10 {
+					t.Errorf("duplicate line %+v in %s (line %d)", k, prod, i)
+				}
+			}
+			wr := [2]string{f.WorkerID, fmt.Sprint(f.DPRank)}
+			if prev, ok := last[wr]; ok && f.CounterID <= prev && seen[k] == 1 {
+				t.Errorf("%s line %d: %v counter %d after %d: out of order", prod, i, wr, f.CounterID, prev)
+			}
+			last[wr] = max(last[wr], f.CounterID)
+		}
+	}
+	missing := 0
+	for k := range want {
+		if seen[k] == 0 {
+			missing++
+			if missing <= 10 {
+				t.Errorf("missing line %+v", k)
+			}
+		}
+	}
+	if missing > 0 || dups > 0 || len(seen) != len(want) {
+		t.Fatalf("lines: %d distinct of %d published, %d missing, %d duplicates", len(seen), len(want), missing, dups)
+	}
+}

@@ -1,0 +1,156 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// fillFPMOffset publishes messages from..from+n-1 of fillFPM's sequence (same keys, counters and
+// observation times), so that the stream can be filled in steps.
+func fillFPMOffset(t *testing.T, js jetstream.JetStream, from, n, workers, ranks int, startMs int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	keys := workers * ranks
+	for i := from; i < from+n; i++ {
+		k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: fmt.Sprintf("kw%d", i%keys/ranks), DPRank: i % ranks}
+		counter := int64(i / keys)
+		f := &schemas.FPM{Version: 1, WorkerID: k.WorkerID, DPRank: int64(k.DPRank), CounterID: counter}
+		if i%10 != 9 {
+			f.WallTime = 0.02 + float64(i%13)/1000
+			f.Scheduled = schemas.ScheduledRequests{NumPrefillRequests: 1, SumPrefillTokens: int64(i % 977), NumDecodeRequests: 4, SumDecodeKVTokens: int64(i)}
+		}
+		d, err := schemas.DecodeFPM(schemas.EncodeMsgpack(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg(streams.FPMSubject(k))
+		m.Data = d.JSON
+		m.Header.Set(streams.HeaderMsgID, streams.MsgID(k, 1, uint64(counter)))
+		m.Header.Set(streams.HeaderSeq, strconv.FormatInt(counter, 10))
+		m.Header.Set(streams.HeaderEpoch, "1")
+		m.Header.Set(streams.HeaderReceivedAt, strconv.FormatInt(startMs+int64(i), 10))
+		m.Header.Set(streams.HeaderNamespace, k.Namespace)
+		m.Header.Set(streams.HeaderComponent, k.Component)
+		m.Header.Set(streams.HeaderWorkerID, k.WorkerID)
+		m.Header.Set(streams.HeaderDPRank, strconv.Itoa(k.DPRank))
+		m.Header.Set(streams.HeaderProducer, k.WorkerID)
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+		if i%2000 == 1999 || i == from+n-1 {
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-ctx.Done():
+				t.Fatal("publish: timeout")
+			}
+		}
+	}
+}
+
+// groupDone reports whether every partition consumer of group (P partitions, on FPM_PART_<group>) has
+// acked everything and the partition stream holds total messages.
+func groupDone(js jetstream.JetStream, group string, parts int, total uint64) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream := streams.StreamFPM + "_PART_" + group
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	if n := s.CachedInfo().State.Msgs; n != total {
+		return fmt.Errorf("%s holds %d of %d", stream, n, total)
+	}
+	for p := range parts {
+		c, err := js.Consumer(ctx, stream, group+"-"+strconv.Itoa(p))
+		if err != nil {
+			return err
+		}
+		if ci := c.CachedInfo(); ci.NumPending != 0 || ci.NumAckPending != 0 {
+			return fmt.Errorf("partition %d: pending %d, ack pending %d", p, ci.NumPending, ci.NumAckPending)
+		}
+	}
+	return nil
+}
+
+// Three `fpmbus trace --partitions 6` processes of one group share one output directory while the
+// stream fills; one is stopped (SIGTERM) mid-run and one killed (SIGKILL) mid-run. Afterwards every
+// message of the stream is exactly once in the segments, and each producer's lines are in order.
+func TestTraceScaleOutThreeProcessesOneStoppedOneKilled(t *testing.T) {
+	const total, parts, group = 30_000, 6, "scale"
+	env := streamstest.Start(t)
+	url := env.Server.ClientURL()
+	out := filepath.Join(t.TempDir(), "trace", "fpm")
+	args := []string{"trace", "--server", url, "--trace-mode", "full", "--trace-output", out,
+		"--group", group, "--partitions", strconv.Itoa(parts), "--pinned-ttl", "3s",
+		"--roll-bytes", "262144", "--max-segments", "1000000", "--trace-flush-interval", "100ms"}
+	fillFPMOffset(t, env.JS, 0, total/3, 10, 2, 1_782_777_600_000)
+	var ps []*proc
+	for i := range 3 {
+		p := fpmbus(t, fmt.Sprintf("fpmbus trace %d", i), append(args, "--member-id", "m"+strconv.Itoa(i))...)
+		p.waitOutput("trace writer group member started", 20*time.Second)
+		ps = append(ps, p)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := ps[0].signal(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("stop member 0: %v", err)
+	}
+	fillFPMOffset(t, env.JS, total/3, total/3, 10, 2, 1_782_777_600_000)
+	time.Sleep(200 * time.Millisecond)
+	_ = ps[1].signal(syscall.SIGKILL, 10*time.Second)
+	fillFPMOffset(t, env.JS, 2*total/3, total-2*total/3, 10, 2, 1_782_777_600_000)
+	eventually(t, 90*time.Second, func() error { return groupDone(env.JS, group, parts, total) })
+	if err := ps[2].signal(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("stop member 2: %v", err)
+	}
+
+	want := map[string]int{}
+	for _, m := range storedFPMs(t, env.JS, ">") {
+		want[m.header.Get(streams.HeaderReceivedAt)+" "+string(m.body)]++
+	}
+	files, _ := filepath.Glob(out + ".*.jsonl.gz")
+	sort.Strings(files) // per producer, in index order (zero-padded)
+	got := map[string]int{}
+	last := map[string]int64{}
+	n := 0
+	for _, f := range files {
+		for _, l := range traceLines(t, f) {
+			n++
+			got[strconv.FormatInt(l.Event.ObservedAtUnixMs, 10)+" "+string(l.Event.FPM)]++
+			fp, err := schemas.ParseFPMJSON(l.Event.FPM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := fp.WorkerID + "/" + strconv.FormatInt(fp.DPRank, 10)
+			if prev, ok := last[k]; ok && fp.CounterID <= prev {
+				t.Fatalf("%s: counter %d after %d in %s: out of order", k, fp.CounterID, prev, filepath.Base(f))
+			}
+			last[k] = fp.CounterID
+		}
+	}
+	if n != total {
+		t.Errorf("%d lines for %d messages", n, total)
+	}
+	for k, c := range want {
+		if got[k] != c {
+			t.Fatalf("message stored %d times, written %d times: %.160s", c, got[k], k)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d distinct lines, %d distinct messages", len(got), len(want))
+	}
+	t.Logf("%d segments, %d lines", len(files), n)
+}
