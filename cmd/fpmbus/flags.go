@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/streams"
@@ -107,4 +110,25 @@ func storageFromFlag(s string) (jetstream.StorageType, error) {
 		return jetstream.MemoryStorage, nil
 	}
 	return 0, fmt.Errorf("%w: --storage %q: want file or memory", errUsage, s)
+}
+
+// connectAndApply connects to NATS, opens JetStream and applies the streams (within 30 s): how every
+// command that runs against an external server starts. The caller closes the connection.
+func connectAndApply(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Config) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := streams.Connect(*conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := streams.Apply(actx, js, *scfg); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }

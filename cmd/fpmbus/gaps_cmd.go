@@ -92,21 +92,11 @@ func runGaps(ctx context.Context, args []string) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg
 
-	nc, err := streams.Connect(*conn)
+	nc, js, err := connectAndApply(ctx, conn, scfg)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = streams.Apply(actx, js, *scfg)
-	cancel()
-	if err != nil {
-		return err
-	}
 	d, err := gaps.New(cfg, js, gaps.WithLogger(slog.Default()))
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)

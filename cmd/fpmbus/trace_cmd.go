@@ -9,12 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/consumers/trace"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 func init() {
@@ -149,21 +147,11 @@ func runTrace(ctx context.Context, args []string) error {
 	}
 	cfg.Registerer = prometheus.DefaultRegisterer
 
-	nc, err := streams.Connect(*conn)
+	nc, js, err := connectAndApply(ctx, conn, scfg)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = streams.Apply(actx, js, *scfg)
-	cancel()
-	if err != nil {
-		return err
-	}
 	w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()))
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
