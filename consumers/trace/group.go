@@ -340,44 +340,13 @@ func (t *takeover) load(prefix string, stored time.Time) (*tailState, error) {
 		if !stored.IsZero() && fi.ModTime().Before(stored.Add(-recoverySlack)) {
 			break
 		}
-		segSeeds := map[sampleKey]recoverSeed{}
-		err = ReadSegment(s.Path, func(line []byte) error {
-			lines++
-			tl, err := schemas.ParseTraceLine(line)
-			if err != nil {
-				return nil
-			}
-			e := &tl.Event
-			ts.ids[identityOf(prefix, e.Source.Namespace, e.Source.Component, e.Source.ProducerID, e.ObservedAtUnixMs, e.FPM)]++
-			if w.sampler != nil {
-				if f, err := schemas.ParseFPMJSON(e.FPM); err == nil {
-					k := sampleKey{namespace: e.Source.Namespace, component: e.Source.Component,
-						producer: e.Source.ProducerID, workerID: f.WorkerID, dpRank: f.DPRank}
-					segSeeds[k] = recoverSeed{interval: e.ObservedAtUnixMs / w.sampler.intervalMs, counter: f.CounterID}
-				}
-			}
-			return nil
-		})
-		var ce *CorruptError
-		if err != nil && !errors.As(err, &ce) {
+		n, err := w.scanSegment(s.Path, prefix, seeds, func(id lineIdentity) { ts.ids[id]++ })
+		lines += n
+		if err != nil {
 			return nil, fmt.Errorf("trace: takeover: %w", err)
 		}
-		for k, sd := range segSeeds {
-			if _, ok := seeds[k]; !ok {
-				seeds[k] = sd // newer segments were read first
-			}
-		}
 	}
-	if w.sampler != nil {
-		ks := make([]sampleKey, 0, len(seeds))
-		for k := range seeds {
-			ks = append(ks, k)
-		}
-		sortSampleKeys(ks)
-		for _, k := range ks {
-			w.sampler.seed(k, seeds[k])
-		}
-	}
+	w.seedSampler(seeds)
 	if len(ts.ids) == 0 {
 		ts.live, ts.ids = true, nil
 	}

@@ -151,52 +151,21 @@ func (w *Writer) recover(ctx context.Context, ci *jetstream.ConsumerInfo) (Recov
 				break // written before any candidate was stored
 			}
 			res.SegmentsRead++
-			segSeeds := map[sampleKey]recoverSeed{}
-			err = ReadSegment(s.Path, func(line []byte) error {
-				res.LinesRead++
-				tl, err := schemas.ParseTraceLine(line)
-				if err != nil {
-					return nil // not a line this writer wrote; info reports it
-				}
-				e := &tl.Event
-				id := identityOf(prefix, e.Source.Namespace, e.Source.Component, e.Source.ProducerID, e.ObservedAtUnixMs, e.FPM)
+			n, err := w.scanSegment(s.Path, prefix, seeds, func(id lineIdentity) {
 				if cs := byID[id]; len(cs) > 0 {
 					w.seqs.finish(cs[len(cs)-1].seq)
 					byID[id] = cs[:len(cs)-1]
 					left[prefix]--
 					res.Found++
 				}
-				if w.sampler != nil {
-					if f, err := schemas.ParseFPMJSON(e.FPM); err == nil {
-						k := sampleKey{namespace: e.Source.Namespace, component: e.Source.Component,
-							producer: e.Source.ProducerID, workerID: f.WorkerID, dpRank: f.DPRank}
-						segSeeds[k] = recoverSeed{interval: e.ObservedAtUnixMs / w.sampler.intervalMs, counter: f.CounterID}
-					}
-				}
-				return nil
 			})
-			var ce *CorruptError
-			if err != nil && !errors.As(err, &ce) {
+			res.LinesRead += n
+			if err != nil {
 				return res, fmt.Errorf("trace: recovery: %w", err)
 			}
-			for k, sd := range segSeeds {
-				if _, ok := seeds[k]; !ok {
-					seeds[k] = sd // newer segments were read first
-				}
-			}
 		}
 	}
-	if w.sampler != nil {
-		ks := make([]sampleKey, 0, len(seeds))
-		for k := range seeds {
-			ks = append(ks, k)
-		}
-		sortSampleKeys(ks)
-		for _, k := range ks {
-			w.sampler.seed(k, seeds[k])
-		}
-		res.Seeded = len(seeds)
-	}
+	res.Seeded = w.seedSampler(seeds)
 	w.logger.Info("trace recovery: lines already written for unacked messages are skipped when redelivered",
 		"ack_floor", res.AckFloor, "delivered", res.Delivered, "candidates", res.Candidates, "found", res.Found,
 		"segments_read", res.SegmentsRead, "lines_read", res.LinesRead)
@@ -264,4 +233,57 @@ func sortSampleKeys(ks []sampleKey) {
 		return cmp.Or(strings.Compare(a.namespace, b.namespace), strings.Compare(a.component, b.component),
 			strings.Compare(a.producer, b.producer), strings.Compare(a.workerID, b.workerID), cmp.Compare(a.dpRank, b.dpRank))
 	})
+}
+
+// scanSegment reads one segment the writer wrote, calls onID with every line's identity and, when
+// sampling, records in seeds the newest sample of each key it holds (seeds already present — from newer
+// segments, read first — are kept). A torn tail ends the read without error: repair reports it. It
+// returns the lines read.
+func (w *Writer) scanSegment(path, prefix string, seeds map[sampleKey]recoverSeed, onID func(lineIdentity)) (int, error) {
+	lines := 0
+	segSeeds := map[sampleKey]recoverSeed{}
+	err := ReadSegment(path, func(line []byte) error {
+		lines++
+		tl, err := schemas.ParseTraceLine(line)
+		if err != nil {
+			return nil // not a line this writer wrote; info reports it
+		}
+		e := &tl.Event
+		onID(identityOf(prefix, e.Source.Namespace, e.Source.Component, e.Source.ProducerID, e.ObservedAtUnixMs, e.FPM))
+		if w.sampler != nil {
+			if f, err := schemas.ParseFPMJSON(e.FPM); err == nil {
+				k := sampleKey{namespace: e.Source.Namespace, component: e.Source.Component,
+					producer: e.Source.ProducerID, workerID: f.WorkerID, dpRank: f.DPRank}
+				segSeeds[k] = recoverSeed{interval: e.ObservedAtUnixMs / w.sampler.intervalMs, counter: f.CounterID}
+			}
+		}
+		return nil
+	})
+	var ce *CorruptError
+	if err != nil && !errors.As(err, &ce) {
+		return lines, err
+	}
+	for k, sd := range segSeeds {
+		if _, ok := seeds[k]; !ok {
+			seeds[k] = sd
+		}
+	}
+	return lines, nil
+}
+
+// seedSampler hands the newest recovered sample of every key to the sampler, in a stable order, so
+// no interval gets a second sample after a restart or takeover. It returns the keys seeded.
+func (w *Writer) seedSampler(seeds map[sampleKey]recoverSeed) int {
+	if w.sampler == nil {
+		return 0
+	}
+	ks := make([]sampleKey, 0, len(seeds))
+	for k := range seeds {
+		ks = append(ks, k)
+	}
+	sortSampleKeys(ks)
+	for _, k := range ks {
+		w.sampler.seed(k, seeds[k])
+	}
+	return len(ks)
 }
