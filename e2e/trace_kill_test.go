@@ -24,10 +24,17 @@ import (
 // JSON body, Fpm-* headers), round-robin over workers × ranks.
 func fillFPM(t *testing.T, js jetstream.JetStream, n, workers, ranks int, startMs int64) {
 	t.Helper()
+	fillFPMOffset(t, js, 0, n, workers, ranks, startMs)
+}
+
+// fillFPMOffset publishes messages from..from+n-1 of fillFPM's sequence (same keys, counters, bodies and
+// observation times), so that the stream can be filled in steps.
+func fillFPMOffset(t *testing.T, js jetstream.JetStream, from, n, workers, ranks int, startMs int64) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	keys := workers * ranks
-	for i := 0; i < n; i++ {
+	for i := from; i < from+n; i++ {
 		k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: fmt.Sprintf("kw%d", i%keys/ranks), DPRank: i % ranks}
 		counter := int64(i / keys)
 		f := &schemas.FPM{Version: 1, WorkerID: k.WorkerID, DPRank: int64(k.DPRank), CounterID: counter}
@@ -54,7 +61,7 @@ func fillFPM(t *testing.T, js jetstream.JetStream, n, workers, ranks int, startM
 		if _, err := js.PublishMsgAsync(m); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
 		}
-		if i%2000 == 1999 || i == n-1 {
+		if i%2000 == 1999 || i == from+n-1 {
 			select {
 			case <-js.PublishAsyncComplete():
 			case <-ctx.Done():

@@ -10,56 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
-
-// fillFPMOffset publishes messages from..from+n-1 of fillFPM's sequence (same keys, counters and
-// observation times), so that the stream can be filled in steps.
-func fillFPMOffset(t *testing.T, js jetstream.JetStream, from, n, workers, ranks int, startMs int64) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	keys := workers * ranks
-	for i := from; i < from+n; i++ {
-		k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: fmt.Sprintf("kw%d", i%keys/ranks), DPRank: i % ranks}
-		counter := int64(i / keys)
-		f := &schemas.FPM{Version: 1, WorkerID: k.WorkerID, DPRank: int64(k.DPRank), CounterID: counter}
-		if i%10 != 9 {
-			f.WallTime = 0.02 + float64(i%13)/1000
-			f.Scheduled = schemas.ScheduledRequests{NumPrefillRequests: 1, SumPrefillTokens: int64(i % 977), NumDecodeRequests: 4, SumDecodeKVTokens: int64(i)}
-		}
-		d, err := schemas.DecodeFPM(schemas.EncodeMsgpack(f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := nats.NewMsg(streams.FPMSubject(k))
-		m.Data = d.JSON
-		m.Header.Set(streams.HeaderMsgID, streams.MsgID(k, 1, uint64(counter)))
-		m.Header.Set(streams.HeaderSeq, strconv.FormatInt(counter, 10))
-		m.Header.Set(streams.HeaderEpoch, "1")
-		m.Header.Set(streams.HeaderReceivedAt, strconv.FormatInt(startMs+int64(i), 10))
-		m.Header.Set(streams.HeaderNamespace, k.Namespace)
-		m.Header.Set(streams.HeaderComponent, k.Component)
-		m.Header.Set(streams.HeaderWorkerID, k.WorkerID)
-		m.Header.Set(streams.HeaderDPRank, strconv.Itoa(k.DPRank))
-		m.Header.Set(streams.HeaderProducer, k.WorkerID)
-		if _, err := js.PublishMsgAsync(m); err != nil {
-			t.Fatalf("publish %d: %v", i, err)
-		}
-		if i%2000 == 1999 || i == from+n-1 {
-			select {
-			case <-js.PublishAsyncComplete():
-			case <-ctx.Done():
-				t.Fatal("publish: timeout")
-			}
-		}
-	}
-}
 
 // groupDone reports whether every partition consumer of group (P partitions, on FPM_PART_<group>) has
 // acked everything and the partition stream holds total messages.
