@@ -156,6 +156,13 @@ func (s *Sender) setup(endpoint string, sndhwm int, o senderOptions) error {
 	if err := s.sock.Bind(endpoint); err != nil {
 		return &BindError{Endpoint: endpoint, Rank: -1, Err: sysErr(err)}
 	}
+	if strings.HasSuffix(endpoint, ":*") { // a wildcard port: Endpoint reports the one libzmq chose
+		last, err := s.sock.GetLastEndpoint()
+		if err != nil {
+			return fmt.Errorf("producer: bound endpoint of %s: %w", endpoint, err)
+		}
+		s.endpoint = last
+	}
 	return nil
 }
 

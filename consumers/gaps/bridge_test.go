@@ -2,18 +2,16 @@ package gaps
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"net/url"
 	"sort"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	zmq "github.com/pebbe/zmq4"
 
 	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -22,59 +20,41 @@ import (
 // These tests run the real pipeline: a Dynamo-like ZMQ publisher (libzmq XPUB, so a test can wait
 // for the bridge's subscription), the real bridge, a real JetStream server and the detector.
 
-// zpub is a scripted FPM publisher for worker "w", rank 0.
+// zpub is a scripted FPM publisher for worker "w", rank 0, on the synthetic publisher's own socket
+// (producer.Sender: Dynamo's frames and non-blocking sends).
 type zpub struct {
 	t    testing.TB
-	zctx *zmq.Context
-	sock *zmq.Socket
+	s    *producer.Sender
 	URL  string
 	sent uint64 // next sequence number
 	lost []uint64
 }
 
-// newZPub binds an XPUB on endpoint with send high-water mark hwm; nodrop makes a full pipe refuse
+// newZPub binds on endpoint with send high-water mark hwm (0: unlimited); nodrop makes a full pipe refuse
 // the send (EAGAIN, which Dynamo's publisher treats as a drop) instead of libzmq dropping silently,
 // so the test knows exactly which numbers were lost.
 func newZPub(t testing.TB, endpoint string, hwm int, nodrop bool) *zpub {
 	t.Helper()
-	zctx, err := zmq.NewContext()
+	if hwm == 0 {
+		hwm = -1 // producer.NewSender: negative is unlimited
+	}
+	s, err := producer.NewSender(nil, endpoint, hwm, producer.WithSubscriberCount(), producer.WithNoDrop(nodrop), producer.WithLinger(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock, err := zctx.NewSocket(zmq.XPUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, err := range []error{sock.SetLinger(0), sock.SetSndhwm(hwm), sock.SetRcvtimeo(15 * time.Second), sock.SetXpubNodrop(nodrop)} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := sock.Bind(endpoint); err != nil {
-		t.Fatalf("bind %s: %v", endpoint, err)
-	}
-	last, err := sock.GetLastEndpoint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &zpub{t: t, zctx: zctx, sock: sock, URL: last}
+	p := &zpub{t: t, s: s, URL: s.Endpoint()}
 	t.Cleanup(p.Close)
 	return p
 }
 
-func (p *zpub) Close() {
-	if p.sock != nil {
-		p.sock.Close()
-		p.sock = nil
-		_ = p.zctx.Term()
-	}
-}
+// Close closes the socket and its context; safe to call twice.
+func (p *zpub) Close() { _ = p.s.Close() }
 
+// waitSubscribed blocks until the bridge's subscription reached the socket.
 func (p *zpub) waitSubscribed() {
 	p.t.Helper()
-	msg, err := p.sock.RecvBytes(0)
-	if err != nil || len(msg) == 0 || msg[0] != 1 {
-		p.t.Fatalf("waiting for the bridge's subscription on %s: %q %v", p.URL, msg, err)
+	if err := p.s.WaitSubscribers(1, 15*time.Second); err != nil {
+		p.t.Fatal(err)
 	}
 }
 
@@ -89,19 +69,12 @@ func (p *zpub) send(heartbeat bool) bool {
 		f.WallTime = 0.02
 		f.Scheduled = schemas.ScheduledRequests{NumPrefillRequests: 1, SumPrefillTokens: 128, NumDecodeRequests: 2, SumDecodeKVTokens: 512}
 	}
-	frames := [][]byte{nil, binary.BigEndian.AppendUint64(nil, seq), schemas.EncodeMsgpack(f)}
-	for i, fr := range frames {
-		flags := zmq.DONTWAIT
-		if i < len(frames)-1 {
-			flags |= zmq.SNDMORE
+	if err := p.s.Send(seq, schemas.EncodeMsgpack(f)); err != nil {
+		if errors.Is(err, producer.ErrDropped) {
+			p.lost = append(p.lost, seq)
+			return false
 		}
-		if _, err := p.sock.SendBytes(fr, flags); err != nil {
-			if i == 0 && errors.Is(zmq.AsErrno(err), zmq.Errno(syscall.EAGAIN)) {
-				p.lost = append(p.lost, seq)
-				return false
-			}
-			p.t.Fatalf("send %d: %v", seq, err)
-		}
+		p.t.Fatalf("send %d: %v", seq, err)
 	}
 	return true
 }
