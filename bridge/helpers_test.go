@@ -17,11 +17,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -55,76 +55,43 @@ func checkFor(t testing.TB, wait, sleep time.Duration, f func() error) {
 	}
 }
 
-// testPub is a Dynamo-like FPM publisher: a real libzmq XPUB socket (a PUB that also reports
-// subscriptions, so a test can wait until the bridge is subscribed instead of sleeping) sending
-// (topic, 8-byte big-endian sequence, msgpack payload) multiparts.
+// testPub is a Dynamo-like FPM publisher: the synthetic publisher's socket (producer.Sender) as an XPUB
+// (a PUB that also reports subscriptions, so a test can wait until the bridge is subscribed instead of
+// sleeping) with no send high-water mark, sending (topic, 8-byte big-endian sequence, msgpack payload).
 type testPub struct {
-	t    testing.TB
-	zctx *zmq.Context
-	sock *zmq.Socket
-	URL  string
+	t   testing.TB
+	s   *producer.Sender
+	URL string
 }
 
-// newTestPub binds an XPUB on endpoint ("tcp://127.0.0.1:*" picks a free port).
+// newTestPub binds on endpoint ("tcp://127.0.0.1:*" picks a free port).
 func newTestPub(t testing.TB, endpoint string) *testPub {
 	t.Helper()
-	zctx, err := zmq.NewContext()
+	s, err := producer.NewSender(nil, endpoint, -1, producer.WithSubscriberCount(), producer.WithLinger(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock, err := zctx.NewSocket(zmq.XPUB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, err := range []error{sock.SetLinger(0), sock.SetSndhwm(0), sock.SetRcvtimeo(15 * time.Second)} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := sock.Bind(endpoint); err != nil {
-		t.Fatalf("bind %s: %v", endpoint, err)
-	}
-	last, err := sock.GetLastEndpoint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &testPub{t: t, zctx: zctx, sock: sock, URL: last}
+	p := &testPub{t: t, s: s, URL: s.Endpoint()}
 	t.Cleanup(p.Close)
 	return p
 }
 
 // Close closes the socket and its context; safe to call twice.
-func (p *testPub) Close() {
-	if p.sock != nil {
-		p.sock.Close()
-		p.sock = nil
-		_ = p.zctx.Term()
-	}
-}
+func (p *testPub) Close() { _ = p.s.Close() }
 
 // waitSubscribed blocks until a subscriber's subscription reached the socket: from then on nothing
 // sent is lost to ZMQ's slow-joiner window.
 func (p *testPub) waitSubscribed() {
 	p.t.Helper()
-	msg, err := p.sock.RecvBytes(0)
-	if err != nil {
-		p.t.Fatalf("waiting for a subscriber on %s: %v", p.URL, err)
-	}
-	if len(msg) == 0 || msg[0] != 1 {
-		p.t.Fatalf("unexpected XPUB message %q", msg)
+	if err := p.s.WaitSubscribers(1, 15*time.Second); err != nil {
+		p.t.Fatal(err)
 	}
 }
 
 func (p *testPub) sendFrames(frames ...[]byte) {
 	p.t.Helper()
-	for i, f := range frames {
-		flag := zmq.SNDMORE
-		if i == len(frames)-1 {
-			flag = 0
-		}
-		if _, err := p.sock.SendBytes(f, flag); err != nil {
-			p.t.Fatalf("send: %v", err)
-		}
+	if err := p.s.SendFrames(frames...); err != nil {
+		p.t.Fatalf("send: %v", err)
 	}
 }
 
