@@ -174,6 +174,7 @@ func (c Config) PartitionConfig() partition.Config {
 	pc.MaxAckPending = max(c.MaxAckPending, 1)
 	pc.Batch = min(c.pullBatch(), pc.MaxAckPending)
 	pc.ReleaseTimeout = c.StopTimeout + c.PublishTimeout
+	pc.CumulativeAcks = true // see ack.go
 	return pc
 }
 

@@ -67,6 +67,9 @@ type Detector struct {
 	// markerSubjects are the drop marker subjects with a marker stored before the marker consumer
 	// started or read by it since: a publisher loaded without one has no marker to catch up.
 	markerSubjects map[string]bool
+	// orphans are the held messages of publishers whose reload failed: released once the publisher
+	// is loaded again (the load re-reads the stream from its checkpoint), retried every tick.
+	orphans map[streams.Key][]heldMsg
 }
 
 type subjectKey struct {
@@ -92,7 +95,7 @@ type entry struct {
 	// before applying the next delivered one (or before calling it stale).
 	catchUp   bool
 	lastLocal time.Time // when the loop last applied an FPM of it (wall clock, for the live stale check)
-	msgs      []jetstream.Msg
+	msgs      []heldMsg
 }
 
 // Option configures a Detector beyond Config.
@@ -149,6 +152,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) 
 		rules:    cfg.rules(),
 		ready:    make(chan struct{}),
 		keys:     map[streams.Key]*entry{},
+		orphans:  map[streams.Key][]heldMsg{},
 		subjects: map[string]subjectKey{},
 		part:     &owned{cfg: cfg, sess: map[int]*psess{}},
 		in:       make(chan pitem, 1024),
@@ -332,6 +336,7 @@ func (d *Detector) loop(ctx context.Context, consumed <-chan error) error {
 			}
 			return nil
 		}
+		d.ackSafe()
 		d.settleRevokes()
 		d.maybeCommit()
 	}
@@ -423,23 +428,24 @@ func (d *Detector) subjectKeyOf(subject, root string) (streams.Key, bool) {
 	return k, err == nil
 }
 
-// handleFPM applies one delivered FPM of partition p.
-func (d *Detector) handleFPM(m jetstream.Msg, p int) error {
+// handleFPM applies one delivered FPM m, h in its session.
+func (d *Detector) handleFPM(m jetstream.Msg, h heldMsg) error {
+	p := h.s.p
 	meta, err := m.Metadata()
 	if err != nil {
-		d.terminate(m, "FPM", fmt.Errorf("metadata: %w", err))
+		d.unusable(m, h, "FPM", fmt.Errorf("metadata: %w", err))
 		return nil
 	}
 	seq := meta.Sequence.Stream
 	if d.cfg.Partitions > 1 { // a partition stream: the FPM sequence is in Nats-Stream-Source
 		if seq, err = partition.StreamSequence(m); err != nil {
-			d.terminate(m, "FPM", err)
+			d.unusable(m, h, "FPM", err)
 			return nil
 		}
 	}
 	key, ok := d.subjectKeyOf(m.Subject(), streams.FPMRoot)
 	if !ok {
-		d.terminate(m, "FPM", fmt.Errorf("subject %q is not fpm.<namespace>.<component>.<worker_id>.<dp_rank>", m.Subject()))
+		d.unusable(m, h, "FPM", fmt.Errorf("subject %q is not fpm.<namespace>.<component>.<worker_id>.<dp_rank>", m.Subject()))
 		return nil
 	}
 	e, err := d.entry(key)
@@ -450,7 +456,7 @@ func (d *Detector) handleFPM(m jetstream.Msg, p int) error {
 	if e.part != p {
 		d.logger.Warn("gap detector: publisher delivered on another partition than computed", "key", key.String(), "partition", p, "computed", e.part)
 	}
-	d.hold(e, m)
+	d.hold(e, h)
 	if seq <= e.st.StreamSeq {
 		d.metrics.skipped.Inc()
 		return nil
@@ -473,9 +479,9 @@ func (d *Detector) handleFPM(m jetstream.Msg, p int) error {
 	return nil
 }
 
-// hold keeps m until e's next checkpoint.
-func (d *Detector) hold(e *entry, m jetstream.Msg) {
-	e.msgs = append(e.msgs, m)
+// hold keeps h until e's next checkpoint.
+func (d *Detector) hold(e *entry, h heldMsg) {
+	e.msgs = append(e.msgs, h)
 	d.held++
 	d.markDirty(e)
 }
@@ -539,11 +545,12 @@ func (d *Detector) applyMarker(e *entry, body []byte, seq uint64, subject string
 	d.metrics.markers.Inc()
 }
 
-// terminate ends a message that can never be used (it is not redelivered).
-func (d *Detector) terminate(m jetstream.Msg, stream string, err error) {
+// unusable skips a message that can never be used: it is acknowledged with the ones around it (a
+// Term would acknowledge every message before it too, under cumulative acks).
+func (d *Detector) unusable(m jetstream.Msg, h heldMsg, stream string, err error) {
 	d.metrics.invalid.WithLabelValues(stream).Inc()
-	d.logger.Warn("gap detector: unusable message terminated", "subject", m.Subject(), "err", err)
-	_ = m.TermWithReason("fpmbus gaps: " + err.Error())
+	d.logger.Warn("gap detector: unusable message skipped", "subject", m.Subject(), "err", err)
+	h.s.acks.done(h.idx)
 }
 
 // observation reads an FPM's sequence, epoch, observed time and bridge from its headers (Fpm-Seq,
@@ -598,6 +605,7 @@ func (d *Detector) onTick() {
 			d.lose(s)
 		}
 	}
+	d.retryOrphans()
 	var stale []*entry
 	pending, nStale := 0, 0
 	for _, e := range d.keys {

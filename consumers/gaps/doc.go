@@ -20,6 +20,7 @@
 //
 //	detector.go   Detector: New, Run, Ready; the loop over partitions and markers, ticks, graceful stop
 //	session.go    the partition.Handler: partitions gained, handed on (checkpoint, ack) and lost
+//	ack.go        cumulative acks: per partition session, ack the end of the prefix made durable
 //	fetch.go      a goroutine moving pulled drop markers onto a channel
 //	tracker.go    the per-publisher rules (pure: state in, state and events out)
 //	marker.go     ParseDropMarker, the bridge's drop marker (fuzzed)
@@ -44,7 +45,10 @@
 //     is reloaded; its held messages are acked once it is, the re-read covering them). Plain advances
 //     are acked with the next commit without waiting for a state write, and checkpointed at most
 //     every CheckpointInterval (and when their partition is handed on): the re-read above covers
-//     them. A publisher is called stale only when FPM holds nothing of it after its last applied
+//     them. Acks are cumulative (AckAll): a partition's messages are acked in delivery order, the
+//     last of each durable prefix standing for the rest, so a message waiting for its checkpoint
+//     holds back the acks of every later one of its partition. An unusable message is skipped, not
+//     Term'ed. A publisher is called stale only when FPM holds nothing of it after its last applied
 //     message (a direct get, after the re-read if a takeover left one to do).
 //
 //   - Events are checkpointed in State.Outbox before they are published, and published with a

@@ -18,6 +18,7 @@ type psess struct {
 	scanned  bool          // the partition's keys in the state bucket are loaded (loop only)
 	done     chan struct{} // closed by the loop once the partition's publishers are checkpointed and acked
 	lost     atomic.Bool   // ctx cancelled: the loop forgets the partition without writing
+	acks     ackLog        // delivered messages not yet acknowledged (loop only)
 }
 
 // pitem is what a handler sends to the loop: messages of its partition (those already waiting,
@@ -151,7 +152,7 @@ func (d *Detector) handleItem(it pitem) error {
 		return nil // a message of an ended session: left unacked for the next owner
 	}
 	for _, m := range it.ms {
-		if err := d.handleFPM(m, s.p); err != nil {
+		if err := d.handleFPM(m, heldMsg{s: s, idx: s.acks.add(m)}); err != nil {
 			return err
 		}
 	}
@@ -212,6 +213,9 @@ func (d *Detector) settleRevokes() {
 		if e.changed || e.isDirty || len(e.msgs) > 0 || len(e.st.Outbox) > 0 {
 			busy[e.part] = true
 		}
+	}
+	for k := range d.orphans {
+		busy[d.partitionOf(k)] = true
 	}
 	for p, s := range d.part.sess {
 		if !s.revoking || busy[p] {

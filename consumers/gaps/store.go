@@ -111,6 +111,7 @@ func (d *Detector) entry(k streams.Key) (*entry, error) {
 // and k was not among them (a write by someone else since makes the first checkpoint fail and k
 // reload with reread).
 func (d *Detector) load(k streams.Key, reread bool) (*entry, error) {
+	orphans, reread := d.orphans[k], reread || d.orphans[k] != nil
 	e := d.newEntry(k)
 	var raw *jetstream.RawStreamMsg
 	var err error = jetstream.ErrMsgNotFound
@@ -133,6 +134,10 @@ func (d *Detector) load(k streams.Key, reread bool) (*entry, error) {
 		return nil, err
 	}
 	d.keys[k] = e
+	if orphans != nil {
+		delete(d.orphans, k)
+		d.release(orphans)
+	}
 	return e, nil
 }
 
@@ -262,15 +267,27 @@ func (d *Detector) drop(e *entry) {
 }
 
 // reload replaces e, whose checkpoint another writer changed, by the state in the bucket. Its held
-// messages are acked: the reloaded entry re-reads from the stream every FPM after its checkpoint.
-func (d *Detector) reload(e *entry, msgs []jetstream.Msg) {
+// messages are released: the reloaded entry re-reads from the stream every FPM after its checkpoint.
+// If the bucket cannot be read, they wait as orphans until a later load succeeds.
+func (d *Detector) reload(e *entry, msgs []heldMsg) {
 	d.drop(e)
+	d.orphans[e.key] = append(d.orphans[e.key], msgs...)
 	if _, err := d.load(e.key, true); err != nil {
-		d.logger.Warn("gap detector: reload publisher state", "key", e.key.String(), "err", err)
-		return // its next message loads it; the messages stay unacked
+		d.logger.Warn("gap detector: reload publisher state (retried)", "key", e.key.String(), "err", err)
 	}
-	for _, m := range msgs {
-		_ = m.Ack()
+}
+
+// retryOrphans loads again the publishers whose reload failed (releasing their messages), and
+// forgets the orphans of partitions no longer owned.
+func (d *Detector) retryOrphans() {
+	for k := range d.orphans {
+		if !d.part.Owns(k) {
+			delete(d.orphans, k)
+			continue
+		}
+		if _, err := d.entry(k); err != nil {
+			d.logger.Warn("gap detector: reload publisher state (retried)", "key", k.String(), "err", err)
+		}
 	}
 }
 
@@ -288,13 +305,13 @@ type commitItem struct {
 	data   []byte
 	rev    uint64
 	events []Event
-	msgs   []jetstream.Msg
+	msgs   []heldMsg
 
 	newRev    uint64
 	conflict  bool
 	err       error
 	confirmed map[string]uint64 // event id -> FPM_EVENTS sequence
-	acked     bool
+	safe      bool              // state and events stored: the loop releases the messages
 }
 
 // inflight is a checkpoint being written by its goroutine; done is closed when it has finished.
@@ -344,8 +361,9 @@ func (d *Detector) startCommit() {
 //  1. its state (outbox included) is written to the bucket, expecting the revision last read or
 //     written; a refusal means another writer updated it (the loop drops and reloads it);
 //  2. its outbox events are published with their ids (the server deduplicates a repeat);
-//  3. the messages the checkpoint covers are acked, once 1 and 2 succeeded; on a conflict they are
-//     naked (redelivered, then skipped or re-applied from the reloaded state).
+//  3. the messages the checkpoint covers are safe to ack once 1 and 2 succeeded (finishCommit
+//     releases them, ackSafe acks); on a conflict they are released after the publisher is reloaded
+//     (which re-reads them from the stream).
 //
 // It touches no loop state: results go into the items, read by finishCommit after done is closed.
 func (d *Detector) write(f *inflight) {
@@ -453,10 +471,7 @@ func (d *Detector) write(f *inflight) {
 		case it.conflict:
 			// Left to finishCommit: the publisher is reloaded, then its messages acked.
 		case it.err == nil && len(it.confirmed) == len(it.events):
-			for _, m := range it.msgs {
-				_ = m.Ack()
-			}
-			it.acked = true
+			it.safe = true
 		}
 	}
 }
@@ -470,8 +485,11 @@ func (d *Detector) finishCommit() error {
 	for _, it := range f.items {
 		e := it.e
 		live := d.keys[e.key] == e
-		if it.acked || it.conflict {
+		if it.safe || it.conflict {
 			d.held -= len(it.msgs)
+		}
+		if it.safe {
+			d.release(it.msgs)
 		}
 		if it.conflict {
 			if live {
@@ -506,7 +524,7 @@ func (d *Detector) finishCommit() error {
 				d.touch(e) // checkpoint the emptied outbox with the next commit
 			}
 		}
-		if it.acked {
+		if it.safe {
 			continue
 		}
 		if firstErr == nil {
@@ -527,22 +545,6 @@ func (d *Detector) finishCommit() error {
 		d.markDirty(e)
 	}
 	return firstErr
-}
-
-// commit writes one checkpoint and waits for it (the graceful stop).
-func (d *Detector) commit() error {
-	if d.flight != nil {
-		<-d.flight.done
-		if err := d.finishCommit(); err != nil {
-			return err
-		}
-	}
-	d.startCommit()
-	if d.flight == nil {
-		return nil
-	}
-	<-d.flight.done
-	return d.finishCommit()
 }
 
 // stored records metrics for an event confirmed stored on FPM_EVENTS.

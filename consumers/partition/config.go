@@ -94,6 +94,11 @@ type Config struct {
 	// ReleaseTimeout bounds a graceful release: the handler draining and acking what it was given.
 	// Past it the handler's context is cancelled and the partition is given up without an unpin.
 	ReleaseTimeout time.Duration
+	// CumulativeAcks declares the partition consumers with the AckAll policy: an ack acknowledges the
+	// message and every message handed before it in the session. The handler then acks only the last
+	// message of a prefix it has made durable, and never Terms (a Term would acknowledge everything
+	// before it as well). It saves the server one ack per message. Fixed for the group's life.
+	CumulativeAcks bool
 }
 
 // FPMConfig is a group on stream FPM keyed by the whole producer key (namespace, component,

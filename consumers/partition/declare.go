@@ -10,7 +10,8 @@ import (
 )
 
 // ConsumerConfig is the durable consumer of partition p, declared idempotently by every Join: explicit
-// acks, every message from the start, and the pinned-client priority policy, so that the server
+// acks (AckAll with CumulativeAcks), every message from the start, and the pinned-client priority
+// policy, so that the server
 // delivers the partition to one pulling instance at a time and moves it only after that instance
 // stopped pulling for PinnedTTL or unpinned it.
 func (c Config) ConsumerConfig(p int) jetstream.ConsumerConfig {
@@ -30,6 +31,9 @@ func (c Config) ConsumerConfig(p int) jetstream.ConsumerConfig {
 			"fpmbus_group":     c.Group,
 			"fpmbus_partition": strconv.Itoa(p),
 		},
+	}
+	if c.CumulativeAcks {
+		cc.AckPolicy = jetstream.AckAllPolicy
 	}
 	if fs := c.filterSubjects(p); len(fs) == 1 {
 		cc.FilterSubject = fs[0]
@@ -115,7 +119,13 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 		consStream = ps
 	}
 	for p := range c.Partitions {
-		if _, err := js.CreateOrUpdateConsumer(ctx, consStream.CachedInfo().Config.Name, c.ConsumerConfig(p)); err != nil {
+		want := c.ConsumerConfig(p)
+		// The server refuses to change a consumer's ack policy; say so in the group's terms.
+		if ci, err := consStream.Consumer(ctx, want.Durable); err == nil && ci.CachedInfo().Config.AckPolicy != want.AckPolicy {
+			return nil, fmt.Errorf("%w: %s/%s: consumer %s acks with policy %s on the server, %s here (delete the group to change)",
+				ErrGroupMismatch, c.Stream, c.Group, want.Durable, ci.CachedInfo().Config.AckPolicy, want.AckPolicy)
+		}
+		if _, err := js.CreateOrUpdateConsumer(ctx, consStream.CachedInfo().Config.Name, want); err != nil {
 			return nil, fmt.Errorf("partition: declare consumer %s: %w", c.ConsumerName(p), err)
 		}
 	}

@@ -105,7 +105,8 @@
 // # Handler rules (what a consumer must do)
 //
 //   - Ack a message only after its output is durable; ack or Term every message; never Nak (a message
-//     given back is redelivered only by the next owner's reset).
+//     given back is redelivered only by the next owner's reset). With Config.CumulativeAcks an ack
+//     covers every message handed before it: ack the end of the prefix made durable, never Term.
 //   - A message can come again after a crash (durable, not yet acked): keep, per key and durably with
 //     the output, the last StreamSequence written, and skip (ack) messages at or below it. Sequences
 //     grow per key; StreamSequence is the source stream's, also when reading a partition stream.

@@ -19,8 +19,23 @@ const (
 // per key, never by two members at once, and the stopped member's partitions move within a fraction
 // of PinnedTTL.
 func TestGroupGracefulStopHandsOverExactlyOnce(t *testing.T) {
+	for _, cumulative := range []bool{false, true} {
+		t.Run(ackMode(cumulative), func(t *testing.T) { testGracefulStop(t, cumulative) })
+	}
+}
+
+// ackMode names a test variant by its ack policy.
+func ackMode(cumulative bool) string {
+	if cumulative {
+		return "ack_all"
+	}
+	return "ack_explicit"
+}
+
+func testGracefulStop(t *testing.T, cumulative bool) {
 	env := streamstest.Start(t)
 	cfg := testConfig("trace", 16)
+	cfg.CumulativeAcks = cumulative
 	rec := newRecorder(t, cfg)
 	rec.ackEvery = 50 * time.Millisecond // like the trace writer: flush, then ack what it made durable
 	var rs []*running
@@ -100,8 +115,15 @@ func TestGroupGracefulStopHandsOverExactlyOnce(t *testing.T) {
 // to the new owners before anything newer, so the output still holds every message exactly once and
 // in order, and no key is ever processed by two members at once.
 func TestGroupCrashRedeliversToNewOwner(t *testing.T) {
+	for _, cumulative := range []bool{false, true} {
+		t.Run(ackMode(cumulative), func(t *testing.T) { testCrash(t, cumulative) })
+	}
+}
+
+func testCrash(t *testing.T, cumulative bool) {
 	env := streamstest.Start(t)
 	cfg := testConfig("gaps", 16)
+	cfg.CumulativeAcks = cumulative
 	rec := newRecorder(t, cfg)
 	rec.ackEvery = 50 * time.Millisecond // like the trace writer: flush, then ack what it made durable
 	var rs []*running

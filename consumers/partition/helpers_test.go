@@ -118,7 +118,8 @@ func newRecorder(t testing.TB, cfg Config) *recorder {
 
 // handler processes like the trace writer: each message goes to the output at once (durable), acks
 // are sent in batches every ackEvery (0: right after each message), all remaining ones when msgs is
-// closed, none once ctx is cancelled (the partition is lost).
+// closed, none once ctx is cancelled (the partition is lost). With cfg.CumulativeAcks a batch is
+// acked by its last message only.
 func (r *recorder) handler(member string) Handler {
 	return func(ctx context.Context, p int, msgs <-chan jetstream.Msg) error {
 		r.mu.Lock()
@@ -137,6 +138,9 @@ func (r *recorder) handler(member string) Handler {
 		}()
 		var pending []jetstream.Msg
 		ackAll := func() error {
+			if r.cfg.CumulativeAcks && len(pending) > 0 {
+				pending = pending[len(pending)-1:] // one ack covers the messages handed before it
+			}
 			for _, m := range pending {
 				if err := m.Ack(); err != nil {
 					return err

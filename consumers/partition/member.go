@@ -30,7 +30,9 @@ import (
 //     is redelivered to the next owner.
 //
 // The handler must Ack (or Term) every message once its output is durable, and never Nak: a message
-// it gives back is only redelivered by the next owner. It must keep reading msgs until it is closed
+// it gives back is only redelivered by the next owner. With Config.CumulativeAcks one Ack covers every
+// message handed before it in the session, so the handler acks only the end of a durable prefix and
+// never Terms. It must keep reading msgs until it is closed
 // or ctx is done; returning earlier, or returning an error, stops the whole member (Consume returns
 // the error) so that another instance takes the partitions over.
 type Handler func(ctx context.Context, partition int, msgs <-chan jetstream.Msg) error

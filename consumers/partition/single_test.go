@@ -74,6 +74,11 @@ func TestJoinRefusesOtherPartitioning(t *testing.T) {
 	if _, err := Join(ctx, env.JS, byWorker); !errors.Is(err, ErrGroupMismatch) {
 		t.Fatalf("join with other key tokens: %v, want ErrGroupMismatch", err)
 	}
+	cumulative := testConfig("g", 16)
+	cumulative.CumulativeAcks = true
+	if _, err := Join(ctx, env.JS, cumulative); !errors.Is(err, ErrGroupMismatch) {
+		t.Fatalf("join with cumulative acks over explicit ones: %v, want ErrGroupMismatch", err)
+	}
 	if err := Delete(ctx, env.JS, c16); err != nil {
 		t.Fatal(err)
 	}
