@@ -42,7 +42,8 @@
 //     and the lines go to a new segment one index up; so only the newest segment can have a torn tail.
 //     An existing segment file (another writer owns the producer) is not retried: Run fails.
 //   - Segments are never appended to after a restart: a new run starts at the highest index plus one,
-//     after Repair has cut a torn tail off the newest old segment.
+//     after Repair has cut a torn tail off the newest old segment (or removed it, if it was left
+//     empty by a crash between its creation and its first flush).
 //   - Lines are never split across segments; a segment holds whole gzip members only, except for a
 //     torn last member after a crash, which Repair removes.
 //   - Time in an event (observed_at_unix_ms) comes from the message (the bridge's receive time), not

@@ -135,6 +135,8 @@ type RepairResult struct {
 	Segment string
 	// Repaired is true when the segment was torn and has been cut at Offset (removed if Offset is 0).
 	Repaired bool
+	// Removed is true when nothing was left: a torn first member, or an empty file (a crash between
+	// creating the segment and its first flush; gzip tools reject an empty file).
 	Removed  bool
 	Offset   int64 // bytes kept
 	CutBytes int64
@@ -146,9 +148,9 @@ type RepairResult struct {
 
 // Repair checks the segment at path and, if its tail is damaged, cuts it off atomically: the whole
 // members before the damage are copied byte for byte into path + ".repair.tmp", which is fsynced and
-// renamed over path, and the directory is fsynced. A segment with no whole member left is removed.
-// What was cut (file, byte offset, lines) is logged at warn level. An undamaged segment is not
-// touched. logger may be nil.
+// renamed over path, and the directory is fsynced. A segment with no whole member left is removed,
+// and so is an empty one. What was cut (file, byte offset, lines) is logged at warn level. An
+// undamaged segment is not touched. logger may be nil.
 func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -157,6 +159,17 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return res, fmt.Errorf("repair segment: %w", err)
+	}
+	if len(data) == 0 {
+		if err := os.Remove(path); err != nil {
+			return res, fmt.Errorf("repair segment %s: remove empty segment: %w", path, err)
+		}
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			return res, fmt.Errorf("repair segment %s: sync directory: %w", path, err)
+		}
+		res.Removed = true
+		logger.Info("empty trace segment removed (created, never flushed)", "segment", path)
+		return res, nil
 	}
 	scan, cerr := scanSegment(path, data, nil)
 	res.Offset, res.KeptLines, res.CutLines = int64(len(data)), scan.goodLines, scan.cutLines

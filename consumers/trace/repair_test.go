@@ -148,8 +148,9 @@ func TestRepairCases(t *testing.T) {
 			data:      func(t *testing.T) []byte { return append(member(t, "a\n"), member(t, "b\n")...) },
 			wantLines: []string{"a", "b"},
 		},
-		"empty file": {
-			data: func(t *testing.T) []byte { return nil },
+		"empty file (created, never flushed): removed": {
+			data:    func(t *testing.T) []byte { return nil },
+			removed: true,
 		},
 		"first member torn: removed": {
 			data:    func(t *testing.T) []byte { m := member(t, "a\n"); return m[:len(m)-1] },
