@@ -41,7 +41,10 @@
 // partition is stuck until the pin expires, PinnedTTL after the dead owner's last pull (an owner
 // renews its pulls every PinnedTTL/3 whatever its handler does); then the next owner resets and gets
 // every unacked message first. If nothing new arrives to be delivered, a standby that sees the
-// consumer unpinned with unacked messages resets it itself. The dead owner may have made messages
+// consumer unpinned with unacked messages resets it itself; one that sees it unpinned with nothing
+// unacked and nothing pending resets it to the last acked message, so that an idle partition gets an
+// owner too (one redelivery of a durable message, skipped by the handler) and a handler that acts on
+// time, like the gap detector's stale check, runs for it. The dead owner may have made messages
 // durable without acking them; those come again and the output must recognise them (handler rules).
 //
 // Bounds: a graceful handoff takes the handler's drain plus a few round trips. Crash failover takes

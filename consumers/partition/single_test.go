@@ -227,3 +227,75 @@ func standbyFor(owner string) string {
 		}
 	}
 }
+
+// The owner crashes with every message acked and nothing new arrives: nothing is deliverable, so the
+// server would never pin the partition again, and a handler that acts on time (the gap detector's
+// stale publishers) would never run for it. The standby sees it unpinned and idle and makes the last
+// acked message deliverable again; it takes over in about PinnedTTL and gets that one message, as a
+// redelivery of a durable one.
+func TestCrashOnIdleAckedPartitionIsTakenOver(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig("idle-acked", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rec := newRecorder(t, cfg)
+	ncA, jsA := connect(t, env)
+	a, err := Join(ctx, jsA, cfg, WithMemberID("a"), WithLogger(testLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.Consume(ctx, rec.handler("a")) }()
+	if err := publish(ctx, env.JS, 2, 5, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a to process every message", func() bool { return rec.total.Load() == 10 })
+	cons, err := env.JS.Consumer(ctx, cfg.Stream, cfg.ConsumerName(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a's acks", func() bool {
+		ci, err := cons.Info(ctx)
+		return err == nil && ci.NumAckPending == 0 && ci.AckFloor.Stream == 10
+	})
+	standby := standbyFor("a")
+	var owned atomic.Bool
+	sessions := func(member string) Handler {
+		h := rec.handler(member) // the shared output: it knows what a wrote
+		return func(ctx context.Context, p int, msgs <-chan jetstream.Msg) error {
+			owned.Store(true)
+			return h(ctx, p, msgs)
+		}
+	}
+	ncB, jsB := connect(t, env)
+	defer ncB.Close()
+	b, err := Join(ctx, jsB, cfg, WithMemberID(standby), WithLogger(testLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, bcancel := context.WithCancel(ctx)
+	bDone := make(chan error, 1)
+	go func() { bDone <- b.Consume(bctx, sessions(standby)) }()
+	defer func() { bcancel(); <-bDone }()
+	time.Sleep(cfg.PinnedTTL) // a holds the pin while alive, idle or not
+	if owned.Load() {
+		t.Fatal("the standby owns the partition while its owner is alive")
+	}
+	ncA.Close()
+	<-aDone
+	crashed := time.Now()
+	took := waitFor(t, 4*cfg.PinnedTTL, "the standby to own the idle partition", func() bool { return owned.Load() })
+	t.Logf("%s owns it %v after the crash (PinnedTTL %v)", standby, took, cfg.PinnedTTL)
+	if time.Since(crashed) > cfg.AckWait/2 {
+		t.Fatal("took over only after AckWait")
+	}
+	waitFor(t, 10*time.Second, "the redelivered last message", func() bool { return rec.deliveries.Load() == 11 })
+	if rec.dups.Load() != 1 {
+		t.Fatalf("%d redeliveries of durable messages, want the last one only", rec.dups.Load())
+	}
+	rec.check(2, 5)
+	ci, err := cons.Info(ctx)
+	if err != nil || ci.AckFloor.Stream != 10 {
+		t.Fatalf("ack floor after the takeover: %+v %v", ci, err)
+	}
+}

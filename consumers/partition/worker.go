@@ -128,28 +128,42 @@ func (w *worker) run(h Handler) error {
 	return nil
 }
 
-// unstick makes the unacked messages of an unowned partition deliverable at once. The server pins
-// a partition only when it delivers a message; if the last owner crashed holding every remaining
-// message unacked and nothing new arrives, nothing is deliverable until AckWait expires. When the
-// consumer has no pinned client and unacked messages, nobody owns them: a reset to the ack floor makes
-// them deliverable, so the next probe wins the pin.
+// unstick makes an unowned partition deliverable at once, so that the next probe wins the pin. The
+// server pins a partition only when it delivers a message:
+//
+//   - if the last owner crashed holding every remaining message unacked and nothing new arrives,
+//     nothing is deliverable until AckWait expires: a reset to the ack floor makes them deliverable;
+//   - if it crashed (or left) with everything acked and nothing new arrives, nothing is ever
+//     deliverable, and a handler that acts on time (a gap detector's stale publishers, a gap waiting
+//     for its grace) would never run for the partition: a reset to the last acked message delivers
+//     that one again (a redelivery of a durable message, which the handler recognises and skips).
+//
+// Either way only when the consumer has no pinned client (nobody owns it).
 func (w *worker) unstick(cons jetstream.Consumer) {
 	ctx, cancel := context.WithTimeout(w.rel, apiTimeout)
 	defer cancel()
 	info, err := cons.Info(ctx)
-	if err != nil || info.NumAckPending == 0 {
-		return
+	if err != nil || info.NumAckPending == 0 && (info.NumPending > 0 || info.AckFloor.Stream == 0) {
+		return // nothing to own yet, or something deliverable that will pin the partition
 	}
 	for _, g := range info.PriorityGroups {
 		if g.PinnedClientID != "" {
 			return
 		}
 	}
-	if _, err := w.m.stream.ResetConsumer(ctx, w.name); err != nil {
-		w.m.log.Debug("partition: unstick reset", "partition", w.p, "err", err)
+	if info.NumAckPending > 0 {
+		if _, err := w.m.stream.ResetConsumer(ctx, w.name); err != nil {
+			w.m.log.Debug("partition: unstick reset", "partition", w.p, "err", err)
+			return
+		}
+		w.m.log.Debug("partition: unowned with unacked messages: reset", "partition", w.p, "unacked", info.NumAckPending)
 		return
 	}
-	w.m.log.Debug("partition: unowned with unacked messages: reset", "partition", w.p, "unacked", info.NumAckPending)
+	if _, err := w.m.stream.ResetConsumerToSequence(ctx, w.name, info.AckFloor.Stream); err != nil {
+		w.m.log.Debug("partition: unstick idle reset", "partition", w.p, "err", err)
+		return
+	}
+	w.m.log.Debug("partition: unowned and idle: last acked message made deliverable", "partition", w.p, "seq", info.AckFloor.Stream)
 }
 
 // probe is one standby pull of one message. The server delivers it only once the partition is pinned
