@@ -3,11 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -177,27 +174,15 @@ func TestBrokerOutageDropsAreCountedAndMarkedExactly(t *testing.T) {
 	t.Logf("stored %d, dropped %d in %d marker(s), first %+v", len(stored), len(dropped), len(markers), markers[0])
 }
 
-// scrapeMetric reads one unlabelled sample from a Prometheus text endpoint.
+// scrapeMetric reads one sample from a Prometheus text endpoint (summed over its label sets).
 func scrapeMetric(t *testing.T, addr, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	m, err := scrapeSamples(addr)
 	if err != nil {
 		t.Fatalf("scrape %s: %v", addr, err)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
+	if len(m[name]) == 0 {
+		t.Fatalf("metric %s not served by %s", name, addr)
 	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("%s: %v", line, err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("metric %s not served by %s", name, addr)
-	return 0
+	return sumSamples(m, name)
 }

@@ -1,9 +1,14 @@
 package e2e
 
 import (
+	"bufio"
+	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -171,4 +176,72 @@ func traceLines(t *testing.T, pattern string) []*schemas.TraceLine {
 		}
 	}
 	return out
+}
+
+// metricSamples scrapes a Prometheus text endpoint: sample name → label sets with their values.
+type metricSample struct {
+	labels map[string]string
+	value  float64
+}
+
+func scrapeSamples(addr string) (map[string][]metricSample, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]metricSample{}
+	sc := bufio.NewScanner(strings.NewReader(string(body)))
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, rest, labelled := strings.Cut(line, "{")
+		s := metricSample{labels: map[string]string{}}
+		var val string
+		if labelled {
+			ls, v, ok := strings.Cut(rest, "} ")
+			if !ok {
+				return nil, fmt.Errorf("metric line %q", line)
+			}
+			for _, kv := range strings.Split(ls, ",") {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					return nil, fmt.Errorf("metric line %q", line)
+				}
+				s.labels[k] = strings.Trim(v, `"`)
+			}
+			val = v
+		} else {
+			name, val, _ = strings.Cut(line, " ")
+		}
+		if s.value, err = strconv.ParseFloat(strings.TrimSpace(val), 64); err != nil {
+			return nil, fmt.Errorf("metric line %q: %v", line, err)
+		}
+		out[name] = append(out[name], s)
+	}
+	return out, sc.Err()
+}
+
+// sum adds the samples of name whose labels include every pair of labels.
+func sumSamples(m map[string][]metricSample, name string, labels ...string) float64 {
+	var total float64
+next:
+	for _, s := range m[name] {
+		for i := 0; i+1 < len(labels); i += 2 {
+			if s.labels[labels[i]] != labels[i+1] {
+				continue next
+			}
+		}
+		total += s.value
+	}
+	return total
 }

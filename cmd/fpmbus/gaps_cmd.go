@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -36,6 +37,7 @@ type gapsOptions struct {
 	partitions  int
 	stateBucket string
 	stopTimeout time.Duration
+	pinnedTTL   time.Duration
 }
 
 // gapsFlags registers the gap detector's flags on fs.
@@ -49,6 +51,7 @@ func gapsFlags(fs *flag.FlagSet) *gapsOptions {
 	fs.IntVar(&o.partitions, "gaps-partitions", envIntOr("FPMBUS_GAPS_PARTITIONS", d.Partitions), "partitions of the publishers shared by the instances of --gaps-group (fixed for the group's life; 1: one active detector, the other instances hot standbys) (env FPMBUS_GAPS_PARTITIONS)")
 	fs.StringVar(&o.stateBucket, "state-bucket", d.StateBucket, "KV bucket holding each publisher's detector state")
 	fs.DurationVar(&o.stopTimeout, "gaps-stop-timeout", d.StopTimeout, "on interrupt, how long to keep checkpointing what was already received")
+	fs.DurationVar(&o.pinnedTTL, "gaps-pinned-ttl", d.PinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance of --gaps-group takes them over (%v to %v)", partition.MinPinnedTTL, partition.MaxPinnedTTL))
 	return o
 }
 
@@ -62,7 +65,14 @@ func (o *gapsOptions) config() (gaps.Config, error) {
 	c.StateBucket = o.stateBucket
 	c.StopTimeout = o.stopTimeout
 	c.Partitions = o.partitions
+	c.PinnedTTL = o.pinnedTTL
+	if c.PinnedTTL < partition.MinPinnedTTL || c.PinnedTTL > partition.MaxPinnedTTL {
+		return c, fmt.Errorf("%w: --gaps-pinned-ttl %v: want %v to %v", errUsage, c.PinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
+	}
 	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := c.PartitionConfig().Validate(); err != nil {
 		return c, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return c, nil

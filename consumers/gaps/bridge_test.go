@@ -4,90 +4,19 @@ import (
 	"context"
 	"errors"
 	"net/url"
-	"sort"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/fpmbus/fpmbus/bridge"
-	"github.com/fpmbus/fpmbus/producer"
-	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // These tests run the real pipeline: a Dynamo-like ZMQ publisher (libzmq XPUB, so a test can wait
 // for the bridge's subscription), the real bridge, a real JetStream server and the detector.
-
-// zpub is a scripted FPM publisher for worker "w", rank 0, on the synthetic publisher's own socket
-// (producer.Sender: Dynamo's frames and non-blocking sends).
-type zpub struct {
-	t    testing.TB
-	s    *producer.Sender
-	URL  string
-	sent uint64 // next sequence number
-	lost []uint64
-}
-
-// newZPub binds on endpoint with send high-water mark hwm (0: unlimited); nodrop makes a full pipe refuse
-// the send (EAGAIN, which Dynamo's publisher treats as a drop) instead of libzmq dropping silently,
-// so the test knows exactly which numbers were lost.
-func newZPub(t testing.TB, endpoint string, hwm int, nodrop bool) *zpub {
-	t.Helper()
-	if hwm == 0 {
-		hwm = -1 // producer.NewSender: negative is unlimited
-	}
-	s, err := producer.NewSender(nil, endpoint, hwm, producer.WithSubscriberCount(), producer.WithNoDrop(nodrop), producer.WithLinger(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &zpub{t: t, s: s, URL: s.Endpoint()}
-	t.Cleanup(p.Close)
-	return p
-}
-
-// Close closes the socket and its context; safe to call twice.
-func (p *zpub) Close() { _ = p.s.Close() }
-
-// waitSubscribed blocks until the bridge's subscription reached the socket.
-func (p *zpub) waitSubscribed() {
-	p.t.Helper()
-	if err := p.s.WaitSubscribers(1, 15*time.Second); err != nil {
-		p.t.Fatal(err)
-	}
-}
-
-// send sends the next number without blocking, as Dynamo does: a refused send is lost, and the
-// number is consumed anyway.
-func (p *zpub) send(heartbeat bool) bool {
-	p.t.Helper()
-	seq := p.sent
-	p.sent++
-	f := &schemas.FPM{Version: 1, WorkerID: "w", CounterID: int64(seq)}
-	if !heartbeat {
-		f.WallTime = 0.02
-		f.Scheduled = schemas.ScheduledRequests{NumPrefillRequests: 1, SumPrefillTokens: 128, NumDecodeRequests: 2, SumDecodeKVTokens: 512}
-	}
-	if err := p.s.Send(seq, schemas.EncodeMsgpack(f)); err != nil {
-		if errors.Is(err, producer.ErrDropped) {
-			p.lost = append(p.lost, seq)
-			return false
-		}
-		p.t.Fatalf("send %d: %v", seq, err)
-	}
-	return true
-}
-
-// sendN sends n numbers, one every `every` (0: as fast as possible).
-func (p *zpub) sendN(n int, every time.Duration) {
-	for range n {
-		p.send(false)
-		if every > 0 {
-			time.Sleep(every)
-		}
-	}
-}
 
 // pipeline is a bridge on env for one publisher endpoint.
 type pipeline struct {
@@ -155,20 +84,6 @@ func (p *pipeline) waitAccounted(n uint64) bridge.RankStats {
 	return r
 }
 
-// runs turns sorted numbers into maximal contiguous ranges.
-func runs(seqs []uint64) [][2]uint64 {
-	sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
-	var out [][2]uint64
-	for _, s := range seqs {
-		if n := len(out); n > 0 && out[n-1][1]+1 == s {
-			out[n-1][1] = s
-		} else {
-			out = append(out, [2]uint64{s, s})
-		}
-	}
-	return out
-}
-
 func checkRanges(t testing.TB, k streams.Key, evs []Event, cause string, want [][2]uint64) {
 	t.Helper()
 	var got [][2]uint64
@@ -189,35 +104,35 @@ func checkRanges(t testing.TB, k streams.Key, evs []Event, cause string, want []
 // each run of them is one zmq_drop event.
 func TestPipelineZMQDrop(t *testing.T) {
 	env := streamstest.Start(t)
-	pub := newZPub(t, "tcp://127.0.0.1:*", 1, true)
-	pl := startPipelineBridge(t, env, pub.URL, nil)
-	pub.waitSubscribed()
+	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 1, true, "w", 0)
+	pl := startPipelineBridge(t, env, pub.Endpoint(), nil)
+	pub.WaitSubscribed()
 	cfg := testConfig()
 	h := startDetector(t, env.Server.ClientURL(), cfg)
 
-	pub.sendN(10, 5*time.Millisecond)
-	for try := 0; try == 0 || len(pub.lost) == 0 && try < 20; try++ {
-		pub.sendN(2000, 0) // the pipe holds one message: much of a burst is refused
+	pub.SendN(10, 5*time.Millisecond)
+	for try := 0; try == 0 || len(pub.Lost()) == 0 && try < 20; try++ {
+		pub.SendN(2000, 0) // the pipe holds one message: much of a burst is refused
 		time.Sleep(100 * time.Millisecond)
 	}
-	check(t, len(pub.lost) > 0, "no ZMQ drop forced")
+	check(t, len(pub.Lost()) > 0, "no ZMQ drop forced")
 	time.Sleep(200 * time.Millisecond)
 	// A tail that gets through closes every gap (a refused tail number is lost like any other).
 	for ok, n := false, 0; !ok || n < 3; n++ {
-		ok = pub.send(false)
+		ok = pub.Send(false)
 		time.Sleep(20 * time.Millisecond)
 	}
-	sent := pub.sent
-	r := pl.waitAccounted(sent - uint64(len(pub.lost)))
+	sent := pub.Sent()
+	r := pl.waitAccounted(sent - uint64(len(pub.Lost())))
 	equal(t, uint64(0), r.Dropped, "bridge drops")
 
 	k := key("w", 0)
-	want := runs(append([]uint64(nil), pub.lost...))
+	want := producertest.Runs(pub.Lost())
 	by := waitEvents(t, env.JS, len(want), 30*time.Second)
 	checkRanges(t, k, by[k], CauseZMQDrop, want)
 	equal(t, sent, delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
-	equal(t, float64(len(pub.lost)), h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseZMQDrop))
-	t.Logf("sent %d, lost %d in %d gaps", sent, len(pub.lost), len(want))
+	equal(t, float64(len(pub.Lost())), h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseZMQDrop))
+	t.Logf("sent %d, lost %d in %d gaps", sent, len(pub.Lost()), len(want))
 }
 
 // TestPipelineBrokerOutage: the broker goes away while the publisher keeps sending; the bridge
@@ -227,17 +142,17 @@ func TestPipelineBrokerOutage(t *testing.T) {
 	env := streamstest.Start(t)
 	u, _ := url.Parse(env.Server.ClientURL())
 	addr, store := u.Host, env.StoreDir
-	pub := newZPub(t, "tcp://127.0.0.1:*", 0, false)
-	pl := startPipelineBridge(t, env, pub.URL, func(c *bridge.Config) {
+	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
+	pl := startPipelineBridge(t, env, pub.Endpoint(), func(c *bridge.Config) {
 		c.MaxBuffer = 50
 		c.AckTimeout = time.Second
 	})
-	pub.waitSubscribed()
+	pub.WaitSubscribed()
 	cfg := testConfig()
 	cfg.MarkerGrace = 2 * time.Second
 	h := startDetector(t, env.Server.ClientURL(), cfg)
 
-	pub.sendN(100, time.Millisecond)
+	pub.SendN(100, time.Millisecond)
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if pl.b.Stats().Ranks[0].Published < 100 {
 			return errors.New("first 100 not published")
@@ -245,11 +160,11 @@ func TestPipelineBrokerOutage(t *testing.T) {
 		return nil
 	})
 	env.Stop()
-	pub.sendN(300, 2*time.Millisecond) // 50 are buffered, the rest dropped
+	pub.SendN(300, 2*time.Millisecond) // 50 are buffered, the rest dropped
 	env2 := streamstest.StartAt(t, addr, store)
 	time.Sleep(1500 * time.Millisecond) // the bridge reconnects and publishes buffer and markers
-	pub.sendN(10, 5*time.Millisecond)
-	sent := pub.sent
+	pub.SendN(10, 5*time.Millisecond)
+	sent := pub.Sent()
 	r := pl.waitAccounted(sent)
 	check(t, r.Dropped > 0, "nothing dropped during the outage")
 
@@ -271,7 +186,7 @@ func TestPipelineBrokerOutage(t *testing.T) {
 		}
 		return nil
 	})
-	want := runs(dropped)
+	want := producertest.Runs(dropped)
 	by := waitEvents(t, env2.JS, len(want), 30*time.Second)
 	checkRanges(t, k, by[k], CauseBridgeDrop, want)
 	for _, e := range by[k] {
@@ -287,18 +202,18 @@ func TestPipelineBrokerOutage(t *testing.T) {
 // publisher_restart event saying how far the old run got.
 func TestPipelinePublisherRestart(t *testing.T) {
 	env := streamstest.Start(t)
-	pub := newZPub(t, "tcp://127.0.0.1:*", 0, false)
-	endpoint := pub.URL
+	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
+	endpoint := pub.Endpoint()
 	pl := startPipelineBridge(t, env, endpoint, nil)
-	pub.waitSubscribed()
+	pub.WaitSubscribed()
 	h := startDetector(t, env.Server.ClientURL(), testConfig())
-	pub.sendN(50, time.Millisecond)
+	pub.SendN(50, time.Millisecond)
 	pl.waitAccounted(50)
 	pub.Close()
 
-	pub2 := newZPub(t, endpoint, 0, false)
-	pub2.waitSubscribed()
-	pub2.sendN(30, time.Millisecond)
+	pub2 := producertest.NewScripted(t, endpoint, 0, false, "w", 0)
+	pub2.WaitSubscribed()
+	pub2.SendN(30, time.Millisecond)
 	pl.waitAccounted(80)
 
 	k := key("w", 0)
@@ -315,21 +230,21 @@ func TestPipelinePublisherRestart(t *testing.T) {
 // --stale-after; when it sends again (without restarting) a resumed event closes the period.
 func TestPipelineSilentPublisher(t *testing.T) {
 	env := streamstest.Start(t)
-	pub := newZPub(t, "tcp://127.0.0.1:*", 0, false)
-	pl := startPipelineBridge(t, env, pub.URL, nil)
-	pub.waitSubscribed()
+	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
+	pl := startPipelineBridge(t, env, pub.Endpoint(), nil)
+	pub.WaitSubscribed()
 	cfg := testConfig()
 	cfg.StaleAfter = 500 * time.Millisecond
 	h := startDetector(t, env.Server.ClientURL(), cfg)
 	for i := range 6 {
-		pub.send(i%3 == 2) // busy passes and heartbeats
+		pub.Send(i%3 == 2) // busy passes and heartbeats
 		time.Sleep(50 * time.Millisecond)
 	}
 	k := key("w", 0)
 	by := waitEvents(t, env.JS, 1, 10*time.Second)
 	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1})
 	equal(t, 1.0, h.metric("fpmbus_gaps_stale_publishers"))
-	pub.sendN(3, 10*time.Millisecond)
+	pub.SendN(3, 10*time.Millisecond)
 	pl.waitAccounted(9)
 	by = waitFirstEvents(t, env.JS, 2, 10*time.Second)
 	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeResumed, CauseStale, -1, -1, 0, 0})

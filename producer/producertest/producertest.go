@@ -1,6 +1,7 @@
 // Package producertest helps tests talk to synthetic Dynamo FPM publishers over real libzmq: it finds a
-// free block of consecutive ports for the ranks, and receives Dynamo's three-frame messages on a SUB
-// socket. Everything it creates is closed by the test's Cleanup.
+// free block of consecutive ports for the ranks, receives Dynamo's three-frame messages on a SUB
+// socket, and publishes scripted FPMs (Scripted) that know exactly which numbers libzmq refused.
+// Everything it creates is closed by the test's Cleanup.
 package producertest
 
 import (
