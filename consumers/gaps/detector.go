@@ -256,6 +256,10 @@ func (d *Detector) setup(ctx context.Context) error {
 		return fmt.Errorf("gaps: read drop markers on %s: %w", streams.StreamEvents, err)
 	}
 	d.mkF = startFetcher("drop marker", itM, 256)
+	if err := d.retireExplicitAckConsumers(sctx); err != nil {
+		d.mkF.stop()
+		return err
+	}
 	opts := []partition.Option{partition.WithLogger(d.logger)}
 	if d.id != "" {
 		opts = append(opts, partition.WithMemberID(d.id))
@@ -267,6 +271,41 @@ func (d *Detector) setup(ctx context.Context) error {
 	if d.partStream, err = d.js.Stream(sctx, d.cfg.PartitionConfig().ConsumerStream()); err != nil {
 		d.mkF.stop()
 		return fmt.Errorf("gaps: group %s: %w", d.cfg.Group, err)
+	}
+	return nil
+}
+
+// retireExplicitAckConsumers deletes the group's partition consumers that an older fpmbus declared
+// with explicit acks: the server cannot change a consumer's ack policy, and Join would refuse the
+// group. Join then declares them anew, from the stream's first message; the state bucket makes the
+// re-read harmless (what a publisher's checkpoint covers is skipped, what follows it is re-read anyway).
+// An instance of the older version still consuming them fails and must be upgraded too.
+func (d *Detector) retireExplicitAckConsumers(ctx context.Context) error {
+	pc := d.cfg.PartitionConfig()
+	s, err := d.js.Stream(ctx, pc.ConsumerStream())
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil // a partition stream not created yet: no consumer either
+	}
+	if err != nil {
+		return fmt.Errorf("gaps: group %s: %w", d.cfg.Group, err)
+	}
+	for p := range pc.Partitions {
+		name := pc.ConsumerName(p)
+		c, err := s.Consumer(ctx, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("gaps: group %s: consumer %s: %w", d.cfg.Group, name, err)
+		}
+		if c.CachedInfo().Config.AckPolicy == jetstream.AckAllPolicy {
+			continue
+		}
+		d.logger.Warn("gap detector: recreating a consumer declared with per-message acks by an older fpmbus; the stream is re-read from the start, what the state covers is skipped",
+			"stream", pc.ConsumerStream(), "consumer", name)
+		if err := s.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("gaps: group %s: delete consumer %s: %w", d.cfg.Group, name, err)
+		}
 	}
 	return nil
 }

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -440,4 +442,47 @@ func TestDetectorRereadsWhatItAckedPastItsCheckpoint(t *testing.T) {
 	match(t, kb, by[kb], want{TypeStale, CauseStale, -1, -1, 0, -1})
 	check(t, by[kb][0].Before.Seq == 29, "the silent publisher's last message is 29: %+v", by[kb][0].Before)
 	equal(t, 0.0, h2.metric("fpmbus_gaps_duplicates_total"))
+}
+
+// TestDetectorRecreatesAnExplicitAckGroup: a group whose consumer an older fpmbus declared with
+// per-message acks (the server cannot switch it to AckAll) is recreated at start; the new consumer
+// re-reads the stream from the start and the state makes that harmless: the gap reported before is
+// not reported again, the new one is, and delivered + missing == sent.
+func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	cfg := testConfig()
+	k := key("upgrade", 0)
+	t0 := time.Now().UnixMilli()
+	publishAll(t, env.JS, append(fpms(k, 0, 9, t0, t0), fpms(k, 12, 19, t0, t0+100)...)...)
+	h := startDetector(t, env.Server.ClientURL(), cfg)
+	waitEvents(t, env.JS, 1, 20*time.Second)
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	check(t, h.stop() == nil, "stop")
+
+	// What an older fpmbus left: the same consumer with explicit acks, everything acked.
+	old := cfg.PartitionConfig()
+	old.CumulativeAcks = false
+	check(t, env.JS.DeleteConsumer(ctx, streams.StreamFPM, DefaultGroup) == nil, "delete")
+	cons, err := env.JS.CreateOrUpdateConsumer(ctx, streams.StreamFPM, old.ConsumerConfig(0))
+	check(t, err == nil, "old consumer: %v", err)
+	msgs, err := cons.Fetch(18, jetstream.FetchMaxWait(5*time.Second), jetstream.FetchPriorityGroup(partition.PriorityGroup))
+	check(t, err == nil, "fetch: %v", err)
+	for m := range msgs.Messages() {
+		check(t, m.DoubleAck(ctx) == nil, "ack")
+	}
+
+	publishAll(t, env.JS, fpms(k, 25, 30, t0, t0+200)...)
+	h2 := startDetector(t, env.Server.ClientURL(), cfg)
+	by := waitEvents(t, env.JS, 2, 20*time.Second)
+	match(t, k, by[k], gapW(CauseZMQDrop, 10, 11), gapW(CauseZMQDrop, 20, 24))
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	ci, err := env.JS.Consumer(ctx, streams.StreamFPM, DefaultGroup)
+	check(t, err == nil && ci.CachedInfo().Config.AckPolicy == jetstream.AckAllPolicy, "recreated with AckAll: %v", err)
+	time.Sleep(200 * time.Millisecond)
+	by = waitEvents(t, env.JS, 2, time.Second)
+	match(t, k, by[k], gapW(CauseZMQDrop, 10, 11), gapW(CauseZMQDrop, 20, 24))
+	equal(t, uint64(31), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing")
+	equal(t, 18.0, h2.metric("fpmbus_gaps_redelivered_skipped_total"), "the re-read messages the state covers are skipped")
+	check(t, h2.stop() == nil, "stop")
 }
