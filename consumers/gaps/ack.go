@@ -71,9 +71,6 @@ func (l *ackLog) advance() jetstream.Msg {
 	return last
 }
 
-// pending is the number of delivered messages not yet acknowledged.
-func (l *ackLog) pending() int { return len(l.q) - l.head }
-
 // release marks held messages safe to acknowledge, if their session is still the partition's
 // current one (a lost session's messages go to the next owner; acking them could acknowledge what
 // that owner has not made durable).

@@ -13,6 +13,9 @@ type seqMsg struct {
 	n int
 }
 
+// pending is the number of delivered messages not yet acknowledged.
+func (l *ackLog) pending() int { return len(l.q) - l.head }
+
 func acked(m jetstream.Msg) int {
 	if m == nil {
 		return -1
