@@ -1,0 +1,153 @@
+package durable
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/consumers/partition"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxDeliveries bounds how often one message may be delivered before it is dead-lettered.
+	// A message that crashed or stalled this many instances in a row will crash the next one too.
+	DefaultMaxDeliveries = 5
+	// DefaultStopTimeout bounds a graceful stop: release every partition, then Close.
+	DefaultStopTimeout = 30 * time.Second
+	// DefaultBatch is the most messages of one partition handed to Handle at once.
+	DefaultBatch = 256
+)
+
+// ErrInvalidConfig wraps every configuration error.
+var ErrInvalidConfig = errors.New("durable: invalid configuration")
+
+// ErrAlreadyRunning is returned by a second Run of the same Runner.
+var ErrAlreadyRunning = errors.New("durable: runner already running")
+
+// Config is what a runner needs beyond its Consumer.
+type Config struct {
+	// Name names the consumer in metrics (label consumer), dead letters and loss events, e.g.
+	// "trace". Letters, digits, '-' and '_'.
+	Name string
+	// Group is the partition group the runner is a member of: stream, group name, partitions,
+	// filters and the consumer settings of every partition (AckWait, CumulativeAcks, ...).
+	Group partition.Config
+	// TickInterval is how often Consumer.Tick runs (0: never).
+	TickInterval time.Duration
+	// MaxDeliveries: a message delivered more often is dead-lettered instead of handled
+	// [DefaultMaxDeliveries]. At least 1.
+	MaxDeliveries int
+	// StopTimeout bounds the graceful stop [DefaultStopTimeout].
+	StopTimeout time.Duration
+	// Batch is the most messages handed to Handle at once [DefaultBatch].
+	Batch int
+	// DetectRetentionLoss makes the runner report messages the stream removed before they were read.
+	// It needs a group that reads every subject of its stream itself (Partitions 1, filters covering
+	// the stream) with cumulative acks: only then is every skipped stream sequence a lost message.
+	DetectRetentionLoss bool
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = DefaultMaxDeliveries
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = DefaultStopTimeout
+	}
+	if c.Batch == 0 {
+		c.Batch = DefaultBatch
+	}
+	return c
+}
+
+// Validate reports the first setting that cannot work.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	if !validName(c.Name) {
+		return bad("name %q: want 1-64 letters, digits, '-' and '_'", c.Name)
+	}
+	if err := c.Group.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	switch {
+	case c.TickInterval < 0:
+		return bad("tick interval %v: want >= 0", c.TickInterval)
+	case c.MaxDeliveries < 1:
+		return bad("max deliveries %d: want at least 1", c.MaxDeliveries)
+	case c.StopTimeout <= 0:
+		return bad("stop timeout %v: want > 0", c.StopTimeout)
+	case c.Batch < 1:
+		return bad("batch %d: want at least 1", c.Batch)
+	case c.DetectRetentionLoss && (c.Group.Partitions > 1 || !c.Group.CumulativeAcks):
+		return bad("retention-loss detection needs one partition and cumulative acks (partitions %d, cumulative %v)",
+			c.Group.Partitions, c.Group.CumulativeAcks)
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Option configures a Runner beyond Config.
+type Option func(*Runner) error
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(r *Runner) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+		}
+		r.log = l
+		return nil
+	}
+}
+
+// WithRegisterer registers the runner's metrics (default: not registered).
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(r *Runner) error {
+		if reg == nil {
+			return fmt.Errorf("%w: nil registerer", ErrInvalidConfig)
+		}
+		r.reg = reg
+		return nil
+	}
+}
+
+// WithMemberID names this instance in its group (default <host>-<pid>-<random>; see partition).
+func WithMemberID(id string) Option {
+	return func(r *Runner) error {
+		if id == "" {
+			return fmt.Errorf("%w: empty member id", ErrInvalidConfig)
+		}
+		r.memberID = id
+		return nil
+	}
+}
+
+// WithClock sets the clock of ticks and in-progress acks (default time.Now).
+func WithClock(now func() time.Time) Option {
+	return func(r *Runner) error {
+		if now == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
+		}
+		r.now = now
+		return nil
+	}
+}
