@@ -204,8 +204,10 @@ func (b *Bridge) Run(ctx context.Context) error {
 	return nil
 }
 
-// applyStreams applies cfg.Streams, retrying while the broker is unreachable; it gives up only when
-// ctx ends (returning nil: the stop path takes over) or when the server refuses the configuration.
+// applyStreams ensures the streams exist (streams.Ensure: created from cfg.Streams when missing, used
+// as they are otherwise), retrying while the broker is unreachable; it gives up only when ctx ends
+// (returning nil: the stop path takes over), when the server refuses the configuration, or when an
+// existing stream cannot serve the bridge.
 func (b *Bridge) applyStreams(ctx context.Context) error {
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(100*time.Millisecond),
@@ -214,7 +216,7 @@ func (b *Bridge) applyStreams(ctx context.Context) error {
 	)
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, applyAttemptTimeout)
-		err := streams.Apply(actx, b.js, b.cfg.Streams)
+		_, err := streams.Ensure(actx, b.js, b.cfg.Streams, b.log)
 		cancel()
 		if err == nil {
 			return nil
@@ -223,7 +225,7 @@ func (b *Bridge) applyStreams(ctx context.Context) error {
 			return nil
 		}
 		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) {
+		if errors.As(err, &apiErr) || errors.Is(err, streams.ErrIncompatible) {
 			return fmt.Errorf("bridge: %w", err)
 		}
 		b.log.Warn("cannot apply streams yet; retrying (ZMQ input is buffered meanwhile)", "attempt", attempt, "error", err)

@@ -84,7 +84,7 @@ type Config struct {
 	AckTimeout time.Duration
 	// StopTimeout bounds the graceful stop: publishing what is buffered and waiting for acks (default 10s).
 	StopTimeout time.Duration
-	// Streams is applied with streams.Apply at start; the zero value means streams.DefaultConfig().
+	// Streams creates missing streams at start (streams.Ensure); the zero value means streams.DefaultConfig().
 	Streams streams.Config
 	// Registerer receives the bridge's Prometheus metrics; nil registers nothing.
 	Registerer prometheus.Registerer

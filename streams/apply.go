@@ -2,21 +2,124 @@ package streams
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Apply creates or updates every fpmbus stream. It is idempotent: calling it again with the same
-// Config changes nothing, and every component calls it at start.
-func Apply(ctx context.Context, js jetstream.JetStream, c Config) error {
+// ErrDestructive: a plan holds changes that can delete stored messages (see Change.Destructive) and
+// was not forced. Nothing was changed.
+var ErrDestructive = errors.New("streams: refused changes that can delete stored messages")
+
+// Plan is what `fpmbus streams apply` does on one server: create the streams that are missing and
+// change the settings of existing ones that differ from the Config. It is the only path that changes
+// an existing stream; components use Ensure.
+type Plan struct {
+	Steps []Step
+}
+
+// Step is one stream of a Plan: created (Create), changed (Changes), or left as it is (neither).
+type Step struct {
+	Stream  string
+	Create  bool
+	Changes []Change
+	// send is the configuration sent to the server: the definition for a new stream; for an existing
+	// one its current configuration with the changed settings replaced, so that settings fpmbus does
+	// not define (description, compression, placement, metadata) stay as the operator set them.
+	send jetstream.StreamConfig
+}
+
+// NewPlan reads the current configuration of every fpmbus stream and compares it with c.
+func NewPlan(ctx context.Context, js jetstream.JetStream, c Config) (*Plan, error) {
 	if err := c.Validate(); err != nil {
-		return err
+		return nil, err
 	}
-	for _, sc := range c.All() {
-		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
-			return fmt.Errorf("streams: apply %s: %w", sc.Name, err)
+	p := &Plan{}
+	for _, want := range c.All() {
+		s, err := js.Stream(ctx, want.Name)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			p.Steps = append(p.Steps, Step{Stream: want.Name, Create: true, send: want})
+		case err != nil:
+			return nil, fmt.Errorf("streams: plan %s: %w", want.Name, err)
+		default:
+			current := s.CachedInfo().Config
+			p.Steps = append(p.Steps, Step{Stream: want.Name, Changes: Diff(current, want), send: withSettings(current, want)})
+		}
+	}
+	return p, nil
+}
+
+// Destructive returns the plan's changes that can delete stored messages.
+func (p *Plan) Destructive() []Change {
+	var out []Change
+	for _, st := range p.Steps {
+		for _, ch := range st.Changes {
+			if ch.Destructive {
+				out = append(out, ch)
+			}
+		}
+	}
+	return out
+}
+
+// Lines is the plan as text, one line per stream created or left as it is and one per changed
+// setting: "FPM max_bytes 2097152 -> 100000 (can delete stored messages)".
+func (p *Plan) Lines() []string {
+	var out []string
+	for _, st := range p.Steps {
+		switch {
+		case st.Create:
+			out = append(out, st.Stream+" does not exist: create")
+		case len(st.Changes) == 0:
+			out = append(out, st.Stream+" unchanged")
+		}
+		for _, ch := range st.Changes {
+			line := ch.String()
+			if ch.Destructive {
+				line += " (can delete stored messages)"
+			}
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// Execute carries the plan out. Unless force is set, a plan with a destructive change is refused as a
+// whole before anything is sent (ErrDestructive, naming each refused change): no stream is created or
+// changed. A stream that changed on the server since NewPlan is overwritten with the planned settings.
+func (p *Plan) Execute(ctx context.Context, js jetstream.JetStream, force bool) error {
+	if refused := p.Destructive(); len(refused) > 0 && !force {
+		names := make([]string, len(refused))
+		for i, ch := range refused {
+			names[i] = ch.String()
+		}
+		return fmt.Errorf("%w: %s", ErrDestructive, strings.Join(names, "; "))
+	}
+	for _, st := range p.Steps {
+		var err error
+		switch {
+		case st.Create:
+			_, err = js.CreateStream(ctx, st.send)
+		case len(st.Changes) > 0:
+			_, err = js.UpdateStream(ctx, st.send)
+		}
+		if err != nil {
+			return fmt.Errorf("streams: apply %s: %w", st.Stream, err)
 		}
 	}
 	return nil
+}
+
+// Apply creates or updates every fpmbus stream to c, destructive changes included: it is
+// `fpmbus streams apply --force` (NewPlan, then Execute with force). Calling it again with the same
+// Config changes nothing. Components never call it: they use Ensure.
+func Apply(ctx context.Context, js jetstream.JetStream, c Config) error {
+	p, err := NewPlan(ctx, js, c)
+	if err != nil {
+		return err
+	}
+	return p.Execute(ctx, js, true)
 }

@@ -2,6 +2,9 @@ package streams_test
 
 import (
 	"context"
+	"errors"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,5 +79,102 @@ func TestDedupWithinWindowAndServerRestartKeepsData(t *testing.T) {
 	msgs := streamstest.Messages(t, env2.JS, streams.StreamFPM, "fpm.*.*.*.1")
 	if len(msgs) != 1 || msgs[0].Subject() != "fpm.dynamo.backend.w1.1" {
 		t.Fatalf("after restart got %d messages", len(msgs))
+	}
+}
+
+// A plan that would delete stored messages is refused as a whole unless forced: the operator's stream
+// keeps its limits and messages, and not even a missing stream is created.
+func TestPlanRefusesDestructiveChangesUnlessForced(t *testing.T) {
+	const stored = 7599
+	env := streamstest.Start(t)
+	ctx := t.Context()
+	before := operatorStream(t, env, stored, func(sc *jetstream.StreamConfig) {
+		sc.MaxBytes, sc.MaxAge = 2_000_000, time.Hour
+		sc.Description, sc.Compression = "operator's FPM", jetstream.S2Compression
+	})
+	if err := env.JS.DeleteStream(ctx, streams.StreamBench); err != nil {
+		t.Fatal(err)
+	}
+	cfg := streams.DefaultConfig()
+	cfg.MaxBytes = 100_000 // lower: deletes most of the stream
+	// max age stays the default 168h: longer than the operator's hour, a change that deletes nothing
+
+	plan, err := streams.NewPlan(ctx, env.JS, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLines := []string{
+		"FPM max_bytes 2000000 -> 100000 (can delete stored messages)",
+		"FPM max_age 1h0m0s -> 168h0m0s",
+		"FPM_EVENTS unchanged",
+		"FPM_BENCH does not exist: create",
+	}
+	if got := plan.Lines(); !reflect.DeepEqual(got, wantLines) {
+		t.Fatalf("plan lines:\n got %q\nwant %q", got, wantLines)
+	}
+	if d := plan.Destructive(); len(d) != 1 || d[0].Setting != "max_bytes" {
+		t.Fatalf("destructive changes %+v, want max_bytes only", d)
+	}
+
+	err = plan.Execute(ctx, env.JS, false)
+	if !errors.Is(err, streams.ErrDestructive) || !strings.Contains(err.Error(), "FPM max_bytes 2000000 -> 100000") {
+		t.Fatalf("Execute without force: %v, want ErrDestructive naming FPM max_bytes", err)
+	}
+	after := info(t, env.JS, streams.StreamFPM)
+	if !reflect.DeepEqual(after.Config, before) || after.State.Msgs != stored {
+		t.Fatalf("refused plan changed FPM: %+v, %d messages", after.Config, after.State.Msgs)
+	}
+	if _, err := env.JS.Stream(ctx, streams.StreamBench); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("refused plan created %s: %v", streams.StreamBench, err)
+	}
+
+	if err := plan.Execute(ctx, env.JS, true); err != nil {
+		t.Fatalf("Execute with force: %v", err)
+	}
+	after = info(t, env.JS, streams.StreamFPM)
+	if after.Config.MaxBytes != 100_000 || after.Config.MaxAge != 168*time.Hour {
+		t.Fatalf("forced plan left max_bytes %d max_age %v", after.Config.MaxBytes, after.Config.MaxAge)
+	}
+	if after.State.Bytes > 100_000 || after.State.Msgs >= stored || after.State.Msgs == 0 {
+		t.Fatalf("forced plan: %d messages, %d bytes; want the oldest discarded down to 100000 bytes", after.State.Msgs, after.State.Bytes)
+	}
+	// Settings fpmbus does not define stay the operator's.
+	if after.Config.Description != "operator's FPM" || after.Config.Compression != jetstream.S2Compression {
+		t.Fatalf("forced plan reset description %q compression %v", after.Config.Description, after.Config.Compression)
+	}
+	if d := streams.Diff(info(t, env.JS, streams.StreamBench).Config, cfg.BenchStream()); len(d) != 0 {
+		t.Fatalf("%s created with differences %v", streams.StreamBench, d)
+	}
+	// Now the server matches: a new plan changes nothing.
+	plan, err = streams.NewPlan(ctx, env.JS, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range plan.Steps {
+		if st.Create || len(st.Changes) != 0 {
+			t.Fatalf("plan after apply: %+v", plan.Steps)
+		}
+	}
+}
+
+// Changes that delete nothing are applied without force.
+func TestPlanAppliesSafeChanges(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx := t.Context()
+	operatorStream(t, env, 100, func(sc *jetstream.StreamConfig) {
+		sc.MaxBytes, sc.MaxAge, sc.Duplicates, sc.Discard = 2_000_000, time.Hour, 10*time.Second, jetstream.DiscardOld
+	})
+	cfg := streams.DefaultConfig()
+	cfg.MaxBytes, cfg.MaxAge, cfg.DuplicateWindow = 4_000_000, 2*time.Hour, 20*time.Second
+	plan, err := streams.NewPlan(ctx, env.JS, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plan.Execute(ctx, env.JS, false); err != nil {
+		t.Fatalf("safe plan refused: %v", err)
+	}
+	after := info(t, env.JS, streams.StreamFPM)
+	if after.Config.MaxBytes != 4_000_000 || after.Config.MaxAge != 2*time.Hour || after.Config.Duplicates != 20*time.Second || after.State.Msgs != 100 {
+		t.Fatalf("after safe plan: %+v, %d messages", after.Config, after.State.Msgs)
 	}
 }

@@ -242,7 +242,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := streams.Apply(actx, js, *cfg); err != nil {
+	if _, err := streams.Ensure(actx, js, *cfg, slog.Default()); err != nil {
 		return err
 	}
 	if *profile != "" {

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -112,8 +113,9 @@ func storageFromFlag(s string) (jetstream.StorageType, error) {
 	return 0, fmt.Errorf("%w: --storage %q: want file or memory", errUsage, s)
 }
 
-// connectAndApply connects to NATS, opens JetStream and applies the streams (within 30 s): how every
-// command that runs against an external server starts. The caller closes the connection.
+// connectAndApply connects to NATS, opens JetStream and ensures the streams exist (within 30 s; an
+// existing stream is used as it is): how every command that runs against an external server starts.
+// The caller closes the connection.
 func connectAndApply(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Config) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := streams.Connect(*conn)
 	if err != nil {
@@ -126,7 +128,7 @@ func connectAndApply(ctx context.Context, conn *streams.ConnConfig, scfg *stream
 	}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := streams.Apply(actx, js, *scfg); err != nil {
+	if _, err := streams.Ensure(actx, js, *scfg, slog.Default()); err != nil {
 		nc.Close()
 		return nil, nil, err
 	}

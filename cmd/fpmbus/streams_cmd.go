@@ -4,8 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
+	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,11 +46,16 @@ func runStreams(ctx context.Context, args []string) error {
 		}
 		return enc.Encode(cfg.All())
 	case "apply":
-		fs := newFlagSet("streams apply", "streams apply [--server URL] [--replicas N …]")
+		fs := newFlagSet("streams apply", "streams apply [--server URL] [--replicas N …] [--dry-run] [--force]")
 		conn := connFlags(fs, "streams")
 		cfg := streamFlags(fs)
+		dryRun := fs.Bool("dry-run", false, "print what would change and change nothing")
+		force := fs.Bool("force", false, "also apply changes that can delete stored messages (lower limits, fewer replicas, another storage type)")
 		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
+		}
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 		nc, err := streams.Connect(*conn)
 		if err != nil {
@@ -62,13 +68,32 @@ func runStreams(ctx context.Context, args []string) error {
 		}
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		if err := streams.Apply(actx, js, *cfg); err != nil {
-			return err
-		}
-		for _, sc := range cfg.All() {
-			slog.Info("stream applied", "stream", sc.Name, "subjects", sc.Subjects, "replicas", sc.Replicas)
-		}
-		return nil
+		return applyStreams(actx, js, *cfg, *dryRun, *force, os.Stdout)
 	}
 	return fmt.Errorf("%w: fpmbus streams: unknown action %q (show | apply)", errUsage, args[0])
+}
+
+// applyStreams prints the plan (one line per changed setting) and carries it out, refusing as a whole a
+// plan with a change that can delete stored messages unless force is set.
+func applyStreams(ctx context.Context, js jetstream.JetStream, cfg streams.Config, dryRun, force bool, stdout io.Writer) error {
+	plan, err := streams.NewPlan(ctx, js, cfg)
+	if err != nil {
+		return err
+	}
+	for _, line := range plan.Lines() {
+		fmt.Fprintln(stdout, line)
+	}
+	if dryRun {
+		fmt.Fprintln(stdout, "dry run: nothing changed")
+		return nil
+	}
+	if refused := plan.Destructive(); len(refused) > 0 && !force {
+		names := make([]string, len(refused))
+		for i, ch := range refused {
+			names[i] = ch.String()
+		}
+		return fmt.Errorf("refused changes that can delete stored messages: %s; nothing was changed (rerun with --force to apply them)",
+			strings.Join(names, "; "))
+	}
+	return plan.Execute(ctx, js, force)
 }

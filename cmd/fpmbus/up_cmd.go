@@ -142,7 +142,7 @@ func runUp(ctx context.Context, args []string) error {
 		return err
 	}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = streams.Apply(actx, js, *scfg)
+	_, err = streams.Ensure(actx, js, *scfg, slog.Default())
 	cancel()
 	if err != nil {
 		return err

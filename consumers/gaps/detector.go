@@ -133,7 +133,7 @@ func WithMemberID(id string) Option {
 }
 
 // New checks cfg and returns a Detector on js. Nothing is created on the server until Run; the
-// streams must exist (streams.Apply). Options: WithLogger, WithClock, WithMemberID.
+// streams must exist (streams.Ensure). Options: WithLogger, WithClock, WithMemberID.
 func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -220,7 +220,7 @@ func (d *Detector) Run(ctx context.Context) error {
 func (d *Detector) setup(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	if _, err := d.js.CreateOrUpdateKeyValue(sctx, d.cfg.StateBucketConfig()); err != nil {
+	if _, err := streams.EnsureKeyValue(sctx, d.js, d.cfg.StateBucketConfig()); err != nil {
 		return fmt.Errorf("gaps: state bucket %s: %w", d.cfg.StateBucket, err)
 	}
 	var err error

@@ -216,7 +216,7 @@ func New(js jetstream.JetStream, cfg Config) (*Consumer, error) {
 // Durable returns the durable consumer name in use.
 func (c *Consumer) Durable() string { return c.cfg.Durable }
 
-// Run applies the streams, declares the durable consumer and merges until ctx ends or Close is called.
+// Run ensures the streams exist, declares the durable consumer and merges until ctx ends or Close is called.
 // It returns nil on a requested stop.
 func (c *Consumer) Run(ctx context.Context) error {
 	defer close(c.stopped)
@@ -229,7 +229,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}()
-	if err := streams.Apply(ctx, c.js, *c.cfg.Streams); err != nil {
+	if _, err := streams.Ensure(ctx, c.js, *c.cfg.Streams, c.log); err != nil {
 		return err
 	}
 	if _, err := c.store.objects(ctx); err != nil {

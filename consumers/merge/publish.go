@@ -74,7 +74,7 @@ func (s *Store) objects(ctx context.Context) (jetstream.ObjectStore, error) {
 	if s.obs != nil {
 		return s.obs, nil
 	}
-	obs, err := s.js.CreateOrUpdateObjectStore(ctx, s.cfg)
+	obs, err := streams.EnsureObjectStore(ctx, s.js, s.cfg)
 	if err != nil {
 		return nil, fmt.Errorf("merge: object store %s: %w", ObjectBucket, err)
 	}

@@ -110,7 +110,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}()
-	if err := streams.Apply(ctx, c.js, c.cfg.Streams); err != nil {
+	if _, err := streams.Ensure(ctx, c.js, c.cfg.Streams, c.log); err != nil {
 		return err
 	}
 	bench, err := c.js.Stream(ctx, streams.StreamBench)

@@ -1,0 +1,121 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrIncompatible: an existing stream lacks a setting fpmbus cannot work without. Ensure reports it
+// and changes nothing; `fpmbus streams apply` is the way to change the stream.
+var ErrIncompatible = errors.New("streams: existing stream cannot serve fpmbus")
+
+// Report is what Ensure found: the streams it created, and the settings of existing streams that
+// differ from the Config it was given (the server's values are the ones in use).
+type Report struct {
+	Created     []string
+	Differences []Change
+}
+
+// warned holds the differences this process has logged: `fpmbus up` runs several components, each of
+// which calls Ensure, and the operator needs to read about one difference once.
+var warned sync.Map
+
+// Ensure is how a component makes sure fpmbus's streams exist before it publishes or consumes: a
+// missing stream is created from c; an existing one is used as it is, and each setting that differs
+// from c is returned in the Report and logged (one Warn per stream naming each setting with the
+// stream's and c's values; once per process for the same differences). Ensure never updates a stream,
+// so a component started with default or careless flags cannot shrink an operator's limits and delete
+// stored messages; only `fpmbus streams apply` (Plan) changes an existing stream.
+//
+// An existing stream that cannot work for fpmbus (see requireUsable) is an ErrIncompatible error
+// naming the setting. A nil logger means slog.Default().
+func Ensure(ctx context.Context, js jetstream.JetStream, c Config, logger *slog.Logger) (Report, error) {
+	var r Report
+	if err := c.Validate(); err != nil {
+		return r, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	for _, want := range c.All() {
+		s, err := js.Stream(ctx, want.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			s, err = js.CreateStream(ctx, want)
+			if err == nil {
+				r.Created = append(r.Created, want.Name)
+				logger.Info("stream created", "stream", want.Name, "subjects", want.Subjects, "max_age", want.MaxAge,
+					"max_bytes", want.MaxBytes, "storage", enumName(want.Storage), "num_replicas", want.Replicas)
+				continue
+			}
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // another component created it meanwhile
+				s, err = js.Stream(ctx, want.Name)
+			}
+		}
+		if err != nil {
+			return r, fmt.Errorf("streams: ensure %s: %w", want.Name, err)
+		}
+		current := s.CachedInfo().Config
+		if err := requireUsable(current, want); err != nil {
+			return r, err
+		}
+		changes := Diff(current, want)
+		if len(changes) == 0 {
+			continue
+		}
+		r.Differences = append(r.Differences, changes...)
+		attrs := []any{"stream", want.Name}
+		key := want.Name
+		for _, ch := range changes {
+			attrs = append(attrs, slog.Group(ch.Setting, "stream", ch.Current, "flag", ch.Wanted))
+			key += "\n" + ch.String()
+		}
+		if _, dup := warned.LoadOrStore(key, true); dup {
+			continue
+		}
+		logger.Warn("stream settings differ from this component's flags; using the stream as it is "+
+			"(only `fpmbus streams apply` changes an existing stream)", attrs...)
+	}
+	return r, nil
+}
+
+// requireUsable checks the settings fpmbus cannot work without; every other difference is the
+// operator's choice and is only reported.
+//
+//   - subjects: every subject fpmbus writes or reads must be captured by the stream, or publishes
+//     find no stream and consumers' filters are refused. A stream capturing more is fine.
+//   - retention: limits. fpmbus has several independent readers per stream (trace writer, gap
+//     detector, backfill, replay, merger) and re-reads old messages by sequence; interest retention
+//     deletes a message once the consumers of the moment acked it, and work-queue retention refuses a
+//     second reader.
+//
+// The duplicate window is deliberately not required. A window shorter than the bridge's retries (ack
+// timeout plus backoff) costs at most a second copy of a message whose first publish was stored but
+// not acknowledged, which the consumers count as a duplicate (it loses nothing); and no window covers
+// every retry anyway, since the bridge retries for as long as the server is away. So a short window is
+// reported like any other difference, not refused.
+func requireUsable(current, want jetstream.StreamConfig) error {
+	have := subjectSet(current)
+	for _, w := range want.Subjects {
+		covered := false
+		for _, s := range have {
+			covered = covered || server.SubjectMatchesFilter(w, s)
+		}
+		if !covered {
+			return fmt.Errorf("%w: stream %s: setting subjects is %q on the server, which does not capture %q "+
+				"(add it with `fpmbus streams apply`)", ErrIncompatible, want.Name, strings.Join(have, ","), w)
+		}
+	}
+	if current.Retention != jetstream.LimitsPolicy {
+		return fmt.Errorf("%w: stream %s: setting retention is %q on the server; fpmbus needs %q "+
+			"(its readers are independent and re-read old messages)", ErrIncompatible, want.Name,
+			enumName(current.Retention), enumName(jetstream.LimitsPolicy))
+	}
+	return nil
+}
