@@ -78,7 +78,10 @@ type Config struct {
 	// MaxBuffer bounds the messages waiting for the broker (default 100000); a message arriving at a
 	// full buffer is dropped and recorded in a drop marker.
 	MaxBuffer int
-	// MaxBufferBytes bounds the bytes of those messages (default 256 MiB).
+	// MaxBufferBytes bounds the bytes of those messages (default 256 MiB), each charged its encoded
+	// headers and body plus its bookkeeping (charge in limits.go); the publisher holds at most as many
+	// again (in flight or awaiting a retry). MaxBuffer is also libzmq's receive queue (ZMQ_RCVHWM) per
+	// socket. The README's bridge section gives the resulting memory bound.
 	MaxBufferBytes int64
 	// MaxPayload bounds one ZMQ frame in bytes (default 1 MiB). It is libzmq's ZMQ_MAXMSGSIZE on every
 	// SUB socket, so a larger frame is refused before it is read into memory (see limits.go); each

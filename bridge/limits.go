@@ -144,11 +144,13 @@ func (b *Bridge) oversizedKey(slot int, frames [][]byte, k streams.Key, n int, s
 }
 
 // fitFPM returns it unchanged when its headers plus body fit the server's max_payload, or else its dead
-// letter (stage size). It also charges it with its exact encoded size.
+// letter (stage size). It also charges it with its exact encoded size. Before the first connect the
+// server's limit is unknown: the FPM is kept, and nats.go refuses it at publish if it is too large
+// (ErrMaxPayload), which dead-letters it then.
 func (b *Bridge) fitFPM(slot int, frames [][]byte, it *item, recv, mono time.Time) *item {
 	size := int64(encodedSize(it.msg))
 	it.size = charge(int(size))
-	if max := b.serverMaxPayload(); size > max {
+	if max := b.pub.serverMax.Load(); max > 0 && size > max {
 		reason := "FPM of " + strconv.FormatInt(size, 10) + " bytes (canonical JSON " + strconv.Itoa(len(it.msg.Data)) +
 			" bytes plus headers) exceeds the server's " + strconv.FormatInt(max, 10) + "-byte max_payload"
 		dl := b.deadLetter(slot, frames, StageSize, reason, it.seq, true, recv, mono)

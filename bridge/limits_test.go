@@ -394,3 +394,47 @@ func TestChargedSizeCoversItemMemory(t *testing.T) {
 		})
 	}
 }
+
+// An FPM the client or server refuses for good becomes a dead letter carrying its JSON and identity,
+// counted as invalid (never as dropped: it was not stored), of stage size when it was too large.
+func TestRejectedFPMBecomesADeadLetter(t *testing.T) {
+	tests := map[string]struct {
+		cause error
+		stage string
+		size  bool // Fpm-Error-Size and Fpm-Error-Limit set
+	}{
+		"over max_payload":   {cause: nats.ErrMaxPayload, stage: StageSize, size: true},
+		"subject too long":   {cause: errSubjectTooLong, stage: StageSize, size: true},
+		"refused by server":  {cause: &jetstream.APIError{Code: 400, ErrorCode: 10054, Description: "message size exceeds maximum allowed"}, stage: StagePublish},
+		"no ack, later acks": {cause: jetstream.ErrAsyncPublishTimeout, stage: StagePublish},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			b := offlineBridge(1 << 20)
+			now := time.Now()
+			fpm := b.process(0, [][]byte{nil, seqFrame(42), payload("w", 3, 42)}, now, now)
+			if fpm.kind != kindFPM {
+				t.Fatal("not an FPM")
+			}
+			b.pub.reject(fpm, tc.cause)
+			if len(b.pub.dlq) != 1 {
+				t.Fatalf("%d dead letters queued", len(b.pub.dlq))
+			}
+			dl := b.pub.dlq[0]
+			h := dl.msg.Header
+			if dl.kind != kindDeadLetter || dl.size != fpm.size || h.Get(streams.HeaderErrorStage) != tc.stage ||
+				h.Get(streams.HeaderSeq) != "42" || h.Get(streams.HeaderWorkerID) != "w" || h.Get(streams.HeaderEpoch) != strconv.FormatInt(fpm.epoch, 10) ||
+				!strings.Contains(h.Get(streams.HeaderError), tc.cause.Error()) || !bytes.Equal(dl.msg.Data, fpm.msg.Data) ||
+				dl.msg.Subject != "fpmevents.deadletter.dynamo.backend.3" {
+				t.Fatalf("dead letter %s %v %s", dl.msg.Subject, h, dl.msg.Data)
+			}
+			if (h.Get(HeaderErrorSize) != "" && h.Get(HeaderErrorLimit) != "") != tc.size {
+				t.Fatalf("size headers %v", h)
+			}
+			s := b.ranks[0].snapshot()
+			if s.Invalid != 1 || s.Dropped != 0 || counterValue(b.metrics.invalid.WithLabelValues("3", tc.stage)) != 1 {
+				t.Fatalf("stats %+v", s)
+			}
+		})
+	}
+}
