@@ -2,7 +2,9 @@
 //
 // One FPM travels through these files, in this order:
 //
-//	socket.go     one goroutine per ZMQ endpoint owns its SUB socket and reads 3-frame multiparts
+//	socket.go     one goroutine per ZMQ endpoint owns its SUB socket and reads 3-frame multiparts;
+//	monitor.go    it also watches the socket's monitor events, reconnecting a session libzmq gave up on
+//	              (a frame over MaxPayload, refused unread) and dead-lettering the refusal
 //	frames.go     ParseFrames splits (topic, 8-byte big-endian sequence, msgpack payload);
 //	              schemas.DecodeFPM turns the payload into a validated FPM with its canonical JSON
 //	epoch.go      the (key, sequence) pair gets a publisher-run epoch, so message ids survive restarts
