@@ -111,7 +111,8 @@ func (r *reader) watch(sock *zmq.Socket, st *readState, force bool) {
 		r.b.log.Warn("zmq disconnect of a lost session", "endpoint", url, "error", err)
 	}
 	if err := sock.Connect(url); err != nil {
-		r.b.log.Error("zmq reconnect after a lost session failed", "endpoint", url, "error", err)
+		r.b.log.Error("zmq reconnect after a lost session failed; retrying", "endpoint", url, "error", err)
+		r.watcher.lostAt, r.watcher.lostAfterHandshake = now, oversized // try again after the grace
 		return
 	}
 	if !oversized {
