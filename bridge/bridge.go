@@ -42,6 +42,9 @@ type Bridge struct {
 	epochs    *epochs
 	pub       *publisher
 
+	lineReserve int // bytes of an HPUB line besides the subject (see limits.go)
+	keyRoom     int // keyRoomFor(Namespace, Component)
+
 	deadLetterN atomic.Uint64
 	rankWarned  []atomic.Bool     // per endpoint: logged a payload dp_rank that differs from the endpoint's
 	decoders    []schemas.Decoder // per endpoint, owned by that endpoint's reader goroutine
@@ -63,15 +66,17 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Bridge, error) {
 	}
 	cfg = cfg.withDefaults()
 	b := &Bridge{
-		cfg:        cfg,
-		nc:         nc,
-		log:        cfg.Logger.With("component", "bridge", "bridge_id", cfg.BridgeID),
-		endpoints:  append([]Endpoint(nil), cfg.Endpoints...),
-		buf:        newBuffer(cfg.MaxBuffer, cfg.MaxBufferBytes),
-		epochs:     newEpochs(),
-		ready:      make(chan struct{}),
-		rankWarned: make([]atomic.Bool, len(cfg.Endpoints)),
-		decoders:   make([]schemas.Decoder, len(cfg.Endpoints)),
+		cfg:         cfg,
+		nc:          nc,
+		log:         cfg.Logger.With("component", "bridge", "bridge_id", cfg.BridgeID),
+		endpoints:   append([]Endpoint(nil), cfg.Endpoints...),
+		buf:         newBuffer(cfg.MaxBuffer, cfg.MaxBufferBytes),
+		epochs:      newEpochs(),
+		ready:       make(chan struct{}),
+		rankWarned:  make([]atomic.Bool, len(cfg.Endpoints)),
+		decoders:    make([]schemas.Decoder, len(cfg.Endpoints)),
+		lineReserve: lineReserve(nc),
+		keyRoom:     keyRoomFor(cfg.Namespace, cfg.Component),
 	}
 	for _, o := range opts {
 		o(&b.opts)

@@ -130,14 +130,23 @@ func (b *buffer) growLocked() {
 
 // pop appends up to max queued items, oldest first, to dst.
 func (b *buffer) pop(dst []*item, max int) []*item {
+	return b.popBytes(dst, max, -1)
+}
+
+// popBytes is pop that also stops once the items taken add up to budget bytes (the item that reaches
+// the budget is taken; a negative budget is no limit, 0 takes nothing).
+func (b *buffer) popBytes(dst []*item, n int, budget int64) []*item {
 	b.mu.Lock()
-	for ; max > 0 && b.n > 0; max-- {
+	for ; n > 0 && b.n > 0 && budget != 0; n-- {
 		it := b.ring[b.head]
 		b.ring[b.head] = nil
 		b.head = (b.head + 1) % len(b.ring)
 		b.n--
 		b.bytes -= it.size
 		dst = append(dst, it)
+		if budget > 0 {
+			budget = max(budget-it.size, 0)
+		}
 	}
 	b.length.Store(int64(b.n))
 	b.mu.Unlock()

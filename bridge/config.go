@@ -25,6 +25,10 @@ const (
 	DefaultMaxInFlight    = 4096
 	DefaultAckTimeout     = 5 * time.Second
 	DefaultStopTimeout    = 10 * time.Second
+	// DefaultMaxControlLine is nats-server's default max_control_line: the longest protocol line
+	// (PUB/HPUB with subject, reply subject and sizes) the server accepts before it closes the
+	// connection. Servers do not announce it, so the bridge assumes the default unless told otherwise.
+	DefaultMaxControlLine = 4096
 	// DefaultFPMPort is Dynamo's default DYN_FORWARDPASS_METRIC_PORT: rank r binds DefaultFPMPort + r.
 	DefaultFPMPort = 20380
 )
@@ -74,10 +78,19 @@ type Config struct {
 	// MaxBuffer bounds the messages waiting for the broker (default 100000); a message arriving at a
 	// full buffer is dropped and recorded in a drop marker.
 	MaxBuffer int
-	// MaxBufferBytes bounds the bytes of those messages (default 256 MiB).
+	// MaxBufferBytes bounds the bytes of those messages (default 256 MiB), each charged its encoded
+	// headers and body plus its bookkeeping (charge in limits.go); the publisher holds at most as many
+	// again (in flight or awaiting a retry). MaxBuffer is also libzmq's receive queue (ZMQ_RCVHWM) per
+	// socket. The README's bridge section gives the resulting memory bound.
 	MaxBufferBytes int64
-	// MaxPayload bounds one ZMQ payload in bytes (default 1 MiB); larger ones are dead-lettered.
+	// MaxPayload bounds one ZMQ frame in bytes (default 1 MiB). It is libzmq's ZMQ_MAXMSGSIZE on every
+	// SUB socket, so a larger frame is refused before it is read into memory (see limits.go); each
+	// refusal is counted and dead-lettered.
 	MaxPayload int
+	// MaxControlLine is the NATS server's max_control_line in bytes (default DefaultMaxControlLine).
+	// A message whose subject would make a longer protocol line is dead-lettered instead of published:
+	// the server would close the connection on it.
+	MaxControlLine int
 	// MaxInFlight bounds the asynchronous publishes awaiting an ack (default 4096).
 	MaxInFlight int
 	// AckTimeout is how long one publish may wait for its ack before it is retried (default 5s).
@@ -118,6 +131,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MaxControlLine == 0 {
+		c.MaxControlLine = DefaultMaxControlLine
 	}
 	if c.AckTimeout == 0 {
 		c.AckTimeout = DefaultAckTimeout
@@ -182,6 +198,11 @@ func (c Config) Validate() error {
 		return bad("ack timeout %v is negative", c.AckTimeout)
 	case c.StopTimeout < 0:
 		return bad("stop timeout %v is negative", c.StopTimeout)
+	case c.MaxControlLine < minControlLine:
+		return bad("max control line %d: want at least %d bytes", c.MaxControlLine, minControlLine)
+	}
+	if err := c.subjectsFit(); err != nil {
+		return bad("%v", err)
 	}
 	if err := c.Streams.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)

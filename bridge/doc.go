@@ -2,7 +2,9 @@
 //
 // One FPM travels through these files, in this order:
 //
-//	socket.go     one goroutine per ZMQ endpoint owns its SUB socket and reads 3-frame multiparts
+//	socket.go     one goroutine per ZMQ endpoint owns its SUB socket and reads 3-frame multiparts;
+//	monitor.go    it also watches the socket's monitor events, reconnecting a session libzmq gave up on
+//	              (a frame over MaxPayload, refused unread) and dead-lettering the refusal
 //	frames.go     ParseFrames splits (topic, 8-byte big-endian sequence, msgpack payload);
 //	              schemas.DecodeFPM turns the payload into a validated FPM with its canonical JSON
 //	epoch.go      the (key, sequence) pair gets a publisher-run epoch, so message ids survive restarts
@@ -14,6 +16,8 @@
 //	              for the broker and republishes the unacknowledged messages with the same ids
 //	bridge.go     New, Run, Ready, Stats: the component contract shared by fpmbus
 //	config.go     Config, its defaults and Validate; EndpointsFor
+//	limits.go     what a message must fit before it is published (server max_control_line and
+//	              max_payload, ZMQ_MAXMSGSIZE); what does not fit is dead-lettered, never published
 //	metrics.go    Prometheus collectors per rank; stats.go the Stats snapshot
 //	portcheck.go  warns when Dynamo's FPM ports overlap the host's ephemeral port range
 //
@@ -22,11 +26,18 @@
 //   - The ZMQ read loop never waits on the broker: it parses, decodes, stamps the receive time and
 //     does a non-blocking enqueue. A publisher is never slowed down by NATS.
 //   - Every multipart received is accounted for exactly once, per rank: published to FPM, dead-lettered
-//     to FPM_EVENTS (invalid input), or dropped with a drop marker (buffer full, shutdown, rejected).
+//     to FPM_EVENTS (invalid input, or an FPM that cannot be published: see limits.go), or dropped
+//     with a drop marker (buffer full, shutdown). A frame libzmq refused for its size counts as one
+//     received, invalid multipart.
 //     Stats().Ranks[r] satisfies, once the bridge has stopped,
 //     Received == Published + Dropped + Invalid, and Invalid == DeadLettered + DeadLettersLost.
 //   - Memory is bounded: at most MaxBuffer messages (and MaxBufferBytes bytes) wait in the buffer, at
-//     most MaxInFlight are in flight; drop markers are small and only created by drops.
+//     most MaxInFlight are in flight; drop markers are small and only created by drops. libzmq holds
+//     at most MaxBuffer messages per socket (ZMQ_RCVHWM) and never reads a frame over MaxPayload
+//     (ZMQ_MAXMSGSIZE). The README's bridge section gives the bound as a formula of the flags.
+//   - No message can close the NATS connection or stop the publisher: what does not fit the server's
+//     limits is dead-lettered before it is published, and a message that fails on its own is given
+//     up after maxRejects attempts.
 //   - A message keeps its Nats-Msg-Id across the bridge's retries, so JetStream deduplicates them.
 //
 // # Ownership and locks

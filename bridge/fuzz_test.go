@@ -55,7 +55,8 @@ func FuzzParseFrames(f *testing.F) {
 func offlineBridge(maxPayload int) *Bridge {
 	cfg := Config{Endpoints: []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 3}}, MaxPayload: maxPayload, BridgeID: "fuzz", Logger: testLogger()}.withDefaults()
 	b := &Bridge{cfg: cfg, log: cfg.Logger, endpoints: cfg.Endpoints, buf: newBuffer(10, 1<<20), epochs: newEpochs(),
-		rankWarned: make([]atomic.Bool, 1), decoders: make([]schemas.Decoder, 1)}
+		rankWarned: make([]atomic.Bool, 1), decoders: make([]schemas.Decoder, 1),
+		lineReserve: lineReserve(nil), keyRoom: keyRoomFor(cfg.Namespace, cfg.Component)}
 	b.pub = newPublisher(b)
 	b.metrics = newMetrics(func() float64 { return 0 }, func() float64 { return 0 }, func() float64 { return 0 })
 	b.ranks = []*rankCounters{{m: b.metrics.forRank(3)}}
@@ -65,7 +66,11 @@ func offlineBridge(maxPayload int) *Bridge {
 // FuzzProcess runs arbitrary multiparts through the bridge's receive path (parse, size check, decode,
 // message building) and checks that each becomes exactly one message: an FPM whose body is the
 // payload's canonical JSON, or a dead letter whose body is the raw frames and whose stage and error
-// agree with ParseFrames and DecodeFPM.
+// agree with ParseFrames and DecodeFPM. Every input also goes through a bridge facing tight server
+// limits (a 512-byte max_control_line, a 4 KiB max_payload), which must never produce a message the
+// server would refuse: an FPM whose subjects are too long or whose headers plus body are too large is a
+// dead letter of stage size naming its size and the limit, and every dead letter fits with its copied
+// headers bounded. The seed corpus in testdata/fuzz/FuzzProcess holds such worker_ids and payloads.
 func FuzzProcess(f *testing.F) {
 	f.Add([]byte{}, seqFrame(0), payload("w", 3, 0), uint8(3))
 	f.Add([]byte{}, seqFrame(5), payload("w", 3, 9), uint8(3))
@@ -74,8 +79,12 @@ func FuzzProcess(f *testing.F) {
 	f.Add([]byte{}, seqFrame(1)[:7], payload("w", 3, 1), uint8(3))
 	f.Add([]byte{}, seqFrame(1), payload("w", 3, 1), uint8(2))
 	b := offlineBridge(512)
+	tight := offlineBridge(64 << 10)
+	tight.cfg.MaxControlLine = 512
+	tight.pub.serverMax.Store(4 << 10)
 	f.Fuzz(func(t *testing.T, topic, seq, pl []byte, n uint8) {
 		frames := [][]byte{topic, seq, pl, pl}[:int(n)%5]
+		checkTightLimits(t, tight, frames)
 		var raw []byte
 		for _, fr := range frames {
 			raw = append(raw, fr...)
@@ -99,7 +108,7 @@ func FuzzProcess(f *testing.F) {
 				}
 			default:
 				_, derr := schemas.DecodeFPM(gotPayload)
-				if derr == nil || it.msg.Header.Get(streams.HeaderError) != sanitizeHeaderValue(derr.Error()) {
+				if derr == nil || it.msg.Header.Get(streams.HeaderError) != boundHeader(sanitizeHeaderValue(derr.Error())) {
 					t.Fatalf("dead letter %q for a payload that decodes with %v", it.msg.Header.Get(streams.HeaderError), derr)
 				}
 			}
@@ -119,4 +128,49 @@ func FuzzProcess(f *testing.F) {
 			t.Fatalf("seq mismatch flag wrong: counter %d seq %d headers %v", want.CounterID, gotSeq, it.msg.Header)
 		}
 	})
+}
+
+// checkTightLimits processes frames on b (tight server limits) and checks the message fits them, and
+// that an FPM given up for its size says why.
+func checkTightLimits(t *testing.T, b *Bridge, frames [][]byte) {
+	t.Helper()
+	now := time.Now()
+	it := b.process(0, frames, now, now)
+	if err := b.checkLine(it.msg); err != nil {
+		t.Fatalf("subject of %d bytes: %v", len(it.msg.Subject), err)
+	}
+	if size := encodedSize(it.msg); int64(size) > b.serverMaxPayload() {
+		t.Fatalf("a %d-byte message for a %d-byte max_payload", size, b.serverMaxPayload())
+	}
+	_, pl, perr := ParseFrames(frames)
+	if perr != nil || len(pl) > b.cfg.MaxPayload {
+		return
+	}
+	f, derr := schemas.DecodeFPM(pl)
+	if derr != nil {
+		return
+	}
+	key := streams.Key{Namespace: b.cfg.Namespace, Component: b.cfg.Component, WorkerID: f.WorkerID, DPRank: int(f.DPRank)}
+	subject := len(streams.DropMarkerSubject(key))
+	h := it.msg.Header
+	switch {
+	case subject > b.maxSubject():
+		if it.kind != kindDeadLetter || h.Get(streams.HeaderErrorStage) != StageSize ||
+			h.Get(HeaderErrorSize) != strconv.Itoa(subject) || h.Get(HeaderErrorLimit) != strconv.Itoa(b.maxSubject()) {
+			t.Fatalf("worker_id of %d bytes (%d-byte subject, room %d): kind %v headers %v", len(f.WorkerID), subject, b.maxSubject(), it.kind, h)
+		}
+	case it.kind == kindDeadLetter:
+		size, err := strconv.ParseInt(h.Get(HeaderErrorSize), 10, 64)
+		if h.Get(streams.HeaderErrorStage) != StageSize || err != nil || size <= b.serverMaxPayload() ||
+			h.Get(HeaderErrorLimit) != strconv.FormatInt(b.serverMaxPayload(), 10) {
+			t.Fatalf("a valid FPM with a %d-byte subject dead-lettered: %v", subject, h)
+		}
+	}
+	if it.kind == kindDeadLetter {
+		for k, vs := range h {
+			if len(vs[0]) > maxHeaderValue {
+				t.Fatalf("dead letter header %s of %d bytes", k, len(vs[0]))
+			}
+		}
+	}
 }

@@ -122,7 +122,6 @@ func payload(worker string, rank int, seq uint64) []byte {
 // harness is one bridge on a real embedded JetStream server, over its own streams.Connect connection.
 type harness struct {
 	t      testing.TB
-	env    *streamstest.Env
 	nc     *nats.Conn
 	b      *Bridge
 	cancel context.CancelFunc
@@ -132,7 +131,14 @@ type harness struct {
 // startBridge starts a bridge for endpoints on env, with cfg adjusted by mutate. Cleanup stops it.
 func startBridge(t testing.TB, env *streamstest.Env, endpoints []Endpoint, mutate func(*Config), opts ...Option) *harness {
 	t.Helper()
-	nc, err := streams.Connect(streams.ConnConfig{URL: env.Server.ClientURL(), Name: "bridge-test"})
+	return startBridgeAt(t, streams.ConnConfig{URL: env.Server.ClientURL()}, endpoints, mutate, opts...)
+}
+
+// startBridgeAt is startBridge on the server conn names (with its credentials, if any).
+func startBridgeAt(t testing.TB, conn streams.ConnConfig, endpoints []Endpoint, mutate func(*Config), opts ...Option) *harness {
+	t.Helper()
+	conn.Name = "bridge-test"
+	nc, err := streams.Connect(conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +152,7 @@ func startBridge(t testing.TB, env *streamstest.Env, endpoints []Endpoint, mutat
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, env: env, nc: nc, b: b, cancel: cancel, done: make(chan error, 1)}
+	h := &harness{t: t, nc: nc, b: b, cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- b.Run(ctx) }()
 	t.Cleanup(func() { _ = h.stop() })
 	select {

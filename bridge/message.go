@@ -22,16 +22,17 @@ const (
 	StageFrames   = "frames"   // not a (topic, 8-byte sequence, payload) multipart
 	StageDecode   = "decode"   // the payload is not a msgpack map (schemas.ErrMalformed)
 	StageValidate = "validate" // a well-formed payload breaks an FPM rule (schemas.ErrInvalid)
-	StageSize     = "size"     // the payload (or its canonical JSON) is larger than allowed
+	StageSize     = "size"     // a frame, the message or its subject is larger than the limits allow
+	StagePublish  = "publish"  // a valid FPM the server refused for good (see limits.go)
 )
 
-var stages = []string{StageFrames, StageDecode, StageValidate, StageSize}
+var stages = []string{StageFrames, StageDecode, StageValidate, StageSize, StagePublish}
 
 // Drop reasons (drop marker "reason", label reason of fpmbus_bridge_dropped_total).
 const (
 	ReasonBufferFull = "buffer_full" // the buffer was full when the message arrived
 	ReasonShutdown   = "shutdown"    // not acknowledged when the graceful stop ran out of time
-	ReasonRejected   = "rejected"    // the server refused the message repeatedly (e.g. a stream limit)
+	ReasonRejected   = "rejected"    // the server refused a dead letter repeatedly (a rejected FPM is dead-lettered)
 )
 
 var reasons = []string{ReasonBufferFull, ReasonShutdown, ReasonRejected}
@@ -60,15 +61,13 @@ type item struct {
 	recv   time.Time  // monotonic receive time, for fpmbus_bridge_receive_to_ack_seconds
 	size   int64      // bytes charged to the buffer
 	order  uint64     // enqueue order (set by the buffer); retries are republished in this order
-	errs   int        // server rejections so far
+	errs   int        // failures of this message alone so far (see publisher.failed)
+	sent   uint64     // the publisher's number of its latest publish attempt
 	marker *dropRange // kindMarker: the range it reports
 }
 
 // headerOverhead approximates the encoded headers of one message when charging the buffer.
 const headerOverhead = 512
-
-// deadLetterHeadroom is left free of a dead letter's body for its subject and headers.
-const deadLetterHeadroom = 8 << 10
 
 // headers builds a nats.Header with one value per key using two allocations: the map and one backing
 // array for every value slice.
@@ -107,12 +106,11 @@ func (b *Bridge) process(slot int, frames [][]byte, recv, mono time.Time) *item 
 		}
 		return b.deadLetter(slot, frames, stage, err.Error(), seq, true, recv, mono)
 	}
-	if max := b.pub.serverMax.Load(); max > 0 && int64(len(f.JSON))+headerOverhead > max {
-		reason := "canonical JSON of " + strconv.Itoa(len(f.JSON)) + " bytes exceeds the server's " +
-			strconv.FormatInt(max, 10) + "-byte max_payload"
-		return b.deadLetter(slot, frames, StageSize, reason, seq, true, recv, mono)
+	key := streams.Key{Namespace: b.cfg.Namespace, Component: b.cfg.Component, WorkerID: f.WorkerID, DPRank: int(f.DPRank)}
+	if n := b.keySubjectLen(key); n > b.maxSubject() {
+		return b.oversizedKey(slot, frames, key, n, seq, recv, mono)
 	}
-	return b.fpmItem(slot, &f, frames[0], seq, recv, mono)
+	return b.fitFPM(slot, frames, b.fpmItem(slot, &f, frames[0], seq, recv, mono), recv, mono)
 }
 
 // fpmItem builds the FPM message: subject streams.FPMSubject(key), body f.JSON verbatim, and the Fpm-*
@@ -180,19 +178,30 @@ func (b *Bridge) deadLetter(slot int, frames [][]byte, stage, reason string, seq
 	ep := &b.endpoints[slot]
 
 	total := 0
-	sizes := make([]string, len(frames))
-	for i, f := range frames {
+	for _, f := range frames {
 		total += len(f)
-		sizes[i] = strconv.Itoa(len(f))
 	}
-	limit := int64(DefaultMaxPayload)
-	if max := b.pub.serverMax.Load(); max > 0 {
-		limit = max
+	n := 9
+	if hasSeq {
+		n++
 	}
-	limit -= deadLetterHeadroom
-	if limit < 0 {
-		limit = 0
+	recvNs := recv.UnixNano()
+	hb := newHeaders(n)
+	hb.set(streams.HeaderMsgID, "deadletter:"+b.cfg.BridgeID+":"+strconv.Itoa(ep.DPRank)+":"+
+		strconv.FormatInt(recvNs, 10)+":"+strconv.FormatUint(b.deadLetterN.Add(1), 10))
+	hb.set(streams.HeaderError, boundHeader(sanitizeHeaderValue(reason)))
+	hb.set(streams.HeaderErrorStage, stage)
+	hb.set(streams.HeaderFrameSizes, frameSizesHeader(frames))
+	hb.set(streams.HeaderEndpoint, ep.URL)
+	hb.set(streams.HeaderDPRank, strconv.Itoa(ep.DPRank))
+	hb.set(streams.HeaderReceivedAt, strconv.FormatInt(recv.UnixMilli(), 10))
+	hb.set(streams.HeaderBridge, b.cfg.BridgeID)
+	if hasSeq {
+		hb.set(streams.HeaderSeq, strconv.FormatUint(seq, 10))
 	}
+	msg := &nats.Msg{Subject: streams.DeadLetterSubject(b.cfg.Namespace, b.cfg.Component, ep.DPRank), Header: hb.h}
+	// The body gets what the server's max_payload leaves after the (bounded) headers.
+	limit := max(b.serverMaxPayload()-int64(encodedSize(msg))-deadLetterSlack, 0)
 	body := make([]byte, 0, min(int64(total), limit))
 	for _, f := range frames {
 		room := int(limit) - len(body)
@@ -201,40 +210,19 @@ func (b *Bridge) deadLetter(slot int, frames [][]byte, stage, reason string, seq
 		}
 		body = append(body, f[:min(len(f), room)]...)
 	}
-
-	n := 8
-	if hasSeq {
-		n++
-	}
-	if len(body) < total {
-		n++
-	}
-	recvNs := recv.UnixNano()
-	hb := newHeaders(n)
-	hb.set(streams.HeaderMsgID, "deadletter:"+b.cfg.BridgeID+":"+strconv.Itoa(ep.DPRank)+":"+
-		strconv.FormatInt(recvNs, 10)+":"+strconv.FormatUint(b.deadLetterN.Add(1), 10))
-	hb.set(streams.HeaderError, sanitizeHeaderValue(reason))
-	hb.set(streams.HeaderErrorStage, stage)
-	hb.set(streams.HeaderFrameSizes, strings.Join(sizes, ","))
-	hb.set(streams.HeaderEndpoint, ep.URL)
-	hb.set(streams.HeaderDPRank, strconv.Itoa(ep.DPRank))
-	hb.set(streams.HeaderReceivedAt, strconv.FormatInt(recv.UnixMilli(), 10))
-	hb.set(streams.HeaderBridge, b.cfg.BridgeID)
-	if hasSeq {
-		hb.set(streams.HeaderSeq, strconv.FormatUint(seq, 10))
-	}
 	if len(body) < total {
 		hb.set(streams.HeaderOriginalSize, strconv.Itoa(total))
 	}
+	msg.Data = body
 	b.log.Debug("dead letter", "endpoint", ep.URL, "stage", stage, "error", reason)
 	return &item{
-		msg:    &nats.Msg{Subject: streams.DeadLetterSubject(b.cfg.Namespace, b.cfg.Component, ep.DPRank), Header: hb.h, Data: body},
+		msg:    msg,
 		kind:   kindDeadLetter,
 		slot:   slot,
 		seq:    seq,
 		recvMs: recv.UnixMilli(),
 		recv:   mono,
-		size:   int64(len(body)) + headerOverhead,
+		size:   charge(encodedSize(msg)),
 	}
 }
 

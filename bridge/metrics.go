@@ -16,6 +16,7 @@ type metrics struct {
 	dropped      *prometheus.CounterVec
 	duplicates   *prometheus.CounterVec
 	seqMismatch  *prometheus.CounterVec
+	oversized    *prometheus.CounterVec
 	deadLetters  *prometheus.CounterVec
 	dlLost       *prometheus.CounterVec
 	markers      prometheus.Counter
@@ -32,10 +33,12 @@ func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
 	return &metrics{
 		received:    counter("fpmbus_bridge_received_total", "ZMQ multiparts received, valid or not."),
 		published:   counter("fpmbus_bridge_published_total", "FPMs acknowledged by JetStream (duplicates included)."),
-		invalid:     counter("fpmbus_bridge_invalid_total", "Multiparts that are not a valid FPM, by stage (frames, decode, validate, size).", "stage"),
-		dropped:     counter("fpmbus_bridge_dropped_total", "Valid FPMs dropped, by reason (buffer_full, shutdown, rejected); each is in a drop marker.", "reason"),
+		invalid:     counter("fpmbus_bridge_invalid_total", "Multiparts that are not a valid FPM or cannot be published, by stage (frames, decode, validate, size, publish).", "stage"),
+		dropped:     counter("fpmbus_bridge_dropped_total", "Valid FPMs dropped, by reason (buffer_full, shutdown); each is in a drop marker.", "reason"),
 		duplicates:  counter("fpmbus_bridge_duplicates_total", "Publishes JetStream acknowledged as duplicates (a retry of a stored message)."),
 		seqMismatch: counter("fpmbus_bridge_seq_mismatch_total", "FPMs whose counter_id differs from the ZMQ sequence frame (stored, flagged)."),
+		oversized: counter("fpmbus_bridge_oversized_frames_total",
+			"ZMQ frames larger than --max-payload that libzmq refused unread (ZMQ_MAXMSGSIZE), closing the connection; the bridge reconnects and dead-letters each."),
 		deadLetters: counter("fpmbus_bridge_dead_letters_total", "Dead letters acknowledged on FPM_EVENTS."),
 		dlLost:      counter("fpmbus_bridge_dead_letters_lost_total", "Dead letters that could not be stored, by reason.", "reason"),
 		markers: prometheus.NewCounter(prometheus.CounterOpts{
@@ -62,7 +65,7 @@ func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
 func (m *metrics) register(r prometheus.Registerer) error {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.received, m.published, m.invalid, m.dropped, m.duplicates,
-		m.seqMismatch, m.deadLetters, m.dlLost, m.markers, m.buffered, m.bufferedHigh, m.inFlight, m.receiveToAck} {
+		m.seqMismatch, m.oversized, m.deadLetters, m.dlLost, m.markers, m.buffered, m.bufferedHigh, m.inFlight, m.receiveToAck} {
 		if err := r.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -72,8 +75,8 @@ func (m *metrics) register(r prometheus.Registerer) error {
 
 // rankMetrics holds the children of one rank.
 type rankMetrics struct {
-	received, published, duplicates, seqMismatch, deadLetters prometheus.Counter
-	invalid, dropped, dlLost                                  map[string]prometheus.Counter
+	received, published, duplicates, seqMismatch, oversized, deadLetters prometheus.Counter
+	invalid, dropped, dlLost                                             map[string]prometheus.Counter
 }
 
 func (m *metrics) forRank(rank int) rankMetrics {
@@ -83,6 +86,7 @@ func (m *metrics) forRank(rank int) rankMetrics {
 		published:   m.published.WithLabelValues(r),
 		duplicates:  m.duplicates.WithLabelValues(r),
 		seqMismatch: m.seqMismatch.WithLabelValues(r),
+		oversized:   m.oversized.WithLabelValues(r),
 		deadLetters: m.deadLetters.WithLabelValues(r),
 		invalid:     map[string]prometheus.Counter{},
 		dropped:     map[string]prometheus.Counter{},

@@ -18,8 +18,9 @@ const (
 	// publishTick is how often the publisher closes idle drop ranges, refreshes the server's
 	// max_payload and checks the stop deadline.
 	publishTick = 100 * time.Millisecond
-	// maxRejects is how often the server may refuse one message (an API error other than 503) before
-	// the bridge gives it up as rejected instead of retrying it forever.
+	// maxRejects is how often one message may fail on its own before the bridge gives it up (an FPM
+	// becomes a dead letter) instead of retrying it forever: the server refused it (an API error other
+	// than 503), or its ack never came while a publish sent after it was acknowledged.
 	maxRejects = 3
 	// finalMarkerWait bounds the wait for the acks of the drop markers published at stop.
 	finalMarkerWait = 2 * time.Second
@@ -37,8 +38,12 @@ type ackEvent struct {
 // awaiting an ack. On a failed or timed-out publish it stops taking new items, waits until every
 // publish in flight is resolved, waits for the connection (exponential backoff), and republishes the
 // failed items in their original order with their original Nats-Msg-Id; JetStream deduplicates the ones
-// that were stored after all. It never drops an item on a publish error; only a message the server
-// refuses maxRejects times is given up (reason rejected).
+// that were stored after all. It never drops an item on a publish error and never stops on one: only
+// the connection closing for good stops it. A message that cannot be published (the client refuses it,
+// or it failed maxRejects times on its own) is given up: an FPM becomes a dead letter (stage size or
+// publish), a dead letter is lost (reason rejected), a drop marker is logged. A message is never
+// handed to nats.go if its protocol line would exceed the server's max_control_line (see limits.go),
+// the one per-message error on which the server closes the connection.
 //
 // The fields under "owned" belong to the publisher goroutine (or, after it has exited, to Run).
 // nats.go's ack handlers only append to events, under evMu, and never block.
@@ -59,6 +64,10 @@ type publisher struct {
 	window     map[*nats.Msg]*item // publishes awaiting an ack
 	retry      []*item             // failed publishes, republished in order once the broker is back
 	markers    []*item             // drop markers not yet published
+	dlq        []*item             // dead letters of FPMs given up, not yet published
+	held       int64               // the sizes of the items in window, retry and dlq: at most MaxBufferBytes plus one item
+	sendN      uint64              // publishes attempted so far; item.sent numbers them
+	ackedN     uint64              // the highest item.sent acknowledged
 	recovering bool
 	retryAt    time.Time
 	bo         *backoff.ExponentialBackOff
@@ -140,6 +149,7 @@ func (p *publisher) run(drain <-chan struct{}, deadline *time.Time, done chan<- 
 		}
 		if !p.recovering {
 			p.publishMarkers()
+			p.publishDeadLetters()
 			p.fill()
 		}
 		if draining && p.idle() {
@@ -184,15 +194,22 @@ func (p *publisher) refreshServerMax() {
 
 // idle reports whether nothing is left to publish or acknowledge.
 func (p *publisher) idle() bool {
-	return len(p.window) == 0 && len(p.retry) == 0 && len(p.markers) == 0 &&
+	return len(p.window) == 0 && len(p.retry) == 0 && len(p.markers) == 0 && len(p.dlq) == 0 &&
 		p.b.buf.len() == 0 && p.b.buf.nOpen.Load() == 0 && !p.b.buf.pendingMarkers()
 }
 
-// send publishes it asynchronously and adds it to the window.
+// send publishes it asynchronously and adds it to the window. A message whose protocol line would
+// exceed the server's max_control_line is refused here (errSubjectTooLong): the server would close
+// the connection on it.
 func (p *publisher) send(it *item) error {
+	if err := p.b.checkLine(it.msg); err != nil {
+		return err
+	}
 	if _, err := p.js.PublishMsgAsync(it.msg); err != nil {
 		return err
 	}
+	p.sendN++
+	it.sent = p.sendN
 	p.window[it.msg] = it
 	p.inFlight.Store(int64(len(p.window)))
 	return nil
@@ -200,20 +217,25 @@ func (p *publisher) send(it *item) error {
 
 // permanent reports whether a synchronous publish error can never succeed for this message.
 func permanent(err error) bool {
-	return errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) ||
+	return errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, errSubjectTooLong) || errors.Is(err, nats.ErrBadSubject) ||
 		errors.Is(err, nats.ErrHeadersNotSupported) || errors.Is(err, nats.ErrBadHeaderMsg)
 }
 
-// fill publishes items from the buffer while the window has room.
+// fill publishes items from the buffer while the window has room, in messages (MaxInFlight) and in
+// bytes: what the publisher holds is bounded by MaxBufferBytes like the buffer itself.
 func (p *publisher) fill() {
 	for {
 		free := p.maxInFlight - len(p.window)
-		if free <= 0 {
+		budget := p.b.cfg.MaxBufferBytes - p.held
+		if free <= 0 || budget <= 0 {
 			return
 		}
-		batch := p.b.buf.pop(p.scratch[:0], min(free, publishBatch))
+		batch := p.b.buf.popBytes(p.scratch[:0], min(free, publishBatch), budget)
 		if len(batch) == 0 {
 			return
+		}
+		for _, it := range batch {
+			p.held += it.size
 		}
 		for i, it := range batch {
 			err := p.send(it)
@@ -253,6 +275,23 @@ func (p *publisher) publishMarkers() {
 			return
 		}
 		p.markers = p.markers[1:]
+	}
+}
+
+// publishDeadLetters publishes the dead letters of given-up FPMs while the window has room.
+func (p *publisher) publishDeadLetters() {
+	for len(p.dlq) > 0 && len(p.window) < p.maxInFlight {
+		it := p.dlq[0]
+		if err := p.send(it); err != nil {
+			if permanent(err) {
+				p.reject(it, err)
+				p.dlq = p.dlq[1:]
+				continue
+			}
+			p.enterRecovery(err)
+			return
+		}
+		p.dlq = p.dlq[1:]
 	}
 }
 
@@ -337,6 +376,8 @@ func (p *publisher) handleEvents() {
 }
 
 func (p *publisher) acked(it *item, pa *jetstream.PubAck, at time.Time) {
+	p.ackedN = max(p.ackedN, it.sent)
+	p.held -= it.size
 	switch it.kind {
 	case kindFPM:
 		p.b.ranks[it.slot].countPublished(pa.Duplicate)
@@ -360,8 +401,12 @@ func (p *publisher) failed(it *item, err error) {
 		p.lost(it, err)
 		return
 	}
+	// A failure is this message's own when the server refused it (an API error other than 503), or
+	// when a publish sent after it was acknowledged: the connection works, only this message gets no
+	// ack (for example a publish permission violation). While the broker is away nothing later is
+	// acknowledged, so an outage never gives a message up.
 	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.Code != 503 {
+	if (errors.As(err, &apiErr) && apiErr.Code != 503) || p.ackedN > it.sent {
 		it.errs++
 		if it.errs >= maxRejects {
 			p.reject(it, err)
@@ -372,14 +417,20 @@ func (p *publisher) failed(it *item, err error) {
 	p.enterRecovery(err)
 }
 
-// reject gives up a message the server or client refuses for good.
+// reject gives up a message the server or client refuses for good. An FPM becomes a dead letter (stage
+// size when it was too large, publish otherwise) carrying its body, so it is counted as invalid, never
+// as dropped: it was not stored.
 func (p *publisher) reject(it *item, err error) {
-	p.b.log.Error("message rejected; giving it up", "subject", it.msg.Subject, "error", err)
+	p.b.log.Error("message rejected; giving it up", "subject", boundHeader(it.msg.Subject), "error", err)
 	switch it.kind {
 	case kindFPM:
-		p.b.ranks[it.slot].countDropped(ReasonRejected)
-		p.b.buf.recordDrop(it, ReasonRejected)
+		stage := StagePublish
+		if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, errSubjectTooLong) {
+			stage = StageSize
+		}
+		p.dlq = append(p.dlq, p.b.publishDeadLetter(it, stage, err))
 	case kindDeadLetter:
+		p.held -= it.size
 		p.b.ranks[it.slot].countDeadLetterLost(ReasonRejected)
 	case kindMarker:
 		p.lost(it, err)
@@ -411,6 +462,9 @@ func (p *publisher) finish() {
 	p.inFlight.Store(0)
 	left = append(left, p.retry...)
 	p.retry = nil
+	left = append(left, p.dlq...)
+	p.dlq = nil
+	p.held = 0 // everything left is resolved below
 	for {
 		n := len(left)
 		left = p.b.buf.pop(left, publishBatch)

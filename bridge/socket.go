@@ -10,11 +10,12 @@ import (
 	zmq "github.com/pebbe/zmq4"
 )
 
-// Socket settings. The receive high-water mark is large so a burst is held by ZMQ rather than dropped
-// before the bridge can count it; the reconnect interval starts small so a restarted publisher is found
-// quickly, and backs off to 5 s while it is gone.
+// Socket settings. The receive high-water mark is Config.MaxBuffer (100000 by default), large so a
+// burst is held by ZMQ rather than dropped before the bridge can count it, and bounded by the same flag
+// as the bridge's own buffer; the largest frame libzmq reads is Config.MaxPayload (ZMQ_MAXMSGSIZE, see
+// monitor.go). The reconnect interval starts small so a restarted publisher is found quickly, and backs
+// off to 5 s while it is gone.
 const (
-	socketRcvHWM          = 100000
 	socketReconnectIvl    = 100 * time.Millisecond
 	socketReconnectIvlMax = 5 * time.Second
 	// socketPoll is how long one receive waits before the reader checks whether it must stop.
@@ -24,10 +25,11 @@ const (
 // reader reads one endpoint. Its goroutine creates, uses and closes the SUB socket: no other goroutine
 // ever touches it (ZMQ sockets are not thread-safe). Stop with close(quit); <-done.
 type reader struct {
-	b    *Bridge
-	slot int
-	quit chan struct{}
-	done chan struct{}
+	b       *Bridge
+	slot    int
+	watcher *sessionWatch // the socket's monitor; nil if it could not be set up
+	quit    chan struct{}
+	done    chan struct{}
 }
 
 // startReader starts the reader of endpoint slot on zctx and waits until its socket is connected
@@ -48,8 +50,9 @@ func (r *reader) stop() {
 	<-r.done
 }
 
-// openSocket creates and connects the SUB socket of endpoint url.
-func openSocket(zctx *zmq.Context, url string) (*zmq.Socket, error) {
+// openSocket creates and connects the SUB socket of endpoint url, holding at most rcvhwm messages and
+// reading no frame over maxMsg bytes.
+func openSocket(zctx *zmq.Context, url string, rcvhwm, maxMsg int) (*zmq.Socket, error) {
 	sock, err := zctx.NewSocket(zmq.SUB)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: zmq socket for %s: %w", url, err)
@@ -59,7 +62,8 @@ func openSocket(zctx *zmq.Context, url string) (*zmq.Socket, error) {
 		err  error
 	}{
 		{"linger", sock.SetLinger(0)},
-		{"rcvhwm", sock.SetRcvhwm(socketRcvHWM)},
+		{"rcvhwm", sock.SetRcvhwm(rcvhwm)},
+		{"maxmsgsize", sock.SetMaxmsgsize(int64(maxMsg))},
 		{"reconnect_ivl", sock.SetReconnectIvl(socketReconnectIvl)},
 		{"reconnect_ivl_max", sock.SetReconnectIvlMax(socketReconnectIvlMax)},
 		{"rcvtimeo", sock.SetRcvtimeo(socketPoll)},
@@ -82,12 +86,22 @@ func openSocket(zctx *zmq.Context, url string) (*zmq.Socket, error) {
 func (r *reader) run(zctx *zmq.Context, setup chan<- error) {
 	defer close(r.done)
 	url := r.b.endpoints[r.slot].URL
-	sock, err := openSocket(zctx, url)
+	sock, err := openSocket(zctx, url, r.b.cfg.MaxBuffer, r.b.cfg.MaxPayload)
+	if err == nil {
+		// Without the monitor a lost session would go unnoticed for good: refuse to run blind.
+		if r.watcher, err = watchSession(zctx, sock, r.slot); err != nil {
+			sock.Close()
+			err = fmt.Errorf("bridge: zmq %s: %w", url, err)
+		}
+	}
 	setup <- err
 	if err != nil {
 		return
 	}
-	defer sock.Close()
+	defer func() {
+		sock.Close()
+		r.watcher.close()
+	}()
 	st := &readState{frames: make([][]byte, 0, 4), batch: make([]*item, 0, recvBatch)}
 	if f, rc, err := pollFile(sock); err == nil {
 		defer f.Close()
@@ -101,9 +115,10 @@ func (r *reader) run(zctx *zmq.Context, setup chan<- error) {
 
 // readState is the reader goroutine's reusable scratch space.
 type readState struct {
-	frames   [][]byte
-	batch    []*item
-	rejected []*item
+	frames     [][]byte
+	batch      []*item
+	batchBytes int64 // the sizes of batch's items
+	rejected   []*item
 }
 
 // pollFile wraps the socket's ZMQ_FD (duplicated; libzmq keeps its own) in an os.File registered
@@ -157,6 +172,7 @@ func (r *reader) pollLoop(sock *zmq.Socket, f *os.File, rc syscall.RawConn, st *
 			ready = ev&zmq.POLLIN != 0
 			return ready
 		})
+		r.watch(sock, st, false)
 		switch {
 		case evErr != nil:
 			if zmq.AsErrno(evErr) == zmq.ETERM {
@@ -178,18 +194,18 @@ func (r *reader) pollLoop(sock *zmq.Socket, f *os.File, rc syscall.RawConn, st *
 func (r *reader) drain(sock *zmq.Socket, st *readState) {
 	for {
 		var err error
-		for len(st.batch) < recvBatch {
+		for len(st.batch) < recvBatch && st.batchBytes < recvBatchBytes {
 			if st.frames, err = recvMultipart(sock, zmq.DONTWAIT, st.frames); err != nil {
 				break
 			}
-			st.batch = append(st.batch, r.b.receive(r.slot, st.frames))
+			st.add(r.b.receive(r.slot, st.frames))
 		}
 		if len(st.batch) == 0 {
 			return
 		}
 		st.rejected = r.b.enqueue(r.slot, st.batch, st.rejected[:0])
 		clear(st.batch)
-		st.batch = st.batch[:0]
+		st.batch, st.batchBytes = st.batch[:0], 0
 		if err != nil {
 			return
 		}
@@ -213,6 +229,7 @@ func (r *reader) blockingLoop(sock *zmq.Socket, st *readState) {
 			return
 		default:
 		}
+		r.watch(sock, st, false)
 		var err error
 		st.frames, err = recvMultipart(sock, 0, st.frames)
 		if err != nil {
@@ -226,13 +243,22 @@ func (r *reader) blockingLoop(sock *zmq.Socket, st *readState) {
 			r.pause()
 			continue
 		}
-		st.batch = append(st.batch, r.b.receive(r.slot, st.frames))
+		st.add(r.b.receive(r.slot, st.frames))
 		r.drain(sock, st)
 	}
 }
 
-// recvBatch is the most multiparts a reader decodes before it enqueues them.
-const recvBatch = 64
+// recvBatch is the most multiparts a reader decodes before it enqueues them, and recvBatchBytes the
+// most bytes (so a batch of large messages does not sit in memory beside the buffer).
+const (
+	recvBatch      = 64
+	recvBatchBytes = 1 << 20
+)
+
+func (st *readState) add(it *item) {
+	st.batch = append(st.batch, it)
+	st.batchBytes += it.size
+}
 
 // recvMultipart receives one multipart into frames (reusing its array). Frames after the first are
 // always already there: ZMQ delivers a multipart atomically.

@@ -27,6 +27,9 @@ type RankStats struct {
 	Dropped         uint64 // valid FPMs dropped; each is covered by a drop marker
 	Duplicates      uint64 // acks that reported a duplicate (a retry of a stored message)
 	SeqMismatches   uint64 // FPMs whose counter_id differs from the sequence frame
+	// OversizedFrames counts frames libzmq refused unread for being larger than Config.MaxPayload; each
+	// is also counted in Received and Invalid (stage size) and has a dead letter.
+	OversizedFrames uint64
 }
 
 // Total sums the counters of every rank.
@@ -41,6 +44,7 @@ func (s Stats) Total() RankStats {
 		t.Dropped += r.Dropped
 		t.Duplicates += r.Duplicates
 		t.SeqMismatches += r.SeqMismatches
+		t.OversizedFrames += r.OversizedFrames
 	}
 	return t
 }
@@ -49,13 +53,15 @@ func (s Stats) Total() RankStats {
 // metrics. Any goroutine may update them.
 type rankCounters struct {
 	received, published, invalid, deadLettered, deadLettersLost atomic.Uint64
-	dropped, duplicates, seqMismatches                          atomic.Uint64
+	dropped, duplicates, seqMismatches, oversized               atomic.Uint64
 	m                                                           rankMetrics
 }
 
 func (c *rankCounters) countReceived() { c.received.Add(1); c.m.received.Inc() }
 
 func (c *rankCounters) countInvalid(stage string) { c.invalid.Add(1); c.m.invalid[stage].Inc() }
+
+func (c *rankCounters) countOversized() { c.oversized.Add(1); c.m.oversized.Inc() }
 
 func (c *rankCounters) countSeqMismatch() { c.seqMismatches.Add(1); c.m.seqMismatch.Inc() }
 
@@ -87,5 +93,6 @@ func (c *rankCounters) snapshot() RankStats {
 		Dropped:         c.dropped.Load(),
 		Duplicates:      c.duplicates.Load(),
 		SeqMismatches:   c.seqMismatches.Load(),
+		OversizedFrames: c.oversized.Load(),
 	}
 }

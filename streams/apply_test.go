@@ -178,3 +178,47 @@ func TestPlanAppliesSafeChanges(t *testing.T) {
 		t.Fatalf("after safe plan: %+v, %d messages", after.Config, after.State.Msgs)
 	}
 }
+
+// FPM_EVENTS is bounded in bytes as well as age: a flood of dead letters (each up to max_payload of raw
+// input) can not fill the disk; the oldest events go first.
+func TestEventsStreamIsBoundedInBytes(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	events := func() jetstream.StreamInfo {
+		s, err := env.JS.Stream(ctx, streams.StreamEvents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *info
+	}
+	if got := events().Config; got.MaxBytes != streams.DefaultEventsMaxBytes || got.MaxAge != streams.DefaultConfig().EventsMaxAge {
+		t.Fatalf("default FPM_EVENTS limits: max bytes %d, max age %v", got.MaxBytes, got.MaxAge)
+	}
+	cfg := streams.DefaultConfig()
+	cfg.EventsMaxBytes = 8 << 10
+	if err := streams.Apply(ctx, env.JS, cfg); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 1<<10)
+	for i := range 20 {
+		if _, err := env.JS.Publish(ctx, streams.DeadLetterSubject("ns", "comp", i), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := events().State
+	if st.Bytes > 8<<10 || st.Msgs == 0 || st.FirstSeq == 1 || st.LastSeq != 20 {
+		t.Fatalf("FPM_EVENTS holds %d bytes in %d messages (seq %d..%d), want at most 8 KiB of the newest",
+			st.Bytes, st.Msgs, st.FirstSeq, st.LastSeq)
+	}
+	for _, bad := range []int64{0, -2} {
+		cfg.EventsMaxBytes = bad
+		if err := cfg.Validate(); err == nil {
+			t.Fatalf("events max bytes %d accepted", bad)
+		}
+	}
+}

@@ -23,10 +23,14 @@ const DefaultDuplicateWindow = 30 * time.Second
 // Config holds the server-side settings of fpmbus's streams. The zero value is not valid; start from
 // DefaultConfig, whose values suit one embedded node.
 type Config struct {
-	Replicas        int           `json:"replicas"`
-	MaxAge          time.Duration `json:"max_age"`
-	MaxBytes        int64         `json:"max_bytes"`
-	EventsMaxAge    time.Duration `json:"events_max_age"`
+	Replicas     int           `json:"replicas"`
+	MaxAge       time.Duration `json:"max_age"`
+	MaxBytes     int64         `json:"max_bytes"`
+	EventsMaxAge time.Duration `json:"events_max_age"`
+	// EventsMaxBytes bounds FPM_EVENTS in bytes (-1: no limit); the oldest events go first. Dead letters
+	// carry up to max_payload of raw input each, so without a bound a flood of bad input fills the disk
+	// for EventsMaxAge.
+	EventsMaxBytes  int64         `json:"events_max_bytes"`
 	BenchMaxAge     time.Duration `json:"bench_max_age"`
 	DuplicateWindow time.Duration `json:"duplicate_window"`
 	// MaxMsgSize bounds one message on FPM_BENCH (benchmark artefacts are large). -1 = server limit.
@@ -34,13 +38,18 @@ type Config struct {
 	Storage         jetstream.StorageType
 }
 
-// DefaultConfig: one replica, file storage, FPM kept 7 days or 10 GiB, events 30 days, artefacts 90 days.
+// DefaultEventsMaxBytes bounds FPM_EVENTS: dead letters, drop markers and gap events, oldest first.
+const DefaultEventsMaxBytes = 1 << 30
+
+// DefaultConfig: one replica, file storage, FPM kept 7 days or 10 GiB, events 30 days or 1 GiB,
+// artefacts 90 days.
 func DefaultConfig() Config {
 	return Config{
 		Replicas:        1,
 		MaxAge:          7 * 24 * time.Hour,
 		MaxBytes:        10 << 30,
 		EventsMaxAge:    30 * 24 * time.Hour,
+		EventsMaxBytes:  DefaultEventsMaxBytes,
 		BenchMaxAge:     90 * 24 * time.Hour,
 		DuplicateWindow: DefaultDuplicateWindow,
 		BenchMaxMsgSize: -1,
@@ -55,6 +64,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("streams: replicas %d: want 1 to 5", c.Replicas)
 	case c.MaxAge < 0 || c.EventsMaxAge < 0 || c.BenchMaxAge < 0:
 		return fmt.Errorf("streams: max age must not be negative")
+	case c.EventsMaxBytes == 0 || c.EventsMaxBytes < -1:
+		return fmt.Errorf("streams: events max bytes %d: want a positive size or -1 (no limit)", c.EventsMaxBytes)
 	case c.DuplicateWindow <= 0:
 		return fmt.Errorf("streams: duplicate window %v must be positive", c.DuplicateWindow)
 	case c.MaxAge > 0 && c.DuplicateWindow > c.MaxAge:
@@ -92,7 +103,7 @@ func (c Config) FPMStream() jetstream.StreamConfig {
 // EventsStream is the definition of FPM_EVENTS (dead letters, drop markers, gap events).
 func (c Config) EventsStream() jetstream.StreamConfig {
 	return c.stream(StreamEvents, "fpmbus events: dead letters, bridge drop markers, gap events",
-		EventsWildcard, c.EventsMaxAge, -1)
+		EventsWildcard, c.EventsMaxAge, c.EventsMaxBytes)
 }
 
 // BenchStream is the definition of FPM_BENCH (rank and merged benchmark artefacts).

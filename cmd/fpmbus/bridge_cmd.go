@@ -46,7 +46,9 @@ type bridgeOptions struct {
 	producerID  func() string
 	bridgeID    string
 	maxBuffer   int
+	maxBufBytes int64
 	maxPayload  int
+	maxCtlLine  int
 	maxInFlight int
 	ackTimeout  time.Duration
 	stopTimeout func() time.Duration
@@ -77,7 +79,9 @@ func bridgeFlags(fs *flag.FlagSet) *bridgeOptions {
 	o.producerID = sharedString(fs, "producer-id", "", "Fpm-Producer of every FPM (default: each message's worker_id)")
 	fs.StringVar(&o.bridgeID, "bridge-id", "", "name of this bridge in headers and drop markers (default hostname-pid)")
 	fs.IntVar(&o.maxBuffer, "max-buffer", bridge.DefaultMaxBuffer, "messages held while the broker is slow or away; beyond it new ones are dropped with a drop marker")
-	fs.IntVar(&o.maxPayload, "max-payload", bridge.DefaultMaxPayload, "largest ZMQ payload in bytes; larger ones are dead-lettered")
+	fs.Int64Var(&o.maxBufBytes, "max-buffer-bytes", bridge.DefaultMaxBufferBytes, "bytes held in the buffer, besides --max-buffer messages")
+	fs.IntVar(&o.maxPayload, "max-payload", bridge.DefaultMaxPayload, "largest ZMQ frame in bytes; libzmq refuses a larger one unread and the bridge dead-letters it")
+	fs.IntVar(&o.maxCtlLine, "max-control-line", bridge.DefaultMaxControlLine, "the NATS server's max_control_line; an FPM whose subject would exceed it is dead-lettered")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", bridge.DefaultMaxInFlight, "asynchronous publishes awaiting an ack")
 	fs.DurationVar(&o.ackTimeout, "ack-timeout", bridge.DefaultAckTimeout, "how long a publish waits for its ack before it is retried")
 	o.stopTimeout = sharedDuration(fs, "stop-timeout", bridge.DefaultStopTimeout, "on interrupt, how long to keep publishing what is buffered")
@@ -115,20 +119,23 @@ func sharedDuration(fs *flag.FlagSet, name string, def time.Duration, usage stri
 // streamFlags, and sets Registerer and Logger.
 func (o *bridgeOptions) config() (bridge.Config, error) {
 	cfg := bridge.Config{
-		Namespace:   o.namespace,
-		Component:   o.component,
-		ProducerID:  o.producerID(),
-		BridgeID:    o.bridgeID,
-		MaxBuffer:   o.maxBuffer,
-		MaxPayload:  o.maxPayload,
-		MaxInFlight: o.maxInFlight,
-		AckTimeout:  o.ackTimeout,
-		StopTimeout: o.stopTimeout(),
+		Namespace:      o.namespace,
+		Component:      o.component,
+		ProducerID:     o.producerID(),
+		BridgeID:       o.bridgeID,
+		MaxBuffer:      o.maxBuffer,
+		MaxBufferBytes: o.maxBufBytes,
+		MaxPayload:     o.maxPayload,
+		MaxControlLine: o.maxCtlLine,
+		MaxInFlight:    o.maxInFlight,
+		AckTimeout:     o.ackTimeout,
+		StopTimeout:    o.stopTimeout(),
 	}
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"max-buffer", int64(o.maxBuffer)}, {"max-payload", int64(o.maxPayload)}, {"max-in-flight", int64(o.maxInFlight)},
+	}{{"max-buffer", int64(o.maxBuffer)}, {"max-buffer-bytes", o.maxBufBytes}, {"max-payload", int64(o.maxPayload)},
+		{"max-control-line", int64(o.maxCtlLine)}, {"max-in-flight", int64(o.maxInFlight)},
 		{"ack-timeout", int64(o.ackTimeout)}, {"stop-timeout", int64(cfg.StopTimeout)}} {
 		if f.v <= 0 {
 			return cfg, fmt.Errorf("%w: --%s must be positive", errUsage, f.name)

@@ -92,6 +92,7 @@ func streamFlags(fs *flag.FlagSet) *streams.Config {
 	fs.DurationVar(&c.MaxAge, "max-age", c.MaxAge, "how long the FPM stream keeps messages")
 	fs.Int64Var(&c.MaxBytes, "max-bytes", c.MaxBytes, "size limit of the FPM stream in bytes (-1: none)")
 	fs.DurationVar(&c.EventsMaxAge, "events-max-age", c.EventsMaxAge, "how long FPM_EVENTS keeps events")
+	fs.Int64Var(&c.EventsMaxBytes, "events-max-bytes", c.EventsMaxBytes, "size limit of FPM_EVENTS in bytes, oldest events dropped first (-1: none)")
 	fs.DurationVar(&c.BenchMaxAge, "bench-max-age", c.BenchMaxAge, "how long FPM_BENCH keeps artefacts")
 	fs.DurationVar(&c.DuplicateWindow, "duplicate-window", c.DuplicateWindow, "JetStream duplicate window (covers the bridge's retries only; ids are held in server memory)")
 	fs.Func("storage", "stream storage: file or memory (default file)", func(v string) error {
