@@ -302,7 +302,7 @@ func (g *Group) recover(ctx context.Context, u *unit) error {
 	g.log.Error(u.Name+" failed", "error", cause)
 	for i := len(u.dependents) - 1; i >= 0; i-- {
 		d := u.dependents[i]
-		g.stop(d, StateRestarting, fmt.Errorf("needs %s, which failed", u.Name))
+		g.stop(d, StateRestarting, nil)
 	}
 	g.setState(u, StateRestarting, cause)
 	if err := g.fail(u, cause); err != nil {
@@ -327,12 +327,6 @@ func (g *Group) recover(ctx context.Context, u *unit) error {
 // component u needs is down: that one's failure is pending and its recovery brings u back.
 func (g *Group) bringUp(ctx context.Context, u *unit, cause error) error {
 	for ctx.Err() == nil {
-		for _, n := range u.needs {
-			if n.inc == nil || isDone(n.inc) {
-				g.setState(u, StateRestarting, fmt.Errorf("waiting for %s", n.Name))
-				return nil
-			}
-		}
 		if cause != nil {
 			wait := u.bo.NextBackOff()
 			g.log.Warn(u.Name+" restarting", "in", wait.Round(time.Millisecond), "cause", cause)
@@ -343,7 +337,16 @@ func (g *Group) bringUp(ctx context.Context, u *unit, cause error) error {
 				return nil
 			case <-t.C:
 			}
-		} else if u.started {
+		}
+		// Checked after the backoff: a failure often shows in a component's users before the component
+		// itself has noticed it (a closed connection).
+		for _, n := range u.needs {
+			if n.inc == nil || isDone(n.inc) {
+				g.setState(u, StateRestarting, nil)
+				return nil
+			}
+		}
+		if cause == nil && u.started {
 			g.log.Warn(u.Name + " restarting: a component it needs restarted")
 		}
 		if u.started {

@@ -308,6 +308,41 @@ func TestGroupRestartsAFailedComponentAndWhatNeedsItWithItsNewResource(t *testin
 	}
 }
 
+// A user often fails before the component it needs has noticed the same fault (a closed connection):
+// its restart must wait for that component's, not start on the dead resource.
+func TestGroupRestartsAUserAfterTheComponentItNeedsWhenBothFailed(t *testing.T) {
+	j := &journal{}
+	conn, user := newFake(j, "conn", true), newFake(j, "user", true)
+	user.resource = conn.startCount
+	cc, uc := conn.component(), user.component()
+	uc.Needs = []string{"conn"}
+	uc.Restart.InitialBackoff = 200 * time.Millisecond
+	g, err := New([]Component{cc, uc}, WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, _, _ := runGroup(t, g)
+	c1, u1 := conn.next(t), user.next(t)
+	waitState(t, g, "user", StateReady)
+	u1.failWith(errors.New("connection closed"))
+	time.Sleep(50 * time.Millisecond) // the group is now in the user's 200ms backoff
+	c1.failWith(errors.New("connection closed for good"))
+	conn.next(t)
+	user.next(t)
+	waitState(t, g, "user", StateReady)
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	want := []string{
+		"start conn#1", "ready conn#1", "start user#1 conn=1", "ready user#1",
+		"fail user#1", "fail conn#1", "start conn#2", "ready conn#2", "start user#2 conn=2", "ready user#2",
+		"stop user#2", "stop conn#2",
+	}
+	if got := j.list(); !slices.Equal(got, want) {
+		t.Fatalf("journal\n got %q\nwant %q", got, want)
+	}
+}
+
 func TestGroupGivesUpOnAComponentThatCannotRecover(t *testing.T) {
 	boom := errors.New("boom")
 	for name, tc := range map[string]struct {
