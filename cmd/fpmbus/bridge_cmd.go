@@ -20,25 +20,35 @@ func init() {
 	})
 }
 
-// bridgeFlags registers the bridge's flags (bridge/flags.go, unprefixed in every command) on fs, with
-// --fpm-port defaulting to DYN_FORWARDPASS_METRIC_PORT. After parsing, config returns the bridge's Config.
-func bridgeFlags(fs *flag.FlagSet) (cfg *bridge.Config, config func() (bridge.Config, error)) {
-	env := newEnvDefaults(fs)
-	cfg = &bridge.Config{BasePort: env.int("fpm-port", envFPMPort, bridge.DefaultFPMPort)}
-	f := cfg.RegisterFlags(fs, "")
+// bridgeOptions are the bridge's flags (defined in bridge/flags.go, unprefixed in every command), with
+// --fpm-port defaulting to DYN_FORWARDPASS_METRIC_PORT.
+type bridgeOptions struct {
+	cfg   *bridge.Config // the flags write here; `up --demo` sets its default rank count
+	flags *bridge.Flags
+	env   *envDefaults
+}
+
+func bridgeFlags(fs *flag.FlagSet) *bridgeOptions {
+	o := &bridgeOptions{env: newEnvDefaults(fs)}
+	o.cfg = &bridge.Config{BasePort: o.env.int("fpm-port", envFPMPort, bridge.DefaultFPMPort)}
+	o.flags = o.cfg.RegisterFlags(fs, "")
 	if _, set, _ := envValue(envFPMPort); set {
-		f.BasePortSource = envFPMPort
+		o.flags.BasePortSource = envFPMPort
 	}
-	return cfg, func() (bridge.Config, error) {
-		if err := env.err(); err != nil {
-			return bridge.Config{}, err
-		}
-		c, err := f.Config()
-		if errors.Is(err, bridge.ErrInvalidConfig) {
-			return c, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		return c, err
+	return o
+}
+
+// config returns the bridge's Config once the flags are parsed; a bad value is a usage error naming the
+// flag or the variable.
+func (o *bridgeOptions) config() (bridge.Config, error) {
+	if err := o.env.err(); err != nil {
+		return bridge.Config{}, err
 	}
+	c, err := o.flags.Config()
+	if errors.Is(err, bridge.ErrInvalidConfig) {
+		return c, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return c, err
 }
 
 // endpointURLs lists the bridge's endpoints for its ready log line.
@@ -54,12 +64,12 @@ func runBridge(ctx context.Context, args []string) error {
 	fs := newFlagSet("bridge", "bridge [--server URL] [--zmq-host H --fpm-port P --dp-size N | --zmq-endpoint URL,…] [--metrics-addr ADDR] …")
 	conn := connFlags(fs, "bridge")
 	scfg := streamFlags(fs)
-	_, bridgeConfig := bridgeFlags(fs)
+	bopts := bridgeFlags(fs)
 	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9464")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	cfg, err := bridgeConfig()
+	cfg, err := bopts.config()
 	if err != nil {
 		return err
 	}

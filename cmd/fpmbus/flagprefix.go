@@ -85,8 +85,11 @@ func deprecateUnprefixed(fs *flag.FlagSet, prefix string, names ...string) {
 			continue
 		}
 		b, isBool := t.Value.(interface{ IsBoolFlag() bool })
-		fs.Var(&aliasFlag{fs: fs, old: old, target: target, isBool: isBool && b.IsBoolFlag(), once: &sync.Once{}},
-			old, "deprecated alias of --"+target)
+		a := &aliasFlag{fs: fs, old: old, target: target, isBool: isBool && b.IsBoolFlag(), once: &sync.Once{}}
+		fs.Var(a, old, "deprecated alias of --"+target)
+		if a.isBool {
+			fs.Lookup(old).DefValue = "" // -h shows no "(default false)" for a switch
+		}
 	}
 }
 

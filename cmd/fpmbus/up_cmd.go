@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fpmbus/fpmbus/bridge"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/producer"
@@ -52,8 +51,7 @@ type upOptions struct {
 	restartDelay  time.Duration
 	faultSignal   bool
 	scfg          *streams.Config
-	bridgeConfig  func() (bridge.Config, error)
-	setDPSize     func(int)
+	bridge        *bridgeOptions
 	trace         *traceOptions
 	gaps          *gapsOptions
 	merge         *mergeOptions
@@ -75,9 +73,7 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	o.scfg = streamFlags(fs)
 	// The bridge first: its unprefixed names (--producer-id, --stop-timeout) are its own, not aliases
 	// of the trace writer's.
-	var bcfg *bridge.Config
-	bcfg, o.bridgeConfig = bridgeFlags(fs)
-	o.setDPSize = func(n int) { bcfg.DPSize = n }
+	o.bridge = bridgeFlags(fs)
 	o.trace = traceFlags(fs, tracePrefix)
 	o.gaps = gapsFlags(fs, gapsPrefix)
 	o.merge = mergeFlags(fs, mergePrefix)
@@ -107,12 +103,12 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if o.demo && !flagGiven(o.fs, "dp-size") && !flagGiven(o.fs, "zmq-endpoint") {
-		o.setDPSize(demoDPSize)
+		o.bridge.cfg.DPSize = demoDPSize
 	}
 	if flagGiven(o.fs, "stop-timeout") && !flagGiven(o.fs, "trace-stop-timeout") {
 		slog.Warn("--stop-timeout bounds only the bridge's stop in fpmbus up; the trace writer's is --trace-stop-timeout")
 	}
-	bc, err := o.bridgeConfig()
+	bc, err := o.bridge.config()
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +146,8 @@ func (o *upOptions) plan() (*upRun, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
-		pc.Host, pc.BasePort, pc.DPSize = o.bridgeHost(), r.bridge.BasePort, r.bridge.DPSize
+		// The synthetic ranks bind where the bridge subscribes.
+		pc.Host, pc.BasePort, pc.DPSize = o.bridge.flags.ZMQHost(), r.bridge.BasePort, r.bridge.DPSize
 		pc.StartDelay, pc.Logger = demoStartDelay, slog.Default()
 		if err := pc.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: --demo: %v", errUsage, err)
@@ -159,9 +156,6 @@ func (o *upOptions) plan() (*upRun, error) {
 	}
 	return r, nil
 }
-
-// bridgeHost is --zmq-host, where the demo publishers bind (the bridge subscribes there).
-func (o *upOptions) bridgeHost() string { return o.fs.Lookup("zmq-host").Value.String() }
 
 // runUp runs the embedded server, the connection, the consumers, the bridge and (with --demo) the
 // synthetic publishers as one supervised group (upStages, internal/rungroup) until ctx ends, then stops

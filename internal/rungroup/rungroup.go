@@ -409,7 +409,7 @@ func (g *Group) startOnce(ctx context.Context, u *unit) error {
 	rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
 	inc := &incarnation{cancel: rcancel, done: make(chan struct{})}
 	u.started = true
-	go g.runIncarnation(u, inc, rctx, inst.Run)
+	go g.runIncarnation(rctx, u, inc, inst.Run)
 	ready := inst.Ready
 	if ready == nil {
 		ready = closedChan
@@ -441,7 +441,7 @@ func (g *Group) startOnce(ctx context.Context, u *unit) error {
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // runIncarnation runs one incarnation and reports its end to Run's goroutine (until Run returns).
-func (g *Group) runIncarnation(u *unit, inc *incarnation, ctx context.Context, run func(context.Context) error) {
+func (g *Group) runIncarnation(ctx context.Context, u *unit, inc *incarnation, run func(context.Context) error) {
 	err := run(ctx)
 	inc.err = err
 	close(inc.done)
