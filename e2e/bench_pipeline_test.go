@@ -20,7 +20,7 @@ import (
 func TestBenchPublishMergeAndSealThroughUp(t *testing.T) {
 	requireNATS(t)
 	out := t.TempDir()
-	up := startUp(t, 1, "--bench-output", filepath.Join(out, "merged_{run_id}.json"))
+	up := startUp(t, 1, "--merge-bench-output", filepath.Join(out, "merged_{run_id}.json"))
 	golden := "../consumers/merge/testdata/golden/protocol_4rank"
 	ranks, err := filepath.Glob(filepath.Join(golden, "benchmark_results*.json"))
 	if err != nil || len(ranks) != 4 {

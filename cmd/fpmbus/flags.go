@@ -50,38 +50,29 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// envOr returns the trimmed value of the environment variable name, or def when unset or blank.
-func envOr(name, def string) string {
-	if v := strings.TrimSpace(os.Getenv(name)); v != "" {
-		return v
-	}
-	return def
-}
-
-// envInt returns an integer environment default; a malformed value is reported with the variable's name.
-func envInt(name string, def int) (int, error) {
-	v := strings.TrimSpace(os.Getenv(name))
-	if v == "" {
-		return def, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %s=%q is not an integer", errUsage, name, v)
-	}
-	return n, nil
+// flagGiven reports whether the flag name was set on the command line (directly or through a
+// deprecated alias, which sets its flag).
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			given = true
+		}
+	})
+	return given
 }
 
 // connFlags registers the flags that say how to reach an external NATS server.
 func connFlags(fs *flag.FlagSet, name string) *streams.ConnConfig {
 	c := &streams.ConnConfig{Name: "fpmbus-" + name}
 	fs.StringVar(&c.URL, "server", envOr("NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL(s), comma-separated (env NATS_URL)")
-	fs.StringVar(&c.Creds, "creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
-	fs.StringVar(&c.User, "user", os.Getenv("NATS_USER"), "NATS user (env NATS_USER)")
-	fs.StringVar(&c.Pass, "password", os.Getenv("NATS_PASSWORD"), "NATS password (env NATS_PASSWORD)")
-	fs.StringVar(&c.Token, "token", os.Getenv("NATS_TOKEN"), "NATS token (env NATS_TOKEN)")
-	fs.StringVar(&c.TLSCA, "tls-ca", os.Getenv("NATS_CA"), "CA certificate to verify the server (env NATS_CA)")
-	fs.StringVar(&c.TLSCert, "tls-cert", os.Getenv("NATS_CERT"), "client certificate for mutual TLS (env NATS_CERT)")
-	fs.StringVar(&c.TLSKey, "tls-key", os.Getenv("NATS_KEY"), "client key for mutual TLS (env NATS_KEY)")
+	fs.StringVar(&c.Creds, "creds", envOr("NATS_CREDS", ""), "NATS credentials file (env NATS_CREDS)")
+	fs.StringVar(&c.User, "user", envOr("NATS_USER", ""), "NATS user (env NATS_USER)")
+	fs.StringVar(&c.Pass, "password", envOr("NATS_PASSWORD", ""), "NATS password (env NATS_PASSWORD)")
+	fs.StringVar(&c.Token, "token", envOr("NATS_TOKEN", ""), "NATS token (env NATS_TOKEN)")
+	fs.StringVar(&c.TLSCA, "tls-ca", envOr("NATS_CA", ""), "CA certificate to verify the server (env NATS_CA)")
+	fs.StringVar(&c.TLSCert, "tls-cert", envOr("NATS_CERT", ""), "client certificate for mutual TLS (env NATS_CERT)")
+	fs.StringVar(&c.TLSKey, "tls-key", envOr("NATS_KEY", ""), "client key for mutual TLS (env NATS_KEY)")
 	return c
 }
 
@@ -90,7 +81,7 @@ func streamFlags(fs *flag.FlagSet) *streams.Config {
 	c := streams.DefaultConfig()
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "stream replicas (1 for one node, 3 for a cluster)")
 	fs.DurationVar(&c.MaxAge, "max-age", c.MaxAge, "how long the FPM stream keeps messages")
-	fs.Int64Var(&c.MaxBytes, "max-bytes", c.MaxBytes, "size limit of the FPM stream in bytes (-1: none)")
+	fs.Var((*maxBytesValue)(&c.MaxBytes), "max-bytes", "size limit of the FPM stream in bytes (-1: none)")
 	fs.DurationVar(&c.EventsMaxAge, "events-max-age", c.EventsMaxAge, "how long FPM_EVENTS keeps events")
 	fs.Int64Var(&c.EventsMaxBytes, "events-max-bytes", c.EventsMaxBytes, "size limit of FPM_EVENTS in bytes, oldest events dropped first (-1: none)")
 	fs.DurationVar(&c.BenchMaxAge, "bench-max-age", c.BenchMaxAge, "how long FPM_BENCH keeps artefacts")
@@ -101,6 +92,25 @@ func streamFlags(fs *flag.FlagSet) *streams.Config {
 		return err
 	})
 	return &c
+}
+
+// maxBytesValue is --max-bytes: a positive size, or -1 for no limit.
+type maxBytesValue int64
+
+func (v *maxBytesValue) String() string {
+	if v == nil {
+		return "0"
+	}
+	return strconv.FormatInt(int64(*v), 10)
+}
+
+func (v *maxBytesValue) Set(s string) error {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n < 1 && n != -1 {
+		return fmt.Errorf("want a positive size in bytes, or -1 for no limit")
+	}
+	*v = maxBytesValue(n)
+	return nil
 }
 
 // storageFromFlag maps --storage to a JetStream storage type.
@@ -115,7 +125,8 @@ func storageFromFlag(s string) (jetstream.StorageType, error) {
 }
 
 // connectAndApply connects to NATS, opens JetStream and ensures the streams exist (within 30 s; an
-// existing stream is used as it is): how every command that runs against an external server starts.
+// existing stream is used as it is): how every command that runs against an external server starts. A
+// nil scfg ensures nothing (commands that only read, or whose component ensures what it needs itself).
 // The caller closes the connection.
 func connectAndApply(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Config) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := streams.Connect(*conn)
@@ -126,6 +137,9 @@ func connectAndApply(ctx context.Context, conn *streams.ConnConfig, scfg *stream
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
+	}
+	if scfg == nil {
+		return nc, js, nil
 	}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

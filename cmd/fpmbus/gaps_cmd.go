@@ -7,17 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/partition"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 func init() {
@@ -28,8 +22,11 @@ func init() {
 	})
 }
 
-// gapsOptions holds the gap detector's flags, shared with `fpmbus up`.
+// gapsOptions holds the gap detector's flags, shared with `fpmbus up` (where they carry the prefix
+// "gaps-", see flagprefix.go).
 type gapsOptions struct {
+	prefix      string
+	env         *envDefaults
 	group       string
 	filter      string
 	staleAfter  time.Duration
@@ -41,23 +38,29 @@ type gapsOptions struct {
 }
 
 // gapsFlags registers the gap detector's flags on fs.
-func gapsFlags(fs *flag.FlagSet) *gapsOptions {
-	o := &gapsOptions{}
+func gapsFlags(fs *flag.FlagSet, prefix string) *gapsOptions {
+	o := &gapsOptions{prefix: prefix, env: newEnvDefaults(fs)}
 	d := gaps.DefaultConfig()
-	fs.StringVar(&o.group, "gaps-group", envOr("FPMBUS_GAPS_GROUP", d.Group), "gap detector group: durable consumer names and state keys; instances of one group share state (env FPMBUS_GAPS_GROUP)")
-	fs.StringVar(&o.filter, "gaps-filter", d.FilterSubject, "FPM subjects to watch, e.g. fpm.dynamo.>")
-	fs.DurationVar(&o.staleAfter, "stale-after", d.StaleAfter, "a publisher silent this long (not even a heartbeat) is stale: 5 x the 1 s heartbeat by default")
-	fs.DurationVar(&o.markerGrace, "marker-grace", d.MarkerGrace, "how long a gap waits for a bridge drop marker before it is classified zmq_drop (stream time)")
-	fs.IntVar(&o.partitions, "gaps-partitions", envIntOr("FPMBUS_GAPS_PARTITIONS", d.Partitions), "partitions of the publishers shared by the instances of --gaps-group (fixed for the group's life; 1: one active detector, the other instances hot standbys) (env FPMBUS_GAPS_PARTITIONS)")
-	fs.StringVar(&o.stateBucket, "state-bucket", d.StateBucket, "KV bucket holding each publisher's detector state")
-	fs.DurationVar(&o.stopTimeout, "gaps-stop-timeout", d.StopTimeout, "on interrupt, how long to keep checkpointing what was already received")
-	fs.DurationVar(&o.pinnedTTL, "gaps-pinned-ttl", d.PinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance of --gaps-group takes them over (%v to %v)", partition.MinPinnedTTL, partition.MaxPinnedTTL))
+	cf := newComponentFlags(fs, prefix)
+	fs.StringVar(&o.group, cf.name("gaps-group"), envOr("FPMBUS_GAPS_GROUP", d.Group), "gap detector group: durable consumer names and state keys; instances of one group share state (env FPMBUS_GAPS_GROUP)")
+	fs.StringVar(&o.filter, cf.name("gaps-filter"), d.FilterSubject, "FPM subjects to watch, e.g. fpm.dynamo.>")
+	fs.DurationVar(&o.staleAfter, cf.name("stale-after"), d.StaleAfter, "a publisher silent this long (not even a heartbeat) is stale: 5 x the 1 s heartbeat by default")
+	fs.DurationVar(&o.markerGrace, cf.name("marker-grace"), d.MarkerGrace, "how long a gap waits for a bridge drop marker before it is classified zmq_drop (stream time)")
+	partitions := cf.name("gaps-partitions")
+	fs.IntVar(&o.partitions, partitions, o.env.int(partitions, "FPMBUS_GAPS_PARTITIONS", d.Partitions), "partitions of the publishers shared by the instances of "+flagName(prefix, "gaps-group")+" (fixed for the group's life; 1: one active detector, the other instances hot standbys) (env FPMBUS_GAPS_PARTITIONS)")
+	fs.StringVar(&o.stateBucket, cf.name("state-bucket"), d.StateBucket, "KV bucket holding each publisher's detector state")
+	fs.DurationVar(&o.stopTimeout, cf.name("gaps-stop-timeout"), d.StopTimeout, "on interrupt, how long to keep checkpointing what was already received")
+	fs.DurationVar(&o.pinnedTTL, cf.name("gaps-pinned-ttl"), d.PinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance of %s takes them over (%v to %v)", flagName(prefix, "gaps-group"), partition.MinPinnedTTL, partition.MaxPinnedTTL))
+	cf.done()
 	return o
 }
 
 // config turns the flags into a validated gaps.Config; a bad value is a usage error naming the flag.
 func (o *gapsOptions) config() (gaps.Config, error) {
 	c := gaps.DefaultConfig()
+	if err := o.env.err(); err != nil {
+		return c, err
+	}
 	c.Group = o.group
 	c.FilterSubject = o.filter
 	c.StaleAfter = o.staleAfter
@@ -67,7 +70,7 @@ func (o *gapsOptions) config() (gaps.Config, error) {
 	c.Partitions = o.partitions
 	c.PinnedTTL = o.pinnedTTL
 	if c.PinnedTTL < partition.MinPinnedTTL || c.PinnedTTL > partition.MaxPinnedTTL {
-		return c, fmt.Errorf("%w: --gaps-pinned-ttl %v: want %v to %v", errUsage, c.PinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
+		return c, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, flagName(o.prefix, "gaps-pinned-ttl"), c.PinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
 	}
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("%w: %v", errUsage, err)
@@ -85,8 +88,8 @@ func runGaps(ctx context.Context, args []string) error {
 	fs := newFlagSet("gaps", "gaps [--server URL] [--stale-after D] [--marker-grace D] [--gaps-partitions N] [--metrics-addr ADDR] … | gaps report [--since T] [--json]")
 	conn := connFlags(fs, "gaps")
 	scfg := streamFlags(fs)
-	gopts := gapsFlags(fs)
-	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus /metrics on this address, e.g. 127.0.0.1:9465 (empty: off)")
+	gopts := gapsFlags(fs, "")
+	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9465")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -98,8 +101,7 @@ func runGaps(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	cfg.StateReplicas, cfg.StateStorage = scfg.Replicas, scfg.Storage
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newProcessRegistry()
 	cfg.Registerer = reg
 
 	nc, js, err := connectAndApply(ctx, conn, scfg)
@@ -112,22 +114,14 @@ func runGaps(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if *metricsAddr != "" {
-		stop, err := serveMetrics(*metricsAddr, reg)
+		stop, err := serveMetrics(*metricsAddr, reg, nil)
 		if err != nil {
-			return fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, *metricsAddr, err)
+			return err
 		}
 		defer stop()
 	}
 	// Run flushes the connection after its last acks, so closing afterwards loses none.
 	return d.Run(ctx)
-}
-
-// envIntOr is the integer in environment variable name, or def when unset or not a number.
-func envIntOr(name string, def int) int {
-	if n, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return n
-	}
-	return def
 }
 
 // parseSince accepts an RFC 3339 time or a duration before now ("1h", "30m").
@@ -162,15 +156,11 @@ func runGapsReport(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := streams.Connect(*conn)
+	nc, js, err := connectAndApply(ctx, conn, nil) // reads only: applies nothing
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	rep, err := gaps.BuildReport(rctx, js, gaps.ReportConfig{Group: *group, StateBucket: *bucket, Since: t, FilterSubject: *filter})

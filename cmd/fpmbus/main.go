@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strings"
 	"syscall"
 )
 
@@ -35,7 +34,6 @@ var errUsage = errors.New("usage")
 type exitCoder interface{ ExitCode() int }
 
 func main() {
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()})))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(runMain(ctx, os.Args[1:], os.Stdout, os.Stderr))
@@ -52,7 +50,13 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	err := c.run(ctx, args[1:])
+	level, err := logLevel()
+	if err != nil {
+		fmt.Fprintf(stderr, "fpmbus %s: %v\n", c.name, err)
+		return 2
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})))
+	err = c.run(ctx, args[1:])
 	switch {
 	case err == nil:
 		return 0
@@ -81,16 +85,4 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun `fpmbus <command> -h` for a command's flags.")
-}
-
-func logLevel() slog.Level {
-	switch strings.ToLower(os.Getenv("FPMBUS_LOG_LEVEL")) {
-	case "debug":
-		return slog.LevelDebug
-	case "warn":
-		return slog.LevelWarn
-	case "error":
-		return slog.LevelError
-	}
-	return slog.LevelInfo
 }

@@ -8,7 +8,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/producer"
 )
+
+// discardHelp is where help output goes between tests.
+var discardHelp io.Writer = os.Stderr
 
 // documentedCommands are the command paths the README documents, each under a heading
 // "### fpmbus <path>". Every registered command must be among them.
@@ -33,7 +39,7 @@ func TestREADMEDocumentsEveryCommandAndFlag(t *testing.T) {
 	}
 	readme := string(raw)
 	helpOutput = io.Discard
-	t.Cleanup(func() { helpOutput = os.Stderr })
+	t.Cleanup(func() { helpOutput = discardHelp })
 	for name := range commands {
 		found := false
 		for _, p := range documentedCommands {
@@ -88,4 +94,49 @@ func readmeSection(readme, heading string) string {
 		rest = rest[:m[0]]
 	}
 	return rest
+}
+
+// readmeBlock returns the text between the markers <!-- name --> and <!-- /name --> (the opening
+// marker may carry a note after the name).
+func readmeBlock(t *testing.T, readme, name string) string {
+	t.Helper()
+	open := regexp.MustCompile(`<!-- ` + regexp.QuoteMeta(name) + `(:[^>]*)? -->\n`)
+	m := open.FindStringIndex(readme)
+	end := strings.Index(readme, "<!-- /"+name+" -->")
+	if m == nil || end < m[1] {
+		t.Fatalf("README has no block <!-- %s --> … <!-- /%s -->", name, name)
+	}
+	return readme[m[1]:end]
+}
+
+// The README's `fpmbus up` order table is the order the code runs: both come from upStages.
+func TestREADMEUpOrderIsTheRunGroupsOrder(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := readmeBlock(t, string(raw), "up-order"), upOrderTable(); got != want {
+		t.Fatalf("README's up-order block differs from upStages; it should read:\n%s\ngot:\n%s", want, got)
+	}
+	var names []string
+	r := &upRun{trace: &trace.Config{}, demo: &producer.Config{}}
+	for _, c := range r.components() {
+		names = append(names, c.Name)
+	}
+	for i, s := range upStages {
+		if i >= len(names) || names[i] != s.name {
+			t.Fatalf("components() with every stage enabled gives %q, not the order of upStages", names)
+		}
+	}
+}
+
+// The README's Environment table is the list of variables fpmbus reads.
+func TestREADMEEnvironmentIsTheParsersList(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := readmeBlock(t, string(raw), "environment"), environmentTable(); got != want {
+		t.Fatalf("README's environment block differs from environment (env.go); it should read:\n%s\ngot:\n%s", want, got)
+	}
 }

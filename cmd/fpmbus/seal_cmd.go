@@ -21,7 +21,8 @@ func init() {
 	})
 }
 
-// sealOptions holds the flags of `fpmbus seal`.
+// sealOptions holds the flags of `fpmbus seal`, shared with `fpmbus up` (where they carry the prefix
+// "seal-", see flagprefix.go).
 type sealOptions struct {
 	allowPartial bool
 	durable      string
@@ -29,13 +30,20 @@ type sealOptions struct {
 	ackWait      time.Duration
 }
 
-func sealFlags(fs *flag.FlagSet) *sealOptions {
+func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
 	o := &sealOptions{}
-	fs.BoolVar(&o.allowPartial, "allow-partial", false, "seal the valid cells of a run even when some of its cells are rejected (the campaign stays partial)")
-	fs.StringVar(&o.durable, "seal-durable", seal.DefaultDurable, "durable consumer name on FPM_BENCH")
-	fs.DurationVar(&o.profileWait, "profile-wait", 10*time.Minute, "how long a merged artefact waits for its run's collection profile (fpmbench.profile.<run>) before it is refused")
-	fs.DurationVar(&o.ackWait, "seal-ack-wait", 2*time.Minute, "ack wait of the durable")
+	cf := newComponentFlags(fs, prefix)
+	fs.BoolVar(&o.allowPartial, cf.name("allow-partial"), false, "seal the valid cells of a run even when some of its cells are rejected (the campaign stays partial)")
+	fs.StringVar(&o.durable, cf.name("seal-durable"), seal.DefaultDurable, "durable consumer name on FPM_BENCH")
+	fs.DurationVar(&o.profileWait, cf.name("profile-wait"), 10*time.Minute, "how long a merged artefact waits for its run's collection profile (fpmbench.profile.<run>) before it is refused")
+	fs.DurationVar(&o.ackWait, cf.name("seal-ack-wait"), 2*time.Minute, "ack wait of the durable")
+	cf.done()
 	return o
+}
+
+// consumerConfig is the sealer consumer's config for the flags and the streams.
+func (o *sealOptions) consumerConfig(scfg streams.Config) seal.ConsumerConfig {
+	return seal.ConsumerConfig{Durable: o.durable, AllowPartial: o.allowPartial, ProfileWait: o.profileWait, AckWait: o.ackWait, Streams: scfg}
 }
 
 // openSealer connects, creates FPM_DATASETS idempotently and returns a sealer on it.
@@ -43,13 +51,9 @@ func openSealer(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Con
 	if err := scfg.Validate(); err != nil {
 		return nil, nil, nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
-	nc, err := streams.Connect(*conn)
+	// The bucket is all a sealer needs; the consumer applies the streams it reads itself.
+	nc, js, err := connectAndApply(ctx, conn, nil)
 	if err != nil {
-		return nil, nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
 		return nil, nil, nil, err
 	}
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -71,7 +75,7 @@ func runSeal(ctx context.Context, args []string) error {
 	fs := newFlagSet("seal", "seal [--server URL] [--allow-partial] [--seal-durable NAME] [--profile-wait D]")
 	conn := connFlags(fs, "seal")
 	scfg := streamFlags(fs)
-	o := sealFlags(fs)
+	o := sealFlags(fs, "")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -80,8 +84,7 @@ func runSeal(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeConn()
-	c, err := seal.NewConsumer(js, s, seal.ConsumerConfig{Durable: o.durable, AllowPartial: o.allowPartial,
-		ProfileWait: o.profileWait, AckWait: o.ackWait, Streams: *scfg})
+	c, err := seal.NewConsumer(js, s, o.consumerConfig(*scfg))
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

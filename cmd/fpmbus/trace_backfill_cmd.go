@@ -11,12 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 // runTraceBackfill is `fpmbus trace backfill`: replay a range of stream FPM into trace segments with an
@@ -27,7 +25,8 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 		"Times are RFC 3339 (2026-06-30T12:00:00Z) or Unix milliseconds, compared with the stream's\n"+
 		"timestamps; bounds are inclusive, an open end is the stream's last message at the start.")
 	conn := connFlags(fs, "trace-backfill")
-	topts := traceOutputFlags(fs)
+	topts, cf := traceOutputFlags(fs, "")
+	cf.done()
 	since := fs.String("since", "", "replay messages stored at or after this time")
 	until := fs.String("until", "", "replay messages stored at or before this time")
 	startSeq := fs.Uint64("start-seq", 0, "first stream sequence to replay")
@@ -58,15 +57,11 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 		return err
 	}
 
-	nc, err := streams.Connect(*conn)
+	nc, js, err := connectAndApply(ctx, conn, nil) // reads only: applies nothing
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()))
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"time"
 
@@ -23,11 +22,15 @@ func init() {
 	})
 }
 
-// traceOptions holds the trace writer's flags, shared with `fpmbus up`. Defaults come from Dynamo's
-// variables (DYN_FPM_MODE, DYN_FPM_OUTPUT_PATH, DYN_FPM_SAMPLE_INTERVAL_MS, DYN_FPM_JSONL_GZ_ROLL_BYTES,
-// DYN_FPM_MAX_SEGMENTS), else Dynamo's defaults. Numbers are kept as text until config(), so that a bad
-// value from the environment or a flag is reported with its name.
+// traceOptions holds the trace writer's flags, shared with `fpmbus up` (where they carry the prefix
+// "trace-", see flagprefix.go). Defaults come from Dynamo's variables (DYN_FPM_MODE,
+// DYN_FPM_OUTPUT_PATH, DYN_FPM_SAMPLE_INTERVAL_MS, DYN_FPM_JSONL_GZ_ROLL_BYTES, DYN_FPM_MAX_SEGMENTS),
+// else Dynamo's defaults. Numbers are kept as text until config(), so that a bad flag value is
+// reported by config() with its name (in `up` an invalid trace setting disables only the trace writer);
+// a bad variable is reported by config() too, through env.
 type traceOptions struct {
+	prefix         string
+	env            *envDefaults
 	mode           string
 	output         string
 	sampleInterval string
@@ -43,61 +46,66 @@ type traceOptions struct {
 }
 
 // traceFlags registers the trace writer's flags on fs: traceOutputFlags plus the durable consumer's.
-func traceFlags(fs *flag.FlagSet) *traceOptions {
-	o := traceOutputFlags(fs)
+func traceFlags(fs *flag.FlagSet, prefix string) *traceOptions {
+	o, cf := traceOutputFlags(fs, prefix)
 	d := trace.DefaultConfig()
-	fs.StringVar(&o.group, "group", d.Durable, "durable consumer name on stream FPM; run one writer per name (split work with disjoint --filter and names)")
-	fs.DurationVar(&o.stopTimeout, "stop-timeout", d.StopTimeout, "on interrupt, how long to keep writing what was already received")
-	fs.DurationVar(&o.flushInterval, "trace-flush-interval", d.FlushInterval, "longest a received FPM waits before its line is fsynced and the message acked")
-	fs.IntVar(&o.maxAckPending, "trace-max-ack-pending", d.MaxAckPending, "messages the trace consumer may hold unacked (a flush starts at a quarter of it)")
-	fs.DurationVar(&o.ackWait, "trace-ack-wait", 0, "ack wait of the trace consumer: an unacked message is redelivered after it (0: automatic, at least 60s)")
+	fs.StringVar(&o.group, cf.name("group"), d.Durable, "durable consumer name on stream FPM; run one writer per name (split work with disjoint "+flagName(prefix, "filter")+" and names)")
+	fs.DurationVar(&o.stopTimeout, cf.name("stop-timeout"), d.StopTimeout, "on interrupt, how long to keep writing what was already received")
+	fs.DurationVar(&o.flushInterval, cf.name("trace-flush-interval"), d.FlushInterval, "longest a received FPM waits before its line is fsynced and the message acked")
+	fs.IntVar(&o.maxAckPending, cf.name("trace-max-ack-pending"), d.MaxAckPending, "messages the trace consumer may hold unacked (a flush starts at a quarter of it)")
+	fs.DurationVar(&o.ackWait, cf.name("trace-ack-wait"), 0, "ack wait of the trace consumer: an unacked message is redelivered after it (0: automatic, at least 60s)")
+	cf.done()
 	return o
 }
 
 // traceOutputFlags registers what shapes the trace files (mode, path, interval, rolling, retention,
 // producer id, filter), shared by the writer and `trace backfill`; the other options keep their
-// defaults.
-func traceOutputFlags(fs *flag.FlagSet) *traceOptions {
+// defaults. The caller registers its further flags with cf and calls cf.done().
+func traceOutputFlags(fs *flag.FlagSet, prefix string) (*traceOptions, *componentFlags) {
 	d := trace.DefaultConfig()
-	o := &traceOptions{group: d.Durable, stopTimeout: d.StopTimeout, flushInterval: d.FlushInterval, maxAckPending: d.MaxAckPending}
-	fs.StringVar(&o.mode, "trace-mode", envOr(trace.EnvMode, d.Mode), "capture mode: sampled (newest FPM per key per interval) or full (every FPM) (env "+trace.EnvMode+")")
-	output := d.OutputPath
-	if v, ok := os.LookupEnv(trace.EnvOutputPath); ok {
-		output = v // blank is reported by config(), as Dynamo reports it
-	}
-	fs.StringVar(&o.output, "trace-output", output, "output path; files are <path without .jsonl[.gz]>.<producer>.<index:06>.jsonl.gz (env "+trace.EnvOutputPath+")")
-	fs.StringVar(&o.sampleInterval, "sample-interval", envOr(trace.EnvSampleInterval, fmt.Sprint(d.SampleInterval.Milliseconds())), "sampled mode interval in milliseconds, a positive integer (env "+trace.EnvSampleInterval+")")
-	fs.StringVar(&o.rollBytes, "roll-bytes", envOr(trace.EnvRollBytes, fmt.Sprint(d.RollBytes)), "start a new segment before it exceeds this many uncompressed bytes (env "+trace.EnvRollBytes+")")
-	fs.StringVar(&o.maxSegments, "max-segments", envOr(trace.EnvMaxSegments, fmt.Sprint(d.MaxSegments)), "segments kept per producer, the active one included (env "+trace.EnvMaxSegments+")")
-	fs.StringVar(&o.producerID, "producer-id", "", "file every FPM under this producer id (default: the message's Fpm-Producer header, else its worker_id)")
-	fs.StringVar(&o.filter, "filter", d.FilterSubject, "FPM subjects to trace, e.g. fpm.dynamo.backend.>")
-	return o
+	o := &traceOptions{prefix: prefix, env: newEnvDefaults(fs), group: d.Durable, stopTimeout: d.StopTimeout, flushInterval: d.FlushInterval, maxAckPending: d.MaxAckPending}
+	cf := newComponentFlags(fs, prefix)
+	env := func(flag, name, def string) string { return o.env.text(prefixedName(prefix, flag), name, def) }
+	fs.StringVar(&o.mode, cf.name("trace-mode"), env("trace-mode", trace.EnvMode, d.Mode), "capture mode: sampled (newest FPM per key per interval) or full (every FPM) (env "+trace.EnvMode+")")
+	fs.StringVar(&o.output, cf.name("trace-output"), env("trace-output", trace.EnvOutputPath, d.OutputPath), "output path; files are <path without .jsonl[.gz]>.<producer>.<index:06>.jsonl.gz (env "+trace.EnvOutputPath+")")
+	fs.StringVar(&o.sampleInterval, cf.name("sample-interval"), env("sample-interval", trace.EnvSampleInterval, fmt.Sprint(d.SampleInterval.Milliseconds())), "sampled mode interval in milliseconds, a positive integer (env "+trace.EnvSampleInterval+")")
+	fs.StringVar(&o.rollBytes, cf.name("roll-bytes"), env("roll-bytes", trace.EnvRollBytes, fmt.Sprint(d.RollBytes)), "start a new segment before it exceeds this many uncompressed bytes (env "+trace.EnvRollBytes+")")
+	fs.StringVar(&o.maxSegments, cf.name("max-segments"), env("max-segments", trace.EnvMaxSegments, fmt.Sprint(d.MaxSegments)), "segments kept per producer, the active one included (env "+trace.EnvMaxSegments+")")
+	fs.StringVar(&o.producerID, cf.name("producer-id"), "", "file every FPM under this producer id (default: the message's Fpm-Producer header, else its worker_id)")
+	fs.StringVar(&o.filter, cf.name("filter"), d.FilterSubject, "FPM subjects to trace, e.g. fpm.dynamo.backend.>")
+	return o, cf
 }
+
+// flag is the registered name of the trace flag standalone-named n, for messages.
+func (o *traceOptions) flag(n string) string { return flagName(o.prefix, n) }
 
 // config turns the flags into a validated trace.Config; a bad value is a usage error naming the flag,
 // its variable and the value.
 func (o *traceOptions) config() (trace.Config, error) {
 	c := trace.DefaultConfig()
+	if err := o.env.err(); err != nil {
+		return c, err
+	}
 	mode, err := trace.ParseMode(o.mode)
 	if err != nil {
-		return c, fmt.Errorf("%w: --trace-mode %q (%s): want sampled or full", errUsage, o.mode, trace.EnvMode)
+		return c, fmt.Errorf("%w: %s %q (%s): want sampled or full", errUsage, o.flag("trace-mode"), o.mode, trace.EnvMode)
 	}
 	c.Mode = mode
 	if strings.TrimSpace(o.output) == "" {
-		return c, fmt.Errorf("%w: --trace-output %q (%s): blank output path", errUsage, o.output, trace.EnvOutputPath)
+		return c, fmt.Errorf("%w: %s %q (%s): blank output path", errUsage, o.flag("trace-output"), o.output, trace.EnvOutputPath)
 	}
 	c.OutputPath = strings.TrimSpace(o.output)
 	ms, err := trace.ParsePositive(o.sampleInterval)
 	if err != nil || ms > int64(time.Duration(1<<62)/time.Millisecond) {
-		return c, fmt.Errorf("%w: --sample-interval %q (%s): want a positive integer (milliseconds)", errUsage, o.sampleInterval, trace.EnvSampleInterval)
+		return c, fmt.Errorf("%w: %s %q (%s): want a positive integer (milliseconds)", errUsage, o.flag("sample-interval"), o.sampleInterval, trace.EnvSampleInterval)
 	}
 	c.SampleInterval = time.Duration(ms) * time.Millisecond
 	if c.RollBytes, err = trace.ParsePositive(o.rollBytes); err != nil {
-		return c, fmt.Errorf("%w: --roll-bytes %q (%s): want a positive integer (uncompressed bytes)", errUsage, o.rollBytes, trace.EnvRollBytes)
+		return c, fmt.Errorf("%w: %s %q (%s): want a positive integer (uncompressed bytes)", errUsage, o.flag("roll-bytes"), o.rollBytes, trace.EnvRollBytes)
 	}
 	n, err := trace.ParsePositive(o.maxSegments)
 	if err != nil || n > 1<<31-1 {
-		return c, fmt.Errorf("%w: --max-segments %q (%s): want a positive integer", errUsage, o.maxSegments, trace.EnvMaxSegments)
+		return c, fmt.Errorf("%w: %s %q (%s): want a positive integer", errUsage, o.flag("max-segments"), o.maxSegments, trace.EnvMaxSegments)
 	}
 	c.MaxSegments = int(n)
 	c.ProducerID = o.producerID
@@ -125,7 +133,7 @@ func runTrace(ctx context.Context, args []string) error {
 	fs := newFlagSet("trace", "trace [--server URL] [--trace-mode sampled|full] [--trace-output PATH] [--group NAME [--partitions N]] [--filter SUBJECT] …\n       fpmbus trace backfill --since T --until T | --start-seq N --end-seq M [--trace-mode …] [--trace-output …]\n       fpmbus trace info [--json] FILE|DIR…")
 	conn := connFlags(fs, "trace")
 	scfg := streamFlags(fs)
-	topts := traceFlags(fs)
+	topts := traceFlags(fs, "")
 	gopts := traceGroupFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err

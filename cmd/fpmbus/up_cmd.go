@@ -3,23 +3,19 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
-	"strings"
+	"strconv"
+	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/fpmbus/fpmbus/bridge"
-	"github.com/fpmbus/fpmbus/consumers/gaps"
-	"github.com/fpmbus/fpmbus/consumers/merge"
-	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -32,245 +28,200 @@ func init() {
 	})
 }
 
-// demoDPSize is the number of synthetic ranks `up --demo` runs unless --dp-size says otherwise.
-const demoDPSize = 4
+// Defaults of `fpmbus up --demo`.
+const (
+	demoDPSize = 4  // ranks unless --dp-size says otherwise
+	demoRate   = 20 // forward passes per second per rank
+	demoWorker = "demo-worker"
+	demoSeed   = 1
+	// demoStartDelay lets the bridge's SUB sockets connect before the first FPM (ZMQ's slow joiner).
+	demoStartDelay = 300 * time.Millisecond
+)
 
-// stage is one running component of `up`. Stages stop in reverse start order, each with its own
-// context, so a later stage (the bridge) is drained before an earlier one's consumers stop.
-type stage struct {
-	name   string
-	cancel context.CancelFunc
-	done   chan error
+// upOptions are the flags of `fpmbus up`: its own, the restart policy, and every component's
+// (flagprefix.go states the naming rule).
+type upOptions struct {
+	fs            *flag.FlagSet
+	listen        string
+	dataDir       string
+	demo          bool
+	metricsAddr   *string
+	restartLimit  int
+	restartWindow time.Duration
+	restartDelay  time.Duration
+	faultSignal   bool
+	scfg          *streams.Config
+	bridge        *bridgeOptions
+	trace         *traceOptions
+	gaps          *gapsOptions
+	merge         *mergeOptions
+	seal          *sealOptions
+	demoFlags     *producer.Flags
 }
 
-// runUp runs the embedded server, the bridge and the consumers until ctx ends, then stops them in the
-// order: demo publishers, bridge (publishes what it buffered), dataset sealer, benchmark merger, gap detector (checkpoints), trace writer
-// (flushes, fsyncs, acks), NATS connection (drained), server (JetStream flushed to disk).
+func upFlags(fs *flag.FlagSet) *upOptions {
+	o := &upOptions{fs: fs}
+	fs.StringVar(&o.listen, "listen", streams.DefaultListen, "client address of the embedded JetStream server (loopback by default)")
+	fs.StringVar(&o.dataDir, "data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
+	fs.BoolVar(&o.demo, "demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
+	o.metricsAddr = metricsAddrFlag(fs, "127.0.0.1:9464; /healthz is served there too")
+	d := rungroup.DefaultPolicy()
+	fs.IntVar(&o.restartLimit, "restart-limit", d.MaxRestarts, "restarts a failing component may take within --restart-window; one more failure stops everything and exits 1")
+	fs.DurationVar(&o.restartWindow, "restart-window", d.Window, "the sliding window --restart-limit counts in")
+	fs.DurationVar(&o.restartDelay, "restart-backoff", d.InitialBackoff, "wait before restarting a failed component; doubles with each further failure, up to 30s")
+	fs.BoolVar(&o.faultSignal, "fault-sigusr1", false, "fault injection for tests and drills: SIGUSR1 closes the components' NATS connection for good, as a broker-side failure would; supervision replaces it")
+	o.scfg = streamFlags(fs)
+	// The bridge first: its unprefixed names (--producer-id, --stop-timeout) are its own, not aliases
+	// of the trace writer's.
+	o.bridge = bridgeFlags(fs)
+	o.trace = traceFlags(fs, tracePrefix)
+	o.gaps = gapsFlags(fs, gapsPrefix)
+	o.merge = mergeFlags(fs, mergePrefix)
+	o.seal = sealFlags(fs, sealPrefix)
+	demo := &producer.Config{Rate: demoRate, WorkerID: demoWorker, Seed: demoSeed}
+	o.demoFlags = demo.RegisterLoadFlags(fs, "demo-")
+	return o
+}
+
+// plan checks every setting and returns the run; a bad one is a usage error naming its flag or
+// variable. An invalid trace setting or an unwritable trace output disables only the trace writer, with
+// one warning, as Dynamo does.
+func (o *upOptions) plan() (*upRun, error) {
+	_, port, err := net.SplitHostPort(o.listen)
+	if p, perr := strconv.Atoi(port); err != nil || perr != nil || p < 0 || p > 65535 {
+		return nil, fmt.Errorf("%w: --listen %q: want HOST:PORT (port 0: any free port)", errUsage, o.listen)
+	}
+	switch {
+	case o.restartLimit < 0:
+		return nil, fmt.Errorf("%w: --restart-limit %d: want 0 or more", errUsage, o.restartLimit)
+	case o.restartWindow <= 0:
+		return nil, fmt.Errorf("%w: --restart-window %v: want a positive duration", errUsage, o.restartWindow)
+	case o.restartDelay <= 0:
+		return nil, fmt.Errorf("%w: --restart-backoff %v: want a positive duration", errUsage, o.restartDelay)
+	}
+	if err := o.scfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if o.demo && !flagGiven(o.fs, "dp-size") && !flagGiven(o.fs, "zmq-endpoint") {
+		o.bridge.cfg.DPSize = demoDPSize
+	}
+	if flagGiven(o.fs, "stop-timeout") && !flagGiven(o.fs, "trace-stop-timeout") {
+		slog.Warn("--stop-timeout bounds only the bridge's stop in fpmbus up; the trace writer's is --trace-stop-timeout")
+	}
+	bc, err := o.bridge.config()
+	if err != nil {
+		return nil, err
+	}
+	bc.Streams, bc.Logger = *o.scfg, slog.Default()
+	r := &upRun{
+		listen:   o.listen,
+		storeDir: filepath.Join(o.dataDir, "jetstream"),
+		scfg:     *o.scfg,
+		bridge:   bc,
+		policy: rungroup.Policy{InitialBackoff: o.restartDelay, MaxBackoff: rungroup.DefaultMaxBackoff,
+			MaxRestarts: o.restartLimit, Window: o.restartWindow},
+	}
+	if r.gaps, err = o.gaps.config(); err != nil {
+		return nil, err
+	}
+	if r.merge, err = o.merge.config(); err != nil {
+		return nil, err
+	}
+	r.merge.Streams, r.merge.Logger = o.scfg, slog.Default()
+	r.seal = o.seal.consumerConfig(*o.scfg)
+	tcfg, err := o.trace.config()
+	if err == nil {
+		err = trace.ProbeOutput(tcfg.OutputPath)
+	}
+	if err != nil {
+		slog.Warn("trace writer disabled; the bridge and other consumers run on", "reason", err)
+	} else {
+		r.trace = &tcfg
+	}
+	if o.demo {
+		if r.bridge.BasePort == 0 {
+			return nil, fmt.Errorf("%w: --demo binds its own ports; use --fpm-port/--dp-size, not --zmq-endpoint", errUsage)
+		}
+		pc, err := o.demoFlags.Config()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		// The synthetic ranks bind where the bridge subscribes.
+		pc.Host, pc.BasePort, pc.DPSize = o.bridge.flags.ZMQHost(), r.bridge.BasePort, r.bridge.DPSize
+		pc.StartDelay, pc.Logger = demoStartDelay, slog.Default()
+		if err := pc.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: --demo: %v", errUsage, err)
+		}
+		r.demo = &pc
+	}
+	return r, nil
+}
+
+// runUp runs the embedded server, the connection, the consumers, the bridge and (with --demo) the
+// synthetic publishers as one supervised group (upStages, internal/rungroup) until ctx ends, then stops
+// them in reverse order. A component that cannot recover stops the others and makes runUp fail.
 func runUp(ctx context.Context, args []string) error {
-	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [bridge, trace, gaps, merge and seal flags]")
-	listen := fs.String("listen", streams.DefaultListen, "client address of the embedded JetStream server (loopback by default)")
-	dataDir := fs.String("data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
-	demo := fs.Bool("demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
-	demoRate := fs.Float64("demo-rate", 20, "with --demo: forward passes per second per rank")
-	demoWorker := fs.String("demo-worker-id", "demo-worker", "with --demo: worker_id of the synthetic publishers")
-	demoSeed := fs.Int64("demo-seed", 1, "with --demo: seed of the synthetic load")
-	scfg := streamFlags(fs)
-	topts := traceFlags(fs)
-	gopts := gapsFlags(fs)
-	mopts := mergeFlags(fs)
-	sopts := sealFlags(fs)
-	bopts := bridgeFlags(fs)
+	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [--metrics-addr ADDR] [bridge, stream, --trace-…, --gaps-…, --merge-… and --seal-… flags]")
+	o := upFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *demo && !flagGiven(fs, "dp-size") && len(bopts.endpoints) == 0 {
-		if err := fs.Set("dp-size", fmt.Sprint(demoDPSize)); err != nil {
-			return err
-		}
-	}
-	bcfg, err := bopts.config()
+	r, err := o.plan()
 	if err != nil {
 		return err
 	}
-	if err := scfg.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+	if err := os.MkdirAll(r.storeDir, 0o755); err != nil {
+		return fmt.Errorf("data dir: %w", err)
 	}
-	gcfg, err := gopts.config()
+	reg := newProcessRegistry()
+	r.reg = reg
+	g, err := rungroup.New(r.components(), rungroup.WithLogger(slog.Default()), rungroup.WithRegisterer(reg))
 	if err != nil {
 		return err
 	}
-	mcfg, err := mopts.config()
-	if err != nil {
-		return err
-	}
-	// An invalid trace setting disables only the trace writer, with one warning, as Dynamo does.
-	tcfg, traceErr := topts.config()
-	if traceErr == nil {
-		traceErr = trace.ProbeOutput(tcfg.OutputPath)
-	}
-	if traceErr != nil {
-		slog.Warn("trace writer disabled; the bridge and other consumers run on", "reason", traceErr)
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if bopts.metricsAddr != "" {
-		stop, err := serveMetrics(bopts.metricsAddr, reg)
+	if *o.metricsAddr != "" {
+		stop, err := serveMetrics(*o.metricsAddr, reg, g)
 		if err != nil {
-			return fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, bopts.metricsAddr, err)
+			return err
 		}
 		defer stop()
 	}
-
-	storeDir := filepath.Join(*dataDir, "jetstream")
-	if err := os.MkdirAll(storeDir, 0o755); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+	if o.faultSignal {
+		stop := closeConnOnSIGUSR1(r)
+		defer stop()
 	}
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: *listen, StoreDir: storeDir})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(sctx); err != nil {
-			slog.Error("server shutdown", "error", err)
-		}
-	}()
-	slog.Info("jetstream ready", "url", srv.ClientURL(), "store", storeDir)
-
-	nc, err := nats.Connect(srv.ClientURL(), nats.Name("fpmbus-up"), nats.MaxReconnects(-1), nats.ReconnectBufSize(-1))
-	if err != nil {
-		return err
-	}
-	defer func() {
-		// Drain: every ack and publish still in flight completes before the connection closes.
-		closed := make(chan struct{})
-		nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-		if err := nc.Drain(); err != nil {
-			nc.Close()
-			return
-		}
-		select {
-		case <-closed:
-		case <-time.After(10 * time.Second):
-			nc.Close()
-		}
-	}()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	_, err = streams.Ensure(actx, js, *scfg, slog.Default())
-	cancel()
-	if err != nil {
-		return err
-	}
-
-	var stages []*stage
-	startStage := func(name string, ready <-chan struct{}, run func(context.Context) error, attrs ...any) error {
-		sctx, cancel := context.WithCancel(context.Background())
-		st := &stage{name: name, cancel: cancel, done: make(chan error, 1)}
-		go func() { st.done <- run(sctx) }()
-		select {
-		case <-ready:
-			slog.Info(name+" ready", attrs...)
-			stages = append(stages, st)
-			return nil
-		case err := <-st.done:
-			cancel()
-			return fmt.Errorf("%s: %w", name, err)
-		case <-ctx.Done():
-			stages = append(stages, st)
-			return ctx.Err()
-		}
-	}
-	stopAll := func() error {
-		var errs []error
-		for i := len(stages) - 1; i >= 0; i-- {
-			st := stages[i]
-			st.cancel()
-			if err := <-st.done; err != nil && !errors.Is(err, context.Canceled) {
-				errs = append(errs, fmt.Errorf("%s: %w", st.name, err))
-			}
-			slog.Info(st.name + " stopped")
-		}
-		return errors.Join(errs...)
-	}
-
-	err = func() error {
-		if traceErr == nil {
-			tcfg.Registerer = reg
-			w, err := trace.New(tcfg, js, trace.WithLogger(slog.Default()))
-			if err != nil {
-				slog.Warn("trace writer disabled; the bridge and other consumers run on", "reason", err)
-			} else if err := startStage("trace writer", w.Ready(), w.Run, "mode", tcfg.Mode, "output", tcfg.OutputPath, "group", tcfg.Durable); err != nil {
-				return err
-			}
-		}
-		gcfg.Registerer = reg
-		d, err := gaps.New(gcfg, js, gaps.WithLogger(slog.Default()))
-		if err != nil {
-			return err
-		}
-		if err := startStage("gap detector", d.Ready(), d.Run, "group", gcfg.Group, "stale_after", gcfg.StaleAfter); err != nil {
-			return err
-		}
-		mcfg.Streams = scfg
-		mcfg.Logger = slog.Default()
-		m, err := merge.New(js, mcfg)
-		if err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
-		}
-		mergeReady := make(chan struct{})
-		close(mergeReady) // the merger has no warm-up: it is ready once its durable exists, inside Run
-		if err := startStage("benchmark merger", mergeReady, m.Run, "output", mcfg.Output, "rank_timeout", mcfg.RankTimeout); err != nil {
-			return err
-		}
-		octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
-		kv, err := seal.OpenBucket(octx, js, *scfg)
-		ocancel()
-		if err != nil {
-			return err
-		}
-		sealer, err := seal.New(kv, seal.WithSource("fpmbus up"))
-		if err != nil {
-			return err
-		}
-		sc, err := seal.NewConsumer(js, sealer, seal.ConsumerConfig{Durable: sopts.durable, AllowPartial: sopts.allowPartial,
-			ProfileWait: sopts.profileWait, AckWait: sopts.ackWait, Streams: *scfg})
-		if err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
-		}
-		if err := startStage("dataset sealer", mergeReady, sc.Run, "bucket", streams.BucketDatasets); err != nil {
-			return err
-		}
-		bcfg.Streams = *scfg
-		bcfg.Registerer = reg
-		bcfg.Logger = slog.Default()
-		b, err := bridge.New(bcfg, nc)
-		if err != nil {
-			return err
-		}
-		urls := make([]string, len(bcfg.Endpoints))
-		for i, ep := range bcfg.Endpoints {
-			urls[i] = ep.URL
-		}
-		if err := startStage("bridge", b.Ready(), b.Run, "endpoints", strings.Join(urls, ","), "metrics", bopts.metricsAddr); err != nil {
-			return err
-		}
-		if *demo {
-			pcfg := producer.Config{
-				Host:       bopts.zmqHost,
-				BasePort:   bcfg.BasePort,
-				DPSize:     len(bcfg.Endpoints),
-				WorkerID:   *demoWorker,
-				Rate:       *demoRate,
-				Seed:       *demoSeed,
-				StartDelay: 300 * time.Millisecond, // the bridge's SUBs are connecting: ZMQ's slow joiner
-			}
-			if bcfg.BasePort == 0 {
-				return fmt.Errorf("%w: --demo binds its own ports; use --fpm-port/--dp-size, not --zmq-endpoint", errUsage)
-			}
-			p, err := producer.New(pcfg)
-			if err != nil {
-				return err
-			}
-			if err := startStage("demo publishers", p.Ready(), p.Run, "ranks", pcfg.DPSize, "rate", pcfg.Rate, "worker_id", pcfg.WorkerID); err != nil {
-				return err
-			}
-		}
-		slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "server", srv.ClientURL())
-		<-ctx.Done()
-		return nil
-	}()
-	slog.Info("stopping")
-	if stopErr := stopAll(); stopErr != nil && err == nil {
-		err = stopErr
-	}
-	if errors.Is(err, context.Canceled) {
-		err = nil
+	slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "listen", r.listen, "metrics", *o.metricsAddr)
+	err = g.Run(ctx)
+	if errors.Is(err, rungroup.ErrGaveUp) {
+		return fmt.Errorf("stopped: %w", err)
 	}
 	return err
+}
+
+// closeConnOnSIGUSR1 closes the components' current NATS connection for good on each SIGUSR1 (the
+// --fault-sigusr1 drill), until stop is called.
+func closeConnOnSIGUSR1(r *upRun) (stop func()) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGUSR1)
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		for {
+			select {
+			case <-sigs:
+				if nc, _ := r.link(); nc != nil {
+					slog.Warn("SIGUSR1 (--fault-sigusr1): closing the components' NATS connection")
+					nc.Close()
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(done)
+		<-exited
+	}
 }

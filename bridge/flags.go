@@ -1,0 +1,160 @@
+package bridge
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// DefaultZMQHost is where the bridge looks for the workers' FPM PUB sockets unless told otherwise.
+const DefaultZMQHost = "127.0.0.1"
+
+// Flags are the bridge's command-line flags, defined once here next to Config: every command that runs
+// a bridge (`fpmbus bridge`, `fpmbus up`) registers them with Config.RegisterFlags and, after parsing,
+// turns them into a Config with Flags.Config. The flags write into the Config they were registered on.
+type Flags struct {
+	cfg       *Config
+	fs        *flag.FlagSet
+	prefix    string
+	zmqHost   string
+	endpoints []string
+	// BasePortSource names where the default of --fpm-port came from when it is not the package
+	// default (e.g. "DYN_FORWARDPASS_METRIC_PORT"); errors about the port blame it when the flag was not
+	// given.
+	BasePortSource string
+}
+
+// RegisterFlags defines the bridge's flags on fs, each named prefix+name (prefix "" in the commands
+// that exist today), with c's values as defaults (a zero field shows the package default), and returns
+// the Flags that make a Config of them once fs is parsed. Streams, Registerer and Logger have no flag:
+// the caller sets them. Flags: --zmq-host, --fpm-port, --dp-size, --zmq-endpoint, --namespace,
+// --component, --producer-id, --bridge-id, --max-buffer, --max-payload, --max-in-flight, --ack-timeout,
+// --stop-timeout.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
+	f := &Flags{cfg: c, fs: fs, prefix: prefix}
+	d := c.withDefaults()
+	if c.BasePort == 0 {
+		c.BasePort = DefaultFPMPort
+	}
+	if c.DPSize == 0 {
+		c.DPSize = 1
+	}
+	n := func(name string) string { return prefix + name }
+	fs.StringVar(&f.zmqHost, n("zmq-host"), DefaultZMQHost, "host of the Dynamo workers' FPM PUB sockets")
+	fs.IntVar(&c.BasePort, n("fpm-port"), c.BasePort, "base port: rank r publishes on port+r (Dynamo's DYN_FORWARDPASS_METRIC_PORT)")
+	fs.IntVar(&c.DPSize, n("dp-size"), c.DPSize, "number of data-parallel ranks, one PUB socket each")
+	fs.Func(n("zmq-endpoint"), "explicit ZMQ endpoint(s) instead of --"+n("zmq-host")+"/--"+n("fpm-port")+"/--"+n("dp-size")+"; repeat or comma-separate; rank = position", func(v string) error {
+		for _, ep := range strings.Split(v, ",") {
+			if ep = strings.TrimSpace(ep); ep != "" {
+				f.endpoints = append(f.endpoints, ep)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&c.Namespace, n("namespace"), d.Namespace, "Dynamo namespace (first subject token)")
+	fs.StringVar(&c.Component, n("component"), d.Component, "Dynamo component (second subject token)")
+	fs.StringVar(&c.ProducerID, n("producer-id"), c.ProducerID, "Fpm-Producer of every FPM (default: each message's worker_id)")
+	fs.StringVar(&c.BridgeID, n("bridge-id"), c.BridgeID, "name of this bridge in headers and drop markers (default hostname-pid)")
+	fs.IntVar(&c.MaxBuffer, n("max-buffer"), d.MaxBuffer, "messages held while the broker is slow or away; beyond it new ones are dropped with a drop marker")
+	fs.Int64Var(&c.MaxBufferBytes, n("max-buffer-bytes"), d.MaxBufferBytes, "bytes held in the buffer, besides --max-buffer messages")
+	fs.IntVar(&c.MaxPayload, n("max-payload"), d.MaxPayload, "largest ZMQ frame in bytes; libzmq refuses a larger one unread and the bridge dead-letters it")
+	fs.IntVar(&c.MaxControlLine, n("max-control-line"), d.MaxControlLine, "the NATS server's max_control_line; an FPM whose subject would exceed it is dead-lettered")
+	fs.IntVar(&c.MaxInFlight, n("max-in-flight"), d.MaxInFlight, "asynchronous publishes awaiting an ack")
+	fs.DurationVar(&c.AckTimeout, n("ack-timeout"), d.AckTimeout, "how long a publish waits for its ack before it is retried")
+	fs.DurationVar(&c.StopTimeout, n("stop-timeout"), d.StopTimeout, "on interrupt, how long to keep publishing what is buffered")
+	return f
+}
+
+// ZMQHost is the value of --zmq-host (meaningless with --zmq-endpoint).
+func (f *Flags) ZMQHost() string { return f.zmqHost }
+
+// given reports whether flag name (without the prefix) was set on the command line.
+func (f *Flags) given(name string) bool {
+	given := false
+	f.fs.Visit(func(fl *flag.Flag) { given = given || fl.Name == f.prefix+name })
+	return given
+}
+
+// Config returns the Config the parsed flags describe: the endpoints resolved from --zmq-endpoint, or
+// from --zmq-host, --fpm-port and --dp-size (with BasePort and DPSize set), and validated. An error
+// wraps ErrInvalidConfig and names the flag (or BasePortSource) and the value at fault.
+func (f *Flags) Config() (Config, error) {
+	c := *f.cfg
+	name := func(n string) string { return "--" + f.prefix + n }
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	for _, p := range []struct {
+		flag string
+		v    int
+	}{{"max-buffer", c.MaxBuffer}, {"max-payload", c.MaxPayload}, {"max-control-line", c.MaxControlLine}, {"max-in-flight", c.MaxInFlight}} {
+		if p.v <= 0 {
+			return c, bad("%s %d: want a positive number", name(p.flag), p.v)
+		}
+	}
+	if c.MaxBufferBytes <= 0 {
+		return c, bad("%s %d: want a positive number", name("max-buffer-bytes"), c.MaxBufferBytes)
+	}
+	for _, p := range []struct {
+		flag string
+		v    time.Duration
+	}{{"ack-timeout", c.AckTimeout}, {"stop-timeout", c.StopTimeout}} {
+		if p.v <= 0 {
+			return c, bad("%s %v: want a positive duration", name(p.flag), p.v)
+		}
+	}
+	if strings.TrimSpace(c.Namespace) == "" || strings.TrimSpace(c.Component) == "" {
+		return c, bad("%s and %s must not be blank", name("namespace"), name("component"))
+	}
+	if len(f.endpoints) > 0 {
+		for _, n := range []string{"zmq-host", "fpm-port", "dp-size"} {
+			if f.given(n) {
+				return c, bad("%s and %s exclude each other", name("zmq-endpoint"), name(n))
+			}
+		}
+		c.Endpoints, c.BasePort, c.DPSize = nil, 0, 0
+		for rank, ep := range f.endpoints {
+			if !strings.Contains(ep, "://") {
+				if _, _, err := net.SplitHostPort(ep); err != nil {
+					return c, bad("%s %q: want tcp://host:port or host:port", name("zmq-endpoint"), ep)
+				}
+				ep = "tcp://" + ep
+			}
+			c.Endpoints = append(c.Endpoints, Endpoint{URL: ep, DPRank: rank})
+		}
+	} else {
+		if err := checkPortBlock(c.BasePort, c.DPSize, name("fpm-port"), name("dp-size"), f.given("fpm-port"), f.given("dp-size"), f.BasePortSource); err != nil {
+			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		c.Endpoints = EndpointsFor(f.zmqHost, c.BasePort, c.DPSize)
+	}
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// checkPortBlock checks that ranks 0..dp-1 on base..base+dp-1 fit in 1..65535, blaming what the user
+// chose: --dp-size when given, else the base port's flag, else where the base port came from.
+func checkPortBlock(base, dp int, portFlag, dpFlag string, portGiven, dpGiven bool, portSource string) error {
+	src, from := portFlag, "from "+portFlag
+	if !portGiven {
+		src, from = "the default base port", "the default"
+		if portSource != "" {
+			src, from = portSource, "from "+portSource
+		}
+	}
+	switch {
+	case dp < 1:
+		return fmt.Errorf("%s %d: want at least 1", dpFlag, dp)
+	case base < 1 || base > 65535:
+		return fmt.Errorf("%s %d: want a port, 1 to 65535", src, base)
+	case base+dp-1 > 65535 && dpGiven:
+		return fmt.Errorf("%s %d: the last rank's port %d exceeds 65535 (base port %d, %s)", dpFlag, dp, base+dp-1, base, from)
+	case base+dp-1 > 65535:
+		return fmt.Errorf("%s %d with %d ranks: the last rank's port %d exceeds 65535", src, base, dp, base+dp-1)
+	}
+	return nil
+}

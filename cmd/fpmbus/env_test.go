@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// run runs fpmbus in-process and returns its exit status and what it printed on stderr and as help.
+func run(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	var out bytes.Buffer
+	helpOutput = &out
+	t.Cleanup(func() { helpOutput = discardHelp })
+	code := runMain(context.Background(), args, &out, &out)
+	return code, out.String()
+}
+
+// Every variable fpmbus reads, through every command that reads it: a value its check refuses exits 2
+// naming the variable and the value; a text variable becomes its flag's default. Commands are chosen
+// (or given a bad flag) so that they stop before touching the network.
+func TestEnvironmentEveryVariable(t *testing.T) {
+	type use struct {
+		args []string
+		// want is in the output: for a refused value, the variable and the value; for text, the value
+		// as the flag's default.
+		want string
+	}
+	cases := map[string]struct {
+		value string
+		uses  []use
+	}{
+		envFPMPort: {"abc", []use{
+			{[]string{"bridge"}, envFPMPort + `="abc"`},
+			{[]string{"publish"}, envFPMPort + `="abc"`},
+			{[]string{"up"}, envFPMPort + `="abc"`},
+		}},
+		"DYN_FPM_WORKER_ID":           {"w-from-env", []use{{[]string{"publish", "-h"}, `(default "w-from-env")`}}},
+		"DYN_FPM_MODE":                {"bogus", []use{{[]string{"trace"}, `DYN_FPM_MODE="bogus"`}, {[]string{"trace", "backfill"}, `DYN_FPM_MODE="bogus"`}}},
+		"DYN_FPM_OUTPUT_PATH":         {"  ", []use{{[]string{"trace"}, `DYN_FPM_OUTPUT_PATH="  "`}, {[]string{"trace", "backfill"}, `DYN_FPM_OUTPUT_PATH="  "`}}},
+		"DYN_FPM_SAMPLE_INTERVAL_MS":  {"5s", []use{{[]string{"trace"}, `DYN_FPM_SAMPLE_INTERVAL_MS="5s"`}, {[]string{"trace", "backfill"}, `DYN_FPM_SAMPLE_INTERVAL_MS="5s"`}}},
+		"DYN_FPM_JSONL_GZ_ROLL_BYTES": {"0", []use{{[]string{"trace"}, `DYN_FPM_JSONL_GZ_ROLL_BYTES="0"`}, {[]string{"trace", "backfill"}, `DYN_FPM_JSONL_GZ_ROLL_BYTES="0"`}}},
+		"DYN_FPM_MAX_SEGMENTS":        {"-1", []use{{[]string{"trace"}, `DYN_FPM_MAX_SEGMENTS="-1"`}, {[]string{"trace", "backfill"}, `DYN_FPM_MAX_SEGMENTS="-1"`}}},
+		"NATS_URL":                    {"nats://env-host:4999", []use{{[]string{"gaps", "-h"}, `(default "nats://env-host:4999")`}}},
+		"NATS_CREDS":                  {"/env/user.creds", []use{{[]string{"merge", "-h"}, `(default "/env/user.creds")`}}},
+		"NATS_USER":                   {"env-user", []use{{[]string{"seal", "-h"}, `(default "env-user")`}}},
+		"NATS_PASSWORD":               {"env-pass", []use{{[]string{"trace", "-h"}, `(default "env-pass")`}}},
+		"NATS_TOKEN":                  {"env-token", []use{{[]string{"bridge", "-h"}, `(default "env-token")`}}},
+		"NATS_CA":                     {"/env/ca.pem", []use{{[]string{"gaps", "report", "-h"}, `(default "/env/ca.pem")`}}},
+		"NATS_CERT":                   {"/env/cert.pem", []use{{[]string{"datasets", "ls", "-h"}, `(default "/env/cert.pem")`}}},
+		"NATS_KEY":                    {"/env/key.pem", []use{{[]string{"trace", "backfill", "-h"}, `(default "/env/key.pem")`}}},
+		"FPMBUS_BENCH_OUTPUT":         {"/env/{run_id}.json", []use{{[]string{"merge", "-h"}, `(default "/env/{run_id}.json")`}, {[]string{"up", "-h"}, `(default "/env/{run_id}.json")`}}},
+		"FPMBUS_GAPS_GROUP":           {"env-group", []use{{[]string{"gaps", "-h"}, `(default "env-group")`}, {[]string{"gaps", "report", "-h"}, `(default "env-group")`}}},
+		"FPMBUS_GAPS_PARTITIONS": {"abc", []use{
+			{[]string{"gaps"}, `FPMBUS_GAPS_PARTITIONS="abc"`},
+			{[]string{"up"}, `FPMBUS_GAPS_PARTITIONS="abc"`},
+		}},
+		"FPMBUS_LOG_LEVEL": {"bogus", []use{{[]string{"publish"}, `FPMBUS_LOG_LEVEL="bogus"`}, {[]string{"streams", "show"}, `FPMBUS_LOG_LEVEL="bogus"`}}},
+	}
+	for _, v := range environment {
+		if _, ok := cases[v.name]; !ok {
+			t.Errorf("variable %s is declared in environment but not tested here", v.name)
+		}
+	}
+	for name, tc := range cases {
+		checked := lookupEnvVar(name).check != nil
+		for _, u := range tc.uses {
+			t.Run(name+"/"+strings.Join(u.args, " "), func(t *testing.T) {
+				t.Setenv(name, tc.value)
+				code, out := run(t, u.args...)
+				if !strings.Contains(out, u.want) {
+					t.Fatalf("exit %d, output does not contain %q:\n%s", code, u.want, out)
+				}
+				if checked && code != 2 {
+					t.Fatalf("exit %d, want 2:\n%s", code, out)
+				}
+			})
+		}
+	}
+}
+
+// A flag overrides its variable: a bad variable is not reported when its flag was given.
+func TestEnvironmentFlagOverridesABadVariable(t *testing.T) {
+	for name, tc := range map[string]struct {
+		env, value string
+		args       []string
+		want       string // the error that is reported instead
+	}{
+		"port, publish": {envFPMPort, "abc", []string{"publish", "--fpm-port", "3000", "--dp-size", "0"}, "--dp-size 0"},
+		"port, up":      {envFPMPort, "abc", []string{"up", "--fpm-port", "3000", "--max-buffer", "0"}, "--max-buffer 0"},
+		"partitions":    {"FPMBUS_GAPS_PARTITIONS", "abc", []string{"gaps", "--gaps-partitions", "1", "--gaps-pinned-ttl", "1ms"}, "--gaps-pinned-ttl 1ms"},
+		"trace mode":    {"DYN_FPM_MODE", "bogus", []string{"trace", "--trace-mode", "full", "--roll-bytes", "x"}, `--roll-bytes "x"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(tc.env, tc.value)
+			code, out := run(t, tc.args...)
+			if code != 2 || strings.Contains(out, tc.env+"=") || !strings.Contains(out, tc.want) {
+				t.Fatalf("exit %d, want 2 naming %q and not %s:\n%s", code, tc.want, tc.env, out)
+			}
+		})
+	}
+}

@@ -1,0 +1,399 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/rungroup"
+	"github.com/fpmbus/fpmbus/producer"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// upStage is one component of `fpmbus up`. upStages lists them in start order; they stop in reverse
+// order. The README's order table is generated from the same list (upOrderTable) and a test compares
+// the two.
+type upStage struct {
+	name  string
+	ready string   // when it counts as ready (README)
+	stop  string   // what stopping it does (README)
+	needs []string // components it is built on: their restart restarts it
+	// build returns the component for this run, or nil when the run does not include it (the trace
+	// writer disabled by an invalid setting, the demo publishers without --demo).
+	build func(r *upRun) *rungroup.Component
+}
+
+// Names of the components of `fpmbus up`.
+const (
+	stageServer  = "embedded server"
+	stageConn    = "nats connection"
+	stageTrace   = "trace writer"
+	stageGaps    = "gap detector"
+	stageMerge   = "benchmark merger"
+	stageSeal    = "dataset sealer"
+	stageBridge  = "bridge"
+	stagePublish = "demo publishers"
+)
+
+// upStages is `fpmbus up`, in start order. The consumers start before the bridge so that their durable
+// consumers exist when the first FPM is stored; the demo publishers start last, once the bridge's SUB
+// sockets are connecting. Stopping runs backwards: nothing new enters (publishers, then the bridge
+// publishes what it buffered), the consumers finish what they received, the connection drains, the
+// server flushes.
+var upStages = []upStage{
+	{name: stageServer, ready: "accepts clients on `--listen`; store in `<data-dir>/jetstream`",
+		stop: "shuts down: JetStream flushes its store to disk", build: (*upRun).serverComponent},
+	{name: stageConn, ready: "connected, streams applied", needs: []string{stageServer},
+		stop: "drained: every ack and publish in flight completes", build: (*upRun).connComponent},
+	{name: stageTrace, ready: "output repaired, durable declared, fetching", needs: []string{stageConn},
+		stop: "writes what it received, fsyncs, acks (`--trace-stop-timeout`)", build: (*upRun).traceComponent},
+	{name: stageGaps, ready: "joined its group, reading", needs: []string{stageConn},
+		stop: "checkpoints its publishers, publishes their events, acks (`--gaps-stop-timeout`)", build: (*upRun).gapsComponent},
+	{name: stageMerge, ready: "durable declared, pulling", needs: []string{stageConn},
+		stop: "hands the ranks of unfinished runs back (nak) for the next start", build: (*upRun).mergeComponent},
+	{name: stageSeal, ready: "bucket `FPM_DATASETS` open, durable declared, pulling", needs: []string{stageConn},
+		stop: "stops pulling; an unsettled seal is redelivered", build: (*upRun).sealComponent},
+	{name: stageBridge, ready: "ZMQ sockets connecting, streams applied", needs: []string{stageConn},
+		stop: "stops reading ZMQ, publishes what it buffered (`--stop-timeout`); the rest is counted as dropped", build: (*upRun).bridgeComponent},
+	{name: stagePublish, ready: "`--demo` only: sockets bound, start delay over",
+		stop: "stops generating, flushes its queues, closes the sockets", build: (*upRun).publishComponent},
+}
+
+// upOrderTable renders upStages as the README's order table.
+func upOrderTable() string {
+	var b strings.Builder
+	b.WriteString("| start | stop | component | needs | ready when | on stop |\n|---|---|---|---|---|---|\n")
+	for i, s := range upStages {
+		fmt.Fprintf(&b, "| %d | %d | %s | %s | %s | %s |\n", i+1, len(upStages)-i, s.name, strings.Join(s.needs, ", "), s.ready, s.stop)
+	}
+	return b.String()
+}
+
+// upRun is one run of `fpmbus up`: the validated settings and what the components share.
+type upRun struct {
+	listen   string
+	storeDir string
+	scfg     streams.Config
+	reg      prometheus.Registerer
+	policy   rungroup.Policy
+	trace    *trace.Config // nil: the trace writer is disabled
+	gaps     gaps.Config
+	merge    merge.Config
+	seal     seal.ConsumerConfig
+	bridge   bridge.Config
+	demo     *producer.Config // nil: no --demo
+
+	mu  sync.Mutex // guards srv and the link: replaced by their components' restarts
+	srv *streams.Server
+	nc  *nats.Conn
+	js  jetstream.JetStream
+}
+
+// components builds the run's list from upStages.
+func (r *upRun) components() []rungroup.Component {
+	var cs []rungroup.Component
+	for _, s := range upStages {
+		c := s.build(r)
+		if c == nil {
+			continue
+		}
+		c.Name, c.Needs, c.Restart = s.name, s.needs, r.policy
+		cs = append(cs, *c)
+	}
+	return cs
+}
+
+// link returns the connection current components are built on.
+func (r *upRun) link() (*nats.Conn, jetstream.JetStream) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.nc, r.js
+}
+
+func (r *upRun) serverComponent() *rungroup.Component {
+	return &rungroup.Component{
+		StopTimeout: 35 * time.Second,
+		Start: func(context.Context) (rungroup.Instance, error) {
+			srv, err := streams.StartServer(streams.ServerConfig{Listen: r.listen, StoreDir: r.storeDir})
+			if err != nil {
+				return rungroup.Instance{}, err
+			}
+			r.mu.Lock()
+			r.srv = srv
+			r.mu.Unlock()
+			return rungroup.Instance{
+				LogAttrs: []any{"url", srv.ClientURL(), "store", r.storeDir},
+				Run: func(ctx context.Context) error {
+					down := make(chan struct{})
+					go func() { srv.NATS().WaitForShutdown(); close(down) }()
+					select {
+					case <-down:
+						return errors.New("embedded server shut down")
+					case <-ctx.Done():
+					}
+					sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					defer cancel()
+					err := srv.Shutdown(sctx)
+					<-down
+					return err
+				},
+			}, nil
+		},
+	}
+}
+
+// errConnClosed is the failure of a components' connection that closed for good.
+var errConnClosed = errors.New("nats connection closed for good")
+
+func (r *upRun) connComponent() *rungroup.Component {
+	return &rungroup.Component{
+		StopTimeout: 15 * time.Second,
+		Start: func(ctx context.Context) (rungroup.Instance, error) {
+			r.mu.Lock()
+			url := r.srv.ClientURL()
+			r.mu.Unlock()
+			nc, js, err := connectAndApply(ctx, &streams.ConnConfig{URL: url, Name: "fpmbus-up"}, &r.scfg)
+			if err != nil {
+				return rungroup.Instance{}, err
+			}
+			closed := make(chan struct{})
+			var once sync.Once
+			nc.SetClosedHandler(func(*nats.Conn) { once.Do(func() { close(closed) }) })
+			if nc.IsClosed() {
+				once.Do(func() { close(closed) })
+			}
+			r.mu.Lock()
+			r.nc, r.js = nc, js
+			r.mu.Unlock()
+			return rungroup.Instance{
+				LogAttrs: []any{"url", url},
+				Run: func(ctx context.Context) error {
+					select {
+					case <-closed:
+						return errConnClosed
+					case <-ctx.Done():
+					}
+					// Drain: every ack and publish still in flight completes before the connection closes.
+					if err := nc.Drain(); err != nil {
+						nc.Close()
+						return nil
+					}
+					select {
+					case <-closed:
+					case <-time.After(10 * time.Second):
+						nc.Close()
+					}
+					return nil
+				},
+			}, nil
+		},
+	}
+}
+
+func (r *upRun) traceComponent() *rungroup.Component {
+	if r.trace == nil {
+		return nil
+	}
+	creg := &componentRegistry{reg: r.reg}
+	return &rungroup.Component{
+		StopTimeout: r.trace.StopTimeout + 10*time.Second,
+		Start: func(context.Context) (rungroup.Instance, error) {
+			_, js := r.link()
+			cfg := *r.trace
+			cfg.Registerer = creg.renew()
+			w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()))
+			if err != nil {
+				return rungroup.Instance{}, err
+			}
+			return rungroup.Instance{Run: w.Run, Ready: w.Ready(),
+				LogAttrs: []any{"mode", cfg.Mode, "output", cfg.OutputPath, "group", cfg.Durable}}, nil
+		},
+	}
+}
+
+func (r *upRun) gapsComponent() *rungroup.Component {
+	creg := &componentRegistry{reg: r.reg}
+	return &rungroup.Component{
+		StopTimeout: r.gaps.StopTimeout + 10*time.Second,
+		Start: func(context.Context) (rungroup.Instance, error) {
+			_, js := r.link()
+			cfg := r.gaps
+			cfg.Registerer = creg.renew()
+			d, err := gaps.New(cfg, js, gaps.WithLogger(slog.Default()))
+			if err != nil {
+				return rungroup.Instance{}, err
+			}
+			return rungroup.Instance{Run: d.Run, Ready: d.Ready(),
+				LogAttrs: []any{"group", cfg.Group, "stale_after", cfg.StaleAfter}}, nil
+		},
+	}
+}
+
+func (r *upRun) mergeComponent() *rungroup.Component {
+	return &rungroup.Component{
+		StopTimeout: 30 * time.Second,
+		Start: func(context.Context) (rungroup.Instance, error) {
+			_, js := r.link()
+			pjs := &pullingJS{JetStream: js, pulling: make(chan struct{})}
+			m, err := merge.New(pjs, r.merge)
+			if err != nil {
+				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
+			}
+			pjs.durable = m.Durable()
+			return rungroup.Instance{Run: m.Run, Ready: pjs.pulling,
+				LogAttrs: []any{"output", r.merge.Output, "rank_timeout", r.merge.RankTimeout}}, nil
+		},
+	}
+}
+
+func (r *upRun) sealComponent() *rungroup.Component {
+	return &rungroup.Component{
+		StopTimeout: 30 * time.Second,
+		Start: func(ctx context.Context) (rungroup.Instance, error) {
+			_, js := r.link()
+			kv, err := seal.OpenBucket(ctx, js, r.scfg)
+			if err != nil {
+				return rungroup.Instance{}, err
+			}
+			s, err := seal.New(kv, seal.WithSource("fpmbus up"))
+			if err != nil {
+				return rungroup.Instance{}, err
+			}
+			pjs := &pullingJS{JetStream: js, durable: r.seal.Durable, pulling: make(chan struct{})}
+			c, err := seal.NewConsumer(pjs, s, r.seal)
+			if err != nil {
+				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
+			}
+			return rungroup.Instance{Run: c.Run, Ready: pjs.pulling, LogAttrs: []any{"bucket", streams.BucketDatasets}}, nil
+		},
+	}
+}
+
+func (r *upRun) bridgeComponent() *rungroup.Component {
+	creg := &componentRegistry{reg: r.reg}
+	return &rungroup.Component{
+		StopTimeout: r.bridge.StopTimeout + 10*time.Second,
+		Start: func(context.Context) (rungroup.Instance, error) {
+			nc, _ := r.link()
+			cfg := r.bridge
+			cfg.Registerer = creg.renew()
+			b, err := bridge.New(cfg, nc)
+			if err != nil {
+				return rungroup.Instance{}, err
+			}
+			return rungroup.Instance{Run: b.Run, Ready: b.Ready(), LogAttrs: []any{"endpoints", endpointURLs(cfg)}}, nil
+		},
+	}
+}
+
+func (r *upRun) publishComponent() *rungroup.Component {
+	if r.demo == nil {
+		return nil
+	}
+	return &rungroup.Component{
+		StopTimeout: 10 * time.Second,
+		Start: func(context.Context) (rungroup.Instance, error) {
+			p, err := producer.New(*r.demo)
+			if err != nil {
+				return rungroup.Instance{}, err
+			}
+			return rungroup.Instance{Run: p.Run, Ready: p.Ready(),
+				LogAttrs: []any{"ranks", r.demo.DPSize, "rate", r.demo.Rate, "worker_id", r.demo.WorkerID}}, nil
+		},
+	}
+}
+
+// componentRegistry registers one component's metrics on the process registry. Each incarnation gets
+// it through renew, which first unregisters the previous incarnation's collectors: a restarted
+// component counts from zero, as a restarted process would, instead of failing to register twice.
+type componentRegistry struct {
+	reg prometheus.Registerer
+	mu  sync.Mutex
+	cs  []prometheus.Collector
+}
+
+// renew unregisters what the previous incarnation registered and returns r for the next one.
+func (r *componentRegistry) renew() prometheus.Registerer {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.cs {
+		r.reg.Unregister(c)
+	}
+	r.cs = nil
+	return r
+}
+
+func (r *componentRegistry) Register(c prometheus.Collector) error {
+	if err := r.reg.Register(c); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.cs = append(r.cs, c)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *componentRegistry) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r *componentRegistry) Unregister(c prometheus.Collector) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, have := range r.cs {
+		if have == c {
+			r.cs = append(r.cs[:i], r.cs[i+1:]...)
+			break
+		}
+	}
+	return r.reg.Unregister(c)
+}
+
+// pullingJS tells when a component without a Ready signal of its own (the merger, the sealer) has
+// started: it passes every call through to the JetStream it wraps, and closes pulling the first time
+// the component's durable consumer, declared through it, starts pulling messages. By then the component
+// has applied its streams, declared its durable and opened its message iterator: the end of its start.
+type pullingJS struct {
+	jetstream.JetStream
+	durable string
+	pulling chan struct{}
+	once    sync.Once
+}
+
+func (p *pullingJS) CreateOrUpdateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c, err := p.JetStream.CreateOrUpdateConsumer(ctx, stream, cfg)
+	if err != nil || cfg.Durable != p.durable {
+		return c, err
+	}
+	return &pullingConsumer{Consumer: c, js: p}, nil
+}
+
+type pullingConsumer struct {
+	jetstream.Consumer
+	js *pullingJS
+}
+
+func (c *pullingConsumer) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
+	it, err := c.Consumer.Messages(opts...)
+	if err == nil {
+		c.js.once.Do(func() { close(c.js.pulling) })
+	}
+	return it, err
+}

@@ -1,0 +1,66 @@
+package rungroup
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+)
+
+// Status is one component's entry in Group.Status and in the health report.
+type Status struct {
+	Name  string `json:"name"`
+	State State  `json:"state"`
+	// Since is when the component entered State.
+	Since time.Time `json:"since"`
+	// Restarts counts every start after the first.
+	Restarts int `json:"restarts"`
+	// LastError is the component's last failure (kept after it recovered); empty if it never failed.
+	LastError string `json:"last_error,omitempty"`
+}
+
+// Status returns every component's status, in list order.
+func (g *Group) Status() []Status {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]Status, len(g.units))
+	for i, u := range g.units {
+		out[i] = Status{Name: u.Name, State: u.state, Since: u.since, Restarts: u.restarts, LastError: u.lastErr}
+	}
+	return out
+}
+
+// Healthy reports whether every component is ready.
+func (g *Group) Healthy() bool {
+	for _, s := range g.Status() {
+		if s.State != StateReady {
+			return false
+		}
+	}
+	return true
+}
+
+// healthReport is the JSON body of ServeHTTP.
+type healthReport struct {
+	// Status is "ok" when every component is ready, else "unavailable".
+	Status     string   `json:"status"`
+	Components []Status `json:"components"`
+}
+
+// ServeHTTP serves the health report as JSON: every component's status, in list order. The status code
+// is 200 only when every component is ready, 503 otherwise (starting, restarting, failed, stopped).
+func (g *Group) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	rep := healthReport{Status: "ok", Components: g.Status()}
+	code := http.StatusOK
+	for _, s := range rep.Components {
+		if s.State != StateReady {
+			rep.Status, code = "unavailable", http.StatusServiceUnavailable
+			break
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(rep)
+}

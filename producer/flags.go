@@ -1,0 +1,131 @@
+package producer
+
+import (
+	"flag"
+	"fmt"
+	"time"
+)
+
+// Flags are the synthetic publisher's command-line flags, defined once here next to Config: `fpmbus
+// publish` registers all of them with Config.RegisterFlags, `fpmbus up --demo` only those shaping the
+// load with Config.RegisterLoadFlags (its ranks bind where its bridge listens). After parsing,
+// Flags.Config makes a Config of them. The flags write into the Config they were registered on.
+type Flags struct {
+	cfg      *Config
+	fs       *flag.FlagSet
+	prefix   string
+	topology bool // --host, --fpm-port and --dp-size are registered
+	// BasePortSource names where the default of --fpm-port came from when it is not the package
+	// default (e.g. "DYN_FORWARDPASS_METRIC_PORT"); errors about the port blame it when the flag was not
+	// given.
+	BasePortSource string
+}
+
+// RegisterFlags defines every flag of the publisher on fs, each named prefix+name, with c's values as
+// defaults (a zero field shows the package default; Rate 0 means as fast as possible, so a caller that
+// wants a paced default sets it first): --host, --fpm-port, --dp-size, --worker-id, --rate, --seed,
+// --count, --idle-after-count, --heartbeat, --queue-size, --send-hwm, --start-delay,
+// --wait-subscribers, --wait-timeout.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
+	d := c.withDefaults()
+	n := func(name string) string { return prefix + name }
+	c.Host, c.BasePort, c.DPSize = d.Host, d.BasePort, d.DPSize
+	fs.StringVar(&c.Host, n("host"), c.Host, `interface the PUB sockets bind ("*": all interfaces, as Dynamo does)`)
+	fs.IntVar(&c.BasePort, n("fpm-port"), c.BasePort, "base port: rank r binds port+r (Dynamo's DYN_FORWARDPASS_METRIC_PORT)")
+	fs.IntVar(&c.DPSize, n("dp-size"), c.DPSize, "number of data-parallel ranks, one PUB socket each")
+	f := c.RegisterLoadFlags(fs, prefix)
+	f.topology = true
+	if c.WaitTimeout == 0 {
+		c.WaitTimeout = defaultWaitTimeout
+	}
+	fs.IntVar(&c.Count, n("count"), c.Count, "stop each rank after N FPMs, heartbeats excluded (0: run until interrupted)")
+	fs.BoolVar(&c.IdleAfterCount, n("idle-after-count"), c.IdleAfterCount, "after --"+n("count")+", keep sending heartbeats until interrupted")
+	fs.DurationVar(&c.HeartbeatInterval, n("heartbeat"), d.HeartbeatInterval, "heartbeat after this long without a publish")
+	fs.IntVar(&c.QueueSize, n("queue-size"), d.QueueSize, "per-rank queue between engine and sender (full: drop)")
+	fs.IntVar(&c.SendHWM, n("send-hwm"), d.SendHWM, "ZMQ_SNDHWM of each PUB socket, in messages")
+	fs.DurationVar(&c.StartDelay, n("start-delay"), c.StartDelay, "wait this long after binding before the first message (lets subscribers join)")
+	fs.IntVar(&c.WaitSubscribers, n("wait-subscribers"), c.WaitSubscribers, "before the first message, wait until this many subscribers joined every rank (XPUB; same wire format)")
+	fs.DurationVar(&c.WaitTimeout, n("wait-timeout"), c.WaitTimeout, "give up --"+n("wait-subscribers")+" after this long (exit 1)")
+	return f
+}
+
+// RegisterLoadFlags defines only the flags that shape the synthetic load, each named prefix+name, with
+// c's values as defaults: --worker-id, --rate, --seed. The caller sets where the ranks bind (Host,
+// BasePort, DPSize) and every other field itself.
+func (c *Config) RegisterLoadFlags(fs *flag.FlagSet, prefix string) *Flags {
+	n := func(name string) string { return prefix + name }
+	fs.StringVar(&c.WorkerID, n("worker-id"), c.WorkerID, "worker_id stamped into every FPM (Dynamo's DYN_FPM_WORKER_ID)")
+	fs.Float64Var(&c.Rate, n("rate"), c.Rate, "simulated forward passes per second per rank (<= 0: as fast as possible)")
+	fs.Int64Var(&c.Seed, n("seed"), c.Seed, "seed of the load simulation (same seed: same FPMs)")
+	return &Flags{cfg: c, fs: fs, prefix: prefix}
+}
+
+// defaultWaitTimeout is what Run waits for WaitSubscribers when WaitTimeout is 0.
+const defaultWaitTimeout = 30 * time.Second
+
+// given reports whether flag name (without the prefix) was set on the command line.
+func (f *Flags) given(name string) bool {
+	given := false
+	f.fs.Visit(func(fl *flag.Flag) { given = given || fl.Name == f.prefix+name })
+	return given
+}
+
+// Config returns the validated Config the parsed flags describe. An error wraps ErrInvalidConfig and
+// names the flag (or BasePortSource) and the value at fault.
+func (f *Flags) Config() (Config, error) {
+	c := *f.cfg
+	name := func(n string) string { return "--" + f.prefix + n }
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	if f.topology {
+		switch {
+		case c.HeartbeatInterval <= 0:
+			return c, bad("%s %v: want > 0", name("heartbeat"), c.HeartbeatInterval)
+		case c.QueueSize < 1:
+			return c, bad("%s %d: want >= 1", name("queue-size"), c.QueueSize)
+		case c.SendHWM < 1:
+			return c, bad("%s %d: want >= 1", name("send-hwm"), c.SendHWM)
+		case c.Count < 0:
+			return c, bad("%s %d: want >= 0 (0: no limit)", name("count"), c.Count)
+		case c.IdleAfterCount && c.Count == 0:
+			return c, bad("%s needs %s", name("idle-after-count"), name("count"))
+		case c.WaitSubscribers < 0:
+			return c, bad("%s %d: want >= 0", name("wait-subscribers"), c.WaitSubscribers)
+		case c.WaitTimeout < 0:
+			return c, bad("%s %v: want >= 0", name("wait-timeout"), c.WaitTimeout)
+		case c.StartDelay < 0:
+			return c, bad("%s %v: want >= 0", name("start-delay"), c.StartDelay)
+		}
+		if err := checkPortBlock(c.BasePort, c.DPSize, name("fpm-port"), name("dp-size"), f.given("fpm-port"), f.given("dp-size"), f.BasePortSource); err != nil {
+			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// checkPortBlock checks that ranks 0..dp-1 on base..base+dp-1 fit in 1..65535, blaming what the user
+// chose: --dp-size when given, else the base port's flag, else where the base port came from.
+func checkPortBlock(base, dp int, portFlag, dpFlag string, portGiven, dpGiven bool, portSource string) error {
+	src, from := portFlag, "from "+portFlag
+	if !portGiven {
+		src, from = "the default base port", "the default"
+		if portSource != "" {
+			src, from = portSource, "from "+portSource
+		}
+	}
+	switch {
+	case dp < 1:
+		return fmt.Errorf("%s %d: want at least 1", dpFlag, dp)
+	case base < 1 || base > 65535:
+		return fmt.Errorf("%s %d: want a port, 1 to 65535", src, base)
+	case base+dp-1 > 65535 && dpGiven:
+		return fmt.Errorf("%s %d: the last rank's port %d exceeds 65535 (base port %d, %s)", dpFlag, dp, base+dp-1, base, from)
+	case base+dp-1 > 65535:
+		return fmt.Errorf("%s %d with %d ranks: the last rank's port %d exceeds 65535", src, base, dp, base+dp-1)
+	}
+	return nil
+}
