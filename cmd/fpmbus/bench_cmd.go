@@ -15,6 +15,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -225,7 +226,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		if err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
-		ranks = append(ranks, rankFile{f, abs, merge.SHA256Hex(data), sum})
+		ranks = append(ranks, rankFile{f, abs, schemas.SHA256Hex(data), sum})
 	}
 	probeRun := *runID
 	if probeRun == "" && len(ranks) > 0 {
@@ -276,7 +277,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		if err != nil {
 			return err
 		}
-		if merge.SHA256Hex(data) != r.digest {
+		if schemas.SHA256Hex(data) != r.digest {
 			return fmt.Errorf("%s changed while it was being published; nothing more was published", r.path)
 		}
 		ack, err := store.PublishRankChecked(ctx, r.file, data, r.sum)

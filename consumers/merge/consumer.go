@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -521,7 +522,7 @@ func (c *Consumer) mergeRun(ctx context.Context, run *pendingRun) error {
 		h := run.ranks[r]
 		rf := RankFile{Rank: r, Path: h.file}
 		if h.hdr.Get(HeaderObject) == "" {
-			if SHA256Hex(h.data) != h.digest {
+			if schemas.SHA256Hex(h.data) != h.digest {
 				return c.reject(ctx, run, &RejectError{RunID: run.runID, Rank: intp(r), Rule: RuleMalformedJSON, File: h.file,
 					Detail: "the message body does not match its " + HeaderSHA256 + " header"})
 			}
@@ -660,7 +661,7 @@ func (c *Consumer) publishSidecar(ctx context.Context, runID, path string) error
 	if err != nil {
 		return err
 	}
-	digest := SHA256Hex(data)
+	digest := schemas.SHA256Hex(data)
 	hdr := nats.Header{}
 	hdr.Set(HeaderKind, KindSidecar)
 	hdr.Set(HeaderRun, runID)

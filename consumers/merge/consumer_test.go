@@ -124,7 +124,7 @@ func publishRaw(t *testing.T, env *streamstest.Env, store *Store, file string, d
 	hdr.Set(HeaderRank, strconv.Itoa(sum.Rank))
 	hdr.Set(HeaderDPSize, strconv.Itoa(sum.DPSize))
 	hdr.Set(HeaderFile, file)
-	digest := SHA256Hex(data)
+	digest := schemas.SHA256Hex(data)
 	if _, err := store.publish(context.Background(), RankSubject(sum.RunID, sum.Rank), msgID, objectName(KindRank, sum.RunID, sum.Rank, digest), hdr, body{data: data, digest: digest}); err != nil {
 		t.Fatal(err)
 	}
@@ -186,8 +186,8 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	if !bytes.Equal(got, schemas.AppendBenchJSON(nil, want.Merged)) {
 		t.Fatalf("broker merge differs from the offline merge")
 	}
-	if ev.MergedSHA256 != SHA256Hex(got) {
-		t.Fatalf("event digest %s, file %s", ev.MergedSHA256, SHA256Hex(got))
+	if ev.MergedSHA256 != schemas.SHA256Hex(got) {
+		t.Fatalf("event digest %s, file %s", ev.MergedSHA256, schemas.SHA256Hex(got))
 	}
 	side, err := os.ReadFile(SidecarPathFor(mergedPath))
 	if err != nil || !bytes.Equal(side, schemas.AppendBenchJSON(nil, want.Sidecar)) {
@@ -212,7 +212,7 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	cev := r.next(t, EventConflict)
-	if cev.Rank == nil || *cev.Rank != 1 || cev.KeptSHA256 != SHA256Hex(byRank[1].Data) {
+	if cev.Rank == nil || *cev.Rank != 1 || cev.KeptSHA256 != schemas.SHA256Hex(byRank[1].Data) {
 		t.Fatalf("conflict event %+v", cev)
 	}
 

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -94,7 +95,7 @@ func (b *body) prepare() error {
 	if b.path == "" {
 		b.size = int64(len(b.data))
 		if b.digest == "" {
-			b.digest = SHA256Hex(b.data)
+			b.digest = schemas.SHA256Hex(b.data)
 		}
 		return nil
 	}
@@ -133,7 +134,7 @@ func (s *Store) publish(ctx context.Context, subject, msgID, object string, hdr 
 			if err != nil {
 				return nil, err
 			}
-			if SHA256Hex(data) != b.digest {
+			if schemas.SHA256Hex(data) != b.digest {
 				return nil, fmt.Errorf("%w: %s changed while publishing", ErrDigestMismatch, b.path)
 			}
 			b.data = data
@@ -288,7 +289,7 @@ func (s *Store) PublishRank(ctx context.Context, file string, data []byte) (Rank
 
 // PublishRankChecked publishes a rank artefact that already passed ValidateRank with summary sum.
 func (s *Store) PublishRankChecked(ctx context.Context, file string, data []byte, sum RankSummary) (*jetstream.PubAck, error) {
-	digest := SHA256Hex(data)
+	digest := schemas.SHA256Hex(data)
 	hdr := nats.Header{}
 	hdr.Set(HeaderKind, KindRank)
 	hdr.Set(HeaderRun, sum.RunID)
@@ -313,7 +314,7 @@ func (s *Store) PublishProbe(ctx context.Context, runID, file string, data []byt
 	case pr.RunID != "" && pr.RunID != runID:
 		return nil, "", fmt.Errorf("merge: probe replies %s are for run %q, not %q", file, pr.RunID, runID)
 	}
-	digest := SHA256Hex(data)
+	digest := schemas.SHA256Hex(data)
 	hdr := nats.Header{}
 	hdr.Set(HeaderKind, KindProbe)
 	hdr.Set(HeaderRun, runID)
