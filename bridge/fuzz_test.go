@@ -90,16 +90,16 @@ func FuzzProcess(f *testing.F) {
 			stage := it.msg.Header.Get(streams.HeaderErrorStage)
 			switch {
 			case perr != nil:
-				if stage != StageFrames {
+				if stage != streams.StageFrames {
 					t.Fatalf("stage %q for %v", stage, perr)
 				}
 			case len(gotPayload) > 512:
-				if stage != StageSize {
+				if stage != streams.StageSize {
 					t.Fatalf("stage %q for a %d-byte payload", stage, len(gotPayload))
 				}
 			default:
 				_, derr := schemas.DecodeFPM(gotPayload)
-				if derr == nil || it.msg.Header.Get(streams.HeaderError) != sanitizeHeaderValue(derr.Error()) {
+				if derr == nil || it.msg.Header.Get(streams.HeaderError) != streams.ErrorHeaderValue(derr.Error()) {
 					t.Fatalf("dead letter %q for a payload that decodes with %v", it.msg.Header.Get(streams.HeaderError), derr)
 				}
 			}

@@ -1,10 +1,8 @@
 package bridge
 
 import (
-	"encoding/json"
 	"errors"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,19 +11,9 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// HeaderTopic carries a non-empty ZMQ topic frame (Dynamo sends an empty one, so it is normally absent).
-// TODO(streams): move next to the other Fpm-* names in streams/headers.go.
-const HeaderTopic = "Fpm-Topic"
-
-// Error stages of a dead letter (header Fpm-Error-Stage, label stage of fpmbus_bridge_invalid_total).
-const (
-	StageFrames   = "frames"   // not a (topic, 8-byte sequence, payload) multipart
-	StageDecode   = "decode"   // the payload is not a msgpack map (schemas.ErrMalformed)
-	StageValidate = "validate" // a well-formed payload breaks an FPM rule (schemas.ErrInvalid)
-	StageSize     = "size"     // the payload (or its canonical JSON) is larger than allowed
-)
-
-var stages = []string{StageFrames, StageDecode, StageValidate, StageSize}
+// stages are the dead-letter stages (streams.Stage*) the bridge counts: label stage of
+// fpmbus_bridge_invalid_total.
+var stages = []string{streams.StageFrames, streams.StageDecode, streams.StageValidate, streams.StageSize}
 
 // Drop reasons (drop marker "reason", label reason of fpmbus_bridge_dropped_total).
 const (
@@ -67,9 +55,6 @@ type item struct {
 // headerOverhead approximates the encoded headers of one message when charging the buffer.
 const headerOverhead = 512
 
-// deadLetterHeadroom is left free of a dead letter's body for its subject and headers.
-const deadLetterHeadroom = 8 << 10
-
 // headers builds a nats.Header with one value per key using two allocations: the map and one backing
 // array for every value slice.
 type headers struct {
@@ -92,25 +77,25 @@ func (hb *headers) set(k, v string) {
 func (b *Bridge) process(slot int, frames [][]byte, recv, mono time.Time) *item {
 	seq, payload, err := ParseFrames(frames)
 	if err != nil {
-		return b.deadLetter(slot, frames, StageFrames, err.Error(), 0, false, recv, mono)
+		return b.deadLetter(slot, frames, streams.StageFrames, err.Error(), 0, false, recv, mono)
 	}
 	if len(payload) > b.cfg.MaxPayload {
 		reason := "payload of " + strconv.Itoa(len(payload)) + " bytes exceeds the " +
 			strconv.Itoa(b.cfg.MaxPayload) + "-byte limit"
-		return b.deadLetter(slot, frames, StageSize, reason, seq, true, recv, mono)
+		return b.deadLetter(slot, frames, streams.StageSize, reason, seq, true, recv, mono)
 	}
 	var f schemas.FPM
 	if err := b.decoders[slot].DecodeFPM(payload, &f); err != nil {
-		stage := StageDecode
+		stage := streams.StageDecode
 		if errors.Is(err, schemas.ErrInvalid) {
-			stage = StageValidate
+			stage = streams.StageValidate
 		}
 		return b.deadLetter(slot, frames, stage, err.Error(), seq, true, recv, mono)
 	}
 	if max := b.pub.serverMax.Load(); max > 0 && int64(len(f.JSON))+headerOverhead > max {
 		reason := "canonical JSON of " + strconv.Itoa(len(f.JSON)) + " bytes exceeds the server's " +
 			strconv.FormatInt(max, 10) + "-byte max_payload"
-		return b.deadLetter(slot, frames, StageSize, reason, seq, true, recv, mono)
+		return b.deadLetter(slot, frames, streams.StageSize, reason, seq, true, recv, mono)
 	}
 	return b.fpmItem(slot, &f, frames[0], seq, recv, mono)
 }
@@ -154,7 +139,7 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic []byte, seq uint64, rec
 		hb.set(streams.HeaderSeqMismatch, strconv.FormatInt(f.CounterID, 10))
 	}
 	if len(topic) > 0 {
-		hb.set(HeaderTopic, string(topic))
+		hb.set(streams.HeaderTopic, string(topic))
 	}
 	it := &item{
 		m:      nats.Msg{Subject: run.subject, Header: hb.h, Data: f.JSON},
@@ -171,114 +156,44 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic []byte, seq uint64, rec
 	return it
 }
 
-// deadLetter counts invalid input of endpoint slot at stage and builds its dead letter: subject
-// streams.DeadLetterSubject, body the raw frames concatenated (cut to fit the server's max_payload,
-// with Fpm-Original-Size), and headers saying why (Fpm-Error, Fpm-Error-Stage) and how to split the
-// body (Fpm-Frame-Sizes).
+// deadLetter counts invalid input of endpoint slot at stage and builds its dead letter
+// (streams.DeadLetter from a streams.SocketSource), its body cut to fit the server's max_payload.
 func (b *Bridge) deadLetter(slot int, frames [][]byte, stage, reason string, seq uint64, hasSeq bool, recv, mono time.Time) *item {
 	b.ranks[slot].countInvalid(stage)
 	ep := &b.endpoints[slot]
-
-	total := 0
-	sizes := make([]string, len(frames))
-	for i, f := range frames {
-		total += len(f)
-		sizes[i] = strconv.Itoa(len(f))
-	}
-	limit := int64(DefaultMaxPayload)
+	maxPayload := int64(DefaultMaxPayload)
 	if max := b.pub.serverMax.Load(); max > 0 {
-		limit = max
+		maxPayload = max
 	}
-	limit -= deadLetterHeadroom
-	if limit < 0 {
-		limit = 0
+	dl := streams.DeadLetter{
+		Stage:      stage,
+		Reason:     reason,
+		Frames:     frames,
+		ReceivedAt: recv,
+		MaxPayload: maxPayload,
+		Source: &streams.SocketSource{
+			Namespace: b.cfg.Namespace, Component: b.cfg.Component, DPRank: ep.DPRank,
+			Endpoint: ep.URL, Bridge: b.cfg.BridgeID, Seq: seq, HasSeq: hasSeq, Count: b.deadLetterN.Add(1),
+		},
 	}
-	body := make([]byte, 0, min(int64(total), limit))
-	for _, f := range frames {
-		room := int(limit) - len(body)
-		if room <= 0 {
-			break
-		}
-		body = append(body, f[:min(len(f), room)]...)
-	}
-
-	n := 8
-	if hasSeq {
-		n++
-	}
-	if len(body) < total {
-		n++
-	}
-	recvNs := recv.UnixNano()
-	hb := newHeaders(n)
-	hb.set(streams.HeaderMsgID, "deadletter:"+b.cfg.BridgeID+":"+strconv.Itoa(ep.DPRank)+":"+
-		strconv.FormatInt(recvNs, 10)+":"+strconv.FormatUint(b.deadLetterN.Add(1), 10))
-	hb.set(streams.HeaderError, sanitizeHeaderValue(reason))
-	hb.set(streams.HeaderErrorStage, stage)
-	hb.set(streams.HeaderFrameSizes, strings.Join(sizes, ","))
-	hb.set(streams.HeaderEndpoint, ep.URL)
-	hb.set(streams.HeaderDPRank, strconv.Itoa(ep.DPRank))
-	hb.set(streams.HeaderReceivedAt, strconv.FormatInt(recv.UnixMilli(), 10))
-	hb.set(streams.HeaderBridge, b.cfg.BridgeID)
-	if hasSeq {
-		hb.set(streams.HeaderSeq, strconv.FormatUint(seq, 10))
-	}
-	if len(body) < total {
-		hb.set(streams.HeaderOriginalSize, strconv.Itoa(total))
-	}
+	msg := dl.Msg()
 	b.log.Debug("dead letter", "endpoint", ep.URL, "stage", stage, "error", reason)
 	return &item{
-		msg:    &nats.Msg{Subject: streams.DeadLetterSubject(b.cfg.Namespace, b.cfg.Component, ep.DPRank), Header: hb.h, Data: body},
+		msg:    msg,
 		kind:   kindDeadLetter,
 		slot:   slot,
 		seq:    seq,
 		recvMs: recv.UnixMilli(),
 		recv:   mono,
-		size:   int64(len(body)) + headerOverhead,
+		size:   int64(len(msg.Data)) + headerOverhead,
 	}
 }
 
-// sanitizeHeaderValue keeps an error message on one header line.
-func sanitizeHeaderValue(s string) string {
-	if !strings.ContainsAny(s, "\r\n") {
-		return s
-	}
-	return strings.NewReplacer("\r", `\r`, "\n", `\n`).Replace(s)
-}
-
-// DropMarker is the JSON body of a drop marker on streams.DropMarkerSubject(key): the bridge dropped
-// the contiguous sequences FirstSeq..LastSeq (Count of them) of one publisher run (Epoch) for Reason.
-// Gap detectors use it to tell a bridge drop from an upstream one.
-type DropMarker struct {
-	Type              string    `json:"type"` // always "drop_marker"
-	Key               MarkerKey `json:"key"`
-	Epoch             int64     `json:"epoch"`
-	FirstSeq          uint64    `json:"first_seq"`
-	LastSeq           uint64    `json:"last_seq"`
-	Count             uint64    `json:"count"`
-	Reason            string    `json:"reason"` // buffer_full | shutdown | rejected
-	Bridge            string    `json:"bridge"`
-	FirstReceivedAtMs int64     `json:"first_received_at_ms"`
-	LastReceivedAtMs  int64     `json:"last_received_at_ms"`
-}
-
-// MarkerKey is the publisher key inside a DropMarker.
-type MarkerKey struct {
-	Namespace string `json:"namespace"`
-	Component string `json:"component"`
-	WorkerID  string `json:"worker_id"`
-	DPRank    int    `json:"dp_rank"`
-}
-
-// DropMarkerEvent is the Fpm-Event header value of a drop marker.
-const DropMarkerEvent = "drop_marker"
-
-// markerItem builds the message of a closed drop range. Its Nats-Msg-Id is derived from the range, so
-// publishing a marker twice stores it once.
+// markerItem builds the message of a closed drop range (streams.DropMarker.Msg).
 func (b *Bridge) markerItem(r *dropRange) *item {
-	body, _ := json.Marshal(DropMarker{
-		Type:              DropMarkerEvent,
-		Key:               MarkerKey{r.key.Namespace, r.key.Component, r.key.WorkerID, r.key.DPRank},
+	m := streams.DropMarker{
+		Type:              streams.DropMarkerEvent,
+		Key:               r.key,
 		Epoch:             r.epoch,
 		FirstSeq:          r.first,
 		LastSeq:           r.last,
@@ -287,14 +202,9 @@ func (b *Bridge) markerItem(r *dropRange) *item {
 		Bridge:            b.cfg.BridgeID,
 		FirstReceivedAtMs: r.firstRecvMs,
 		LastReceivedAtMs:  r.lastRecvMs,
-	})
-	hb := newHeaders(4)
-	hb.set(streams.HeaderMsgID, "drop:"+streams.MsgID(r.key, r.epoch, r.first)+":"+strconv.FormatUint(r.last, 10)+":"+r.reason)
-	hb.set(streams.HeaderEventType, DropMarkerEvent)
-	hb.set(streams.HeaderBridge, b.cfg.BridgeID)
-	hb.set(streams.HeaderEpoch, strconv.FormatInt(r.epoch, 10))
+	}
 	return &item{
-		msg:    &nats.Msg{Subject: streams.DropMarkerSubject(r.key), Header: hb.h, Data: body},
+		msg:    m.Msg(),
 		kind:   kindMarker,
 		slot:   -1,
 		key:    r.key,
