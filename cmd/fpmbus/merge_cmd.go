@@ -45,7 +45,7 @@ func mergeFlags(fs *flag.FlagSet) *mergeOptions {
 	fs.StringVar(&o.durable, "merge-durable", merge.DefaultDurable, "durable consumer name (\"-pIofN\" is appended when N > 1)")
 	fs.StringVar(&o.spoolDir, "spool-dir", "", "where rank bodies from the object store are staged while a run merges (default <tmp>/fpmbus-merge)")
 	fs.DurationVar(&o.ackWait, "merge-ack-wait", merge.DefaultAckWait, "ack wait of the durable (held ranks are kept alive with in-progress acks)")
-	fs.IntVar(&o.inlineMax, "inline-max", merge.DefaultInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
+	fs.IntVar(&o.inlineMax, "inline-max", streams.DefaultBenchInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
 	return o
 }
 
