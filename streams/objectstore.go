@@ -136,12 +136,9 @@ type BenchRankArtefact struct {
 // (PubAck.Duplicate) within the duplicate window, and recognised by the merger after it.
 func (s *BenchStore) PublishRank(ctx context.Context, r BenchRankArtefact, data []byte) (*jetstream.PubAck, error) {
 	digest := schemas.SHA256Hex(data)
-	hdr := nats.Header{}
-	hdr.Set(HeaderBenchKind, BenchKindRank)
-	hdr.Set(HeaderBenchRun, r.RunID)
+	hdr := artefactHeader(BenchKindRank, r.RunID, r.File)
 	hdr.Set(HeaderBenchRank, strconv.Itoa(r.Rank))
 	hdr.Set(HeaderBenchDPSize, strconv.Itoa(r.DPSize))
-	hdr.Set(HeaderBenchFile, r.File)
 	return s.publish(ctx, BenchRankSubject(r.RunID, r.Rank), BenchRankMsgID(r.RunID, r.Rank, digest),
 		benchObjectName(BenchKindRank, r.RunID, r.Rank, digest), hdr, benchBody{data: data, digest: digest})
 }
@@ -150,12 +147,8 @@ func (s *BenchStore) PublishRank(ctx context.Context, r BenchRankArtefact, data 
 // file, on BenchProbeSubject.
 func (s *BenchStore) PublishProbe(ctx context.Context, runID, file string, data []byte) (*jetstream.PubAck, error) {
 	digest := schemas.SHA256Hex(data)
-	hdr := nats.Header{}
-	hdr.Set(HeaderBenchKind, BenchKindProbe)
-	hdr.Set(HeaderBenchRun, runID)
-	hdr.Set(HeaderBenchFile, file)
 	return s.publish(ctx, BenchProbeSubject(runID), BenchProbeMsgID(runID, digest),
-		benchObjectName(BenchKindProbe, runID, -1, digest), hdr, benchBody{data: data, digest: digest})
+		benchObjectName(BenchKindProbe, runID, -1, digest), artefactHeader(BenchKindProbe, runID, file), benchBody{data: data, digest: digest})
 }
 
 // BenchMerged is a merged artefact written by the merger, to publish with PublishMerged.
@@ -173,10 +166,7 @@ type BenchMerged struct {
 // PublishMerged publishes a run's merged artefact on BenchMergedSubject with Nats-Msg-Id
 // BenchMergedMsgID: one per run.
 func (s *BenchStore) PublishMerged(ctx context.Context, m BenchMerged) (*jetstream.PubAck, error) {
-	hdr := nats.Header{}
-	hdr.Set(HeaderBenchKind, BenchKindMerged)
-	hdr.Set(HeaderBenchRun, m.RunID)
-	hdr.Set(HeaderBenchFile, m.Path)
+	hdr := artefactHeader(BenchKindMerged, m.RunID, m.Path)
 	hdr.Set(HeaderBenchRankDigests, FormatBenchRankDigests(m.RankDigests))
 	if m.ProbeContext != nil {
 		hdr.Set(HeaderBenchProbeContext, string(m.ProbeContext))
@@ -188,15 +178,21 @@ func (s *BenchStore) PublishMerged(ctx context.Context, m BenchMerged) (*jetstre
 // PublishSidecar publishes run runID's worker-probe sidecar, written at path, on BenchSidecarSubject.
 func (s *BenchStore) PublishSidecar(ctx context.Context, runID, path string, data []byte) (*jetstream.PubAck, error) {
 	digest := schemas.SHA256Hex(data)
-	hdr := nats.Header{}
-	hdr.Set(HeaderBenchKind, BenchKindSidecar)
-	hdr.Set(HeaderBenchRun, runID)
-	hdr.Set(HeaderBenchFile, path)
 	return s.publish(ctx, BenchSidecarSubject(runID), BenchSidecarMsgID(runID, digest),
-		benchObjectName(BenchKindSidecar, runID, -1, digest), hdr, benchBody{data: data, digest: digest})
+		benchObjectName(BenchKindSidecar, runID, -1, digest), artefactHeader(BenchKindSidecar, runID, path), benchBody{data: data, digest: digest})
 }
 
-// publish sends b on subject with headers hdr (Kind and Run set by the caller) and message id msgID.
+// artefactHeader starts the headers of an artefact message: its kind, run and producer's file. publish
+// adds the digest, size, id and, for a body in the object store, the object.
+func artefactHeader(kind, runID, file string) nats.Header {
+	hdr := nats.Header{}
+	hdr.Set(HeaderBenchKind, kind)
+	hdr.Set(HeaderBenchRun, runID)
+	hdr.Set(HeaderBenchFile, file)
+	return hdr
+}
+
+// publish sends b on subject with headers hdr (artefactHeader and the kind's own) and message id msgID.
 func (s *BenchStore) publish(ctx context.Context, subject, msgID, object string, hdr nats.Header, b benchBody) (*jetstream.PubAck, error) {
 	if err := b.prepare(); err != nil {
 		return nil, fmt.Errorf("streams: read %s: %w", b.path, err)
