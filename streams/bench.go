@@ -210,8 +210,8 @@ type BenchPublished struct {
 // sealer finds it when the run's merged artefact appears; then the worker-probe replies, so the merger
 // has them when the run's last rank arrives; then the rank artefacts, each read again from disk (one in
 // memory at a time) and refused if it no longer has the digest it was validated with. published, when
-// not nil, is told of each message stored. It stops at the first error; what was published before it
-// stays published.
+// not nil, is told of each message stored. It stops at the first error (returned as it is: the step
+// that failed is the one after the last reported); what was published before it stays published.
 func (s *BenchStore) PublishBench(ctx context.Context, p BenchPublication, published func(BenchPublished)) error {
 	report := func(r BenchPublished) {
 		if published != nil {
@@ -225,7 +225,7 @@ func (s *BenchStore) PublishBench(ctx context.Context, p BenchPublication, publi
 		run := p.Ranks[0].RunID
 		ack, err := PublishProfile(ctx, s.js, run, p.Profile)
 		if err != nil {
-			return fmt.Errorf("collection profile of run %s: %w", run, err)
+			return err
 		}
 		report(BenchPublished{Subject: BenchProfileSubject(run), RunID: run, Profile: true, Probe: -1, Rank: -1,
 			Size: len(p.Profile), Ack: ack})

@@ -257,9 +257,11 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 			return err
 		}
 	}
-	return streams.NewBenchStore(js, *inlineMax, *cfg).PublishBench(ctx, pub, func(p streams.BenchPublished) {
+	profiled := false
+	err = streams.NewBenchStore(js, *inlineMax, *cfg).PublishBench(ctx, pub, func(p streams.BenchPublished) {
 		switch {
 		case p.Profile:
+			profiled = true
 			fmt.Fprintf(stdout, "published collection profile %s for run %s: %s\n", *profile, p.RunID, p.Subject)
 		case p.Probe >= 0:
 			fmt.Fprintf(stdout, "published probe replies %s for run %s: %s seq %d%s\n", probes[p.Probe], p.RunID, p.Subject, p.Ack.Sequence, benchDupNote(p.Ack))
@@ -273,6 +275,10 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 				r.Rank, r.DPSize, r.RunID, points[p.Rank], p.Size, where, p.Subject, p.Ack.Sequence, benchDupNote(p.Ack))
 		}
 	})
+	if err != nil && pub.Profile != nil && !profiled { // the profile is published first: the error is its
+		return fmt.Errorf("--profile %s: %w", *profile, err)
+	}
+	return err
 }
 
 func benchDupNote(ack *jetstream.PubAck) string {
