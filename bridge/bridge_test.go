@@ -111,7 +111,7 @@ func TestHappyPathTwoRanks(t *testing.T) {
 		if recv := hdrUint(t, m, streams.HeaderReceivedAt); int64(recv) < epochMs || time.Since(time.UnixMilli(int64(recv))) > time.Minute {
 			t.Fatalf("received-at %d (epoch %d)", recv, epochMs)
 		}
-		if hd.Get(streams.HeaderSeqMismatch) != "" || hd.Get(HeaderTopic) != "" {
+		if hd.Get(streams.HeaderSeqMismatch) != "" || hd.Get(streams.HeaderTopic) != "" {
 			t.Fatalf("unexpected headers %v", hd)
 		}
 	}
@@ -182,32 +182,32 @@ func TestBadInputIsDeadLettered(t *testing.T) {
 		seq       string // Fpm-Seq header, "" = absent
 		truncated bool
 	}{
-		"one frame": {frames: [][]byte{payload("w", 0, 0)}, stage: StageFrames,
+		"one frame": {frames: [][]byte{payload("w", 0, 0)}, stage: streams.StageFrames,
 			contains: []string{"got 1 frames, want 3"}},
-		"two frames": {frames: [][]byte{nil, seqFrame(0)}, stage: StageFrames,
+		"two frames": {frames: [][]byte{nil, seqFrame(0)}, stage: streams.StageFrames,
 			contains: []string{"got 2 frames, want 3 (topic, sequence, payload)"}},
-		"four frames": {frames: [][]byte{nil, seqFrame(0), payload("w", 0, 0), []byte("extra")}, stage: StageFrames,
+		"four frames": {frames: [][]byte{nil, seqFrame(0), payload("w", 0, 0), []byte("extra")}, stage: streams.StageFrames,
 			contains: []string{"got 4 frames, want 3"}},
-		"7-byte sequence": {frames: [][]byte{nil, seqFrame(0)[1:], payload("w", 0, 0)}, stage: StageFrames,
+		"7-byte sequence": {frames: [][]byte{nil, seqFrame(0)[1:], payload("w", 0, 0)}, stage: streams.StageFrames,
 			contains: []string{"sequence frame is 7 bytes, want 8"}},
-		"bytes that are not msgpack": {frames: [][]byte{nil, seqFrame(3), {0xc1, 0x00, 0x01}}, stage: StageDecode, seq: "3",
+		"bytes that are not msgpack": {frames: [][]byte{nil, seqFrame(3), {0xc1, 0x00, 0x01}}, stage: streams.StageDecode, seq: "3",
 			contains: []string{"schemas: msgpack at byte 0", "reserved marker 0xc1"}},
-		"text that is not msgpack": {frames: [][]byte{nil, seqFrame(3), []byte("hello")}, stage: StageDecode, seq: "3",
+		"text that is not msgpack": {frames: [][]byte{nil, seqFrame(3), []byte("hello")}, stage: streams.StageDecode, seq: "3",
 			contains: []string{"want a map"}},
-		"a msgpack array": {frames: [][]byte{nil, seqFrame(4), {0x93, 0x01, 0x02, 0x03}}, stage: StageDecode, seq: "4",
+		"a msgpack array": {frames: [][]byte{nil, seqFrame(4), {0x93, 0x01, 0x02, 0x03}}, stage: streams.StageDecode, seq: "4",
 			contains: []string{"array", "want a map"}},
-		"version 2": {frames: [][]byte{nil, seqFrame(0), valid(func(f *schemas.FPM) { f.Version = 2 })}, stage: StageValidate, seq: "0",
+		"version 2": {frames: [][]byte{nil, seqFrame(0), valid(func(f *schemas.FPM) { f.Version = 2 })}, stage: streams.StageValidate, seq: "0",
 			contains: []string{"schemas: invalid FPM: version"}},
 		"a negative count": {frames: [][]byte{nil, seqFrame(0), valid(func(f *schemas.FPM) { f.Scheduled.NumDecodeRequests = -1 })},
-			stage: StageValidate, seq: "0", contains: []string{"scheduled_requests.num_decode_requests", "-1"}},
+			stage: streams.StageValidate, seq: "0", contains: []string{"scheduled_requests.num_decode_requests", "-1"}},
 		"a NaN wall_time": {frames: [][]byte{nil, seqFrame(0), valid(func(f *schemas.FPM) { f.WallTime = nan() })},
-			stage: StageValidate, seq: "0", contains: []string{"wall_time", "NaN"}},
-		"a missing field": {frames: [][]byte{nil, seqFrame(0), missingField()}, stage: StageValidate, seq: "0",
+			stage: streams.StageValidate, seq: "0", contains: []string{"wall_time", "NaN"}},
+		"a missing field": {frames: [][]byte{nil, seqFrame(0), missingField()}, stage: streams.StageValidate, seq: "0",
 			contains: []string{"queued_requests", "missing"}},
 		// A payload over MaxPayload never reaches the bridge any more (libzmq refuses the frame unread:
 		// TestOversizedFrameIsRefusedUnread); under a small server max_payload a large valid FPM is still
 		// cut to fit, like any dead letter.
-		"an FPM over the server's max_payload": {frames: [][]byte{nil, seqFrame(9), big}, stage: StageSize, seq: "9", truncated: true,
+		"an FPM over the server's max_payload": {frames: [][]byte{nil, seqFrame(9), big}, stage: streams.StageSize, seq: "9", truncated: true,
 			contains: []string{"bytes plus headers) exceeds the server's 65536-byte max_payload"}},
 	}
 	for name, tc := range tests {
@@ -303,7 +303,7 @@ func TestSeqMismatchIsStoredAndFlagged(t *testing.T) {
 	if msgs[0].Headers().Get(streams.HeaderSeqMismatch) != "" || msgs[2].Headers().Get(streams.HeaderSeqMismatch) != "" {
 		t.Fatal("mismatch flagged on a matching message")
 	}
-	if got := msgs[2].Headers().Get(HeaderTopic); got != "custom-topic" {
+	if got := msgs[2].Headers().Get(streams.HeaderTopic); got != "custom-topic" {
 		t.Fatalf("topic header %q", got)
 	}
 	if s := h.b.Stats().Ranks[0]; s.SeqMismatches != 1 || s.Dropped != 0 {
@@ -448,16 +448,16 @@ func TestBrokerOutageDropsWithExactAccounting(t *testing.T) {
 	}
 
 	// The drop markers cover exactly the missing sequences.
-	var markers []DropMarker
+	var markers []streams.DropMarker
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		markers = markers[:0]
 		var covered uint64
 		for _, m := range messages(t, env2.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
-			var dm DropMarker
+			var dm streams.DropMarker
 			if err := jsonUnmarshal(m.Data(), &dm); err != nil {
 				return err
 			}
-			if m.Headers().Get(streams.HeaderEventType) != DropMarkerEvent || m.Subject() != streams.DropMarkerSubject(fpmKey("w", 0)) {
+			if m.Headers().Get(streams.HeaderEventType) != streams.DropMarkerEvent || m.Subject() != streams.DropMarkerSubject(fpmKey("w", 0)) {
 				return fmt.Errorf("marker subject %q headers %v", m.Subject(), m.Headers())
 			}
 			markers = append(markers, dm)
@@ -471,7 +471,7 @@ func TestBrokerOutageDropsWithExactAccounting(t *testing.T) {
 	dropped := map[uint64]bool{}
 	for _, dm := range markers {
 		if dm.Reason != ReasonBufferFull || dm.Type != "drop_marker" || dm.Bridge != "test-bridge" || dm.Count != dm.LastSeq-dm.FirstSeq+1 ||
-			dm.Key != (MarkerKey{"dynamo", "backend", "w", 0}) || dm.FirstReceivedAtMs > dm.LastReceivedAtMs {
+			dm.Key != (streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w", DPRank: 0}) || dm.FirstReceivedAtMs > dm.LastReceivedAtMs {
 			t.Fatalf("marker %+v", dm)
 		}
 		for seq := dm.FirstSeq; seq <= dm.LastSeq; seq++ {
@@ -618,7 +618,7 @@ func TestStopTimeoutPublishesShutdownMarkers(t *testing.T) {
 	}
 	covered := map[uint64]bool{}
 	for _, m := range messages(t, env.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
-		var dm DropMarker
+		var dm streams.DropMarker
 		if err := jsonUnmarshal(m.Data(), &dm); err != nil {
 			t.Fatal(err)
 		}

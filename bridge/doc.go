@@ -9,7 +9,8 @@
 //	              schemas.DecodeFPM turns the payload into a validated FPM with its canonical JSON
 //	epoch.go      the (key, sequence) pair gets a publisher-run epoch, so message ids survive restarts
 //	message.go    the nats.Msg: subject fpm.<ns>.<comp>.<worker>.<rank>, JSON body, Fpm-* headers;
-//	              bad input becomes a dead letter on FPM_EVENTS instead
+//	              bad input becomes a dead letter on FPM_EVENTS instead (streams.DeadLetter), a closed
+//	              drop range a drop marker (streams.DropMarker); subjects, headers and ids are streams'
 //	buffer.go     a bounded FIFO shared by all sockets; when full, new messages are dropped and the
 //	              dropped sequence ranges become drop markers (which are never dropped)
 //	publish.go    one goroutine publishes in order with a bounded async window, and on failure waits

@@ -99,16 +99,16 @@ func FuzzProcess(f *testing.F) {
 			stage := it.msg.Header.Get(streams.HeaderErrorStage)
 			switch {
 			case perr != nil:
-				if stage != StageFrames {
+				if stage != streams.StageFrames {
 					t.Fatalf("stage %q for %v", stage, perr)
 				}
 			case len(gotPayload) > 512:
-				if stage != StageSize {
+				if stage != streams.StageSize {
 					t.Fatalf("stage %q for a %d-byte payload", stage, len(gotPayload))
 				}
 			default:
 				_, derr := schemas.DecodeFPM(gotPayload)
-				if derr == nil || it.msg.Header.Get(streams.HeaderError) != boundHeader(sanitizeHeaderValue(derr.Error())) {
+				if derr == nil || it.msg.Header.Get(streams.HeaderError) != boundHeader(streams.ErrorHeaderValue(derr.Error())) {
 					t.Fatalf("dead letter %q for a payload that decodes with %v", it.msg.Header.Get(streams.HeaderError), derr)
 				}
 			}
@@ -155,13 +155,13 @@ func checkTightLimits(t *testing.T, b *Bridge, frames [][]byte) {
 	h := it.msg.Header
 	switch {
 	case subject > b.maxSubject():
-		if it.kind != kindDeadLetter || h.Get(streams.HeaderErrorStage) != StageSize ||
+		if it.kind != kindDeadLetter || h.Get(streams.HeaderErrorStage) != streams.StageSize ||
 			h.Get(HeaderErrorSize) != strconv.Itoa(subject) || h.Get(HeaderErrorLimit) != strconv.Itoa(b.maxSubject()) {
 			t.Fatalf("worker_id of %d bytes (%d-byte subject, room %d): kind %v headers %v", len(f.WorkerID), subject, b.maxSubject(), it.kind, h)
 		}
 	case it.kind == kindDeadLetter:
 		size, err := strconv.ParseInt(h.Get(HeaderErrorSize), 10, 64)
-		if h.Get(streams.HeaderErrorStage) != StageSize || err != nil || size <= b.serverMaxPayload() ||
+		if h.Get(streams.HeaderErrorStage) != streams.StageSize || err != nil || size <= b.serverMaxPayload() ||
 			h.Get(HeaderErrorLimit) != strconv.FormatInt(b.serverMaxPayload(), 10) {
 			t.Fatalf("a valid FPM with a %d-byte subject dead-lettered: %v", subject, h)
 		}

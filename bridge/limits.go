@@ -138,7 +138,7 @@ func (b *Bridge) oversizedKey(slot int, frames [][]byte, k streams.Key, n int, s
 	reason := "worker_id of " + strconv.Itoa(len(k.WorkerID)) + " bytes makes a " + strconv.Itoa(n) +
 		"-byte subject; the server's max control line of " + strconv.Itoa(b.cfg.MaxControlLine) +
 		" bytes leaves room for " + strconv.Itoa(b.maxSubject())
-	it := b.deadLetter(slot, frames, StageSize, reason, seq, true, recv, mono)
+	it := b.deadLetter(slot, frames, streams.StageSize, reason, seq, true, recv, mono)
 	setSizeHeaders(it.msg.Header, int64(n), int64(b.maxSubject()))
 	return it
 }
@@ -153,7 +153,7 @@ func (b *Bridge) fitFPM(slot int, frames [][]byte, it *item, recv, mono time.Tim
 	if max := b.pub.serverMax.Load(); max > 0 && size > max {
 		reason := "FPM of " + strconv.FormatInt(size, 10) + " bytes (canonical JSON " + strconv.Itoa(len(it.msg.Data)) +
 			" bytes plus headers) exceeds the server's " + strconv.FormatInt(max, 10) + "-byte max_payload"
-		dl := b.deadLetter(slot, frames, StageSize, reason, it.seq, true, recv, mono)
+		dl := b.deadLetter(slot, frames, streams.StageSize, reason, it.seq, true, recv, mono)
 		setSizeHeaders(dl.msg.Header, size, max)
 		return dl
 	}
@@ -208,7 +208,7 @@ func (b *Bridge) refusedFrame(slot int, recv, mono time.Time) *item {
 	reason := "a ZMQ frame larger than the " + strconv.Itoa(b.cfg.MaxPayload) +
 		"-byte limit (--max-payload, ZMQ_MAXMSGSIZE) was refused unread; libzmq closed the connection, " +
 		"the bridge reconnected; messages queued behind it on that connection are lost"
-	it := b.deadLetter(slot, nil, StageSize, reason, 0, false, recv, mono)
+	it := b.deadLetter(slot, nil, streams.StageSize, reason, 0, false, recv, mono)
 	delete(it.msg.Header, streams.HeaderFrameSizes)
 	setSizeHeaders(it.msg.Header, -1, int64(b.cfg.MaxPayload))
 	return it
@@ -225,7 +225,7 @@ func (b *Bridge) publishDeadLetter(fpm *item, stage string, cause error) *item {
 	hb := newHeaders(12)
 	hb.set(streams.HeaderMsgID, "deadletter:"+b.cfg.BridgeID+":"+strconv.Itoa(ep.DPRank)+":"+
 		strconv.FormatInt(time.Now().UnixNano(), 10)+":"+strconv.FormatUint(b.deadLetterN.Add(1), 10))
-	hb.set(streams.HeaderError, boundHeader(sanitizeHeaderValue(reason)))
+	hb.set(streams.HeaderError, boundHeader(streams.ErrorHeaderValue(reason)))
 	hb.set(streams.HeaderErrorStage, stage)
 	hb.set(streams.HeaderEndpoint, ep.URL)
 	hb.set(streams.HeaderDPRank, strconv.Itoa(fpm.key.DPRank))

@@ -131,7 +131,7 @@ func TestOversizedFrameIsRefusedUnread(t *testing.T) {
 	}
 	for _, dl := range dls {
 		hd := dl.Headers()
-		if dl.Subject() != "fpmevents.deadletter.dynamo.backend.0" || hd.Get(streams.HeaderErrorStage) != StageSize ||
+		if dl.Subject() != "fpmevents.deadletter.dynamo.backend.0" || hd.Get(streams.HeaderErrorStage) != streams.StageSize ||
 			hd.Get(HeaderErrorLimit) != strconv.Itoa(maxPayload) || hd.Get(HeaderErrorSize) != "" ||
 			!strings.Contains(hd.Get(streams.HeaderError), "larger than the 65536-byte limit") ||
 			hd.Get(streams.HeaderFrameSizes) != "" || len(dl.Data()) != 0 {
@@ -206,7 +206,7 @@ func TestWorkerIDTooLongForControlLine(t *testing.T) {
 			}
 			for i, dl := range dls {
 				hd := dl.Headers()
-				if hd.Get(streams.HeaderErrorStage) != StageSize || hd.Get(HeaderErrorSize) != wantSize || hd.Get(HeaderErrorLimit) != wantLimit ||
+				if hd.Get(streams.HeaderErrorStage) != streams.StageSize || hd.Get(HeaderErrorSize) != wantSize || hd.Get(HeaderErrorLimit) != wantLimit ||
 					!strings.Contains(hd.Get(streams.HeaderError), "worker_id of "+strconv.Itoa(len(long))+" bytes") {
 					t.Fatalf("dead letter %d headers %v, want size %s limit %s", i, hd, wantSize, wantLimit)
 				}
@@ -271,11 +271,11 @@ func TestFPMFailingAloneIsDeadLettered(t *testing.T) {
 		t.Fatalf("%d dead letters", len(dls))
 	}
 	hd := dls[0].Headers()
-	if hd.Get(streams.HeaderErrorStage) != StagePublish || hd.Get(streams.HeaderSeq) != "1" || hd.Get(streams.HeaderWorkerID) != "denied" ||
+	if hd.Get(streams.HeaderErrorStage) != streams.StagePublish || hd.Get(streams.HeaderSeq) != "1" || hd.Get(streams.HeaderWorkerID) != "denied" ||
 		!strings.Contains(hd.Get(streams.HeaderError), "timeout") || !bytes.Contains(dls[0].Data(), []byte(`"worker_id":"denied"`)) {
 		t.Fatalf("dead letter %v %s", hd, dls[0].Data())
 	}
-	if got := counterValue(h.b.metrics.invalid.WithLabelValues("0", StagePublish)); got != 1 {
+	if got := counterValue(h.b.metrics.invalid.WithLabelValues("0", streams.StagePublish)); got != 1 {
 		t.Fatalf("invalid{stage=publish} = %v", got)
 	}
 }
@@ -403,10 +403,10 @@ func TestRejectedFPMBecomesADeadLetter(t *testing.T) {
 		stage string
 		size  bool // Fpm-Error-Size and Fpm-Error-Limit set
 	}{
-		"over max_payload":   {cause: nats.ErrMaxPayload, stage: StageSize, size: true},
-		"subject too long":   {cause: errSubjectTooLong, stage: StageSize, size: true},
-		"refused by server":  {cause: &jetstream.APIError{Code: 400, ErrorCode: 10054, Description: "message size exceeds maximum allowed"}, stage: StagePublish},
-		"no ack, later acks": {cause: jetstream.ErrAsyncPublishTimeout, stage: StagePublish},
+		"over max_payload":   {cause: nats.ErrMaxPayload, stage: streams.StageSize, size: true},
+		"subject too long":   {cause: errSubjectTooLong, stage: streams.StageSize, size: true},
+		"refused by server":  {cause: &jetstream.APIError{Code: 400, ErrorCode: 10054, Description: "message size exceeds maximum allowed"}, stage: streams.StagePublish},
+		"no ack, later acks": {cause: jetstream.ErrAsyncPublishTimeout, stage: streams.StagePublish},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

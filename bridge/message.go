@@ -1,10 +1,8 @@
 package bridge
 
 import (
-	"encoding/json"
 	"errors"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,20 +11,9 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// HeaderTopic carries a non-empty ZMQ topic frame (Dynamo sends an empty one, so it is normally absent).
-// TODO(streams): move next to the other Fpm-* names in streams/headers.go.
-const HeaderTopic = "Fpm-Topic"
-
-// Error stages of a dead letter (header Fpm-Error-Stage, label stage of fpmbus_bridge_invalid_total).
-const (
-	StageFrames   = "frames"   // not a (topic, 8-byte sequence, payload) multipart
-	StageDecode   = "decode"   // the payload is not a msgpack map (schemas.ErrMalformed)
-	StageValidate = "validate" // a well-formed payload breaks an FPM rule (schemas.ErrInvalid)
-	StageSize     = "size"     // a frame, the message or its subject is larger than the limits allow
-	StagePublish  = "publish"  // a valid FPM the server refused for good (see limits.go)
-)
-
-var stages = []string{StageFrames, StageDecode, StageValidate, StageSize, StagePublish}
+// stages are the dead-letter stages (streams.Stage*) the bridge counts: label stage of
+// fpmbus_bridge_invalid_total.
+var stages = []string{streams.StageFrames, streams.StageDecode, streams.StageValidate, streams.StageSize, streams.StagePublish}
 
 // Drop reasons (drop marker "reason", label reason of fpmbus_bridge_dropped_total).
 const (
@@ -91,18 +78,18 @@ func (hb *headers) set(k, v string) {
 func (b *Bridge) process(slot int, frames [][]byte, recv, mono time.Time) *item {
 	seq, payload, err := ParseFrames(frames)
 	if err != nil {
-		return b.deadLetter(slot, frames, StageFrames, err.Error(), 0, false, recv, mono)
+		return b.deadLetter(slot, frames, streams.StageFrames, err.Error(), 0, false, recv, mono)
 	}
 	if len(payload) > b.cfg.MaxPayload {
 		reason := "payload of " + strconv.Itoa(len(payload)) + " bytes exceeds the " +
 			strconv.Itoa(b.cfg.MaxPayload) + "-byte limit"
-		return b.deadLetter(slot, frames, StageSize, reason, seq, true, recv, mono)
+		return b.deadLetter(slot, frames, streams.StageSize, reason, seq, true, recv, mono)
 	}
 	var f schemas.FPM
 	if err := b.decoders[slot].DecodeFPM(payload, &f); err != nil {
-		stage := StageDecode
+		stage := streams.StageDecode
 		if errors.Is(err, schemas.ErrInvalid) {
-			stage = StageValidate
+			stage = streams.StageValidate
 		}
 		return b.deadLetter(slot, frames, stage, err.Error(), seq, true, recv, mono)
 	}
@@ -152,7 +139,7 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic []byte, seq uint64, rec
 		hb.set(streams.HeaderSeqMismatch, strconv.FormatInt(f.CounterID, 10))
 	}
 	if len(topic) > 0 {
-		hb.set(HeaderTopic, string(topic))
+		hb.set(streams.HeaderTopic, string(topic))
 	}
 	it := &item{
 		m:      nats.Msg{Subject: run.subject, Header: hb.h, Data: f.JSON},
@@ -169,10 +156,8 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic []byte, seq uint64, rec
 	return it
 }
 
-// deadLetter counts invalid input of endpoint slot at stage and builds its dead letter: subject
-// streams.DeadLetterSubject, body the raw frames concatenated (cut to fit the server's max_payload,
-// with Fpm-Original-Size), and headers saying why (Fpm-Error, Fpm-Error-Stage) and how to split the
-// body (Fpm-Frame-Sizes).
+// deadLetter counts invalid input of endpoint slot at stage and builds its dead letter
+// (streams.DeadLetter from a streams.SocketSource), its body cut to fit the server's max_payload.
 func (b *Bridge) deadLetter(slot int, frames [][]byte, stage, reason string, seq uint64, hasSeq bool, recv, mono time.Time) *item {
 	b.ranks[slot].countInvalid(stage)
 	ep := &b.endpoints[slot]
@@ -189,7 +174,7 @@ func (b *Bridge) deadLetter(slot int, frames [][]byte, stage, reason string, seq
 	hb := newHeaders(n)
 	hb.set(streams.HeaderMsgID, "deadletter:"+b.cfg.BridgeID+":"+strconv.Itoa(ep.DPRank)+":"+
 		strconv.FormatInt(recvNs, 10)+":"+strconv.FormatUint(b.deadLetterN.Add(1), 10))
-	hb.set(streams.HeaderError, boundHeader(sanitizeHeaderValue(reason)))
+	hb.set(streams.HeaderError, boundHeader(streams.ErrorHeaderValue(reason)))
 	hb.set(streams.HeaderErrorStage, stage)
 	hb.set(streams.HeaderFrameSizes, frameSizesHeader(frames))
 	hb.set(streams.HeaderEndpoint, ep.URL)
@@ -226,47 +211,11 @@ func (b *Bridge) deadLetter(slot int, frames [][]byte, stage, reason string, seq
 	}
 }
 
-// sanitizeHeaderValue keeps an error message on one header line.
-func sanitizeHeaderValue(s string) string {
-	if !strings.ContainsAny(s, "\r\n") {
-		return s
-	}
-	return strings.NewReplacer("\r", `\r`, "\n", `\n`).Replace(s)
-}
-
-// DropMarker is the JSON body of a drop marker on streams.DropMarkerSubject(key): the bridge dropped
-// the contiguous sequences FirstSeq..LastSeq (Count of them) of one publisher run (Epoch) for Reason.
-// Gap detectors use it to tell a bridge drop from an upstream one.
-type DropMarker struct {
-	Type              string    `json:"type"` // always "drop_marker"
-	Key               MarkerKey `json:"key"`
-	Epoch             int64     `json:"epoch"`
-	FirstSeq          uint64    `json:"first_seq"`
-	LastSeq           uint64    `json:"last_seq"`
-	Count             uint64    `json:"count"`
-	Reason            string    `json:"reason"` // buffer_full | shutdown | rejected
-	Bridge            string    `json:"bridge"`
-	FirstReceivedAtMs int64     `json:"first_received_at_ms"`
-	LastReceivedAtMs  int64     `json:"last_received_at_ms"`
-}
-
-// MarkerKey is the publisher key inside a DropMarker.
-type MarkerKey struct {
-	Namespace string `json:"namespace"`
-	Component string `json:"component"`
-	WorkerID  string `json:"worker_id"`
-	DPRank    int    `json:"dp_rank"`
-}
-
-// DropMarkerEvent is the Fpm-Event header value of a drop marker.
-const DropMarkerEvent = "drop_marker"
-
-// markerItem builds the message of a closed drop range. Its Nats-Msg-Id is derived from the range, so
-// publishing a marker twice stores it once.
+// markerItem builds the message of a closed drop range (streams.DropMarker.Msg).
 func (b *Bridge) markerItem(r *dropRange) *item {
-	body, _ := json.Marshal(DropMarker{
-		Type:              DropMarkerEvent,
-		Key:               MarkerKey{r.key.Namespace, r.key.Component, r.key.WorkerID, r.key.DPRank},
+	m := streams.DropMarker{
+		Type:              streams.DropMarkerEvent,
+		Key:               r.key,
 		Epoch:             r.epoch,
 		FirstSeq:          r.first,
 		LastSeq:           r.last,
@@ -275,14 +224,9 @@ func (b *Bridge) markerItem(r *dropRange) *item {
 		Bridge:            b.cfg.BridgeID,
 		FirstReceivedAtMs: r.firstRecvMs,
 		LastReceivedAtMs:  r.lastRecvMs,
-	})
-	hb := newHeaders(4)
-	hb.set(streams.HeaderMsgID, "drop:"+streams.MsgID(r.key, r.epoch, r.first)+":"+strconv.FormatUint(r.last, 10)+":"+r.reason)
-	hb.set(streams.HeaderEventType, DropMarkerEvent)
-	hb.set(streams.HeaderBridge, b.cfg.BridgeID)
-	hb.set(streams.HeaderEpoch, strconv.FormatInt(r.epoch, 10))
+	}
 	return &item{
-		msg:    &nats.Msg{Subject: streams.DropMarkerSubject(r.key), Header: hb.h, Data: body},
+		msg:    m.Msg(),
 		kind:   kindMarker,
 		slot:   -1,
 		key:    r.key,

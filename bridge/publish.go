@@ -10,6 +10,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 const (
@@ -424,9 +426,9 @@ func (p *publisher) reject(it *item, err error) {
 	p.b.log.Error("message rejected; giving it up", "subject", boundHeader(it.msg.Subject), "error", err)
 	switch it.kind {
 	case kindFPM:
-		stage := StagePublish
+		stage := streams.StagePublish
 		if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, errSubjectTooLong) {
-			stage = StageSize
+			stage = streams.StageSize
 		}
 		p.dlq = append(p.dlq, p.b.publishDeadLetter(it, stage, err))
 	case kindDeadLetter:

@@ -102,11 +102,11 @@ func markedSeqs(t *testing.T, js jetstream.JetStream) map[streams.Key][]uint64 {
 	out := map[streams.Key][]uint64{}
 	seen := map[streams.Key]map[uint64]bool{}
 	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.DropMarkerWildcard) {
-		dm, err := gaps.ParseDropMarker(m.Data())
+		dm, err := streams.ParseDropMarker(m.Data())
 		if err != nil {
 			t.Fatalf("drop marker %s: %v", m.Data(), err)
 		}
-		k := dm.Key.Key()
+		k := dm.Key
 		if seen[k] == nil {
 			seen[k] = map[uint64]bool{}
 		}
@@ -131,8 +131,8 @@ func gapEvents(t *testing.T, js jetstream.JetStream) []gaps.Event {
 			t.Fatalf("gap event %s: %v", m.Data(), err)
 		}
 		h := m.Headers()
-		if m.Subject() != streams.GapEventSubject(e.Key.Key()) || h.Get(streams.HeaderMsgID) != e.ID ||
-			h.Get(streams.HeaderEventType) != e.Type || h.Get(gaps.HeaderEventSeq) != strconv.FormatUint(e.EventSeq, 10) {
+		if m.Subject() != streams.GapEventSubject(e.Key) || h.Get(streams.HeaderMsgID) != e.ID ||
+			h.Get(streams.HeaderEventType) != e.Type || h.Get(streams.HeaderGapEventSeq) != strconv.FormatUint(e.EventSeq, 10) {
 			t.Fatalf("gap event %s on %s with headers %v", m.Data(), m.Subject(), h)
 		}
 		out = append(out, e)
@@ -256,7 +256,7 @@ func checkGapEvents(t *testing.T, js jetstream.JetStream, evs []gaps.Event, pubs
 			t.Fatalf("event id %s stored twice", e.ID)
 		}
 		ids[e.ID] = true
-		by[e.Key.Key()] = append(by[e.Key.Key()], e)
+		by[e.Key] = append(by[e.Key], e)
 	}
 	known := map[streams.Key]bool{}
 	for _, p := range pubs {

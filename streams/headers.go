@@ -1,9 +1,12 @@
 package streams
 
-// Header names carried on every message the bridge publishes. They are named here once; every other
-// package refers to these constants.
+// Header names of every message fpmbus publishes. They are named here once; every other package refers
+// to these constants.
+
+// Headers of an FPM (stream FPM), set by the bridge.
 const (
-	// HeaderMsgID is JetStream's deduplication header. The bridge sets it to MsgID(...).
+	// HeaderMsgID is JetStream's deduplication header. Its value for each kind of message is built by
+	// the functions of msgid.go.
 	HeaderMsgID = "Nats-Msg-Id"
 	// HeaderSeq is the ZMQ sequence frame as a decimal integer.
 	HeaderSeq = "Fpm-Seq"
@@ -27,14 +30,54 @@ const (
 	HeaderEndpoint = "Fpm-Endpoint"
 	// HeaderBridge names the bridge instance that published the message.
 	HeaderBridge = "Fpm-Bridge"
+	// HeaderTopic carries a non-empty ZMQ topic frame (Dynamo sends an empty one, so it is normally
+	// absent).
+	HeaderTopic = "Fpm-Topic"
+)
 
-	// Dead letters: the body is the raw frames concatenated; these headers say why and how to split them.
-	HeaderError      = "Fpm-Error"
-	HeaderErrorStage = "Fpm-Error-Stage" // frames | decode | validate | size
-	HeaderFrameSizes = "Fpm-Frame-Sizes" // comma-separated byte lengths of the frames in the body
-	// HeaderOriginalSize is set when the body was truncated to fit the server's max_payload.
-	HeaderOriginalSize = "Fpm-Original-Size"
-
-	// HeaderEventType names the kind of JSON event on FPM_EVENTS (drop_marker, gap, ...).
+// Headers of events on FPM_EVENTS (drop markers, gap events, benchmark outcomes).
+const (
+	// HeaderEventType names the kind of JSON event on FPM_EVENTS (drop_marker, gap, bench_merged, ...).
 	HeaderEventType = "Fpm-Event"
+	// HeaderGapEventSeq carries a gap detector event's per-publisher number (its event_seq).
+	HeaderGapEventSeq = "Fpm-Gap-Event-Seq"
+)
+
+// Headers of a dead letter (deadletter.go). The body is the input as received; these headers say why
+// it was refused, how to split the body, and where the input came from.
+const (
+	// HeaderError is the precise reason, on one line.
+	HeaderError = "Fpm-Error"
+	// HeaderErrorStage is the step that refused the input: StageFrames, StageDecode, StageValidate or
+	// StageSize for the bridge; a consumer names its own step.
+	HeaderErrorStage = "Fpm-Error-Stage"
+	// HeaderFrameSizes lists the byte lengths of the frames concatenated in the body, comma-separated.
+	HeaderFrameSizes = "Fpm-Frame-Sizes"
+	// HeaderOriginalSize is set when the body was cut to fit the server's max_payload: the whole size.
+	HeaderOriginalSize = "Fpm-Original-Size"
+	// HeaderConsumer names the consumer (its durable) that dead-lettered a stored message.
+	HeaderConsumer = "Fpm-Consumer"
+	// HeaderStream and HeaderStreamSeq locate the dead-lettered message: its stream and sequence there.
+	HeaderStream    = "Fpm-Stream"
+	HeaderStreamSeq = "Fpm-Stream-Seq"
+	// HeaderSubject is the subject the dead-lettered message was stored under.
+	HeaderSubject = "Fpm-Subject"
+)
+
+// Headers of benchmark messages (stream FPM_BENCH, bench.go). Every artefact message carries Kind, Run,
+// SHA256 and Size; a body kept in the object store is named by Object and the message body is empty.
+const (
+	HeaderBenchKind   = "Fpm-Bench-Kind"    // rank | probe | merged | sidecar (BenchKind*)
+	HeaderBenchRun    = "Fpm-Bench-Run"     // the run_id, unencoded (also on profiles and bench events)
+	HeaderBenchRank   = "Fpm-Bench-Rank"    // rank messages: the DP rank
+	HeaderBenchDPSize = "Fpm-Bench-Dp-Size" // rank messages: the artefact's dp.size
+	HeaderBenchFile   = "Fpm-Bench-File"    // the producer's path of the artefact (recorded in rank_files)
+	HeaderBenchSHA256 = "Fpm-Bench-Sha256"  // hex sha256 of the body
+	HeaderBenchSize   = "Fpm-Bench-Size"    // body size in bytes
+	HeaderBenchObject = "Fpm-Bench-Object"  // object name in BenchObjectBucket when the body is not inline
+	// HeaderBenchRankDigests (merged messages) lists the merged ranks' digests: "0=<sha256>,1=<sha256>,...".
+	HeaderBenchRankDigests = "Fpm-Bench-Rank-Digests"
+	// HeaderBenchProbeContext (merged messages) is the merger's probe context as compact JSON; absent
+	// without an engine block (then there is no sidecar).
+	HeaderBenchProbeContext = "Fpm-Bench-Probe-Context"
 )

@@ -2,9 +2,93 @@ package streams
 
 import "strconv"
 
+// Message ids (Nats-Msg-Id) of every message fpmbus publishes. An id is derived from what the message
+// says, never from when it was sent, so that a retry or a re-publication after a crash is stored once
+// (within the streams' duplicate window). Each kind of message has its own prefix, so ids of different
+// kinds never collide.
+
 // MsgID is the Nats-Msg-Id of one FPM: stable for the same message (so the bridge's own retries are
 // deduplicated) and unique across publisher restarts, because the publisher-run epoch is part of it
 // while the ZMQ sequence restarts at 0.
 func MsgID(k Key, epochMs int64, seq uint64) string {
-	return keyTokens(k) + ":" + strconv.FormatInt(epochMs, 10) + ":" + strconv.FormatUint(seq, 10)
+	return KeyTokens(k) + ":" + strconv.FormatInt(epochMs, 10) + ":" + strconv.FormatUint(seq, 10)
+}
+
+// DropMarkerMsgID is the Nats-Msg-Id of the drop marker for sequences first..last of publisher run
+// epochMs dropped for reason: derived from the range, so publishing a marker twice stores it once.
+func DropMarkerMsgID(k Key, epochMs int64, first, last uint64, reason string) string {
+	return "drop:" + MsgID(k, epochMs, first) + ":" + strconv.FormatUint(last, 10) + ":" + reason
+}
+
+// SocketDeadLetterMsgID is the Nats-Msg-Id of a bridge's dead letter: bridge, the socket's DP rank,
+// the receive time (Unix ns) and the bridge's running count of dead letters, so two invalid inputs
+// are never taken for one.
+func SocketDeadLetterMsgID(bridge string, dpRank int, receivedAtNs int64, count uint64) string {
+	return "deadletter:" + bridge + ":" + strconv.Itoa(dpRank) + ":" + strconv.FormatInt(receivedAtNs, 10) + ":" +
+		strconv.FormatUint(count, 10)
+}
+
+// ConsumerDeadLetterMsgID is the Nats-Msg-Id of consumer's dead letter for the message at streamSeq
+// of stream: a consumer that dead-letters the same message again after a restart stores it once.
+func ConsumerDeadLetterMsgID(consumer, stream string, streamSeq uint64) string {
+	return "consumer-deadletter:" + EncodeToken(consumer) + ":" + stream + ":" + strconv.FormatUint(streamSeq, 10)
+}
+
+// GapMsgID is the Nats-Msg-Id of the gap event for sequences first..last revealed under epoch.
+func GapMsgID(k Key, epoch int64, first, last uint64) string {
+	return "gap:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(first, 10) + "-" + strconv.FormatUint(last, 10)
+}
+
+// RestartMsgID is the Nats-Msg-Id of the publisher_restart event of the run that started under epoch.
+func RestartMsgID(k Key, epoch int64) string {
+	return "gap:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":restart"
+}
+
+// StaleMsgID is the Nats-Msg-Id of the stale event after message lastSeq of epoch.
+func StaleMsgID(k Key, epoch int64, lastSeq uint64) string {
+	return "stale:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
+}
+
+// ResumedMsgID is the Nats-Msg-Id of the resumed event closing the stale event StaleMsgID(k, epoch,
+// lastSeq).
+func ResumedMsgID(k Key, epoch int64, lastSeq uint64) string {
+	return "resumed:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
+}
+
+// Benchmark message ids. <run> is the run_id encoded with EncodeToken; a body's sha256 is part of the id
+// wherever the same subject may carry other bytes later, so a re-publication of other bytes is stored
+// (and seen as a conflict) while one of the same bytes is deduplicated.
+
+// BenchRankMsgID is the Nats-Msg-Id of run runID's rank artefact with sha256 digest.
+func BenchRankMsgID(runID string, rank int, digest string) string {
+	return "fpmbench:rank:" + EncodeToken(runID) + ":" + strconv.Itoa(rank) + ":" + digest
+}
+
+// BenchProbeMsgID is the Nats-Msg-Id of run runID's worker-probe replies with sha256 digest.
+func BenchProbeMsgID(runID, digest string) string {
+	return "fpmbench:probe:" + EncodeToken(runID) + ":" + digest
+}
+
+// BenchProfileMsgID is the Nats-Msg-Id of run runID's collection profile with sha256 digest.
+func BenchProfileMsgID(runID, digest string) string {
+	return "fpmbench:profile:" + EncodeToken(runID) + ":" + digest
+}
+
+// BenchMergedMsgID is the Nats-Msg-Id of run runID's merged artefact: one per run, whatever its bytes.
+func BenchMergedMsgID(runID string) string { return "fpmbench:merged:" + EncodeToken(runID) }
+
+// BenchSidecarMsgID is the Nats-Msg-Id of run runID's worker-probe sidecar with sha256 digest.
+func BenchSidecarMsgID(runID, digest string) string {
+	return "fpmbench:sidecar:" + EncodeToken(runID) + ":" + digest
+}
+
+// BenchOutcomeMsgID is the Nats-Msg-Id of run runID's one outcome event.
+func BenchOutcomeMsgID(runID string) string {
+	return "fpmevents:bench:" + EncodeToken(runID) + ":outcome"
+}
+
+// BenchConflictMsgID is the Nats-Msg-Id of the conflict event for rank's re-publication with sha256
+// digest (the refused bytes).
+func BenchConflictMsgID(runID string, rank int, digest string) string {
+	return "fpmevents:bench:" + EncodeToken(runID) + ":conflict:" + strconv.Itoa(rank) + ":" + digest
 }

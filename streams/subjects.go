@@ -17,19 +17,23 @@ const (
 	BenchWildcard  = BenchRoot + ".>"
 
 	DeadLetterWildcard = EventsRoot + ".deadletter.>"
-	DropMarkerWildcard = EventsRoot + ".drop.>"
-	GapEventWildcard   = EventsRoot + ".gap.>"
+	// ConsumerDeadLetterRoot is the root of ConsumerDeadLetterSubject, under DeadLetterWildcard.
+	ConsumerDeadLetterRoot = EventsRoot + ".deadletter.consumer"
+	DropMarkerWildcard     = EventsRoot + ".drop.>"
+	GapEventWildcard       = EventsRoot + ".gap.>"
 )
 
 // ErrBadSubject is returned when a subject does not follow the scheme.
 var ErrBadSubject = errors.New("streams: subject does not follow the fpmbus scheme")
 
-// Key identifies one FPM publisher: one DP rank of one worker.
+// Key identifies one FPM publisher: one DP rank of one worker. Subjects carry it as four tokens
+// (namespace.component.worker_id.dp_rank); JSON bodies (drop markers, gap events, the gap detector's
+// state) carry it as this object.
 type Key struct {
-	Namespace string
-	Component string
-	WorkerID  string
-	DPRank    int
+	Namespace string `json:"namespace"`
+	Component string `json:"component"`
+	WorkerID  string `json:"worker_id"`
+	DPRank    int    `json:"dp_rank"`
 }
 
 func (k Key) String() string {
@@ -103,17 +107,17 @@ func keepByte(c byte) bool {
 
 // FPMSubject is the subject one FPM of k is published on.
 func FPMSubject(k Key) string {
-	return FPMRoot + "." + keyTokens(k)
+	return FPMRoot + "." + KeyTokens(k)
 }
 
 // DropMarkerSubject carries the bridge's drop markers for k.
 func DropMarkerSubject(k Key) string {
-	return EventsRoot + ".drop." + keyTokens(k)
+	return EventsRoot + ".drop." + KeyTokens(k)
 }
 
 // GapEventSubject carries the gap detector's events for k.
 func GapEventSubject(k Key) string {
-	return EventsRoot + ".gap." + keyTokens(k)
+	return EventsRoot + ".gap." + KeyTokens(k)
 }
 
 // DeadLetterSubject carries input from one DP rank's socket that could not be decoded or validated.
@@ -122,7 +126,15 @@ func DeadLetterSubject(namespace, component string, dpRank int) string {
 	return EventsRoot + ".deadletter." + EncodeToken(namespace) + "." + EncodeToken(component) + "." + strconv.Itoa(dpRank)
 }
 
-func keyTokens(k Key) string {
+// ConsumerDeadLetterSubject carries the stored messages that consumer (its durable name) can never
+// process. It has one token fewer than a bridge's DeadLetterSubject, so the two never collide.
+func ConsumerDeadLetterSubject(consumer string) string {
+	return ConsumerDeadLetterRoot + "." + EncodeToken(consumer)
+}
+
+// KeyTokens is the key part of k's subjects: <namespace>.<component>.<worker_id>.<dp_rank>, each token
+// encoded with EncodeToken.
+func KeyTokens(k Key) string {
 	return EncodeToken(k.Namespace) + "." + EncodeToken(k.Component) + "." + EncodeToken(k.WorkerID) + "." + strconv.Itoa(k.DPRank)
 }
 

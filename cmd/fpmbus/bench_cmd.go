@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/merge"
-	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -193,7 +193,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	var probes benchStringList
 	fs.Var(&probes, "probe", "worker-probe replies to publish for the run; repeatable")
 	runID := fs.String("run-id", "", "run of the --probe replies (default: the replies' own run_id, else the rank files' run)")
-	inlineMax := fs.Int("inline-max", merge.DefaultInlineMax, "largest body sent inline; larger ones go to the object store "+merge.ObjectBucket)
+	inlineMax := fs.Int("inline-max", streams.DefaultBenchInlineMax, "largest body sent inline; larger ones go to the object store "+streams.BenchObjectBucket)
 	profile := fs.String("profile", "", "collection profile (JSON) of the run, published on fpmbench.profile.<run> before the ranks so the sealer can derive cell identities")
 	files, err := benchParse(fs, args)
 	if err != nil {
@@ -205,13 +205,10 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	if *inlineMax < 1 {
 		return fmt.Errorf("%w: --inline-max %d must be positive", errUsage, *inlineMax)
 	}
-	// Every rank is checked before anything is published; files are read again to publish them (one
-	// artefact in memory at a time) and must not have changed in between.
-	type rankFile struct {
-		path, file, digest string
-		sum                merge.RankSummary
-	}
-	var ranks []rankFile
+	// Every rank is checked before anything is published; streams.PublishBench reads the files again to
+	// publish them (one artefact in memory at a time) and refuses one that changed in between.
+	var pub streams.BenchPublication
+	var points []int
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -225,12 +222,19 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		if err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
-		ranks = append(ranks, rankFile{f, abs, merge.SHA256Hex(data), sum})
+		pub.Ranks = append(pub.Ranks, streams.BenchRank{Path: f, Digest: schemas.SHA256Hex(data),
+			BenchRankArtefact: streams.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: abs}})
+		points = append(points, sum.Points)
 	}
 	probeRun := *runID
-	if probeRun == "" && len(ranks) > 0 {
-		probeRun = ranks[0].sum.RunID
+	if probeRun == "" && len(pub.Ranks) > 0 {
+		probeRun = pub.Ranks[0].RunID
 	}
+	for _, p := range probes {
+		abs, _ := filepath.Abs(p)
+		pub.Probes = append(pub.Probes, streams.BenchProbe{Path: p, File: abs})
+	}
+	pub.ProbeRun = func(file string, data []byte) (string, error) { return merge.ProbeRun(probeRun, file, data) }
 	nc, err := streams.Connect(*conn)
 	if err != nil {
 		return err
@@ -246,51 +250,35 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		return err
 	}
 	if *profile != "" {
-		if len(ranks) == 0 {
+		if len(pub.Ranks) == 0 {
 			return fmt.Errorf("%w: --profile needs the run's rank artefacts (their run_id names the run)", errUsage)
 		}
-		body, err := os.ReadFile(*profile)
-		if err != nil {
+		if pub.Profile, err = os.ReadFile(*profile); err != nil {
 			return err
 		}
-		if err := seal.PublishProfile(ctx, js, ranks[0].sum.RunID, body); err != nil {
-			return fmt.Errorf("--profile %s: %w", *profile, err)
-		}
-		fmt.Fprintf(stdout, "published collection profile %s for run %s: %s\n", *profile, ranks[0].sum.RunID, seal.ProfileSubject(ranks[0].sum.RunID))
 	}
-	store := merge.NewStore(js, *inlineMax, *cfg)
-	for _, p := range probes {
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
+	profiled := false
+	err = streams.NewBenchStore(js, *inlineMax, *cfg).PublishBench(ctx, pub, func(p streams.BenchPublished) {
+		switch {
+		case p.Profile:
+			profiled = true
+			fmt.Fprintf(stdout, "published collection profile %s for run %s: %s\n", *profile, p.RunID, p.Subject)
+		case p.Probe >= 0:
+			fmt.Fprintf(stdout, "published probe replies %s for run %s: %s seq %d%s\n", probes[p.Probe], p.RunID, p.Subject, p.Ack.Sequence, benchDupNote(p.Ack))
+		default:
+			r := pub.Ranks[p.Rank]
+			where := "inline"
+			if p.Object {
+				where = "object store " + streams.BenchObjectBucket
+			}
+			fmt.Fprintf(stdout, "published rank %d of %d of run %s (%d points, %d bytes, %s): %s seq %d%s\n",
+				r.Rank, r.DPSize, r.RunID, points[p.Rank], p.Size, where, p.Subject, p.Ack.Sequence, benchDupNote(p.Ack))
 		}
-		abs, _ := filepath.Abs(p)
-		ack, run, err := store.PublishProbe(ctx, probeRun, abs, data)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "published probe replies %s for run %s: %s seq %d%s\n", p, run, merge.ProbeSubject(run), ack.Sequence, benchDupNote(ack))
+	})
+	if err != nil && pub.Profile != nil && !profiled { // the profile is published first: the error is its
+		return fmt.Errorf("--profile %s: %w", *profile, err)
 	}
-	for _, r := range ranks {
-		data, err := os.ReadFile(r.path)
-		if err != nil {
-			return err
-		}
-		if merge.SHA256Hex(data) != r.digest {
-			return fmt.Errorf("%s changed while it was being published; nothing more was published", r.path)
-		}
-		ack, err := store.PublishRankChecked(ctx, r.file, data, r.sum)
-		if err != nil {
-			return err
-		}
-		where := "inline"
-		if len(data) > *inlineMax {
-			where = "object store " + merge.ObjectBucket
-		}
-		fmt.Fprintf(stdout, "published rank %d of %d of run %s (%d points, %d bytes, %s): %s seq %d%s\n",
-			r.sum.Rank, r.sum.DPSize, r.sum.RunID, r.sum.Points, len(data), where, merge.RankSubject(r.sum.RunID, r.sum.Rank), ack.Sequence, benchDupNote(ack))
-	}
-	return nil
+	return err
 }
 
 func benchDupNote(ack *jetstream.PubAck) string {

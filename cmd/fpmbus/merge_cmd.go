@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 func init() {
@@ -44,7 +45,7 @@ func mergeFlags(fs *flag.FlagSet, prefix string) *mergeOptions {
 	fs.StringVar(&o.durable, cf.name("merge-durable"), merge.DefaultDurable, "durable consumer name (\"-pIofN\" is appended when N > 1)")
 	fs.StringVar(&o.spoolDir, cf.name("spool-dir"), "", "where rank bodies from the object store are staged while a run merges (default <tmp>/fpmbus-merge)")
 	fs.DurationVar(&o.ackWait, cf.name("merge-ack-wait"), merge.DefaultAckWait, "ack wait of the durable (held ranks are kept alive with in-progress acks)")
-	fs.IntVar(&o.inlineMax, cf.name("inline-max"), merge.DefaultInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
+	fs.IntVar(&o.inlineMax, cf.name("inline-max"), streams.DefaultBenchInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
 	cf.done()
 	return o
 }

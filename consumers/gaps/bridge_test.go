@@ -173,7 +173,7 @@ func TestPipelineBrokerOutage(t *testing.T) {
 	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		dropped = dropped[:0]
 		for _, m := range streamstest.Messages(t, env2.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
-			dm, err := ParseDropMarker(m.Data())
+			dm, err := streams.ParseDropMarker(m.Data())
 			if err != nil {
 				return err
 			}

@@ -570,14 +570,14 @@ func (d *Detector) handleMarker(m jetstream.Msg) error {
 // applyMarker parses and applies a drop marker body stored at FPM_EVENTS sequence seq.
 func (d *Detector) applyMarker(e *entry, body []byte, seq uint64, subject string) {
 	d.touch(e)
-	dm, err := ParseDropMarker(body)
+	dm, err := streams.ParseDropMarker(body)
 	if err != nil {
 		e.st.MarkerSeq = seq
 		d.metrics.invalid.WithLabelValues(streams.StreamEvents).Inc()
 		d.logger.Warn("gap detector: bad drop marker skipped", "subject", subject, "stream_seq", seq, "err", err)
 		return
 	}
-	if dm.Key.Key() != e.key {
+	if dm.Key != e.key {
 		d.logger.Warn("gap detector: drop marker key differs from its subject; the subject wins", "subject", subject, "marker_key", dm.Key)
 	}
 	e.t.addMarker(dm, seq)

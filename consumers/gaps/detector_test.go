@@ -61,7 +61,7 @@ func match(t testing.TB, k streams.Key, got []Event, ws ...want) {
 			b, _ := json.Marshal(e)
 			t.Fatalf("%s event %d: got %v, want %v\n%s", k, i, g, w, b)
 		}
-		if e.Key.Key() != k || e.Schema != EventSchema || e.EventSeq != uint64(i+1) {
+		if e.Key != k || e.Schema != EventSchema || e.EventSeq != uint64(i+1) {
 			t.Fatalf("%s event %d: key %v schema %s event_seq %d", k, i, e.Key, e.Schema, e.EventSeq)
 		}
 	}
@@ -115,7 +115,7 @@ func TestDetectorClassifiesScriptedStreams(t *testing.T) {
 		r.Before.Seq == 39 && r.After.Seq == 0 && r.Epoch == t0+1000, "restart evidence %+v", r)
 	b := by[kb][0]
 	check(t, len(b.Evidence.Markers) == 1 && b.Evidence.Markers[0].Reason == "buffer_full" && b.Before.Seq == 9 && b.After.Seq == 15 &&
-		b.Before.ObservedAtMs == t0+90 && b.After.ObservedAtMs == t0+200 && b.ID == GapID(kb, t0, 10, 14), "bridge_drop evidence %+v", b)
+		b.Before.ObservedAtMs == t0+90 && b.After.ObservedAtMs == t0+200 && b.ID == streams.GapMsgID(kb, t0, 10, 14), "bridge_drop evidence %+v", b)
 	z := by[kz][0]
 	check(t, z.Evidence.MarkerGraceMs == 300 && len(z.Evidence.Markers) == 0, "zmq evidence %+v", z.Evidence)
 
@@ -226,7 +226,7 @@ func TestDetectorPublishesACheckpointedOutbox(t *testing.T) {
 	publishAll(t, env.JS, fpms(k, 6, 7, t0, t0+100)...)
 	publishAll(t, env.JS, fpms(k, 9, 9, t0, t0+200)...)
 	// What the dead detector had applied: both gaps classified, the first event stored.
-	st := &State{V: stateVersion, Key: keyJSON(k)}
+	st := &State{V: stateVersion, Key: k}
 	tr := &tracker{key: k, st: st, r: cfg.rules()}
 	for i, m := range streamstest.Messages(t, env.JS, streams.StreamFPM, ">") {
 		meta, _ := m.Metadata()
@@ -391,7 +391,7 @@ func TestReport(t *testing.T) {
 		check(t, err == nil, "report: %v", err)
 		equal(t, 2, len(rep.Publishers))
 		r, z := rep.Publishers[0], rep.Publishers[1]
-		equal(t, keyJSON(kr), r.Key)
+		equal(t, kr, r.Key)
 		equal(t, ConditionRestarted, r.State)
 		equal(t, uint64(25), r.Messages)
 		equal(t, uint64(1), r.Gaps.PublisherRestart)

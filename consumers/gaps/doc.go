@@ -23,14 +23,18 @@
 //	ack.go        cumulative acks: per partition session, ack the end of the prefix made durable
 //	fetch.go      a goroutine moving pulled drop markers onto a channel
 //	tracker.go    the per-publisher rules (pure: state in, state and events out)
-//	marker.go     ParseDropMarker, the bridge's drop marker (fuzzed)
-//	event.go      Event (the JSON format), causes, deterministic event ids
+//	event.go      Event (the JSON format), causes, the evidence a drop marker gives
 //	state.go      State, one publisher's checkpoint, and its KV key
 //	store.go      loading, catching up and checkpointing state; publishing events; acking
 //	partition.go  which publishers an instance owns (the partitions it holds now)
 //	report.go     BuildReport: `fpmbus gaps report`
 //	metrics.go    Prometheus metrics (fpmbus_gaps_*)
 //	heartbeat.go  heartbeat detection without a full parse
+//
+// What crosses the wire is streams' (the one wire contract): the drop marker (streams.DropMarker,
+// parsed and checked by streams.ParseDropMarker), the events' subjects, message ids
+// (streams.GapMsgID, RestartMsgID, StaleMsgID, ResumedMsgID) and headers (Fpm-Event,
+// Fpm-Gap-Event-Seq). This package owns the event body (Event) and the rules that produce it.
 //
 // # Invariants
 //
@@ -52,7 +56,8 @@
 //     message (a direct get, after the re-read if a takeover left one to do).
 //
 //   - Events are checkpointed in State.Outbox before they are published, and published with a
-//     deterministic Nats-Msg-Id (gap:<key>:<epoch>:<first>-<last>, …:restart, stale:…, resumed:…);
+//     deterministic Nats-Msg-Id (streams.GapMsgID gap:<key>:<epoch>:<first>-<last>, …:restart, stale:…,
+//     resumed:…);
 //     a loaded outbox is reconciled with the events already stored on the publisher's subject, so a
 //     crash anywhere stores each event once.
 //

@@ -1,8 +1,6 @@
 package gaps
 
 import (
-	"strconv"
-
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -39,24 +37,6 @@ const (
 // Causes lists every cause, in report order.
 var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, CauseStale}
 
-// HeaderEventSeq carries an event's per-publisher number (event_seq) on FPM_EVENTS.
-const HeaderEventSeq = "Fpm-Gap-Event-Seq"
-
-// KeyJSON is a publisher key as it appears in events, drop markers and state.
-type KeyJSON struct {
-	Namespace string `json:"namespace"`
-	Component string `json:"component"`
-	WorkerID  string `json:"worker_id"`
-	DPRank    int    `json:"dp_rank"`
-}
-
-func keyJSON(k streams.Key) KeyJSON { return KeyJSON{k.Namespace, k.Component, k.WorkerID, k.DPRank} }
-
-// Key returns the streams.Key.
-func (k KeyJSON) Key() streams.Key {
-	return streams.Key{Namespace: k.Namespace, Component: k.Component, WorkerID: k.WorkerID, DPRank: k.DPRank}
-}
-
 // Point is one FPM around a gap: its sequence, its observed time (the bridge's receive time,
 // Fpm-Received-At-Ms), the bridge epoch it was published under and the bridge that published it.
 type Point struct {
@@ -76,6 +56,12 @@ type MarkerRef struct {
 	Epoch             int64  `json:"epoch"`
 	FirstReceivedAtMs int64  `json:"first_received_at_ms"`
 	LastReceivedAtMs  int64  `json:"last_received_at_ms"`
+}
+
+// markerRef cites m as evidence.
+func markerRef(m *streams.DropMarker) MarkerRef {
+	return MarkerRef{FirstSeq: m.FirstSeq, LastSeq: m.LastSeq, Count: m.Count, Reason: m.Reason, Bridge: m.Bridge,
+		Epoch: m.Epoch, FirstReceivedAtMs: m.FirstReceivedAtMs, LastReceivedAtMs: m.LastReceivedAtMs}
 }
 
 // RunSummary describes one publisher run (one sequence from its first seen number on).
@@ -117,12 +103,12 @@ type Evidence struct {
 // Event is one JSON event on FPM_EVENTS, subject streams.GapEventSubject(key), header
 // Fpm-Event: <type>, Nats-Msg-Id: <id>. See the package documentation for the format.
 type Event struct {
-	Schema   string  `json:"schema"`
-	Type     string  `json:"type"`
-	ID       string  `json:"id"`
-	Key      KeyJSON `json:"key"`
-	EventSeq uint64  `json:"event_seq"`
-	Cause    string  `json:"cause"`
+	Schema   string      `json:"schema"`
+	Type     string      `json:"type"`
+	ID       string      `json:"id"`
+	Key      streams.Key `json:"key"`
+	EventSeq uint64      `json:"event_seq"`
+	Cause    string      `json:"cause"`
 	// Epoch is the bridge epoch of the message that revealed the gap (the run the gap belongs to).
 	Epoch int64 `json:"epoch"`
 	// FirstMissing..LastMissing is the missing range; absent when Missing is 0.
@@ -146,33 +132,7 @@ type Event struct {
 }
 
 // Subject is the subject the event is published on.
-func (e *Event) Subject() string { return streams.GapEventSubject(e.Key.Key()) }
-
-// keyTokens is the key part of the key's subjects: <namespace>.<component>.<worker_id>.<dp_rank>.
-func keyTokens(k streams.Key) string {
-	s := streams.FPMSubject(k)
-	return s[len(streams.FPMRoot)+1:]
-}
-
-// GapID is the Nats-Msg-Id of the gap event for first..last revealed under epoch.
-func GapID(k streams.Key, epoch int64, first, last uint64) string {
-	return "gap:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(first, 10) + "-" + strconv.FormatUint(last, 10)
-}
-
-// RestartID is the Nats-Msg-Id of the publisher_restart event of the run that started under epoch.
-func RestartID(k streams.Key, epoch int64) string {
-	return "gap:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":restart"
-}
-
-// StaleID is the Nats-Msg-Id of the stale event after message lastSeq of epoch.
-func StaleID(k streams.Key, epoch int64, lastSeq uint64) string {
-	return "stale:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
-}
-
-// ResumedID is the Nats-Msg-Id of the resumed event closing the stale event StaleID(k, epoch, lastSeq).
-func ResumedID(k streams.Key, epoch int64, lastSeq uint64) string {
-	return "resumed:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
-}
+func (e *Event) Subject() string { return streams.GapEventSubject(e.Key) }
 
 func u64p(v uint64) *uint64 { return &v }
 func boolp(v bool) *bool    { return &v }

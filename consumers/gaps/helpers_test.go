@@ -202,15 +202,11 @@ func fpmMsg(k streams.Key, seq uint64, epoch, atMs int64, heartbeat bool, bridge
 	return m
 }
 
-// markerMsg is a drop marker as the bridge publishes it.
+// markerMsg is a drop marker as the bridge publishes it (streams.DropMarker.Msg).
 func markerMsg(k streams.Key, epoch int64, first, last uint64, reason string) *nats.Msg {
-	body, _ := json.Marshal(DropMarker{Type: DropMarkerEvent, Key: keyJSON(k), Epoch: epoch, FirstSeq: first, LastSeq: last,
-		Count: last - first + 1, Reason: reason, Bridge: "test-bridge", FirstReceivedAtMs: epoch, LastReceivedAtMs: epoch})
-	m := nats.NewMsg(streams.DropMarkerSubject(k))
-	m.Data = body
-	m.Header.Set(streams.HeaderMsgID, fmt.Sprintf("drop:%s:%d:%d-%d", keyTokens(k), epoch, first, last))
-	m.Header.Set(streams.HeaderEventType, DropMarkerEvent)
-	return m
+	m := streams.DropMarker{Type: streams.DropMarkerEvent, Key: k, Epoch: epoch, FirstSeq: first, LastSeq: last,
+		Count: last - first + 1, Reason: reason, Bridge: "test-bridge", FirstReceivedAtMs: epoch, LastReceivedAtMs: epoch}
+	return m.Msg()
 }
 
 // publishAll publishes msgs in order and waits for every ack.
@@ -248,7 +244,7 @@ func storedEvents(t testing.TB, js jetstream.JetStream) []Event {
 		if err := json.Unmarshal(m.Data(), &e); err != nil {
 			t.Fatalf("event %s: %v", m.Data(), err)
 		}
-		if m.Subject() != streams.GapEventSubject(e.Key.Key()) || m.Headers().Get(streams.HeaderMsgID) != e.ID ||
+		if m.Subject() != streams.GapEventSubject(e.Key) || m.Headers().Get(streams.HeaderMsgID) != e.ID ||
 			m.Headers().Get(streams.HeaderEventType) != e.Type {
 			t.Fatalf("event %s: subject %s headers %v", e.ID, m.Subject(), m.Headers())
 		}
@@ -291,7 +287,7 @@ func waitFirstEvents(t testing.TB, js jetstream.JetStream, n int, wait time.Dura
 func byKey(evs []Event) map[streams.Key][]Event {
 	by := map[streams.Key][]Event{}
 	for _, e := range evs {
-		by[e.Key.Key()] = append(by[e.Key.Key()], e)
+		by[e.Key] = append(by[e.Key], e)
 	}
 	return by
 }

@@ -31,10 +31,10 @@ type ReportConfig struct {
 
 // PublisherReport is one publisher's line of a report.
 type PublisherReport struct {
-	Key        KeyJSON `json:"key"`
-	State      string  `json:"state"` // live, stale, restarted
-	Messages   uint64  `json:"messages"`
-	Heartbeats uint64  `json:"heartbeats"`
+	Key        streams.Key `json:"key"`
+	State      string      `json:"state"` // live, stale, restarted
+	Messages   uint64      `json:"messages"`
+	Heartbeats uint64      `json:"heartbeats"`
 	// Gaps and Missing by cause; a publisher_restart counts as a gap even with nothing missing.
 	Gaps         CauseCounts `json:"gaps"`
 	Missing      CauseCounts `json:"missing"`
@@ -77,7 +77,7 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 	get := func(k streams.Key) *PublisherReport {
 		p := by[k]
 		if p == nil {
-			p = &PublisherReport{Key: keyJSON(k), State: ConditionLive}
+			p = &PublisherReport{Key: k, State: ConditionLive}
 			by[k] = p
 		}
 		return p
@@ -109,7 +109,7 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 			if json.Unmarshal(m.Data(), &e) != nil {
 				return
 			}
-			p := get(e.Key.Key())
+			p := get(e.Key)
 			switch e.Type {
 			case TypeGap:
 				p.Gaps.add(e.Cause, 1)

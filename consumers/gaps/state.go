@@ -15,8 +15,8 @@ const stateVersion = 1
 // below StreamSeq (FPM) and MarkerSeq (FPM_EVENTS) are already reflected, events in Outbox may not
 // have been published yet.
 type State struct {
-	V   int     `json:"v"`
-	Key KeyJSON `json:"key"`
+	V   int         `json:"v"`
+	Key streams.Key `json:"key"`
 	// StreamSeq is the FPM stream sequence of the last FPM of this publisher reflected here; MarkerSeq
 	// the FPM_EVENTS sequence of the last drop marker.
 	StreamSeq uint64 `json:"stream_seq"`
@@ -71,7 +71,7 @@ type Pending struct {
 
 // heldMarker is a drop marker kept in State; Used once it covered part of a gap.
 type heldMarker struct {
-	DropMarker
+	streams.DropMarker
 	Used bool `json:"used,omitempty"`
 }
 
@@ -157,7 +157,7 @@ const (
 // with the subject tokens' '%' escapes written as '=' (KV keys do not allow '%'; '=' never appears
 // in an encoded token).
 func kvKey(group string, k streams.Key) string {
-	return group + "." + strings.ReplaceAll(keyTokens(k), "%", "=")
+	return group + "." + strings.ReplaceAll(streams.KeyTokens(k), "%", "=")
 }
 
 // keyFromKV parses kvKey's result back.

@@ -26,7 +26,7 @@ func (d *Detector) kvSubject(k streams.Key) string {
 func (d *Detector) newEntry(k streams.Key) *entry {
 	now := d.now()
 	e := &entry{key: k, part: d.partitionOf(k), kvSubj: d.kvSubject(k), catchUp: true, lastLocal: now, written: now}
-	e.st.V, e.st.Key = stateVersion, keyJSON(k)
+	e.st.V, e.st.Key = stateVersion, k
 	e.t = tracker{key: k, st: &e.st, r: d.rules, onEmit: func(*Event) { d.newEvents = true }}
 	return e
 }
@@ -45,7 +45,7 @@ func (d *Detector) decodeState(e *entry, raw *jetstream.RawStreamMsg) {
 		return
 	}
 	e.st = st
-	e.st.Key = keyJSON(e.key)
+	e.st.Key = e.key
 }
 
 // preload loads the state of every publisher of partition p of the group not loaded yet, so that a
@@ -439,7 +439,7 @@ func (d *Detector) write(f *inflight) {
 			msg := nats.NewMsg(ev.Subject())
 			msg.Data = body
 			msg.Header.Set(streams.HeaderEventType, ev.Type)
-			msg.Header.Set(HeaderEventSeq, strconv.FormatUint(ev.EventSeq, 10))
+			msg.Header.Set(streams.HeaderGapEventSeq, strconv.FormatUint(ev.EventSeq, 10))
 			msg.Header.Set(streams.HeaderEpoch, strconv.FormatInt(ev.Epoch, 10))
 			fut, err := d.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID))
 			if err != nil {
@@ -560,6 +560,6 @@ func (d *Detector) stored(ev *Event) {
 	default:
 		d.metrics.stateEvents.WithLabelValues(ev.Type).Inc()
 	}
-	d.logger.Info("gap event", "type", ev.Type, "cause", ev.Cause, "key", ev.Key.Key().String(),
+	d.logger.Info("gap event", "type", ev.Type, "cause", ev.Cause, "key", ev.Key.String(),
 		"missing", ev.Missing, "id", ev.ID)
 }

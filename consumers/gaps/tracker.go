@@ -177,7 +177,7 @@ func (t *tracker) goStale() {
 	st.Stale = &last
 	st.Counters.StalePeriods++
 	t.emit(&Event{
-		Type: TypeStale, ID: StaleID(t.key, last.Epoch, last.Seq), Cause: CauseStale, Epoch: last.Epoch,
+		Type: TypeStale, ID: streams.StaleMsgID(t.key, last.Epoch, last.Seq), Cause: CauseStale, Epoch: last.Epoch,
 		Before: &last, StaleAfterMs: t.r.staleAfterMs, StaleAtMs: st.LastSeenMs + t.r.staleAfterMs,
 		Evidence: Evidence{Summary: fmt.Sprintf("nothing heard from the publisher, not even a heartbeat, for %v after seq %d",
 			time.Duration(t.r.staleAfterMs)*time.Millisecond, last.Seq)},
@@ -206,7 +206,7 @@ func (t *tracker) resume(o *Observation, stale *Point, restarted bool) {
 			time.Duration(silent)*time.Millisecond, o.Seq, stale.Seq)
 	}
 	t.emit(&Event{
-		Type: TypeResumed, ID: ResumedID(t.key, stale.Epoch, stale.Seq), Cause: CauseStale, Epoch: o.Epoch,
+		Type: TypeResumed, ID: streams.ResumedMsgID(t.key, stale.Epoch, stale.Seq), Cause: CauseStale, Epoch: o.Epoch,
 		Before: stale, After: &after, StaleAfterMs: t.r.staleAfterMs, Restarted: boolp(restarted),
 		Evidence: Evidence{Summary: sum, SilentMs: silent, EpochChanged: stale.Epoch != o.Epoch,
 			BridgeChanged: stale.Bridge != o.Bridge, AfterStale: true},
@@ -250,7 +250,7 @@ func (t *tracker) fill(o *Observation) bool {
 }
 
 // addMarker applies a drop marker stored at FPM_EVENTS sequence eventsSeq.
-func (t *tracker) addMarker(m DropMarker, eventsSeq uint64) {
+func (t *tracker) addMarker(m streams.DropMarker, eventsSeq uint64) {
 	st := t.st
 	t.significant = true
 	st.MarkerSeq = eventsSeq
@@ -388,7 +388,7 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 		if missing > 0 {
 			ev.Summary += fmt.Sprintf("; %d of the new run's first %d messages never arrived", missing, p.After.Seq)
 		}
-		e := &Event{Type: TypeGap, ID: RestartID(t.key, p.After.Epoch), Cause: CausePublisherRestart, Epoch: p.After.Epoch,
+		e := &Event{Type: TypeGap, ID: streams.RestartMsgID(t.key, p.After.Epoch), Cause: CausePublisherRestart, Epoch: p.After.Epoch,
 			Missing: missing, Before: &p.Before, After: &p.After, Evidence: ev}
 		if len(ranges) > 0 {
 			e.FirstMissing, e.LastMissing = u64p(ranges[0][0]), u64p(ranges[len(ranges)-1][1])
@@ -412,7 +412,7 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 			for i := range t.st.Markers {
 				m := &t.st.Markers[i]
 				if m.Epoch >= p.EpochLo && m.Epoch <= p.EpochHi && m.LastSeq >= s.first && m.FirstSeq <= s.last {
-					ev.Markers = append(ev.Markers, m.ref())
+					ev.Markers = append(ev.Markers, markerRef(&m.DropMarker))
 					if reasons == "" {
 						reasons = m.Reason
 					} else if !containsWord(reasons, m.Reason) {
@@ -433,7 +433,7 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 				ev.Summary += "; the bridge epoch changed across the gap (a bridge restart or handover: sent while no bridge was subscribed)"
 			}
 		}
-		t.emit(&Event{Type: TypeGap, ID: GapID(t.key, p.After.Epoch, s.first, s.last), Cause: cause, Epoch: p.After.Epoch,
+		t.emit(&Event{Type: TypeGap, ID: streams.GapMsgID(t.key, p.After.Epoch, s.first, s.last), Cause: cause, Epoch: p.After.Epoch,
 			FirstMissing: u64p(s.first), LastMissing: u64p(s.last), Missing: n, Before: &p.Before, After: &p.After, Evidence: ev})
 	}
 }
@@ -463,7 +463,7 @@ func (t *tracker) emit(e *Event) {
 		st.NextEventSeq = 1
 	}
 	e.Schema = EventSchema
-	e.Key = keyJSON(t.key)
+	e.Key = t.key
 	e.EventSeq = st.NextEventSeq
 	st.NextEventSeq++
 	if e.Type == TypeGap {

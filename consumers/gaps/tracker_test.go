@@ -20,7 +20,7 @@ type script struct {
 }
 
 func newScript(t testing.TB) *script {
-	st := &State{V: stateVersion, Key: keyJSON(tkey)}
+	st := &State{V: stateVersion, Key: tkey}
 	return &script{t: t, st: st, tr: &tracker{key: tkey, st: st, r: rules{graceMs: 10_000, staleAfterMs: 5_000}}, nowMs: 1_000_000}
 }
 
@@ -42,7 +42,7 @@ func (s *script) run(first, last uint64, epoch, atMs int64) int64 {
 
 func (s *script) marker(epoch int64, first, last uint64, reason string) {
 	s.streamSeq++
-	s.tr.addMarker(DropMarker{Type: DropMarkerEvent, Key: keyJSON(tkey), Epoch: epoch, FirstSeq: first, LastSeq: last,
+	s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: epoch, FirstSeq: first, LastSeq: last,
 		Count: last - first + 1, Reason: reason, Bridge: "b"}, s.streamSeq)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -53,7 +54,7 @@ type Config struct {
 	SpoolDir string
 	// AckWait of the durable [DefaultAckWait]; held rank messages are kept alive with InProgress.
 	AckWait time.Duration
-	// InlineMax is the largest body the consumer publishes inline (merged artefact, sidecar) [DefaultInlineMax].
+	// InlineMax is the largest body the consumer publishes inline (merged artefact, sidecar) [streams.DefaultBenchInlineMax].
 	InlineMax int
 	// Streams are applied at start and give the object bucket's settings [streams.DefaultConfig()].
 	Streams *streams.Config
@@ -160,7 +161,7 @@ type Event struct {
 type Consumer struct {
 	js    jetstream.JetStream
 	cfg   Config
-	store *Store
+	store *streams.BenchStore
 	log   *slog.Logger
 
 	bench, events jetstream.Stream
@@ -207,7 +208,7 @@ func New(js jetstream.JetStream, cfg Config) (*Consumer, error) {
 	}
 	return &Consumer{
 		js: js, cfg: cfg, log: cfg.Logger.With("component", "merge", "partition", fmt.Sprintf("%d/%d", cfg.Partition, cfg.Partitions)),
-		store: NewStore(js, cfg.InlineMax, *cfg.Streams),
+		store: streams.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 		quit: make(chan struct{}), stopped: make(chan struct{}),
 	}, nil
@@ -232,7 +233,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if _, err := streams.Ensure(ctx, c.js, *c.cfg.Streams, c.log); err != nil {
 		return err
 	}
-	if _, err := c.store.objects(ctx); err != nil {
+	if _, err := c.store.Objects(ctx); err != nil {
 		return err
 	}
 	var err error
@@ -245,7 +246,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cons, err := c.js.CreateOrUpdateConsumer(ctx, streams.StreamBench, jetstream.ConsumerConfig{
 		Durable:        c.cfg.Durable,
 		Description:    fmt.Sprintf("fpmbus benchmark merger, partition %d of %d", c.cfg.Partition, c.cfg.Partitions),
-		FilterSubjects: []string{RankWildcard, ProbeWildcard},
+		FilterSubjects: []string{streams.BenchRankWildcard, streams.BenchProbeWildcard},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        c.cfg.AckWait,
@@ -339,7 +340,7 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 	if meta, err := m.Metadata(); err == nil {
 		c.maxSeq = max(c.maxSeq, meta.Sequence.Stream)
 	}
-	kind, runID, rank, err := ParseBenchSubject(m.Subject())
+	kind, runID, rank, err := streams.ParseBenchSubject(m.Subject())
 	if err != nil {
 		c.log.Warn("ignoring a message on an unexpected subject", "subject", m.Subject(), "error", err)
 		_ = m.Term()
@@ -355,7 +356,7 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	if kind == KindProbe {
+	if kind == streams.BenchKindProbe {
 		if done != nil && done.probe != nil {
 			if err := c.refreshSidecar(ctx, runID, done.probe); err != nil {
 				c.log.Warn("rewriting the sidecar for late probe replies failed; retrying", "run_id", runID, "error", err)
@@ -371,7 +372,7 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.Term()
 		return
 	}
-	digest := m.Headers().Get(HeaderSHA256)
+	digest := m.Headers().Get(streams.HeaderBenchSHA256)
 	if done != nil {
 		c.afterOutcome(ctx, runID, rank, digest, m, done)
 		return
@@ -384,16 +385,16 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 	if meta.Timestamp.Before(run.first) {
 		run.first = meta.Timestamp
 	}
-	dpSize, _ := strconv.Atoi(m.Headers().Get(HeaderDPSize))
+	dpSize, _ := strconv.Atoi(m.Headers().Get(streams.HeaderBenchDPSize))
 	seq := meta.Sequence.Stream
 	h := run.ranks[rank]
 	switch {
 	case h == nil:
-		run.ranks[rank] = &heldRank{seq: seq, digest: digest, dpSize: dpSize, file: m.Headers().Get(HeaderFile), hdr: m.Headers(), data: m.Data(), msgs: []jetstream.Msg{m}}
+		run.ranks[rank] = &heldRank{seq: seq, digest: digest, dpSize: dpSize, file: m.Headers().Get(streams.HeaderBenchFile), hdr: m.Headers(), data: m.Data(), msgs: []jetstream.Msg{m}}
 	case h.digest == digest:
 		h.msgs = append(h.msgs, m) // a redelivery or an identical re-publication
 	default:
-		kept, refused := h, &heldRank{seq: seq, digest: digest, dpSize: dpSize, file: m.Headers().Get(HeaderFile), hdr: m.Headers(), data: m.Data(), msgs: []jetstream.Msg{m}}
+		kept, refused := h, &heldRank{seq: seq, digest: digest, dpSize: dpSize, file: m.Headers().Get(streams.HeaderBenchFile), hdr: m.Headers(), data: m.Data(), msgs: []jetstream.Msg{m}}
 		if seq < h.seq { // the earlier publication wins, whatever the delivery order
 			kept, refused = refused, h
 			run.ranks[rank] = kept
@@ -418,9 +419,9 @@ func (c *Consumer) afterOutcome(ctx context.Context, runID string, rank int, dig
 	case ok && kept == digest:
 		return // a redelivery or an identical re-publication
 	case ok:
-		c.reportConflict(ctx, done.reported, runID, rank, kept, digest, m.Headers().Get(HeaderFile), "the run is already merged with other bytes for this rank; the merged artefact stands")
+		c.reportConflict(ctx, done.reported, runID, rank, kept, digest, m.Headers().Get(streams.HeaderBenchFile), "the run is already merged with other bytes for this rank; the merged artefact stands")
 	default:
-		c.reportConflict(ctx, done.reported, runID, rank, "", digest, m.Headers().Get(HeaderFile), "the run is already merged without this rank; the merged artefact stands")
+		c.reportConflict(ctx, done.reported, runID, rank, "", digest, m.Headers().Get(streams.HeaderBenchFile), "the run is already merged without this rank; the merged artefact stands")
 	}
 }
 
@@ -432,7 +433,7 @@ func (c *Consumer) reportConflict(ctx context.Context, seen map[string]bool, run
 	seen[key] = true
 	ev := Event{Event: EventConflict, RunID: runID, Rank: intp(rank), Detail: detail, File: file, KeptSHA256: kept, ConflictSHA256: refused}
 	c.log.Warn("conflicting re-publication of a benchmark rank", "run_id", runID, "rank", rank, "kept_sha256", kept, "conflict_sha256", refused, "detail", detail)
-	if err := c.publishEvent(ctx, ConflictSubject(runID), "fpmevents:bench:"+streams.EncodeToken(runID)+":conflict:"+key, ev); err != nil {
+	if err := c.publishEvent(ctx, streams.BenchConflictSubject(runID), streams.BenchConflictMsgID(runID, rank, refused), ev); err != nil {
 		c.log.Warn("publishing the conflict event failed", "run_id", runID, "error", err)
 	}
 }
@@ -520,16 +521,16 @@ func (c *Consumer) mergeRun(ctx context.Context, run *pendingRun) error {
 	for _, r := range slices.Sorted(maps.Keys(run.ranks)) {
 		h := run.ranks[r]
 		rf := RankFile{Rank: r, Path: h.file}
-		if h.hdr.Get(HeaderObject) == "" {
-			if SHA256Hex(h.data) != h.digest {
+		if h.hdr.Get(streams.HeaderBenchObject) == "" {
+			if schemas.SHA256Hex(h.data) != h.digest {
 				return c.reject(ctx, run, &RejectError{RunID: run.runID, Rank: intp(r), Rule: RuleMalformedJSON, File: h.file,
-					Detail: "the message body does not match its " + HeaderSHA256 + " header"})
+					Detail: "the message body does not match its " + streams.HeaderBenchSHA256 + " header"})
 			}
 			rf.Data = h.data
 		} else {
 			path := filepath.Join(spool, strconv.Itoa(r)+".json")
 			if err := c.fetchToFile(ctx, h, path); err != nil {
-				if errors.Is(err, ErrDigestMismatch) {
+				if errors.Is(err, streams.ErrDigestMismatch) {
 					return c.reject(ctx, run, &RejectError{RunID: run.runID, Rank: intp(r), Rule: RuleMalformedJSON, File: h.file, Detail: err.Error()})
 				}
 				return err
@@ -587,7 +588,7 @@ func (c *Consumer) reject(ctx context.Context, run *pendingRun, rej *RejectError
 
 // finish publishes a run's outcome event, acks its messages and forgets it.
 func (c *Consumer) finish(ctx context.Context, run *pendingRun, ev Event, probe *ProbeContext) error {
-	if err := c.publishEvent(ctx, OutcomeSubject(run.runID), outcomeMsgID(run.runID), ev); err != nil {
+	if err := c.publishEvent(ctx, streams.BenchOutcomeSubject(run.runID), streams.BenchOutcomeMsgID(run.runID), ev); err != nil {
 		return err
 	}
 	d := &doneRun{outcome: ev.Event, digests: map[int]string{}, reported: run.conflicts}
@@ -617,7 +618,7 @@ func (c *Consumer) publishEvent(ctx context.Context, subject, msgID string, ev E
 	}
 	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{}}
 	msg.Header.Set(streams.HeaderEventType, ev.Event)
-	msg.Header.Set(HeaderRun, ev.RunID)
+	msg.Header.Set(streams.HeaderBenchRun, ev.RunID)
 	msg.Header.Set(streams.HeaderMsgID, msgID)
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("merge: publish %s event: %w", ev.Event, err)
@@ -629,24 +630,18 @@ func (c *Consumer) publishEvent(ctx context.Context, subject, msgID string, ev E
 }
 
 func (c *Consumer) publishMerged(ctx context.Context, run *pendingRun, res *Result, digest string) error {
-	var digests []string
-	for _, r := range slices.Sorted(maps.Keys(run.ranks)) {
-		digests = append(digests, strconv.Itoa(r)+"="+run.ranks[r].digest)
+	m := streams.BenchMerged{RunID: run.runID, Path: res.MergedPath, Digest: digest, RankDigests: map[int]string{}}
+	for r, h := range run.ranks {
+		m.RankDigests[r] = h.digest
 	}
-	hdr := nats.Header{}
-	hdr.Set(HeaderKind, KindMerged)
-	hdr.Set(HeaderRun, run.runID)
-	hdr.Set(HeaderFile, res.MergedPath)
-	hdr.Set(HeaderRankDigests, strings.Join(digests, ","))
 	if res.Sidecar != nil {
 		pc, err := json.Marshal(res.Probe)
 		if err != nil {
 			return err
 		}
-		hdr.Set(HeaderProbeContext, string(pc))
+		m.ProbeContext = pc
 	}
-	if _, err := c.store.publish(ctx, MergedSubject(run.runID), mergedMsgID(run.runID), objectName(KindMerged, run.runID, -1, digest),
-		hdr, body{path: res.MergedPath, digest: digest}); err != nil {
+	if _, err := c.store.PublishMerged(ctx, m); err != nil {
 		return err
 	}
 	if res.Sidecar != nil {
@@ -660,12 +655,7 @@ func (c *Consumer) publishSidecar(ctx context.Context, runID, path string) error
 	if err != nil {
 		return err
 	}
-	digest := SHA256Hex(data)
-	hdr := nats.Header{}
-	hdr.Set(HeaderKind, KindSidecar)
-	hdr.Set(HeaderRun, runID)
-	hdr.Set(HeaderFile, path)
-	_, err = c.store.publish(ctx, SidecarSubject(runID), sidecarMsgID(runID, digest), objectName(KindSidecar, runID, -1, digest), hdr, body{data: data, digest: digest})
+	_, err = c.store.PublishSidecar(ctx, runID, path, data)
 	return err
 }
 
@@ -700,7 +690,7 @@ func (c *Consumer) fetchToFile(ctx context.Context, h *heldRank, path string) er
 // readProbes returns every probe reply batch of a run, in stream order.
 func (c *Consumer) readProbes(ctx context.Context, runID string) ([]ProbeReplies, error) {
 	var out []ProbeReplies
-	subj := ProbeSubject(runID)
+	subj := streams.BenchProbeSubject(runID)
 	seq := uint64(1)
 	for {
 		raw, err := c.bench.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
@@ -734,30 +724,25 @@ func (c *Consumer) lookupDone(ctx context.Context, runID string) (*doneRun, erro
 	if _, open := c.runs[runID]; open {
 		return nil, nil
 	}
-	raw, err := c.bench.GetLastMsgForSubject(ctx, MergedSubject(runID))
+	raw, err := c.bench.GetLastMsgForSubject(ctx, streams.BenchMergedSubject(runID))
 	switch {
 	case err == nil:
-		d := &doneRun{outcome: EventMerged, digests: map[int]string{}, reported: map[string]bool{}}
-		for _, kv := range strings.Split(raw.Header.Get(HeaderRankDigests), ",") {
-			r, dg, ok := strings.Cut(kv, "=")
-			if n, err := strconv.Atoi(r); ok && err == nil {
-				d.digests[n] = dg
-			}
-		}
-		if s := raw.Header.Get(HeaderProbeContext); s != "" {
+		d := &doneRun{outcome: EventMerged, digests: streams.ParseBenchRankDigests(raw.Header.Get(streams.HeaderBenchRankDigests)),
+			reported: map[string]bool{}}
+		if s := raw.Header.Get(streams.HeaderBenchProbeContext); s != "" {
 			var pc ProbeContext
 			if err := json.Unmarshal([]byte(s), &pc); err == nil {
 				d.probe = &pc
 			}
 		}
 		// A crash between publishing the merged artefact and its outcome event leaves no event: add it.
-		if _, err := c.events.GetLastMsgForSubject(ctx, OutcomeSubject(runID)); errors.Is(err, jetstream.ErrMsgNotFound) {
-			ev := Event{Event: EventMerged, RunID: runID, MergedPath: raw.Header.Get(HeaderFile), MergedSHA256: raw.Header.Get(HeaderSHA256),
+		if _, err := c.events.GetLastMsgForSubject(ctx, streams.BenchOutcomeSubject(runID)); errors.Is(err, jetstream.ErrMsgNotFound) {
+			ev := Event{Event: EventMerged, RunID: runID, MergedPath: raw.Header.Get(streams.HeaderBenchFile), MergedSHA256: raw.Header.Get(streams.HeaderBenchSHA256),
 				Detail: "outcome recorded after a restart"}
 			if d.probe != nil {
 				ev.SidecarPath = d.probe.WorkerProbePath
 			}
-			if err := c.publishEvent(ctx, OutcomeSubject(runID), outcomeMsgID(runID), ev); err != nil {
+			if err := c.publishEvent(ctx, streams.BenchOutcomeSubject(runID), streams.BenchOutcomeMsgID(runID), ev); err != nil {
 				return nil, err
 			}
 		}
@@ -766,7 +751,7 @@ func (c *Consumer) lookupDone(ctx context.Context, runID string) (*doneRun, erro
 	case !errors.Is(err, jetstream.ErrMsgNotFound):
 		return nil, err
 	}
-	raw, err = c.events.GetLastMsgForSubject(ctx, OutcomeSubject(runID))
+	raw, err = c.events.GetLastMsgForSubject(ctx, streams.BenchOutcomeSubject(runID))
 	switch {
 	case err == nil:
 		var ev Event

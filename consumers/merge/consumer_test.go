@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/fpmbus/fpmbus/schemas"
@@ -111,29 +112,60 @@ func count(t *testing.T, env *streamstest.Env, stream, subject string) int {
 }
 
 // publishRaw re-publishes a rank with a fresh message id, as a re-publication after the duplicate window
-// would arrive.
-func publishRaw(t *testing.T, env *streamstest.Env, store *Store, file string, data []byte, msgID string) {
+// would arrive: the message the store published for these bytes (same headers, inline body or object),
+// stored again under msgID.
+func publishRaw(t *testing.T, env *streamstest.Env, file string, data []byte, msgID string) {
 	t.Helper()
+	ctx := context.Background()
 	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hdr := nats.Header{}
-	hdr.Set(HeaderKind, KindRank)
-	hdr.Set(HeaderRun, sum.RunID)
-	hdr.Set(HeaderRank, strconv.Itoa(sum.Rank))
-	hdr.Set(HeaderDPSize, strconv.Itoa(sum.DPSize))
-	hdr.Set(HeaderFile, file)
-	digest := SHA256Hex(data)
-	if _, err := store.publish(context.Background(), RankSubject(sum.RunID, sum.Rank), msgID, objectName(KindRank, sum.RunID, sum.Rank, digest), hdr, body{data: data, digest: digest}); err != nil {
+	bench, err := env.JS.Stream(ctx, streams.StreamBench)
+	if err != nil {
 		t.Fatal(err)
 	}
+	first, err := bench.GetLastMsgForSubject(ctx, streams.BenchRankSubject(sum.RunID, sum.Rank))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Header.Get(streams.HeaderBenchSHA256) != schemas.SHA256Hex(data) {
+		t.Fatalf("the last publication of rank %d holds other bytes", sum.Rank)
+	}
+	msg := &nats.Msg{Subject: first.Subject, Header: nats.Header{}, Data: first.Data}
+	for k, v := range first.Header {
+		msg.Header[k] = v
+	}
+	msg.Header.Set(streams.HeaderMsgID, msgID)
+	if _, err := env.JS.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publishRank validates a rank artefact and publishes it, as `fpmbus bench publish` does.
+func publishRank(ctx context.Context, store *streams.BenchStore, file string, data []byte) (RankSummary, *jetstream.PubAck, error) {
+	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data})
+	if err != nil {
+		return RankSummary{}, nil, err
+	}
+	ack, err := store.PublishRank(ctx, streams.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: file}, data)
+	return sum, ack, err
+}
+
+// publishProbe checks worker-probe replies and publishes them, as `fpmbus bench publish --probe` does.
+func publishProbe(ctx context.Context, store *streams.BenchStore, runID, file string, data []byte) (*jetstream.PubAck, string, error) {
+	run, err := ProbeRun(runID, file, data)
+	if err != nil {
+		return nil, "", err
+	}
+	ack, err := store.PublishProbe(ctx, run, file, data)
+	return ack, run, err
 }
 
 func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	env := streamstest.Start(t)
 	ctx := context.Background()
-	store := NewStore(env.JS, 4096, streams.DefaultConfig()) // 60 KB rank files go through the object store
+	store := streams.NewBenchStore(env.JS, 4096, streams.DefaultConfig()) // 60 KB rank files go through the object store
 	ranks, _ := loadGoldenInputs(t, goldenDir("protocol_4rank"))
 	probeData, err := os.ReadFile(filepath.Join(goldenDir("protocol_4rank"), "probe.json"))
 	if err != nil {
@@ -143,7 +175,7 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "benchmark_results_"+RunIDPlaceholder+"_merged.json")
 
 	r := startConsumer(t, env, Config{Output: out})
-	if _, _, err := store.PublishProbe(ctx, runID, "/tmp/probe.json", probeData); err != nil {
+	if _, _, err := publishProbe(ctx, store, runID, "/tmp/probe.json", probeData); err != nil {
 		t.Fatal(err)
 	}
 	byRank := map[int]RankFile{}
@@ -154,18 +186,18 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 		}
 	}
 	for _, rank := range []int{2, 0, 3} {
-		if _, _, err := store.PublishRank(ctx, byRank[rank].Path, byRank[rank].Data); err != nil {
+		if _, _, err := publishRank(ctx, store, byRank[rank].Path, byRank[rank].Data); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Rank 0 again: the server deduplicates the identical re-publication inside its window...
-	if _, ack, err := store.PublishRank(ctx, byRank[0].Path, byRank[0].Data); err != nil || !ack.Duplicate {
+	if _, ack, err := publishRank(ctx, store, byRank[0].Path, byRank[0].Data); err != nil || !ack.Duplicate {
 		t.Fatalf("identical re-publication: ack %+v err %v, want a duplicate", ack, err)
 	}
 	// ...and the merger recognises one arriving after the window (a new message id, the same bytes).
-	publishRaw(t, env, store, byRank[0].Path, byRank[0].Data, "after-the-window-1")
+	publishRaw(t, env, byRank[0].Path, byRank[0].Data, "after-the-window-1")
 	r.quiet(t, 300*time.Millisecond) // three of four ranks: nothing happens yet
-	if _, _, err := store.PublishRank(ctx, byRank[1].Path, byRank[1].Data); err != nil {
+	if _, _, err := publishRank(ctx, store, byRank[1].Path, byRank[1].Data); err != nil {
 		t.Fatal(err)
 	}
 	ev := r.next(t, EventMerged)
@@ -186,45 +218,45 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	if !bytes.Equal(got, schemas.AppendBenchJSON(nil, want.Merged)) {
 		t.Fatalf("broker merge differs from the offline merge")
 	}
-	if ev.MergedSHA256 != SHA256Hex(got) {
-		t.Fatalf("event digest %s, file %s", ev.MergedSHA256, SHA256Hex(got))
+	if ev.MergedSHA256 != schemas.SHA256Hex(got) {
+		t.Fatalf("event digest %s, file %s", ev.MergedSHA256, schemas.SHA256Hex(got))
 	}
 	side, err := os.ReadFile(SidecarPathFor(mergedPath))
 	if err != nil || !bytes.Equal(side, schemas.AppendBenchJSON(nil, want.Sidecar)) {
 		t.Fatalf("sidecar differs from the offline one (%v)", err)
 	}
-	msgs := streamstest.Messages(t, env.JS, streams.StreamBench, MergedSubject(runID))
-	if len(msgs) != 1 || msgs[0].Headers().Get(HeaderObject) == "" {
+	msgs := streamstest.Messages(t, env.JS, streams.StreamBench, streams.BenchMergedSubject(runID))
+	if len(msgs) != 1 || msgs[0].Headers().Get(streams.HeaderBenchObject) == "" {
 		t.Fatalf("%d merged messages (want 1, body in the object store)", len(msgs))
 	}
 	body, err := store.Fetch(ctx, msgs[0].Headers(), msgs[0].Data())
 	if err != nil || !bytes.Equal(body, got) {
 		t.Fatalf("the published merged artefact differs from the file (%v)", err)
 	}
-	if n := count(t, env, streams.StreamBench, SidecarSubject(runID)); n != 1 {
+	if n := count(t, env, streams.StreamBench, streams.BenchSidecarSubject(runID)); n != 1 {
 		t.Fatalf("%d sidecar messages", n)
 	}
 
 	// A conflicting re-publication of rank 1 is reported; the merged artefact stands.
 	docs := goldenCases[1].spec.build()
 	docs[1].Set("benchmark_config", obj("mode", "graph_aware", "content_mode", "synthetic", "pool_tag", "other"))
-	if _, _, err := store.PublishRank(ctx, byRank[1].Path, schemas.AppendBenchJSON(nil, &docs[1])); err != nil {
+	if _, _, err := publishRank(ctx, store, byRank[1].Path, schemas.AppendBenchJSON(nil, &docs[1])); err != nil {
 		t.Fatal(err)
 	}
 	cev := r.next(t, EventConflict)
-	if cev.Rank == nil || *cev.Rank != 1 || cev.KeptSHA256 != SHA256Hex(byRank[1].Data) {
+	if cev.Rank == nil || *cev.Rank != 1 || cev.KeptSHA256 != schemas.SHA256Hex(byRank[1].Data) {
 		t.Fatalf("conflict event %+v", cev)
 	}
 
 	// After a restart the durable replays nothing merged twice: an identical re-publication is silent.
 	r.stop(t)
 	r2 := startConsumer(t, env, Config{Output: out})
-	publishRaw(t, env, store, byRank[2].Path, byRank[2].Data, "after-the-window-2")
+	publishRaw(t, env, byRank[2].Path, byRank[2].Data, "after-the-window-2")
 	r2.quiet(t, 500*time.Millisecond)
-	if n := count(t, env, streams.StreamBench, MergedSubject(runID)); n != 1 {
+	if n := count(t, env, streams.StreamBench, streams.BenchMergedSubject(runID)); n != 1 {
 		t.Fatalf("%d merged messages after the restart", n)
 	}
-	if n := count(t, env, streams.StreamEvents, OutcomeSubject(runID)); n != 1 {
+	if n := count(t, env, streams.StreamEvents, streams.BenchOutcomeSubject(runID)); n != 1 {
 		t.Fatalf("%d outcome events", n)
 	}
 	after, _ := os.ReadFile(mergedPath)
@@ -245,14 +277,14 @@ func mustProbes(t *testing.T, data []byte) []ProbeReplies {
 func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 	env := streamstest.Start(t)
 	ctx := context.Background()
-	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	dir := t.TempDir()
 	r := startConsumer(t, env, Config{Output: filepath.Join(dir, "m_"+RunIDPlaceholder+".json")})
 	docs := ruleBase.build()
 	setPath(&docs[1], v("FLASHINFER"), "engine", "attention", "backend_requested")
 	files := defaultFiles(docs)
 	for _, rf := range files {
-		if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+		if _, _, err := publishRank(ctx, store, rf.Path, rf.Data); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -260,15 +292,15 @@ func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 	if ev.RunID != ruleBase.runID || ev.Rank == nil || *ev.Rank != 1 || ev.Rule != RuleEngineMismatch || ev.Detail == "" {
 		t.Fatalf("rejection event %+v", ev)
 	}
-	publishRaw(t, env, store, files[1].Path, files[1].Data, "again")
+	publishRaw(t, env, files[1].Path, files[1].Data, "again")
 	r.quiet(t, 300*time.Millisecond)
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Fatalf("a rejected merge wrote %d files", len(entries))
 	}
-	if n := count(t, env, streams.StreamBench, MergedSubject(ruleBase.runID)); n != 0 {
+	if n := count(t, env, streams.StreamBench, streams.BenchMergedSubject(ruleBase.runID)); n != 0 {
 		t.Fatalf("%d merged messages for a rejected run", n)
 	}
-	msgs := streamstest.Messages(t, env.JS, streams.StreamEvents, OutcomeSubject(ruleBase.runID))
+	msgs := streamstest.Messages(t, env.JS, streams.StreamEvents, streams.BenchOutcomeSubject(ruleBase.runID))
 	if len(msgs) != 1 || msgs[0].Headers().Get(streams.HeaderEventType) != EventRejected {
 		t.Fatalf("%d outcome events", len(msgs))
 	}
@@ -281,12 +313,12 @@ func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 func TestBenchBrokerReportsIncompleteRun(t *testing.T) {
 	env := streamstest.Start(t)
 	ctx := context.Background()
-	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	r := startConsumer(t, env, Config{RankTimeout: 700 * time.Millisecond})
 	spec := runSpec{runID: "incomplete-run", grid: "g", size: 4, points: 2}
 	files := spec.rankFiles()
 	for _, i := range []int{0, 2} {
-		if _, _, err := store.PublishRank(ctx, files[i].Path, files[i].Data); err != nil {
+		if _, _, err := publishRank(ctx, store, files[i].Path, files[i].Data); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -295,7 +327,7 @@ func TestBenchBrokerReportsIncompleteRun(t *testing.T) {
 		t.Fatalf("incomplete event %+v", ev)
 	}
 	// A rank arriving late does not revive the run.
-	if _, _, err := store.PublishRank(ctx, files[1].Path, files[1].Data); err != nil {
+	if _, _, err := publishRank(ctx, store, files[1].Path, files[1].Data); err != nil {
 		t.Fatal(err)
 	}
 	r.quiet(t, 300*time.Millisecond)
@@ -304,12 +336,12 @@ func TestBenchBrokerReportsIncompleteRun(t *testing.T) {
 func TestBenchBrokerLateProbeRewritesSidecar(t *testing.T) {
 	env := streamstest.Start(t)
 	ctx := context.Background()
-	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	out := filepath.Join(t.TempDir(), "r_"+RunIDPlaceholder+"_merged.json")
 	r := startConsumer(t, env, Config{Output: out})
 	spec := runSpec{runID: "late-probe", grid: "g", size: 2, points: 2, raw: 2, protocol: true, exec: true, engine: true}
 	for _, rf := range spec.rankFiles() {
-		if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+		if _, _, err := publishRank(ctx, store, rf.Path, rf.Data); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -320,7 +352,7 @@ func TestBenchBrokerLateProbeRewritesSidecar(t *testing.T) {
 	}
 	merged, _ := os.ReadFile(ev.MergedPath)
 	replies := v([]any{workerReply(0, 0, 0, 0, 0, mla(""), layers), workerReply(1, 0, 0, 0, 0, mla(""), layers)})
-	if _, _, err := store.PublishProbe(ctx, spec.runID, "/tmp/probe.json", schemas.AppendBenchJSON(nil, &replies)); err != nil {
+	if _, _, err := publishProbe(ctx, store, spec.runID, "/tmp/probe.json", schemas.AppendBenchJSON(nil, &replies)); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -352,7 +384,7 @@ func readSidecar(t *testing.T, path string) schemas.WorkerProbeSidecar {
 func TestBenchBrokerTwoPartitions(t *testing.T) {
 	env := streamstest.Start(t)
 	ctx := context.Background()
-	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	dir := t.TempDir()
 	p0 := startConsumer(t, env, Config{Partition: 0, Partitions: 2, Output: filepath.Join(dir, "p0_"+RunIDPlaceholder+".json")})
 	p1 := startConsumer(t, env, Config{Partition: 1, Partitions: 2, Output: filepath.Join(dir, "p1_"+RunIDPlaceholder+".json")})
@@ -364,7 +396,7 @@ func TestBenchBrokerTwoPartitions(t *testing.T) {
 		spec := runSpec{runID: "scale-run-" + strconv.Itoa(i), grid: "g", size: 2, points: 2}
 		owners[spec.runID] = Partition(spec.runID, 2)
 		for _, rf := range spec.rankFiles() {
-			if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+			if _, _, err := publishRank(ctx, store, rf.Path, rf.Data); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -393,7 +425,7 @@ func TestBenchBrokerTwoPartitions(t *testing.T) {
 	p0.quiet(t, 200*time.Millisecond)
 	p1.quiet(t, 50*time.Millisecond)
 	for id := range owners {
-		if n := count(t, env, streams.StreamBench, MergedSubject(id)); n != 1 {
+		if n := count(t, env, streams.StreamBench, streams.BenchMergedSubject(id)); n != 1 {
 			t.Fatalf("run %s merged %d times", id, n)
 		}
 	}
@@ -419,13 +451,13 @@ func equalInts(a, b []int) bool {
 func TestBenchBrokerResumesAfterRestart(t *testing.T) {
 	env := streamstest.Start(t)
 	ctx := context.Background()
-	store := NewStore(env.JS, 0, streams.DefaultConfig())
+	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	out := filepath.Join(t.TempDir(), "r_"+RunIDPlaceholder+"_merged.json")
 	spec := runSpec{runID: "restart-run", grid: "g", size: 4, points: 2, raw: 2, protocol: true, exec: true, engine: true}
 	files := spec.rankFiles()
 	a := startConsumer(t, env, Config{Output: out})
 	for _, rf := range files[:2] {
-		if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+		if _, _, err := publishRank(ctx, store, rf.Path, rf.Data); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -433,7 +465,7 @@ func TestBenchBrokerResumesAfterRestart(t *testing.T) {
 	a.stop(t)
 	b := startConsumer(t, env, Config{Output: out})
 	for _, rf := range files[2:] {
-		if _, _, err := store.PublishRank(ctx, rf.Path, rf.Data); err != nil {
+		if _, _, err := publishRank(ctx, store, rf.Path, rf.Data); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -441,7 +473,7 @@ func TestBenchBrokerResumesAfterRestart(t *testing.T) {
 	if !equalInts(ev.SourceRanks, []int{0, 1, 2, 3}) {
 		t.Fatalf("merged ranks %v", ev.SourceRanks)
 	}
-	if n := count(t, env, streams.StreamBench, MergedSubject(spec.runID)); n != 1 {
+	if n := count(t, env, streams.StreamBench, streams.BenchMergedSubject(spec.runID)); n != 1 {
 		t.Fatalf("%d merged messages", n)
 	}
 }

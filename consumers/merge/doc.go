@@ -10,11 +10,12 @@
 //     *RejectError naming the run, rank, point and Rule broken out; nothing is written.
 //   - WriteResult (write.go): the files, in the seed's order: remove a sidecar left by an earlier run,
 //     write the merged artefact atomically (temp file, fsync, rename, directory fsync), then the sidecar.
-//   - Store (publish.go): bodies on FPM_BENCH, inline up to 1 MiB, otherwise in the object store
-//     FPM_BENCH_OBJECTS behind a small manifest message (see the Store comment for why).
+//   - streams.BenchStore: bodies on FPM_BENCH, inline up to 1 MiB, otherwise in the object store
+//     FPM_BENCH_OBJECTS behind a small manifest message. The subjects, headers, message ids and the
+//     store are the wire contract, in streams/ (bench.go, objectstore.go), shared with the sealer.
 //   - Consumer (consumer.go): the durable merger behind `fpmbus merge` and `fpmbus up`.
 //   - `fpmbus bench merge` runs Merge + WriteResult offline; `fpmbus bench publish` runs ValidateRank
-//     and publishes.
+//     and ProbeRun (publish.go), then streams.BenchStore.PublishBench.
 //
 // # How a merge reads a run
 //

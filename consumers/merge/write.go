@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -68,7 +69,7 @@ func WriteResult(res *Result) (digest string, size int64, err error) {
 	if err := removeIfExists(res.SidecarPath); err != nil {
 		return "", 0, fmt.Errorf("merge: remove stale sidecar: %w", err)
 	}
-	digest, size, err = WriteFileAtomic(res.MergedPath, func(w io.Writer) error { return schemas.WriteBenchJSON(w, res.Merged) })
+	digest, size, err = writeAtomic(res.MergedPath, func(w io.Writer) error { return schemas.WriteBenchJSON(w, res.Merged) })
 	if err != nil {
 		return "", 0, fmt.Errorf("merge: write merged artefact: %w", err)
 	}
@@ -82,53 +83,28 @@ func WriteResult(res *Result) (digest string, size int64, err error) {
 
 // WriteSidecar writes a sidecar atomically.
 func WriteSidecar(path string, sidecar *schemas.BenchNode) error {
-	if _, _, err := WriteFileAtomic(path, func(w io.Writer) error { return schemas.WriteBenchJSON(w, sidecar) }); err != nil {
+	if _, _, err := writeAtomic(path, func(w io.Writer) error { return schemas.WriteBenchJSON(w, sidecar) }); err != nil {
 		return fmt.Errorf("merge: write worker-probe sidecar: %w", err)
 	}
 	return nil
 }
 
-// WriteFileAtomic writes path through a temporary file in the same directory: write, fsync, close,
-// rename over path, fsync the directory. A crash leaves either the old file or the new one, never a torn
-// one; a leftover "<path>.tmp-*" file is garbage from an interrupted write. It returns the sha256 (hex)
-// and size of what was written.
-func WriteFileAtomic(path string, write func(io.Writer) error) (string, int64, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", 0, err
-	}
-	f, err := os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
+// writeAtomic writes path atomically (fsutil.WriteAtomic: temporary file, fsync, rename, directory
+// fsync; a crash leaves either the old file or the new one) and returns the sha256 (hex) and size of
+// what was written, which the merged message and the outcome event carry.
+func writeAtomic(path string, write func(io.Writer) error) (string, int64, error) {
+	h := sha256.New()
+	var size int64
+	err := fsutil.WriteAtomic(path, 0o644, func(w io.Writer) error {
+		cw := &countWriter{w: io.MultiWriter(w, h)}
+		err := write(cw)
+		size = cw.n
+		return err
+	})
 	if err != nil {
 		return "", 0, err
 	}
-	tmp := f.Name()
-	cleanup := func() { f.Close(); os.Remove(tmp) }
-	h := sha256.New()
-	cw := &countWriter{w: io.MultiWriter(f, h)}
-	if err := write(cw); err != nil {
-		cleanup()
-		return "", 0, err
-	}
-	if err := f.Sync(); err != nil {
-		cleanup()
-		return "", 0, err
-	}
-	if err := f.Chmod(0o644); err != nil {
-		cleanup()
-		return "", 0, err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return "", 0, err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return "", 0, err
-	}
-	if err := syncDir(dir); err != nil {
-		return "", 0, err
-	}
-	return hex.EncodeToString(h.Sum(nil)), cw.n, nil
+	return hex.EncodeToString(h.Sum(nil)), size, nil
 }
 
 type countWriter struct {
@@ -142,31 +118,13 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, fs.ErrInvalid) {
-		return err
-	}
-	return nil
-}
-
 func removeIfExists(path string) error {
 	err := os.Remove(path)
 	if err == nil {
-		return syncDir(filepath.Dir(path))
+		return fsutil.SyncDir(filepath.Dir(path))
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	return err
-}
-
-// SHA256Hex is the hex sha256 of b.
-func SHA256Hex(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
 }

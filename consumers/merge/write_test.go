@@ -3,7 +3,6 @@ package merge
 import (
 	"encoding/json"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 func TestBenchWriteResultOrderAndStaleSidecar(t *testing.T) {
@@ -36,7 +34,7 @@ func TestBenchWriteResultOrderAndStaleSidecar(t *testing.T) {
 		t.Fatalf("the earlier run's sidecar survived: %v", err)
 	}
 	b, _ := os.ReadFile(merged)
-	if SHA256Hex(b) != digest || int64(len(b)) != size {
+	if schemas.SHA256Hex(b) != digest || int64(len(b)) != size {
 		t.Fatalf("digest/size do not describe the file")
 	}
 
@@ -69,29 +67,7 @@ func TestBenchWriteResultOrderAndStaleSidecar(t *testing.T) {
 	}
 }
 
-func TestBenchWriteFileAtomicLeavesOldFileOnError(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.json")
-	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	boom := errors.New("disk full")
-	_, _, err := WriteFileAtomic(path, func(w io.Writer) error {
-		_, _ = w.Write([]byte("half a merged arte"))
-		return boom
-	})
-	if !errors.Is(err, boom) {
-		t.Fatalf("err %v", err)
-	}
-	if b, _ := os.ReadFile(path); string(b) != "old" {
-		t.Fatalf("the old file was replaced by a torn one: %q", b)
-	}
-	entries, _ := os.ReadDir(filepath.Dir(path))
-	if len(entries) != 1 {
-		t.Fatalf("%d files left, want only the old one", len(entries))
-	}
-}
-
-func TestBenchPathsAndSubjects(t *testing.T) {
+func TestBenchPathsAndPartitions(t *testing.T) {
 	for in, want := range map[string]int{
 		"/tmp/benchmark_results.json": -1, "/tmp/benchmark_results_dp3.json": 3, "b_dp12.json": 12, "x_dpx.json": -1,
 	} {
@@ -110,24 +86,6 @@ func TestBenchPathsAndSubjects(t *testing.T) {
 	}
 	if got := ExpandPath("/o/r_{run_id}_merged.json", "a/b c"); got != "/o/r_a%2Fb%20c_merged.json" {
 		t.Errorf("ExpandPath: %s", got)
-	}
-	run := "run.with*odd>chars"
-	for _, c := range []struct {
-		subject, kind string
-		rank          int
-	}{{RankSubject(run, 7), KindRank, 7}, {ProbeSubject(run), KindProbe, -1}, {MergedSubject(run), KindMerged, -1}} {
-		kind, id, rank, err := ParseBenchSubject(c.subject)
-		if err != nil || kind != c.kind || id != run || rank != c.rank {
-			t.Errorf("%s: %s %q %d %v", c.subject, kind, id, rank, err)
-		}
-		if strings.Count(c.subject, ".") != map[bool]int{true: 3, false: 2}[c.kind == KindRank] {
-			t.Errorf("%s: the run id is not one token", c.subject)
-		}
-	}
-	for _, bad := range []string{"fpmbench.rank.r", "fpmbench.rank.r.-1", "fpmbench.other.r", "fpm.rank.r.0"} {
-		if _, _, _, err := ParseBenchSubject(bad); !errors.Is(err, streams.ErrBadSubject) {
-			t.Errorf("%s accepted: %v", bad, err)
-		}
 	}
 	counts := [4]int{}
 	for i := range 4000 {

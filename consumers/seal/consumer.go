@@ -9,37 +9,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
-
-// SubjectProfileRoot carries collection profiles: fpmbench.profile.<run> (run encoded with
-// streams.EncodeToken), body = the profile JSON (schemas.CollectionProfile), header Fpm-Bench-Run. The
-// last message on the subject is the run's profile. `fpmbus bench publish --profile FILE` publishes it
-// (Nats-Msg-Id fpmbench:profile:<run>:<sha256>) before the rank artefacts.
-const SubjectProfileRoot = streams.BenchRoot + ".profile"
-
-// ProfileSubject is run runID's profile subject.
-func ProfileSubject(runID string) string {
-	return SubjectProfileRoot + "." + streams.EncodeToken(runID)
-}
-
-// PublishProfile publishes run runID's collection profile (for `fpmbus bench publish --profile` and tests).
-func PublishProfile(ctx context.Context, js jetstream.JetStream, runID string, body []byte) error {
-	if _, err := schemas.DecodeProfile(bytes.NewReader(body)); err != nil {
-		return err
-	}
-	msg := nats.NewMsg(ProfileSubject(runID))
-	msg.Data = body
-	msg.Header.Set(merge.HeaderRun, runID)
-	msg.Header.Set(nats.MsgIdHdr, "fpmbench:profile:"+streams.EncodeToken(runID)+":"+schemas.SHA256Hex(body))
-	_, err := js.PublishMsg(ctx, msg)
-	return err
-}
 
 // DefaultDurable is the sealer's durable consumer on FPM_BENCH.
 const DefaultDurable = "fpmbus-seal"
@@ -65,7 +39,7 @@ type ConsumerConfig struct {
 type Consumer struct {
 	js     jetstream.JetStream
 	sealer *Sealer
-	store  *merge.Store
+	store  *streams.BenchStore
 	cfg    ConsumerConfig
 	log    *slog.Logger
 
@@ -94,7 +68,7 @@ func NewConsumer(js jetstream.JetStream, s *Sealer, cfg ConsumerConfig) (*Consum
 	if cfg.ProfileWait < 0 || cfg.AckWait < time.Second {
 		return nil, fmt.Errorf("seal: profile wait %v must be >= 0 and ack wait %v >= 1s", cfg.ProfileWait, cfg.AckWait)
 	}
-	return &Consumer{js: js, sealer: s, store: merge.NewStore(js, 0, cfg.Streams), cfg: cfg, log: cfg.Logger,
+	return &Consumer{js: js, sealer: s, store: streams.NewBenchStore(js, 0, cfg.Streams), cfg: cfg, log: cfg.Logger,
 		quit: make(chan struct{}), stopped: make(chan struct{})}, nil
 }
 
@@ -120,7 +94,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cons, err := c.js.CreateOrUpdateConsumer(ctx, streams.StreamBench, jetstream.ConsumerConfig{
 		Durable:        c.cfg.Durable,
 		Description:    "fpmbus dataset sealer: merged artefacts to FPM_DATASETS",
-		FilterSubjects: []string{merge.SubjectMergedRoot + ".>"},
+		FilterSubjects: []string{streams.BenchMergedWildcard},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        c.cfg.AckWait,
@@ -162,7 +136,7 @@ func (c *Consumer) Close(ctx context.Context) error {
 
 func (c *Consumer) handle(ctx context.Context, bench jetstream.Stream, m jetstream.Msg) {
 	hdr := m.Headers()
-	runID := hdr.Get(merge.HeaderRun)
+	runID := hdr.Get(streams.HeaderBenchRun)
 	log := c.log.With("run_id", runID, "subject", m.Subject())
 	body, err := c.store.Fetch(ctx, hdr, m.Data())
 	if err != nil {
@@ -170,16 +144,16 @@ func (c *Consumer) handle(ctx context.Context, bench jetstream.Stream, m jetstre
 		_ = m.NakWithDelay(5 * time.Second)
 		return
 	}
-	pm, err := bench.GetLastMsgForSubject(ctx, ProfileSubject(runID))
+	pm, err := bench.GetLastMsgForSubject(ctx, streams.BenchProfileSubject(runID))
 	if err != nil {
 		md, _ := m.Metadata()
 		if errors.Is(err, jetstream.ErrMsgNotFound) && md != nil && time.Since(md.Timestamp) > c.cfg.ProfileWait {
-			log.Error("no collection profile for the run: not sealed", "subject", ProfileSubject(runID), "waited", c.cfg.ProfileWait)
-			c.outcome(runID, nil, fmt.Errorf("seal: run %q has no collection profile on %s", runID, ProfileSubject(runID)))
+			log.Error("no collection profile for the run: not sealed", "subject", streams.BenchProfileSubject(runID), "waited", c.cfg.ProfileWait)
+			c.outcome(runID, nil, fmt.Errorf("seal: run %q has no collection profile on %s", runID, streams.BenchProfileSubject(runID)))
 			_ = m.Term()
 			return
 		}
-		log.Info("waiting for the run's collection profile", "subject", ProfileSubject(runID), "error", err)
+		log.Info("waiting for the run's collection profile", "subject", streams.BenchProfileSubject(runID), "error", err)
 		_ = m.NakWithDelay(5 * time.Second)
 		return
 	}
@@ -190,7 +164,7 @@ func (c *Consumer) handle(ctx context.Context, bench jetstream.Stream, m jetstre
 		_ = m.Term()
 		return
 	}
-	ds, err := FromMerged(body, hdr.Get(merge.HeaderSHA256), prof)
+	ds, err := FromMerged(body, hdr.Get(streams.HeaderBenchSHA256), prof)
 	if err != nil {
 		log.Error("merged artefact not sealable", "error", err)
 		c.outcome(runID, nil, err)

@@ -34,10 +34,11 @@
 // command exits ExitPartial (3); a conflict exits ExitConflict (4).
 //
 // The durable Consumer (`fpmbus seal`) reads merged artefacts from fpmbench.merged.<run> (bodies
-// inline or in FPM_BENCH_OBJECTS, via merge.Store), takes the run's collection profile from the last
-// message on fpmbench.profile.<run> (published by `fpmbus bench publish --profile FILE`; see
-// PublishProfile), builds the cell with FromMerged and publishes it. It is stateless: instances share
-// nothing but the bucket.
+// inline or in FPM_BENCH_OBJECTS, via streams.BenchStore), takes the run's collection profile from the
+// last message on fpmbench.profile.<run> (published by `fpmbus bench publish --profile FILE`; see
+// streams.PublishProfile), builds the cell with FromMerged and publishes it. It is stateless: instances
+// share nothing but the bucket. Subjects, headers and the object store are streams' (the wire
+// contract); the sealer imports no other stage.
 //
 // # Watching
 //

@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 const goldenMerged = "../merge/testdata/golden/protocol_4rank/merged.golden.json"
@@ -86,16 +86,16 @@ func TestConsumerSealsMergedArtefacts(t *testing.T) {
 	}
 	_ = json.Unmarshal(doc, &hdr)
 	profile, _ := json.Marshal(testProfile)
-	if err := PublishProfile(ctx, env.JS, hdr.RunID, profile); err != nil {
+	if _, err := streams.PublishProfile(ctx, env.JS, hdr.RunID, profile); err != nil {
 		t.Fatal(err)
 	}
 	publishMerged := func() {
-		msg := nats.NewMsg(merge.MergedSubject(hdr.RunID))
+		msg := nats.NewMsg(streams.BenchMergedSubject(hdr.RunID))
 		msg.Data = doc
-		msg.Header.Set(merge.HeaderKind, merge.KindMerged)
-		msg.Header.Set(merge.HeaderRun, hdr.RunID)
-		msg.Header.Set(merge.HeaderSHA256, schemas.SHA256Hex(doc))
-		msg.Header.Set(merge.HeaderSize, strconv.Itoa(len(doc)))
+		msg.Header.Set(streams.HeaderBenchKind, streams.BenchKindMerged)
+		msg.Header.Set(streams.HeaderBenchRun, hdr.RunID)
+		msg.Header.Set(streams.HeaderBenchSHA256, schemas.SHA256Hex(doc))
+		msg.Header.Set(streams.HeaderBenchSize, strconv.Itoa(len(doc)))
 		if _, err := env.JS.PublishMsg(ctx, msg); err != nil {
 			t.Fatal(err)
 		}

@@ -20,7 +20,8 @@
 //	repair.go         ReadSegment, CorruptError and the explicit torn-tail Repair run at startup
 //	backfill.go       Writer.Backfill: an ordered consumer over a range, through the same loop
 //	info.go           Info: per producer and key, what segments hold; damage and violations
-//	fileutil.go       the file interface (fault injection), directory fsync, the write probe
+//	fileutil.go       the file interface (fault injection) and the write probe (directory fsync and
+//	                  atomic replacement are internal/fsutil's)
 //	config.go         Config (DYN_FPM_* variables) and its validation
 //	metrics.go        Prometheus metrics
 //

@@ -1,6 +1,8 @@
 package trace
 
 import (
+	"strconv"
+
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
@@ -34,29 +36,51 @@ func checkFPM(body []byte) (fpmIdent, error) {
 	return fpmIdent{workerID: f.WorkerID, dpRank: f.DPRank, counterID: f.CounterID}, nil
 }
 
-// fpmTemplate is the canonical FPM object: literal text between the values, a value kind after each.
-var fpmTemplate = [...]struct {
+// templatePart is one piece of fpmTemplate: literal text, then a value of kind.
+type templatePart struct {
 	lit  string
 	kind byte // 's' ASCII string, 'i' integer, 'f' number with a fraction, 0: end
-}{
-	{`{"version":1,"worker_id":"`, 's'},
-	{`","dp_rank":`, 'i'},
-	{`,"counter_id":`, 'i'},
-	{`,"wall_time":`, 'f'},
-	{`,"scheduled_requests":{"num_prefill_requests":`, 'i'},
-	{`,"sum_prefill_tokens":`, 'i'},
-	{`,"var_prefill_length":`, 'f'},
-	{`,"sum_prefill_kv_tokens":`, 'i'},
-	{`,"num_decode_requests":`, 'i'},
-	{`,"sum_decode_kv_tokens":`, 'i'},
-	{`,"var_decode_kv_tokens":`, 'f'},
-	{`},"queued_requests":{"num_prefill_requests":`, 'i'},
-	{`,"sum_prefill_tokens":`, 'i'},
-	{`,"var_prefill_length":`, 'f'},
-	{`,"num_decode_requests":`, 'i'},
-	{`,"sum_decode_kv_tokens":`, 'i'},
-	{`,"var_decode_kv_tokens":`, 'f'},
-	{`}}`, 0},
+}
+
+// fpmTemplate is the canonical FPM object: literal text between the values, a value kind after each.
+// It is built from schemas.FPMLayout, the one definition of the canonical field order, and reads
+// {"version":1,"worker_id":"<s>","dp_rank":<i>,"counter_id":<i>,"wall_time":<f>,
+// "scheduled_requests":{"num_prefill_requests":<i>,...},"queued_requests":{...}}.
+var fpmTemplate = buildTemplate(schemas.FPMLayout())
+
+// buildTemplate turns a layout into template parts: the keys, punctuation and the version go into the
+// literals; a string, count or number field ends a part.
+func buildTemplate(layout []schemas.FPMField) []templatePart {
+	var parts []templatePart
+	lit := ""
+	var object func(fields []schemas.FPMField)
+	object = func(fields []schemas.FPMField) {
+		lit += "{"
+		for i, f := range fields {
+			if i > 0 {
+				lit += ","
+			}
+			lit += strconv.Quote(f.Name) + ":"
+			switch f.Kind {
+			case schemas.FPMVersionField:
+				lit += strconv.Itoa(schemas.FPMVersion)
+			case schemas.FPMStringField:
+				parts = append(parts, templatePart{lit + `"`, 's'})
+				lit = `"`
+			case schemas.FPMCountField:
+				parts = append(parts, templatePart{lit, 'i'})
+				lit = ""
+			case schemas.FPMNumberField:
+				parts = append(parts, templatePart{lit, 'f'})
+				lit = ""
+			case schemas.FPMRequestsField:
+				object(f.Fields)
+			}
+		}
+		lit += "}"
+	}
+	object(layout)
+	return append(parts, templatePart{lit, 0})
 }
 
 // maxFastDigits keeps every integer within int64 and every number finite.

@@ -22,19 +22,6 @@ func createFile(path string) (file, error) {
 	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o644)
 }
 
-// syncDir fsyncs a directory so that entries created, renamed or removed in it are durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
 // ProbeOutput creates, fsyncs and removes a file in the directory of outputPath, creating the
 // directory first. It turns an unwritable output path into one clear error at start.
 func ProbeOutput(outputPath string) error {

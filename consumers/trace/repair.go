@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/klauspost/compress/gzip"
+
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 )
 
 // Reading and repairing segments. A segment is a sequence of complete gzip members, each holding whole
@@ -164,7 +166,7 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 		if err := os.Remove(path); err != nil {
 			return res, fmt.Errorf("repair segment %s: remove empty segment: %w", path, err)
 		}
-		if err := syncDir(filepath.Dir(path)); err != nil {
+		if err := fsutil.SyncDir(filepath.Dir(path)); err != nil {
 			return res, fmt.Errorf("repair segment %s: sync directory: %w", path, err)
 		}
 		res.Removed = true
@@ -180,25 +182,16 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 	res.Repaired = true
 	res.Offset = scan.good
 	res.CutBytes = int64(len(data)) - scan.good
-	dir := filepath.Dir(path)
 	if scan.good == 0 {
 		if err := os.Remove(path); err != nil {
 			return res, fmt.Errorf("repair segment %s: remove: %w", path, err)
 		}
 		res.Removed = true
-	} else {
-		tmp := path + repairTmpSuffix
-		if err := writeFileSync(tmp, data[:scan.good]); err != nil {
-			_ = os.Remove(tmp)
-			return res, fmt.Errorf("repair segment %s: %w", path, err)
+		if err := fsutil.SyncDir(filepath.Dir(path)); err != nil {
+			return res, fmt.Errorf("repair segment %s: sync directory: %w", path, err)
 		}
-		if err := os.Rename(tmp, path); err != nil {
-			_ = os.Remove(tmp)
-			return res, fmt.Errorf("repair segment %s: rename: %w", path, err)
-		}
-	}
-	if err := syncDir(dir); err != nil {
-		return res, fmt.Errorf("repair segment %s: sync directory: %w", path, err)
+	} else if err := fsutil.WriteFileAtomic(path, data[:scan.good], 0o644, fsutil.TempPath(path+repairTmpSuffix)); err != nil {
+		return res, fmt.Errorf("repair segment %s: %w", path, err)
 	}
 	logger.Warn("trace segment repaired: torn tail cut",
 		"segment", path, "offset", res.Offset, "cut_bytes", res.CutBytes,
@@ -206,19 +199,9 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 	return res, nil
 }
 
+// repairTmpSuffix names the temporary file of a repair (fsutil.TempPath), so that RepairOutput finds
+// and removes what a crash during Repair left behind.
 const repairTmpSuffix = ".repair.tmp"
-
-// writeFileSync writes data to a new file at path and fsyncs it.
-func writeFileSync(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	_, werr := f.Write(data)
-	serr := f.Sync()
-	cerr := f.Close()
-	return errors.Join(werr, serr, cerr)
-}
 
 // RepairOutput is the startup repair step: for every producer with segments under outputPath it
 // removes leftover ".repair.tmp" files of that producer and repairs the newest segment (only the

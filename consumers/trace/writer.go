@@ -11,6 +11,8 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/klauspost/compress/gzip"
+
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 )
 
 // DefaultCompressionLevel is the gzip level of new members: klauspost's level 1 (BestSpeed). Dynamo
@@ -297,7 +299,7 @@ func (w *SegmentWriter) abandon() error {
 	w.shift++
 	if w.fSize == 0 {
 		if err := os.Remove(path); err == nil {
-			_ = syncDir(filepath.Dir(path))
+			_ = fsutil.SyncDir(filepath.Dir(path))
 		}
 	}
 	w.logger.Warn("trace segment abandoned after a failed write; its lines go to the next segment",
@@ -347,7 +349,7 @@ func (w *SegmentWriter) writeChunk(c chunk) error {
 	}
 	if first {
 		// The new file's directory entry must be durable too, before any line in it is acked.
-		if err := syncDir(filepath.Dir(path)); err != nil {
+		if err := fsutil.SyncDir(filepath.Dir(path)); err != nil {
 			return fmt.Errorf("sync directory of %s: %w", path, err)
 		}
 		w.prune(idx)
@@ -398,7 +400,7 @@ func (w *SegmentWriter) prune(active uint64) {
 		w.logger.Debug("trace segment pruned", "segment", s.Path, "max_segments", w.maxSegments)
 	}
 	if removed > 0 {
-		if err := syncDir(filepath.Dir(w.prefix)); err != nil {
+		if err := fsutil.SyncDir(filepath.Dir(w.prefix)); err != nil {
 			w.logger.Warn("trace prune: sync directory", "prefix", w.prefix, "err", err)
 		}
 	}

@@ -1,36 +1,53 @@
-package gaps
+package streams
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
 )
 
-// DropMarkerEvent is the Fpm-Event header value and "type" field of the bridge's drop markers.
+// DropMarkerEvent is the Fpm-Event header value and "type" field of a drop marker.
 const DropMarkerEvent = "drop_marker"
 
-// ErrBadMarker is wrapped by every error of ParseDropMarker.
-var ErrBadMarker = errors.New("gaps: bad drop marker")
+// ErrBadDropMarker is wrapped by every error of ParseDropMarker.
+var ErrBadDropMarker = errors.New("streams: bad drop marker")
 
 // DropMarker is the bridge's statement that it dropped the contiguous sequences FirstSeq..LastSeq
-// (Count of them) of one publisher run (Epoch) for Reason (buffer_full, shutdown, rejected). It is
-// published on streams.DropMarkerSubject(key), possibly after the FPMs that follow the dropped ones.
+// (Count of them) of one publisher run (Epoch) for Reason (buffer_full, shutdown, rejected). The bridge
+// publishes it (Msg) on DropMarkerSubject(Key), possibly after the FPMs that follow the dropped ones;
+// gap detectors read it (ParseDropMarker) to tell a bridge drop from an upstream one.
 type DropMarker struct {
-	Type              string  `json:"type"`
-	Key               KeyJSON `json:"key"`
-	Epoch             int64   `json:"epoch"`
-	FirstSeq          uint64  `json:"first_seq"`
-	LastSeq           uint64  `json:"last_seq"`
-	Count             uint64  `json:"count"`
-	Reason            string  `json:"reason"`
-	Bridge            string  `json:"bridge"`
-	FirstReceivedAtMs int64   `json:"first_received_at_ms"`
-	LastReceivedAtMs  int64   `json:"last_received_at_ms"`
+	Type              string `json:"type"` // always DropMarkerEvent
+	Key               Key    `json:"key"`
+	Epoch             int64  `json:"epoch"`
+	FirstSeq          uint64 `json:"first_seq"`
+	LastSeq           uint64 `json:"last_seq"`
+	Count             uint64 `json:"count"`
+	Reason            string `json:"reason"`
+	Bridge            string `json:"bridge"`
+	FirstReceivedAtMs int64  `json:"first_received_at_ms"`
+	LastReceivedAtMs  int64  `json:"last_received_at_ms"`
 }
 
-// rawMarker has pointers so that a missing field is told from a zero one.
-type rawMarker struct {
+// Msg is the marker's message: subject DropMarkerSubject(m.Key), the marker as JSON, Nats-Msg-Id
+// DropMarkerMsgID (derived from the range, so publishing a marker twice stores it once), Fpm-Event,
+// Fpm-Bridge and Fpm-Epoch.
+func (m *DropMarker) Msg() *nats.Msg {
+	body, _ := json.Marshal(m) // plain strings and integers: cannot fail
+	h := make(nats.Header, 4)
+	h.Set(HeaderMsgID, DropMarkerMsgID(m.Key, m.Epoch, m.FirstSeq, m.LastSeq, m.Reason))
+	h.Set(HeaderEventType, DropMarkerEvent)
+	h.Set(HeaderBridge, m.Bridge)
+	h.Set(HeaderEpoch, strconv.FormatInt(m.Epoch, 10))
+	return &nats.Msg{Subject: DropMarkerSubject(m.Key), Header: h, Data: body}
+}
+
+// rawDropMarker has pointers so that a missing field is told from a zero one.
+type rawDropMarker struct {
 	Type *string `json:"type"`
 	Key  *struct {
 		Namespace *string `json:"namespace"`
@@ -49,15 +66,15 @@ type rawMarker struct {
 }
 
 // ParseDropMarker decodes and checks one drop marker body. Unknown fields are ignored (a newer bridge
-// may add some); a missing or inconsistent required field is an error wrapping ErrBadMarker that
+// may add some); a missing or inconsistent required field is an error wrapping ErrBadDropMarker that
 // names it. The bridge id and the receive times are optional.
 func ParseDropMarker(data []byte) (DropMarker, error) {
-	var r rawMarker
+	var r rawDropMarker
 	if err := json.Unmarshal(data, &r); err != nil {
-		return DropMarker{}, fmt.Errorf("%w: %v", ErrBadMarker, err)
+		return DropMarker{}, fmt.Errorf("%w: %v", ErrBadDropMarker, err)
 	}
 	bad := func(format string, args ...any) (DropMarker, error) {
-		return DropMarker{}, fmt.Errorf("%w: "+format, append([]any{ErrBadMarker}, args...)...)
+		return DropMarker{}, fmt.Errorf("%w: "+format, append([]any{ErrBadDropMarker}, args...)...)
 	}
 	switch {
 	case r.Type == nil:
@@ -87,7 +104,7 @@ func ParseDropMarker(data []byte) (DropMarker, error) {
 	}
 	m := DropMarker{
 		Type:     *r.Type,
-		Key:      KeyJSON{*r.Key.Namespace, *r.Key.Component, *r.Key.WorkerID, int(*r.Key.DPRank)},
+		Key:      Key{Namespace: *r.Key.Namespace, Component: *r.Key.Component, WorkerID: *r.Key.WorkerID, DPRank: int(*r.Key.DPRank)},
 		Epoch:    *r.Epoch,
 		FirstSeq: *r.FirstSeq,
 		LastSeq:  *r.LastSeq,
@@ -104,9 +121,4 @@ func ParseDropMarker(data []byte) (DropMarker, error) {
 		m.LastReceivedAtMs = *r.LastReceivedAtMs
 	}
 	return m, nil
-}
-
-func (m *DropMarker) ref() MarkerRef {
-	return MarkerRef{FirstSeq: m.FirstSeq, LastSeq: m.LastSeq, Count: m.Count, Reason: m.Reason, Bridge: m.Bridge,
-		Epoch: m.Epoch, FirstReceivedAtMs: m.FirstReceivedAtMs, LastReceivedAtMs: m.LastReceivedAtMs}
 }

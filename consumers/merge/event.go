@@ -1,0 +1,9 @@
+package merge
+
+// Event types of the merger's events on fpmevents.bench.<run>.* (header Fpm-Event, and Event.Event).
+const (
+	EventMerged     = "bench_merged"
+	EventRejected   = "bench_rejected"
+	EventIncomplete = "bench_incomplete"
+	EventConflict   = "bench_conflict"
+)

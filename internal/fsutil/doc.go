@@ -1,0 +1,13 @@
+// Package fsutil holds the file helpers every fpmbus stage that writes files shares: directory fsync
+// and atomic replacement of a whole file. It is the one copy of them; consumers and schemas call it
+// rather than keeping their own.
+//
+// Invariants:
+//   - WriteFileAtomic and WriteAtomic leave either the old file or the complete new one at path, never
+//     a torn one, across a crash at any point: the new content is written to a temporary file in the
+//     same directory, fsynced, renamed over path, and then the directory is fsynced so the rename
+//     itself is durable.
+//   - A failed write removes its temporary file; only a crash can leave one behind. Its name is
+//     "<base>.tmp-<random>" unless the caller chose a fixed one with TempPath (so that it can find and
+//     remove leftovers by name at its next start).
+package fsutil

@@ -1,0 +1,108 @@
+package fsutil
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// ErrInvalidOption is wrapped by the error of an option that cannot apply to the write it is given to.
+var ErrInvalidOption = errors.New("fsutil: invalid option")
+
+// SyncDir fsyncs a directory so that entries created, renamed or removed in it are durable. A file
+// system that cannot fsync a directory (it answers EINVAL) already makes such entries as durable as it
+// can, so that answer is not an error.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if errors.Is(err, fs.ErrInvalid) {
+		err = nil
+	}
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Option changes how WriteFileAtomic and WriteAtomic write.
+type Option func(*options)
+
+type options struct {
+	tmp string
+}
+
+// TempPath makes the write go through the temporary file tmp, which must be in path's directory,
+// instead of a random "<base>.tmp-*" name. An existing file tmp is truncated. It is for callers that
+// remove the leftover of an interrupted write by name.
+func TempPath(tmp string) Option {
+	return func(o *options) { o.tmp = tmp }
+}
+
+// WriteFileAtomic replaces path with data, with permissions perm: see WriteAtomic.
+func WriteFileAtomic(path string, data []byte, perm fs.FileMode, opts ...Option) error {
+	return WriteAtomic(path, perm, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	}, opts...)
+}
+
+// WriteAtomic replaces path with what write writes, with permissions perm. It creates path's directory
+// if needed, writes a temporary file in it, fsyncs and closes it, renames it over path and fsyncs the
+// directory. An error from write (returned as it is, for errors.Is) or from any step leaves the old
+// file untouched and removes the temporary one.
+func WriteAtomic(path string, perm fs.FileMode, write func(io.Writer) error, opts ...Option) error {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	dir := filepath.Dir(path)
+	if o.tmp != "" && filepath.Dir(o.tmp) != dir {
+		return fmt.Errorf("%w: temporary file %s is not in the directory of %s", ErrInvalidOption, o.tmp, path)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var f *os.File
+	var err error
+	if o.tmp != "" {
+		f, err = os.OpenFile(o.tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
+	} else {
+		f, err = os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
+	}
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	fail := func(err error) error {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := write(f); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(fmt.Errorf("fsync %s: %w", tmp, err))
+	}
+	if err := f.Chmod(perm); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("close %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := SyncDir(dir); err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	return nil
+}
