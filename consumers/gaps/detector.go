@@ -62,8 +62,12 @@ type Detector struct {
 	revoking                      int       // sessions being revoked gracefully
 	consumed                      bool      // the member's Consume has returned
 	newEvents                     bool      // events emitted since the last checkpoint started
-	mkLastSeq                     uint64    // highest FPM_EVENTS sequence delivered to the loop
-	mkLastStoredMs                int64     // its stream time
+	mkLastStoredMs                int64     // stream time of the newest drop marker delivered to the loop
+	// mkDelivered is the marker consumer's delivery sequence of the last marker that reached the
+	// loop, and which server-side consumer delivered it (an ordered consumer is recreated, under a new
+	// name, after a reset).
+	mkDelivered     uint64
+	mkDeliveredFrom string
 	// markerSubjects are the drop marker subjects with a marker stored before the marker consumer
 	// started or read by it since: a publisher loaded without one has no marker to catch up.
 	markerSubjects map[string]bool
@@ -243,7 +247,6 @@ func (d *Detector) setup(ctx context.Context) error {
 	for subj := range evInfo.State.Subjects {
 		d.markerSubjects[subj] = true
 	}
-	d.mkLastSeq = evInfo.State.LastSeq
 	if d.mkCons, err = d.evStream.OrderedConsumer(sctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{d.cfg.MarkerFilter()},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
@@ -543,7 +546,7 @@ func (d *Detector) handleMarker(m jetstream.Msg) error {
 		return nil
 	}
 	seq := meta.Sequence.Stream
-	d.mkLastSeq = max(d.mkLastSeq, seq)
+	d.mkDelivered, d.mkDeliveredFrom = meta.Sequence.Consumer, meta.Consumer
 	d.mkLastStoredMs = max(d.mkLastStoredMs, meta.Timestamp.UnixMilli())
 	d.markerSubjects[m.Subject()] = true
 	key, ok := d.subjectKeyOf(m.Subject(), streams.EventsRoot+".drop")
@@ -669,7 +672,7 @@ func (d *Detector) onTick() {
 	}
 	if pending > 0 {
 		wm := d.mkLastStoredMs
-		if ts, ok := d.caughtUpAt(d.mkCons, d.mkF, d.mkLastSeq); ok {
+		if ts, ok := d.caughtUpAt(d.mkCons, d.mkF, d.mkDeliveredFrom, d.mkDelivered); ok {
 			wm = max(wm, ts.UnixMilli())
 		}
 		pending = 0
@@ -707,8 +710,14 @@ func (d *Detector) silent(e *entry) bool {
 }
 
 // caughtUpAt reports whether every message stored for consumer c has reached the loop, and the
-// server's time when that was true.
-func (d *Detector) caughtUpAt(c jetstream.Consumer, f *fetcher, last uint64) (time.Time, bool) {
+// server's time when that was true: nothing is pending and the server delivered nothing after the
+// last message that reached the loop (delivery sequence delivered of consumer from).
+//
+// Delivery sequences, not stream sequences: c is filtered, and the server moves its stream position
+// past the messages it does not match (the detector's own gap events on FPM_EVENTS) whenever it looks
+// for the next one (every pull), so a stream position beyond the last marker delivered does not mean
+// a marker is on its way.
+func (d *Detector) caughtUpAt(c jetstream.Consumer, f *fetcher, from string, delivered uint64) (time.Time, bool) {
 	if len(f.msgs) > 0 {
 		return time.Time{}, false
 	}
@@ -721,7 +730,13 @@ func (d *Detector) caughtUpAt(c jetstream.Consumer, f *fetcher, last uint64) (ti
 	if err != nil {
 		return time.Time{}, false
 	}
-	if info.NumPending > 0 || info.Delivered.Stream > last {
+	if info.NumPending > 0 {
+		return time.Time{}, false
+	}
+	if info.Name != from {
+		delivered = 0 // nothing reached the loop from this consumer yet (a new one after a reset)
+	}
+	if info.Delivered.Consumer > delivered {
 		return time.Time{}, false
 	}
 	return info.TimeStamp, true

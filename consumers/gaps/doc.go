@@ -12,6 +12,8 @@
 //	publisher_restart  the sequence went back under a new bridge epoch; the event says how far the
 //	                   old run got (its missing numbers are the new run's first ones that never came)
 //	stale              the publisher was silent past --stale-after and came back further on
+//	late_start         the first message seen of a publisher is above 0: the numbers before it were
+//	                   sent before the bridge was subscribed
 //
 // plus "stale" and "resumed" events that open and close a silent period. Duplicates and out-of-order
 // numbers are counted, not reported. Every missing number is in exactly one gap event.
@@ -67,7 +69,10 @@
 //
 //   - A revealed gap is classified zmq_drop only when every drop marker stored up to
 //     (its revealing FPM's stream time + MarkerGrace) has been applied: the marker consumer has
-//     passed that stream time, or is caught up with the server's clock past it.
+//     passed that stream time, or is caught up with the server's clock past it (nothing pending and
+//     nothing delivered after the last marker applied, by delivery sequence: the consumer's stream
+//     position also moves past the events it does not match). Every pending gap is examined, of
+//     whatever run of its publisher: a restart does not end the old run's gaps.
 //
 //   - Publishers are shared through consumers/partition (group Config.Group, Config.Partitions,
 //     keyed by the publisher): only the member holding a publisher's partition applies its FPMs and

@@ -29,13 +29,18 @@ const (
 	// CausePublisherRestart: the sequence went back; the publisher started a new run. The event says
 	// how far the old run got; its missing numbers are the new run's first ones that never arrived.
 	CausePublisherRestart = "publisher_restart"
+	// CauseLateStart: the first numbers of a publisher's run never reached the bridge because it was
+	// not subscribed yet (the publisher started before the bridge, or the bridge connected late): the
+	// numbers before the first one of the first run the detector sees (when that is above 0). A
+	// restarted run's first numbers are in its publisher_restart event instead.
+	CauseLateStart = "late_start"
 	// CauseStale: the publisher went silent for longer than StaleAfter and came back with a jump that
 	// no drop marker covered (node or network loss). Also the cause of every TypeStale event.
 	CauseStale = "stale"
 )
 
 // Causes lists every cause, in report order.
-var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, CauseStale}
+var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, CauseStale, CauseLateStart}
 
 // Point is one FPM around a gap: its sequence, its observed time (the bridge's receive time,
 // Fpm-Received-At-Ms), the bridge epoch it was published under and the bridge that published it.
@@ -98,6 +103,13 @@ type Evidence struct {
 	NewRunFirstSeq *uint64 `json:"new_run_first_seq,omitempty"`
 	// SilentMs is how long nothing was heard before the publisher came back (observed times).
 	SilentMs int64 `json:"silent_ms,omitempty"`
+	// FirstSeenSeq (late_start) is the first number of the run the bridge received: the gap is every
+	// number before it.
+	FirstSeenSeq *uint64 `json:"first_seen_seq,omitempty"`
+	// SubscribedByMs (late_start) is when the bridge was subscribed to the publisher at the latest: its
+	// receive time of the run's first message, the run's epoch (Fpm-Epoch). The bridge does not
+	// publish when its socket connected, so nothing bounds it closer.
+	SubscribedByMs int64 `json:"subscribed_by_ms,omitempty"`
 }
 
 // Event is one JSON event on FPM_EVENTS, subject streams.GapEventSubject(key), header

@@ -40,7 +40,8 @@ type PublisherReport struct {
 	Missing      CauseCounts `json:"missing"`
 	GapsTotal    uint64      `json:"gaps_total"`
 	MissingTotal uint64      `json:"missing_total"`
-	// LossPercent is missing / (messages + missing) * 100.
+	// LossPercent is missing / (messages + missing) * 100: every cause counts, late_start too (the
+	// numbers a run sent before the bridge was subscribed).
 	LossPercent  float64 `json:"loss_percent"`
 	StalePeriods uint64  `json:"stale_periods"`
 	Restarts     uint64  `json:"restarts"`
@@ -249,7 +250,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	} else {
 		fmt.Fprintf(tw, "group %s, since the detector first saw each publisher\n", r.Group)
 	}
-	fmt.Fprintln(tw, "NAMESPACE\tCOMPONENT\tWORKER\tRANK\tSTATE\tMESSAGES\tHEARTBEATS\tGAPS\tBRIDGE_DROP\tZMQ_DROP\tRESTART\tSTALE\tMISSING\tLOSS%\tLAST_SEQ\tLAST_SEEN")
+	fmt.Fprintln(tw, "NAMESPACE\tCOMPONENT\tWORKER\tRANK\tSTATE\tMESSAGES\tHEARTBEATS\tGAPS\tBRIDGE_DROP\tZMQ_DROP\tRESTART\tSTALE\tLATE_START\tMISSING\tLOSS%\tLAST_SEQ\tLAST_SEEN")
 	for _, p := range r.Publishers {
 		worker := p.Key.WorkerID
 		if worker == "" {
@@ -260,9 +261,9 @@ func (r *Report) WriteText(w io.Writer) error {
 			last = time.UnixMilli(p.LastSeenMs).UTC().Format(time.RFC3339)
 		}
 		gap := func(c string) string { return fmt.Sprintf("%d/%d", p.Gaps.Get(c), p.Missing.Get(c)) }
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%.3f\t%d\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%.3f\t%d\t%s\n",
 			p.Key.Namespace, p.Key.Component, worker, p.Key.DPRank, p.State, p.Messages, p.Heartbeats, p.GapsTotal,
-			gap(CauseBridgeDrop), gap(CauseZMQDrop), gap(CausePublisherRestart), gap(CauseStale), p.MissingTotal, p.LossPercent, p.LastSeq, last)
+			gap(CauseBridgeDrop), gap(CauseZMQDrop), gap(CausePublisherRestart), gap(CauseStale), gap(CauseLateStart), p.MissingTotal, p.LossPercent, p.LastSeq, last)
 	}
 	fmt.Fprintln(tw, "(cause columns: gaps/missing messages)")
 	return tw.Flush()

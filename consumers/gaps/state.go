@@ -49,12 +49,13 @@ type State struct {
 // Pending is a revealed gap held open until every missing number is covered by a drop marker or the
 // marker grace has passed.
 type Pending struct {
-	// Kind is jump (sequence skipped forward), resume (a jump ending a stale period) or restart (the
-	// first numbers of a new run).
+	// Kind is jump (sequence skipped forward), resume (a jump ending a stale period), restart (the
+	// first numbers of a new run) or start (the numbers before the first one the detector saw of a
+	// publisher).
 	Kind string `json:"kind"`
 	// Ranges are the missing numbers (sorted, disjoint, inclusive); late messages punch holes.
 	Ranges [][2]uint64 `json:"ranges"`
-	Before Point       `json:"before"`
+	Before Point       `json:"before"` // zero for kind start
 	After  Point       `json:"after"`
 	// RevealedMs is the stream time (Unix ms) at which the message after the gap was stored; the
 	// marker grace counts from it.
@@ -80,6 +81,7 @@ const (
 	kindJump    = "jump"
 	kindResume  = "resume"
 	kindRestart = "restart"
+	kindStart   = "start"
 )
 
 // CauseCounts counts per cause.
@@ -88,6 +90,7 @@ type CauseCounts struct {
 	ZMQDrop          uint64 `json:"zmq_drop"`
 	PublisherRestart uint64 `json:"publisher_restart"`
 	Stale            uint64 `json:"stale"`
+	LateStart        uint64 `json:"late_start"`
 }
 
 func (c *CauseCounts) ptr(cause string) *uint64 {
@@ -100,6 +103,8 @@ func (c *CauseCounts) ptr(cause string) *uint64 {
 		return &c.PublisherRestart
 	case CauseStale:
 		return &c.Stale
+	case CauseLateStart:
+		return &c.LateStart
 	}
 	return nil
 }
@@ -119,7 +124,9 @@ func (c *CauseCounts) add(cause string, n uint64) {
 }
 
 // Total is the sum over the causes.
-func (c CauseCounts) Total() uint64 { return c.BridgeDrop + c.ZMQDrop + c.PublisherRestart + c.Stale }
+func (c CauseCounts) Total() uint64 {
+	return c.BridgeDrop + c.ZMQDrop + c.PublisherRestart + c.Stale + c.LateStart
+}
 
 // Counters are a publisher's cumulative counts since the detector first saw it.
 type Counters struct {

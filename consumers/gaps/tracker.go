@@ -44,6 +44,8 @@ type rules struct {
 // same inputs in the same order give the same state and events.
 //
 // Sequence rules (Dynamo's publisher numbers every message, heartbeats too, from 0 per run):
+//   - the first message ever seen, at seq > 0: the numbers before it were sent before the bridge
+//     received anything of the run (held as Pending like a gap; late_start unless markers cover them).
 //   - seq > last: the run goes on; numbers skipped in between are a gap (held as Pending until drop
 //     markers cover it or the marker grace passes). A new bridge epoch here is a restarted bridge, not
 //     a restarted publisher.
@@ -51,6 +53,9 @@ type rules struct {
 //     the publisher restarted.
 //   - seq <= last otherwise, or any seq under an epoch older than the run's first: a late message (fills
 //     a pending gap: out of order) or a duplicate.
+//
+// Pending gaps are independent of the run: a restart starts a new one and leaves the old run's
+// pending gaps (their epochs, their revealed times) to be classified like any other.
 type tracker struct {
 	key    streams.Key
 	st     *State
@@ -77,6 +82,10 @@ func (t *tracker) observe(o *Observation) {
 		st.FirstSeenMs, st.LastSeenMs = o.ObservedAtMs, o.ObservedAtMs
 		t.startRun(o, false)
 		t.count(o)
+		if o.Seq > 0 {
+			t.reveal(Pending{Kind: kindStart, Ranges: [][2]uint64{{0, o.Seq - 1}}, After: o.point(), RevealedMs: o.StoredMs,
+				EpochLo: o.Epoch, EpochHi: o.Epoch})
+		}
 		if len(st.Markers) > 0 {
 			t.prune()
 		}
@@ -89,12 +98,11 @@ func (t *tracker) observe(o *Observation) {
 		case t.fill(o):
 			st.Counters.OutOfOrder++
 			t.count(o)
-		case o.Epoch >= st.Run.FirstEpoch && o.Seq < st.Run.FirstSeq && !st.Run.ByRestart:
-			// Before the first number the detector ever saw of this run: new, not a duplicate.
-			st.Run.FirstSeq = o.Seq
-			st.Counters.OutOfOrder++
-			t.count(o)
+			if o.Epoch >= st.Run.FirstEpoch && o.Seq < st.Run.FirstSeq && !st.Run.ByRestart {
+				st.Run.FirstSeq = o.Seq // before the first number seen of the first run
+			}
 		default:
+			// Seen already, or reported missing by a gap classified before it came.
 			st.Counters.Duplicates++
 		}
 		return
@@ -363,10 +371,13 @@ func (t *tracker) tryResolve(i int, force bool) bool {
 }
 
 func (t *tracker) emitPending(p *Pending, segs []segment) {
-	base := Evidence{
-		EpochChanged:  p.Before.Epoch != p.After.Epoch,
-		BridgeChanged: p.Before.Bridge != p.After.Bridge,
-		AfterStale:    p.AfterStale,
+	before := &p.Before
+	if p.Kind == kindStart {
+		before = nil // nothing of the run came before the gap
+	}
+	base := Evidence{AfterStale: p.AfterStale}
+	if before != nil {
+		base.EpochChanged, base.BridgeChanged = p.Before.Epoch != p.After.Epoch, p.Before.Bridge != p.After.Bridge
 	}
 	if p.AfterStale {
 		base.SilentMs = p.SilentMs
@@ -421,6 +432,13 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 				}
 			}
 			ev.Summary = fmt.Sprintf("the bridge dropped %d message(s) itself (%s) and published drop markers covering them", n, reasons)
+		case p.Kind == kindStart && s.first == 0:
+			cause = CauseLateStart
+			t.lateStartEvidence(&ev, p, s)
+		case p.Kind == kindStart:
+			ev.MarkerGraceMs = t.r.graceMs
+			ev.Summary = fmt.Sprintf("seq %d-%d of the run's first numbers never reached the bridge although it had received seq %d, and no drop marker covered them within %v: lost before the bridge (publisher send buffer full or ZMQ transport)",
+				s.first, s.last, s.first-1, time.Duration(t.r.graceMs)*time.Millisecond)
 		case p.Kind == kindResume:
 			cause = CauseStale
 			ev.Summary = fmt.Sprintf("the publisher was silent for %v and came back %d number(s) further with no drop marker: lost while nothing reached the bridge (node or network loss)",
@@ -434,7 +452,27 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 			}
 		}
 		t.emit(&Event{Type: TypeGap, ID: streams.GapMsgID(t.key, p.After.Epoch, s.first, s.last), Cause: cause, Epoch: p.After.Epoch,
-			FirstMissing: u64p(s.first), LastMissing: u64p(s.last), Missing: n, Before: &p.Before, After: &p.After, Evidence: ev})
+			FirstMissing: u64p(s.first), LastMissing: u64p(s.last), Missing: n, Before: before, After: &p.After, Evidence: ev})
+	}
+}
+
+// lateStartEvidence describes late_start segment s (0..first seen - 1) of start gap p. The bridge
+// does not publish when its socket connected; what it does publish is the run's epoch, its receive
+// time of the run's first message, so the evidence is the first number it received and that time:
+// the bridge was subscribed by then at the latest.
+func (t *tracker) lateStartEvidence(ev *Evidence, p *Pending, s segment) {
+	first := s.last + 1
+	ev.FirstSeenSeq = u64p(first)
+	ev.SubscribedByMs = p.After.Epoch
+	ev.MarkerGraceMs = t.r.graceMs
+	at := time.UnixMilli(p.After.Epoch).UTC().Format(time.RFC3339Nano)
+	ev.Summary = fmt.Sprintf("the first number of this run that reached the bridge was seq %d: the %d before it were sent before the bridge was subscribed (the publisher started before the bridge, or the bridge connected late); the bridge does not report when it connected, its first receive of the run (the epoch, %s) is the latest it was subscribed by",
+		first, first, at)
+	if p.After.Seq == first && p.After.ObservedAtMs > p.After.Epoch {
+		// Not the bridge's first message of its epoch: the bridge received earlier ones of this run
+		// that never reached the detector (stored and removed from FPM before it read them, for one).
+		ev.Summary += fmt.Sprintf("; but the bridge received seq %d %v after the epoch: it had received earlier messages of the run that never reached the detector (removed from FPM by its limits before the detector read them?)",
+			first, time.Duration(p.After.ObservedAtMs-p.After.Epoch)*time.Millisecond)
 	}
 }
 

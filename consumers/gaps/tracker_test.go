@@ -1,8 +1,11 @@
 package gaps
 
 import (
+	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/fpmbus/fpmbus/streams"
@@ -398,5 +401,229 @@ func TestTrackerAccountsForEverySentNumber(t *testing.T) {
 		}
 		equal(t, string(fate), string(got), "seed ", seed)
 		equal(t, uint64(n), s.st.Counters.Messages+missing, "delivered + missing != sent, seed ", seed)
+	}
+}
+
+// reload replaces the tracker's state by its JSON checkpoint read back, as a detector restarted (or a
+// new owner of the publisher) would continue from it.
+func (s *script) reload() {
+	b, err := json.Marshal(s.st)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	st := &State{}
+	if err := json.Unmarshal(b, st); err != nil {
+		s.t.Fatal(err)
+	}
+	s.st, s.tr.st = st, st
+}
+
+// epochSummary is "cause@epoch" or "cause@epoch:first-last" for each gap event.
+func epochSummary(evs []Event) []string {
+	var out []string
+	for _, e := range evs {
+		s := fmt.Sprintf("%s@%d", e.Cause, e.Epoch)
+		if e.FirstMissing != nil {
+			s += fmt.Sprintf(":%d-%d", *e.FirstMissing, *e.LastMissing)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestTrackerEpochs: gaps of every publisher run are classified, whatever run is current when their
+// grace passes or their marker or late number arrives, and the numbers before the first one seen of
+// a publisher are a late_start gap. Each scenario runs twice: straight, and with the state read back
+// from its JSON checkpoint before every step.
+func TestTrackerEpochs(t *testing.T) {
+	const t0 = 1_000_000 // observed and stream time of the first message
+	tests := map[string]struct {
+		play func(s *script, step func())
+		want []string
+	}{
+		"skips in every run, each classified under its run's epoch": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 9, 1, t0)
+				at = s.run(11, 20, 1, at)
+				step()
+				at = s.run(0, 4, 2, at+500)
+				at = s.run(6, 9, 2, at)
+				step()
+				at = s.run(0, 2, 3, at+500)
+				s.run(4, 6, 3, at)
+				step()
+				equal(s.t, []string{"publisher_restart@2", "publisher_restart@3"}, epochSummary(s.st.Outbox), "before the grace")
+				equal(s.t, 3, len(s.st.Pending))
+				equal(s.t, 3, s.tr.expire(s.nowMs+10_000))
+			},
+			want: []string{"publisher_restart@2", "publisher_restart@3", "zmq_drop@1:10-10", "zmq_drop@2:5-5", "zmq_drop@3:3-3"},
+		},
+		"a restart while a gap waits for its grace: the old run's gap keeps its own grace": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 9, 1, t0)
+				s.run(12, 12, 1, at)
+				revealed := s.nowMs
+				step()
+				s.run(0, 5, 2, revealed+2_000) // stream time moves on with the new run
+				step()
+				equal(s.t, 0, s.tr.expire(revealed+9_999))
+				step()
+				equal(s.t, 1, s.tr.expire(revealed+10_000))
+			},
+			want: []string{"publisher_restart@2", "zmq_drop@1:10-11"},
+		},
+		"a gap revealed by the restarted run's first numbers and an old run's gap, both pending": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 9, 1, t0)
+				at = s.run(15, 20, 1, at)
+				step()
+				s.run(3, 8, 2, at+100)
+				step()
+				s.tr.expire(s.nowMs + 10_000)
+			},
+			want: []string{"zmq_drop@1:10-14", "publisher_restart@2:0-2"},
+		},
+		"a drop marker of the old run after a restart still covers its gap": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 9, 1, t0)
+				at = s.run(15, 20, 1, at)
+				s.run(0, 3, 2, at+100)
+				step()
+				s.marker(1, 10, 14, "buffer_full")
+			},
+			want: []string{"publisher_restart@2", "bridge_drop@1:10-14"},
+		},
+		"a late number of the old run after a restart fills its gap": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 9, 1, t0)
+				at = s.run(12, 20, 1, at)
+				s.run(0, 3, 2, at+100)
+				step()
+				s.fpm(10, 1, at)
+				step()
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.OutOfOrder)
+			},
+			want: []string{"publisher_restart@2", "zmq_drop@1:11-11"},
+		},
+		"a late start: the numbers before the first one seen": {
+			play: func(s *script, step func()) {
+				s.fpm(1310, 1, t0)
+				revealed := s.nowMs // the grace counts from the first message seen
+				s.run(1311, 1320, 1, t0+100)
+				step()
+				equal(s.t, 0, s.tr.expire(revealed+9_999))
+				step()
+				equal(s.t, 1, s.tr.expire(revealed+10_000))
+				equal(s.t, uint64(1310), s.st.Counters.Missing.LateStart)
+				equal(s.t, uint64(11), s.st.Counters.Messages)
+			},
+			want: []string{"late_start@1:0-1309"},
+		},
+		"a late start whose first numbers the bridge dropped: bridge_drop, late_start before them, zmq_drop after": {
+			play: func(s *script, step func()) {
+				s.marker(1, 5, 9, "buffer_full")
+				step()
+				s.run(20, 25, 1, t0)
+				step()
+				s.tr.expire(s.nowMs + 10_000)
+			},
+			want: []string{"late_start@1:0-4", "bridge_drop@1:5-9", "zmq_drop@1:10-19"},
+		},
+		"a late start shrinks when earlier numbers arrive late": {
+			play: func(s *script, step func()) {
+				at := s.run(10, 12, 1, t0)
+				step()
+				s.fpm(3, 1, at)
+				step()
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.OutOfOrder)
+				equal(s.t, uint64(3), s.st.Run.FirstSeq)
+			},
+			want: []string{"late_start@1:0-2", "zmq_drop@1:4-9"},
+		},
+		"seq 0 arriving late: no late start": {
+			play: func(s *script, step func()) {
+				at := s.run(3, 8, 1, t0)
+				step()
+				s.run(0, 2, 1, at)
+				step()
+				check(s.t, len(s.st.Pending) == 0, "pending %v", s.st.Pending)
+				equal(s.t, uint64(9), s.st.Counters.Messages)
+			},
+		},
+		"a late start, then a restart within its grace": {
+			play: func(s *script, step func()) {
+				at := s.run(100, 110, 1, t0)
+				step()
+				at = s.run(0, 5, 2, at+100)
+				s.run(7, 9, 2, at)
+				step()
+				s.tr.expire(s.nowMs + 10_000)
+			},
+			want: []string{"publisher_restart@2", "late_start@1:0-99", "zmq_drop@2:6-6"},
+		},
+		"a number below the first seen after its late_start was reported is not counted again": {
+			play: func(s *script, step func()) {
+				at := s.run(50, 60, 1, t0)
+				s.tr.expire(s.nowMs + 10_000)
+				step()
+				s.fpm(20, 1, at)
+				equal(s.t, uint64(11), s.st.Counters.Messages)
+				equal(s.t, uint64(1), s.st.Counters.Duplicates)
+			},
+			want: []string{"late_start@1:0-49"},
+		},
+	}
+	for name, tc := range tests {
+		for _, reload := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/reload=%v", name, reload), func(t *testing.T) {
+				s := newScript(t)
+				step := func() {
+					if reload {
+						s.reload()
+					}
+				}
+				tc.play(s, step)
+				equal(t, tc.want, epochSummary(s.events()))
+				check(t, len(s.st.Pending) == 0, "pending %+v", s.st.Pending)
+			})
+		}
+	}
+}
+
+// TestTrackerLateStartEvidence: a late_start event carries the first number the bridge received and
+// the run's epoch (the bridge's first receive of the run: subscribed by then), nothing before it.
+func TestTrackerLateStartEvidence(t *testing.T) {
+	tests := map[string]struct {
+		firstAtMs int64 // observed time of the first message seen; its epoch is 1_782_777_600_000
+		note      bool  // the summary says the bridge received earlier messages of the run
+	}{
+		"the first message seen is the bridge's first of the run":       {firstAtMs: 1_782_777_600_000},
+		"the bridge received messages of the run before the first seen": {firstAtMs: 1_782_777_660_000, note: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			const epoch = 1_782_777_600_000
+			s := newScript(t)
+			s.run(1310, 1400, epoch, tc.firstAtMs)
+			s.tr.expire(s.nowMs + 10_000)
+			ev := s.events()
+			equal(t, 1, len(ev))
+			e := ev[0]
+			equal(t, "gap:dynamo.backend.w1.0:1782777600000:0-1309", e.ID)
+			equal(t, CauseLateStart, e.Cause)
+			equal(t, uint64(1310), e.Missing)
+			check(t, e.Before == nil, "before %+v", e.Before)
+			check(t, e.After != nil && e.After.Seq == 1310 && e.After.ObservedAtMs == tc.firstAtMs && e.After.Epoch == epoch, "after %+v", e.After)
+			check(t, e.Evidence.FirstSeenSeq != nil && *e.Evidence.FirstSeenSeq == 1310, "first_seen_seq %v", e.Evidence.FirstSeenSeq)
+			equal(t, int64(epoch), e.Evidence.SubscribedByMs)
+			equal(t, int64(10_000), e.Evidence.MarkerGraceMs)
+			check(t, !e.Evidence.EpochChanged && !e.Evidence.BridgeChanged, "evidence %+v", e.Evidence)
+			check(t, strings.Contains(e.Evidence.Summary, "does not report when it connected"), "summary %q", e.Evidence.Summary)
+			equal(t, tc.note, strings.Contains(e.Evidence.Summary, "received earlier messages of the run"), "summary: ", e.Evidence.Summary)
+			equal(t, CauseCounts{LateStart: 1}, s.st.Counters.Gaps)
+			equal(t, CauseCounts{LateStart: 1310}, s.st.Counters.Missing)
+		})
 	}
 }

@@ -13,11 +13,11 @@ import (
 // Scripted is an FPM publisher driven step by step by a test, on the synthetic publisher's own socket
 // (producer.Sender: Dynamo's three frames, non-blocking sends) made an XPUB so that the test can wait
 // for the bridge's subscription. It numbers every message it tries to send, heartbeats included, from
-// 0, with counter_id = the sequence frame, and records which numbers libzmq refused. Its FPMs carry
-// WorkerID and DPRank: the bridge files each FPM under the payload's worker_id and dp_rank (subject
-// fpm.<namespace>.<component>.<worker_id>.<dp_rank>), so DPRank should be the rank of the endpoint the
-// bridge reads it from (tcp://host:base+rank); a different one is stored under the payload's and
-// logged once by the bridge.
+// 0, with counter_id = the sequence frame, and records which numbers libzmq refused (or the test
+// skipped). Its FPMs carry WorkerID and DPRank: the bridge files each FPM under the payload's worker_id
+// and dp_rank (subject fpm.<namespace>.<component>.<worker_id>.<dp_rank>), so DPRank should be the rank
+// of the endpoint the bridge reads it from (tcp://host:base+rank); a different one is stored under the
+// payload's and logged once by the bridge.
 //
 // Like Sender it is owned by one goroutine (the test's).
 type Scripted struct {
@@ -85,6 +85,13 @@ func (p *Scripted) Send(heartbeat bool) bool {
 	return true
 }
 
+// Skip uses the next number without sending it, as a publisher that lost it before its socket would
+// (Dynamo drops a message it cannot enqueue): it is recorded in Lost.
+func (p *Scripted) Skip() {
+	p.lost = append(p.lost, p.sent)
+	p.sent++
+}
+
 // SendN sends n busy forward passes, one every `every` (0: as fast as possible).
 func (p *Scripted) SendN(n int, every time.Duration) {
 	p.tb.Helper()
@@ -99,7 +106,8 @@ func (p *Scripted) SendN(n int, every time.Duration) {
 // Sent is how many numbers were used: the next one is Sent().
 func (p *Scripted) Sent() uint64 { return p.sent }
 
-// Lost returns the numbers libzmq refused, in order (a copy).
+// Lost returns the numbers that never left the process, in order (a copy): refused by libzmq, or
+// skipped (Skip).
 func (p *Scripted) Lost() []uint64 { return slices.Clone(p.lost) }
 
 // Runs turns sequence numbers (such as Lost) into their maximal contiguous ranges [first, last], in
