@@ -62,6 +62,8 @@ const (
 	HeaderStreamSeq = "Fpm-Stream-Seq"
 	// HeaderSubject is the subject the dead-lettered message was stored under.
 	HeaderSubject = "Fpm-Subject"
+	// HeaderDelivered is how often the server delivered a message a consumer dead-lettered.
+	HeaderDelivered = "Fpm-Delivered"
 )
 
 // Headers of benchmark messages (stream FPM_BENCH, bench.go). Every artefact message carries Kind, Run,

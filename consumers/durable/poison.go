@@ -5,8 +5,6 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -14,45 +12,38 @@ import (
 // Config.MaxDeliveries times.
 var ErrDeliveryLimit = errors.New("durable: delivery limit reached")
 
-// Headers of a consumer's dead letter, beyond the bridge's Fpm-Error.
+// Stages of a consumer's dead letter (Fpm-Error-Stage).
 const (
-	HeaderConsumer  = "Fpm-Consumer"   // the consumer that gave the message up
-	HeaderStream    = "Fpm-Stream"     // the stream the message is stored in
-	HeaderStreamSeq = "Fpm-Stream-Seq" // its sequence there: `nats stream get <stream> <seq>` shows it
-	HeaderSubject   = "Fpm-Subject"    // its subject
-	HeaderDelivered = "Fpm-Delivered"  // how often it was delivered
+	// StageRejected: the consumer said the message can never succeed (Msg.Reject).
+	StageRejected = "rejected"
+	// StageDeliveryLimit: the message was delivered more than MaxDeliveries times, or kept failing the
+	// instances that took it.
+	StageDeliveryLimit = "delivery_limit"
 )
 
-// RejectedSubject is where consumer name's dead letters go: fpmevents.rejected.<consumer>.
-func RejectedSubject(name string) string { return streams.EventsRoot + ".rejected." + name }
+// RejectedSubject is where consumer name's dead letters go (streams.ConsumerDeadLetterSubject).
+func RejectedSubject(name string) string { return streams.ConsumerDeadLetterSubject(name) }
 
-// deadLetter publishes m as a dead letter (its body, truncated to what the server accepts, and the
-// headers above) and settles it: terminated under explicit acks, done under cumulative acks. If the
-// dead letter cannot be stored the message stays held and is tried again at the next settle: nothing
-// is given up without a record of it.
+// deadLetter publishes m as a dead letter (streams.DeadLetter from a MessageSource: its body, cut to
+// what the server accepts, the reason, and where it was stored) and settles it: terminated under
+// explicit acks, done under cumulative acks. If the dead letter cannot be stored the message stays
+// held and is tried again at the next settle: nothing is given up without a record of it.
 func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason error) {
 	s := m.sess
-	dl := nats.NewMsg(RejectedSubject(r.cfg.Name))
-	data := m.raw.Data()
-	if maxp := r.js.Conn().MaxPayload() - 4096; maxp > 0 && int64(len(data)) > maxp {
-		dl.Header.Set(streams.HeaderOriginalSize, strconv.Itoa(len(data)))
-		data = data[:maxp]
+	stage := StageRejected
+	if errors.Is(reason, ErrDeliveryLimit) {
+		stage = StageDeliveryLimit
 	}
-	dl.Data = data
-	for k, v := range m.raw.Headers() {
-		if k != nats.MsgIdHdr && len(v) > 0 && len(k)+len(v[0]) < 1024 {
-			dl.Header.Set(k, v[0])
-		}
-	}
-	dl.Header.Set(HeaderConsumer, r.cfg.Name)
-	dl.Header.Set(HeaderStream, r.cfg.Group.Stream)
-	dl.Header.Set(HeaderStreamSeq, strconv.FormatUint(m.StreamSeq, 10))
-	if len(m.Subject()) < 1024 {
-		dl.Header.Set(HeaderSubject, m.Subject())
-	}
-	dl.Header.Set(HeaderDelivered, strconv.FormatUint(m.Delivered, 10))
-	dl.Header.Set(streams.HeaderError, reason.Error())
-	dl.Header.Set(nats.MsgIdHdr, "rejected:"+r.cfg.Name+":"+r.cfg.Group.Stream+":"+strconv.FormatUint(m.StreamSeq, 10))
+	dl := (&streams.DeadLetter{
+		Stage:      stage,
+		Reason:     reason.Error(),
+		Frames:     [][]byte{m.raw.Data()},
+		ReceivedAt: m.received,
+		MaxPayload: r.js.Conn().MaxPayload(),
+		Source: &streams.MessageSource{Consumer: r.cfg.Name, Stream: r.cfg.Group.Stream, StreamSeq: m.StreamSeq,
+			Subject: m.Subject()},
+	}).Msg()
+	dl.Header.Set(streams.HeaderDelivered, strconv.FormatUint(m.Delivered, 10))
 	pctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	if _, err := r.js.PublishMsg(pctx, dl); err != nil {

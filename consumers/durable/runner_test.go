@@ -340,8 +340,8 @@ func TestRunnerRejectDeadLetters(t *testing.T) {
 				t.Fatalf("%d dead letters, want 1", len(dl))
 			}
 			h := dl[0].Headers()
-			if string(dl[0].Data()) != "42" || h.Get(HeaderConsumer) != "rej" || h.Get(HeaderStream) != streams.StreamFPM ||
-				h.Get(HeaderStreamSeq) != "43" || h.Get(HeaderSubject) != subjectOf(42%4) || h.Get(streams.HeaderError) != "file name too long" {
+			if string(dl[0].Data()) != "42" || h.Get(streams.HeaderConsumer) != "rej" || h.Get(streams.HeaderStream) != streams.StreamFPM ||
+				h.Get(streams.HeaderStreamSeq) != "43" || h.Get(streams.HeaderSubject) != subjectOf(42%4) || h.Get(streams.HeaderError) != "file name too long" {
 				t.Fatalf("dead letter body %q headers %v", dl[0].Data(), h)
 			}
 			if info := consumerInfo(t, js, g, 0); info.AckFloor.Stream != 100 {
@@ -404,7 +404,7 @@ func TestRunnerDeliveryLimit(t *testing.T) {
 		t.Fatal("the poison message reached the stage after its delivery limit")
 	}
 	dl := deadLetters(t, js, "poison")
-	if len(dl) != 1 || string(dl[0].Data()) != "7" || dl[0].Headers().Get(HeaderStreamSeq) != "8" {
+	if len(dl) != 1 || string(dl[0].Data()) != "7" || dl[0].Headers().Get(streams.HeaderStreamSeq) != "8" {
 		t.Fatalf("dead letters: %d, want one, of message 7 (stream sequence 8)", len(dl))
 	}
 	if info := consumerInfo(t, js, g, 0); info.AckFloor.Stream != 20 {
