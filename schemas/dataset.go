@@ -13,7 +13,7 @@ import (
 	"strings"
 )
 
-// A dataset is a set of sealed FPM cells (seed 003, requirement 4): for one exact engine identity, the
+// A dataset is a set of sealed FPM cells (the modelling proposal's requirement that a dataset be sealed per exact engine identity): for one exact engine identity, the
 // pure-prefill and pure-decode latency rows of one collection run. This file defines the dataset file
 // (`fpmbus datasets publish FILE`, schema jsonschema/dataset-file.schema.json), the cell identity and its
 // key, the value sealed in the KV bucket FPM_DATASETS, and the validation every cell passes before any

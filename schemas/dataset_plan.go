@@ -6,7 +6,7 @@ import (
 	"io"
 )
 
-// DatasetPlan is a frozen collection plan (seed 003 lifecycle steps 1-2): the cells a campaign must
+// DatasetPlan is a frozen collection plan (the modelling proposal's dataset lifecycle, steps 1-2: plan and freeze): the cells a campaign must
 // seal, what each is expected to hold and cost, and the settings the plan cannot cover.
 type DatasetPlan struct {
 	SchemaVersion       int        `json:"schema_version"`

@@ -1,6 +1,6 @@
 // Package merge is fpmbus's benchmark merger: it folds the per-rank self-benchmark artefacts of one
 // Dynamo run (vLLM --benchmark-mode) into the merged artefact and its worker-probe sidecar, following
-// Dynamo's worker_factory.py merge and seed 000 (measurement protocol, per-sample timing and graph
+// Dynamo's worker_factory.py merge and the self-benchmark measurement protocol (measurement protocol, per-sample timing and graph
 // dispatch, warmup evidence, engine provenance, worker probe sidecar and coverage). Where upstream
 // writes the worker probe inline into the artefacts, fpmbus follows the seed: a separate sidecar.
 //

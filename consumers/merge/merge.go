@@ -100,7 +100,7 @@ type rankInfo struct {
 }
 
 // Merge validates the rank artefacts of one run against every rule of Dynamo's self-benchmark merge and
-// seed 000, and builds the merged artefact and, when it has an engine block, the worker-probe sidecar
+// the self-benchmark measurement protocol, and builds the merged artefact and, when it has an engine block, the worker-probe sidecar
 // from the probe replies. It returns a *RejectError naming the first rule broken (see Rules for the
 // order), or another error when a rank cannot be loaded.
 //

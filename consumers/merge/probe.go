@@ -10,7 +10,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// Worker probe (seed 000 "Worker Probe Sidecar" and "Worker Probe Coverage"). After collection Dynamo
+// Worker probe (the measurement protocol's worker-probe sidecar and its coverage rule). After collection Dynamo
 // asks every model worker for its resolved configuration with one collective_rpc; fpmbus takes those
 // replies from the user (a file, or a message on FPM_BENCH) and turns them into the sidecar. Upstream
 // Dynamo writes the same evidence inline into the artefacts; fpmbus follows the seed and writes a

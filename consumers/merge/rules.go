@@ -58,7 +58,7 @@ const (
 	RuleCudagraphPadding           Rule = "cudagraph"                    // observed: paddings != padded - unpadded or padded < unpadded; unavailable: a non-null value
 	RuleEstimate                   Rule = "estimate"                     // estimate method, raw_sample_indices or retained wall_time inconsistent
 	RuleWarmupReference            Rule = "warmup_reference"             // warmup_records_before invalid, or a counted warmup record overlaps the point's first raw sample
-	RuleGroupWallTime              Rule = "group_wall_time"              // group wall_time is not the maximum rank wall time, or that maximum is not positive (seed 003 req. 5)
+	RuleGroupWallTime              Rule = "group_wall_time"              // group wall_time is not the maximum rank wall time, or that maximum is not positive (a step's latency is its slowest rank's)
 	RuleNonContiguousBenchmarkIDs  Rule = "non_contiguous_benchmark_ids" // ids are not 1..n
 
 	// Every rank's copy of the groups, its timing, its own results.

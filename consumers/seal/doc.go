@@ -1,4 +1,4 @@
-// Package seal is fpmbus's dataset sealer (seed 003, lifecycle steps 4-7 and 9): validated FPM cells
+// Package seal is fpmbus's dataset sealer (the modelling proposal's dataset lifecycle: validate, seal, first writer wins, coverage): validated FPM cells
 // are published to the JetStream KV bucket FPM_DATASETS, where the first writer wins.
 //
 // # Keys and values
