@@ -127,7 +127,7 @@ func (o *upOptions) plan() (*upRun, error) {
 	if r.merge, err = o.merge.config(); err != nil {
 		return nil, err
 	}
-	r.merge.Streams, r.merge.Logger = o.scfg, slog.Default()
+	r.merge.Streams, r.mergeOpts = o.scfg, o.merge.options()
 	r.seal = o.seal.consumerConfig(*o.scfg)
 	tcfg, err := o.trace.config()
 	if err == nil {

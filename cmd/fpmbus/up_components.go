@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/consumers/seal"
@@ -92,6 +94,8 @@ type upRun struct {
 	trace    *trace.Config // nil: the trace writer is disabled
 	gaps     gaps.Config
 	merge    merge.Config
+	// mergeOpts are the merger's options from the flags (logger, member id).
+	mergeOpts []merge.Option
 	seal     seal.ConsumerConfig
 	bridge   bridge.Config
 	demo     *producer.Config // nil: no --demo
@@ -243,18 +247,22 @@ func (r *upRun) gapsComponent() *rungroup.Component {
 }
 
 func (r *upRun) mergeComponent() *rungroup.Component {
+	creg := &componentRegistry{reg: r.reg}
+	stop := r.merge.StopTimeout
+	if stop == 0 {
+		stop = durable.DefaultStopTimeout
+	}
 	return &rungroup.Component{
-		StopTimeout: 30 * time.Second,
+		StopTimeout: stop + 10*time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			_, js := r.link()
-			pjs := &pullingJS{JetStream: js, pulling: make(chan struct{})}
-			m, err := merge.New(pjs, r.merge)
+			opts := append(slices.Clone(r.mergeOpts), merge.WithRegisterer(creg.renew()))
+			m, err := merge.New(r.merge, js, opts...)
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 			}
-			pjs.durable = m.Durable()
-			return rungroup.Instance{Run: m.Run, Ready: pjs.pulling,
-				LogAttrs: []any{"output", r.merge.Output, "rank_timeout", r.merge.RankTimeout}}, nil
+			return rungroup.Instance{Run: m.Run, Ready: m.Ready(),
+				LogAttrs: []any{"output", r.merge.Output, "rank_timeout", r.merge.RankTimeout, "partitions", r.merge.Partitions}}, nil
 		},
 	}
 }
