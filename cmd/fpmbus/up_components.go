@@ -96,9 +96,9 @@ type upRun struct {
 	merge    merge.Config
 	// mergeOpts are the merger's options from the flags (logger, member id).
 	mergeOpts []merge.Option
-	seal     seal.ConsumerConfig
-	bridge   bridge.Config
-	demo     *producer.Config // nil: no --demo
+	seal      seal.ConsumerConfig
+	bridge    bridge.Config
+	demo      *producer.Config // nil: no --demo
 
 	mu  sync.Mutex // guards srv and the link: replaced by their components' restarts
 	srv *streams.Server
