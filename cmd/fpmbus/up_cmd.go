@@ -128,7 +128,10 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	r.merge.Streams, r.mergeOpts = o.scfg, o.merge.options()
-	r.seal = o.seal.consumerConfig(*o.scfg)
+	if r.seal, err = o.seal.consumerConfig(*o.scfg); err != nil {
+		return nil, err
+	}
+	r.sealOpts = o.seal
 	tcfg, err := o.trace.config()
 	if err == nil {
 		err = trace.ProbeOutput(tcfg.OutputPath)
