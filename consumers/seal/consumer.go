@@ -42,6 +42,10 @@ const (
 	retryFirst, retryMax = 2 * time.Second, 30 * time.Second
 	maxAckPending        = 1000
 	batch                = 16
+	// maxDeliveries is the runner's crash-loop bound. A held artefact (its profile not there yet) keeps
+	// its partition's ack floor where it is, so every takeover of the partition meanwhile (a rebalance,
+	// a stop) counts as a session without progress; the bound leaves room for several of them.
+	maxDeliveries = 10
 )
 
 // ErrInvalidConsumerConfig wraps every ConsumerConfig or ConsumerOption problem.
@@ -270,7 +274,7 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 		ropts = append(ropts, durable.WithRegisterer(o.reg))
 	}
 	r, err := durable.New(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
-		StopTimeout: cfg.StopTimeout}, js, s, ropts...)
+		MaxDeliveries: maxDeliveries, StopTimeout: cfg.StopTimeout}, js, s, ropts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConsumerConfig, err)
 	}
