@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -25,9 +26,13 @@ func init() {
 // (with the prefix "merge-", see flagprefix.go) and starts the consumer with config().
 type mergeOptions struct {
 	prefix      string
+	fs          *flag.FlagSet
 	output      string
 	rankTimeout time.Duration
-	partition   string
+	partition   string // deprecated I/N
+	partitions  int
+	pinnedTTL   time.Duration
+	memberID    string
 	durable     string
 	spoolDir    string
 	ackWait     time.Duration
@@ -36,28 +41,48 @@ type mergeOptions struct {
 
 // mergeFlags registers the merger's flags on fs.
 func mergeFlags(fs *flag.FlagSet, prefix string) *mergeOptions {
-	o := &mergeOptions{prefix: prefix}
+	o := &mergeOptions{prefix: prefix, fs: fs}
 	cf := newComponentFlags(fs, prefix)
 	fs.StringVar(&o.output, cf.name("bench-output"), envOr("FPMBUS_BENCH_OUTPUT", merge.DefaultOutputTemplate),
 		"merged artefact path per run ("+merge.RunIDPlaceholder+" = the run id); the sidecar is <stem>_worker_probe<ext> (env FPMBUS_BENCH_OUTPUT)")
 	fs.DurationVar(&o.rankTimeout, cf.name("rank-timeout"), merge.DefaultRankTimeout, "report a run incomplete when its ranks have not all arrived this long after the first")
-	fs.StringVar(&o.partition, cf.name("merge-partition"), "0/1", "I/N: own the runs whose fnv-1a(run_id) mod N == I (run one instance per partition)")
-	fs.StringVar(&o.durable, cf.name("merge-durable"), merge.DefaultDurable, "durable consumer name (\"-pIofN\" is appended when N > 1)")
+	fs.IntVar(&o.partitions, cf.name("merge-partitions"), merge.DefaultPartitions, "partitions of the runs (keyed by run_id) shared by the instances of "+flagName(prefix, "merge-durable")+
+		" (fixed for the group's life; 1: one active merger, the other instances hot standbys)")
+	fs.DurationVar(&o.pinnedTTL, cf.name("merge-pinned-ttl"), merge.DefaultPinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance takes them over (%v to %v)", partition.MinPinnedTTL, partition.MaxPinnedTTL))
+	fs.StringVar(&o.memberID, cf.name("merge-member-id"), "", "this instance's name in its group (default <host>-<pid>-<random>)")
+	fs.StringVar(&o.partition, cf.name("merge-partition"), "", "deprecated: I/N sets "+flagName(prefix, "merge-partitions")+" N (I is ignored: the group assigns the runs)")
+	fs.StringVar(&o.durable, cf.name("merge-durable"), merge.DefaultDurable, "the merger's group: durable consumer name on FPM_BENCH (<name>-<p> on FPM_BENCH_PART_<name> with N > 1 partitions)")
 	fs.StringVar(&o.spoolDir, cf.name("spool-dir"), "", "where rank bodies from the object store are staged while a run merges (default <tmp>/fpmbus-merge)")
-	fs.DurationVar(&o.ackWait, cf.name("merge-ack-wait"), merge.DefaultAckWait, "ack wait of the durable (held ranks are kept alive with in-progress acks)")
+	fs.DurationVar(&o.ackWait, cf.name("merge-ack-wait"), merge.DefaultAckWait, "ack wait of the partition consumers (held ranks are kept alive with in-progress acks)")
 	fs.IntVar(&o.inlineMax, cf.name("inline-max"), streams.DefaultBenchInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
 	cf.done()
 	return o
 }
 
-// config builds the consumer's Config (Streams, Logger set by the caller when needed).
+// config builds the consumer's Config (Streams set by the caller when needed).
 func (o *mergeOptions) config() (merge.Config, error) {
 	name := func(n string) string { return flagName(o.prefix, n) }
-	i, n, ok := strings.Cut(o.partition, "/")
-	pi, err1 := strconv.Atoi(i)
-	pn, err2 := strconv.Atoi(n)
-	if !ok || err1 != nil || err2 != nil || pn < 1 || pi < 0 || pi >= pn {
-		return merge.Config{}, fmt.Errorf("%w: %s %q: want I/N with 0 <= I < N", errUsage, name("merge-partition"), o.partition)
+	partitions := o.partitions
+	if o.partition != "" {
+		i, n, ok := strings.Cut(o.partition, "/")
+		pi, err1 := strconv.Atoi(i)
+		pn, err2 := strconv.Atoi(n)
+		if !ok || err1 != nil || err2 != nil || pn < 1 || pi < 0 || pi >= pn {
+			return merge.Config{}, fmt.Errorf("%w: %s %q: want I/N with 0 <= I < N", errUsage, name("merge-partition"), o.partition)
+		}
+		if o.fs != nil && flagGiven(o.fs, prefixedName(o.prefix, "merge-partitions")) {
+			slog.Warn(name("merge-partition") + " is deprecated and ignored: " + name("merge-partitions") + " is given")
+		} else {
+			slog.Warn(name("merge-partition")+" is deprecated: the instances of a group share the runs; using "+name("merge-partitions")+" N",
+				"partitions", pn, "ignored_index", pi)
+			partitions = pn
+		}
+	}
+	if partitions < 1 || partitions > partition.MaxPartitions {
+		return merge.Config{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("merge-partitions"), partitions, partition.MaxPartitions)
+	}
+	if o.pinnedTTL < partition.MinPinnedTTL || o.pinnedTTL > partition.MaxPinnedTTL {
+		return merge.Config{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("merge-pinned-ttl"), o.pinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
 	}
 	if o.rankTimeout <= 0 {
 		return merge.Config{}, fmt.Errorf("%w: %s %v must be positive", errUsage, name("rank-timeout"), o.rankTimeout)
@@ -69,13 +94,22 @@ func (o *mergeOptions) config() (merge.Config, error) {
 		return merge.Config{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("inline-max"), o.inlineMax)
 	}
 	return merge.Config{
-		Durable: o.durable, Partition: pi, Partitions: pn, RankTimeout: o.rankTimeout, Output: o.output,
+		Durable: o.durable, Partitions: partitions, PinnedTTL: o.pinnedTTL, RankTimeout: o.rankTimeout, Output: o.output,
 		SpoolDir: o.spoolDir, AckWait: o.ackWait, InlineMax: o.inlineMax,
 	}, nil
 }
 
+// options are the merger's options for the flags.
+func (o *mergeOptions) options() []merge.Option {
+	opts := []merge.Option{merge.WithLogger(slog.Default())}
+	if o.memberID != "" {
+		opts = append(opts, merge.WithMemberID(o.memberID))
+	}
+	return opts
+}
+
 func runMerge(ctx context.Context, args []string) error {
-	fs := newFlagSet("merge", "merge [--server URL] [--bench-output PATH] [--rank-timeout D] [--merge-partition I/N]")
+	fs := newFlagSet("merge", "merge [--server URL] [--bench-output PATH] [--rank-timeout D] [--merge-partitions N] [--merge-member-id ID]")
 	conn := connFlags(fs, "merge")
 	scfg := streamFlags(fs)
 	o := mergeFlags(fs, "")
@@ -95,21 +129,9 @@ func runMerge(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	c, err := merge.New(js, cfg)
+	c, err := merge.New(cfg, js, o.options()...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := c.Close(sctx); err != nil {
-		slog.Warn("merger did not stop in time", "error", err)
-	}
-	return <-errc
+	return c.Run(ctx)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -24,26 +25,51 @@ func init() {
 // sealOptions holds the flags of `fpmbus seal`, shared with `fpmbus up` (where they carry the prefix
 // "seal-", see flagprefix.go).
 type sealOptions struct {
+	prefix       string
 	allowPartial bool
 	durable      string
+	partitions   int
+	pinnedTTL    time.Duration
+	memberID     string
 	profileWait  time.Duration
 	ackWait      time.Duration
 }
 
 func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
-	o := &sealOptions{}
+	o := &sealOptions{prefix: prefix}
 	cf := newComponentFlags(fs, prefix)
 	fs.BoolVar(&o.allowPartial, cf.name("allow-partial"), false, "seal the valid cells of a run even when some of its cells are rejected (the campaign stays partial)")
-	fs.StringVar(&o.durable, cf.name("seal-durable"), seal.DefaultDurable, "durable consumer name on FPM_BENCH")
-	fs.DurationVar(&o.profileWait, cf.name("profile-wait"), 10*time.Minute, "how long a merged artefact waits for its run's collection profile (fpmbench.profile.<run>) before it is refused")
-	fs.DurationVar(&o.ackWait, cf.name("seal-ack-wait"), 2*time.Minute, "ack wait of the durable")
+	fs.StringVar(&o.durable, cf.name("seal-durable"), seal.DefaultDurable, "the sealer's group: durable consumer name on FPM_BENCH (<name>-<p> on FPM_BENCH_PART_<name> with N > 1 partitions)")
+	fs.IntVar(&o.partitions, cf.name("seal-partitions"), seal.DefaultPartitions, "partitions of the runs shared by the instances of "+flagName(prefix, "seal-durable")+
+		" (fixed for the group's life; 1: one active sealer, the other instances hot standbys)")
+	fs.DurationVar(&o.pinnedTTL, cf.name("seal-pinned-ttl"), seal.DefaultPinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance takes them over (%v to %v)", partition.MinPinnedTTL, partition.MaxPinnedTTL))
+	fs.StringVar(&o.memberID, cf.name("seal-member-id"), "", "this instance's name in its group (default <host>-<pid>-<random>)")
+	fs.DurationVar(&o.profileWait, cf.name("profile-wait"), seal.DefaultProfileWait, "how long a merged artefact waits for its run's collection profile (fpmbench.profile.<run>) before it is refused")
+	fs.DurationVar(&o.ackWait, cf.name("seal-ack-wait"), seal.DefaultAckWait, "ack wait of the partition consumers (held artefacts are kept alive with in-progress acks)")
 	cf.done()
 	return o
 }
 
 // consumerConfig is the sealer consumer's config for the flags and the streams.
-func (o *sealOptions) consumerConfig(scfg streams.Config) seal.ConsumerConfig {
-	return seal.ConsumerConfig{Durable: o.durable, AllowPartial: o.allowPartial, ProfileWait: o.profileWait, AckWait: o.ackWait, Streams: scfg}
+func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.ConsumerConfig, error) {
+	name := func(n string) string { return flagName(o.prefix, n) }
+	switch {
+	case o.partitions < 1 || o.partitions > partition.MaxPartitions:
+		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("seal-partitions"), o.partitions, partition.MaxPartitions)
+	case o.pinnedTTL < partition.MinPinnedTTL || o.pinnedTTL > partition.MaxPinnedTTL:
+		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("seal-pinned-ttl"), o.pinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
+	}
+	return seal.ConsumerConfig{Durable: o.durable, Partitions: o.partitions, PinnedTTL: o.pinnedTTL, AllowPartial: o.allowPartial,
+		ProfileWait: o.profileWait, AckWait: o.ackWait, Streams: scfg}, nil
+}
+
+// consumerOptions are the sealer consumer's options for the flags; s seals.
+func (o *sealOptions) consumerOptions(s *seal.Sealer) []seal.ConsumerOption {
+	opts := []seal.ConsumerOption{seal.WithLogger(slog.Default()), seal.WithSealer(s)}
+	if o.memberID != "" {
+		opts = append(opts, seal.WithMemberID(o.memberID))
+	}
+	return opts
 }
 
 // openSealer connects, creates FPM_DATASETS idempotently and returns a sealer on it.
@@ -72,11 +98,15 @@ func openSealer(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Con
 }
 
 func runSeal(ctx context.Context, args []string) error {
-	fs := newFlagSet("seal", "seal [--server URL] [--allow-partial] [--seal-durable NAME] [--profile-wait D]")
+	fs := newFlagSet("seal", "seal [--server URL] [--allow-partial] [--seal-durable NAME] [--seal-partitions N] [--seal-member-id ID] [--profile-wait D]")
 	conn := connFlags(fs, "seal")
 	scfg := streamFlags(fs)
 	o := sealFlags(fs, "")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := o.consumerConfig(*scfg)
+	if err != nil {
 		return err
 	}
 	s, js, closeConn, err := openSealer(ctx, conn, scfg, "fpmbus seal")
@@ -84,21 +114,9 @@ func runSeal(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeConn()
-	c, err := seal.NewConsumer(js, s, o.consumerConfig(*scfg))
+	c, err := seal.NewConsumer(cfg, js, o.consumerOptions(s)...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := c.Close(sctx); err != nil {
-		slog.Warn("sealer did not stop in time", "error", err)
-	}
-	return <-errc
+	return c.Run(ctx)
 }

@@ -127,8 +127,11 @@ func (o *upOptions) plan() (*upRun, error) {
 	if r.merge, err = o.merge.config(); err != nil {
 		return nil, err
 	}
-	r.merge.Streams, r.merge.Logger = o.scfg, slog.Default()
-	r.seal = o.seal.consumerConfig(*o.scfg)
+	r.merge.Streams, r.mergeOpts = o.scfg, o.merge.options()
+	if r.seal, err = o.seal.consumerConfig(*o.scfg); err != nil {
+		return nil, err
+	}
+	r.sealOpts = o.seal
 	tcfg, err := o.trace.config()
 	if err == nil {
 		err = trace.ProbeOutput(tcfg.OutputPath)

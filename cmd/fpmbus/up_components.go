@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/consumers/seal"
@@ -62,10 +64,10 @@ var upStages = []upStage{
 		stop: "writes what it received, fsyncs, acks (`--trace-stop-timeout`)", build: (*upRun).traceComponent},
 	{name: stageGaps, ready: "joined its group, reading", needs: []string{stageConn},
 		stop: "checkpoints its publishers, publishes their events, acks (`--gaps-stop-timeout`)", build: (*upRun).gapsComponent},
-	{name: stageMerge, ready: "durable declared, pulling", needs: []string{stageConn},
-		stop: "hands the ranks of unfinished runs back (nak) for the next start", build: (*upRun).mergeComponent},
-	{name: stageSeal, ready: "bucket `FPM_DATASETS` open, durable declared, pulling", needs: []string{stageConn},
-		stop: "stops pulling; an unsettled seal is redelivered", build: (*upRun).sealComponent},
+	{name: stageMerge, ready: "joined its group, taking partitions", needs: []string{stageConn},
+		stop: "hands its partitions on: the ranks of unfinished runs go, unacked, to the next owner", build: (*upRun).mergeComponent},
+	{name: stageSeal, ready: "bucket `FPM_DATASETS` open, joined its group, taking partitions", needs: []string{stageConn},
+		stop: "hands its partitions on: a held or unsettled artefact goes, unacked, to the next owner", build: (*upRun).sealComponent},
 	{name: stageBridge, ready: "ZMQ sockets connecting, streams applied", needs: []string{stageConn},
 		stop: "stops reading ZMQ, publishes what it buffered (`--stop-timeout`); the rest is counted as dropped", build: (*upRun).bridgeComponent},
 	{name: stagePublish, ready: "`--demo` only: sockets bound, start delay over",
@@ -92,7 +94,11 @@ type upRun struct {
 	trace    *trace.Config // nil: the trace writer is disabled
 	gaps     gaps.Config
 	merge    merge.Config
-	seal     seal.ConsumerConfig
+	// mergeOpts are the merger's options from the flags (logger, member id).
+	mergeOpts []merge.Option
+	seal      seal.ConsumerConfig
+	// sealOpts are the sealer's flags (member id).
+	sealOpts *sealOptions
 	bridge   bridge.Config
 	demo     *producer.Config // nil: no --demo
 
@@ -243,25 +249,34 @@ func (r *upRun) gapsComponent() *rungroup.Component {
 }
 
 func (r *upRun) mergeComponent() *rungroup.Component {
+	creg := &componentRegistry{reg: r.reg}
+	stop := r.merge.StopTimeout
+	if stop == 0 {
+		stop = durable.DefaultStopTimeout
+	}
 	return &rungroup.Component{
-		StopTimeout: 30 * time.Second,
+		StopTimeout: stop + 10*time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			_, js := r.link()
-			pjs := &pullingJS{JetStream: js, pulling: make(chan struct{})}
-			m, err := merge.New(pjs, r.merge)
+			opts := append(slices.Clone(r.mergeOpts), merge.WithRegisterer(creg.renew()))
+			m, err := merge.New(r.merge, js, opts...)
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 			}
-			pjs.durable = m.Durable()
-			return rungroup.Instance{Run: m.Run, Ready: pjs.pulling,
-				LogAttrs: []any{"output", r.merge.Output, "rank_timeout", r.merge.RankTimeout}}, nil
+			return rungroup.Instance{Run: m.Run, Ready: m.Ready(),
+				LogAttrs: []any{"output", r.merge.Output, "rank_timeout", r.merge.RankTimeout, "partitions", r.merge.Partitions}}, nil
 		},
 	}
 }
 
 func (r *upRun) sealComponent() *rungroup.Component {
+	creg := &componentRegistry{reg: r.reg}
+	stop := r.seal.StopTimeout
+	if stop == 0 {
+		stop = durable.DefaultStopTimeout
+	}
 	return &rungroup.Component{
-		StopTimeout: 30 * time.Second,
+		StopTimeout: stop + 10*time.Second,
 		Start: func(ctx context.Context) (rungroup.Instance, error) {
 			_, js := r.link()
 			kv, err := seal.OpenBucket(ctx, js, r.scfg)
@@ -272,12 +287,16 @@ func (r *upRun) sealComponent() *rungroup.Component {
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
-			pjs := &pullingJS{JetStream: js, durable: r.seal.Durable, pulling: make(chan struct{})}
-			c, err := seal.NewConsumer(pjs, s, r.seal)
+			opts := []seal.ConsumerOption{seal.WithLogger(slog.Default()), seal.WithSealer(s)}
+			if r.sealOpts != nil {
+				opts = r.sealOpts.consumerOptions(s)
+			}
+			opts = append(opts, seal.WithRegisterer(creg.renew()))
+			c, err := seal.NewConsumer(r.seal, js, opts...)
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 			}
-			return rungroup.Instance{Run: c.Run, Ready: pjs.pulling, LogAttrs: []any{"bucket", streams.BucketDatasets}}, nil
+			return rungroup.Instance{Run: c.Run, Ready: c.Ready(), LogAttrs: []any{"bucket", streams.BucketDatasets, "partitions", r.seal.Partitions}}, nil
 		},
 	}
 }
@@ -364,36 +383,4 @@ func (r *componentRegistry) Unregister(c prometheus.Collector) bool {
 		}
 	}
 	return r.reg.Unregister(c)
-}
-
-// pullingJS tells when a component without a Ready signal of its own (the merger, the sealer) has
-// started: it passes every call through to the JetStream it wraps, and closes pulling the first time
-// the component's durable consumer, declared through it, starts pulling messages. By then the component
-// has applied its streams, declared its durable and opened its message iterator: the end of its start.
-type pullingJS struct {
-	jetstream.JetStream
-	durable string
-	pulling chan struct{}
-	once    sync.Once
-}
-
-func (p *pullingJS) CreateOrUpdateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
-	c, err := p.JetStream.CreateOrUpdateConsumer(ctx, stream, cfg)
-	if err != nil || cfg.Durable != p.durable {
-		return c, err
-	}
-	return &pullingConsumer{Consumer: c, js: p}, nil
-}
-
-type pullingConsumer struct {
-	jetstream.Consumer
-	js *pullingJS
-}
-
-func (c *pullingConsumer) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
-	it, err := c.Consumer.Messages(opts...)
-	if err == nil {
-		c.js.once.Do(func() { close(c.js.pulling) })
-	}
-	return it, err
 }

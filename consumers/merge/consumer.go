@@ -9,109 +9,24 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// DefaultOutputTemplate is where the consumer writes each run's merged artefact (Dynamo's
-// /tmp/benchmark_results_merged.json naming, one file per run); the sidecar goes next to it with the
-// _worker_probe suffix.
-const DefaultOutputTemplate = "/tmp/benchmark_results_" + RunIDPlaceholder + "_merged.json"
-
-// Defaults of Config.
-const (
-	DefaultDurable     = "fpmbus-merge"
-	DefaultRankTimeout = 15 * time.Minute
-	DefaultAckWait     = 2 * time.Minute
-)
-
-// ErrInvalidConfig wraps every Config problem.
-var ErrInvalidConfig = errors.New("merge: invalid config")
-
-// Config configures a Consumer. Zero values take the defaults noted.
-type Config struct {
-	// Durable is the consumer name [DefaultDurable]; with Partitions > 1, "-p<i>of<n>" is appended so
-	// each partition has its own durable.
-	Durable string
-	// Partition and Partitions: this instance owns the runs with Partition(run_id, Partitions) ==
-	// Partition [0 of 1]. Run exactly one instance per partition.
-	Partition, Partitions int
-	// RankTimeout: a run whose ranks have not all arrived this long after its first rank (by stream time)
-	// is reported incomplete [DefaultRankTimeout].
-	RankTimeout time.Duration
-	// Output is the merged artefact path; RunIDPlaceholder is replaced by the run id [DefaultOutputTemplate].
-	Output string
-	// SpoolDir holds rank bodies fetched from the object store while a run merges [<tmp>/fpmbus-merge].
-	SpoolDir string
-	// AckWait of the durable [DefaultAckWait]; held rank messages are kept alive with InProgress.
-	AckWait time.Duration
-	// InlineMax is the largest body the consumer publishes inline (merged artefact, sidecar) [streams.DefaultBenchInlineMax].
-	InlineMax int
-	// Streams are applied at start and give the object bucket's settings [streams.DefaultConfig()].
-	Streams *streams.Config
-	// Logger [slog.Default()].
-	Logger *slog.Logger
-	// Now is the clock for rank timeouts [time.Now].
-	Now func() time.Time
-	// OnEvent, when set, is called (on the consumer's goroutine) with every event the consumer publishes.
-	OnEvent func(Event)
-}
-
-func (c *Config) fill() error {
-	if c.Durable == "" {
-		c.Durable = DefaultDurable
-	}
-	if c.Partitions == 0 {
-		c.Partitions = 1
-	}
-	if c.Partitions < 1 || c.Partition < 0 || c.Partition >= c.Partitions {
-		return fmt.Errorf("%w: partition %d of %d", ErrInvalidConfig, c.Partition, c.Partitions)
-	}
-	if suffix := fmt.Sprintf("-p%dof%d", c.Partition, c.Partitions); c.Partitions > 1 && !strings.HasSuffix(c.Durable, suffix) {
-		c.Durable += suffix
-	}
-	if c.RankTimeout == 0 {
-		c.RankTimeout = DefaultRankTimeout
-	}
-	if c.RankTimeout < 0 {
-		return fmt.Errorf("%w: rank timeout %v must be positive", ErrInvalidConfig, c.RankTimeout)
-	}
-	if c.AckWait == 0 {
-		c.AckWait = DefaultAckWait
-	}
-	if c.AckWait < time.Second {
-		return fmt.Errorf("%w: ack wait %v must be at least 1s", ErrInvalidConfig, c.AckWait)
-	}
-	if c.Output == "" {
-		c.Output = DefaultOutputTemplate
-	}
-	if !strings.Contains(c.Output, RunIDPlaceholder) {
-		return fmt.Errorf("%w: output %q must contain %s: the consumer merges many runs", ErrInvalidConfig, c.Output, RunIDPlaceholder)
-	}
-	if c.SpoolDir == "" {
-		c.SpoolDir = filepath.Join(os.TempDir(), "fpmbus-merge")
-	}
-	if c.Streams == nil {
-		sc := streams.DefaultConfig()
-		c.Streams = &sc
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return nil
-}
+// ErrNotRankArtefact is the reason a rank message without the publish protocol's headers (a valid
+// Fpm-Bench-Sha256 and Fpm-Bench-Dp-Size), or on a subject that is not fpmbench.rank.<run>.<rank> or
+// fpmbench.probe.<run>, is rejected: it can never be merged, so it is dead-lettered at once.
+var ErrNotRankArtefact = errors.New("merge: not a rank artefact or probe replies publication")
 
 // Event is the JSON body of an event on fpmevents.bench.<run>.* (Fpm-Event header = Event).
 type Event struct {
@@ -140,39 +55,49 @@ type Event struct {
 	ConsumerPartition string `json:"partition,omitempty"`
 }
 
-// Consumer is the durable merger. It folds the rank artefacts of each run it owns as they arrive on
-// FPM_BENCH and, when every rank of dp.size is present, merges them (Merge), writes the merged artefact
-// and sidecar (WriteResult), publishes them on FPM_BENCH and an outcome event on FPM_EVENTS, and only
-// then acks the run's rank messages. Invariants:
+// Consumer is the durable merger behind `fpmbus merge` and `fpmbus up`: a durable.Consumer run by a
+// durable.Runner in the partition group Config.Group. It folds the rank artefacts of each run of the
+// partitions it owns as they arrive on FPM_BENCH and, when every rank of dp.size is present, merges
+// them (Merge), writes the merged artefact and sidecar (WriteResult), publishes them on FPM_BENCH and
+// an outcome event on FPM_EVENTS, and only then marks the run's rank messages done. Invariants:
 //
-//   - One owner per run: the partition of the run_id (see Partition); other runs' messages are acked
-//     unread. Messages of a run in progress stay unacked (kept alive with InProgress), so a crash or
-//     restart replays them to the same partition's durable.
+//   - One owner per run: a run's ranks and probe replies share a partition (keyed by run_id), and a
+//     partition has one owner at a time. A rank of a run in progress is held (never done), and the
+//     runner keeps it alive with in-progress acks; when the partition moves (rebalance, stop, crash)
+//     the held ranks are forgotten here and delivered again, in stream order, to the next owner.
 //   - One outcome per run: a run is merged, rejected or reported incomplete once. Before folding a run
 //     the consumer looks for its merged message (FPM_BENCH) and outcome event (FPM_EVENTS); a run with
-//     either is final, so re-delivered or re-published ranks never produce a second merged artefact.
+//     either is final, so redelivered ranks after a takeover, or re-published ones, never produce a
+//     second merged artefact.
 //   - Within a run the first publication of a rank (lowest stream sequence) wins; a re-publication with
 //     other bytes is reported as a bench_conflict event and never used. After the merge, a rank whose
 //     digest differs from the merged one is reported the same way.
 //   - Probe replies are read from the stream when the run merges; a reply arriving after the merge
 //     rewrites the sidecar (never the merged artefact).
-//
-// All state is owned by the goroutine running Run.
+//   - A message that can never be merged (not a rank artefact publication) is rejected: one dead
+//     letter, never delivered again. A run whose artefacts break a merge rule gets one bench_rejected
+//     outcome and its messages are done.
 type Consumer struct {
-	js    jetstream.JetStream
-	cfg   Config
-	store *streams.BenchStore
-	log   *slog.Logger
+	m      *stage
+	runner *durable.Runner
+}
+
+// stage is the durable.Consumer. Every method runs on the runner's loop goroutine: no locks.
+type stage struct {
+	js      jetstream.JetStream
+	cfg     Config
+	group   partition.Config
+	store   *streams.BenchStore
+	log     *slog.Logger
+	now     func() time.Time
+	onEvent func(Event)
 
 	bench, events jetstream.Stream
-	cons          jetstream.Consumer
-	maxSeq        uint64 // highest stream sequence handled
 	runs          map[string]*pendingRun
 	done          map[string]*doneRun
-
-	closeOnce sync.Once
-	quit      chan struct{}
-	stopped   chan struct{}
+	// deferred are messages whose handling failed for a reason that may pass (the server, the
+	// object store); Tick handles them again. They stay held meanwhile.
+	deferred []*durable.Msg
 }
 
 type heldRank struct {
@@ -182,11 +107,12 @@ type heldRank struct {
 	file   string
 	hdr    nats.Header
 	data   []byte
-	msgs   []jetstream.Msg
+	msgs   []*durable.Msg
 }
 
 type pendingRun struct {
 	runID     string
+	partition int
 	first     time.Time // stream time of the earliest rank message
 	ranks     map[int]*heldRank
 	conflicts map[string]bool // "<rank>:<digest>" already reported
@@ -201,215 +127,201 @@ type doneRun struct {
 	reported map[string]bool // conflicts reported after the outcome
 }
 
-// New returns a consumer; Run starts it.
-func New(js jetstream.JetStream, cfg Config) (*Consumer, error) {
+// New checks cfg and opts and returns a merger; Run starts it. Nothing is declared on the server
+// before Run.
+func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
+	}
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	return &Consumer{
-		js: js, cfg: cfg, log: cfg.Logger.With("component", "merge", "partition", fmt.Sprintf("%d/%d", cfg.Partition, cfg.Partitions)),
+	o := options{log: slog.Default(), now: time.Now}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	m := &stage{
+		js: js, cfg: cfg, group: cfg.Group(), log: o.log.With("component", "merge", "group", cfg.Durable),
+		now: o.now, onEvent: o.onEvent,
 		store: streams.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
-		quit: make(chan struct{}), stopped: make(chan struct{}),
-	}, nil
+	}
+	ropts := []durable.Option{durable.WithLogger(o.log.With("component", "merge"))}
+	if o.memberID != "" {
+		ropts = append(ropts, durable.WithMemberID(o.memberID))
+	}
+	if o.reg != nil {
+		ropts = append(ropts, durable.WithRegisterer(o.reg))
+	}
+	r, err := durable.New(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
+		MaxDeliveries: maxDeliveries, StopTimeout: cfg.StopTimeout}, js, m, ropts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	return &Consumer{m: m, runner: r}, nil
 }
 
-// Durable returns the durable consumer name in use.
-func (c *Consumer) Durable() string { return c.cfg.Durable }
+// Ready is closed once Run has applied the streams, joined the group and is taking partitions.
+func (c *Consumer) Ready() <-chan struct{} { return c.runner.Ready() }
 
-// Run ensures the streams exist, declares the durable consumer and merges until ctx ends or Close is called.
-// It returns nil on a requested stop.
+// Owned lists the partitions this instance owns now.
+func (c *Consumer) Owned() []int { return c.runner.Owned() }
+
+// Group is the partition group the merger is a member of (defaults filled in).
+func (c *Consumer) Group() partition.Config { return c.m.group }
+
+// Run ensures the streams and the object store exist, joins the group and merges until ctx ends, then
+// stops gracefully (the ranks of unfinished runs go, unacked, to the next owner at once). It returns
+// nil after a requested stop.
 func (c *Consumer) Run(ctx context.Context) error {
-	defer close(c.stopped)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-c.quit:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	if _, err := streams.Ensure(ctx, c.js, *c.cfg.Streams, c.log); err != nil {
+	m := c.m
+	if _, err := streams.Ensure(ctx, m.js, *m.cfg.Streams, m.log); err != nil {
 		return err
 	}
-	if _, err := c.store.Objects(ctx); err != nil {
+	if _, err := m.store.Objects(ctx); err != nil {
 		return err
 	}
 	var err error
-	if c.bench, err = c.js.Stream(ctx, streams.StreamBench); err != nil {
+	if m.bench, err = m.js.Stream(ctx, streams.StreamBench); err != nil {
 		return fmt.Errorf("merge: stream %s: %w", streams.StreamBench, err)
 	}
-	if c.events, err = c.js.Stream(ctx, streams.StreamEvents); err != nil {
+	if m.events, err = m.js.Stream(ctx, streams.StreamEvents); err != nil {
 		return fmt.Errorf("merge: stream %s: %w", streams.StreamEvents, err)
 	}
-	cons, err := c.js.CreateOrUpdateConsumer(ctx, streams.StreamBench, jetstream.ConsumerConfig{
-		Durable:        c.cfg.Durable,
-		Description:    fmt.Sprintf("fpmbus benchmark merger, partition %d of %d", c.cfg.Partition, c.cfg.Partitions),
-		FilterSubjects: []string{streams.BenchRankWildcard, streams.BenchProbeWildcard},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        c.cfg.AckWait,
-		MaxDeliver:     -1,
-		MaxAckPending:  100000,
-	})
-	if err != nil {
-		return fmt.Errorf("merge: consumer %s: %w", c.cfg.Durable, err)
+	m.log.Info("merger starting", "partitions", m.group.Partitions, "output", m.cfg.Output, "rank_timeout", m.cfg.RankTimeout)
+	return c.runner.Run(ctx)
+}
+
+// Handle folds a batch of one partition's messages.
+func (c *stage) Handle(ctx context.Context, batch []*durable.Msg) error {
+	for _, m := range batch {
+		c.handle(ctx, m)
 	}
-	c.cons = cons
-	it, err := cons.Messages(jetstream.PullMaxMessages(64))
-	if err != nil {
-		return fmt.Errorf("merge: consume: %w", err)
-	}
-	// The reader forwards every message until the iterator is closed, then closes msgs. Shutdown
-	// drains the iterator (it stops pulling and hands over what it buffered) and naks everything not
-	// handled, so the next instance of this partition gets it at once rather than after AckWait.
-	msgs := make(chan jetstream.Msg)
-	go func() {
-		defer close(msgs)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					return
-				}
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-			msgs <- m
-		}
-	}()
-	c.log.Info("merger started", "durable", c.cfg.Durable, "output", c.cfg.Output, "rank_timeout", c.cfg.RankTimeout)
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
-	lastBeat := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			it.Drain()
-			for m := range msgs {
-				_ = m.Nak()
-			}
-			for _, run := range c.runs {
-				for _, h := range run.ranks {
-					for _, m := range h.msgs {
-						_ = m.Nak()
-					}
-				}
-			}
-			c.log.Info("merger stopped", "pending_runs", len(c.runs))
-			return nil
-		case m, ok := <-msgs:
-			if !ok {
-				return fmt.Errorf("merge: consumer %s: message iterator closed", c.cfg.Durable)
-			}
+	return nil
+}
+
+// Tick handles the deferred messages again, retries failed merges and reports runs whose ranks did
+// not all arrive in time.
+func (c *stage) Tick(ctx context.Context, _ time.Time) error {
+	if len(c.deferred) > 0 {
+		again := c.deferred
+		c.deferred = nil
+		for _, m := range again {
 			c.handle(ctx, m)
-		case <-tick.C:
-			if time.Since(lastBeat) > c.cfg.AckWait/3 {
-				c.heartbeat()
-				lastBeat = time.Now()
-			}
-			c.sweep(ctx)
 		}
 	}
+	c.sweep(ctx)
+	return nil
 }
 
-// Close stops Run and waits for it, or for ctx. Unacked messages of runs in progress are redelivered to
-// the next instance of this partition.
-func (c *Consumer) Close(ctx context.Context) error {
-	c.closeOnce.Do(func() { close(c.quit) })
-	select {
-	case <-c.stopped:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("merge: close: %w", ctx.Err())
-	}
+// Close ends the merger: what it holds stays unacked for the next owner.
+func (c *stage) Close(context.Context) error {
+	c.log.Info("merger stopped", "pending_runs", len(c.runs))
+	return nil
 }
 
-func (c *Consumer) heartbeat() {
-	for _, run := range c.runs {
-		for _, h := range run.ranks {
-			for _, m := range h.msgs {
-				_ = m.InProgress()
-			}
+// Assigned needs no state: a run's state is rebuilt from its redelivered ranks.
+func (c *stage) Assigned(context.Context, int) error { return nil }
+
+// Release forgets the runs of partition p: an unfinished run has nothing durable to write, so its
+// ranks stay unacked and go to the next owner, who folds them again.
+func (c *stage) Release(_ context.Context, p int) error {
+	c.forget(p)
+	return nil
+}
+
+// Lost forgets the runs of partition p.
+func (c *stage) Lost(p int) { c.forget(p) }
+
+func (c *stage) forget(p int) {
+	n := 0
+	for id, run := range c.runs {
+		if run.partition == p {
+			delete(c.runs, id)
+			n++
 		}
 	}
+	c.deferred = slices.DeleteFunc(c.deferred, func(m *durable.Msg) bool { return m.Partition == p })
+	if n > 0 {
+		c.log.Info("partition handed on with runs in progress; their ranks go to the next owner", "partition", p, "runs", n)
+	}
 }
 
-func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
-	if meta, err := m.Metadata(); err == nil {
-		c.maxSeq = max(c.maxSeq, meta.Sequence.Stream)
-	}
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func (c *stage) handle(ctx context.Context, m *durable.Msg) {
 	kind, runID, rank, err := streams.ParseBenchSubject(m.Subject())
-	if err != nil {
-		c.log.Warn("ignoring a message on an unexpected subject", "subject", m.Subject(), "error", err)
-		_ = m.Term()
+	switch {
+	case err != nil:
+		m.Reject(fmt.Errorf("%w: %v", ErrNotRankArtefact, err))
+		return
+	case kind != streams.BenchKindRank && kind != streams.BenchKindProbe:
+		m.Reject(fmt.Errorf("%w: %s is a %s subject", ErrNotRankArtefact, m.Subject(), kind))
 		return
 	}
-	if Partition(runID, c.cfg.Partitions) != c.cfg.Partition {
-		_ = m.Ack()
+	hdr := m.Headers()
+	digest := hdr.Get(streams.HeaderBenchSHA256)
+	dpSize, dpErr := strconv.Atoi(hdr.Get(streams.HeaderBenchDPSize))
+	if kind == streams.BenchKindRank && (!sha256Hex.MatchString(digest) || dpErr != nil || dpSize < 1) {
+		m.Reject(fmt.Errorf("%w: %s has no valid %s (%q) and %s (%q) headers: publish ranks with `fpmbus bench publish`",
+			ErrNotRankArtefact, m.Subject(), streams.HeaderBenchSHA256, digest, streams.HeaderBenchDPSize, hdr.Get(streams.HeaderBenchDPSize)))
 		return
 	}
 	done, err := c.lookupDone(ctx, runID)
 	if err != nil {
 		c.log.Warn("cannot tell whether the run is already merged; retrying", "run_id", runID, "error", err)
-		_ = m.NakWithDelay(time.Second)
+		c.deferred = append(c.deferred, m)
 		return
 	}
 	if kind == streams.BenchKindProbe {
 		if done != nil && done.probe != nil {
 			if err := c.refreshSidecar(ctx, runID, done.probe); err != nil {
 				c.log.Warn("rewriting the sidecar for late probe replies failed; retrying", "run_id", runID, "error", err)
-				_ = m.NakWithDelay(5 * time.Second)
+				c.deferred = append(c.deferred, m)
 				return
 			}
 		}
-		_ = m.Ack() // pending runs read their probe replies from the stream when they merge
+		m.Done() // pending runs read their probe replies from the stream when they merge
 		return
 	}
-	meta, err := m.Metadata()
-	if err != nil {
-		_ = m.Term()
-		return
-	}
-	digest := m.Headers().Get(streams.HeaderBenchSHA256)
 	if done != nil {
 		c.afterOutcome(ctx, runID, rank, digest, m, done)
 		return
 	}
 	run := c.runs[runID]
 	if run == nil {
-		run = &pendingRun{runID: runID, first: meta.Timestamp, ranks: map[int]*heldRank{}, conflicts: map[string]bool{}}
+		run = &pendingRun{runID: runID, partition: m.Partition, first: m.Stored, ranks: map[int]*heldRank{}, conflicts: map[string]bool{}}
 		c.runs[runID] = run
 	}
-	if meta.Timestamp.Before(run.first) {
-		run.first = meta.Timestamp
+	if m.Stored.Before(run.first) {
+		run.first = m.Stored
 	}
-	dpSize, _ := strconv.Atoi(m.Headers().Get(streams.HeaderBenchDPSize))
-	seq := meta.Sequence.Stream
+	seq := m.StreamSeq
 	h := run.ranks[rank]
 	switch {
 	case h == nil:
-		run.ranks[rank] = &heldRank{seq: seq, digest: digest, dpSize: dpSize, file: m.Headers().Get(streams.HeaderBenchFile), hdr: m.Headers(), data: m.Data(), msgs: []jetstream.Msg{m}}
+		run.ranks[rank] = &heldRank{seq: seq, digest: digest, dpSize: dpSize, file: hdr.Get(streams.HeaderBenchFile), hdr: hdr, data: m.Data(), msgs: []*durable.Msg{m}}
 	case h.digest == digest:
 		h.msgs = append(h.msgs, m) // a redelivery or an identical re-publication
 	default:
-		kept, refused := h, &heldRank{seq: seq, digest: digest, dpSize: dpSize, file: m.Headers().Get(streams.HeaderBenchFile), hdr: m.Headers(), data: m.Data(), msgs: []jetstream.Msg{m}}
+		kept, refused := h, &heldRank{seq: seq, digest: digest, dpSize: dpSize, file: hdr.Get(streams.HeaderBenchFile), hdr: hdr, data: m.Data(), msgs: []*durable.Msg{m}}
 		if seq < h.seq { // the earlier publication wins, whatever the delivery order
 			kept, refused = refused, h
 			run.ranks[rank] = kept
 		}
 		c.reportConflict(ctx, run.conflicts, runID, rank, kept.digest, refused.digest, refused.file, "the rank was published again with different bytes; the first publication is kept")
 		for _, rm := range refused.msgs {
-			_ = rm.Ack()
+			rm.Done()
 		}
 	}
 	c.tryMerge(ctx, run)
 }
 
 // afterOutcome handles a rank of a run that already has its outcome.
-func (c *Consumer) afterOutcome(ctx context.Context, runID string, rank int, digest string, m jetstream.Msg, done *doneRun) {
-	defer func() { _ = m.Ack() }()
+func (c *stage) afterOutcome(ctx context.Context, runID string, rank int, digest string, m *durable.Msg, done *doneRun) {
+	defer m.Done()
 	if done.outcome != EventMerged {
 		c.log.Info("ignoring a rank of a run already reported", "run_id", runID, "rank", rank, "outcome", done.outcome)
 		return
@@ -425,7 +337,7 @@ func (c *Consumer) afterOutcome(ctx context.Context, runID string, rank int, dig
 	}
 }
 
-func (c *Consumer) reportConflict(ctx context.Context, seen map[string]bool, runID string, rank int, kept, refused, file, detail string) {
+func (c *stage) reportConflict(ctx context.Context, seen map[string]bool, runID string, rank int, kept, refused, file, detail string) {
 	key := strconv.Itoa(rank) + ":" + refused
 	if seen[key] {
 		return
@@ -458,9 +370,9 @@ func (run *pendingRun) expected() (size int, missing []int) {
 	return size, missing
 }
 
-func (c *Consumer) tryMerge(ctx context.Context, run *pendingRun) {
+func (c *stage) tryMerge(ctx context.Context, run *pendingRun) {
 	size, missing := run.expected()
-	if size < 1 || len(missing) > 0 || c.cfg.Now().Before(run.retryAt) {
+	if size < 1 || len(missing) > 0 || c.now().Before(run.retryAt) {
 		return
 	}
 	err := c.mergeRun(ctx, run)
@@ -468,27 +380,51 @@ func (c *Consumer) tryMerge(ctx context.Context, run *pendingRun) {
 		return
 	}
 	run.backoff = min(max(run.backoff*2, time.Second), time.Minute)
-	run.retryAt = c.cfg.Now().Add(run.backoff)
+	run.retryAt = c.now().Add(run.backoff)
 	c.log.Warn("merging the run failed; retrying", "run_id", run.runID, "retry_in", run.backoff, "error", err)
 }
 
-// caughtUp reports whether every message the durable has delivered has been handled and none is
-// pending: only then is a rank that has not arrived missing rather than still in the backlog (after a
-// restart, a run's first rank can be older than the rank timeout while its other ranks wait behind it).
-func (c *Consumer) caughtUp(ctx context.Context) bool {
-	if c.cons == nil {
-		return true
+// caughtUp reports whether partition p's consumer has handed this instance everything it has: nothing
+// pending on the server and nothing acknowledged-pending beyond the messages held here. Only then is a
+// rank that has not arrived missing rather than still in the backlog (after a takeover, a run's first
+// rank can be older than the rank timeout while its other ranks wait behind it). Messages marked done
+// whose acks are still on their way make it report false: the sweep then waits for the next tick.
+func (c *stage) caughtUp(ctx context.Context, p int) bool {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cons, err := c.js.Consumer(cctx, c.group.ConsumerStream(), c.group.ConsumerName(p))
+	if err != nil {
+		return false
 	}
-	ci, err := c.cons.Info(ctx)
-	return err == nil && ci.NumPending == 0 && c.maxSeq >= ci.Delivered.Stream
+	ci, err := cons.Info(cctx)
+	if err != nil {
+		return false
+	}
+	held := 0
+	for _, run := range c.runs {
+		if run.partition == p {
+			for _, h := range run.ranks {
+				held += len(h.msgs)
+			}
+		}
+	}
+	for _, m := range c.deferred {
+		if m.Partition == p {
+			held++
+		}
+	}
+	return ci.NumPending == 0 && ci.NumAckPending <= held
 }
 
 // sweep retries failed merges and reports runs whose ranks did not all arrive in time.
-func (c *Consumer) sweep(ctx context.Context) {
-	now := c.cfg.Now()
-	checked, caughtUp := false, false
+func (c *stage) sweep(ctx context.Context) {
+	now := c.now()
+	caughtUp := map[int]bool{}
 	for _, id := range slices.Sorted(maps.Keys(c.runs)) {
 		run := c.runs[id]
+		if run == nil {
+			continue // finished by an earlier step of this sweep
+		}
 		size, missing := run.expected()
 		if len(missing) == 0 && size > 0 {
 			c.tryMerge(ctx, run)
@@ -497,10 +433,12 @@ func (c *Consumer) sweep(ctx context.Context) {
 		if now.Sub(run.first) < c.cfg.RankTimeout {
 			continue
 		}
+		up, checked := caughtUp[run.partition]
 		if !checked {
-			checked, caughtUp = true, c.caughtUp(ctx)
+			up = c.caughtUp(ctx, run.partition)
+			caughtUp[run.partition] = up
 		}
-		if !caughtUp {
+		if !up {
 			continue
 		}
 		present := slices.Sorted(maps.Keys(run.ranks))
@@ -514,7 +452,7 @@ func (c *Consumer) sweep(ctx context.Context) {
 }
 
 // mergeRun merges a run whose ranks are all held. A rejection is final; any other error is retried.
-func (c *Consumer) mergeRun(ctx context.Context, run *pendingRun) error {
+func (c *stage) mergeRun(ctx context.Context, run *pendingRun) error {
 	spool := filepath.Join(c.cfg.SpoolDir, streams.EncodeToken(run.runID))
 	defer os.RemoveAll(spool)
 	var files []RankFile
@@ -530,7 +468,8 @@ func (c *Consumer) mergeRun(ctx context.Context, run *pendingRun) error {
 		} else {
 			path := filepath.Join(spool, strconv.Itoa(r)+".json")
 			if err := c.fetchToFile(ctx, h, path); err != nil {
-				if errors.Is(err, streams.ErrDigestMismatch) {
+				// A body that does not match its digest, or whose object is gone, can never be merged.
+				if errors.Is(err, streams.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
 					return c.reject(ctx, run, &RejectError{RunID: run.runID, Rank: intp(r), Rule: RuleMalformedJSON, File: h.file, Detail: err.Error()})
 				}
 				return err
@@ -577,7 +516,7 @@ func (c *Consumer) mergeRun(ctx context.Context, run *pendingRun) error {
 	return c.finish(ctx, run, ev, &res.Probe)
 }
 
-func (c *Consumer) reject(ctx context.Context, run *pendingRun, rej *RejectError) error {
+func (c *stage) reject(ctx context.Context, run *pendingRun, rej *RejectError) error {
 	if rej.RunID == "" {
 		rej.RunID = run.runID
 	}
@@ -587,7 +526,7 @@ func (c *Consumer) reject(ctx context.Context, run *pendingRun, rej *RejectError
 }
 
 // finish publishes a run's outcome event, acks its messages and forgets it.
-func (c *Consumer) finish(ctx context.Context, run *pendingRun, ev Event, probe *ProbeContext) error {
+func (c *stage) finish(ctx context.Context, run *pendingRun, ev Event, probe *ProbeContext) error {
 	if err := c.publishEvent(ctx, streams.BenchOutcomeSubject(run.runID), streams.BenchOutcomeMsgID(run.runID), ev); err != nil {
 		return err
 	}
@@ -602,7 +541,7 @@ func (c *Consumer) finish(ctx context.Context, run *pendingRun, ev Event, probe 
 	}
 	for _, h := range run.ranks {
 		for _, m := range h.msgs {
-			_ = m.Ack()
+			m.Done()
 		}
 	}
 	c.done[run.runID] = d
@@ -610,8 +549,10 @@ func (c *Consumer) finish(ctx context.Context, run *pendingRun, ev Event, probe 
 	return nil
 }
 
-func (c *Consumer) publishEvent(ctx context.Context, subject, msgID string, ev Event) error {
-	ev.ConsumerPartition = fmt.Sprintf("%d/%d", c.cfg.Partition, c.cfg.Partitions)
+func (c *stage) publishEvent(ctx context.Context, subject, msgID string, ev Event) error {
+	if p, err := c.group.PartitionOf(streams.BenchProbeSubject(ev.RunID)); err == nil {
+		ev.ConsumerPartition = fmt.Sprintf("%d/%d", p, c.group.Partitions)
+	}
 	body, err := json.Marshal(ev)
 	if err != nil {
 		return err
@@ -623,13 +564,13 @@ func (c *Consumer) publishEvent(ctx context.Context, subject, msgID string, ev E
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("merge: publish %s event: %w", ev.Event, err)
 	}
-	if c.cfg.OnEvent != nil {
-		c.cfg.OnEvent(ev)
+	if c.onEvent != nil {
+		c.onEvent(ev)
 	}
 	return nil
 }
 
-func (c *Consumer) publishMerged(ctx context.Context, run *pendingRun, res *Result, digest string) error {
+func (c *stage) publishMerged(ctx context.Context, run *pendingRun, res *Result, digest string) error {
 	m := streams.BenchMerged{RunID: run.runID, Path: res.MergedPath, Digest: digest, RankDigests: map[int]string{}}
 	for r, h := range run.ranks {
 		m.RankDigests[r] = h.digest
@@ -650,7 +591,7 @@ func (c *Consumer) publishMerged(ctx context.Context, run *pendingRun, res *Resu
 	return nil
 }
 
-func (c *Consumer) publishSidecar(ctx context.Context, runID, path string) error {
+func (c *stage) publishSidecar(ctx context.Context, runID, path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -660,7 +601,7 @@ func (c *Consumer) publishSidecar(ctx context.Context, runID, path string) error
 }
 
 // refreshSidecar recomputes a merged run's sidecar from every probe reply on the stream.
-func (c *Consumer) refreshSidecar(ctx context.Context, runID string, pc *ProbeContext) error {
+func (c *stage) refreshSidecar(ctx context.Context, runID string, pc *ProbeContext) error {
 	probes, err := c.readProbes(ctx, runID)
 	if err != nil {
 		return err
@@ -672,7 +613,7 @@ func (c *Consumer) refreshSidecar(ctx context.Context, runID string, pc *ProbeCo
 	return c.publishSidecar(ctx, runID, pc.WorkerProbePath)
 }
 
-func (c *Consumer) fetchToFile(ctx context.Context, h *heldRank, path string) error {
+func (c *stage) fetchToFile(ctx context.Context, h *heldRank, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
@@ -688,7 +629,7 @@ func (c *Consumer) fetchToFile(ctx context.Context, h *heldRank, path string) er
 }
 
 // readProbes returns every probe reply batch of a run, in stream order.
-func (c *Consumer) readProbes(ctx context.Context, runID string) ([]ProbeReplies, error) {
+func (c *stage) readProbes(ctx context.Context, runID string) ([]ProbeReplies, error) {
 	var out []ProbeReplies
 	subj := streams.BenchProbeSubject(runID)
 	seq := uint64(1)
@@ -717,7 +658,7 @@ func (c *Consumer) readProbes(ctx context.Context, runID string) ([]ProbeReplies
 
 // lookupDone returns the outcome of a run already merged, rejected or reported incomplete (nil when the
 // run is open), from memory or from the streams.
-func (c *Consumer) lookupDone(ctx context.Context, runID string) (*doneRun, error) {
+func (c *stage) lookupDone(ctx context.Context, runID string) (*doneRun, error) {
 	if d, ok := c.done[runID]; ok {
 		return d, nil
 	}

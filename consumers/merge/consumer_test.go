@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -35,43 +37,54 @@ type running struct {
 	c      *Consumer
 	events chan Event
 	errc   chan error
+	cancel context.CancelFunc
 }
 
-func startConsumer(t *testing.T, env *streamstest.Env, cfg Config) *running {
+func startConsumer(t *testing.T, env *streamstest.Env, cfg Config, opts ...Option) *running {
 	t.Helper()
 	r := &running{events: make(chan Event, 64), errc: make(chan error, 1)}
-	cfg.OnEvent = func(ev Event) { r.events <- ev }
 	if cfg.Output == "" {
 		cfg.Output = filepath.Join(t.TempDir(), "benchmark_results_"+RunIDPlaceholder+"_merged.json")
 	}
 	if cfg.SpoolDir == "" {
 		cfg.SpoolDir = t.TempDir()
 	}
+	if cfg.PinnedTTL == 0 {
+		cfg.PinnedTTL = partition.MinPinnedTTL
+	}
 	cfg.InlineMax = 4096
-	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	c, err := New(env.JS, cfg)
+	opts = append([]Option{WithEventHook(func(ev Event) { r.events <- ev }),
+		WithLogger(slog.New(slog.NewTextHandler(testWriter{t}, nil)))}, opts...)
+	c, err := New(cfg, env.JS, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.c = c
-	go func() { r.errc <- c.Run(context.Background()) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.errc <- c.Run(ctx) }()
 	t.Cleanup(func() { r.stop(t) })
+	select {
+	case <-c.Ready():
+	case err := <-r.errc:
+		t.Fatalf("merger ended before it was ready: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("merger not ready")
+	}
 	return r
 }
 
+// stop stops the consumer gracefully and waits for Run (idempotent).
 func (r *running) stop(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := r.c.Close(ctx); err != nil {
-		t.Errorf("close: %v", err)
-	}
+	r.cancel()
 	select {
 	case err := <-r.errc:
 		if err != nil {
 			t.Errorf("run: %v", err)
 		}
 		r.errc <- nil
-	case <-ctx.Done():
+	case <-time.After(30 * time.Second):
+		t.Errorf("merger did not stop")
 	}
 }
 
@@ -380,21 +393,48 @@ func readSidecar(t *testing.T, path string) schemas.WorkerProbeSidecar {
 	return s
 }
 
-// Two instances, one per partition: every run is merged exactly once, by its owner.
+// Two instances of one group with two partitions: each owns one partition, and every run is merged
+// exactly once, by the owner of its partition.
 func TestBenchBrokerTwoPartitions(t *testing.T) {
 	env := streamstest.Start(t)
 	ctx := context.Background()
 	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	dir := t.TempDir()
-	p0 := startConsumer(t, env, Config{Partition: 0, Partitions: 2, Output: filepath.Join(dir, "p0_"+RunIDPlaceholder+".json")})
-	p1 := startConsumer(t, env, Config{Partition: 1, Partitions: 2, Output: filepath.Join(dir, "p1_"+RunIDPlaceholder+".json")})
-	if p0.c.Durable() == p1.c.Durable() {
-		t.Fatalf("partitions share durable %s", p0.c.Durable())
+	p0 := startConsumer(t, env, Config{Partitions: 2, Output: filepath.Join(dir, "p0_"+RunIDPlaceholder+".json")}, WithMemberID("m0"))
+	p1 := startConsumer(t, env, Config{Partitions: 2, Output: filepath.Join(dir, "p1_"+RunIDPlaceholder+".json")}, WithMemberID("m1"))
+	// A partition gets an owner once it has a message: probe replies of a run in each partition
+	// (done at once, the run being open) make the group settle before the runs are published.
+	group := p0.c.Group()
+	probeData, err := os.ReadFile(filepath.Join(goldenDir("protocol_4rank"), "probe.json"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	for i, warm := 0, map[int]bool{}; len(warm) < 2; i++ {
+		run := "warm-up-" + strconv.Itoa(i)
+		if p, _ := group.PartitionOf(streams.BenchProbeSubject(run)); !warm[p] {
+			warm[p] = true
+			if _, err := store.PublishProbe(ctx, run, "/tmp/probe.json", probeData); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var own0, own1 []int
+	waitFor(t, "each instance owns one partition", 20*time.Second, func() bool {
+		own0, own1 = p0.c.Owned(), p1.c.Owned()
+		return len(own0) == 1 && len(own1) == 1 && own0[0] != own1[0]
+	})
+	insts := map[int]*running{own0[0]: p0, own1[0]: p1}
 	owners := map[string]int{}
 	for i := range 8 {
 		spec := runSpec{runID: "scale-run-" + strconv.Itoa(i), grid: "g", size: 2, points: 2}
-		owners[spec.runID] = Partition(spec.runID, 2)
+		p, err := group.PartitionOf(streams.BenchRankSubject(spec.runID, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pp, _ := group.PartitionOf(streams.BenchProbeSubject(spec.runID)); pp != p {
+			t.Fatalf("run %s: ranks in partition %d, probe replies in %d", spec.runID, p, pp)
+		}
+		owners[spec.runID] = p
 		for _, rf := range spec.rankFiles() {
 			if _, _, err := publishRank(ctx, store, rf.Path, rf.Data); err != nil {
 				t.Fatal(err)
@@ -406,18 +446,17 @@ func TestBenchBrokerTwoPartitions(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for _, want := range []int{0, 1} {
-		inst := []*running{p0, p1}[want]
+		inst := insts[want]
 		n := 0
-		for id, o := range owners {
+		for _, o := range owners {
 			if o == want {
 				n++
-				_ = id
 			}
 		}
 		for range n {
 			ev := inst.next(t, EventMerged)
-			if owners[ev.RunID] != want || seen[ev.RunID] {
-				t.Fatalf("partition %d merged %s (owner %d, seen %v)", want, ev.RunID, owners[ev.RunID], seen[ev.RunID])
+			if owners[ev.RunID] != want || seen[ev.RunID] || ev.ConsumerPartition != strconv.Itoa(want)+"/2" {
+				t.Fatalf("partition %d merged %s (owner %d, seen %v, event partition %q)", want, ev.RunID, owners[ev.RunID], seen[ev.RunID], ev.ConsumerPartition)
 			}
 			seen[ev.RunID] = true
 		}
@@ -429,8 +468,24 @@ func TestBenchBrokerTwoPartitions(t *testing.T) {
 			t.Fatalf("run %s merged %d times", id, n)
 		}
 	}
-	if _, err := New(env.JS, Config{Partition: 2, Partitions: 2}); !errors.Is(err, ErrInvalidConfig) {
-		t.Fatalf("partition 2 of 2 accepted: %v", err)
+	for _, cfg := range []Config{{Partitions: -1}, {Partitions: partition.MaxPartitions + 1}, {PinnedTTL: time.Millisecond}, {Durable: "a.b"}} {
+		if _, err := New(cfg, env.JS); !errors.Is(err, ErrInvalidConfig) {
+			t.Fatalf("config %+v accepted: %v", cfg, err)
+		}
+	}
+	if _, err := New(Config{}, env.JS, WithLogger(nil)); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("nil logger accepted: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -462,6 +517,12 @@ func TestBenchBrokerResumesAfterRestart(t *testing.T) {
 		}
 	}
 	a.quiet(t, 300*time.Millisecond)
+	// The held ranks are not acknowledged before their run's outcome is durable.
+	if cons, err := env.JS.Consumer(ctx, streams.StreamBench, DefaultDurable); err != nil {
+		t.Fatal(err)
+	} else if ci, err := cons.Info(ctx); err != nil || ci.NumAckPending != 2 || ci.AckFloor.Stream != 0 {
+		t.Fatalf("while the run is incomplete: %+v %v (want 2 unacked, nothing acked)", ci, err)
+	}
 	a.stop(t)
 	b := startConsumer(t, env, Config{Output: out})
 	for _, rf := range files[2:] {
@@ -475,5 +536,88 @@ func TestBenchBrokerResumesAfterRestart(t *testing.T) {
 	}
 	if n := count(t, env, streams.StreamBench, streams.BenchMergedSubject(spec.runID)); n != 1 {
 		t.Fatalf("%d merged messages", n)
+	}
+}
+
+// A message that can never be merged never loops: one that is not a rank artefact publication is
+// dead-lettered at once (consumer, subject, stream sequence, reason), and a rank artefact whose body
+// breaks a merge rule gets its run's one bench_rejected outcome. Either way it is acknowledged and
+// never delivered again.
+func TestBenchBrokerPoisonRanks(t *testing.T) {
+	garbage := []byte("garbage")
+	for name, tc := range map[string]struct {
+		subject     string
+		headers     map[string]string
+		deadLetter  bool
+		outcomeRule Rule
+	}{
+		"nats pub of garbage on a rank subject": {subject: streams.BenchRankSubject("run4", 0), deadLetter: true},
+		"rank token that is not a rank":         {subject: streams.BenchRankRoot + ".run4.x", deadLetter: true},
+		"digest header that is not a sha256": {subject: streams.BenchRankSubject("run4", 0), deadLetter: true,
+			headers: map[string]string{streams.HeaderBenchSHA256: "nope", streams.HeaderBenchDPSize: "1"}},
+		"garbage body with the publish protocol's headers": {subject: streams.BenchRankSubject("run4", 0), outcomeRule: RuleMalformedJSON,
+			headers: map[string]string{streams.HeaderBenchKind: streams.BenchKindRank, streams.HeaderBenchRun: "run4",
+				streams.HeaderBenchRank: "0", streams.HeaderBenchDPSize: "1", streams.HeaderBenchSHA256: schemas.SHA256Hex(garbage),
+				streams.HeaderBenchSize: strconv.Itoa(len(garbage))}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := streamstest.Start(t)
+			ctx := context.Background()
+			dir := t.TempDir()
+			r := startConsumer(t, env, Config{Output: filepath.Join(dir, "m_"+RunIDPlaceholder+".json")})
+			msg := nats.NewMsg(tc.subject)
+			msg.Data = garbage
+			for k, v := range tc.headers {
+				msg.Header.Set(k, v)
+			}
+			ack, err := env.JS.PublishMsg(ctx, msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cons, err := env.JS.Consumer(ctx, streams.StreamBench, DefaultDurable)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the message acknowledged", 10*time.Second, func() bool {
+				ci, err := cons.Info(ctx)
+				return err == nil && ci.AckFloor.Stream == ack.Sequence && ci.NumAckPending == 0
+			})
+			if tc.outcomeRule != "" {
+				ev := r.next(t, EventRejected)
+				if ev.RunID != "run4" || ev.Rule != tc.outcomeRule {
+					t.Fatalf("rejection event %+v", ev)
+				}
+			}
+			time.Sleep(time.Second) // a redelivery would come now: none may
+			r.quiet(t, 100*time.Millisecond)
+			dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
+			if !tc.deadLetter {
+				if len(dl) != 0 {
+					t.Fatalf("%d dead letters for a run rejected by a merge rule", len(dl))
+				}
+				if n := count(t, env, streams.StreamEvents, streams.BenchOutcomeSubject("run4")); n != 1 {
+					t.Fatalf("%d outcome events", n)
+				}
+			} else {
+				if len(dl) != 1 {
+					t.Fatalf("%d dead letters, want 1", len(dl))
+				}
+				h := dl[0].Headers()
+				if string(dl[0].Data()) != string(garbage) || h.Get(durable.HeaderConsumer) != ConsumerName ||
+					h.Get(durable.HeaderSubject) != tc.subject || h.Get(durable.HeaderStream) != streams.StreamBench ||
+					h.Get(durable.HeaderStreamSeq) != strconv.FormatUint(ack.Sequence, 10) || h.Get(streams.HeaderError) == "" {
+					t.Fatalf("dead letter %q headers %v", dl[0].Data(), h)
+				}
+				if n := count(t, env, streams.StreamEvents, streams.BenchOutcomeSubject("run4")); n != 0 {
+					t.Fatalf("%d outcome events for a message that is not a rank artefact", n)
+				}
+			}
+			if ci, err := cons.Info(ctx); err != nil || ci.NumRedelivered != 0 || ci.Delivered.Consumer != 1 {
+				t.Fatalf("consumer after the poison message: %+v %v (want one delivery)", ci, err)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Fatalf("a poison message wrote %d files", len(entries))
+			}
+		})
 	}
 }

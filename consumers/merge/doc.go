@@ -44,11 +44,13 @@
 //
 // # Scale-out
 //
-// One owner per run: the consumer of partition i of N handles the runs with
-// fnv-1a(run_id) mod N == i (Partition) on its own durable ("fpmbus-merge-p<i>of<N>") filtered to
-// fpmbench.rank.> and fpmbench.probe.>; messages of other runs are acked unread. Static hash
-// partitioning was chosen over a lease: the durable of a partition keeps its progress and its
-// unacked in-progress runs across restarts, no clock-based lease can expire under a slow merge, and the
-// owner of a run is computable by anyone (the event's "partition" field says who merged it). Run one
-// instance per partition.
+// The merger is a durable.Consumer (consumers/durable) run in a consumers/partition group named by
+// Config.Durable: FPM_BENCH's fpmbench.rank.<run>.<rank> and fpmbench.probe.<run>, both keyed by the run
+// token, so a run's ranks and probe replies share a partition and a partition has one owner at a time.
+// Partitions 1 (the default) is one active merger with hot standbys; N > 1 spreads the runs over the
+// instances. A run's ranks are held (not acked) until its outcome is durable; when a partition moves
+// (rebalance, stop, crash after PinnedTTL) its unacked ranks come again, in stream order, to the next
+// owner, and the outcome checks (a merged message or an outcome event makes a run final) make that
+// takeover safe: a run is merged once whichever instance folds it. The static fnv(run_id) mod N
+// partitioning of earlier versions, one instance per partition, is gone.
 package merge

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 func TestBenchWriteResultOrderAndStaleSidecar(t *testing.T) {
@@ -87,9 +88,19 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 	if got := ExpandPath("/o/r_{run_id}_merged.json", "a/b c"); got != "/o/r_a%2Fb%20c_merged.json" {
 		t.Errorf("ExpandPath: %s", got)
 	}
+	// Runs spread evenly over the merger group's partitions, a run's ranks and probe replies together.
+	group := Config{Partitions: 4}.Group()
 	counts := [4]int{}
 	for i := range 4000 {
-		counts[Partition("3f6a0c1e-run-"+strconv.Itoa(i), 4)]++
+		run := "3f6a0c1e-run-" + strconv.Itoa(i)
+		p, err := group.PartitionOf(streams.BenchRankSubject(run, i%8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pp, _ := group.PartitionOf(streams.BenchProbeSubject(run)); pp != p {
+			t.Fatalf("run %s: rank %d in partition %d, probe replies in %d", run, i%8, p, pp)
+		}
+		counts[p]++
 	}
 	for p, n := range counts {
 		if n < 800 || n > 1200 {

@@ -3,192 +3,484 @@ package seal
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// DefaultDurable is the sealer's durable consumer on FPM_BENCH.
-const DefaultDurable = "fpmbus-seal"
+// Defaults of ConsumerConfig.
+const (
+	DefaultDurable     = "fpmbus-seal"
+	DefaultPartitions  = 1
+	DefaultPinnedTTL   = partition.DefaultPinnedTTL
+	DefaultProfileWait = 10 * time.Minute
+	DefaultAckWait     = 2 * time.Minute
+)
+
+// ConsumerName names the sealer in the runner's metrics (label consumer) and its dead letters
+// (durable.RejectedSubject(ConsumerName) = fpmevents.rejected.seal).
+const ConsumerName = "seal"
+
+const (
+	// tickInterval paces the checks of held messages (profile arrived, unknown outcome retried).
+	tickInterval = 250 * time.Millisecond
+	// profilePoll is how often a merged artefact waiting for its run's profile looks for it.
+	profilePoll = time.Second
+	// retryFirst and retryMax bound the pause before an unknown outcome (or an unreadable body) is
+	// tried again.
+	retryFirst, retryMax = 2 * time.Second, 30 * time.Second
+	maxAckPending        = 1000
+	batch                = 16
+	// maxDeliveries is the runner's crash-loop bound. A held artefact (its profile not there yet) keeps
+	// its partition's ack floor where it is, so every takeover of the partition meanwhile (a rebalance,
+	// a stop) counts as a session without progress; the bound leaves room for several of them.
+	maxDeliveries = 10
+)
+
+// ErrInvalidConsumerConfig wraps every ConsumerConfig or ConsumerOption problem.
+var ErrInvalidConsumerConfig = errors.New("seal: invalid consumer config")
+
+// ErrNoProfile is the reason a merged artefact is rejected when its run's collection profile did not
+// arrive within ConsumerConfig.ProfileWait, or is not a valid profile.
+var ErrNoProfile = errors.New("seal: no valid collection profile for the run")
 
 // ConsumerConfig configures the durable sealer. Zero values take the defaults noted.
 type ConsumerConfig struct {
-	Durable      string        // [DefaultDurable]
-	AllowPartial bool          // seal the passed cells of a run whose cells are not all valid
-	ProfileWait  time.Duration // how long after the merged artefact its profile may still arrive [10m]
-	AckWait      time.Duration // [2m]
-	Streams      streams.Config
-	Logger       *slog.Logger
-	// OnOutcome, when set, is called with each run's report and error (tests).
-	OnOutcome func(runID string, rep *Report, err error)
+	// Durable names the sealer's group [DefaultDurable]: every instance with the same name shares the
+	// runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the consumers are
+	// <Durable>-<p> on the partition stream FPM_BENCH_PART_<Durable>.
+	Durable string
+	// Partitions of the runs, keyed by the run of fpmbench.merged.<run> [DefaultPartitions]: 1 = one
+	// active sealer, the other instances hot standbys. Fixed for the group's life.
+	Partitions int
+	// PinnedTTL is how long a crashed instance keeps its partitions [DefaultPinnedTTL].
+	PinnedTTL time.Duration
+	// AllowPartial seals the passed cells of a run whose cells are not all valid.
+	AllowPartial bool
+	// ProfileWait is how long after the merged artefact its profile may still arrive [DefaultProfileWait].
+	ProfileWait time.Duration
+	// AckWait of the partition consumers [DefaultAckWait]; held messages are kept alive by the runner.
+	AckWait time.Duration
+	// StopTimeout bounds a graceful stop [durable.DefaultStopTimeout].
+	StopTimeout time.Duration
+	// Streams are applied at start and give the bucket's settings [streams.DefaultConfig()].
+	Streams streams.Config
 }
 
-// Consumer is the durable sealer behind `fpmbus seal`: it reads merged artefacts from
-// fpmbench.merged.>, builds the run's cell from the artefact and the run's collection profile, and
-// publishes it with PublishDataset. It is stateless: any number of instances may share the durable
-// (or run their own); first-writer-wins rests on the bucket's compare-and-set alone. A message is acked
-// once its outcome is final (sealed, idempotent, conflict, rejected, partial); an unknown outcome or a
-// profile that has not arrived yet is nakked and redelivered.
-type Consumer struct {
-	js     jetstream.JetStream
-	sealer *Sealer
-	store  *streams.BenchStore
-	cfg    ConsumerConfig
-	log    *slog.Logger
-
-	quit      chan struct{}
-	stopped   chan struct{}
-	closeOnce sync.Once
+func (c *ConsumerConfig) fill() error {
+	if c.Durable == "" {
+		c.Durable = DefaultDurable
+	}
+	if c.Partitions == 0 {
+		c.Partitions = DefaultPartitions
+	}
+	if c.PinnedTTL == 0 {
+		c.PinnedTTL = DefaultPinnedTTL
+	}
+	if c.ProfileWait == 0 {
+		c.ProfileWait = DefaultProfileWait
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = durable.DefaultStopTimeout
+	}
+	if c.Streams.Replicas == 0 {
+		c.Streams = streams.DefaultConfig()
+	}
+	switch {
+	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
+		return fmt.Errorf("%w: partitions %d: want 1 to %d", ErrInvalidConsumerConfig, c.Partitions, partition.MaxPartitions)
+	case c.ProfileWait < 0:
+		return fmt.Errorf("%w: profile wait %v must be >= 0", ErrInvalidConsumerConfig, c.ProfileWait)
+	case c.AckWait < time.Second:
+		return fmt.Errorf("%w: ack wait %v must be at least 1s", ErrInvalidConsumerConfig, c.AckWait)
+	case c.StopTimeout < 0:
+		return fmt.Errorf("%w: stop timeout %v must be positive", ErrInvalidConsumerConfig, c.StopTimeout)
+	}
+	return nil
 }
 
-// NewConsumer returns a Consumer sealing with s.
-func NewConsumer(js jetstream.JetStream, s *Sealer, cfg ConsumerConfig) (*Consumer, error) {
-	if cfg.Durable == "" {
-		cfg.Durable = DefaultDurable
+// Group is the partition group of the sealer: FPM_BENCH's merged artefacts fpmbench.merged.<run>,
+// keyed by the run token.
+func (c ConsumerConfig) Group() partition.Config {
+	return partition.Config{
+		Stream:         streams.StreamBench,
+		Group:          c.Durable,
+		Partitions:     c.Partitions,
+		Filters:        []partition.Filter{{Subject: streams.BenchMergedRoot + ".*", KeyTokens: []int{1}}},
+		AckWait:        c.AckWait,
+		PinnedTTL:      c.PinnedTTL,
+		MaxAckPending:  maxAckPending,
+		Batch:          batch,
+		ReleaseTimeout: c.StopTimeout,
 	}
-	if cfg.ProfileWait == 0 {
-		cfg.ProfileWait = 10 * time.Minute
-	}
-	if cfg.AckWait == 0 {
-		cfg.AckWait = 2 * time.Minute
-	}
-	if cfg.Streams.Replicas == 0 {
-		cfg.Streams = streams.DefaultConfig()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.ProfileWait < 0 || cfg.AckWait < time.Second {
-		return nil, fmt.Errorf("seal: profile wait %v must be >= 0 and ack wait %v >= 1s", cfg.ProfileWait, cfg.AckWait)
-	}
-	return &Consumer{js: js, sealer: s, store: streams.NewBenchStore(js, 0, cfg.Streams), cfg: cfg, log: cfg.Logger,
-		quit: make(chan struct{}), stopped: make(chan struct{})}, nil
 }
 
-// Run consumes until ctx ends or Close is called.
-func (c *Consumer) Run(ctx context.Context) error {
-	defer close(c.stopped)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-c.quit:
-			cancel()
-		case <-ctx.Done():
+// ConsumerOption configures a Consumer beyond ConsumerConfig.
+type ConsumerOption func(*consumerOptions) error
+
+type consumerOptions struct {
+	log       *slog.Logger
+	sealer    *Sealer
+	onOutcome func(runID string, rep *Report, err error)
+	memberID  string
+	reg       prometheus.Registerer
+	now       func() time.Time
+}
+
+// WithLogger sets the consumer's logger (default slog.Default()).
+func WithLogger(l *slog.Logger) ConsumerOption {
+	return func(o *consumerOptions) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidConsumerConfig)
 		}
-	}()
-	if _, err := streams.Ensure(ctx, c.js, c.cfg.Streams, c.log); err != nil {
+		o.log = l
+		return nil
+	}
+}
+
+// WithSealer seals with s (default: a Sealer with source "fpmbus seal" on FPM_DATASETS, created
+// idempotently by Run with the bucket settings of ConsumerConfig.Streams).
+func WithSealer(s *Sealer) ConsumerOption {
+	return func(o *consumerOptions) error {
+		if s == nil {
+			return fmt.Errorf("%w: nil sealer", ErrInvalidConsumerConfig)
+		}
+		o.sealer = s
+		return nil
+	}
+}
+
+// WithOutcomeHook calls fn, on the consumer's loop, with each merged artefact's final outcome: its
+// run, the report (nil when nothing was published) and the error.
+func WithOutcomeHook(fn func(runID string, rep *Report, err error)) ConsumerOption {
+	return func(o *consumerOptions) error {
+		if fn == nil {
+			return fmt.Errorf("%w: nil outcome hook", ErrInvalidConsumerConfig)
+		}
+		o.onOutcome = fn
+		return nil
+	}
+}
+
+// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
+func WithMemberID(id string) ConsumerOption {
+	return func(o *consumerOptions) error {
+		if id == "" {
+			return fmt.Errorf("%w: empty member id", ErrInvalidConsumerConfig)
+		}
+		o.memberID = id
+		return nil
+	}
+}
+
+// WithRegisterer registers the runner's consumer metrics (default: not registered).
+func WithRegisterer(reg prometheus.Registerer) ConsumerOption {
+	return func(o *consumerOptions) error {
+		if reg == nil {
+			return fmt.Errorf("%w: nil registerer", ErrInvalidConsumerConfig)
+		}
+		o.reg = reg
+		return nil
+	}
+}
+
+// WithClock sets the clock of the profile wait and the retries (default time.Now).
+func WithClock(now func() time.Time) ConsumerOption {
+	return func(o *consumerOptions) error {
+		if now == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidConsumerConfig)
+		}
+		o.now = now
+		return nil
+	}
+}
+
+// Consumer is the durable sealer behind `fpmbus seal` and `fpmbus up`: a durable.Consumer run by a
+// durable.Runner in the partition group ConsumerConfig.Group. It reads merged artefacts from
+// fpmbench.merged.<run>, builds the run's cell from the artefact and the run's collection profile, and
+// publishes it with PublishDataset. First-writer-wins rests on the bucket's compare-and-set alone, so
+// a takeover (or two sealers racing on one run) never seals a cell twice. A message is:
+//
+//   - done once its outcome is final and recorded in the bucket (sealed, idempotent, conflict,
+//     partial, incomplete);
+//   - held, and checked again on the runner's tick, while its run's profile has not arrived (up to
+//     ProfileWait after the artefact was stored), while the seal's outcome is unknown (a timeout, no
+//     leader) or while its body cannot be read for a reason that may pass;
+//   - rejected (one dead letter on FPM_EVENTS, never delivered again) when it can never be sealed:
+//     a body that is not a merged artefact or does not match its digest, an artefact without an
+//     identity, a dataset that fails validation, no valid profile within ProfileWait.
+type Consumer struct {
+	s      *sealStage
+	runner *durable.Runner
+}
+
+// sealStage is the durable.Consumer. Every method runs on the runner's loop goroutine.
+type sealStage struct {
+	js        jetstream.JetStream
+	cfg       ConsumerConfig
+	log       *slog.Logger
+	now       func() time.Time
+	store     *streams.BenchStore
+	sealer    *Sealer
+	onOutcome func(runID string, rep *Report, err error)
+	bench     jetstream.Stream
+	held      []*heldSeal // in delivery order
+}
+
+// heldSeal is a merged artefact that is neither done nor rejected yet.
+type heldSeal struct {
+	m       *durable.Msg
+	runID   string
+	checked bool // the body was read and is a merged artefact
+	retryAt time.Time
+	backoff time.Duration
+}
+
+// NewConsumer checks cfg and opts and returns a sealer consumer; Run starts it.
+func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOption) (*Consumer, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConsumerConfig)
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	o := consumerOptions{log: slog.Default(), now: time.Now}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	s := &sealStage{js: js, cfg: cfg, log: o.log.With("component", "seal", "group", cfg.Durable), now: o.now,
+		store: streams.NewBenchStore(js, 0, cfg.Streams), sealer: o.sealer, onOutcome: o.onOutcome}
+	ropts := []durable.Option{durable.WithLogger(o.log.With("component", "seal"))}
+	if o.memberID != "" {
+		ropts = append(ropts, durable.WithMemberID(o.memberID))
+	}
+	if o.reg != nil {
+		ropts = append(ropts, durable.WithRegisterer(o.reg))
+	}
+	r, err := durable.New(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
+		MaxDeliveries: maxDeliveries, StopTimeout: cfg.StopTimeout}, js, s, ropts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConsumerConfig, err)
+	}
+	return &Consumer{s: s, runner: r}, nil
+}
+
+// Ready is closed once Run has opened the bucket, joined the group and is taking partitions.
+func (c *Consumer) Ready() <-chan struct{} { return c.runner.Ready() }
+
+// Owned lists the partitions this instance owns now.
+func (c *Consumer) Owned() []int { return c.runner.Owned() }
+
+// Run ensures the streams and the bucket exist, joins the group and seals until ctx ends, then stops
+// gracefully (held messages go, unacked, to the next owner at once). It returns nil after a requested
+// stop.
+func (c *Consumer) Run(ctx context.Context) error {
+	s := c.s
+	if _, err := streams.Ensure(ctx, s.js, s.cfg.Streams, s.log); err != nil {
 		return err
 	}
-	bench, err := c.js.Stream(ctx, streams.StreamBench)
-	if err != nil {
+	if s.sealer == nil {
+		kv, err := OpenBucket(ctx, s.js, s.cfg.Streams)
+		if err != nil {
+			return err
+		}
+		if s.sealer, err = New(kv, WithSource("fpmbus seal")); err != nil {
+			return err
+		}
+	}
+	var err error
+	if s.bench, err = s.js.Stream(ctx, streams.StreamBench); err != nil {
 		return fmt.Errorf("seal: stream %s: %w", streams.StreamBench, err)
 	}
-	cons, err := c.js.CreateOrUpdateConsumer(ctx, streams.StreamBench, jetstream.ConsumerConfig{
-		Durable:        c.cfg.Durable,
-		Description:    "fpmbus dataset sealer: merged artefacts to FPM_DATASETS",
-		FilterSubjects: []string{streams.BenchMergedWildcard},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        c.cfg.AckWait,
-		MaxDeliver:     -1,
+	s.log.Info("sealer starting", "partitions", s.cfg.Partitions, "allow_partial", s.cfg.AllowPartial)
+	return c.runner.Run(ctx)
+}
+
+// Handle seals a batch of one partition's merged artefacts, holding those that must wait.
+func (s *sealStage) Handle(ctx context.Context, batch []*durable.Msg) error {
+	for _, m := range batch {
+		h := &heldSeal{m: m}
+		if s.attempt(ctx, h) {
+			s.held = append(s.held, h)
+		}
+	}
+	return nil
+}
+
+// Tick tries the held messages whose time has come again.
+func (s *sealStage) Tick(ctx context.Context, _ time.Time) error {
+	now := s.now()
+	s.held = slices.DeleteFunc(s.held, func(h *heldSeal) bool {
+		return !now.Before(h.retryAt) && !s.attempt(ctx, h)
 	})
-	if err != nil {
-		return fmt.Errorf("seal: consumer %s: %w", c.cfg.Durable, err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(16))
-	if err != nil {
-		return fmt.Errorf("seal: consume: %w", err)
-	}
-	go func() { <-ctx.Done(); it.Stop() }()
-	c.log.Info("sealer started", "durable", c.cfg.Durable, "allow_partial", c.cfg.AllowPartial)
-	for {
-		m, err := it.Next()
+	return nil
+}
+
+// Close ends the sealer: what it holds stays unacked for the next owner.
+func (s *sealStage) Close(context.Context) error {
+	s.log.Info("sealer stopped", "held", len(s.held))
+	return nil
+}
+
+// Assigned needs no state: the sealer's state is the bucket.
+func (s *sealStage) Assigned(context.Context, int) error { return nil }
+
+// Release forgets partition p's held messages: they go, unacked, to the next owner.
+func (s *sealStage) Release(_ context.Context, p int) error {
+	s.Lost(p)
+	return nil
+}
+
+// Lost forgets partition p's held messages.
+func (s *sealStage) Lost(p int) {
+	s.held = slices.DeleteFunc(s.held, func(h *heldSeal) bool { return h.m.Partition == p })
+}
+
+// attempt takes h as far as it can: done, rejected, or held (true) with its next try set.
+func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
+	m := h.m
+	if h.runID == "" {
+		kind, runID, _, err := streams.ParseBenchSubject(m.Subject())
+		if err == nil && kind != streams.BenchKindMerged {
+			err = fmt.Errorf("%s is a %s subject", m.Subject(), kind)
+		}
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-				c.log.Info("sealer stopped")
-				return nil
-			}
-			time.Sleep(100 * time.Millisecond)
-			continue
+			s.reject(m, "", fmt.Errorf("%w: %v", ErrNotSealable, err))
+			return false
 		}
-		c.handle(ctx, bench, m)
+		h.runID = runID
 	}
-}
-
-// Close stops Run and waits for it, or for ctx.
-func (c *Consumer) Close(ctx context.Context) error {
-	c.closeOnce.Do(func() { close(c.quit) })
-	select {
-	case <-c.stopped:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("seal: close: %w", ctx.Err())
+	log := s.log.With("run_id", h.runID, "subject", m.Subject(), "stream_seq", m.StreamSeq)
+	retry := func(why string, err error) bool {
+		h.backoff = min(max(h.backoff*2, retryFirst), retryMax)
+		h.retryAt = s.now().Add(h.backoff)
+		log.Warn(why+"; retrying", "retry_in", h.backoff, "error", err)
+		return true
 	}
-}
-
-func (c *Consumer) handle(ctx context.Context, bench jetstream.Stream, m jetstream.Msg) {
-	hdr := m.Headers()
-	runID := hdr.Get(streams.HeaderBenchRun)
-	log := c.log.With("run_id", runID, "subject", m.Subject())
-	body, err := c.store.Fetch(ctx, hdr, m.Data())
-	if err != nil {
-		log.Warn("merged artefact not readable, retrying", "error", err)
-		_ = m.NakWithDelay(5 * time.Second)
-		return
-	}
-	pm, err := bench.GetLastMsgForSubject(ctx, streams.BenchProfileSubject(runID))
-	if err != nil {
-		md, _ := m.Metadata()
-		if errors.Is(err, jetstream.ErrMsgNotFound) && md != nil && time.Since(md.Timestamp) > c.cfg.ProfileWait {
-			log.Error("no collection profile for the run: not sealed", "subject", streams.BenchProfileSubject(runID), "waited", c.cfg.ProfileWait)
-			c.outcome(runID, nil, fmt.Errorf("seal: run %q has no collection profile on %s", runID, streams.BenchProfileSubject(runID)))
-			_ = m.Term()
-			return
+	var body []byte
+	if !h.checked {
+		// Whatever the profile, a body that is not a merged artefact can never be sealed: say so at once.
+		b, final, err := s.fetch(ctx, m)
+		switch {
+		case final:
+			s.reject(m, h.runID, err)
+			return false
+		case err != nil:
+			return retry("merged artefact not readable", err)
 		}
-		log.Info("waiting for the run's collection profile", "subject", streams.BenchProfileSubject(runID), "error", err)
-		_ = m.NakWithDelay(5 * time.Second)
-		return
+		if err := isMerged(b); err != nil {
+			s.reject(m, h.runID, err)
+			return false
+		}
+		h.checked, body = true, b
+	}
+	pm, err := s.bench.GetLastMsgForSubject(ctx, streams.BenchProfileSubject(h.runID))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		if waited := s.now().Sub(m.Stored); waited > s.cfg.ProfileWait {
+			s.reject(m, h.runID, fmt.Errorf("%w: nothing on %s within %v of the merged artefact", ErrNoProfile,
+				streams.BenchProfileSubject(h.runID), s.cfg.ProfileWait))
+			return false
+		}
+		if h.retryAt.IsZero() {
+			log.Info("waiting for the run's collection profile", "profile_subject", streams.BenchProfileSubject(h.runID), "profile_wait", s.cfg.ProfileWait)
+		}
+		h.retryAt = s.now().Add(profilePoll)
+		return true
+	case err != nil:
+		return retry("collection profile not readable", err)
 	}
 	prof, err := schemas.DecodeProfile(bytes.NewReader(pm.Data))
 	if err != nil {
-		log.Error("collection profile invalid: not sealed", "error", err)
-		c.outcome(runID, nil, err)
-		_ = m.Term()
-		return
+		s.reject(m, h.runID, fmt.Errorf("%w: %s seq %d: %v", ErrNoProfile, streams.BenchProfileSubject(h.runID), pm.Sequence, err))
+		return false
 	}
-	ds, err := FromMerged(body, hdr.Get(streams.HeaderBenchSHA256), prof)
+	if body == nil {
+		b, final, err := s.fetch(ctx, m)
+		switch {
+		case final:
+			s.reject(m, h.runID, err)
+			return false
+		case err != nil:
+			return retry("merged artefact not readable", err)
+		}
+		body = b
+	}
+	ds, err := FromMerged(body, m.Headers().Get(streams.HeaderBenchSHA256), prof)
 	if err != nil {
-		log.Error("merged artefact not sealable", "error", err)
-		c.outcome(runID, nil, err)
-		_ = m.Term()
-		return
+		s.reject(m, h.runID, err)
+		return false
 	}
-	rep, err := c.sealer.PublishDataset(ctx, ds, PublishOptions{AllowPartial: c.cfg.AllowPartial})
+	rep, err := s.sealer.PublishDataset(ctx, ds, PublishOptions{AllowPartial: s.cfg.AllowPartial})
 	var verr schemas.ValidationErrors
 	switch {
 	case err == nil:
 		log.Info("run sealed", "cells", len(rep.Cells), "campaign", rep.CampaignID)
-	case errors.As(err, &verr), errors.Is(err, ErrConflict), errors.Is(err, ErrPartial), errors.Is(err, ErrIncomplete):
+	case errors.As(err, &verr):
+		s.outcome(h.runID, rep, err)
+		m.Reject(fmt.Errorf("%w: the run's dataset fails validation: %v", ErrNotSealable, err))
+		log.Error("run's dataset rejected: not sealed", "error", err)
+		return false
+	case errors.Is(err, ErrConflict), errors.Is(err, ErrPartial), errors.Is(err, ErrIncomplete):
 		log.Warn("run not fully sealed", "error", err)
 	default:
-		log.Warn("seal outcome unknown, retrying", "error", err)
-		_ = m.NakWithDelay(2 * time.Second)
-		return
+		return retry("seal outcome unknown", err)
 	}
-	c.outcome(runID, rep, err)
-	_ = m.Ack()
+	s.outcome(h.runID, rep, err)
+	m.Done()
+	return false
 }
 
-func (c *Consumer) outcome(runID string, rep *Report, err error) {
-	if c.cfg.OnOutcome != nil {
-		c.cfg.OnOutcome(runID, rep, err)
+// fetch reads m's body (inline or from the object store) and checks it against its digest. final is
+// true when the body can never be read: it does not match its digest, or its object is gone.
+func (s *sealStage) fetch(ctx context.Context, m *durable.Msg) (body []byte, final bool, err error) {
+	body, err = s.store.Fetch(ctx, m.Headers(), m.Data())
+	if errors.Is(err, streams.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, true, fmt.Errorf("%w: %v", ErrNotSealable, err)
+	}
+	return body, false, err
+}
+
+// isMerged checks that doc is a merged benchmark artefact (a JSON object with artifact_type "merged").
+func isMerged(doc []byte) error {
+	var head struct {
+		ArtifactType any `json:"artifact_type"`
+	}
+	if err := json.Unmarshal(doc, &head); err != nil {
+		return fmt.Errorf("%w: not a JSON object: %v", ErrNotSealable, err)
+	}
+	if head.ArtifactType != "merged" {
+		return fmt.Errorf("%w: artifact_type %v, want merged", ErrNotSealable, head.ArtifactType)
+	}
+	return nil
+}
+
+// reject dead-letters m (the runner publishes it with reason and terminates it) and reports the outcome.
+func (s *sealStage) reject(m *durable.Msg, runID string, reason error) {
+	s.log.Error("merged artefact can never be sealed: dead-lettered", "run_id", runID, "subject", m.Subject(),
+		"stream_seq", m.StreamSeq, "reason", reason)
+	s.outcome(runID, nil, reason)
+	m.Reject(reason)
+}
+
+func (s *sealStage) outcome(runID string, rep *Report, err error) {
+	if s.onOutcome != nil {
+		s.onOutcome(runID, rep, err)
 	}
 }

@@ -108,12 +108,7 @@ func TestConsumerSealsMergedArtefacts(t *testing.T) {
 	}
 	outcomes := make(chan res, 4)
 	s, _ := New(kv, WithSource("fpmbus seal"))
-	c, err := NewConsumer(env.JS, s, ConsumerConfig{OnOutcome: func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	rc := startSealer(t, env, ConsumerConfig{}, WithSealer(s), WithOutcomeHook(func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }))
 	want := []string{Sealed.String(), AlreadySealed.String()}
 	for i := range 2 {
 		select {
@@ -125,10 +120,7 @@ func TestConsumerSealsMergedArtefacts(t *testing.T) {
 			t.Fatal("no outcome")
 		}
 	}
-	if err := c.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
+	if err := rc.stop(t); err != nil {
 		t.Fatal(err)
 	}
 	ks := keys(t, kv)

@@ -1,0 +1,215 @@
+package merge
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// DefaultOutputTemplate is where the consumer writes each run's merged artefact (Dynamo's
+// /tmp/benchmark_results_merged.json naming, one file per run); the sidecar goes next to it with the
+// _worker_probe suffix.
+const DefaultOutputTemplate = "/tmp/benchmark_results_" + RunIDPlaceholder + "_merged.json"
+
+// Defaults of Config.
+const (
+	DefaultDurable     = "fpmbus-merge"
+	DefaultRankTimeout = 15 * time.Minute
+	DefaultAckWait     = 2 * time.Minute
+	DefaultPartitions  = 1
+	DefaultPinnedTTL   = partition.DefaultPinnedTTL
+)
+
+// ConsumerName names the merger in the runner's metrics (label consumer) and its dead letters
+// (durable.RejectedSubject(ConsumerName) = fpmevents.rejected.merge).
+const ConsumerName = "merge"
+
+const (
+	// tickInterval paces the rank-timeout sweep and the retries of merges and messages that failed
+	// for a reason that may pass (the server, the disk).
+	tickInterval = 250 * time.Millisecond
+	// maxDeliveries is the runner's crash-loop bound. A held rank keeps its partition's ack floor
+	// where it is, so every takeover of the partition while a run is incomplete (a rebalance, a stop)
+	// counts as a session without progress; the bound leaves room for a run to outlive several of them.
+	maxDeliveries = 10
+	// maxAckPending bounds the held and in-flight messages of one partition.
+	maxAckPending = 10000
+	// batch is how many messages one pull asks for.
+	batch = 64
+)
+
+// ErrInvalidConfig wraps every Config or Option problem.
+var ErrInvalidConfig = errors.New("merge: invalid config")
+
+// Config configures a Consumer. Zero values take the defaults noted.
+type Config struct {
+	// Durable names the merger's group [DefaultDurable]: every instance with the same name shares the
+	// runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the consumers are
+	// <Durable>-<p> on the partition stream FPM_BENCH_PART_<Durable>.
+	Durable string
+	// Partitions of the runs, keyed by run_id [DefaultPartitions]: 1 = one active merger, the other
+	// instances hot standbys; N > 1 = the runs spread over the instances. Fixed for the group's life.
+	Partitions int
+	// PinnedTTL is how long a crashed instance keeps its partitions before another one takes them
+	// over [DefaultPinnedTTL]; partition.MinPinnedTTL to partition.MaxPinnedTTL.
+	PinnedTTL time.Duration
+	// RankTimeout: a run whose ranks have not all arrived this long after its first rank (by stream time)
+	// is reported incomplete [DefaultRankTimeout].
+	RankTimeout time.Duration
+	// Output is the merged artefact path; RunIDPlaceholder is replaced by the run id [DefaultOutputTemplate].
+	Output string
+	// SpoolDir holds rank bodies fetched from the object store while a run merges [<tmp>/fpmbus-merge].
+	SpoolDir string
+	// AckWait of the partition consumers [DefaultAckWait]; the runner keeps held ranks alive with
+	// in-progress acks.
+	AckWait time.Duration
+	// InlineMax is the largest body the consumer publishes inline (merged artefact, sidecar) [streams.DefaultBenchInlineMax].
+	InlineMax int
+	// StopTimeout bounds a graceful stop [durable.DefaultStopTimeout].
+	StopTimeout time.Duration
+	// Streams are applied at start and give the object bucket's settings [streams.DefaultConfig()].
+	Streams *streams.Config
+}
+
+func (c *Config) fill() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	if c.Durable == "" {
+		c.Durable = DefaultDurable
+	}
+	if c.Partitions == 0 {
+		c.Partitions = DefaultPartitions
+	}
+	if c.PinnedTTL == 0 {
+		c.PinnedTTL = DefaultPinnedTTL
+	}
+	if c.RankTimeout == 0 {
+		c.RankTimeout = DefaultRankTimeout
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.Output == "" {
+		c.Output = DefaultOutputTemplate
+	}
+	if c.SpoolDir == "" {
+		c.SpoolDir = filepath.Join(os.TempDir(), "fpmbus-merge")
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = durable.DefaultStopTimeout
+	}
+	if c.Streams == nil {
+		sc := streams.DefaultConfig()
+		c.Streams = &sc
+	}
+	switch {
+	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
+		return bad("partitions %d: want 1 to %d", c.Partitions, partition.MaxPartitions)
+	case c.RankTimeout < 0:
+		return bad("rank timeout %v must be positive", c.RankTimeout)
+	case c.AckWait < time.Second:
+		return bad("ack wait %v must be at least 1s", c.AckWait)
+	case !strings.Contains(c.Output, RunIDPlaceholder):
+		return bad("output %q must contain %s: the consumer merges many runs", c.Output, RunIDPlaceholder)
+	case c.StopTimeout < 0:
+		return bad("stop timeout %v must be positive", c.StopTimeout)
+	}
+	return nil
+}
+
+// Group is the partition group of the merger: FPM_BENCH's rank artefacts fpmbench.rank.<run>.<rank>
+// and probe replies fpmbench.probe.<run>, both keyed by the run token, so that a run's ranks and probe
+// replies always share a partition and one owner.
+func (c Config) Group() partition.Config {
+	return partition.Config{
+		Stream:     streams.StreamBench,
+		Group:      c.Durable,
+		Partitions: c.Partitions,
+		Filters: []partition.Filter{
+			{Subject: streams.BenchRankRoot + ".*.*", KeyTokens: []int{1}},
+			{Subject: streams.BenchProbeRoot + ".*", KeyTokens: []int{1}},
+		},
+		AckWait:        c.AckWait,
+		PinnedTTL:      c.PinnedTTL,
+		MaxAckPending:  maxAckPending,
+		Batch:          batch,
+		ReleaseTimeout: c.StopTimeout,
+	}
+}
+
+// Option configures a Consumer beyond Config.
+type Option func(*options) error
+
+type options struct {
+	log      *slog.Logger
+	now      func() time.Time
+	onEvent  func(Event)
+	memberID string
+	reg      prometheus.Registerer
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+		}
+		o.log = l
+		return nil
+	}
+}
+
+// WithClock sets the clock of rank timeouts and retries (default time.Now).
+func WithClock(now func() time.Time) Option {
+	return func(o *options) error {
+		if now == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
+		}
+		o.now = now
+		return nil
+	}
+}
+
+// WithEventHook calls fn, on the consumer's loop, with every event the consumer has published.
+func WithEventHook(fn func(Event)) Option {
+	return func(o *options) error {
+		if fn == nil {
+			return fmt.Errorf("%w: nil event hook", ErrInvalidConfig)
+		}
+		o.onEvent = fn
+		return nil
+	}
+}
+
+// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
+func WithMemberID(id string) Option {
+	return func(o *options) error {
+		if id == "" {
+			return fmt.Errorf("%w: empty member id", ErrInvalidConfig)
+		}
+		o.memberID = id
+		return nil
+	}
+}
+
+// WithRegisterer registers the runner's consumer metrics (default: not registered).
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(o *options) error {
+		if reg == nil {
+			return fmt.Errorf("%w: nil registerer", ErrInvalidConfig)
+		}
+		o.reg = reg
+		return nil
+	}
+}
