@@ -31,7 +31,7 @@ const (
 )
 
 // ConsumerName names the merger in the runner's metrics (label consumer) and its dead letters
-// (durable.RejectedSubject(ConsumerName) = fpmevents.rejected.merge).
+// (durable.RejectedSubject(ConsumerName) = fpmevents.deadletter.consumer.merge).
 const ConsumerName = "merge"
 
 const (

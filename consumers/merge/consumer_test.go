@@ -603,9 +603,9 @@ func TestBenchBrokerPoisonRanks(t *testing.T) {
 					t.Fatalf("%d dead letters, want 1", len(dl))
 				}
 				h := dl[0].Headers()
-				if string(dl[0].Data()) != string(garbage) || h.Get(durable.HeaderConsumer) != ConsumerName ||
-					h.Get(durable.HeaderSubject) != tc.subject || h.Get(durable.HeaderStream) != streams.StreamBench ||
-					h.Get(durable.HeaderStreamSeq) != strconv.FormatUint(ack.Sequence, 10) || h.Get(streams.HeaderError) == "" {
+				if string(dl[0].Data()) != string(garbage) || h.Get(streams.HeaderConsumer) != ConsumerName ||
+					h.Get(streams.HeaderSubject) != tc.subject || h.Get(streams.HeaderStream) != streams.StreamBench ||
+					h.Get(streams.HeaderStreamSeq) != strconv.FormatUint(ack.Sequence, 10) || h.Get(streams.HeaderError) == "" {
 					t.Fatalf("dead letter %q headers %v", dl[0].Data(), h)
 				}
 				if n := count(t, env, streams.StreamEvents, streams.BenchOutcomeSubject("run4")); n != 0 {

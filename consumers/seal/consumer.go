@@ -29,7 +29,7 @@ const (
 )
 
 // ConsumerName names the sealer in the runner's metrics (label consumer) and its dead letters
-// (durable.RejectedSubject(ConsumerName) = fpmevents.rejected.seal).
+// (durable.RejectedSubject(ConsumerName) = fpmevents.deadletter.consumer.seal).
 const ConsumerName = "seal"
 
 const (

@@ -206,9 +206,9 @@ func TestConsumerRejectsUnsealableArtefacts(t *testing.T) {
 				t.Fatalf("%d dead letters, want 1", len(dl))
 			}
 			h := dl[0].Headers()
-			if string(dl[0].Data()) != string(body) || h.Get(durable.HeaderConsumer) != ConsumerName ||
-				h.Get(durable.HeaderSubject) != streams.BenchMergedSubject("run4") || h.Get(durable.HeaderStream) != streams.StreamBench ||
-				h.Get(durable.HeaderStreamSeq) != strconv.FormatUint(ack.Sequence, 10) || h.Get(streams.HeaderError) == "" {
+			if string(dl[0].Data()) != string(body) || h.Get(streams.HeaderConsumer) != ConsumerName ||
+				h.Get(streams.HeaderSubject) != streams.BenchMergedSubject("run4") || h.Get(streams.HeaderStream) != streams.StreamBench ||
+				h.Get(streams.HeaderStreamSeq) != strconv.FormatUint(ack.Sequence, 10) || h.Get(streams.HeaderError) == "" {
 				t.Fatalf("dead letter headers %v", h)
 			}
 			if ks := keys(t, kv); len(ks) != 0 {

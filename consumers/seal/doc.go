@@ -42,7 +42,7 @@
 // bucket, whose compare-and-set keeps every cell sealed once whoever seals it. A merged artefact whose
 // profile has not arrived, or whose seal outcome is unknown, is held and checked again on the runner's
 // tick (never handed back to the server); one that can never be sealed is rejected: one dead letter on
-// fpmevents.rejected.seal, never delivered again. Subjects, headers and the object store are streams'
+// fpmevents.deadletter.consumer.seal, never delivered again. Subjects, headers and the object store are streams'
 // (the wire contract); the sealer imports no other stage.
 //
 // # Watching
