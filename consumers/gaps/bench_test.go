@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -27,15 +27,18 @@ func benchRecords() int {
 }
 
 // BenchmarkDetectorVsAckOnly consumes the same pre-published FPMs (16 ranks of 8 workers, one gap
-// per publisher every 1000 messages) with (a) a loop that only acks every message, on the same
-// consumer settings (the trace writer's baseline), and (b) the gap detector, each on its own durable
-// consumer, until everything is acked. They alternate FPMBUS_BENCH_ROUNDS times (default 5) so that a
-// busy machine slows all alike; it reports the median rates and the ratio of the medians (target >=
-// 0.9). The detector acks cumulatively (ack.go), so two more loops show what that is worth and what
-// the detector's own work costs: (c) a plain durable consumer with the AckAll policy acking the last
-// message of every 512 (ratio-vs-ackall), and (d) an ack-only member of a partition group like the
-// detector's (consumers/partition, one partition, cumulative acks: it acks the last message of what
-// has arrived) (ratio-vs-member).
+// per publisher every 1000 messages), each time on a fresh durable consumer with the detector's
+// consumer settings, until everything is acked, with:
+//
+//	bare      the cheapest consumer of the stream: a plain durable with cumulative acks (AckAll), one
+//	          pull loop acking the last message of every 512 and nothing else (the baseline)
+//	runner    a durable.Runner whose Consumer marks every message done at once: what the consumer
+//	          contract itself costs (partition membership, done-prefix acks, metrics)
+//	detector  the gap detector
+//
+// The variants alternate FPMBUS_BENCH_ROUNDS times (default 5) so that a busy machine slows all alike;
+// it reports the median rates and the ratios of the medians: ratio (detector / bare, target >= 0.8),
+// runner-ratio (runner / bare) and detector-vs-runner.
 func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	n := benchRecords()
 	rounds := 5
@@ -61,29 +64,27 @@ func BenchmarkDetectorVsAckOnly(b *testing.B) {
 		seq[k]++
 	}
 	publishAll(b, env.JS, msgs...)
+	url := env.Server.ClientURL()
 	b.ResetTimer()
 	for i := range b.N {
-		var ack, all, mem, det []float64
+		var bare, run, det []float64
 		for r := range rounds {
 			cfg := DefaultConfig()
-			cfg.Group = fmt.Sprint("ackonly-", i, "-", r)
-			ack = append(ack, float64(n)/benchAckOnly(b, env.JS, cfg, n, false).Seconds())
-			cfg.Group = fmt.Sprint("ackall-", i, "-", r)
-			all = append(all, float64(n)/benchAckOnly(b, env.JS, cfg, n, true).Seconds())
-			cfg.Group = fmt.Sprint("member-", i, "-", r)
-			mem = append(mem, float64(n)/benchAckOnlyMember(b, env.Server.ClientURL(), cfg, n).Seconds())
+			cfg.Group = fmt.Sprint("bare-", i, "-", r)
+			bare = append(bare, float64(n)/benchBare(b, url, cfg, n).Seconds())
+			cfg.Group = fmt.Sprint("runner-", i, "-", r)
+			run = append(run, float64(n)/benchRunner(b, url, cfg, n).Seconds())
 			cfg.Group = fmt.Sprint("gaps-", i, "-", r)
-			det = append(det, float64(n)/benchDetector(b, env.Server.ClientURL(), cfg, n).Seconds())
+			det = append(det, float64(n)/benchDetector(b, url, cfg, n).Seconds())
 		}
 		med := func(xs []float64) float64 { sort.Float64s(xs); return xs[len(xs)/2] }
-		ackRate, allRate, memRate, detRate := med(ack), med(all), med(mem), med(det)
-		b.ReportMetric(ackRate, "ackonly-msg/s")
-		b.ReportMetric(allRate, "ackall-only-msg/s")
-		b.ReportMetric(memRate, "member-ackonly-msg/s")
+		bareRate, runRate, detRate := med(bare), med(run), med(det)
+		b.ReportMetric(bareRate, "bare-msg/s")
+		b.ReportMetric(runRate, "runner-msg/s")
 		b.ReportMetric(detRate, "detector-msg/s")
-		b.ReportMetric(detRate/ackRate, "ratio")
-		b.ReportMetric(detRate/allRate, "ratio-vs-ackall")
-		b.ReportMetric(detRate/memRate, "ratio-vs-member")
+		b.ReportMetric(detRate/bareRate, "ratio")
+		b.ReportMetric(runRate/bareRate, "runner-ratio")
+		b.ReportMetric(detRate/runRate, "detector-vs-runner")
 	}
 }
 
@@ -120,10 +121,21 @@ func benchDetector(b *testing.B, url string, cfg Config, n int) time.Duration {
 	return took
 }
 
-// benchAckOnlyMember acks n messages as a member of a partition group with the detector's
-// partitioning (Config.PartitionConfig) and consumer settings: the detector's mechanism without the
-// detector.
-func benchAckOnlyMember(b *testing.B, url string, cfg Config, n int) time.Duration {
+// doneAtOnce is the cheapest durable.Consumer: every message is done as soon as it is handed.
+type doneAtOnce struct{}
+
+func (doneAtOnce) Handle(_ context.Context, batch []*durable.Msg) error {
+	for _, m := range batch {
+		m.Done()
+	}
+	return nil
+}
+func (doneAtOnce) Tick(context.Context, time.Time) error { return nil }
+func (doneAtOnce) Close(context.Context) error           { return nil }
+
+// benchRunner runs a durable.Runner with a Consumer that does nothing, on the detector's group
+// settings, until n messages are acked.
+func benchRunner(b *testing.B, url string, cfg Config, n int) time.Duration {
 	nc, err := nats.Connect(url)
 	if err != nil {
 		b.Fatal(err)
@@ -131,39 +143,13 @@ func benchAckOnlyMember(b *testing.B, url string, cfg Config, n int) time.Durati
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	start := time.Now()
-	m, err := partition.Join(context.Background(), js, cfg.PartitionConfig(), partition.WithLogger(testLogger()))
+	r, err := durable.New(durable.Config{Name: "bench", Group: cfg.PartitionConfig()}, js, doneAtOnce{}, durable.WithLogger(testLogger()))
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- m.Consume(ctx, func(ctx context.Context, _ int, msgs <-chan jetstream.Msg) error {
-			for {
-				select {
-				case msg, ok := <-msgs:
-					if !ok {
-						return nil
-					}
-					for more := true; more; { // ack the last of what has arrived: it covers the rest
-						select {
-						case next, ok := <-msgs:
-							if ok {
-								msg = next
-							} else {
-								more = false
-							}
-						default:
-							more = false
-						}
-					}
-					_ = msg.Ack()
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-		})
-	}()
+	go func() { done <- r.Run(ctx) }()
 	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
 	took := time.Since(start)
 	cancel()
@@ -173,20 +159,26 @@ func benchAckOnlyMember(b *testing.B, url string, cfg Config, n int) time.Durati
 	return took
 }
 
-// benchAckOnly acks n messages as fast as it can, with the detector's consumer settings: every one
-// (explicit acks), or with cumulative the last of every 512 (the AckAll policy).
-func benchAckOnly(b *testing.B, js jetstream.JetStream, cfg Config, n int, cumulative bool) time.Duration {
-	ctx := context.Background()
-	t0 := time.Now()
-	cc := cfg.FPMConsumerConfig()
-	if cumulative {
-		cc.AckPolicy = jetstream.AckAllPolicy
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, cc)
+// benchBare consumes n messages on a plain durable consumer with the detector's consumer settings and
+// cumulative acks (no partition group, no priority group): one pull loop that acks the last message
+// of every 512 (the AckAll policy covers the rest) and nothing else.
+func benchBare(b *testing.B, url string, cfg Config, n int) time.Duration {
+	nc, err := nats.Connect(url)
 	if err != nil {
 		b.Fatal(err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(cfg.pullBatch()))
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	start := time.Now()
+	pc := cfg.PartitionConfig()
+	cc := pc.ConsumerConfig(0)
+	cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = nil, jetstream.PriorityPolicyNone, 0
+	cons, err := js.CreateOrUpdateConsumer(ctx, pc.ConsumerStream(), cc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(pc.Batch))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -195,7 +187,7 @@ func benchAckOnly(b *testing.B, js jetstream.JetStream, cfg Config, n int, cumul
 		if err != nil {
 			b.Fatal(err)
 		}
-		if cumulative && i%512 != 511 && i != n-1 {
+		if i%512 != 511 && i != n-1 {
 			continue
 		}
 		if err := m.Ack(); err != nil {
@@ -203,9 +195,9 @@ func benchAckOnly(b *testing.B, js jetstream.JetStream, cfg Config, n int, cumul
 		}
 	}
 	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
-	d := time.Since(t0)
+	took := time.Since(start)
 	it.Stop()
-	return d
+	return took
 }
 
 func waitAckFloor(b *testing.B, js jetstream.JetStream, durable string, seq uint64) {
