@@ -6,34 +6,47 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// subjectKeyOf parses (once per subject) the publisher key of an FPM or drop marker subject.
-func (d *Detector) subjectKeyOf(subject, root string) (streams.Key, bool) {
-	if sk, ok := d.subjects[subject]; ok {
-		return sk.key, sk.ok
+// subjectOf parses (once per subject) the publisher key of an FPM or drop marker subject.
+func (d *Detector) subjectOf(subject, root string) *subjectKey {
+	if sk := d.subjects[subject]; sk != nil {
+		return sk
 	}
 	k, err := streams.ParseKeySubject(subject, root)
 	if len(d.subjects) > 1<<16 {
 		clear(d.subjects)
 	}
-	d.subjects[subject] = subjectKey{key: k, ok: err == nil}
-	return k, err == nil
+	sk := &subjectKey{key: k, ok: err == nil}
+	d.subjects[subject] = sk
+	return sk
+}
+
+// entryOf is the owned publisher of subject sk, loaded on first use (cached in sk until dropped).
+func (d *Detector) entryOf(sk *subjectKey) (*entry, error) {
+	if e := sk.e; e != nil && !e.dropped {
+		return e, nil
+	}
+	e, err := d.entry(sk.key)
+	sk.e = e
+	return e, err
 }
 
 // handleFPM applies one delivered FPM. It is held until its publisher's next checkpoint; one that
 // can never be used is rejected (dead-lettered by the runner).
-func (d *Detector) handleFPM(m *durable.Msg) error {
+func (d *Detector) handleFPM(m *durable.Msg, now time.Time) error {
 	seq := m.StreamSeq // the FPM stream sequence, also when the group reads a partition stream
-	key, ok := d.subjectKeyOf(m.Subject(), streams.FPMRoot)
-	if !ok {
+	sk := d.subjectOf(m.Subject(), streams.FPMRoot)
+	if !sk.ok {
 		d.reject(m, streams.StreamFPM, fmt.Errorf("subject %q is not fpm.<namespace>.<component>.<worker_id>.<dp_rank>", m.Subject()))
 		return nil
 	}
-	e, err := d.entry(key)
+	key := sk.key
+	e, err := d.entryOf(sk)
 	if err != nil {
 		// Not done and not skippable: give the partition up (the runner fails, another member takes it).
 		return fmt.Errorf("gaps: load state of %s: %w", key, err)
@@ -60,7 +73,7 @@ func (d *Detector) handleFPM(m *durable.Msg) error {
 	}
 	d.hold(e, m)
 	d.apply(e, &o)
-	e.lastLocal = d.now()
+	e.lastLocal = now
 	return nil
 }
 
@@ -75,11 +88,16 @@ func (d *Detector) reject(m *durable.Msg, stream string, err error) {
 func (d *Detector) apply(e *entry, o *Observation) {
 	c := e.st.Counters
 	e.t.observe(o)
-	n := e.st.Counters
-	d.metrics.messages.Add(float64(n.Messages - c.Messages))
-	d.metrics.heartbeats.Add(float64(n.Heartbeats - c.Heartbeats))
-	d.metrics.duplicates.Add(float64(n.Duplicates - c.Duplicates))
-	d.metrics.outOfOrder.Add(float64(n.OutOfOrder - c.OutOfOrder))
+	n := &e.st.Counters
+	add := func(m prometheus.Counter, before, after uint64) {
+		if after != before { // most FPMs change one counter: spare the others an atomic add
+			m.Add(float64(after - before))
+		}
+	}
+	add(d.metrics.messages, c.Messages, n.Messages)
+	add(d.metrics.heartbeats, c.Heartbeats, n.Heartbeats)
+	add(d.metrics.duplicates, c.Duplicates, n.Duplicates)
+	add(d.metrics.outOfOrder, c.OutOfOrder, n.OutOfOrder)
 }
 
 // handleMarker applies one drop marker from the reader (nothing to ack; a publisher loaded later
@@ -93,8 +111,9 @@ func (d *Detector) handleMarker(m jetstream.Msg) error {
 	d.mkLastSeq = max(d.mkLastSeq, seq)
 	d.mkLastStoredMs = max(d.mkLastStoredMs, meta.Timestamp.UnixMilli())
 	d.markerSubjects[m.Subject()] = true
-	key, ok := d.subjectKeyOf(m.Subject(), streams.EventsRoot+".drop")
-	if !ok {
+	sk := d.subjectOf(m.Subject(), streams.EventsRoot+".drop")
+	key := sk.key
+	if !sk.ok {
 		d.metrics.invalid.WithLabelValues(streams.StreamEvents).Inc()
 		d.logger.Warn("gap detector: drop marker with a bad subject ignored", "subject", m.Subject())
 		return nil

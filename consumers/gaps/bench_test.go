@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -32,13 +34,17 @@ func benchRecords() int {
 //
 //	bare      the cheapest consumer of the stream: a plain durable with cumulative acks (AckAll), one
 //	          pull loop acking the last message of every 512 and nothing else (the baseline)
-//	runner    a durable.Runner whose Consumer marks every message done at once: what the consumer
-//	          contract itself costs (partition membership, done-prefix acks, metrics)
+//	member    a bare member of the detector's partition group (consumers/partition: pinned-client
+//	          pulls, ordered takeover) acking the last of what has arrived: what the group costs
+//	runner    a durable.Runner whose Consumer marks every message done at once: the group plus what
+//	          the consumer contract costs (done-prefix acks, dead-letter checks, metrics)
 //	detector  the gap detector
 //
-// The variants alternate FPMBUS_BENCH_ROUNDS times (default 5) so that a busy machine slows all alike;
-// it reports the median rates and the ratios of the medians: ratio (detector / bare, target >= 0.8),
-// runner-ratio (runner / bare) and detector-vs-runner.
+// The variants alternate FPMBUS_BENCH_ROUNDS times (default 5) so that a busy machine slows all alike.
+// It reports the median rates, the medians of the per-round ratios of rates, ratio (detector / bare,
+// target >= 0.8) and runner-ratio (runner / bare), and, since wall time on a shared machine follows
+// the others' load, the process CPU time (server included) per message of each variant and the
+// medians of the per-round efficiency ratios cpu-ratio (bare CPU / detector CPU) and runner-cpu-ratio.
 func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	n := benchRecords()
 	rounds := 5
@@ -67,25 +73,58 @@ func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	url := env.Server.ClientURL()
 	b.ResetTimer()
 	for i := range b.N {
-		var bare, run, det []float64
+		var bare, mem, run, det, bareCPU, memCPU, runCPU, detCPU, ratio, runRatio, cpuRatio, runCPURatio []float64
 		for r := range rounds {
 			cfg := DefaultConfig()
 			cfg.Group = fmt.Sprint("bare-", i, "-", r)
-			bare = append(bare, float64(n)/benchBare(b, url, cfg, n).Seconds())
+			bareRate, bareUs := measure(n, func() time.Duration { return benchBare(b, url, cfg, n) })
+			cfg.Group = fmt.Sprint("member-", i, "-", r)
+			memRate, memUs := measure(n, func() time.Duration { return benchMember(b, url, cfg, n) })
 			cfg.Group = fmt.Sprint("runner-", i, "-", r)
-			run = append(run, float64(n)/benchRunner(b, url, cfg, n).Seconds())
+			runRate, runUs := measure(n, func() time.Duration { return benchRunner(b, url, cfg, n) })
 			cfg.Group = fmt.Sprint("gaps-", i, "-", r)
-			det = append(det, float64(n)/benchDetector(b, url, cfg, n).Seconds())
+			detRate, detUs := measure(n, func() time.Duration { return benchDetector(b, url, cfg, n) })
+			bare, mem, run, det = append(bare, bareRate), append(mem, memRate), append(run, runRate), append(det, detRate)
+			bareCPU, memCPU, runCPU, detCPU = append(bareCPU, bareUs), append(memCPU, memUs), append(runCPU, runUs), append(detCPU, detUs)
+			ratio, runRatio = append(ratio, detRate/bareRate), append(runRatio, runRate/bareRate)
+			cpuRatio, runCPURatio = append(cpuRatio, bareUs/detUs), append(runCPURatio, bareUs/runUs)
+			if os.Getenv("FPMBUS_BENCH_TRACE") != "" {
+				b.Logf("round %d: bare %.0f/s %.2fus, member %.0f/s %.2fus, runner %.0f/s %.2fus, detector %.0f/s %.2fus",
+					r, bareRate, bareUs, memRate, memUs, runRate, runUs, detRate, detUs)
+			}
 		}
 		med := func(xs []float64) float64 { sort.Float64s(xs); return xs[len(xs)/2] }
-		bareRate, runRate, detRate := med(bare), med(run), med(det)
-		b.ReportMetric(bareRate, "bare-msg/s")
-		b.ReportMetric(runRate, "runner-msg/s")
-		b.ReportMetric(detRate, "detector-msg/s")
-		b.ReportMetric(detRate/bareRate, "ratio")
-		b.ReportMetric(runRate/bareRate, "runner-ratio")
-		b.ReportMetric(detRate/runRate, "detector-vs-runner")
+		b.ReportMetric(med(bare), "bare-msg/s")
+		b.ReportMetric(med(mem), "member-msg/s")
+		b.ReportMetric(med(run), "runner-msg/s")
+		b.ReportMetric(med(det), "detector-msg/s")
+		b.ReportMetric(med(ratio), "ratio")
+		b.ReportMetric(med(runRatio), "runner-ratio")
+		b.ReportMetric(med(bareCPU), "bare-cpu-us/msg")
+		b.ReportMetric(med(memCPU), "member-cpu-us/msg")
+		b.ReportMetric(med(runCPU), "runner-cpu-us/msg")
+		b.ReportMetric(med(detCPU), "detector-cpu-us/msg")
+		b.ReportMetric(med(cpuRatio), "cpu-ratio")
+		b.ReportMetric(med(runCPURatio), "runner-cpu-ratio")
 	}
+}
+
+// measure runs one variant over n messages and returns its rate (messages per second of wall time)
+// and the CPU time the whole process (server included) spent per message, in microseconds: on a
+// machine shared with other work the wall time varies with their load, the CPU time much less.
+func measure(n int, run func() time.Duration) (rate, cpuUs float64) {
+	before := cpuTime()
+	took := run()
+	return float64(n) / took.Seconds(), float64((cpuTime() - before).Microseconds()) / float64(n)
+}
+
+// cpuTime is the user and system time the process has used so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // benchDetector runs a detector with cfg until it has acked n messages and returns how long it took.
@@ -114,6 +153,59 @@ func benchDetector(b *testing.B, url string, cfg Config, n int) time.Duration {
 	if os.Getenv("FPMBUS_BENCH_TRACE") != "" {
 		b.Logf("detector: ready %v, first ack %v, all acked %v", ready, first, took)
 	}
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return took
+}
+
+// benchMember acks n messages as a bare member of the detector's partition group
+// (Config.PartitionConfig, consumers/partition): its handler acks the last message of what has
+// arrived, which covers the rest.
+func benchMember(b *testing.B, url string, cfg Config, n int) time.Duration {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	start := time.Now()
+	m, err := partition.Join(context.Background(), js, cfg.PartitionConfig(), partition.WithLogger(testLogger()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- m.Consume(ctx, func(ctx context.Context, _ int, msgs <-chan jetstream.Msg) error {
+			for {
+				select {
+				case msg, ok := <-msgs:
+					if !ok {
+						return nil
+					}
+					for more := true; more; { // ack the last of what has arrived: it covers the rest
+						select {
+						case next, ok := <-msgs:
+							if ok {
+								msg = next
+							} else {
+								more = false
+							}
+						default:
+							more = false
+						}
+					}
+					_ = msg.Ack()
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		})
+	}()
+	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
+	took := time.Since(start)
 	cancel()
 	if err := <-done; err != nil {
 		b.Fatal(err)

@@ -22,8 +22,9 @@ func (d *Detector) Handle(_ context.Context, batch []*durable.Msg) error {
 	if d.fault != nil {
 		return d.fault
 	}
+	now := d.now()
 	for _, m := range batch {
-		if err := d.handleFPM(m); err != nil {
+		if err := d.handleFPM(m, now); err != nil {
 			return err
 		}
 	}

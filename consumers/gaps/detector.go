@@ -51,7 +51,7 @@ type Detector struct {
 	owned      map[int]bool // partitions assigned (their publishers' states preloaded) and not released or lost
 	releasing  int          // the partition Release is checkpointing, -1 when none
 	keys       map[streams.Key]*entry
-	subjects   map[string]subjectKey // subject -> key, parsed once
+	subjects   map[string]*subjectKey // subject -> key, parsed once
 	dirty      []*entry
 	held       int  // messages waiting for their checkpoint
 	backlog    bool // the last batch handed was full: more messages are waiting
@@ -72,9 +72,12 @@ type Detector struct {
 	orphans map[streams.Key][]*durable.Msg
 }
 
+// subjectKey is what a subject says: its publisher (ok: it names one), and that publisher's entry
+// while loaded (FPM subjects).
 type subjectKey struct {
 	key streams.Key
 	ok  bool
+	e   *entry
 }
 
 var (
@@ -103,7 +106,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) 
 		releasing: -1,
 		keys:      map[streams.Key]*entry{},
 		orphans:   map[streams.Key][]*durable.Msg{},
-		subjects:  map[string]subjectKey{},
+		subjects:  map[string]*subjectKey{},
 	}
 	for _, o := range opts {
 		if err := o(d); err != nil {

@@ -35,6 +35,7 @@ type entry struct {
 	catchUp   bool
 	lastLocal time.Time // when the loop last applied an FPM of it (wall clock, for the live stale check)
 	msgs      []*durable.Msg
+	dropped   bool // forgotten (drop): a subject's cached entry is looked up again
 }
 
 func (d *Detector) newEntry(k streams.Key) *entry {
@@ -226,6 +227,7 @@ func parseCounter(body []byte) (uint64, error) {
 
 // drop forgets e; its held messages are not marked done (the partition's next owner gets them again).
 func (d *Detector) drop(e *entry) {
+	e.dropped = true
 	d.held -= len(e.msgs)
 	e.msgs = nil
 	delete(d.keys, e.key)
