@@ -42,6 +42,10 @@ type Runner struct {
 	quit    chan struct{} // closed when the loop has ended: handlers stop waiting for it
 	member  atomic.Pointer[partition.Member]
 
+	// readsOwnStream: the group's consumers read its own stream (one partition), so a message's
+	// sequence there is its own; a partition stream's copy carries it in a header.
+	readsOwnStream bool
+
 	// Loop only.
 	sessions map[int]*session
 	fatal    error
@@ -144,6 +148,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.member.Store(member)
 	r.cfg.Group = member.Config() // defaults filled in
+	r.readsOwnStream = r.cfg.Group.ConsumerStream() == r.cfg.Group.Stream
 	if r.reg != nil {
 		for _, c := range r.m.collectors() {
 			if err := r.reg.Register(c); err != nil {
@@ -403,24 +408,33 @@ func (r *Runner) forget(s *session) {
 
 func (r *Runner) handleBatch(ctx context.Context, s *session, raw []jetstream.Msg) error {
 	now := r.now()
+	// One allocation for the batch's messages and one lock to queue them: this runs for every
+	// message the group delivers.
+	msgs := make([]Msg, len(raw))
+	for i, rm := range raw {
+		msgs[i] = Msg{raw: rm, Partition: s.p, sess: s, received: now}
+	}
+	s.addBatch(msgs, now)
 	batch := make([]*Msg, 0, len(raw))
-	var lag uint64
-	for _, rm := range raw {
-		m := &Msg{raw: rm, Partition: s.p, sess: s, received: now}
-		m.idx = s.add(m, now)
+	var lag, delivered, redelivered uint64
+	for i, rm := range raw {
+		m := &msgs[i]
 		md, err := rm.Metadata()
 		if err != nil {
 			r.deadLetter(ctx, m, fmt.Errorf("message metadata: %w", err))
 			continue
 		}
 		m.Delivered, m.Stored, lag = md.NumDelivered, md.Timestamp, md.NumPending
-		if m.StreamSeq, err = partition.StreamSequence(rm); err != nil {
-			r.deadLetter(ctx, m, err)
-			continue
+		m.StreamSeq = md.Sequence.Stream
+		if !r.readsOwnStream { // a partition stream: the group stream's sequence is in a header
+			if m.StreamSeq, err = partition.StreamSequence(rm); err != nil {
+				r.deadLetter(ctx, m, err)
+				continue
+			}
 		}
-		r.m.delivered.Inc()
+		delivered++
 		if m.Delivered > 1 {
-			r.m.redelivered.Inc()
+			redelivered++
 		}
 		if r.cfg.DetectRetentionLoss {
 			r.checkRetention(ctx, s, md.Sequence.Stream)
@@ -436,6 +450,10 @@ func (r *Runner) handleBatch(ctx context.Context, s *session, raw []jetstream.Ms
 			continue
 		}
 		batch = append(batch, m)
+	}
+	r.m.delivered.Add(float64(delivered))
+	if redelivered > 0 {
+		r.m.redelivered.Add(float64(redelivered))
 	}
 	r.m.lag.Set(float64(lag))
 	if len(batch) == 0 {

@@ -59,6 +59,17 @@ func (s *session) add(m *Msg, now time.Time) uint64 {
 	return s.base + uint64(len(s.q)-1-s.head)
 }
 
+// addBatch appends delivered messages and sets their indexes.
+func (s *session) addBatch(msgs []Msg, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range msgs {
+		m := &msgs[i]
+		s.q = append(s.q, slot{m: m, since: now})
+		m.idx = s.base + uint64(len(s.q)-1-s.head)
+	}
+}
+
 func (s *session) slotLocked(idx uint64) *slot {
 	if idx < s.base {
 		return nil
@@ -71,12 +82,16 @@ func (s *session) slotLocked(idx uint64) *slot {
 
 func (s *session) done(idx uint64) {
 	s.mu.Lock()
+	wake := false
 	if sl := s.slotLocked(idx); sl != nil && !sl.done {
 		sl.done = true
+		wake = !s.dirty // else a wake is pending, or the loop's ack pass has not run yet: it sees this one
 		s.dirty = true
 	}
 	s.mu.Unlock()
-	s.r.wake()
+	if wake {
+		s.r.wake()
+	}
 }
 
 func (s *session) reject(m *Msg, reason error) {

@@ -8,12 +8,14 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -27,15 +29,22 @@ func benchRecords() int {
 }
 
 // BenchmarkDetectorVsAckOnly consumes the same pre-published FPMs (16 ranks of 8 workers, one gap
-// per publisher every 1000 messages) with (a) a loop that only acks every message, on the same
-// consumer settings (the trace writer's baseline), and (b) the gap detector, each on its own durable
-// consumer, until everything is acked. They alternate FPMBUS_BENCH_ROUNDS times (default 5) so that a
-// busy machine slows all alike; it reports the median rates and the ratio of the medians (target >=
-// 0.9). The detector acks cumulatively (ack.go), so two more loops show what that is worth and what
-// the detector's own work costs: (c) a plain durable consumer with the AckAll policy acking the last
-// message of every 512 (ratio-vs-ackall), and (d) an ack-only member of a partition group like the
-// detector's (consumers/partition, one partition, cumulative acks: it acks the last message of what
-// has arrived) (ratio-vs-member).
+// per publisher every 1000 messages), each time on a fresh durable consumer with the detector's
+// consumer settings, until everything is acked, with:
+//
+//	bare      the cheapest consumer of the stream: a plain durable with cumulative acks (AckAll), one
+//	          pull loop acking the last message of every 512 and nothing else (the baseline)
+//	member    a bare member of the detector's partition group (consumers/partition: pinned-client
+//	          pulls, ordered takeover) acking the last of what has arrived: what the group costs
+//	runner    a durable.Runner whose Consumer marks every message done at once: the group plus what
+//	          the consumer contract costs (done-prefix acks, dead-letter checks, metrics)
+//	detector  the gap detector
+//
+// The variants alternate FPMBUS_BENCH_ROUNDS times (default 5) so that a busy machine slows all alike.
+// It reports the median rates, the medians of the per-round ratios of rates, ratio (detector / bare,
+// target >= 0.8) and runner-ratio (runner / bare), and, since wall time on a shared machine follows
+// the others' load, the process CPU time (server included) per message of each variant and the
+// medians of the per-round efficiency ratios cpu-ratio (bare CPU / detector CPU) and runner-cpu-ratio.
 func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	n := benchRecords()
 	rounds := 5
@@ -61,30 +70,61 @@ func BenchmarkDetectorVsAckOnly(b *testing.B) {
 		seq[k]++
 	}
 	publishAll(b, env.JS, msgs...)
+	url := env.Server.ClientURL()
 	b.ResetTimer()
 	for i := range b.N {
-		var ack, all, mem, det []float64
+		var bare, mem, run, det, bareCPU, memCPU, runCPU, detCPU, ratio, runRatio, cpuRatio, runCPURatio []float64
 		for r := range rounds {
 			cfg := DefaultConfig()
-			cfg.Group = fmt.Sprint("ackonly-", i, "-", r)
-			ack = append(ack, float64(n)/benchAckOnly(b, env.JS, cfg, n, false).Seconds())
-			cfg.Group = fmt.Sprint("ackall-", i, "-", r)
-			all = append(all, float64(n)/benchAckOnly(b, env.JS, cfg, n, true).Seconds())
+			cfg.Group = fmt.Sprint("bare-", i, "-", r)
+			bareRate, bareUs := measure(n, func() time.Duration { return benchBare(b, url, cfg, n) })
 			cfg.Group = fmt.Sprint("member-", i, "-", r)
-			mem = append(mem, float64(n)/benchAckOnlyMember(b, env.Server.ClientURL(), cfg, n).Seconds())
+			memRate, memUs := measure(n, func() time.Duration { return benchMember(b, url, cfg, n) })
+			cfg.Group = fmt.Sprint("runner-", i, "-", r)
+			runRate, runUs := measure(n, func() time.Duration { return benchRunner(b, url, cfg, n) })
 			cfg.Group = fmt.Sprint("gaps-", i, "-", r)
-			det = append(det, float64(n)/benchDetector(b, env.Server.ClientURL(), cfg, n).Seconds())
+			detRate, detUs := measure(n, func() time.Duration { return benchDetector(b, url, cfg, n) })
+			bare, mem, run, det = append(bare, bareRate), append(mem, memRate), append(run, runRate), append(det, detRate)
+			bareCPU, memCPU, runCPU, detCPU = append(bareCPU, bareUs), append(memCPU, memUs), append(runCPU, runUs), append(detCPU, detUs)
+			ratio, runRatio = append(ratio, detRate/bareRate), append(runRatio, runRate/bareRate)
+			cpuRatio, runCPURatio = append(cpuRatio, bareUs/detUs), append(runCPURatio, bareUs/runUs)
+			if os.Getenv("FPMBUS_BENCH_TRACE") != "" {
+				b.Logf("round %d: bare %.0f/s %.2fus, member %.0f/s %.2fus, runner %.0f/s %.2fus, detector %.0f/s %.2fus",
+					r, bareRate, bareUs, memRate, memUs, runRate, runUs, detRate, detUs)
+			}
 		}
 		med := func(xs []float64) float64 { sort.Float64s(xs); return xs[len(xs)/2] }
-		ackRate, allRate, memRate, detRate := med(ack), med(all), med(mem), med(det)
-		b.ReportMetric(ackRate, "ackonly-msg/s")
-		b.ReportMetric(allRate, "ackall-only-msg/s")
-		b.ReportMetric(memRate, "member-ackonly-msg/s")
-		b.ReportMetric(detRate, "detector-msg/s")
-		b.ReportMetric(detRate/ackRate, "ratio")
-		b.ReportMetric(detRate/allRate, "ratio-vs-ackall")
-		b.ReportMetric(detRate/memRate, "ratio-vs-member")
+		b.ReportMetric(med(bare), "bare-msg/s")
+		b.ReportMetric(med(mem), "member-msg/s")
+		b.ReportMetric(med(run), "runner-msg/s")
+		b.ReportMetric(med(det), "detector-msg/s")
+		b.ReportMetric(med(ratio), "ratio")
+		b.ReportMetric(med(runRatio), "runner-ratio")
+		b.ReportMetric(med(bareCPU), "bare-cpu-us/msg")
+		b.ReportMetric(med(memCPU), "member-cpu-us/msg")
+		b.ReportMetric(med(runCPU), "runner-cpu-us/msg")
+		b.ReportMetric(med(detCPU), "detector-cpu-us/msg")
+		b.ReportMetric(med(cpuRatio), "cpu-ratio")
+		b.ReportMetric(med(runCPURatio), "runner-cpu-ratio")
 	}
+}
+
+// measure runs one variant over n messages and returns its rate (messages per second of wall time)
+// and the CPU time the whole process (server included) spent per message, in microseconds: on a
+// machine shared with other work the wall time varies with their load, the CPU time much less.
+func measure(n int, run func() time.Duration) (rate, cpuUs float64) {
+	before := cpuTime()
+	took := run()
+	return float64(n) / took.Seconds(), float64((cpuTime() - before).Microseconds()) / float64(n)
+}
+
+// cpuTime is the user and system time the process has used so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // benchDetector runs a detector with cfg until it has acked n messages and returns how long it took.
@@ -120,10 +160,10 @@ func benchDetector(b *testing.B, url string, cfg Config, n int) time.Duration {
 	return took
 }
 
-// benchAckOnlyMember acks n messages as a member of a partition group with the detector's
-// partitioning (Config.PartitionConfig) and consumer settings: the detector's mechanism without the
-// detector.
-func benchAckOnlyMember(b *testing.B, url string, cfg Config, n int) time.Duration {
+// benchMember acks n messages as a bare member of the detector's partition group
+// (Config.PartitionConfig, consumers/partition): its handler acks the last message of what has
+// arrived, which covers the rest.
+func benchMember(b *testing.B, url string, cfg Config, n int) time.Duration {
 	nc, err := nats.Connect(url)
 	if err != nil {
 		b.Fatal(err)
@@ -173,20 +213,64 @@ func benchAckOnlyMember(b *testing.B, url string, cfg Config, n int) time.Durati
 	return took
 }
 
-// benchAckOnly acks n messages as fast as it can, with the detector's consumer settings: every one
-// (explicit acks), or with cumulative the last of every 512 (the AckAll policy).
-func benchAckOnly(b *testing.B, js jetstream.JetStream, cfg Config, n int, cumulative bool) time.Duration {
-	ctx := context.Background()
-	t0 := time.Now()
-	cc := cfg.FPMConsumerConfig()
-	if cumulative {
-		cc.AckPolicy = jetstream.AckAllPolicy
+// doneAtOnce is the cheapest durable.Consumer: every message is done as soon as it is handed.
+type doneAtOnce struct{}
+
+func (doneAtOnce) Handle(_ context.Context, batch []*durable.Msg) error {
+	for _, m := range batch {
+		m.Done()
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, cc)
+	return nil
+}
+func (doneAtOnce) Tick(context.Context, time.Time) error { return nil }
+func (doneAtOnce) Close(context.Context) error           { return nil }
+
+// benchRunner runs a durable.Runner with a Consumer that does nothing, on the detector's group
+// settings, until n messages are acked.
+func benchRunner(b *testing.B, url string, cfg Config, n int) time.Duration {
+	nc, err := nats.Connect(url)
 	if err != nil {
 		b.Fatal(err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(cfg.pullBatch()))
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	start := time.Now()
+	r, err := durable.New(durable.Config{Name: "bench", Group: cfg.PartitionConfig()}, js, doneAtOnce{}, durable.WithLogger(testLogger()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
+	took := time.Since(start)
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return took
+}
+
+// benchBare consumes n messages on a plain durable consumer with the detector's consumer settings and
+// cumulative acks (no partition group, no priority group): one pull loop that acks the last message
+// of every 512 (the AckAll policy covers the rest) and nothing else.
+func benchBare(b *testing.B, url string, cfg Config, n int) time.Duration {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	start := time.Now()
+	pc := cfg.PartitionConfig()
+	cc := pc.ConsumerConfig(0)
+	cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = nil, jetstream.PriorityPolicyNone, 0
+	cons, err := js.CreateOrUpdateConsumer(ctx, pc.ConsumerStream(), cc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(pc.Batch))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -195,7 +279,7 @@ func benchAckOnly(b *testing.B, js jetstream.JetStream, cfg Config, n int, cumul
 		if err != nil {
 			b.Fatal(err)
 		}
-		if cumulative && i%512 != 511 && i != n-1 {
+		if i%512 != 511 && i != n-1 {
 			continue
 		}
 		if err := m.Ack(); err != nil {
@@ -203,9 +287,9 @@ func benchAckOnly(b *testing.B, js jetstream.JetStream, cfg Config, n int, cumul
 		}
 	}
 	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
-	d := time.Since(t0)
+	took := time.Since(start)
 	it.Stop()
-	return d
+	return took
 }
 
 func waitAckFloor(b *testing.B, js jetstream.JetStream, durable string, seq uint64) {

@@ -3,12 +3,14 @@ package gaps
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -174,7 +176,9 @@ func (c Config) PartitionConfig() partition.Config {
 	pc.MaxAckPending = max(c.MaxAckPending, 1)
 	pc.Batch = min(c.pullBatch(), pc.MaxAckPending)
 	pc.ReleaseTimeout = c.StopTimeout + c.PublishTimeout
-	pc.CumulativeAcks = true // see ack.go
+	// Acks are cumulative (AckAll): one ack per checkpoint and partition covers every message before
+	// it, which spares the server most of what a consumer costs it.
+	pc.CumulativeAcks = true
 	return pc
 }
 
@@ -193,21 +197,6 @@ func (c Config) MarkerFilter() string {
 	return streams.EventsRoot + ".drop." + strings.TrimPrefix(c.FilterSubject, streams.FPMRoot+".")
 }
 
-// FPMConsumerConfig is a plain durable consumer on stream FPM with the detector's settings (the
-// detector itself uses the partition group's consumers; benchmarks compare against this one).
-func (c Config) FPMConsumerConfig() jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
-		Durable:       c.FPMDurable(),
-		Description:   "fpmbus gap detector: FPM counter_id gaps per publisher",
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       c.AckWait,
-		MaxDeliver:    -1,
-		MaxAckPending: c.MaxAckPending,
-		FilterSubject: c.FilterSubject,
-	}
-}
-
 // StateBucketConfig is the KV bucket of the per-publisher state.
 func (c Config) StateBucketConfig() jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
@@ -216,6 +205,18 @@ func (c Config) StateBucketConfig() jetstream.KeyValueConfig {
 		History:     1,
 		Storage:     c.StateStorage,
 		Replicas:    c.StateReplicas,
+	}
+}
+
+// runnerConfig is the detector's durable.Runner: its partition group, ticks for the wall-clock checks
+// and commit pacing, and a stop that leaves each partition's release time to checkpoint.
+func (c Config) runnerConfig() durable.Config {
+	return durable.Config{
+		Name:         ConsumerName,
+		Group:        c.PartitionConfig(),
+		TickInterval: min(c.tick(), c.CommitInterval),
+		StopTimeout:  c.StopTimeout + c.PublishTimeout,
+		Batch:        handBatch,
 	}
 }
 
@@ -230,4 +231,41 @@ func (c Config) pullBatch() int { return min(max(c.MaxAckPending/4, 1), 4096) }
 func (c Config) tick() time.Duration {
 	d := min(c.StaleAfter, max(c.MarkerGrace, time.Millisecond)) / 5
 	return min(max(d, 20*time.Millisecond), time.Second)
+}
+
+// Option configures a Detector beyond Config.
+type Option func(*Detector) error
+
+// WithLogger sets the logger of the detector and its runner (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(d *Detector) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+		}
+		d.logger = l
+		return nil
+	}
+}
+
+// WithClock sets the wall clock used only for when to check (stale publishers, commit pacing); event
+// content never comes from it.
+func WithClock(now func() time.Time) Option {
+	return func(d *Detector) error {
+		if now == nil {
+			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
+		}
+		d.now = now
+		return nil
+	}
+}
+
+// WithMemberID names the detector in its partition group (default <hostname>-<pid>-<random>).
+func WithMemberID(id string) Option {
+	return func(d *Detector) error {
+		if id == "" {
+			return fmt.Errorf("%w: empty member id", ErrInvalidConfig)
+		}
+		d.id = id
+		return nil
+	}
 }

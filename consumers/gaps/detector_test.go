@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -285,7 +286,7 @@ func TestScaleOutStopJoinAndCrashReportEveryGapOnce(t *testing.T) {
 	owners := func(hs ...*harness) error {
 		n := 0
 		for _, h := range hs {
-			n += len(h.d.member.Owned())
+			n += len(h.d.runner.Owned())
 		}
 		if n != len(parts) { // an empty partition is pinned to no one
 			return fmt.Errorf("%d of %d partitions owned", n, len(parts))
@@ -485,4 +486,48 @@ func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 	equal(t, uint64(31), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing")
 	equal(t, 18.0, h2.metric("fpmbus_gaps_redelivered_skipped_total"), "the re-read messages the state covers are skipped")
 	check(t, h2.stop() == nil, "stop")
+}
+
+// TestDetectorRejectsUnusableFPMs: an FPM whose subject names no publisher and one whose Fpm-Seq is
+// not a number can never be applied. Each is dead-lettered on fpmevents.rejected.gaps with where it was
+// stored and why, and holds nothing up: everything is acked, the publisher's own messages are applied,
+// and the number the unusable FPM carried is reported missing like any lost one.
+func TestDetectorRejectsUnusableFPMs(t *testing.T) {
+	env := streamstest.Start(t)
+	k := key("rejects", 0)
+	t0 := time.Now().UnixMilli()
+	badSubject := fpmMsg(k, 0, t0, t0, false, "test-bridge")
+	badSubject.Subject = "fpm.dynamo.backend.rejects.rank-zero"
+	badSubject.Header.Set(streams.HeaderMsgID, "bad-subject") // not a duplicate of message 0
+	badSeq := fpmMsg(k, 5, t0, t0+50, false, "test-bridge")
+	badSeq.Header.Set(streams.HeaderSeq, "five")
+	var msgs []*nats.Msg
+	msgs = append(msgs, fpms(k, 0, 4, t0, t0)...)
+	msgs = append(msgs, badSubject, badSeq)
+	msgs = append(msgs, fpms(k, 6, 9, t0, t0+60)...)
+	publishAll(t, env.JS, msgs...)
+
+	h := startDetector(t, env.Server.ClientURL(), testConfig())
+	by := waitEvents(t, env.JS, 1, 20*time.Second)
+	match(t, k, by[k], gapW(CauseZMQDrop, 5, 5))
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	equal(t, 2.0, h.metric("fpmbus_gaps_invalid_total", "stream", streams.StreamFPM))
+	equal(t, 9.0, h.metric("fpmbus_gaps_messages_total"))
+
+	dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
+	equal(t, 2, len(dl), "dead letters")
+	for i, want := range []struct {
+		subject, seq, reason string
+		body                 []byte
+	}{
+		{badSubject.Subject, "6", "is not fpm.<namespace>.<component>.<worker_id>.<dp_rank>", badSubject.Data},
+		{badSeq.Subject, "7", streams.HeaderSeq + ` "five"`, badSeq.Data},
+	} {
+		hd := dl[i].Headers()
+		check(t, hd.Get(streams.HeaderConsumer) == ConsumerName && hd.Get(streams.HeaderStream) == streams.StreamFPM &&
+			hd.Get(streams.HeaderSubject) == want.subject && hd.Get(streams.HeaderStreamSeq) == want.seq &&
+			strings.Contains(hd.Get(streams.HeaderError), want.reason) && string(dl[i].Data()) == string(want.body),
+			"dead letter %d: headers %v body %q", i, hd, dl[i].Data())
+	}
+	check(t, h.stop() == nil, "stop")
 }

@@ -1,6 +1,6 @@
-// Package gaps is the gap detector: durable JetStream consumers of the FPM stream and of the
-// bridge's drop markers that track every publisher's sequence (namespace, component, worker_id,
-// dp_rank) and publish one JSON event per gap on FPM_EVENTS, subject
+// Package gaps is the gap detector: a durable consumer of the FPM stream, reading the bridge's drop
+// markers too, that tracks every publisher's sequence (namespace, component, worker_id, dp_rank) and
+// publishes one JSON event per gap on FPM_EVENTS, subject
 // fpmevents.gap.<namespace>.<component>.<worker_id>.<dp_rank> (streams.GapEventSubject), saying what
 // was lost and why.
 //
@@ -18,20 +18,25 @@
 // plus "stale" and "resumed" events that open and close a silent period. Duplicates and out-of-order
 // numbers are counted, not reported. Every missing number is in exactly one gap event.
 //
+// The detector is a durable.Consumer (consumers/durable): a durable.Runner owns its partition group,
+// acks, dead letters, crash-loop guard, common metrics and stop sequence, and hands it batches of FPMs.
 // One FPM travels through these files:
 //
-//	detector.go   Detector: New, Run, Ready; the loop over partitions and markers, ticks, graceful stop
-//	session.go    the partition.Handler: partitions gained, handed on (checkpoint, ack) and lost
-//	ack.go        cumulative acks: per partition session, ack the end of the prefix made durable
-//	fetch.go      a goroutine moving pulled drop markers onto a channel
-//	tracker.go    the per-publisher rules (pure: state in, state and events out)
-//	event.go      Event (the JSON format), causes, the evidence a drop marker gives
-//	state.go      State, one publisher's checkpoint, and its KV key
-//	store.go      loading, catching up and checkpointing state; publishing events; acking
-//	partition.go  which publishers an instance owns (the partitions it holds now)
-//	report.go     BuildReport: `fpmbus gaps report`
-//	metrics.go    Prometheus metrics (fpmbus_gaps_*)
-//	heartbeat.go  heartbeat detection without a full parse
+//	detector.go     Detector: New, Run, Ready; setup and the upgrade of explicit-ack groups
+//	consumer.go     the Consumer and PartitionObserver methods: Handle, Tick, Close, Assigned (preload),
+//	                Release (synchronous checkpoint), Lost (forget)
+//	apply.go        an FPM or drop marker applied to its publisher's state; unusable FPMs rejected
+//	tracker.go      the per-publisher rules (pure: state in, state and events out)
+//	checkpoint.go   checkpoints: when, what, and marking the messages they cover done
+//	store.go        stateStore: the state bucket, direct reads of FPM and FPM_EVENTS, checkpoint writes
+//	publishers.go   the owned publishers: loading, catching up, reloading, forgetting
+//	clock.go        the wall-clock checks: stale publishers, marker graces passed
+//	markerreader.go the drop marker reader (an ordered consumer, not a durable one)
+//	event.go        Event (the JSON format), causes, deterministic event ids
+//	state.go        State, one publisher's checkpoint, and its KV key
+//	report.go       BuildReport: `fpmbus gaps report`
+//	metrics.go      Prometheus metrics (fpmbus_gaps_*; the runner adds fpmbus_consumer_*{consumer="gaps"})
+//	heartbeat.go    heartbeat detection without a full parse
 //
 // What crosses the wire is streams' (the one wire contract): the drop marker (streams.DropMarker,
 // parsed and checked by streams.ParseDropMarker), the events' subjects, message ids
@@ -46,16 +51,19 @@
 //     the first one delivered, so a message acked after the checkpoint is never lost to it.
 //
 //   - A message whose effect is more than "the sequence advanced by one" (a gap, a marker, a
-//     duplicate, an event, ...) is acked only after the State reflecting it is in the state bucket,
-//     written with the expected revision (a concurrent writer makes the write fail and the publisher
-//     is reloaded; its held messages are acked once it is, the re-read covering them). Plain advances
-//     are acked with the next commit without waiting for a state write, and checkpointed at most
-//     every CheckpointInterval (and when their partition is handed on): the re-read above covers
-//     them. Acks are cumulative (AckAll): a partition's messages are acked in delivery order, the
-//     last of each durable prefix standing for the rest, so a message waiting for its checkpoint
-//     holds back the acks of every later one of its partition. An unusable message is skipped, not
-//     Term'ed. A publisher is called stale only when FPM holds nothing of it after its last applied
-//     message (a direct get, after the re-read if a takeover left one to do).
+//     duplicate, an event, ...) is marked done (Msg.Done: the runner may ack it) only after the State
+//     reflecting it is in the state bucket, written with the expected revision (a concurrent writer
+//     makes the write fail and the publisher is reloaded; its held messages are done once it is, the
+//     re-read covering them). Plain advances are done with the next checkpoint without waiting for a
+//     state write, and written at most every CheckpointInterval (and when their partition is handed
+//     on): the re-read above covers them. Acks are cumulative (AckAll): the runner acks a partition's
+//     messages in delivery order, the last of each done prefix standing for the rest, so a message
+//     waiting for its checkpoint holds back the acks of every later one of its partition. An FPM that
+//     can never be applied (its subject names no publisher, its sequence headers do not parse) is
+//     rejected (Msg.Reject): the runner dead-letters it on fpmevents.rejected.gaps and it is done; its
+//     number, if it had one, is reported missing like any lost one. A publisher is called stale only
+//     when FPM holds nothing of it after its last applied message (a direct get, after the re-read if
+//     a takeover left one to do).
 //
 //   - Events are checkpointed in State.Outbox before they are published, and published with a
 //     deterministic Nats-Msg-Id (streams.GapMsgID gap:<key>:<epoch>:<first>-<last>, …:restart, stale:…,
@@ -75,19 +83,24 @@
 //     whatever run of its publisher: a restart does not end the old run's gaps.
 //
 //   - Publishers are shared through consumers/partition (group Config.Group, Config.Partitions,
-//     keyed by the publisher): only the member holding a publisher's partition applies its FPMs and
-//     markers. Handing a partition on gracefully first checkpoints, publishes and acks everything of
-//     its publishers; a lost partition is forgotten at once, without writing (a checkpoint already in
-//     flight is fenced by the expected revision). A message is never Nak'ed: what is not acked comes
-//     again to the next owner.
+//     keyed by the publisher), run by the durable.Runner: only the member holding a publisher's
+//     partition applies its FPMs and markers. Assigned loads the partition's publishers first.
+//     Release (a graceful hand-over) checkpoints, publishes and marks done everything of its
+//     publishers before it returns; Lost forgets them at once, without writing (a checkpoint already
+//     in flight is fenced by the expected revision). A message is never Nak'ed: what is not acked
+//     comes again to the next owner. An idle partition is taken over too (consumers/partition
+//     redelivers its last acked message, which is skipped as already reflected), so a silent
+//     publisher or a gap waiting for its grace is reported even when its owner died.
 //
-//   - Drop markers are read by an ordered consumer per instance from its start; a loaded publisher
-//     first reads by direct get its markers after MarkerSeq (only if its subject has any).
+//   - Drop markers are read by an ordered consumer per instance from its start (markerReader; not a
+//     durable consumer, nothing to ack); a loaded publisher first reads by direct get its markers
+//     after MarkerSeq (only if its subject has any).
 //
 // # Ownership
 //
-// Run's goroutine owns all state. It starts the marker fetcher goroutine, the partition member
-// (whose handler goroutines only forward messages and partition changes to the loop on one
-// channel) and at most one checkpoint goroutine at a time (which touches only its own snapshot), and
-// stops them before returning. There are no mutexes.
+// The runner's loop goroutine owns all state: every Consumer method runs on it. The detector's own
+// goroutines are the marker reader's (it queues pulled markers and asks the loop, with Runner.Do,
+// to apply them) and at most one checkpoint goroutine at a time (it touches only its own snapshot and
+// hands its result back with Runner.Do); Close and Run stop them before returning. There are no
+// mutexes.
 package gaps

@@ -18,7 +18,7 @@ type metrics struct {
 	outOfOrder  prometheus.Counter       // out-of-order FPMs
 	skipped     prometheus.Counter       // redelivered FPMs already reflected in the state
 	markers     prometheus.Counter       // drop markers applied
-	invalid     *prometheus.CounterVec   // messages terminated as unusable, by stream
+	invalid     *prometheus.CounterVec   // unusable messages (FPMs rejected, drop markers skipped), by stream
 	conflicts   prometheus.Counter       // state writes that lost to another writer
 	delay       *prometheus.HistogramVec // gap end (observed time of the message after it) to event stored
 	commit      prometheus.Histogram     // checkpoint + publish + ack duration
@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		skipped:    counter("redelivered_skipped_total", "Redelivered FPMs and markers already reflected in the checkpointed state."),
 		markers:    counter("drop_markers_total", "Bridge drop markers applied."),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fpmbus_gaps_invalid_total",
-			Help: "Messages the detector cannot use (bad subject, headers or marker body), terminated."}, []string{"stream"}),
+			Help: "Messages the detector cannot use (bad subject, headers or marker body): FPMs dead-lettered, drop markers skipped."}, []string{"stream"}),
 		conflicts: counter("state_conflicts_total", "State checkpoints refused because another writer updated the publisher (state reloaded)."),
 		delay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fpmbus_gaps_event_delay_seconds",
 			Help:    "From the bridge's receive time of the message after a gap to its event being stored (zmq_drop includes the marker grace).",

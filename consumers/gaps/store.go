@@ -11,86 +11,111 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// maxCatchUp bounds one catch-up read (messages); a longer one continues at the next message.
-const maxCatchUp = 1 << 20
+// stateStore is the detector's I/O with the server beyond its partition consumers: the state bucket
+// (one checkpoint per publisher and group), the direct reads by subject of FPM and FPM_EVENTS that
+// loading and catching up a publisher need, and the checkpoint writes (states, then events). It holds
+// no detector state: the loop calls the reads, the checkpoint goroutine calls write.
+type stateStore struct {
+	js  jetstream.JetStream
+	cfg Config
+	// kv is the state bucket's stream, fpm and events the streams FPM and FPM_EVENTS.
+	kv, fpm, events jetstream.Stream
+}
+
+// open creates the state bucket if missing and looks up the streams.
+func (s *stateStore) open(ctx context.Context) error {
+	if _, err := s.js.CreateOrUpdateKeyValue(ctx, s.cfg.StateBucketConfig()); err != nil {
+		return fmt.Errorf("gaps: state bucket %s: %w", s.cfg.StateBucket, err)
+	}
+	var err error
+	if s.kv, err = s.js.Stream(ctx, "KV_"+s.cfg.StateBucket); err != nil {
+		return fmt.Errorf("gaps: state bucket %s: %w", s.cfg.StateBucket, err)
+	}
+	if s.fpm, err = s.js.Stream(ctx, streams.StreamFPM); err != nil {
+		return fmt.Errorf("gaps: stream %s: %w", streams.StreamFPM, err)
+	}
+	if s.events, err = s.js.Stream(ctx, streams.StreamEvents); err != nil {
+		return fmt.Errorf("gaps: stream %s: %w", streams.StreamEvents, err)
+	}
+	return nil
+}
+
+// ioCtx bounds one server call.
+func (s *stateStore) ioCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
+}
 
 // kvSubject is the subject of k's state entry in the bucket.
-func (d *Detector) kvSubject(k streams.Key) string {
-	return "$KV." + d.cfg.StateBucket + "." + kvKey(d.cfg.Group, k)
+func (s *stateStore) kvSubject(k streams.Key) string {
+	return "$KV." + s.cfg.StateBucket + "." + kvKey(s.cfg.Group, k)
 }
 
-func (d *Detector) newEntry(k streams.Key) *entry {
-	now := d.now()
-	e := &entry{key: k, part: d.partitionOf(k), kvSubj: d.kvSubject(k), catchUp: true, lastLocal: now, written: now}
-	e.st.V, e.st.Key = stateVersion, k
-	e.t = tracker{key: k, st: &e.st, r: d.rules, onEmit: func(*Event) { d.newEvents = true }}
-	return e
-}
-
-// decodeState reads one state entry (a KV message) into e; a deleted entry leaves a fresh state.
-func (d *Detector) decodeState(e *entry, raw *jetstream.RawStreamMsg) {
-	e.rev = raw.Sequence
+// decodeState reads one state entry (a KV message). A deleted entry is a fresh state (ok, zero
+// State); an entry that does not decode is an error naming why (the caller starts afresh too).
+func decodeState(raw *jetstream.RawStreamMsg) (State, error) {
 	switch raw.Header.Get("KV-Operation") {
 	case "DEL", "PURGE":
-		return
+		return State{}, nil
 	}
 	var st State
-	if err := json.Unmarshal(raw.Data, &st); err != nil || st.V != stateVersion {
-		d.logger.Error("gap detector: unreadable publisher state replaced by a fresh one", "key", e.key.String(),
-			"revision", raw.Sequence, "err", err, "version", st.V)
-		return
+	if err := json.Unmarshal(raw.Data, &st); err != nil {
+		return State{}, err
 	}
-	e.st = st
-	e.st.Key = e.key
+	if st.V != stateVersion {
+		return State{}, fmt.Errorf("state version %d, want %d", st.V, stateVersion)
+	}
+	return st, nil
 }
 
-// preload loads the state of every publisher of partition p of the group not loaded yet, so that a
-// publisher that stays silent after a takeover is still found stale, and publishes what its outbox
-// holds.
-func (d *Detector) preload(ctx context.Context, p int) error {
-	filter := "$KV." + d.cfg.StateBucket + "." + d.cfg.Group + ".>"
-	oc, err := d.kvStream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+// lastState is the last entry of k in the bucket (jetstream.ErrMsgNotFound: never checkpointed).
+func (s *stateStore) lastState(k streams.Key) (*jetstream.RawStreamMsg, error) {
+	ctx, cancel := s.ioCtx()
+	defer cancel()
+	return s.kv.GetLastMsgForSubject(ctx, s.kvSubject(k))
+}
+
+// scanStates calls fn with the last entry of every publisher of the group in the bucket.
+func (s *stateStore) scanStates(ctx context.Context, fn func(k streams.Key, raw *jetstream.RawStreamMsg) error) error {
+	filter := "$KV." + s.cfg.StateBucket + "." + s.cfg.Group + ".>"
+	oc, err := s.kv.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 	})
 	if err != nil {
-		return fmt.Errorf("gaps: read state bucket %s: %w", d.cfg.StateBucket, err)
+		return fmt.Errorf("gaps: read state bucket %s: %w", s.cfg.StateBucket, err)
 	}
 	info, err := oc.Info(ctx)
 	if err != nil {
-		return fmt.Errorf("gaps: read state bucket %s: %w", d.cfg.StateBucket, err)
+		return fmt.Errorf("gaps: read state bucket %s: %w", s.cfg.StateBucket, err)
 	}
 	left := info.NumPending
-	prefix := len("$KV." + d.cfg.StateBucket + ".")
+	prefix := len("$KV." + s.cfg.StateBucket + ".")
 	for left > 0 {
 		batch, err := oc.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			return fmt.Errorf("gaps: read state bucket %s: %w", d.cfg.StateBucket, err)
+			return fmt.Errorf("gaps: read state bucket %s: %w", s.cfg.StateBucket, err)
 		}
 		n := 0
 		for m := range batch.Messages() {
 			n++
 			left--
-			k, ok := keyFromKV(d.cfg.Group, m.Subject()[prefix:])
-			if !ok || d.keys[k] != nil || d.partitionOf(k) != p {
+			k, ok := keyFromKV(s.cfg.Group, m.Subject()[prefix:])
+			if !ok {
 				continue
 			}
 			meta, err := m.Metadata()
 			if err != nil {
 				continue
 			}
-			e := d.newEntry(k)
-			d.decodeState(e, &jetstream.RawStreamMsg{Subject: m.Subject(), Sequence: meta.Sequence.Stream, Header: m.Headers(), Data: m.Data()})
-			if err := d.prepare(e); err != nil {
+			if err := fn(k, &jetstream.RawStreamMsg{Subject: m.Subject(), Sequence: meta.Sequence.Stream, Header: m.Headers(), Data: m.Data()}); err != nil {
 				return err
 			}
-			d.keys[k] = e
 		}
 		if err := batch.Error(); err != nil {
-			return fmt.Errorf("gaps: read state bucket %s: %w", d.cfg.StateBucket, err)
+			return fmt.Errorf("gaps: read state bucket %s: %w", s.cfg.StateBucket, err)
 		}
 		if n == 0 {
 			break
@@ -99,276 +124,59 @@ func (d *Detector) preload(ctx context.Context, p int) error {
 	return nil
 }
 
-// entry returns the owned publisher k, loading its state from the bucket on first use.
-func (d *Detector) entry(k streams.Key) (*entry, error) {
-	if e := d.keys[k]; e != nil {
-		return e, nil
-	}
-	return d.load(k, false)
+// nextOn is the first message on subject subj of stream st at or after sequence from
+// (jetstream.ErrMsgNotFound: none).
+func (s *stateStore) nextOn(st jetstream.Stream, subj string, from uint64) (*jetstream.RawStreamMsg, error) {
+	ctx, cancel := s.ioCtx()
+	defer cancel()
+	return st.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subj))
 }
 
-// load loads k's state from the bucket, unless its partition's keys were read when it was acquired
-// and k was not among them (a write by someone else since makes the first checkpoint fail and k
-// reload with reread).
-func (d *Detector) load(k streams.Key, reread bool) (*entry, error) {
-	orphans, reread := d.orphans[k], reread || d.orphans[k] != nil
-	e := d.newEntry(k)
-	var raw *jetstream.RawStreamMsg
-	var err error = jetstream.ErrMsgNotFound
-	if s := d.part.sess[e.part]; reread || s == nil || !s.scanned {
-		ctx, cancel := d.ioCtx()
-		raw, err = d.kvStream.GetLastMsgForSubject(ctx, e.kvSubj)
-		cancel()
-	}
-	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		// Never checkpointed: none of its FPMs was acked (the first one changes more than the
-		// sequence, so it is acked only after its state is written), nothing to re-read.
-		e.catchUp = false
-	case err != nil:
-		return nil, fmt.Errorf("load state: %w", err)
-	default:
-		d.decodeState(e, raw)
-	}
-	if err := d.prepare(e); err != nil {
-		return nil, err
-	}
-	d.keys[k] = e
-	if orphans != nil {
-		delete(d.orphans, k)
-		d.release(orphans)
-	}
-	return e, nil
+// nextFPM is k's first FPM at or after stream sequence from.
+func (s *stateStore) nextFPM(k streams.Key, from uint64) (*jetstream.RawStreamMsg, error) {
+	return s.nextOn(s.fpm, streams.FPMSubject(k), from)
 }
 
-// prepare finishes loading e: events of its outbox already stored are dropped from it, and drop
-// markers stored after its MarkerSeq are applied.
-func (d *Detector) prepare(e *entry) error {
-	if len(e.st.Outbox) > 0 {
-		if err := d.reconcileOutbox(e); err != nil {
-			return err
-		}
-		d.touch(e)
-	}
-	if !d.markerSubjects[streams.DropMarkerSubject(e.key)] {
-		return nil // no marker of it stored before the marker consumer started nor read since
-	}
-	before := e.st.MarkerSeq
-	if err := d.catchUpMarkers(e); err != nil {
-		return err
-	}
-	if e.st.MarkerSeq != before {
-		d.touch(e)
-	}
-	return nil
+// nextMarker is k's first drop marker at or after FPM_EVENTS sequence from.
+func (s *stateStore) nextMarker(k streams.Key, from uint64) (*jetstream.RawStreamMsg, error) {
+	return s.nextOn(s.events, streams.DropMarkerSubject(k), from)
 }
 
-// reconcileOutbox removes from e's outbox the events already stored on its gap subject after
-// EventStreamSeq (a previous run published them but could not checkpoint that).
-func (d *Detector) reconcileOutbox(e *entry) error {
-	stored := map[string]bool{}
-	from := e.st.EventStreamSeq + 1
-	subj := streams.GapEventSubject(e.key)
-	for {
-		ctx, cancel := d.ioCtx()
-		raw, err := d.evStream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subj))
-		cancel()
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("gaps: read events of %s: %w", e.key, err)
-		}
-		stored[raw.Header.Get(streams.HeaderMsgID)] = true
-		e.st.EventStreamSeq = raw.Sequence
-		from = raw.Sequence + 1
-	}
-	keep := e.st.Outbox[:0]
-	for _, ev := range e.st.Outbox {
-		if !stored[ev.ID] {
-			keep = append(keep, ev)
-		}
-	}
-	e.st.Outbox = keep
-	return nil
-}
-
-// catchUpMarkers applies the drop markers of e stored after its MarkerSeq.
-func (d *Detector) catchUpMarkers(e *entry) error {
-	subj := streams.DropMarkerSubject(e.key)
-	for from, n := e.st.MarkerSeq+1, 0; n < maxCatchUp; n++ {
-		ctx, cancel := d.ioCtx()
-		raw, err := d.evStream.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subj))
-		cancel()
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("gaps: read drop markers of %s: %w", e.key, err)
-		}
-		d.applyMarker(e, raw.Data, raw.Sequence, raw.Subject)
-		from = raw.Sequence + 1
-	}
-	return nil
-}
-
-// catchUpFPM applies the FPMs of e stored after its StreamSeq and before stream sequence before.
-func (d *Detector) catchUpFPM(e *entry, before uint64) error {
-	subj := streams.FPMSubject(e.key)
-	for n := 0; n < maxCatchUp && e.st.StreamSeq+1 < before; n++ {
-		ctx, cancel := d.ioCtx()
-		raw, err := d.fpmStream.GetMsg(ctx, e.st.StreamSeq+1, jetstream.WithGetMsgSubject(subj))
-		cancel()
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("gaps: catch up %s: %w", e.key, err)
-		}
-		if raw.Sequence >= before {
-			break
-		}
-		o, err := observation(raw.Header, raw.Data, raw.Sequence, raw.Time)
-		d.touch(e)
-		if err != nil {
-			e.st.StreamSeq = raw.Sequence
-			continue
-		}
-		d.apply(e, &o)
-	}
-	e.catchUp = false
-	return nil
-}
-
-// parseCounter reads counter_id from an FPM body (for messages without Fpm-Seq).
-func parseCounter(body []byte) (uint64, error) {
-	f, err := schemas.ParseFPMJSON(body)
-	if err != nil {
-		return 0, err
-	}
-	if f.CounterID < 0 {
-		return 0, fmt.Errorf("counter_id %d is negative", f.CounterID)
-	}
-	return uint64(f.CounterID), nil
-}
-
-// drop forgets e; its held messages stay unacked (the partition's next owner gets them again).
-func (d *Detector) drop(e *entry) {
-	d.held -= len(e.msgs)
-	e.msgs = nil
-	delete(d.keys, e.key)
-	for i, x := range d.dirty {
-		if x == e {
-			d.dirty = append(d.dirty[:i], d.dirty[i+1:]...)
-			break
-		}
-	}
-	e.isDirty = false
-}
-
-// reload replaces e, whose checkpoint another writer changed, by the state in the bucket. Its held
-// messages are released: the reloaded entry re-reads from the stream every FPM after its checkpoint.
-// If the bucket cannot be read, they wait as orphans until a later load succeeds.
-func (d *Detector) reload(e *entry, msgs []heldMsg) {
-	d.drop(e)
-	d.orphans[e.key] = append(d.orphans[e.key], msgs...)
-	if _, err := d.load(e.key, true); err != nil {
-		d.logger.Warn("gap detector: reload publisher state (retried)", "key", e.key.String(), "err", err)
-	}
-}
-
-// retryOrphans loads again the publishers whose reload failed (releasing their messages), and
-// forgets the orphans of partitions no longer owned.
-func (d *Detector) retryOrphans() {
-	for k := range d.orphans {
-		if !d.part.Owns(k) {
-			delete(d.orphans, k)
-			continue
-		}
-		if _, err := d.entry(k); err != nil {
-			d.logger.Warn("gap detector: reload publisher state (retried)", "key", k.String(), "err", err)
-		}
-	}
-}
-
-// isRevoking reports whether partition p is being handed on (checkpoint everything changed).
-func (d *Detector) isRevoking(p int) bool {
-	s := d.part.sess[p]
-	return s != nil && s.revoking
+// nextEvent is k's first stored gap event at or after FPM_EVENTS sequence from.
+func (s *stateStore) nextEvent(k streams.Key, from uint64) (*jetstream.RawStreamMsg, error) {
+	return s.nextOn(s.events, streams.GapEventSubject(k), from)
 }
 
 // commitItem is one publisher's part of a checkpoint: its state bytes (nil when only already
-// reflected redeliveries are held), the events of its outbox and the messages the checkpoint covers.
-// The loop fills the inputs; the commit goroutine fills the results.
+// reflected redeliveries or plain advances not due for a write are held), the events of its outbox
+// and the messages the checkpoint covers. The loop fills the inputs; write fills the results.
 type commitItem struct {
 	e      *entry
 	data   []byte
 	rev    uint64
 	events []Event
-	msgs   []heldMsg
+	msgs   []*durable.Msg
 
 	newRev    uint64
 	conflict  bool
 	err       error
 	confirmed map[string]uint64 // event id -> FPM_EVENTS sequence
-	safe      bool              // state and events stored: the loop releases the messages
+	safe      bool              // state and events stored: the loop marks the messages done
 }
 
-// inflight is a checkpoint being written by its goroutine; done is closed when it has finished.
-type inflight struct {
-	items []*commitItem
-	done  chan struct{}
-	start time.Time
-}
-
-// startCommit snapshots every dirty publisher into a checkpoint and writes it in the background,
-// so that the loop goes on applying messages meanwhile. At most one checkpoint is in flight: the
-// next one needs the revisions this one writes.
-func (d *Detector) startCommit() {
-	if d.flight != nil || len(d.dirty) == 0 {
-		return
-	}
-	f := &inflight{done: make(chan struct{}), start: time.Now()}
-	d.newEvents = false
-	for _, e := range d.dirty {
-		e.isDirty = false
-		it := &commitItem{e: e, rev: e.rev, msgs: e.msgs}
-		e.msgs = nil
-		// A state that only advanced its sequence is written at most every CheckpointInterval: its
-		// messages are acked anyway (a restart re-reads them from the stream after the checkpoint).
-		if e.changed && (e.t.significant || d.stopping || d.isRevoking(e.part) || f.start.Sub(e.written) >= d.cfg.CheckpointInterval) {
-			data, err := json.Marshal(&e.st)
-			if err != nil { // cannot happen: State has only plain fields
-				d.logger.Error("gap detector: encode state", "key", e.key.String(), "err", err)
-				e.msgs = it.msgs
-				continue
-			}
-			it.data = data
-			e.changed = false
-			e.t.significant = false
-			e.written = f.start
-		}
-		it.events = append([]Event(nil), e.st.Outbox...)
-		f.items = append(f.items, it)
-	}
-	d.dirty = d.dirty[:0]
-	d.flight = f
-	go d.write(f)
-}
-
-// write is the checkpoint goroutine. For every publisher, in this order:
+// write stores a checkpoint. For every publisher, in this order:
 //
 //  1. its state (outbox included) is written to the bucket, expecting the revision last read or
 //     written; a refusal means another writer updated it (the loop drops and reloads it);
 //  2. its outbox events are published with their ids (the server deduplicates a repeat);
-//  3. the messages the checkpoint covers are safe to ack once 1 and 2 succeeded (finishCommit
-//     releases them, ackSafe acks); on a conflict they are released after the publisher is reloaded
-//     (which re-reads them from the stream).
+//  3. the messages the checkpoint covers are safe once 1 and 2 succeeded (the loop marks them done);
+//     on a conflict they are marked done after the publisher is reloaded (which re-reads them from
+//     the stream).
 //
-// It touches no loop state: results go into the items, read by finishCommit after done is closed.
-func (d *Detector) write(f *inflight) {
-	defer close(f.done)
-	timeout := time.NewTimer(d.cfg.PublishTimeout)
+// It reads only the items' inputs and the entries' fixed key and subject, and writes only the items'
+// results: it runs on the checkpoint goroutine while the loop goes on.
+func (s *stateStore) write(items []*commitItem) {
+	timeout := time.NewTimer(s.cfg.PublishTimeout)
 	defer timeout.Stop()
 	expired := false
 	wait := func(fut jetstream.PubAckFuture) (*jetstream.PubAck, error) {
@@ -392,19 +200,19 @@ func (d *Detector) write(f *inflight) {
 			return nil, jetstream.ErrAsyncPublishTimeout
 		}
 	}
-	futs := make([]jetstream.PubAckFuture, len(f.items))
-	for i, it := range f.items {
+	futs := make([]jetstream.PubAckFuture, len(items))
+	for i, it := range items {
 		if it.data == nil {
 			continue
 		}
-		fut, err := d.js.PublishMsgAsync(&nats.Msg{Subject: it.e.kvSubj, Data: it.data}, jetstream.WithExpectLastSequencePerSubject(it.rev))
+		fut, err := s.js.PublishMsgAsync(&nats.Msg{Subject: it.e.kvSubj, Data: it.data}, jetstream.WithExpectLastSequencePerSubject(it.rev))
 		if err != nil {
 			it.err = fmt.Errorf("write state of %s: %w", it.e.key, err)
 			continue
 		}
 		futs[i] = fut
 	}
-	for i, it := range f.items {
+	for i, it := range items {
 		if futs[i] == nil {
 			continue
 		}
@@ -425,7 +233,7 @@ func (d *Detector) write(f *inflight) {
 		fut jetstream.PubAckFuture
 	}
 	var pubs []pub
-	for _, it := range f.items {
+	for _, it := range items {
 		if it.conflict || it.err != nil {
 			continue
 		}
@@ -441,7 +249,7 @@ func (d *Detector) write(f *inflight) {
 			msg.Header.Set(streams.HeaderEventType, ev.Type)
 			msg.Header.Set(streams.HeaderGapEventSeq, strconv.FormatUint(ev.EventSeq, 10))
 			msg.Header.Set(streams.HeaderEpoch, strconv.FormatInt(ev.Epoch, 10))
-			fut, err := d.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID))
+			fut, err := s.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID))
 			if err != nil {
 				it.err = fmt.Errorf("publish event %s: %w", ev.ID, err)
 				break
@@ -451,7 +259,7 @@ func (d *Detector) write(f *inflight) {
 	}
 	if len(pubs) > 0 && expired {
 		expired = false
-		timeout.Reset(d.cfg.PublishTimeout)
+		timeout.Reset(s.cfg.PublishTimeout)
 	}
 	for _, p := range pubs {
 		ack, err := wait(p.fut)
@@ -466,100 +274,12 @@ func (d *Detector) write(f *inflight) {
 		}
 		p.it.confirmed[p.id] = ack.Sequence
 	}
-	for _, it := range f.items {
+	for _, it := range items {
 		switch {
 		case it.conflict:
-			// Left to finishCommit: the publisher is reloaded, then its messages acked.
+			// Left to the loop: the publisher is reloaded, then its messages marked done.
 		case it.err == nil && len(it.confirmed) == len(it.events):
 			it.safe = true
 		}
 	}
-}
-
-// finishCommit applies a finished checkpoint's results to the loop state.
-func (d *Detector) finishCommit() error {
-	f := d.flight
-	d.flight = nil
-	d.metrics.commit.Observe(time.Since(f.start).Seconds())
-	var firstErr error
-	for _, it := range f.items {
-		e := it.e
-		live := d.keys[e.key] == e
-		if it.safe || it.conflict {
-			d.held -= len(it.msgs)
-		}
-		if it.safe {
-			d.release(it.msgs)
-		}
-		if it.conflict {
-			if live {
-				d.metrics.conflicts.Inc()
-				d.logger.Warn("gap detector: publisher state changed by another writer; reloading", "key", e.key.String())
-				d.held -= len(e.msgs)
-				held := append(it.msgs, e.msgs...)
-				e.msgs = nil
-				d.reload(e, held)
-			}
-			continue
-		}
-		if it.data != nil && it.err == nil {
-			e.rev = it.newRev
-		}
-		for i := range it.events {
-			if seq, ok := it.confirmed[it.events[i].ID]; ok {
-				d.stored(&it.events[i])
-				e.st.EventStreamSeq = max(e.st.EventStreamSeq, seq)
-			}
-		}
-		if len(it.confirmed) > 0 {
-			keep := e.st.Outbox[:0]
-			for _, ev := range e.st.Outbox {
-				if _, ok := it.confirmed[ev.ID]; !ok {
-					keep = append(keep, ev)
-				}
-			}
-			clear(e.st.Outbox[len(keep):])
-			e.st.Outbox = keep
-			if live {
-				d.touch(e) // checkpoint the emptied outbox with the next commit
-			}
-		}
-		if it.safe {
-			continue
-		}
-		if firstErr == nil {
-			firstErr = it.err
-			if firstErr == nil {
-				firstErr = fmt.Errorf("events of %s not all stored", e.key)
-			}
-		}
-		if !live {
-			d.held -= len(it.msgs) // unacked: the partition's next owner gets them again
-			continue
-		}
-		// Retry with the next checkpoint: the messages wait again, the state is written again.
-		e.msgs = append(it.msgs, e.msgs...)
-		if it.data != nil && it.err != nil {
-			e.changed, e.t.significant = true, true
-		}
-		d.markDirty(e)
-	}
-	return firstErr
-}
-
-// stored records metrics for an event confirmed stored on FPM_EVENTS.
-func (d *Detector) stored(ev *Event) {
-	switch ev.Type {
-	case TypeGap:
-		d.metrics.events.WithLabelValues(ev.Cause).Inc()
-		d.metrics.missing.WithLabelValues(ev.Cause).Add(float64(ev.Missing))
-		if ev.After != nil && ev.After.ObservedAtMs > 0 {
-			delay := time.Since(time.UnixMilli(ev.After.ObservedAtMs))
-			d.metrics.delay.WithLabelValues(ev.Cause).Observe(max(delay.Seconds(), 0))
-		}
-	default:
-		d.metrics.stateEvents.WithLabelValues(ev.Type).Inc()
-	}
-	d.logger.Info("gap event", "type", ev.Type, "cause", ev.Cause, "key", ev.Key.String(),
-		"missing", ev.Missing, "id", ev.ID)
 }

@@ -1,0 +1,73 @@
+package gaps
+
+import (
+	"errors"
+	"math"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// checkClock runs the wall-clock checks: publishers idle past CheckpointInterval get their advances
+// checkpointed, silent publishers go stale, and pending gaps whose marker grace has passed (in stream
+// time: every drop marker stored up to it has been applied) are classified.
+func (d *Detector) checkClock() {
+	now := d.now()
+	d.retryOrphans()
+	var stale []*entry
+	pending, nStale := 0, 0
+	for _, e := range d.keys {
+		if e.changed && now.Sub(e.written) >= d.cfg.CheckpointInterval {
+			d.markDirty(e) // idle since: checkpoint what it advanced
+		}
+		if e.st.Stale != nil {
+			nStale++
+		} else if e.st.Started && now.Sub(e.lastLocal) >= d.cfg.StaleAfter {
+			stale = append(stale, e)
+		}
+		pending += len(e.st.Pending)
+	}
+	for _, e := range stale {
+		if !d.silent(e) {
+			continue
+		}
+		if e.t.markStale() {
+			nStale++
+			d.touch(e)
+		}
+	}
+	if pending > 0 {
+		wm := d.mkLastStoredMs
+		if ts, ok := d.markers.caughtUpAt(d.js, d.mkDeliveredFrom, d.mkDelivered, d.cfg.PublishTimeout); ok {
+			wm = max(wm, ts.UnixMilli())
+		}
+		pending = 0
+		for _, e := range d.keys {
+			if len(e.st.Pending) > 0 && e.t.expire(wm) > 0 {
+				d.touch(e)
+			}
+			pending += len(e.st.Pending)
+		}
+	}
+	d.metrics.stale.Set(float64(nStale))
+	d.metrics.pending.Set(float64(pending))
+	d.metrics.publishers.Set(float64(len(d.keys)))
+}
+
+// silent reports whether the stream holds no FPM of e after the last one applied (reading those a
+// takeover left to catch up first): then it is stale, whatever the partition consumer still holds.
+func (d *Detector) silent(e *entry) bool {
+	if e.catchUp {
+		before := e.st.StreamSeq
+		if err := d.catchUpFPM(e, math.MaxUint64); err != nil {
+			d.logger.Warn("gap detector: catch-up read failed", "key", e.key.String(), "err", err)
+			e.catchUp = true
+			return false
+		}
+		if e.st.StreamSeq != before {
+			e.lastLocal = d.now()
+			return false
+		}
+	}
+	_, err := d.store.nextFPM(e.key, e.st.StreamSeq+1)
+	return errors.Is(err, jetstream.ErrMsgNotFound)
+}
