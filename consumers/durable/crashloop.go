@@ -15,7 +15,8 @@ import (
 // restarts the server's delivery count: a message that crashes every instance that takes it would be
 // delivered as "first delivery" forever. So the runner counts takeovers itself, durably: every
 // session records in KV bucket AttemptsBucket the ack floor it started from. A session that starts
-// from the same floor as the previous one made no progress; after MaxDeliveries such sessions the
+// from the same floor as a previous one that did not end in a graceful hand-over (its instance crashed,
+// was cut off or failed) made no progress; after MaxDeliveries such sessions in a row the
 // runner hands the partition's messages one at a time, recording each one's sequence before handing
 // it (the suspect), and the next session dead-letters the suspect instead of handing it. Progress
 // (an ack past the floor) ends the careful mode. The common path costs one KV read and write per
@@ -29,7 +30,7 @@ const attemptsTTL = 24 * time.Hour
 // attempts is the value of a takeover record.
 type attempts struct {
 	Floor    uint64 `json:"floor"`             // the ack floor the last session started from
-	Sessions int    `json:"sessions"`          // sessions in a row that started from Floor
+	Sessions int    `json:"sessions"`          // sessions in a row that started from Floor and did not end cleanly
 	Suspect  uint64 `json:"suspect,omitempty"` // the message being handled when the careful mode last handed one
 }
 
@@ -115,4 +116,18 @@ func (r *Runner) progressed(ctx context.Context, s *session, ackedSeq uint64) {
 		r.log.Warn("attempts record not updated", "partition", s.p, "err", err)
 	}
 	r.log.Info("partition progressing again", "partition", s.p, "acked_seq", ackedSeq)
+}
+
+// endedCleanly records that s ended in a graceful hand-over: it does not count towards a crash loop,
+// whatever its floor (a rebalance, a stop, an idle partition handed on).
+func (r *Runner) endedCleanly(ctx context.Context, s *session) {
+	if r.kv == nil {
+		return
+	}
+	s.attempt.Sessions, s.attempt.Suspect = 0, 0
+	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	if err := r.putAttempt(cctx, s); err != nil {
+		r.log.Warn("attempts record not updated", "partition", s.p, "err", err)
+	}
 }

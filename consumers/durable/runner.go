@@ -383,6 +383,7 @@ func (r *Runner) apply(ctx context.Context, it item) error {
 			}
 		}
 		r.settleSession(ctx, s)
+		r.endedCleanly(ctx, s)
 		delete(r.sessions, s.p)
 		r.log.Debug("partition handed on", "partition", s.p, "left_unacked", s.pending())
 		return nil

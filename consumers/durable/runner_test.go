@@ -487,3 +487,28 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Graceful hand-overs (stops, rebalances) never count towards the crash-loop guard, however often
+// the partition is taken over from the same ack floor: the held message is never dead-lettered.
+func TestRunnerGracefulStopsAreNotACrashLoop(t *testing.T) {
+	env := streamstest.Start(t)
+	js := connect(t, env)
+	publish(t, js, 0, 5, 1)
+	g := groupConfig("calm", 1, false)
+	cfg := Config{Name: "calm", Group: g, TickInterval: 20 * time.Millisecond, MaxDeliveries: 2, StopTimeout: 10 * time.Second}
+	for i := 0; i < 5; i++ { // more sessions from the same floor than MaxDeliveries
+		rec := newRecorder()
+		rec.holdFn = func(m *Msg) bool { return string(m.Data()) == "0" } // holds the floor still
+		rr := start(t, cfg, js, rec)
+		waitFor(t, "5 handled", 10*time.Second, func() bool { return rec.count() >= 5 })
+		if err := rr.stop(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if dl := deadLetters(t, js, "calm"); len(dl) != 0 {
+		t.Fatalf("%d dead letters after graceful stops, want none", len(dl))
+	}
+	if info := consumerInfo(t, js, g, 0); info.AckFloor.Stream != 0 {
+		t.Fatalf("ack floor %d, want 0 (message 0 is held, never done)", info.AckFloor.Stream)
+	}
+}
