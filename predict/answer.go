@@ -120,6 +120,10 @@ const (
 	ReasonOutOfDomain Reason = "out_of_domain"
 )
 
+// Reasons lists every refusal reason.
+var Reasons = []Reason{ReasonInvalidQuery, ReasonUnsupportedFeature, ReasonWrongIdentity, ReasonUnknownIdentity,
+	ReasonCorruptCell, ReasonIncompleteCampaign, ReasonOutOfDomain}
+
 // Refusal is a structured reason for not answering.
 type Refusal struct {
 	Reason   Reason           `json:"reason"`
@@ -183,6 +187,16 @@ type CampaignState struct {
 	Revision uint64 `json:"revision,omitempty"`
 	// Missing are the campaign's cells that are not sealed.
 	Missing []string `json:"missing,omitempty"`
+}
+
+// InvalidQuery is the answer to input that is not a query at all (err from DecodeQuery): refused,
+// invalid_query, nothing echoed. A nil err gives a refusal with a generic detail.
+func InvalidQuery(err error) Answer {
+	detail := "not a query"
+	if err != nil {
+		detail = err.Error()
+	}
+	return newAnswer(Query{}).refuse(invalid(detail))
 }
 
 func newAnswer(q Query) Answer {
