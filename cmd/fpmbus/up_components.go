@@ -19,6 +19,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
+	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -44,6 +45,7 @@ const (
 	stageGaps    = "gap detector"
 	stageMerge   = "benchmark merger"
 	stageSeal    = "dataset sealer"
+	stagePredict = "predict service"
 	stageBridge  = "bridge"
 	stagePublish = "demo publishers"
 )
@@ -66,6 +68,8 @@ var upStages = []upStage{
 		stop: "hands the ranks of unfinished runs back (nak) for the next start", build: (*upRun).mergeComponent},
 	{name: stageSeal, ready: "bucket `FPM_DATASETS` open, durable declared, pulling", needs: []string{stageConn},
 		stop: "stops pulling; an unsettled seal is redelivered", build: (*upRun).sealComponent},
+	{name: stagePredict, ready: "bucket `FPM_DATASETS` loaded, endpoints on `fpmpredict.>` subscribed", needs: []string{stageConn},
+		stop: "stops answering: its subscriptions drain, requests in hand are answered", build: (*upRun).predictComponent},
 	{name: stageBridge, ready: "ZMQ sockets connecting, streams applied", needs: []string{stageConn},
 		stop: "stops reading ZMQ, publishes what it buffered (`--stop-timeout`); the rest is counted as dropped", build: (*upRun).bridgeComponent},
 	{name: stagePublish, ready: "`--demo` only: sockets bound, start delay over",
@@ -93,6 +97,7 @@ type upRun struct {
 	gaps     gaps.Config
 	merge    merge.Config
 	seal     seal.ConsumerConfig
+	predict  service.Config
 	bridge   bridge.Config
 	demo     *producer.Config // nil: no --demo
 

@@ -149,8 +149,8 @@ func (s *Service) register() (micro.Service, error) {
 		name, subject, doc string
 		h                  micro.HandlerFunc
 	}{
-		{"predict", SubjectPredict, "one query (object) or many (array) in, answers out, as `fpmbus datasets predict --json`", s.handlePredict},
-		{"cells", SubjectCells, "every loaded cell (key, revision, digest, valid or why not) and the bucket revision", s.handleCells},
+		{"predict", SubjectPredict, "query in, answer out (JSON); an array in, an array out", s.handlePredict},
+		{"cells", SubjectCells, "the loaded cells and the bucket revision", s.handleCells},
 	} {
 		if err := svc.AddEndpoint(ep.name, ep.h, micro.WithEndpointSubject(ep.subject),
 			micro.WithEndpointMetadata(map[string]string{"description": ep.doc, "format": "application/json"})); err != nil {
