@@ -337,7 +337,11 @@ func TestRefusesUnsupportedFeature(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			r := refused(t, s.Predict(tc.q, Options{}), ReasonUnsupportedFeature)
+			a := s.Predict(tc.q, Options{})
+			r := refused(t, a, ReasonUnsupportedFeature)
+			if a.Cell == nil || a.Cell.Key != keyA || a.Cell.DatasetDigest == "" {
+				t.Fatalf("the refusal does not name the cell asked for: %+v", a.Cell)
+			}
 			if len(r.Features) != len(tc.want) {
 				t.Fatalf("features %v", r.Features)
 			}

@@ -23,6 +23,15 @@ func (s *Snapshot) Predict(q Query, o Options) Answer {
 	refusal := q.normalize()
 	a := newAnswer(q)
 	if refusal != nil {
+		// The query is refused before its deployment is checked; still name the cell it asks for when
+		// there is one, so that every answer that can carry its cell does.
+		if c := s.Cell(q.Key); c != nil && (q.Identity == nil || q.Identity.Key() == q.Key) {
+			a.Cell = c.Ref()
+		} else if q.Identity != nil && q.Key == "" {
+			if c := s.Cell(q.Identity.Key()); c != nil {
+				a.Cell = c.Ref()
+			}
+		}
 		return a.refuse(refusal)
 	}
 	key := q.Key
