@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -111,6 +112,13 @@ func (s *Service) Run(ctx context.Context) error {
 		cancel()
 		<-watchErr
 		return err
+	}
+	// Ready means the server has the subscriptions: a request sent by anyone after Ready finds them.
+	if err := s.nc.FlushTimeout(10 * time.Second); err != nil {
+		_ = svc.Stop()
+		cancel()
+		<-watchErr
+		return fmt.Errorf("service: flush subscriptions: %w", err)
 	}
 	s.svc.Store(&svc)
 	close(s.ready)
