@@ -72,7 +72,7 @@ func TestUpReplacesAClosedConnectionAndRecovers(t *testing.T) {
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	up := startUp(t, 1, "--metrics-addr", metrics, "--fault-sigusr1", "--restart-backoff", "1s")
 	rep := waitHealth(t, metrics, http.StatusOK, 30*time.Second)
-	if rep.Status != "ok" || len(rep.Components) != 7 {
+	if rep.Status != "ok" || len(rep.Components) != 8 {
 		t.Fatalf("healthy report: %+v", rep)
 	}
 	const perRun = 300
@@ -110,7 +110,7 @@ func TestUpReplacesAClosedConnectionAndRecovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"nats connection", "trace writer", "gap detector", "benchmark merger", "dataset sealer", "bridge"} {
+	for _, name := range []string{"nats connection", "trace writer", "gap detector", "benchmark merger", "dataset sealer", "predict service", "bridge"} {
 		if n := sumSamples(samples, "fpmbus_component_restarts_total", "component", name); n < 1 {
 			t.Fatalf("fpmbus_component_restarts_total{component=%q} = %v, want >= 1", name, n)
 		}

@@ -22,12 +22,12 @@ import (
 func init() {
 	register(command{
 		name:    "datasets",
-		summary: "sealed FPM datasets in KV FPM_DATASETS: publish a dataset file, coverage of a plan, ls, get, history",
+		summary: "sealed FPM datasets in KV FPM_DATASETS: publish a dataset file, coverage of a plan, ls, get, history, predict",
 		run:     runDatasets,
 	})
 }
 
-const datasetsUsage = `fpmbus datasets publish|coverage|ls|get|history [flags]
+const datasetsUsage = `fpmbus datasets publish|coverage|ls|get|history|predict [flags]
 
   publish FILE       validate a dataset file (schemas/jsonschema/dataset-file.schema.json) and seal its cells;
                      --plan FILE ties it to a frozen plan, --allow-partial seals the valid cells and exits 3
@@ -35,8 +35,11 @@ const datasetsUsage = `fpmbus datasets publish|coverage|ls|get|history [flags]
   ls                 every sealed cell and campaign record
   get KEY            one sealed cell (cell.<sha256>) or campaign (campaign.<id>) as JSON
   history KEY        every revision of a key (a sealed cell has exactly one)
+  predict            whole-forward latency of one step (flags) or many (--queries FILE) from the sealed cells;
+                     exits 5 when a query is refused (each refusal with its reason)
 
-Exit status: 0 done, 1 error or rejected (nothing written), 2 usage, 3 partial publication, 4 conflict.
+Exit status: 0 done, 1 error or rejected (nothing written), 2 usage, 3 partial publication, 4 conflict,
+5 some prediction refused.
 Watch seals as they happen with: nats kv watch FPM_DATASETS`
 
 func runDatasets(ctx context.Context, args []string) error {
@@ -55,6 +58,8 @@ func runDatasets(ctx context.Context, args []string) error {
 		return runDatasetsGet(ctx, args[1:], out)
 	case "history":
 		return runDatasetsHistory(ctx, args[1:], out)
+	case "predict":
+		return runDatasetsPredict(ctx, args[1:], out)
 	case "-h", "--help", "help":
 		fmt.Fprintln(out, datasetsUsage)
 		return nil

@@ -20,7 +20,8 @@ var discardHelp io.Writer = os.Stderr
 // "### fpmbus <path>". Every registered command must be among them.
 var documentedCommands = []string{
 	"up", "bridge", "publish", "trace", "trace backfill", "trace info", "gaps", "gaps report", "merge", "bench merge", "bench validate", "bench publish",
-	"seal", "datasets publish", "datasets coverage", "datasets ls", "datasets get", "datasets history",
+	"seal", "datasets publish", "datasets coverage", "datasets ls", "datasets get", "datasets history", "datasets predict",
+	"predict-service",
 	"streams show", "streams apply",
 }
 

@@ -56,6 +56,7 @@ type upOptions struct {
 	gaps          *gapsOptions
 	merge         *mergeOptions
 	seal          *sealOptions
+	predict       *predictOptions
 	demoFlags     *producer.Flags
 }
 
@@ -78,6 +79,7 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	o.gaps = gapsFlags(fs, gapsPrefix)
 	o.merge = mergeFlags(fs, mergePrefix)
 	o.seal = sealFlags(fs, sealPrefix)
+	o.predict = predictFlags(fs, predictPrefix)
 	demo := &producer.Config{Rate: demoRate, WorkerID: demoWorker, Seed: demoSeed}
 	o.demoFlags = demo.RegisterLoadFlags(fs, "demo-")
 	return o
@@ -132,6 +134,7 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	r.sealOpts = o.seal
+	r.predict = o.predict.config()
 	tcfg, err := o.trace.config()
 	if err == nil {
 		err = trace.ProbeOutput(tcfg.OutputPath)
@@ -164,7 +167,7 @@ func (o *upOptions) plan() (*upRun, error) {
 // synthetic publishers as one supervised group (upStages, internal/rungroup) until ctx ends, then stops
 // them in reverse order. A component that cannot recover stops the others and makes runUp fail.
 func runUp(ctx context.Context, args []string) error {
-	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [--metrics-addr ADDR] [bridge, stream, --trace-…, --gaps-…, --merge-… and --seal-… flags]")
+	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [--metrics-addr ADDR] [bridge, stream, --trace-…, --gaps-…, --merge-…, --seal-… and --predict-… flags]")
 	o := upFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
+	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -46,6 +47,7 @@ const (
 	stageGaps    = "gap detector"
 	stageMerge   = "benchmark merger"
 	stageSeal    = "dataset sealer"
+	stagePredict = "predict service"
 	stageBridge  = "bridge"
 	stagePublish = "demo publishers"
 )
@@ -68,6 +70,8 @@ var upStages = []upStage{
 		stop: "hands its partitions on: the ranks of unfinished runs go, unacked, to the next owner", build: (*upRun).mergeComponent},
 	{name: stageSeal, ready: "bucket `FPM_DATASETS` open, joined its group, taking partitions", needs: []string{stageConn},
 		stop: "hands its partitions on: a held or unsettled artefact goes, unacked, to the next owner", build: (*upRun).sealComponent},
+	{name: stagePredict, ready: "bucket `FPM_DATASETS` loaded, endpoints on `fpmpredict.>` subscribed", needs: []string{stageConn},
+		stop: "stops answering: its subscriptions drain, requests in hand are answered", build: (*upRun).predictComponent},
 	{name: stageBridge, ready: "ZMQ sockets connecting, streams applied", needs: []string{stageConn},
 		stop: "stops reading ZMQ, publishes what it buffered (`--stop-timeout`); the rest is counted as dropped", build: (*upRun).bridgeComponent},
 	{name: stagePublish, ready: "`--demo` only: sockets bound, start delay over",
@@ -99,6 +103,7 @@ type upRun struct {
 	seal      seal.ConsumerConfig
 	// sealOpts are the sealer's flags (member id).
 	sealOpts *sealOptions
+	predict  service.Config
 	bridge   bridge.Config
 	demo     *producer.Config // nil: no --demo
 
