@@ -99,17 +99,18 @@ func runMerge(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	rctx, finish := watchConn(ctx, nc)
 	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
+	go func() { errc <- c.Run(rctx) }()
 	select {
 	case err := <-errc:
-		return err
-	case <-ctx.Done():
+		return finish(err)
+	case <-rctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := c.Close(sctx); err != nil {
 		slog.Warn("merger did not stop in time", "error", err)
 	}
-	return <-errc
+	return finish(<-errc)
 }

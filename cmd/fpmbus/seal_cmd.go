@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/seal"
@@ -46,8 +47,9 @@ func (o *sealOptions) consumerConfig(scfg streams.Config) seal.ConsumerConfig {
 	return seal.ConsumerConfig{Durable: o.durable, AllowPartial: o.allowPartial, ProfileWait: o.profileWait, AckWait: o.ackWait, Streams: scfg}
 }
 
-// openSealer connects, creates FPM_DATASETS idempotently and returns a sealer on it.
-func openSealer(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Config, source string) (*seal.Sealer, jetstream.JetStream, func(), error) {
+// openSealer connects, creates FPM_DATASETS idempotently and returns a sealer on it, and the connection,
+// which the caller closes.
+func openSealer(ctx context.Context, conn *connOptions, scfg *streams.Config, source string) (*seal.Sealer, jetstream.JetStream, *nats.Conn, error) {
 	if err := scfg.Validate(); err != nil {
 		return nil, nil, nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -68,7 +70,7 @@ func openSealer(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Con
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	return s, js, nc.Close, nil
+	return s, js, nc, nil
 }
 
 func runSeal(ctx context.Context, args []string) error {
@@ -79,26 +81,27 @@ func runSeal(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	s, js, closeConn, err := openSealer(ctx, conn, scfg, "fpmbus seal")
+	s, js, nc, err := openSealer(ctx, conn, scfg, "fpmbus seal")
 	if err != nil {
 		return err
 	}
-	defer closeConn()
+	defer nc.Close()
 	c, err := seal.NewConsumer(js, s, o.consumerConfig(*scfg))
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	rctx, finish := watchConn(ctx, nc)
 	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
+	go func() { errc <- c.Run(rctx) }()
 	select {
 	case err := <-errc:
-		return err
-	case <-ctx.Done():
+		return finish(err)
+	case <-rctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := c.Close(sctx); err != nil {
 		slog.Warn("sealer did not stop in time", "error", err)
 	}
-	return <-errc
+	return finish(<-errc)
 }
