@@ -25,7 +25,6 @@ const (
 	testToken    = "s3cr3t-token"
 )
 
-
 // startConfigured runs an embedded server from a nats-server configuration file with the given body.
 func startConfigured(t *testing.T, conf string, mutate func(*streams.ServerConfig)) *streams.Server {
 	t.Helper()

@@ -72,16 +72,16 @@ func TestServerAuthenticates(t *testing.T) {
 		token string
 		want  bool
 	}{
-		"nothing":        {"", "", false},
-		"token flag":     {"", "t0ken", true},
-		"token in file":  {"authorization { token: abc }", "", true},
-		"single user":    {"authorization { user: a, password: b }", "", true},
-		"users":          {"authorization { users: [ {user: a, password: b} ] }", "", true},
-		"nkey users":     {"authorization { users: [ {nkey: UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4} ] }", "", true},
-		"account users":  {"accounts { A { jetstream: enabled, users: [ {user: a, password: b} ] } }", "", true},
-		"no_auth_user":   {"accounts { A { users: [ {user: a, password: b} ] } }\nno_auth_user: a", "", false},
-		"TLS only":       {fmt.Sprintf("tls { cert_file: %q, key_file: %q }", pki.ServerCert, pki.ServerKey), "", false},
-		"mutual TLS":     {fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", pki.ServerCert, pki.ServerKey, pki.CA), "", true},
+		"nothing":       {"", "", false},
+		"token flag":    {"", "t0ken", true},
+		"token in file": {"authorization { token: abc }", "", true},
+		"single user":   {"authorization { user: a, password: b }", "", true},
+		"users":         {"authorization { users: [ {user: a, password: b} ] }", "", true},
+		"nkey users":    {"authorization { users: [ {nkey: UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4} ] }", "", true},
+		"account users": {"accounts { A { jetstream: enabled, users: [ {user: a, password: b} ] } }", "", true},
+		"no_auth_user":  {"accounts { A { users: [ {user: a, password: b} ] } }\nno_auth_user: a", "", false},
+		"TLS only":      {fmt.Sprintf("tls { cert_file: %q, key_file: %q }", pki.ServerCert, pki.ServerKey), "", false},
+		"mutual TLS":    {fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", pki.ServerCert, pki.ServerKey, pki.CA), "", true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg, _ := loadConf(t, tc.conf+"\n")
