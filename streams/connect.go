@@ -272,7 +272,7 @@ func (c ConnConfig) options(log *slog.Logger, timeout time.Duration) ([]nats.Opt
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("NATS connection restored", "server", nc.ConnectedUrlRedacted())
+			log.Info("NATS connection restored", "server", RedactURL(nc.ConnectedUrl()))
 		}),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Debug("NATS reconnect attempt failed", "server", where, "error", err)

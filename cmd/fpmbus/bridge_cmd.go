@@ -103,7 +103,7 @@ func runBridge(ctx context.Context, args []string) error {
 	go func() { runErr <- b.Run(rctx) }()
 	select {
 	case <-b.Ready():
-		slog.Info("bridge ready", "endpoints", endpointURLs(cfg), "server", nc.ConnectedUrlRedacted(),
+		slog.Info("bridge ready", "endpoints", endpointURLs(cfg), "server", streams.RedactURL(nc.ConnectedUrl()),
 			"subjects", streams.FPMRoot+"."+streams.EncodeToken(cfg.Namespace)+"."+streams.EncodeToken(cfg.Component)+".>",
 			"metrics", *metricsAddr)
 	case err := <-runErr:

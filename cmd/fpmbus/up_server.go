@@ -109,6 +109,8 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 		s.auth = "token from " + o.authTokenFile
 	case o.configFile != "":
 		s.auth = "as configured in " + o.configFile
+	case o.tlsClientCA != "":
+		s.auth = "client certificates signed by " + o.tlsClientCA
 	}
 	opts, err := s.server.Options()
 	if err != nil {
