@@ -289,10 +289,11 @@ func (c ConnConfig) options(log *slog.Logger, timeout time.Duration) ([]nats.Opt
 			}
 			log.Warn("NATS asynchronous error", attrs...)
 		}),
+		// Closing is the owner's (at the end of a command) or nats.go's (credentials refused twice in a
+		// row, a protocol error); the owner says which through OnClosed. The refusal itself was logged
+		// above as it happened.
 		nats.ClosedHandler(func(nc *nats.Conn) {
-			if err := nc.LastError(); err != nil {
-				log.Error("NATS connection closed for good", "server", where, "error", err)
-			}
+			log.Debug("NATS connection closed", "server", where, "last_error", nc.LastError())
 		}),
 	}
 	if c.InProcess != nil {
