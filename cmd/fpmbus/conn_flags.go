@@ -79,7 +79,7 @@ func (o *connOptions) credentials() (streams.ConnConfig, error) {
 	return c, nil
 }
 
-// given lists the credential flags set on the command line or by their variables.
+// givenCredentials lists the credential flags set on the command line.
 func (o *connOptions) givenCredentials() []string {
 	var given []string
 	for _, name := range []string{"creds", "nkey", "user", "password", "token"} {

@@ -89,12 +89,11 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 		return nil, fmt.Errorf("%w: --auth-token-file and --server-config %s, which sets authentication already: use one", errUsage, o.configFile)
 	}
 	var err error
-	if s.conn, err = creds.credentials(); err != nil {
-		return nil, err
-	}
 	s.auth = "none"
 	switch {
 	case o.authTokenFile != "":
+		// The components use the token: credentials from flags are a contradiction, from variables
+		// (meant for other servers) are ignored.
 		if given := creds.givenCredentials(); len(given) > 0 {
 			return nil, fmt.Errorf("%w: --auth-token-file and %s: the components use the token of --auth-token-file", errUsage, strings.Join(given, ", "))
 		}
@@ -105,8 +104,15 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 			s.tokenPath, s.token = o.authTokenFile, rand.Text() // 128 random bits, base32: nothing a shell or a URL mangles
 		}
 		s.server.AuthToken = s.token
-		s.conn = streams.ConnConfig{Name: s.conn.Name, Logger: s.conn.Logger, Token: s.token}
+		s.conn = streams.ConnConfig{Name: "fpmbus-up", Logger: slog.Default(), Token: s.token}
 		s.auth = "token from " + o.authTokenFile
+	default:
+		if s.conn, err = creds.credentials(); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case o.authTokenFile != "":
 	case o.configFile != "":
 		s.auth = "as configured in " + o.configFile
 	case o.tlsClientCA != "":

@@ -188,16 +188,22 @@ func TestUpServerSecuritySettings(t *testing.T) {
 	}
 }
 
-// An existing token file is used as it is, never rewritten.
+// An existing token file is used as it is, never rewritten; the components present its token and
+// nothing else, whatever credentials the variables hold for other servers.
 func TestUpAuthTokenFileIsReused(t *testing.T) {
 	isolateNATSEnv(t)
+	t.Setenv("NATS_CREDS", "/nonexistent/other-server.creds")
+	t.Setenv("NATS_USER", "someone")
 	path := writeFile(t, "token", "my-own-token\n")
 	r, err := planUp(t, "--auth-token-file", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw, _ := os.ReadFile(path)
-	if r.server.server.AuthToken != "my-own-token" || r.server.conn.Token != "my-own-token" || string(raw) != "my-own-token\n" {
-		t.Fatalf("server token %q, components %q, file %q", r.server.server.AuthToken, r.server.conn.Token, raw)
+	if r.server.server.AuthToken != "my-own-token" || string(raw) != "my-own-token\n" {
+		t.Fatalf("server token %q, file %q", r.server.server.AuthToken, raw)
+	}
+	if c := r.server.conn; c.Token != "my-own-token" || c.Creds != "" || c.User != "" {
+		t.Fatalf("components' credentials %+v: want the token only", c)
 	}
 }
