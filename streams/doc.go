@@ -10,8 +10,13 @@
 //	deadletter.go  DeadLetter: input a stage can never process, from a bridge socket or a consumer
 //	bench.go       benchmark subjects, kinds, PublishProfile and PublishBench (`fpmbus bench publish`)
 //	objectstore.go BenchStore: artefact bodies inline on FPM_BENCH or in FPM_BENCH_OBJECTS, verified
-//	config.go, apply.go, connect.go, server.go   the streams (FPM, FPM_EVENTS, FPM_BENCH), Apply,
-//	               connection options and the embedded server used by `fpmbus up`
+//	config.go, apply.go   the streams (FPM, FPM_EVENTS, FPM_BENCH), Ensure, Apply and Plan
+//	connect.go     ConnConfig and Connect: the first connection within a timeout, its failure named
+//	               (ErrAuth, ErrTLS, ErrUnreachable), connection events logged, OnClosed
+//	redact.go      RedactURL: the only way a server URL reaches a log line or an error
+//	natscontext.go LoadNATSContext: the nats CLI's context files
+//	server.go, inprocess.go   the embedded server of `fpmbus up` (a nats-server configuration file, a
+//	               token, TLS; Authenticates, ListensOnLoopback) and its in-process connections
 //
 // Every component calls Ensure at start, so streams exist before anything publishes or consumes:
 // Ensure creates a missing stream from the component's flags and uses an existing one as it is

@@ -235,20 +235,11 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		pub.Probes = append(pub.Probes, streams.BenchProbe{Path: p, File: abs})
 	}
 	pub.ProbeRun = func(file string, data []byte) (string, error) { return merge.ProbeRun(probeRun, file, data) }
-	nc, err := streams.Connect(*conn)
+	nc, js, err := connectAndApply(ctx, conn, cfg)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := streams.Ensure(actx, js, *cfg, slog.Default()); err != nil {
-		return err
-	}
 	if *profile != "" {
 		if len(pub.Ranks) == 0 {
 			return fmt.Errorf("%w: --profile needs the run's rank artefacts (their run_id names the run)", errUsage)

@@ -98,15 +98,16 @@ func runBridge(ctx context.Context, args []string) error {
 		}
 		defer stop()
 	}
+	rctx, finish := watchConn(ctx, nc)
 	runErr := make(chan error, 1)
-	go func() { runErr <- b.Run(ctx) }()
+	go func() { runErr <- b.Run(rctx) }()
 	select {
 	case <-b.Ready():
-		slog.Info("bridge ready", "endpoints", endpointURLs(cfg), "server", conn.URL,
+		slog.Info("bridge ready", "endpoints", endpointURLs(cfg), "server", streams.RedactURL(nc.ConnectedUrl()),
 			"subjects", streams.FPMRoot+"."+streams.EncodeToken(cfg.Namespace)+"."+streams.EncodeToken(cfg.Component)+".>",
 			"metrics", *metricsAddr)
 	case err := <-runErr:
-		return err
+		return finish(err)
 	}
-	return <-runErr
+	return finish(<-runErr)
 }

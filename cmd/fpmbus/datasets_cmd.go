@@ -89,12 +89,12 @@ func datasetsParse(fs *flag.FlagSet, args []string, want int, what string) ([]st
 	return pos, nil
 }
 
-func openKV(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Config) (jetstream.KeyValue, func(), error) {
-	s, _, closeConn, err := openSealer(ctx, conn, scfg, "fpmbus datasets")
+func openKV(ctx context.Context, conn *connOptions, scfg *streams.Config) (jetstream.KeyValue, func(), error) {
+	s, _, nc, err := openSealer(ctx, conn, scfg, "fpmbus datasets")
 	if err != nil {
 		return nil, nil, err
 	}
-	return s.KV(), closeConn, nil
+	return s.KV(), nc.Close, nil
 }
 
 func readPlan(path string) (*schemas.DatasetPlan, error) {
@@ -142,11 +142,11 @@ func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
 			return err
 		}
 	}
-	s, _, closeConn, err := openSealer(ctx, conn, scfg, "fpmbus datasets publish")
+	s, _, nc, err := openSealer(ctx, conn, scfg, "fpmbus datasets publish")
 	if err != nil {
 		return err
 	}
-	defer closeConn()
+	defer nc.Close()
 	rep, perr := s.PublishDataset(ctx, ds, seal.PublishOptions{AllowPartial: *allowPartial, Plan: plan})
 	if *asJSON {
 		if err := printJSON(w, rep); err != nil {

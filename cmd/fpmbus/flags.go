@@ -1,17 +1,13 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/streams"
@@ -62,20 +58,6 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 	return given
 }
 
-// connFlags registers the flags that say how to reach an external NATS server.
-func connFlags(fs *flag.FlagSet, name string) *streams.ConnConfig {
-	c := &streams.ConnConfig{Name: "fpmbus-" + name}
-	fs.StringVar(&c.URL, "server", envOr("NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL(s), comma-separated (env NATS_URL)")
-	fs.StringVar(&c.Creds, "creds", envOr("NATS_CREDS", ""), "NATS credentials file (env NATS_CREDS)")
-	fs.StringVar(&c.User, "user", envOr("NATS_USER", ""), "NATS user (env NATS_USER)")
-	fs.StringVar(&c.Pass, "password", envOr("NATS_PASSWORD", ""), "NATS password (env NATS_PASSWORD)")
-	fs.StringVar(&c.Token, "token", envOr("NATS_TOKEN", ""), "NATS token (env NATS_TOKEN)")
-	fs.StringVar(&c.TLSCA, "tls-ca", envOr("NATS_CA", ""), "CA certificate to verify the server (env NATS_CA)")
-	fs.StringVar(&c.TLSCert, "tls-cert", envOr("NATS_CERT", ""), "client certificate for mutual TLS (env NATS_CERT)")
-	fs.StringVar(&c.TLSKey, "tls-key", envOr("NATS_KEY", ""), "client key for mutual TLS (env NATS_KEY)")
-	return c
-}
-
 // streamFlags registers the server-side stream settings.
 func streamFlags(fs *flag.FlagSet) *streams.Config {
 	c := streams.DefaultConfig()
@@ -122,30 +104,4 @@ func storageFromFlag(s string) (jetstream.StorageType, error) {
 		return jetstream.MemoryStorage, nil
 	}
 	return 0, fmt.Errorf("%w: --storage %q: want file or memory", errUsage, s)
-}
-
-// connectAndApply connects to NATS, opens JetStream and ensures the streams exist (within 30 s; an
-// existing stream is used as it is): how every command that runs against an external server starts. A
-// nil scfg ensures nothing (commands that only read, or whose component ensures what it needs itself).
-// The caller closes the connection.
-func connectAndApply(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Config) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := streams.Connect(*conn)
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	if scfg == nil {
-		return nc, js, nil
-	}
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := streams.Ensure(actx, js, *scfg, slog.Default()); err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
 }

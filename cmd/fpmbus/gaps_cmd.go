@@ -121,7 +121,8 @@ func runGaps(ctx context.Context, args []string) error {
 		defer stop()
 	}
 	// Run flushes the connection after its last acks, so closing afterwards loses none.
-	return d.Run(ctx)
+	rctx, finish := watchConn(ctx, nc)
+	return finish(d.Run(rctx))
 }
 
 // parseSince accepts an RFC 3339 time or a duration before now ("1h", "30m").

@@ -133,5 +133,6 @@ func runMerge(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	return c.Run(ctx)
+	rctx, finish := watchConn(ctx, nc)
+	return finish(c.Run(rctx))
 }

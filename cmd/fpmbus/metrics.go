@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // metricsAddrFlag registers --metrics-addr, the process's own flag (not a component's): where /metrics
@@ -30,11 +32,15 @@ func newProcessRegistry() *prometheus.Registry {
 
 // serveMetrics serves g on addr at /metrics, and health at /healthz when it is not nil, until stop is
 // called. It returns once the listener is open, so a bad address is reported at start, as a usage error
-// naming --metrics-addr.
+// naming --metrics-addr. The endpoints have no authentication: an address beyond loopback is served,
+// with one warning naming it (a Prometheus on another host needs it, and a firewall decides).
 func serveMetrics(addr string, g prometheus.Gatherer, health http.Handler) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, addr, err)
+	}
+	if host, _, _ := net.SplitHostPort(addr); !streams.IsLoopbackHost(host) {
+		slog.Warn("--metrics-addr is reachable beyond this host and has no authentication: anyone who reaches it reads the metrics (and /healthz)", "addr", addr)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))

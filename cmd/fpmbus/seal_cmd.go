@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/partition"
@@ -72,8 +73,9 @@ func (o *sealOptions) consumerOptions(s *seal.Sealer) []seal.ConsumerOption {
 	return opts
 }
 
-// openSealer connects, creates FPM_DATASETS idempotently and returns a sealer on it.
-func openSealer(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Config, source string) (*seal.Sealer, jetstream.JetStream, func(), error) {
+// openSealer connects, creates FPM_DATASETS idempotently and returns a sealer on it, and the connection,
+// which the caller closes.
+func openSealer(ctx context.Context, conn *connOptions, scfg *streams.Config, source string) (*seal.Sealer, jetstream.JetStream, *nats.Conn, error) {
 	if err := scfg.Validate(); err != nil {
 		return nil, nil, nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -94,7 +96,7 @@ func openSealer(ctx context.Context, conn *streams.ConnConfig, scfg *streams.Con
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	return s, js, nc.Close, nil
+	return s, js, nc, nil
 }
 
 func runSeal(ctx context.Context, args []string) error {
@@ -109,14 +111,15 @@ func runSeal(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	s, js, closeConn, err := openSealer(ctx, conn, scfg, "fpmbus seal")
+	s, js, nc, err := openSealer(ctx, conn, scfg, "fpmbus seal")
 	if err != nil {
 		return err
 	}
-	defer closeConn()
+	defer nc.Close()
 	c, err := seal.NewConsumer(cfg, js, o.consumerOptions(s)...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	return c.Run(ctx)
+	rctx, finish := watchConn(ctx, nc)
+	return finish(c.Run(rctx))
 }

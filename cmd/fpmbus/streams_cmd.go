@@ -57,15 +57,11 @@ func runStreams(ctx context.Context, args []string) error {
 		if err := cfg.Validate(); err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		nc, err := streams.Connect(*conn)
+		nc, js, err := connectAndApply(ctx, conn, nil) // the plan applies the streams
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return err
-		}
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		return applyStreams(actx, js, *cfg, *dryRun, *force, os.Stdout)

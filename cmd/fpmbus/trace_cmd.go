@@ -164,11 +164,12 @@ func runTrace(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	rctx, finish := watchConn(ctx, nc)
 	if group != nil {
-		return w.RunGroup(ctx, *group)
+		return finish(w.RunGroup(rctx, *group))
 	}
 	// Run flushes the connection after its last acks, so closing afterwards loses none.
-	return w.Run(ctx)
+	return finish(w.Run(rctx))
 }
 
 // traceGroupOptions are the scale-out flags of `fpmbus trace` (not of `fpmbus up`).

@@ -10,8 +10,9 @@ import (
 
 // runTraceInfo is `fpmbus trace info [--json] FILE|DIR…`: per producer and key, what the segments hold
 // (lines, observed span, capture mode, counter_id gaps, heartbeats, schema violations, segments). A
-// damaged tail is reported with its file and offset and the rest is read on; a file that is not a
-// trace is an error naming it.
+// damaged tail is reported with its file and offset and the rest is read on; the report is printed and
+// the exit status is 1, so a script checking traces sees the damage. A file that is not a trace is an
+// error naming it.
 func runTraceInfo(_ context.Context, args []string) error {
 	fs := newFlagSet("trace info", "trace info [--json] FILE|DIR…")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -35,7 +36,13 @@ func runTraceInfo(_ context.Context, args []string) error {
 		return err
 	}
 	if *asJSON {
-		return rep.WriteJSON(os.Stdout)
+		err = rep.WriteJSON(os.Stdout)
+	} else {
+		err = rep.WriteText(os.Stdout)
 	}
-	return rep.WriteText(os.Stdout)
+	if err == nil && len(rep.Damaged) > 0 {
+		return fmt.Errorf("%d damaged segment(s), read up to the damage (see the report): first %s at byte %d: %s",
+			len(rep.Damaged), rep.Damaged[0].Segment, rep.Damaged[0].Offset, rep.Damaged[0].Reason)
+	}
+	return err
 }

@@ -44,6 +44,8 @@ type upOptions struct {
 	fs            *flag.FlagSet
 	listen        string
 	dataDir       string
+	server        *upServerOptions
+	creds         *connOptions // the components' credentials on the embedded server
 	demo          bool
 	metricsAddr   *string
 	restartLimit  int
@@ -62,8 +64,10 @@ type upOptions struct {
 
 func upFlags(fs *flag.FlagSet) *upOptions {
 	o := &upOptions{fs: fs}
-	fs.StringVar(&o.listen, "listen", streams.DefaultListen, "client address of the embedded JetStream server (loopback by default)")
+	fs.StringVar(&o.listen, "listen", streams.DefaultListen, "client address of the embedded JetStream server (loopback by default; beyond loopback only with authentication, or --insecure); overrides --server-config's")
 	fs.StringVar(&o.dataDir, "data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
+	o.server = upServerFlags(fs)
+	o.creds = credentialFlags(fs, "up")
 	fs.BoolVar(&o.demo, "demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
 	o.metricsAddr = metricsAddrFlag(fs, "127.0.0.1:9464; /healthz is served there too")
 	d := rungroup.DefaultPolicy()
@@ -93,6 +97,10 @@ func (o *upOptions) plan() (*upRun, error) {
 	if p, perr := strconv.Atoi(port); err != nil || perr != nil || p < 0 || p > 65535 {
 		return nil, fmt.Errorf("%w: --listen %q: want HOST:PORT (port 0: any free port)", errUsage, o.listen)
 	}
+	srv, err := o.server.plan(o.fs, o.listen, filepath.Join(o.dataDir, "jetstream"), o.creds)
+	if err != nil {
+		return nil, err
+	}
 	switch {
 	case o.restartLimit < 0:
 		return nil, fmt.Errorf("%w: --restart-limit %d: want 0 or more", errUsage, o.restartLimit)
@@ -116,8 +124,9 @@ func (o *upOptions) plan() (*upRun, error) {
 	}
 	bc.Streams, bc.Logger = *o.scfg, slog.Default()
 	r := &upRun{
-		listen:   o.listen,
-		storeDir: filepath.Join(o.dataDir, "jetstream"),
+		listen:   srv.listen,
+		storeDir: srv.server.StoreDir,
+		server:   srv,
 		scfg:     *o.scfg,
 		bridge:   bc,
 		policy: rungroup.Policy{InitialBackoff: o.restartDelay, MaxBackoff: rungroup.DefaultMaxBackoff,
@@ -160,6 +169,10 @@ func (o *upOptions) plan() (*upRun, error) {
 		}
 		r.demo = &pc
 	}
+	// Last, once every setting is checked: a missing --auth-token-file is written now.
+	if err := srv.writeToken(); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -167,7 +180,7 @@ func (o *upOptions) plan() (*upRun, error) {
 // synthetic publishers as one supervised group (upStages, internal/rungroup) until ctx ends, then stops
 // them in reverse order. A component that cannot recover stops the others and makes runUp fail.
 func runUp(ctx context.Context, args []string) error {
-	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [--metrics-addr ADDR] [bridge, stream, --trace-…, --gaps-…, --merge-…, --seal-… and --predict-… flags]")
+	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [--server-config FILE | --auth-token-file FILE] [--server-tls-cert FILE --server-tls-key FILE] [--metrics-addr ADDR] [bridge, stream, --trace-…, --gaps-…, --merge-…, --seal-… and --predict-… flags]")
 	o := upFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -196,7 +209,7 @@ func runUp(ctx context.Context, args []string) error {
 		stop := closeConnOnSIGUSR1(r)
 		defer stop()
 	}
-	slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "listen", r.listen, "metrics", *o.metricsAddr)
+	slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "listen", r.listen, "auth", r.server.auth, "metrics", *o.metricsAddr)
 	err = g.Run(ctx)
 	if errors.Is(err, rungroup.ErrGaveUp) {
 		return fmt.Errorf("stopped: %w", err)

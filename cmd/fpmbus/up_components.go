@@ -58,9 +58,9 @@ const (
 // publishes what it buffered), the consumers finish what they received, the connection drains, the
 // server flushes.
 var upStages = []upStage{
-	{name: stageServer, ready: "accepts clients on `--listen`; store in `<data-dir>/jetstream`",
+	{name: stageServer, ready: "accepts clients on `--listen` (or `--server-config`'s), authenticating them as configured; store in `<data-dir>/jetstream`",
 		stop: "shuts down: JetStream flushes its store to disk", build: (*upRun).serverComponent},
-	{name: stageConn, ready: "connected, streams applied", needs: []string{stageServer},
+	{name: stageConn, ready: "connected in-process with the components' credentials, streams applied", needs: []string{stageServer},
 		stop: "drained: every ack and publish in flight completes", build: (*upRun).connComponent},
 	{name: stageTrace, ready: "output repaired, durable declared, fetching", needs: []string{stageConn},
 		stop: "writes what it received, fsyncs, acks (`--trace-stop-timeout`)", build: (*upRun).traceComponent},
@@ -92,6 +92,7 @@ func upOrderTable() string {
 type upRun struct {
 	listen   string
 	storeDir string
+	server   *upServer
 	scfg     streams.Config
 	reg      prometheus.Registerer
 	policy   rungroup.Policy
@@ -107,10 +108,11 @@ type upRun struct {
 	bridge   bridge.Config
 	demo     *producer.Config // nil: no --demo
 
-	mu  sync.Mutex // guards srv and the link: replaced by their components' restarts
-	srv *streams.Server
-	nc  *nats.Conn
-	js  jetstream.JetStream
+	mu        sync.Mutex // guards srv, the link and connected: replaced by their components' restarts
+	srv       *streams.Server
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	connected bool // the components have connected once: their credentials were accepted
 }
 
 // components builds the run's list from upStages.
@@ -138,7 +140,7 @@ func (r *upRun) serverComponent() *rungroup.Component {
 	return &rungroup.Component{
 		StopTimeout: 35 * time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
-			srv, err := streams.StartServer(streams.ServerConfig{Listen: r.listen, StoreDir: r.storeDir})
+			srv, err := streams.StartServer(r.server.server)
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
@@ -146,7 +148,7 @@ func (r *upRun) serverComponent() *rungroup.Component {
 			r.srv = srv
 			r.mu.Unlock()
 			return rungroup.Instance{
-				LogAttrs: []any{"url", srv.ClientURL(), "store", r.storeDir},
+				LogAttrs: []any{"url", srv.ClientURL(), "store", r.storeDir, "auth", r.server.auth},
 				Run: func(ctx context.Context) error {
 					down := make(chan struct{})
 					go func() { srv.NATS().WaitForShutdown(); close(down) }()
@@ -166,34 +168,37 @@ func (r *upRun) serverComponent() *rungroup.Component {
 	}
 }
 
-// errConnClosed is the failure of a components' connection that closed for good.
-var errConnClosed = errors.New("nats connection closed for good")
-
 func (r *upRun) connComponent() *rungroup.Component {
 	return &rungroup.Component{
 		StopTimeout: 15 * time.Second,
 		Start: func(ctx context.Context) (rungroup.Instance, error) {
 			r.mu.Lock()
-			url := r.srv.ClientURL()
+			cfg := r.server.conn
+			cfg.InProcess, cfg.Name, cfg.ConnectTimeout = r.srv, "fpmbus-up", 10*time.Second
+			connectedOnce := r.connected
 			r.mu.Unlock()
-			nc, js, err := connectAndApply(ctx, &streams.ConnConfig{URL: url, Name: "fpmbus-up"}, &r.scfg)
+			nc, js, err := connectConfigAndApply(ctx, cfg, &r.scfg, upCredentialFlags)
 			if err != nil {
+				// Credentials refused at the first start will be refused at every restart: stop now,
+				// saying which. Refused later (expired), they follow the restart policy.
+				if !connectedOnce && errors.Is(err, streams.ErrAuth) {
+					return rungroup.Instance{}, rungroup.Permanent(err)
+				}
 				return rungroup.Instance{}, err
 			}
-			closed := make(chan struct{})
-			var once sync.Once
-			nc.SetClosedHandler(func(*nats.Conn) { once.Do(func() { close(closed) }) })
-			if nc.IsClosed() {
-				once.Do(func() { close(closed) })
-			}
+			closed := make(chan error, 1)
+			streams.OnClosed(nc, func(cause error) { closed <- cause })
 			r.mu.Lock()
-			r.nc, r.js = nc, js
+			r.nc, r.js, r.connected = nc, js, true
 			r.mu.Unlock()
 			return rungroup.Instance{
-				LogAttrs: []any{"url", url},
+				LogAttrs: []any{"server", "in-process"},
 				Run: func(ctx context.Context) error {
 					select {
-					case <-closed:
+					case cause := <-closed:
+						if cause != nil {
+							return fmt.Errorf("%w: %w", errConnClosed, cause)
+						}
 						return errConnClosed
 					case <-ctx.Done():
 					}

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // `fpmbus up` refuses a bad setting before it starts anything, exit 2, naming the flag at fault.
@@ -73,5 +77,133 @@ func TestUpFlagNamesFollowThePrefixRule(t *testing.T) {
 				t.Errorf("--%s is not a deprecated alias of --%s in up", f.Name, name)
 			}
 		})
+	}
+}
+
+// planUp parses up's flags (with a data dir and trace output of the test's own) and plans the run
+// without starting anything.
+func planUp(t *testing.T, args ...string) (*upRun, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o := upFlags(fs)
+	dir := t.TempDir()
+	base := []string{"--data-dir", filepath.Join(dir, "data"), "--trace-output", filepath.Join(dir, "trace", "fpm")}
+	if err := fs.Parse(append(base, args...)); err != nil {
+		t.Fatal(err)
+	}
+	return o.plan()
+}
+
+// writeFile writes body to a new file in a fresh directory and returns its path.
+func writeFile(t *testing.T, name, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// The embedded server is secure by default: beyond loopback only with authentication (or --insecure),
+// one source per setting, every bad value a usage error naming its flag; the components authenticate
+// with the token of --auth-token-file or the credential flags.
+func TestUpServerSecuritySettings(t *testing.T) {
+	isolateNATSEnv(t)
+	pki := streamstest.NewPKI(t)
+	users := "authorization { users: [ {user: admin, password: adminpw} ] }\n"
+	for name, tc := range map[string]struct {
+		args []string
+		want []string // in the usage error; nil: the plan is accepted
+		auth string   // the plan's description of how clients authenticate
+	}{
+		"loopback, no auth: as before":             {args: nil, auth: "none"},
+		"beyond loopback without auth":             {args: []string{"--listen", "0.0.0.0:0"}, want: []string{"--listen 0.0.0.0:0", "--insecure", "--auth-token-file"}},
+		"every interface, empty host":              {args: []string{"--listen", ":4222"}, want: []string{"--insecure"}},
+		"--insecure lets it":                       {args: []string{"--listen", "0.0.0.0:0", "--insecure"}, auth: "none"},
+		"beyond loopback with a token":             {args: []string{"--listen", "0.0.0.0:0", "--auth-token-file", "{tokenfile}"}, auth: "token from"},
+		"config listening beyond loopback":         {args: []string{"--server-config", "{conf:listen: 0.0.0.0:4333}"}, want: []string{"--server-config", "listens on 0.0.0.0:4333", "--insecure"}},
+		"config with users beyond loopback":        {args: []string{"--server-config", "{conf:listen: 0.0.0.0:4333\n" + users + "}", "--user", "admin", "--password", "adminpw"}, auth: "as configured in"},
+		"config's no_auth_user is no auth":         {args: []string{"--server-config", "{conf:listen: 0.0.0.0:4333\naccounts { A { users: [ {user: a, password: b} ] } }\nno_auth_user: a}"}, want: []string{"--insecure"}},
+		"--listen overrides the config's":          {args: []string{"--server-config", "{conf:listen: 0.0.0.0:4333}", "--listen", "127.0.0.1:0"}, auth: "as configured in"},
+		"config file missing":                      {args: []string{"--server-config", "/nonexistent/nats.conf"}, want: []string{"--server-config", "/nonexistent/nats.conf"}},
+		"token and a config with users":            {args: []string{"--server-config", "{conf:" + users + "}", "--auth-token-file", "{tokenfile}"}, want: []string{"--auth-token-file and --server-config"}},
+		"token and --user":                         {args: []string{"--auth-token-file", "{tokenfile}", "--user", "x"}, want: []string{"--auth-token-file and --user"}},
+		"empty token file":                         {args: []string{"--auth-token-file", "{emptyfile}"}, want: []string{"--auth-token-file", "empty"}},
+		"server certificate without key":           {args: []string{"--server-tls-cert", pki.ServerCert}, want: []string{"--server-tls-cert", "needs --server-tls-key"}},
+		"client CA without certificate":            {args: []string{"--server-tls-ca", pki.CA}, want: []string{"--server-tls-ca"}},
+		"certificate and the wrong key":            {args: []string{"--server-tls-cert", pki.ServerCert, "--server-tls-key", pki.ClientKey}, want: []string{"--server-tls-cert/--server-tls-key"}},
+		"certificate over the config's TLS":        {args: []string{"--server-config", "{conf:tls { cert_file: \"" + pki.ServerCert + "\", key_file: \"" + pki.ServerKey + "\" }}", "--server-tls-cert", pki.ServerCert, "--server-tls-key", pki.ServerKey}, want: []string{"--server-tls-cert and --server-config"}},
+		"TLS and a token":                          {args: []string{"--server-tls-cert", pki.ServerCert, "--server-tls-key", pki.ServerKey, "--auth-token-file", "{tokenfile}"}, auth: "token from"},
+		"components' creds file missing":           {args: []string{"--creds", "/nonexistent/up.creds"}, want: []string{"--creds", "/nonexistent/up.creds"}},
+		"mutual TLS authenticates beyond loopback": {args: []string{"--listen", "0.0.0.0:0", "--server-tls-cert", pki.ServerCert, "--server-tls-key", pki.ServerKey, "--server-tls-ca", pki.CA}, auth: "client certificates signed by"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tokenFile := filepath.Join(t.TempDir(), "token")
+			args := make([]string, len(tc.args))
+			for i, a := range tc.args {
+				switch {
+				case a == "{tokenfile}":
+					a = tokenFile
+				case a == "{emptyfile}":
+					a = writeFile(t, "empty", "\n")
+				case strings.HasPrefix(a, "{conf:"):
+					a = writeFile(t, "nats.conf", strings.TrimSuffix(strings.TrimPrefix(a, "{conf:"), "}"))
+				}
+				args[i] = a
+			}
+			r, err := planUp(t, args...)
+			if tc.want != nil {
+				if !errors.Is(err, errUsage) {
+					t.Fatalf("plan: %v, want a usage error", err)
+				}
+				for _, w := range tc.want {
+					if !strings.Contains(err.Error(), w) {
+						t.Fatalf("error %q does not say %q", err, w)
+					}
+				}
+				if _, serr := os.Stat(tokenFile); serr == nil {
+					t.Fatal("a refused plan wrote the token file")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("plan: %v", err)
+			}
+			if !strings.HasPrefix(r.server.auth, tc.auth) {
+				t.Fatalf("auth %q, want %q…", r.server.auth, tc.auth)
+			}
+			if strings.HasPrefix(tc.auth, "token from") {
+				raw, err := os.ReadFile(tokenFile)
+				st, serr := os.Stat(tokenFile)
+				if err != nil || serr != nil || st.Mode().Perm() != 0o600 {
+					t.Fatalf("token file: %v %v mode %v, want mode 0600", err, serr, st.Mode().Perm())
+				}
+				tok := strings.TrimSpace(string(raw))
+				if len(tok) < 26 || r.server.server.AuthToken != tok || r.server.conn.Token != tok {
+					t.Fatalf("token %q: server %q, components %q", tok, r.server.server.AuthToken, r.server.conn.Token)
+				}
+			}
+		})
+	}
+}
+
+// An existing token file is used as it is, never rewritten; the components present its token and
+// nothing else, whatever credentials the variables hold for other servers.
+func TestUpAuthTokenFileIsReused(t *testing.T) {
+	isolateNATSEnv(t)
+	t.Setenv("NATS_CREDS", "/nonexistent/other-server.creds")
+	t.Setenv("NATS_USER", "someone")
+	path := writeFile(t, "token", "my-own-token\n")
+	r, err := planUp(t, "--auth-token-file", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(path)
+	if r.server.server.AuthToken != "my-own-token" || string(raw) != "my-own-token\n" {
+		t.Fatalf("server token %q, file %q", r.server.server.AuthToken, raw)
+	}
+	if c := r.server.conn; c.Token != "my-own-token" || c.Creds != "" || c.User != "" {
+		t.Fatalf("components' credentials %+v: want the token only", c)
 	}
 }

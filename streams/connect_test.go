@@ -1,0 +1,283 @@
+package streams_test
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+const (
+	testUser     = "bridge"
+	testPassword = "s3cr3t-pw"
+	testToken    = "s3cr3t-token"
+)
+
+// startConfigured runs an embedded server from a nats-server configuration file with the given body.
+func startConfigured(t *testing.T, conf string, mutate func(*streams.ServerConfig)) *streams.Server {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "server.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base, err := streams.LoadServerConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), Base: base}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	srv, err := streams.StartServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+	return srv
+}
+
+// closedPort is a loopback port nothing listens on.
+func closedPort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return port
+}
+
+// Every failure of the first connection names its real cause, with errors.Is on its kind and on the
+// cause; the server's refusals (credentials, TLS) are not retried, an unreachable server is retried
+// until the connect timeout. No error holds a secret.
+func TestConnectNamesTheCauseOfAFailedFirstConnection(t *testing.T) {
+	pki := streamstest.NewPKI(t)
+	tlsUsers := startConfigured(t, fmt.Sprintf(`
+authorization { users: [ {user: %s, password: %s} ] }
+tls { cert_file: %q, key_file: %q }
+`, testUser, testPassword, pki.ServerCert, pki.ServerKey), nil)
+	token := startConfigured(t, "authorization { token: "+testToken+" }\n", nil)
+	mutual := startConfigured(t, fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }\n",
+		pki.ServerCert, pki.ServerKey, pki.CA), nil)
+	refused := fmt.Sprintf("nats://127.0.0.1:%d", closedPort(t))
+
+	const timeout = 1500 * time.Millisecond
+	for name, tc := range map[string]struct {
+		cfg      streams.ConnConfig
+		kind     error // nil: connects
+		cause    error
+		causeAs  any
+		fast     bool // refused at once, without waiting for the timeout
+		inDetail string
+	}{
+		"right user, password and CA": {cfg: streams.ConnConfig{URL: tlsUsers.ClientURL(), User: testUser, Pass: testPassword, TLSCA: pki.CA}},
+		"wrong password": {cfg: streams.ConnConfig{URL: tlsUsers.ClientURL(), User: testUser, Pass: "wrong", TLSCA: pki.CA},
+			kind: streams.ErrAuth, cause: nats.ErrAuthorization, fast: true, inDetail: `user "bridge" with a password`},
+		"password in the URL, wrong": {cfg: streams.ConnConfig{URL: strings.Replace(tlsUsers.ClientURL(), "://", "://bridge:wrong-in-url@", 1), TLSCA: pki.CA},
+			kind: streams.ErrAuth, cause: nats.ErrAuthorization, fast: true, inDetail: "user info in the server URL"},
+		"no credentials": {cfg: streams.ConnConfig{URL: tlsUsers.ClientURL(), TLSCA: pki.CA},
+			kind: streams.ErrAuth, cause: nats.ErrAuthorization, fast: true, inDetail: "no credentials"},
+		"missing CA": {cfg: streams.ConnConfig{URL: tlsUsers.ClientURL(), User: testUser, Pass: testPassword},
+			kind: streams.ErrTLS, causeAs: new(x509.UnknownAuthorityError), fast: true, inDetail: "no CA was given"},
+		"the wrong CA": {cfg: streams.ConnConfig{URL: tlsUsers.ClientURL(), User: testUser, Pass: testPassword, TLSCA: pki.OtherCA},
+			kind: streams.ErrTLS, causeAs: new(x509.UnknownAuthorityError), fast: true, inDetail: "not signed by the CA"},
+		"right token": {cfg: streams.ConnConfig{URL: token.ClientURL(), Token: testToken}},
+		"wrong token": {cfg: streams.ConnConfig{URL: token.ClientURL(), Token: "wrong"}, kind: streams.ErrAuth, cause: nats.ErrAuthorization, fast: true, inDetail: "a token"},
+		"mutual TLS":  {cfg: streams.ConnConfig{URL: mutual.ClientURL(), TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey}},
+		"no client certificate": {cfg: streams.ConnConfig{URL: mutual.ClientURL(), TLSCA: pki.CA},
+			kind: streams.ErrTLS, fast: true, inDetail: "none was given"},
+		"connection refused": {cfg: streams.ConnConfig{URL: refused}, kind: streams.ErrUnreachable, cause: syscall.ECONNREFUSED, inDetail: "no answer within"},
+		"DNS failure": {cfg: streams.ConnConfig{URL: "nats://no-such-host.invalid:4222"},
+			kind: streams.ErrUnreachable, causeAs: new(*net.DNSError), inDetail: "no answer within"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.ConnectTimeout, cfg.Logger = timeout, quiet
+			begin := time.Now()
+			nc, err := streams.Connect(cfg)
+			took := time.Since(begin)
+			if tc.kind == nil {
+				if err != nil {
+					t.Fatalf("connect: %v", err)
+				}
+				nc.Close()
+				return
+			}
+			if err == nil {
+				nc.Close()
+				t.Fatalf("connected, want %v", tc.kind)
+			}
+			var ce *streams.ConnectError
+			if !errors.As(err, &ce) || !errors.Is(err, tc.kind) {
+				t.Fatalf("error %q (%T), want a ConnectError of kind %v", err, err, tc.kind)
+			}
+			if tc.cause != nil && !errors.Is(err, tc.cause) {
+				t.Fatalf("error %q does not wrap %v", err, tc.cause)
+			}
+			if tc.causeAs != nil && !errorsAs(err, tc.causeAs) {
+				t.Fatalf("error %q does not wrap a %T", err, tc.causeAs)
+			}
+			if !strings.Contains(ce.Detail, tc.inDetail) {
+				t.Fatalf("detail %q does not say %q", ce.Detail, tc.inDetail)
+			}
+			switch {
+			case tc.fast && took > timeout/2:
+				t.Fatalf("took %v: a refusal is not retried", took)
+			case !tc.fast && took < timeout:
+				t.Fatalf("gave up after %v, before the %v timeout", took, timeout)
+			case took > timeout+6*time.Second:
+				t.Fatalf("took %v, far beyond the %v timeout", took, timeout)
+			}
+			for _, secret := range []string{testPassword, testToken, "wrong-in-url"} {
+				if strings.Contains(err.Error(), secret) {
+					t.Fatalf("error %q holds a secret", err)
+				}
+			}
+		})
+	}
+}
+
+// errorsAs is errors.As with a target made by new(T).
+func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// A server that comes up while the client waits is connected to: the first connection waits for it
+// (within the timeout) instead of failing, and without leaving a connection that never connected.
+func TestConnectWaitsForAServerThatComesUp(t *testing.T) {
+	port := closedPort(t)
+	listen := fmt.Sprintf("127.0.0.1:%d", port)
+	type result struct {
+		nc  *nats.Conn
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		nc, err := streams.Connect(streams.ConnConfig{URL: "nats://" + listen, ConnectTimeout: 20 * time.Second, Logger: quiet})
+		done <- result{nc, err}
+	}()
+	time.Sleep(700 * time.Millisecond)
+	streamstest.StartAt(t, listen, t.TempDir())
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("connect: %v", r.err)
+	}
+	defer r.nc.Close()
+	if _, err := r.nc.JetStream(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.nc.Publish("x", nil); err != nil || r.nc.Flush() != nil {
+		t.Fatalf("publish on the connection: %v", err)
+	}
+}
+
+// The server stops accepting the credentials of a running client (its password changed and it was
+// restarted): the client is refused twice, its connection closes for good, and OnClosed hands the
+// cause, an authorization violation, to whoever must stop.
+func TestOnClosedReportsAuthorizationLostLater(t *testing.T) {
+	dir, store := t.TempDir(), t.TempDir()
+	listen := fmt.Sprintf("127.0.0.1:%d", closedPort(t))
+	start := func(password string) *streams.Server {
+		path := filepath.Join(dir, "server.conf")
+		conf := fmt.Sprintf("authorization { users: [ {user: %s, password: %s} ] }\n", testUser, password)
+		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		base, err := streams.LoadServerConfig(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := streams.StartServer(streams.ServerConfig{Listen: listen, StoreDir: store, Base: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+		return srv
+	}
+	srv := start(testPassword)
+	nc, err := streams.Connect(streams.ConnConfig{URL: srv.ClientURL(), User: testUser, Pass: testPassword, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	causes := make(chan error, 2)
+	streams.OnClosed(nc, func(cause error) { causes <- cause })
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	start("rotated")
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, nats.ErrAuthorization) {
+			t.Fatalf("closed with %v, want an authorization violation", cause)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the connection was not closed after the server refused the credentials")
+	}
+	// OnClosed on a closed connection reports at once, and only once per registration.
+	again := make(chan error, 2)
+	streams.OnClosed(nc, func(cause error) { again <- cause })
+	if cause := <-again; !errors.Is(cause, nats.ErrAuthorization) {
+		t.Fatalf("late OnClosed: %v", cause)
+	}
+	if len(causes) != 0 || len(again) != 0 {
+		t.Fatal("OnClosed called f more than once")
+	}
+}
+
+// Validate refuses, naming the field, what no server needs to see to be wrong; Connect returns that
+// error without dialing.
+func TestConnConfigValidateNamesTheField(t *testing.T) {
+	pki := streamstest.NewPKI(t)
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing")
+	garbage := filepath.Join(dir, "garbage")
+	if err := os.WriteFile(garbage, []byte("not a key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := "nats://127.0.0.1:4222"
+	for name, tc := range map[string]struct {
+		cfg   streams.ConnConfig
+		field string
+	}{
+		"creds file missing":         {streams.ConnConfig{URL: url, Creds: missing}, "Creds"},
+		"creds file not creds":       {streams.ConnConfig{URL: url, Creds: garbage}, "Creds"},
+		"nkey seed missing":          {streams.ConnConfig{URL: url, NKey: missing}, "NKey"},
+		"nkey seed not a seed":       {streams.ConnConfig{URL: url, NKey: garbage}, "NKey"},
+		"CA missing":                 {streams.ConnConfig{URL: url, TLSCA: missing}, "TLSCA"},
+		"CA not PEM":                 {streams.ConnConfig{URL: url, TLSCA: garbage}, "TLSCA"},
+		"certificate without key":    {streams.ConnConfig{URL: url, TLSCert: pki.ClientCert}, "TLSKey"},
+		"key without certificate":    {streams.ConnConfig{URL: url, TLSKey: pki.ClientKey}, "TLSCert"},
+		"certificate with wrong key": {streams.ConnConfig{URL: url, TLSCert: pki.ClientCert, TLSKey: pki.ServerKey}, "TLSCert"},
+		"password without user":      {streams.ConnConfig{URL: url, Pass: "pw"}, "Pass"},
+		"URL with a bad port":        {streams.ConnConfig{URL: "nats://u:pw-in-url@host:99999"}, "URL"},
+		"URL with a bad scheme":      {streams.ConnConfig{URL: "http://host:4222"}, "URL"},
+		"empty URL":                  {streams.ConnConfig{URL: " "}, "URL"},
+		"negative connect timeout":   {streams.ConnConfig{URL: url, ConnectTimeout: -time.Second}, "ConnectTimeout"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := streams.Connect(tc.cfg)
+			var ce *streams.ConnConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field || !errors.Is(err, streams.ErrInvalidConnConfig) {
+				t.Fatalf("error %v, want a ConnConfigError on %s", err, tc.field)
+			}
+			if strings.Contains(err.Error(), "pw-in-url") {
+				t.Fatalf("error %q holds the URL's password", err)
+			}
+		})
+	}
+	valid := streams.ConnConfig{URL: "nats://a:4222, tls://b:4443,c:4222", TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey}
+	if err := valid.Validate(); err != nil {
+		t.Fatalf("valid config refused: %v", err)
+	}
+}

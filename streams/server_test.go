@@ -1,0 +1,174 @@
+package streams_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// loadConf writes a nats-server configuration and loads it with the server's own loader.
+func loadConf(t *testing.T, conf string) (*streams.ServerConfig, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "server.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base, err := streams.LoadServerConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &streams.ServerConfig{StoreDir: t.TempDir(), Base: base}, path
+}
+
+// The embedded server runs a configuration file as nats-server would, except for what fpmbus owns: the
+// store directory always, the client address when Listen is set. Without a listen address anywhere it
+// listens on loopback, never on every interface.
+func TestServerOptionsOwnStoreAndListen(t *testing.T) {
+	for name, tc := range map[string]struct {
+		conf, listen string
+		wantHost     string
+		wantPort     int
+		loopback     bool
+	}{
+		"no listen anywhere: loopback":      {conf: "server_name: x\n", wantHost: "127.0.0.1", wantPort: 4222, loopback: true},
+		"the file's listen":                 {conf: "listen: 127.0.0.2:4333\n", wantHost: "127.0.0.2", wantPort: 4333, loopback: true},
+		"a port alone is every interface":   {conf: "port: 4333\n", wantHost: "", wantPort: 4333},
+		"--listen overrides the file":       {conf: "listen: 0.0.0.0:4333\n", listen: "127.0.0.1:5000", wantHost: "127.0.0.1", wantPort: 5000, loopback: true},
+		"the file's every-interface listen": {conf: "listen: 0.0.0.0:4333\n", wantHost: "0.0.0.0", wantPort: 4333},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, _ := loadConf(t, tc.conf+"jetstream { store_dir: /elsewhere }\n")
+			cfg.Listen = tc.listen
+			o, err := cfg.Options()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.Host != tc.wantHost || o.Port != tc.wantPort || streams.ListensOnLoopback(o) != tc.loopback {
+				t.Fatalf("listen %s:%d (loopback %v), want %s:%d (%v)", o.Host, o.Port, streams.ListensOnLoopback(o), tc.wantHost, tc.wantPort, tc.loopback)
+			}
+			if o.StoreDir != cfg.StoreDir || !o.JetStream || o.MaxPayload != streams.DefaultMaxPayload {
+				t.Fatalf("store %q jetstream %v max payload %d: fpmbus's settings not applied", o.StoreDir, o.JetStream, o.MaxPayload)
+			}
+		})
+	}
+}
+
+// Authenticates is what `fpmbus up` asks before listening beyond loopback: every way nats-server has to
+// make a client prove who it is counts, and no_auth_user (a door without a key) does not.
+func TestServerAuthenticates(t *testing.T) {
+	pki := streamstest.NewPKI(t)
+	for name, tc := range map[string]struct {
+		conf  string
+		token string
+		want  bool
+	}{
+		"nothing":       {"", "", false},
+		"token flag":    {"", "t0ken", true},
+		"token in file": {"authorization { token: abc }", "", true},
+		"single user":   {"authorization { user: a, password: b }", "", true},
+		"users":         {"authorization { users: [ {user: a, password: b} ] }", "", true},
+		"nkey users":    {"authorization { users: [ {nkey: UDXU4RCSJNZOIQHZNWXHXORDPRTGNJAHAHFRGZNEEJCPQTT2M7NLCNF4} ] }", "", true},
+		"account users": {"accounts { A { jetstream: enabled, users: [ {user: a, password: b} ] } }", "", true},
+		"no_auth_user":  {"accounts { A { users: [ {user: a, password: b} ] } }\nno_auth_user: a", "", false},
+		"TLS only":      {fmt.Sprintf("tls { cert_file: %q, key_file: %q }", pki.ServerCert, pki.ServerKey), "", false},
+		"mutual TLS":    {fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q, verify: true }", pki.ServerCert, pki.ServerKey, pki.CA), "", true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, _ := loadConf(t, tc.conf+"\n")
+			cfg.AuthToken = tc.token
+			o, err := cfg.Options()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := streams.Authenticates(o); got != tc.want {
+				t.Fatalf("Authenticates = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Two sources for one setting are refused rather than merged.
+func TestServerOptionsRefuseConflicts(t *testing.T) {
+	pki := streamstest.NewPKI(t)
+	for name, tc := range map[string]struct {
+		conf string
+		set  func(*streams.ServerConfig)
+	}{
+		"token over users":        {"authorization { users: [ {user: a, password: b} ] }", func(c *streams.ServerConfig) { c.AuthToken = "x" }},
+		"certificate over file's": {fmt.Sprintf("tls { cert_file: %q, key_file: %q }", pki.ServerCert, pki.ServerKey), func(c *streams.ServerConfig) { c.TLSCert, c.TLSKey = pki.ServerCert, pki.ServerKey }},
+		"certificate without key": {"", func(c *streams.ServerConfig) { c.TLSCert = pki.ServerCert }},
+		"client CA without cert":  {"", func(c *streams.ServerConfig) { c.TLSClientCA = pki.CA }},
+		"key of another cert":     {"", func(c *streams.ServerConfig) { c.TLSCert, c.TLSKey = pki.ServerCert, pki.ClientKey }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, _ := loadConf(t, tc.conf+"\n")
+			tc.set(cfg)
+			if _, err := cfg.Options(); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+// The token and TLS settings of ServerConfig make a server that only a client with the token and the
+// CA reaches; an in-process client (what `fpmbus up` runs its components on) skips TLS and still
+// needs the token.
+func TestServerTokenAndTLS(t *testing.T) {
+	pki := streamstest.NewPKI(t)
+	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(),
+		AuthToken: testToken, TLSCert: pki.ServerCert, TLSKey: pki.ServerKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+	if !strings.HasPrefix(srv.ClientURL(), "tls://") {
+		t.Fatalf("client URL %s of a TLS server", srv.ClientURL())
+	}
+	connect := func(c streams.ConnConfig) error {
+		c.ConnectTimeout, c.Logger = 2*time.Second, quiet
+		nc, err := streams.Connect(c)
+		if err == nil {
+			nc.Close()
+		}
+		return err
+	}
+	for name, tc := range map[string]struct {
+		cfg  streams.ConnConfig
+		want error
+	}{
+		"token and CA":           {streams.ConnConfig{URL: srv.ClientURL(), Token: testToken, TLSCA: pki.CA}, nil},
+		"no token":               {streams.ConnConfig{URL: srv.ClientURL(), TLSCA: pki.CA}, nats.ErrAuthorization},
+		"no CA":                  {streams.ConnConfig{URL: srv.ClientURL(), Token: testToken}, streams.ErrTLS},
+		"in-process, token":      {streams.ConnConfig{InProcess: srv, Token: testToken}, nil},
+		"in-process, no token":   {streams.ConnConfig{InProcess: srv}, nats.ErrAuthorization},
+		"in-process, a CA given": {streams.ConnConfig{InProcess: srv, Token: testToken, TLSCA: pki.CA}, nil},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := connect(tc.cfg)
+			if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("connect: %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestIsLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"127.0.0.1": true, "127.1.2.3": true, "::1": true, "[::1]": true, "localhost": true, "LOCALHOST": true,
+		"": false, "0.0.0.0": false, "::": false, "10.0.0.1": false, "example.com": false,
+	} {
+		if got := streams.IsLoopbackHost(host); got != want {
+			t.Errorf("IsLoopbackHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
