@@ -293,10 +293,11 @@ func TestBridgePeakMemoryWithinTheDocumentedBound(t *testing.T) {
 		env := streamstest.Start(t)
 		base := producertest.FreeBasePort(t, "127.0.0.1", 1)
 		metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		f := memFlags{ranks: 1, maxBuffer: 64, maxBufferBytes: 8 << 20, maxPayload: 1 << 20, serverMax: streams.DefaultMaxPayload}
+		// The buffer holds the 100 FPMs sent after the refusals even when a loaded host stalls publishing.
+		f := memFlags{ranks: 1, maxBuffer: 256, maxBufferBytes: 8 << 20, maxPayload: 1 << 20, serverMax: streams.DefaultMaxPayload}
 		pub := newRawPublisher(t, base)
 		bridge := startBridge(t, "bridge", env.Server.ClientURL(), base, 1,
-			"--max-buffer", "64", "--max-buffer-bytes", strconv.FormatInt(f.maxBufferBytes, 10), "--metrics-addr", metrics)
+			"--max-buffer", strconv.FormatInt(f.maxBuffer, 10), "--max-buffer-bytes", strconv.FormatInt(f.maxBufferBytes, 10), "--metrics-addr", metrics)
 		pub.waitSubscribed()
 		idle := peakRSS(t, bridge.cmd.Process.Pid)
 		seq := uint64(0)
