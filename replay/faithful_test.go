@@ -103,8 +103,8 @@ func (l *slowLink) pipe(src, dst net.Conn) {
 func (l *slowLink) url() string { return "nats://" + l.ln.Addr().String() }
 
 // The faithfulness report is right: a replay held back by its target reports the lateness the target
-// measured. The target is a real JetStream server behind a slow link, publishes wait for acks (at most
-// two in flight), and the server stamps each stored message with its own receive time; that time minus
+// measured. The target is a real JetStream server behind a slow link, the replay publishes with a
+// window of one (MaxInFlight 1: a publish waits for the ack of the one before last), and the server stamps each stored message with its own receive time; that time minus
 // the record's due time is the lateness as the target saw it. It differs from the reported lateness by
 // the link's one-way delay only.
 func TestReportedLatenessMatchesWhatTheTargetMeasured(t *testing.T) {

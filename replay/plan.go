@@ -151,8 +151,8 @@ type Step struct {
 	// Due is the send time as an offset from the pass's start.
 	Due time.Duration
 	// Socket indexes Plan.Sockets; Record indexes Recording.Records.
-	Socket  int32
-	Record  int32
+	Socket int32
+	Record int32
 	// counter is the recorded counter_id (kept here so the send loop touches nothing but its steps).
 	counter int64
 	payload payload

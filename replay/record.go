@@ -73,15 +73,6 @@ func sortRecords(rs []Record) {
 // memory across records.
 type interner map[string]string
 
-func (in interner) get(b []byte) string {
-	if s, ok := in[string(b)]; ok {
-		return s
-	}
-	s := string(b)
-	in[s] = s
-	return s
-}
-
 func (in interner) str(s string) string {
 	if v, ok := in[s]; ok {
 		return v

@@ -504,3 +504,13 @@ func (h *latencyHist) histQuantile(q float64) time.Duration {
 	}
 	return h.max
 }
+
+// sortedKeys returns m's keys in order (for stable messages).
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}

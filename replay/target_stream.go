@@ -114,7 +114,11 @@ func (t *streamTarget) describe(s int) string {
 	if t.cfg.Component != "" {
 		comp = t.cfg.Component
 	}
-	return streams.FPMRoot + "." + streams.EncodeToken(t.cfg.Namespace) + "." + streams.EncodeToken(comp) + ".*." + strconv.FormatInt(so.DPRank, 10)
+	worker := "*"
+	if so.Active() {
+		worker = streams.EncodeToken(so.WorkerID)
+	}
+	return streams.FPMRoot + "." + streams.EncodeToken(t.cfg.Namespace) + "." + streams.EncodeToken(comp) + "." + worker + "." + strconv.FormatInt(so.DPRank, 10)
 }
 
 func (t *streamTarget) open(context.Context, *Plan) error {

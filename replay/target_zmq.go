@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -298,14 +297,4 @@ func (t *zmqTarget) close() error {
 		err = errors.Join(err, t.zctx.Term())
 	}
 	return err
-}
-
-// sortedKeys returns m's keys in order (for stable messages).
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }
