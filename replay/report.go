@@ -404,13 +404,14 @@ func sumCounts(m map[string]int) int {
 	return n
 }
 
-// latencyHist keeps durations for exact percentiles, up to maxExactSamples, and a log-linear histogram
-// of all of them: exact below 2*histSub ns, then histSub buckets per power of two (the middle of a
-// bucket is within 1/(2*histSub) of any value in it). Its memory is bounded whatever the number of
-// sends, so a replay looping until stopped keeps its percentiles.
+// latencyHist keeps the durations added, for exact percentiles, up to maxExactSamples; beyond, it
+// spills them into a log-linear histogram and counts the rest there: exact below 2*histSub ns, then
+// histSub buckets per power of two (the middle of a bucket is within 1/(2*histSub) of any value in
+// it). Its memory is bounded whatever the number of sends, so a replay looping until stopped keeps its
+// percentiles.
 type latencyHist struct {
-	samples []time.Duration // nil once more than maxExactSamples were added
-	counts  []uint64
+	samples []time.Duration // while counts is nil
+	counts  []uint64        // nil until more than maxExactSamples were added
 	n       uint64
 	max     time.Duration
 }
@@ -442,17 +443,25 @@ func histValue(i int) uint64 {
 }
 
 func (h *latencyHist) add(d time.Duration) {
-	if h.counts == nil {
-		h.counts = make([]uint64, histIndex(math.MaxInt64)+1)
-	}
-	h.counts[histIndex(uint64(d))]++
-	if h.n < maxExactSamples {
-		h.samples = append(h.samples, d)
-	} else {
-		h.samples = nil
-	}
 	h.n++
 	h.max = max(h.max, d)
+	if h.counts == nil {
+		if len(h.samples) < maxExactSamples {
+			h.samples = append(h.samples, d)
+			return
+		}
+		h.spill()
+	}
+	h.counts[histIndex(uint64(d))]++
+}
+
+// spill moves the samples into the histogram.
+func (h *latencyHist) spill() {
+	h.counts = make([]uint64, histIndex(math.MaxInt64)+1)
+	for _, d := range h.samples {
+		h.counts[histIndex(uint64(d))]++
+	}
+	h.samples = nil
 }
 
 // merge adds o's durations to h.
@@ -460,27 +469,30 @@ func (h *latencyHist) merge(o *latencyHist) {
 	if o.n == 0 {
 		return
 	}
-	if h.counts == nil {
-		h.counts = make([]uint64, len(o.counts))
-	}
-	for i, c := range o.counts {
-		h.counts[i] += c
-	}
-	if h.n+o.n <= maxExactSamples && uint64(len(h.samples)) == h.n && uint64(len(o.samples)) == o.n {
+	if h.counts == nil && o.counts == nil && len(h.samples)+len(o.samples) <= maxExactSamples {
 		h.samples = append(h.samples, o.samples...)
 	} else {
-		h.samples = nil
+		if h.counts == nil {
+			h.spill()
+		}
+		for _, d := range o.samples {
+			h.counts[histIndex(uint64(d))]++
+		}
+		for i, c := range o.counts {
+			h.counts[i] += c
+		}
 	}
 	h.n += o.n
 	h.max = max(h.max, o.max)
 }
 
-// quantile returns the q-quantile (nearest rank), never above the largest value added.
+// quantile returns the q-quantile (nearest rank): exact while the samples are kept, else from the
+// histogram, never above the largest value added.
 func (h *latencyHist) quantile(q float64) time.Duration {
 	if h.n == 0 {
 		return 0
 	}
-	if uint64(len(h.samples)) == h.n {
+	if h.counts == nil {
 		sorted := slices.Clone(h.samples)
 		slices.Sort(sorted)
 		return nearestRank(sorted, q)
@@ -488,7 +500,7 @@ func (h *latencyHist) quantile(q float64) time.Duration {
 	return h.histQuantile(q)
 }
 
-// histQuantile is quantile from the histogram alone (cheap: for progress lines).
+// histQuantile is quantile from the histogram (once the samples spilled into it).
 func (h *latencyHist) histQuantile(q float64) time.Duration {
 	if h.n == 0 {
 		return 0

@@ -1,8 +1,6 @@
 package streams
 
-import (
-	"testing"
-)
+import "testing"
 
 // An FPM message carries the subject of its key, the body as given, and every Fpm-* header; the
 // counter/sequence mismatch and a topic are set only when there is one; the producer defaults to the

@@ -13,7 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/replay"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -29,7 +29,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		"lines to stderr.")
 	conn := connFlags(fs, "trace-replay")
 	env := newEnvDefaults(fs)
-	rf := replay.RegisterFlags(fs, env.int("fpm-port", envFPMPort, bridge.DefaultFPMPort), envSource(envFPMPort))
+	rf := replay.RegisterFlags(fs, env.int("fpm-port", envFPMPort, producer.DefaultBasePort), envSource(envFPMPort))
 	fromStream := fs.Bool("from-stream", false, "replay a range of stream FPM instead of trace files (needs --since/--until or --start-seq/--end-seq, or replays the whole stream)")
 	filter := fs.String("filter", streams.FPMWildcard, "--from-stream: FPM subjects to read, e.g. fpm.dynamo.backend.>")
 	since := fs.String("since", "", "--from-stream: messages stored at or after this time (RFC 3339 or Unix ms)")
