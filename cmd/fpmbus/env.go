@@ -37,7 +37,7 @@ type envVar struct {
 
 // environment is every variable fpmbus reads, in the README's order.
 var environment = []envVar{
-	{name: envFPMPort, usedBy: "bridge, publish, up", meaning: "base FPM port (Dynamo's), default of `--fpm-port`: rank r uses port+r", check: checkPort},
+	{name: envFPMPort, usedBy: "bridge, publish, up, trace replay", meaning: "base FPM port (Dynamo's), default of `--fpm-port`: rank r uses port+r", check: checkPort},
 	{name: "DYN_FPM_WORKER_ID", usedBy: "publish", meaning: "default `--worker-id`"},
 	{name: trace.EnvMode, usedBy: "trace, trace backfill, up", meaning: "default `--trace-mode`: `sampled` or `full`", check: checkTraceMode},
 	{name: trace.EnvOutputPath, usedBy: "trace, trace backfill, up", meaning: "default `--trace-output` (blank, even empty, is an error)", check: checkNotBlank, emptyIsSet: true},

@@ -35,6 +35,7 @@ func TestEnvironmentEveryVariable(t *testing.T) {
 			{[]string{"bridge"}, envFPMPort + `="abc"`},
 			{[]string{"publish"}, envFPMPort + `="abc"`},
 			{[]string{"up"}, envFPMPort + `="abc"`},
+			{[]string{"trace", "replay"}, envFPMPort + `="abc"`},
 		}},
 		"DYN_FPM_WORKER_ID":           {"w-from-env", []use{{[]string{"publish", "-h"}, `(default "w-from-env")`}}},
 		"DYN_FPM_MODE":                {"bogus", []use{{[]string{"trace"}, `DYN_FPM_MODE="bogus"`}, {[]string{"trace", "backfill"}, `DYN_FPM_MODE="bogus"`}}},

@@ -10,13 +10,16 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/producer"
+	"github.com/fpmbus/fpmbus/replay"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -47,6 +50,7 @@ type upOptions struct {
 	server        *upServerOptions
 	creds         *connOptions // the components' credentials on the embedded server
 	demo          bool
+	demoTrace     string
 	metricsAddr   *string
 	restartLimit  int
 	restartWindow time.Duration
@@ -69,6 +73,7 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	o.server = upServerFlags(fs)
 	o.creds = credentialFlags(fs, "up")
 	fs.BoolVar(&o.demo, "demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
+	fs.StringVar(&o.demoTrace, "demo-trace", "", "with --demo: replay these trace segments instead of synthetic load (comma-separated files, directories, globs or output prefixes; looped until stopped, counter ids renumbered; --dp-size defaults to the ranks they hold)")
 	o.metricsAddr = metricsAddrFlag(fs, "127.0.0.1:9464; /healthz is served there too")
 	d := rungroup.DefaultPolicy()
 	fs.IntVar(&o.restartLimit, "restart-limit", d.MaxRestarts, "restarts a failing component may take within --restart-window; one more failure stops everything and exits 1")
@@ -112,8 +117,15 @@ func (o *upOptions) plan() (*upRun, error) {
 	if err := o.scfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	demoTrace, err := o.demoTracePlan()
+	if err != nil {
+		return nil, err
+	}
 	if o.demo && !flagGiven(o.fs, "dp-size") && !flagGiven(o.fs, "zmq-endpoint") {
 		o.bridge.cfg.DPSize = demoDPSize
+		if demoTrace != nil {
+			o.bridge.cfg.DPSize = demoTrace.width
+		}
 	}
 	if flagGiven(o.fs, "stop-timeout") && !flagGiven(o.fs, "trace-stop-timeout") {
 		slog.Warn("--stop-timeout bounds only the bridge's stop in fpmbus up; the trace writer's is --trace-stop-timeout")
@@ -157,6 +169,11 @@ func (o *upOptions) plan() (*upRun, error) {
 		if r.bridge.BasePort == 0 {
 			return nil, fmt.Errorf("%w: --demo binds its own ports; use --fpm-port/--dp-size, not --zmq-endpoint", errUsage)
 		}
+		if demoTrace != nil {
+			demoTrace.zmq = replay.ZMQConfig{Host: o.bridge.flags.ZMQHost(), BasePort: r.bridge.BasePort, StartDelay: demoStartDelay}
+			r.demoTrace = demoTrace
+			return r, nil
+		}
 		pc, err := o.demoFlags.Config()
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
@@ -174,6 +191,38 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// demoTracePlan loads --demo-trace (nil without it): the recording, its plan (looped, counter ids
+// renumbered so the pipeline sees a live publisher's sequence) and the ports it spans from --fpm-port.
+func (o *upOptions) demoTracePlan() (*upDemoTrace, error) {
+	if o.demoTrace == "" {
+		return nil, nil
+	}
+	if !o.demo {
+		return nil, fmt.Errorf("%w: --demo-trace replays a recording as the demo's load: it needs --demo", errUsage)
+	}
+	for _, n := range []string{"demo-rate", "demo-seed", "demo-worker-id"} {
+		if flagGiven(o.fs, n) {
+			return nil, fmt.Errorf("%w: --%s shapes the synthetic load, which --demo-trace replaces", errUsage, n)
+		}
+	}
+	rec, err := replay.ReadTrace(strings.Split(o.demoTrace, ","))
+	if err != nil {
+		return nil, fmt.Errorf("--demo-trace: %w", err)
+	}
+	plan, err := replay.NewPlan(rec, replay.PlanConfig{Loops: -1, CounterIDs: replay.CounterRenumber})
+	if err != nil {
+		return nil, fmt.Errorf("--demo-trace: %w", err)
+	}
+	if len(plan.Steps) == 0 {
+		return nil, fmt.Errorf("%w: --demo-trace %s: no record to replay", errUsage, o.demoTrace)
+	}
+	ports, err := replay.ZMQConfig{BasePort: o.bridge.cfg.BasePort}.Ports(plan)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --demo-trace: %v", errUsage, err)
+	}
+	return &upDemoTrace{plan: plan, width: slices.Max(ports) - o.bridge.cfg.BasePort + 1}, nil
 }
 
 // runUp runs the embedded server, the connection, the consumers, the bridge and (with --demo) the

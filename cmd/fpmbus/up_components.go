@@ -23,6 +23,7 @@ import (
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/producer"
+	"github.com/fpmbus/fpmbus/replay"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -106,7 +107,9 @@ type upRun struct {
 	sealOpts *sealOptions
 	predict  service.Config
 	bridge   bridge.Config
-	demo     *producer.Config // nil: no --demo
+	demo     *producer.Config // nil: no --demo, or --demo-trace
+	// demoTrace replays a recording as the demo's load (--demo --demo-trace).
+	demoTrace *upDemoTrace
 
 	mu        sync.Mutex // guards srv, the link and connected: replaced by their components' restarts
 	srv       *streams.Server
@@ -328,7 +331,27 @@ func (r *upRun) bridgeComponent() *rungroup.Component {
 	}
 }
 
+// upDemoTrace is --demo-trace: the plan, where its sockets bind, and how many ports they span.
+type upDemoTrace struct {
+	plan  *replay.Plan
+	zmq   replay.ZMQConfig
+	width int
+}
+
 func (r *upRun) publishComponent() *rungroup.Component {
+	if t := r.demoTrace; t != nil {
+		return &rungroup.Component{
+			StopTimeout: 10 * time.Second,
+			Start: func(context.Context) (rungroup.Instance, error) {
+				rp, err := replay.New(t.plan, replay.Config{ZMQ: t.zmq}, replay.WithLogger(slog.Default()))
+				if err != nil {
+					return rungroup.Instance{}, rungroup.Permanent(err)
+				}
+				run := func(ctx context.Context) error { _, err := rp.Run(ctx); return err }
+				return rungroup.Instance{Run: run, Ready: rp.Ready(), LogAttrs: []any{"replay", len(t.plan.Steps), "ranks", len(t.plan.Sockets)}}, nil
+			},
+		}
+	}
 	if r.demo == nil {
 		return nil
 	}

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/producer"
+	"github.com/fpmbus/fpmbus/replay"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// runTraceReplay is `fpmbus trace replay`: drive any FPM consumer from a recording (trace segments, or
+// a range of stream FPM) at the recorded pace, through ZMQ PUB sockets exactly like Dynamo's or straight
+// onto stream FPM under another namespace, and report how faithful the replay was.
+func runTraceReplay(ctx context.Context, args []string) error {
+	fs := newFlagSet("trace replay", "trace replay FILE|DIR|GLOB|PREFIX… | --from-stream [--server URL] (--since T [--until T] | --start-seq N [--end-seq M])\n"+
+		"                          [--to zmq|stream] [--speed X] [--max-rate N] [--loop N] [--start-at T] [--duration D] [--info | --dry-run] …\n\n"+
+		"Records are replayed in observed_at_unix_ms order (ties by line order) at their recorded offsets\n"+
+		"from the window's start, scaled by --speed. The report (a table, or --json) goes to stdout, progress\n"+
+		"lines to stderr.")
+	conn := connFlags(fs, "trace-replay")
+	env := newEnvDefaults(fs)
+	rf := replay.RegisterFlags(fs, env.int("fpm-port", envFPMPort, producer.DefaultBasePort), envSource(envFPMPort))
+	fromStream := fs.Bool("from-stream", false, "replay a range of stream FPM instead of trace files (needs --since/--until or --start-seq/--end-seq, or replays the whole stream)")
+	filter := fs.String("filter", streams.FPMWildcard, "--from-stream: FPM subjects to read, e.g. fpm.dynamo.backend.>")
+	since := fs.String("since", "", "--from-stream: messages stored at or after this time (RFC 3339 or Unix ms)")
+	until := fs.String("until", "", "--from-stream: messages stored at or before this time")
+	startSeq := fs.Uint64("start-seq", 0, "--from-stream: first stream sequence")
+	endSeq := fs.Uint64("end-seq", 0, "--from-stream: last stream sequence")
+	info := fs.Bool("info", false, "print the recording's shape (duration, per-rank rate, inter-arrival p50/p99) and exit")
+	dryRun := fs.Bool("dry-run", false, "print the plan (duration, per-rank rate and inter-arrival p50/p99 at --speed, where each rank goes) and exit")
+	asJSON := fs.Bool("json", false, "print the report (or --info / --dry-run) as JSON instead of a table")
+	summaryJSON := fs.String("summary-json", "", "also write the report as JSON to this file")
+	recordsCSV := fs.String("records-csv", "", "write one CSV row per record sent to this file: rank, scheduled and actual offset, lateness, outcome")
+	progressEvery := fs.Int("progress-every", 10000, "print a progress line on stderr every N records (0: none)")
+	paths, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := env.err(); err != nil {
+		return err
+	}
+	pcfg, err := rf.PlanConfig()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	tcfg, err := rf.Config()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	switch {
+	case *info && *dryRun:
+		return fmt.Errorf("%w: --info and --dry-run exclude each other", errUsage)
+	case *progressEvery < 0:
+		return fmt.Errorf("%w: --progress-every %d: want >= 0", errUsage, *progressEvery)
+	case *fromStream && len(paths) > 0:
+		return fmt.Errorf("%w: --from-stream reads the stream: name no files (got %q)", errUsage, paths[0])
+	case !*fromStream && len(paths) == 0:
+		return fmt.Errorf("%w: name trace segments (files, directories, globs or an output prefix), or use --from-stream", errUsage)
+	case !*fromStream:
+		for _, n := range []string{"filter", "since", "until", "start-seq", "end-seq"} {
+			if flagGiven(fs, n) {
+				return fmt.Errorf("%w: --%s selects a range of the stream: it needs --from-stream", errUsage, n)
+			}
+		}
+	}
+
+	// The connection, when the source or the target is the stream.
+	var js jetstream.JetStream
+	if *fromStream || tcfg.Target == replay.TargetStream && !*info && !*dryRun {
+		nc, njs, err := connectAndApply(ctx, conn, nil)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, tcfg.Stream.Conn = njs, nc
+		if tcfg.Target == replay.TargetStream {
+			if _, err := js.Stream(ctx, streams.StreamFPM); err != nil {
+				return fmt.Errorf("--to stream: stream %s: %w (create it with `fpmbus streams apply` or run a bridge first)", streams.StreamFPM, err)
+			}
+		}
+	}
+
+	var rec *replay.Recording
+	if *fromStream {
+		rng := replay.StreamRange{StartSeq: *startSeq, EndSeq: *endSeq, Filter: *filter}
+		if rng.Since, err = parseTime("--since", *since); err != nil {
+			return err
+		}
+		if rng.Until, err = parseTime("--until", *until); err != nil {
+			return err
+		}
+		if rec, err = replay.ReadStream(ctx, js, rng); err != nil {
+			if errors.Is(err, replay.ErrBadRange) {
+				return fmt.Errorf("%w: %v", errUsage, err)
+			}
+			return err
+		}
+	} else if rec, err = replay.ReadTrace(paths); err != nil {
+		return err
+	}
+	for _, d := range rec.Damaged {
+		slog.Warn("segment damaged: replaying what precedes the damage", "file", d.File, "offset", d.Offset, "reason", d.Reason)
+	}
+	if rec.Invalid > 0 {
+		slog.Warn("records breaking the trace schema are skipped", "count", rec.Invalid, "first", rec.InvalidExamples[0])
+	}
+
+	if *info {
+		shape := replay.DescribeRecording(rec)
+		if *asJSON {
+			return writeJSON(os.Stdout, struct {
+				Recorded replay.Shape    `json:"recorded"`
+				Damaged  []replay.Damage `json:"damaged,omitempty"`
+				Invalid  int             `json:"invalid"`
+			}{shape, rec.Damaged, rec.Invalid})
+		}
+		if err := shape.WriteText(os.Stdout, "recorded"); err != nil {
+			return err
+		}
+		return writeDamage(os.Stdout, rec)
+	}
+
+	plan, err := replay.NewPlan(rec, pcfg)
+	if err != nil {
+		if errors.Is(err, replay.ErrUnknownWorker) || errors.Is(err, replay.ErrInvalidPlan) {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		return err
+	}
+	if len(plan.Steps) == 0 {
+		return fmt.Errorf("%w: nothing to replay: %d records read, none in the window", errUsage, len(rec.Records))
+	}
+	var opts []replay.Option
+	opts = append(opts, replay.WithLogger(slog.Default()))
+	if *progressEvery > 0 {
+		opts = append(opts, replay.WithProgress(os.Stderr, *progressEvery))
+	}
+	var csvFile *os.File
+	if *recordsCSV != "" && !*dryRun {
+		if csvFile, err = os.Create(*recordsCSV); err != nil {
+			return fmt.Errorf("--records-csv: %w", err)
+		}
+		defer csvFile.Close()
+		opts = append(opts, replay.WithRecordsCSV(csvFile))
+	}
+	r, err := replay.New(plan, tcfg, opts...)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *dryRun {
+		return writePlan(os.Stdout, plan, r, *asJSON)
+	}
+
+	report, err := r.Run(ctx)
+	if report == nil {
+		return err
+	}
+	if csvFile != nil {
+		if cerr := csvFile.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("--records-csv: %w", cerr)
+		}
+	}
+	if *summaryJSON != "" {
+		if werr := writeJSONFile(*summaryJSON, report); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}
+	if *asJSON {
+		return errors.Join(err, report.WriteJSON(os.Stdout))
+	}
+	return errors.Join(err, report.WriteText(os.Stdout))
+}
+
+// parseInterleaved parses args where flags and positional arguments may come in any order (the
+// standard flag package stops at the first positional one) and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var paths []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return paths, nil
+		}
+		if rest[0] == "--" { // everything after is positional
+			return append(paths, rest[1:]...), nil
+		}
+		paths = append(paths, rest[0])
+		args = rest[1:]
+	}
+}
+
+// envSource names variable v when it is set (so errors about its value blame it), else "".
+func envSource(v string) string {
+	if _, set, _ := envValue(v); set {
+		return v
+	}
+	return ""
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func writeJSONFile(path string, rep *replay.Report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--summary-json: %w", err)
+	}
+	if err := rep.WriteJSON(f); err != nil {
+		f.Close()
+		return fmt.Errorf("--summary-json: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--summary-json: %w", err)
+	}
+	return nil
+}
+
+func writeDamage(w io.Writer, rec *replay.Recording) error {
+	for _, d := range rec.Damaged {
+		if _, err := fmt.Fprintf(w, "damaged: %s\n", d); err != nil {
+			return err
+		}
+	}
+	if rec.Invalid > 0 {
+		_, err := fmt.Fprintf(w, "invalid records skipped: %d (first: %s)\n", rec.Invalid, rec.InvalidExamples[0])
+		return err
+	}
+	return nil
+}
+
+// planView is the --dry-run --json document.
+type planView struct {
+	Plan     replay.Shape      `json:"plan"`
+	Speed    float64           `json:"speed"`
+	MaxRate  float64           `json:"max_rate,omitempty"`
+	Passes   int               `json:"passes"`
+	PeriodS  float64           `json:"period_s"`
+	Sockets  []planSocket      `json:"sockets"`
+	Skipped  map[string]int    `json:"skipped"`
+	Examples []string          `json:"skipped_examples,omitempty"`
+	Damaged  []replay.Damage   `json:"damaged,omitempty"`
+	Workers  map[string]string `json:"map_worker,omitempty"`
+}
+
+type planSocket struct {
+	Rank       string `json:"rank"`
+	To         string `json:"to"`
+	Records    int    `json:"records"`
+	Heartbeats bool   `json:"heartbeats"`
+}
+
+func writePlan(w io.Writer, p *replay.Plan, r *replay.Replayer, asJSON bool) error {
+	v := planView{Plan: p.Shape(), Speed: p.Config.Speed, MaxRate: p.Config.MaxRate, Passes: p.Config.Loops, PeriodS: p.Period.Seconds(),
+		Skipped: p.Skipped, Examples: p.Examples, Damaged: p.Recording.Damaged, Workers: p.Config.MapWorker}
+	for i := range p.Sockets {
+		s := &p.Sockets[i]
+		to := r.Endpoint(i)
+		if !s.Active() {
+			to = "(nothing in the window)"
+		}
+		v.Sockets = append(v.Sockets, planSocket{Rank: s.Label(), To: to, Records: s.Records, Heartbeats: s.Heartbeats})
+	}
+	if asJSON {
+		return writeJSON(w, v)
+	}
+	passes := fmt.Sprint(v.Passes)
+	if v.Passes < 0 {
+		passes = "until interrupted"
+	}
+	title := fmt.Sprintf("plan at speed %g (passes: %s, each %.3fs)", v.Speed, passes, v.PeriodS)
+	if v.MaxRate > 0 {
+		title += fmt.Sprintf(", at most %g/s", v.MaxRate)
+	}
+	if err := v.Plan.WriteText(w, title); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, s := range v.Sockets {
+		hb := ""
+		if s.Heartbeats {
+			hb = ", heartbeats"
+		}
+		fmt.Fprintf(&b, "  %s -> %s (%d records%s)\n", s.Rank, s.To, s.Records, hb)
+	}
+	for k, n := range v.Skipped {
+		fmt.Fprintf(&b, "skipped %s: %d\n", k, n)
+	}
+	for _, e := range v.Examples {
+		fmt.Fprintf(&b, "  %s\n", e)
+	}
+	for _, d := range v.Damaged {
+		fmt.Fprintf(&b, "damaged: %s\n", d)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}

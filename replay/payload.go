@@ -1,0 +1,403 @@
+package replay
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/fpmbus/fpmbus/schemas"
+)
+
+// The ZMQ payload of a recorded FPM. A trace holds the canonical JSON of what the worker sent (every
+// field, unknown ones too, in payload order); the replay sends the msgpack map that decodes back to
+// exactly that JSON: integers stay integers (smallest encoding, as msgspec writes them), other numbers
+// are float64 (a float32 the worker sent was widened exactly when it was recorded, and renders the
+// same), strings are str, null is nil, arrays and objects keep their order. Every payload is checked
+// when it is built: schemas.DecodeFPM of it must render the recorded bytes, byte for byte.
+//
+// Two rewrites happen on the way, both on the top-level object only: worker_id through the worker map,
+// and, when counter ids are renumbered, counter_id, whose value is left as a slot (payload.counterAt)
+// that the pacer fills with the sequence number at send time.
+
+// Errors of encodePayload.
+var (
+	// ErrUnencodable: the fpm holds a value msgpack cannot carry (an integer beyond 64 bits).
+	ErrUnencodable = errors.New("replay: fpm value has no msgpack encoding")
+	// ErrNotCanonical: the recorded fpm JSON is not canonical (not as Dynamo's or fpmbus's trace writer
+	// writes it), so no payload decodes back to its exact bytes.
+	ErrNotCanonical = errors.New("replay: fpm JSON is not canonical")
+)
+
+// payload is one record's msgpack payload. With counterAt >= 0, bytes[counterAt:counterEnd] is the
+// recorded counter_id's encoding, replaced at send time when counter ids are renumbered.
+type payload struct {
+	bytes                 []byte
+	counterAt, counterEnd int
+}
+
+// build appends the payload to dst with counter_id set to counter (renumbering), or as recorded when
+// renumber is false.
+func (p *payload) build(dst []byte, renumber bool, counter uint64) []byte {
+	if !renumber || p.counterAt < 0 {
+		return append(dst, p.bytes...)
+	}
+	dst = append(dst, p.bytes[:p.counterAt]...)
+	dst = appendUint(dst, counter)
+	return append(dst, p.bytes[p.counterEnd:]...)
+}
+
+// encodePayload returns the msgpack payload of fpm (a canonical FPM JSON object), appended to dst
+// (which it may reuse), and checks it: schemas.DecodeFPM of it must render fpm byte for byte. With
+// newWorker non-empty, worker_id is then replaced by it (the payload must still decode, to that
+// worker_id). dec is the caller's decoder (one per goroutine).
+func encodePayload(dst, fpm []byte, newWorker string, dec *schemas.Decoder) (payload, error) {
+	p, err := transcode(dst, fpm, nil)
+	if err != nil {
+		return payload{}, err
+	}
+	var f schemas.FPM
+	if err := dec.DecodeFPM(p.bytes, &f); err != nil {
+		return payload{}, fmt.Errorf("%w: the re-encoded payload does not decode: %v", ErrNotCanonical, err)
+	}
+	if !bytes.Equal(f.JSON, fpm) {
+		at := 0
+		for at < len(f.JSON) && at < len(fpm) && f.JSON[at] == fpm[at] {
+			at++
+		}
+		return payload{}, fmt.Errorf("%w: re-encoded, it renders differently from byte %d", ErrNotCanonical, at)
+	}
+	if newWorker == "" {
+		return p, nil
+	}
+	if p, err = transcode(p.bytes[:0], fpm, map[string]string{f.WorkerID: newWorker}); err != nil {
+		return payload{}, err
+	}
+	if err := dec.DecodeFPM(p.bytes, &f); err != nil || f.WorkerID != newWorker {
+		return payload{}, fmt.Errorf("%w: the payload with worker_id %q does not decode to it: %v", ErrNotCanonical, newWorker, err)
+	}
+	return p, nil
+}
+
+// transcode turns the JSON object fpm into msgpack appended to dst[:0], worker_id mapped through
+// workers (nil: unchanged).
+func transcode(dst, fpm []byte, workers map[string]string) (payload, error) {
+	e := transcoder{src: fpm, out: dst[:0], workers: workers, counterAt: -1}
+	p, err := e.value(skipSpace(fpm, 0), 0)
+	if err == nil && skipSpace(fpm, p) != len(fpm) {
+		err = e.fail(p, "trailing data")
+	}
+	if err != nil {
+		return payload{}, err
+	}
+	return payload{bytes: e.out, counterAt: e.counterAt, counterEnd: e.counterEnd}, nil
+}
+
+// maxPayloadDepth bounds nesting, as the schemas decoder does (the top-level map is depth 1).
+const maxPayloadDepth = 32
+
+// transcoder turns one JSON value into msgpack.
+type transcoder struct {
+	src                   []byte
+	out                   []byte
+	workers               map[string]string
+	counterAt, counterEnd int
+}
+
+func (e *transcoder) fail(p int, msg string) error {
+	return fmt.Errorf("%w: byte %d: %s", ErrNotCanonical, p, msg)
+}
+
+// value transcodes the value at p (depth: containers above it) and returns the offset after it.
+func (e *transcoder) value(p, depth int) (int, error) {
+	if p >= len(e.src) {
+		return p, e.fail(p, "value expected")
+	}
+	switch c := e.src[p]; {
+	case c == '{':
+		return e.object(p, depth+1)
+	case c == '[':
+		return e.array(p, depth+1)
+	case c == '"':
+		s, next, err := e.str(p)
+		if err != nil {
+			return next, err
+		}
+		e.out = appendStr(e.out, s)
+		return next, nil
+	case c == 't':
+		return e.literal(p, "true", 0xc3)
+	case c == 'f':
+		return e.literal(p, "false", 0xc2)
+	case c == 'n':
+		return e.literal(p, "null", 0xc0)
+	case c == '-' || c >= '0' && c <= '9':
+		return e.number(p)
+	}
+	return p, e.fail(p, "unexpected character "+strconv.QuoteRune(rune(e.src[p])))
+}
+
+func (e *transcoder) literal(p int, lit string, code byte) (int, error) {
+	if !bytes.HasPrefix(e.src[p:], []byte(lit)) {
+		return p, e.fail(p, "invalid literal")
+	}
+	e.out = append(e.out, code)
+	return p + len(lit), nil
+}
+
+// object transcodes the object at p. Its pair count is only known at the end, so the map header is
+// reserved at its widest (map32) and shrunk once counted.
+func (e *transcoder) object(p, depth int) (int, error) {
+	if depth > maxPayloadDepth {
+		return p, e.fail(p, "nested deeper than "+strconv.Itoa(maxPayloadDepth))
+	}
+	head := len(e.out)
+	e.out = append(e.out, 0xdf, 0, 0, 0, 0)
+	n := 0
+	p = skipSpace(e.src, p+1)
+	if p < len(e.src) && e.src[p] == '}' {
+		e.finishHeader(head, n, 0x80, 0xde, 0xdf)
+		return p + 1, nil
+	}
+	for {
+		if p >= len(e.src) || e.src[p] != '"' {
+			return p, e.fail(p, "object key expected")
+		}
+		key, next, err := e.str(p)
+		if err != nil {
+			return next, err
+		}
+		e.out = appendStr(e.out, key)
+		p = skipSpace(e.src, next)
+		if p >= len(e.src) || e.src[p] != ':' {
+			return p, e.fail(p, "':' expected")
+		}
+		p = skipSpace(e.src, p+1)
+		top := depth == 1
+		switch {
+		case top && key == "worker_id" && p < len(e.src) && e.src[p] == '"' && e.workers != nil:
+			s, next, err := e.str(p)
+			if err != nil {
+				return next, err
+			}
+			if nw, ok := e.workers[s]; ok {
+				s = nw
+			}
+			e.out = appendStr(e.out, s)
+			p = next
+		case top && key == "counter_id":
+			at := len(e.out)
+			if p, err = e.value(p, depth); err != nil {
+				return p, err
+			}
+			e.counterAt, e.counterEnd = at, len(e.out)
+		default:
+			if p, err = e.value(p, depth); err != nil {
+				return p, err
+			}
+		}
+		n++
+		p = skipSpace(e.src, p)
+		if p < len(e.src) && e.src[p] == ',' {
+			p = skipSpace(e.src, p+1)
+			continue
+		}
+		if p < len(e.src) && e.src[p] == '}' {
+			shift := e.finishHeader(head, n, 0x80, 0xde, 0xdf)
+			if e.counterAt > head && depth == 1 {
+				e.counterAt, e.counterEnd = e.counterAt-shift, e.counterEnd-shift
+			}
+			return p + 1, nil
+		}
+		return p, e.fail(p, "',' or '}' expected")
+	}
+}
+
+func (e *transcoder) array(p, depth int) (int, error) {
+	if depth > maxPayloadDepth {
+		return p, e.fail(p, "nested deeper than "+strconv.Itoa(maxPayloadDepth))
+	}
+	head := len(e.out)
+	e.out = append(e.out, 0xdd, 0, 0, 0, 0)
+	n := 0
+	p = skipSpace(e.src, p+1)
+	if p < len(e.src) && e.src[p] == ']' {
+		e.finishHeader(head, n, 0x90, 0xdc, 0xdd)
+		return p + 1, nil
+	}
+	for {
+		var err error
+		if p, err = e.value(p, depth); err != nil {
+			return p, err
+		}
+		n++
+		p = skipSpace(e.src, p)
+		if p < len(e.src) && e.src[p] == ',' {
+			p = skipSpace(e.src, p+1)
+			continue
+		}
+		if p < len(e.src) && e.src[p] == ']' {
+			e.finishHeader(head, n, 0x90, 0xdc, 0xdd)
+			return p + 1, nil
+		}
+		return p, e.fail(p, "',' or ']' expected")
+	}
+}
+
+// finishHeader rewrites the 5-byte container header reserved at head for n entries in the smallest
+// form (fix, 16-bit or 32-bit code), moving what follows, and returns how many bytes it removed.
+func (e *transcoder) finishHeader(head, n int, fix, c16, c32 byte) int {
+	var h []byte
+	switch {
+	case n < 16:
+		h = []byte{fix | byte(n)}
+	case n <= math.MaxUint16:
+		h = binary.BigEndian.AppendUint16([]byte{c16}, uint16(n))
+	default:
+		h = binary.BigEndian.AppendUint32([]byte{c32}, uint32(n))
+	}
+	shift := 5 - len(h)
+	copy(e.out[head:], h)
+	if shift > 0 {
+		copy(e.out[head+len(h):], e.out[head+5:])
+		e.out = e.out[:len(e.out)-shift]
+	}
+	return shift
+}
+
+// str reads the JSON string at p and returns its text.
+func (e *transcoder) str(p int) (string, int, error) {
+	end := p + 1
+	escaped := false
+	for ; end < len(e.src); end++ {
+		c := e.src[end]
+		if c == '\\' {
+			escaped = true
+			end++
+			continue
+		}
+		if c == '"' {
+			break
+		}
+	}
+	if end >= len(e.src) {
+		return "", end, e.fail(p, "unterminated string")
+	}
+	raw := e.src[p : end+1]
+	if !escaped {
+		return string(raw[1 : len(raw)-1]), end + 1, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", end + 1, e.fail(p, "invalid string: "+err.Error())
+	}
+	return s, end + 1, nil
+}
+
+// number transcodes the JSON number at p as the schemas reader types it: an integer literal is an
+// integer (int64 or uint64; beyond that ErrUnencodable), "-0" and anything with a fraction or an
+// exponent is a float64.
+func (e *transcoder) number(p int) (int, error) {
+	start := p
+	if e.src[p] == '-' {
+		p++
+	}
+	isFloat := false
+	for ; p < len(e.src); p++ {
+		c := e.src[p]
+		if c >= '0' && c <= '9' {
+			continue
+		}
+		if c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' {
+			isFloat = true
+			continue
+		}
+		break
+	}
+	text := string(e.src[start:p])
+	if !isFloat {
+		if text == "-0" {
+			e.out = appendFloat(e.out, math.Copysign(0, -1))
+			return p, nil
+		}
+		if v, err := strconv.ParseInt(text, 10, 64); err == nil {
+			e.out = appendInt(e.out, v)
+			return p, nil
+		}
+		if u, err := strconv.ParseUint(text, 10, 64); err == nil {
+			e.out = appendUint(e.out, u)
+			return p, nil
+		}
+		if _, err := strconv.ParseFloat(text, 64); err == nil {
+			return p, fmt.Errorf("%w: integer %s at byte %d is beyond 64 bits", ErrUnencodable, text, start)
+		}
+		return p, e.fail(start, "invalid number "+strconv.Quote(text))
+	}
+	f, err := strconv.ParseFloat(text, 64)
+	if err != nil {
+		return p, e.fail(start, "invalid number "+strconv.Quote(text))
+	}
+	e.out = appendFloat(e.out, f)
+	return p, nil
+}
+
+func skipSpace(src []byte, p int) int {
+	for p < len(src) && (src[p] == ' ' || src[p] == '\t' || src[p] == '\n' || src[p] == '\r') {
+		p++
+	}
+	return p
+}
+
+// msgpack writers, in msgspec's choice of encodings: the smallest integer form, float64 always.
+
+func appendStr(dst []byte, s string) []byte {
+	switch n := len(s); {
+	case n < 32:
+		dst = append(dst, 0xa0|byte(n))
+	case n <= math.MaxUint8:
+		dst = append(dst, 0xd9, byte(n))
+	case n <= math.MaxUint16:
+		dst = binary.BigEndian.AppendUint16(append(dst, 0xda), uint16(n))
+	default:
+		dst = binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
+	}
+	return append(dst, s...)
+}
+
+func appendUint(dst []byte, u uint64) []byte {
+	switch {
+	case u < 128:
+		return append(dst, byte(u))
+	case u <= math.MaxUint8:
+		return append(dst, 0xcc, byte(u))
+	case u <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
+	case u <= math.MaxUint32:
+		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
+	}
+	return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
+}
+
+func appendInt(dst []byte, v int64) []byte {
+	if v >= 0 {
+		return appendUint(dst, uint64(v))
+	}
+	switch {
+	case v >= -32:
+		return append(dst, byte(v))
+	case v >= math.MinInt8:
+		return append(dst, 0xd0, byte(v))
+	case v >= math.MinInt16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xd1), uint16(v))
+	case v >= math.MinInt32:
+		return binary.BigEndian.AppendUint32(append(dst, 0xd2), uint32(v))
+	}
+	return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
+}
+
+func appendFloat(dst []byte, f float64) []byte {
+	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(f))
+}

@@ -1,0 +1,172 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Targets.
+const (
+	TargetZMQ    = "zmq"
+	TargetStream = "stream"
+)
+
+// Config says where a replay sends: Target TargetZMQ (default) with ZMQ, or TargetStream with Stream.
+type Config struct {
+	Target string
+	ZMQ    ZMQConfig
+	Stream StreamConfig
+}
+
+// Option changes a Replayer.
+type Option func(*options) error
+
+type options struct {
+	logger   *slog.Logger
+	progress io.Writer
+	every    int
+	csv      io.Writer
+}
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+		}
+		o.logger = l
+		return nil
+	}
+}
+
+// WithProgress writes a progress line to w every `every` records (and the warning when the replay
+// falls behind its schedule). every must be positive.
+func WithProgress(w io.Writer, every int) Option {
+	return func(o *options) error {
+		if w == nil || every < 1 {
+			return fmt.Errorf("%w: progress every %d records: want a writer and at least 1", ErrInvalidConfig, every)
+		}
+		o.progress, o.every = w, every
+		return nil
+	}
+}
+
+// WithRecordsCSV writes one CSV row per record sent to w (header producer, dp_rank, pass, index, seq,
+// counter_id, scheduled_offset_ms, actual_offset_ms, lateness_ms, outcome). Rows come in the order
+// sends are settled; w is flushed when Run returns, never closed.
+func WithRecordsCSV(w io.Writer) Option {
+	return func(o *options) error {
+		if w == nil {
+			return fmt.Errorf("%w: nil records CSV writer", ErrInvalidConfig)
+		}
+		o.csv = w
+		return nil
+	}
+}
+
+// ErrAlreadyRun is returned by a second call of Run.
+var ErrAlreadyRun = errors.New("replay: already run")
+
+// Replayer replays one Plan into one target. Run owns every socket and goroutine it starts and
+// releases them before it returns.
+type Replayer struct {
+	plan   *Plan
+	cfg    Config
+	opts   options
+	target target
+	rep    *reporter
+	ready  chan struct{}
+
+	mu  sync.Mutex
+	ran bool
+}
+
+// New checks cfg against the plan (for the ZMQ target: the port layout) and returns the Replayer;
+// nothing is bound or connected until Run. Options: WithLogger, WithProgress, WithRecordsCSV.
+func New(p *Plan, cfg Config, opts ...Option) (*Replayer, error) {
+	o := options{logger: slog.New(slog.DiscardHandler)}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	r := &Replayer{plan: p, cfg: cfg, opts: o, ready: make(chan struct{})}
+	var err error
+	switch cfg.Target {
+	case "", TargetZMQ:
+		r.cfg.Target = TargetZMQ
+		var t *zmqTarget
+		t, err = newZMQTarget(cfg.ZMQ, p, nil)
+		if err == nil {
+			r.target = t
+			r.rep = newReporter(p, t.describe, o.progress, o.every, o.csv)
+			t.rep = r.rep
+		}
+	case TargetStream:
+		var t *streamTarget
+		t, err = newStreamTarget(cfg.Stream, p, nil)
+		if err == nil {
+			r.target = t
+			r.rep = newReporter(p, t.describe, o.progress, o.every, o.csv)
+			t.rep = r.rep
+		}
+	default:
+		err = fmt.Errorf("%w: target %q: want zmq or stream", ErrInvalidConfig, cfg.Target)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Endpoint names where socket s of the plan sends (its bind endpoint, or its stream subjects).
+func (r *Replayer) Endpoint(s int) string { return r.target.describe(s) }
+
+// Ready is closed once Run has bound (or connected), waited for subscribers and the start delay: the
+// first record goes out right after.
+func (r *Replayer) Ready() <-chan struct{} { return r.ready }
+
+// Run replays the plan and returns the report. A ctx that ends stops it: Run then closes the target
+// (ZMQ: each socket waits at most its linger for queued frames; stream: every outstanding ack is
+// awaited) and returns the report of what was sent, marked interrupted, with a nil error: stopping is
+// not a failure. An error is returned when the target cannot be opened (a port in use) or the CSV
+// cannot be written.
+func (r *Replayer) Run(ctx context.Context) (*Report, error) {
+	r.mu.Lock()
+	if r.ran {
+		r.mu.Unlock()
+		return nil, ErrAlreadyRun
+	}
+	r.ran = true
+	r.mu.Unlock()
+
+	log := r.opts.logger
+	if err := r.target.open(ctx, r.plan); err != nil {
+		cerr := r.target.close()
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			r.rep.finish(0, true)
+			return r.rep.report(r.cfg.Target), cerr
+		}
+		return nil, errors.Join(err, cerr)
+	}
+	for i := range r.plan.Sockets {
+		if s := &r.plan.Sockets[i]; s.Active() {
+			log.Info("replay socket", "rank", s.Label(), "to", r.target.describe(i), "records", s.Records, "heartbeats", s.Heartbeats)
+		}
+	}
+	pc := &pacer{plan: r.plan, target: r.target, start: time.Now()}
+	r.rep.start(pc.start)
+	close(r.ready)
+	passes, err := pc.run(ctx)
+	cerr := r.target.close()
+	ferr := r.rep.finish(passes, err != nil)
+	rep := r.rep.report(r.cfg.Target)
+	log.Info("replay finished", "replayed", rep.Overall.Replayed, "failed", rep.Overall.Failed, "passes", passes,
+		"interrupted", err != nil, "lateness_p99_ms", rep.Overall.Lateness.P99Ms)
+	return rep, errors.Join(cerr, ferr)
+}

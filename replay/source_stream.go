@@ -1,0 +1,178 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// The stream source: a range of stream FPM, read with an ordered consumer (ephemeral, unacknowledged,
+// invisible to every durable consumer), selected as `fpmbus trace backfill` selects it. A message
+// becomes the record a full-mode trace writer would have written for it: observed_at_unix_ms from its
+// Fpm-Received-At-Ms header (the bridge's receive time), source from its Fpm-Namespace, Fpm-Component
+// and Fpm-Producer headers, fpm its body.
+
+// ErrBadRange is returned for a stream range that selects nothing sensible.
+var ErrBadRange = errors.New("replay: invalid stream range")
+
+// StreamRange selects messages of stream FPM by stream sequence (StartSeq to EndSeq) or by stream time
+// (Since to Until), both inclusive, not both ways at once. A zero bound is open; an open end is the
+// stream's last message when the read starts.
+type StreamRange struct {
+	Since, Until     time.Time
+	StartSeq, EndSeq uint64
+	// Filter is the subject filter (default fpm.>, every FPM).
+	Filter string
+}
+
+func (r StreamRange) validate() error {
+	switch {
+	case (r.StartSeq != 0 || r.EndSeq != 0) && (!r.Since.IsZero() || !r.Until.IsZero()):
+		return fmt.Errorf("%w: select by sequence or by time, not both", ErrBadRange)
+	case r.EndSeq != 0 && r.EndSeq < r.StartSeq:
+		return fmt.Errorf("%w: end sequence %d is before start sequence %d", ErrBadRange, r.EndSeq, r.StartSeq)
+	case !r.Until.IsZero() && r.Until.Before(r.Since):
+		return fmt.Errorf("%w: until %s is before since %s", ErrBadRange, r.Until.Format(time.RFC3339Nano), r.Since.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// ReadStream reads the range of stream FPM into a Recording. A message whose body is not a valid FPM
+// is counted as invalid (its stream sequence among the examples), not replayed.
+func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*Recording, error) {
+	if err := rng.validate(); err != nil {
+		return nil, err
+	}
+	if rng.Filter == "" {
+		rng.Filter = streams.FPMWildcard
+	}
+	s, err := js.Stream(ctx, streams.StreamFPM)
+	if err != nil {
+		return nil, fmt.Errorf("replay: stream %s: %w", streams.StreamFPM, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("replay: stream %s: %w", streams.StreamFPM, err)
+	}
+	last := info.State.LastSeq
+	if rng.EndSeq != 0 {
+		last = min(last, rng.EndSeq)
+	}
+	start := jetstream.OrderedConsumerConfig{FilterSubjects: []string{rng.Filter}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	switch {
+	case rng.StartSeq != 0:
+		start.DeliverPolicy, start.OptStartSeq = jetstream.DeliverByStartSequencePolicy, rng.StartSeq
+	case !rng.Since.IsZero():
+		t := rng.Since
+		start.DeliverPolicy, start.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+	}
+	rec := &Recording{}
+	n, err := pendingFrom(ctx, s, start, rng.Filter)
+	if err != nil || n == 0 {
+		return rec, err
+	}
+	oc, err := s.OrderedConsumer(ctx, start)
+	if err != nil {
+		return nil, fmt.Errorf("replay: ordered consumer: %w", err)
+	}
+	it, err := oc.Messages(jetstream.PullMaxMessages(1000))
+	if err != nil {
+		return nil, fmt.Errorf("replay: ordered consumer: %w", err)
+	}
+	defer it.Stop()
+	in := interner{}
+	var dec schemas.Decoder
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return nil, fmt.Errorf("replay: read stream %s: %w", streams.StreamFPM, err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return nil, fmt.Errorf("replay: read stream %s: %w", streams.StreamFPM, err)
+		}
+		if md.Sequence.Stream > last || !rng.Until.IsZero() && md.Timestamp.After(rng.Until) {
+			break
+		}
+		r, err := streamRecord(m, md, in, &dec)
+		if err != nil {
+			rec.Invalid++
+			if len(rec.InvalidExamples) < maxExamples {
+				rec.InvalidExamples = append(rec.InvalidExamples, "stream "+streams.StreamFPM+" sequence "+strconv.FormatUint(md.Sequence.Stream, 10)+": "+err.Error())
+			}
+		} else {
+			rec.Records = append(rec.Records, r)
+		}
+		if md.Sequence.Stream >= last || md.NumPending == 0 {
+			break
+		}
+	}
+	sortRecords(rec.Records)
+	return rec, nil
+}
+
+// pendingFrom counts the messages on filter from start, with an ephemeral consumer deleted at once.
+func pendingFrom(ctx context.Context, s jetstream.Stream, start jetstream.OrderedConsumerConfig, filter string) (uint64, error) {
+	c, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		DeliverPolicy: start.DeliverPolicy, OptStartSeq: start.OptStartSeq, OptStartTime: start.OptStartTime,
+		FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: time.Minute, MemoryStorage: true,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("replay: count the range: %w", err)
+	}
+	ci := c.CachedInfo()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = s.DeleteConsumer(dctx, ci.Name)
+	cancel()
+	return ci.NumPending, nil
+}
+
+// streamRecord turns one stored FPM message into a record.
+func streamRecord(m jetstream.Msg, md *jetstream.MsgMetadata, in interner, dec *schemas.Decoder) (Record, error) {
+	body := append([]byte(nil), m.Data()...)
+	var f schemas.FPM
+	if err := dec.ParseFPMJSON(body, &f); err != nil {
+		return Record{}, err
+	}
+	h := m.Headers()
+	observed := md.Timestamp.UnixMilli()
+	if v := h.Get(streams.HeaderReceivedAt); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms < 0 {
+			return Record{}, fmt.Errorf("header %s %q: not Unix milliseconds", streams.HeaderReceivedAt, v)
+		}
+		observed = ms
+	}
+	ns, comp := h.Get(streams.HeaderNamespace), h.Get(streams.HeaderComponent)
+	if ns == "" || comp == "" {
+		k, err := streams.ParseFPMSubject(m.Subject())
+		if err != nil {
+			return Record{}, err
+		}
+		ns, comp = k.Namespace, k.Component
+	}
+	producer := h.Get(streams.HeaderProducer)
+	if producer == "" {
+		producer = f.WorkerID
+	}
+	return Record{
+		Namespace:   in.str(ns),
+		Component:   in.str(comp),
+		Producer:    in.str(producer),
+		CaptureMode: schemas.CaptureFull,
+		ObservedMs:  observed,
+		Order:       int64(md.Sequence.Stream),
+		WorkerID:    in.str(f.WorkerID),
+		DPRank:      f.DPRank,
+		CounterID:   f.CounterID,
+		Heartbeat:   f.IsHeartbeat(),
+		FPM:         body,
+	}, nil
+}

@@ -1,0 +1,340 @@
+package replay
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/fpmbus/fpmbus/schemas"
+)
+
+// The trace source: Dynamo's dynamo.fpm.trace.v1 gzip JSONL segments, as Dynamo's writer and `fpmbus
+// trace` name them (<output base>.<producer>.<index:06>.jsonl.gz), full or sampled, one producer or
+// many.
+
+// Sentinel errors of ReadTrace (wrapped with the path, file or line they concern).
+var (
+	ErrNoSegments = errors.New("replay: no trace segments found")
+	ErrNotGzip    = errors.New("replay: not a gzip file")
+	ErrNotTrace   = errors.New("replay: not a " + schemas.TraceSchema + " trace")
+)
+
+// segmentSuffix ends every segment file name.
+const segmentSuffix = ".jsonl.gz"
+
+// segmentFile is one file to read, with its name parsed for ordering.
+type segmentFile struct {
+	path   string
+	prefix string // the producer prefix (<base>.<producer>), or the path for a name that is not a segment's
+	index  int64  // -1 when the name is not a segment's
+}
+
+// ResolveSegments turns what a user names into the segment files to read, in read order (by producer
+// prefix, then segment index). Each path is
+//
+//   - a directory: its *.jsonl.gz files;
+//   - a file: that file;
+//   - a glob (it holds * ? or [): the files it matches;
+//   - an output prefix, as given to Dynamo's DYN_FPM_OUTPUT_PATH or --trace-output (with or without
+//     .jsonl.gz): the segments of every producer under it, <base>.<producer>.<index:06>.jsonl.gz; or a
+//     producer prefix, <base>.<producer>: that producer's segments.
+//
+// A path that names nothing is an error naming it (ErrNoSegments).
+func ResolveSegments(paths []string) ([]string, error) {
+	var files []segmentFile
+	seen := map[string]bool{}
+	add := func(p string) {
+		if seen[p] {
+			return
+		}
+		seen[p] = true
+		files = append(files, parseSegmentName(p))
+	}
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		switch {
+		case err == nil && fi.IsDir():
+			entries, err := os.ReadDir(p)
+			if err != nil {
+				return nil, fmt.Errorf("replay: %w", err)
+			}
+			n := 0
+			for _, e := range entries {
+				if e.Type().IsRegular() && strings.HasSuffix(e.Name(), segmentSuffix) {
+					add(filepath.Join(p, e.Name()))
+					n++
+				}
+			}
+			if n == 0 {
+				return nil, fmt.Errorf("%w in directory %s (no *%s file)", ErrNoSegments, p, segmentSuffix)
+			}
+		case err == nil:
+			add(p)
+		case strings.ContainsAny(p, "*?["):
+			matches, gerr := filepath.Glob(p)
+			if gerr != nil {
+				return nil, fmt.Errorf("replay: glob %q: %w", p, gerr)
+			}
+			n := 0
+			for _, m := range matches {
+				if fi, err := os.Stat(m); err == nil && fi.Mode().IsRegular() {
+					add(m)
+					n++
+				}
+			}
+			if n == 0 {
+				return nil, fmt.Errorf("%w: glob %q matches no file", ErrNoSegments, p)
+			}
+		case errors.Is(err, os.ErrNotExist):
+			matches, perr := prefixSegments(p)
+			if perr != nil {
+				return nil, perr
+			}
+			if len(matches) == 0 {
+				return nil, fmt.Errorf("%w: %s is no file, directory or glob, and no segment is named %s.[<producer>.]<index:06>%s", ErrNoSegments, p, outputBase(p), segmentSuffix)
+			}
+			for _, m := range matches {
+				add(m)
+			}
+		default:
+			return nil, fmt.Errorf("replay: %w", err)
+		}
+	}
+	slices.SortStableFunc(files, func(a, b segmentFile) int {
+		if c := strings.Compare(a.prefix, b.prefix); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.index, b.index)
+	})
+	out := make([]string, len(files))
+	for i, f := range files {
+		out[i] = f.path
+	}
+	return out, nil
+}
+
+// outputBase strips a trailing ".jsonl.gz" or ".jsonl" from an output path, as Dynamo does.
+func outputBase(p string) string {
+	if s, ok := strings.CutSuffix(p, ".jsonl.gz"); ok {
+		return s
+	}
+	if s, ok := strings.CutSuffix(p, ".jsonl"); ok {
+		return s
+	}
+	return p
+}
+
+// prefixSegments lists the segments under an output or producer prefix: files named
+// <base>.<index:06>.jsonl.gz or <base>.<producer>.<index:06>.jsonl.gz, the producer part a sanitized
+// producer id (letters, digits, '-', '_'), so other files in the directory are never claimed.
+func prefixSegments(p string) ([]string, error) {
+	base := outputBase(p)
+	dir, name := filepath.Split(base)
+	if dir == "" {
+		dir = "."
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), name+".")
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		if producer, idx, ok := strings.Cut(rest, "."); ok && segmentIndex(idx) >= 0 && isProducerName(producer) || segmentIndex(rest) >= 0 {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out, nil
+}
+
+// segmentIndex parses "<index:06>.jsonl.gz" (at least six digits, formatted as %06d formats the
+// index), or returns -1.
+func segmentIndex(s string) int64 {
+	digits, ok := strings.CutSuffix(s, segmentSuffix)
+	if !ok || len(digits) < 6 || len(digits) > 18 {
+		return -1
+	}
+	for i := 0; i < len(digits); i++ {
+		if digits[i] < '0' || digits[i] > '9' {
+			return -1
+		}
+	}
+	if len(digits) > 6 && digits[0] == '0' {
+		return -1 // "0000001" is not how %06d writes 1
+	}
+	n, _ := strconv.ParseInt(digits, 10, 64)
+	return n
+}
+
+func isProducerName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// parseSegmentName splits a segment path into its producer prefix and index, for read order.
+func parseSegmentName(p string) segmentFile {
+	f := segmentFile{path: p, prefix: p, index: -1}
+	stem, ok := strings.CutSuffix(p, segmentSuffix)
+	if !ok {
+		return f
+	}
+	dot := strings.LastIndexByte(stem, '.')
+	if dot <= 0 {
+		return f
+	}
+	if idx := segmentIndex(p[dot+1:]); idx >= 0 {
+		f.prefix, f.index = p[:dot], idx
+	}
+	return f
+}
+
+// ReadTrace reads the segments named by paths (see ResolveSegments) into a Recording, records sorted
+// by observed_at_unix_ms (ties by line order: files in read order, lines in file order).
+//
+// Damage is reported, not fatal: a segment with a torn or corrupt tail is read up to the damage
+// (Recording.Damaged gives its file and byte offset) and the other files are read on. A line that is
+// a dynamo.fpm.trace.v1 record but breaks one of its rules is counted (Recording.Invalid) and not
+// replayed. What is not a trace at all is an error naming the file (ErrNotGzip) or the file and line
+// (ErrNotTrace).
+func ReadTrace(paths []string) (*Recording, error) {
+	files, err := ResolveSegments(paths)
+	if err != nil {
+		return nil, err
+	}
+	rec := &Recording{Files: files}
+	lr := newLineReader(rec)
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
+		}
+		if len(data) >= 1 && data[0] != 0x1f || len(data) >= 2 && data[1] != 0x8b {
+			return nil, fmt.Errorf("%s: %w", f, ErrNotGzip)
+		}
+		lr.file, lr.line = f, 0
+		d, err := scanSegment(f, data, lr.take)
+		if err != nil {
+			return nil, err
+		}
+		if d != nil {
+			rec.Damaged = append(rec.Damaged, *d)
+		}
+	}
+	sortRecords(rec.Records)
+	return rec, nil
+}
+
+// lineReader turns trace lines into records.
+type lineReader struct {
+	rec   *Recording
+	file  string
+	line  int
+	order int64
+	in    interner
+	dec   schemas.Decoder
+}
+
+func newLineReader(rec *Recording) *lineReader {
+	return &lineReader{rec: rec, in: interner{}}
+}
+
+// take is scanSegment's callback for one line.
+func (lr *lineReader) take(line []byte) error {
+	lr.line++
+	lr.order++
+	r, err := lr.record(line)
+	if err == nil {
+		lr.rec.Records = append(lr.rec.Records, r)
+		return nil
+	}
+	if !errors.Is(err, schemas.ErrInvalidTraceLine) {
+		return &LineError{File: lr.file, Line: lr.line, Err: err}
+	}
+	lr.rec.Invalid++
+	if len(lr.rec.InvalidExamples) < maxExamples {
+		lr.rec.InvalidExamples = append(lr.rec.InvalidExamples, lr.file+":"+strconv.Itoa(lr.line)+": "+
+			strings.TrimPrefix(err.Error(), "schemas: invalid trace line: "))
+	}
+	return nil
+}
+
+// record decodes one line. A line that is not a dynamo.fpm.trace.v1 record at all is an ErrNotTrace
+// error; one that is but breaks a rule matches schemas.ErrInvalidTraceLine.
+func (lr *lineReader) record(line []byte) (Record, error) {
+	tl, err := schemas.ParseTraceLine(line)
+	if err != nil {
+		if !isTraceRecord(line) {
+			return Record{}, fmt.Errorf("%w: %v", ErrNotTrace, err)
+		}
+		return Record{}, err
+	}
+	var f schemas.FPM
+	if err := lr.dec.ParseFPMJSON(tl.Event.FPM, &f); err != nil { // checked by ParseTraceLine already
+		return Record{}, err
+	}
+	e := &tl.Event
+	return Record{
+		Namespace:   lr.in.str(e.Source.Namespace),
+		Component:   lr.in.str(e.Source.Component),
+		Producer:    lr.in.str(e.Source.ProducerID),
+		CaptureMode: lr.in.str(e.CaptureMode),
+		ObservedMs:  e.ObservedAtUnixMs,
+		Order:       lr.order,
+		WorkerID:    lr.in.str(f.WorkerID),
+		DPRank:      f.DPRank,
+		CounterID:   f.CounterID,
+		Heartbeat:   f.IsHeartbeat(),
+		FPM:         e.FPM,
+	}, nil
+}
+
+// isTraceRecord reports whether line is a JSON object whose event.schema is dynamo.fpm.trace.v1 (a
+// record that may break other rules), as opposed to anything else (a log line, another schema).
+func isTraceRecord(line []byte) bool {
+	var probe struct {
+		Event struct {
+			Schema json.RawMessage `json:"schema"`
+		} `json:"event"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(line)).Decode(&probe); err != nil {
+		var te *json.UnmarshalTypeError
+		if !errors.As(err, &te) {
+			return false
+		}
+	}
+	var schema string
+	return json.Unmarshal(probe.Event.Schema, &schema) == nil && schema == schemas.TraceSchema
+}
+
+// LineError locates a line that is not a trace record: its file and 1-based line number.
+type LineError struct {
+	File string
+	Line int
+	Err  error
+}
+
+func (e *LineError) Error() string { return e.File + ":" + strconv.Itoa(e.Line) + ": " + e.Err.Error() }
+
+// Unwrap returns the cause (matching ErrNotTrace).
+func (e *LineError) Unwrap() error { return e.Err }
