@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -182,10 +184,10 @@ func runUp(ctx context.Context, args []string) error {
 	err = func() error {
 		if traceErr == nil {
 			tcfg.Registerer = reg
-			w, err := trace.New(tcfg, js, trace.WithLogger(slog.Default()))
+			w, err := trace.New(tcfg, js, trace.WithLogger(slog.Default()), trace.WithMemberID(upMemberID(*dataDir)))
 			if err != nil {
 				slog.Warn("trace writer disabled; the bridge and other consumers run on", "reason", err)
-			} else if err := startStage("trace writer", w.Ready(), w.Run, "mode", tcfg.Mode, "output", tcfg.OutputPath, "group", tcfg.Durable); err != nil {
+			} else if err := startStage("trace writer", w.Ready(), w.Run, "mode", tcfg.Mode, "output", tcfg.OutputPath, "group", tcfg.Group); err != nil {
 				return err
 			}
 		}
@@ -273,4 +275,28 @@ func runUp(ctx context.Context, args []string) error {
 		err = nil
 	}
 	return err
+}
+
+// upMemberID names this `fpmbus up` in its consumer groups: "up-<host>-<hash of the absolute data
+// directory>". Only one process can hold a data directory (its embedded server locks the store), so
+// the id names the same instance across restarts, and a restart after a crash takes the partitions of
+// its previous incarnation back at once (consumers/partition, WithMemberID).
+func upMemberID(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	host, _ := os.Hostname()
+	var b strings.Builder
+	b.WriteString("up-")
+	for i := 0; i < len(host) && i < 32; i++ {
+		if c := host[i]; c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	sum := sha256.Sum256([]byte(abs))
+	b.WriteString("-" + hex.EncodeToString(sum[:6]))
+	return b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 
@@ -40,7 +41,9 @@ func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason error) {
 	}
 	dl.Data = data
 	for k, v := range m.raw.Headers() {
-		if k != nats.MsgIdHdr && len(v) > 0 && len(k)+len(v[0]) < 1024 {
+		// Nats-* headers are the server's (the message id, Nats-Stream-Source on a partition stream's
+		// copy): the server refuses a publish carrying some of them.
+		if !strings.HasPrefix(k, "Nats-") && len(v) > 0 && len(k)+len(v[0]) < 1024 {
 			dl.Header.Set(k, v[0])
 		}
 	}

@@ -37,13 +37,13 @@ var ErrWriterClosed = errors.New("trace: segment writer closed")
 //     Files whose names do not match the prefix exactly are never touched.
 //   - It starts at NextSegmentIndex(prefix): a segment left by an earlier run is never appended to.
 //   - A write that fails (short write, failed fsync, full disk) leaves the file with a torn tail. The
-//     trace Writer's flusher then abandons the segment (writeBatchRetry): it cuts the file back to its
+//     trace writer's flusher then abandons the segment (writeBatchRetry): it cuts the file back to its
 //     last fsynced member, fsyncs and closes it, and after a backoff writes the lines again into a new
 //     segment, one index up; every later segment moves up by one too. So no segment but the newest
 //     ever has a torn tail, and a line is in exactly one segment. Flush, used alone, does not retry.
 //
 // The writer has two sides. The line side (Append, Buffered, Appended, Durable) only touches memory;
-// the file side (compress, write, fsync, roll the file, prune) runs in Flush, or, for the trace Writer,
+// the file side (compress, write, fsync, roll the file, prune) runs in Flush, or, for the trace writer,
 // on a flusher goroutine between detach and complete, while the line side goes on buffering. Errors
 // are sticky: after a failed write or sync every call returns the same error. A SegmentWriter is not
 // safe for concurrent use, except that the file side of one detached batch may run concurrently with
@@ -236,7 +236,8 @@ func (w *SegmentWriter) writeChunks(chunks []chunk) (int, error) {
 // (report is told), abandons the segment (cut back to its last fsynced member, fsynced, closed; see
 // abandon) and writes the chunk again into a new segment, until it succeeds or stop is closed; then
 // it returns the last error. An error that retrying cannot fix (the segment file exists already:
-// another writer owns the producer) is returned at once, as is any error when bo is nil.
+// another writer owns the producer; the file system refuses the name) is returned at once, as is any
+// error when bo is nil.
 func (w *SegmentWriter) writeBatchRetry(b batch, stop <-chan struct{}, bo backoff.BackOff, report func(*SegmentWriter, error, time.Duration)) error {
 	chunks := b.chunks
 	for retried := false; ; retried = true {
@@ -248,7 +249,7 @@ func (w *SegmentWriter) writeBatchRetry(b batch, stop <-chan struct{}, bo backof
 			return nil
 		}
 		chunks = chunks[n:]
-		if bo == nil || errors.Is(err, os.ErrExist) {
+		if bo == nil || errors.Is(err, os.ErrExist) || nameRefused(err) {
 			return err
 		}
 		for {

@@ -1,0 +1,273 @@
+package trace
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/fpmbus/fpmbus/schemas"
+)
+
+// writer turns the records of one ordered stream of messages — an owned partition's (Consumer) or a
+// backfill's range — into lines in their producers' segments, and says each message done once the
+// line holding it is durable (for a message that needs no line of its own, once the lines appended
+// before it are). It is owned by one goroutine: the runner's loop, or Backfill's; its flusher writes
+// and fsyncs off that goroutine.
+type writer struct {
+	cfg   Config
+	set   settings
+	log   *slog.Logger
+	m     *metrics
+	start time.Time // lines' "timestamp" counts from it (writer-relative, as in Dynamo)
+
+	producers map[string]*producer // by unsanitized producer id
+	bySegment map[string]*producer // by segment prefix: ids that sanitize alike share files
+	dirty     []*producer          // exactly the producers with dirty set
+	waiting   int                  // messages waiting for their line (or the lines before them) to be durable
+	unflushed int                  // of those, messages whose lines are not yet handed to the flusher
+	fl        *flusher
+	again     bool // a flush was asked for while one was in flight: it starts when that one completes
+	lineBuf   []byte
+	sampler   *sampler  // sampled mode only
+	takeover  *takeover // recognises what an earlier owner wrote; nil for a backfill
+
+	linesWritten uint64 // totals of this writer
+}
+
+// producer is one producer's segment writer and the messages waiting for its lines to be durable.
+type producer struct {
+	sw      *SegmentWriter
+	pending []pendingDone // in line order
+	lines   int           // lines appended since the last flush
+	dirty   bool
+}
+
+// pendingDone is a message that is done once its producer's line number line is durable
+// (sw.Durable() >= line): the message's own line, or for a message that needs no line (sampled mode:
+// superseded, unchanged counter, late), the lines appended before it.
+type pendingDone struct {
+	d    delivery
+	line uint64
+}
+
+// messageError is the reason one message can never be written: it is rejected (dead-lettered) and
+// the other messages go on. Any other error is a fault of the instance and ends it.
+type messageError struct{ err error }
+
+func (e *messageError) Error() string { return e.err.Error() }
+func (e *messageError) Unwrap() error { return e.err }
+
+// newWriter returns a writer whose flusher is running; notify (nil: none) is called, from the
+// flusher's goroutine, each time a flush completes and waits for collect.
+func newWriter(cfg Config, set settings, log *slog.Logger, m *metrics, start time.Time, notify func()) *writer {
+	w := &writer{
+		cfg:       cfg,
+		set:       set,
+		log:       log,
+		m:         m,
+		start:     start,
+		producers: map[string]*producer{},
+		bySegment: map[string]*producer{},
+	}
+	if cfg.Mode == schemas.CaptureSampled {
+		w.sampler = newSampler(cfg.SampleInterval, cfg.SampleInterval+2*cfg.FlushInterval)
+	}
+	w.fl = startFlusher(set.retry, w.reportRetry, notify)
+	return w
+}
+
+// reportRetry logs a failed write that will be retried (called from the flusher's goroutines).
+func (w *writer) reportRetry(sw *SegmentWriter, err error, wait time.Duration) {
+	w.m.retries.Inc()
+	w.log.Warn("trace writer: write failed; its messages stay unacknowledged until it succeeds, retrying",
+		"prefix", sw.Prefix(), "err", err, "retry_in", wait)
+}
+
+// handle turns one record into a line (or a pending sample). A redelivered message whose line an
+// earlier owner already made durable is done at once, without a line.
+func (w *writer) handle(r *record) error {
+	if w.takeover != nil {
+		written, err := w.takeover.written(r)
+		if err != nil {
+			return err
+		}
+		if written {
+			w.m.skippedWritten.Inc()
+			r.d.Done()
+			return nil
+		}
+	}
+	if w.sampler != nil {
+		return w.sampler.add(w, r)
+	}
+	return w.handleFull(r)
+}
+
+// write appends r's line to p's segments.
+func (w *writer) write(p *producer, r *record) error {
+	ts := max(w.set.now().Sub(w.start).Milliseconds(), 0)
+	w.lineBuf = appendLine(w.lineBuf[:0], r, ts, w.cfg.Mode)
+	if err := p.sw.Append(w.lineBuf); err != nil {
+		return err
+	}
+	p.lines++
+	if !p.dirty {
+		p.dirty = true
+		w.dirty = append(w.dirty, p)
+	}
+	return nil
+}
+
+// account notes n more messages of p waiting for a flush. p's lines go to the flusher when its buffer
+// is full; every producer's when a quarter of MaxAckPending waits unflushed (the server stops
+// delivering at MaxAckPending, and a flush may be in flight).
+func (w *writer) account(p *producer, n int) error {
+	w.waiting += n
+	w.unflushed += n
+	if w.unflushed >= max(w.cfg.MaxAckPending/4, 1) {
+		return w.flush()
+	}
+	if p.sw.Buffered() >= w.cfg.BufferSize {
+		return w.submit([]*producer{p})
+	}
+	return nil
+}
+
+// producerFor returns the producer of id, creating its SegmentWriter (at the next free index) on first
+// use.
+func (w *writer) producerFor(id string) (*producer, error) {
+	if p, ok := w.producers[id]; ok {
+		return p, nil
+	}
+	prefix := SegmentPrefix(w.cfg.OutputPath, id)
+	p, ok := w.bySegment[prefix]
+	if !ok {
+		sw, err := newSegmentWriter(prefix, w.cfg.RollBytes, w.cfg.MaxSegments, w.set.level, w.log)
+		if err != nil {
+			return nil, err
+		}
+		sw.open = w.set.open
+		sw.onRoll = w.m.rolled.Inc
+		p = &producer{sw: sw}
+		w.bySegment[prefix] = p
+		w.log.Debug("trace writer: new producer", "producer_id", id, "segment", sw.Path())
+	}
+	w.producers[id] = p
+	return p, nil
+}
+
+// markDone says done every message whose line (or lines before it) is durable, for every producer.
+func (w *writer) markDone() {
+	if w.waiting == 0 {
+		return
+	}
+	for _, p := range w.bySegment {
+		if len(p.pending) > 0 {
+			w.waiting -= p.markDone()
+		}
+	}
+}
+
+// markDone says done p's pending messages whose lines are durable and keeps the others.
+func (p *producer) markDone() int {
+	durable := p.sw.Durable()
+	i := 0
+	for ; i < len(p.pending) && p.pending[i].line <= durable; i++ {
+		p.pending[i].d.Done()
+	}
+	n := copy(p.pending, p.pending[i:])
+	clear(p.pending[n:])
+	p.pending = p.pending[:n]
+	return i
+}
+
+// nameRefused reports a file-system error that concerns one producer's file name and that retrying
+// cannot fix: the name is too long (SegmentPrefix keeps names within NAME_MAX, so only a file system
+// with a lower limit says so). Its messages are rejected; the other producers go on.
+func nameRefused(err error) bool {
+	return errors.Is(err, syscall.ENAMETOOLONG)
+}
+
+// dropProducer gives p up after its file refused its name (nameRefused): every message waiting for
+// one of its lines, or pending as a sample of it, is rejected with reason; its file is closed; a later
+// message of the producer starts over (and is rejected again if the name is refused again).
+func (w *writer) dropProducer(p *producer, reason error) {
+	reason = &messageError{fmt.Errorf("trace: producer file %s: %w", p.sw.Prefix(), reason)}
+	w.log.Warn("trace writer: a producer's segment file cannot be written; its messages are rejected",
+		"prefix", p.sw.Prefix(), "messages", len(p.pending), "err", reason)
+	for _, pd := range p.pending {
+		pd.d.Reject(reason)
+	}
+	w.waiting -= len(p.pending)
+	w.unflushed = max(w.unflushed-len(p.pending), 0)
+	p.pending = nil
+	if w.sampler != nil {
+		w.waiting -= w.sampler.drop(p, func(r *record) { r.d.Reject(reason) })
+	}
+	p.sw.closeFile()
+	p.sw.closed = true
+	delete(w.bySegment, p.sw.Prefix())
+	for id, q := range w.producers {
+		if q == p {
+			delete(w.producers, id)
+		}
+	}
+	p.dirty = false
+	w.dirty = slices.DeleteFunc(w.dirty, func(q *producer) bool { return q == p })
+}
+
+// finish is the graceful end (a partition released, a backfill's range read): every pending sample
+// written, every line flushed and fsynced, every message done, the files closed, the flusher stopped.
+// When stop closes first, a flush still retrying a failed write is given up: its messages are not
+// done (they stay unacknowledged), the files are closed without more writes, and the error is
+// returned.
+func (w *writer) finish(stop <-chan struct{}) error {
+	var err error
+	if w.sampler != nil {
+		err = w.sampler.emitAll(w)
+	}
+	if err == nil {
+		err = w.drain(stop)
+	}
+	if err != nil {
+		w.abort()
+		return err
+	}
+	err = w.closeAll()
+	w.fl.stop()
+	return err
+}
+
+// abort ends the writer without writing more: a flush still retrying is given up (one in progress
+// completes before abort returns, so nothing is written after it), the files are closed without a
+// flush, and nothing more is said done. What was not done is redelivered to the partition's next
+// owner, which recognises the lines already durable.
+func (w *writer) abort() {
+	if w.fl.inflight {
+		w.fl.abandon()
+		<-w.fl.done
+		w.fl.inflight = false
+	}
+	w.fl.stop()
+	for _, p := range w.bySegment {
+		p.sw.closeFile()
+		p.sw.closed = true
+		p.pending = nil
+	}
+	if w.sampler != nil {
+		w.sampler.clear()
+	}
+	w.waiting, w.unflushed = 0, 0
+}
+
+// closeAll closes every segment writer (they have been flushed).
+func (w *writer) closeAll() error {
+	var err error
+	for _, p := range w.bySegment {
+		err = errors.Join(err, p.sw.Close())
+	}
+	return err
+}
