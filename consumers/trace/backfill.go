@@ -179,6 +179,7 @@ func backfillRange(ctx context.Context, s jetstream.Stream, start jetstream.Orde
 	unblock := context.AfterFunc(ctx, it.Stop) // ends a Next waiting for the server
 	defer unblock()
 	flushed := time.Now()
+	keys := subjectKeys{}
 	for {
 		raw, err := it.Next()
 		if err != nil {
@@ -200,7 +201,7 @@ func backfillRange(ctx context.Context, s jetstream.Stream, start jetstream.Orde
 		}
 		res.LastSeq = md.Sequence.Stream
 		report(false)
-		r, err := parseRecord(replayMsg{raw}, msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}, w.cfg.ProducerID)
+		r, err := parseRecord(replayMsg{raw}, msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}, w.cfg.ProducerID, keys)
 		if err != nil {
 			res.Invalid++
 			w.log.Debug("trace backfill: invalid FPM message skipped", "subject", raw.Subject(), "stream_seq", md.Sequence.Stream, "err", err)

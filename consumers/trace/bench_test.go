@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -37,7 +38,7 @@ func benchRounds() int {
 	if n, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_ROUNDS")); err == nil && n > 0 {
 		return n
 	}
-	return 3
+	return 5
 }
 
 // BenchmarkTraceWriterVsBareConsumer consumes the same pre-published FPMs (16 ranks of 8 workers),
@@ -46,13 +47,18 @@ func benchRounds() int {
 //   - bare: the cheapest consumer of the stream: a pull consumer with the AckAll policy (the writer's
 //     consumer settings, without the partition group) that fetches and acknowledges cumulatively,
 //     every 1000 messages and the last, and does nothing else;
-//   - runner: a durable.Runner (one partition, cumulative acks) whose Consumer says every message done
-//     at once: the runner's own cost;
+//   - pinned: the same, declared and pulled with the pinned-client priority group that every
+//     partition consumer has (consumers/partition): what partition ownership costs the server;
+//   - runner: a durable.Runner (the writer's group and runner settings) whose Consumer says every
+//     message done at once: the runner's own cost on top of pinned;
 //   - full: the trace writer in full mode (Consumer, defaults): parse, line, gzip, write, fsync, done.
 //
-// The sides rotate through the rounds (benchRounds), so that load from elsewhere on the machine hits
-// them alike. It reports each side's median rate, the ratios of the medians to bare (goal for full:
-// >= 0.8), the lowest per-round ratio of full, and the compressed bytes per record.
+// Each side's rate is its steady rate: how fast its ack floor went from 10% to 90% of the messages
+// (polled every 5 ms), which leaves out what the sides do differently once (joining a group, the
+// first pulls; the last flush, the graceful stop). The sides rotate through the rounds (benchRounds),
+// so that load from elsewhere on the machine hits them alike. It reports each side's median rate, the
+// ratios of the medians to bare (goal for full: >= 0.8) and of full to pinned and runner, the lowest
+// per-round ratio of full to bare, and the compressed bytes per record.
 func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	n := benchRecords()
 	env := streamstest.Start(b)
@@ -60,34 +66,39 @@ func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	publish(b, env.JS, msgs)
 	b.ResetTimer()
 	for i := range b.N {
-		var bareRates, runnerRates, fullRates []float64
+		var bareRates, pinnedRates, runnerRates, fullRates []float64
 		minRatio := math.Inf(1)
 		var gzPerRec float64
 		for round := range benchRounds() {
-			var bare, runner, full float64
+			var bare, pinned, runner, full float64
 			sides := []func(){
-				func() { bare = float64(n) / benchBare(b, env.JS, fmt.Sprint("bare-", i, "-", round), n).Seconds() },
+				func() { bare = benchBare(b, env.JS, fmt.Sprint("bare-", i, "-", round), n, false) },
+				func() { pinned = benchBare(b, env.JS, fmt.Sprint("pinned-", i, "-", round), n, true) },
+				func() { runner = benchRunner(b, env.JS, fmt.Sprint("runner-", i, "-", round), n) },
 				func() {
-					runner = float64(n) / benchRunner(b, env.JS, fmt.Sprint("runner-", i, "-", round), n).Seconds()
-				},
-				func() {
-					d, gz := benchFull(b, env.JS, fmt.Sprint("trace-", i, "-", round), n)
-					full, gzPerRec = float64(n)/d.Seconds(), float64(gz)/float64(n)
+					var gz int64
+					full, gz = benchFull(b, env.JS, fmt.Sprint("trace-", i, "-", round), n)
+					gzPerRec = float64(gz) / float64(n)
 				},
 			}
 			for k := range sides {
 				sides[(k+round)%len(sides)]()
 			}
-			bareRates, runnerRates, fullRates = append(bareRates, bare), append(runnerRates, runner), append(fullRates, full)
+			bareRates, pinnedRates = append(bareRates, bare), append(pinnedRates, pinned)
+			runnerRates, fullRates = append(runnerRates, runner), append(fullRates, full)
 			minRatio = min(minRatio, full/bare)
 		}
-		bare, runner, full := median(bareRates), median(runnerRates), median(fullRates)
+		bare, pinned, runner, full := median(bareRates), median(pinnedRates), median(runnerRates), median(fullRates)
 		b.ReportMetric(bare, "bare-rec/s")
+		b.ReportMetric(pinned, "pinned-rec/s")
 		b.ReportMetric(runner, "runner-rec/s")
 		b.ReportMetric(full, "full-rec/s")
-		b.ReportMetric(runner/bare, "runner-ratio")
 		b.ReportMetric(full/bare, "ratio")
 		b.ReportMetric(minRatio, "min-ratio")
+		b.ReportMetric(pinned/bare, "pinned/bare")
+		b.ReportMetric(runner/bare, "runner/bare")
+		b.ReportMetric(runner/pinned, "runner/pinned")
+		b.ReportMetric(full/runner, "full/runner")
 		b.ReportMetric(gzPerRec, "gz-B/rec")
 	}
 }
@@ -110,11 +121,9 @@ func benchConfig(b *testing.B, name string) Config {
 	return cfg
 }
 
-// benchFull runs the full-mode writer on its own group until all n messages are acknowledged and
-// returns how long that took and the compressed bytes written. Once every message is delivered it
-// stops: the graceful stop writes, fsyncs and acknowledges what is left at once instead of at the next
-// flush tick, so the time is consume + write + acknowledge only.
-func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (time.Duration, int64) {
+// benchFull runs the full-mode writer on its own group and returns its steady rate and the
+// compressed bytes it wrote.
+func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (float64, int64) {
 	cfg := benchConfig(b, name)
 	opts := []Option{WithLogger(slog.New(slog.DiscardHandler))}
 	if l, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_LEVEL")); err == nil {
@@ -124,7 +133,7 @@ func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (time.D
 	if err != nil {
 		b.Fatal(err)
 	}
-	d := benchRun(b, js, name, n, w.Run)
+	rate := benchRun(b, js, name, n, w.Run)
 	var gz int64
 	files, _ := filepath.Glob(cfg.OutputPath + ".*.jsonl.gz")
 	for _, f := range files {
@@ -134,7 +143,7 @@ func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (time.D
 		}
 		gz += fi.Size()
 	}
-	return d, gz
+	return rate, gz
 }
 
 // noopConsumer says every message done as soon as it is handed: what is left is the runner's cost.
@@ -150,85 +159,124 @@ func (noopConsumer) Tick(context.Context, time.Time) error { return nil }
 func (noopConsumer) Close(context.Context) error           { return nil }
 
 // benchRunner runs a durable.Runner with noopConsumer on a group with the writer's consumer settings
-// until all n messages are acknowledged.
-func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) time.Duration {
+// and returns its steady rate.
+func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) float64 {
 	cfg := benchConfig(b, name)
 	pc, err := cfg.PartitionConfig()
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := durable.New(durable.Config{Name: "bench", Group: pc}, js, noopConsumer{}, durable.WithLogger(slog.New(slog.DiscardHandler)))
+	rc := cfg.runnerConfig(pc) // the writer's runner settings
+	rc.Name = "bench"
+	r, err := durable.New(rc, js, noopConsumer{}, durable.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		b.Fatal(err)
 	}
 	return benchRun(b, js, name, n, r.Run)
 }
 
-// benchRun runs run until the consumer name on FPM has delivered all n messages, stops it and returns
-// how long it ran; the consumer must then have acknowledged all of them.
-func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func(context.Context) error) time.Duration {
+// benchRun runs run until the consumer name on FPM has acknowledged all n messages, stops it and
+// returns the steady rate.
+func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func(context.Context) error) float64 {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	t0 := time.Now()
 	go func() { done <- run(ctx) }()
-	waitDelivered(b, js, name, uint64(n), done)
+	rate := steadyRate(b, js, name, n, done)
+	waitAckFloor(b, js, name, uint64(n))
 	cancel()
 	if err := <-done; err != nil {
 		b.Fatal(err)
 	}
-	d := time.Since(t0)
-	waitAckFloor(b, js, name, uint64(n))
-	return d
+	return rate
 }
 
 // benchBare consumes n messages with the cheapest consumer (see BenchmarkTraceWriterVsBareConsumer)
-// and returns how long it took until all were acknowledged.
-func benchBare(b *testing.B, js jetstream.JetStream, name string, n int) time.Duration {
+// and returns its steady rate. pinned declares it with the partition consumers' pinned-client
+// priority group and pulls in that group.
+func benchBare(b *testing.B, js jetstream.JetStream, name string, n int, pinned bool) float64 {
 	ctx := context.Background()
 	cfg := benchConfig(b, name)
-	t0 := time.Now()
-	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, jetstream.ConsumerConfig{
+	cc := jetstream.ConsumerConfig{
 		Durable: name, DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckAllPolicy,
 		AckWait: cfg.ackWait(), MaxDeliver: -1, MaxAckPending: cfg.MaxAckPending, FilterSubject: cfg.FilterSubject,
-	})
+	}
+	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(cfg.pullBatch())}
+	if pinned {
+		cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = []string{partition.PriorityGroup}, jetstream.PriorityPolicyPinned, cfg.PinnedTTL
+		opts = append(opts, jetstream.PullPriorityGroup(partition.PriorityGroup))
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, cc)
 	if err != nil {
 		b.Fatal(err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(cfg.pullBatch()))
+	it, err := cons.Messages(opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for i := 1; i <= n; i++ {
-		m, err := it.Next()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if i%1000 == 0 || i == n {
-			if err := m.Ack(); err != nil {
-				b.Fatal(err)
+	done := make(chan error, 1)
+	go func() {
+		defer it.Stop()
+		for i := 1; i <= n; i++ {
+			m, err := it.Next()
+			if err != nil {
+				done <- err
+				return
+			}
+			if i%1000 == 0 || i == n {
+				if err := m.Ack(); err != nil {
+					done <- err
+					return
+				}
 			}
 		}
-	}
+	}()
+	rate := steadyRate(b, js, name, n, done)
 	waitAckFloor(b, js, name, uint64(n))
-	d := time.Since(t0)
-	it.Stop()
-	return d
+	return rate
 }
 
-// waitDelivered polls until the consumer has delivered everything up to seq (or run ended).
-func waitDelivered(b *testing.B, js jetstream.JetStream, durable string, seq uint64, done <-chan error) {
+// consumerInfo returns a function that reads consumer name's info (nil until the consumer exists).
+func consumerInfoOf(js jetstream.JetStream, name string) func() *jetstream.ConsumerInfo {
+	var c jetstream.Consumer
+	return func() *jetstream.ConsumerInfo {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if c == nil {
+			var err error
+			if c, err = js.Consumer(ctx, streams.StreamFPM, name); err != nil {
+				c = nil
+				return nil
+			}
+		}
+		ci, err := c.Info(ctx)
+		if err != nil {
+			return nil
+		}
+		return ci
+	}
+}
+
+// steadyRate polls consumer name's ack floor every 5 ms until it reaches 90% of n and returns the
+// rate at which it went from 10% to 90%.
+func steadyRate(b *testing.B, js jetstream.JetStream, name string, n int, done <-chan error) float64 {
+	lo, hi := uint64(n)/10, uint64(n)*9/10
+	var tLo time.Time
+	var floorLo uint64
+	info := consumerInfoOf(js, name)
 	for {
-		c, err := js.Consumer(context.Background(), streams.StreamFPM, durable)
-		if err == nil {
-			ci, err := c.Info(context.Background())
-			if err == nil && ci.Delivered.Stream >= seq {
-				return
+		if ci := info(); ci != nil {
+			now, floor := time.Now(), ci.AckFloor.Stream
+			if tLo.IsZero() && floor >= lo {
+				tLo, floorLo = now, floor
+			}
+			if !tLo.IsZero() && floor >= hi {
+				return float64(floor-floorLo) / now.Sub(tLo).Seconds()
 			}
 		}
 		select {
 		case err := <-done:
-			b.Fatalf("%s ended before delivering everything: %v", durable, err)
-		case <-time.After(2 * time.Millisecond):
+			b.Fatalf("%s ended before acknowledging 90%%: %v", name, err)
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
@@ -236,18 +284,15 @@ func waitDelivered(b *testing.B, js jetstream.JetStream, durable string, seq uin
 // waitAckFloor polls until the consumer's ack floor reaches seq.
 func waitAckFloor(b *testing.B, js jetstream.JetStream, durable string, seq uint64) {
 	deadline := time.Now().Add(5 * time.Minute)
+	info := consumerInfoOf(js, durable)
 	for {
-		c, err := js.Consumer(context.Background(), streams.StreamFPM, durable)
-		if err == nil {
-			ci, err := c.Info(context.Background())
-			if err == nil && ci.AckFloor.Stream >= seq {
-				return
-			}
+		if ci := info(); ci != nil && ci.AckFloor.Stream >= seq {
+			return
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("consumer %s: ack floor below %d after 5 minutes", durable, seq)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -292,10 +337,11 @@ func BenchmarkWriterPerRecord(b *testing.B) {
 			cfg.Mode = "full"
 			cfg.OutputPath = filepath.Join(b.TempDir(), "dynamo-fpm")
 			w := benchWriter(b, cfg, WithCompressionLevel(level))
+			keys := subjectKeys{}
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				m := fakes[i%len(fakes)]
-				r, err := parseRecord(m, msgMeta{}, "")
+				r, err := parseRecord(m, msgMeta{}, "", keys)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -368,7 +414,7 @@ func BenchmarkSampledMemoryPerKey(b *testing.B) {
 		w := benchWriter(b, cfg)
 		b.StartTimer()
 		for _, m := range msgs {
-			r, err := parseRecord(m, msgMeta{seq: m.seq}, "")
+			r, err := parseRecord(m, msgMeta{seq: m.seq}, "", nil)
 			if err != nil {
 				b.Fatal(err)
 			}

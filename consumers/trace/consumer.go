@@ -46,6 +46,7 @@ type Consumer struct {
 
 	// deliver presents a runner message to the writer (tests make acknowledgements go missing).
 	deliver func(*durable.Msg) delivery
+	keys    subjectKeys // loop only
 
 	// Loop only (the runner's goroutine).
 	start    time.Time       // lines' timestamps count from the consumer's start, in every partition
@@ -89,6 +90,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		group:   pc,
 		flushed: make(chan struct{}, 1),
 		deliver: func(m *durable.Msg) delivery { return m },
+		keys:    subjectKeys{},
 		writers: map[int]*writer{},
 	}
 	ropts := []durable.Option{durable.WithLogger(set.logger)}
@@ -211,7 +213,7 @@ func (c *Consumer) Handle(_ context.Context, batch []*durable.Msg) error {
 			return fmt.Errorf("trace: message of partition %d, which was not assigned", m.Partition)
 		}
 		d := c.deliver(m)
-		r, err := parseRecord(d, msgMeta{seq: m.StreamSeq, stored: m.Stored}, c.cfg.ProducerID)
+		r, err := parseRecord(d, msgMeta{seq: m.StreamSeq, stored: m.Stored}, c.cfg.ProducerID, c.keys)
 		if err != nil {
 			c.metrics.invalid.Inc()
 			d.Reject(fmt.Errorf("fpmbus trace: %w", err))

@@ -41,15 +41,41 @@ type msgMeta struct {
 	stored time.Time
 }
 
+// subjectKeys remembers the keys of the FPM subjects parsed so far: a stream has a few subjects per
+// publisher, each seen many times, and parsing one (split, percent-decode, integer) costs more than
+// looking it up. Bounded: it starts over past maxSubjectKeys. Owned by one goroutine; nil: no cache.
+type subjectKeys map[string]streams.Key
+
+const maxSubjectKeys = 1 << 16
+
+func (c subjectKeys) parse(subject string) (streams.Key, error) {
+	if c == nil {
+		return streams.ParseFPMSubject(subject)
+	}
+	if k, ok := c[subject]; ok {
+		return k, nil
+	}
+	k, err := streams.ParseFPMSubject(subject)
+	if err != nil {
+		return k, err
+	}
+	if len(c) >= maxSubjectKeys {
+		clear(c)
+	}
+	c[subject] = k
+	return k, nil
+}
+
 // parseRecord checks a message as the bridge publishes it (see streams/doc.go): the subject names the
 // key, the body is the canonical FPM JSON, Fpm-Received-At-Ms is the observation time (the message's
 // stream timestamp when the header is missing or unparsable), Fpm-Producer the producer id (default:
-// the payload's worker_id). producerOverride, when set, replaces the producer id. An error means the
-// message can never be written (bad subject or body): the caller rejects it.
-func parseRecord(d delivery, md msgMeta, producerOverride string) (record, error) {
+// the payload's worker_id). producerOverride, when set, replaces the producer id. keys (nil: none)
+// caches subject keys. An error means the message can never be written (bad subject or body): the
+// caller rejects it.
+func parseRecord(d delivery, md msgMeta, producerOverride string, keys subjectKeys) (record, error) {
 	r := record{d: d, seq: md.seq, stored: md.stored}
 	var err error
-	if r.key, err = streams.ParseFPMSubject(d.Subject()); err != nil {
+	if r.key, err = keys.parse(d.Subject()); err != nil {
 		return r, err
 	}
 	if r.fpm, err = checkFPM(d.Data()); err != nil {
@@ -69,11 +95,12 @@ func parseRecord(d delivery, md msgMeta, producerOverride string) (record, error
 		}
 		r.observed = max(r.stored.UnixMilli(), 0)
 	}
-	switch {
-	case producerOverride != "":
-		r.producer = producerOverride
-	case h.Get(streams.HeaderProducer) != "":
-		r.producer = h.Get(streams.HeaderProducer)
+	switch r.producer = producerOverride; {
+	case r.producer != "":
+	case h != nil:
+		if r.producer = h.Get(streams.HeaderProducer); r.producer == "" {
+			r.producer = r.fpm.workerID
+		}
 	default:
 		r.producer = r.fpm.workerID
 	}

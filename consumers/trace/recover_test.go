@@ -65,7 +65,7 @@ func writeLines(t *testing.T, cfg Config, msgs []jetstream.Msg) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := parseRecord(replayMsg{m}, msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}, cfg.ProducerID)
+		r, err := parseRecord(replayMsg{m}, msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}, cfg.ProducerID, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
