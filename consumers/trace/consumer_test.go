@@ -459,9 +459,9 @@ func TestLongProducerIDsAreWritten(t *testing.T) {
 		strings.Repeat("p", 234),       // one more: shortened
 		strings.Repeat("q", 299) + "1", // two 300-character ids sharing 299 characters
 		strings.Repeat("q", 299) + "2",
-		strings.Repeat("worker/", 585) + "x", // 4,096 characters
-		strings.Repeat("é", 233),             // 466 bytes, 233 characters: sanitized to 233 '_', fits
-		strings.Repeat("ü", 234),             // shortened
+		strings.Repeat("w/", 2050), // 4,100 characters
+		strings.Repeat("é", 233),   // 466 bytes, 233 characters: sanitized to 233 '_', fits
+		strings.Repeat("ü", 234),   // shortened
 	}
 	const perProducer = 10
 	var msgs []*nats.Msg
