@@ -280,7 +280,8 @@ func TestTraceUpKill9RestartWritesInFlightInOrder(t *testing.T) {
 	var floor uint64
 	eventually(t, 30*time.Second, func() error {
 		_, floor, held = consumerState(t, js, trace.DefaultGroup, 0)
-		if floor < 1000 || held == 0 {
+		if floor < 1000 || held < 100 { // between two flushes (1 s apart): hundreds received, not yet durable
+
 			return fmt.Errorf("trace writer: ack floor %d, %d unacknowledged", floor, held)
 		}
 		return nil
