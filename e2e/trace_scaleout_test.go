@@ -57,7 +57,7 @@ func TestTraceScaleOutThreeProcessesOneStoppedOneKilled(t *testing.T) {
 	var ps []*proc
 	for i := range 3 {
 		p := fpmbus(t, fmt.Sprintf("fpmbus trace %d", i), append(args, "--member-id", "m"+strconv.Itoa(i))...)
-		p.waitOutput("trace writer group member started", 20*time.Second)
+		p.waitOutput("trace writer started", 20*time.Second)
 		ps = append(ps, p)
 	}
 	time.Sleep(500 * time.Millisecond)

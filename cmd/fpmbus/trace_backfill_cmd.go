@@ -62,15 +62,11 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()))
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
 	rep := newProgress(show, os.Stderr)
-	res, err := w.Backfill(ctx, rng, rep.update)
+	res, err := trace.Backfill(ctx, cfg, js, rng, rep.update, trace.WithLogger(slog.Default()))
 	rep.finish()
 	if err != nil {
-		if errors.Is(err, trace.ErrBadRange) {
+		if errors.Is(err, trace.ErrBadRange) || errors.Is(err, trace.ErrInvalidConfig) {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 		return err

@@ -49,7 +49,7 @@ type traceOptions struct {
 func traceFlags(fs *flag.FlagSet, prefix string) *traceOptions {
 	o, cf := traceOutputFlags(fs, prefix)
 	d := trace.DefaultConfig()
-	fs.StringVar(&o.group, cf.name("group"), d.Durable, "durable consumer name on stream FPM; run one writer per name (split work with disjoint "+flagName(prefix, "filter")+" and names)")
+	fs.StringVar(&o.group, cf.name("group"), d.Group, "consumer group: instances with the same name share the producers (consumer <group> on FPM with one partition); split work otherwise with disjoint "+flagName(prefix, "filter")+" and names")
 	fs.DurationVar(&o.stopTimeout, cf.name("stop-timeout"), d.StopTimeout, "on interrupt, how long to keep writing what was already received")
 	fs.DurationVar(&o.flushInterval, cf.name("trace-flush-interval"), d.FlushInterval, "longest a received FPM waits before its line is fsynced and the message acked")
 	fs.IntVar(&o.maxAckPending, cf.name("trace-max-ack-pending"), d.MaxAckPending, "messages the trace consumer may hold unacked (a flush starts at a quarter of it)")
@@ -63,7 +63,7 @@ func traceFlags(fs *flag.FlagSet, prefix string) *traceOptions {
 // defaults. The caller registers its further flags with cf and calls cf.done().
 func traceOutputFlags(fs *flag.FlagSet, prefix string) (*traceOptions, *componentFlags) {
 	d := trace.DefaultConfig()
-	o := &traceOptions{prefix: prefix, env: newEnvDefaults(fs), group: d.Durable, stopTimeout: d.StopTimeout, flushInterval: d.FlushInterval, maxAckPending: d.MaxAckPending}
+	o := &traceOptions{prefix: prefix, env: newEnvDefaults(fs), group: d.Group, stopTimeout: d.StopTimeout, flushInterval: d.FlushInterval, maxAckPending: d.MaxAckPending}
 	cf := newComponentFlags(fs, prefix)
 	env := func(flag, name, def string) string { return o.env.text(prefixedName(prefix, flag), name, def) }
 	fs.StringVar(&o.mode, cf.name("trace-mode"), env("trace-mode", trace.EnvMode, d.Mode), "capture mode: sampled (newest FPM per key per interval) or full (every FPM) (env "+trace.EnvMode+")")
@@ -109,7 +109,7 @@ func (o *traceOptions) config() (trace.Config, error) {
 	}
 	c.MaxSegments = int(n)
 	c.ProducerID = o.producerID
-	c.Durable = o.group
+	c.Group = o.group
 	c.FilterSubject = o.filter
 	c.StopTimeout = o.stopTimeout
 	c.FlushInterval = o.flushInterval
@@ -144,7 +144,7 @@ func runTrace(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	group, err := gopts.options(cfg)
+	member, err := gopts.apply(&cfg)
 	if err != nil {
 		return err
 	}
@@ -162,19 +162,21 @@ func runTrace(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()))
+	opts := []trace.Option{trace.WithLogger(slog.Default())}
+	if member != "" {
+		opts = append(opts, trace.WithMemberID(member))
+	}
+	w, err := trace.New(cfg, js, opts...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	rctx, finish := watchConn(ctx, nc)
-	if group != nil {
-		return finish(w.RunGroup(rctx, *group))
-	}
-	// Run flushes the connection after its last acks, so closing afterwards loses none.
+	// Run waits until the server has applied its last acks, so closing afterwards loses none.
 	return finish(w.Run(rctx))
 }
 
-// traceGroupOptions are the scale-out flags of `fpmbus trace` (not of `fpmbus up`).
+// traceGroupOptions are the group flags of `fpmbus trace` (`fpmbus up` runs one partition and derives
+// its member id from its data directory).
 type traceGroupOptions struct {
 	partitions int
 	pinnedTTL  time.Duration
@@ -183,27 +185,21 @@ type traceGroupOptions struct {
 
 func traceGroupFlags(fs *flag.FlagSet) *traceGroupOptions {
 	o := &traceGroupOptions{}
-	fs.IntVar(&o.partitions, "partitions", 0, "scale-out (0: off, one writer per --group on a plain durable consumer). "+
-		"1: instances with the same --group form a group with one active writer and hot standbys (consumer <group> on FPM). "+
-		"N > 1: they share N partitions of the producers (keyed by worker_id) through the copy stream FPM_PART_<group> "+
-		"(every message stored twice); a producer's files have one writer at a time. All instances need the same --trace-output directory "+
-		"(one host or a shared file system) and the same --partitions; not with --producer-id unless 1")
-	fs.DurationVar(&o.pinnedTTL, "pinned-ttl", partition.DefaultPinnedTTL, "with --partitions: how long a crashed instance keeps its partitions before the others take them over (at least 3s)")
-	fs.StringVar(&o.member, "member-id", "", "with --partitions: this instance's name in the group (default <host>-<pid>-<random>)")
+	fs.IntVar(&o.partitions, "partitions", trace.DefaultPartitions, "partitions of the --group: 1: one active writer, other instances "+
+		"hot standbys (consumer <group> on FPM). N > 1: the instances share N partitions of the producers (keyed by worker_id) through the "+
+		"copy stream FPM_PART_<group> (every message stored twice); a producer's files have one writer at a time. All instances need the same "+
+		"--trace-output directory (one host or a shared file system) and the same --partitions; not with --producer-id unless 1")
+	fs.DurationVar(&o.pinnedTTL, "pinned-ttl", partition.DefaultPinnedTTL, "how long a crashed instance keeps its partitions before the others take them over (at least 3s)")
+	fs.StringVar(&o.member, "member-id", "", "this instance's name in the group (default <host>-<pid>-<random>); a stable id makes a restarted instance take its partitions back at once; never two running instances with one id")
 	return o
 }
 
-// options returns the group options, nil when scale-out is off; a bad combination is a usage error.
-func (o *traceGroupOptions) options(cfg trace.Config) (*trace.GroupOptions, error) {
-	switch {
-	case o.partitions < 0:
-		return nil, fmt.Errorf("%w: --partitions %d: want 0 (off) or 1 to %d", errUsage, o.partitions, partition.MaxPartitions)
-	case o.partitions == 0:
-		return nil, nil
+// apply puts the group flags into cfg and returns the member id ("" for the default; trace.New checks
+// it); a bad value is a usage error.
+func (o *traceGroupOptions) apply(cfg *trace.Config) (string, error) {
+	cfg.Partitions, cfg.PinnedTTL = o.partitions, o.pinnedTTL
+	if err := cfg.Validate(); err != nil {
+		return "", fmt.Errorf("%w: %v", errUsage, err)
 	}
-	g := &trace.GroupOptions{Partitions: o.partitions, PinnedTTL: o.pinnedTTL, MemberID: o.member}
-	if _, err := cfg.PartitionConfig(*g); err != nil {
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	return g, nil
+	return o.member, nil
 }

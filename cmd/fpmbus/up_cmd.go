@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -136,6 +138,7 @@ func (o *upOptions) plan() (*upRun, error) {
 	}
 	bc.Streams, bc.Logger = *o.scfg, slog.Default()
 	r := &upRun{
+		memberID: upMemberID(o.dataDir),
 		listen:   srv.listen,
 		storeDir: srv.server.StoreDir,
 		server:   srv,
@@ -292,4 +295,28 @@ func closeConnOnSIGUSR1(r *upRun) (stop func()) {
 		close(done)
 		<-exited
 	}
+}
+
+// upMemberID names this `fpmbus up` in its consumer groups: "up-<host>-<hash of the absolute data
+// directory>". Only one process can hold a data directory (its embedded server locks the store), so
+// the id names the same instance across restarts, and a restart after a crash takes the partitions of
+// its previous incarnation back at once (consumers/partition, WithMemberID).
+func upMemberID(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	host, _ := os.Hostname()
+	var b strings.Builder
+	b.WriteString("up-")
+	for i := 0; i < len(host) && i < 32; i++ {
+		if c := host[i]; c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	sum := sha256.Sum256([]byte(abs))
+	b.WriteString("-" + hex.EncodeToString(sum[:6]))
+	return b.String()
 }

@@ -91,6 +91,8 @@ func upOrderTable() string {
 
 // upRun is one run of `fpmbus up`: the validated settings and what the components share.
 type upRun struct {
+	// memberID names this `fpmbus up` in its consumer groups, the same across restarts (upMemberID).
+	memberID string
 	listen   string
 	storeDir string
 	server   *upServer
@@ -233,12 +235,12 @@ func (r *upRun) traceComponent() *rungroup.Component {
 			_, js := r.link()
 			cfg := *r.trace
 			cfg.Registerer = creg.renew()
-			w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()))
+			w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()), trace.WithMemberID(r.memberID))
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
 			return rungroup.Instance{Run: w.Run, Ready: w.Ready(),
-				LogAttrs: []any{"mode", cfg.Mode, "output", cfg.OutputPath, "group", cfg.Durable}}, nil
+				LogAttrs: []any{"mode", cfg.Mode, "output", cfg.OutputPath, "group", cfg.Group, "member", r.memberID}}, nil
 		},
 	}
 }

@@ -53,6 +53,14 @@
 // server ends its sessions at the disconnect (handlers see ctx cancelled) and takes its partitions
 // again after reconnecting, unless PinnedTTL passed and another member took them.
 //
+// A restarted instance need not wait for its own dead incarnation: a member given a stable id
+// (WithMemberID: the caller knows it is the same instance, e.g. `fpmbus up` derives it from the host
+// and the absolute data directory, which only one process can hold) finds, at Join, the key the dead
+// incarnation left in the members bucket, with the partitions it last owned (a member puts its key
+// whenever its ownership changes, besides every PinnedTTL/4). It resets and unpins those partitions at
+// once, so it owns them again within a round trip and gets every message the dead incarnation did not
+// ack first, in stream order.
+//
 // # Why not orbit.go pcgroups (v0.2.2)
 //
 // Studied and rejected; it uses the same server features but does not meet the requirements:

@@ -52,13 +52,21 @@ const apiTimeout = 5 * time.Second
 type Option func(*Member) error
 
 // WithMemberID names the member (default <hostname>-<pid>-<random>): letters, digits, '-', '_'.
-// Two running members must never share an id.
+//
+// An id given here is stable: it names the same instance across restarts, and the caller vouches
+// that no other running process uses it (derive it from something only one process can hold, such as
+// a data directory). Join therefore takes a key of this id left in the members bucket for a previous
+// incarnation that died without leaving: it resets and unpins at once the partitions that
+// incarnation owned (its last announcement lists them), so that the restarted instance gets their
+// unacknowledged messages again, in stream order, within a round trip instead of after PinnedTTL.
+// Two running members must never share an id: the second one's Join would take the partitions of the
+// first.
 func WithMemberID(id string) Option {
 	return func(m *Member) error {
 		if !validName(id, false) {
 			return fmt.Errorf("%w: member id %q: want 1-64 letters, digits, '-' and '_'", ErrInvalidConfig, id)
 		}
-		m.id = id
+		m.id, m.stable = id, true
 		return nil
 	}
 }
@@ -81,12 +89,14 @@ type Member struct {
 	js     jetstream.JetStream
 	nc     *nats.Conn
 	id     string
+	stable bool // the id names this instance across restarts (WithMemberID)
 	key    string
 	log    *slog.Logger
 	kv     jetstream.KeyValue
 	stream jetstream.Stream // the stream the partition consumers live on
 
 	running  atomic.Bool
+	announce chan struct{} // ownership changed: put the member's key now, not at the next heartbeat
 	stopReq  chan struct{}
 	stopOnce sync.Once
 	done     chan struct{}
@@ -109,14 +119,15 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Optio
 	}
 	cfg = cfg.withDefaults()
 	m := &Member{
-		cfg:     cfg,
-		js:      js,
-		nc:      js.Conn(),
-		id:      defaultMemberID(),
-		log:     slog.Default(),
-		stopReq: make(chan struct{}),
-		done:    make(chan struct{}),
-		owned:   map[int]bool{},
+		cfg:      cfg,
+		js:       js,
+		nc:       js.Conn(),
+		id:       defaultMemberID(),
+		log:      slog.Default(),
+		announce: make(chan struct{}, 1),
+		stopReq:  make(chan struct{}),
+		done:     make(chan struct{}),
+		owned:    map[int]bool{},
 	}
 	for _, o := range opts {
 		if err := o(m); err != nil {
@@ -132,7 +143,50 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Optio
 	}
 	m.key = cfg.Stream + "." + cfg.Group + "." + m.id
 	m.log = m.log.With("group", cfg.Group, "stream", cfg.Stream, "member", m.id)
+	if m.stable {
+		if err := m.reclaim(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return m, nil
+}
+
+// reclaim takes back at once what a previous incarnation of this member (same stable id) owned when
+// it died: its key is still in the members bucket (a graceful leave deletes it) and lists the
+// partitions it owned. Each of them is reset to its ack floor, so that every message the dead
+// incarnation did not ack is deliverable again, in stream order, and unpinned, so that the server
+// pins it to the next member that pulls instead of waiting PinnedTTL for the dead one's pulls to stop.
+// Nothing else can own those partitions: the server kept them pinned to the dead incarnation.
+func (m *Member) reclaim(ctx context.Context) error {
+	e, err := m.kv.Get(ctx, m.key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("partition: read member key %s: %w", m.key, err)
+	}
+	var rec memberRecord
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		m.log.Warn("partition: previous incarnation's member record unreadable; its partitions are taken over after PinnedTTL", "err", err)
+		return nil
+	}
+	var taken []int
+	for _, p := range rec.Owned {
+		if p < 0 || p >= m.cfg.Partitions {
+			continue
+		}
+		name := m.cfg.ConsumerName(p)
+		if _, err := m.stream.ResetConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("partition: reclaim partition %d: reset %s: %w", p, name, err)
+		}
+		if err := m.stream.UnpinConsumer(ctx, name, PriorityGroup); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			m.log.Debug("partition: reclaim: unpin", "partition", p, "err", err)
+		}
+		taken = append(taken, p)
+	}
+	m.log.Info("partition: previous incarnation of this member found; its partitions are reset and unpinned now",
+		"partitions", taken, "last_heartbeat", time.UnixMilli(rec.At).UTC(), "pid", rec.PID)
+	return nil
 }
 
 func defaultMemberID() string {
@@ -170,13 +224,19 @@ func (m *Member) Owned() []int {
 	return out
 }
 
+// setOwned records that this member owns p now (or no longer) and has the member's key put at once:
+// a restarted incarnation with the same stable id reclaims exactly what the key lists.
 func (m *Member) setOwned(p int, on bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if on {
 		m.owned[p] = true
 	} else {
 		delete(m.owned, p)
+	}
+	m.mu.Unlock()
+	select {
+	case m.announce <- struct{}{}:
+	default:
 	}
 }
 
@@ -277,9 +337,32 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 	}
 	hb := time.NewTicker(m.cfg.PinnedTTL / 4)
 	defer hb.Stop()
-	var beating atomic.Bool
+	// beat puts the member's key: never more than one put in flight, never blocking this loop; a beat
+	// asked for while one is in flight is put again after it (its snapshot of Owned may be older).
+	var beating, rebeat atomic.Bool
 	var beats sync.WaitGroup
 	defer beats.Wait()
+	beat := func() {
+		rebeat.Store(true)
+		if beating.Swap(true) {
+			return
+		}
+		beats.Add(1)
+		go func() {
+			defer beats.Done()
+			for {
+				for rebeat.Swap(false) {
+					if err := m.heartbeat(hardCtx); err != nil {
+						m.log.Warn("partition: heartbeat failed", "err", err)
+					}
+				}
+				beating.Store(false)
+				if !rebeat.Load() || beating.Swap(true) {
+					return
+				}
+			}
+		}()
+	}
 	check := time.NewTicker(max(m.cfg.PinnedTTL/10, 100*time.Millisecond))
 	defer check.Stop()
 
@@ -308,16 +391,9 @@ loop:
 			}
 			recompute()
 		case <-hb.C:
-			if !beating.Swap(true) { // never more than one in flight, never blocking this loop
-				beats.Add(1)
-				go func() {
-					defer beats.Done()
-					defer beating.Store(false)
-					if err := m.heartbeat(hardCtx); err != nil {
-						m.log.Warn("partition: heartbeat failed", "err", err)
-					}
-				}()
-			}
+			beat()
+		case <-m.announce:
+			beat()
 		case <-check.C:
 			recompute()
 		case st := <-status:

@@ -2,6 +2,7 @@ package partition
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -42,5 +43,61 @@ func TestGroupSurvivesServerRestart(t *testing.T) {
 		if err := r.stop(); err != nil {
 			t.Errorf("%s: %v", r.m.ID(), err)
 		}
+	}
+}
+
+// A member with a stable id dies holding every message unacked (its connection closed: no graceful
+// leave, the server keeps its pins for PinnedTTL) and is started again with the same id: it
+// recognises its dead incarnation's key, takes the partitions back at once instead of after
+// PinnedTTL, and gets the unacked messages first, in stream order, then the new ones.
+func TestRestartedMemberReclaimsItsPartitionsAtOnce(t *testing.T) {
+	for name, partitions := range map[string]int{"one partition": 1, "four partitions": 4} {
+		t.Run(name, func(t *testing.T) {
+			env := streamstest.Start(t)
+			cfg := testConfig("reclaim", partitions)
+			cfg.PinnedTTL = 20 * time.Second // far longer than a takeover by recognition may take
+			rec := newRecorder(t, cfg)
+			rec.ackEvery = time.Hour // nothing acked: the dead incarnation leaves it all unacked
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			const keys = 16
+			first := startMember(t, env, cfg, "a", rec)
+			if err := publish(ctx, env.JS, keys, 50, 0); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 10*time.Second, "the first incarnation to hold every message", func() bool {
+				return rec.total.Load() == keys*50 && len(first.m.Owned()) == partitions
+			})
+			// Well before the periodic heartbeat (PinnedTTL/4): the key lists the owned partitions
+			// because the member put it when it took them.
+			kv, err := env.JS.KeyValue(ctx, MembersBucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 2*time.Second, "the member key to list its partitions", func() bool {
+				e, err := kv.Get(ctx, cfg.Stream+"."+cfg.Group+".a")
+				var r memberRecord
+				return err == nil && json.Unmarshal(e.Value(), &r) == nil && len(r.Owned) == partitions
+			})
+			first.nc.Close() // kill: no graceful leave, the pins stay
+			err = <-first.done
+			first.done <- err
+			if err == nil {
+				t.Fatal("Consume returned nil after its connection closed")
+			}
+			restarted := time.Now()
+			second := startMember(t, env, cfg, "a", rec)
+			if err := publishFrom(ctx, env.JS, keys, 50, 50, 0); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, cfg.PinnedTTL/2, "the restarted member to process the held and the new messages",
+				func() bool { return rec.total.Load() == keys*100 })
+			t.Logf("restarted member done %v after its restart (PinnedTTL %v); owned %v; redeliveries recognised %d",
+				time.Since(restarted), cfg.PinnedTTL, second.m.Owned(), rec.dups.Load())
+			if got := rec.dups.Load(); got != keys*50 {
+				t.Fatalf("%d redeliveries of durable messages, want %d (every message the dead incarnation held)", got, keys*50)
+			}
+			rec.check(keys, 100)
+		})
 	}
 }

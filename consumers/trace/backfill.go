@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,7 +12,7 @@ import (
 )
 
 // Backfill: replay a range of stream FPM into trace segments through the live writer's own code path
-// (parse, line, sampler, SegmentWriter, flusher), so that the "event" objects it writes are
+// (parse, line, sampler, SegmentWriter, flusher: writer.go), so that the "event" objects it writes are
 // byte-identical to the ones the live writer wrote for that range: observed_at_unix_ms comes from the
 // message's header, sampled intervals are aligned to event time. It reads with an ordered consumer —
 // ephemeral, unacknowledged, invisible to every durable consumer — and acks nothing.
@@ -65,24 +64,41 @@ type BackfillResult struct {
 	FirstSeq, LastSeq uint64 // stream sequences of the first and last message read (0: none)
 }
 
-// Backfill replays rng of stream FPM (Config.FilterSubject) into Config.OutputPath in Config.Mode (see
-// above) and returns once every line is fsynced and the files are closed. progress, if not nil, is
-// called from another goroutine, at most every 100 ms and once at the end. The durable consumer
-// settings of Config (Durable, MaxAckPending, AckWait) are not used; MaxAckPending still sizes the
-// pull batches and flushes. When ctx ends first, what was read is written and Backfill returns ctx's
-// error. A Writer runs once: Run or Backfill.
-func (w *Writer) Backfill(ctx context.Context, rng BackfillRange, progress func(BackfillProgress)) (BackfillResult, error) {
+// Backfill replays rng of stream FPM (cfg.FilterSubject) into cfg.OutputPath in cfg.Mode (see
+// above) and returns once every line is fsynced and the files are closed. It is not a durable
+// consumer: one plain loop reads the ordered consumer's messages until the range ends and hands them
+// to the same writer as the live Consumer, without a group, acknowledgements or takeovers. progress,
+// if not nil, is called from Backfill's goroutine, at most every 100 ms and once at the end. The group
+// settings of cfg (Group, Partitions, PinnedTTL, MaxAckPending, AckWait) are not used, except that
+// MaxAckPending sizes the pull batches and flushes. When ctx ends first, what was read is written and
+// Backfill returns ctx's error. Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry.
+func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng BackfillRange, progress func(BackfillProgress), opts ...Option) (BackfillResult, error) {
 	var res BackfillResult
-	if !w.running.CompareAndSwap(false, true) {
-		return res, ErrAlreadyRunning
+	if err := cfg.Validate(); err != nil {
+		return res, err
+	}
+	if js == nil {
+		return res, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
+	}
+	set, err := newSettings(opts)
+	if err != nil {
+		return res, err
 	}
 	if err := rng.validate(); err != nil {
 		return res, err
 	}
-	if err := w.prepareOutput(); err != nil {
+	log := set.logger
+	if err := ProbeOutput(cfg.OutputPath); err != nil {
 		return res, err
 	}
-	s, err := w.js.Stream(ctx, streams.StreamFPM)
+	if _, err := RepairOutput(cfg.OutputPath, log); err != nil {
+		return res, fmt.Errorf("trace: backfill: repair output: %w", err)
+	}
+	m, err := newMetrics(cfg.Registerer, cfg.Mode)
+	if err != nil {
+		return res, fmt.Errorf("trace: register metrics: %w", err)
+	}
+	s, err := js.Stream(ctx, streams.StreamFPM)
 	if err != nil {
 		return res, fmt.Errorf("trace: backfill: stream %s: %w", streams.StreamFPM, err)
 	}
@@ -94,7 +110,7 @@ func (w *Writer) Backfill(ctx context.Context, rng BackfillRange, progress func(
 	if rng.EndSeq != 0 {
 		last = min(last, rng.EndSeq)
 	}
-	startCfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{w.cfg.FilterSubject}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	startCfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{cfg.FilterSubject}, DeliverPolicy: jetstream.DeliverAllPolicy}
 	switch {
 	case rng.StartSeq != 0:
 		startCfg.DeliverPolicy, startCfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, rng.StartSeq
@@ -102,50 +118,126 @@ func (w *Writer) Backfill(ctx context.Context, rng BackfillRange, progress func(
 		t := rng.Since
 		startCfg.DeliverPolicy, startCfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
 	}
-	total, err := w.rangeCount(ctx, s, startCfg, rng, last)
+	total, err := rangeCount(ctx, s, cfg.FilterSubject, startCfg, rng, last)
 	if err != nil {
 		return res, fmt.Errorf("trace: backfill: count the range: %w", err)
 	}
+	log.Info("trace backfill started", "mode", cfg.Mode, "output", cfg.OutputPath, "filter", cfg.FilterSubject,
+		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total)
+	w := newWriter(cfg, set, log, m, set.now(), nil)
 	if w.sampler != nil {
 		w.sampler.hold = 0 // event time only
 	}
-	src := &rangeSource{last: last, until: rng.Until, total: total, progress: progress}
-	if total > 0 {
-		oc, err := s.OrderedConsumer(ctx, startCfg)
-		if err != nil {
-			return res, fmt.Errorf("trace: backfill: ordered consumer: %w", err)
-		}
-		it, err := oc.Messages(jetstream.PullMaxMessages(w.cfg.pullBatch()))
-		if err != nil {
-			return res, fmt.Errorf("trace: backfill: ordered consumer: %w", err)
-		}
-		src.it = it
-	}
-	w.logger.Info("trace backfill started", "mode", w.cfg.Mode, "output", w.cfg.OutputPath, "filter", w.cfg.FilterSubject,
-		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total)
-	err = w.consume(ctx, src, nil, true)
-	res = src.result()
-	res.Invalid = w.invalidCount
-	res.Lines = w.linesWritten
+	report := func(force bool) {}
 	if progress != nil {
-		progress(BackfillProgress{Done: res.Messages, Total: max(total, res.Messages), Seq: res.LastSeq})
+		var lastReport time.Time
+		report = func(force bool) {
+			if force || time.Since(lastReport) >= 100*time.Millisecond {
+				lastReport = time.Now()
+				progress(BackfillProgress{Done: res.Messages, Total: max(total, res.Messages), Seq: res.LastSeq})
+			}
+		}
 	}
-	if err == nil && !src.finished() {
-		err = ctx.Err()
+	complete := total == 0
+	if !complete {
+		complete, err = backfillRange(ctx, s, startCfg, rng, last, w, &res, report)
+		if err != nil {
+			w.abort()
+			return res, err
+		}
 	}
+	stop, cancel := context.WithTimeout(context.Background(), cfg.StopTimeout)
+	err = w.finish(stop.Done())
+	cancel()
+	res.Lines = w.linesWritten
+	report(true)
 	if err != nil {
 		return res, err
 	}
-	w.logger.Info("trace backfill done", "messages", res.Messages, "lines", res.Lines, "invalid", res.Invalid,
+	if !complete {
+		return res, ctx.Err()
+	}
+	log.Info("trace backfill done", "messages", res.Messages, "lines", res.Lines, "invalid", res.Invalid,
 		"first_seq", res.FirstSeq, "last_seq", res.LastSeq)
 	return res, nil
 }
 
+// backfillRange is Backfill's loop: it reads the range in order and hands each message to w, flushing
+// every FlushInterval (sampled mode: writing the samples whose interval is over by event time), until
+// the range is complete (true) or ctx ends (false).
+func backfillRange(ctx context.Context, s jetstream.Stream, start jetstream.OrderedConsumerConfig, rng BackfillRange, last uint64,
+	w *writer, res *BackfillResult, report func(bool)) (bool, error) {
+	oc, err := s.OrderedConsumer(ctx, start)
+	if err != nil {
+		return false, fmt.Errorf("trace: backfill: ordered consumer: %w", err)
+	}
+	it, err := oc.Messages(jetstream.PullMaxMessages(w.cfg.pullBatch()))
+	if err != nil {
+		return false, fmt.Errorf("trace: backfill: ordered consumer: %w", err)
+	}
+	defer it.Stop()
+	unblock := context.AfterFunc(ctx, it.Stop) // ends a Next waiting for the server
+	defer unblock()
+	flushed := time.Now()
+	keys := subjectKeys{}
+	for {
+		raw, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, nil
+			}
+			return false, fmt.Errorf("trace: backfill: read %s: %w", streams.StreamFPM, err)
+		}
+		md, err := raw.Metadata()
+		if err != nil {
+			return false, fmt.Errorf("trace: backfill: read %s: %w", streams.StreamFPM, err)
+		}
+		if md.Sequence.Stream > last || !rng.Until.IsZero() && md.Timestamp.After(rng.Until) {
+			return true, nil
+		}
+		res.Messages++
+		if res.FirstSeq == 0 {
+			res.FirstSeq = md.Sequence.Stream
+		}
+		res.LastSeq = md.Sequence.Stream
+		report(false)
+		r, err := parseRecord(replayMsg{raw}, msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}, w.cfg.ProducerID, keys)
+		if err != nil {
+			res.Invalid++
+			w.log.Debug("trace backfill: invalid FPM message skipped", "subject", raw.Subject(), "stream_seq", md.Sequence.Stream, "err", err)
+		} else if err := w.handle(&r); err != nil {
+			var me *messageError
+			if !errors.As(err, &me) {
+				return false, err
+			}
+			res.Invalid++
+			w.log.Warn("trace backfill: message skipped", "subject", raw.Subject(), "stream_seq", md.Sequence.Stream, "err", err)
+		}
+		if err := w.collect(); err != nil {
+			return false, err
+		}
+		if time.Since(flushed) >= w.cfg.FlushInterval {
+			flushed = time.Now()
+			if w.sampler != nil {
+				if err := w.sampler.emitDue(w, flushed); err != nil {
+					return false, err
+				}
+			}
+			if err := w.flush(); err != nil {
+				return false, err
+			}
+		}
+		if md.Sequence.Stream >= last || md.NumPending == 0 {
+			return true, nil // the range's last message
+		}
+	}
+}
+
 // rangeCount counts the range's messages on the filter: those from its start minus those after its
 // end, read from the pending counts of two ephemeral consumers (deleted at once).
-func (w *Writer) rangeCount(ctx context.Context, s jetstream.Stream, start jetstream.OrderedConsumerConfig, rng BackfillRange, last uint64) (uint64, error) {
+func rangeCount(ctx context.Context, s jetstream.Stream, filter string, start jetstream.OrderedConsumerConfig, rng BackfillRange, last uint64) (uint64, error) {
 	pending := func(cfg jetstream.ConsumerConfig) (uint64, error) {
-		cfg.FilterSubject = w.cfg.FilterSubject
+		cfg.FilterSubject = filter
 		cfg.AckPolicy = jetstream.AckNonePolicy
 		cfg.InactiveThreshold = time.Minute
 		cfg.MemoryStorage = true
@@ -178,108 +270,8 @@ func (w *Writer) rangeCount(ctx context.Context, s jetstream.Stream, start jetst
 	return from - rest, nil
 }
 
-// rangeSource is a backfill's msgSource: the ordered consumer's messages up to the range's end, with
-// acks made no-ops; then errEndOfRange.
-type rangeSource struct {
-	it       jetstream.MessagesContext // nil: an empty range
-	last     uint64
-	until    time.Time
-	total    uint64
-	progress func(BackfillProgress)
-
-	mu            sync.Mutex
-	n, first, seq uint64
-	done          bool
-	lastReport    time.Time
-	stopOnce      sync.Once
-	drained       bool
-}
-
-func (s *rangeSource) Next(...jetstream.NextOpt) (jetstream.Msg, error) {
-	s.mu.Lock()
-	done, drained := s.done, s.drained
-	s.mu.Unlock()
-	if done || s.it == nil {
-		s.mark(true)
-		return nil, errEndOfRange
-	}
-	if drained {
-		return nil, jetstream.ErrMsgIteratorClosed
-	}
-	m, err := s.it.Next()
-	if err != nil {
-		return nil, err
-	}
-	md, err := m.Metadata()
-	if err != nil {
-		return nil, err
-	}
-	if md.Sequence.Stream > s.last || !s.until.IsZero() && md.Timestamp.After(s.until) {
-		s.mark(true)
-		return nil, errEndOfRange
-	}
-	s.mu.Lock()
-	s.n++
-	if s.first == 0 {
-		s.first = md.Sequence.Stream
-	}
-	s.seq = md.Sequence.Stream
-	if md.Sequence.Stream >= s.last || md.NumPending == 0 {
-		s.done = true // this is the range's last message
-	}
-	report := s.progress != nil && time.Since(s.lastReport) >= 100*time.Millisecond
-	if report {
-		s.lastReport = time.Now()
-	}
-	p := BackfillProgress{Done: s.n, Total: max(s.total, s.n), Seq: s.seq}
-	s.mu.Unlock()
-	if report {
-		s.progress(p)
-	}
-	return replayMsg{m}, nil
-}
-
-func (s *rangeSource) mark(done bool) {
-	s.mu.Lock()
-	s.done = s.done || done
-	s.mu.Unlock()
-	if s.it != nil {
-		s.stopOnce.Do(s.it.Stop)
-	}
-}
-
-// finished reports whether the whole range was read.
-func (s *rangeSource) finished() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.done
-}
-
-func (s *rangeSource) result() BackfillResult {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return BackfillResult{Messages: s.n, FirstSeq: s.first, LastSeq: s.seq}
-}
-
-// Drain and Stop end the read early (the backfill's context ended).
-func (s *rangeSource) Drain() {
-	s.mu.Lock()
-	s.drained = true
-	s.mu.Unlock()
-	if s.it != nil {
-		s.stopOnce.Do(s.it.Stop)
-	}
-}
-
-func (s *rangeSource) Stop() { s.Drain() }
-
-// replayMsg is a replayed message: nothing to ack.
+// replayMsg is a replayed message: nothing to settle.
 type replayMsg struct{ jetstream.Msg }
 
-func (replayMsg) Ack() error                       { return nil }
-func (replayMsg) DoubleAck(context.Context) error  { return nil }
-func (replayMsg) Nak() error                       { return nil }
-func (replayMsg) NakWithDelay(time.Duration) error { return nil }
-func (replayMsg) InProgress() error                { return nil }
-func (replayMsg) Term() error                      { return nil }
-func (replayMsg) TermWithReason(string) error      { return nil }
+func (replayMsg) Done()        {}
+func (replayMsg) Reject(error) {}

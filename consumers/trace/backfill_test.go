@@ -78,10 +78,10 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
 		cfg := testConfig(t)
 		cfg.Mode = mode
-		cfg.Durable = "live-" + mode
+		cfg.Group = "live-" + mode
 		cfg.SampleInterval = ivlMs * time.Millisecond
 		r := startWriter(t, cfg, env.JS)
-		waitDeliveredAll(t, env.JS, cfg.Durable, n)
+		waitDeliveredAll(t, env.JS, cfg.Group, n)
 		if err := r.stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -117,13 +117,9 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 			cfg.Mode = tc.mode
 			cfg.SampleInterval = ivlMs * time.Millisecond
 			cfg.OutputPath = filepath.Join(t.TempDir(), "backfill", "fpm")
-			w, err := New(cfg, env.JS, WithLogger(testLogger(t)))
-			if err != nil {
-				t.Fatal(err)
-			}
 			var last BackfillProgress
 			calls := 0
-			res, err := w.Backfill(context.Background(), tc.rng, func(p BackfillProgress) { last = p; calls++ })
+			res, err := Backfill(context.Background(), cfg, env.JS, tc.rng, func(p BackfillProgress) { last = p; calls++ }, WithLogger(testLogger(t)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,13 +190,9 @@ func TestBackfillRanges(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := testConfig(t)
-			w, err := New(cfg, env.JS, WithLogger(testLogger(t)))
-			if err != nil {
-				t.Fatal(err)
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			res, err := w.Backfill(ctx, tc.rng, nil)
+			res, err := Backfill(ctx, cfg, env.JS, tc.rng, nil, WithLogger(testLogger(t)))
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tc.wantErr)
@@ -221,14 +213,6 @@ func TestBackfillRanges(t *testing.T) {
 				t.Fatalf("lines %d, want %d", lines, tc.messages)
 			}
 		})
-	}
-	// A Writer runs once.
-	w, _ := New(testConfig(t), env.JS)
-	if _, err := w.Backfill(context.Background(), BackfillRange{StartSeq: 1, EndSeq: 1}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.Backfill(context.Background(), BackfillRange{}, nil); !errors.Is(err, ErrAlreadyRunning) {
-		t.Fatalf("second Backfill = %v", err)
 	}
 }
 

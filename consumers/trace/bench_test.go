@@ -16,13 +16,15 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
-// benchRecords is how many FPMs BenchmarkFullModeVsAckOnly pre-publishes (FPMBUS_BENCH_RECORDS
-// overrides it).
+// benchRecords is how many FPMs BenchmarkTraceWriterVsBareConsumer pre-publishes
+// (FPMBUS_BENCH_RECORDS overrides it).
 func benchRecords() int {
 	if n, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_RECORDS")); err == nil && n > 0 {
 		return n
@@ -30,53 +32,73 @@ func benchRecords() int {
 	return 200_000
 }
 
-// benchRounds is how many times BenchmarkFullModeVsAckOnly measures each side (FPMBUS_BENCH_ROUNDS).
+// benchRounds is how many times BenchmarkTraceWriterVsBareConsumer measures each side
+// (FPMBUS_BENCH_ROUNDS).
 func benchRounds() int {
 	if n, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_ROUNDS")); err == nil && n > 0 {
 		return n
 	}
-	return 3
+	return 5
 }
 
-// BenchmarkFullModeVsAckOnly consumes the same pre-published FPMs (16 ranks of 8 workers) with
-// (a) a loop that only acks every message and (b) the full-mode trace writer, each on its own durable
-// consumer, until everything is acked. The two alternate for benchRounds rounds (a b, b a, a b, …), so
-// that load from elsewhere on the machine hits both alike; it reports the median rate of each, the
-// ratio of the medians (target >= 0.8), the lowest per-round ratio, and the compressed bytes per record.
-func BenchmarkFullModeVsAckOnly(b *testing.B) {
+// BenchmarkTraceWriterVsBareConsumer consumes the same pre-published FPMs (16 ranks of 8 workers),
+// each side on a consumer of its own, until everything is acknowledged:
+//
+//   - bare: the cheapest consumer of the stream: a pull consumer with the AckAll policy (the writer's
+//     consumer settings, without the partition group) that fetches and acknowledges cumulatively,
+//     every 1000 messages and the last, and does nothing else;
+//   - pinned: the same, declared and pulled with the pinned-client priority group that every
+//     partition consumer has (consumers/partition): what partition ownership costs the server;
+//   - runner: a durable.Runner (the writer's group and runner settings) whose Consumer says every
+//     message done at once: the runner's own cost on top of pinned;
+//   - full: the trace writer in full mode (Consumer, defaults): parse, line, gzip, write, fsync, done.
+//
+// Each side's rate is its steady rate: how fast its ack floor went from 10% to 90% of the messages
+// (polled every 5 ms), which leaves out what the sides do differently once (joining a group, the
+// first pulls; the last flush, the graceful stop). The sides rotate through the rounds (benchRounds),
+// so that load from elsewhere on the machine hits them alike. It reports each side's median rate, the
+// ratios of the medians to bare (goal for full: >= 0.8) and of full to pinned and runner, the lowest
+// per-round ratio of full to bare, and the compressed bytes per record.
+func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	n := benchRecords()
 	env := streamstest.Start(b)
 	msgs, _ := manyFPMs(b, testKeys(16), n, 1_782_777_600_000)
 	publish(b, env.JS, msgs)
 	b.ResetTimer()
 	for i := range b.N {
-		var ackRates, fullRates []float64
+		var bareRates, pinnedRates, runnerRates, fullRates []float64
 		minRatio := math.Inf(1)
 		var gzPerRec float64
 		for round := range benchRounds() {
-			var ack, full float64
-			runAck := func() {
-				ack = float64(n) / benchAckOnly(b, env.JS, fmt.Sprint("ackonly-", i, "-", round), n).Seconds()
+			var bare, pinned, runner, full float64
+			sides := []func(){
+				func() { bare = benchBare(b, env.JS, fmt.Sprint("bare-", i, "-", round), n, false) },
+				func() { pinned = benchBare(b, env.JS, fmt.Sprint("pinned-", i, "-", round), n, true) },
+				func() { runner = benchRunner(b, env.JS, fmt.Sprint("runner-", i, "-", round), n) },
+				func() {
+					var gz int64
+					full, gz = benchFull(b, env.JS, fmt.Sprint("trace-", i, "-", round), n)
+					gzPerRec = float64(gz) / float64(n)
+				},
 			}
-			runFull := func() {
-				d, gz := benchFull(b, env.JS, fmt.Sprint("trace-", i, "-", round), n)
-				full, gzPerRec = float64(n)/d.Seconds(), float64(gz)/float64(n)
+			for k := range sides {
+				sides[(k+round)%len(sides)]()
 			}
-			if round%2 == 0 {
-				runAck()
-				runFull()
-			} else {
-				runFull()
-				runAck()
-			}
-			ackRates, fullRates = append(ackRates, ack), append(fullRates, full)
-			minRatio = min(minRatio, full/ack)
+			bareRates, pinnedRates = append(bareRates, bare), append(pinnedRates, pinned)
+			runnerRates, fullRates = append(runnerRates, runner), append(fullRates, full)
+			minRatio = min(minRatio, full/bare)
 		}
-		ackRate, fullRate := median(ackRates), median(fullRates)
-		b.ReportMetric(ackRate, "ackonly-rec/s")
-		b.ReportMetric(fullRate, "full-rec/s")
-		b.ReportMetric(fullRate/ackRate, "ratio")
+		bare, pinned, runner, full := median(bareRates), median(pinnedRates), median(runnerRates), median(fullRates)
+		b.ReportMetric(bare, "bare-rec/s")
+		b.ReportMetric(pinned, "pinned-rec/s")
+		b.ReportMetric(runner, "runner-rec/s")
+		b.ReportMetric(full, "full-rec/s")
+		b.ReportMetric(full/bare, "ratio")
 		b.ReportMetric(minRatio, "min-ratio")
+		b.ReportMetric(pinned/bare, "pinned/bare")
+		b.ReportMetric(runner/bare, "runner/bare")
+		b.ReportMetric(runner/pinned, "runner/pinned")
+		b.ReportMetric(full/runner, "full/runner")
 		b.ReportMetric(gzPerRec, "gz-B/rec")
 	}
 }
@@ -90,13 +112,19 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// benchFull runs the full-mode writer on its own durable until all n messages are acked and returns
-// how long that took and the compressed bytes written.
-func benchFull(b *testing.B, js jetstream.JetStream, durable string, n int) (time.Duration, int64) {
+// benchConfig is the writer's config for a benchmark side: defaults, full mode, group name.
+func benchConfig(b *testing.B, name string) Config {
 	cfg := DefaultConfig()
-	cfg.Mode = "full"
+	cfg.Mode = schemas.CaptureFull
 	cfg.OutputPath = filepath.Join(b.TempDir(), "dynamo-fpm")
-	cfg.Durable = durable
+	cfg.Group = name
+	return cfg
+}
+
+// benchFull runs the full-mode writer on its own group and returns its steady rate and the
+// compressed bytes it wrote.
+func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (float64, int64) {
+	cfg := benchConfig(b, name)
 	opts := []Option{WithLogger(slog.New(slog.DiscardHandler))}
 	if l, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_LEVEL")); err == nil {
 		opts = append(opts, WithCompressionLevel(l))
@@ -105,19 +133,7 @@ func benchFull(b *testing.B, js jetstream.JetStream, durable string, n int) (tim
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	t0 := time.Now()
-	go func() { done <- w.Run(ctx) }()
-	// Once every message is delivered, stop: the graceful stop writes, fsyncs and acks what is left at
-	// once instead of at the next flush tick, so the time is consume + write + ack only.
-	waitDelivered(b, js, cfg.Durable, uint64(n))
-	cancel()
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	d := time.Since(t0)
-	waitAckFloor(b, js, cfg.Durable, uint64(n))
+	rate := benchRun(b, js, name, n, w.Run)
 	var gz int64
 	files, _ := filepath.Glob(cfg.OutputPath + ".*.jsonl.gz")
 	for _, f := range files {
@@ -127,73 +143,161 @@ func benchFull(b *testing.B, js jetstream.JetStream, durable string, n int) (tim
 		}
 		gz += fi.Size()
 	}
-	return d, gz
+	return rate, gz
 }
 
-// benchAckOnly acks n messages as fast as it can and returns how long it took.
-func benchAckOnly(b *testing.B, js jetstream.JetStream, durable string, n int) time.Duration {
+// noopConsumer says every message done as soon as it is handed: what is left is the runner's cost.
+type noopConsumer struct{}
+
+func (noopConsumer) Handle(_ context.Context, batch []*durable.Msg) error {
+	for _, m := range batch {
+		m.Done()
+	}
+	return nil
+}
+func (noopConsumer) Tick(context.Context, time.Time) error { return nil }
+func (noopConsumer) Close(context.Context) error           { return nil }
+
+// benchRunner runs a durable.Runner with noopConsumer on a group with the writer's consumer settings
+// and returns its steady rate.
+func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) float64 {
+	cfg := benchConfig(b, name)
+	pc, err := cfg.PartitionConfig()
+	if err != nil {
+		b.Fatal(err)
+	}
+	rc := cfg.runnerConfig(pc) // the writer's runner settings
+	rc.Name = "bench"
+	r, err := durable.New(rc, js, noopConsumer{}, durable.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return benchRun(b, js, name, n, r.Run)
+}
+
+// benchRun runs run until the consumer name on FPM has acknowledged all n messages, stops it and
+// returns the steady rate.
+func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func(context.Context) error) float64 {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	rate := steadyRate(b, js, name, n, done)
+	waitAckFloor(b, js, name, uint64(n))
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return rate
+}
+
+// benchBare consumes n messages with the cheapest consumer (see BenchmarkTraceWriterVsBareConsumer)
+// and returns its steady rate. pinned declares it with the partition consumers' pinned-client
+// priority group and pulls in that group.
+func benchBare(b *testing.B, js jetstream.JetStream, name string, n int, pinned bool) float64 {
 	ctx := context.Background()
-	cfg := DefaultConfig()
-	cfg.Mode, cfg.Durable = "full", durable
-	t0 := time.Now()
-	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, cfg.ConsumerConfig())
+	cfg := benchConfig(b, name)
+	cc := jetstream.ConsumerConfig{
+		Durable: name, DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckAllPolicy,
+		AckWait: cfg.ackWait(), MaxDeliver: -1, MaxAckPending: cfg.MaxAckPending, FilterSubject: cfg.FilterSubject,
+	}
+	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(cfg.pullBatch())}
+	if pinned {
+		cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = []string{partition.PriorityGroup}, jetstream.PriorityPolicyPinned, cfg.PinnedTTL
+		opts = append(opts, jetstream.PullPriorityGroup(partition.PriorityGroup))
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, cc)
 	if err != nil {
 		b.Fatal(err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(cfg.pullBatch()))
+	it, err := cons.Messages(opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for range n {
-		m, err := it.Next()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Ack(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	waitAckFloor(b, js, durable, uint64(n))
-	d := time.Since(t0)
-	it.Stop()
-	return d
-}
-
-// waitDelivered polls until the consumer has delivered everything up to seq.
-func waitDelivered(b *testing.B, js jetstream.JetStream, durable string, seq uint64) {
-	for {
-		c, err := js.Consumer(context.Background(), streams.StreamFPM, durable)
-		if err == nil {
-			ci, err := c.Info(context.Background())
-			if err == nil && ci.Delivered.Stream >= seq {
+	done := make(chan error, 1)
+	go func() {
+		defer it.Stop()
+		for i := 1; i <= n; i++ {
+			m, err := it.Next()
+			if err != nil {
+				done <- err
 				return
 			}
+			if i%1000 == 0 || i == n {
+				if err := m.Ack(); err != nil {
+					done <- err
+					return
+				}
+			}
 		}
-		time.Sleep(2 * time.Millisecond)
+	}()
+	rate := steadyRate(b, js, name, n, done)
+	waitAckFloor(b, js, name, uint64(n))
+	return rate
+}
+
+// consumerInfo returns a function that reads consumer name's info (nil until the consumer exists).
+func consumerInfoOf(js jetstream.JetStream, name string) func() *jetstream.ConsumerInfo {
+	var c jetstream.Consumer
+	return func() *jetstream.ConsumerInfo {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if c == nil {
+			var err error
+			if c, err = js.Consumer(ctx, streams.StreamFPM, name); err != nil {
+				c = nil
+				return nil
+			}
+		}
+		ci, err := c.Info(ctx)
+		if err != nil {
+			return nil
+		}
+		return ci
+	}
+}
+
+// steadyRate polls consumer name's ack floor every 5 ms until it reaches 90% of n and returns the
+// rate at which it went from 10% to 90%.
+func steadyRate(b *testing.B, js jetstream.JetStream, name string, n int, done <-chan error) float64 {
+	lo, hi := uint64(n)/10, uint64(n)*9/10
+	var tLo time.Time
+	var floorLo uint64
+	info := consumerInfoOf(js, name)
+	for {
+		if ci := info(); ci != nil {
+			now, floor := time.Now(), ci.AckFloor.Stream
+			if tLo.IsZero() && floor >= lo {
+				tLo, floorLo = now, floor
+			}
+			if !tLo.IsZero() && floor >= hi {
+				return float64(floor-floorLo) / now.Sub(tLo).Seconds()
+			}
+		}
+		select {
+		case err := <-done:
+			b.Fatalf("%s ended before acknowledging 90%%: %v", name, err)
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }
 
 // waitAckFloor polls until the consumer's ack floor reaches seq.
 func waitAckFloor(b *testing.B, js jetstream.JetStream, durable string, seq uint64) {
 	deadline := time.Now().Add(5 * time.Minute)
+	info := consumerInfoOf(js, durable)
 	for {
-		c, err := js.Consumer(context.Background(), streams.StreamFPM, durable)
-		if err == nil {
-			ci, err := c.Info(context.Background())
-			if err == nil && ci.AckFloor.Stream >= seq {
-				return
-			}
+		if ci := info(); ci != nil && ci.AckFloor.Stream >= seq {
+			return
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("consumer %s: ack floor below %d after 5 minutes", durable, seq)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
-// fakeMsg is enough of a jetstream.Msg for the writer's own per-message work.
+// fakeMsg is a delivery without a server: nothing to settle.
 type fakeMsg struct {
-	jetstream.Msg
 	subject string
 	data    []byte
 	hdr     nats.Header
@@ -202,10 +306,21 @@ type fakeMsg struct {
 func (m *fakeMsg) Subject() string      { return m.subject }
 func (m *fakeMsg) Data() []byte         { return m.data }
 func (m *fakeMsg) Headers() nats.Header { return m.hdr }
-func (m *fakeMsg) Ack() error           { return nil }
+func (m *fakeMsg) Done()                {}
+func (m *fakeMsg) Reject(error)         {}
 
-// Metadata: a message without JetStream metadata (never deduplicated, like a core NATS message).
-func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) { return nil, jetstream.ErrNotJSMessage }
+// benchWriter is a full- or sampled-mode writer without a server, for the CPU benchmarks.
+func benchWriter(b *testing.B, cfg Config, opts ...Option) *writer {
+	set, err := newSettings(append([]Option{WithLogger(slog.New(slog.DiscardHandler))}, opts...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := newMetrics(nil, cfg.Mode)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return newWriter(cfg, set, set.logger, m, time.Now(), nil)
+}
 
 // BenchmarkWriterPerRecord measures the writer's own CPU per record, without NATS: parse and check the
 // message, build the line, buffer it, and (every BufferSize) compress, write and fsync a member, at
@@ -221,30 +336,23 @@ func BenchmarkWriterPerRecord(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.Mode = "full"
 			cfg.OutputPath = filepath.Join(b.TempDir(), "dynamo-fpm")
-			w, err := New(cfg, fakeJS{}, WithLogger(slog.New(slog.DiscardHandler)), WithCompressionLevel(level))
-			if err != nil {
-				b.Fatal(err)
-			}
-			w.start = time.Now()
-			w.fl = startFlusher(nil, nil)
-			var in int64
+			w := benchWriter(b, cfg, WithCompressionLevel(level))
+			keys := subjectKeys{}
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				m := fakes[i%len(fakes)]
-				in += int64(len(m.data))
-				r, err := parseRecord(m, "", nil)
-				if err := w.handle(fetched{rec: r, err: err}); err != nil {
+				r, err := parseRecord(m, msgMeta{}, "", keys)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := w.handle(&r); err != nil {
+					b.Fatal(err)
+				}
+				if err := w.collect(); err != nil {
 					b.Fatal(err)
 				}
 			}
-			if err := w.flush(); err != nil {
-				b.Fatal(err)
-			}
-			if err := w.awaitFlush(); err != nil {
-				b.Fatal(err)
-			}
-			w.fl.stop()
-			if err := w.closeAll(); err != nil {
+			if err := w.finish(nil); err != nil {
 				b.Fatal(err)
 			}
 			var gz int64
@@ -257,9 +365,6 @@ func BenchmarkWriterPerRecord(b *testing.B) {
 		})
 	}
 }
-
-// fakeJS satisfies New; BenchmarkWriterPerRecord never reaches the server.
-type fakeJS struct{ jetstream.JetStream }
 
 // BenchmarkCheckFPM compares the writer's check of a canonical body (fast path) with the full parse.
 func BenchmarkCheckFPM(b *testing.B) {
@@ -306,16 +411,14 @@ func BenchmarkSampledMemoryPerKey(b *testing.B) {
 		runtime.ReadMemStats(&m1)
 		cfg := DefaultConfig()
 		cfg.OutputPath = filepath.Join(b.TempDir(), "dynamo-fpm")
-		w, err := New(cfg, fakeJS{}, WithLogger(slog.New(slog.DiscardHandler)))
-		if err != nil {
-			b.Fatal(err)
-		}
-		w.start = time.Now()
-		w.fl = startFlusher(nil, nil)
+		w := benchWriter(b, cfg)
 		b.StartTimer()
 		for _, m := range msgs {
-			r, err := parseRecord(m, "", nil)
-			if err := w.handle(fetched{rec: r, err: err}); err != nil {
+			r, err := parseRecord(m, msgMeta{seq: m.seq}, "", nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := w.handle(&r); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -327,10 +430,7 @@ func BenchmarkSampledMemoryPerKey(b *testing.B) {
 		}
 		b.ReportMetric(float64(m2.HeapAlloc-m1.HeapAlloc)/keys, "writer-B/key")
 		b.ReportMetric(float64(m1.HeapAlloc-m0.HeapAlloc)/keys, "msg-B/key")
-		w.fl.stop()
-		if err := w.closeAll(); err != nil {
-			b.Fatal(err)
-		}
+		w.abort()
 		runtime.KeepAlive(msgs)
 	}
 }

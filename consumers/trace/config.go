@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -31,7 +33,8 @@ const (
 	DefaultSampleInterval = 5000 * time.Millisecond
 	DefaultRollBytes      = 256 << 20 // uncompressed JSONL bytes
 	DefaultMaxSegments    = 4
-	DefaultDurable        = "fpm-trace"
+	DefaultGroup          = "fpm-trace"
+	DefaultPartitions     = 1
 	DefaultFilterSubject  = streams.FPMWildcard
 	DefaultFlushInterval  = time.Second
 	DefaultBufferSize     = 1 << 20
@@ -44,7 +47,8 @@ const (
 // and flag) and the bad value.
 var ErrInvalidConfig = errors.New("trace: invalid configuration")
 
-// Config configures a Writer. Start from DefaultConfig (or ConfigFromEnv); the zero value is not valid.
+// Config configures a Consumer (and a Backfill, which uses the settings that shape the files). Start
+// from DefaultConfig (or ConfigFromEnv); the zero value is not valid.
 type Config struct {
 	// Mode is schemas.CaptureSampled or schemas.CaptureFull (DYN_FPM_MODE, --trace-mode).
 	Mode string
@@ -63,26 +67,37 @@ type Config struct {
 	// ProducerID, when set, files every message under this producer id (--producer-id). Empty: the
 	// message's Fpm-Producer header, else its worker_id.
 	ProducerID string
-	// Durable is the durable consumer name on stream FPM (--group). Run one writer per name: two
-	// writers on one durable would write the same producers' segments. To spread producers over
-	// several writers, give each its own durable and a disjoint FilterSubject.
-	Durable string
+	// Group names the writer's consumer group (--group): every instance with the same Group shares
+	// the work (consumers/partition). With one partition its consumer is <Group> on stream FPM itself.
+	// Writers that should not share producers need distinct groups and disjoint FilterSubjects.
+	Group string
 	// FilterSubject selects the FPM subjects this writer consumes (--filter), e.g. fpm.dynamo.>.
 	FilterSubject string
+	// Partitions is the number of partitions P of the group (--partitions). 1: one instance writes,
+	// the others are hot standbys, and the group consumes stream FPM itself; P > 1: the producers
+	// (keyed by worker_id) are spread over the instances through the partition stream FPM_PART_<Group>,
+	// a server-side copy of FPM. Fixed for the life of the group.
+	Partitions int
+	// PinnedTTL bounds crash failover to another instance (--pinned-ttl): how long an instance that
+	// stopped pulling keeps its partitions. A restarted instance with the same member id
+	// (WithMemberID) takes its partitions back at once.
+	PinnedTTL time.Duration
 	// FlushInterval bounds how long a received message waits before its line is durable and acked.
 	FlushInterval time.Duration
 	// BufferSize is the uncompressed bytes one producer buffers before its flush (Dynamo: 1 MiB per
 	// writer). All producers also flush every FlushInterval, and when half of MaxAckPending waits.
 	BufferSize int
-	// StopTimeout bounds the graceful stop: draining the messages already received.
+	// StopTimeout bounds the graceful stop of each owned partition: writing and fsyncing what was
+	// received, acknowledging it.
 	StopTimeout time.Duration
-	// MaxAckPending of the durable consumer: how many messages may wait for their line to be durable.
-	// A flush starts when half of it is waiting.
+	// MaxAckPending of each partition consumer: how many messages may wait for their line to be
+	// durable. A flush starts when a quarter of it is waiting.
 	MaxAckPending int
-	// AckWait of the durable consumer; 0 = automatic (DefaultAckWait, or in sampled mode at least
+	// AckWait of the partition consumers; 0 = automatic (DefaultAckWait, or in sampled mode at least
 	// twice SampleInterval + FlushInterval, since a message may wait a whole interval for its line).
 	AckWait time.Duration
-	// Registerer receives the writer's metrics; nil registers none.
+	// Registerer receives the writer's metrics and its runner's (fpmbus_consumer_*{consumer="trace"});
+	// nil registers none.
 	Registerer prometheus.Registerer
 }
 
@@ -95,8 +110,10 @@ func DefaultConfig() Config {
 		SampleInterval: DefaultSampleInterval,
 		RollBytes:      DefaultRollBytes,
 		MaxSegments:    DefaultMaxSegments,
-		Durable:        DefaultDurable,
+		Group:          DefaultGroup,
 		FilterSubject:  DefaultFilterSubject,
+		Partitions:     DefaultPartitions,
+		PinnedTTL:      partition.DefaultPinnedTTL,
 		FlushInterval:  DefaultFlushInterval,
 		BufferSize:     DefaultBufferSize,
 		StopTimeout:    DefaultStopTimeout,
@@ -185,16 +202,23 @@ func (c Config) Validate() error {
 		return bad("mode %q (%s, --trace-mode): want sampled or full", c.Mode, EnvMode)
 	case strings.TrimSpace(c.OutputPath) == "":
 		return bad("output path %q (%s, --trace-output): blank", c.OutputPath, EnvOutputPath)
+	case len(filepath.Base(OutputBase(c.OutputPath))) > maxOutputBaseName:
+		return bad("output path %q (%s, --trace-output): its file name part %q is %d bytes; segment names (<name>.<producer>.<index>%s) need it to be at most %d",
+			c.OutputPath, EnvOutputPath, filepath.Base(OutputBase(c.OutputPath)), len(filepath.Base(OutputBase(c.OutputPath))), SegmentSuffix, maxOutputBaseName)
 	case c.SampleInterval < time.Millisecond || c.SampleInterval%time.Millisecond != 0:
 		return bad("sample interval %v (%s, --sample-interval): want a positive whole number of milliseconds", c.SampleInterval, EnvSampleInterval)
 	case c.RollBytes <= 0:
 		return bad("roll bytes %d (%s, --roll-bytes): want a positive integer", c.RollBytes, EnvRollBytes)
 	case c.MaxSegments <= 0:
 		return bad("max segments %d (%s, --max-segments): want a positive integer", c.MaxSegments, EnvMaxSegments)
-	case c.Durable == "" || strings.ContainsAny(c.Durable, ".*> \t"):
-		return bad("durable name %q (--group): want a non-empty name without '.', '*', '>' or spaces", c.Durable)
+	case c.Group == "" || strings.ContainsAny(c.Group, ".*> \t"):
+		return bad("group %q (--group): want a non-empty name without '.', '*', '>' or spaces", c.Group)
 	case c.FilterSubject == "" || (c.FilterSubject != streams.FPMWildcard && !strings.HasPrefix(c.FilterSubject, streams.FPMRoot+".")):
 		return bad("filter subject %q (--filter): want a subject under %s", c.FilterSubject, streams.FPMWildcard)
+	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
+		return bad("partitions %d (--partitions): want 1 to %d", c.Partitions, partition.MaxPartitions)
+	case c.PinnedTTL < partition.MinPinnedTTL || c.PinnedTTL > partition.MaxPinnedTTL:
+		return bad("pinned TTL %v (--pinned-ttl): want %v to %v", c.PinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
 	case c.FlushInterval <= 0:
 		return bad("flush interval %v: want a positive duration", c.FlushInterval)
 	case c.BufferSize <= 0:
@@ -205,8 +229,13 @@ func (c Config) Validate() error {
 		return bad("max ack pending %d: want at least 2", c.MaxAckPending)
 	case c.AckWait < 0:
 		return bad("ack wait %v: want 0 (automatic) or a positive duration", c.AckWait)
+	case c.AckWait > 0 && c.AckWait < time.Second:
+		return bad("ack wait %v: want at least 1s", c.AckWait)
 	case c.AckWait > 0 && c.AckWait <= c.holdBound():
 		return bad("ack wait %v: must exceed %v, the longest a message waits for its line (flush interval, plus the sample interval in sampled mode)", c.AckWait, c.holdBound())
+	}
+	if _, err := c.PartitionConfig(); err != nil {
+		return err
 	}
 	return nil
 }

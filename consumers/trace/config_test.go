@@ -20,8 +20,8 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Mode != "sampled" || c.OutputPath != "/tmp/dynamo-fpm" || c.SampleInterval != 5*time.Second ||
-		c.RollBytes != 268435456 || c.MaxSegments != 4 || c.Durable != "fpm-trace" || c.FilterSubject != "fpm.>" ||
-		c.FlushInterval != time.Second || c.BufferSize != 1<<20 {
+		c.RollBytes != 268435456 || c.MaxSegments != 4 || c.Group != "fpm-trace" || c.FilterSubject != "fpm.>" ||
+		c.FlushInterval != time.Second || c.BufferSize != 1<<20 || c.Partitions != 1 || c.PinnedTTL != 10*time.Second {
 		t.Fatalf("defaults: %+v", c)
 	}
 
@@ -88,13 +88,22 @@ func TestConfigValidate(t *testing.T) {
 		"sub-millisecond interval": {func(c *Config) { c.SampleInterval = 1500 * time.Microsecond }, "--sample-interval"},
 		"roll bytes":               {func(c *Config) { c.RollBytes = 0 }, "--roll-bytes"},
 		"max segments":             {func(c *Config) { c.MaxSegments = -1 }, "--max-segments"},
-		"durable with a dot":       {func(c *Config) { c.Durable = "a.b" }, "--group"},
-		"filter outside FPM":       {func(c *Config) { c.FilterSubject = "fpmevents.>" }, "--filter"},
-		"flush interval":           {func(c *Config) { c.FlushInterval = 0 }, "flush interval"},
-		"buffer size":              {func(c *Config) { c.BufferSize = 0 }, "buffer size"},
-		"stop timeout":             {func(c *Config) { c.StopTimeout = 0 }, "stop timeout"},
-		"max ack pending":          {func(c *Config) { c.MaxAckPending = 1 }, "max ack pending"},
-		"ack wait below interval":  {func(c *Config) { c.AckWait = 5 * time.Second }, "ack wait"},
+		"group with a dot":         {func(c *Config) { c.Group = "a.b" }, "--group"},
+		"no partition":             {func(c *Config) { c.Partitions = 0 }, "--partitions"},
+		"pinned TTL below 3s":      {func(c *Config) { c.PinnedTTL = time.Second }, "--pinned-ttl"},
+		"ack wait below 1s": {func(c *Config) {
+			c.AckWait = 500 * time.Millisecond
+			c.Mode = "full"
+			c.FlushInterval = 100 * time.Millisecond
+		}, "ack wait"},
+		"producer id, 2 partitions": {func(c *Config) { c.ProducerID = "p"; c.Partitions = 2 }, "--producer-id"},
+		"output name too long":      {func(c *Config) { c.OutputPath = "/tmp/" + strings.Repeat("n", maxOutputBaseName+1) + ".jsonl.gz" }, "--trace-output"},
+		"filter outside FPM":        {func(c *Config) { c.FilterSubject = "fpmevents.>" }, "--filter"},
+		"flush interval":            {func(c *Config) { c.FlushInterval = 0 }, "flush interval"},
+		"buffer size":               {func(c *Config) { c.BufferSize = 0 }, "buffer size"},
+		"stop timeout":              {func(c *Config) { c.StopTimeout = 0 }, "stop timeout"},
+		"max ack pending":           {func(c *Config) { c.MaxAckPending = 1 }, "max ack pending"},
+		"ack wait below interval":   {func(c *Config) { c.AckWait = 5 * time.Second }, "ack wait"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := DefaultConfig()

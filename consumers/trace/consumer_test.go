@@ -3,12 +3,17 @@ package trace
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -89,7 +95,14 @@ func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	r := startWriter(t, cfg, env.JS)
-	ci := waitConsumed(t, env.JS, cfg.Durable)
+	if err := r.w.Run(context.Background()); !errors.Is(err, ErrAlreadyRunning) {
+		t.Fatalf("second Run = %v, want ErrAlreadyRunning", err)
+	}
+	ci := waitConsumed(t, env.JS, cfg.Group)
+	mfs, err := reg.Gather() // the runner's metrics are registered while it runs
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := r.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -107,10 +120,6 @@ func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
 	if got := counterValue(t, r.w.metrics.rolled); got == 0 {
 		t.Fatal("no segment rolled")
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	names := map[string]bool{}
 	for _, mf := range mfs {
 		names[mf.GetName()] = true
@@ -118,7 +127,8 @@ func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
 			t.Fatal("no flush observed")
 		}
 	}
-	for _, n := range []string{"fpmbus_trace_written_total", "fpmbus_trace_segments_rolled_total", "fpmbus_trace_flush_seconds"} {
+	for _, n := range []string{"fpmbus_trace_written_total", "fpmbus_trace_segments_rolled_total", "fpmbus_trace_flush_seconds",
+		"fpmbus_consumer_acked_total"} {
 		if !names[n] {
 			t.Fatalf("metric %s not registered (have %v)", n, names)
 		}
@@ -155,7 +165,7 @@ func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
 		more[i] = published2[i].msg(t)
 	}
 	publish(t, env.JS, more)
-	waitConsumed(t, env.JS, cfg.Durable)
+	waitConsumed(t, env.JS, cfg.Group)
 	if err := r2.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +190,7 @@ func TestGracefulStopFlushesAndAcks(t *testing.T) {
 	// Wait until the writer holds every message unacked.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, cfg.Durable)
+		c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, cfg.Group)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,14 +213,16 @@ func TestGracefulStopFlushesAndAcks(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	ci := waitConsumed(t, env.JS, cfg.Durable)
+	ci := waitConsumed(t, env.JS, cfg.Group)
 	if ci.NumAckPending != 0 {
 		t.Fatalf("ack pending %d after stop", ci.NumAckPending)
 	}
 	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
 }
 
-func TestInvalidMessagesAreTerminatedAndCounted(t *testing.T) {
+// An invalid message is dead-lettered (fpmevents.rejected.trace) with the reason, counted, and never
+// holds up the others.
+func TestInvalidMessagesAreDeadLetteredAndCounted(t *testing.T) {
 	env := streamstest.Start(t)
 	good := testFPM{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}, counter: 1, receivedMs: 1000}
 	badBody := good.msg(t)
@@ -226,7 +238,7 @@ func TestInvalidMessagesAreTerminatedAndCounted(t *testing.T) {
 
 	cfg := testConfig(t)
 	r := startWriter(t, cfg, env.JS)
-	ci := waitConsumed(t, env.JS, cfg.Durable)
+	ci := waitConsumed(t, env.JS, cfg.Group)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -237,6 +249,19 @@ func TestInvalidMessagesAreTerminatedAndCounted(t *testing.T) {
 		t.Fatalf("invalid = %v, want 3", got)
 	}
 	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), []testFPM{good}, schemas.CaptureFull)
+	dl := deadLetters(t, env.JS)
+	if len(dl) != 3 {
+		t.Fatalf("%d dead letters, want 3", len(dl))
+	}
+	for i, want := range []struct {
+		seq    string
+		reason string
+	}{{"1", "fpmbus trace: body:"}, {"3", "fpmbus trace:"}, {"4", "fpmbus trace: body:"}} {
+		h := dl[i].Headers()
+		if h.Get(streams.HeaderStreamSeq) != want.seq || !strings.HasPrefix(h.Get(streams.HeaderError), want.reason) || h.Get(streams.HeaderConsumer) != ConsumerName {
+			t.Fatalf("dead letter %d: headers %v, want stream sequence %s and a reason starting %q", i, h, want.seq, want.reason)
+		}
+	}
 }
 
 func TestProducerIDAndObservedAt(t *testing.T) {
@@ -251,7 +276,7 @@ func TestProducerIDAndObservedAt(t *testing.T) {
 	cfg := testConfig(t)
 	before := time.Now().UnixMilli()
 	r := startWriter(t, cfg, env.JS)
-	waitConsumed(t, env.JS, cfg.Durable)
+	waitConsumed(t, env.JS, cfg.Group)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -283,9 +308,9 @@ func TestProducerIDAndObservedAt(t *testing.T) {
 	// --producer-id files everything under one producer.
 	cfg2 := testConfig(t)
 	cfg2.ProducerID = "fixed"
-	cfg2.Durable = "other"
+	cfg2.Group = "other"
 	r2 := startWriter(t, cfg2, env.JS)
-	waitConsumed(t, env.JS, cfg2.Durable)
+	waitConsumed(t, env.JS, cfg2.Group)
 	if err := r2.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +359,7 @@ func TestFullModeGolden(t *testing.T) {
 	ticks := 0
 	clock := func() time.Time { ticks++; return start.Add(time.Duration(ticks-1) * 250 * time.Millisecond) }
 	r := startWriter(t, cfg, env.JS, WithClock(clock))
-	waitConsumed(t, env.JS, cfg.Durable)
+	waitConsumed(t, env.JS, cfg.Group)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +423,7 @@ func TestSampledMode(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	ci := waitConsumed(t, env.JS, cfg.Durable)
+	ci := waitConsumed(t, env.JS, cfg.Group)
 	if ci.NumAckPending != 0 || ci.AckFloor.Stream != uint64(len(fs)) {
 		t.Fatalf("consumer %+v", ci)
 	}
@@ -421,4 +446,226 @@ func TestSampledMode(t *testing.T) {
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("sampled lines %v, want %v", got, want)
 	}
+}
+
+// Producer ids of every length are written: one whose segment names fit NAME_MAX keeps Dynamo's file
+// name, a longer one a shortened name (ProducerFileName); every line carries the full id, no file name
+// exceeds 255 bytes, nothing is rejected or stalled, and `trace info` groups each producer's segments.
+func TestLongProducerIDsAreWritten(t *testing.T) {
+	env := streamstest.Start(t)
+	ids := []string{
+		"w0",
+		strings.Repeat("p", 233),       // the longest that keeps Dynamo's name (output base "trace")
+		strings.Repeat("p", 234),       // one more: shortened
+		strings.Repeat("q", 299) + "1", // two 300-character ids sharing 299 characters
+		strings.Repeat("q", 299) + "2",
+		strings.Repeat("w/", 2050), // 4,100 characters
+		strings.Repeat("é", 233),   // 466 bytes, 233 characters: sanitized to 233 '_', fits
+		strings.Repeat("ü", 234),   // shortened
+	}
+	const perProducer = 10
+	var msgs []*nats.Msg
+	var published []testFPM
+	for i := range perProducer {
+		for j, id := range ids {
+			f := testFPM{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: fmt.Sprint("w", j)}, counter: int64(i),
+				receivedMs: 1_782_777_600_000 + int64(i*len(ids)+j), producer: id}
+			published = append(published, f)
+			msgs = append(msgs, f.msg(t))
+		}
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	cfg.OutputPath = filepath.Join(t.TempDir(), "trace.jsonl.gz")
+	cfg.RollBytes = 4 << 10 // several segments per producer
+	cfg.MaxSegments = 1000
+	r := startWriter(t, cfg, env.JS)
+	ci := waitConsumed(t, env.JS, cfg.Group)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if ci.AckFloor.Stream != uint64(len(msgs)) || len(deadLetters(t, env.JS)) != 0 {
+		t.Fatalf("ack floor %d of %d, %d dead letters", ci.AckFloor.Stream, len(msgs), len(deadLetters(t, env.JS)))
+	}
+	entries, err := os.ReadDir(filepath.Dir(cfg.OutputPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if len(e.Name()) > 255 {
+			t.Fatalf("file name of %d bytes: %s", len(e.Name()), e.Name())
+		}
+	}
+	for j, id := range ids {
+		prefix := SegmentPrefix(cfg.OutputPath, id)
+		if fits := len(SanitizeProducerID(id)) <= 233; fits != (filepath.Base(prefix) == "trace."+SanitizeProducerID(id)) {
+			t.Fatalf("producer %d (%d characters): file name %s", j, len([]rune(id)), filepath.Base(prefix))
+		}
+		var counters []int64
+		segs := prefixLines(t, prefix)
+		for _, idx := range slices.Sorted(maps.Keys(segs)) {
+			for _, l := range segs[idx] {
+				tl, err := schemas.ParseTraceLine([]byte(l))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tl.Event.Source.ProducerID != id {
+					t.Fatalf("producer %d: a line of producer_id %.40q… in its file", j, tl.Event.Source.ProducerID)
+				}
+				f, _ := schemas.ParseFPMJSON(tl.Event.FPM)
+				counters = append(counters, f.CounterID)
+			}
+		}
+		if fmt.Sprint(counters) != fmt.Sprint([]int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+			t.Fatalf("producer %d (%d characters): counters %v in file order", j, len([]rune(id)), counters)
+		}
+	}
+	rep, err := Info([]string{filepath.Dir(cfg.OutputPath)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Producers) != len(ids) {
+		t.Fatalf("trace info: %d producers, want %d", len(rep.Producers), len(ids))
+	}
+	multi := 0
+	for _, p := range rep.Producers {
+		if p.Lines != perProducer || len(p.Keys) != 1 || p.Keys[0].Lines != perProducer || !slices.Contains(ids, p.Keys[0].ProducerID) {
+			t.Fatalf("trace info: producer %s: %d lines in %d segments, keys %d", p.Producer, p.Lines, len(p.Segments), len(p.Keys))
+		}
+		if len(p.Segments) > 1 {
+			multi++
+		}
+	}
+	if multi < len(ids)/2 {
+		t.Fatalf("only %d producers have several segments: the grouping was not tested", multi)
+	}
+	checkExactlyOnceByProducer(t, published, cfg.OutputPath)
+}
+
+// checkExactlyOnceByProducer checks that every published message has exactly one line, in its
+// producer's files.
+func checkExactlyOnceByProducer(t *testing.T, published []testFPM, outputPath string) {
+	t.Helper()
+	want := map[string]int{}
+	for _, f := range published {
+		want[fmt.Sprint(f.producer, "|", f.receivedMs)]++
+	}
+	got := map[string]int{}
+	for _, lines := range outputLines(t, outputPath) {
+		for _, l := range lines {
+			tl, err := schemas.ParseTraceLine(l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[fmt.Sprint(tl.Event.Source.ProducerID, "|", tl.Event.ObservedAtUnixMs)]++
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("lines per message differ from one each: %d distinct lines, %d messages", len(got), len(want))
+	}
+}
+
+// A producer whose file name its file system refuses concerns that producer alone: its messages are
+// rejected (dead letters naming the file and the reason) while the other producers are written and
+// everything is acknowledged; nothing is retried forever.
+func TestRefusedFileNameRejectsOnlyItsProducer(t *testing.T) {
+	env := streamstest.Start(t)
+	var msgs []*nats.Msg
+	var ok []testFPM
+	for i := range 20 {
+		for _, w := range []string{"ok", "refused"} {
+			f := testFPM{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: w}, counter: int64(i), receivedMs: 1_782_777_600_000 + int64(2*i)}
+			if w == "refused" {
+				f.receivedMs++
+			} else {
+				ok = append(ok, f)
+			}
+			msgs = append(msgs, f.msg(t))
+		}
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithMemberID("names"), WithWriteRetry(time.Millisecond, 10*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.set.open = func(path string) (file, error) {
+		if strings.Contains(filepath.Base(path), ".refused.") {
+			return nil, &os.PathError{Op: "open", Path: path, Err: syscall.ENAMETOOLONG}
+		}
+		return createFile(path)
+	}
+	r := runConsumer(t, w)
+	ci := waitConsumed(t, env.JS, cfg.Group)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if ci.AckFloor.Stream != 40 || ci.NumRedelivered != 0 {
+		t.Fatalf("consumer: ack floor %d, %d redelivered", ci.AckFloor.Stream, ci.NumRedelivered)
+	}
+	out := outputLines(t, cfg.OutputPath)
+	if len(out) != 1 {
+		t.Fatalf("producers with lines: %v, want only ok", keysOf(out))
+	}
+	checkExactlyOnce(t, out, ok, schemas.CaptureFull)
+	dl := deadLetters(t, env.JS)
+	if len(dl) != 20 {
+		t.Fatalf("%d dead letters, want the 20 messages of the refused producer", len(dl))
+	}
+	for _, m := range dl {
+		reason := m.Headers().Get(streams.HeaderError)
+		if m.Headers().Get(streams.HeaderSubject) != "fpm.ns.c.refused.0" ||
+			!strings.Contains(reason, "dynamo-fpm.refused") || !strings.Contains(reason, "file name too long") {
+			t.Fatalf("dead letter of %s: reason %q", m.Headers().Get(streams.HeaderSubject), reason)
+		}
+	}
+}
+
+// Messages the stream removed (a message limit) while the writer was stopped are reported when it
+// comes back: a loss event with the exact range and count, the rest written.
+func TestRetentionLossIsReported(t *testing.T) {
+	env := streamstest.Start(t)
+	msgs, first := manyFPMs(t, testKeys(2), 30, 1_782_777_600_000)
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	r := startWriter(t, cfg, env.JS)
+	waitConsumed(t, env.JS, cfg.Group)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	more, pub := manyFPMs(t, testKeys(2), 40, 1_782_777_700_000) // stream sequences 31..70
+	for i := range pub {
+		pub[i].counter += 15
+		more[i] = pub[i].msg(t)
+	}
+	publish(t, env.JS, more)
+	ctx := context.Background()
+	st, err := env.JS.Stream(ctx, streams.StreamFPM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := st.CachedInfo().Config
+	sc.MaxMsgs = 20 // FPM at its limit: 31..50 are removed before the writer reads them
+	if _, err := env.JS.UpdateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	r = startWriter(t, cfg, env.JS)
+	waitConsumed(t, env.JS, cfg.Group)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var losses []durable.Loss
+	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, durable.LossSubject(ConsumerName)) {
+		var l durable.Loss
+		if err := json.Unmarshal(m.Data(), &l); err != nil {
+			t.Fatal(err)
+		}
+		l.DetectedAt = 0
+		losses = append(losses, l)
+	}
+	want := []durable.Loss{{Event: "loss", Cause: durable.LossRetention, Consumer: ConsumerName, Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20}}
+	if fmt.Sprint(losses) != fmt.Sprint(want) {
+		t.Fatalf("loss events\n got %+v\nwant %+v", losses, want)
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), append(first, pub[20:]...), schemas.CaptureFull)
 }

@@ -11,28 +11,34 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// Flushing: the consumer loop hands batches of buffered lines to the flusher goroutine, which
-// compresses each producer's batch into gzip members, writes and fsyncs them (producers in parallel),
-// while the loop goes on receiving and buffering. When a flush completes, the loop acks the messages
-// whose lines it made durable. At most one flush is in flight: a second one waits for the first,
-// which bounds memory and unacked messages.
+// Flushing: the writer hands batches of buffered lines to the flusher goroutine, which compresses each
+// producer's batch into gzip members, writes and fsyncs them (producers in parallel), while the
+// writer's goroutine goes on receiving and buffering. When a flush completes (collect, or awaitFlush),
+// the messages whose lines it made durable are done. At most one flush is in flight: a flush asked for
+// meanwhile starts when it completes, and the lines wait in the buffer; the writer's goroutine never
+// blocks on the disk. The buffer is bounded by MaxAckPending: the server delivers no more messages
+// while that many wait to be done.
 //
-// A failed write does not end the run: the flusher cuts the segment back to its last fsynced member,
-// waits (exponential backoff), and writes the batch again into a new segment, until the disk takes it
-// (see SegmentWriter.writeBatchRetry). Meanwhile the flush stays in flight: the loop acks nothing more,
-// blocks at its next flush, and the server stops delivering at MaxAckPending, keeping the messages.
-// Only the stop deadline (or a failure elsewhere) gives a retrying flush up.
+// A failed write does not end the writer: the flusher cuts the segment back to its last fsynced
+// member, waits (exponential backoff), and writes the batch again into a new segment, until the disk
+// takes it (see SegmentWriter.writeBatchRetry). Meanwhile the flush stays in flight: nothing more is
+// done, and the server stops delivering at MaxAckPending, keeping the messages (the runner keeps the
+// held ones from being redelivered with in-progress acks). Only finish's stop (the release deadline)
+// or abort gives a retrying flush up. A file name the file system refuses concerns one producer: its
+// messages are rejected (writer.dropProducer).
 
-// flusher runs writeBatchRetry off the consumer loop. It owns one goroutine; stop ends it.
+// flusher runs writeBatchRetry off the writer's goroutine. It owns one goroutine; stop ends it.
 type flusher struct {
 	reqs     chan []flushJob
 	done     chan flushResult // the result of the flush in flight
 	exited   chan struct{}
 	giveUp   chan struct{} // closed: retrying writes return their error
 	once     sync.Once
+	stopOnce sync.Once
 	retry    func() backoff.BackOff
 	report   func(sw *SegmentWriter, err error, wait time.Duration)
-	inflight bool // owned by the consumer loop
+	notify   func()
+	inflight bool // owned by the writer's goroutine
 }
 
 // flushJob is one producer's batch and, once written, its error.
@@ -49,8 +55,8 @@ type flushResult struct {
 }
 
 // startFlusher starts the flusher; retry (nil: no retry) makes the backoff of a failed write, report
-// is told of every retry.
-func startFlusher(retry func() backoff.BackOff, report func(sw *SegmentWriter, err error, wait time.Duration)) *flusher {
+// is told of every retry, notify (nil: none) of every completed flush, after its result is on done.
+func startFlusher(retry func() backoff.BackOff, report func(sw *SegmentWriter, err error, wait time.Duration), notify func()) *flusher {
 	fl := &flusher{
 		reqs:   make(chan []flushJob),
 		done:   make(chan flushResult, 1),
@@ -58,6 +64,7 @@ func startFlusher(retry func() backoff.BackOff, report func(sw *SegmentWriter, e
 		giveUp: make(chan struct{}),
 		retry:  retry,
 		report: report,
+		notify: notify,
 	}
 	go fl.run()
 	return fl
@@ -97,30 +104,31 @@ func (fl *flusher) run() {
 			wg.Wait()
 		}
 		fl.done <- flushResult{jobs: jobs, took: time.Since(t0)}
+		if fl.notify != nil {
+			fl.notify()
+		}
 	}
 }
 
-// stop ends the goroutine; no flush may be in flight.
+// stop ends the goroutine; no flush may be in flight. A second stop does nothing.
 func (fl *flusher) stop() {
-	close(fl.reqs)
+	fl.stopOnce.Do(func() { close(fl.reqs) })
 	<-fl.exited
 }
 
 // flush hands every dirty producer's lines to the flusher.
-func (w *Writer) flush() error {
+func (w *writer) flush() error {
 	return w.submit(w.dirty)
 }
 
-// submit hands ps's buffered lines to the flusher, after waiting for the flush in flight, if any. If
-// the loop's context ends while that flush is blocked (a write retrying), the lines stay buffered for
-// the graceful stop.
-func (w *Writer) submit(ps []*producer) error {
-	if err := w.awaitFlush(); err != nil {
-		if errors.Is(err, errStopping) {
-			return nil
-		}
-		return err
+// submit hands ps's buffered lines to the flusher, unless a flush is in flight: then the lines stay
+// buffered and every dirty producer is flushed when that one completes.
+func (w *writer) submit(ps []*producer) error {
+	if w.fl.inflight {
+		w.again = true
+		return nil
 	}
+	w.again = false
 	var jobs []flushJob
 	for _, p := range ps {
 		if !p.dirty {
@@ -132,7 +140,7 @@ func (w *Writer) submit(ps []*producer) error {
 	w.dirty = slices.DeleteFunc(w.dirty, func(p *producer) bool { return !p.dirty })
 	w.unflushed = 0
 	if len(jobs) == 0 {
-		w.ackAll() // messages that need no line of their own may be waiting
+		w.markDone() // messages that need no line of their own may be waiting
 		return nil
 	}
 	w.fl.reqs <- jobs
@@ -140,60 +148,77 @@ func (w *Writer) submit(ps []*producer) error {
 	return nil
 }
 
-// awaitFlush waits for the flush in flight, if any, and completes it. When w.interrupt closes first,
-// it returns errStopping during the loop; while stopping, it gives the flush up and completes it.
-func (w *Writer) awaitFlush() error {
+// collect completes the flush in flight if it has finished; it never waits.
+func (w *writer) collect() error {
 	if !w.fl.inflight {
 		return nil
 	}
 	select {
 	case res := <-w.fl.done:
 		return w.completeFlush(res)
-	case <-w.interrupt:
+	default:
+		return nil
 	}
-	if !w.stopping {
-		return errStopping
+}
+
+// awaitFlush waits for the flush in flight, if any, and completes it. When stop closes first, a
+// write still retrying is given up: its error is returned.
+func (w *writer) awaitFlush(stop <-chan struct{}) error {
+	if !w.fl.inflight {
+		return nil
+	}
+	select {
+	case res := <-w.fl.done:
+		return w.completeFlush(res)
+	case <-stop:
 	}
 	w.fl.abandon()
 	return w.completeFlush(<-w.fl.done)
 }
 
-// completeFlush records a finished flush: durable lines, metrics, acks. A failed producer's messages
-// stay unacked (redelivered); its error ends Run.
-func (w *Writer) completeFlush(res flushResult) error {
+// drain flushes until every buffered line is durable and every message that can be is done; see
+// awaitFlush for stop.
+func (w *writer) drain(stop <-chan struct{}) error {
+	for {
+		if err := w.awaitFlush(stop); err != nil {
+			return err
+		}
+		if err := w.flush(); err != nil {
+			return err
+		}
+		if !w.fl.inflight {
+			return nil
+		}
+	}
+}
+
+// completeFlush records a finished flush: durable lines, metrics, done messages. A producer whose file
+// name was refused is dropped (its messages rejected); any other failure is returned and ends the
+// writer, its messages not done. A flush asked for meanwhile starts now.
+func (w *writer) completeFlush(res flushResult) error {
 	w.fl.inflight = false
-	w.metrics.flush.Observe(res.took.Seconds())
+	w.m.flush.Observe(res.took.Seconds())
 	var failed error
 	written := 0
 	for _, j := range res.jobs {
+		if j.err != nil && nameRefused(j.err) && !j.p.sw.closed {
+			w.dropProducer(j.p, j.err)
+			continue
+		}
 		if err := j.p.sw.complete(j.b, j.err); err != nil {
 			failed = errors.Join(failed, err)
 			continue
 		}
 		written += j.lines
 	}
-	w.metrics.writtenMode.Add(float64(written))
+	w.m.writtenMode.Add(float64(written))
 	w.linesWritten += uint64(written)
-	w.ackAll()
+	w.markDone()
 	if failed != nil {
 		return fmt.Errorf("trace: flush: %w", failed)
 	}
+	if w.again {
+		return w.flush()
+	}
 	return nil
-}
-
-// ackAll acks, for every producer, the messages whose lines are durable.
-func (w *Writer) ackAll() {
-	if w.waiting == 0 {
-		return
-	}
-	for _, p := range w.bySegment {
-		if len(p.pending) == 0 {
-			continue
-		}
-		n, err := p.ackDurable(w.seqs)
-		w.waiting -= n
-		if err != nil {
-			w.logger.Warn("trace writer: ack failed; the message will be redelivered (and skipped: its line is written)", "err", err)
-		}
-	}
 }

@@ -118,7 +118,7 @@ func TestFastPathTakesTheCanonicalBodies(t *testing.T) {
 func FuzzInfo(f *testing.F) {
 	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w"}
 	m := testFPM{key: k, counter: 1, receivedMs: 1000}.msg(f)
-	r, err := parseRecord(&ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}}, "", nil)
+	r, err := parseRecord(&ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}}, msgMeta{}, "", nil)
 	if err != nil {
 		f.Fatal(err)
 	}

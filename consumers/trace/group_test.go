@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -78,12 +79,12 @@ func (o *ownership) opener(instance string) func(string) (file, error) {
 type groupInstance struct {
 	name   string
 	nc     *nats.Conn
-	w      *Writer
+	w      *Consumer
 	cancel context.CancelFunc
 	done   chan error
 }
 
-func startGroupInstance(t *testing.T, env *streamstest.Env, cfg Config, g GroupOptions, name string, o *ownership) *groupInstance {
+func startGroupInstance(t *testing.T, env *streamstest.Env, cfg Config, name string, o *ownership) *groupInstance {
 	t.Helper()
 	nc, err := nats.Connect(env.Server.ClientURL(), nats.Name(name))
 	if err != nil {
@@ -94,15 +95,14 @@ func startGroupInstance(t *testing.T, env *streamstest.Env, cfg Config, g GroupO
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := New(cfg, js, WithLogger(testLogger(t).With("instance", name)))
+	w, err := New(cfg, js, WithLogger(testLogger(t).With("instance", name)), WithMemberID(name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.open = o.opener(name)
-	g.MemberID = name
+	w.set.open = o.opener(name)
 	ctx, cancel := context.WithCancel(context.Background())
 	gi := &groupInstance{name: name, nc: nc, w: w, cancel: cancel, done: make(chan error, 1)}
-	go func() { gi.done <- w.RunGroup(ctx, g) }()
+	go func() { gi.done <- w.Run(ctx) }()
 	select {
 	case <-w.Ready():
 	case err := <-gi.done:
@@ -116,7 +116,7 @@ func startGroupInstance(t *testing.T, env *streamstest.Env, cfg Config, g GroupO
 	return gi
 }
 
-// stop leaves the group gracefully and returns RunGroup's result (once).
+// stop leaves the group gracefully and returns Run's result (once).
 func (gi *groupInstance) stop() error {
 	if gi.cancel == nil {
 		return nil
@@ -137,7 +137,7 @@ func (gi *groupInstance) kill(t *testing.T) {
 	select {
 	case err := <-gi.done:
 		if err == nil {
-			t.Errorf("%s: RunGroup returned nil after its connection was closed", gi.name)
+			t.Errorf("%s: Run returned nil after its connection was closed", gi.name)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s did not end within 30s of its connection closing", gi.name)
@@ -217,12 +217,12 @@ func testGroupScaleOut(t *testing.T, mode string) {
 	cfg := testConfig(t)
 	cfg.Mode = mode
 	cfg.SampleInterval = 100 * time.Millisecond
-	cfg.Durable = "trace-group"
+	cfg.Group = "trace-group"
 	cfg.RollBytes = 64 << 10 // many segments per producer: handovers are visible in their indexes
 	cfg.MaxSegments = 100000
 	cfg.MaxAckPending = 2000
-	g := GroupOptions{Partitions: 6, PinnedTTL: 3 * time.Second}
-	pc, err := cfg.PartitionConfig(g)
+	cfg.Partitions = 6
+	pc, err := cfg.PartitionConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,13 +232,13 @@ func testGroupScaleOut(t *testing.T, mode string) {
 
 	o := &ownership{open: map[string]map[string]int{}, opened: map[string][]string{}}
 	publish(t, env.JS, msgs[:6000])
-	a := startGroupInstance(t, env, cfg, g, "a", o)
-	b := startGroupInstance(t, env, cfg, g, "b", o)
-	c := startGroupInstance(t, env, cfg, g, "c", o)
+	a := startGroupInstance(t, env, cfg, "a", o)
+	b := startGroupInstance(t, env, cfg, "b", o)
+	c := startGroupInstance(t, env, cfg, "c", o)
 
 	publish(t, env.JS, msgs[6000:12000])
 	time.Sleep(time.Second)
-	t.Logf("owned before stop: a %v, b %v, c %v", a.w.Member().Owned(), b.w.Member().Owned(), c.w.Member().Owned())
+	t.Logf("owned before stop: a %v, b %v, c %v", a.w.Owned(), b.w.Owned(), c.w.Owned())
 	if err := b.stop(); err != nil { // graceful, mid-run
 		t.Fatalf("stop b: %v", err)
 	}
@@ -249,7 +249,7 @@ func testGroupScaleOut(t *testing.T, mode string) {
 		publish(t, env.JS, msgs[18000:])
 	}()
 	time.Sleep(100 * time.Millisecond)
-	t.Logf("owned before kill: a %v, c %v", a.w.Member().Owned(), c.w.Member().Owned())
+	t.Logf("owned before kill: a %v, c %v", a.w.Owned(), c.w.Owned())
 	c.kill(t) // abrupt: connection closed, no handover; a takes c's partitions after PinnedTTL
 	<-pubDone
 
@@ -283,8 +283,9 @@ func testGroupScaleOut(t *testing.T, mode string) {
 	checkGroupOutput(t, outputLines(t, cfg.OutputPath), published, 10, true, mode, cfg.SampleInterval)
 }
 
-// TestGroupPartitionConfig checks the partitioning derived from a writer config: keyed by worker_id
-// whatever the filter, refused where one producer's messages could be split.
+// TestGroupPartitionConfig checks the partitioning derived from a writer config: with one partition
+// the filter as given; with more, keyed by worker_id whatever the filter, refused where one producer's
+// messages could be split.
 func TestGroupPartitionConfig(t *testing.T) {
 	cfg := testConfig(t)
 	for _, tc := range []struct {
@@ -298,15 +299,20 @@ func TestGroupPartitionConfig(t *testing.T) {
 		{filter: "fpm.dynamo.>", parts: 4, subj: "fpm.dynamo.*.*.*", key: []int{2}},
 		{filter: "fpm.dynamo.backend.*.*", parts: 4, subj: "fpm.dynamo.backend.*.*", key: []int{1}},
 		{filter: "fpm.dynamo.backend.w1.>", parts: 4, bad: true},
-		{filter: "fpm.dynamo.backend.w1.>", parts: 1, subj: "fpm.dynamo.backend.w1.*"},
+		{filter: "fpm.dynamo.backend.w1.>", parts: 1, subj: "fpm.dynamo.backend.w1.>"},
+		{filter: "fpm.>", parts: 1, subj: "fpm.>"},
 		{filter: "fpm.>", parts: 0, bad: true},
 	} {
 		c := cfg
 		c.FilterSubject = tc.filter
-		pc, err := c.PartitionConfig(GroupOptions{Partitions: tc.parts})
+		c.Partitions = tc.parts
+		pc, err := c.PartitionConfig()
 		if tc.bad {
 			if !errors.Is(err, ErrInvalidConfig) {
 				t.Errorf("%s P=%d: got %v, want ErrInvalidConfig", tc.filter, tc.parts, err)
+			}
+			if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("%s P=%d: Validate = %v, want ErrInvalidConfig", tc.filter, tc.parts, err)
 			}
 			continue
 		}
@@ -321,28 +327,42 @@ func TestGroupPartitionConfig(t *testing.T) {
 	}
 	c := cfg
 	c.ProducerID = "one"
-	if _, err := c.PartitionConfig(GroupOptions{Partitions: 2}); !errors.Is(err, ErrInvalidConfig) {
+	c.Partitions = 2
+	if _, err := c.PartitionConfig(); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("producer id with 2 partitions: got %v, want ErrInvalidConfig", err)
 	}
-	if _, err := c.PartitionConfig(GroupOptions{Partitions: 1}); err != nil {
+	c.Partitions = 1
+	if _, err := c.PartitionConfig(); err != nil {
 		t.Errorf("producer id with 1 partition: %v", err)
 	}
-}
-
-// ackLoser loses every ack (sent, never arrived), as a writer killed between its fsyncs and its acks.
-type ackLoser struct{ msgSource }
-
-type lostAckMsg struct{ jetstream.Msg }
-
-func (lostAckMsg) Ack() error { return nil }
-
-func (s ackLoser) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error) {
-	m, err := s.msgSource.Next(opts...)
-	if err != nil {
-		return m, err
+	// Full mode acks the done prefix, sampled mode each message; retention loss is reported only where
+	// every skipped sequence is a lost message.
+	for _, tc := range []struct {
+		mode, filter     string
+		parts            int
+		cumulative, loss bool
+	}{
+		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 1, cumulative: true, loss: true},
+		{mode: schemas.CaptureFull, filter: "fpm.dynamo.>", parts: 1, cumulative: true},
+		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 4, cumulative: true},
+		{mode: schemas.CaptureSampled, filter: "fpm.>", parts: 1},
+	} {
+		c := cfg
+		c.Mode, c.FilterSubject, c.Partitions = tc.mode, tc.filter, tc.parts
+		pc, err := c.PartitionConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rc := c.runnerConfig(pc); pc.CumulativeAcks != tc.cumulative || rc.DetectRetentionLoss != tc.loss || rc.Validate() != nil {
+			t.Errorf("%s %s P=%d: cumulative %v, retention loss %v (%v), want %v, %v", tc.mode, tc.filter, tc.parts,
+				pc.CumulativeAcks, rc.DetectRetentionLoss, rc.Validate(), tc.cumulative, tc.loss)
+		}
 	}
-	return lostAckMsg{m}, nil
 }
+
+// ackLoser loses every Done (its line is written, its acknowledgement never sent), as a writer killed
+// between its fsyncs and its acks.
+func ackLoser(m *durable.Msg) delivery { return lostDoneMsg{m} }
 
 // TestGroupTakeoverSkipsLinesOfPreviousOwner: one partition (--partitions 1, a hot standby), every
 // producer under one --producer-id. The first owner writes every message but none of its acks
@@ -360,12 +380,11 @@ func testGroupTakeover(t *testing.T, mode string) {
 	cfg := testConfig(t)
 	cfg.Mode = mode
 	cfg.SampleInterval = 100 * time.Millisecond
-	cfg.Durable = "trace-standby"
+	cfg.Group = "trace-standby"
 	cfg.ProducerID = "all"
 	cfg.RollBytes = 64 << 10
 	cfg.MaxSegments = 100000
-	g := GroupOptions{Partitions: 1, PinnedTTL: 3 * time.Second}
-	pc, err := cfg.PartitionConfig(g)
+	pc, err := cfg.PartitionConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,22 +397,20 @@ func testGroupTakeover(t *testing.T, mode string) {
 	}
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	lossy, err := New(cfg, js, WithLogger(testLogger(t).With("instance", "lossy")))
+	lossy, err := New(cfg, js, WithLogger(testLogger(t).With("instance", "lossy")), WithMemberID("lossy"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lossy.open = o.opener("lossy")
-	lossy.wrap = func(s msgSource) msgSource { return ackLoser{s} }
+	lossy.set.open = o.opener("lossy")
+	lossy.deliver = ackLoser
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- lossy.RunGroup(ctx, GroupOptions{Partitions: 1, PinnedTTL: 3 * time.Second, MemberID: "lossy"})
-	}()
+	go func() { done <- lossy.Run(ctx) }()
 	<-lossy.Ready()
 	// Wait until the lossy owner got all 2000 messages (none acked) and wrote their lines.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, cfg.Durable)
+		c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, cfg.Group)
 		if err == nil && c.CachedInfo().NumPending == 0 && c.CachedInfo().NumAckPending == 2000 {
 			break
 		}
@@ -412,7 +429,7 @@ func testGroupTakeover(t *testing.T, mode string) {
 			t.Fatalf("lossy owner wrote %d of 2000 lines", n)
 		}
 	}
-	standby := startGroupInstance(t, env, cfg, g, "standby", o)
+	standby := startGroupInstance(t, env, cfg, "standby", o)
 	cancel() // the lossy owner leaves: its partition, unacked, goes to the standby
 	if err := <-done; err != nil {
 		t.Fatalf("lossy: %v", err)
@@ -510,5 +527,118 @@ func checkGroupOutput(t *testing.T, out map[string][][]byte, published []testFPM
 	}
 	if missing > 0 || dups > 0 || len(seen) != len(want) {
 		t.Fatalf("lines: %d distinct of %d published, %d missing, %d duplicates", len(seen), len(want), missing, dups)
+	}
+}
+
+// With P > 1 a message filed under another producer than its worker_id (the partition key) could
+// give that producer's file two writers: it is rejected (a dead letter naming ErrGroupUnsupported's
+// reason), and the others are written.
+func TestGroupRejectsAProducerOtherThanItsWorker(t *testing.T) {
+	env := streamstest.Start(t)
+	var msgs []*nats.Msg
+	var good []testFPM
+	for i := range 40 {
+		f := testFPM{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: fmt.Sprint("w", i%4)}, counter: int64(i / 4), receivedMs: 1_782_777_600_000 + int64(i)}
+		if i == 17 {
+			f.producer = "someone-else"
+		} else {
+			good = append(good, f)
+		}
+		msgs = append(msgs, f.msg(t))
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	cfg.Group = "two"
+	cfg.Partitions = 2
+	pc, err := cfg.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &ownership{open: map[string]map[string]int{}, opened: map[string][]string{}}
+	gi := startGroupInstance(t, env, cfg, "only", o)
+	waitGroupConsumed(t, env.JS, pc, 40)
+	if err := gi.stop(); err != nil {
+		t.Fatalf("the writer stopped for one message: %v", err)
+	}
+	dl := deadLetters(t, env.JS)
+	if len(dl) != 1 || dl[0].Headers().Get(streams.HeaderStreamSeq) != "18" ||
+		!strings.Contains(dl[0].Headers().Get(streams.HeaderError), "not supported by a partitioned group") {
+		t.Fatalf("dead letters: %d (want one, of stream sequence 18, naming the reason)", len(dl))
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), good, schemas.CaptureFull)
+}
+
+// A group whose consumer the server cannot change to what this writer needs — a plain durable with
+// per-message acks (an older fpmbus), or the consumer of the other capture mode — is replaced at
+// start, and the writer goes on after that consumer's ack floor: nothing acked before is read again,
+// nothing after it is missed.
+func TestConsumerDeclaredOtherwiseIsReplacedAfterItsAckFloor(t *testing.T) {
+	for name, old := range map[string]func(cfg Config) jetstream.ConsumerConfig{
+		"a plain durable acking each message": func(cfg Config) jetstream.ConsumerConfig {
+			return jetstream.ConsumerConfig{Durable: cfg.Group, DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckExplicitPolicy,
+				AckWait: time.Minute, MaxDeliver: -1, MaxAckPending: 20000, FilterSubject: cfg.FilterSubject}
+		},
+		"the group of the sampled mode": func(cfg Config) jetstream.ConsumerConfig {
+			cfg.Mode = schemas.CaptureSampled
+			pc, err := cfg.PartitionConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pc.ConsumerConfig(0)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			env := streamstest.Start(t)
+			msgs, published := manyFPMs(t, testKeys(2), 150, 1_782_777_600_000)
+			publish(t, env.JS, msgs)
+			cfg := testConfig(t)
+			ctx := context.Background()
+			occ := old(cfg)
+			cons, err := env.JS.CreateOrUpdateConsumer(ctx, streams.StreamFPM, occ)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The old writer wrote and acked the first 100 messages.
+			var fopts []jetstream.FetchOpt
+			if len(occ.PriorityGroups) > 0 {
+				fopts = append(fopts, jetstream.FetchPriorityGroup(partition.PriorityGroup))
+			}
+			b, err := cons.Fetch(100, append(fopts, jetstream.FetchMaxWait(5*time.Second))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var taken []jetstream.Msg
+			for m := range b.Messages() {
+				taken = append(taken, m)
+			}
+			if len(taken) != 100 {
+				t.Fatalf("old consumer delivered %d", len(taken))
+			}
+			writeLines(t, cfg, taken)
+			for _, m := range taken {
+				if err := m.DoubleAck(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(occ.PriorityGroups) > 0 {
+				s, _ := env.JS.Stream(ctx, streams.StreamFPM)
+				if err := s.UnpinConsumer(ctx, occ.Durable, partition.PriorityGroup); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			r := startWriter(t, cfg, env.JS)
+			ci := waitConsumed(t, env.JS, cfg.Group)
+			if err := r.stop(); err != nil {
+				t.Fatal(err)
+			}
+			if ci.Config.AckPolicy != jetstream.AckAllPolicy || fmt.Sprint(ci.Config.PriorityGroups) != "[owner]" || ci.AckFloor.Stream != 150 {
+				t.Fatalf("consumer after the start: ack policy %v, priority groups %v, ack floor %d", ci.Config.AckPolicy, ci.Config.PriorityGroups, ci.AckFloor.Stream)
+			}
+			if got := counterValue(t, r.w.metrics.skippedWritten); got != 0 {
+				t.Fatalf("%v messages acked by the old consumer were read again", got)
+			}
+			checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
+		})
 	}
 }

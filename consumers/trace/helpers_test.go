@@ -13,8 +13,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // testFPM is one message as the bridge publishes it.
@@ -101,13 +104,14 @@ func testKeys(n int) []streams.Key {
 	return ks
 }
 
-// testConfig is a full-mode config writing under a temp dir, with fast flushes.
+// testConfig is a full-mode config writing under a temp dir, with fast flushes and failovers.
 func testConfig(t testing.TB) Config {
 	cfg := DefaultConfig()
 	cfg.Mode = schemas.CaptureFull
 	cfg.OutputPath = filepath.Join(t.TempDir(), "dynamo-fpm.jsonl.gz")
 	cfg.FlushInterval = 50 * time.Millisecond
 	cfg.StopTimeout = 5 * time.Second
+	cfg.PinnedTTL = partition.MinPinnedTTL
 	return cfg
 }
 
@@ -116,19 +120,28 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-// running is a Writer running in a goroutine.
+// running is a Consumer running in a goroutine.
 type running struct {
-	w      *Writer
+	w      *Consumer
 	cancel context.CancelFunc
 	done   chan error
 }
 
+// startWriter runs a writer with cfg. Its member id is derived from the group: a writer started again
+// in the same test is the same instance restarted (and takes its partition back at once); two
+// writers of one group never run at once through it.
 func startWriter(t testing.TB, cfg Config, js jetstream.JetStream, opts ...Option) *running {
 	t.Helper()
-	w, err := New(cfg, js, append([]Option{WithLogger(testLogger(t))}, opts...)...)
+	w, err := New(cfg, js, append([]Option{WithLogger(testLogger(t)), WithMemberID("test-" + cfg.Group)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runConsumer(t, w)
+}
+
+// runConsumer runs an already built Consumer until the test ends (or stop).
+func runConsumer(t testing.TB, w *Consumer) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{w: w, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- w.Run(ctx) }()
@@ -160,7 +173,8 @@ func (r *running) stop() error {
 	}
 }
 
-// waitConsumed waits until the consumer has acked everything on the stream.
+// waitConsumed waits until the group's consumer (one partition: <group> on FPM) has acked everything on
+// the stream.
 func waitConsumed(t testing.TB, js jetstream.JetStream, durable string) *jetstream.ConsumerInfo {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
@@ -207,4 +221,10 @@ func outputLines(t testing.TB, outputPath string) map[string][][]byte {
 		}
 	}
 	return out
+}
+
+// deadLetters returns the trace writer's dead letters, in the order they were stored.
+func deadLetters(t testing.TB, js jetstream.JetStream) []jetstream.Msg {
+	t.Helper()
+	return streamstest.Messages(t, js, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
 }

@@ -239,7 +239,7 @@ func (p *ProducerInfo) read(f infoFile) (*SegmentInfo, error) {
 	p.Segments = append(p.Segments, seg)
 	p.Bytes += seg.Bytes
 	line := 0
-	_, err = scanSegment(f.path, data, func(l []byte) error {
+	_, err = scanMembers(f.path, data, func(l []byte) error {
 		line++
 		seg.Lines++
 		p.Lines++

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -20,7 +21,7 @@ func writeTrace(t *testing.T, out, mode string, roll int64, flushEvery int, fs [
 	for i, f := range fs {
 		m := f.msg(t)
 		am := &ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}, seq: uint64(i + 1)}
-		r, err := parseRecord(am, "", nil)
+		r, err := parseRecord(am, msgMeta{seq: am.seq, stored: time.UnixMilli(1_782_777_600_000)}, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +66,7 @@ func TestInfo(t *testing.T) {
 	fs = append(fs, testFPM{key: b, counter: 3, receivedMs: base + 2000}) // a duplicate, going back
 	validLine := func(mode string) string {
 		var buf bytes.Buffer
-		r, _ := parseRecord(&ackMsg{fakeMsg: fakeMsg{subject: streams.FPMSubject(a), data: fs[0].body(t), hdr: fs[0].msg(t).Header}}, "", nil)
+		r, _ := parseRecord(&ackMsg{fakeMsg: fakeMsg{subject: streams.FPMSubject(a), data: fs[0].body(t), hdr: fs[0].msg(t).Header}}, msgMeta{}, "", nil)
 		buf.Write(appendLine(nil, &r, 0, mode))
 		return buf.String()
 	}

@@ -6,7 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics of one Writer. New always builds them; with a nil Registerer they are not registered.
+// metrics of the trace writer (its runner has the common fpmbus_consumer_* ones). New always builds
+// them; with a nil Registerer they are not registered.
 type metrics struct {
 	written     *prometheus.CounterVec
 	invalid     prometheus.Counter
@@ -15,19 +16,19 @@ type metrics struct {
 	retries     prometheus.Counter
 	skipped     *prometheus.CounterVec
 	writtenMode prometheus.Counter // written.WithLabelValues(mode), resolved once
-	// skipped.WithLabelValues("written") and ("held"), resolved once
-	skippedWritten, skippedHeld prometheus.Counter
+	// skipped.WithLabelValues("written"), resolved once
+	skippedWritten prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
 	m := &metrics{
 		written: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fpmbus_trace_written_total",
-			Help: "Trace lines written and fsynced (their messages then acked), by capture mode.",
+			Help: "Trace lines written and fsynced (their messages then acknowledged), by capture mode.",
 		}, []string{"mode"}),
 		invalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fpmbus_trace_invalid_total",
-			Help: "FPM messages not written because their subject or body is invalid (terminated, not redelivered).",
+			Help: "FPM messages not written because their subject or body is invalid (dead-lettered on fpmevents.rejected.trace, not redelivered).",
 		}),
 		rolled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fpmbus_trace_segments_rolled_total",
@@ -40,11 +41,11 @@ func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
 		}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fpmbus_trace_write_retries_total",
-			Help: "Failed segment writes (disk full, I/O error) retried after a backoff; nothing is acked meanwhile.",
+			Help: "Failed segment writes (disk full, I/O error) retried after a backoff; nothing is acknowledged meanwhile.",
 		}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fpmbus_trace_redelivered_skipped_total",
-			Help: "Redelivered FPM messages not written again: written (line already on disk, acked again) or held (a copy is waiting for its flush).",
+			Help: "Redelivered FPM messages not written again because their line is already on disk (reason written: found by the takeover recovery).",
 		}, []string{"reason"}),
 	}
 	if reg != nil {
@@ -70,7 +71,6 @@ func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
 	}
 	m.writtenMode = m.written.WithLabelValues(mode)
 	m.skippedWritten = m.skipped.WithLabelValues("written")
-	m.skippedHeld = m.skipped.WithLabelValues("held")
 	return m, nil
 }
 

@@ -2,29 +2,28 @@ package trace
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
-// Startup recovery. A message is acked only after its line is fsynced, but the ack itself may never
-// reach the server: kill -9 between the fsync and the ack's departure, or a connection cut. Such a
-// message is redelivered although its line is on disk; written again, it would be a duplicate. So,
-// before pulling, Run asks the durable consumer which messages may come back — everything above its
-// ack floor up to its last delivered sequence (at most MaxAckPending of them are unacked) — reads
-// exactly that range of the stream with an ordered consumer (the durable is not touched), and looks
-// for each message's line in the newest segments of its producer. The messages found are marked done
-// in seqState: when they are redelivered they are acked and skipped.
+// Takeover recovery. A message is done only after its line is fsynced, but its acknowledgement may
+// never reach the server: kill -9 between the fsync and the ack's departure, a connection cut, or,
+// under cumulative acks, a message durable while an earlier one of the partition was not yet. Such a
+// message comes again to the partition's next owner (this process restarted, or another instance:
+// the partition consumer is reset to its ack floor when a writer takes it over) although its line is
+// on disk; written again, it would be a duplicate. So when a writer sees a producer's first message
+// after a takeover, it repairs the producer's newest segment (a crashed owner may have left a torn
+// tail; only now, with the partition owned, is nobody else writing it) and reads the identities of
+// the lines of the producer's segments that can hold such a line; seqState then skips the redelivered
+// messages whose lines are among them.
 //
 // A line is matched by identity, since a line carries nothing fpmbus-specific (it must stay
 // Dynamo-identical): its producer's segment prefix, observed_at_unix_ms, and a 64-bit hash of
@@ -33,9 +32,9 @@ import (
 // identity are byte-identical lines; each line found accounts for one of them.
 //
 // Only segments that can hold such a line are read: newest first, stopping at the first segment last
-// modified more than recoverySlack before the oldest candidate was stored (a line is written after its
-// message is delivered). Lines in segments already pruned by MaxSegments cannot be found: those
-// messages are written again, into the retained window.
+// modified more than recoverySlack before the producer's first redelivered message was stored (a line
+// is written after its message is delivered). Lines in segments already pruned by MaxSegments cannot
+// be found: those messages are written again, into the retained window.
 //
 // In sampled mode the same segments also seed the sampler with each key's last written line (its
 // interval and counter_id), so that a redelivered message of an interval that already has its line is
@@ -43,11 +42,6 @@ import (
 
 // recoverySlack tolerates clock skew between the server (stream timestamps) and this host (mtimes).
 const recoverySlack = time.Minute
-
-// maxRecoveryScan bounds how many stream messages the recovery reads. The unacked range is normally
-// about MaxAckPending; a range beyond this is read from its newest end, and older redeliveries may be
-// written twice (logged).
-const maxRecoveryScan = 2_000_000
 
 // identitySeed hashes line identities; it only has to be stable within one process.
 var identitySeed = maphash.MakeSeed()
@@ -72,13 +66,13 @@ func identityOf(prefix, namespace, component, producer string, observed int64, f
 	return lineIdentity{prefix: prefix, observed: observed, sum: h.Sum64()}
 }
 
-// RecoveryResult says what the startup recovery found.
+// RecoveryResult says what the takeovers of a Consumer found, summed over its partitions and
+// producers.
 type RecoveryResult struct {
-	// AckFloor and Delivered are the durable consumer's state at start; Candidates the stream messages
-	// in between (those that may be redelivered).
-	AckFloor, Delivered uint64
-	Candidates          int
-	// Found is how many candidates already have their line on disk (skipped when redelivered).
+	// Producers is how many producers were checked after a takeover.
+	Producers int
+	// Found is how many redelivered messages already had their line on disk (skipped, not written
+	// again).
 	Found int
 	// SegmentsRead and LinesRead measure the work done.
 	SegmentsRead, LinesRead int
@@ -86,145 +80,135 @@ type RecoveryResult struct {
 	Seeded int
 }
 
-// candidate is one stream message that may be redelivered.
-type candidate struct {
-	seq    uint64
-	stored time.Time
+// recoveryTotals sums RecoveryResults from the runner's goroutine for readers on others.
+type recoveryTotals struct {
+	mu  sync.Mutex
+	sum RecoveryResult
 }
 
-// recoverSeeds are sampled-mode seeds: per key, the last written line's interval and counter_id.
+func (t *recoveryTotals) add(r RecoveryResult) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.sum.Producers += r.Producers
+	t.sum.Found += r.Found
+	t.sum.SegmentsRead += r.SegmentsRead
+	t.sum.LinesRead += r.LinesRead
+	t.sum.Seeded += r.Seeded
+}
+
+func (t *recoveryTotals) get() RecoveryResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sum
+}
+
+// recoverSeed is a sampled-mode seed: a key's last written line's interval and counter_id.
 type recoverSeed struct {
 	interval, counter int64
 }
 
-// recover runs the startup recovery for the consumer state in ci (see above) and marks the candidates
-// found on disk done in w.seqs.
-func (w *Writer) recover(ctx context.Context, ci *jetstream.ConsumerInfo) (RecoveryResult, error) {
-	res := RecoveryResult{AckFloor: ci.AckFloor.Stream, Delivered: ci.Delivered.Stream}
-	if ci.NumAckPending == 0 || res.Delivered <= res.AckFloor {
-		return res, nil
+// takeover is the recovery of one writer, a partition's ownership: per producer, on its first
+// message, load its seqState; then check each message against it.
+type takeover struct {
+	w           *writer
+	checkWorker bool                 // P > 1: a producer must be its worker_id, the partition key
+	byID        map[string]*seqState // by unsanitized producer id
+	byPrefix    map[string]*seqState // ids that sanitize alike share files, hence one state
+	totals      *recoveryTotals
+}
+
+func newTakeover(w *writer, partitions int, totals *recoveryTotals) *takeover {
+	return &takeover{w: w, checkWorker: partitions > 1, byID: map[string]*seqState{}, byPrefix: map[string]*seqState{}, totals: totals}
+}
+
+// written reports whether r's line is already on disk. A message the group cannot write safely is a
+// *messageError.
+func (t *takeover) written(r *record) (bool, error) {
+	if t.checkWorker && r.producer != r.key.WorkerID {
+		return false, &messageError{fmt.Errorf("%w: message %s has producer id %q (Fpm-Producer header), not its worker_id %q: with --partitions > 1 "+
+			"its file could get two writers; run the bridges without --producer-id, or use --partitions 1",
+			ErrGroupUnsupported, r.d.Subject(), r.producer, r.key.WorkerID)}
 	}
-	from := res.AckFloor + 1
-	if res.Delivered-res.AckFloor > maxRecoveryScan {
-		from = res.Delivered - maxRecoveryScan + 1
-		w.logger.Warn("trace recovery: unacked range too long; older redelivered messages may be written twice",
-			"ack_floor", res.AckFloor, "delivered", res.Delivered, "scanned_from", from)
+	st := t.byID[r.producer]
+	if st == nil {
+		prefix := SegmentPrefix(t.w.cfg.OutputPath, r.producer)
+		if st = t.byPrefix[prefix]; st == nil {
+			var err error
+			if st, err = t.load(prefix, r.stored); err != nil {
+				return false, err
+			}
+			t.byPrefix[prefix] = st
+		}
+		t.byID[r.producer] = st
 	}
-	byID := map[lineIdentity][]candidate{}
-	oldest := map[string]time.Time{} // per prefix
-	err := w.scanStream(ctx, from, res.Delivered, func(m jetstream.Msg) {
-		r, err := parseRecord(m, w.cfg.ProducerID, nil)
-		if err != nil {
-			return // never written: terminated when redelivered
-		}
-		prefix := SegmentPrefix(w.cfg.OutputPath, r.producer)
-		id := identityOf(prefix, r.key.Namespace, r.key.Component, r.producer, r.observed, r.body)
-		byID[id] = append(byID[id], candidate{seq: r.seq, stored: r.stored})
-		if t, ok := oldest[prefix]; !ok || r.stored.Before(t) {
-			oldest[prefix] = r.stored
-		}
-		res.Candidates++
-	})
+	if !st.checking() {
+		return false, nil
+	}
+	found := st.written(r)
+	if found {
+		t.totals.add(RecoveryResult{Found: 1})
+	}
+	if !st.checking() && st.skipped > 0 {
+		t.w.log.Info("trace takeover: redelivered messages whose lines the previous owner wrote are skipped",
+			"prefix", st.prefix, "skipped", st.skipped, "last_written_seq", st.last)
+	}
+	return found, nil
+}
+
+// load repairs prefix's newest segment and reads the identities of the lines that can belong to
+// messages stored at or after stored.
+func (t *takeover) load(prefix string, stored time.Time) (*seqState, error) {
+	w := t.w
+	if err := removeRepairLeftovers(prefix, w.log); err != nil {
+		return nil, fmt.Errorf("trace: takeover: %w", err)
+	}
+	segs, err := ListSegments(prefix)
 	if err != nil {
-		return res, fmt.Errorf("trace: recovery: read stream %s from sequence %d to %d: %w", streams.StreamFPM, from, res.Delivered, err)
+		return nil, fmt.Errorf("trace: takeover: %w", err)
 	}
-	left := map[string]int{}
-	for id, cs := range byID {
-		left[id.prefix] += len(cs)
-	}
-	seeds := map[sampleKey]recoverSeed{}
-	for prefix, stored := range oldest {
-		segs, err := ListSegments(prefix)
-		if err != nil {
-			return res, fmt.Errorf("trace: recovery: %w", err)
+	for i := len(segs) - 1; i >= 0; i-- {
+		if segs[i].Regular {
+			if _, err := Repair(segs[i].Path, w.log); err != nil {
+				return nil, fmt.Errorf("trace: takeover: %w", err)
+			}
+			break
 		}
-		for i := len(segs) - 1; i >= 0 && left[prefix] > 0; i-- {
-			s := segs[i]
-			if !s.Regular {
-				continue
-			}
-			fi, err := os.Stat(s.Path)
-			if err != nil {
-				return res, fmt.Errorf("trace: recovery: %w", err)
-			}
-			if fi.ModTime().Before(stored.Add(-recoverySlack)) {
-				break // written before any candidate was stored
-			}
-			res.SegmentsRead++
-			n, err := w.scanSegment(s.Path, prefix, seeds, func(id lineIdentity) {
-				if cs := byID[id]; len(cs) > 0 {
-					w.seqs.finish(cs[len(cs)-1].seq)
-					byID[id] = cs[:len(cs)-1]
-					left[prefix]--
-					res.Found++
-				}
-			})
-			res.LinesRead += n
-			if err != nil {
-				return res, fmt.Errorf("trace: recovery: %w", err)
-			}
+	}
+	if segs, err = ListSegments(prefix); err != nil {
+		return nil, fmt.Errorf("trace: takeover: %w", err)
+	}
+	st := &seqState{prefix: prefix, ids: map[lineIdentity]int{}, sampled: w.sampler != nil}
+	res := RecoveryResult{Producers: 1}
+	seeds := map[sampleKey]recoverSeed{}
+	for i := len(segs) - 1; i >= 0; i-- {
+		s := segs[i]
+		if !s.Regular {
+			continue
+		}
+		fi, err := os.Stat(s.Path)
+		if err != nil {
+			return nil, fmt.Errorf("trace: takeover: %w", err)
+		}
+		if fi.ModTime().After(st.lastWrite) {
+			st.lastWrite = fi.ModTime()
+		}
+		if !stored.IsZero() && fi.ModTime().Before(stored.Add(-recoverySlack)) {
+			break // written before the first redelivered message was stored
+		}
+		res.SegmentsRead++
+		n, err := w.readLineIdentities(s.Path, prefix, seeds, func(id lineIdentity) { st.ids[id]++ })
+		res.LinesRead += n
+		if err != nil {
+			return nil, fmt.Errorf("trace: takeover: %w", err)
 		}
 	}
 	res.Seeded = w.seedSampler(seeds)
-	w.logger.Info("trace recovery: lines already written for unacked messages are skipped when redelivered",
-		"ack_floor", res.AckFloor, "delivered", res.Delivered, "candidates", res.Candidates, "found", res.Found,
-		"segments_read", res.SegmentsRead, "lines_read", res.LinesRead)
-	return res, nil
-}
-
-// scanStream passes every message of stream FPM from sequence from to to (inclusive) on the writer's
-// filter subject to fn, in order, through an ordered consumer.
-func (w *Writer) scanStream(ctx context.Context, from, to uint64, fn func(jetstream.Msg)) error {
-	s, err := w.js.Stream(ctx, streams.StreamFPM)
-	if err != nil {
-		return err
+	if len(st.ids) == 0 {
+		st.ids = nil
 	}
-	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{w.cfg.FilterSubject},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from,
-	})
-	if err != nil {
-		return err
-	}
-	for end := false; !end; {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		batch, err := oc.FetchNoWait(1000)
-		if err != nil {
-			return err
-		}
-		n := 0
-		var merr error
-		for m := range batch.Messages() { // read to the end: the fetch's goroutine ends with it
-			n++
-			if end || merr != nil {
-				continue
-			}
-			md, err := m.Metadata()
-			if err != nil {
-				merr = err
-				continue
-			}
-			if md.Sequence.Stream > to {
-				end = true
-				continue
-			}
-			fn(m)
-			end = md.Sequence.Stream == to || md.NumPending == 0
-		}
-		if merr != nil {
-			return merr
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return err
-		}
-		if n == 0 {
-			return nil // nothing more on the filter (the range's end was deleted or filtered out)
-		}
-	}
-	return nil
+	t.totals.add(res)
+	w.log.Debug("trace takeover: producer's recent lines read", "prefix", prefix, "segments", res.SegmentsRead, "lines", res.LinesRead)
+	return st, nil
 }
 
 // sortSampleKeys sorts seeded keys: a deterministic emission order.
@@ -235,11 +219,11 @@ func sortSampleKeys(ks []sampleKey) {
 	})
 }
 
-// scanSegment reads one segment the writer wrote, calls onID with every line's identity and, when
+// readLineIdentities reads one segment a writer wrote, calls onID with every line's identity and, when
 // sampling, records in seeds the newest sample of each key it holds (seeds already present — from newer
 // segments, read first — are kept). A torn tail ends the read without error: repair reports it. It
 // returns the lines read.
-func (w *Writer) scanSegment(path, prefix string, seeds map[sampleKey]recoverSeed, onID func(lineIdentity)) (int, error) {
+func (w *writer) readLineIdentities(path, prefix string, seeds map[sampleKey]recoverSeed, onID func(lineIdentity)) (int, error) {
 	lines := 0
 	segSeeds := map[sampleKey]recoverSeed{}
 	err := ReadSegment(path, func(line []byte) error {
@@ -273,7 +257,7 @@ func (w *Writer) scanSegment(path, prefix string, seeds map[sampleKey]recoverSee
 
 // seedSampler hands the newest recovered sample of every key to the sampler, in a stable order, so
 // no interval gets a second sample after a restart or takeover. It returns the keys seeded.
-func (w *Writer) seedSampler(seeds map[sampleKey]recoverSeed) int {
+func (w *writer) seedSampler(seeds map[sampleKey]recoverSeed) int {
 	if w.sampler == nil {
 		return 0
 	}

@@ -11,23 +11,30 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
-// pullUnacked takes n messages from the writer's durable consumer without acking them: as a writer that
-// is killed before its acks leave does.
+// pullUnacked takes n messages from the writer group's partition consumer without acking them, as a
+// writer that is killed before its acks leave does; then it unpins the consumer, as that writer's
+// restarted instance does at Join (consumers/partition), so the next writer takes it at once.
 func pullUnacked(t *testing.T, js jetstream.JetStream, cfg Config, n int) []jetstream.Msg {
 	t.Helper()
 	ctx := context.Background()
-	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, cfg.ConsumerConfig())
+	pc, err := cfg.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, pc.ConsumerConfig(0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []jetstream.Msg
 	for len(out) < n {
-		b, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(2*time.Second))
+		b, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(2*time.Second), jetstream.FetchPriorityGroup(partition.PriorityGroup))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -38,6 +45,13 @@ func pullUnacked(t *testing.T, js jetstream.JetStream, cfg Config, n int) []jets
 			t.Fatal(b.Error())
 		}
 	}
+	s, err := js.Stream(ctx, streams.StreamFPM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UnpinConsumer(ctx, pc.ConsumerName(0), partition.PriorityGroup); err != nil {
+		t.Fatal(err)
+	}
 	return out
 }
 
@@ -47,7 +61,11 @@ func writeLines(t *testing.T, cfg Config, msgs []jetstream.Msg) {
 	t.Helper()
 	sws := map[string]*SegmentWriter{}
 	for _, m := range msgs {
-		r, err := parseRecord(m, cfg.ProducerID, nil)
+		md, err := m.Metadata()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := parseRecord(replayMsg{m}, msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}, cfg.ProducerID, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +89,8 @@ func writeLines(t *testing.T, cfg Config, msgs []jetstream.Msg) {
 }
 
 // A writer killed after its lines were fsynced but before its acks reached the server: the next run
-// finds those lines, skips their redeliveries (acking them), and writes everything else, exactly once.
+// takes the partition over (its consumer reset to the ack floor, so everything comes again), finds
+// those lines, skips their redeliveries, and writes everything else, exactly once.
 func TestRecoverySkipsLinesWrittenBeforeTheCrash(t *testing.T) {
 	for name, tc := range map[string]struct {
 		n, pulled, written int   // messages, taken unacked by the dead writer, of which written
@@ -89,7 +108,7 @@ func TestRecoverySkipsLinesWrittenBeforeTheCrash(t *testing.T) {
 			cfg := testConfig(t)
 			cfg.RollBytes = tc.roll
 			cfg.MaxSegments = 1000
-			cfg.AckWait = time.Second // redelivery soon after the new writer starts
+			cfg.AckWait = time.Second // irrelevant: the takeover's reset redelivers at once
 			taken := pullUnacked(t, env.JS, cfg, tc.pulled)
 			per := (tc.written + tc.flushes - 1) / max(tc.flushes, 1)
 			for i := 0; i < tc.written; i += per {
@@ -97,13 +116,16 @@ func TestRecoverySkipsLinesWrittenBeforeTheCrash(t *testing.T) {
 			}
 
 			r := startWriter(t, cfg, env.JS)
-			rec := r.w.Recovery()
-			if rec.Candidates != tc.pulled || rec.Found != tc.written || rec.AckFloor != 0 || rec.Delivered != uint64(tc.pulled) {
-				t.Fatalf("recovery %+v, want %d candidates, %d found", rec, tc.pulled, tc.written)
-			}
-			waitConsumed(t, env.JS, cfg.Durable)
+			ci := waitConsumed(t, env.JS, cfg.Group)
 			if err := r.stop(); err != nil {
 				t.Fatal(err)
+			}
+			// Both producers (w0, w1) were checked; every line on disk was found.
+			if rec := r.w.Recovery(); rec.Producers != 2 || rec.Found != tc.written || tc.written > 0 && rec.LinesRead != tc.written {
+				t.Fatalf("recovery %+v, want 2 producers checked and %d lines found", rec, tc.written)
+			}
+			if ci.AckFloor.Stream != uint64(tc.n) {
+				t.Fatalf("ack floor %d, want %d", ci.AckFloor.Stream, tc.n)
 			}
 			if got := counterValue(t, r.w.metrics.skippedWritten); got != float64(tc.written) {
 				t.Fatalf("skipped as written: %v, want %d", got, tc.written)
@@ -133,12 +155,12 @@ func TestRecoverySeedsTheSampler(t *testing.T) {
 	writeLines(t, cfg, taken[9:10]) // interval 0's sample: counter 9, never acked
 
 	r := startWriter(t, cfg, env.JS)
-	if rec := r.w.Recovery(); rec.Found != 1 || rec.Seeded != 1 {
-		t.Fatalf("recovery %+v", rec)
-	}
-	waitConsumed(t, env.JS, cfg.Durable)
+	waitConsumed(t, env.JS, cfg.Group)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
+	}
+	if rec := r.w.Recovery(); rec.Found != 1 || rec.Seeded != 1 {
+		t.Fatalf("recovery %+v", rec)
 	}
 	var got []string
 	for _, l := range outputLines(t, cfg.OutputPath)["w"] {
@@ -154,68 +176,128 @@ func TestRecoverySeedsTheSampler(t *testing.T) {
 	}
 }
 
-// lossySource loses the first ack of every seventh message, as a connection cut does: the server
-// redelivers them after the ack wait, to the same running writer, which must not write them again.
-type lossySource struct {
-	msgSource
-	mu   sync.Mutex
-	lost map[uint64]bool
+// lostDone loses the first Done of every seventh stream sequence up to upTo: the message's line is
+// written, but its acknowledgement never reaches the server, as in a connection cut.
+type lostDone struct {
+	upTo        uint64
+	mu          sync.Mutex
+	seen        map[uint64]bool
+	lost        map[uint64]bool
+	redelivered map[uint64]bool
 }
 
-type lossyMsg struct {
-	jetstream.Msg
-	s   *lossySource
-	seq uint64
-}
+type lostDoneMsg struct{ *durable.Msg }
 
-func (s *lossySource) Next(opts ...jetstream.NextOpt) (jetstream.Msg, error) {
-	m, err := s.msgSource.Next(opts...)
-	if err != nil {
-		return m, err
+func (lostDoneMsg) Done() {}
+
+func (l *lostDone) deliver(m *durable.Msg) delivery {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[m.StreamSeq] {
+		l.redelivered[m.StreamSeq] = true
+		return m
 	}
-	md, merr := m.Metadata()
-	if merr != nil || md.Sequence.Stream%7 != 0 {
-		return m, nil
+	l.seen[m.StreamSeq] = true
+	if m.StreamSeq%7 == 0 && m.StreamSeq <= l.upTo {
+		l.lost[m.StreamSeq] = true
+		return lostDoneMsg{m}
 	}
-	return &lossyMsg{Msg: m, s: s, seq: md.Sequence.Stream}, nil
+	return m
 }
 
-func (m *lossyMsg) Ack() error {
-	m.s.mu.Lock()
-	defer m.s.mu.Unlock()
-	if !m.s.lost[m.seq] {
-		m.s.lost[m.seq] = true
-		return nil // sent, never arrived
-	}
-	return m.Msg.Ack()
-}
-
+// Acknowledgements lost in a running writer (every seventh message's) hold the partition back; then
+// the connection is cut while traffic goes on: the same running writer takes its partition again,
+// gets every message that was not acknowledged once more, and writes none of them twice. Every
+// redelivered message whose line is on disk is skipped as written.
 func TestLostAcksInRunAreNotWrittenTwice(t *testing.T) {
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
 		t.Run(mode, func(t *testing.T) {
 			env := streamstest.Start(t)
-			msgs, published := manyFPMs(t, testKeys(2), 700, 1_782_777_600_000)
+			const n, base = 700, 1_782_777_600_000
+			msgs, published := manyFPMs(t, testKeys(2), n, base)
 			publish(t, env.JS, msgs)
-			cfg := testConfig(t)
-			cfg.Mode = mode
-			cfg.SampleInterval = 100 * time.Millisecond
-			cfg.AckWait = time.Second
-			w, err := New(cfg, env.JS, WithLogger(testLogger(t)))
+			nc, err := nats.Connect(env.Server.ClientURL())
 			if err != nil {
 				t.Fatal(err)
 			}
-			src := &lossySource{lost: map[uint64]bool{}}
-			w.wrap = func(s msgSource) msgSource { src.msgSource = s; return src }
-			r := runWriter(t, w)
-			waitConsumed(t, env.JS, cfg.Durable)
+			t.Cleanup(nc.Close)
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig(t)
+			cfg.Mode = mode
+			cfg.SampleInterval = 100 * time.Millisecond
+			w, err := New(cfg, js, WithLogger(testLogger(t)), WithMemberID("lossy"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := &lostDone{upTo: n, seen: map[uint64]bool{}, lost: map[uint64]bool{}, redelivered: map[uint64]bool{}}
+			w.deliver = l.deliver
+			r := runConsumer(t, w)
+			// Every message handled and every line durable; what is unacknowledged is held back by the
+			// lost acknowledgements.
+			lines := func() map[uint64]bool {
+				seqs := map[uint64]bool{}
+				for _, ls := range outputLines(t, cfg.OutputPath) {
+					for _, line := range ls {
+						tl, err := schemas.ParseTraceLine(line)
+						if err != nil {
+							t.Fatal(err)
+						}
+						seqs[uint64(tl.Event.ObservedAtUnixMs-base+1)] = true // manyFPMs: message i observed at base+i
+					}
+				}
+				return seqs
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				l.mu.Lock()
+				seen, lost := len(l.seen), len(l.lost)
+				l.mu.Unlock()
+				_, pending := consumerInfo(t, env, cfg.Group)
+				if seen == n && (mode == schemas.CaptureFull && len(lines()) == n || mode == schemas.CaptureSampled && pending == uint64(lost)) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("not every message handled: %d seen, %d unacknowledged (%d lost)", seen, pending, lost)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			time.Sleep(3 * cfg.FlushInterval)
+			written := lines()
+			floor, pending := consumerInfo(t, env, cfg.Group)
+			if err := nc.ForceReconnect(); err != nil {
+				t.Fatal(err)
+			}
+			// Traffic goes on (the partition is pinned again when a message is deliverable).
+			more, published2 := manyFPMs(t, testKeys(2), 70, base+n)
+			for i := range published2 {
+				published2[i].counter += n / 2
+				more[i] = published2[i].msg(t)
+			}
+			publish(t, env.JS, more)
+			published = append(published, published2...)
+			waitConsumed(t, env.JS, cfg.Group)
 			if err := r.stop(); err != nil {
 				t.Fatal(err)
 			}
-			src.mu.Lock()
-			lost := len(src.lost)
-			src.mu.Unlock()
-			if got := counterValue(t, w.metrics.skippedWritten); lost < 50 || got != float64(lost) {
-				t.Fatalf("%d acks lost, %v redeliveries skipped", lost, got)
+			l.mu.Lock()
+			lost, redelivered := len(l.lost), 0
+			skippable := 0
+			for seq := range l.redelivered {
+				redelivered++
+				if written[seq] {
+					skippable++
+				}
+			}
+			l.mu.Unlock()
+			t.Logf("%d acknowledgements lost; ack floor %d, %d unacknowledged before the cut; %d redelivered, %d of them written before", lost, floor, pending, redelivered, skippable)
+			if lost < 50 || redelivered < lost || skippable == 0 {
+				t.Fatalf("%d acks lost, %d redeliveries of which %d written: the case did not test what it should", lost, redelivered, skippable)
+			}
+			if got := counterValue(t, w.metrics.skippedWritten); got != float64(skippable) {
+				t.Fatalf("%v redeliveries skipped as written, want %d (those whose line was on disk)", got, skippable)
 			}
 			out := outputLines(t, cfg.OutputPath)
 			if mode == schemas.CaptureFull {
@@ -239,83 +321,71 @@ func TestLostAcksInRunAreNotWrittenTwice(t *testing.T) {
 	}
 }
 
+// seqState, per producer after a takeover: in full mode the lines on disk are a prefix of the
+// redelivered messages and the first message not found ends the check; in sampled mode any found
+// message is skipped until every line was found or a message is stored after the last write.
 func TestSeqState(t *testing.T) {
-	type op struct {
-		do  string // hold, finish, release, trim
-		seq uint64
+	const prefix = "/out/fpm.w"
+	lastWrite := time.Unix(1_782_777_600, 0)
+	msg := func(seq uint64, observed int64, stored time.Time) *record {
+		return &record{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: "w"}, producer: "w",
+			body: []byte(fmt.Sprint(`{"counter_id":`, observed, `}`)), observed: observed, seq: seq, stored: stored}
 	}
+	before := lastWrite.Add(-time.Second)
 	for name, tc := range map[string]struct {
-		limit    int
-		ops      []op
-		held     []uint64
-		done     []uint64
-		unknown  []uint64 // neither
-		maxSpan  int
-		forgotAt int // s.forgot after the ops
+		sampled bool
+		lines   []int64   // observed_at of the lines on disk (bodies follow from it)
+		msgs    []*record // redelivered messages, in stream order
+		skipped []bool    // whether each is skipped as written
+		last    uint64    // last sequence found written
+		ended   bool      // the check is over after the messages
 	}{
-		"hold then finish": {
-			ops:  []op{{"hold", 5}, {"hold", 6}, {"finish", 5}},
-			held: []uint64{6}, done: []uint64{5}, unknown: []uint64{4, 7, 0},
+		"full: the written prefix is skipped, the first miss ends the check": {
+			lines:   []int64{10, 11, 12, 40},
+			msgs:    []*record{msg(5, 10, before), msg(6, 11, before), msg(7, 13, before), msg(8, 12, before)},
+			skipped: []bool{true, true, false, false},
+			last:    6, ended: true,
 		},
-		"release forgets a hold": {
-			ops:     []op{{"hold", 100}, {"release", 100}},
-			unknown: []uint64{100},
+		"full: every line found ends the check": {
+			lines:   []int64{10, 11},
+			msgs:    []*record{msg(5, 10, before), msg(6, 11, before), msg(7, 11, before)},
+			skipped: []bool{true, true, false},
+			last:    6, ended: true,
 		},
-		"a lower sequence after a higher one": {
-			ops:  []op{{"finish", 1000}, {"finish", 3}, {"hold", 64}},
-			done: []uint64{3, 1000}, held: []uint64{64}, unknown: []uint64{4, 999},
+		"full: two identical messages, one line": {
+			lines:   []int64{10, 30},
+			msgs:    []*record{msg(5, 10, before), msg(6, 10, before)},
+			skipped: []bool{true, false},
+			last:    5, ended: true,
 		},
-		"trim forgets the settled range": {
-			ops:  []op{{"finish", 10}, {"finish", 200}, {"hold", 201}, {"trim", 199}},
-			done: []uint64{200}, held: []uint64{201}, unknown: []uint64{10},
-			maxSpan: 128,
+		"sampled: found messages are skipped wherever they are": {
+			sampled: true,
+			lines:   []int64{12, 15, 90},
+			msgs:    []*record{msg(1, 10, before), msg(2, 12, before), msg(3, 14, before), msg(4, 15, before)},
+			skipped: []bool{false, true, false, true},
+			last:    4, ended: false,
 		},
-		"sequence 0 is unknown": {
-			ops:     []op{{"hold", 0}, {"finish", 0}},
-			unknown: []uint64{0},
-		},
-		"the window limit forgets the oldest": {
-			limit: 256,
-			ops:   []op{{"finish", 1}, {"finish", 2}, {"finish", 1000}},
-			done:  []uint64{1000}, unknown: []uint64{1, 2},
-			maxSpan:  256,
-			forgotAt: 2,
+		"sampled: a message stored after the last write ends the check": {
+			sampled: true,
+			lines:   []int64{12, 15},
+			msgs:    []*record{msg(1, 12, before), msg(2, 14, lastWrite.Add(recoverySlack+time.Second)), msg(3, 15, before)},
+			skipped: []bool{true, false, false},
+			last:    1, ended: true,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			s := newSeqState(tc.limit)
-			for _, o := range tc.ops {
-				switch o.do {
-				case "hold":
-					s.hold(o.seq)
-				case "finish":
-					s.finish(o.seq)
-				case "release":
-					s.release(o.seq)
-				case "trim":
-					s.trim(o.seq)
+			st := &seqState{prefix: prefix, ids: map[lineIdentity]int{}, sampled: tc.sampled, lastWrite: lastWrite}
+			for _, o := range tc.lines {
+				r := msg(0, o, time.Time{})
+				st.ids[identityOf(prefix, "ns", "c", "w", o, r.body)]++
+			}
+			for i, r := range tc.msgs {
+				if got := st.written(r); got != tc.skipped[i] {
+					t.Fatalf("message %d (seq %d): skipped %v, want %v", i, r.seq, got, tc.skipped[i])
 				}
 			}
-			for _, q := range tc.held {
-				if h, d := s.status(q); !h || d {
-					t.Errorf("%d: held %v done %v, want held", q, h, d)
-				}
-			}
-			for _, q := range tc.done {
-				if h, d := s.status(q); h || !d {
-					t.Errorf("%d: held %v done %v, want done", q, h, d)
-				}
-			}
-			for _, q := range tc.unknown {
-				if h, d := s.status(q); h || d {
-					t.Errorf("%d: held %v done %v, want neither", q, h, d)
-				}
-			}
-			if tc.maxSpan > 0 && s.span() > tc.maxSpan {
-				t.Errorf("span %d, want <= %d", s.span(), tc.maxSpan)
-			}
-			if s.forgot != uint64(tc.forgotAt) {
-				t.Errorf("forgot %d, want %d", s.forgot, tc.forgotAt)
+			if st.last != tc.last || st.checking() == tc.ended {
+				t.Fatalf("last written %d (want %d), check over %v (want %v)", st.last, tc.last, !st.checking(), tc.ended)
 			}
 		})
 	}

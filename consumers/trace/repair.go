@@ -60,7 +60,7 @@ func ReadSegment(path string, fn func(line []byte) error) error {
 	if err != nil {
 		return fmt.Errorf("read segment: %w", err)
 	}
-	_, err = scanSegment(path, data, fn)
+	_, err = scanMembers(path, data, fn)
 	return err
 }
 
@@ -71,8 +71,8 @@ type scanResult struct {
 	cutLines  int   // whole lines decoded after good (in members that are torn or not line-aligned)
 }
 
-// scanSegment reads data (the bytes of segment path) member by member; see ReadSegment.
-func scanSegment(path string, data []byte, fn func(line []byte) error) (scanResult, error) {
+// scanMembers reads data (the bytes of segment path) member by member; see ReadSegment.
+func scanMembers(path string, data []byte, fn func(line []byte) error) (scanResult, error) {
 	var res scanResult
 	br := bytes.NewReader(data)
 	var zr gzip.Reader
@@ -173,7 +173,7 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 		logger.Info("empty trace segment removed (created, never flushed)", "segment", path)
 		return res, nil
 	}
-	scan, cerr := scanSegment(path, data, nil)
+	scan, cerr := scanMembers(path, data, nil)
 	res.Offset, res.KeptLines, res.CutLines = int64(len(data)), scan.goodLines, scan.cutLines
 	if cerr == nil {
 		return res, nil

@@ -10,13 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// ackMsg is a message of the fake consumer: it records its ack (or term) and has stream metadata.
+// ackMsg is a message of the fake consumer: it records whether it was said done (or rejected).
 type ackMsg struct {
 	fakeMsg
 	seq   uint64
@@ -24,21 +22,14 @@ type ackMsg struct {
 	termd bool
 }
 
-func (m *ackMsg) Ack() error                  { m.acked = true; return nil }
-func (m *ackMsg) Term() error                 { m.termd = true; return nil }
-func (m *ackMsg) TermWithReason(string) error { m.termd = true; return nil }
-func (m *ackMsg) Nak() error                  { return nil }
-func (m *ackMsg) Metadata() (*jetstream.MsgMetadata, error) {
-	md := &jetstream.MsgMetadata{NumDelivered: 1, Timestamp: time.UnixMilli(1_782_777_600_000)}
-	md.Sequence.Stream = m.seq
-	return md, nil
-}
+func (m *ackMsg) Done()        { m.acked = true }
+func (m *ackMsg) Reject(error) { m.termd = true }
 
-// harness drives a Writer's loop by hand, without a server: messages, flush ticks at a fake wall-clock
-// time, and the graceful stop's final steps. Every flush is awaited, so acks are deterministic.
+// harness drives a partition's writer by hand, without a server: messages, flush ticks at a fake
+// wall-clock time, and the graceful end. Every flush is awaited, so what is done is deterministic.
 type harness struct {
 	t    *testing.T
-	w    *Writer
+	w    *writer
 	cfg  Config
 	now  time.Time
 	seq  uint64
@@ -50,19 +41,16 @@ var harnessStart = time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 func newHarness(t *testing.T, cfg Config) *harness {
 	t.Helper()
 	h := &harness{t: t, cfg: cfg, now: harnessStart}
-	w, err := New(cfg, fakeJS{}, WithLogger(slog.New(slog.DiscardHandler)), WithClock(func() time.Time { return h.now }))
+	set, err := newSettings([]Option{WithLogger(slog.New(slog.DiscardHandler)), WithClock(func() time.Time { return h.now })})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.start = h.now
-	w.fl = startFlusher(nil, nil)
-	h.w = w
-	t.Cleanup(func() {
-		if w.fl != nil {
-			w.fl.stop()
-			w.fl = nil
-		}
-	})
+	m, err := newMetrics(nil, cfg.Mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.w = newWriter(cfg, set, set.logger, m, h.now, nil)
+	t.Cleanup(h.w.abort) // stops the flusher if the test did not finish the writer
 	return h
 }
 
@@ -72,8 +60,11 @@ func (h *harness) send(f testFPM) *ackMsg {
 	h.seq++
 	m := f.msg(h.t)
 	am := &ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}, seq: h.seq}
-	r, err := parseRecord(am, h.cfg.ProducerID, nil)
-	if err := h.w.handle(fetched{rec: r, err: err}); err != nil {
+	r, err := parseRecord(am, msgMeta{seq: h.seq, stored: time.UnixMilli(1_782_777_600_000)}, h.cfg.ProducerID, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.w.handle(&r); err != nil {
 		h.t.Fatal(err)
 	}
 	h.now = h.now.Add(time.Millisecond)
@@ -96,23 +87,15 @@ func (h *harness) flushNow() {
 	if err := h.w.flush(); err != nil {
 		h.t.Fatal(err)
 	}
-	if err := h.w.awaitFlush(); err != nil {
+	if err := h.w.awaitFlush(nil); err != nil {
 		h.t.Fatal(err)
 	}
 }
 
-// stop is the graceful stop's end: every pending sample written, flushed, acked, files closed.
+// stop is the graceful end: every pending sample written, flushed, done, files closed.
 func (h *harness) stop() {
 	h.t.Helper()
-	if h.w.sampler != nil {
-		if err := h.w.sampler.emitAll(h.w); err != nil {
-			h.t.Fatal(err)
-		}
-	}
-	h.flushNow()
-	h.w.fl.stop()
-	h.w.fl = nil
-	if err := h.w.closeAll(); err != nil {
+	if err := h.w.finish(nil); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -338,39 +321,40 @@ func TestSampledModeGolden(t *testing.T) {
 	}
 }
 
-// The seam for a partitioned group's "on revoked": release writes the released producers' pending
-// samples, makes their lines durable, acks their messages and closes their files, leaving the other
-// producers alone; a later message of a released producer starts a new segment.
+// Releasing a partition (its writer's graceful end) writes its producers' pending samples, makes
+// their lines durable, says their messages done and closes their files, leaving the producers of other
+// partitions alone; when the partition is taken again, a later message of a released producer starts
+// a new segment.
 func TestReleaseHandsProducersBack(t *testing.T) {
 	const base = 1_782_777_600_000
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
 		t.Run(mode, func(t *testing.T) {
 			cfg := sampledConfig(t)
 			cfg.Mode = mode
-			h := newHarness(t, cfg)
+			p0, p1 := newHarness(t, cfg), newHarness(t, cfg) // the partitions of w0 and of w1
 			w0 := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w0"}
 			w1 := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w1"}
 			var m0, m1 []*ackMsg
 			for i := range 10 {
-				m0 = append(m0, h.send(testFPM{key: w0, counter: int64(i), receivedMs: base + int64(i)}))
-				m1 = append(m1, h.send(testFPM{key: w1, counter: int64(i), receivedMs: base + int64(i)}))
+				m0 = append(m0, p0.send(testFPM{key: w0, counter: int64(i), receivedMs: base + int64(i)}))
+				m1 = append(m1, p1.send(testFPM{key: w1, counter: int64(i), receivedMs: base + int64(i)}))
 			}
-			if err := h.w.release([]string{"w0"}); err != nil {
-				t.Fatal(err)
-			}
+			p0.stop() // the release of w0's partition
 			for i, m := range m0 {
 				if !m.acked {
-					t.Fatalf("w0 message %d not acked after its release", i)
+					t.Fatalf("w0 message %d not done after its release", i)
 				}
 			}
 			for i, m := range m1 {
-				// Sampled mode acks superseded messages at any flush; the pending one waits for its line.
+				// Sampled mode says superseded messages done at any flush; the pending one waits for its line.
 				if m.acked && (mode == schemas.CaptureFull || i == len(m1)-1) {
-					t.Fatalf("w1 message %d acked: it was not released", i)
+					t.Fatalf("w1 message %d done: it was not released", i)
 				}
 			}
-			if _, ok := h.w.producers["w0"]; ok {
-				t.Fatal("released producer still open")
+			for _, p := range p0.w.bySegment {
+				if !p.sw.closed {
+					t.Fatal("released producer still open")
+				}
 			}
 			want := 10
 			if mode == schemas.CaptureSampled {
@@ -379,8 +363,10 @@ func TestReleaseHandsProducersBack(t *testing.T) {
 			if got := len(prefixLines(t, SegmentPrefix(cfg.OutputPath, "w0"))[0]); got != want {
 				t.Fatalf("w0 segment 0: %d lines, want %d", got, want)
 			}
-			h.send(testFPM{key: w0, counter: 99, receivedMs: base + 5000})
-			h.stop()
+			again := newHarness(t, cfg) // w0's partition taken again
+			again.send(testFPM{key: w0, counter: 99, receivedMs: base + 5000})
+			again.stop()
+			p1.stop()
 			segs := prefixLines(t, SegmentPrefix(cfg.OutputPath, "w0"))
 			if len(segs) != 2 || len(segs[1]) != 1 {
 				t.Fatalf("w0 segments after a new message: %v", segs)

@@ -1,6 +1,8 @@
 package trace
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,8 +14,15 @@ import (
 // Segment naming is Dynamo's (lib/llm/src/fpm_trace/sink.rs producer_output_path and
 // lib/llm/src/telemetry/jsonl_gz.rs segment_path):
 //
-//	prefix  = OutputPath without a trailing ".jsonl.gz" or ".jsonl", + "." + SanitizeProducerID(id)
+//	prefix  = OutputPath without a trailing ".jsonl.gz" or ".jsonl", + "." + ProducerFileName(id)
 //	segment = prefix + "." + %06d(index) + ".jsonl.gz"
+//
+// ProducerFileName is Dynamo's SanitizeProducerID(id) whenever the segment's file name fits the file
+// system's limit (NAME_MAX, 255 bytes for the whole name, index and suffix included, the index at its
+// six-digit width). A longer name would make every write of the producer fail (ENAMETOOLONG); it is
+// cut to fit and ends with "-" and 16 hex digits of the SHA-256 of the full, unsanitized id, so that
+// long ids that share their beginning keep distinct files and a producer's name never changes. The
+// lines still carry the full id (event.source.producer_id).
 //
 // A file belongs to a prefix only if its name is exactly SegmentPath(prefix, i) for some i, so
 // "worker1" never claims "worker10"'s files, and ".tmp" or ".bak" siblings are never touched.
@@ -54,6 +63,35 @@ func producerByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_'
 }
 
+// nameMax is the longest file name (one path element) the supported file systems take: NAME_MAX,
+// 255 bytes on Linux (ext4, xfs, btrfs, tmpfs) and macOS.
+const nameMax = 255
+
+// segmentNameExtra is what a segment's file name adds to the output base name and the producer name:
+// the two dots, the six-digit index and the suffix.
+const segmentNameExtra = len(".") + len(".000000") + len(SegmentSuffix)
+
+// producerHashLen is the length of the "-<16 hex digits>" that ends a shortened producer name.
+const producerHashLen = 1 + 16
+
+// maxOutputBaseName is the longest output base name (the output path's last element without its
+// .jsonl[.gz]) that leaves room for a shortened producer name of at least 8 characters.
+const maxOutputBaseName = nameMax - segmentNameExtra - producerHashLen - 8
+
+// ProducerFileName is the producer part of the segment file names of producer id under outputPath:
+// SanitizeProducerID(id) when the segment names fit NAME_MAX, else the sanitized id cut to fit and
+// followed by "-" and the first 16 hex digits of the SHA-256 of id (see above).
+func ProducerFileName(outputPath, id string) string {
+	name := SanitizeProducerID(id)
+	budget := nameMax - segmentNameExtra - len(filepath.Base(OutputBase(outputPath)))
+	if len(name) <= budget {
+		return name
+	}
+	sum := sha256.Sum256([]byte(id))
+	keep := max(budget-producerHashLen, 0) // Config.Validate keeps it at 8 or more
+	return name[:keep] + "-" + hex.EncodeToString(sum[:8])
+}
+
 // OutputBase strips a trailing ".jsonl.gz" or ".jsonl" from Dynamo's output path.
 func OutputBase(outputPath string) string {
 	if s, ok := strings.CutSuffix(outputPath, ".jsonl.gz"); ok {
@@ -67,7 +105,7 @@ func OutputBase(outputPath string) string {
 
 // SegmentPrefix is the prefix of one producer's segments under outputPath.
 func SegmentPrefix(outputPath, producerID string) string {
-	return OutputBase(outputPath) + "." + SanitizeProducerID(producerID)
+	return OutputBase(outputPath) + "." + ProducerFileName(outputPath, producerID)
 }
 
 // SegmentPath is the file of segment index under prefix.
@@ -154,7 +192,8 @@ func NextSegmentIndex(prefix string) (uint64, error) {
 	return last + 1, nil
 }
 
-// Producers returns the sanitized producer ids that have segments under outputPath, sorted. A name
+// Producers returns the producer file names (ProducerFileName) that have segments under outputPath,
+// sorted. A name
 // counts only if its producer part is a sanitized id (letters, digits, '-', '_'), so another writer's
 // files that share the directory are not claimed.
 func Producers(outputPath string) ([]string, error) {

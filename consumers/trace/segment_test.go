@@ -1,9 +1,12 @@
 package trace
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -50,6 +53,52 @@ func TestSegmentPrefixAndPath(t *testing.T) {
 	}
 	if got, want := SegmentPath("/t.w", 1234567), "/t.w.1234567.jsonl.gz"; got != want {
 		t.Fatalf("SegmentPath = %q, want %q", got, want)
+	}
+}
+
+// Producer ids too long for a file name: Dynamo's sanitized name is kept whenever the segment's file
+// name fits NAME_MAX (255 bytes, index and suffix included); a longer one is cut and ends with "-" and
+// 16 hex digits of the SHA-256 of the full id. With output base "trace" (5 bytes) the sanitized id can
+// take 233 bytes.
+func TestProducerFileName(t *testing.T) {
+	const out = "/data/trace.jsonl.gz"
+	hashed := func(id string) string {
+		sum := sha256.Sum256([]byte(id))
+		return SanitizeProducerID(id)[:233-17] + "-" + hex.EncodeToString(sum[:8])
+	}
+	long300a, long300b := strings.Repeat("a", 299)+"1", strings.Repeat("a", 299)+"2"
+	for name, tc := range map[string]struct{ id, want string }{
+		"short: Dynamo's name":                       {"worker/a:b", "worker_a_b"},
+		"233 characters: the longest name that fits": {strings.Repeat("w", 233), strings.Repeat("w", 233)},
+		"234 characters: shortened":                  {strings.Repeat("w", 234), hashed(strings.Repeat("w", 234))},
+		"300 characters, ending in 1":                {long300a, hashed(long300a)},
+		"300 characters, ending in 2: another file":  {long300b, hashed(long300b)},
+		"4,100 characters":                           {strings.Repeat("x/", 2050), hashed(strings.Repeat("x/", 2050))},
+		"233 two-byte characters: 233 '_', it fits":  {strings.Repeat("é", 233), strings.Repeat("_", 233)},
+		"234 two-byte characters: shortened":         {strings.Repeat("é", 234), hashed(strings.Repeat("é", 234))},
+		"234 characters sanitizing alike stay apart": {strings.Repeat("ü", 234), hashed(strings.Repeat("ü", 234))},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got := ProducerFileName(out, tc.id)
+			if got != tc.want {
+				t.Fatalf("ProducerFileName(%d-byte id) = %q, want %q", len(tc.id), got, tc.want)
+			}
+			seg := filepath.Base(SegmentPath(SegmentPrefix(out, tc.id), 999999))
+			if len(seg) > 255 {
+				t.Fatalf("segment name of %d bytes: %s", len(seg), seg)
+			}
+			if SanitizeProducerID(got) != got || strings.Contains(got, ".") {
+				t.Fatalf("%q is not a file name Producers recognises", got)
+			}
+		})
+	}
+	if ProducerFileName(out, long300a) == ProducerFileName(out, long300b) ||
+		ProducerFileName(out, strings.Repeat("é", 234)) == ProducerFileName(out, strings.Repeat("ü", 234)) {
+		t.Fatal("long ids that share their sanitized beginning share a file")
+	}
+	// The budget is the output base name's: a longer base leaves less.
+	if got := ProducerFileName("/d/"+strings.Repeat("b", 100), strings.Repeat("w", 200)); len(got) != 255-17-100 {
+		t.Fatalf("with a 100-byte base: a %d-byte producer name, want %d", len(got), 255-17-100)
 	}
 }
 

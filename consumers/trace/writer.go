@@ -1,436 +1,273 @@
 package trace
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
+	"slices"
+	"syscall"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-	"github.com/klauspost/compress/gzip"
-
-	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// DefaultCompressionLevel is the gzip level of new members: klauspost's level 1 (BestSpeed). Dynamo
-// uses flate2's default (6); on trace lines, which repeat their keys, level 1 costs about 15-20% more
-// disk (~20 instead of ~17 bytes per 700-byte line) and compresses about twice as fast, which keeps the
-// writer close to the consumer's ack-only rate. WithCompressionLevel chooses another.
-const DefaultCompressionLevel = 1
+// writer turns the records of one ordered stream of messages — an owned partition's (Consumer) or a
+// backfill's range — into lines in their producers' segments, and says each message done once the
+// line holding it is durable (for a message that needs no line of its own, once the lines appended
+// before it are). It is owned by one goroutine: the runner's loop, or Backfill's; its flusher writes
+// and fsyncs off that goroutine.
+type writer struct {
+	cfg   Config
+	set   settings
+	log   *slog.Logger
+	m     *metrics
+	start time.Time // lines' "timestamp" counts from it (writer-relative, as in Dynamo)
 
-// ErrWriterClosed is returned by a SegmentWriter used after Close.
-var ErrWriterClosed = errors.New("trace: segment writer closed")
+	producers map[string]*producer // by unsanitized producer id
+	bySegment map[string]*producer // by segment prefix: ids that sanitize alike share files
+	dirty     []*producer          // exactly the producers with dirty set
+	waiting   int                  // messages waiting for their line (or the lines before them) to be durable
+	unflushed int                  // of those, messages whose lines are not yet handed to the flusher
+	fl        *flusher
+	again     bool // a flush was asked for while one was in flight: it starts when that one completes
+	lineBuf   []byte
+	sampler   *sampler  // sampled mode only
+	takeover  *takeover // recognises what an earlier owner wrote; nil for a backfill
 
-// SegmentWriter writes one producer's trace segments, as Dynamo's gzip JSONL sink does:
-//
-//   - Lines are buffered uncompressed; Flush compresses the buffer into one complete gzip member,
-//     writes it with one write and fsyncs the file. A segment is a sequence of members, so a crash
-//     loses at most the member being written (see Repair).
-//   - Rotation counts uncompressed bytes, newline included: before a line, when the segment already
-//     has lines and its bytes plus the line's exceed RollBytes, the line starts the next segment (the
-//     lines before it are flushed into the current one first). A single line larger than RollBytes is
-//     written intact into an otherwise empty segment. Lines are never split across segments.
-//   - A segment file is created exclusively at its first flush; an existing file of that name is an
-//     error (another writer owns the producer). After that first write the directory is fsynced and the
-//     oldest segments of the prefix are removed until MaxSegments remain, the active one included.
-//     Files whose names do not match the prefix exactly are never touched.
-//   - It starts at NextSegmentIndex(prefix): a segment left by an earlier run is never appended to.
-//   - A write that fails (short write, failed fsync, full disk) leaves the file with a torn tail. The
-//     trace Writer's flusher then abandons the segment (writeBatchRetry): it cuts the file back to its
-//     last fsynced member, fsyncs and closes it, and after a backoff writes the lines again into a new
-//     segment, one index up; every later segment moves up by one too. So no segment but the newest
-//     ever has a torn tail, and a line is in exactly one segment. Flush, used alone, does not retry.
-//
-// The writer has two sides. The line side (Append, Buffered, Appended, Durable) only touches memory;
-// the file side (compress, write, fsync, roll the file, prune) runs in Flush, or, for the trace Writer,
-// on a flusher goroutine between detach and complete, while the line side goes on buffering. Errors
-// are sticky: after a failed write or sync every call returns the same error. A SegmentWriter is not
-// safe for concurrent use, except that the file side of one detached batch may run concurrently with
-// the line side.
-type SegmentWriter struct {
-	prefix      string
-	rollBytes   int64
-	maxSegments int
-	logger      *slog.Logger
-	onRoll      func()
-
-	// Line side.
-	index    uint64 // segment the next line goes to
-	segBytes int64  // uncompressed bytes in that segment, flushed and buffered
-	segLines int64
-	appended uint64  // lines appended since the writer was created
-	durable  uint64  // lines among them that are flushed and fsynced
-	chunks   []chunk // lines not yet detached: one chunk per segment
-	spare    [][]byte
-	err      error
-	closed   bool
-
-	// File side.
-	open   func(path string) (file, error)
-	f      file   // open segment file, nil before its first write
-	fIndex uint64 // index of f
-	fSize  int64  // bytes of f written and fsynced (whole members)
-	shift  uint64 // segments abandoned after a failed write: file index = line-side index + shift
-	zw     *gzip.Writer
-	zbuf   bytes.Buffer
+	linesWritten uint64 // totals of this writer
 }
 
-// chunk is buffered lines of one segment.
-type chunk struct {
-	index uint64
-	data  []byte
+// producer is one producer's segment writer and the messages waiting for its lines to be durable.
+type producer struct {
+	sw      *SegmentWriter
+	pending []pendingDone // in line order
+	lines   int           // lines appended since the last flush
+	dirty   bool
 }
 
-// batch is what detach hands to the file side: the chunks to write, in order, and the line count they
-// make durable.
-type batch struct {
-	chunks []chunk
-	upTo   uint64
+// pendingDone is a message that is done once its producer's line number line is durable
+// (sw.Durable() >= line): the message's own line, or for a message that needs no line (sampled mode:
+// superseded, unchanged counter, late), the lines appended before it.
+type pendingDone struct {
+	d    delivery
+	line uint64
 }
 
-// NewSegmentWriter returns a writer for prefix (see SegmentPrefix) that starts at the next free index.
-// rollBytes and maxSegments must be positive. The directory is created if missing; no file is
-// created until the first Flush with data.
-func NewSegmentWriter(prefix string, rollBytes int64, maxSegments int) (*SegmentWriter, error) {
-	return newSegmentWriter(prefix, rollBytes, maxSegments, DefaultCompressionLevel, nil)
+// messageError is the reason one message can never be written: it is rejected (dead-lettered) and
+// the other messages go on. Any other error is a fault of the instance and ends it.
+type messageError struct{ err error }
+
+func (e *messageError) Error() string { return e.err.Error() }
+func (e *messageError) Unwrap() error { return e.err }
+
+// newWriter returns a writer whose flusher is running; notify (nil: none) is called, from the
+// flusher's goroutine, each time a flush completes and waits for collect.
+func newWriter(cfg Config, set settings, log *slog.Logger, m *metrics, start time.Time, notify func()) *writer {
+	w := &writer{
+		cfg:       cfg,
+		set:       set,
+		log:       log,
+		m:         m,
+		start:     start,
+		producers: map[string]*producer{},
+		bySegment: map[string]*producer{},
+	}
+	if cfg.Mode == schemas.CaptureSampled {
+		w.sampler = newSampler(cfg.SampleInterval, cfg.SampleInterval+2*cfg.FlushInterval)
+	}
+	w.fl = startFlusher(set.retry, w.reportRetry, notify)
+	return w
 }
 
-func newSegmentWriter(prefix string, rollBytes int64, maxSegments, level int, logger *slog.Logger) (*SegmentWriter, error) {
-	if rollBytes <= 0 || maxSegments <= 0 {
-		return nil, fmt.Errorf("%w: segment writer %s: roll bytes %d and max segments %d must be positive", ErrInvalidConfig, prefix, rollBytes, maxSegments)
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	if err := os.MkdirAll(filepath.Dir(prefix), 0o755); err != nil {
-		return nil, fmt.Errorf("create trace directory: %w", err)
-	}
-	next, err := NextSegmentIndex(prefix)
-	if err != nil {
-		return nil, err
-	}
-	zw, err := gzip.NewWriterLevel(nil, level)
-	if err != nil {
-		return nil, fmt.Errorf("%w: gzip level %d: %v", ErrInvalidConfig, level, err)
-	}
-	return &SegmentWriter{
-		prefix:      prefix,
-		rollBytes:   rollBytes,
-		maxSegments: maxSegments,
-		logger:      logger,
-		open:        createFile,
-		zw:          zw,
-		index:       next,
-	}, nil
+// reportRetry logs a failed write that will be retried (called from the flusher's goroutines).
+func (w *writer) reportRetry(sw *SegmentWriter, err error, wait time.Duration) {
+	w.m.retries.Inc()
+	w.log.Warn("trace writer: write failed; its messages stay unacknowledged until it succeeds, retrying",
+		"prefix", sw.Prefix(), "err", err, "retry_in", wait)
 }
 
-// Prefix is the writer's segment prefix.
-func (w *SegmentWriter) Prefix() string { return w.prefix }
-
-// Path is the file of the segment the next line goes to (it may not exist yet). After a failed write
-// the files are numbered higher (see SegmentWriter); Path then names the segment the line would have
-// gone to.
-func (w *SegmentWriter) Path() string { return SegmentPath(w.prefix, w.index) }
-
-// Buffered is the number of uncompressed bytes waiting for Flush.
-func (w *SegmentWriter) Buffered() int {
-	n := 0
-	for _, c := range w.chunks {
-		n += len(c.data)
-	}
-	return n
-}
-
-// Appended is the number of lines appended so far; line n (1-based) is durable once Durable() >= n.
-func (w *SegmentWriter) Appended() uint64 { return w.appended }
-
-// Durable is the number of lines flushed and fsynced so far.
-func (w *SegmentWriter) Durable() uint64 { return w.durable }
-
-// Err returns the sticky error, if any.
-func (w *SegmentWriter) Err() error { return w.err }
-
-// Append buffers line (without its newline; Append adds it), starting a new segment first if the line
-// does not fit the current one (see SegmentWriter). The line is durable only after the next Flush
-// returns nil.
-func (w *SegmentWriter) Append(line []byte) error {
-	if w.err != nil {
-		return w.err
-	}
-	if w.closed {
-		return ErrWriterClosed
-	}
-	n := int64(len(line)) + 1
-	if w.segLines > 0 && w.segBytes+n > w.rollBytes {
-		w.index++
-		w.segBytes, w.segLines = 0, 0
-		if w.onRoll != nil {
-			w.onRoll()
-		}
-	}
-	if len(w.chunks) == 0 || w.chunks[len(w.chunks)-1].index != w.index {
-		w.chunks = append(w.chunks, chunk{index: w.index, data: w.takeSpare()})
-	}
-	c := &w.chunks[len(w.chunks)-1]
-	c.data = append(c.data, line...)
-	c.data = append(c.data, '\n')
-	w.segBytes += n
-	w.segLines++
-	w.appended++
-	return nil
-}
-
-func (w *SegmentWriter) takeSpare() []byte {
-	if n := len(w.spare); n > 0 {
-		b := w.spare[n-1]
-		w.spare = w.spare[:n-1]
-		return b[:0]
-	}
-	return nil
-}
-
-// detach takes the buffered lines for the file side. The line side may go on appending while the
-// batch is written; complete must follow.
-func (w *SegmentWriter) detach() batch {
-	b := batch{chunks: w.chunks, upTo: w.appended}
-	w.chunks = nil
-	return b
-}
-
-// complete records the result of writing b (err from writeBatch) and recycles its buffers.
-func (w *SegmentWriter) complete(b batch, err error) error {
-	if err != nil {
-		return w.fail(err)
-	}
-	w.durable = max(w.durable, b.upTo)
-	for _, c := range b.chunks {
-		if len(w.spare) < 2 {
-			w.spare = append(w.spare, c.data)
-		}
-	}
-	return nil
-}
-
-// writeBatch is the file side: each chunk becomes one gzip member, written with one write and fsynced;
-// a chunk of a new segment first closes the previous segment's file. It touches only file-side fields.
-func (w *SegmentWriter) writeBatch(b batch) error {
-	_, err := w.writeChunks(b.chunks)
-	return err
-}
-
-// writeChunks writes chunks in order and returns how many were written completely.
-func (w *SegmentWriter) writeChunks(chunks []chunk) (int, error) {
-	for i, c := range chunks {
-		if len(c.data) == 0 {
-			continue
-		}
-		if err := w.writeChunk(c); err != nil {
-			return i, err
-		}
-	}
-	return len(chunks), nil
-}
-
-// writeBatchRetry writes b like writeBatch, but retries a failed chunk: it waits bo's next backoff
-// (report is told), abandons the segment (cut back to its last fsynced member, fsynced, closed; see
-// abandon) and writes the chunk again into a new segment, until it succeeds or stop is closed; then
-// it returns the last error. An error that retrying cannot fix (the segment file exists already:
-// another writer owns the producer) is returned at once, as is any error when bo is nil.
-func (w *SegmentWriter) writeBatchRetry(b batch, stop <-chan struct{}, bo backoff.BackOff, report func(*SegmentWriter, error, time.Duration)) error {
-	chunks := b.chunks
-	for retried := false; ; retried = true {
-		n, err := w.writeChunks(chunks)
-		if err == nil {
-			if retried {
-				w.logger.Info("trace segment write succeeded after retrying", "segment", SegmentPath(w.prefix, w.fIndex))
-			}
-			return nil
-		}
-		chunks = chunks[n:]
-		if bo == nil || errors.Is(err, os.ErrExist) {
+// handle turns one record into a line (or a pending sample). A redelivered message whose line an
+// earlier owner already made durable is done at once, without a line.
+func (w *writer) handle(r *record) error {
+	if w.takeover != nil {
+		written, err := w.takeover.written(r)
+		if err != nil {
 			return err
 		}
-		for {
-			wait := bo.NextBackOff()
-			if wait == backoff.Stop {
-				return err
-			}
-			if report != nil {
-				report(w, err, wait)
-			}
-			t := time.NewTimer(wait)
-			select {
-			case <-stop:
-				t.Stop()
-				return err
-			case <-t.C:
-			}
-			aerr := w.abandon()
-			if aerr == nil {
-				break
-			}
-			err = aerr
+		if written {
+			w.m.skippedWritten.Inc()
+			r.d.Done()
+			return nil
 		}
 	}
+	if w.sampler != nil {
+		return w.sampler.add(w, r)
+	}
+	return w.handleFull(r)
 }
 
-// abandon gives up the open segment after a failed write: it cuts the file back to the bytes that were
-// fsynced (whole members), fsyncs and closes it, and moves the following segments one index up. A file
-// left empty is removed. Until abandon succeeds the file stays the newest, so a crash meanwhile leaves
-// a torn tail only where the startup repair looks.
-func (w *SegmentWriter) abandon() error {
-	if w.f == nil {
-		return nil // the failure was creating the file: nothing to cut
+// write appends r's line to p's segments.
+func (w *writer) write(p *producer, r *record) error {
+	ts := max(w.set.now().Sub(w.start).Milliseconds(), 0)
+	w.lineBuf = appendLine(w.lineBuf[:0], r, ts, w.cfg.Mode)
+	if err := p.sw.Append(w.lineBuf); err != nil {
+		return err
 	}
-	path := SegmentPath(w.prefix, w.fIndex)
-	if err := w.f.Truncate(w.fSize); err != nil {
-		return fmt.Errorf("cut segment %s back to byte %d: %w", path, w.fSize, err)
+	p.lines++
+	if !p.dirty {
+		p.dirty = true
+		w.dirty = append(w.dirty, p)
 	}
-	if err := w.f.Sync(); err != nil {
-		return fmt.Errorf("sync segment %s after cutting it back to byte %d: %w", path, w.fSize, err)
-	}
-	if err := w.f.Close(); err != nil {
-		w.logger.Warn("trace segment abandoned: close", "segment", path, "err", err)
-	}
-	w.f = nil
-	w.shift++
-	if w.fSize == 0 {
-		if err := os.Remove(path); err == nil {
-			_ = fsutil.SyncDir(filepath.Dir(path))
-		}
-	}
-	w.logger.Warn("trace segment abandoned after a failed write; its lines go to the next segment",
-		"segment", path, "offset", w.fSize, "next", SegmentPath(w.prefix, w.fIndex+1))
 	return nil
 }
 
-func (w *SegmentWriter) writeChunk(c chunk) error {
-	idx := c.index + w.shift
-	path := SegmentPath(w.prefix, idx)
-	w.zbuf.Reset()
-	w.zw.Reset(&w.zbuf)
-	if _, err := w.zw.Write(c.data); err != nil {
-		return fmt.Errorf("compress segment %s: %w", path, err)
+// account notes n more messages of p waiting for a flush. p's lines go to the flusher when its buffer
+// is full; every producer's when a quarter of MaxAckPending waits unflushed (the server stops
+// delivering at MaxAckPending, and a flush may be in flight).
+func (w *writer) account(p *producer, n int) error {
+	w.waiting += n
+	w.unflushed += n
+	if w.unflushed >= max(w.cfg.MaxAckPending/4, 1) {
+		return w.flush()
 	}
-	if err := w.zw.Close(); err != nil {
-		return fmt.Errorf("compress segment %s: %w", path, err)
+	if p.sw.Buffered() >= w.cfg.BufferSize {
+		return w.submit([]*producer{p})
 	}
-	if w.f != nil && w.fIndex != idx {
-		// The previous segment is complete: its last member was fsynced when written.
-		f := w.f
-		w.f = nil
-		if err := f.Close(); err != nil {
-			w.logger.Warn("trace segment close", "segment", SegmentPath(w.prefix, w.fIndex), "err", err)
-		}
+	return nil
+}
+
+// producerFor returns the producer of id, creating its SegmentWriter (at the next free index) on first
+// use.
+func (w *writer) producerFor(id string) (*producer, error) {
+	if p, ok := w.producers[id]; ok {
+		return p, nil
 	}
-	first := w.f == nil
-	if first {
-		f, err := w.open(path)
+	prefix := SegmentPrefix(w.cfg.OutputPath, id)
+	p, ok := w.bySegment[prefix]
+	if !ok {
+		sw, err := newSegmentWriter(prefix, w.cfg.RollBytes, w.cfg.MaxSegments, w.set.level, w.log)
 		if err != nil {
-			if errors.Is(err, os.ErrExist) {
-				return fmt.Errorf("create segment %s: %w (another writer owns this producer's files?)", path, err)
-			}
-			return fmt.Errorf("create segment %s: %w", path, err)
+			return nil, err
 		}
-		w.f, w.fIndex, w.fSize = f, idx, 0
+		sw.open = w.set.open
+		sw.onRoll = w.m.rolled.Inc
+		p = &producer{sw: sw}
+		w.bySegment[prefix] = p
+		w.log.Debug("trace writer: new producer", "producer_id", id, "segment", sw.Path())
 	}
-	member := w.zbuf.Bytes()
-	if n, err := w.f.Write(member); err != nil || n != len(member) {
-		if err == nil {
-			err = fmt.Errorf("short write: %d of %d bytes", n, len(member))
-		}
-		return fmt.Errorf("write segment %s at byte %d: %w", path, w.fSize, err)
-	}
-	if err := w.f.Sync(); err != nil {
-		return fmt.Errorf("sync segment %s at byte %d: %w", path, w.fSize, err)
-	}
-	if first {
-		// The new file's directory entry must be durable too, before any line in it is acked.
-		if err := fsutil.SyncDir(filepath.Dir(path)); err != nil {
-			return fmt.Errorf("sync directory of %s: %w", path, err)
-		}
-		w.prune(idx)
-	}
-	w.fSize += int64(len(member))
-	return nil
+	w.producers[id] = p
+	return p, nil
 }
 
-// Flush writes the buffered lines (one gzip member per segment they belong to) and fsyncs. With
-// nothing buffered it only returns the sticky error.
-func (w *SegmentWriter) Flush() error {
-	if w.err != nil {
-		return w.err
-	}
-	if w.closed {
-		return ErrWriterClosed
-	}
-	b := w.detach()
-	return w.complete(b, w.writeBatch(b))
-}
-
-// prune removes the oldest regular segments of the prefix until maxSegments remain, active (the one
-// just created) included. A failure is logged, not returned: retention is best effort and never loses
-// a line.
-func (w *SegmentWriter) prune(active uint64) {
-	segs, err := ListSegments(w.prefix)
-	if err != nil {
-		w.logger.Warn("trace prune: list segments", "prefix", w.prefix, "err", err)
+// markDone says done every message whose line (or lines before it) is durable, for every producer.
+func (w *writer) markDone() {
+	if w.waiting == 0 {
 		return
 	}
-	regular := segs[:0]
-	for _, s := range segs {
-		if s.Regular {
-			regular = append(regular, s)
-		}
-	}
-	removed := 0
-	for i := 0; i < len(regular)-w.maxSegments; i++ {
-		s := regular[i]
-		if s.Index >= active {
-			break // never the active segment, nor anything newer
-		}
-		if err := os.Remove(s.Path); err != nil && !os.IsNotExist(err) {
-			w.logger.Warn("trace prune: remove segment", "segment", s.Path, "err", err)
-			continue
-		}
-		removed++
-		w.logger.Debug("trace segment pruned", "segment", s.Path, "max_segments", w.maxSegments)
-	}
-	if removed > 0 {
-		if err := fsutil.SyncDir(filepath.Dir(w.prefix)); err != nil {
-			w.logger.Warn("trace prune: sync directory", "prefix", w.prefix, "err", err)
+	for _, p := range w.bySegment {
+		if len(p.pending) > 0 {
+			w.waiting -= p.markDone()
 		}
 	}
 }
 
-// Close flushes the buffer, fsyncs and closes the active segment. It returns the first error; a
-// second Close returns nil (or the sticky error). Close closes only the file the writer created.
-func (w *SegmentWriter) Close() error {
-	if w.closed {
-		return w.err
+// markDone says done p's pending messages whose lines are durable and keeps the others.
+func (p *producer) markDone() int {
+	durable := p.sw.Durable()
+	i := 0
+	for ; i < len(p.pending) && p.pending[i].line <= durable; i++ {
+		p.pending[i].d.Done()
 	}
-	err := w.Flush()
-	w.closed = true
-	w.closeFile()
+	n := copy(p.pending, p.pending[i:])
+	clear(p.pending[n:])
+	p.pending = p.pending[:n]
+	return i
+}
+
+// nameRefused reports a file-system error that concerns one producer's file name and that retrying
+// cannot fix: the name is too long (SegmentPrefix keeps names within NAME_MAX, so only a file system
+// with a lower limit says so). Its messages are rejected; the other producers go on.
+func nameRefused(err error) bool {
+	return errors.Is(err, syscall.ENAMETOOLONG)
+}
+
+// dropProducer gives p up after its file refused its name (nameRefused): every message waiting for
+// one of its lines, or pending as a sample of it, is rejected with reason; its file is closed; a later
+// message of the producer starts over (and is rejected again if the name is refused again).
+func (w *writer) dropProducer(p *producer, reason error) {
+	reason = &messageError{fmt.Errorf("trace: producer file %s: %w", p.sw.Prefix(), reason)}
+	w.log.Warn("trace writer: a producer's segment file cannot be written; its messages are rejected",
+		"prefix", p.sw.Prefix(), "messages", len(p.pending), "err", reason)
+	for _, pd := range p.pending {
+		pd.d.Reject(reason)
+	}
+	w.waiting -= len(p.pending)
+	w.unflushed = max(w.unflushed-len(p.pending), 0)
+	p.pending = nil
+	if w.sampler != nil {
+		w.waiting -= w.sampler.drop(p, func(r *record) { r.d.Reject(reason) })
+	}
+	p.sw.closeFile()
+	p.sw.closed = true
+	delete(w.bySegment, p.sw.Prefix())
+	for id, q := range w.producers {
+		if q == p {
+			delete(w.producers, id)
+		}
+	}
+	p.dirty = false
+	w.dirty = slices.DeleteFunc(w.dirty, func(q *producer) bool { return q == p })
+}
+
+// finish is the graceful end (a partition released, a backfill's range read): every pending sample
+// written, every line flushed and fsynced, every message done, the files closed, the flusher stopped.
+// When stop closes first, a flush still retrying a failed write is given up: its messages are not
+// done (they stay unacknowledged), the files are closed without more writes, and the error is
+// returned.
+func (w *writer) finish(stop <-chan struct{}) error {
+	var err error
+	if w.sampler != nil {
+		err = w.sampler.emitAll(w)
+	}
+	if err == nil {
+		err = w.drain(stop)
+	}
+	if err != nil {
+		w.abort()
+		return err
+	}
+	err = w.closeAll()
+	w.fl.stop()
 	return err
 }
 
-// closeFile closes the open segment file without flushing (after a failure, or after Flush).
-func (w *SegmentWriter) closeFile() {
-	if w.f != nil {
-		if cerr := w.f.Close(); cerr != nil {
-			_ = w.fail(fmt.Errorf("close segment %s: %w", SegmentPath(w.prefix, w.fIndex), cerr))
-		}
-		w.f = nil
+// abort ends the writer without writing more: a flush still retrying is given up (one in progress
+// completes before abort returns, so nothing is written after it), the files are closed without a
+// flush, and nothing more is said done. What was not done is redelivered to the partition's next
+// owner, which recognises the lines already durable.
+func (w *writer) abort() {
+	if w.fl.inflight {
+		w.fl.abandon()
+		<-w.fl.done
+		w.fl.inflight = false
 	}
+	w.fl.stop()
+	for _, p := range w.bySegment {
+		p.sw.closeFile()
+		p.sw.closed = true
+		p.pending = nil
+	}
+	if w.sampler != nil {
+		w.sampler.clear()
+	}
+	w.waiting, w.unflushed = 0, 0
 }
 
-func (w *SegmentWriter) fail(err error) error {
-	if w.err == nil {
-		w.err = err
+// closeAll closes every segment writer (they have been flushed).
+func (w *writer) closeAll() error {
+	var err error
+	for _, p := range w.bySegment {
+		err = errors.Join(err, p.sw.Close())
 	}
-	return w.err
+	return err
 }

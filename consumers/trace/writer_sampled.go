@@ -18,13 +18,14 @@ import (
 //     differs from the key's last written line (an unchanged counter is not repeated).
 //   - On graceful stop every pending message is written (same counter rule).
 //   - A message that gets no line (superseded in its interval, unchanged counter, or late: from an
-//     interval already written) is acked after the next flush, behind the lines appended before it.
-//     The pending message itself is acked once its own line is durable. Acking a superseded message
-//     before the pending one's line is durable loses nothing: the unacked pending message carries the
-//     newer observation and is redelivered if the writer dies; holding every superseded message
-//     instead would keep rate x interval messages per key unacked and stall the consumer at
-//     MaxAckPending.
-//   - After a restart, the keys whose segments the recovery read start from their last written line
+//     interval already written) is done after the next flush, behind the lines appended before it.
+//     The pending message itself is done once its own line is durable. Acknowledging a superseded
+//     message before the pending one's line is durable loses nothing: the unacknowledged pending
+//     message carries the newer observation and is redelivered if the writer dies; holding every
+//     superseded message instead would keep rate x interval messages per key unacknowledged and stall
+//     the consumer at MaxAckPending. (For the same reason sampled mode acks each message, not the done
+//     prefix: see Config.cumulativeAcks.)
+//   - After a takeover, the keys whose segments the takeover read start from their last written line
 //     (seed): a redelivered message of an interval already written is late, not a second sample.
 type sampler struct {
 	intervalMs int64
@@ -63,7 +64,7 @@ func newSampler(interval, hold time.Duration) *sampler {
 	}
 }
 
-// seed starts key k from its last written line (startup recovery).
+// seed starts key k from its last written line (found by a takeover).
 func (s *sampler) seed(k sampleKey, sd recoverSeed) {
 	if _, ok := s.keys[k]; ok {
 		return
@@ -73,8 +74,8 @@ func (s *sampler) seed(k sampleKey, sd recoverSeed) {
 	s.order = append(s.order, e)
 }
 
-// add takes r as the newest pending message of its key, or queues its ack.
-func (s *sampler) add(w *Writer, r *record) error {
+// add takes r as the newest pending message of its key, or queues its Done.
+func (s *sampler) add(w *writer, r *record) error {
 	k := sampleKey{
 		namespace: r.key.Namespace, component: r.key.Component, producer: r.producer,
 		workerID: r.fpm.workerID, dpRank: r.fpm.dpRank,
@@ -103,18 +104,18 @@ func (s *sampler) add(w *Writer, r *record) error {
 	case e.has && r.observed >= e.rec.observed: // newer in the same interval: replaces the pending one
 		old := e.rec
 		e.rec = *r
-		return w.ackAfterFlush(e.p, &old)
+		return w.doneAfterFlush(e.p, &old)
 	case e.has: // older than the pending one
-		return w.ackAfterFlush(e.p, r)
+		return w.doneAfterFlush(e.p, r)
 	case e.emitted && iv <= e.lastInterval: // late: its interval is written already
-		return w.ackAfterFlush(e.p, r)
+		return w.doneAfterFlush(e.p, r)
 	}
-	e.has, e.rec, e.interval, e.heldSince = true, *r, iv, w.now()
+	e.has, e.rec, e.interval, e.heldSince = true, *r, iv, w.set.now()
 	return nil
 }
 
 // emitDue writes the pending messages whose interval is over (see sampler).
-func (s *sampler) emitDue(w *Writer, now time.Time) error {
+func (s *sampler) emitDue(w *writer, now time.Time) error {
 	for _, e := range s.order {
 		if !e.has {
 			continue
@@ -130,7 +131,7 @@ func (s *sampler) emitDue(w *Writer, now time.Time) error {
 }
 
 // emitAll writes every pending message (graceful stop, end of a backfill).
-func (s *sampler) emitAll(w *Writer) error {
+func (s *sampler) emitAll(w *writer) error {
 	for _, e := range s.order {
 		if e.has {
 			if err := s.emit(w, e); err != nil {
@@ -141,66 +142,57 @@ func (s *sampler) emitAll(w *Writer) error {
 	return nil
 }
 
-// emitProducers writes the pending messages of the given producers (their partition is revoked).
-func (s *sampler) emitProducers(w *Writer, ps map[*producer]bool) error {
-	for _, e := range s.order {
-		if e.has && ps[e.p] {
-			if err := s.emit(w, e); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// forget drops the keys of the given producers (after their release).
-func (s *sampler) forget(ps map[*producer]bool) {
+// drop forgets the keys of producer p (its file refused its name) and hands each pending message of
+// them to reject; it returns how many there were.
+func (s *sampler) drop(p *producer, reject func(*record)) int {
+	n := 0
 	kept := s.order[:0]
 	for _, e := range s.order {
-		if e.p == nil || !ps[e.p] {
+		if e.p != p {
 			kept = append(kept, e)
+			continue
+		}
+		if e.has {
+			reject(&e.rec)
+			n++
 		}
 	}
 	clear(s.order[len(kept):])
 	s.order = kept
 	for k, e := range s.keys {
-		if e.p != nil && ps[e.p] {
+		if e.p == p {
 			delete(s.keys, k)
 		}
 	}
+	return n
 }
 
 // emit writes e's pending message unless its counter_id equals the last written one.
-func (s *sampler) emit(w *Writer, e *sample) error {
+func (s *sampler) emit(w *writer, e *sample) error {
 	r := e.rec
 	e.has, e.rec = false, record{}
 	e.emitted, e.lastInterval = true, e.interval
 	if e.written && r.fpm.counterID == e.lastCounter {
-		return w.ackAfterFlush(e.p, &r)
+		return w.doneAfterFlush(e.p, &r)
 	}
 	if err := w.write(e.p, &r); err != nil {
 		return err
 	}
 	e.written, e.lastCounter = true, r.fpm.counterID
-	e.p.pending = append(e.p.pending, pendingAck{msg: r.msg, seq: e.p.sw.Appended(), sseq: r.seq})
+	e.p.pending = append(e.p.pending, pendingDone{d: r.d, line: e.p.sw.Appended()})
 	return w.account(e.p, 1)
 }
 
-// nakAll naks the pending messages (failed run): they are redelivered at once.
-func (s *sampler) nakAll(w *Writer) {
+// clear forgets every pending message (the writer aborts): not done, they are redelivered to the
+// partition's next owner.
+func (s *sampler) clear() {
 	for _, e := range s.order {
-		if e.has {
-			if !w.noNak {
-				_ = e.rec.msg.Nak()
-			}
-			w.seqs.release(e.rec.seq)
-			e.has, e.rec = false, record{}
-		}
+		e.has, e.rec = false, record{}
 	}
 }
 
-// ackAfterFlush queues the ack of a message that needs no line behind p's lines appended so far.
-func (w *Writer) ackAfterFlush(p *producer, r *record) error {
-	p.pending = append(p.pending, pendingAck{msg: r.msg, seq: p.sw.Appended(), sseq: r.seq})
+// doneAfterFlush queues the Done of a message that needs no line behind p's lines appended so far.
+func (w *writer) doneAfterFlush(p *producer, r *record) error {
+	p.pending = append(p.pending, pendingDone{d: r.d, line: p.sw.Appended()})
 	return w.account(p, 1)
 }
