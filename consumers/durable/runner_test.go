@@ -415,10 +415,16 @@ func TestRunnerDeliveryLimit(t *testing.T) {
 // Messages the stream removed before the consumer read them are reported with their exact range,
 // count and cause.
 func TestRunnerReportsRetentionLoss(t *testing.T) {
+	for _, cumulative := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cumulative=%v", cumulative), func(t *testing.T) { testRetentionLoss(t, cumulative) })
+	}
+}
+
+func testRetentionLoss(t *testing.T, cumulative bool) {
 	env := streamstest.Start(t)
 	js := connect(t, env)
 	publish(t, js, 0, 30, 3)
-	g := groupConfig("ret", 1, true)
+	g := groupConfig("ret", 1, cumulative)
 	cfg := Config{Name: "ret", Group: g, TickInterval: 20 * time.Millisecond, DetectRetentionLoss: true}
 	rec := newRecorder()
 	rr := start(t, cfg, js, rec)
@@ -474,7 +480,6 @@ func TestConfigValidate(t *testing.T) {
 		"negative tick":       func(c *Config) { c.TickInterval = -time.Second },
 		"no deliveries":       func(c *Config) { c.MaxDeliveries = -1 },
 		"retention with P>1":  func(c *Config) { c.DetectRetentionLoss = true; c.Group.Partitions = 4 },
-		"retention, explicit": func(c *Config) { c.DetectRetentionLoss = true; c.Group.CumulativeAcks = false },
 		"bad group":           func(c *Config) { c.Group.Group = "" },
 	} {
 		c := good

@@ -101,9 +101,9 @@ func (c Config) cumulativeAcks() bool { return c.Mode == schemas.CaptureFull }
 
 // detectsRetentionLoss says whether the runner can report messages the stream removed before the
 // writer read them: only when the group reads every subject of FPM itself (one partition, the whole
-// stream) and acks cumulatively, so that every stream sequence it skips is a lost message.
+// stream), so that every stream sequence it skips is a lost message. Both modes.
 func (c Config) detectsRetentionLoss() bool {
-	return c.Partitions == 1 && c.FilterSubject == streams.FPMWildcard && c.cumulativeAcks()
+	return c.Partitions == 1 && c.FilterSubject == streams.FPMWildcard
 }
 
 // runnerConfig is the durable.Runner configuration of the writer with group pc. The runner releases

@@ -345,7 +345,7 @@ func TestGroupPartitionConfig(t *testing.T) {
 		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 1, cumulative: true, loss: true},
 		{mode: schemas.CaptureFull, filter: "fpm.dynamo.>", parts: 1, cumulative: true},
 		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 4, cumulative: true},
-		{mode: schemas.CaptureSampled, filter: "fpm.>", parts: 1},
+		{mode: schemas.CaptureSampled, filter: "fpm.>", parts: 1, loss: true},
 	} {
 		c := cfg
 		c.Mode, c.FilterSubject, c.Partitions = tc.mode, tc.filter, tc.parts
