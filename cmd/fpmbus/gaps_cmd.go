@@ -25,16 +25,17 @@ func init() {
 // gapsOptions holds the gap detector's flags, shared with `fpmbus up` (where they carry the prefix
 // "gaps-", see flagprefix.go).
 type gapsOptions struct {
-	prefix      string
-	env         *envDefaults
-	group       string
-	filter      string
-	staleAfter  time.Duration
-	markerGrace time.Duration
-	partitions  int
-	stateBucket string
-	stopTimeout time.Duration
-	pinnedTTL   time.Duration
+	maxDeliveries int
+	prefix        string
+	env           *envDefaults
+	group         string
+	filter        string
+	staleAfter    time.Duration
+	markerGrace   time.Duration
+	partitions    int
+	stateBucket   string
+	stopTimeout   time.Duration
+	pinnedTTL     time.Duration
 }
 
 // gapsFlags registers the gap detector's flags on fs.
@@ -50,6 +51,7 @@ func gapsFlags(fs *flag.FlagSet, prefix string) *gapsOptions {
 	fs.IntVar(&o.partitions, partitions, o.env.int(partitions, "FPMBUS_GAPS_PARTITIONS", d.Partitions), "partitions of the publishers shared by the instances of "+flagName(prefix, "gaps-group")+" (fixed for the group's life; 1: one active detector, the other instances hot standbys) (env FPMBUS_GAPS_PARTITIONS)")
 	fs.StringVar(&o.stateBucket, cf.name("state-bucket"), d.StateBucket, "KV bucket holding each publisher's detector state")
 	fs.DurationVar(&o.stopTimeout, cf.name("gaps-stop-timeout"), d.StopTimeout, "on interrupt, how long to keep checkpointing what was already received")
+	fs.IntVar(&o.maxDeliveries, cf.name("gaps-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 5)")
 	fs.DurationVar(&o.pinnedTTL, cf.name("gaps-pinned-ttl"), d.PinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance of %s takes them over (%v to %v)", flagName(prefix, "gaps-group"), partition.MinPinnedTTL, partition.MaxPinnedTTL))
 	cf.done()
 	return o
@@ -78,6 +80,10 @@ func (o *gapsOptions) config() (gaps.Config, error) {
 	if err := c.PartitionConfig().Validate(); err != nil {
 		return c, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if o.maxDeliveries < 0 {
+		return c, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, flagName(o.prefix, "gaps-max-deliveries"), o.maxDeliveries)
+	}
+	c.MaxDeliveries = o.maxDeliveries
 	return c, nil
 }
 

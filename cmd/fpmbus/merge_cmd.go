@@ -25,18 +25,19 @@ func init() {
 // mergeOptions holds the flags of `fpmbus merge`; `fpmbus up` registers the same flags with mergeFlags
 // (with the prefix "merge-", see flagprefix.go) and starts the consumer with config().
 type mergeOptions struct {
-	prefix      string
-	fs          *flag.FlagSet
-	output      string
-	rankTimeout time.Duration
-	partition   string // deprecated I/N
-	partitions  int
-	pinnedTTL   time.Duration
-	memberID    string
-	durable     string
-	spoolDir    string
-	ackWait     time.Duration
-	inlineMax   int
+	prefix        string
+	fs            *flag.FlagSet
+	output        string
+	rankTimeout   time.Duration
+	partition     string // deprecated I/N
+	partitions    int
+	pinnedTTL     time.Duration
+	memberID      string
+	durable       string
+	spoolDir      string
+	ackWait       time.Duration
+	maxDeliveries int
+	inlineMax     int
 }
 
 // mergeFlags registers the merger's flags on fs.
@@ -54,6 +55,7 @@ func mergeFlags(fs *flag.FlagSet, prefix string) *mergeOptions {
 	fs.StringVar(&o.durable, cf.name("merge-durable"), merge.DefaultDurable, "the merger's group: durable consumer name on FPM_BENCH (<name>-<p> on FPM_BENCH_PART_<name> with N > 1 partitions)")
 	fs.StringVar(&o.spoolDir, cf.name("spool-dir"), "", "where rank bodies from the object store are staged while a run merges (default <tmp>/fpmbus-merge)")
 	fs.DurationVar(&o.ackWait, cf.name("merge-ack-wait"), merge.DefaultAckWait, "ack wait of the partition consumers (held ranks are kept alive with in-progress acks)")
+	fs.IntVar(&o.maxDeliveries, cf.name("merge-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 10)")
 	fs.IntVar(&o.inlineMax, cf.name("inline-max"), streams.DefaultBenchInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
 	cf.done()
 	return o
@@ -90,12 +92,15 @@ func (o *mergeOptions) config() (merge.Config, error) {
 	if !strings.Contains(o.output, merge.RunIDPlaceholder) {
 		return merge.Config{}, fmt.Errorf("%w: %s %q must contain %s: the merger writes one artefact per run", errUsage, name("bench-output"), o.output, merge.RunIDPlaceholder)
 	}
+	if o.maxDeliveries < 0 {
+		return merge.Config{}, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, name("merge-max-deliveries"), o.maxDeliveries)
+	}
 	if o.inlineMax < 1 {
 		return merge.Config{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("inline-max"), o.inlineMax)
 	}
 	return merge.Config{
 		Durable: o.durable, Partitions: partitions, PinnedTTL: o.pinnedTTL, RankTimeout: o.rankTimeout, Output: o.output,
-		SpoolDir: o.spoolDir, AckWait: o.ackWait, InlineMax: o.inlineMax,
+		SpoolDir: o.spoolDir, AckWait: o.ackWait, InlineMax: o.inlineMax, MaxDeliveries: o.maxDeliveries,
 	}, nil
 }
 

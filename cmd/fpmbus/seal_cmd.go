@@ -26,14 +26,15 @@ func init() {
 // sealOptions holds the flags of `fpmbus seal`, shared with `fpmbus up` (where they carry the prefix
 // "seal-", see flagprefix.go).
 type sealOptions struct {
-	prefix       string
-	allowPartial bool
-	durable      string
-	partitions   int
-	pinnedTTL    time.Duration
-	memberID     string
-	profileWait  time.Duration
-	ackWait      time.Duration
+	prefix        string
+	allowPartial  bool
+	durable       string
+	partitions    int
+	pinnedTTL     time.Duration
+	memberID      string
+	profileWait   time.Duration
+	ackWait       time.Duration
+	maxDeliveries int
 }
 
 func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
@@ -47,6 +48,7 @@ func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
 	fs.StringVar(&o.memberID, cf.name("seal-member-id"), "", "this instance's name in its group (default <host>-<pid>-<random>)")
 	fs.DurationVar(&o.profileWait, cf.name("profile-wait"), seal.DefaultProfileWait, "how long a merged artefact waits for its run's collection profile (fpmbench.profile.<run>) before it is refused")
 	fs.DurationVar(&o.ackWait, cf.name("seal-ack-wait"), seal.DefaultAckWait, "ack wait of the partition consumers (held artefacts are kept alive with in-progress acks)")
+	fs.IntVar(&o.maxDeliveries, cf.name("seal-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 10)")
 	cf.done()
 	return o
 }
@@ -59,9 +61,11 @@ func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.ConsumerConfig, 
 		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("seal-partitions"), o.partitions, partition.MaxPartitions)
 	case o.pinnedTTL < partition.MinPinnedTTL || o.pinnedTTL > partition.MaxPinnedTTL:
 		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("seal-pinned-ttl"), o.pinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
+	case o.maxDeliveries < 0:
+		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, name("seal-max-deliveries"), o.maxDeliveries)
 	}
 	return seal.ConsumerConfig{Durable: o.durable, Partitions: o.partitions, PinnedTTL: o.pinnedTTL, AllowPartial: o.allowPartial,
-		ProfileWait: o.profileWait, AckWait: o.ackWait, Streams: scfg}, nil
+		ProfileWait: o.profileWait, AckWait: o.ackWait, MaxDeliveries: o.maxDeliveries, Streams: scfg}, nil
 }
 
 // consumerOptions are the sealer consumer's options for the flags; s seals.

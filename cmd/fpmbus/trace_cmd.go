@@ -29,6 +29,7 @@ func init() {
 // reported by config() with its name (in `up` an invalid trace setting disables only the trace writer);
 // a bad variable is reported by config() too, through env.
 type traceOptions struct {
+	maxDeliveries  int
 	prefix         string
 	env            *envDefaults
 	mode           string
@@ -54,6 +55,7 @@ func traceFlags(fs *flag.FlagSet, prefix string) *traceOptions {
 	fs.DurationVar(&o.flushInterval, cf.name("trace-flush-interval"), d.FlushInterval, "longest a received FPM waits before its line is fsynced and the message acked")
 	fs.IntVar(&o.maxAckPending, cf.name("trace-max-ack-pending"), d.MaxAckPending, "messages the trace consumer may hold unacked (a flush starts at a quarter of it)")
 	fs.DurationVar(&o.ackWait, cf.name("trace-ack-wait"), 0, "ack wait of the trace consumer: an unacked message is redelivered after it (0: automatic, at least 60s)")
+	fs.IntVar(&o.maxDeliveries, cf.name("trace-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 5)")
 	cf.done()
 	return o
 }
@@ -115,6 +117,10 @@ func (o *traceOptions) config() (trace.Config, error) {
 	c.FlushInterval = o.flushInterval
 	c.MaxAckPending = o.maxAckPending
 	c.AckWait = o.ackWait
+	if o.maxDeliveries < 0 {
+		return c, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, o.flag("trace-max-deliveries"), o.maxDeliveries)
+	}
+	c.MaxDeliveries = o.maxDeliveries
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("%w: %v", errUsage, err)
 	}

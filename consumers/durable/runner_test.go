@@ -475,12 +475,12 @@ func testRetentionLoss(t *testing.T, cumulative bool) {
 func TestConfigValidate(t *testing.T) {
 	good := Config{Name: "ok", Group: groupConfig("g", 1, true)}
 	for name, mut := range map[string]func(*Config){
-		"empty name":          func(c *Config) { c.Name = "" },
-		"name with a dot":     func(c *Config) { c.Name = "a.b" },
-		"negative tick":       func(c *Config) { c.TickInterval = -time.Second },
-		"no deliveries":       func(c *Config) { c.MaxDeliveries = -1 },
-		"retention with P>1":  func(c *Config) { c.DetectRetentionLoss = true; c.Group.Partitions = 4 },
-		"bad group":           func(c *Config) { c.Group.Group = "" },
+		"empty name":         func(c *Config) { c.Name = "" },
+		"name with a dot":    func(c *Config) { c.Name = "a.b" },
+		"negative tick":      func(c *Config) { c.TickInterval = -time.Second },
+		"no deliveries":      func(c *Config) { c.MaxDeliveries = -1 },
+		"retention with P>1": func(c *Config) { c.DetectRetentionLoss = true; c.Group.Partitions = 4 },
+		"bad group":          func(c *Config) { c.Group.Group = "" },
 	} {
 		c := good
 		mut(&c)

@@ -37,6 +37,9 @@ var ErrInvalidConfig = errors.New("gaps: invalid configuration")
 
 // Config configures a Detector. Start from DefaultConfig; the zero value is not valid.
 type Config struct {
+	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
+	// over after a crash without progress, before it is dead-lettered (0: durable.DefaultMaxDeliveries).
+	MaxDeliveries int
 	// Group names the detector group (--gaps-group): its partition group (consumers/partition: durable
 	// <group> with one partition, <group>-<p> on stream FPM_PART_<group> with more) and the prefix of
 	// its keys in the state bucket. Instances of one group share the publishers and their state.
@@ -212,11 +215,12 @@ func (c Config) StateBucketConfig() jetstream.KeyValueConfig {
 // and commit pacing, and a stop that leaves each partition's release time to checkpoint.
 func (c Config) runnerConfig() durable.Config {
 	return durable.Config{
-		Name:         ConsumerName,
-		Group:        c.PartitionConfig(),
-		TickInterval: min(c.tick(), c.CommitInterval),
-		StopTimeout:  c.StopTimeout + c.PublishTimeout,
-		Batch:        handBatch,
+		Name:          ConsumerName,
+		Group:         c.PartitionConfig(),
+		TickInterval:  min(c.tick(), c.CommitInterval),
+		StopTimeout:   c.StopTimeout + c.PublishTimeout,
+		Batch:         handBatch,
+		MaxDeliveries: c.MaxDeliveries,
 	}
 }
 

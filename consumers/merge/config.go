@@ -53,6 +53,9 @@ var ErrInvalidConfig = errors.New("merge: invalid config")
 
 // Config configures a Consumer. Zero values take the defaults noted.
 type Config struct {
+	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
+	// over after a crash without progress, before it is dead-lettered (0: maxDeliveries).
+	MaxDeliveries int
 	// Durable names the merger's group [DefaultDurable]: every instance with the same name shares the
 	// runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the consumers are
 	// <Durable>-<p> on the partition stream FPM_BENCH_PART_<Durable>.

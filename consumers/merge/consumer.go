@@ -1,6 +1,7 @@
 package merge
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -156,7 +157,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		ropts = append(ropts, durable.WithRegisterer(o.reg))
 	}
 	r, err := durable.New(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
-		MaxDeliveries: maxDeliveries, StopTimeout: cfg.StopTimeout}, js, m, ropts...)
+		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, m, ropts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}

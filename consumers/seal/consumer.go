@@ -2,6 +2,7 @@ package seal
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,6 +58,9 @@ var ErrNoProfile = errors.New("seal: no valid collection profile for the run")
 
 // ConsumerConfig configures the durable sealer. Zero values take the defaults noted.
 type ConsumerConfig struct {
+	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
+	// over after a crash without progress, before it is dead-lettered (0: maxDeliveries).
+	MaxDeliveries int
 	// Durable names the sealer's group [DefaultDurable]: every instance with the same name shares the
 	// runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the consumers are
 	// <Durable>-<p> on the partition stream FPM_BENCH_PART_<Durable>.
@@ -274,7 +278,7 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 		ropts = append(ropts, durable.WithRegisterer(o.reg))
 	}
 	r, err := durable.New(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
-		MaxDeliveries: maxDeliveries, StopTimeout: cfg.StopTimeout}, js, s, ropts...)
+		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, s, ropts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConsumerConfig, err)
 	}

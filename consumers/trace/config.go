@@ -50,6 +50,9 @@ var ErrInvalidConfig = errors.New("trace: invalid configuration")
 // Config configures a Consumer (and a Backfill, which uses the settings that shape the files). Start
 // from DefaultConfig (or ConfigFromEnv); the zero value is not valid.
 type Config struct {
+	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
+	// over after a crash without progress, before it is dead-lettered (0: durable.DefaultMaxDeliveries).
+	MaxDeliveries int
 	// Mode is schemas.CaptureSampled or schemas.CaptureFull (DYN_FPM_MODE, --trace-mode).
 	Mode string
 	// OutputPath is Dynamo's output path (DYN_FPM_OUTPUT_PATH, --trace-output): a trailing .jsonl.gz

@@ -117,6 +117,7 @@ func (c Config) runnerConfig(pc partition.Config) durable.Config {
 		StopTimeout:         2 * c.StopTimeout,
 		Batch:               durable.DefaultBatch,
 		DetectRetentionLoss: c.detectsRetentionLoss(),
+		MaxDeliveries:       c.MaxDeliveries,
 	}
 }
 
