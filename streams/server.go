@@ -34,6 +34,8 @@ type ServerConfig struct {
 	MaxPayload int32
 	// Logging routes the server's own log lines to stderr.
 	Logging bool
+	// Sync is when the server fsyncs what it stores (default DefaultSync: always; see SyncPolicy).
+	Sync SyncPolicy
 }
 
 // Server is an embedded nats-server with JetStream enabled. Shutdown stops it; the store stays on disk.
@@ -76,6 +78,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		NoSigs:     true,
 		NoLog:      !cfg.Logging,
 	}
+	cfg.Sync.applyTo(opts)
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("streams: embedded server: %w", err)

@@ -44,6 +44,7 @@ type upOptions struct {
 	fs            *flag.FlagSet
 	listen        string
 	dataDir       string
+	sync          streams.SyncPolicy
 	demo          bool
 	metricsAddr   *string
 	restartLimit  int
@@ -63,6 +64,8 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	o := &upOptions{fs: fs}
 	fs.StringVar(&o.listen, "listen", streams.DefaultListen, "client address of the embedded JetStream server (loopback by default)")
 	fs.StringVar(&o.dataDir, "data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
+	o.sync = streams.DefaultSync
+	fs.Var(&o.sync, "sync", "when the embedded server fsyncs: always (before every ack) or a DURATION (background, e.g. 2m: a power cut loses what was acked since; the sealed datasets too)")
 	fs.BoolVar(&o.demo, "demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
 	o.metricsAddr = metricsAddrFlag(fs, "127.0.0.1:9464; /healthz is served there too")
 	d := rungroup.DefaultPolicy()
@@ -102,6 +105,9 @@ func (o *upOptions) plan() (*upRun, error) {
 	if err := o.scfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if !o.sync.Always {
+		slog.Warn("--sync is not always: a power cut or OS crash loses what the server acknowledged since its last fsync, sealed dataset cells included", "sync", o.sync.String())
+	}
 	if o.demo && !flagGiven(o.fs, "dp-size") && !flagGiven(o.fs, "zmq-endpoint") {
 		o.bridge.cfg.DPSize = demoDPSize
 	}
@@ -116,6 +122,7 @@ func (o *upOptions) plan() (*upRun, error) {
 	r := &upRun{
 		listen:   o.listen,
 		storeDir: filepath.Join(o.dataDir, "jetstream"),
+		sync:     o.sync,
 		scfg:     *o.scfg,
 		bridge:   bc,
 		policy: rungroup.Policy{InitialBackoff: o.restartDelay, MaxBackoff: rungroup.DefaultMaxBackoff,

@@ -88,6 +88,7 @@ func upOrderTable() string {
 type upRun struct {
 	listen   string
 	storeDir string
+	sync     streams.SyncPolicy
 	scfg     streams.Config
 	reg      prometheus.Registerer
 	policy   rungroup.Policy
@@ -133,7 +134,7 @@ func (r *upRun) serverComponent() *rungroup.Component {
 	return &rungroup.Component{
 		StopTimeout: 35 * time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
-			srv, err := streams.StartServer(streams.ServerConfig{Listen: r.listen, StoreDir: r.storeDir})
+			srv, err := streams.StartServer(streams.ServerConfig{Listen: r.listen, StoreDir: r.storeDir, Sync: r.sync})
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
@@ -141,7 +142,7 @@ func (r *upRun) serverComponent() *rungroup.Component {
 			r.srv = srv
 			r.mu.Unlock()
 			return rungroup.Instance{
-				LogAttrs: []any{"url", srv.ClientURL(), "store", r.storeDir},
+				LogAttrs: []any{"url", srv.ClientURL(), "store", r.storeDir, "sync", r.sync.String()},
 				Run: func(ctx context.Context) error {
 					down := make(chan struct{})
 					go func() { srv.NATS().WaitForShutdown(); close(down) }()
