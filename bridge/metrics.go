@@ -12,24 +12,24 @@ import (
 // metrics are the bridge's Prometheus collectors. Counters are labelled with the endpoint's rank; the
 // children of every rank, stage and reason are created up front so the hot path never looks one up.
 type metrics struct {
-	received     *prometheus.CounterVec
-	published    *prometheus.CounterVec
-	invalid      *prometheus.CounterVec
-	dropped      *prometheus.CounterVec
-	duplicates   *prometheus.CounterVec
-	seqMismatch  *prometheus.CounterVec
-	oversized    *prometheus.CounterVec
-	deadLetters  *prometheus.CounterVec
-	dlLost       *prometheus.CounterVec
-	markers      prometheus.Counter
+	received    *prometheus.CounterVec
+	published   *prometheus.CounterVec
+	invalid     *prometheus.CounterVec
+	dropped     *prometheus.CounterVec
+	duplicates  *prometheus.CounterVec
+	seqMismatch *prometheus.CounterVec
+	oversized   *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
+	dlLost      *prometheus.CounterVec
+	markers     prometheus.Counter
 	// lostAfterAck counts acknowledged FPMs the stream no longer held (lost_after_ack gap events);
 	// checkpointErrors the ack record writes that failed.
 	lostAfterAck     prometheus.Counter
 	checkpointErrors prometheus.Counter
-	buffered     prometheus.GaugeFunc
-	bufferedHigh prometheus.GaugeFunc
-	inFlight     prometheus.GaugeFunc
-	receiveToAck prometheus.Histogram
+	buffered         prometheus.GaugeFunc
+	bufferedHigh     prometheus.GaugeFunc
+	inFlight         prometheus.GaugeFunc
+	receiveToAck     prometheus.Histogram
 }
 
 func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
