@@ -36,8 +36,8 @@ type PublisherReport struct {
 	Messages   uint64      `json:"messages"`
 	Heartbeats uint64      `json:"heartbeats"`
 	// Gaps and Missing by cause; a publisher_restart counts as a gap even with nothing missing.
-	Gaps         CauseCounts `json:"gaps"`
-	Missing      CauseCounts `json:"missing"`
+	Gaps    CauseCounts `json:"gaps"`
+	Missing CauseCounts `json:"missing"`
 	// LostAfterAckGaps and LostAfterAckMissing count the bridge's lost_after_ack events (FPMs JetStream
 	// had acknowledged that the stream no longer holds) and the FPMs they report. The bridge publishes
 	// them, not the detector, so they are read from FPM_EVENTS, with or without Since.
