@@ -26,6 +26,10 @@ type ConflictError struct {
 	Key     string
 	Sealed  Attempt
 	Refused Attempt
+	// Missing: the bucket does not hold the cell, but campaign CampaignID's record names it sealed by
+	// Sealed; the seal is refused while that record stands (lost.go). errors.Is(err, ErrSealMissing).
+	Missing    bool
+	CampaignID string
 }
 
 // Attempt is what makes two publications "the same attempt": run id and dataset digest (plus the
@@ -38,12 +42,19 @@ type Attempt struct {
 }
 
 func (e *ConflictError) Error() string {
+	if e.Missing {
+		return fmt.Sprintf("%v: %s is missing from FPM_DATASETS, but campaign %s records it sealed by run %q (dataset %s); refused run %q (dataset %s, attempt %s) while that record stands",
+			ErrConflict, e.Key, e.CampaignID, e.Sealed.RunID, e.Sealed.DatasetDigest, e.Refused.RunID, e.Refused.DatasetDigest, e.Refused.AttemptID)
+	}
 	return fmt.Sprintf("%v: %s sealed by run %q (dataset %s, attempt %s, source %q); refused run %q (dataset %s, attempt %s)",
 		ErrConflict, e.Key, e.Sealed.RunID, e.Sealed.DatasetDigest, e.Sealed.AttemptID, e.Sealed.Source,
 		e.Refused.RunID, e.Refused.DatasetDigest, e.Refused.AttemptID)
 }
 
 func (e *ConflictError) Unwrap() error { return ErrConflict }
+
+// Is makes a refusal of a missing cell match ErrSealMissing too.
+func (e *ConflictError) Is(target error) bool { return e.Missing && target == ErrSealMissing }
 
 // Result is how one seal ended.
 type Result int
