@@ -49,6 +49,7 @@ func (e *ConflictsError) Error() string {
 	}
 	return fmt.Sprintf("%d conflict(s): %s", len(e.Conflicts), strings.Join(parts, "; "))
 }
+
 // Unwrap is ErrConflict and each conflict, so errors.Is(err, ErrSealMissing) finds a refusal of a
 // missing cell among them.
 func (e *ConflictsError) Unwrap() []error {
