@@ -19,7 +19,7 @@ import (
 // A power cut or OS crash before the server's fsync, or a damaged block file the server cuts on its
 // next start, loses the newest messages of a stream: the stream's tail. So the check asks, per
 // publisher key, for the newest FPM the stream still holds on the key's subject (a direct get by
-// subject) and compares its stream sequence with the newest one an ack named:
+// subject, answered by the stream's leader) and compares its stream sequence with the newest one an ack named:
 //
 //   - a run whose newest acknowledged stream sequence is at or below the stored one lost nothing;
 //   - a run whose acks all lie below the stream's first sequence was removed from the stream's head,
@@ -170,11 +170,8 @@ func (b *Bridge) readAckRecords(ctx context.Context) ([]storedRecord, error) {
 	}
 }
 
-// streamBounds is the FPM stream and its first and last sequence when a check ran.
-type streamBounds struct {
-	fpm         jetstream.Stream
-	first, last uint64
-}
+// streamBounds are the FPM stream's first and last sequence (from its leader) when a check ran.
+type streamBounds struct{ first, last uint64 }
 
 func (b *Bridge) fpmBounds(ctx context.Context) (streamBounds, error) {
 	octx, cancel := context.WithTimeout(ctx, checkOpTimeout)
@@ -184,7 +181,7 @@ func (b *Bridge) fpmBounds(ctx context.Context) (streamBounds, error) {
 		return streamBounds{}, fmt.Errorf("bridge: stream %s: %w", streams.StreamFPM, err)
 	}
 	st := s.CachedInfo().State
-	return streamBounds{fpm: s, first: st.FirstSeq, last: st.LastSeq}, nil
+	return streamBounds{first: st.FirstSeq, last: st.LastSeq}, nil
 }
 
 // checkRecord compares rec with the stream, publishes an event per run with lost FPMs and cuts rec
@@ -194,7 +191,8 @@ func (b *Bridge) checkRecord(ctx context.Context, rec *ackRecord, bounds streamB
 		return 0, false, nil
 	}
 	octx, cancel := context.WithTimeout(ctx, checkOpTimeout)
-	last, err := bounds.fpm.GetLastMsgForSubject(octx, streams.FPMSubject(rec.Key))
+	// From the stream's leader: a replica still catching up would report a loss that is not one.
+	last, err := streams.LastMsgFromLeader(octx, b.js, streams.StreamFPM, streams.FPMSubject(rec.Key))
 	cancel()
 	var stored *jetstream.RawStreamMsg
 	switch {

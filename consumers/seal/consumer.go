@@ -318,6 +318,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	s.sealer = s.sealer.withJetStream(s.js)
 	var err error
 	if s.bench, err = s.js.Stream(ctx, streams.StreamBench); err != nil {
 		return fmt.Errorf("seal: stream %s: %w", streams.StreamBench, err)
@@ -505,7 +506,7 @@ func (s *sealStage) outcome(runID string, rep *Report, err error) {
 // under another run: an error log, the gauges, and a dataset event on FPM_EVENTS. A failed audit is
 // logged; sealing goes on (PublishDataset guards each seal against the records itself).
 func (s *sealStage) audit(ctx context.Context) {
-	rep, err := Audit(ctx, s.sealer.KV())
+	rep, err := s.sealer.Audit(ctx)
 	if err != nil {
 		s.log.Error("audit of the recorded seals failed; cells FPM_DATASETS may have lost are not reported", "error", err)
 		return

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Sealed cells that vanish.
@@ -21,7 +23,7 @@ import (
 // records (campaign.<id>, written after the seals) name every sealed cell with its run and dataset
 // digest, so they are the sealer's memory of what it sealed:
 //
-//   - Audit re-reads every campaign record and checks every cell recorded sealed: one the bucket
+//   - Sealer.Audit re-reads every campaign record and checks every cell recorded sealed: one the bucket
 //     does not hold (or cannot decode) is missing, one held by another run is replaced. The consumer
 //     audits at start and reports each finding (log, gauge fpmbus_seal_sealed_cells_missing, an event
 //     on fpmevents.dataset.<campaign>).
@@ -45,34 +47,111 @@ type RecordedSeal struct {
 
 // RecordedSeals reads every campaign record and returns, per cell key, the seals they name, and the
 // keys of the records that do not decode (they name nothing the sealer can use).
-func RecordedSeals(ctx context.Context, kv jetstream.KeyValue) (map[string][]RecordedSeal, []string, error) {
-	w, err := kv.WatchFiltered(ctx, []string{schemas.CampaignKeyPrefix + ">"}, jetstream.IgnoreDeletes())
+func (s *Sealer) RecordedSeals(ctx context.Context) (map[string][]RecordedSeal, []string, error) {
+	out := map[string][]RecordedSeal{}
+	var corrupt []string
+	err := s.campaigns(ctx, func(key string, value []byte) {
+		var c schemas.Campaign
+		if err := json.Unmarshal(value, &c); err != nil {
+			corrupt = append(corrupt, key)
+			return
+		}
+		for _, cc := range c.Cells {
+			if cc.State == schemas.CellSealed {
+				out[cc.Key] = append(out[cc.Key], RecordedSeal{Cell: cc.Key, CampaignID: c.CampaignID, RunID: cc.RunID, DatasetDigest: cc.DatasetDigest})
+			}
+		}
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("seal: read campaign records: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
-	out := map[string][]RecordedSeal{}
-	var corrupt []string
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil {
-				return out, corrupt, nil
-			}
-			var c schemas.Campaign
-			if err := json.Unmarshal(e.Value(), &c); err != nil {
-				corrupt = append(corrupt, e.Key())
-				continue
-			}
-			for _, cc := range c.Cells {
-				if cc.State == schemas.CellSealed {
-					out[cc.Key] = append(out[cc.Key], RecordedSeal{Cell: cc.Key, CampaignID: c.CampaignID, RunID: cc.RunID, DatasetDigest: cc.DatasetDigest})
+	return out, corrupt, nil
+}
+
+// Reads that conclude "lost" from an absence go to the bucket stream's leader when the sealer has a
+// JetStream context (WithJetStream; the consumer always gives it one): a direct get or a watch may be
+// answered by a replica still catching up after a restart, which does not hold what the leader holds
+// (streams.LastMsgFromLeader). Without one (a Sealer made from the bucket alone) they go through the
+// bucket.
+
+// campaigns passes every campaign record's key and value to f.
+func (s *Sealer) campaigns(ctx context.Context, f func(key string, value []byte)) error {
+	if s.js == nil {
+		w, err := s.kv.WatchFiltered(ctx, []string{schemas.CampaignKeyPrefix + ">"}, jetstream.IgnoreDeletes())
+		if err != nil {
+			return err
+		}
+		defer func() { _ = w.Stop() }()
+		for {
+			select {
+			case e := <-w.Updates():
+				if e == nil {
+					return nil
 				}
+				f(e.Key(), e.Value())
+			case <-ctx.Done():
+				return ctx.Err()
 			}
-		case <-ctx.Done():
-			return nil, nil, fmt.Errorf("seal: read campaign records: %w", ctx.Err())
 		}
 	}
+	prefix := "$KV." + s.kv.Bucket() + "."
+	st, err := s.js.Stream(ctx, "KV_"+s.kv.Bucket())
+	if err != nil {
+		return err
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+schemas.CampaignKeyPrefix+">"))
+	if err != nil {
+		return err
+	}
+	subjects := make([]string, 0, len(info.State.Subjects))
+	for subj := range info.State.Subjects {
+		subjects = append(subjects, subj)
+	}
+	sort.Strings(subjects)
+	for _, subj := range subjects {
+		value, found, err := s.readLeader(ctx, subj)
+		if err != nil {
+			return err
+		}
+		if found {
+			f(strings.TrimPrefix(subj, prefix), value)
+		}
+	}
+	return nil
+}
+
+// readValue reads key's value; found is false when the bucket holds none (or a delete marker).
+func (s *Sealer) readValue(ctx context.Context, key string) (value []byte, found bool, err error) {
+	if s.js != nil {
+		return s.readLeader(ctx, "$KV."+s.kv.Bucket()+"."+key)
+	}
+	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
+	e, err := s.kv.Get(octx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return e.Value(), true, nil
+}
+
+// readLeader reads the newest value on a KV subject from the bucket stream's leader.
+func (s *Sealer) readLeader(ctx context.Context, subject string) ([]byte, bool, error) {
+	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
+	m, err := streams.LastMsgFromLeader(octx, s.js, "KV_"+s.kv.Bucket(), subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		return nil, false, nil
+	}
+	return m.Data, true, nil
 }
 
 // AuditFinding is a recorded seal the bucket does not hold as recorded.
@@ -106,8 +185,8 @@ func (r *AuditReport) Missing() int {
 }
 
 // Audit checks every seal the campaign records name against the bucket.
-func Audit(ctx context.Context, kv jetstream.KeyValue) (*AuditReport, error) {
-	recorded, corrupt, err := RecordedSeals(ctx, kv)
+func (s *Sealer) Audit(ctx context.Context) (*AuditReport, error) {
+	recorded, corrupt, err := s.RecordedSeals(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -118,16 +197,16 @@ func Audit(ctx context.Context, kv jetstream.KeyValue) (*AuditReport, error) {
 	sort.Strings(keys)
 	rep := &AuditReport{CorruptCampaigns: corrupt}
 	for _, key := range keys {
-		e, err := kv.Get(ctx, key)
+		value, found, err := s.readValue(ctx, key)
 		var v schemas.SealedCell
 		reason := ""
 		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			reason = "no value in " + kv.Bucket()
 		case err != nil:
 			return nil, fmt.Errorf("seal: audit %s: %w", key, err)
+		case !found:
+			reason = "no value in " + s.kv.Bucket()
 		default:
-			if err := json.Unmarshal(e.Value(), &v); err != nil {
+			if err := json.Unmarshal(value, &v); err != nil {
 				reason = "the value does not decode: " + err.Error()
 			}
 		}
@@ -158,14 +237,11 @@ func (s *Sealer) guardMissing(ctx context.Context, c *schemas.Cell, recorded []R
 	if other == nil {
 		return nil, nil
 	}
-	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
-	_, err := s.kv.Get(octx, c.Key)
-	cancel()
+	_, found, err := s.readValue(ctx, c.Key)
 	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
 	case err != nil:
 		return nil, fmt.Errorf("seal: read %s: %w", c.Key, err)
-	default:
+	case found:
 		return nil, nil // held: Create refuses a different attempt with the value itself
 	}
 	return &ConflictError{Key: c.Key, Missing: true, CampaignID: other.CampaignID,

@@ -79,7 +79,8 @@ func gaugeValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 	env, kv := singleNode(t)
 	ctx := context.Background()
-	first, _ := New(kv, WithSource("first"))
+	// The first sealer reads from the bucket stream's leader, the second through the bucket.
+	first, _ := New(kv, WithSource("first"), WithJetStream(env.JS))
 	dsA := testDataset("run-A", testCell(0, "run-A", 1, 4), testCell(1, "run-A", 1, 4))
 	if _, err := first.PublishDataset(ctx, dsA, PublishOptions{}); err != nil {
 		t.Fatal(err)
@@ -88,18 +89,20 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 	lost := dsA.Cells[0]
 	loseKey(t, env.JS, kv, lost.Key)
 
-	rep, err := Audit(ctx, kv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep.Checked != 2 || len(rep.Findings) != 1 || rep.Missing() != 1 {
-		t.Fatalf("audit %+v", rep)
-	}
-	if f := rep.Findings[0]; f.Cell != lost.Key || f.CampaignID != campaignA || f.RunID != "run-A" || f.DatasetDigest != lost.Provenance.DatasetDigest {
-		t.Fatalf("finding %+v", f)
+	second, _ := New(kv, WithSource("second"))
+	for _, s := range []*Sealer{first, second} {
+		rep, err := s.Audit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Checked != 2 || len(rep.Findings) != 1 || rep.Missing() != 1 {
+			t.Fatalf("audit by %s: %+v", s.source, rep)
+		}
+		if f := rep.Findings[0]; f.Cell != lost.Key || f.CampaignID != campaignA || f.RunID != "run-A" || f.DatasetDigest != lost.Provenance.DatasetDigest {
+			t.Fatalf("finding by %s: %+v", s.source, f)
+		}
 	}
 
-	second, _ := New(kv, WithSource("second"))
 	cellB := testCell(0, "run-B", 1.5, 4)
 	repB, err := second.PublishDataset(ctx, testDataset("run-B", cellB), PublishOptions{})
 	var cs *ConflictsError
@@ -131,8 +134,10 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 	if err != nil || v.Provenance.RunID != "run-A" || v.Provenance.DatasetDigest != lost.Provenance.DatasetDigest {
 		t.Fatalf("restored cell %+v: %v", v, err)
 	}
-	if rep, err := Audit(ctx, kv); err != nil || len(rep.Findings) != 0 || rep.Checked != 2 {
-		t.Fatalf("audit after the restore: %+v %v", rep, err)
+	for _, s := range []*Sealer{first, second} {
+		if rep, err := s.Audit(ctx); err != nil || len(rep.Findings) != 0 || rep.Checked != 2 {
+			t.Fatalf("audit by %s after the restore: %+v %v", s.source, rep, err)
+		}
 	}
 }
 

@@ -182,7 +182,7 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	}
 	// What the campaign records say is sealed: a cell they name sealed by another run is not taken
 	// while the bucket has lost it (lost.go).
-	recorded, _, err := RecordedSeals(ctx, s.kv)
+	recorded, _, err := s.RecordedSeals(ctx)
 	if err != nil {
 		return rep, err
 	}
