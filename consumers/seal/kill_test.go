@@ -166,17 +166,18 @@ func eventually(t testing.TB, d time.Duration, what string, f func() error) {
 }
 
 // killFixture is what a kill -9 test stores before the kill and checks after the restart: acknowledged
-// FPMs on stream FPM, events on FPM_EVENTS, and a sealed dataset (cells and campaign record).
+// FPMs on stream FPM, events on FPM_EVENTS, benchmark artefacts on FPM_BENCH, and a sealed dataset
+// (cells and campaign record in FPM_DATASETS, a KV bucket like the gap detector's state).
 type killFixture struct {
-	fpms, events int
-	ds           *schemas.Dataset
+	fpms, events, artefacts int
+	ds                      *schemas.Dataset
 }
 
 func storeFixture(t *testing.T, js jetstream.JetStream, kv jetstream.KeyValue) *killFixture {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	f := &killFixture{fpms: 500, events: 20}
+	f := &killFixture{fpms: 500, events: 20, artefacts: 4}
 	k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w", DPRank: 0}
 	for i := range f.fpms {
 		m := nats.NewMsg(streams.FPMSubject(k))
@@ -189,6 +190,13 @@ func storeFixture(t *testing.T, js jetstream.JetStream, kv jetstream.KeyValue) *
 	for i := range f.events {
 		m := nats.NewMsg(streams.GapEventSubject(k))
 		m.Data = []byte(`{"event_seq":` + strconv.Itoa(i) + `}`)
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r := range f.artefacts {
+		m := nats.NewMsg(streams.BenchRankSubject("run-A", r))
+		m.Data = []byte(`{"rank":` + strconv.Itoa(r) + `}`)
 		if _, err := js.PublishMsgAsync(m); err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +226,7 @@ func (f *killFixture) check(t *testing.T, js jetstream.JetStream, kv jetstream.K
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	for name, want := range map[string]int{streams.StreamFPM: f.fpms, streams.StreamEvents: f.events} {
+	for name, want := range map[string]int{streams.StreamFPM: f.fpms, streams.StreamEvents: f.events, streams.StreamBench: f.artefacts} {
 		eventually(t, 60*time.Second, "stream "+name+" after the restart", func() error {
 			actx, acancel := context.WithTimeout(ctx, 3*time.Second)
 			defer acancel()
@@ -282,64 +290,126 @@ func TestKill9EmbeddedServerKeepsWhatItAcknowledged(t *testing.T) {
 	f.check(t, js, kv)
 }
 
-// TestKill9TwoOfThreeClusterNodes: on the shipped 3-node cluster configuration (ops/nats/cluster,
-// sync_interval always, R3 streams and bucket), the bucket's leader and one other node are SIGKILLed
-// at once after everything was acknowledged; restarted, the cluster holds every FPM, event and sealed
-// cell, the audit finds nothing missing and a competing run still loses.
-func TestKill9TwoOfThreeClusterNodes(t *testing.T) {
+// killCluster is three node processes on the shipped cluster configuration.
+type killCluster struct {
+	cfgs  []nodeConfig
+	nodes []*node
+	js    jetstream.JetStream
+	kv    jetstream.KeyValue
+}
+
+// startKillCluster starts n1..n3 of ops/nats/cluster (their own ports and stores), R3 streams and bucket.
+func startKillCluster(t *testing.T) *killCluster {
+	t.Helper()
 	dir := t.TempDir()
-	var cfgs []nodeConfig
+	c := &killCluster{nodes: make([]*node, 3)}
 	var routes []string
 	for i := range 3 {
-		cfgs = append(cfgs, nodeConfig{Conf: fmt.Sprintf("../../ops/nats/cluster/n%d.conf", i+1), Store: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
+		c.cfgs = append(c.cfgs, nodeConfig{Conf: fmt.Sprintf("../../ops/nats/cluster/n%d.conf", i+1), Store: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
 			Port: freePort(t), ClusterPort: freePort(t)})
-		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", cfgs[i].ClusterPort))
-	}
-	nodes := make([]*node, 3)
-	for i := range cfgs {
-		cfgs[i].Routes = append(append([]string{}, routes[:i]...), routes[i+1:]...)
-		nodes[i] = startNode(t, cfgs[i])
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", c.cfgs[i].ClusterPort))
 	}
 	urls := make([]string, 3)
-	for i, n := range nodes {
-		urls[i] = n.url
+	for i := range c.cfgs {
+		c.cfgs[i].Routes = append(append([]string{}, routes[:i]...), routes[i+1:]...)
+		c.nodes[i] = startNode(t, c.cfgs[i])
+		urls[i] = c.nodes[i].url
 	}
-	js, kv := killTestClient(t, strings.Join(urls, ","), 3)
-	f := storeFixture(t, js, kv)
+	c.js, c.kv = killTestClient(t, strings.Join(urls, ","), 3)
+	return c
+}
 
+// bucketLeader is the index of the node leading FPM_DATASETS's stream.
+func (c *killCluster) bucketLeader(t *testing.T) int {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	leader := bucketLeader(ctx, js)
-	cancel()
-	victims := []int{}
-	for i := range cfgs {
+	defer cancel()
+	leader := bucketLeader(ctx, c.js)
+	for i := range c.cfgs {
 		if fmt.Sprintf("n%d", i+1) == leader {
-			victims = append(victims, i)
+			return i
 		}
 	}
-	if len(victims) != 1 {
-		t.Fatalf("bucket leader %q is not one of n1..n3", leader)
-	}
-	victims = append(victims, (victims[0]+1)%3)
-	t.Logf("SIGKILL %s (bucket leader) and n%d at once", leader, victims[1]+1)
-	for _, i := range victims {
-		_ = nodes[i].cmd.Process.Signal(syscall.SIGKILL)
-	}
-	for _, i := range victims {
-		nodes[i].kill9() // waits until it is gone
-	}
-	for _, i := range victims {
-		nodes[i] = startNode(t, cfgs[i])
-	}
-	// Direct gets are answered by any replica; wait until the bucket's stream has a leader again.
+	t.Fatalf("bucket leader %q is not one of n1..n3", leader)
+	return -1
+}
+
+// waitBucketLeader waits until FPM_DATASETS's stream has a leader that answers.
+func (c *killCluster) waitBucketLeader(t *testing.T, key string) {
+	t.Helper()
 	start := time.Now()
-	eventually(t, 3*time.Minute, "the bucket's leader answers after the restart", func() error {
+	eventually(t, 3*time.Minute, "the bucket's leader answers", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err := streams.LastMsgFromLeader(ctx, js, "KV_"+streams.BucketDatasets, "$KV."+streams.BucketDatasets+"."+f.ds.Cells[0].Key)
+		_, err := streams.LastMsgFromLeader(ctx, c.js, "KV_"+streams.BucketDatasets, "$KV."+streams.BucketDatasets+"."+key)
 		return err
 	})
 	t.Logf("the bucket's leader answered %v after the restart", time.Since(start).Round(100*time.Millisecond))
-	f.check(t, js, kv)
+}
+
+// TestKill9TwoOfThreeClusterNodes: on the shipped 3-node cluster configuration (ops/nats/cluster,
+// sync_interval always, R3 streams and bucket), the bucket's leader and one other node are SIGKILLed
+// at once after everything was acknowledged; restarted, the cluster holds every FPM, event, artefact
+// and sealed cell, the audit finds nothing missing and a competing run still loses.
+func TestKill9TwoOfThreeClusterNodes(t *testing.T) {
+	c := startKillCluster(t)
+	f := storeFixture(t, c.js, c.kv)
+	leader := c.bucketLeader(t)
+	victims := []int{leader, (leader + 1) % 3}
+	t.Logf("SIGKILL n%d (bucket leader) and n%d at once", victims[0]+1, victims[1]+1)
+	for _, i := range victims {
+		_ = c.nodes[i].cmd.Process.Signal(syscall.SIGKILL)
+	}
+	for _, i := range victims {
+		c.nodes[i].kill9() // waits until it is gone
+	}
+	for _, i := range victims {
+		c.nodes[i] = startNode(t, c.cfgs[i])
+	}
+	// Direct gets are answered by any replica; wait until the bucket's stream has a leader again.
+	c.waitBucketLeader(t, f.ds.Cells[0].Key)
+	f.check(t, c.js, c.kv)
+}
+
+// TestClusterNodeLosesItsDisk: the bucket's leader is SIGKILLed and its store deleted; it comes back
+// empty under its name, the cluster still holds everything, and the other replicas bring every stream
+// and the bucket back to it (a current replica, lag 0, or the leader).
+func TestClusterNodeLosesItsDisk(t *testing.T) {
+	c := startKillCluster(t)
+	f := storeFixture(t, c.js, c.kv)
+	lost := c.bucketLeader(t)
+	c.nodes[lost].kill9()
+	if err := os.RemoveAll(c.cfgs[lost].Store); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("n%d (bucket leader) killed and its store deleted", lost+1)
+	c.nodes[lost] = startNode(t, c.cfgs[lost])
+	name := fmt.Sprintf("n%d", lost+1)
+	for _, stream := range []string{streams.StreamFPM, streams.StreamEvents, streams.StreamBench, "KV_" + streams.BucketDatasets} {
+		eventually(t, 3*time.Minute, name+" current on "+stream, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			s, err := c.js.Stream(ctx, stream)
+			if err != nil {
+				return err
+			}
+			ci := s.CachedInfo().Cluster
+			if ci == nil {
+				return fmt.Errorf("%s: no cluster info", stream)
+			}
+			if ci.Leader == name {
+				return nil
+			}
+			for _, r := range ci.Replicas {
+				if r.Name == name && r.Current && r.Lag == 0 {
+					return nil
+				}
+			}
+			return fmt.Errorf("%s: %s not a current replica: leader %s, replicas %+v", stream, name, ci.Leader, ci.Replicas)
+		})
+	}
+	c.waitBucketLeader(t, f.ds.Cells[0].Key)
+	f.check(t, c.js, c.kv)
 }
 
 // killTestClient connects to url (reconnecting forever, so it follows the restarts), applies fpmbus's
