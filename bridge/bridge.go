@@ -41,6 +41,10 @@ type Bridge struct {
 	buf       *buffer
 	epochs    *epochs
 	pub       *publisher
+	// acks is the ack records bucket (nil when it could not be opened: no lost_after_ack checks);
+	// ckpt writes the publisher's records to it. Both are set by Run before the publisher starts.
+	acks jetstream.KeyValue
+	ckpt *checkpointer
 
 	lineReserve int // bytes of an HPUB line besides the subject (see limits.go)
 	keyRoom     int // keyRoomFor(Namespace, Component)
@@ -174,6 +178,9 @@ func (b *Bridge) Run(ctx context.Context) error {
 		return err
 	}
 	if ctx.Err() == nil {
+		b.startAckRecords(ctx)
+	}
+	if ctx.Err() == nil {
 		close(b.ready)
 		urls := make([]string, len(b.endpoints))
 		for i, ep := range b.endpoints {
@@ -200,6 +207,9 @@ func (b *Bridge) Run(ctx context.Context) error {
 		close(drain)
 		<-pubDone
 	}
+	if b.ckpt != nil {
+		b.ckpt.stop(b.pub.ledger)
+	}
 	t := b.Stats().Total()
 	b.log.Info("bridge stopped", "received", t.Received, "published", t.Published, "invalid", t.Invalid,
 		"dead_lettered", t.DeadLettered, "dropped", t.Dropped, "duplicates", t.Duplicates, "seq_mismatches", t.SeqMismatches)
@@ -207,6 +217,34 @@ func (b *Bridge) Run(ctx context.Context) error {
 		return b.pub.fatal
 	}
 	return nil
+}
+
+// startAckRecords opens the ack records bucket, checks every record in it against the FPM stream
+// (lostcheck.go) and starts writing this bridge's records. Before the publisher runs, so nothing new on
+// a key's subject hides a loss. Without the bucket the bridge runs on, unable to notice FPMs the
+// server loses after acknowledging them, and says so.
+func (b *Bridge) startAckRecords(ctx context.Context) {
+	kv, err := b.openAckBucket(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			b.log.Error("ack records unavailable: acknowledged FPMs the server loses will not be reported (lost_after_ack)",
+				"bucket", streams.BucketBridgeAcks, "error", err)
+		}
+		return
+	}
+	b.acks = kv
+	n, err := b.checkAtStart(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		b.log.Error("lost_after_ack check at start incomplete; the records not checked are checked at the next start",
+			"lost_reported", n, "error", err)
+	case n > 0:
+		b.log.Error("lost_after_ack check at start: acknowledged FPMs are gone from the stream", "lost", n)
+	default:
+		b.log.Debug("lost_after_ack check at start: every acknowledged FPM recorded is still stored")
+	}
+	b.pub.reconnects = b.nc.Stats().Reconnects
+	b.ckpt = startCheckpointer(b, kv)
 }
 
 // applyStreams ensures the streams exist (streams.Ensure: created from cfg.Streams when missing, used

@@ -15,6 +15,12 @@
 //	              dropped sequence ranges become drop markers (which are never dropped)
 //	publish.go    one goroutine publishes in order with a bounded async window, and on failure waits
 //	              for the broker and republishes the unacknowledged messages with the same ids
+//	acked.go      each ack also goes into the ledger: per publisher key, the FPM and stream sequences
+//	              JetStream acknowledged (the ack records)
+//	checkpoint.go the ledger's changed records are written to KV FPM_BRIDGE_ACKS every second
+//	lostcheck.go  at start and after every reconnect, before anything is published, the records are
+//	              compared with the FPM stream; acknowledged FPMs it no longer holds become a
+//	              lost_after_ack gap event (streams.LostAfterAck) on the publisher's gap subject
 //	bridge.go     New, Run, Ready, Stats: the component contract shared by fpmbus
 //	config.go     Config, its defaults and Validate; EndpointsFor
 //	limits.go     what a message must fit before it is published (server max_control_line and
@@ -40,6 +46,19 @@
 //     limits is dead-lettered before it is published, and a message that fails on its own is given
 //     up after maxRejects attempts.
 //   - A message keeps its Nats-Msg-Id across the bridge's retries, so JetStream deduplicates them.
+//   - An acknowledged FPM the stream loses is noticed, not silently counted as stored. JetStream acks
+//     once a message is written, not once it is on disk (streams.SyncPolicy), and a damaged block
+//     file is cut when the server starts. The bridge remembers per publisher key what it saw
+//     acknowledged (ack records, written every second to KV FPM_BRIDGE_ACKS: per run the first and
+//     last sequence and stream sequence acked, the count, and the sequence ranges never acked inside).
+//     When it starts (every record in the bucket) and after each reconnect (its own keys), before it
+//     publishes anything that would hide a loss, it reads the key's newest FPM from the stream's
+//     leader; acknowledged FPMs after it are reported as one lost_after_ack event per run (exact
+//     ranges and count), logged and counted (fpmbus_bridge_lost_after_ack_total), and the record is
+//     cut back so the loss is reported once. What it cannot see: a loss in the middle of a run (newer
+//     FPMs of the key still stored), acks after the record's last write before the bridge itself
+//     crashed, and everything when the records are lost with the stream (they live on the same
+//     server and share its sync policy; see the README's durability matrix).
 //
 // # Ownership and locks
 //
@@ -50,6 +69,11 @@
 // receives with a 100 ms timeout where the fd cannot be polled). The nats.Conn belongs to the caller:
 // the bridge never closes or drains it; the JetStream context New creates subscribes on it for acks
 // until it is closed.
+//
+// The ledger belongs to the publisher goroutine (and to Run once it has exited); the checkpointer's
+// goroutine only gets copies of records, and Run stops it after the publisher, writing the last ones.
+// The check at start runs on Run's goroutine before the publisher starts; the check after a reconnect
+// runs on the publisher goroutine, which publishes nothing meanwhile.
 //
 // Lock order: buffer.mu, epochs.mu and publisher.evMu are never held together. nats.go calls the ack
 // handlers (which take evMu) with its own publisher lock held; the bridge never calls into nats.go

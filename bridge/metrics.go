@@ -5,25 +5,31 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // metrics are the bridge's Prometheus collectors. Counters are labelled with the endpoint's rank; the
 // children of every rank, stage and reason are created up front so the hot path never looks one up.
 type metrics struct {
-	received     *prometheus.CounterVec
-	published    *prometheus.CounterVec
-	invalid      *prometheus.CounterVec
-	dropped      *prometheus.CounterVec
-	duplicates   *prometheus.CounterVec
-	seqMismatch  *prometheus.CounterVec
-	oversized    *prometheus.CounterVec
-	deadLetters  *prometheus.CounterVec
-	dlLost       *prometheus.CounterVec
-	markers      prometheus.Counter
-	buffered     prometheus.GaugeFunc
-	bufferedHigh prometheus.GaugeFunc
-	inFlight     prometheus.GaugeFunc
-	receiveToAck prometheus.Histogram
+	received    *prometheus.CounterVec
+	published   *prometheus.CounterVec
+	invalid     *prometheus.CounterVec
+	dropped     *prometheus.CounterVec
+	duplicates  *prometheus.CounterVec
+	seqMismatch *prometheus.CounterVec
+	oversized   *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
+	dlLost      *prometheus.CounterVec
+	markers     prometheus.Counter
+	// lostAfterAck counts acknowledged FPMs the stream no longer held (lost_after_ack gap events);
+	// checkpointErrors the ack record writes that failed.
+	lostAfterAck     prometheus.Counter
+	checkpointErrors prometheus.Counter
+	buffered         prometheus.GaugeFunc
+	bufferedHigh     prometheus.GaugeFunc
+	inFlight         prometheus.GaugeFunc
+	receiveToAck     prometheus.Histogram
 }
 
 func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
@@ -43,6 +49,14 @@ func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
 		dlLost:      counter("fpmbus_bridge_dead_letters_lost_total", "Dead letters that could not be stored, by reason.", "reason"),
 		markers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fpmbus_bridge_drop_markers_total", Help: "Drop markers acknowledged on FPM_EVENTS.",
+		}),
+		lostAfterAck: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fpmbus_bridge_lost_after_ack_total",
+			Help: "FPMs JetStream had acknowledged that the FPM stream no longer held when the bridge checked (at start, after a reconnect); each is in a lost_after_ack gap event.",
+		}),
+		checkpointErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fpmbus_bridge_ack_checkpoint_errors_total",
+			Help: "Writes of the bridge's ack records (" + streams.BucketBridgeAcks + ") that failed; lost_after_ack checks see the previous record.",
 		}),
 		buffered: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fpmbus_bridge_buffered_messages", Help: "Messages waiting in the bridge's buffer (at most MaxBuffer).",
@@ -65,7 +79,7 @@ func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
 func (m *metrics) register(r prometheus.Registerer) error {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.received, m.published, m.invalid, m.dropped, m.duplicates,
-		m.seqMismatch, m.oversized, m.deadLetters, m.dlLost, m.markers, m.buffered, m.bufferedHigh, m.inFlight, m.receiveToAck} {
+		m.seqMismatch, m.oversized, m.deadLetters, m.dlLost, m.markers, m.lostAfterAck, m.checkpointErrors, m.buffered, m.bufferedHigh, m.inFlight, m.receiveToAck} {
 		if err := r.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -77,6 +77,12 @@ type publisher struct {
 	fatal      error
 	scratch    []*item
 	evScratch  []ackEvent
+	// ledger is what this bridge saw acknowledged (acked.go); reconnects the connection's reconnect
+	// count when the lost_after_ack check last ran; ticks counts publishTicks towards the next
+	// checkpoint.
+	ledger     *ledger
+	reconnects uint64
+	ticks      int
 }
 
 func newPublisher(b *Bridge) *publisher {
@@ -85,6 +91,7 @@ func newPublisher(b *Bridge) *publisher {
 		maxInFlight: b.cfg.MaxInFlight,
 		evNotify:    make(chan struct{}, 1),
 		window:      make(map[*nats.Msg]*item, b.cfg.MaxInFlight),
+		ledger:      newLedger(),
 		bo: backoff.NewExponentialBackOff(
 			backoff.WithInitialInterval(50*time.Millisecond),
 			backoff.WithMaxInterval(5*time.Second),
@@ -130,6 +137,7 @@ func (p *publisher) run(drain <-chan struct{}, deadline *time.Time, done chan<- 
 	draining := false
 	for {
 		p.handleEvents()
+		p.checkAfterReconnect()
 		now := time.Now()
 		if !draining {
 			select {
@@ -184,7 +192,35 @@ func (p *publisher) run(drain <-chan struct{}, deadline *time.Time, done chan<- 
 		case now := <-tick.C:
 			p.b.buf.closeIdle(now, false)
 			p.refreshServerMax()
+			if p.ticks++; time.Duration(p.ticks)*publishTick >= ackCheckpointInterval {
+				p.ticks = 0
+				if p.b.ckpt != nil {
+					p.b.ckpt.offer(p.ledger)
+				}
+			}
 		}
+	}
+}
+
+// checkAfterReconnect runs the lost_after_ack check over the ledger once after each reconnect, before
+// anything is published on the new connection: the server may have restarted without what it had
+// acknowledged. Publishing waits for it (at most reconnectCheckBudget); the buffer takes the input
+// meanwhile.
+func (p *publisher) checkAfterReconnect() {
+	if p.b.acks == nil {
+		return
+	}
+	rc := p.b.nc.Stats().Reconnects
+	if rc == p.reconnects || !p.b.nc.IsConnected() {
+		return
+	}
+	p.reconnects = rc
+	n, err := p.b.checkLedger(p.ledger)
+	switch {
+	case err != nil:
+		p.b.log.Error("lost_after_ack check after reconnect incomplete", "lost_reported", n, "error", err)
+	case n > 0:
+		p.b.log.Error("lost_after_ack check after reconnect: acknowledged FPMs are gone from the stream", "lost", n)
 	}
 }
 
@@ -382,6 +418,7 @@ func (p *publisher) acked(it *item, pa *jetstream.PubAck, at time.Time) {
 	p.held -= it.size
 	switch it.kind {
 	case kindFPM:
+		p.ledger.acked(it.key, it.epoch, it.seq, pa.Sequence)
 		p.b.ranks[it.slot].countPublished(pa.Duplicate)
 		p.b.metrics.receiveToAck.Observe(at.Sub(it.recv).Seconds())
 		if p.b.opts.onAck != nil {

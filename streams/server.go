@@ -54,6 +54,9 @@ type ServerConfig struct {
 	TLSCert     string
 	TLSKey      string
 	TLSClientCA string
+	// Sync is when the server fsyncs what it stores (see SyncPolicy). Zero: a Base's sync_interval if it
+	// sets one, else DefaultSync (always).
+	Sync SyncPolicy
 }
 
 // Server is an embedded nats-server with JetStream enabled. Shutdown stops it; the store stays on disk.
@@ -171,6 +174,10 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	opts, err := cfg.Options()
 	if err != nil {
 		return nil, err
+	}
+	// A configuration file's sync_interval stands unless Sync says otherwise; with neither, DefaultSync.
+	if cfg.Sync != (SyncPolicy{}) || cfg.Base == nil || !cfg.Base.SyncAlways && cfg.Base.SyncInterval == 0 {
+		cfg.Sync.applyTo(opts)
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {

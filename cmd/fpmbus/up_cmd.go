@@ -51,6 +51,7 @@ type upOptions struct {
 	dataDir       string
 	server        *upServerOptions
 	creds         *connOptions // the components' credentials on the embedded server
+	sync          streams.SyncPolicy
 	demo          bool
 	demoTrace     string
 	metricsAddr   *string
@@ -74,6 +75,8 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	fs.StringVar(&o.dataDir, "data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
 	o.server = upServerFlags(fs)
 	o.creds = credentialFlags(fs, "up")
+	o.sync = streams.DefaultSync
+	fs.Var(&o.sync, "sync", "when the embedded server fsyncs: always (before every ack) or a DURATION (background, e.g. 2m: a power cut loses what was acked since; the sealed datasets too)")
 	fs.BoolVar(&o.demo, "demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
 	fs.StringVar(&o.demoTrace, "demo-trace", "", "with --demo: replay these trace segments instead of synthetic load (comma-separated files, directories, globs or output prefixes; looped until stopped, counter ids renumbered; --dp-size defaults to the ranks they hold)")
 	o.metricsAddr = metricsAddrFlag(fs, "127.0.0.1:9464; /healthz is served there too")
@@ -122,6 +125,12 @@ func (o *upOptions) plan() (*upRun, error) {
 	demoTrace, err := o.demoTracePlan()
 	if err != nil {
 		return nil, err
+	}
+	if flagGiven(o.fs, "sync") {
+		srv.server.Sync = o.sync // else the --server-config file's sync_interval, or the default
+	}
+	if !o.sync.Always && flagGiven(o.fs, "sync") {
+		slog.Warn("--sync is not always: a power cut or OS crash loses what the server acknowledged since its last fsync, sealed dataset cells included", "sync", o.sync.String())
 	}
 	if o.demo && !flagGiven(o.fs, "dp-size") && !flagGiven(o.fs, "zmq-endpoint") {
 		o.bridge.cfg.DPSize = demoDPSize

@@ -30,6 +30,8 @@ func TestUpRefusesBadSettingsNamingThem(t *testing.T) {
 		"bool alias takes no value":         {[]string{"--allow-partial", "--listen", "nope"}, `--listen "nope"`, ""},
 		"demo binds ports, not an endpoint": {[]string{"--demo", "--zmq-endpoint", "127.0.0.1:1"}, "--demo binds its own ports", ""},
 		"gaps flag carries its prefix":      {[]string{"--gaps-pinned-ttl", "1ms"}, "--gaps-pinned-ttl 1ms", ""},
+		"sync is always or a duration":      {[]string{"--sync", "often"}, `-sync: streams: bad sync policy: "often"`, ""},
+		"sync interval must be positive":    {[]string{"--sync", "0s"}, "-sync", ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			code, out := run(t, append([]string{"up", "--data-dir", t.TempDir()}, tc.args...)...)

@@ -36,10 +36,15 @@ type PublisherReport struct {
 	Messages   uint64      `json:"messages"`
 	Heartbeats uint64      `json:"heartbeats"`
 	// Gaps and Missing by cause; a publisher_restart counts as a gap even with nothing missing.
-	Gaps         CauseCounts `json:"gaps"`
-	Missing      CauseCounts `json:"missing"`
-	GapsTotal    uint64      `json:"gaps_total"`
-	MissingTotal uint64      `json:"missing_total"`
+	Gaps    CauseCounts `json:"gaps"`
+	Missing CauseCounts `json:"missing"`
+	// LostAfterAckGaps and LostAfterAckMissing count the bridge's lost_after_ack events (FPMs JetStream
+	// had acknowledged that the stream no longer holds) and the FPMs they report. The bridge publishes
+	// them, not the detector, so they are read from FPM_EVENTS, with or without Since.
+	LostAfterAckGaps    uint64 `json:"lost_after_ack_gaps"`
+	LostAfterAckMissing uint64 `json:"lost_after_ack_missing"`
+	GapsTotal           uint64 `json:"gaps_total"`
+	MissingTotal        uint64 `json:"missing_total"`
 	// LossPercent is missing / (messages + missing) * 100: every cause counts, late_start too (the
 	// numbers a run sent before the bridge was subscribed).
 	LossPercent  float64 `json:"loss_percent"`
@@ -102,29 +107,47 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 			p.StalePeriods, p.Restarts, p.Duplicates, p.OutOfOrder = c.StalePeriods, c.Restarts, c.Duplicates, c.OutOfOrder
 		}
 	}
+	// Gap events: with Since, every cause from the stream; without, only the bridge's lost_after_ack
+	// ones (the detector's state counts its own).
+	eventsSince := rc.Since
+	if eventsSince.IsZero() {
+		eventsSince = time.Unix(0, 0)
+	}
+	err = scan(ctx, js, streams.StreamEvents, streams.GapEventWildcard, eventsSince, func(m jetstream.Msg) {
+		var e Event
+		if json.Unmarshal(m.Data(), &e) != nil {
+			return
+		}
+		if e.Type == TypeGap && e.Cause == streams.GapCauseLostAfterAck {
+			p := get(e.Key)
+			p.LostAfterAckGaps++
+			p.LostAfterAckMissing += e.Missing
+			return
+		}
+		if rc.Since.IsZero() {
+			return
+		}
+		p := get(e.Key)
+		switch e.Type {
+		case TypeGap:
+			p.Gaps.add(e.Cause, 1)
+			p.Missing.add(e.Cause, e.Missing)
+			if e.Cause == CausePublisherRestart {
+				p.Restarts++
+			}
+		case TypeStale:
+			p.StalePeriods++
+		}
+	})
+	if errors.Is(err, jetstream.ErrStreamNotFound) && rc.Since.IsZero() {
+		err = nil // nothing published yet: no events to count
+	}
+	if err != nil {
+		return nil, err
+	}
 	if !rc.Since.IsZero() {
 		since := rc.Since
 		rep.Since = &since
-		err := scan(ctx, js, streams.StreamEvents, streams.GapEventWildcard, since, func(m jetstream.Msg) {
-			var e Event
-			if json.Unmarshal(m.Data(), &e) != nil {
-				return
-			}
-			p := get(e.Key)
-			switch e.Type {
-			case TypeGap:
-				p.Gaps.add(e.Cause, 1)
-				p.Missing.add(e.Cause, e.Missing)
-				if e.Cause == CausePublisherRestart {
-					p.Restarts++
-				}
-			case TypeStale:
-				p.StalePeriods++
-			}
-		})
-		if err != nil {
-			return nil, err
-		}
 		subjects := map[string]streams.Key{}
 		err = scan(ctx, js, streams.StreamFPM, rc.FilterSubject, since, func(m jetstream.Msg) {
 			k, ok := subjects[m.Subject()]
@@ -146,7 +169,7 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 		}
 	}
 	for _, p := range by {
-		p.GapsTotal, p.MissingTotal = p.Gaps.Total(), p.Missing.Total()
+		p.GapsTotal, p.MissingTotal = p.Gaps.Total()+p.LostAfterAckGaps, p.Missing.Total()+p.LostAfterAckMissing
 		if d := p.Messages + p.MissingTotal; d > 0 {
 			p.LossPercent = float64(p.MissingTotal) * 100 / float64(d)
 		}
@@ -250,7 +273,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	} else {
 		fmt.Fprintf(tw, "group %s, since the detector first saw each publisher\n", r.Group)
 	}
-	fmt.Fprintln(tw, "NAMESPACE\tCOMPONENT\tWORKER\tRANK\tSTATE\tMESSAGES\tHEARTBEATS\tGAPS\tBRIDGE_DROP\tZMQ_DROP\tRESTART\tSTALE\tLATE_START\tMISSING\tLOSS%\tLAST_SEQ\tLAST_SEEN")
+	fmt.Fprintln(tw, "NAMESPACE\tCOMPONENT\tWORKER\tRANK\tSTATE\tMESSAGES\tHEARTBEATS\tGAPS\tBRIDGE_DROP\tZMQ_DROP\tRESTART\tSTALE\tLATE_START\tLOST_AFTER_ACK\tMISSING\tLOSS%\tLAST_SEQ\tLAST_SEEN")
 	for _, p := range r.Publishers {
 		worker := p.Key.WorkerID
 		if worker == "" {
@@ -261,9 +284,10 @@ func (r *Report) WriteText(w io.Writer) error {
 			last = time.UnixMilli(p.LastSeenMs).UTC().Format(time.RFC3339)
 		}
 		gap := func(c string) string { return fmt.Sprintf("%d/%d", p.Gaps.Get(c), p.Missing.Get(c)) }
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%.3f\t%d\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%.3f\t%d\t%s\n",
 			p.Key.Namespace, p.Key.Component, worker, p.Key.DPRank, p.State, p.Messages, p.Heartbeats, p.GapsTotal,
-			gap(CauseBridgeDrop), gap(CauseZMQDrop), gap(CausePublisherRestart), gap(CauseStale), gap(CauseLateStart), p.MissingTotal, p.LossPercent, p.LastSeq, last)
+			gap(CauseBridgeDrop), gap(CauseZMQDrop), gap(CausePublisherRestart), gap(CauseStale), gap(CauseLateStart),
+			p.LostAfterAckGaps, p.LostAfterAckMissing, p.MissingTotal, p.LossPercent, p.LastSeq, last)
 	}
 	fmt.Fprintln(tw, "(cause columns: gaps/missing messages)")
 	return tw.Flush()

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -243,6 +245,8 @@ type sealStage struct {
 	onOutcome func(runID string, rep *Report, err error)
 	bench     jetstream.Stream
 	held      []*heldSeal // in delivery order
+	metrics   *metrics
+	who       string // this instance in dataset events (member id, or host-pid)
 }
 
 // heldSeal is a merged artefact that is neither done nor rejected yet.
@@ -268,8 +272,18 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 			return nil, err
 		}
 	}
+	who := o.memberID
+	if who == "" {
+		host, _ := os.Hostname()
+		who = host + "-" + strconv.Itoa(os.Getpid())
+	}
 	s := &sealStage{js: js, cfg: cfg, log: o.log.With("component", "seal", "group", cfg.Durable), now: o.now,
-		store: streams.NewBenchStore(js, 0, cfg.Streams), sealer: o.sealer, onOutcome: o.onOutcome}
+		store: streams.NewBenchStore(js, 0, cfg.Streams), sealer: o.sealer, onOutcome: o.onOutcome, metrics: newMetrics(), who: who}
+	if o.reg != nil {
+		if err := s.metrics.register(o.reg); err != nil {
+			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConsumerConfig, err)
+		}
+	}
 	ropts := []durable.Option{durable.WithLogger(o.log.With("component", "seal"))}
 	if o.memberID != "" {
 		ropts = append(ropts, durable.WithMemberID(o.memberID))
@@ -308,10 +322,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	s.sealer = s.sealer.withJetStream(s.js)
 	var err error
 	if s.bench, err = s.js.Stream(ctx, streams.StreamBench); err != nil {
 		return fmt.Errorf("seal: stream %s: %w", streams.StreamBench, err)
 	}
+	s.audit(ctx)
 	s.log.Info("sealer starting", "partitions", s.cfg.Partitions, "allow_partial", s.cfg.AllowPartial)
 	return c.runner.Run(ctx)
 }
@@ -442,6 +458,7 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		log.Error("run's dataset rejected: not sealed", "error", err)
 		return false
 	case errors.Is(err, ErrConflict), errors.Is(err, ErrPartial), errors.Is(err, ErrIncomplete):
+		s.reportRefusals(ctx, err)
 		log.Warn("run not fully sealed", "error", err)
 	default:
 		return retry("seal outcome unknown", err)
@@ -486,5 +503,74 @@ func (s *sealStage) reject(m *durable.Msg, runID string, reason error) {
 func (s *sealStage) outcome(runID string, rep *Report, err error) {
 	if s.onOutcome != nil {
 		s.onOutcome(runID, rep, err)
+	}
+}
+
+// audit re-reads the recorded seals (Audit) and reports each cell FPM_DATASETS has lost or holds
+// under another run: an error log, the gauges, and a dataset event on FPM_EVENTS. A failed audit is
+// logged; sealing goes on (PublishDataset guards each seal against the records itself).
+func (s *sealStage) audit(ctx context.Context) {
+	rep, err := s.sealer.Audit(ctx)
+	if err != nil {
+		s.log.Error("audit of the recorded seals failed; cells FPM_DATASETS may have lost are not reported", "error", err)
+		return
+	}
+	s.metrics.missing.Set(float64(rep.Missing()))
+	s.metrics.replaced.Set(float64(len(rep.Findings) - rep.Missing()))
+	for _, key := range rep.CorruptCampaigns {
+		s.log.Error("campaign record does not decode: the seals it names cannot be checked", "key", key)
+	}
+	for _, f := range rep.Findings {
+		ev := &streams.DatasetEvent{Schema: streams.DatasetEventSchema, Type: streams.DatasetCellMissing, Cell: f.Cell,
+			CampaignID: f.CampaignID, SealedRunID: f.RunID, SealedDatasetDigest: f.DatasetDigest,
+			DetectedBy: s.who, DetectedAtMs: s.now().UnixMilli()}
+		if f.Missing {
+			ev.Summary = fmt.Sprintf("campaign %s records %s sealed by run %q (dataset %s); %s: %s",
+				f.CampaignID, f.Cell, f.RunID, f.DatasetDigest, streams.BucketDatasets, f.Reason)
+			s.log.Error("sealed cell missing from "+streams.BucketDatasets+"; a different run will be refused while the campaign record names it",
+				"cell", f.Cell, "campaign", f.CampaignID, "sealed_run_id", f.RunID, "dataset_digest", f.DatasetDigest, "reason", f.Reason)
+		} else {
+			ev.Type, ev.FoundRunID, ev.FoundDatasetDigest = streams.DatasetCellReplaced, f.Found.RunID, f.Found.DatasetDigest
+			ev.Summary = fmt.Sprintf("campaign %s records %s sealed by run %q (dataset %s); %s holds run %q (dataset %s)",
+				f.CampaignID, f.Cell, f.RunID, f.DatasetDigest, streams.BucketDatasets, f.Found.RunID, f.Found.DatasetDigest)
+			s.log.Error("sealed cell held by another run than its campaign record names", "cell", f.Cell, "campaign", f.CampaignID,
+				"sealed_run_id", f.RunID, "found_run_id", f.Found.RunID, "found_dataset_digest", f.Found.DatasetDigest)
+		}
+		ev.ID = streams.DatasetEventMsgID(ev.Type, f.Cell, f.CampaignID, f.RunID, "")
+		s.publishEvent(ctx, ev)
+	}
+	s.log.Info("recorded seals audited", "checked", rep.Checked, "missing", rep.Missing(), "replaced", len(rep.Findings)-rep.Missing())
+}
+
+// reportRefusals reports each seal PublishDataset refused because its cell is missing while a
+// campaign record names another run's seal: an error log, the counter and a seal_refused event naming
+// both runs.
+func (s *sealStage) reportRefusals(ctx context.Context, err error) {
+	var cs *ConflictsError
+	if !errors.As(err, &cs) {
+		return
+	}
+	for _, c := range cs.Conflicts {
+		if !c.Missing {
+			continue
+		}
+		s.metrics.refusals.Inc()
+		s.log.Error("seal refused: the cell is missing from "+streams.BucketDatasets+" but its campaign record names another run's seal",
+			"cell", c.Key, "campaign", c.CampaignID, "sealed_run_id", c.Sealed.RunID, "sealed_dataset_digest", c.Sealed.DatasetDigest,
+			"refused_run_id", c.Refused.RunID, "refused_dataset_digest", c.Refused.DatasetDigest)
+		s.publishEvent(ctx, &streams.DatasetEvent{Schema: streams.DatasetEventSchema, Type: streams.DatasetSealRefused,
+			ID:   streams.DatasetEventMsgID(streams.DatasetSealRefused, c.Key, c.CampaignID, c.Sealed.RunID, c.Refused.RunID),
+			Cell: c.Key, CampaignID: c.CampaignID, SealedRunID: c.Sealed.RunID, SealedDatasetDigest: c.Sealed.DatasetDigest,
+			RefusedRunID: c.Refused.RunID, RefusedDatasetDigest: c.Refused.DatasetDigest, RefusedAttemptID: c.Refused.AttemptID,
+			RefusedSource: c.Refused.Source, DetectedBy: s.who, DetectedAtMs: s.now().UnixMilli(), Summary: c.Error()})
+	}
+}
+
+// publishEvent stores ev on FPM_EVENTS; a failure is logged (the finding is in the log line before it).
+func (s *sealStage) publishEvent(ctx context.Context, ev *streams.DatasetEvent) {
+	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := s.js.PublishMsg(octx, ev.Msg()); err != nil {
+		s.log.Error("dataset event not stored", "type", ev.Type, "cell", ev.Cell, "error", err)
 	}
 }

@@ -25,6 +25,20 @@
 // absent the Create is retried. The campaign record is changed only by UpdateCampaign: read, apply,
 // Update(expected revision), re-read and re-apply on a revision conflict.
 //
+// # Sealed cells that vanish
+//
+// Create wins only while the key holds a value. A cell the server loses (acknowledged before its
+// fsync, or cut from a damaged block file on restart) would take any later Create, so a different run
+// could win a cell already sealed. The campaign records name every sealed cell (run and dataset
+// digest) and are the sealer's memory of them (lost.go): the consumer audits them at start and reports
+// each cell the bucket has lost or holds under another run (log; gauges
+// fpmbus_seal_sealed_cells_missing and fpmbus_seal_sealed_cells_replaced; a cell_missing or
+// cell_replaced event on fpmevents.dataset.<campaign>, streams.DatasetEvent); PublishDataset refuses a
+// different run's seal of a cell a record names while the bucket has lost it (*ConflictError with
+// Missing, errors.Is ErrSealMissing, naming both runs; the consumer adds a seal_refused event and
+// fpmbus_seal_missing_cell_refusals_total). The run and dataset the record names may seal it again,
+// which restores it.
+//
 // # Publication
 //
 // PublishDataset validates everything first (schemas.Dataset.Validate: every rule, every cell; nothing

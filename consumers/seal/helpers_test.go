@@ -2,6 +2,7 @@ package seal
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -11,6 +12,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(nodeEnv) != "" {
+		runNode() // this process is a JetStream node of a kill -9 test (kill_test.go)
+		return
+	}
 	goleak.VerifyTestMain(m,
 		// nats-server and nats.go leave short-lived goroutines finishing after Shutdown/Close.
 		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*Server).Shutdown"),

@@ -49,7 +49,17 @@ func (e *ConflictsError) Error() string {
 	}
 	return fmt.Sprintf("%d conflict(s): %s", len(e.Conflicts), strings.Join(parts, "; "))
 }
-func (e *ConflictsError) Unwrap() error { return ErrConflict }
+
+// Unwrap is ErrConflict and each conflict, so errors.Is(err, ErrSealMissing) finds a refusal of a
+// missing cell among them.
+func (e *ConflictsError) Unwrap() []error {
+	errs := make([]error, 0, 1+len(e.Conflicts))
+	errs = append(errs, ErrConflict)
+	for _, c := range e.Conflicts {
+		errs = append(errs, c)
+	}
+	return errs
+}
 func (e *ConflictsError) ExitCode() int { return ExitConflict }
 
 // PublishOptions controls PublishDataset.
@@ -113,8 +123,10 @@ func PlanOf(ds *schemas.Dataset) *schemas.DatasetPlan {
 // them in the campaign record of the plan.
 //
 // Order: validate everything (nothing is written when a rejection is found and AllowPartial is not
-// set); freeze the plan (Create of the campaign record, or reuse of the same plan's record); seal each
-// passed cell with Create; record every cell's state with Update on the campaign's revision. Errors:
+// set); freeze the plan (Create of the campaign record, or reuse of the same plan's record); read what
+// every campaign record names sealed and refuse a cell one names sealed by another run while the
+// bucket has lost it (lost.go); seal each other passed cell with Create; record every cell's state
+// with Update on the campaign's revision. Errors:
 // schemas.ValidationErrors (nothing written), *ConflictsError (some cells sealed first by another
 // attempt; theirs are untouched), *PartialError (AllowPartial and some planned cells missing).
 func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o PublishOptions) (*Report, error) {
@@ -168,6 +180,12 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	if _, err := FreezePlan(ctx, s.kv, plan); err != nil {
 		return rep, err
 	}
+	// What the campaign records say is sealed: a cell they name sealed by another run is not taken
+	// while the bucket has lost it (lost.go).
+	recorded, _, err := s.RecordedSeals(ctx)
+	if err != nil {
+		return rep, err
+	}
 
 	type job struct {
 		i    int
@@ -190,7 +208,15 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				out, err := s.Seal(ctx, j.cell, plan.CampaignID)
+				attemptID := NewAttemptID()
+				var out Outcome
+				refusal, err := s.guardMissing(ctx, j.cell, recorded[j.cell.Key], attemptID)
+				switch {
+				case refusal != nil:
+					out, err = Outcome{Key: j.cell.Key, Result: Conflict}, refusal
+				case err == nil:
+					out, err = s.SealAttempt(ctx, j.cell, plan.CampaignID, attemptID)
+				}
 				cr := CellReport{Key: j.cell.Key, RunID: j.cell.Provenance.RunID, DatasetDigest: j.cell.Provenance.DatasetDigest,
 					Identity: &j.cell.Identity, Revision: out.Revision, Source: s.source}
 				var ce *ConflictError

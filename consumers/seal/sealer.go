@@ -26,6 +26,10 @@ type ConflictError struct {
 	Key     string
 	Sealed  Attempt
 	Refused Attempt
+	// Missing: the bucket does not hold the cell, but campaign CampaignID's record names it sealed by
+	// Sealed; the seal is refused while that record stands (lost.go). errors.Is(err, ErrSealMissing).
+	Missing    bool
+	CampaignID string
 }
 
 // Attempt is what makes two publications "the same attempt": run id and dataset digest (plus the
@@ -38,12 +42,19 @@ type Attempt struct {
 }
 
 func (e *ConflictError) Error() string {
+	if e.Missing {
+		return fmt.Sprintf("%v: %s is missing from FPM_DATASETS, but campaign %s records it sealed by run %q (dataset %s); refused run %q (dataset %s, attempt %s) while that record stands",
+			ErrConflict, e.Key, e.CampaignID, e.Sealed.RunID, e.Sealed.DatasetDigest, e.Refused.RunID, e.Refused.DatasetDigest, e.Refused.AttemptID)
+	}
 	return fmt.Sprintf("%v: %s sealed by run %q (dataset %s, attempt %s, source %q); refused run %q (dataset %s, attempt %s)",
 		ErrConflict, e.Key, e.Sealed.RunID, e.Sealed.DatasetDigest, e.Sealed.AttemptID, e.Sealed.Source,
 		e.Refused.RunID, e.Refused.DatasetDigest, e.Refused.AttemptID)
 }
 
 func (e *ConflictError) Unwrap() error { return ErrConflict }
+
+// Is makes a refusal of a missing cell match ErrSealMissing too.
+func (e *ConflictError) Is(target error) bool { return e.Missing && target == ErrSealMissing }
 
 // Result is how one seal ended.
 type Result int
@@ -84,6 +95,7 @@ type Outcome struct {
 // each key the first successful Create is the only value ever stored. Safe for concurrent use.
 type Sealer struct {
 	kv        jetstream.KeyValue
+	js        jetstream.JetStream // optional: leader reads of what the campaign records name (lost.go)
 	source    string
 	retries   int
 	backoff   time.Duration
@@ -96,6 +108,28 @@ type Option func(*Sealer) error
 
 // WithSource names the publisher in sealed values ("fpmbus seal", "fpmbus datasets publish").
 func WithSource(s string) Option { return func(x *Sealer) error { x.source = s; return nil } }
+
+// WithJetStream lets the sealer read the campaign records and the cells they name from the bucket
+// stream's leader (lost.go); js must be on the bucket's connection. The consumer always gives its own.
+func WithJetStream(js jetstream.JetStream) Option {
+	return func(x *Sealer) error {
+		if js == nil {
+			return fmt.Errorf("seal: nil JetStream")
+		}
+		x.js = js
+		return nil
+	}
+}
+
+// withJetStream returns a copy of s that reads from the leader through js (unless s already does).
+func (s *Sealer) withJetStream(js jetstream.JetStream) *Sealer {
+	if s.js != nil {
+		return s
+	}
+	c := *s
+	c.js = js
+	return &c
+}
 
 // WithRetries sets how often an unknown outcome is retried (default 20) and the first pause (default
 // 100 ms, doubling up to 2 s).
@@ -151,7 +185,7 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, sc streams.Config) 
 	return kv, nil
 }
 
-// New returns a Sealer on kv. Options: WithSource, WithRetries, WithOpTimeout.
+// New returns a Sealer on kv. Options: WithSource, WithJetStream, WithRetries, WithOpTimeout.
 func New(kv jetstream.KeyValue, opts ...Option) (*Sealer, error) {
 	s := &Sealer{kv: kv, source: "fpmbus", retries: 20, backoff: 100 * time.Millisecond, opTimeout: 5 * time.Second, now: time.Now}
 	for _, o := range opts {

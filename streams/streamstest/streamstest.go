@@ -28,9 +28,15 @@ func Start(t testing.TB) *Env {
 }
 
 // StartAt runs a server on listen with the given store dir (reuse both to simulate a restart).
+//
+// The server fsyncs in the background (nats-server's default interval), not before every ack as
+// fpmbus's embedded server does by default (streams.DefaultSync): these tests are about behaviour, and
+// no test survives a power cut either; a process kill or a graceful restart loses nothing under either
+// policy. The tests about durability start their servers with the policy they measure or ship.
 func StartAt(t testing.TB, listen, storeDir string) *Env {
 	t.Helper()
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: listen, StoreDir: storeDir})
+	srv, err := streams.StartServer(streams.ServerConfig{Listen: listen, StoreDir: storeDir,
+		Sync: streams.SyncPolicy{Interval: streams.ServerDefaultSyncInterval}})
 	if err != nil {
 		t.Fatalf("start embedded server: %v", err)
 	}

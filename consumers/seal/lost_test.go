@@ -1,0 +1,227 @@
+package seal
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// loseKey removes key's value from the bucket's stream behind the sealer's back, leaving no delete
+// marker: what a power cut before the server's fsync, or a damaged block, does to it.
+func loseKey(t testing.TB, js jetstream.JetStream, kv jetstream.KeyValue, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "KV_"+streams.BucketDatasets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A KV stream denies single-message deletes; a purge of the key's subject removes its values too.
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject("$KV."+streams.BucketDatasets+"."+key)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("%s still readable after the loss: %v", key, err)
+	}
+}
+
+// datasetEvents returns the dataset events stored on FPM_EVENTS.
+func datasetEvents(t testing.TB, js jetstream.JetStream) []streams.DatasetEvent {
+	t.Helper()
+	var out []streams.DatasetEvent
+	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.DatasetEventWildcard) {
+		var ev streams.DatasetEvent
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if m.Subject() != streams.DatasetEventSubject(ev.CampaignID) || m.Headers().Get(streams.HeaderEventType) != ev.Type ||
+			m.Headers().Get(streams.HeaderMsgID) != ev.ID || ev.Schema != streams.DatasetEventSchema {
+			t.Fatalf("dataset event on %s, headers %v: %s", m.Subject(), m.Headers(), m.Data())
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+func gaugeValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not registered", name)
+	return 0
+}
+
+// TestPublishRefusesAMissingCellAnotherRunWouldTake: a sealed cell vanishes from FPM_DATASETS; the
+// audit finds it from the campaign record; a different run's publication is refused (naming both runs)
+// and does not take the key; the run that sealed it may seal it again, which restores it.
+func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
+	env, kv := singleNode(t)
+	ctx := context.Background()
+	// The first sealer reads from the bucket stream's leader, the second through the bucket.
+	first, _ := New(kv, WithSource("first"), WithJetStream(env.JS))
+	dsA := testDataset("run-A", testCell(0, "run-A", 1, 4), testCell(1, "run-A", 1, 4))
+	if _, err := first.PublishDataset(ctx, dsA, PublishOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	campaignA := CampaignIDFor(dsA)
+	lost := dsA.Cells[0]
+	loseKey(t, env.JS, kv, lost.Key)
+
+	second, _ := New(kv, WithSource("second"))
+	for _, s := range []*Sealer{first, second} {
+		rep, err := s.Audit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Checked != 2 || len(rep.Findings) != 1 || rep.Missing() != 1 {
+			t.Fatalf("audit by %s: %+v", s.source, rep)
+		}
+		if f := rep.Findings[0]; f.Cell != lost.Key || f.CampaignID != campaignA || f.RunID != "run-A" || f.DatasetDigest != lost.Provenance.DatasetDigest {
+			t.Fatalf("finding by %s: %+v", s.source, f)
+		}
+	}
+
+	cellB := testCell(0, "run-B", 1.5, 4)
+	repB, err := second.PublishDataset(ctx, testDataset("run-B", cellB), PublishOptions{})
+	var cs *ConflictsError
+	if !errors.As(err, &cs) || !errors.Is(err, ErrConflict) || !errors.Is(err, ErrSealMissing) || len(cs.Conflicts) != 1 {
+		t.Fatalf("competing run: %v", err)
+	}
+	c := cs.Conflicts[0]
+	if !c.Missing || c.Key != lost.Key || c.CampaignID != campaignA || c.Sealed.RunID != "run-A" || c.Sealed.DatasetDigest != lost.Provenance.DatasetDigest ||
+		c.Refused.RunID != "run-B" || c.Refused.DatasetDigest != cellB.Provenance.DatasetDigest || c.Refused.Source != "second" ||
+		!strings.Contains(c.Error(), `"run-A"`) || !strings.Contains(c.Error(), `"run-B"`) {
+		t.Fatalf("refusal %+v: %v", c, c)
+	}
+	if len(repB.Cells) != 1 || repB.Cells[0].State != Conflict.String() {
+		t.Fatalf("report %+v", repB)
+	}
+	if _, err := kv.Get(ctx, lost.Key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the refused run took the key: %v", err)
+	}
+	campB, _, err := GetCampaign(ctx, kv, CampaignIDFor(testDataset("run-B")))
+	if err != nil || len(campB.Cells) != 1 || campB.Cells[0].State != schemas.CellConflict {
+		t.Fatalf("campaign of run-B: %+v %v", campB, err)
+	}
+
+	// The run that sealed it publishes again: the cell is sealed again, and the audit finds nothing.
+	if _, err := first.PublishDataset(ctx, dsA, PublishOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v, _, err := Get(ctx, kv, lost.Key)
+	if err != nil || v.Provenance.RunID != "run-A" || v.Provenance.DatasetDigest != lost.Provenance.DatasetDigest {
+		t.Fatalf("restored cell %+v: %v", v, err)
+	}
+	for _, s := range []*Sealer{first, second} {
+		if rep, err := s.Audit(ctx); err != nil || len(rep.Findings) != 0 || rep.Checked != 2 {
+			t.Fatalf("audit by %s after the restore: %+v %v", s.source, rep, err)
+		}
+	}
+}
+
+// TestConsumerReportsAMissingSealAndRefusesACompetingRun: the sealer consumer, restarted after a
+// sealed cell vanished, reports it (log, gauge, cell_missing event); a different run's merged artefact
+// for the same cell is then refused and reported (counter, seal_refused event naming both runs), and
+// the key stays empty.
+func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
+	env, kv := singleNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	doc, runA := goldenRun(t)
+	profile, _ := json.Marshal(testProfile)
+	outcomes := make(chan error, 4)
+	hook := WithOutcomeHook(func(_ string, _ *Report, err error) { outcomes <- err })
+	outcome := func() error {
+		select {
+		case err := <-outcomes:
+			return err
+		case <-ctx.Done():
+			t.Fatal("no outcome")
+			return nil
+		}
+	}
+	if _, err := streams.PublishProfile(ctx, env.JS, runA, profile); err != nil {
+		t.Fatal(err)
+	}
+	publishMergedBody(t, env.JS, runA, doc)
+	s, _ := New(kv, WithSource("fpmbus seal"))
+	rc := startSealer(t, env, ConsumerConfig{}, WithSealer(s), hook)
+	if err := outcome(); err != nil {
+		t.Fatalf("run %s: %v", runA, err)
+	}
+	if err := rc.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var cell string
+	for _, k := range keys(t, kv) {
+		if strings.HasPrefix(k, schemas.CellKeyPrefix) {
+			cell = k
+		}
+	}
+	sealed, _, err := Get(ctx, kv, cell)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loseKey(t, env.JS, kv, cell)
+
+	reg := prometheus.NewRegistry()
+	startSealer(t, env, ConsumerConfig{}, WithSealer(s), hook, WithRegisterer(reg), WithMemberID("sealer-2"))
+	evs := datasetEvents(t, env.JS)
+	if len(evs) != 1 {
+		t.Fatalf("dataset events %+v, want one cell_missing", evs)
+	}
+	if ev := evs[0]; ev.Type != streams.DatasetCellMissing || ev.Cell != cell || ev.SealedRunID != runA ||
+		ev.SealedDatasetDigest != sealed.Provenance.DatasetDigest || ev.CampaignID != sealed.CampaignID || ev.DetectedBy != "sealer-2" {
+		t.Fatalf("event %+v (sealed %+v)", ev, sealed)
+	}
+	if v := gaugeValue(t, reg, "fpmbus_seal_sealed_cells_missing"); v != 1 {
+		t.Fatalf("fpmbus_seal_sealed_cells_missing %v, want 1", v)
+	}
+
+	// A different run measuring the same cell.
+	runB := runA + "-b"
+	docB := bytes.ReplaceAll(doc, []byte(runA), []byte(runB))
+	if _, err := streams.PublishProfile(ctx, env.JS, runB, profile); err != nil {
+		t.Fatal(err)
+	}
+	publishMergedBody(t, env.JS, runB, docB)
+	if err := outcome(); !errors.Is(err, ErrSealMissing) {
+		t.Fatalf("run %s: %v, want a refusal of the missing cell", runB, err)
+	}
+	if _, err := kv.Get(ctx, cell); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the refused run took the key: %v", err)
+	}
+	evs = datasetEvents(t, env.JS)
+	if len(evs) != 2 {
+		t.Fatalf("dataset events %+v, want cell_missing and seal_refused", evs)
+	}
+	if ev := evs[1]; ev.Type != streams.DatasetSealRefused || ev.Cell != cell || ev.SealedRunID != runA || ev.RefusedRunID != runB ||
+		ev.CampaignID != sealed.CampaignID || ev.RefusedDatasetDigest == "" || ev.RefusedAttemptID == "" {
+		t.Fatalf("event %+v", ev)
+	}
+	if v := gaugeValue(t, reg, "fpmbus_seal_missing_cell_refusals_total"); v != 1 {
+		t.Fatalf("fpmbus_seal_missing_cell_refusals_total %v, want 1", v)
+	}
+}

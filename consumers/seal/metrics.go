@@ -1,0 +1,44 @@
+package seal
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the sealer's own collectors (the runner adds fpmbus_consumer_*{consumer="seal"}).
+type metrics struct {
+	// missing is the number of recorded seals whose cell the last audit found missing (or undecodable).
+	missing prometheus.Gauge
+	// replaced counts recorded seals the last audit found held by another run.
+	replaced prometheus.Gauge
+	// refusals counts seals refused because a campaign record names the missing cell sealed by another run.
+	refusals prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	return &metrics{
+		missing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fpmbus_seal_sealed_cells_missing",
+			Help: "Cells a campaign record names sealed that FPM_DATASETS did not hold (or could not decode) at the sealer's last audit.",
+		}),
+		replaced: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fpmbus_seal_sealed_cells_replaced",
+			Help: "Cells a campaign record names sealed that FPM_DATASETS held under another run at the sealer's last audit.",
+		}),
+		refusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fpmbus_seal_missing_cell_refusals_total",
+			Help: "Seals refused because a campaign record names the cell sealed by another run while FPM_DATASETS has lost it.",
+		}),
+	}
+}
+
+func (m *metrics) register(r prometheus.Registerer) error {
+	var errs []error
+	for _, c := range []prometheus.Collector{m.missing, m.replaced, m.refusals} {
+		if err := r.Register(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

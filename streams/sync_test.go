@@ -1,0 +1,72 @@
+package streams_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+func TestParseSyncPolicy(t *testing.T) {
+	tests := map[string]struct {
+		in   string
+		want streams.SyncPolicy
+		bad  bool
+	}{
+		"always":              {in: "always", want: streams.SyncAlways},
+		"always, any case":    {in: " Always ", want: streams.SyncAlways},
+		"nats-server's 2m":    {in: "2m", want: streams.SyncPolicy{Interval: 2 * time.Minute}},
+		"a second":            {in: "1s", want: streams.SyncPolicy{Interval: time.Second}},
+		"zero":                {in: "0s", bad: true},
+		"negative":            {in: "-1s", bad: true},
+		"not a duration":      {in: "often", bad: true},
+		"empty":               {in: "", bad: true},
+		"a bare number (ms?)": {in: "100", bad: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, err := streams.ParseSyncPolicy(tc.in)
+			if tc.bad {
+				if !errors.Is(err, streams.ErrBadSync) {
+					t.Fatalf("ParseSyncPolicy(%q) = %v, %v; want ErrBadSync", tc.in, got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("ParseSyncPolicy(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+			}
+			if again, err := streams.ParseSyncPolicy(got.String()); err != nil || again != got {
+				t.Fatalf("%v does not round-trip through String: %v %v", got, again, err)
+			}
+		})
+	}
+}
+
+// TestEmbeddedServerSyncPolicy: the embedded server runs JetStream with the policy it is given, and
+// with streams.DefaultSync (always) when given none.
+func TestEmbeddedServerSyncPolicy(t *testing.T) {
+	tests := map[string]struct {
+		sync         streams.SyncPolicy
+		wantAlways   bool
+		wantInterval time.Duration
+	}{
+		"default is always": {wantAlways: true, wantInterval: streams.ServerDefaultSyncInterval},
+		"always":            {sync: streams.SyncAlways, wantAlways: true, wantInterval: streams.ServerDefaultSyncInterval},
+		"an interval":       {sync: streams.SyncPolicy{Interval: 10 * time.Second}, wantInterval: 10 * time.Second},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), Sync: tc.sync})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = srv.Shutdown(context.Background()) }()
+			jc := srv.NATS().JetStreamConfig()
+			if jc == nil || jc.SyncAlways != tc.wantAlways || jc.SyncInterval != tc.wantInterval {
+				t.Fatalf("JetStream config %+v, want sync always %v, interval %v", jc, tc.wantAlways, tc.wantInterval)
+			}
+		})
+	}
+}
