@@ -74,18 +74,21 @@ func (p *proc) owned() map[int]bool {
 	return out
 }
 
-// owner returns the first of ps (not in skip) that owns a partition.
+// owner returns the first of ps (not in skip) that owns a partition. A process's log reaches the test
+// a little after the server has acted on it, so it waits for one to say so.
 func owner(t *testing.T, ps []*proc, skip ...*proc) *proc {
 	t.Helper()
-next:
-	for _, p := range ps {
-		for _, s := range skip {
-			if s == p {
-				continue next
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	next:
+		for _, p := range ps {
+			for _, s := range skip {
+				if s == p {
+					continue next
+				}
 			}
-		}
-		if len(p.owned()) > 0 {
-			return p
+			if len(p.owned()) > 0 {
+				return p
+			}
 		}
 	}
 	t.Fatal("no instance owns a partition")

@@ -291,7 +291,7 @@ func TestTraceUpKill9RestartWritesInFlightInOrder(t *testing.T) {
 
 	restarted := time.Now()
 	second := fpmbus(t, "fpmbus up (restarted)", args...)
-	second.waitOutput("jetstream ready", 30*time.Second)
+	second.waitOutput("embedded server ready", 30*time.Second)
 	js2 := jsClient(t, url)
 	// What the stream holds right after the restarted server came up: the messages stored before the
 	// kill (the restarted bridge starts last; a few newer messages among them must be written too).
