@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -63,6 +64,22 @@ type Report struct {
 	Group      string            `json:"group"`
 	Since      *time.Time        `json:"since,omitempty"`
 	Publishers []PublisherReport `json:"publishers"`
+	// StreamLosses are the loss events of the durable consumers (fpmevents.loss.<consumer>): stored
+	// messages a stream removed, by its limits or by a delete, before that consumer read them. They
+	// are per consumer and stream, not per publisher: a removed message can no longer say whose it was.
+	StreamLosses []StreamLoss `json:"stream_losses"`
+}
+
+// StreamLoss sums one consumer's loss events of one cause on one stream.
+type StreamLoss struct {
+	Consumer string `json:"consumer"`
+	Stream   string `json:"stream"`
+	Cause    string `json:"cause"` // durable.LossRetention or durable.LossDeleted
+	Ranges   int    `json:"ranges"`
+	Messages uint64 `json:"messages"`
+	// FirstSeq and LastSeq bound the stream sequences reported.
+	FirstSeq uint64 `json:"first_seq"`
+	LastSeq  uint64 `json:"last_seq"`
 }
 
 // BuildReport summarizes, per publisher, messages, heartbeats, gaps and missing messages by cause,
@@ -145,6 +162,9 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 	if err != nil {
 		return nil, err
 	}
+	if rep.StreamLosses, err = streamLosses(ctx, js, eventsSince); err != nil {
+		return nil, err
+	}
 	if !rc.Since.IsZero() {
 		since := rc.Since
 		rep.Since = &since
@@ -189,6 +209,45 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 		return a.DPRank < b.DPRank
 	})
 	return rep, nil
+}
+
+// streamLosses sums the durable consumers' loss events stored since since.
+func streamLosses(ctx context.Context, js jetstream.JetStream, since time.Time) ([]StreamLoss, error) {
+	type key struct{ consumer, stream, cause string }
+	sums := map[key]*StreamLoss{}
+	err := scan(ctx, js, streams.StreamEvents, durable.LossSubject("*"), since, func(m jetstream.Msg) {
+		var l durable.Loss
+		if json.Unmarshal(m.Data(), &l) != nil || l.Count == 0 {
+			return
+		}
+		k := key{l.Consumer, l.Stream, l.Cause}
+		s := sums[k]
+		if s == nil {
+			s = &StreamLoss{Consumer: l.Consumer, Stream: l.Stream, Cause: l.Cause, FirstSeq: l.First}
+			sums[k] = s
+		}
+		s.Ranges++
+		s.Messages += l.Count
+		s.FirstSeq, s.LastSeq = min(s.FirstSeq, l.First), max(s.LastSeq, l.Last)
+	})
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		err = nil
+	}
+	out := make([]StreamLoss, 0, len(sums))
+	for _, s := range sums {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Consumer != b.Consumer {
+			return a.Consumer < b.Consumer
+		}
+		if a.Stream != b.Stream {
+			return a.Stream < b.Stream
+		}
+		return a.Cause < b.Cause
+	})
+	return out, err
 }
 
 // loadStates reads the newest state of every publisher of group.
@@ -290,5 +349,9 @@ func (r *Report) WriteText(w io.Writer) error {
 			p.LostAfterAckGaps, p.LostAfterAckMissing, p.MissingTotal, p.LossPercent, p.LastSeq, last)
 	}
 	fmt.Fprintln(tw, "(cause columns: gaps/missing messages)")
+	for _, l := range r.StreamLosses {
+		fmt.Fprintf(tw, "consumer %s: %d message(s) of %s removed (%s) before it read them, in %d range(s) between stream sequences %d and %d\n",
+			l.Consumer, l.Messages, l.Stream, l.Cause, l.Ranges, l.FirstSeq, l.LastSeq)
+	}
 	return tw.Flush()
 }

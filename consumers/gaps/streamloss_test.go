@@ -1,0 +1,50 @@
+package gaps
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// The durable consumers' loss events (messages a stream removed before they were read) are in the
+// report, summed per consumer, stream and cause, in JSON and text.
+func TestReportIncludesStreamLosses(t *testing.T) {
+	env := streamstest.Start(t)
+	for _, l := range []durable.Loss{
+		{Event: "loss", Cause: durable.LossRetention, Consumer: "trace", Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20},
+		{Event: "loss", Cause: durable.LossRetention, Consumer: "trace", Stream: streams.StreamFPM, First: 101, Last: 110, Count: 10},
+		{Event: "loss", Cause: durable.LossDeleted, Consumer: "trace", Stream: streams.StreamFPM, First: 60, Last: 62, Count: 3},
+		{Event: "loss", Cause: durable.LossRetention, Consumer: "gaps", Stream: streams.StreamFPM, First: 1, Last: 5, Count: 5},
+	} {
+		body, _ := json.Marshal(l)
+		m := nats.NewMsg(durable.LossSubject(l.Consumer))
+		m.Data = body
+		if _, err := env.JS.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := BuildReport(context.Background(), env.JS, ReportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []StreamLoss{
+		{Consumer: "gaps", Stream: streams.StreamFPM, Cause: durable.LossRetention, Ranges: 1, Messages: 5, FirstSeq: 1, LastSeq: 5},
+		{Consumer: "trace", Stream: streams.StreamFPM, Cause: durable.LossDeleted, Ranges: 1, Messages: 3, FirstSeq: 60, LastSeq: 62},
+		{Consumer: "trace", Stream: streams.StreamFPM, Cause: durable.LossRetention, Ranges: 2, Messages: 30, FirstSeq: 31, LastSeq: 110},
+	}
+	equal(t, len(want), len(rep.StreamLosses))
+	for i := range want {
+		equal(t, want[i], rep.StreamLosses[i])
+	}
+	var text strings.Builder
+	check(t, rep.WriteText(&text) == nil, "write text")
+	check(t, strings.Contains(text.String(), "consumer trace: 30 message(s) of FPM removed (retention) before it read them, in 2 range(s) between stream sequences 31 and 110"),
+		"text report:\n%s", text.String())
+}
