@@ -241,7 +241,9 @@ func (p *publisher) idle() bool {
 // the connection on it.
 func (p *publisher) send(it *item) error {
 	if it.kind == kindFPM {
-		p.b.stamp(it)
+		if err := p.b.stamp(it); err != nil {
+			return err
+		}
 	}
 	if err := p.b.checkLine(it.msg); err != nil {
 		return err

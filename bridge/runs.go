@@ -30,19 +30,23 @@ import (
 //   - The bridge's first run of the key since it started (a bridge start or restart): with no record
 //     it creates one. With a record, it adopts the record's epoch if another bridge is live on the
 //     publisher: the newest FPM of the key in the stream was received (Fpm-Received-At-Ms) after this
-//     bridge started. It looks for that for up to liveProbe. With no live bridge it writes a new run,
-//     as a lone bridge restarting always did (the publisher may have restarted while no bridge ran).
+//     bridge started. It looks for that until liveProbe after it received the run's first message.
+//     With no live bridge it writes a new run, as a lone bridge restarting always did (the publisher
+//     may have restarted while no bridge ran).
 //   - A compare-and-set that fails means another bridge wrote the record between the read and the
 //     write, seeing the same run (it is live): the bridge adopts what it wrote, if newer than the
 //     previous run for a restart.
 //
-// Epochs of a publisher therefore strictly increase in the bucket. When the bucket cannot be reached
-// within runAgreeTimeout (broker away), the bridge uses its local epoch and logs it: busy FPMs are still stored once (their ids do not depend on the epoch), but
-// that run's heartbeats may be stored once per bridge, and the gap detector may read the bridges' epochs
-// as bridge restarts. Limits of the rule, stated: a publisher restart within milliseconds of a bridge
-// start, before the live bridge's record is written, makes the starting bridge adopt the old run; a
-// live bridge whose publishing lags by more than liveProbe is not seen as live (a new epoch, as for a
-// bridge restart).
+// Epochs of a publisher therefore strictly increase in the bucket. While the connection is down the
+// run's FPMs wait like any publish. When the bucket cannot be opened or answered otherwise (no
+// permission, runAgreeTimeout), the bridge uses its local epoch and logs it: busy FPMs are still
+// stored once (their ids do not depend on the epoch), but that run's heartbeats may be stored once per
+// bridge, and the gap detector may read the bridges' epochs as bridge restarts.
+//
+// Limits of the rule, stated: a publisher restart within milliseconds of a bridge start, before the
+// live bridge's record is written, makes the starting bridge adopt the old run; a live bridge whose
+// publishing lags by more than liveProbe, or whose clock is behind this one's by more than the time to
+// its next FPM, is not seen as live (a new epoch, as for a bridge restart).
 
 const (
 	// runAgreeTimeout bounds one run's resolution.
@@ -71,23 +75,35 @@ func (b *Bridge) openRunBucket(ctx context.Context) {
 	b.runsKV = kv
 }
 
-// runEpoch returns r's agreed epoch, resolving it (and the runs before it) first. Publisher goroutine.
-func (b *Bridge) runEpoch(r *run) int64 {
+// errRunNotAgreed: a run's epoch could not be agreed because the broker is away; the FPM waits for it
+// like for any publish (the publisher's recovery retries it once the connection is back).
+var errRunNotAgreed = errors.New("bridge: publisher run not agreed yet: not connected")
+
+// runEpoch returns r's agreed epoch, resolving it (and the runs before it) first. While the connection
+// is down it returns errRunNotAgreed and resolves nothing; any other failure makes the bridge use its
+// local epoch for the run, and say so. Publisher goroutine.
+func (b *Bridge) runEpoch(r *run) (int64, error) {
 	if r.agreed != 0 {
-		return r.agreed
+		return r.agreed, nil
 	}
 	var prev int64
 	if r.prev != nil {
-		prev = b.runEpoch(r.prev)
+		var err error
+		if prev, err = b.runEpoch(r.prev); err != nil {
+			return 0, err
+		}
 	}
 	e, err := b.agreeRun(r, prev)
 	if err != nil {
+		if b.runsKV != nil && !b.nc.IsConnected() {
+			return 0, errRunNotAgreed
+		}
 		e = max(r.local, prev+1)
 		b.log.Warn("publisher run not agreed with other bridges; using this bridge's epoch", "key", r.key.String(),
 			"epoch", e, "first_seq", r.firstSeq, "error", err)
 	}
 	r.agreed, r.agreedStr, r.prev = e, strconv.FormatInt(e, 10), nil
-	return e
+	return e, nil
 }
 
 // agreeRun resolves r's epoch through the bucket; prev is the previous run's epoch (0 if none).
@@ -162,9 +178,13 @@ func (b *Bridge) readRun(ctx context.Context, key string) (*streams.RunRecord, u
 }
 
 // otherBridgeLive reports whether another bridge publishes r's key: the newest FPM of the key stored
-// was received after this bridge started. It looks for up to liveProbe.
+// was received after this bridge started. It looks until liveProbe after this bridge received the
+// run's first message, so the publishers a starting bridge meets at once share one wait.
 func (b *Bridge) otherBridgeLive(ctx context.Context, r *run) (bool, error) {
 	deadline := time.Now().Add(liveProbe)
+	if d := time.UnixMilli(r.local).Add(liveProbe); d.Before(deadline) {
+		deadline = d
+	}
 	for {
 		last, err := streams.LastMsgFromLeader(ctx, b.js, streams.StreamFPM, r.subject)
 		switch {
@@ -200,23 +220,30 @@ func casConflict(err error) bool {
 
 // stamp gives FPM item it its agreed epoch before its first publication: header Fpm-Epoch and, for an
 // idle heartbeat, the epoch part of its message id. Publisher goroutine.
-func (b *Bridge) stamp(it *item) {
+func (b *Bridge) stamp(it *item) error {
 	if it.agreed != 0 || it.run == nil {
-		return
+		return nil
 	}
-	e := b.runEpoch(it.run)
+	e, err := b.runEpoch(it.run)
+	if err != nil {
+		return err
+	}
 	it.agreed = e
 	it.m.Header[streams.HeaderEpoch][0] = it.run.agreedStr
 	if it.heartbeat {
 		it.m.Header[streams.HeaderMsgID][0] = streams.FPMMsgID(it.key, it.seq, it.digest, true, e)
 	}
+	return nil
 }
 
-// dropRangeEpoch returns the agreed epoch of drop range r's run (its local epoch for a range built
-// without one), recording it in r for the logs. Publisher goroutine.
+// dropRangeEpoch returns the agreed epoch of drop range r's run, recording it in r for the logs; the
+// run's local epoch when it has none or the broker is away (a marker is only built to be published
+// once the broker is back, so that is rare). Publisher goroutine.
 func (b *Bridge) dropRangeEpoch(r *dropRange) int64 {
 	if r.run != nil {
-		r.epoch = b.runEpoch(r.run)
+		if e, err := b.runEpoch(r.run); err == nil {
+			r.epoch = e
+		}
 	}
 	return r.epoch
 }
