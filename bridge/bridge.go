@@ -45,6 +45,10 @@ type Bridge struct {
 	// ckpt writes the publisher's records to it. Both are set by Run before the publisher starts.
 	acks jetstream.KeyValue
 	ckpt *checkpointer
+	// runsKV is the agreed runs bucket (nil when it could not be opened: local epochs, runs.go), set by
+	// Run before the publisher starts; startMs is when Run started (Unix ms, the bridge's clock).
+	runsKV  jetstream.KeyValue
+	startMs int64
 
 	lineReserve int // bytes of an HPUB line besides the subject (see limits.go)
 	keyRoom     int // keyRoomFor(Namespace, Component)
@@ -145,6 +149,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 	if !b.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
+	b.startMs = b.now().UnixMilli()
 	if b.cfg.BasePort > 0 {
 		if w := CheckEphemeralPorts(b.cfg.BasePort, b.cfg.DPSize, b.opts.procPath); w != "" {
 			b.log.Warn(w)
@@ -179,6 +184,9 @@ func (b *Bridge) Run(ctx context.Context) error {
 	}
 	if ctx.Err() == nil {
 		b.startAckRecords(ctx)
+	}
+	if ctx.Err() == nil {
+		b.openRunBucket(ctx)
 	}
 	if ctx.Err() == nil {
 		close(b.ready)

@@ -95,7 +95,7 @@ func TestHappyPathTwoRanks(t *testing.T) {
 		epochs[m.Subject()] = epoch
 		epochMs, _ := strconv.ParseInt(epoch, 10, 64)
 		wantHdr := map[string]string{
-			streams.HeaderMsgID:     streams.MsgID(key, epochMs, seq),
+			streams.HeaderMsgID:     streams.FPMMsgID(key, seq, streams.PayloadDigest(payloads[rank][seq]), want.IsHeartbeat(), epochMs),
 			streams.HeaderNamespace: "dynamo",
 			streams.HeaderComponent: "backend",
 			streams.HeaderProducer:  workers[rank],
@@ -314,49 +314,70 @@ func TestSeqMismatchIsStoredAndFlagged(t *testing.T) {
 	}
 }
 
+// A restarted publisher reuses its sequence numbers inside the duplicate window: both runs are stored.
+// A busy FPM of the new run differs from the old run's at the same seq by its measurements; an idle
+// heartbeat does not differ at all, and is told apart by the run's epoch in its id.
 func TestPublisherRestartKeepsBothRuns(t *testing.T) {
 	const n = 1000
-	env := streamstest.Start(t)
-	pub := newTestPub(t, "tcp://127.0.0.1:*")
-	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, nil)
-	pub.waitSubscribed()
-	for seq := uint64(0); seq < n; seq++ {
-		pub.send(seq, payload("w", 0, seq))
-	}
-	h.waitStats(15*time.Second, "first run published", func(s Stats) bool { return s.Ranks[0].Published == n })
-
-	// The worker restarts: its socket goes away, a new one binds the same port and counts from 0 again,
-	// well inside the duplicate window.
-	url := pub.URL
-	pub.Close()
-	pub = newTestPub(t, url)
-	pub.waitSubscribed()
-	for seq := uint64(0); seq < n; seq++ {
-		pub.send(seq, payload("w", 0, seq))
-	}
-	h.waitStats(15*time.Second, "second run published", func(s Stats) bool { return s.Ranks[0].Published == 2*n })
-
-	msgs := messages(t, env.JS, streams.StreamFPM, ">")
-	if len(msgs) != 2*n {
-		t.Fatalf("stored %d, want %d: the restart was deduplicated away", len(msgs), 2*n)
-	}
-	epochs := map[string]int{}
-	var order []string
-	for _, m := range msgs {
-		e := m.Headers().Get(streams.HeaderEpoch)
-		if epochs[e] == 0 {
-			order = append(order, e)
+	busy := func(run int) func(uint64) []byte {
+		return func(seq uint64) []byte {
+			f := testFPM("w", 0, seq)
+			f.WallTime += float64(run) * 0.001 // another run measures other forward passes
+			return schemas.EncodeMsgpack(f)
 		}
-		epochs[e]++
 	}
-	if len(epochs) != 2 || epochs[order[0]] != n || epochs[order[1]] != n {
-		t.Fatalf("epochs %v, want two of %d messages", epochs, n)
+	idle := func(int) func(uint64) []byte {
+		return func(seq uint64) []byte {
+			return schemas.EncodeMsgpack(&schemas.FPM{Version: 1, WorkerID: "w", CounterID: int64(seq)})
+		}
 	}
-	if order[0] >= order[1] && len(order[0]) == len(order[1]) {
-		t.Fatalf("epochs not increasing: %v", order)
-	}
-	if s := h.b.Stats().Ranks[0]; s.Duplicates != 0 || s.Dropped != 0 {
-		t.Fatalf("stats %+v", s)
+	for name, payloads := range map[string]func(run int) func(uint64) []byte{"busy FPMs": busy, "idle heartbeats": idle} {
+		t.Run(name, func(t *testing.T) {
+			env := streamstest.Start(t)
+			pub := newTestPub(t, "tcp://127.0.0.1:*")
+			h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, nil)
+			pub.waitSubscribed()
+			first := payloads(0)
+			for seq := uint64(0); seq < n; seq++ {
+				pub.send(seq, first(seq))
+			}
+			h.waitStats(15*time.Second, "first run published", func(s Stats) bool { return s.Ranks[0].Published == n })
+
+			// The worker restarts: its socket goes away, a new one binds the same port and counts from 0
+			// again, well inside the duplicate window.
+			url := pub.URL
+			pub.Close()
+			pub = newTestPub(t, url)
+			pub.waitSubscribed()
+			second := payloads(1)
+			for seq := uint64(0); seq < n; seq++ {
+				pub.send(seq, second(seq))
+			}
+			h.waitStats(15*time.Second, "second run published", func(s Stats) bool { return s.Ranks[0].Published == 2*n })
+
+			msgs := messages(t, env.JS, streams.StreamFPM, ">")
+			if len(msgs) != 2*n {
+				t.Fatalf("stored %d, want %d: the restart was deduplicated away", len(msgs), 2*n)
+			}
+			epochs := map[string]int{}
+			var order []string
+			for _, m := range msgs {
+				e := m.Headers().Get(streams.HeaderEpoch)
+				if epochs[e] == 0 {
+					order = append(order, e)
+				}
+				epochs[e]++
+			}
+			if len(epochs) != 2 || epochs[order[0]] != n || epochs[order[1]] != n {
+				t.Fatalf("epochs %v, want two of %d messages", epochs, n)
+			}
+			if order[0] >= order[1] && len(order[0]) == len(order[1]) {
+				t.Fatalf("epochs not increasing: %v", order)
+			}
+			if s := h.b.Stats().Ranks[0]; s.Duplicates != 0 || s.Dropped != 0 {
+				t.Fatalf("stats %+v", s)
+			}
+		})
 	}
 }
 

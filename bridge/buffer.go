@@ -45,7 +45,8 @@ const rangeIdle = time.Second
 // dropRange is a contiguous run of dropped sequences of one key.
 type dropRange struct {
 	key         streams.Key
-	epoch       int64
+	epoch       int64 // the run's local epoch; the agreed one once its marker is built (runs.go)
+	run         *run
 	first, last uint64
 	count       uint64
 	reason      string
@@ -167,7 +168,7 @@ func (b *buffer) recordDropLocked(it *item, reason string, now time.Time) {
 		r = nil
 	}
 	if r == nil {
-		r = &dropRange{key: it.key, epoch: it.epoch, first: it.seq, reason: reason, firstRecvMs: it.recvMs}
+		r = &dropRange{key: it.key, epoch: it.epoch, run: it.run, first: it.seq, reason: reason, firstRecvMs: it.recvMs}
 		b.open[it.key] = r
 		b.nOpen.Store(int64(len(b.open)))
 	}

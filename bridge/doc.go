@@ -7,7 +7,9 @@
 //	              (a frame over MaxPayload, refused unread) and dead-lettering the refusal
 //	frames.go     ParseFrames splits (topic, 8-byte big-endian sequence, msgpack payload);
 //	              schemas.DecodeFPM turns the payload into a validated FPM with its canonical JSON
-//	epoch.go      the (key, sequence) pair gets a publisher-run epoch, so message ids survive restarts
+//	epoch.go      the (key, sequence) pair gets its publisher run: a sequence going back starts one
+//	runs.go       the publisher goroutine agrees each run's epoch with the other bridges (KV
+//	              FPM_BRIDGE_RUNS, compare-and-set) and stamps it before the run's first publication
 //	message.go    the nats.Msg: subject fpm.<ns>.<comp>.<worker>.<rank>, JSON body, Fpm-* headers;
 //	              bad input becomes a dead letter on FPM_EVENTS instead (streams.DeadLetter), a closed
 //	              drop range a drop marker (streams.DropMarker); subjects, headers and ids are streams'
@@ -46,6 +48,22 @@
 //     limits is dead-lettered before it is published, and a message that fails on its own is given
 //     up after maxRejects attempts.
 //   - A message keeps its Nats-Msg-Id across the bridge's retries, so JetStream deduplicates them.
+//   - Redundant bridges store each FPM once. An FPM's Nats-Msg-Id (streams.FPMMsgID) is the same
+//     whichever bridge publishes it, and differs between any two different FPMs:
+//     key + sequence + digest of the payload bytes, plus the agreed epoch for an idle heartbeat.
+//     No two different FPMs share an id: two FPMs of one key at one sequence belong to two publisher
+//     runs; a busy payload carries its counter_id and its forward pass's measurements (wall_time,
+//     request counts), which another run does not repeat byte for byte, so the digests differ; idle
+//     heartbeats repeat byte for byte at the same sequence in every run, and their epochs differ
+//     (strictly increasing per publisher in FPM_BRIDGE_RUNS). No FPM gets two ids: every subscriber
+//     receives the same bytes, so the digest is the same, and the epoch is agreed before the run's
+//     first publication (runs.go: the record's epoch is adopted by every bridge that saw the restart,
+//     and by a starting bridge when another bridge is live). Where the agreement cannot hold (the
+//     bucket unreachable, a publisher restart within milliseconds of a bridge start, a live bridge
+//     lagging more than liveProbe) only heartbeats can be stored twice, and the detector sees a new
+//     epoch without a sequence regression, which it reads as a bridge restart, never a publisher restart.
+//   - Fpm-Epoch is the agreed epoch too, so the stream two bridges filled reads, for the gap
+//     detector, like one bridge's.
 //   - An acknowledged FPM the stream loses is noticed, not silently counted as stored. JetStream acks
 //     once a message is written, not once it is on disk (streams.SyncPolicy), and a damaged block
 //     file is cut when the server starts. The bridge remembers per publisher key what it saw
@@ -69,6 +87,9 @@
 // receives with a 100 ms timeout where the fd cannot be polled). The nats.Conn belongs to the caller:
 // the bridge never closes or drains it; the JetStream context New creates subscribes on it for acks
 // until it is closed.
+//
+// A run is created by a reader goroutine, which then only reads its immutable fields; its agreed epoch
+// is resolved and cached by the publisher goroutine (which may wait on the broker; the readers never do).
 //
 // The ledger belongs to the publisher goroutine (and to Run once it has exited); the checkpointer's
 // goroutine only gets copies of records, and Run stops it after the publisher, writing the last ones.

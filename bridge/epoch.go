@@ -2,30 +2,27 @@ package bridge
 
 import (
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// Epochs make message ids unique across publisher restarts.
+// Epochs tell publisher runs apart.
 //
 // Dynamo's publisher numbers its messages from 0 with one counter per process, so (key, sequence) alone
-// repeats after every worker restart, and a restart inside JetStream's duplicate window would make the
-// server discard the new run's messages as duplicates. The bridge therefore tags every publisher run
-// with an epoch: the bridge's receive time (Unix ms) of the first message of that run, strictly
-// increasing per key. Nats-Msg-Id is streams.MsgID(key, epoch, seq):
+// repeats after every worker restart. The bridge therefore tags every publisher run with an epoch
+// (header Fpm-Epoch; part of an idle heartbeat's message id, see streams.FPMMsgID).
 //
-//   - A sequence <= the last one seen for the key starts a new epoch (the publisher restarted), so the
-//     new run's ids never collide with the old run's.
-//   - The bridge's own retries of one message reuse the message (and its id), so JetStream
-//     deduplicates a retry whose first attempt was stored but not acknowledged.
-//   - A restarted bridge cannot duplicate stored messages: ZMQ PUB/SUB never replays old messages, so
-//     the new bridge only receives messages sent after it connected, and it starts a new epoch for
-//     every key it sees (its first message of a key is "the first of a run"), so its ids differ from
-//     every id the previous bridge stored even when the sequences overlap.
+// The reader goroutine notices runs locally, without the broker: a sequence <= the last one seen for
+// the key (the publisher restarted), or the bridge's first message of a key since it started, starts a
+// new run, tagged at once with a provisional local epoch, this bridge's receive time (Unix ms) of the
+// run's first message, strictly increasing per key. The local epoch only orders this bridge's runs (drop
+// ranges, a size dead letter's evidence). The epoch that is published is agreed on by every bridge
+// subscribed to the publisher (runs.go): the publisher goroutine resolves it before it publishes
+// anything of the run, through KV bucket streams.BucketBridgeRuns.
 //
-// The epoch is not the publisher's start time; it is when this bridge first saw the run.
+// A busy FPM's message id does not depend on the epoch at all (its payload identifies it), so even a
+// disagreement on the epoch (KV unreachable) never stores a busy FPM twice.
 type epochs struct {
 	mu   sync.Mutex
 	keys map[streams.Key]*epochState
@@ -37,44 +34,34 @@ type epochState struct {
 	last uint64 // last sequence seen in this run
 }
 
-// run is one publisher run of one key as the bridge saw it. It is immutable once created, so readers
-// use it without the lock; it also caches the strings every message of the run repeats.
+// run is one publisher run of one key as this bridge saw it. The reader goroutine creates it and then
+// only reads its immutable fields; agreed and prev belong to the publisher goroutine (runs.go).
 type run struct {
-	epoch    int64  // Unix ms; strictly increasing per key
-	epochStr string // epoch in decimal
-	subject  string // streams.FPMSubject(key)
-	rankStr  string // key.DPRank in decimal
-	idPrefix string // streams.MsgID(key, epoch, seq) == idPrefix + decimal seq; "" if that does not hold
+	key      streams.Key
+	local    int64  // provisional epoch (Unix ms): strictly increasing per key on this bridge
+	firstSeq uint64 // the first sequence of the run this bridge received
+	// restarted: the run began with the sequence going back (this bridge saw the publisher restart);
+	// otherwise it is the bridge's first run of the key since it started.
+	restarted bool
+	subject   string // streams.FPMSubject(key)
+	rankStr   string // key.DPRank in decimal
+
+	// Publisher goroutine only.
+	prev      *run   // the run before, until this one is agreed (its epoch bounds this one's)
+	agreed    int64  // the agreed epoch; 0 until resolved
+	agreedStr string // agreed in decimal
 }
 
-func newRun(k streams.Key, epoch int64) *run {
-	r := &run{
-		epoch:    epoch,
-		epochStr: strconv.FormatInt(epoch, 10),
-		subject:  streams.FPMSubject(k),
-		rankStr:  strconv.Itoa(k.DPRank),
+func newRun(k streams.Key, local int64, firstSeq uint64, prev *run) *run {
+	return &run{
+		key:       k,
+		local:     local,
+		firstSeq:  firstSeq,
+		restarted: prev != nil,
+		prev:      prev,
+		subject:   streams.FPMSubject(k),
+		rankStr:   strconv.Itoa(k.DPRank),
 	}
-	// The id format belongs to streams; use the prefix shortcut only while it provably holds.
-	if id := streams.MsgID(k, epoch, 0); strings.HasSuffix(id, ":0") {
-		p := id[:len(id)-1]
-		if streams.MsgID(k, epoch, 18446744073709551615) == p+"18446744073709551615" {
-			r.idPrefix = p
-		}
-	}
-	return r
-}
-
-// msgID returns streams.MsgID(key, r.epoch, seq) and seq in decimal, with one allocation.
-func (r *run) msgID(k streams.Key, seq uint64) (id, seqStr string) {
-	if r.idPrefix == "" {
-		id = streams.MsgID(k, r.epoch, seq)
-		return id, strconv.FormatUint(seq, 10)
-	}
-	var buf [96]byte
-	b := append(buf[:0], r.idPrefix...)
-	b = strconv.AppendUint(b, seq, 10)
-	id = string(b)
-	return id, id[len(r.idPrefix):]
 }
 
 func newEpochs() *epochs {
@@ -92,10 +79,10 @@ func (e *epochs) observe(k streams.Key, seq uint64, nowMs int64) (r *run, newEpo
 	}
 	if st.run == nil || seq <= st.last {
 		next := nowMs
-		if st.run != nil && next <= st.run.epoch {
-			next = st.run.epoch + 1
+		if st.run != nil && next <= st.run.local {
+			next = st.run.local + 1
 		}
-		st.run, newEpoch = newRun(k, next), true
+		st.run, newEpoch = newRun(k, next, seq, st.run), true
 	}
 	st.last = seq
 	r = st.run

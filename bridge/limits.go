@@ -232,7 +232,11 @@ func (b *Bridge) publishDeadLetter(fpm *item, stage string, cause error) *item {
 	hb.set(streams.HeaderReceivedAt, strconv.FormatInt(fpm.recvMs, 10))
 	hb.set(streams.HeaderBridge, b.cfg.BridgeID)
 	hb.set(streams.HeaderSeq, strconv.FormatUint(fpm.seq, 10))
-	hb.set(streams.HeaderEpoch, strconv.FormatInt(fpm.epoch, 10))
+	epoch := fpm.epoch
+	if fpm.agreed != 0 {
+		epoch = fpm.agreed
+	}
+	hb.set(streams.HeaderEpoch, strconv.FormatInt(epoch, 10))
 	hb.set(streams.HeaderWorkerID, boundHeader(fpm.key.WorkerID))
 	msg := &nats.Msg{Subject: streams.DeadLetterSubject(b.cfg.Namespace, b.cfg.Component, ep.DPRank), Header: hb.h}
 	room := b.serverMaxPayload() - int64(encodedSize(msg)) - deadLetterSlack

@@ -42,15 +42,20 @@ type item struct {
 	kind   itemKind
 	slot   int         // index of the endpoint in Config.Endpoints; -1 for markers
 	key    streams.Key // kindFPM: the publisher key
-	epoch  int64
-	seq    uint64
-	recvMs int64
-	recv   time.Time  // monotonic receive time, for fpmbus_bridge_receive_to_ack_seconds
-	size   int64      // bytes charged to the buffer
-	order  uint64     // enqueue order (set by the buffer); retries are republished in this order
-	errs   int        // failures of this message alone so far (see publisher.failed)
-	sent   uint64     // the publisher's number of its latest publish attempt
-	marker *dropRange // kindMarker: the range it reports
+	epoch  int64       // kindFPM: the run's local epoch (epoch.go)
+	run    *run        // kindFPM: the publisher run it belongs to
+	agreed int64       // kindFPM: the run's agreed epoch once stamped (runs.go); 0 before
+	// heartbeat: an idle heartbeat, whose id gets the agreed epoch when stamped; digest its payload's.
+	heartbeat bool
+	digest    string
+	seq       uint64
+	recvMs    int64
+	recv      time.Time  // monotonic receive time, for fpmbus_bridge_receive_to_ack_seconds
+	size      int64      // bytes charged to the buffer
+	order     uint64     // enqueue order (set by the buffer); retries are republished in this order
+	errs      int        // failures of this message alone so far (see publisher.failed)
+	sent      uint64     // the publisher's number of its latest publish attempt
+	marker    *dropRange // kindMarker: the range it reports
 }
 
 // headerOverhead approximates the encoded headers of one message when charging the buffer.
@@ -97,18 +102,22 @@ func (b *Bridge) process(slot int, frames [][]byte, recv, mono time.Time) *item 
 	if n := b.keySubjectLen(key); n > b.maxSubject() {
 		return b.oversizedKey(slot, frames, key, n, seq, recv, mono)
 	}
-	return b.fitFPM(slot, frames, b.fpmItem(slot, &f, frames[0], seq, recv, mono), recv, mono)
+	return b.fitFPM(slot, frames, b.fpmItem(slot, &f, frames[0], payload, seq, recv, mono), recv, mono)
 }
 
 // fpmItem builds the FPM message: subject streams.FPMSubject(key), body f.JSON verbatim, and the Fpm-*
 // headers. A counter_id that differs from the sequence frame is flagged (Fpm-Seq-Mismatch) and
 // counted, never dropped.
-func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic []byte, seq uint64, recv, mono time.Time) *item {
+func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic, payload []byte, seq uint64, recv, mono time.Time) *item {
 	ep := &b.endpoints[slot]
 	key := streams.Key{Namespace: b.cfg.Namespace, Component: b.cfg.Component, WorkerID: f.WorkerID, DPRank: int(f.DPRank)}
 	recvMs := recv.UnixMilli()
 	run, _ := b.epochs.observe(key, seq, recvMs)
-	msgID, seqStr := run.msgID(key, seq)
+	digest := streams.PayloadDigest(payload)
+	heartbeat := f.IsHeartbeat()
+	// A heartbeat's id is completed with the agreed epoch when the publisher stamps it (runs.go).
+	msgID := streams.FPMMsgID(key, seq, digest, false, 0)
+	seqStr := strconv.FormatUint(seq, 10)
 
 	mismatch := f.CounterID < 0 || uint64(f.CounterID) != seq
 	n := 11
@@ -132,7 +141,7 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic []byte, seq uint64, rec
 	hb.set(streams.HeaderProducer, producer)
 	hb.set(streams.HeaderWorkerID, f.WorkerID)
 	hb.set(streams.HeaderDPRank, run.rankStr)
-	hb.set(streams.HeaderEpoch, run.epochStr)
+	hb.set(streams.HeaderEpoch, "") // stamped with the agreed epoch before publication
 	hb.set(streams.HeaderEndpoint, ep.URL)
 	hb.set(streams.HeaderBridge, b.cfg.BridgeID)
 	if mismatch {
@@ -146,11 +155,15 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic []byte, seq uint64, rec
 		kind:   kindFPM,
 		slot:   slot,
 		key:    key,
-		epoch:  run.epoch,
+		epoch:  run.local,
+		run:    run,
 		seq:    seq,
 		recvMs: recvMs,
 		recv:   mono,
 		size:   int64(len(f.JSON)) + headerOverhead,
+	}
+	if heartbeat {
+		it.heartbeat, it.digest = true, digest
 	}
 	it.msg = &it.m
 	return it
@@ -216,7 +229,7 @@ func (b *Bridge) markerItem(r *dropRange) *item {
 	m := streams.DropMarker{
 		Type:              streams.DropMarkerEvent,
 		Key:               r.key,
-		Epoch:             r.epoch,
+		Epoch:             b.dropRangeEpoch(r),
 		FirstSeq:          r.first,
 		LastSeq:           r.last,
 		Count:             r.count,

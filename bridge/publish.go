@@ -240,6 +240,11 @@ func (p *publisher) idle() bool {
 // exceed the server's max_control_line is refused here (errSubjectTooLong): the server would close
 // the connection on it.
 func (p *publisher) send(it *item) error {
+	if it.kind == kindFPM {
+		if err := p.b.stamp(it); err != nil {
+			return err
+		}
+	}
 	if err := p.b.checkLine(it.msg); err != nil {
 		return err
 	}
@@ -418,7 +423,7 @@ func (p *publisher) acked(it *item, pa *jetstream.PubAck, at time.Time) {
 	p.held -= it.size
 	switch it.kind {
 	case kindFPM:
-		p.ledger.acked(it.key, it.epoch, it.seq, pa.Sequence)
+		p.ledger.acked(it.key, it.agreed, it.seq, pa.Sequence)
 		p.b.ranks[it.slot].countPublished(pa.Duplicate)
 		p.b.metrics.receiveToAck.Observe(at.Sub(it.recv).Seconds())
 		if p.b.opts.onAck != nil {

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -188,30 +187,24 @@ func TestEpochs(t *testing.T) {
 	}
 	for i, s := range steps {
 		r, isNew := e.observe(k, s.seq, s.now)
-		epoch := r.epoch
+		epoch := r.local
 		if epoch != s.epoch || isNew != s.newEpoch {
 			t.Fatalf("step %d (seq %d at %d): got epoch %d new %v, want %d %v", i, s.seq, s.now, epoch, isNew, s.epoch, s.newEpoch)
 		}
 	}
 	other := k
 	other.DPRank = 1
-	if r, isNew := e.observe(other, 3, 2000); r.epoch != 2000 || !isNew {
-		t.Fatalf("a second key has its own epoch: got %d %v", r.epoch, isNew)
+	if r, isNew := e.observe(other, 3, 2000); r.local != 2000 || !isNew {
+		t.Fatalf("a second key has its own epoch: got %d %v", r.local, isNew)
 	}
-	// The cached id and strings agree with streams.
+	// The cached strings agree with streams.
 	odd := streams.Key{Namespace: "a.b", Component: "c d", WorkerID: "", DPRank: 12}
 	r, _ := e.observe(odd, 0, 5000)
-	if r.idPrefix == "" {
-		t.Fatal("id prefix shortcut not taken")
-	}
-	for _, seq := range []uint64{0, 7, 1 << 40, ^uint64(0)} {
-		id, seqStr := r.msgID(odd, seq)
-		if id != streams.MsgID(odd, 5000, seq) || seqStr != strconv.FormatUint(seq, 10) {
-			t.Fatalf("msgID(%d) = %q, %q", seq, id, seqStr)
-		}
-	}
-	if r.subject != streams.FPMSubject(odd) || r.rankStr != "12" || r.epochStr != "5000" {
+	if r.subject != streams.FPMSubject(odd) || r.rankStr != "12" || r.local != 5000 || r.restarted {
 		t.Fatalf("run %+v", r)
+	}
+	if r2, _ := e.observe(odd, 0, 5000); !r2.restarted || r2.prev != r || r2.firstSeq != 0 {
+		t.Fatalf("restarted run %+v", r2)
 	}
 }
 

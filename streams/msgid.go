@@ -1,15 +1,55 @@
 package streams
 
-import "strconv"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+)
 
 // Message ids (Nats-Msg-Id) of every message fpmbus publishes. An id is derived from what the message
 // says, never from when it was sent, so that a retry or a re-publication after a crash is stored once
 // (within the streams' duplicate window). Each kind of message has its own prefix, so ids of different
 // kinds never collide.
 
-// MsgID is the Nats-Msg-Id of one FPM: stable for the same message (so the bridge's own retries are
-// deduplicated) and unique across publisher restarts, because the publisher-run epoch is part of it
-// while the ZMQ sequence restarts at 0.
+// FPMMsgID is the Nats-Msg-Id of one FPM, the same whichever bridge publishes it, so that redundant
+// bridges on one publisher store each FPM once (and a bridge's own retries are deduplicated):
+//
+//	<key>:<seq>:<digest>                 a busy FPM
+//	<key>:<seq>:<digest>:e<epoch>        an idle heartbeat
+//
+// digest is PayloadDigest of the payload as received. The id is derived from what every bridge
+// receives, never from when or by whom:
+//
+//   - A busy FPM's payload carries its own counter_id (= seq), the forward pass's wall_time and its
+//     request counts, so two different FPMs of one publisher key never have the same seq and the same
+//     payload bytes: a new run reuses the sequence numbers but not the measurements. (Two passes
+//     identical to the last bit of a float wall_time at the same seq of two runs within the duplicate
+//     window would share an id; they are then indistinguishable anyway.)
+//   - An idle heartbeat's payload (wall_time 0, every count zero) is the same at the same seq of
+//     every run, so its id adds the run's epoch, which redundant bridges agree on through
+//     BucketBridgeRuns and which strictly increases per publisher: heartbeats of two runs never
+//     share an id, and every bridge that agreed on the run gives a heartbeat the same one.
+//
+// Ids of different publisher keys never collide: KeyTokens is injective and ':' is escaped in it.
+func FPMMsgID(k Key, seq uint64, digest string, heartbeat bool, epochMs int64) string {
+	id := KeyTokens(k) + ":" + strconv.FormatUint(seq, 10) + ":" + digest
+	if heartbeat {
+		id += ":e" + strconv.FormatInt(epochMs, 10)
+	}
+	return id
+}
+
+// PayloadDigest is the digest of an FPM payload in message ids: the first 16 bytes of its SHA-256, in
+// hex (32 characters). 128 bits make an accidental collision between two payloads of one key at one
+// seq within a duplicate window negligible.
+func PayloadDigest(payload []byte) string {
+	sum := sha256.Sum256(payload)
+	return hex.EncodeToString(sum[:16])
+}
+
+// MsgID is the epoch-and-sequence identity of a publisher run's message, the base of drop marker ids
+// (DropMarkerMsgID) and of the Nats-Msg-Id fpmbus gave FPMs before redundant bridges (tests and tools
+// that publish FPMs by hand still use it: any id unique per FPM will do).
 func MsgID(k Key, epochMs int64, seq uint64) string {
 	return KeyTokens(k) + ":" + strconv.FormatInt(epochMs, 10) + ":" + strconv.FormatUint(seq, 10)
 }

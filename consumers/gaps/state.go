@@ -39,6 +39,10 @@ type State struct {
 	Pending []Pending `json:"pending,omitempty"`
 	// Markers are drop markers that may still explain a pending or future gap.
 	Markers []heldMarker `json:"markers,omitempty"`
+	// Redundant is set once FPMs of the publisher came from two bridges (Fpm-Bridge) one after the
+	// other: redundant bridges (or a handover). From then on a gap covered by drop markers waits for
+	// the marker grace like any other, because another bridge may still store what one bridge dropped.
+	Redundant bool `json:"redundant,omitempty"`
 	// Stale is set while the publisher is silent.
 	Stale    *Point   `json:"stale,omitempty"`
 	Counters Counters `json:"counters"`

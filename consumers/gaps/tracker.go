@@ -77,6 +77,10 @@ func (t *tracker) observe(o *Observation) {
 	if o.SeqMismatch {
 		st.Counters.SeqMismatch++
 	}
+	if st.Started && !st.Redundant && o.Bridge != "" && st.Last.Bridge != "" && o.Bridge != st.Last.Bridge {
+		st.Redundant = true
+		t.significant = true
+	}
 	if !st.Started {
 		st.Started = true
 		st.FirstSeenMs, st.LastSeenMs = o.ObservedAtMs, o.ObservedAtMs
@@ -357,8 +361,16 @@ func (t *tracker) segments(p *Pending, mark bool) (segs []segment, full bool) {
 
 // tryResolve classifies pending gap i when markers cover all of it, or always when force is set
 // (the marker grace has passed), emits its events and removes it. It reports whether it did.
+//
+// With redundant bridges (State.Redundant) markers alone never classify a gap before the grace: a drop
+// marker says what one bridge dropped, and the other bridge may store those FPMs later (the stream
+// holds the union of what the bridges stored). Its late copies fill the gap meanwhile; what is still
+// missing when the grace passes, no bridge stored, and the markers covering it say why.
 func (t *tracker) tryResolve(i int, force bool) bool {
 	p := &t.st.Pending[i]
+	if !force && t.st.Redundant && len(p.Ranges) > 0 {
+		return false
+	}
 	segs, full := t.segments(p, false)
 	if !full && !force {
 		return false

@@ -3,6 +3,7 @@ package producertest
 import (
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,7 +28,14 @@ type Scripted struct {
 	dpRank   int
 	sent     uint64 // next sequence number
 	lost     []uint64
+	// wallTime is the wall_time of its busy passes: each Scripted has its own (scriptedRuns), as each
+	// run of a real worker measures its own passes, so two runs never send byte-identical busy FPMs at
+	// one sequence number (the bridge's message ids tell FPMs apart by their payload).
+	wallTime float64
 }
+
+// scriptedRuns numbers the Scripted publishers of the test binary.
+var scriptedRuns atomic.Uint64
 
 // NewScripted binds endpoint ("tcp://127.0.0.1:*" picks a free port; see Endpoint) with send high-water
 // mark hwm (0: unlimited) and linger 0. nodrop sets ZMQ_XPUB_NODROP: a full pipe then refuses the send
@@ -43,7 +51,7 @@ func NewScripted(tb testing.TB, endpoint string, hwm int, nodrop bool, workerID 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := &Scripted{tb: tb, s: s, workerID: workerID, dpRank: dpRank}
+	p := &Scripted{tb: tb, s: s, workerID: workerID, dpRank: dpRank, wallTime: 0.02 + float64(scriptedRuns.Add(1))*1e-6}
 	tb.Cleanup(p.Close)
 	return p
 }
@@ -72,7 +80,7 @@ func (p *Scripted) Send(heartbeat bool) bool {
 	p.sent++
 	f := &schemas.FPM{Version: 1, WorkerID: p.workerID, DPRank: int64(p.dpRank), CounterID: int64(seq)}
 	if !heartbeat {
-		f.WallTime = 0.02
+		f.WallTime = p.wallTime
 		f.Scheduled = schemas.ScheduledRequests{NumPrefillRequests: 1, SumPrefillTokens: 128, NumDecodeRequests: 2, SumDecodeKVTokens: 512}
 	}
 	if err := p.s.Send(seq, schemas.EncodeMsgpack(f)); err != nil {

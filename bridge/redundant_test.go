@@ -1,0 +1,86 @@
+package bridge
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// Two bridges on one publisher store every FPM once, busy ones and heartbeats, under one epoch per
+// publisher run: the run they agreed on in streams.BucketBridgeRuns. A publisher restart both see is
+// one new run, with one new epoch.
+func TestRedundantBridgesStoreEveryFPMOnce(t *testing.T) {
+	const n = 400
+	env := streamstest.Start(t)
+	pub := newTestPub(t, "tcp://127.0.0.1:*")
+	var hs []*harness
+	for _, id := range []string{"bridge-a", "bridge-b"} {
+		hs = append(hs, startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) { c.BridgeID = id }))
+	}
+	if err := pub.s.WaitSubscribers(2, 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Even numbers are busy FPMs, odd ones idle heartbeats; the second run's busy ones measure other
+	// passes, its heartbeats are byte for byte the first run's.
+	fpm := func(run int, seq uint64) []byte {
+		if seq%2 == 1 {
+			return schemas.EncodeMsgpack(&schemas.FPM{Version: 1, WorkerID: "w", CounterID: int64(seq)})
+		}
+		f := testFPM("w", 0, seq)
+		f.WallTime += float64(run) * 0.001
+		return schemas.EncodeMsgpack(f)
+	}
+	sendRun := func(run int) {
+		for seq := uint64(0); seq < n; seq++ {
+			pub.send(seq, fpm(run, seq))
+		}
+		for _, h := range hs {
+			h.waitStats(15*time.Second, "run published", func(s Stats) bool { return s.Ranks[0].Published == uint64(run+1)*n })
+		}
+	}
+	sendRun(0)
+	url := pub.URL
+	pub.Close()
+	pub = newTestPub(t, url)
+	if err := pub.s.WaitSubscribers(2, 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	sendRun(1)
+
+	msgs := messages(t, env.JS, streams.StreamFPM, ">")
+	if len(msgs) != 2*n {
+		t.Fatalf("stored %d, want %d: each FPM of the two runs once", len(msgs), 2*n)
+	}
+	perRun := map[string]map[uint64]int{} // epoch -> seq -> copies
+	var epochs []string
+	bridges := map[string]int{}
+	for _, m := range msgs {
+		e := m.Headers().Get(streams.HeaderEpoch)
+		if perRun[e] == nil {
+			perRun[e] = map[uint64]int{}
+			epochs = append(epochs, e)
+		}
+		perRun[e][hdrUint(t, m, streams.HeaderSeq)]++
+		bridges[m.Headers().Get(streams.HeaderBridge)]++
+	}
+	if len(epochs) != 2 {
+		t.Fatalf("epochs %v: want one per publisher run", epochs)
+	}
+	e0, _ := strconv.ParseInt(epochs[0], 10, 64)
+	e1, _ := strconv.ParseInt(epochs[1], 10, 64)
+	if e0 <= 0 || e1 <= e0 {
+		t.Fatalf("epochs %v: want positive and increasing", epochs)
+	}
+	for _, e := range epochs {
+		for seq := uint64(0); seq < n; seq++ {
+			if perRun[e][seq] != 1 {
+				t.Fatalf("epoch %s seq %d stored %d times", e, seq, perRun[e][seq])
+			}
+		}
+	}
+	t.Logf("stored per bridge: %v", bridges)
+}
