@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
@@ -108,6 +109,18 @@ func TestOpsPartitionedGroupsOnTheRealNatsServer(t *testing.T) {
 	group(srv.start(t, "seal", "seal", "seal", "--seal-partitions", "2", "--seal-member-id", "s1"))
 	bridge.waitOutput("bridge ready", 30*time.Second)
 
+	// Both writers are members before the first FPM: each is assigned, and takes, one partition.
+	op := srv.client(t, "operator")
+	members, err := op.js.KeyValue(t.Context(), partition.MembersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"a", "b"} {
+		if _, err := members.Get(t.Context(), streams.StreamFPM+"."+tcfg.Group+"."+m); err != nil {
+			t.Fatalf("trace writer %s is not a member of %s: %v", m, tcfg.Group, err)
+		}
+	}
+
 	const perWorker = 30
 	var pubs []*producertest.Scripted
 	for r, w := range workers {
@@ -124,7 +137,6 @@ func TestOpsPartitionedGroupsOnTheRealNatsServer(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	op := srv.client(t, "operator")
 	waitStreamCount(t, op.js, streams.StreamFPM, 2*perWorker, 30*time.Second)
 
 	profile := filepath.Join(dir, "profile.json")
