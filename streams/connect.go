@@ -23,7 +23,8 @@ import (
 // returns at once with the cause. Once connected, the client reconnects forever: a component outlives
 // broker restarts. A server that later refuses the credentials twice in a row closes the connection for
 // good (nats.go's rule); that and every other connection event is logged with its cause, and OnClosed
-// lets a command stop instead of running on a dead connection.
+// lets a command stop instead of running on a dead connection. A subject the server refuses the user
+// (its permissions) is logged as an error naming the subject: the refused request itself only times out.
 
 // DefaultConnectTimeout bounds the wait for the first connection when ConnConfig.ConnectTimeout is 0.
 const DefaultConnectTimeout = 30 * time.Second
@@ -280,6 +281,14 @@ func (c ConnConfig) options(log *slog.Logger, timeout time.Duration) ([]nats.Opt
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			if errors.Is(classify(err), ErrAuth) {
 				log.Error("the NATS server refused this client's credentials; refused twice in a row, the connection closes",
+					"server", where, "error", err, "credentials", c.describeAuth())
+				return
+			}
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				// The server refuses a publish (a JetStream API call is one) or a subscription this
+				// user's permissions do not allow. A refused request gets no answer: the operation
+				// fails only when its own timeout ends, so this line is where the subject is named.
+				log.Error("the NATS server refused this user a subject its permissions do not allow; the operation fails at its timeout",
 					"server", where, "error", err, "credentials", c.describeAuth())
 				return
 			}

@@ -1,14 +1,18 @@
 package streams_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -232,6 +236,69 @@ func TestOnClosedReportsAuthorizationLostLater(t *testing.T) {
 	}
 	if len(causes) != 0 || len(again) != 0 {
 		t.Fatal("OnClosed called f more than once")
+	}
+}
+
+// lockedBuffer collects log output written from nats.go's callback goroutine.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A subject the user's permissions do not allow: the server refuses it and the connection logs an
+// error naming the refused subject and who the client is (never the password); what is allowed is not
+// logged.
+func TestConnectLogsTheSubjectTheServerRefuses(t *testing.T) {
+	srv := startConfigured(t, fmt.Sprintf(`authorization { users: [ {user: %s, password: %s,
+  permissions: { publish: { allow: ["allowed.>"] }, subscribe: { allow: ["_INBOX.>"] } } } ] }`, testUser, testPassword), nil)
+	var out lockedBuffer
+	nc, err := streams.Connect(streams.ConnConfig{URL: srv.ClientURL(), User: testUser, Pass: testPassword,
+		Logger: slog.New(slog.NewJSONHandler(&out, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	for _, subj := range []string{"allowed.x", "refused.x"} {
+		if err := nc.Publish(subj, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Level       string `json:"level"`
+		Error       string `json:"error"`
+		Credentials string `json:"credentials"`
+	}
+	for deadline := time.Now().Add(10 * time.Second); rec.Level == ""; time.Sleep(10 * time.Millisecond) {
+		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			if line != "" && json.Unmarshal([]byte(line), &rec) != nil {
+				t.Fatalf("log line %q is not JSON", line)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("nothing logged for the refused publish")
+		}
+	}
+	if rec.Level != "ERROR" || !strings.Contains(rec.Error, `Permissions Violation for Publish to "refused.x"`) ||
+		!strings.Contains(rec.Credentials, `user "bridge"`) {
+		t.Fatalf("logged %+v: want an error naming the refused subject and the user", rec)
+	}
+	if s := out.String(); strings.Contains(s, "allowed.x") || strings.Contains(s, testPassword) {
+		t.Fatalf("the log names the allowed subject or shows the password:\n%s", s)
 	}
 }
 

@@ -26,9 +26,10 @@ type stateStore struct {
 	kv, fpm, events jetstream.Stream
 }
 
-// open creates the state bucket if missing and looks up the streams.
+// open creates the state bucket if missing (an existing one is used as it is, like every bucket a
+// component opens: streams.EnsureKeyValue) and looks up the streams.
 func (s *stateStore) open(ctx context.Context) error {
-	if _, err := s.js.CreateOrUpdateKeyValue(ctx, s.cfg.StateBucketConfig()); err != nil {
+	if _, err := streams.EnsureKeyValue(ctx, s.js, s.cfg.StateBucketConfig()); err != nil {
 		return fmt.Errorf("gaps: state bucket %s: %w", s.cfg.StateBucket, err)
 	}
 	var err error
