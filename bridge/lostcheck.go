@@ -62,7 +62,13 @@ type storedRecord struct {
 func (b *Bridge) openAckBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	ctx, cancel := context.WithTimeout(ctx, startCheckTimeout)
 	defer cancel()
-	return streams.EnsureKeyValue(ctx, b.js, b.cfg.Streams.BridgeAcksBucket())
+	ctx, stop := streams.RefusalContext(ctx, b.js.Conn()) // a user without the bucket: say so at once
+	defer stop()
+	kv, err := streams.EnsureKeyValue(ctx, b.js, b.cfg.Streams.BridgeAcksBucket())
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, streams.ErrRefused) {
+		err = cause
+	}
+	return kv, err
 }
 
 // checkAtStart compares every record in the bucket with the stream, reports what is lost and cuts the

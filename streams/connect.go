@@ -278,13 +278,14 @@ func (c ConnConfig) options(log *slog.Logger, timeout time.Duration) ([]nats.Opt
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Debug("NATS reconnect attempt failed", "server", where, "error", err)
 		}),
-		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		nats.ErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
 			if errors.Is(classify(err), ErrAuth) {
 				log.Error("the NATS server refused this client's credentials; refused twice in a row, the connection closes",
 					"server", where, "error", err, "credentials", c.describeAuth())
 				return
 			}
 			if errors.Is(err, nats.ErrPermissionViolation) {
+				notifyRefusal(nc, err)
 				// The server refuses a publish (a JetStream API call is one) or a subscription this
 				// user's permissions do not allow. A refused request gets no answer: the operation
 				// fails only when its own timeout ends, so this line is where the subject is named.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // apiTimeout bounds one JetStream API call made by the runner itself.
@@ -351,18 +352,29 @@ func (r *Runner) apply(ctx context.Context, it item) error {
 			r.forget(old)
 		}
 		r.sessions[s.p] = s
-		floor, err := r.ackFloor(ctx, s.p)
+		var floor uint64
+		err := r.retry(ctx, s, "ack floor", func() (err error) {
+			floor, err = r.ackFloor(ctx, s.p)
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("durable: %s: partition %d: %w", r.cfg.Name, s.p, err)
 		}
 		if r.cfg.DetectRetentionLoss {
 			s.lastSeq, s.seqKnown = floor, true
 		}
-		if err := r.startAttempt(ctx, s, floor); err != nil {
+		if err := r.retry(ctx, s, "takeover record", func() error { return r.startAttempt(ctx, s, floor) }); err != nil {
 			return fmt.Errorf("durable: %s: %w", r.cfg.Name, err)
 		}
 		if r.obs != nil {
-			if err := r.obs.Assigned(ctx, s.p); err != nil {
+			err := r.retry(ctx, s, "stage's partition state", func() error {
+				err := r.obs.Assigned(ctx, s.p)
+				if err != nil {
+					r.obs.Lost(s.p) // forget what a failed load left, before trying again
+				}
+				return err
+			})
+			if err != nil {
 				return fmt.Errorf("durable: %s: partition %d assigned: %w", r.cfg.Name, s.p, err)
 			}
 		}
@@ -392,6 +404,32 @@ func (r *Runner) apply(ctx context.Context, it item) error {
 		return nil // a batch of an ended session: left unacked for the next owner
 	}
 	return r.handleBatch(ctx, s, it.msgs)
+}
+
+// gainRetryFor bounds how long taking a partition retries a failing server call: while a cluster
+// elects a leader for a stream or bucket, or a replica catches up, requests go unanswered (no
+// responders, timeouts) for seconds; one such answer must not stop the instance.
+const gainRetryFor = 30 * time.Second
+
+// retry runs f until it succeeds, gainRetryFor has passed, the partition is lost or the server refuses
+// this user a subject (retrying cannot help then). It returns f's last error.
+func (r *Runner) retry(ctx context.Context, s *session, what string, f func() error) error {
+	deadline := r.now().Add(gainRetryFor)
+	wait := 100 * time.Millisecond
+	for {
+		err := f()
+		if err == nil || errors.Is(err, streams.ErrRefused) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+			s.lost.Load() || ctx.Err() != nil || !r.now().Add(wait).Before(deadline) {
+			return err
+		}
+		r.log.Warn("taking a partition: retrying a server call", "partition", s.p, "call", what, "err", err, "retry_in", wait)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return err
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // forget drops s without acknowledging anything more and tells the stage.
