@@ -32,7 +32,7 @@ func (r *VerifyReport) WriteText(w io.Writer) error {
 			switch {
 			case !s.Checked:
 				active++
-				b.WriteString("active (the newest), not checked\n")
+				b.WriteString("the newest, not checked (a writer may be writing it; --include-active checks it)\n")
 				continue
 			case len(s.Findings) == 0:
 				b.WriteString("ok\n")

@@ -309,6 +309,9 @@ func (v *verifier) heal(p *vproducer) {
 		for i := sp.i + 1; i < sp.j; i++ {
 			adjacent = adjacent && p.lines[i].salvaged
 		}
+		if !adjacent && slices.ContainsFunc(regions, func(r region) bool { return r.prev >= sp.i && r.next <= sp.j }) {
+			continue // the damage between them reports these messages
+		}
 		h := &Heal{StreamAfter: a.seq, StreamBefore: b.seq, Lines: len(cands)}
 		f := Finding{Kind: FindingMissing, Heal: h}
 		d := v.deletedBetween(a.seq, b.seq)
@@ -569,7 +572,7 @@ func (v *verifier) rebuild(p *vproducer, seg, prev, next int, cands []candidate,
 			read[l.id] = append(read[l.id], l)
 		}
 	}
-	cur := lo
+	known, last := lo, int64(-1) // a timestamp known not to be after the next line's; the last one given
 	var content, buf []byte
 	for i := range cands {
 		c := &cands[i]
@@ -579,22 +582,23 @@ func (v *verifier) rebuild(p *vproducer, seg, prev, next int, cands []candidate,
 			s := rs[0]
 			read[id] = rs[1:]
 			buf = appendLine(buf[:0], &c.rec, s.ts, schemas.CaptureFull)
-			if bytes.Equal(buf, s.raw) && (cur < 0 || s.ts >= cur) && (hi < 0 || s.ts <= hi) {
-				ts, exact = s.ts, true
+			if bytes.Equal(buf, s.raw) && s.ts >= max(known, last) && (hi < 0 || s.ts <= hi) {
+				ts, exact, known = s.ts, true, s.ts
 			}
 		}
 		if ts < 0 {
 			switch {
-			case cur >= 0:
-				ts = cur
+			case known >= 0:
+				ts = known
 			case hi >= 0:
 				ts = hi
 			default:
 				ts = max(p.lines[prev].ts, 0) // the line before, in the segment before
 			}
-			exact = cur >= 0 && cur == hi
+			ts = max(ts, last)
+			exact = known >= 0 && known == hi
 		}
-		cur = ts
+		last = ts
 		if exact {
 			h.TimestampsExact++
 		} else {
