@@ -1,12 +1,14 @@
 package trace
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -38,8 +40,11 @@ import (
 // The one field of a line the stream does not hold is the writer-relative "timestamp": it is taken from
 // the damaged bytes when the line can still be read there (and is byte-identical to the line rebuilt
 // from its message otherwise), else it is the timestamp of the line before it in the segment, the
-// largest value known not to be after the original (a segment's timestamps never decrease); such lines
-// are counted as estimated, unless the lines around them have the same timestamp (then it is exact).
+// largest value known not to be after the original (a segment's timestamps never decrease; with no line
+// before it in the segment, the first one after it); such lines are counted as estimated, unless the
+// lines around them have the same timestamp (then it is exact). So a restored segment is byte-identical
+// to the original where its writer's clock did not move across the lost lines, and differs in those
+// lines' timestamps only, never in their events, where it did.
 // When the damaged member's gzip trailer survives, the rebuilt member is checked against its CRC-32 and
 // size: a match means byte-identical to what was written.
 //
@@ -415,10 +420,12 @@ func (v *verifier) report(stream bool) *VerifyReport {
 		vp := &VerifyProducer{Producer: p.name, Lines: len(p.lines), InStream: p.inStream, NotInStream: p.notInStream}
 		for _, s := range p.segs {
 			vs := &VerifySegment{Path: s.Path, Index: s.Index, Bytes: s.chk.size, Lines: len(s.chk.lines), Active: s.active,
-				Checked: s.checked, Findings: s.findings, Repaired: s.repaired}
+				Checked: s.checked, Findings: slices.Clone(s.findings), Repaired: s.repaired}
 			if vs.Findings == nil {
 				vs.Findings = []Finding{}
 			}
+			// In file order (the stream's findings were added after the file's).
+			slices.SortStableFunc(vs.Findings, func(a, b Finding) int { return cmp.Or(cmp.Compare(a.Offset, b.Offset), cmp.Compare(a.Line, b.Line)) })
 			if s.repairErr != nil {
 				vs.RepairError = s.repairErr.Error()
 			}

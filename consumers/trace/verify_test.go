@@ -30,11 +30,14 @@ type verifyOutput struct {
 
 // writeVerifyOutput publishes n messages of 4 keys (2 producers) and has a full-mode writer with clock
 // write them in small segments (about 30 lines) of small members (about 6 lines).
-func writeVerifyOutput(t *testing.T, js jetstream.JetStream, n int, clock func() time.Time) verifyOutput {
+func writeVerifyOutput(t *testing.T, js jetstream.JetStream, n int, clock func() time.Time, configure ...func(*Config)) verifyOutput {
 	t.Helper()
 	msgs, _ := manyFPMs(t, testKeys(4), n, 1_782_777_600_000)
 	publish(t, js, msgs)
 	cfg := testConfig(t)
+	for _, c := range configure {
+		c(&cfg)
+	}
 	cfg.RollBytes, cfg.BufferSize, cfg.MaxSegments, cfg.MaxAckPending = 20_000, 4_000, 1000, 24
 	opts := []Option{}
 	if clock != nil {
@@ -484,10 +487,17 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 	seg := orig.segmentName("w0", 1)
 	ctx := context.Background()
 	for name, tc := range map[string]struct {
-		damage func(data []byte, b []piece) []byte
-		kind   string
-		count  func(b []piece) int // findings expected: the lines of a member
+		damage  func(data []byte, b []piece) []byte
+		kind    string
+		count   func(b []piece) int // findings expected
+		offline bool                // the files alone show them
 	}{
+		"a line that is no trace line": {
+			damage: func(data []byte, b []piece) []byte {
+				return slices.Concat(data[:b[2].off], member(t, "{\"msg\":\"a log line\"}\n"), data[b[2].off:])
+			},
+			kind: FindingLine, count: func([]piece) int { return 1 }, offline: true,
+		},
 		"two members swapped": {
 			damage: func(data []byte, b []piece) []byte {
 				out := slices.Concat(data[:b[1].off], data[b[2].off:b[2].end], data[b[1].off:b[1].end], data[b[2].end:])
@@ -514,8 +524,8 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rep.Damaged != 0 {
-				t.Fatalf("the files alone (whole members, one frozen clock) show %+v", rep)
+			if tc.offline != (rep.Damaged != 0) {
+				t.Fatalf("the files alone (whole members, one frozen clock) show %d findings", rep.Damaged)
 			}
 			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
 			if err != nil {
@@ -528,6 +538,11 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 			for _, f := range fs {
 				if f.Kind != tc.kind || f.Line == 0 {
 					t.Fatalf("finding %+v, want %s", f, tc.kind)
+				}
+			}
+			if tc.kind == FindingLine {
+				if want := b[0].n + b[1].n + 1; fs[0].Line != want || fs[0].Offset != b[2].off {
+					t.Fatalf("bad line reported at line %d, member at byte %d; it is line %d, at byte %d", fs[0].Line, fs[0].Offset, want, b[2].off)
 				}
 			}
 			if got, _ := os.ReadFile(path); !bytes.Equal(got, damaged) {
@@ -692,5 +707,38 @@ func TestVerifyRepairsWhileTheWriterRuns(t *testing.T) {
 		if g := lineKeys(t, got[p]); !slices.Equal(g, w) {
 			t.Fatalf("producer %s: %d lines, want %d, in stream order", p, len(g), len(w))
 		}
+	}
+}
+
+// In sampled mode the writer kept one message per key and interval, partly by its clock: which messages
+// had lines cannot be told from the stream, so damage is reported and nothing is rewritten.
+func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
+	env := streamstest.Start(t)
+	orig := writeVerifyOutput(t, env.JS, 2400, nil, func(c *Config) {
+		c.Mode, c.SampleInterval, c.RollBytes = schemas.CaptureSampled, 5*time.Millisecond, 12_000
+	})
+	seg := orig.segmentName("w0", 1)
+	data := bytes.Clone(orig.files[seg])
+	chk := checkSegment("x", "x", data, newKeyTable())
+	if len(chk.pieces) < 2 {
+		t.Fatalf("segment has %d members, want 2 or more", len(chk.pieces))
+	}
+	b := chk.pieces[len(chk.pieces)/2]
+	data[b.off+(b.end-b.off)/2] ^= 0xff
+	output := orig.copyTo(t)
+	path := filepath.Join(filepath.Dir(output), seg)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, fs := findingsOf(t, rep, seg)
+	if len(fs) != 1 || fs[0].Kind != FindingGzip || fs[0].Heal == nil || fs[0].Heal.Status != HealUnknown || s.Repaired || rep.Remaining != 1 {
+		t.Fatalf("sampled damage: %+v, heal %+v", fs, fs[0].Heal)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, data) {
+		t.Fatal("a sampled segment was rewritten")
 	}
 }
