@@ -106,11 +106,13 @@ func (v verifyJSON) findings(path string) []trace.Finding {
 	return nil
 }
 
-// `fpmbus trace verify` finds a flipped byte and a truncation in segments the real writer wrote (exit 1,
+// `fpmbus trace verify` finds flipped bytes and truncations in segments the real writer wrote (exit 1,
 // file and byte range), `--repair` restores them from the stream — every line back, its event
-// byte-identical, intact lines untouched, a lost timestamp never later than the original — and after a
-// purge it reports the lines the stream no longer holds by key and counter_id, leaving the bytes as they
-// are. `trace info` prints the recording's replay figures.
+// byte-identical, intact lines untouched, a timestamp lost with its bytes never later than the original
+// (the writer's clock ran: TestVerifyRepairsFromTheStream in consumers/trace shows byte-identical
+// content with a frozen one), every line byte-identical where the damage left the lines readable — and
+// after a purge it reports the lines the stream no longer holds by key and counter_id, leaving the bytes
+// as they are. `trace info` prints the recording's replay figures.
 func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 	const total = 4000
 	env := streamstest.Start(t)
@@ -172,11 +174,19 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 		return data
 	})
 	damage(truncated, func(data []byte, m []int) []byte { return data[:(m[2]+m[3])/2] })
+	// Two damages that leave every line readable, so every timestamp is read back: a flipped bit in a
+	// member's CRC-32, and a file cut inside its last member's trailer.
+	crc, cut := seg("kw0", 4), seg("kw1", 5)
+	damage(crc, func(data []byte, m []int) []byte {
+		data[m[2]-8] ^= 0x01
+		return data
+	})
+	damage(cut, func(data []byte, m []int) []byte { return data[:len(data)-3] })
 
 	// The files alone: exit 1, both damages with their file and byte range.
 	out, code := runSplit(t, 60*time.Second, fpmbusBin, "trace", "verify", output)
 	if code != 1 || !strings.Contains(out, filepath.Base(flipped)+": ") || !strings.Contains(out, "gzip at bytes ") ||
-		!strings.Contains(out, "truncated at bytes ") || !strings.Contains(out, "2 finding(s), 2 remain") {
+		!strings.Contains(out, "truncated at bytes ") || !strings.Contains(out, "4 finding(s), 4 remain") {
 		t.Fatalf("verify: exit %d\n%s", code, out)
 	}
 	out, code = runSplit(t, 60*time.Second, fpmbusBin, "trace", "verify", "--json", output)
@@ -184,7 +194,7 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 1 {
 		t.Fatalf("verify --json: exit %d, %v\n%s", code, err, out)
 	}
-	for path, kind := range map[string]string{flipped: trace.FindingGzip, truncated: trace.FindingTruncated} {
+	for path, kind := range map[string]string{flipped: trace.FindingGzip, truncated: trace.FindingTruncated, crc: trace.FindingGzip, cut: trace.FindingTruncated} {
 		fs := rep.findings(path)
 		if len(fs) != 1 || fs[0].Kind != kind || fs[0].Offset <= 0 || fs[0].End <= fs[0].Offset {
 			t.Fatalf("%s: findings %+v, want one %s with its byte range", path, fs, kind)
@@ -194,10 +204,10 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 	// --repair: exit 0, both restored.
 	out, code = runSplit(t, 60*time.Second, fpmbusBin, "trace", "verify", "--repair", "--json", "--server", url, output)
 	rep = verifyJSON{}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || rep.Repaired != 2 || rep.Remaining != 0 {
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || rep.Repaired != 4 || rep.Remaining != 0 {
 		t.Fatalf("verify --repair: exit %d, %v\n%s", code, err, out)
 	}
-	for _, path := range []string{flipped, truncated} {
+	for _, path := range []string{flipped, truncated, crc, cut} {
 		fs := rep.findings(path)
 		if len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != trace.HealRestored || fs[0].Heal.Lines == 0 {
 			t.Fatalf("%s: %+v", path, fs)
@@ -224,9 +234,12 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 		if changed > h.TimestampsEstimated || h.TimestampsExact+h.TimestampsEstimated != h.Lines {
 			t.Fatalf("%s: %d lines differ from the originals (in their timestamp only), heal %+v", path, changed, h)
 		}
+		if (path == crc || path == cut) && (changed != 0 || h.TimestampsEstimated != 0) {
+			t.Fatalf("%s: every line was readable, yet %d differ from the originals: heal %+v", path, changed, h)
+		}
 	}
 	for path, data := range pristine {
-		if path != flipped && path != truncated && !bytes.Equal(mustRead(t, path), data) {
+		if path != flipped && path != truncated && path != crc && path != cut && !bytes.Equal(mustRead(t, path), data) {
 			t.Fatalf("%s changed", path)
 		}
 	}
