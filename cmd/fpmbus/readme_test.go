@@ -19,7 +19,7 @@ var discardHelp io.Writer = os.Stderr
 // documentedCommands are the command paths the README documents, each under a heading
 // "### fpmbus <path>". Every registered command must be among them.
 var documentedCommands = []string{
-	"up", "bridge", "publish", "trace", "trace backfill", "trace info", "trace replay", "gaps", "gaps report", "merge", "bench merge", "bench validate", "bench publish",
+	"up", "bridge", "publish", "trace", "trace backfill", "trace info", "trace verify", "trace replay", "gaps", "gaps report", "merge", "bench merge", "bench validate", "bench publish",
 	"seal", "datasets publish", "datasets coverage", "datasets ls", "datasets get", "datasets history", "datasets predict",
 	"predict-service",
 	"streams show", "streams apply",

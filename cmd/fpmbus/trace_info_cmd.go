@@ -6,13 +6,15 @@ import (
 	"os"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/replay"
 )
 
 // runTraceInfo is `fpmbus trace info [--json] FILE|DIR…`: per producer and key, what the segments hold
 // (lines, observed span, capture mode, counter_id gaps, heartbeats, schema violations, segments). A
 // damaged tail is reported with its file and offset and the rest is read on; the report is printed and
 // the exit status is 1, so a script checking traces sees the damage. A file that is not a trace is an
-// error naming it.
+// error naming it. It ends with the figures that matter for a replay, from replay.DescribeRecording:
+// the recorded duration and, per producer and rank, the rate and the inter-arrival p50 and p99.
 func runTraceInfo(_ context.Context, args []string) error {
 	fs := newFlagSet("trace info", "trace info [--json] FILE|DIR…")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -35,10 +37,19 @@ func runTraceInfo(_ context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	rec, err := replay.ReadTrace(paths)
+	if err != nil {
+		return err
+	}
+	shape := replay.DescribeRecording(rec)
 	if *asJSON {
-		err = rep.WriteJSON(os.Stdout)
-	} else {
-		err = rep.WriteText(os.Stdout)
+		err = writeJSON(os.Stdout, struct {
+			*trace.InfoReport
+			Recorded replay.Shape `json:"recorded"`
+		}{rep, shape})
+	} else if err = rep.WriteText(os.Stdout); err == nil {
+		fmt.Println()
+		err = shape.WriteText(os.Stdout, "recorded")
 	}
 	if err == nil && len(rep.Damaged) > 0 {
 		return fmt.Errorf("%d damaged segment(s), read up to the damage (see the report): first %s at byte %d: %s",

@@ -236,21 +236,7 @@ func backfillRange(ctx context.Context, s jetstream.Stream, start jetstream.Orde
 // rangeCount counts the range's messages on the filter: those from its start minus those after its
 // end, read from the pending counts of two ephemeral consumers (deleted at once).
 func rangeCount(ctx context.Context, s jetstream.Stream, filter string, start jetstream.OrderedConsumerConfig, rng BackfillRange, last uint64) (uint64, error) {
-	pending := func(cfg jetstream.ConsumerConfig) (uint64, error) {
-		cfg.FilterSubject = filter
-		cfg.AckPolicy = jetstream.AckNonePolicy
-		cfg.InactiveThreshold = time.Minute
-		cfg.MemoryStorage = true
-		c, err := s.CreateConsumer(ctx, cfg)
-		if err != nil {
-			return 0, err
-		}
-		ci := c.CachedInfo()
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = s.DeleteConsumer(dctx, ci.Name)
-		cancel()
-		return ci.NumPending, nil
-	}
+	pending := func(cfg jetstream.ConsumerConfig) (uint64, error) { return filteredPending(ctx, s, filter, cfg) }
 	from, err := pending(jetstream.ConsumerConfig{DeliverPolicy: start.DeliverPolicy, OptStartSeq: start.OptStartSeq, OptStartTime: start.OptStartTime})
 	if err != nil || from == 0 {
 		return 0, err
@@ -268,6 +254,24 @@ func rangeCount(ctx context.Context, s jetstream.Stream, filter string, start je
 		return 0, nil
 	}
 	return from - rest, nil
+}
+
+// filteredPending is how many messages of s on filter an ephemeral consumer with cfg's deliver policy
+// has pending when created (it is deleted at once).
+func filteredPending(ctx context.Context, s jetstream.Stream, filter string, cfg jetstream.ConsumerConfig) (uint64, error) {
+	cfg.FilterSubject = filter
+	cfg.AckPolicy = jetstream.AckNonePolicy
+	cfg.InactiveThreshold = time.Minute
+	cfg.MemoryStorage = true
+	c, err := s.CreateConsumer(ctx, cfg)
+	if err != nil {
+		return 0, err
+	}
+	ci := c.CachedInfo()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = s.DeleteConsumer(dctx, ci.Name)
+	cancel()
+	return ci.NumPending, nil
 }
 
 // replayMsg is a replayed message: nothing to settle.

@@ -1,7 +1,8 @@
 // Package trace is the trace writer: a durable consumer of the FPM stream (a consumers/durable
 // Consumer) that writes Dynamo-identical dynamo.fpm.trace.v1 gzip JSONL segments, one series of
 // segments per producer, plus the tools around those files: Backfill (replay a range of the stream
-// through the same code path) and Info (describe segments).
+// through the same code path), Info (describe segments) and Verify (check an output, and heal its
+// damaged segments from the stream).
 //
 // One FPM travels through these files:
 //
@@ -23,6 +24,11 @@
 //	repair.go         ReadSegment, CorruptError and the explicit torn-tail Repair
 //	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer
 //	info.go           Info: per producer and key, what segments hold; damage and violations
+//	verify.go         Verify: check every segment of an output, match it to the stream, repair
+//	verify_scan.go    checkSegment: members, resynchronising past damage; lines; timestamp order
+//	verify_stream.go  lines matched to stream FPM by line identity; what the stream can restore
+//	verify_repair.go  the rewrite of a damaged segment, and the rename rule next to a running writer
+//	verify_report.go  the report, as text and JSON
 //	fileutil.go       the file interface (fault injection) and the write probe (directory fsync and
 //	                  atomic replacement are internal/fsutil's)
 //	config.go         Config (DYN_FPM_* variables) and its validation

@@ -238,6 +238,12 @@ func RepairOutput(outputPath string, logger *slog.Logger) ([]RepairResult, error
 
 // removeRepairLeftovers deletes "<segment>.repair.tmp" files of prefix left by a crash during Repair.
 func removeRepairLeftovers(prefix string, logger *slog.Logger) error {
+	return removeLeftovers(prefix, repairTmpSuffix, logger)
+}
+
+// removeLeftovers deletes the regular files "<segment><suffix>" of prefix's segments: the temporary
+// files of an interrupted rewrite.
+func removeLeftovers(prefix, suffix string, logger *slog.Logger) error {
 	dir, base := filepath.Split(prefix)
 	if dir == "" {
 		dir = "."
@@ -247,7 +253,7 @@ func removeRepairLeftovers(prefix string, logger *slog.Logger) error {
 		return fmt.Errorf("list %s: %w", dir, err)
 	}
 	for _, e := range entries {
-		seg, ok := strings.CutSuffix(e.Name(), repairTmpSuffix)
+		seg, ok := strings.CutSuffix(e.Name(), suffix)
 		if !ok {
 			continue
 		}
@@ -256,10 +262,10 @@ func removeRepairLeftovers(prefix string, logger *slog.Logger) error {
 		}
 		p := filepath.Join(dir, e.Name())
 		if err := os.Remove(p); err != nil {
-			return fmt.Errorf("remove repair leftover: %w", err)
+			return fmt.Errorf("remove leftover of an interrupted rewrite: %w", err)
 		}
 		if logger != nil {
-			logger.Info("trace: removed repair leftover", "file", p)
+			logger.Info("trace: removed the leftover of an interrupted rewrite", "file", p)
 		}
 	}
 	return nil

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/consumers/trace"
+)
+
+// runTraceVerify is `fpmbus trace verify [--stream | --repair] … OUTPUT`: check every segment of a
+// trace output (gzip, lines, envelope, order), with --stream match its lines to stream FPM, with
+// --repair rewrite damaged segments from the stream. The report is printed in full; the exit status
+// is 1 while damage remains (after --repair: what it could not repair), 0 when none does.
+func runTraceVerify(ctx context.Context, args []string) error {
+	fs := newFlagSet("trace verify", "trace verify [--json] [--include-active] [--stream | --repair [--server URL] [--filter SUBJECT] [--producer-id ID]] OUTPUT\n\n"+
+		"OUTPUT is the trace writer's output path (--trace-output, DYN_FPM_OUTPUT_PATH).")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	includeActive := fs.Bool("include-active", false, "also check (and repair) each producer's newest segment; only while no trace writer writes the output")
+	stream := fs.Bool("stream", false, "match the lines to stream FPM: stream order, duplicates, missing lines, and what the stream can restore (a dry run of --repair)")
+	repair := fs.Bool("repair", false, "rewrite damaged segments from stream FPM (implies --stream)")
+	filter := fs.String("filter", trace.DefaultFilterSubject, "the trace writer's --filter")
+	producerID := fs.String("producer-id", "", "the trace writer's --producer-id")
+	conn := connFlags(fs, "trace-verify")
+	// Flags may follow OUTPUT too.
+	var paths []string
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		paths = append(paths, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if len(paths) != 1 {
+		return fmt.Errorf("%w: name one trace output (the writer's --trace-output), got %d", errUsage, len(paths))
+	}
+	cfg := trace.VerifyConfig{OutputPath: paths[0], IncludeActive: *includeActive, FilterSubject: *filter, ProducerID: *producerID, Repair: *repair}
+	var js jetstream.JetStream
+	if *stream || *repair {
+		nc, j, err := connectAndApply(ctx, conn, nil) // reads only: applies nothing
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js = j
+	}
+	rep, err := trace.Verify(ctx, cfg, js, trace.WithLogger(slog.Default()))
+	if err != nil {
+		if errors.Is(err, trace.ErrInvalidConfig) {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		return err
+	}
+	if *asJSON {
+		err = rep.WriteJSON(os.Stdout)
+	} else {
+		err = rep.WriteText(os.Stdout)
+	}
+	if err == nil && rep.Remaining > 0 {
+		return fmt.Errorf("%d finding(s) remain in %s (see the report)", rep.Remaining, cfg.OutputPath)
+	}
+	return err
+}

@@ -1,0 +1,744 @@
+package trace
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// verifyOutput is a trace output written by the real writer, kept as bytes so that every scenario
+// damages its own copy.
+type verifyOutput struct {
+	base  string            // the output path's file name: dynamo-fpm.jsonl.gz
+	files map[string][]byte // file name -> bytes
+}
+
+// writeVerifyOutput publishes n messages of 4 keys (2 producers) and has a full-mode writer with clock
+// write them in small segments (about 30 lines) of small members (about 6 lines).
+func writeVerifyOutput(t *testing.T, js jetstream.JetStream, n int, clock func() time.Time, configure ...func(*Config)) verifyOutput {
+	t.Helper()
+	msgs, _ := manyFPMs(t, testKeys(4), n, 1_782_777_600_000)
+	publish(t, js, msgs)
+	cfg := testConfig(t)
+	for _, c := range configure {
+		c(&cfg)
+	}
+	cfg.RollBytes, cfg.BufferSize, cfg.MaxSegments, cfg.MaxAckPending = 20_000, 4_000, 1000, 24
+	opts := []Option{}
+	if clock != nil {
+		opts = append(opts, WithClock(clock))
+	}
+	r := startWriter(t, cfg, js, opts...)
+	waitConsumed(t, js, cfg.Group)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	out := verifyOutput{base: filepath.Base(cfg.OutputPath), files: map[string][]byte{}}
+	entries, err := os.ReadDir(filepath.Dir(cfg.OutputPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(filepath.Dir(cfg.OutputPath), e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out.files[e.Name()] = data
+	}
+	return out
+}
+
+// copyTo writes the output into a new directory and returns its output path.
+func (o verifyOutput) copyTo(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, data := range o.files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, o.base)
+}
+
+// segmentName is the file name of segment index of producer.
+func (o verifyOutput) segmentName(producer string, index uint64) string {
+	return filepath.Base(SegmentPath(OutputBase(o.base)+"."+producer, index))
+}
+
+// blocks returns the intact blocks (the writer's gzip members) of a segment's bytes.
+func blocks(t *testing.T, data []byte) []piece {
+	t.Helper()
+	chk := checkSegment("x", "x", data, newKeyTable())
+	for _, pc := range chk.pieces {
+		if pc.damaged {
+			t.Fatalf("pristine segment damaged: %+v", chk.findings)
+		}
+	}
+	if len(chk.pieces) < 4 {
+		t.Fatalf("segment has %d members, want at least 4", len(chk.pieces))
+	}
+	return chk.pieces
+}
+
+// gunzip decompresses every member of data (the standard library's reader, not fpmbus's).
+func gunzip(t *testing.T, data []byte) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// findingsOf returns the findings of the segment named name.
+func findingsOf(t *testing.T, rep *VerifyReport, name string) (*VerifySegment, []Finding) {
+	t.Helper()
+	for _, p := range rep.Producers {
+		for _, s := range p.Segments {
+			if filepath.Base(s.Path) == name {
+				return s, s.Findings
+			}
+		}
+	}
+	t.Fatalf("no segment %s in the report", name)
+	return nil, nil
+}
+
+func kinds(fs []Finding) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.Kind)
+	}
+	return out
+}
+
+// A damaged sealed segment is found by the files alone (or, cut at a member boundary, by the stream),
+// restored from the stream to exactly the lines it held, and verifies cleanly afterwards; the other
+// segments are untouched. The writer's clock is frozen here, so every line's timestamp is 0 and the
+// restored content is byte-identical (TestVerifyEstimatesLostTimestamps covers a running clock).
+func TestVerifyRepairsFromTheStream(t *testing.T) {
+	env := streamstest.Start(t)
+	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
+	orig := writeVerifyOutput(t, env.JS, 1200, func() time.Time { return frozen })
+	seg1 := orig.segmentName("w0", 1)
+	if _, ok := orig.files[orig.segmentName("w0", 4)]; !ok {
+		t.Fatalf("want at least 5 segments per producer, have %v", slices.Sorted(func(yield func(string) bool) {
+			for k := range orig.files {
+				if !yield(k) {
+					return
+				}
+			}
+		}))
+	}
+	ctx := context.Background()
+	for name, tc := range map[string]struct {
+		damage func(t *testing.T, data []byte) []byte
+		// offline: the finding kinds the files alone show; stream: the kinds matching the stream adds.
+		offline, stream []string
+		exact           bool // every restored timestamp is exact (read, or pinned by its neighbours)
+		verified        bool // the rebuilt member matches the damaged member's CRC-32 and size
+	}{
+		"a flipped byte in a middle member": {
+			damage: func(t *testing.T, data []byte) []byte {
+				b := blocks(t, data)[2]
+				data[b.off+(b.end-b.off)/2] ^= 0xff
+				return data
+			},
+			offline: []string{FindingGzip}, exact: true, verified: true,
+		},
+		"truncated inside a member": {
+			damage: func(t *testing.T, data []byte) []byte {
+				b := blocks(t, data)[1]
+				return data[:b.off+(b.end-b.off)/3]
+			},
+			offline: []string{FindingTruncated},
+		},
+		"truncated at a member boundary": {
+			damage: func(t *testing.T, data []byte) []byte {
+				return data[:blocks(t, data)[2].off]
+			},
+			stream: []string{FindingMissing},
+		},
+		"a member's header destroyed": {
+			damage: func(t *testing.T, data []byte) []byte {
+				b := blocks(t, data)[1]
+				data[b.off] = 0
+				return data
+			},
+			offline: []string{FindingGzip}, exact: true, verified: true,
+		},
+		"a member's CRC-32 flipped": {
+			damage: func(t *testing.T, data []byte) []byte {
+				b := blocks(t, data)[3]
+				data[b.end-gzipTrailerLen] ^= 0x01
+				return data
+			},
+			offline: []string{FindingGzip}, exact: true,
+		},
+		"garbage appended": {
+			damage: func(t *testing.T, data []byte) []byte {
+				return append(data, []byte("\x1f\x8b\x08 not a member at all")...)
+			},
+			offline: []string{FindingGzip}, exact: true,
+		},
+		"emptied": {
+			damage:  func(t *testing.T, data []byte) []byte { return data[:0] },
+			offline: []string{FindingTruncated},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out := tc.damage(t, bytes.Clone(orig.files[seg1]))
+			output := orig.copyTo(t)
+			path := filepath.Join(filepath.Dir(output), seg1)
+			if err := os.WriteFile(path, out, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// The files alone.
+			rep, err := Verify(ctx, VerifyConfig{OutputPath: output}, nil, WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, fs := findingsOf(t, rep, seg1); !slices.Equal(kinds(fs), tc.offline) || rep.Remaining != len(tc.offline) {
+				t.Fatalf("offline findings %v (remaining %d), want %v: %+v", kinds(fs), rep.Remaining, tc.offline, fs)
+			}
+			for _, f := range rep.Producers[0].Segments[1].Findings {
+				if f.Kind == FindingGzip || f.Kind == FindingTruncated {
+					if f.Offset < 0 || f.End > int64(len(out)) || f.End < f.Offset {
+						t.Fatalf("damage at bytes %d..%d of a %d-byte file", f.Offset, f.End, len(out))
+					}
+				}
+			}
+			// With the stream, as a dry run: restorable, nothing written.
+			rep, err = Verify(ctx, VerifyConfig{OutputPath: output}, env.JS, WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := append(slices.Clone(tc.offline), tc.stream...)
+			_, fs := findingsOf(t, rep, seg1)
+			if !slices.Equal(kinds(fs), want) || rep.Remaining != len(want) {
+				t.Fatalf("findings with the stream %v (remaining %d), want %v: %+v", kinds(fs), rep.Remaining, want, fs)
+			}
+			for _, f := range fs {
+				if f.Heal == nil || f.Heal.Status != HealRestorable {
+					t.Fatalf("finding %+v: heal %+v, want restorable", f, f.Heal)
+				}
+			}
+			if got, _ := os.ReadFile(path); !bytes.Equal(got, out) {
+				t.Fatal("a verify without --repair changed the segment")
+			}
+			// Repair.
+			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, fs := findingsOf(t, rep, seg1)
+			if !s.Repaired || rep.Remaining != 0 || rep.Repaired != len(want) {
+				t.Fatalf("repair: segment %+v, report %+v", s, rep)
+			}
+			restored := 0
+			for _, f := range fs {
+				h := f.Heal
+				restored += h.Lines
+				if h.Status != HealRestored || h.TimestampsExact+h.TimestampsEstimated != h.Lines ||
+					tc.exact && h.TimestampsEstimated != 0 || tc.verified != h.Verified {
+					t.Fatalf("heal %+v (exact %v, verified %v)", h, tc.exact, tc.verified)
+				}
+			}
+			lost := bytes.Count(gunzip(t, orig.files[seg1]), []byte{'\n'}) - countLines(t, out)
+			if name != "garbage appended" && (restored == 0 || restored != lost) {
+				t.Fatalf("%d lines restored, %d were unreadable", restored, lost)
+			}
+			// Every segment now decompresses to exactly its original content.
+			for fname, data := range orig.files {
+				got, err := os.ReadFile(filepath.Join(filepath.Dir(output), fname))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fname != seg1 && !bytes.Equal(got, data) {
+					t.Fatalf("%s changed", fname)
+				}
+				if a, b := gunzip(t, got), gunzip(t, data); !bytes.Equal(a, b) {
+					t.Fatalf("%s: restored content differs from the original (%d and %d bytes)", fname, len(a), len(b))
+				}
+			}
+			if fi, err := os.Stat(path + verifyTmpSuffix); err == nil {
+				t.Fatalf("temporary file left: %v", fi.Name())
+			}
+			rep, err = Verify(ctx, VerifyConfig{OutputPath: output}, env.JS, WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Damaged != 0 {
+				t.Fatalf("after the repair: %+v", rep)
+			}
+		})
+	}
+}
+
+// countLines counts the whole lines of the intact members of a segment's bytes.
+func countLines(t *testing.T, data []byte) int {
+	t.Helper()
+	n := 0
+	for _, l := range checkSegment("x", "x", data, newKeyTable()).lines {
+		if !l.salvaged {
+			n++
+		}
+	}
+	return n
+}
+
+// splitLines splits decompressed content into its lines.
+func splitLines(content []byte) [][]byte {
+	return bytes.SplitAfter(bytes.TrimSuffix(content, []byte{'\n'}), []byte{'\n'})
+}
+
+// A line whose bytes are lost gets back its event byte for byte, and as its timestamp the one of the
+// line before it in the segment: never after the original, and counted as estimated.
+func TestVerifyEstimatesLostTimestamps(t *testing.T) {
+	env := streamstest.Start(t)
+	orig := writeVerifyOutput(t, env.JS, 1200, nil)
+	seg := orig.segmentName("w1", 2)
+	output := orig.copyTo(t)
+	path := filepath.Join(filepath.Dir(output), seg)
+	b := blocks(t, orig.files[seg])[1]
+	if err := os.WriteFile(path, orig.files[seg][:b.off+(b.end-b.off)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, fs := findingsOf(t, rep, seg)
+	if !s.Repaired || len(fs) != 1 || fs[0].Kind != FindingTruncated || fs[0].Heal.Status != HealRestored {
+		t.Fatalf("segment %+v: %+v", s, fs)
+	}
+	h := fs[0].Heal
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, have := splitLines(gunzip(t, orig.files[seg])), splitLines(gunzip(t, got))
+	if len(have) != len(want) {
+		t.Fatalf("%d lines after the repair, %d before the damage", len(have), len(want))
+	}
+	kept := countLines(t, orig.files[seg][:b.off])
+	differ := 0
+	for i := range want {
+		w, g := mustParse(t, want[i]), mustParse(t, have[i])
+		ew, _ := json.Marshal(w.Event)
+		eg, _ := json.Marshal(g.Event)
+		if !bytes.Equal(ew, eg) {
+			t.Fatalf("line %d: event differs:\n%s\n%s", i+1, ew, eg)
+		}
+		switch {
+		case i < kept:
+			if !bytes.Equal(want[i], have[i]) {
+				t.Fatalf("line %d was intact and changed", i+1)
+			}
+		case g.Timestamp != mustParse(t, have[i-1]).Timestamp || g.Timestamp > w.Timestamp:
+			t.Fatalf("restored line %d: timestamp %d, the line before has %d, the original %d", i+1, g.Timestamp, mustParse(t, have[i-1]).Timestamp, w.Timestamp)
+		case g.Timestamp != w.Timestamp:
+			differ++
+		}
+	}
+	if h.Lines != len(want)-kept || h.TimestampsEstimated != h.Lines || h.TimestampsEstimated < differ || h.Verified {
+		t.Fatalf("heal %+v: %d lines restored, %d timestamps differ from the originals", h, len(want)-kept, differ)
+	}
+}
+
+func mustParse(t *testing.T, line []byte) *schemas.TraceLine {
+	t.Helper()
+	l, err := schemas.ParseTraceLine(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// lineKeys returns "worker/rank/counter" of each line.
+func lineKeys(t *testing.T, lines [][]byte) []string {
+	var out []string
+	for _, l := range lines {
+		tl := mustParse(t, l)
+		f, err := schemas.ParseFPMJSON(tl.Event.FPM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%s/%d/%d", f.WorkerID, f.DPRank, f.CounterID))
+	}
+	return out
+}
+
+// What the stream no longer holds is reported — the keys and counter_ids of the lost lines, the lines
+// read from the damaged bytes that nothing confirms — and the damaged bytes are kept.
+func TestVerifyReportsWhatTheStreamNoLongerHolds(t *testing.T) {
+	env := streamstest.Start(t)
+	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
+	orig := writeVerifyOutput(t, env.JS, 1200, func() time.Time { return frozen })
+	output := orig.copyTo(t)
+	flipped, truncated := orig.segmentName("w0", 3), orig.segmentName("w1", 5)
+	damaged := map[string][]byte{}
+	bf := blocks(t, orig.files[flipped])[2]
+	damaged[flipped] = bytes.Clone(orig.files[flipped])
+	damaged[flipped][bf.end-gzipTrailerLen-4] ^= 0x55 // late in the deflate data: most of the member decodes
+	bt := blocks(t, orig.files[truncated])[1]
+	damaged[truncated] = orig.files[truncated][:bt.off+(bt.end-bt.off)/2]
+	for name, data := range damaged {
+		if err := os.WriteFile(filepath.Join(filepath.Dir(output), name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	s, err := env.JS.Stream(ctx, streams.StreamFPM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Remaining != 2 || rep.Repaired != 0 {
+		t.Fatalf("report: %d remaining, %d repaired, want 2 and 0", rep.Remaining, rep.Repaired)
+	}
+	for name, data := range damaged {
+		got, err := os.ReadFile(filepath.Join(filepath.Dir(output), name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("%s was changed although the stream holds none of its lost lines", name)
+		}
+		sg, fs := findingsOf(t, rep, name)
+		if sg.Repaired || len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != HealIncomplete {
+			t.Fatalf("%s: %+v", name, fs)
+		}
+		// The lines lost = the original lines minus those still read whole.
+		intact := map[string]bool{}
+		for _, k := range lineKeys(t, splitLines(gunzipIntact(t, data))) {
+			intact[k] = true
+		}
+		var lost []string
+		for _, k := range lineKeys(t, splitLines(gunzip(t, orig.files[name]))) {
+			if !intact[k] {
+				lost = append(lost, k)
+			}
+		}
+		var reported []string
+		h := fs[0].Heal
+		for _, u := range h.Unconfirmed {
+			reported = append(reported, fmt.Sprintf("%s/%d/%d", u.WorkerID, u.DPRank, u.CounterID))
+		}
+		for _, m := range h.Missing {
+			if m.CounterFrom < 0 || m.CounterTo < m.CounterFrom {
+				t.Fatalf("%s: open or empty missing range %+v", name, m)
+			}
+			for c := m.CounterFrom; c <= m.CounterTo; c++ {
+				reported = append(reported, fmt.Sprintf("%s/%d/%d", m.WorkerID, m.DPRank, c))
+			}
+		}
+		slices.Sort(lost)
+		slices.Sort(reported)
+		if len(lost) == 0 || !slices.Equal(lost, reported) {
+			t.Fatalf("%s: lost lines %v, reported %v (%+v)", name, lost, reported, h)
+		}
+	}
+}
+
+// gunzipIntact decompresses the intact members of a damaged segment's bytes.
+func gunzipIntact(t *testing.T, data []byte) []byte {
+	t.Helper()
+	var out []byte
+	for _, pc := range checkSegment("x", "x", data, newKeyTable()).pieces {
+		if !pc.damaged {
+			out = append(out, gunzip(t, data[pc.off:pc.end])...)
+		}
+	}
+	return out
+}
+
+// Intact members in the wrong place are found by the stream: lines out of stream order, lines written
+// twice. Nothing is rewritten: which bytes are wrong is for a person to decide.
+func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
+	env := streamstest.Start(t)
+	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
+	orig := writeVerifyOutput(t, env.JS, 600, func() time.Time { return frozen })
+	seg := orig.segmentName("w0", 1)
+	ctx := context.Background()
+	for name, tc := range map[string]struct {
+		damage  func(data []byte, b []piece) []byte
+		kind    string
+		count   func(b []piece) int // findings expected
+		offline bool                // the files alone show them
+	}{
+		"a line that is no trace line": {
+			damage: func(data []byte, b []piece) []byte {
+				return slices.Concat(data[:b[2].off], member(t, "{\"msg\":\"a log line\"}\n"), data[b[2].off:])
+			},
+			kind: FindingLine, count: func([]piece) int { return 1 }, offline: true,
+		},
+		"two members swapped": {
+			damage: func(data []byte, b []piece) []byte {
+				out := slices.Concat(data[:b[1].off], data[b[2].off:b[2].end], data[b[1].off:b[1].end], data[b[2].end:])
+				return out
+			},
+			kind: FindingOrder, count: func(b []piece) int { return b[1].n },
+		},
+		"a member repeated": {
+			damage: func(data []byte, b []piece) []byte {
+				return slices.Concat(data[:b[2].end], data[b[1].off:b[1].end], data[b[2].end:])
+			},
+			kind: FindingDuplicate, count: func(b []piece) int { return b[1].n },
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			output := orig.copyTo(t)
+			path := filepath.Join(filepath.Dir(output), seg)
+			b := blocks(t, orig.files[seg])
+			damaged := tc.damage(orig.files[seg], b)
+			if err := os.WriteFile(path, damaged, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := Verify(ctx, VerifyConfig{OutputPath: output}, nil, WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.offline != (rep.Damaged != 0) {
+				t.Fatalf("the files alone (whole members, one frozen clock) show %d findings", rep.Damaged)
+			}
+			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, fs := findingsOf(t, rep, seg)
+			if len(fs) != tc.count(b) || rep.Remaining != len(fs) || s.Repaired {
+				t.Fatalf("findings %v, want %d of %s", kinds(fs), tc.count(b), tc.kind)
+			}
+			for _, f := range fs {
+				if f.Kind != tc.kind || f.Line == 0 {
+					t.Fatalf("finding %+v, want %s", f, tc.kind)
+				}
+			}
+			if tc.kind == FindingLine {
+				if want := b[0].n + b[1].n + 1; fs[0].Line != want || fs[0].Offset != b[2].off {
+					t.Fatalf("bad line reported at line %d, member at byte %d; it is line %d, at byte %d", fs[0].Line, fs[0].Offset, want, b[2].off)
+				}
+			}
+			if got, _ := os.ReadFile(path); !bytes.Equal(got, damaged) {
+				t.Fatal("the segment was rewritten")
+			}
+		})
+	}
+}
+
+// The newest segment of a producer is a running writer's: reported on and repaired only when asked.
+func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
+	env := streamstest.Start(t)
+	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
+	orig := writeVerifyOutput(t, env.JS, 600, func() time.Time { return frozen })
+	var newest string
+	for i := uint64(0); ; i++ {
+		n := orig.segmentName("w1", i)
+		if _, ok := orig.files[n]; !ok {
+			break
+		}
+		newest = n
+	}
+	output := orig.copyTo(t)
+	path := filepath.Join(filepath.Dir(output), newest)
+	damaged := bytes.Clone(orig.files[newest])
+	b := blocks(t, damaged)[1]
+	damaged[b.off+(b.end-b.off)/2] ^= 0xff
+	if err := os.WriteFile(path, damaged, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, fs := findingsOf(t, rep, newest); s.Checked || !s.Active || len(fs) != 0 || rep.Damaged != 0 {
+		t.Fatalf("active segment %+v", s)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, damaged) {
+		t.Fatal("the active segment was rewritten")
+	}
+	rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true, IncludeActive: true}, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, fs := findingsOf(t, rep, newest); !s.Checked || !s.Repaired || len(fs) != 1 || rep.Remaining != 0 {
+		t.Fatalf("active segment with IncludeActive %+v", s)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gunzip(t, got), gunzip(t, orig.files[newest])) {
+		t.Fatal("the active segment's content differs after the repair")
+	}
+}
+
+// A repair renames only over the file it read, and only over a sealed segment.
+func TestVerifyRenameRule(t *testing.T) {
+	dir := t.TempDir()
+	prefix := filepath.Join(dir, "fpm.w")
+	write := func(i uint64, data string) os.FileInfo {
+		t.Helper()
+		p := SegmentPath(prefix, i)
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi
+	}
+	fi0 := write(0, "zero")
+	write(1, "one")
+	p := &vproducer{prefix: prefix}
+	seg := func(i uint64, fi os.FileInfo) *vsegment {
+		return &vsegment{Segment: Segment{Index: i, Path: SegmentPath(prefix, i), Regular: true}, fi: fi}
+	}
+	v := &verifier{}
+	if err := v.sealed(p, seg(0, fi0)); err != nil {
+		t.Fatalf("sealed, unchanged segment: %v", err)
+	}
+	for name, tc := range map[string]func() *vsegment{
+		"the newest segment": func() *vsegment {
+			fi, _ := os.Stat(SegmentPath(prefix, 1))
+			return seg(1, fi)
+		},
+		"changed since it was read": func() *vsegment {
+			s := seg(0, fi0)
+			write(0, "zero, rewritten")
+			return s
+		},
+		"removed since it was read": func() *vsegment {
+			s := seg(0, fi0)
+			if err := os.Remove(s.Path); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := v.sealed(p, tc()); !errors.Is(err, ErrSegmentChanged) {
+				t.Fatalf("got %v, want ErrSegmentChanged", err)
+			}
+		})
+	}
+}
+
+// A repair while the writer runs: the writer goes on writing its newest segments, the repair rewrites a
+// sealed one, and afterwards every message has exactly one line, in stream order.
+func TestVerifyRepairsWhileTheWriterRuns(t *testing.T) {
+	env := streamstest.Start(t)
+	keys := testKeys(4)
+	msgs, fs := manyFPMs(t, keys, 2400, 1_782_777_600_000)
+	publish(t, env.JS, msgs[:1200])
+	cfg := testConfig(t)
+	cfg.RollBytes, cfg.BufferSize, cfg.MaxSegments, cfg.MaxAckPending = 20_000, 4_000, 1000, 24
+	r := startWriter(t, cfg, env.JS)
+	waitConsumed(t, env.JS, cfg.Group)
+	seg := SegmentPath(SegmentPrefix(cfg.OutputPath, "w0"), 2)
+	data, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := blocks(t, data)[1]
+	data[b.off+(b.end-b.off)/2] ^= 0xff
+	if err := os.WriteFile(seg, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		rep *VerifyReport
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
+		res <- result{rep, err}
+	}()
+	for i := 1200; i < 2400; i += 100 {
+		publish(t, env.JS, msgs[i:i+100])
+		time.Sleep(5 * time.Millisecond)
+	}
+	vr := <-res
+	rep, err := vr.rep, vr.err
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := findingsOf(t, rep, filepath.Base(seg)); !s.Repaired {
+		t.Fatalf("segment not repaired: %+v", s)
+	}
+	waitConsumed(t, env.JS, cfg.Group)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{}
+	for _, f := range fs {
+		want[f.key.WorkerID] = append(want[f.key.WorkerID], fmt.Sprintf("%s/%d/%d", f.key.WorkerID, f.key.DPRank, f.counter))
+	}
+	got := outputLines(t, cfg.OutputPath)
+	for p, w := range want {
+		if g := lineKeys(t, got[p]); !slices.Equal(g, w) {
+			t.Fatalf("producer %s: %d lines, want %d, in stream order", p, len(g), len(w))
+		}
+	}
+}
+
+// In sampled mode the writer kept one message per key and interval, partly by its clock: which messages
+// had lines cannot be told from the stream, so damage is reported and nothing is rewritten.
+func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
+	env := streamstest.Start(t)
+	orig := writeVerifyOutput(t, env.JS, 2400, nil, func(c *Config) {
+		c.Mode, c.SampleInterval, c.RollBytes = schemas.CaptureSampled, 5*time.Millisecond, 12_000
+	})
+	seg := orig.segmentName("w0", 1)
+	data := bytes.Clone(orig.files[seg])
+	chk := checkSegment("x", "x", data, newKeyTable())
+	if len(chk.pieces) < 2 {
+		t.Fatalf("segment has %d members, want 2 or more", len(chk.pieces))
+	}
+	b := chk.pieces[len(chk.pieces)/2]
+	data[b.off+(b.end-b.off)/2] ^= 0xff
+	output := orig.copyTo(t)
+	path := filepath.Join(filepath.Dir(output), seg)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, fs := findingsOf(t, rep, seg)
+	if len(fs) != 1 || fs[0].Kind != FindingGzip || fs[0].Heal == nil || fs[0].Heal.Status != HealUnknown || s.Repaired || rep.Remaining != 1 {
+		t.Fatalf("sampled damage: %+v, heal %+v", fs, fs[0].Heal)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, data) {
+		t.Fatal("a sampled segment was rewritten")
+	}
+}
