@@ -68,7 +68,7 @@ var includeLine = regexp.MustCompile(`(?m)^\s*include\s.*$`)
 // free loopback port, each store under dir, any active include removed, and route pings every second
 // (two missed pings close a route: a node paused for a few seconds is cut off from the others, as a
 // network partition would cut it). It returns the copies' paths and the nodes' client URLs.
-func clusterConfigs(t *testing.T, dir string) (confs, urls []string) {
+func clusterConfigs(t testing.TB, dir string) (confs, urls []string) {
 	t.Helper()
 	var ports [3][3]int
 	taken := map[int]bool{}
@@ -127,7 +127,7 @@ func (b *lockedBuffer) String() string {
 
 // clusterNode is one node process; start may be called again after it stopped (same config, same store).
 type clusterNode struct {
-	t    *testing.T
+	t    testing.TB
 	name string
 	conf string
 	url  string
@@ -211,7 +211,7 @@ type processCluster struct {
 }
 
 // startProcessCluster starts the three shipped nodes and waits until JetStream answers on the cluster.
-func startProcessCluster(t *testing.T) *processCluster {
+func startProcessCluster(t testing.TB) *processCluster {
 	t.Helper()
 	confs, urls := clusterConfigs(t, t.TempDir())
 	c := &processCluster{url: strings.Join(urls, ",")}
@@ -235,7 +235,7 @@ func startProcessCluster(t *testing.T) *processCluster {
 }
 
 // node returns the node named name (n1..n3).
-func (c *processCluster) node(t *testing.T, name string) *clusterNode {
+func (c *processCluster) node(t testing.TB, name string) *clusterNode {
 	t.Helper()
 	for _, n := range c.nodes {
 		if n.name == name {
@@ -247,7 +247,7 @@ func (c *processCluster) node(t *testing.T, name string) *clusterNode {
 }
 
 // streamLeader waits until stream has a leader and returns its node.
-func (c *processCluster) streamLeader(t *testing.T, js jetstream.JetStream, stream string) *clusterNode {
+func (c *processCluster) streamLeader(t testing.TB, js jetstream.JetStream, stream string) *clusterNode {
 	t.Helper()
 	var leader string
 	eventually(t, 60*time.Second, func() error {

@@ -17,7 +17,7 @@ const restartSec = 2 * time.Second
 // clean exit, or one the test asked for with stop, is final. Every run's output is kept and shown when
 // the test fails.
 type supervised struct {
-	t    *testing.T
+	t    testing.TB
 	name string
 	args []string
 
@@ -32,7 +32,7 @@ type supervised struct {
 }
 
 // superviseFpmbus starts `fpmbus args...` under supervision and waits until its first run printed ready.
-func superviseFpmbus(t *testing.T, name, ready string, args ...string) *supervised {
+func superviseFpmbus(t testing.TB, name, ready string, args ...string) *supervised {
 	t.Helper()
 	s := &supervised{t: t, name: name, args: args, quit: make(chan struct{}), done: make(chan struct{})}
 	first, err := s.launch()
@@ -147,4 +147,22 @@ func (s *supervised) stop(sig syscall.Signal) error {
 		<-p.done
 		return p.err
 	}
+}
+
+// cpu is the CPU time every run has used so far: finished runs from their exit status, the running
+// one from /proc.
+func (s *supervised) cpu(tb testing.TB) time.Duration {
+	s.mu.Lock()
+	runs := append([]*proc(nil), s.runs...)
+	s.mu.Unlock()
+	var total time.Duration
+	for _, p := range runs {
+		select {
+		case <-p.done:
+			total += p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()
+		default:
+			total += procCPU(tb, p.cmd.Process.Pid)
+		}
+	}
+	return total
 }
