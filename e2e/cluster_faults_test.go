@@ -80,8 +80,9 @@ func gapRanges(e gaps.Event) [][2]uint64 {
 // processes, while a publisher sends on four ranks. Faults, one after the other: the FPM stream
 // leader's server is stopped and restarted, a trace writer is SIGKILLed and restarted, and the node
 // leading FPM then is cut off from the others (paused past two route pings) and let back. After
-// recovery: every number each rank sent is stored exactly once or named missing by a gap event, no
-// gap event names a stored FPM, and the trace lines are exactly the stream's messages.
+// recovery: every number each rank sent is stored exactly once or named missing by exactly one gap
+// event (the bridge's buffer is small, so a stalled leader makes it drop, with drop markers), no gap
+// event names a stored FPM, and the trace lines are exactly the stream's messages.
 func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 	const ranks, perRank, rate = 4, 5000, 150
 	t0 := time.Now()
@@ -108,7 +109,10 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 	base := freePortBlock(t, ranks)
 	bridgeMetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	bridge := superviseFpmbus(t, "bridge", "bridge ready", "bridge", "--server", c.url, "--fpm-port", strconv.Itoa(base),
-		"--dp-size", strconv.Itoa(ranks), "--replicas", "3", "--metrics-addr", bridgeMetrics)
+		"--dp-size", strconv.Itoa(ranks), "--replicas", "3", "--metrics-addr", bridgeMetrics,
+		// A buffer smaller than what a stalled leader holds back (seconds at 600 FPM/s): the bridge drops,
+		// with drop markers, and the gap events for them are checked against the stream.
+		"--max-buffer", "1000")
 	gapsProc := superviseFpmbus(t, "gaps", "gap detector started", gapsArgs(c.url, fmt.Sprintf("127.0.0.1:%d", freePort(t)), "10s", "--replicas", "3")...)
 	out := filepath.Join(t.TempDir(), "trace", "fpm")
 	traces := map[string]*supervised{}
@@ -214,10 +218,12 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 	})
 
 	// No false gap event: every number an event names missing is really absent from the stream (for its
-	// publisher and bridge epoch), and its cause is one the detector or bridge defines.
+	// publisher and bridge epoch), no number is named twice (so per rank delivered + missing = sent), and
+	// each cause is one the detector or bridge defines.
 	causes := map[string]bool{gaps.CauseZMQDrop: true, gaps.CauseBridgeDrop: true, gaps.CausePublisherRestart: true,
 		gaps.CauseStale: true, gaps.CauseLateStart: true, streams.GapCauseLostAfterAck: true}
 	missing := 0
+	namedOnce := map[id]string{}
 	for _, e := range evs {
 		if !causes[e.Cause] {
 			t.Fatalf("gap event %s has cause %q", e.ID, e.Cause)
@@ -228,7 +234,12 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 		for _, r := range gapRanges(e) {
 			for q := r[0]; q <= r[1]; q++ {
 				missing++
-				if stored[id{e.Key.DPRank, strconv.FormatInt(e.Epoch, 10), q}] {
+				k := id{e.Key.DPRank, strconv.FormatInt(e.Epoch, 10), q}
+				if other, ok := namedOnce[k]; ok {
+					t.Fatalf("rank %d seq %d named missing by two gap events: %s and %s", k.rank, q, other, e.ID)
+				}
+				namedOnce[k] = e.ID
+				if stored[k] {
 					j, _ := json.Marshal(e)
 					t.Fatalf("false gap event: seq %d is stored: %s", q, j)
 				}
@@ -268,6 +279,9 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 		for _, f := range p.failed() {
 			t.Logf("%s failed and was restarted: %s", name, f)
 		}
+	}
+	if want := uint64(ranks) * perRank; uint64(len(stored)+missing) != want {
+		t.Errorf("stored %d + named missing %d != sent %d", len(stored), missing, want)
 	}
 	if n := len(traces["ta"].failed()); n < 1 {
 		t.Errorf("trace ta: %d failed runs, want at least the SIGKILLed one", n)
