@@ -16,6 +16,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // publishedLastSeq parses `fpmbus publish`'s exit stats: rank → last sequence number sent.
@@ -240,7 +241,16 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 				}
 				namedOnce[k] = e.ID
 				if stored[k] {
+					// Where the named number and its neighbours sit in the stream, to tell a late store from a
+					// misread.
 					j, _ := json.Marshal(e)
+					for _, m := range streamstest.Messages(t, js, streams.StreamFPM, streams.FPMSubject(e.Key)) {
+						sq := m.Headers().Get(streams.HeaderSeq)
+						if sq == strconv.FormatUint(q, 10) || sq == strconv.FormatUint(e.After.Seq, 10) || sq == strconv.FormatUint(e.Before.Seq, 10) {
+							md, _ := m.Metadata()
+							t.Logf("rank %d seq %s: stream sequence %d, stored at %s", e.Key.DPRank, sq, md.Sequence.Stream, md.Timestamp.Format(time.RFC3339Nano))
+						}
+					}
 					t.Fatalf("false gap event: seq %d is stored: %s", q, j)
 				}
 			}
