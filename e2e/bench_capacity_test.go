@@ -119,8 +119,8 @@ func BenchmarkCapacity(b *testing.B) {
 			traces = append(traces, superviseFpmbus(b, "trace "+m, "trace writer started", "trace", "--server", c.url, "--replicas", "3",
 				"--trace-mode", "full", "--trace-output", out, "--partitions", "2", "--member-id", m, "--max-segments", "1000000"))
 		}
-		// A component may fail once while the new R3 buckets elect their leaders (see the report of the
-		// fault test); its unit restarts it. Measure the runs that are up once that has settled.
+		// On a fresh R3 cluster a consumer may exit once while a bucket it needs has no leader yet
+		// ("no responders"); its unit restarts it. Measure from when that has settled.
 		all := append(append(append([]*supervised{}, bridges...), detector), traces...)
 		failedBefore := map[*supervised]int{}
 		for settled := false; !settled; {
