@@ -23,6 +23,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if conf := os.Getenv(clusterNodeEnv); conf != "" {
+		runClusterNode(conf) // this process is a cluster node of a test (cluster_nodes_test.go)
+		return
+	}
 	dir, err := os.MkdirTemp("", "fpmbus-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -65,7 +69,7 @@ func requireNATS(t *testing.T) {
 }
 
 // freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -76,7 +80,7 @@ func freePort(t *testing.T) int {
 }
 
 // freePortBlock returns a base port such that base..base+n-1 were all free.
-func freePortBlock(t *testing.T, n int) int {
+func freePortBlock(t testing.TB, n int) int {
 	t.Helper()
 	for attempt := 0; attempt < 50; attempt++ {
 		base := 21000 + (os.Getpid()*7+attempt*97)%9000
@@ -103,7 +107,7 @@ func freePortBlock(t *testing.T, n int) int {
 
 // proc is one running fpmbus (or nats) process; its output goes to a buffer shown on failure.
 type proc struct {
-	t    *testing.T
+	t    testing.TB
 	name string
 	cmd  *exec.Cmd
 	mu   sync.Mutex
@@ -126,7 +130,7 @@ func (p *proc) Output() string {
 }
 
 // start runs bin with args; the process is killed at test cleanup if still running.
-func start(t *testing.T, name, bin string, args ...string) *proc {
+func start(t testing.TB, name, bin string, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t, name: name, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
@@ -150,13 +154,13 @@ func start(t *testing.T, name, bin string, args ...string) *proc {
 	return p
 }
 
-func fpmbus(t *testing.T, name string, args ...string) *proc {
+func fpmbus(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
 	return start(t, name, fpmbusBin, args...)
 }
 
 // testEnv isolates child processes from the developer's environment (nats contexts, DYN_* variables).
-func testEnv(t *testing.T) []string {
+func testEnv(t testing.TB) []string {
 	home := t.TempDir()
 	env := []string{"HOME=" + home, "XDG_CONFIG_HOME=" + filepath.Join(home, ".config"), "PATH=" + os.Getenv("PATH")}
 	for _, kv := range os.Environ() {
@@ -210,7 +214,7 @@ func (p *proc) waitOutput(substr string, d time.Duration) {
 }
 
 // run runs a command to completion with a timeout and returns its combined output.
-func run(t *testing.T, d time.Duration, bin string, args ...string) (string, error) {
+func run(t testing.TB, d time.Duration, bin string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -221,7 +225,7 @@ func run(t *testing.T, d time.Duration, bin string, args ...string) (string, err
 }
 
 // eventually retries f until it returns nil or d passes.
-func eventually(t *testing.T, d time.Duration, f func() error) {
+func eventually(t testing.TB, d time.Duration, f func() error) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	var err error

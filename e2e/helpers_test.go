@@ -83,7 +83,7 @@ func (c *capture) snapshot() map[uint64][]byte {
 }
 
 // jsClient connects to url for assertions on stream contents.
-func jsClient(t *testing.T, url string) jetstream.JetStream {
+func jsClient(t testing.TB, url string) jetstream.JetStream {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -107,7 +107,7 @@ type storedFPM struct {
 	header  nats.Header
 }
 
-func storedFPMs(t *testing.T, js jetstream.JetStream, filter string) []storedFPM {
+func storedFPMs(t testing.TB, js jetstream.JetStream, filter string) []storedFPM {
 	t.Helper()
 	var out []storedFPM
 	for _, m := range streamstest.Messages(t, js, streams.StreamFPM, filter) {
@@ -125,7 +125,7 @@ func storedFPMs(t *testing.T, js jetstream.JetStream, filter string) []storedFPM
 }
 
 // streamCount returns the number of messages in stream.
-func streamCount(t *testing.T, js jetstream.JetStream, stream string) (uint64, error) {
+func streamCount(t testing.TB, js jetstream.JetStream, stream string) (uint64, error) {
 	s, err := js.Stream(t.Context(), stream)
 	if err != nil {
 		return 0, err
@@ -138,7 +138,7 @@ func streamCount(t *testing.T, js jetstream.JetStream, stream string) (uint64, e
 }
 
 // waitStreamCount waits until stream holds exactly want messages (and stays there briefly).
-func waitStreamCount(t *testing.T, js jetstream.JetStream, stream string, want uint64, d time.Duration) {
+func waitStreamCount(t testing.TB, js jetstream.JetStream, stream string, want uint64, d time.Duration) {
 	t.Helper()
 	eventually(t, d, func() error {
 		n, err := streamCount(t, js, stream)
@@ -155,7 +155,7 @@ func waitStreamCount(t *testing.T, js jetstream.JetStream, stream string, want u
 // traceLines decodes every line of every segment matching pattern with the trace package's own reader,
 // which reads multi-member gzip, takes an empty segment (created just before a crash) as no lines, and
 // fails on a torn or corrupt one.
-func traceLines(t *testing.T, pattern string) []*schemas.TraceLine {
+func traceLines(t testing.TB, pattern string) []*schemas.TraceLine {
 	t.Helper()
 	files, err := filepath.Glob(pattern)
 	if err != nil {

@@ -38,7 +38,7 @@ func startUp(t *testing.T, dpSize int, extra ...string) *upEnv {
 
 // publish runs `fpmbus publish`, which waits until subs subscribers (the bridge, plus any capture
 // sockets) have joined every rank before its first message.
-func publish(t *testing.T, subs, basePort, dpSize, count int, workerID string, extra ...string) *proc {
+func publish(t testing.TB, subs, basePort, dpSize, count int, workerID string, extra ...string) *proc {
 	t.Helper()
 	args := []string{"publish", "--fpm-port", strconv.Itoa(basePort), "--dp-size", strconv.Itoa(dpSize),
 		"--count", strconv.Itoa(count), "--worker-id", workerID, "--wait-subscribers", strconv.Itoa(subs)}
