@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // Figures of the edge outage test: the outage an edge must ride out, at a fleet-node's FPM rate.
@@ -81,36 +82,35 @@ type streamMsg struct {
 }
 
 // readStream reads every message of stream in order with an ordered consumer.
-func readStream(t testing.TB, js jetstream.JetStream, stream string) []streamMsg {
-	t.Helper()
+func readStream(js jetstream.JetStream, stream string) ([]streamMsg, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		t.Fatalf("stream %s: %v", stream, err)
+		return nil, fmt.Errorf("stream %s: %w", stream, err)
 	}
 	n := s.CachedInfo().State.Msgs
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	out := make([]streamMsg, 0, n)
 	for uint64(len(out)) < n {
-		batch, err := cons.FetchNoWait(5000)
+		batch, err := cons.FetchNoWait(10000)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		for m := range batch.Messages() {
 			out = append(out, streamMsg{subject: m.Subject(), header: m.Headers(), data: m.Data()})
 		}
 		if err := batch.Error(); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("read %d of %d messages of %s", len(out), n, stream)
+			return nil, fmt.Errorf("read %d of %d messages of %s", len(out), n, stream)
 		}
 	}
-	return out
+	return out, nil
 }
 
 // TestEdgeRidesOutCentralOutage cuts the edge from the central server for edgeOutage at 5,000 FPM/s
@@ -121,6 +121,7 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("rides out a 60 s outage")
 	}
+	t.Cleanup(func() { streamstest.WaitSourceSetups(t, 40*time.Second) }) // runs after the servers stopped
 	central := newCentral(t)
 	edge, err := StartEdge(streams.EdgeConfig{Node: "node1", StoreDir: t.TempDir(), Remotes: "nats-leaf://" + central.leafAddr,
 		Listen: "127.0.0.1:0", Sync: streams.SyncPolicy{Interval: time.Second}}, streams.Config{}, testLogger())
@@ -240,8 +241,16 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	atEdge := readStream(t, ejs, streams.StreamFPM)
-	atCentral := readStream(t, cjs, streams.StreamFPM)
+	// Both copies are read at once (two readers, each on its own server).
+	var atEdge, atCentral []streamMsg
+	var edgeErr, centralErr error
+	var rg sync.WaitGroup
+	rg.Go(func() { atEdge, edgeErr = readStream(ejs, streams.StreamFPM) })
+	rg.Go(func() { atCentral, centralErr = readStream(cjs, streams.StreamFPM) })
+	rg.Wait()
+	if edgeErr != nil || centralErr != nil {
+		t.Fatalf("read the edge's FPM: %v; the central FPM: %v", edgeErr, centralErr)
+	}
 	if len(atEdge) != int(total) || len(atCentral) != int(total) {
 		t.Fatalf("sent %d FPMs; the edge stream holds %d, the central stream %d", total, len(atEdge), len(atCentral))
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 func TestEdgeConfigValidate(t *testing.T) {
@@ -59,7 +60,7 @@ func TestCentralLeafConfLoads(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -73,6 +74,7 @@ func freePort(t *testing.T) int {
 // asks; a second edge's source is added beside it; and what an edge stores arrives centrally once,
 // while the leafnode carries none of fpmbus's subjects directly.
 func TestAddEdgeSourcesIdempotent(t *testing.T) {
+	t.Cleanup(func() { streamstest.WaitSourceSetups(t, 40*time.Second) }) // runs after the servers stopped
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	leafPort := freePort(t)
