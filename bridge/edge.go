@@ -111,8 +111,10 @@ func (e *Edge) declareSources(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		// The central server being away is expected (the edge exists for it): warn every 10th attempt.
-		if attempt == 1 || attempt%10 == 0 {
+		// The leaf connects in the background, so the first attempts at start often find no central
+		// API, and the central server being away is what the edge exists for: warn from the third
+		// attempt (about a second in), then every 10th.
+		if attempt == 3 || attempt%10 == 0 {
 			e.log.Warn("edge: central streams do not source this edge yet; retrying", "attempt", attempt, "err", err)
 		}
 		select {
