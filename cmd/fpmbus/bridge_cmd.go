@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/fpmbus/fpmbus/bridge"
 	"github.com/fpmbus/fpmbus/streams"
@@ -65,6 +68,7 @@ func runBridge(ctx context.Context, args []string) error {
 	conn := connFlags(fs, "bridge")
 	scfg := streamFlags(fs)
 	bopts := bridgeFlags(fs)
+	edgeFlags := bridge.RegisterEdgeFlags(fs)
 	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9464")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -81,12 +85,15 @@ func runBridge(ctx context.Context, args []string) error {
 	reg := newProcessRegistry()
 	cfg.Registerer = reg
 
-	// The bridge applies the streams itself, retrying while the broker is away: connect only.
-	nc, _, err := connectAndApply(ctx, conn, nil)
+	ecfg, err := edgeFlags.Config()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	nc, closeConn, err := bridgeConn(ctx, conn, ecfg, *scfg)
 	if err != nil {
 		return err
 	}
-	defer nc.Close() // after Run: the bridge has published or accounted for everything
+	defer closeConn() // after Run: the bridge has published or accounted for everything
 	b, err := bridge.New(cfg, nc)
 	if err != nil {
 		return err
@@ -110,4 +117,33 @@ func runBridge(ctx context.Context, args []string) error {
 		return finish(err)
 	}
 	return finish(<-runErr)
+}
+
+// bridgeConn connects the bridge: to --server, or with --edge-dir to its node-local edge server (see
+// bridge.Edge), which it starts. The bridge applies the streams itself, retrying while the broker is
+// away: connect only. closeConn closes the connection (and shuts the edge server down).
+func bridgeConn(ctx context.Context, conn *connOptions, ecfg streams.EdgeConfig, scfg streams.Config) (*nats.Conn, func(), error) {
+	if ecfg.StoreDir == "" {
+		nc, _, err := connectAndApply(ctx, conn, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		return nc, nc.Close, nil
+	}
+	if flagGiven(conn.fs, "server") {
+		return nil, nil, fmt.Errorf("%w: --server and --edge-dir: the edge bridge publishes to its own server, a leaf node of --edge-remote", errUsage)
+	}
+	edge, err := bridge.StartEdge(ecfg, scfg, slog.Default())
+	if err != nil {
+		return nil, nil, err
+	}
+	slog.Info("edge server ready", "domain", ecfg.Domain(), "store", ecfg.StoreDir, "client_url", edge.Server().ClientURL(),
+		"central_domain", ecfg.CentralDomainOrDefault())
+	return edge.Conn(), func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := edge.Close(sctx); err != nil {
+			slog.Warn("edge server shutdown", "err", err)
+		}
+	}, nil
 }

@@ -1,0 +1,142 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// Edge is the node-local JetStream of the edge topology (see streams/edge.go): an embedded server in a
+// JetStream domain of its own, a leaf node of the central server. The bridge publishes to it over Conn
+// as it would to any server, so its buffer, ack accounting and drop markers are unchanged; the central
+// FPM and FPM_EVENTS streams source the edge's streams.
+//
+// Who declares the sources: the edge itself, at start (DeclareSources). An edge that comes up is
+// sourced without an operator step, and the declaration is idempotent, so every restart repeats it
+// harmlessly. It runs in the background with backoff because the central server may be away when the
+// node starts — which is the case the edge exists for; the edge stores meanwhile and the central
+// stream catches up once the source is there. Removing an edge for good is the operator's step
+// (README: "Edge topology").
+type Edge struct {
+	cfg    streams.EdgeConfig
+	srv    *streams.Server
+	nc     *nats.Conn
+	log    *slog.Logger
+	scfg   streams.Config
+	srcd   chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// StartEdge starts the edge server for cfg, connects to it in-process, and starts declaring the
+// central sources in the background (Sourced is closed once they are there). scfg defines the streams
+// the edge creates on the central server if they are missing there (the bridge's own Ensure creates
+// them at the edge). Close stops it all; the store stays on disk.
+func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger) (*Edge, error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	sc, err := cfg.ServerConfig()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if scfg == (streams.Config{}) {
+		scfg = streams.DefaultConfig()
+	}
+	srv, err := streams.StartServer(sc)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: edge server %s: %w", cfg.Domain(), err)
+	}
+	nc, err := streams.Connect(streams.ConnConfig{InProcess: srv, Name: "fpmbus-bridge-edge", Logger: logger})
+	if err != nil {
+		_ = srv.Shutdown(context.Background())
+		return nil, fmt.Errorf("bridge: edge server %s: connect: %w", cfg.Domain(), err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &Edge{cfg: cfg, srv: srv, nc: nc, scfg: scfg, srcd: make(chan struct{}), cancel: cancel, done: make(chan struct{}),
+		log: logger.With("component", "bridge-edge", "domain", cfg.Domain())}
+	go func() {
+		defer close(e.done)
+		e.declareSources(ctx)
+	}()
+	return e, nil
+}
+
+// Conn is the bridge's connection to the edge server. It belongs to the Edge: Close closes it.
+func (e *Edge) Conn() *nats.Conn { return e.nc }
+
+// Server is the edge's embedded server.
+func (e *Edge) Server() *streams.Server { return e.srv }
+
+// Sourced is closed once the central streams source this edge.
+func (e *Edge) Sourced() <-chan struct{} { return e.srcd }
+
+// Close stops declaring, closes Conn and shuts the edge server down (its store stays). Call it after
+// the bridge's Run has returned: the bridge publishes over Conn until then.
+func (e *Edge) Close(ctx context.Context) error {
+	e.cancel()
+	<-e.done
+	e.nc.Close()
+	return e.srv.Shutdown(ctx)
+}
+
+// declareSources retries until the central streams source this edge or ctx ends.
+func (e *Edge) declareSources(ctx context.Context) {
+	central, err := jetstream.NewWithDomain(e.nc, e.cfg.CentralDomainOrDefault())
+	if err != nil {
+		e.log.Error("edge: central JetStream", "err", err)
+		return
+	}
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(250*time.Millisecond),
+		backoff.WithMaxInterval(10*time.Second),
+		backoff.WithMaxElapsedTime(0),
+	)
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := e.declareOnce(actx, central)
+		cancel()
+		if err == nil {
+			close(e.srcd)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// The leaf connects in the background, so the first attempts at start often find no central
+		// API, and the central server being away is what the edge exists for: warn from the third
+		// attempt (about a second in), then every 10th.
+		if attempt == 3 || attempt%10 == 0 {
+			e.log.Warn("edge: central streams do not source this edge yet; retrying", "attempt", attempt, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(bo.NextBackOff()):
+		}
+	}
+}
+
+func (e *Edge) declareOnce(ctx context.Context, central jetstream.JetStream) error {
+	if _, err := streams.Ensure(ctx, central, e.scfg, e.log); err != nil {
+		if errors.Is(err, streams.ErrIncompatible) {
+			e.log.Error("edge: central stream cannot serve fpmbus", "err", err)
+		}
+		return err
+	}
+	changed, err := streams.AddEdgeSources(ctx, central, e.cfg.Domain())
+	if err != nil {
+		return err
+	}
+	e.log.Info("edge: central streams source this edge", "central_domain", e.cfg.CentralDomainOrDefault(),
+		"added_to", changed)
+	return nil
+}

@@ -1,0 +1,300 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// Figures of the edge outage test: the outage an edge must ride out, at a fleet-node's FPM rate.
+const (
+	edgeOutage      = 60 * time.Second
+	edgeRanks       = 4
+	edgeRatePerRank = 1250 // 5,000 FPM/s over edgeRanks
+	edgeLead        = 2 * time.Second
+	edgeTail        = 2 * time.Second
+)
+
+// freeAddr returns a loopback host:port that was free a moment ago (to restart a server at it).
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// centralServer is the central JetStream of the edge topology: domain "central", a leafnode listener.
+type centralServer struct {
+	t        testing.TB
+	listen   string
+	leafAddr string
+	store    string
+	srv      *streams.Server
+}
+
+func newCentral(t testing.TB) *centralServer {
+	c := &centralServer{t: t, listen: freeAddr(t), leafAddr: freeAddr(t), store: t.TempDir()}
+	c.start()
+	t.Cleanup(c.stop)
+	return c
+}
+
+func (c *centralServer) start() {
+	c.t.Helper()
+	host, port, _ := net.SplitHostPort(c.leafAddr)
+	p, _ := strconv.Atoi(port)
+	base := &server.Options{JetStreamDomain: streams.DefaultCentralDomain,
+		LeafNode: server.LeafNodeOpts{Host: host, Port: p}}
+	srv, err := streams.StartServer(streams.ServerConfig{Listen: c.listen, StoreDir: c.store, Name: "central",
+		Base: base, Sync: streams.SyncPolicy{Interval: time.Second}})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.srv = srv
+}
+
+func (c *centralServer) stop() {
+	if c.srv != nil {
+		_ = c.srv.Shutdown(context.Background())
+		c.srv = nil
+	}
+}
+
+// streamMsg is what a consumer of a stream sees of one message.
+type streamMsg struct {
+	subject string
+	header  nats.Header
+	data    []byte
+}
+
+// readStream reads every message of stream in order with an ordered consumer.
+func readStream(js jetstream.JetStream, stream string) ([]streamMsg, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	n := s.CachedInfo().State.Msgs
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]streamMsg, 0, n)
+	for uint64(len(out)) < n {
+		batch, err := cons.FetchNoWait(10000)
+		if err != nil {
+			return nil, err
+		}
+		for m := range batch.Messages() {
+			out = append(out, streamMsg{subject: m.Subject(), header: m.Headers(), data: m.Data()})
+		}
+		if err := batch.Error(); err != nil {
+			return nil, err
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("read %d of %d messages of %s", len(out), n, stream)
+		}
+	}
+	return out, nil
+}
+
+// TestEdgeRidesOutCentralOutage cuts the edge from the central server for edgeOutage at 5,000 FPM/s
+// (the central server is stopped and restarted on the same store and ports). Afterwards the central
+// FPM stream holds every FPM exactly once, per rank in order, each message as the bridge published it
+// at the edge (subject, body, every header including Nats-Msg-Id), and the bridge dropped nothing.
+func TestEdgeRidesOutCentralOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("rides out a 60 s outage")
+	}
+	t.Cleanup(func() { streamstest.WaitSourceSetups(t, 40*time.Second) }) // runs after the servers stopped
+	central := newCentral(t)
+	edge, err := StartEdge(streams.EdgeConfig{Node: "node1", StoreDir: t.TempDir(), Remotes: "nats-leaf://" + central.leafAddr,
+		Listen: "127.0.0.1:0", Sync: streams.SyncPolicy{Interval: time.Second}}, streams.Config{}, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = edge.Close(context.Background()) })
+
+	pubs := make([]*testPub, edgeRanks)
+	eps := make([]Endpoint, edgeRanks)
+	for r := range pubs {
+		pubs[r] = newTestPub(t, "tcp://127.0.0.1:*")
+		eps[r] = Endpoint{URL: pubs[r].URL, DPRank: r}
+	}
+	nc := edge.Conn()
+	cfg := Config{Endpoints: eps, BridgeID: "edge-bridge", Logger: testLogger()}
+	b, err := New(cfg, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &harness{t: t, nc: nc, b: b, cancel: cancel, done: make(chan error, 1)}
+	go func() { h.done <- b.Run(ctx) }()
+	t.Cleanup(func() { _ = h.stop() })
+	select {
+	case <-b.Ready():
+	case <-time.After(15 * time.Second):
+		t.Fatal("bridge not ready after 15s")
+	}
+	select {
+	case <-edge.Sourced():
+	case <-time.After(20 * time.Second):
+		t.Fatal("central streams do not source the edge after 20s")
+	}
+	for _, p := range pubs {
+		p.waitSubscribed()
+	}
+
+	// Each rank publishes at edgeRatePerRank until stop, seq 1, 2, ...
+	stop := make(chan struct{})
+	sent := make([]uint64, edgeRanks)
+	var wg sync.WaitGroup
+	for r, p := range pubs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			tick := time.NewTicker(5 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				due := uint64(time.Since(start).Seconds() * edgeRatePerRank)
+				for sent[r] < due {
+					sent[r]++
+					if err := p.s.SendFrames(nil, seqFrame(sent[r]), payload("w-edge", r, sent[r])); err != nil {
+						t.Errorf("rank %d send %d: %v", r, sent[r], err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	time.Sleep(edgeLead)
+	central.stop()
+	cutAt := time.Now()
+	time.Sleep(edgeOutage)
+	central.start()
+	restartedAt := time.Now()
+	t.Logf("central server away for %v", time.Since(cutAt).Round(time.Millisecond))
+
+	time.Sleep(edgeTail)
+	close(stop)
+	wg.Wait()
+	var total uint64
+	for _, n := range sent {
+		total += n
+	}
+	t.Logf("sent %d FPMs over %d ranks", total, edgeRanks)
+
+	// The bridge published everything to the edge and dropped nothing.
+	st := h.waitStats(30*time.Second, "every FPM acknowledged at the edge", func(s Stats) bool {
+		return s.Total().Published == total
+	})
+	if tot := st.Total(); tot.Dropped != 0 || tot.Invalid != 0 || tot.DeadLettersLost != 0 || tot.Duplicates != 0 || st.MarkersPublished != 0 {
+		t.Fatalf("bridge stats: %s", fmtStats(st))
+	}
+
+	// The central stream catches up: it holds as many FPMs as were sent. The central server retries a
+	// source whose consumer request went unanswered (sent before the leaf reconnected) after 30 s plus
+	// backoff, so catching up takes about 45 s after a restart.
+	cnc, err := nats.Connect(central.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cnc.Close()
+	cjs, err := jetstream.New(cnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 90*time.Second, 100*time.Millisecond, func() error {
+		s, err := cjs.Stream(context.Background(), streams.StreamFPM)
+		if err != nil {
+			return err
+		}
+		if n := s.CachedInfo().State.Msgs; n < total {
+			return fmt.Errorf("central FPM holds %d of %d FPMs", n, total)
+		}
+		return nil
+	})
+	t.Logf("central caught up %v after the restart", time.Since(restartedAt).Round(time.Millisecond))
+
+	ejs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both copies are read at once (two readers, each on its own server).
+	var atEdge, atCentral []streamMsg
+	var edgeErr, centralErr error
+	var rg sync.WaitGroup
+	rg.Go(func() { atEdge, edgeErr = readStream(ejs, streams.StreamFPM) })
+	rg.Go(func() { atCentral, centralErr = readStream(cjs, streams.StreamFPM) })
+	rg.Wait()
+	if edgeErr != nil || centralErr != nil {
+		t.Fatalf("read the edge's FPM: %v; the central FPM: %v", edgeErr, centralErr)
+	}
+	if len(atEdge) != int(total) || len(atCentral) != int(total) {
+		t.Fatalf("sent %d FPMs; the edge stream holds %d, the central stream %d", total, len(atEdge), len(atCentral))
+	}
+	ids := make(map[string]bool, total)
+	next := make(map[string]uint64, edgeRanks) // subject -> next Fpm-Seq
+	for i, c := range atCentral {
+		e := atEdge[i]
+		if c.subject != e.subject || string(c.data) != string(e.data) {
+			t.Fatalf("central message %d: subject %s, body %q; the edge stored subject %s, body %q", i, c.subject, c.data, e.subject, e.data)
+		}
+		for k, v := range e.header {
+			if got := c.header.Values(k); fmt.Sprint(got) != fmt.Sprint(v) {
+				t.Fatalf("central message %d (%s): header %s is %q, the edge stored %q", i, c.subject, k, got, v)
+			}
+		}
+		for k := range c.header {
+			if _, ok := e.header[k]; !ok && k != "Nats-Stream-Source" {
+				t.Fatalf("central message %d: header %s that the edge's message does not have", i, k)
+			}
+		}
+		id := c.header.Get(streams.HeaderMsgID)
+		if id == "" || ids[id] {
+			t.Fatalf("central message %d (%s): Nats-Msg-Id %q is empty or stored twice", i, c.subject, id)
+		}
+		ids[id] = true
+		seq, err := strconv.ParseUint(c.header.Get(streams.HeaderSeq), 10, 64)
+		if err != nil {
+			t.Fatalf("central message %d: %s: %v", i, streams.HeaderSeq, err)
+		}
+		if want := next[c.subject] + 1; seq != want {
+			t.Fatalf("central message %d (%s): seq %d, want %d (per-rank order)", i, c.subject, seq, want)
+		}
+		next[c.subject] = seq
+	}
+	if len(next) != edgeRanks {
+		t.Fatalf("central stream holds %d publisher subjects, want %d", len(next), edgeRanks)
+	}
+	for subj, last := range next {
+		r, _ := strconv.Atoi(subj[len(subj)-1:])
+		if last != sent[r] {
+			t.Fatalf("%s: last seq %d, sent %d", subj, last, sent[r])
+		}
+	}
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,225 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The edge topology: a bridge publishes to a JetStream server on its own node (an edge), which stores
+// to local disk in a JetStream domain of its own and is a NATS leaf node of the central server. The
+// central FPM and FPM_EVENTS streams source the edge's streams of the same names over the leafnode
+// connection. While the central server or the link is away the edge keeps storing; when the link is
+// back, each source resumes from the last edge sequence the central stream holds, so an outage costs
+// the edge's disk, not data.
+//
+// Invariants:
+//   - The edge's streams are fpmbus's own (Config.All, created by the bridge's Ensure on the edge), so
+//     a sourced message is the message the bridge published: same subject, same headers (Nats-Msg-Id,
+//     Fpm-*), same body. The central server adds only Nats-Stream-Source, and applies its duplicate
+//     window to the sourced Nats-Msg-Id exactly as to a direct publish.
+//   - Nothing reaches the central streams twice: the leafnode remote neither exports nor imports
+//     fpmbus's subjects (EdgeDeniedSubjects), so an FPM published at the edge is not also delivered to
+//     the central stream's subject listener, and a central publisher's FPM is not stored at the edge
+//     (and sourced back).
+//   - The central server must run JetStream in a domain (DefaultCentralDomain unless told): a leaf
+//     with a domain of its own reaches the central JetStream API only as $JS.<domain>.API.
+
+// Defaults of the edge topology.
+const (
+	// DefaultCentralDomain is the JetStream domain of the central server (ops/nats/central-leaf.conf).
+	DefaultCentralDomain = "central"
+	// EdgeDomainPrefix starts every edge's JetStream domain: edge-<node>.
+	EdgeDomainPrefix = "edge-"
+	// DefaultEdgeListen is the edge server's client address: loopback, next to the standard port, so
+	// the `nats` CLI reaches it with --server nats://127.0.0.1:4223 on the node.
+	DefaultEdgeListen = "127.0.0.1:4223"
+)
+
+// EdgeSourcedStreams are the central streams that source the edge streams of the same name: the FPMs
+// and the bridge's events (drop markers and dead letters), which the gap detector and the operators
+// read centrally.
+var EdgeSourcedStreams = []string{StreamFPM, StreamEvents}
+
+// EdgeDeniedSubjects are the subjects the leafnode remote of an edge neither exports nor imports (see
+// the package invariants): fpmbus's streams and its KV and object buckets, which exist at both ends.
+var EdgeDeniedSubjects = []string{FPMWildcard, EventsWildcard, BenchWildcard, "$KV.>", "$O.>"}
+
+// ErrBadEdge is wrapped by every error EdgeConfig.Validate returns.
+var ErrBadEdge = errors.New("streams: bad edge configuration")
+
+// EdgeConfig configures the node-local JetStream server of the edge topology.
+type EdgeConfig struct {
+	// Node names this edge; its JetStream domain is EdgeDomainPrefix+Node. Required: a letter, digit,
+	// '-' or '_' only (a domain is a subject token).
+	Node string
+	// StoreDir is the edge's JetStream store on local disk. Required.
+	StoreDir string
+	// Remotes are the central server's leafnode URLs (nats-leaf://host:7422, comma-separated; user
+	// info in them authenticates the leaf). Required.
+	Remotes string
+	// Credentials is a .creds file the leaf presents to the central server; empty: none.
+	Credentials string
+	// Listen is the edge server's client address (default DefaultEdgeListen; port 0 picks one).
+	Listen string
+	// CentralDomain is the central server's JetStream domain (default DefaultCentralDomain).
+	CentralDomain string
+	// Sync is the edge server's fsync policy (zero: DefaultSync).
+	Sync SyncPolicy
+	// Logging routes the edge server's log lines to stderr.
+	Logging bool
+}
+
+// Domain is the edge's JetStream domain.
+func (c EdgeConfig) Domain() string { return EdgeDomainPrefix + c.Node }
+
+// CentralDomainOrDefault is the central server's JetStream domain, defaulted.
+func (c EdgeConfig) CentralDomainOrDefault() string {
+	if c.CentralDomain == "" {
+		return DefaultCentralDomain
+	}
+	return c.CentralDomain
+}
+
+// Validate reports the first setting that cannot work, wrapped in ErrBadEdge.
+func (c EdgeConfig) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadEdge, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Node == "":
+		return bad("no node name (it names the edge's JetStream domain %s<node>)", EdgeDomainPrefix)
+	case !domainToken(c.Node):
+		return bad("node name %q: want letters, digits, '-' and '_' only", c.Node)
+	case !domainToken(c.CentralDomainOrDefault()):
+		return bad("central domain %q: want letters, digits, '-' and '_' only", c.CentralDomainOrDefault())
+	case c.Domain() == c.CentralDomainOrDefault():
+		return bad("edge domain %q is the central domain", c.Domain())
+	case c.StoreDir == "":
+		return bad("no store directory for the edge's JetStream")
+	}
+	if _, err := c.remoteURLs(); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+func domainToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !keepByte(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func (c EdgeConfig) remoteURLs() ([]*url.URL, error) {
+	var out []*url.URL
+	for _, raw := range strings.Split(c.Remotes, ",") {
+		raw = strings.TrimSpace(raw)
+		if raw == "" {
+			continue
+		}
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("leafnode remote %q is not a URL (want nats-leaf://host:7422)", RedactURL(raw))
+		}
+		switch u.Scheme {
+		case "nats-leaf", "nats", "tls", "ws", "wss":
+		default:
+			return nil, fmt.Errorf("leafnode remote %q: scheme %q (want nats-leaf, nats, tls, ws or wss)", RedactURL(raw), u.Scheme)
+		}
+		out = append(out, u)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no leafnode remote (the central server's nats-leaf://host:7422)")
+	}
+	return out, nil
+}
+
+// ServerConfig is the embedded server of the edge: JetStream in the edge's domain on StoreDir, a
+// leafnode remote to the central server that denies fpmbus's subjects both ways.
+func (c EdgeConfig) ServerConfig() (ServerConfig, error) {
+	if err := c.Validate(); err != nil {
+		return ServerConfig{}, err
+	}
+	urls, _ := c.remoteURLs()
+	listen := c.Listen
+	if listen == "" {
+		listen = DefaultEdgeListen
+	}
+	base := &server.Options{
+		JetStreamDomain: c.Domain(),
+		LeafNode: server.LeafNodeOpts{
+			// Reconnect quickly once the central server is back: the backlog grows meanwhile.
+			ReconnectInterval: time.Second,
+			Remotes: []*server.RemoteLeafOpts{{
+				URLs:        urls,
+				Credentials: c.Credentials,
+				DenyExports: slices.Clone(EdgeDeniedSubjects),
+				DenyImports: slices.Clone(EdgeDeniedSubjects),
+			}},
+		},
+	}
+	return ServerConfig{Listen: listen, StoreDir: c.StoreDir, Name: c.Domain(), Base: base, Sync: c.Sync,
+		Logging: c.Logging}, nil
+}
+
+// EdgeSource is how a central stream sources the edge stream of the same name in domain.
+func EdgeSource(stream, domain string) *jetstream.StreamSource {
+	return &jetstream.StreamSource{Name: stream, External: &jetstream.ExternalStream{APIPrefix: "$JS." + domain + ".API"}}
+}
+
+// hasSource reports whether sc already sources stream from domain.
+func hasSource(sc jetstream.StreamConfig, want *jetstream.StreamSource) bool {
+	for _, s := range sc.Sources {
+		if s != nil && s.Name == want.Name && s.External != nil && s.External.APIPrefix == want.External.APIPrefix {
+			return true
+		}
+	}
+	return false
+}
+
+// AddEdgeSources makes every central stream of EdgeSourcedStreams source its namesake in the edge
+// domain, through central (the central server's JetStream, for example jetstream.NewWithDomain over
+// the edge's own connection). It is idempotent: a source already there is left alone; it returns the
+// streams it changed. The stream's other settings (and other edges' sources) are sent back as they
+// are. Two edges adding themselves at the same moment can overwrite each other's update, so each
+// update is read back and repeated until the source is there.
+func AddEdgeSources(ctx context.Context, central jetstream.JetStream, domain string) ([]string, error) {
+	var changed []string
+	for _, name := range EdgeSourcedStreams {
+		want := EdgeSource(name, domain)
+		for attempt := 0; ; attempt++ {
+			s, err := central.Stream(ctx, name)
+			if err != nil {
+				return changed, fmt.Errorf("streams: central stream %s (to source %s from %s): %w", name, name, domain, err)
+			}
+			sc := s.CachedInfo().Config
+			if hasSource(sc, want) {
+				break
+			}
+			if attempt == 5 {
+				return changed, fmt.Errorf("streams: central stream %s: the source %s from %s did not stay after %d updates", name, name, domain, attempt)
+			}
+			sc.Sources = append(sc.Sources, want)
+			if _, err := central.UpdateStream(ctx, sc); err != nil {
+				return changed, fmt.Errorf("streams: central stream %s: add source %s from %s: %w", name, name, domain, err)
+			}
+			if attempt == 0 {
+				changed = append(changed, name)
+			}
+		}
+	}
+	return changed, nil
+}

@@ -1,0 +1,194 @@
+package streams_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+func TestEdgeConfigValidate(t *testing.T) {
+	good := streams.EdgeConfig{Node: "gpu-01", StoreDir: "/var/lib/fpmbus/edge", Remotes: "nats-leaf://central:7422"}
+	for name, tc := range map[string]struct {
+		mutate func(*streams.EdgeConfig)
+		ok     bool
+	}{
+		"complete":                      {func(*streams.EdgeConfig) {}, true},
+		"two remotes":                   {func(c *streams.EdgeConfig) { c.Remotes = "nats-leaf://a:7422, tls://b:7422" }, true},
+		"no node":                       {func(c *streams.EdgeConfig) { c.Node = "" }, false},
+		"node with a dot":               {func(c *streams.EdgeConfig) { c.Node = "gpu.01" }, false},
+		"no store":                      {func(c *streams.EdgeConfig) { c.StoreDir = "" }, false},
+		"no remote":                     {func(c *streams.EdgeConfig) { c.Remotes = " , " }, false},
+		"remote of another scheme":      {func(c *streams.EdgeConfig) { c.Remotes = "http://central:7422" }, false},
+		"remote without host":           {func(c *streams.EdgeConfig) { c.Remotes = "central" }, false},
+		"edge domain is central domain": {func(c *streams.EdgeConfig) { c.Node, c.CentralDomain = "x", "edge-x" }, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := good
+			tc.mutate(&c)
+			err := c.Validate()
+			if tc.ok && err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			if !tc.ok && !errors.Is(err, streams.ErrBadEdge) {
+				t.Fatalf("Validate: %v, want ErrBadEdge", err)
+			}
+		})
+	}
+}
+
+// The shipped central configuration loads with nats-server's own loader and has what the edges need:
+// a JetStream domain equal to the bridge's default central domain and a leafnode listener.
+func TestCentralLeafConfLoads(t *testing.T) {
+	o, err := streams.LoadServerConfig("../ops/nats/central-leaf.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.JetStreamDomain != streams.DefaultCentralDomain || o.LeafNode.Port != 7422 || !o.SyncAlways {
+		t.Fatalf("central-leaf.conf: domain %q, leafnode port %d, sync always %v; want %q, 7422, true",
+			o.JetStreamDomain, o.LeafNode.Port, o.SyncAlways, streams.DefaultCentralDomain)
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// An edge adds itself as a source of the central FPM and FPM_EVENTS streams once, however often it
+// asks; a second edge's source is added beside it; and what an edge stores arrives centrally once,
+// while the leafnode carries none of fpmbus's subjects directly.
+func TestAddEdgeSourcesIdempotent(t *testing.T) {
+	t.Cleanup(func() { streamstest.WaitSourceSetups(t, 40*time.Second) }) // runs after the servers stopped
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	leafPort := freePort(t)
+	central, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), Name: "central",
+		Base: &server.Options{JetStreamDomain: streams.DefaultCentralDomain, LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: leafPort}},
+		Sync: streams.SyncPolicy{Interval: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = central.Shutdown(context.Background()) })
+	cnc, err := nats.Connect(central.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cnc.Close)
+	cjs, _ := jetstream.New(cnc)
+	if err := streams.Apply(ctx, cjs, streams.DefaultConfig()); err != nil {
+		t.Fatal(err)
+	}
+
+	var edgeJS []jetstream.JetStream
+	var central1 jetstream.JetStream
+	for _, node := range []string{"a", "b"} {
+		ec := streams.EdgeConfig{Node: node, StoreDir: t.TempDir(), Remotes: "nats-leaf://127.0.0.1:" + strconv.Itoa(leafPort),
+			Listen: "127.0.0.1:0", Sync: streams.SyncPolicy{Interval: time.Second}}
+		sc, err := ec.ServerConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		edge, err := streams.StartServer(sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = edge.Shutdown(context.Background()) })
+		enc, err := nats.Connect(edge.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(enc.Close)
+		ejs, _ := jetstream.New(enc)
+		if err := streams.Apply(ctx, ejs, streams.DefaultConfig()); err != nil {
+			t.Fatal(err)
+		}
+		edgeJS = append(edgeJS, ejs)
+		viaLeaf, _ := jetstream.NewWithDomain(enc, streams.DefaultCentralDomain)
+		if node == "a" {
+			central1 = viaLeaf
+		}
+		// The leaf connects in the background: the first attempts may find no central API.
+		var changed []string
+		deadline := time.Now().Add(20 * time.Second)
+		for changed, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()); err != nil; changed, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("edge %s: %v", node, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if !slices.Equal(changed, streams.EdgeSourcedStreams) {
+			t.Fatalf("edge %s: first AddEdgeSources changed %v, want %v", node, changed, streams.EdgeSourcedStreams)
+		}
+	}
+	changed, err := streams.AddEdgeSources(ctx, central1, "edge-a")
+	if err != nil || len(changed) != 0 {
+		t.Fatalf("second AddEdgeSources for edge-a: changed %v, err %v; want nothing changed", changed, err)
+	}
+	for _, name := range streams.EdgeSourcedStreams {
+		s, err := cjs.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var prefixes []string
+		for _, src := range s.CachedInfo().Config.Sources {
+			prefixes = append(prefixes, src.Name+" "+src.External.APIPrefix)
+		}
+		want := []string{name + " $JS.edge-a.API", name + " $JS.edge-b.API"}
+		if !slices.Equal(prefixes, want) {
+			t.Fatalf("central %s sources %v, want %v", name, prefixes, want)
+		}
+	}
+
+	// Two FPMs stored at edge a (one with a message id, one without, which the central duplicate window
+	// could not hide if the leafnode also delivered it directly) reach the central stream once each.
+	h := nats.Header{}
+	h.Set(streams.HeaderMsgID, "edge-test-1")
+	for _, m := range []*nats.Msg{{Subject: "fpm.dynamo.backend.w.0", Header: h, Data: []byte(`{"n":1}`)},
+		{Subject: "fpm.dynamo.backend.w.0", Data: []byte(`{"n":2}`)}} {
+		if _, err := edgeJS[0].PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, err := cjs.Stream(ctx, streams.StreamFPM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.CachedInfo().State.Msgs >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the edge's FPMs did not reach the central stream in 20s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // a direct delivery over the leafnode would have arrived by now
+	s, _ := cjs.Stream(ctx, streams.StreamFPM)
+	if st := s.CachedInfo().State; st.Msgs != 2 {
+		t.Fatalf("central FPM holds %d messages for two stored at the edge", st.Msgs)
+	}
+	first, err := s.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Subject != "fpm.dynamo.backend.w.0" || first.Header.Get(streams.HeaderMsgID) != "edge-test-1" || string(first.Data) != `{"n":1}` {
+		t.Fatalf("central FPM #1: %s id %q body %s", first.Subject, first.Header.Get(streams.HeaderMsgID), first.Data)
+	}
+}

@@ -1,0 +1,238 @@
+package streams_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// ShardOf is the server's {{partition(n,1,2,3,4)}} transform of the FPM subject, the consumers'
+// partition function, for every n and for keys whose tokens need encoding.
+func TestShardOfIsThePartitionTransform(t *testing.T) {
+	for _, n := range []int{2, 3, 5, 8} {
+		tr, err := server.NewSubjectTransform("fpm.*.*.*.*", "{{partition("+strconv.Itoa(n)+",1,2,3,4)}}")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 200 {
+			k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: fmt.Sprintf("w.%d x", i), DPRank: i % 7}
+			got, err := tr.Match(streams.FPMSubject(k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := strconv.Itoa(streams.ShardOf(k, n)); got != want {
+				t.Fatalf("n=%d %s: server partition %s, ShardOf %s", n, streams.FPMSubject(k), got, want)
+			}
+		}
+	}
+}
+
+// A sharded FPM is stored under its fpm. subject in its shard, deduplicated by its id, and republished
+// on its fpm. subject for core subscribers.
+func TestShardStreamStoresFPMSubject(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 3
+	for i := range n {
+		if _, err := env.JS.CreateStream(ctx, streams.DefaultConfig().FPMShardStream(i, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, err := env.NC.SubscribeSync(streams.FPMWildcard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w1", DPRank: 2}
+	for range 2 { // the second publish is a retry: same id
+		m := &nats.Msg{Subject: streams.ShardIngestSubject(k, n), Header: nats.Header{}, Data: []byte(`{"counter_id":7}`)}
+		m.Header.Set(streams.HeaderMsgID, "id-7")
+		if _, err := env.JS.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := env.JS.Stream(ctx, streams.ShardStreamName(streams.ShardOf(k, n)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := s.CachedInfo().State; st.Msgs != 1 {
+		t.Fatalf("shard holds %d messages after a publish and its retry, want 1", st.Msgs)
+	}
+	stored, err := s.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.Subject != streams.FPMSubject(k) || stored.Header.Get(streams.HeaderMsgID) != "id-7" {
+		t.Fatalf("stored %s id %q, want %s id-7", stored.Subject, stored.Header.Get(streams.HeaderMsgID), streams.FPMSubject(k))
+	}
+	got, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatalf("nats sub 'fpm.>' saw nothing: %v", err)
+	}
+	if got.Subject != streams.FPMSubject(k) || string(got.Data) != `{"counter_id":7}` {
+		t.Fatalf("core subscriber got %s %s", got.Subject, got.Data)
+	}
+	if extra, err := sub.NextMsg(300 * time.Millisecond); err == nil {
+		t.Fatalf("core subscriber got a second message %s (the retry was not stored)", extra.Subject)
+	}
+}
+
+// startCluster runs a 3-node JetStream cluster in this process and returns its client URLs.
+func startCluster(b *testing.B) []string {
+	b.Helper()
+	ports := []int{freePort(b), freePort(b), freePort(b)}
+	var routes []*url.URL
+	for _, p := range ports {
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: "127.0.0.1:" + strconv.Itoa(p)})
+	}
+	var urls []string
+	for i, p := range ports {
+		base := &server.Options{Cluster: server.ClusterOpts{Name: "fpmbus-bench", Host: "127.0.0.1", Port: p}, Routes: routes}
+		srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: b.TempDir(),
+			Name: "n" + strconv.Itoa(i+1), Base: base, Sync: streams.SyncPolicy{Interval: 10 * time.Second}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+		urls = append(urls, srv.ClientURL())
+	}
+	return urls
+}
+
+// BenchmarkShardedIngest measures, on one in-process 3-node cluster, the aggregate rate at which R3
+// FPM streams store FPMs published asynchronously by 3 publishers (one per node, 300 keys) — with one
+// stream, then with 3 shards whose leaders are spread over the nodes — and reports both and their
+// ratio. Run it alone: go test -run '^$' -bench ShardedIngest -benchtime 1x ./streams/
+func BenchmarkShardedIngest(b *testing.B) {
+	urls := startCluster(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var conns []*nats.Conn
+	var jss []jetstream.JetStream
+	for _, u := range urls {
+		nc, err := nats.Connect(u)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(nc.Close)
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+		if err != nil {
+			b.Fatal(err)
+		}
+		conns, jss = append(conns, nc), append(jss, js)
+	}
+	// JetStream is usable once the cluster elected its meta leader.
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := jss[0].AccountInfo(actx)
+		acancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("no JetStream on the cluster after 60s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	const window = 5 * time.Second
+	keys := make([]streams.Key, 300)
+	for i := range keys {
+		keys[i] = streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w" + strconv.Itoa(i/8), DPRank: i % 8}
+	}
+	body := []byte(`{"version":1,"worker_id":"w","dp_rank":0,"counter_id":1,"wall_time":0.025,"scheduled_requests":{"num_prefill_requests":2,"sum_prefill_tokens":256},"queued_requests":{}}`)
+	rates := map[int]float64{}
+	for _, n := range []int{1, 3} {
+		cfg := streams.DefaultConfig()
+		cfg.Replicas = 3
+		leaders := map[string]int{}
+		for i := range n {
+			s, err := jss[0].CreateStream(ctx, cfg.FPMShardStream(i, n))
+			if err != nil {
+				b.Fatal(err)
+			}
+			leaders[s.CachedInfo().Cluster.Leader]++
+		}
+		// Spread the leaders: step a shard down while its node leads another one.
+		for try := 0; len(leaders) < n && try < 20; try++ {
+			for i := range n {
+				info, err := jss[0].Stream(ctx, streams.ShardStreamName(i))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if leaders[info.CachedInfo().Cluster.Leader] > 1 {
+					_, _ = conns[0].Request("$JS.API.STREAM.LEADER.STEPDOWN."+streams.ShardStreamName(i), nil, 5*time.Second)
+					time.Sleep(500 * time.Millisecond)
+					break
+				}
+			}
+			leaders = map[string]int{}
+			for i := range n {
+				info, _ := jss[0].Stream(ctx, streams.ShardStreamName(i))
+				leaders[info.CachedInfo().Cluster.Leader]++
+			}
+		}
+		var acked atomic.Int64
+		start := time.Now()
+		done := make(chan error, len(jss))
+		for p, js := range jss {
+			go func() {
+				var id int
+				for time.Since(start) < window {
+					k := keys[(id*len(jss)+p)%len(keys)]
+					id++
+					m := &nats.Msg{Subject: streams.ShardIngestSubject(k, n), Header: nats.Header{}, Data: body}
+					m.Header.Set(streams.HeaderMsgID, fmt.Sprintf("p%d-%d", p, id))
+					f, err := js.PublishMsgAsync(m)
+					if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+						continue // 4096 awaiting acks: the streams are the bottleneck, as measured
+					}
+					if err != nil {
+						done <- err
+						return
+					}
+					go func() {
+						select {
+						case <-f.Ok():
+							acked.Add(1)
+						case <-f.Err():
+						}
+					}()
+				}
+				select {
+				case <-js.PublishAsyncComplete():
+				case <-time.After(30 * time.Second):
+				}
+				done <- nil
+			}()
+		}
+		for range jss {
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		}
+		elapsed := time.Since(start)
+		rates[n] = float64(acked.Load()) / elapsed.Seconds()
+		b.Logf("%d shard(s), leaders %v: %d FPMs stored in %v: %.0f FPM/s", n, leaders, acked.Load(), elapsed.Round(time.Millisecond), rates[n])
+		for i := range n {
+			if err := jss[0].DeleteStream(ctx, streams.ShardStreamName(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(rates[1], "fpm/s-1shard")
+	b.ReportMetric(rates[3], "fpm/s-3shards")
+	b.ReportMetric(rates[3]/rates[1], "ratio-3/1")
+	fmt.Printf("sharded ingest on a 3-node cluster: 1 shard %.0f FPM/s, 3 shards %.0f FPM/s, ratio %.2f\n", rates[1], rates[3], rates[3]/rates[1])
+}
