@@ -3,10 +3,7 @@ package durable
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/partition"
 )
@@ -72,7 +69,7 @@ func (c Config) Validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
-	if !validName(c.Name) {
+	if !partition.ValidName(c.Name, partition.MaxNameLen) {
 		return bad("name %q: want 1-64 letters, digits, '-' and '_'", c.Name)
 	}
 	if err := c.Group.Validate(); err != nil {
@@ -92,64 +89,4 @@ func (c Config) Validate() error {
 			c.Group.Partitions)
 	}
 	return nil
-}
-
-func validName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-// Option configures a Runner beyond Config.
-type Option func(*Runner) error
-
-// WithLogger sets the logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(r *Runner) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
-		}
-		r.log = l
-		return nil
-	}
-}
-
-// WithRegisterer registers the runner's metrics (default: not registered).
-func WithRegisterer(reg prometheus.Registerer) Option {
-	return func(r *Runner) error {
-		if reg == nil {
-			return fmt.Errorf("%w: nil registerer", ErrInvalidConfig)
-		}
-		r.reg = reg
-		return nil
-	}
-}
-
-// WithMemberID names this instance in its group (default <host>-<pid>-<random>; see partition).
-func WithMemberID(id string) Option {
-	return func(r *Runner) error {
-		if id == "" {
-			return fmt.Errorf("%w: empty member id", ErrInvalidConfig)
-		}
-		r.memberID = id
-		return nil
-	}
-}
-
-// WithClock sets the clock of ticks and in-progress acks (default time.Now).
-func WithClock(now func() time.Time) Option {
-	return func(r *Runner) error {
-		if now == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
-		}
-		r.now = now
-		return nil
-	}
 }

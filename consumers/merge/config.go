@@ -148,68 +148,37 @@ func (c Config) Group() partition.Config {
 	}
 }
 
-// Option configures a Consumer beyond Config.
+// Option configures a Consumer beyond Config. WithLogger, WithClock, WithMemberID and WithRegisterer
+// are the options every durable stage takes (consumers/durable's, which check the values).
 type Option func(*options) error
 
 type options struct {
-	log      *slog.Logger
-	now      func() time.Time
-	onEvent  func(Event)
-	memberID string
-	reg      prometheus.Registerer
+	durable.Settings
+	onEvent func(Event)
 }
+
+// shared makes one of the options every durable stage takes a merger's option.
+func shared(o durable.Option) Option { return func(s *options) error { return o(&s.Settings) } }
 
 // WithLogger sets the logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
-		}
-		o.log = l
-		return nil
-	}
-}
+func WithLogger(l *slog.Logger) Option { return shared(durable.WithLogger(l)) }
 
 // WithClock sets the clock of rank timeouts and retries (default time.Now).
-func WithClock(now func() time.Time) Option {
-	return func(o *options) error {
-		if now == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
-		}
-		o.now = now
-		return nil
-	}
-}
+func WithClock(now func() time.Time) Option { return shared(durable.WithClock(now)) }
+
+// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
+func WithMemberID(id string) Option { return shared(durable.WithMemberID(id)) }
+
+// WithRegisterer registers the runner's consumer metrics (default: not registered).
+func WithRegisterer(reg prometheus.Registerer) Option { return shared(durable.WithRegisterer(reg)) }
 
 // WithEventHook calls fn, on the consumer's loop, with every event the consumer has published.
 func WithEventHook(fn func(Event)) Option {
 	return func(o *options) error {
 		if fn == nil {
-			return fmt.Errorf("%w: nil event hook", ErrInvalidConfig)
+			return errors.New("nil event hook")
 		}
 		o.onEvent = fn
-		return nil
-	}
-}
-
-// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
-func WithMemberID(id string) Option {
-	return func(o *options) error {
-		if id == "" {
-			return fmt.Errorf("%w: empty member id", ErrInvalidConfig)
-		}
-		o.memberID = id
-		return nil
-	}
-}
-
-// WithRegisterer registers the runner's consumer metrics (default: not registered).
-func WithRegisterer(reg prometheus.Registerer) Option {
-	return func(o *options) error {
-		if reg == nil {
-			return fmt.Errorf("%w: nil registerer", ErrInvalidConfig)
-		}
-		o.reg = reg
 		return nil
 	}
 }

@@ -136,27 +136,19 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	o := options{log: slog.Default(), now: time.Now}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o := options{Settings: durable.DefaultSettings()}
+	if err := durable.ApplyOptions(&o, ErrInvalidConfig, opts); err != nil {
+		return nil, err
 	}
 	m := &stage{
-		js: js, cfg: cfg, group: cfg.Group(), log: o.log.With("component", "merge", "group", cfg.Durable),
-		now: o.now, onEvent: o.onEvent,
+		js: js, cfg: cfg, group: cfg.Group(), log: o.Logger.With("component", "merge", "group", cfg.Durable),
+		now: o.Clock, onEvent: o.onEvent,
 		store: streams.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
-	ropts := []durable.Option{durable.WithLogger(o.log.With("component", "merge"))}
-	if o.memberID != "" {
-		ropts = append(ropts, durable.WithMemberID(o.memberID))
-	}
-	if o.reg != nil {
-		ropts = append(ropts, durable.WithRegisterer(o.reg))
-	}
 	r, err := durable.New(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
-		MaxDeliveries: maxDeliveries, StopTimeout: cfg.StopTimeout}, js, m, ropts...)
+		MaxDeliveries: maxDeliveries, StopTimeout: cfg.StopTimeout}, js, m,
+		durable.Inherit(o.Settings), durable.WithLogger(o.Logger.With("component", "merge")))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}

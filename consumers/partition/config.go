@@ -28,6 +28,13 @@ const (
 	MaxPartitions = 1024
 	// MaxPinnedTTL keeps member heartbeats well inside the members bucket's age limit.
 	MaxPinnedTTL = 10 * time.Minute
+
+	// MaxNameLen bounds a group name, a member id and a consumer name (ValidName): a partition's
+	// consumer is <group>-<p>, its partition stream FPM_PART_<group>, a member's key
+	// <stream>.<group>.<member id>, and all of them must stay within the server's name limits.
+	MaxNameLen = 64
+	// maxStreamNameLen bounds the name of the stream a group consumes.
+	maxStreamNameLen = 128
 )
 
 // Names shared by every group.
@@ -147,9 +154,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
 	switch {
-	case !validName(c.Stream, true):
+	case !ValidName(c.Stream, maxStreamNameLen):
 		return bad("stream %q: want letters, digits, '-' and '_'", c.Stream)
-	case !validName(c.Group, false):
+	case !ValidName(c.Group, MaxNameLen):
 		return bad("group %q: want 1-64 letters, digits, '-' and '_'", c.Group)
 	case c.Partitions < 1 || c.Partitions > MaxPartitions:
 		return bad("partitions %d: want 1 to %d", c.Partitions, MaxPartitions)
@@ -199,8 +206,11 @@ func (c Config) Validate() error {
 	return nil
 }
 
-func validName(s string, allowLong bool) bool {
-	if s == "" || (!allowLong && len(s) > 64) || len(s) > 128 {
+// ValidName reports whether s is a name the server and every key built from it take: 1 to maxLen
+// ASCII letters, digits, '-' and '_' (no '.', which splits subjects and keys, nor wildcards or white
+// space). Groups, member ids and consumer names take at most MaxNameLen.
+func ValidName(s string, maxLen int) bool {
+	if s == "" || len(s) > maxLen {
 		return false
 	}
 	for i := 0; i < len(s); i++ {

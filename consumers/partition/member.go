@@ -63,7 +63,7 @@ type Option func(*Member) error
 // first.
 func WithMemberID(id string) Option {
 	return func(m *Member) error {
-		if !validName(id, false) {
+		if !ValidName(id, MaxNameLen) {
 			return fmt.Errorf("%w: member id %q: want 1-64 letters, digits, '-' and '_'", ErrInvalidConfig, id)
 		}
 		m.id, m.stable = id, true

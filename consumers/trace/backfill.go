@@ -87,7 +87,7 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	if err := rng.validate(); err != nil {
 		return res, err
 	}
-	log := set.logger
+	log := set.Logger
 	if err := ProbeOutput(cfg.OutputPath); err != nil {
 		return res, err
 	}
@@ -124,7 +124,7 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	}
 	log.Info("trace backfill started", "mode", cfg.Mode, "output", cfg.OutputPath, "filter", cfg.FilterSubject,
 		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total)
-	w := newWriter(cfg, set, log, m, set.now(), nil)
+	w := newWriter(cfg, set, log, m, set.Clock(), nil)
 	if w.sampler != nil {
 		w.sampler.hold = 0 // event time only
 	}
