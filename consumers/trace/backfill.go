@@ -74,13 +74,7 @@ type BackfillResult struct {
 // Backfill returns ctx's error. Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry.
 func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng BackfillRange, progress func(BackfillProgress), opts ...Option) (BackfillResult, error) {
 	var res BackfillResult
-	if err := cfg.Validate(); err != nil {
-		return res, err
-	}
-	if js == nil {
-		return res, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
-	}
-	set, err := newSettings(opts)
+	set, err := prepare(cfg, js, opts)
 	if err != nil {
 		return res, err
 	}

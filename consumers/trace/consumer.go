@@ -63,13 +63,7 @@ var (
 // New checks cfg and returns a Consumer on js. Nothing is created on the server or on disk until Run.
 // Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry, WithMemberID.
 func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if js == nil {
-		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
-	}
-	set, err := newSettings(opts)
+	set, err := prepare(cfg, js, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/partition"
@@ -43,6 +44,18 @@ func newSettings(opts []Option) (settings, error) {
 	s := defaultSettings()
 	err := durable.ApplyOptions(&s, ErrInvalidConfig, opts)
 	return s, err
+}
+
+// prepare checks what New and Backfill both take, in this order: cfg, js and the options, and returns
+// the settings.
+func prepare(cfg Config, js jetstream.JetStream, opts []Option) (settings, error) {
+	if err := cfg.Validate(); err != nil {
+		return settings{}, err
+	}
+	if js == nil {
+		return settings{}, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
+	}
+	return newSettings(opts)
 }
 
 // shared makes one of the options every durable stage takes a trace writer's option.
