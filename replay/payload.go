@@ -46,7 +46,7 @@ func (p *payload) build(dst []byte, renumber bool, counter uint64) []byte {
 		return append(dst, p.bytes...)
 	}
 	dst = append(dst, p.bytes[:p.counterAt]...)
-	dst = appendUint(dst, counter)
+	dst = schemas.AppendMsgpackUint(dst, counter)
 	return append(dst, p.bytes[p.counterEnd:]...)
 }
 
@@ -126,7 +126,7 @@ func (e *transcoder) value(p, depth int) (int, error) {
 		if err != nil {
 			return next, err
 		}
-		e.out = appendStr(e.out, s)
+		e.out = schemas.AppendMsgpackStr(e.out, s)
 		return next, nil
 	case c == 't':
 		return e.literal(p, "true", 0xc3)
@@ -170,7 +170,7 @@ func (e *transcoder) object(p, depth int) (int, error) {
 		if err != nil {
 			return next, err
 		}
-		e.out = appendStr(e.out, key)
+		e.out = schemas.AppendMsgpackStr(e.out, key)
 		p = skipSpace(e.src, next)
 		if p >= len(e.src) || e.src[p] != ':' {
 			return p, e.fail(p, "':' expected")
@@ -186,7 +186,7 @@ func (e *transcoder) object(p, depth int) (int, error) {
 			if nw, ok := e.workers[s]; ok {
 				s = nw
 			}
-			e.out = appendStr(e.out, s)
+			e.out = schemas.AppendMsgpackStr(e.out, s)
 			p = next
 		case top && key == "counter_id":
 			at := len(e.out)
@@ -320,15 +320,15 @@ func (e *transcoder) number(p int) (int, error) {
 	text := string(e.src[start:p])
 	if !isFloat {
 		if text == "-0" {
-			e.out = appendFloat(e.out, math.Copysign(0, -1))
+			e.out = schemas.AppendMsgpackFloat(e.out, math.Copysign(0, -1))
 			return p, nil
 		}
 		if v, err := strconv.ParseInt(text, 10, 64); err == nil {
-			e.out = appendInt(e.out, v)
+			e.out = schemas.AppendMsgpackInt(e.out, v)
 			return p, nil
 		}
 		if u, err := strconv.ParseUint(text, 10, 64); err == nil {
-			e.out = appendUint(e.out, u)
+			e.out = schemas.AppendMsgpackUint(e.out, u)
 			return p, nil
 		}
 		if _, err := strconv.ParseFloat(text, 64); err == nil {
@@ -340,7 +340,7 @@ func (e *transcoder) number(p int) (int, error) {
 	if err != nil {
 		return p, e.fail(start, "invalid number "+strconv.Quote(text))
 	}
-	e.out = appendFloat(e.out, f)
+	e.out = schemas.AppendMsgpackFloat(e.out, f)
 	return p, nil
 }
 
@@ -349,55 +349,4 @@ func skipSpace(src []byte, p int) int {
 		p++
 	}
 	return p
-}
-
-// msgpack writers, in msgspec's choice of encodings: the smallest integer form, float64 always.
-
-func appendStr(dst []byte, s string) []byte {
-	switch n := len(s); {
-	case n < 32:
-		dst = append(dst, 0xa0|byte(n))
-	case n <= math.MaxUint8:
-		dst = append(dst, 0xd9, byte(n))
-	case n <= math.MaxUint16:
-		dst = binary.BigEndian.AppendUint16(append(dst, 0xda), uint16(n))
-	default:
-		dst = binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
-	}
-	return append(dst, s...)
-}
-
-func appendUint(dst []byte, u uint64) []byte {
-	switch {
-	case u < 128:
-		return append(dst, byte(u))
-	case u <= math.MaxUint8:
-		return append(dst, 0xcc, byte(u))
-	case u <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
-	case u <= math.MaxUint32:
-		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
-	}
-	return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
-}
-
-func appendInt(dst []byte, v int64) []byte {
-	if v >= 0 {
-		return appendUint(dst, uint64(v))
-	}
-	switch {
-	case v >= -32:
-		return append(dst, byte(v))
-	case v >= math.MinInt8:
-		return append(dst, 0xd0, byte(v))
-	case v >= math.MinInt16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xd1), uint16(v))
-	case v >= math.MinInt32:
-		return binary.BigEndian.AppendUint32(append(dst, 0xd2), uint32(v))
-	}
-	return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
-}
-
-func appendFloat(dst []byte, f float64) []byte {
-	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(f))
 }

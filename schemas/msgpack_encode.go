@@ -24,49 +24,49 @@ func EncodeMsgpack(f *FPM) []byte {
 func AppendMsgpack(dst []byte, f *FPM) []byte {
 	dst = append(dst, 0x87)
 	dst = appendKey(dst, fieldVersion)
-	dst = appendMsgpackInt(dst, f.Version)
+	dst = AppendMsgpackInt(dst, f.Version)
 	dst = appendKey(dst, fieldWorkerID)
-	dst = appendMsgpackStr(dst, f.WorkerID)
+	dst = AppendMsgpackStr(dst, f.WorkerID)
 	dst = appendKey(dst, fieldDPRank)
-	dst = appendMsgpackInt(dst, f.DPRank)
+	dst = AppendMsgpackInt(dst, f.DPRank)
 	dst = appendKey(dst, fieldCounterID)
-	dst = appendMsgpackInt(dst, f.CounterID)
+	dst = AppendMsgpackInt(dst, f.CounterID)
 	dst = appendKey(dst, fieldWallTime)
-	dst = appendMsgpackFloat(dst, f.WallTime)
+	dst = AppendMsgpackFloat(dst, f.WallTime)
 
 	s := &f.Scheduled
 	dst = appendKey(dst, fieldScheduled)
 	dst = append(dst, 0x87)
 	dst = appendKey(dst, fieldNumPrefill)
-	dst = appendMsgpackInt(dst, s.NumPrefillRequests)
+	dst = AppendMsgpackInt(dst, s.NumPrefillRequests)
 	dst = appendKey(dst, fieldSumPrefillTokens)
-	dst = appendMsgpackInt(dst, s.SumPrefillTokens)
+	dst = AppendMsgpackInt(dst, s.SumPrefillTokens)
 	dst = appendKey(dst, fieldVarPrefillLength)
-	dst = appendMsgpackFloat(dst, s.VarPrefillLength)
+	dst = AppendMsgpackFloat(dst, s.VarPrefillLength)
 	dst = appendKey(dst, fieldSumPrefillKV)
-	dst = appendMsgpackInt(dst, s.SumPrefillKVTokens)
+	dst = AppendMsgpackInt(dst, s.SumPrefillKVTokens)
 	dst = appendKey(dst, fieldNumDecode)
-	dst = appendMsgpackInt(dst, s.NumDecodeRequests)
+	dst = AppendMsgpackInt(dst, s.NumDecodeRequests)
 	dst = appendKey(dst, fieldSumDecodeKV)
-	dst = appendMsgpackInt(dst, s.SumDecodeKVTokens)
+	dst = AppendMsgpackInt(dst, s.SumDecodeKVTokens)
 	dst = appendKey(dst, fieldVarDecodeKVTokens)
-	dst = appendMsgpackFloat(dst, s.VarDecodeKVTokens)
+	dst = AppendMsgpackFloat(dst, s.VarDecodeKVTokens)
 
 	q := &f.Queued
 	dst = appendKey(dst, fieldQueued)
 	dst = append(dst, 0x86)
 	dst = appendKey(dst, fieldNumPrefill)
-	dst = appendMsgpackInt(dst, q.NumPrefillRequests)
+	dst = AppendMsgpackInt(dst, q.NumPrefillRequests)
 	dst = appendKey(dst, fieldSumPrefillTokens)
-	dst = appendMsgpackInt(dst, q.SumPrefillTokens)
+	dst = AppendMsgpackInt(dst, q.SumPrefillTokens)
 	dst = appendKey(dst, fieldVarPrefillLength)
-	dst = appendMsgpackFloat(dst, q.VarPrefillLength)
+	dst = AppendMsgpackFloat(dst, q.VarPrefillLength)
 	dst = appendKey(dst, fieldNumDecode)
-	dst = appendMsgpackInt(dst, q.NumDecodeRequests)
+	dst = AppendMsgpackInt(dst, q.NumDecodeRequests)
 	dst = appendKey(dst, fieldSumDecodeKV)
-	dst = appendMsgpackInt(dst, q.SumDecodeKVTokens)
+	dst = AppendMsgpackInt(dst, q.SumDecodeKVTokens)
 	dst = appendKey(dst, fieldVarDecodeKVTokens)
-	return appendMsgpackFloat(dst, q.VarDecodeKVTokens)
+	return AppendMsgpackFloat(dst, q.VarDecodeKVTokens)
 }
 
 // appendKey appends a field name (always shorter than 32 bytes) as a fixstr.
@@ -75,37 +75,45 @@ func appendKey(dst []byte, k string) []byte {
 	return append(dst, k...)
 }
 
-func appendMsgpackStr(dst []byte, s string) []byte {
+// The msgpack writers below use msgspec's choice of encodings, so that what fpmbus encodes (the
+// synthetic publisher's FPMs, a replay's transcoded records) is byte for byte what Dynamo sends: the
+// smallest integer form, float64 always, the shortest string header.
+
+// AppendMsgpackStr appends s as a fixstr, str8, str16 or str32 by its length.
+func AppendMsgpackStr(dst []byte, s string) []byte {
 	switch n := len(s); {
 	case n < 32:
 		dst = append(dst, 0xa0|byte(n))
 	case n <= math.MaxUint8:
 		dst = append(dst, 0xd9, byte(n))
 	case n <= math.MaxUint16:
-		dst = append(dst, 0xda)
-		dst = binary.BigEndian.AppendUint16(dst, uint16(n))
+		dst = binary.BigEndian.AppendUint16(append(dst, 0xda), uint16(n))
 	default:
-		dst = append(dst, 0xdb)
-		dst = binary.BigEndian.AppendUint32(dst, uint32(n))
+		dst = binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
 	}
 	return append(dst, s...)
 }
 
-// appendMsgpackInt appends v in the smallest encoding msgspec uses for a Python int.
-func appendMsgpackInt(dst []byte, v int64) []byte {
+// AppendMsgpackUint appends u as a positive fixint or a uint8/16/32/64, whichever is smallest.
+func AppendMsgpackUint(dst []byte, u uint64) []byte {
+	switch {
+	case u < 128:
+		return append(dst, byte(u))
+	case u <= math.MaxUint8:
+		return append(dst, 0xcc, byte(u))
+	case u <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
+	case u <= math.MaxUint32:
+		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
+	}
+	return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
+}
+
+// AppendMsgpackInt appends v in the smallest encoding msgspec uses for a Python int: as
+// AppendMsgpackUint when non-negative, else a negative fixint or an int8/16/32/64.
+func AppendMsgpackInt(dst []byte, v int64) []byte {
 	if v >= 0 {
-		switch u := uint64(v); {
-		case u < 128:
-			return append(dst, byte(u))
-		case u <= math.MaxUint8:
-			return append(dst, 0xcc, byte(u))
-		case u <= math.MaxUint16:
-			return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
-		case u <= math.MaxUint32:
-			return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
-		default:
-			return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
-		}
+		return AppendMsgpackUint(dst, uint64(v))
 	}
 	switch {
 	case v >= -32:
@@ -116,11 +124,11 @@ func appendMsgpackInt(dst []byte, v int64) []byte {
 		return binary.BigEndian.AppendUint16(append(dst, 0xd1), uint16(v))
 	case v >= math.MinInt32:
 		return binary.BigEndian.AppendUint32(append(dst, 0xd2), uint32(v))
-	default:
-		return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
 	}
+	return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
 }
 
-func appendMsgpackFloat(dst []byte, f float64) []byte {
+// AppendMsgpackFloat appends f as a float64 (0xcb), even when it is integral.
+func AppendMsgpackFloat(dst []byte, f float64) []byte {
 	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(f))
 }

@@ -92,25 +92,9 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	if err != nil {
 		return res, fmt.Errorf("trace: register metrics: %w", err)
 	}
-	s, err := js.Stream(ctx, streams.StreamFPM)
+	s, startCfg, last, err := streams.OpenFPMRange(ctx, js, cfg.FilterSubject, rng.StartSeq, rng.EndSeq, rng.Since)
 	if err != nil {
-		return res, fmt.Errorf("trace: backfill: stream %s: %w", streams.StreamFPM, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return res, fmt.Errorf("trace: backfill: stream %s: %w", streams.StreamFPM, err)
-	}
-	last := info.State.LastSeq
-	if rng.EndSeq != 0 {
-		last = min(last, rng.EndSeq)
-	}
-	startCfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{cfg.FilterSubject}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	switch {
-	case rng.StartSeq != 0:
-		startCfg.DeliverPolicy, startCfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, rng.StartSeq
-	case !rng.Since.IsZero():
-		t := rng.Since
-		startCfg.DeliverPolicy, startCfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+		return res, fmt.Errorf("trace: backfill: %w", err)
 	}
 	total, err := rangeCount(ctx, s, cfg.FilterSubject, startCfg, rng, last)
 	if err != nil {
@@ -230,21 +214,7 @@ func backfillRange(ctx context.Context, s jetstream.Stream, start jetstream.Orde
 // rangeCount counts the range's messages on the filter: those from its start minus those after its
 // end, read from the pending counts of two ephemeral consumers (deleted at once).
 func rangeCount(ctx context.Context, s jetstream.Stream, filter string, start jetstream.OrderedConsumerConfig, rng BackfillRange, last uint64) (uint64, error) {
-	pending := func(cfg jetstream.ConsumerConfig) (uint64, error) {
-		cfg.FilterSubject = filter
-		cfg.AckPolicy = jetstream.AckNonePolicy
-		cfg.InactiveThreshold = time.Minute
-		cfg.MemoryStorage = true
-		c, err := s.CreateConsumer(ctx, cfg)
-		if err != nil {
-			return 0, err
-		}
-		ci := c.CachedInfo()
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = s.DeleteConsumer(dctx, ci.Name)
-		cancel()
-		return ci.NumPending, nil
-	}
+	pending := func(cfg jetstream.ConsumerConfig) (uint64, error) { return streams.CountPending(ctx, s, filter, cfg) }
 	from, err := pending(jetstream.ConsumerConfig{DeliverPolicy: start.DeliverPolicy, OptStartSeq: start.OptStartSeq, OptStartTime: start.OptStartTime})
 	if err != nil || from == 0 {
 		return 0, err
