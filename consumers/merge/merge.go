@@ -484,31 +484,28 @@ func checkStatus(doc *schemas.BenchNode, info *rankInfo, rej func(Rule, string) 
 			return rej(RuleStatus, "complete status needs stop_reason null, got "+describe(stop))
 		case comp != exp:
 			return rej(RuleStatus, fmt.Sprintf("complete status needs every expected point completed (%d of %d)", comp, exp))
-		case skip != 0:
-			return rej(RuleStatus, fmt.Sprintf("complete status needs no skipped points (%d)", skip))
-		case mp.Len() > 0:
-			return rej(RuleStatus, fmt.Sprintf("complete status needs no missing phases (%d)", mp.Len()))
-		case !errNode.IsNull():
-			return rej(RuleStatus, "complete status needs error null, got "+describe(errNode))
 		}
-		return nil
+	} else {
+		sr, _ := stop.Text()
+		switch {
+		case !validOK || valid:
+			return rej(RuleStatus, "partial status needs valid false, got "+describe(doc.Get("valid")))
+		case !usableOK || !usable:
+			return rej(RuleStatus, "partial status needs usable true, got "+describe(doc.Get("usable")))
+		case sr != "timeout":
+			return rej(RuleStatus, `partial status needs stop_reason "timeout", got `+describe(stop))
+		case comp >= exp:
+			return rej(RuleStatus, fmt.Sprintf("partial status needs fewer completed than expected points (%d of %d)", comp, exp))
+		}
 	}
-	sr, _ := stop.Text()
+	// Both statuses: what was skipped, missing or failed makes neither.
 	switch {
-	case !validOK || valid:
-		return rej(RuleStatus, "partial status needs valid false, got "+describe(doc.Get("valid")))
-	case !usableOK || !usable:
-		return rej(RuleStatus, "partial status needs usable true, got "+describe(doc.Get("usable")))
-	case sr != "timeout":
-		return rej(RuleStatus, `partial status needs stop_reason "timeout", got `+describe(stop))
-	case comp >= exp:
-		return rej(RuleStatus, fmt.Sprintf("partial status needs fewer completed than expected points (%d of %d)", comp, exp))
 	case skip != 0:
-		return rej(RuleStatus, fmt.Sprintf("partial status needs no skipped points (%d)", skip))
+		return rej(RuleStatus, fmt.Sprintf("%s status needs no skipped points (%d)", status, skip))
 	case mp.Len() > 0:
-		return rej(RuleStatus, fmt.Sprintf("partial status needs no missing phases (%d)", mp.Len()))
+		return rej(RuleStatus, fmt.Sprintf("%s status needs no missing phases (%d)", status, mp.Len()))
 	case !errNode.IsNull():
-		return rej(RuleStatus, "partial status needs error null, got "+describe(errNode))
+		return rej(RuleStatus, status+" status needs error null, got "+describe(errNode))
 	}
 	return nil
 }
