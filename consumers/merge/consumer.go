@@ -82,15 +82,18 @@ type Consumer struct {
 	runner *durable.Runner
 }
 
+var _ durable.PartitionObserver = (*stage)(nil)
+
 // stage is the durable.Consumer. Every method runs on the runner's loop goroutine: no locks.
 type stage struct {
-	js      jetstream.JetStream
-	cfg     Config
-	group   partition.Config
-	store   *streams.BenchStore
-	log     *slog.Logger
-	now     func() time.Time
-	onEvent func(Event)
+	durable.ForgetOnHandover // Forget: forget
+	js                       jetstream.JetStream
+	cfg                      Config
+	group                    partition.Config
+	store                    *streams.BenchStore
+	log                      *slog.Logger
+	now                      func() time.Time
+	onEvent                  func(Event)
 
 	bench, events jetstream.Stream
 	runs          map[string]*pendingRun
@@ -146,6 +149,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		store: streams.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
+	m.Forget = m.forget
 	r, err := durable.New(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
 		MaxDeliveries: maxDeliveries, StopTimeout: cfg.StopTimeout}, js, m,
 		durable.Inherit(o.Settings), durable.WithLogger(o.Logger.With("component", "merge")))
@@ -214,19 +218,10 @@ func (c *stage) Close(context.Context) error {
 	return nil
 }
 
-// Assigned needs no state: a run's state is rebuilt from its redelivered ranks.
-func (c *stage) Assigned(context.Context, int) error { return nil }
-
-// Release forgets the runs of partition p: an unfinished run has nothing durable to write, so its
-// ranks stay unacked and go to the next owner, who folds them again.
-func (c *stage) Release(_ context.Context, p int) error {
-	c.forget(p)
-	return nil
-}
-
-// Lost forgets the runs of partition p.
-func (c *stage) Lost(p int) { c.forget(p) }
-
+// forget forgets the runs of partition p when it goes, gracefully or not (durable.ForgetOnHandover):
+// an unfinished run has nothing durable to write, so its ranks stay unacked and go to the next owner,
+// who folds them again. A run's state needs nothing at a takeover either: it is rebuilt from its
+// redelivered ranks.
 func (c *stage) forget(p int) {
 	n := 0
 	for id, run := range c.runs {
