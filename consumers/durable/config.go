@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Defaults of Config.
@@ -69,7 +70,7 @@ func (c Config) Validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
-	if !partition.ValidName(c.Name, partition.MaxNameLen) {
+	if !streams.ValidName(c.Name, partition.MaxNameLen) {
 		return bad("name %q: want 1-64 letters, digits, '-' and '_'", c.Name)
 	}
 	if err := c.Group.Validate(); err != nil {

@@ -108,7 +108,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
 	switch {
-	case !partition.ValidName(c.Group, math.MaxInt): // its length is the partition group's to check
+	case !streams.ValidName(c.Group, math.MaxInt): // its length is the partition group's to check
 		return bad("group %q (--group): want letters, digits, '-' or '_'", c.Group)
 	case c.FilterSubject != streams.FPMWildcard && !strings.HasPrefix(c.FilterSubject, streams.FPMRoot+"."):
 		return bad("filter subject %q (--filter): want a subject under %s", c.FilterSubject, streams.FPMWildcard)
@@ -120,7 +120,7 @@ func (c Config) Validate() error {
 		return bad("stale after %v (--stale-after): want whole milliseconds", c.StaleAfter)
 	case c.MarkerGrace < 0 || c.MarkerGrace%time.Millisecond != 0:
 		return bad("marker grace %v (--marker-grace): want zero or a positive number of whole milliseconds", c.MarkerGrace)
-	case !partition.ValidName(c.StateBucket, math.MaxInt):
+	case !streams.ValidName(c.StateBucket, math.MaxInt):
 		return bad("state bucket %q (--state-bucket): want letters, digits, '-' or '_'", c.StateBucket)
 	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
 		return bad("partitions %d (--gaps-partitions): want 1 to %d", c.Partitions, partition.MaxPartitions)

@@ -29,7 +29,7 @@ const (
 	// MaxPinnedTTL keeps member heartbeats well inside the members bucket's age limit.
 	MaxPinnedTTL = 10 * time.Minute
 
-	// MaxNameLen bounds a group name, a member id and a consumer name (ValidName): a partition's
+	// MaxNameLen bounds a group name, a member id and a consumer name (streams.ValidName): a partition's
 	// consumer is <group>-<p>, its partition stream FPM_PART_<group>, a member's key
 	// <stream>.<group>.<member id>, and all of them must stay within the server's name limits.
 	MaxNameLen = 64
@@ -154,9 +154,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
 	switch {
-	case !ValidName(c.Stream, maxStreamNameLen):
+	case !streams.ValidName(c.Stream, maxStreamNameLen):
 		return bad("stream %q: want letters, digits, '-' and '_'", c.Stream)
-	case !ValidName(c.Group, MaxNameLen):
+	case !streams.ValidName(c.Group, MaxNameLen):
 		return bad("group %q: want 1-64 letters, digits, '-' and '_'", c.Group)
 	case c.Partitions < 1 || c.Partitions > MaxPartitions:
 		return bad("partitions %d: want 1 to %d", c.Partitions, MaxPartitions)
@@ -204,22 +204,6 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
-}
-
-// ValidName reports whether s is a name the server and every key built from it take: 1 to maxLen
-// ASCII letters, digits, '-' and '_' (no '.', which splits subjects and keys, nor wildcards or white
-// space). Groups, member ids and consumer names take at most MaxNameLen.
-func ValidName(s string, maxLen int) bool {
-	if s == "" || len(s) > maxLen {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // subjectsCollide reports whether some subject matches both filters.

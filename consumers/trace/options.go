@@ -10,6 +10,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Write retry defaults (see WithWriteRetry).
@@ -99,7 +100,7 @@ func WithWriteRetry(initial, maxWait time.Duration) Option {
 // own id (`fpmbus up` derives one from the host and its data directory). Letters, digits, '-' and '_',
 // at most 64. A Backfill has no group and ignores it.
 func WithMemberID(id string) Option {
-	if !partition.ValidName(id, partition.MaxNameLen) {
+	if !streams.ValidName(id, partition.MaxNameLen) {
 		return func(*settings) error {
 			return fmt.Errorf("member id %q (--member-id): want 1-64 letters, digits, '-' and '_'", id)
 		}

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Segment naming is Dynamo's (lib/llm/src/fpm_trace/sink.rs producer_output_path and
@@ -37,14 +39,7 @@ func SanitizeProducerID(id string) string {
 	if id == "" {
 		return "unknown"
 	}
-	clean := true
-	for i := 0; i < len(id); i++ {
-		if !producerByte(id[i]) {
-			clean = false
-			break
-		}
-	}
-	if clean {
+	if streams.ValidName(id, len(id)) {
 		return id
 	}
 	var b strings.Builder
