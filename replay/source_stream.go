@@ -33,13 +33,8 @@ type StreamRange struct {
 }
 
 func (r StreamRange) validate() error {
-	switch {
-	case (r.StartSeq != 0 || r.EndSeq != 0) && (!r.Since.IsZero() || !r.Until.IsZero()):
-		return fmt.Errorf("%w: select by sequence or by time, not both", ErrBadRange)
-	case r.EndSeq != 0 && r.EndSeq < r.StartSeq:
-		return fmt.Errorf("%w: end sequence %d is before start sequence %d", ErrBadRange, r.EndSeq, r.StartSeq)
-	case !r.Until.IsZero() && r.Until.Before(r.Since):
-		return fmt.Errorf("%w: until %s is before since %s", ErrBadRange, r.Until.Format(time.RFC3339Nano), r.Since.Format(time.RFC3339Nano))
+	if err := streams.CheckFPMRange(r.StartSeq, r.EndSeq, r.Since, r.Until); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadRange, err)
 	}
 	return nil
 }

@@ -2,11 +2,26 @@ package streams
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// CheckFPMRange checks a range of stream FPM as OpenFPMRange and a reader's end (until) take it: by
+// sequence or by time, not both, and no end before its start. Zero bounds are open.
+func CheckFPMRange(startSeq, endSeq uint64, since, until time.Time) error {
+	switch {
+	case (startSeq != 0 || endSeq != 0) && (!since.IsZero() || !until.IsZero()):
+		return errors.New("select by sequence or by time, not both")
+	case endSeq != 0 && endSeq < startSeq:
+		return fmt.Errorf("end sequence %d is before start sequence %d", endSeq, startSeq)
+	case !until.IsZero() && until.Before(since):
+		return fmt.Errorf("until %s is before since %s", until.Format(time.RFC3339Nano), since.Format(time.RFC3339Nano))
+	}
+	return nil
+}
 
 // OpenFPMRange prepares an ordered read of a range of stream FPM on filter, chosen by stream sequence
 // (startSeq, endSeq; 0 is open) or by stored time (since; zero is open), as `fpmbus trace backfill`

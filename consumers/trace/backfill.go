@@ -35,15 +35,8 @@ type BackfillRange struct {
 }
 
 func (r BackfillRange) validate() error {
-	bySeq := r.StartSeq != 0 || r.EndSeq != 0
-	byTime := !r.Since.IsZero() || !r.Until.IsZero()
-	switch {
-	case bySeq && byTime:
-		return fmt.Errorf("%w: a sequence range and a time range together", ErrBadRange)
-	case r.EndSeq != 0 && r.EndSeq < r.StartSeq:
-		return fmt.Errorf("%w: end sequence %d before start sequence %d", ErrBadRange, r.EndSeq, r.StartSeq)
-	case !r.Until.IsZero() && r.Until.Before(r.Since):
-		return fmt.Errorf("%w: until %s before since %s", ErrBadRange, r.Until.Format(time.RFC3339Nano), r.Since.Format(time.RFC3339Nano))
+	if err := streams.CheckFPMRange(r.StartSeq, r.EndSeq, r.Since, r.Until); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadRange, err)
 	}
 	return nil
 }
