@@ -242,39 +242,37 @@ func scanHeader(data []byte) (*schemas.BenchNode, error) {
 		}
 		return &schemas.BenchNode{Kind: k}, s.Finish()
 	}
-	doc := schemas.NewBenchObject()
-	err = s.Object(func(key string) error {
+	return scanMembers(s, func(key string) (schemas.BenchNode, bool, error) {
 		if key == "results" || key == "iteration_groups" {
 			if k, err := s.Kind(); err == nil && k == schemas.BenchArray {
 				n := 0 // only counted here; phase 3 parses or compares every element
 				err := s.Array(func(int) error { n++; return s.SkipUnchecked() })
-				doc.Keys = append(doc.Keys, key)
-				doc.Kids = append(doc.Kids, schemas.BenchNode{Kind: schemas.BenchArray, Kids: make([]schemas.BenchNode, n)})
-				return err
+				return schemas.BenchNode{Kind: schemas.BenchArray, Kids: make([]schemas.BenchNode, n)}, true, err
 			}
 		}
-		v, err := s.Parse()
-		doc.Keys = append(doc.Keys, key)
-		doc.Kids = append(doc.Kids, v)
-		return err
+		return schemas.BenchNode{}, false, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return &doc, s.Finish()
 }
 
 // parseReference builds the reference rank's tree, aliasing data, with an empty placeholder for its
 // results (kept in place so the merged artefact's key order is the reference's).
 func parseReference(data []byte) (*schemas.BenchNode, error) {
 	s := schemas.NewBenchScanner(data)
+	return scanMembers(s, func(key string) (schemas.BenchNode, bool, error) {
+		if key == "results" {
+			return schemas.NewBenchArray(), true, s.Skip()
+		}
+		return schemas.BenchNode{}, false, nil
+	})
+}
+
+// scanMembers reads the object at s's position into a tree and finishes s: each member's value is
+// what member made of it when it took it (taken), else s parses it in full.
+func scanMembers(s *schemas.BenchScanner, member func(key string) (v schemas.BenchNode, taken bool, err error)) (*schemas.BenchNode, error) {
 	doc := schemas.NewBenchObject()
 	err := s.Object(func(key string) error {
-		var v schemas.BenchNode
-		var err error
-		if key == "results" {
-			v, err = schemas.NewBenchArray(), s.Skip()
-		} else {
+		v, taken, err := member(key)
+		if !taken {
 			v, err = s.Parse()
 		}
 		doc.Keys = append(doc.Keys, key)
