@@ -23,50 +23,47 @@ func EncodeMsgpack(f *FPM) []byte {
 //   - strings as fixstr, str8, str16 or str32 by length.
 func AppendMsgpack(dst []byte, f *FPM) []byte {
 	dst = append(dst, 0x87)
-	dst = appendKey(dst, fieldVersion)
-	dst = AppendMsgpackInt(dst, f.Version)
+	dst = appendIntField(dst, fieldVersion, f.Version)
 	dst = appendKey(dst, fieldWorkerID)
 	dst = AppendMsgpackStr(dst, f.WorkerID)
-	dst = appendKey(dst, fieldDPRank)
-	dst = AppendMsgpackInt(dst, f.DPRank)
-	dst = appendKey(dst, fieldCounterID)
-	dst = AppendMsgpackInt(dst, f.CounterID)
-	dst = appendKey(dst, fieldWallTime)
-	dst = AppendMsgpackFloat(dst, f.WallTime)
+	dst = appendIntField(dst, fieldDPRank, f.DPRank)
+	dst = appendIntField(dst, fieldCounterID, f.CounterID)
+	dst = appendFloatField(dst, fieldWallTime, f.WallTime)
 
 	s := &f.Scheduled
-	dst = appendKey(dst, fieldScheduled)
-	dst = append(dst, 0x87)
-	dst = appendKey(dst, fieldNumPrefill)
-	dst = AppendMsgpackInt(dst, s.NumPrefillRequests)
-	dst = appendKey(dst, fieldSumPrefillTokens)
-	dst = AppendMsgpackInt(dst, s.SumPrefillTokens)
-	dst = appendKey(dst, fieldVarPrefillLength)
-	dst = AppendMsgpackFloat(dst, s.VarPrefillLength)
-	dst = appendKey(dst, fieldSumPrefillKV)
-	dst = AppendMsgpackInt(dst, s.SumPrefillKVTokens)
-	dst = appendKey(dst, fieldNumDecode)
-	dst = AppendMsgpackInt(dst, s.NumDecodeRequests)
-	dst = appendKey(dst, fieldSumDecodeKV)
-	dst = AppendMsgpackInt(dst, s.SumDecodeKVTokens)
-	dst = appendKey(dst, fieldVarDecodeKVTokens)
-	dst = AppendMsgpackFloat(dst, s.VarDecodeKVTokens)
+	dst = append(appendKey(dst, fieldScheduled), 0x87)
+	dst = appendPrefill(dst, s.NumPrefillRequests, s.SumPrefillTokens, s.VarPrefillLength)
+	dst = appendIntField(dst, fieldSumPrefillKV, s.SumPrefillKVTokens)
+	dst = appendDecode(dst, s.NumDecodeRequests, s.SumDecodeKVTokens, s.VarDecodeKVTokens)
 
-	q := &f.Queued
-	dst = appendKey(dst, fieldQueued)
-	dst = append(dst, 0x86)
-	dst = appendKey(dst, fieldNumPrefill)
-	dst = AppendMsgpackInt(dst, q.NumPrefillRequests)
-	dst = appendKey(dst, fieldSumPrefillTokens)
-	dst = AppendMsgpackInt(dst, q.SumPrefillTokens)
-	dst = appendKey(dst, fieldVarPrefillLength)
-	dst = AppendMsgpackFloat(dst, q.VarPrefillLength)
-	dst = appendKey(dst, fieldNumDecode)
-	dst = AppendMsgpackInt(dst, q.NumDecodeRequests)
-	dst = appendKey(dst, fieldSumDecodeKV)
-	dst = AppendMsgpackInt(dst, q.SumDecodeKVTokens)
-	dst = appendKey(dst, fieldVarDecodeKVTokens)
-	return AppendMsgpackFloat(dst, q.VarDecodeKVTokens)
+	q := &f.Queued // the scheduled fields but sum_prefill_kv_tokens
+	dst = append(appendKey(dst, fieldQueued), 0x86)
+	dst = appendPrefill(dst, q.NumPrefillRequests, q.SumPrefillTokens, q.VarPrefillLength)
+	return appendDecode(dst, q.NumDecodeRequests, q.SumDecodeKVTokens, q.VarDecodeKVTokens)
+}
+
+// appendPrefill appends the three prefill fields scheduled and queued requests both have.
+func appendPrefill(dst []byte, num, sumTokens int64, varLength float64) []byte {
+	dst = appendIntField(dst, fieldNumPrefill, num)
+	dst = appendIntField(dst, fieldSumPrefillTokens, sumTokens)
+	return appendFloatField(dst, fieldVarPrefillLength, varLength)
+}
+
+// appendDecode appends the three decode fields scheduled and queued requests both have.
+func appendDecode(dst []byte, num, sumKV int64, varKV float64) []byte {
+	dst = appendIntField(dst, fieldNumDecode, num)
+	dst = appendIntField(dst, fieldSumDecodeKV, sumKV)
+	return appendFloatField(dst, fieldVarDecodeKVTokens, varKV)
+}
+
+// appendIntField appends field k with the integer value v.
+func appendIntField(dst []byte, k string, v int64) []byte {
+	return AppendMsgpackInt(appendKey(dst, k), v)
+}
+
+// appendFloatField appends field k with the float value v.
+func appendFloatField(dst []byte, k string, v float64) []byte {
+	return AppendMsgpackFloat(appendKey(dst, k), v)
 }
 
 // appendKey appends a field name (always shorter than 32 bytes) as a fixstr.
