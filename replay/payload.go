@@ -148,21 +148,52 @@ func (e *transcoder) literal(p int, lit string, code byte) (int, error) {
 	return p + len(lit), nil
 }
 
-// object transcodes the object at p. Its pair count is only known at the end, so the map header is
-// reserved at its widest (map32) and shrunk once counted.
-func (e *transcoder) object(p, depth int) (int, error) {
+// container is how msgpack heads a JSON object (a map) or array, and the byte that closes it in JSON.
+type container struct {
+	fix, c16, c32 byte // header codes: fixmap/fixarray, map16/array16, map32/array32
+	closer        byte
+}
+
+var (
+	mapCodes   = container{fix: 0x80, c16: 0xde, c32: 0xdf, closer: '}'}
+	arrayCodes = container{fix: 0x90, c16: 0xdc, c32: 0xdd, closer: ']'}
+)
+
+// open starts the container c at p: its depth checked, its header reserved at its widest (the entry
+// count is only known at the end) at head. An empty container is finished at once (done).
+func (e *transcoder) open(p, depth int, c container) (head, next int, done bool, err error) {
 	if depth > maxPayloadDepth {
-		return p, e.fail(p, "nested deeper than "+strconv.Itoa(maxPayloadDepth))
+		return 0, p, false, e.fail(p, "nested deeper than "+strconv.Itoa(maxPayloadDepth))
 	}
-	head := len(e.out)
-	e.out = append(e.out, 0xdf, 0, 0, 0, 0)
-	n := 0
+	head = len(e.out)
+	e.out = append(e.out, c.c32, 0, 0, 0, 0)
 	p = skipSpace(e.src, p+1)
-	if p < len(e.src) && e.src[p] == '}' {
-		e.finishHeader(head, n, 0x80, 0xde, 0xdf)
-		return p + 1, nil
+	if p < len(e.src) && e.src[p] == c.closer {
+		e.finishHeader(head, 0, c.fix, c.c16, c.c32)
+		return head, p + 1, true, nil
 	}
-	for {
+	return head, p, false, nil
+}
+
+// next moves past the separator after an entry of c: to the next entry, or past c's end (closed).
+func (e *transcoder) next(p int, c container) (int, bool, error) {
+	p = skipSpace(e.src, p)
+	switch {
+	case p < len(e.src) && e.src[p] == ',':
+		return skipSpace(e.src, p+1), false, nil
+	case p < len(e.src) && e.src[p] == c.closer:
+		return p + 1, true, nil
+	}
+	return p, false, e.fail(p, "',' or '"+string(c.closer)+"' expected")
+}
+
+// object transcodes the object at p, its map header shrunk once its pairs are counted.
+func (e *transcoder) object(p, depth int) (int, error) {
+	head, p, done, err := e.open(p, depth, mapCodes)
+	if done || err != nil {
+		return p, err
+	}
+	for n := 1; ; n++ {
 		if p >= len(e.src) || e.src[p] != '"' {
 			return p, e.fail(p, "object key expected")
 		}
@@ -199,51 +230,39 @@ func (e *transcoder) object(p, depth int) (int, error) {
 				return p, err
 			}
 		}
-		n++
-		p = skipSpace(e.src, p)
-		if p < len(e.src) && e.src[p] == ',' {
-			p = skipSpace(e.src, p+1)
+		var closed bool
+		if p, closed, err = e.next(p, mapCodes); err != nil {
+			return p, err
+		}
+		if !closed {
 			continue
 		}
-		if p < len(e.src) && e.src[p] == '}' {
-			shift := e.finishHeader(head, n, 0x80, 0xde, 0xdf)
-			if e.counterAt > head && depth == 1 {
-				e.counterAt, e.counterEnd = e.counterAt-shift, e.counterEnd-shift
-			}
-			return p + 1, nil
+		shift := e.finishHeader(head, n, mapCodes.fix, mapCodes.c16, mapCodes.c32)
+		if e.counterAt > head && depth == 1 {
+			e.counterAt, e.counterEnd = e.counterAt-shift, e.counterEnd-shift
 		}
-		return p, e.fail(p, "',' or '}' expected")
+		return p, nil
 	}
 }
 
+// array transcodes the array at p, its header shrunk once its elements are counted.
 func (e *transcoder) array(p, depth int) (int, error) {
-	if depth > maxPayloadDepth {
-		return p, e.fail(p, "nested deeper than "+strconv.Itoa(maxPayloadDepth))
+	head, p, done, err := e.open(p, depth, arrayCodes)
+	if done || err != nil {
+		return p, err
 	}
-	head := len(e.out)
-	e.out = append(e.out, 0xdd, 0, 0, 0, 0)
-	n := 0
-	p = skipSpace(e.src, p+1)
-	if p < len(e.src) && e.src[p] == ']' {
-		e.finishHeader(head, n, 0x90, 0xdc, 0xdd)
-		return p + 1, nil
-	}
-	for {
-		var err error
+	for n := 1; ; n++ {
 		if p, err = e.value(p, depth); err != nil {
 			return p, err
 		}
-		n++
-		p = skipSpace(e.src, p)
-		if p < len(e.src) && e.src[p] == ',' {
-			p = skipSpace(e.src, p+1)
-			continue
+		var closed bool
+		if p, closed, err = e.next(p, arrayCodes); err != nil {
+			return p, err
 		}
-		if p < len(e.src) && e.src[p] == ']' {
-			e.finishHeader(head, n, 0x90, 0xdc, 0xdd)
-			return p + 1, nil
+		if closed {
+			e.finishHeader(head, n, arrayCodes.fix, arrayCodes.c16, arrayCodes.c32)
+			return p, nil
 		}
-		return p, e.fail(p, "',' or ']' expected")
 	}
 }
 
