@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -52,15 +53,9 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.MaxDeliveries == 0 {
-		c.MaxDeliveries = DefaultMaxDeliveries
-	}
-	if c.StopTimeout == 0 {
-		c.StopTimeout = DefaultStopTimeout
-	}
-	if c.Batch == 0 {
-		c.Batch = DefaultBatch
-	}
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
+	c.StopTimeout = cmp.Or(c.StopTimeout, DefaultStopTimeout)
+	c.Batch = cmp.Or(c.Batch, DefaultBatch)
 	return c
 }
 
