@@ -35,44 +35,32 @@ type Option func(*Settings) error
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
-	return func(s *Settings) error {
-		if l == nil {
-			return errors.New("nil logger")
-		}
-		s.Logger = l
-		return nil
-	}
+	return setting(l != nil, "nil logger", func(s *Settings) { s.Logger = l })
 }
 
 // WithRegisterer registers the metrics with reg (default: not registered).
 func WithRegisterer(reg prometheus.Registerer) Option {
-	return func(s *Settings) error {
-		if reg == nil {
-			return errors.New("nil registerer")
-		}
-		s.Registerer = reg
-		return nil
-	}
+	return setting(reg != nil, "nil registerer", func(s *Settings) { s.Registerer = reg })
 }
 
 // WithMemberID names this instance in its group (default <host>-<pid>-<random>; see partition).
 func WithMemberID(id string) Option {
-	return func(s *Settings) error {
-		if id == "" {
-			return errors.New("empty member id")
-		}
-		s.MemberID = id
-		return nil
-	}
+	return setting(id != "", "empty member id", func(s *Settings) { s.MemberID = id })
 }
 
 // WithClock sets the clock (default time.Now): a Runner's ticks and in-progress acks.
 func WithClock(now func() time.Time) Option {
+	return setting(now != nil, "nil clock", func(s *Settings) { s.Clock = now })
+}
+
+// setting is an Option that sets a value with set when it is usable (ok), and is refused with why
+// otherwise.
+func setting(ok bool, why string, set func(*Settings)) Option {
 	return func(s *Settings) error {
-		if now == nil {
-			return errors.New("nil clock")
+		if !ok {
+			return errors.New(why)
 		}
-		s.Clock = now
+		set(s)
 		return nil
 	}
 }
