@@ -1,6 +1,7 @@
 package merge
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -85,30 +86,14 @@ func (c *Config) fill() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
-	if c.Durable == "" {
-		c.Durable = DefaultDurable
-	}
-	if c.Partitions == 0 {
-		c.Partitions = DefaultPartitions
-	}
-	if c.PinnedTTL == 0 {
-		c.PinnedTTL = DefaultPinnedTTL
-	}
-	if c.RankTimeout == 0 {
-		c.RankTimeout = DefaultRankTimeout
-	}
-	if c.AckWait == 0 {
-		c.AckWait = DefaultAckWait
-	}
-	if c.Output == "" {
-		c.Output = DefaultOutputTemplate
-	}
-	if c.SpoolDir == "" {
-		c.SpoolDir = filepath.Join(os.TempDir(), "fpmbus-merge")
-	}
-	if c.StopTimeout == 0 {
-		c.StopTimeout = durable.DefaultStopTimeout
-	}
+	c.Durable = cmp.Or(c.Durable, DefaultDurable)
+	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
+	c.PinnedTTL = cmp.Or(c.PinnedTTL, DefaultPinnedTTL)
+	c.RankTimeout = cmp.Or(c.RankTimeout, DefaultRankTimeout)
+	c.AckWait = cmp.Or(c.AckWait, DefaultAckWait)
+	c.Output = cmp.Or(c.Output, DefaultOutputTemplate)
+	c.SpoolDir = cmp.Or(c.SpoolDir, filepath.Join(os.TempDir(), "fpmbus-merge"))
+	c.StopTimeout = cmp.Or(c.StopTimeout, durable.DefaultStopTimeout)
 	if c.Streams == nil {
 		sc := streams.DefaultConfig()
 		c.Streams = &sc
@@ -132,20 +117,10 @@ func (c *Config) fill() error {
 // and probe replies fpmbench.probe.<run>, both keyed by the run token, so that a run's ranks and probe
 // replies always share a partition and one owner.
 func (c Config) Group() partition.Config {
-	return partition.Config{
-		Stream:     streams.StreamBench,
-		Group:      c.Durable,
-		Partitions: c.Partitions,
-		Filters: []partition.Filter{
-			{Subject: streams.BenchRankRoot + ".*.*", KeyTokens: []int{1}},
-			{Subject: streams.BenchProbeRoot + ".*", KeyTokens: []int{1}},
-		},
-		AckWait:        c.AckWait,
-		PinnedTTL:      c.PinnedTTL,
-		MaxAckPending:  maxAckPending,
-		Batch:          batch,
-		ReleaseTimeout: c.StopTimeout,
-	}
+	g := partition.BenchConfig(c.Durable, streams.BenchRankRoot+".*.*", streams.BenchProbeRoot+".*")
+	g.Partitions, g.AckWait, g.PinnedTTL, g.ReleaseTimeout = c.Partitions, c.AckWait, c.PinnedTTL, c.StopTimeout
+	g.MaxAckPending, g.Batch = maxAckPending, batch
+	return g
 }
 
 // Option configures a Consumer beyond Config. WithLogger, WithClock, WithMemberID and WithRegisterer

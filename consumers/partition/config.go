@@ -111,11 +111,27 @@ type Config struct {
 // FPMConfig is a group on stream FPM keyed by the whole producer key (namespace, component,
 // worker_id, dp_rank): tokens 1-4 of fpm.<namespace>.<component>.<worker_id>.<dp_rank>.
 func FPMConfig(group string) Config {
+	return defaultConfig(streams.StreamFPM, group, Filter{Subject: streams.FPMRoot + ".*.*.*.*", KeyTokens: []int{1, 2, 3, 4}})
+}
+
+// BenchConfig is a group on stream FPM_BENCH keyed by the run: the first '*' of each subject is its
+// run token (fpmbench.<kind>.<run>…), so that every artefact of one run shares a partition and one
+// owner (a merger sees all the ranks and probe replies of a run). The other settings are the defaults.
+func BenchConfig(group string, subjects ...string) Config {
+	filters := make([]Filter, len(subjects))
+	for i, s := range subjects {
+		filters[i] = Filter{Subject: s, KeyTokens: []int{1}}
+	}
+	return defaultConfig(streams.StreamBench, group, filters...)
+}
+
+// defaultConfig is a group on stream reading filters, every other setting at its default.
+func defaultConfig(stream, group string, filters ...Filter) Config {
 	return Config{
-		Stream:         streams.StreamFPM,
+		Stream:         stream,
 		Group:          group,
 		Partitions:     DefaultPartitions,
-		Filters:        []Filter{{Subject: streams.FPMRoot + ".*.*.*.*", KeyTokens: []int{1, 2, 3, 4}}},
+		Filters:        filters,
 		AckWait:        DefaultAckWait,
 		PinnedTTL:      DefaultPinnedTTL,
 		MaxAckPending:  DefaultMaxAckPending,
