@@ -215,6 +215,20 @@ func (p *benchParser) enter() error {
 	return nil
 }
 
+// keyIndex is the index of key k among keys (-1: absent), looking at hint first: the members of two
+// documents that are alike usually come in the same order.
+func keyIndex(keys []string, hint int, k string) int {
+	if hint < len(keys) && keys[hint] == k {
+		return hint
+	}
+	for j, key := range keys {
+		if key == k {
+			return j
+		}
+	}
+	return -1
+}
+
 // open enters the container whose opening byte is at p.pos and moves past that byte; empty: closing
 // follows at once, and the container is left again (consumed, depth restored).
 func (p *benchParser) open(closing byte) (empty bool, err error) {
@@ -929,15 +943,8 @@ func benchDiff(a, b *BenchNode, path *[]byte) bool {
 			if v, ok := idx[k]; ok {
 				j = v
 			}
-		} else if i < len(b.Keys) && b.Keys[i] == k {
-			j = i
 		} else {
-			for jj, bk := range b.Keys {
-				if bk == k {
-					j = jj
-					break
-				}
-			}
+			j = keyIndex(b.Keys, i, k)
 		}
 		if mark > 0 {
 			*path = append(*path, '.')

@@ -291,17 +291,7 @@ func (s *BenchScanner) compareObject(ref *BenchNode) (bool, error) {
 			if err != nil {
 				return false, err
 			}
-			j := -1
-			if i < len(ref.Keys) && ref.Keys[i] == key {
-				j = i
-			} else {
-				for jj, k := range ref.Keys {
-					if k == key {
-						j = jj
-						break
-					}
-				}
-			}
+			j := keyIndex(ref.Keys, i, key)
 			if j < 0 {
 				s.diff = append(s.diff, key)
 				return false, nil
