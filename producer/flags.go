@@ -72,23 +72,28 @@ func (f *Flags) Config() (Config, error) {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
 	if f.topology {
-		switch {
-		case c.HeartbeatInterval <= 0:
-			return c, bad("%s %v: want > 0", name("heartbeat"), c.HeartbeatInterval)
-		case c.QueueSize < 1:
-			return c, bad("%s %d: want >= 1", name("queue-size"), c.QueueSize)
-		case c.SendHWM < 1:
-			return c, bad("%s %d: want >= 1", name("send-hwm"), c.SendHWM)
-		case c.Count < 0:
-			return c, bad("%s %d: want >= 0 (0: no limit)", name("count"), c.Count)
-		case c.IdleAfterCount && c.Count == 0:
-			return c, bad("%s needs %s", name("idle-after-count"), name("count"))
-		case c.WaitSubscribers < 0:
-			return c, bad("%s %d: want >= 0", name("wait-subscribers"), c.WaitSubscribers)
-		case c.WaitTimeout < 0:
-			return c, bad("%s %v: want >= 0", name("wait-timeout"), c.WaitTimeout)
-		case c.StartDelay < 0:
-			return c, bad("%s %v: want >= 0", name("start-delay"), c.StartDelay)
+		// In this order, the first that fails is reported: the flag, its value, what it wants.
+		for _, r := range []struct {
+			broken bool
+			flag   string
+			value  any
+			want   string
+		}{
+			{c.HeartbeatInterval <= 0, "heartbeat", c.HeartbeatInterval, "want > 0"},
+			{c.QueueSize < 1, "queue-size", c.QueueSize, "want >= 1"},
+			{c.SendHWM < 1, "send-hwm", c.SendHWM, "want >= 1"},
+			{c.Count < 0, "count", c.Count, "want >= 0 (0: no limit)"},
+			{c.IdleAfterCount && c.Count == 0, "idle-after-count", nil, "needs " + name("count")},
+			{c.WaitSubscribers < 0, "wait-subscribers", c.WaitSubscribers, "want >= 0"},
+			{c.WaitTimeout < 0, "wait-timeout", c.WaitTimeout, "want >= 0"},
+			{c.StartDelay < 0, "start-delay", c.StartDelay, "want >= 0"},
+		} {
+			switch {
+			case r.broken && r.value == nil:
+				return c, bad("%s %s", name(r.flag), r.want)
+			case r.broken:
+				return c, bad("%s %v: %s", name(r.flag), r.value, r.want)
+			}
 		}
 		if err := f.set.CheckPorts(c.BasePort, c.DPSize, f.BasePortSource); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
