@@ -186,19 +186,27 @@ func (c Config) Validate() error {
 		return bad("base port %d: want 1 to 65535", c.BasePort)
 	case c.DPSize < 0:
 		return bad("dp size %d is negative", c.DPSize)
-	case c.MaxBuffer < 1:
-		return bad("max buffer %d: want at least 1 message", c.MaxBuffer)
-	case c.MaxBufferBytes < 1:
-		return bad("max buffer bytes %d: want at least 1", c.MaxBufferBytes)
-	case c.MaxPayload < 1:
-		return bad("max payload %d: want at least 1 byte", c.MaxPayload)
-	case c.MaxInFlight < 1:
-		return bad("max in flight %d: want at least 1", c.MaxInFlight)
-	case c.AckTimeout < 0:
-		return bad("ack timeout %v is negative", c.AckTimeout)
-	case c.StopTimeout < 0:
-		return bad("stop timeout %v is negative", c.StopTimeout)
-	case c.MaxControlLine < minControlLine:
+	}
+	for _, bound := range []struct {
+		name, unit string
+		v          int64
+	}{
+		{"max buffer", " message", int64(c.MaxBuffer)}, {"max buffer bytes", "", c.MaxBufferBytes},
+		{"max payload", " byte", int64(c.MaxPayload)}, {"max in flight", "", int64(c.MaxInFlight)},
+	} {
+		if bound.v < 1 {
+			return bad("%s %d: want at least 1%s", bound.name, bound.v, bound.unit)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"ack timeout", c.AckTimeout}, {"stop timeout", c.StopTimeout}} {
+		if d.v < 0 {
+			return bad("%s %v is negative", d.name, d.v)
+		}
+	}
+	if c.MaxControlLine < minControlLine {
 		return bad("max control line %d: want at least %d bytes", c.MaxControlLine, minControlLine)
 	}
 	if err := c.subjectsFit(); err != nil {

@@ -6,6 +6,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/fpmbus/fpmbus/internal/zmqflags"
 )
 
 // DefaultZMQHost is where the bridge looks for the workers' FPM PUB sockets unless told otherwise.
@@ -16,8 +18,7 @@ const DefaultZMQHost = "127.0.0.1"
 // turns them into a Config with Flags.Config. The flags write into the Config they were registered on.
 type Flags struct {
 	cfg       *Config
-	fs        *flag.FlagSet
-	prefix    string
+	set       zmqflags.Set
 	zmqHost   string
 	endpoints []string
 	// BasePortSource names where the default of --fpm-port came from when it is not the package
@@ -33,7 +34,7 @@ type Flags struct {
 // --component, --producer-id, --bridge-id, --max-buffer, --max-payload, --max-in-flight, --ack-timeout,
 // --stop-timeout.
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
-	f := &Flags{cfg: c, fs: fs, prefix: prefix}
+	f := &Flags{cfg: c, set: zmqflags.On(fs, prefix)}
 	d := c.withDefaults()
 	if c.BasePort == 0 {
 		c.BasePort = DefaultFPMPort
@@ -43,8 +44,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 	}
 	n := func(name string) string { return prefix + name }
 	fs.StringVar(&f.zmqHost, n("zmq-host"), DefaultZMQHost, "host of the Dynamo workers' FPM PUB sockets")
-	fs.IntVar(&c.BasePort, n("fpm-port"), c.BasePort, "base port: rank r publishes on port+r (Dynamo's DYN_FORWARDPASS_METRIC_PORT)")
-	fs.IntVar(&c.DPSize, n("dp-size"), c.DPSize, "number of data-parallel ranks, one PUB socket each")
+	f.set.RegisterPorts(&c.BasePort, &c.DPSize, "publishes on")
 	fs.Func(n("zmq-endpoint"), "explicit ZMQ endpoint(s) instead of --"+n("zmq-host")+"/--"+n("fpm-port")+"/--"+n("dp-size")+"; repeat or comma-separate; rank = position", func(v string) error {
 		for _, ep := range strings.Split(v, ",") {
 			if ep = strings.TrimSpace(ep); ep != "" {
@@ -70,19 +70,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 // ZMQHost is the value of --zmq-host (meaningless with --zmq-endpoint).
 func (f *Flags) ZMQHost() string { return f.zmqHost }
 
-// given reports whether flag name (without the prefix) was set on the command line.
-func (f *Flags) given(name string) bool {
-	given := false
-	f.fs.Visit(func(fl *flag.Flag) { given = given || fl.Name == f.prefix+name })
-	return given
-}
-
 // Config returns the Config the parsed flags describe: the endpoints resolved from --zmq-endpoint, or
 // from --zmq-host, --fpm-port and --dp-size (with BasePort and DPSize set), and validated. An error
 // wraps ErrInvalidConfig and names the flag (or BasePortSource) and the value at fault.
 func (f *Flags) Config() (Config, error) {
 	c := *f.cfg
-	name := func(n string) string { return "--" + f.prefix + n }
+	name := f.set.Name
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
@@ -110,7 +103,7 @@ func (f *Flags) Config() (Config, error) {
 	}
 	if len(f.endpoints) > 0 {
 		for _, n := range []string{"zmq-host", "fpm-port", "dp-size"} {
-			if f.given(n) {
+			if f.set.Given(n) {
 				return c, bad("%s and %s exclude each other", name("zmq-endpoint"), name(n))
 			}
 		}
@@ -125,7 +118,7 @@ func (f *Flags) Config() (Config, error) {
 			c.Endpoints = append(c.Endpoints, Endpoint{URL: ep, DPRank: rank})
 		}
 	} else {
-		if err := checkPortBlock(c.BasePort, c.DPSize, name("fpm-port"), name("dp-size"), f.given("fpm-port"), f.given("dp-size"), f.BasePortSource); err != nil {
+		if err := f.set.CheckPorts(c.BasePort, c.DPSize, f.BasePortSource); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		c.Endpoints = EndpointsFor(f.zmqHost, c.BasePort, c.DPSize)
@@ -134,27 +127,4 @@ func (f *Flags) Config() (Config, error) {
 		return c, err
 	}
 	return c, nil
-}
-
-// checkPortBlock checks that ranks 0..dp-1 on base..base+dp-1 fit in 1..65535, blaming what the user
-// chose: --dp-size when given, else the base port's flag, else where the base port came from.
-func checkPortBlock(base, dp int, portFlag, dpFlag string, portGiven, dpGiven bool, portSource string) error {
-	src, from := portFlag, "from "+portFlag
-	if !portGiven {
-		src, from = "the default base port", "the default"
-		if portSource != "" {
-			src, from = portSource, "from "+portSource
-		}
-	}
-	switch {
-	case dp < 1:
-		return fmt.Errorf("%s %d: want at least 1", dpFlag, dp)
-	case base < 1 || base > 65535:
-		return fmt.Errorf("%s %d: want a port, 1 to 65535", src, base)
-	case base+dp-1 > 65535 && dpGiven:
-		return fmt.Errorf("%s %d: the last rank's port %d exceeds 65535 (base port %d, %s)", dpFlag, dp, base+dp-1, base, from)
-	case base+dp-1 > 65535:
-		return fmt.Errorf("%s %d with %d ranks: the last rank's port %d exceeds 65535", src, base, dp, base+dp-1)
-	}
-	return nil
 }

@@ -154,12 +154,7 @@ func pollFile(sock *zmq.Socket) (*os.File, syscall.RawConn, error) {
 // the wait. Every wait also ends after socketPoll, so the loop notices quit.
 func (r *reader) pollLoop(sock *zmq.Socket, f *os.File, rc syscall.RawConn, st *readState) {
 	url := r.b.endpoints[r.slot].URL
-	for {
-		select {
-		case <-r.quit:
-			return
-		default:
-		}
+	for !r.stopped() {
 		var ready bool
 		var evErr error
 		_ = f.SetReadDeadline(time.Now().Add(socketPoll))
@@ -212,6 +207,16 @@ func (r *reader) drain(sock *zmq.Socket, st *readState) {
 	}
 }
 
+// stopped reports whether the reader was told to stop (quit closed).
+func (r *reader) stopped() bool {
+	select {
+	case <-r.quit:
+		return true
+	default:
+		return false
+	}
+}
+
 func (r *reader) pause() {
 	select {
 	case <-r.quit:
@@ -223,12 +228,7 @@ func (r *reader) pause() {
 // socket's fd cannot be polled).
 func (r *reader) blockingLoop(sock *zmq.Socket, st *readState) {
 	url := r.b.endpoints[r.slot].URL
-	for {
-		select {
-		case <-r.quit:
-			return
-		default:
-		}
+	for !r.stopped() {
 		r.watch(sock, st, false)
 		var err error
 		st.frames, err = recvMultipart(sock, 0, st.frames)

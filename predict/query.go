@@ -113,26 +113,29 @@ func (q *Query) normalize() *Refusal {
 			return invalid(fmt.Sprintf("%s %d is negative", name, v))
 		}
 	}
-	if s.Phase != PhaseDecode {
-		switch {
-		case s.Phase == PhasePrefill && s.hasDecode():
-			return invalid("a prefill step carries decode coordinates (a step with both is mixed)")
-		case s.NumPrefillRequests < 1:
-			return invalid(fmt.Sprintf("num_prefill_requests %d < 1", s.NumPrefillRequests))
-		case s.SumPrefillTokens < s.NumPrefillRequests:
-			return invalid(fmt.Sprintf("sum_prefill_tokens %d < num_prefill_requests %d: every request computes at least one token",
-				s.SumPrefillTokens, s.NumPrefillRequests))
+	// Each phase the step has: its requests and tokens are coherent, and a step of that phase alone
+	// carries none of the other's coordinates.
+	for _, ph := range []struct {
+		phase, other           string
+		hasOther               bool
+		num, sum               int64
+		numName, sumName, each string
+	}{
+		{PhasePrefill, PhaseDecode, s.hasDecode(), s.NumPrefillRequests, s.SumPrefillTokens,
+			"num_prefill_requests", "sum_prefill_tokens", "computes at least one token"},
+		{PhaseDecode, PhasePrefill, s.hasPrefill(), s.NumDecodeRequests, s.SumDecodeKVTokens,
+			"num_decode_requests", "sum_decode_kv_tokens", "reads at least one KV token"},
+	} {
+		if s.Phase == ph.other {
+			continue
 		}
-	}
-	if s.Phase != PhasePrefill {
 		switch {
-		case s.Phase == PhaseDecode && s.hasPrefill():
-			return invalid("a decode step carries prefill coordinates (a step with both is mixed)")
-		case s.NumDecodeRequests < 1:
-			return invalid(fmt.Sprintf("num_decode_requests %d < 1", s.NumDecodeRequests))
-		case s.SumDecodeKVTokens < s.NumDecodeRequests:
-			return invalid(fmt.Sprintf("sum_decode_kv_tokens %d < num_decode_requests %d: every request reads at least one KV token",
-				s.SumDecodeKVTokens, s.NumDecodeRequests))
+		case s.Phase == ph.phase && ph.hasOther:
+			return invalid(fmt.Sprintf("a %s step carries %s coordinates (a step with both is mixed)", ph.phase, ph.other))
+		case ph.num < 1:
+			return invalid(fmt.Sprintf("%s %d < 1", ph.numName, ph.num))
+		case ph.sum < ph.num:
+			return invalid(fmt.Sprintf("%s %d < %s %d: every request %s", ph.sumName, ph.sum, ph.numName, ph.num, ph.each))
 		}
 	}
 	var unsupported []string

@@ -148,12 +148,24 @@ func (c Config) Validate() error {
 		return bad("queue size %d: want >= 1", c.QueueSize)
 	case c.SendHWM < 0:
 		return bad("send hwm %d: want >= 0", c.SendHWM)
-	case c.StartDelay < 0:
-		return bad("start delay %v: want >= 0", c.StartDelay)
-	case c.WaitSubscribers < 0:
-		return bad("wait subscribers %d: want >= 0", c.WaitSubscribers)
-	case c.WaitTimeout < 0:
-		return bad("wait timeout %v: want >= 0", c.WaitTimeout)
+	}
+	if err := CheckStartWait(c.StartDelay, c.WaitSubscribers, c.WaitTimeout); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// CheckStartWait checks how a set of PUB sockets starts sending (Config's StartDelay, WaitSubscribers
+// and WaitTimeout; a replay's ZMQ target has the same three): none may be negative. The error names
+// the setting and its value.
+func CheckStartWait(startDelay time.Duration, waitSubscribers int, waitTimeout time.Duration) error {
+	switch {
+	case startDelay < 0:
+		return fmt.Errorf("start delay %v: want >= 0", startDelay)
+	case waitSubscribers < 0:
+		return fmt.Errorf("wait subscribers %d: want >= 0", waitSubscribers)
+	case waitTimeout < 0:
+		return fmt.Errorf("wait timeout %v: want >= 0", waitTimeout)
 	}
 	return nil
 }

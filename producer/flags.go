@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"time"
+
+	"github.com/fpmbus/fpmbus/internal/zmqflags"
 )
 
 // Flags are the synthetic publisher's command-line flags, defined once here next to Config: `fpmbus
@@ -12,8 +14,7 @@ import (
 // Flags.Config makes a Config of them. The flags write into the Config they were registered on.
 type Flags struct {
 	cfg      *Config
-	fs       *flag.FlagSet
-	prefix   string
+	set      zmqflags.Set
 	topology bool // --host, --fpm-port and --dp-size are registered
 	// BasePortSource names where the default of --fpm-port came from when it is not the package
 	// default (e.g. "DYN_FORWARDPASS_METRIC_PORT"); errors about the port blame it when the flag was not
@@ -31,8 +32,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 	n := func(name string) string { return prefix + name }
 	c.Host, c.BasePort, c.DPSize = d.Host, d.BasePort, d.DPSize
 	fs.StringVar(&c.Host, n("host"), c.Host, `interface the PUB sockets bind ("*": all interfaces, as Dynamo does)`)
-	fs.IntVar(&c.BasePort, n("fpm-port"), c.BasePort, "base port: rank r binds port+r (Dynamo's DYN_FORWARDPASS_METRIC_PORT)")
-	fs.IntVar(&c.DPSize, n("dp-size"), c.DPSize, "number of data-parallel ranks, one PUB socket each")
+	zmqflags.On(fs, prefix).RegisterPorts(&c.BasePort, &c.DPSize, "binds")
 	f := c.RegisterLoadFlags(fs, prefix)
 	f.topology = true
 	if c.WaitTimeout == 0 {
@@ -57,47 +57,45 @@ func (c *Config) RegisterLoadFlags(fs *flag.FlagSet, prefix string) *Flags {
 	fs.StringVar(&c.WorkerID, n("worker-id"), c.WorkerID, "worker_id stamped into every FPM (Dynamo's DYN_FPM_WORKER_ID)")
 	fs.Float64Var(&c.Rate, n("rate"), c.Rate, "simulated forward passes per second per rank (<= 0: as fast as possible)")
 	fs.Int64Var(&c.Seed, n("seed"), c.Seed, "seed of the load simulation (same seed: same FPMs)")
-	return &Flags{cfg: c, fs: fs, prefix: prefix}
+	return &Flags{cfg: c, set: zmqflags.On(fs, prefix)}
 }
 
 // defaultWaitTimeout is what Run waits for WaitSubscribers when WaitTimeout is 0.
 const defaultWaitTimeout = 30 * time.Second
 
-// given reports whether flag name (without the prefix) was set on the command line.
-func (f *Flags) given(name string) bool {
-	given := false
-	f.fs.Visit(func(fl *flag.Flag) { given = given || fl.Name == f.prefix+name })
-	return given
-}
-
 // Config returns the validated Config the parsed flags describe. An error wraps ErrInvalidConfig and
 // names the flag (or BasePortSource) and the value at fault.
 func (f *Flags) Config() (Config, error) {
 	c := *f.cfg
-	name := func(n string) string { return "--" + f.prefix + n }
+	name := f.set.Name
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
 	if f.topology {
-		switch {
-		case c.HeartbeatInterval <= 0:
-			return c, bad("%s %v: want > 0", name("heartbeat"), c.HeartbeatInterval)
-		case c.QueueSize < 1:
-			return c, bad("%s %d: want >= 1", name("queue-size"), c.QueueSize)
-		case c.SendHWM < 1:
-			return c, bad("%s %d: want >= 1", name("send-hwm"), c.SendHWM)
-		case c.Count < 0:
-			return c, bad("%s %d: want >= 0 (0: no limit)", name("count"), c.Count)
-		case c.IdleAfterCount && c.Count == 0:
-			return c, bad("%s needs %s", name("idle-after-count"), name("count"))
-		case c.WaitSubscribers < 0:
-			return c, bad("%s %d: want >= 0", name("wait-subscribers"), c.WaitSubscribers)
-		case c.WaitTimeout < 0:
-			return c, bad("%s %v: want >= 0", name("wait-timeout"), c.WaitTimeout)
-		case c.StartDelay < 0:
-			return c, bad("%s %v: want >= 0", name("start-delay"), c.StartDelay)
+		// In this order, the first that fails is reported: the flag, its value, what it wants.
+		for _, r := range []struct {
+			broken bool
+			flag   string
+			value  any
+			want   string
+		}{
+			{c.HeartbeatInterval <= 0, "heartbeat", c.HeartbeatInterval, "want > 0"},
+			{c.QueueSize < 1, "queue-size", c.QueueSize, "want >= 1"},
+			{c.SendHWM < 1, "send-hwm", c.SendHWM, "want >= 1"},
+			{c.Count < 0, "count", c.Count, "want >= 0 (0: no limit)"},
+			{c.IdleAfterCount && c.Count == 0, "idle-after-count", nil, "needs " + name("count")},
+			{c.WaitSubscribers < 0, "wait-subscribers", c.WaitSubscribers, "want >= 0"},
+			{c.WaitTimeout < 0, "wait-timeout", c.WaitTimeout, "want >= 0"},
+			{c.StartDelay < 0, "start-delay", c.StartDelay, "want >= 0"},
+		} {
+			switch {
+			case r.broken && r.value == nil:
+				return c, bad("%s %s", name(r.flag), r.want)
+			case r.broken:
+				return c, bad("%s %v: %s", name(r.flag), r.value, r.want)
+			}
 		}
-		if err := checkPortBlock(c.BasePort, c.DPSize, name("fpm-port"), name("dp-size"), f.given("fpm-port"), f.given("dp-size"), f.BasePortSource); err != nil {
+		if err := f.set.CheckPorts(c.BasePort, c.DPSize, f.BasePortSource); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}
@@ -105,27 +103,4 @@ func (f *Flags) Config() (Config, error) {
 		return c, err
 	}
 	return c, nil
-}
-
-// checkPortBlock checks that ranks 0..dp-1 on base..base+dp-1 fit in 1..65535, blaming what the user
-// chose: --dp-size when given, else the base port's flag, else where the base port came from.
-func checkPortBlock(base, dp int, portFlag, dpFlag string, portGiven, dpGiven bool, portSource string) error {
-	src, from := portFlag, "from "+portFlag
-	if !portGiven {
-		src, from = "the default base port", "the default"
-		if portSource != "" {
-			src, from = portSource, "from "+portSource
-		}
-	}
-	switch {
-	case dp < 1:
-		return fmt.Errorf("%s %d: want at least 1", dpFlag, dp)
-	case base < 1 || base > 65535:
-		return fmt.Errorf("%s %d: want a port, 1 to 65535", src, base)
-	case base+dp-1 > 65535 && dpGiven:
-		return fmt.Errorf("%s %d: the last rank's port %d exceeds 65535 (base port %d, %s)", dpFlag, dp, base+dp-1, base, from)
-	case base+dp-1 > 65535:
-		return fmt.Errorf("%s %d with %d ranks: the last rank's port %d exceeds 65535", src, base, dp, base+dp-1)
-	}
-	return nil
 }

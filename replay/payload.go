@@ -46,7 +46,7 @@ func (p *payload) build(dst []byte, renumber bool, counter uint64) []byte {
 		return append(dst, p.bytes...)
 	}
 	dst = append(dst, p.bytes[:p.counterAt]...)
-	dst = appendUint(dst, counter)
+	dst = schemas.AppendMsgpackUint(dst, counter)
 	return append(dst, p.bytes[p.counterEnd:]...)
 }
 
@@ -126,7 +126,7 @@ func (e *transcoder) value(p, depth int) (int, error) {
 		if err != nil {
 			return next, err
 		}
-		e.out = appendStr(e.out, s)
+		e.out = schemas.AppendMsgpackStr(e.out, s)
 		return next, nil
 	case c == 't':
 		return e.literal(p, "true", 0xc3)
@@ -148,21 +148,52 @@ func (e *transcoder) literal(p int, lit string, code byte) (int, error) {
 	return p + len(lit), nil
 }
 
-// object transcodes the object at p. Its pair count is only known at the end, so the map header is
-// reserved at its widest (map32) and shrunk once counted.
-func (e *transcoder) object(p, depth int) (int, error) {
+// container is how msgpack heads a JSON object (a map) or array, and the byte that closes it in JSON.
+type container struct {
+	fix, c16, c32 byte // header codes: fixmap/fixarray, map16/array16, map32/array32
+	closer        byte
+}
+
+var (
+	mapCodes   = container{fix: 0x80, c16: 0xde, c32: 0xdf, closer: '}'}
+	arrayCodes = container{fix: 0x90, c16: 0xdc, c32: 0xdd, closer: ']'}
+)
+
+// open starts the container c at p: its depth checked, its header reserved at its widest (the entry
+// count is only known at the end) at head. An empty container is finished at once (done).
+func (e *transcoder) open(p, depth int, c container) (head, next int, done bool, err error) {
 	if depth > maxPayloadDepth {
-		return p, e.fail(p, "nested deeper than "+strconv.Itoa(maxPayloadDepth))
+		return 0, p, false, e.fail(p, "nested deeper than "+strconv.Itoa(maxPayloadDepth))
 	}
-	head := len(e.out)
-	e.out = append(e.out, 0xdf, 0, 0, 0, 0)
-	n := 0
+	head = len(e.out)
+	e.out = append(e.out, c.c32, 0, 0, 0, 0)
 	p = skipSpace(e.src, p+1)
-	if p < len(e.src) && e.src[p] == '}' {
-		e.finishHeader(head, n, 0x80, 0xde, 0xdf)
-		return p + 1, nil
+	if p < len(e.src) && e.src[p] == c.closer {
+		e.finishHeader(head, 0, c.fix, c.c16, c.c32)
+		return head, p + 1, true, nil
 	}
-	for {
+	return head, p, false, nil
+}
+
+// next moves past the separator after an entry of c: to the next entry, or past c's end (closed).
+func (e *transcoder) next(p int, c container) (int, bool, error) {
+	p = skipSpace(e.src, p)
+	switch {
+	case p < len(e.src) && e.src[p] == ',':
+		return skipSpace(e.src, p+1), false, nil
+	case p < len(e.src) && e.src[p] == c.closer:
+		return p + 1, true, nil
+	}
+	return p, false, e.fail(p, "',' or '"+string(c.closer)+"' expected")
+}
+
+// object transcodes the object at p, its map header shrunk once its pairs are counted.
+func (e *transcoder) object(p, depth int) (int, error) {
+	head, p, done, err := e.open(p, depth, mapCodes)
+	if done || err != nil {
+		return p, err
+	}
+	for n := 1; ; n++ {
 		if p >= len(e.src) || e.src[p] != '"' {
 			return p, e.fail(p, "object key expected")
 		}
@@ -170,7 +201,7 @@ func (e *transcoder) object(p, depth int) (int, error) {
 		if err != nil {
 			return next, err
 		}
-		e.out = appendStr(e.out, key)
+		e.out = schemas.AppendMsgpackStr(e.out, key)
 		p = skipSpace(e.src, next)
 		if p >= len(e.src) || e.src[p] != ':' {
 			return p, e.fail(p, "':' expected")
@@ -186,7 +217,7 @@ func (e *transcoder) object(p, depth int) (int, error) {
 			if nw, ok := e.workers[s]; ok {
 				s = nw
 			}
-			e.out = appendStr(e.out, s)
+			e.out = schemas.AppendMsgpackStr(e.out, s)
 			p = next
 		case top && key == "counter_id":
 			at := len(e.out)
@@ -199,51 +230,39 @@ func (e *transcoder) object(p, depth int) (int, error) {
 				return p, err
 			}
 		}
-		n++
-		p = skipSpace(e.src, p)
-		if p < len(e.src) && e.src[p] == ',' {
-			p = skipSpace(e.src, p+1)
+		var closed bool
+		if p, closed, err = e.next(p, mapCodes); err != nil {
+			return p, err
+		}
+		if !closed {
 			continue
 		}
-		if p < len(e.src) && e.src[p] == '}' {
-			shift := e.finishHeader(head, n, 0x80, 0xde, 0xdf)
-			if e.counterAt > head && depth == 1 {
-				e.counterAt, e.counterEnd = e.counterAt-shift, e.counterEnd-shift
-			}
-			return p + 1, nil
+		shift := e.finishHeader(head, n, mapCodes.fix, mapCodes.c16, mapCodes.c32)
+		if e.counterAt > head && depth == 1 {
+			e.counterAt, e.counterEnd = e.counterAt-shift, e.counterEnd-shift
 		}
-		return p, e.fail(p, "',' or '}' expected")
+		return p, nil
 	}
 }
 
+// array transcodes the array at p, its header shrunk once its elements are counted.
 func (e *transcoder) array(p, depth int) (int, error) {
-	if depth > maxPayloadDepth {
-		return p, e.fail(p, "nested deeper than "+strconv.Itoa(maxPayloadDepth))
+	head, p, done, err := e.open(p, depth, arrayCodes)
+	if done || err != nil {
+		return p, err
 	}
-	head := len(e.out)
-	e.out = append(e.out, 0xdd, 0, 0, 0, 0)
-	n := 0
-	p = skipSpace(e.src, p+1)
-	if p < len(e.src) && e.src[p] == ']' {
-		e.finishHeader(head, n, 0x90, 0xdc, 0xdd)
-		return p + 1, nil
-	}
-	for {
-		var err error
+	for n := 1; ; n++ {
 		if p, err = e.value(p, depth); err != nil {
 			return p, err
 		}
-		n++
-		p = skipSpace(e.src, p)
-		if p < len(e.src) && e.src[p] == ',' {
-			p = skipSpace(e.src, p+1)
-			continue
+		var closed bool
+		if p, closed, err = e.next(p, arrayCodes); err != nil {
+			return p, err
 		}
-		if p < len(e.src) && e.src[p] == ']' {
-			e.finishHeader(head, n, 0x90, 0xdc, 0xdd)
-			return p + 1, nil
+		if closed {
+			e.finishHeader(head, n, arrayCodes.fix, arrayCodes.c16, arrayCodes.c32)
+			return p, nil
 		}
-		return p, e.fail(p, "',' or ']' expected")
 	}
 }
 
@@ -320,15 +339,15 @@ func (e *transcoder) number(p int) (int, error) {
 	text := string(e.src[start:p])
 	if !isFloat {
 		if text == "-0" {
-			e.out = appendFloat(e.out, math.Copysign(0, -1))
+			e.out = schemas.AppendMsgpackFloat(e.out, math.Copysign(0, -1))
 			return p, nil
 		}
 		if v, err := strconv.ParseInt(text, 10, 64); err == nil {
-			e.out = appendInt(e.out, v)
+			e.out = schemas.AppendMsgpackInt(e.out, v)
 			return p, nil
 		}
 		if u, err := strconv.ParseUint(text, 10, 64); err == nil {
-			e.out = appendUint(e.out, u)
+			e.out = schemas.AppendMsgpackUint(e.out, u)
 			return p, nil
 		}
 		if _, err := strconv.ParseFloat(text, 64); err == nil {
@@ -340,7 +359,7 @@ func (e *transcoder) number(p int) (int, error) {
 	if err != nil {
 		return p, e.fail(start, "invalid number "+strconv.Quote(text))
 	}
-	e.out = appendFloat(e.out, f)
+	e.out = schemas.AppendMsgpackFloat(e.out, f)
 	return p, nil
 }
 
@@ -349,55 +368,4 @@ func skipSpace(src []byte, p int) int {
 		p++
 	}
 	return p
-}
-
-// msgpack writers, in msgspec's choice of encodings: the smallest integer form, float64 always.
-
-func appendStr(dst []byte, s string) []byte {
-	switch n := len(s); {
-	case n < 32:
-		dst = append(dst, 0xa0|byte(n))
-	case n <= math.MaxUint8:
-		dst = append(dst, 0xd9, byte(n))
-	case n <= math.MaxUint16:
-		dst = binary.BigEndian.AppendUint16(append(dst, 0xda), uint16(n))
-	default:
-		dst = binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
-	}
-	return append(dst, s...)
-}
-
-func appendUint(dst []byte, u uint64) []byte {
-	switch {
-	case u < 128:
-		return append(dst, byte(u))
-	case u <= math.MaxUint8:
-		return append(dst, 0xcc, byte(u))
-	case u <= math.MaxUint16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
-	case u <= math.MaxUint32:
-		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
-	}
-	return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
-}
-
-func appendInt(dst []byte, v int64) []byte {
-	if v >= 0 {
-		return appendUint(dst, uint64(v))
-	}
-	switch {
-	case v >= -32:
-		return append(dst, byte(v))
-	case v >= math.MinInt8:
-		return append(dst, 0xd0, byte(v))
-	case v >= math.MinInt16:
-		return binary.BigEndian.AppendUint16(append(dst, 0xd1), uint16(v))
-	case v >= math.MinInt32:
-		return binary.BigEndian.AppendUint32(append(dst, 0xd2), uint32(v))
-	}
-	return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
-}
-
-func appendFloat(dst []byte, f float64) []byte {
-	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(f))
 }

@@ -32,7 +32,7 @@ func msgpackWith(name string, v []byte) []byte {
 	f := schemas.FPM{Version: 1, WorkerID: "w", CounterID: 7}
 	p := schemas.EncodeMsgpack(&f)
 	p[0]++ // fixmap of 7 -> 8 fields
-	p = appendStr(p, name)
+	p = schemas.AppendMsgpackStr(p, name)
 	return append(p, v...)
 }
 

@@ -96,24 +96,20 @@ func New(p *Plan, cfg Config, opts ...Option) (*Replayer, error) {
 		}
 	}
 	r := &Replayer{plan: p, cfg: cfg, opts: o, ready: make(chan struct{})}
+	// The report names each socket's destination as the target describes it, once there is a target.
+	r.rep = newReporter(p, r.Endpoint, o.progress, o.every, o.csv)
 	var err error
 	switch cfg.Target {
 	case "", TargetZMQ:
 		r.cfg.Target = TargetZMQ
 		var t *zmqTarget
-		t, err = newZMQTarget(cfg.ZMQ, p, nil)
-		if err == nil {
+		if t, err = newZMQTarget(cfg.ZMQ, p, r.rep); err == nil {
 			r.target = t
-			r.rep = newReporter(p, t.describe, o.progress, o.every, o.csv)
-			t.rep = r.rep
 		}
 	case TargetStream:
 		var t *streamTarget
-		t, err = newStreamTarget(cfg.Stream, p, nil)
-		if err == nil {
+		if t, err = newStreamTarget(cfg.Stream, p, r.rep); err == nil {
 			r.target = t
-			r.rep = newReporter(p, t.describe, o.progress, o.every, o.csv)
-			t.rep = r.rep
 		}
 	default:
 		err = fmt.Errorf("%w: target %q: want zmq or stream", ErrInvalidConfig, cfg.Target)

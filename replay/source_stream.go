@@ -33,13 +33,8 @@ type StreamRange struct {
 }
 
 func (r StreamRange) validate() error {
-	switch {
-	case (r.StartSeq != 0 || r.EndSeq != 0) && (!r.Since.IsZero() || !r.Until.IsZero()):
-		return fmt.Errorf("%w: select by sequence or by time, not both", ErrBadRange)
-	case r.EndSeq != 0 && r.EndSeq < r.StartSeq:
-		return fmt.Errorf("%w: end sequence %d is before start sequence %d", ErrBadRange, r.EndSeq, r.StartSeq)
-	case !r.Until.IsZero() && r.Until.Before(r.Since):
-		return fmt.Errorf("%w: until %s is before since %s", ErrBadRange, r.Until.Format(time.RFC3339Nano), r.Since.Format(time.RFC3339Nano))
+	if err := streams.CheckFPMRange(r.StartSeq, r.EndSeq, r.Since, r.Until); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadRange, err)
 	}
 	return nil
 }
@@ -53,30 +48,18 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*
 	if rng.Filter == "" {
 		rng.Filter = streams.FPMWildcard
 	}
-	s, err := js.Stream(ctx, streams.StreamFPM)
+	s, start, last, err := streams.OpenFPMRange(ctx, js, rng.Filter, rng.StartSeq, rng.EndSeq, rng.Since)
 	if err != nil {
-		return nil, fmt.Errorf("replay: stream %s: %w", streams.StreamFPM, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("replay: stream %s: %w", streams.StreamFPM, err)
-	}
-	last := info.State.LastSeq
-	if rng.EndSeq != 0 {
-		last = min(last, rng.EndSeq)
-	}
-	start := jetstream.OrderedConsumerConfig{FilterSubjects: []string{rng.Filter}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	switch {
-	case rng.StartSeq != 0:
-		start.DeliverPolicy, start.OptStartSeq = jetstream.DeliverByStartSequencePolicy, rng.StartSeq
-	case !rng.Since.IsZero():
-		t := rng.Since
-		start.DeliverPolicy, start.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+		return nil, fmt.Errorf("replay: %w", err)
 	}
 	rec := &Recording{}
-	n, err := pendingFrom(ctx, s, start, rng.Filter)
-	if err != nil || n == 0 {
-		return rec, err
+	n, err := streams.CountPending(ctx, s, rng.Filter, jetstream.ConsumerConfig{
+		DeliverPolicy: start.DeliverPolicy, OptStartSeq: start.OptStartSeq, OptStartTime: start.OptStartTime})
+	if err != nil {
+		return rec, fmt.Errorf("replay: count the range: %w", err)
+	}
+	if n == 0 {
+		return rec, nil
 	}
 	oc, err := s.OrderedConsumer(ctx, start)
 	if err != nil {
@@ -116,22 +99,6 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*
 	}
 	sortRecords(rec.Records)
 	return rec, nil
-}
-
-// pendingFrom counts the messages on filter from start, with an ephemeral consumer deleted at once.
-func pendingFrom(ctx context.Context, s jetstream.Stream, start jetstream.OrderedConsumerConfig, filter string) (uint64, error) {
-	c, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		DeliverPolicy: start.DeliverPolicy, OptStartSeq: start.OptStartSeq, OptStartTime: start.OptStartTime,
-		FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: time.Minute, MemoryStorage: true,
-	})
-	if err != nil {
-		return 0, fmt.Errorf("replay: count the range: %w", err)
-	}
-	ci := c.CachedInfo()
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	_ = s.DeleteConsumer(dctx, ci.Name)
-	cancel()
-	return ci.NumPending, nil
 }
 
 // streamRecord turns one stored FPM message into a record.

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // The trace source: Dynamo's dynamo.fpm.trace.v1 gzip JSONL segments, as Dynamo's writer and `fpmbus
@@ -153,7 +154,7 @@ func prefixSegments(p string) ([]string, error) {
 		if !ok || !e.Type().IsRegular() {
 			continue
 		}
-		if producer, idx, ok := strings.Cut(rest, "."); ok && segmentIndex(idx) >= 0 && isProducerName(producer) || segmentIndex(rest) >= 0 {
+		if producer, idx, ok := strings.Cut(rest, "."); ok && segmentIndex(idx) >= 0 && streams.ValidName(producer, len(producer)) || segmentIndex(rest) >= 0 {
 			out = append(out, filepath.Join(dir, e.Name()))
 		}
 	}
@@ -177,19 +178,6 @@ func segmentIndex(s string) int64 {
 	}
 	n, _ := strconv.ParseInt(digits, 10, 64)
 	return n
-}
-
-func isProducerName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // parseSegmentName splits a segment path into its producer prefix and index, for read order.

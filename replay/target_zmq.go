@@ -97,12 +97,9 @@ func (c ZMQConfig) validate() error {
 		return bad("on full %q: want drop or wait", c.OnFull)
 	case c.OnFull == OnFullWait && !c.NoDrop:
 		return bad("on full wait needs no-drop: without ZMQ_XPUB_NODROP libzmq never refuses a send, it drops silently")
-	case c.StartDelay < 0:
-		return bad("start delay %v: want >= 0", c.StartDelay)
-	case c.WaitSubscribers < 0:
-		return bad("wait subscribers %d: want >= 0", c.WaitSubscribers)
-	case c.WaitTimeout < 0:
-		return bad("wait timeout %v: want >= 0", c.WaitTimeout)
+	}
+	if err := producer.CheckStartWait(c.StartDelay, c.WaitSubscribers, c.WaitTimeout); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	for k, port := range c.PortMap {
 		if port < 1 || port > math.MaxUint16 {

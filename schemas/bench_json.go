@@ -215,33 +215,88 @@ func (p *benchParser) enter() error {
 	return nil
 }
 
-func (p *benchParser) object(top bool) (BenchNode, error) {
-	if err := p.enter(); err != nil {
-		return BenchNode{}, err
+// keyIndex is the index of key k among keys (-1: absent), looking at hint first: the members of two
+// documents that are alike usually come in the same order.
+func keyIndex(keys []string, hint int, k string) int {
+	if hint < len(keys) && keys[hint] == k {
+		return hint
 	}
-	p.pos++ // {
-	base, kbase := len(p.stack), len(p.keys)
+	for j, key := range keys {
+		if key == k {
+			return j
+		}
+	}
+	return -1
+}
+
+// open enters the container whose opening byte is at p.pos and moves past that byte; empty: closing
+// follows at once, and the container is left again (consumed, depth restored).
+func (p *benchParser) open(closing byte) (empty bool, err error) {
+	if err := p.enter(); err != nil {
+		return false, err
+	}
+	p.pos++
 	p.ws()
-	if p.pos < len(p.src) && p.src[p.pos] == '}' {
+	if p.pos < len(p.src) && p.src[p.pos] == closing {
 		p.pos++
 		p.depth--
+		return true, nil
+	}
+	return false, nil
+}
+
+// memberKey reads an object member's key and the ':' after it, and returns the key and its offset.
+func (p *benchParser) memberKey() (key string, off int, err error) {
+	p.ws()
+	if p.pos >= len(p.src) || p.src[p.pos] != '"' {
+		return "", p.pos, p.fail(p.pos, "expected a string key")
+	}
+	off = p.pos
+	if key, err = p.string(); err != nil {
+		return "", off, err
+	}
+	p.ws()
+	if p.pos >= len(p.src) || p.src[p.pos] != ':' {
+		return "", off, p.fail(p.pos, "expected ':' after key")
+	}
+	p.pos++
+	return key, off, nil
+}
+
+// next moves past what follows a member or element of the container closing ends: a ',' (more
+// follow) or closing itself (end: the container is left, depth restored). eof and unexpected are the
+// messages of the errors when the input ends there or something else follows.
+func (p *benchParser) next(closing byte, eof, unexpected string) (end bool, err error) {
+	p.ws()
+	if p.pos >= len(p.src) {
+		return false, p.fail(p.pos, eof)
+	}
+	switch p.src[p.pos] {
+	case ',':
+		p.pos++
+		return false, nil
+	case closing:
+		p.pos++
+		p.depth--
+		return true, nil
+	}
+	return false, p.fail(p.pos, unexpected)
+}
+
+func (p *benchParser) object(top bool) (BenchNode, error) {
+	base, kbase := len(p.stack), len(p.keys)
+	empty, err := p.open('}')
+	if err != nil {
+		return BenchNode{}, err
+	}
+	if empty {
 		return BenchNode{Kind: BenchObject}, nil
 	}
 	for {
-		p.ws()
-		if p.pos >= len(p.src) || p.src[p.pos] != '"' {
-			return BenchNode{}, p.fail(p.pos, "expected a string key")
-		}
-		keyOff := p.pos
-		key, err := p.string()
+		key, keyOff, err := p.memberKey()
 		if err != nil {
 			return BenchNode{}, err
 		}
-		p.ws()
-		if p.pos >= len(p.src) || p.src[p.pos] != ':' {
-			return BenchNode{}, p.fail(p.pos, "expected ':' after key")
-		}
-		p.pos++
 		p.ws()
 		var v BenchNode
 		if top && (key == "results" || key == "iteration_groups") && p.pos < len(p.src) && p.src[p.pos] == '[' {
@@ -261,19 +316,13 @@ func (p *benchParser) object(top bool) (BenchNode, error) {
 		}
 		p.keys = append(p.keys, key)
 		p.stack = append(p.stack, v)
-		p.ws()
-		if p.pos >= len(p.src) {
-			return BenchNode{}, p.fail(p.pos, "unexpected end of input in object")
+		end, err := p.next('}', "unexpected end of input in object", "expected ',' or '}' in object")
+		if err != nil {
+			return BenchNode{}, err
 		}
-		if p.src[p.pos] == ',' {
-			p.pos++
-			continue
+		if end {
+			break
 		}
-		if p.src[p.pos] != '}' {
-			return BenchNode{}, p.fail(p.pos, "expected ',' or '}' in object")
-		}
-		p.pos++
-		break
 	}
 	n := BenchNode{Kind: BenchObject}
 	n.Keys = append([]string(nil), p.keys[kbase:]...)
@@ -290,21 +339,17 @@ func (p *benchParser) object(top bool) (BenchNode, error) {
 			seen[k] = struct{}{}
 		}
 	}
-	p.depth--
 	return n, nil
 }
 
 // array parses an array; rawElems keeps container elements raw (ParseBenchHeader).
 func (p *benchParser) array(rawElems bool) (BenchNode, error) {
-	if err := p.enter(); err != nil {
+	base := len(p.stack)
+	empty, err := p.open(']')
+	if err != nil {
 		return BenchNode{}, err
 	}
-	p.pos++ // [
-	base := len(p.stack)
-	p.ws()
-	if p.pos < len(p.src) && p.src[p.pos] == ']' {
-		p.pos++
-		p.depth--
+	if empty {
 		return BenchNode{Kind: BenchArray}, nil
 	}
 	for {
@@ -320,24 +365,17 @@ func (p *benchParser) array(rawElems bool) (BenchNode, error) {
 			return BenchNode{}, err
 		}
 		p.stack = append(p.stack, v)
-		p.ws()
-		if p.pos >= len(p.src) {
-			return BenchNode{}, p.fail(p.pos, "unexpected end of input in array")
+		end, err := p.next(']', "unexpected end of input in array", "expected ',' or ']' in array")
+		if err != nil {
+			return BenchNode{}, err
 		}
-		if p.src[p.pos] == ',' {
-			p.pos++
-			continue
+		if end {
+			break
 		}
-		if p.src[p.pos] != ']' {
-			return BenchNode{}, p.fail(p.pos, "expected ',' or ']' in array")
-		}
-		p.pos++
-		break
 	}
 	n := BenchNode{Kind: BenchArray, Kids: append([]BenchNode(nil), p.stack[base:]...)}
 	clear(p.stack[base:])
 	p.stack = p.stack[:base]
-	p.depth--
 	return n, nil
 }
 
@@ -361,53 +399,30 @@ func (p *benchParser) skip() error {
 	}
 	switch c := p.src[p.pos]; c {
 	case '{', '[':
-		if err := p.enter(); err != nil {
-			return err
-		}
 		closing := byte('}')
 		if c == '[' {
 			closing = ']'
 		}
-		p.pos++
-		p.ws()
-		if p.pos < len(p.src) && p.src[p.pos] == closing {
-			p.pos++
-			p.depth--
-			return nil
+		if empty, err := p.open(closing); empty || err != nil {
+			return err
 		}
 		for {
-			p.ws()
 			if c == '{' {
-				if p.pos >= len(p.src) || p.src[p.pos] != '"' {
-					return p.fail(p.pos, "expected a string key")
-				}
-				if _, err := p.string(); err != nil {
+				if _, _, err := p.memberKey(); err != nil {
 					return err
 				}
-				p.ws()
-				if p.pos >= len(p.src) || p.src[p.pos] != ':' {
-					return p.fail(p.pos, "expected ':' after key")
-				}
-				p.pos++
-				p.ws()
 			}
+			p.ws()
 			if err := p.skip(); err != nil {
 				return err
 			}
-			p.ws()
-			if p.pos >= len(p.src) {
-				return p.fail(p.pos, "unexpected end of input in container")
+			end, err := p.next(closing, "unexpected end of input in container", "expected ',' or "+strconv.Quote(string(closing)))
+			if err != nil {
+				return err
 			}
-			if p.src[p.pos] == ',' {
-				p.pos++
-				continue
+			if end {
+				return nil
 			}
-			if p.src[p.pos] != closing {
-				return p.fail(p.pos, "expected ',' or "+strconv.Quote(string(closing)))
-			}
-			p.pos++
-			p.depth--
-			return nil
 		}
 	}
 	_, err := p.value(false)
@@ -928,15 +943,8 @@ func benchDiff(a, b *BenchNode, path *[]byte) bool {
 			if v, ok := idx[k]; ok {
 				j = v
 			}
-		} else if i < len(b.Keys) && b.Keys[i] == k {
-			j = i
 		} else {
-			for jj, bk := range b.Keys {
-				if bk == k {
-					j = jj
-					break
-				}
-			}
+			j = keyIndex(b.Keys, i, k)
 		}
 		if mark > 0 {
 			*path = append(*path, '.')

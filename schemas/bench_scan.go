@@ -110,24 +110,12 @@ func (s *BenchScanner) Object(fn func(key string) error) error {
 	if p.b[p.pos] != '{' {
 		return p.fail(p.pos, "expected an object")
 	}
-	if err := p.enter(); err != nil {
+	if empty, err := p.open('}'); empty || err != nil {
 		return err
-	}
-	p.pos++
-	p.ws()
-	if p.pos < len(p.b) && p.b[p.pos] == '}' {
-		p.pos++
-		p.depth--
-		return nil
 	}
 	var seen map[string]struct{}
 	for {
-		p.ws()
-		if p.pos >= len(p.b) || p.b[p.pos] != '"' {
-			return p.fail(p.pos, "expected a string key")
-		}
-		keyOff := p.pos
-		key, err := p.string()
+		key, keyOff, err := p.memberKey()
 		if err != nil {
 			return err
 		}
@@ -138,28 +126,13 @@ func (s *BenchScanner) Object(fn func(key string) error) error {
 			return p.fail(keyOff, "duplicate key "+strconv.Quote(key))
 		}
 		seen[key] = struct{}{}
-		p.ws()
-		if p.pos >= len(p.b) || p.b[p.pos] != ':' {
-			return p.fail(p.pos, "expected ':' after key")
-		}
-		p.pos++
 		if err := fn(key); err != nil {
 			return err
 		}
-		p.ws()
-		if p.pos >= len(p.b) {
-			return p.fail(p.pos, "unexpected end of input in object")
+		end, err := p.next('}', "unexpected end of input in object", "expected ',' or '}' in object")
+		if err != nil || end {
+			return err
 		}
-		if p.b[p.pos] == ',' {
-			p.pos++
-			continue
-		}
-		if p.b[p.pos] != '}' {
-			return p.fail(p.pos, "expected ',' or '}' in object")
-		}
-		p.pos++
-		p.depth--
-		return nil
 	}
 }
 
@@ -173,35 +146,18 @@ func (s *BenchScanner) Array(fn func(i int) error) error {
 	if p.b[p.pos] != '[' {
 		return p.fail(p.pos, "expected an array")
 	}
-	if err := p.enter(); err != nil {
+	if empty, err := p.open(']'); empty || err != nil {
 		return err
-	}
-	p.pos++
-	p.ws()
-	if p.pos < len(p.b) && p.b[p.pos] == ']' {
-		p.pos++
-		p.depth--
-		return nil
 	}
 	for i := 0; ; i++ {
 		p.ws()
 		if err := fn(i); err != nil {
 			return err
 		}
-		p.ws()
-		if p.pos >= len(p.b) {
-			return p.fail(p.pos, "unexpected end of input in array")
+		end, err := p.next(']', "unexpected end of input in array", "expected ',' or ']' in array")
+		if err != nil || end {
+			return err
 		}
-		if p.b[p.pos] == ',' {
-			p.pos++
-			continue
-		}
-		if p.b[p.pos] != ']' {
-			return p.fail(p.pos, "expected ',' or ']' in array")
-		}
-		p.pos++
-		p.depth--
-		return nil
 	}
 }
 
@@ -256,15 +212,12 @@ func (s *BenchScanner) compare(ref *BenchNode) (bool, error) {
 		if ref.Kind != BenchArray {
 			return false, nil
 		}
-		if err := p.enter(); err != nil {
+		empty, err := p.open(']')
+		if err != nil {
 			return false, err
 		}
-		p.pos++
-		p.ws()
 		i := 0
-		if p.pos < len(p.b) && p.b[p.pos] == ']' {
-			p.pos++
-			p.depth--
+		if empty {
 			if len(ref.Kids) != 0 {
 				s.diff = append(s.diff, "[0]")
 				return false, nil
@@ -285,19 +238,13 @@ func (s *BenchScanner) compare(ref *BenchNode) (bool, error) {
 				s.diff = append(s.diff, "["+strconv.Itoa(i)+"]")
 				return false, nil
 			}
-			p.ws()
-			if p.pos >= len(p.b) {
-				return false, p.fail(p.pos, "unexpected end of input in array")
+			end, err := p.next(']', "unexpected end of input in array", "expected ',' or ']' in array")
+			if err != nil {
+				return false, err
 			}
-			if p.b[p.pos] == ',' {
-				p.pos++
+			if !end {
 				continue
 			}
-			if p.b[p.pos] != ']' {
-				return false, p.fail(p.pos, "expected ',' or ']' in array")
-			}
-			p.pos++
-			p.depth--
 			if i+1 != len(ref.Kids) {
 				s.diff = append(s.diff, "["+strconv.Itoa(i+1)+"]")
 				return false, nil
@@ -323,21 +270,17 @@ func (s *BenchScanner) compare(ref *BenchNode) (bool, error) {
 
 func (s *BenchScanner) compareObject(ref *BenchNode) (bool, error) {
 	p := s.p
-	if err := p.enter(); err != nil {
+	empty, err := p.open('}')
+	if err != nil {
 		return false, err
 	}
-	p.pos++
-	p.ws()
 	var seenSmall uint64
 	var seenLarge []bool
 	if len(ref.Keys) > 64 {
 		seenLarge = make([]bool, len(ref.Keys))
 	}
 	count := 0
-	if p.pos < len(p.b) && p.b[p.pos] == '}' {
-		p.pos++
-		p.depth--
-	} else {
+	if !empty {
 		for i := 0; ; i++ {
 			p.ws()
 			if p.pos >= len(p.b) || p.b[p.pos] != '"' {
@@ -348,17 +291,7 @@ func (s *BenchScanner) compareObject(ref *BenchNode) (bool, error) {
 			if err != nil {
 				return false, err
 			}
-			j := -1
-			if i < len(ref.Keys) && ref.Keys[i] == key {
-				j = i
-			} else {
-				for jj, k := range ref.Keys {
-					if k == key {
-						j = jj
-						break
-					}
-				}
-			}
+			j := keyIndex(ref.Keys, i, key)
 			if j < 0 {
 				s.diff = append(s.diff, key)
 				return false, nil
@@ -389,20 +322,13 @@ func (s *BenchScanner) compareObject(ref *BenchNode) (bool, error) {
 				s.diff = append(s.diff, key)
 				return false, nil
 			}
-			p.ws()
-			if p.pos >= len(p.b) {
-				return false, p.fail(p.pos, "unexpected end of input in object")
+			end, err := p.next('}', "unexpected end of input in object", "expected ',' or '}' in object")
+			if err != nil {
+				return false, err
 			}
-			if p.b[p.pos] == ',' {
-				p.pos++
-				continue
+			if end {
+				break
 			}
-			if p.b[p.pos] != '}' {
-				return false, p.fail(p.pos, "expected ',' or '}' in object")
-			}
-			p.pos++
-			p.depth--
-			break
 		}
 	}
 	if count != len(ref.Keys) {

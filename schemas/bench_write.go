@@ -126,6 +126,9 @@ func (jw *benchWriter) value(n *BenchNode, depth int) {
 	}
 }
 
+// namedEscapes are the bytes Python's json module escapes by name: '"', '\\', \n, \r, \t, \b and \f.
+var namedEscapes = [256]byte{'"': '"', '\\': '\\', '\n': 'n', '\r': 'r', '\t': 't', '\b': 'b', '\f': 'f'}
+
 // AppendPythonJSONString appends s as a JSON string the way Python's json module writes it with
 // ensure_ascii: '"' and '\\' escaped, \n \r \t \b \f by name, every other byte outside 0x20..0x7e as
 // \uXXXX (UTF-16 surrogate pairs above U+FFFF, lowercase hex).
@@ -140,22 +143,9 @@ func AppendPythonJSONString(dst []byte, s string) []byte {
 			continue
 		}
 		dst = append(dst, s[start:i]...)
-		switch c {
-		case '"':
-			dst = append(dst, '\\', '"')
-		case '\\':
-			dst = append(dst, '\\', '\\')
-		case '\n':
-			dst = append(dst, '\\', 'n')
-		case '\r':
-			dst = append(dst, '\\', 'r')
-		case '\t':
-			dst = append(dst, '\\', 't')
-		case '\b':
-			dst = append(dst, '\\', 'b')
-		case '\f':
-			dst = append(dst, '\\', 'f')
-		default:
+		if e := namedEscapes[c]; e != 0 {
+			dst = append(dst, '\\', e)
+		} else {
 			r, size := rune(c), 1
 			if c >= utf8.RuneSelf {
 				r, size = utf8.DecodeRuneInString(s[i:])
@@ -170,9 +160,7 @@ func AppendPythonJSONString(dst []byte, s string) []byte {
 			} else {
 				u(r)
 			}
-			i += size
-			start = i
-			continue
+			i += size - 1
 		}
 		i++
 		start = i

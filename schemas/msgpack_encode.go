@@ -23,50 +23,47 @@ func EncodeMsgpack(f *FPM) []byte {
 //   - strings as fixstr, str8, str16 or str32 by length.
 func AppendMsgpack(dst []byte, f *FPM) []byte {
 	dst = append(dst, 0x87)
-	dst = appendKey(dst, fieldVersion)
-	dst = appendMsgpackInt(dst, f.Version)
+	dst = appendIntField(dst, fieldVersion, f.Version)
 	dst = appendKey(dst, fieldWorkerID)
-	dst = appendMsgpackStr(dst, f.WorkerID)
-	dst = appendKey(dst, fieldDPRank)
-	dst = appendMsgpackInt(dst, f.DPRank)
-	dst = appendKey(dst, fieldCounterID)
-	dst = appendMsgpackInt(dst, f.CounterID)
-	dst = appendKey(dst, fieldWallTime)
-	dst = appendMsgpackFloat(dst, f.WallTime)
+	dst = AppendMsgpackStr(dst, f.WorkerID)
+	dst = appendIntField(dst, fieldDPRank, f.DPRank)
+	dst = appendIntField(dst, fieldCounterID, f.CounterID)
+	dst = appendFloatField(dst, fieldWallTime, f.WallTime)
 
 	s := &f.Scheduled
-	dst = appendKey(dst, fieldScheduled)
-	dst = append(dst, 0x87)
-	dst = appendKey(dst, fieldNumPrefill)
-	dst = appendMsgpackInt(dst, s.NumPrefillRequests)
-	dst = appendKey(dst, fieldSumPrefillTokens)
-	dst = appendMsgpackInt(dst, s.SumPrefillTokens)
-	dst = appendKey(dst, fieldVarPrefillLength)
-	dst = appendMsgpackFloat(dst, s.VarPrefillLength)
-	dst = appendKey(dst, fieldSumPrefillKV)
-	dst = appendMsgpackInt(dst, s.SumPrefillKVTokens)
-	dst = appendKey(dst, fieldNumDecode)
-	dst = appendMsgpackInt(dst, s.NumDecodeRequests)
-	dst = appendKey(dst, fieldSumDecodeKV)
-	dst = appendMsgpackInt(dst, s.SumDecodeKVTokens)
-	dst = appendKey(dst, fieldVarDecodeKVTokens)
-	dst = appendMsgpackFloat(dst, s.VarDecodeKVTokens)
+	dst = append(appendKey(dst, fieldScheduled), 0x87)
+	dst = appendPrefill(dst, s.NumPrefillRequests, s.SumPrefillTokens, s.VarPrefillLength)
+	dst = appendIntField(dst, fieldSumPrefillKV, s.SumPrefillKVTokens)
+	dst = appendDecode(dst, s.NumDecodeRequests, s.SumDecodeKVTokens, s.VarDecodeKVTokens)
 
-	q := &f.Queued
-	dst = appendKey(dst, fieldQueued)
-	dst = append(dst, 0x86)
-	dst = appendKey(dst, fieldNumPrefill)
-	dst = appendMsgpackInt(dst, q.NumPrefillRequests)
-	dst = appendKey(dst, fieldSumPrefillTokens)
-	dst = appendMsgpackInt(dst, q.SumPrefillTokens)
-	dst = appendKey(dst, fieldVarPrefillLength)
-	dst = appendMsgpackFloat(dst, q.VarPrefillLength)
-	dst = appendKey(dst, fieldNumDecode)
-	dst = appendMsgpackInt(dst, q.NumDecodeRequests)
-	dst = appendKey(dst, fieldSumDecodeKV)
-	dst = appendMsgpackInt(dst, q.SumDecodeKVTokens)
-	dst = appendKey(dst, fieldVarDecodeKVTokens)
-	return appendMsgpackFloat(dst, q.VarDecodeKVTokens)
+	q := &f.Queued // the scheduled fields but sum_prefill_kv_tokens
+	dst = append(appendKey(dst, fieldQueued), 0x86)
+	dst = appendPrefill(dst, q.NumPrefillRequests, q.SumPrefillTokens, q.VarPrefillLength)
+	return appendDecode(dst, q.NumDecodeRequests, q.SumDecodeKVTokens, q.VarDecodeKVTokens)
+}
+
+// appendPrefill appends the three prefill fields scheduled and queued requests both have.
+func appendPrefill(dst []byte, num, sumTokens int64, varLength float64) []byte {
+	dst = appendIntField(dst, fieldNumPrefill, num)
+	dst = appendIntField(dst, fieldSumPrefillTokens, sumTokens)
+	return appendFloatField(dst, fieldVarPrefillLength, varLength)
+}
+
+// appendDecode appends the three decode fields scheduled and queued requests both have.
+func appendDecode(dst []byte, num, sumKV int64, varKV float64) []byte {
+	dst = appendIntField(dst, fieldNumDecode, num)
+	dst = appendIntField(dst, fieldSumDecodeKV, sumKV)
+	return appendFloatField(dst, fieldVarDecodeKVTokens, varKV)
+}
+
+// appendIntField appends field k with the integer value v.
+func appendIntField(dst []byte, k string, v int64) []byte {
+	return AppendMsgpackInt(appendKey(dst, k), v)
+}
+
+// appendFloatField appends field k with the float value v.
+func appendFloatField(dst []byte, k string, v float64) []byte {
+	return AppendMsgpackFloat(appendKey(dst, k), v)
 }
 
 // appendKey appends a field name (always shorter than 32 bytes) as a fixstr.
@@ -75,37 +72,45 @@ func appendKey(dst []byte, k string) []byte {
 	return append(dst, k...)
 }
 
-func appendMsgpackStr(dst []byte, s string) []byte {
+// The msgpack writers below use msgspec's choice of encodings, so that what fpmbus encodes (the
+// synthetic publisher's FPMs, a replay's transcoded records) is byte for byte what Dynamo sends: the
+// smallest integer form, float64 always, the shortest string header.
+
+// AppendMsgpackStr appends s as a fixstr, str8, str16 or str32 by its length.
+func AppendMsgpackStr(dst []byte, s string) []byte {
 	switch n := len(s); {
 	case n < 32:
 		dst = append(dst, 0xa0|byte(n))
 	case n <= math.MaxUint8:
 		dst = append(dst, 0xd9, byte(n))
 	case n <= math.MaxUint16:
-		dst = append(dst, 0xda)
-		dst = binary.BigEndian.AppendUint16(dst, uint16(n))
+		dst = binary.BigEndian.AppendUint16(append(dst, 0xda), uint16(n))
 	default:
-		dst = append(dst, 0xdb)
-		dst = binary.BigEndian.AppendUint32(dst, uint32(n))
+		dst = binary.BigEndian.AppendUint32(append(dst, 0xdb), uint32(n))
 	}
 	return append(dst, s...)
 }
 
-// appendMsgpackInt appends v in the smallest encoding msgspec uses for a Python int.
-func appendMsgpackInt(dst []byte, v int64) []byte {
+// AppendMsgpackUint appends u as a positive fixint or a uint8/16/32/64, whichever is smallest.
+func AppendMsgpackUint(dst []byte, u uint64) []byte {
+	switch {
+	case u < 128:
+		return append(dst, byte(u))
+	case u <= math.MaxUint8:
+		return append(dst, 0xcc, byte(u))
+	case u <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
+	case u <= math.MaxUint32:
+		return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
+	}
+	return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
+}
+
+// AppendMsgpackInt appends v in the smallest encoding msgspec uses for a Python int: as
+// AppendMsgpackUint when non-negative, else a negative fixint or an int8/16/32/64.
+func AppendMsgpackInt(dst []byte, v int64) []byte {
 	if v >= 0 {
-		switch u := uint64(v); {
-		case u < 128:
-			return append(dst, byte(u))
-		case u <= math.MaxUint8:
-			return append(dst, 0xcc, byte(u))
-		case u <= math.MaxUint16:
-			return binary.BigEndian.AppendUint16(append(dst, 0xcd), uint16(u))
-		case u <= math.MaxUint32:
-			return binary.BigEndian.AppendUint32(append(dst, 0xce), uint32(u))
-		default:
-			return binary.BigEndian.AppendUint64(append(dst, 0xcf), u)
-		}
+		return AppendMsgpackUint(dst, uint64(v))
 	}
 	switch {
 	case v >= -32:
@@ -116,11 +121,11 @@ func appendMsgpackInt(dst []byte, v int64) []byte {
 		return binary.BigEndian.AppendUint16(append(dst, 0xd1), uint16(v))
 	case v >= math.MinInt32:
 		return binary.BigEndian.AppendUint32(append(dst, 0xd2), uint32(v))
-	default:
-		return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
 	}
+	return binary.BigEndian.AppendUint64(append(dst, 0xd3), uint64(v))
 }
 
-func appendMsgpackFloat(dst []byte, f float64) []byte {
+// AppendMsgpackFloat appends f as a float64 (0xcb), even when it is integral.
+func AppendMsgpackFloat(dst []byte, f float64) []byte {
 	return binary.BigEndian.AppendUint64(append(dst, 0xcb), math.Float64bits(f))
 }

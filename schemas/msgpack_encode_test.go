@@ -69,8 +69,8 @@ func TestAppendMsgpackInt(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if got := hex.EncodeToString(appendMsgpackInt(nil, tc.in)); got != tc.want {
-				t.Errorf("appendMsgpackInt(%d) = %s, want %s", tc.in, got, tc.want)
+			if got := hex.EncodeToString(AppendMsgpackInt(nil, tc.in)); got != tc.want {
+				t.Errorf("AppendMsgpackInt(%d) = %s, want %s", tc.in, got, tc.want)
 			}
 		})
 	}
@@ -92,7 +92,7 @@ func TestAppendMsgpackStr(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			s := strings.Repeat("w", tc.n)
-			got := appendMsgpackStr(nil, s)
+			got := AppendMsgpackStr(nil, s)
 			if h := hex.EncodeToString(got[:len(got)-tc.n]); h != tc.header {
 				t.Errorf("header = %s, want %s", h, tc.header)
 			}

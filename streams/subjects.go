@@ -48,14 +48,7 @@ func EncodeToken(s string) string {
 	if s == "" {
 		return "%"
 	}
-	clean := true
-	for i := 0; i < len(s); i++ {
-		if !keepByte(s[i]) {
-			clean = false
-			break
-		}
-	}
-	if clean {
+	if ValidName(s, len(s)) {
 		return s
 	}
 	const hex = "0123456789ABCDEF"

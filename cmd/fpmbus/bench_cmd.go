@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -52,24 +51,6 @@ func runBench(ctx context.Context, args []string) error {
 	return fmt.Errorf("%w: fpmbus bench: unknown action %q\n%s", errUsage, args[0], benchUsage)
 }
 
-// benchParse parses flags that may come before, between or after the FILE arguments.
-func benchParse(fs *flag.FlagSet, args []string) ([]string, error) {
-	var files []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if err == flag.ErrHelp {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		if fs.NArg() == 0 {
-			return files, nil
-		}
-		files = append(files, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-}
-
 // benchStringList is a repeatable string flag.
 type benchStringList []string
 
@@ -84,7 +65,7 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 	fs.Var(&probes, "probe", "worker-probe replies (collective_rpc's list, an envelope, or one reply); repeatable")
 	partial := fs.Bool("partial-ranks", false, "merge a subset of the run's ranks as Dynamo's node-local merge does (missing ranks get unavailable warmup evidence)")
 	parallel := fs.Int("parallel", 0, "rank artefacts read at once (each costs its size in memory); 0: min(CPUs, 4)")
-	files, err := benchParse(fs, args)
+	files, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
 	}
@@ -165,7 +146,7 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 
 func runBenchValidate(args []string, stdout io.Writer) error {
 	fs := newFlagSet("bench validate", "bench validate RANK_FILE...")
-	files, err := benchParse(fs, args)
+	files, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
 	}
@@ -195,7 +176,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	runID := fs.String("run-id", "", "run of the --probe replies (default: the replies' own run_id, else the rank files' run)")
 	inlineMax := fs.Int("inline-max", streams.DefaultBenchInlineMax, "largest body sent inline; larger ones go to the object store "+streams.BenchObjectBucket)
 	profile := fs.String("profile", "", "collection profile (JSON) of the run, published on fpmbench.profile.<run> before the ranks so the sealer can derive cell identities")
-	files, err := benchParse(fs, args)
+	files, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
 	}

@@ -70,15 +70,9 @@ func runBridge(ctx context.Context, args []string) error {
 	bopts := bridgeFlags(fs)
 	edgeFlags := bridge.RegisterEdgeFlags(fs)
 	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9464")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	cfg, err := bopts.config()
+	cfg, err := parseStage(fs, args, scfg, bopts.config)
 	if err != nil {
 		return err
-	}
-	if err := scfg.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	cfg.Streams = *scfg
 	cfg.Logger = slog.Default()
@@ -98,13 +92,11 @@ func runBridge(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *metricsAddr != "" {
-		stop, err := serveMetrics(*metricsAddr, reg, nil)
-		if err != nil {
-			return err
-		}
-		defer stop()
+	stop, err := serveMetrics(*metricsAddr, reg, nil)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	rctx, finish := watchConn(ctx, nc)
 	runErr := make(chan error, 1)
 	go func() { runErr <- b.Run(rctx) }()

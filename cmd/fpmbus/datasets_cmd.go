@@ -55,9 +55,13 @@ func runDatasets(ctx context.Context, args []string) error {
 	case "ls":
 		return runDatasetsLs(ctx, args[1:], out)
 	case "get":
-		return runDatasetsGet(ctx, args[1:], out)
+		return withDatasetKey(ctx, "get", args[1:], func(kv jetstream.KeyValue, key, arg string) error {
+			return datasetsGet(ctx, kv, key, arg, out)
+		})
 	case "history":
-		return runDatasetsHistory(ctx, args[1:], out)
+		return withDatasetKey(ctx, "history", args[1:], func(kv jetstream.KeyValue, key, _ string) error {
+			return datasetsHistory(ctx, kv, key, out)
+		})
 	case "predict":
 		return runDatasetsPredict(ctx, args[1:], out)
 	case "-h", "--help", "help":
@@ -67,26 +71,20 @@ func runDatasets(ctx context.Context, args []string) error {
 	return fmt.Errorf("%w: fpmbus datasets: unknown action %q\n%s", errUsage, args[0], datasetsUsage)
 }
 
+// datasetsFlagSet is the flag set of `datasets <action>` with the connection and stream flags every
+// action takes.
+func datasetsFlagSet(action, synopsis string) (*flag.FlagSet, *connOptions, *streams.Config) {
+	fs := newFlagSet("datasets "+action, synopsis)
+	return fs, connFlags(fs, "datasets"), streamFlags(fs)
+}
+
 // datasetsParse parses flags around exactly want positional arguments.
 func datasetsParse(fs *flag.FlagSet, args []string, want int, what string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if err == flag.ErrHelp {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
+	pos, err := parseInterleaved(fs, args)
+	if err == nil && len(pos) != want {
+		err = fmt.Errorf("%w: want %s", errUsage, what)
 	}
-	if len(pos) != want {
-		return nil, fmt.Errorf("%w: want %s", errUsage, what)
-	}
-	return pos, nil
+	return pos, err
 }
 
 func openKV(ctx context.Context, conn *connOptions, scfg *streams.Config) (jetstream.KeyValue, func(), error) {
@@ -117,9 +115,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
-	fs := newFlagSet("datasets publish", "datasets publish [--plan FILE] [--allow-partial] [--json] FILE")
-	conn := connFlags(fs, "datasets")
-	scfg := streamFlags(fs)
+	fs, conn, scfg := datasetsFlagSet("publish", "datasets publish [--plan FILE] [--allow-partial] [--json] FILE")
 	planPath := fs.String("plan", "", "the frozen plan (JSON) the dataset belongs to; default: a plan of exactly the file's cells")
 	allowPartial := fs.Bool("allow-partial", false, "seal the cells that pass even when others are rejected or missing; exits 3 while the campaign is incomplete")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -188,9 +184,7 @@ func identityText(id *schemas.CellIdentity) string {
 }
 
 func runDatasetsCoverage(ctx context.Context, args []string, w io.Writer) error {
-	fs := newFlagSet("datasets coverage", "datasets coverage --plan FILE [--json]")
-	conn := connFlags(fs, "datasets")
-	scfg := streamFlags(fs)
+	fs, conn, scfg := datasetsFlagSet("coverage", "datasets coverage --plan FILE [--json]")
 	planPath := fs.String("plan", "", "the plan (JSON, schemas.DatasetPlan) to check; required")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if _, err := datasetsParse(fs, args, 0, "no arguments besides flags"); err != nil {
@@ -235,9 +229,7 @@ func runDatasetsCoverage(ctx context.Context, args []string, w io.Writer) error 
 }
 
 func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
-	fs := newFlagSet("datasets ls", "datasets ls [--json]")
-	conn := connFlags(fs, "datasets")
-	scfg := streamFlags(fs)
+	fs, conn, scfg := datasetsFlagSet("ls", "datasets ls [--json]")
 	asJSON := fs.Bool("json", false, "print JSON lines, one per key")
 	if _, err := datasetsParse(fs, args, 0, "no arguments besides flags"); err != nil {
 		return err
@@ -297,29 +289,35 @@ func keyArg(s string) string {
 	return seal.CampaignKey(s)
 }
 
-func runDatasetsGet(ctx context.Context, args []string, w io.Writer) error {
-	fs := newFlagSet("datasets get", "datasets get KEY")
-	conn := connFlags(fs, "datasets")
-	scfg := streamFlags(fs)
+// withDatasetKey parses the flags and the one KEY of `datasets <action> KEY`, opens the bucket and
+// calls do with it, the key KEY names (keyArg) and KEY as given (for messages); it closes the
+// connection after do.
+func withDatasetKey(ctx context.Context, action string, args []string, do func(kv jetstream.KeyValue, key, arg string) error) error {
+	fs, conn, scfg := datasetsFlagSet(action, "datasets "+action+" KEY")
 	pos, err := datasetsParse(fs, args, 1, "one KEY (cell.<sha256> or campaign.<id>)")
 	if err != nil {
 		return err
 	}
 	kv, closeConn, err := openKV(ctx, conn, scfg)
-	if err != nil {
-		return err
+	if err == nil {
+		defer closeConn()
+		err = do(kv, keyArg(pos[0]), pos[0])
 	}
-	defer closeConn()
-	e, err := kv.Get(ctx, keyArg(pos[0]))
+	return err
+}
+
+// datasetsGet prints key's current entry as JSON.
+func datasetsGet(ctx context.Context, kv jetstream.KeyValue, key, arg string, w io.Writer) error {
+	e, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("%s: not sealed (state missing)", pos[0])
+		return fmt.Errorf("%s: not sealed (state missing)", arg)
 	}
 	if err != nil {
 		return err
 	}
 	var v any
 	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return fmt.Errorf("%s: corrupt value: %w", pos[0], err)
+		return fmt.Errorf("%s: corrupt value: %w", arg, err)
 	}
 	state := "sealed"
 	if strings.HasPrefix(e.Key(), schemas.CampaignKeyPrefix) {
@@ -328,20 +326,9 @@ func runDatasetsGet(ctx context.Context, args []string, w io.Writer) error {
 	return printJSON(w, map[string]any{"key": e.Key(), "state": state, "revision": e.Revision(), "created": e.Created(), "value": v})
 }
 
-func runDatasetsHistory(ctx context.Context, args []string, w io.Writer) error {
-	fs := newFlagSet("datasets history", "datasets history KEY")
-	conn := connFlags(fs, "datasets")
-	scfg := streamFlags(fs)
-	pos, err := datasetsParse(fs, args, 1, "one KEY (cell.<sha256> or campaign.<id>)")
-	if err != nil {
-		return err
-	}
-	kv, closeConn, err := openKV(ctx, conn, scfg)
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	hist, err := kv.History(ctx, keyArg(pos[0]))
+// datasetsHistory prints every revision of key, one line each.
+func datasetsHistory(ctx context.Context, kv jetstream.KeyValue, key string, w io.Writer) error {
+	hist, err := kv.History(ctx, key)
 	if err != nil {
 		return err
 	}

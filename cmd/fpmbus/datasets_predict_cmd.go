@@ -134,9 +134,7 @@ func readQueries(path string) ([]predictInput, error) {
 }
 
 func runDatasetsPredict(ctx context.Context, args []string, w io.Writer) error {
-	fs := newFlagSet("datasets predict", "datasets predict (--key KEY | --identity JSON|@FILE) [--phase P] [--prefill-… N] [--decode-… N] | --queries FILE [--require-complete] [--json]")
-	conn := connFlags(fs, "datasets")
-	scfg := streamFlags(fs)
+	fs, conn, scfg := datasetsFlagSet("predict", "datasets predict (--key KEY | --identity JSON|@FILE) [--phase P] [--prefill-… N] [--decode-… N] | --queries FILE [--require-complete] [--json]")
 	qf := registerPredictQueryFlags(fs)
 	queries := fs.String("queries", "", "answer the queries of a JSON-lines file, one query object a line (\"-\": stdin), instead of one query from flags")
 	requireComplete := fs.Bool("require-complete", false, "refuse cells whose campaign is not complete (every frozen cell sealed)")

@@ -46,6 +46,47 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// parseInterleaved parses args where flags and positional arguments may come in any order (the
+// standard flag package stops at the first positional one) and returns the positional ones.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var paths []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if err == flag.ErrHelp {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return paths, nil
+		}
+		if rest[0] == "--" { // everything after is positional
+			return append(paths, rest[1:]...), nil
+		}
+		paths = append(paths, rest[0])
+		args = rest[1:]
+	}
+}
+
+// parseStage parses the flags of a command that runs a stage (they leave no argument), makes the
+// stage's configuration of them with config (whose errors are usage errors already), then checks the
+// stream flags: the start every such command shares.
+func parseStage[C any](fs *flag.FlagSet, args []string, scfg *streams.Config, config func() (C, error)) (C, error) {
+	var cfg C
+	if err := parseFlags(fs, args); err != nil {
+		return cfg, err
+	}
+	cfg, err := config()
+	if err != nil {
+		return cfg, err
+	}
+	if err := scfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return cfg, nil
+}
+
 // flagGiven reports whether the flag name was set on the command line (directly or through a
 // deprecated alias, which sets its flag).
 func flagGiven(fs *flag.FlagSet, name string) bool {

@@ -96,15 +96,9 @@ func runGaps(ctx context.Context, args []string) error {
 	scfg := streamFlags(fs)
 	gopts := gapsFlags(fs, "")
 	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9465")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	cfg, err := gopts.config()
+	cfg, err := parseStage(fs, args, scfg, gopts.config)
 	if err != nil {
 		return err
-	}
-	if err := scfg.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	cfg.StateReplicas, cfg.StateStorage = scfg.Replicas, scfg.Storage
 	reg := newProcessRegistry()
@@ -119,13 +113,11 @@ func runGaps(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	if *metricsAddr != "" {
-		stop, err := serveMetrics(*metricsAddr, reg, nil)
-		if err != nil {
-			return err
-		}
-		defer stop()
+	stop, err := serveMetrics(*metricsAddr, reg, nil)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	// Run flushes the connection after its last acks, so closing afterwards loses none.
 	rctx, finish := watchConn(ctx, nc)
 	return finish(d.Run(rctx))

@@ -118,15 +118,9 @@ func runMerge(ctx context.Context, args []string) error {
 	conn := connFlags(fs, "merge")
 	scfg := streamFlags(fs)
 	o := mergeFlags(fs, "")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	cfg, err := o.config()
+	cfg, err := parseStage(fs, args, scfg, o.config)
 	if err != nil {
 		return err
-	}
-	if err := scfg.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	cfg.Streams = scfg
 	nc, js, err := connectAndApply(ctx, conn, scfg)

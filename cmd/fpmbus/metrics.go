@@ -33,8 +33,12 @@ func newProcessRegistry() *prometheus.Registry {
 // serveMetrics serves g on addr at /metrics, and health at /healthz when it is not nil, until stop is
 // called. It returns once the listener is open, so a bad address is reported at start, as a usage error
 // naming --metrics-addr. The endpoints have no authentication: an address beyond loopback is served,
-// with one warning naming it (a Prometheus on another host needs it, and a firewall decides).
+// with one warning naming it (a Prometheus on another host needs it, and a firewall decides). An empty
+// addr (--metrics-addr unset) serves nothing, and stop does nothing.
 func serveMetrics(addr string, g prometheus.Gatherer, health http.Handler) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, addr, err)

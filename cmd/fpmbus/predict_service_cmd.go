@@ -49,11 +49,9 @@ func runPredictService(ctx context.Context, args []string) error {
 	conn := connFlags(fs, "predict-service")
 	scfg := streamFlags(fs)
 	o := predictFlags(fs, "")
-	if err := parseFlags(fs, args); err != nil {
+	cfg, err := parseStage(fs, args, scfg, func() (service.Config, error) { return o.config(), nil })
+	if err != nil {
 		return err
-	}
-	if err := scfg.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	nc, js, err := connectAndApply(ctx, conn, nil)
 	if err != nil {
@@ -67,7 +65,7 @@ func runPredictService(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	s, err := service.New(nc, kv, o.config())
+	s, err := service.New(nc, kv, cfg)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -108,10 +108,7 @@ func runSeal(ctx context.Context, args []string) error {
 	conn := connFlags(fs, "seal")
 	scfg := streamFlags(fs)
 	o := sealFlags(fs, "")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	cfg, err := o.consumerConfig(*scfg)
+	cfg, err := parseStage(fs, args, scfg, func() (seal.ConsumerConfig, error) { return o.consumerConfig(*scfg) })
 	if err != nil {
 		return err
 	}

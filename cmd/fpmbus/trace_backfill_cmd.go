@@ -17,13 +17,16 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/trace"
 )
 
+// traceBackfillSynopsis is the usage of `fpmbus trace backfill`.
+const traceBackfillSynopsis = "trace backfill [--server URL] (--since T [--until T] | --start-seq N [--end-seq M]) [--trace-mode sampled|full] [--trace-output PATH] …\n\n" +
+	"Times are RFC 3339 (2026-06-30T12:00:00Z) or Unix milliseconds, compared with the stream's\n" +
+	"timestamps; bounds are inclusive, an open end is the stream's last message at the start."
+
 // runTraceBackfill is `fpmbus trace backfill`: replay a range of stream FPM into trace segments with an
 // ordered consumer (no durable consumer is created or touched; nothing is acked), through the trace
 // writer's own code path.
 func runTraceBackfill(ctx context.Context, args []string) error {
-	fs := newFlagSet("trace backfill", "trace backfill [--server URL] (--since T [--until T] | --start-seq N [--end-seq M]) [--trace-mode sampled|full] [--trace-output PATH] …\n\n"+
-		"Times are RFC 3339 (2026-06-30T12:00:00Z) or Unix milliseconds, compared with the stream's\n"+
-		"timestamps; bounds are inclusive, an open end is the stream's last message at the start.")
+	fs := newFlagSet("trace backfill", traceBackfillSynopsis)
 	conn := connFlags(fs, "trace-backfill")
 	topts, cf := traceOutputFlags(fs, "")
 	cf.done()

@@ -145,19 +145,16 @@ func runTrace(ctx context.Context, args []string) error {
 	scfg := streamFlags(fs)
 	topts := traceFlags(fs, "")
 	gopts := traceGroupFlags(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	cfg, err := topts.config()
+	var member string
+	cfg, err := parseStage(fs, args, scfg, func() (trace.Config, error) {
+		cfg, err := topts.config()
+		if err == nil {
+			member, err = gopts.apply(&cfg)
+		}
+		return cfg, err
+	})
 	if err != nil {
 		return err
-	}
-	member, err := gopts.apply(&cfg)
-	if err != nil {
-		return err
-	}
-	if err := scfg.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	// Fail before connecting if the output cannot be written (Dynamo's write preflight).
 	if err := trace.ProbeOutput(cfg.OutputPath); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -179,29 +178,6 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		return errors.Join(err, report.WriteJSON(os.Stdout))
 	}
 	return errors.Join(err, report.WriteText(os.Stdout))
-}
-
-// parseInterleaved parses args where flags and positional arguments may come in any order (the
-// standard flag package stops at the first positional one) and returns the positional ones.
-func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
-	var paths []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if err == flag.ErrHelp {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return paths, nil
-		}
-		if rest[0] == "--" { // everything after is positional
-			return append(paths, rest[1:]...), nil
-		}
-		paths = append(paths, rest[0])
-		args = rest[1:]
-	}
 }
 
 // envSource names variable v when it is set (so errors about its value blame it), else "".

@@ -259,13 +259,11 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *o.metricsAddr != "" {
-		stop, err := serveMetrics(*o.metricsAddr, reg, g)
-		if err != nil {
-			return err
-		}
-		defer stop()
+	stop, err := serveMetrics(*o.metricsAddr, reg, g)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	if o.faultSignal {
 		stop := closeConnOnSIGUSR1(r)
 		defer stop()

@@ -1,14 +1,13 @@
 package durable
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Defaults of Config.
@@ -54,15 +53,9 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.MaxDeliveries == 0 {
-		c.MaxDeliveries = DefaultMaxDeliveries
-	}
-	if c.StopTimeout == 0 {
-		c.StopTimeout = DefaultStopTimeout
-	}
-	if c.Batch == 0 {
-		c.Batch = DefaultBatch
-	}
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
+	c.StopTimeout = cmp.Or(c.StopTimeout, DefaultStopTimeout)
+	c.Batch = cmp.Or(c.Batch, DefaultBatch)
 	return c
 }
 
@@ -72,7 +65,7 @@ func (c Config) Validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
-	if !validName(c.Name) {
+	if !streams.ValidName(c.Name, partition.MaxNameLen) {
 		return bad("name %q: want 1-64 letters, digits, '-' and '_'", c.Name)
 	}
 	if err := c.Group.Validate(); err != nil {
@@ -92,64 +85,4 @@ func (c Config) Validate() error {
 			c.Group.Partitions)
 	}
 	return nil
-}
-
-func validName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-// Option configures a Runner beyond Config.
-type Option func(*Runner) error
-
-// WithLogger sets the logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(r *Runner) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
-		}
-		r.log = l
-		return nil
-	}
-}
-
-// WithRegisterer registers the runner's metrics (default: not registered).
-func WithRegisterer(reg prometheus.Registerer) Option {
-	return func(r *Runner) error {
-		if reg == nil {
-			return fmt.Errorf("%w: nil registerer", ErrInvalidConfig)
-		}
-		r.reg = reg
-		return nil
-	}
-}
-
-// WithMemberID names this instance in its group (default <host>-<pid>-<random>; see partition).
-func WithMemberID(id string) Option {
-	return func(r *Runner) error {
-		if id == "" {
-			return fmt.Errorf("%w: empty member id", ErrInvalidConfig)
-		}
-		r.memberID = id
-		return nil
-	}
-}
-
-// WithClock sets the clock of ticks and in-progress acks (default time.Now).
-func WithClock(now func() time.Time) Option {
-	return func(r *Runner) error {
-		if now == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
-		}
-		r.now = now
-		return nil
-	}
 }

@@ -33,3 +33,26 @@ type PartitionObserver interface {
 	// passed): forget p without writing anything more, another instance may own it already.
 	Lost(p int)
 }
+
+// ForgetOnHandover is the PartitionObserver of a stage that has nothing to write when a partition
+// goes: all it holds of one is messages not done yet, which stay unacked and go to the next owner,
+// who handles them again. It keeps no state per partition (Assigned does nothing), and a graceful
+// (Release) and an abrupt (Lost) handover alike call Forget with the partition. A stage embeds it
+// with Forget set.
+type ForgetOnHandover struct {
+	Forget func(p int)
+}
+
+var _ PartitionObserver = ForgetOnHandover{}
+
+// Assigned does nothing: the stage keeps no state per partition.
+func (ForgetOnHandover) Assigned(context.Context, int) error { return nil }
+
+// Release forgets p: what it held goes, unacked, to the next owner.
+func (f ForgetOnHandover) Release(_ context.Context, p int) error {
+	f.Forget(p)
+	return nil
+}
+
+// Lost forgets p.
+func (f ForgetOnHandover) Lost(p int) { f.Forget(p) }

@@ -81,8 +81,6 @@ func New(cfg Config, js jetstream.JetStream, c Consumer, opts ...Option) (*Runne
 		cfg:      cfg.withDefaults(),
 		js:       js,
 		c:        c,
-		log:      slog.Default(),
-		now:      time.Now,
 		ready:    make(chan struct{}),
 		items:    make(chan item),
 		wakeCh:   make(chan struct{}, 1),
@@ -91,12 +89,11 @@ func New(cfg Config, js jetstream.JetStream, c Consumer, opts ...Option) (*Runne
 		sessions: map[int]*session{},
 	}
 	r.obs, _ = c.(PartitionObserver)
-	for _, o := range opts {
-		if err := o(r); err != nil {
-			return nil, err
-		}
+	set := DefaultSettings()
+	if err := ApplyOptions(&set, ErrInvalidConfig, opts); err != nil {
+		return nil, err
 	}
-	r.log = r.log.With("consumer", cfg.Name)
+	r.log, r.reg, r.memberID, r.now = set.Logger.With("consumer", cfg.Name), set.Registerer, set.MemberID, set.Clock
 	r.m = newMetrics(cfg.Name)
 	return r, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -104,26 +105,13 @@ func DefaultConfig() Config {
 	}
 }
 
-func validName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
 // Validate reports the first setting that cannot work, naming its flag and value.
 func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
 	switch {
-	case !validName(c.Group):
+	case !streams.ValidName(c.Group, math.MaxInt): // its length is the partition group's to check
 		return bad("group %q (--group): want letters, digits, '-' or '_'", c.Group)
 	case c.FilterSubject != streams.FPMWildcard && !strings.HasPrefix(c.FilterSubject, streams.FPMRoot+"."):
 		return bad("filter subject %q (--filter): want a subject under %s", c.FilterSubject, streams.FPMWildcard)
@@ -135,7 +123,7 @@ func (c Config) Validate() error {
 		return bad("stale after %v (--stale-after): want whole milliseconds", c.StaleAfter)
 	case c.MarkerGrace < 0 || c.MarkerGrace%time.Millisecond != 0:
 		return bad("marker grace %v (--marker-grace): want zero or a positive number of whole milliseconds", c.MarkerGrace)
-	case !validName(c.StateBucket):
+	case !streams.ValidName(c.StateBucket, math.MaxInt):
 		return bad("state bucket %q (--state-bucket): want letters, digits, '-' or '_'", c.StateBucket)
 	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
 		return bad("partitions %d (--gaps-partitions): want 1 to %d", c.Partitions, partition.MaxPartitions)
@@ -237,39 +225,16 @@ func (c Config) tick() time.Duration {
 	return min(max(d, 20*time.Millisecond), time.Second)
 }
 
-// Option configures a Detector beyond Config.
-type Option func(*Detector) error
+// Option configures a Detector beyond Config. The options are the ones every durable stage takes
+// (consumers/durable's, which check the values); the registerer is Config.Registerer.
+type Option func(*durable.Settings) error
 
 // WithLogger sets the logger of the detector and its runner (default slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(d *Detector) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
-		}
-		d.logger = l
-		return nil
-	}
-}
+func WithLogger(l *slog.Logger) Option { return Option(durable.WithLogger(l)) }
 
 // WithClock sets the wall clock used only for when to check (stale publishers, commit pacing); event
 // content never comes from it.
-func WithClock(now func() time.Time) Option {
-	return func(d *Detector) error {
-		if now == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
-		}
-		d.now = now
-		return nil
-	}
-}
+func WithClock(now func() time.Time) Option { return Option(durable.WithClock(now)) }
 
 // WithMemberID names the detector in its partition group (default <hostname>-<pid>-<random>).
-func WithMemberID(id string) Option {
-	return func(d *Detector) error {
-		if id == "" {
-			return fmt.Errorf("%w: empty member id", ErrInvalidConfig)
-		}
-		d.id = id
-		return nil
-	}
-}
+func WithMemberID(id string) Option { return Option(durable.WithMemberID(id)) }

@@ -36,13 +36,12 @@ const handBatch = 256
 type Detector struct {
 	cfg     Config
 	js      jetstream.JetStream
-	logger  *slog.Logger
-	now     func() time.Time
+	logger  *slog.Logger     // durable.Settings.Logger
+	now     func() time.Time // durable.Settings.Clock
 	metrics *metrics
 	rules   rules
 	ready   chan struct{}
 	running atomic.Bool
-	id      string // member id (optional)
 	runner  *durable.Runner
 	store   *stateStore
 	markers *markerReader
@@ -100,8 +99,6 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) 
 	d := &Detector{
 		cfg:       cfg,
 		js:        js,
-		logger:    slog.Default(),
-		now:       time.Now,
 		rules:     cfg.rules(),
 		ready:     make(chan struct{}),
 		store:     &stateStore{js: js, cfg: cfg},
@@ -111,19 +108,12 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) 
 		orphans:   map[streams.Key][]*durable.Msg{},
 		subjects:  map[string]*subjectKey{},
 	}
-	for _, o := range opts {
-		if err := o(d); err != nil {
-			return nil, err
-		}
+	set := durable.DefaultSettings()
+	if err := durable.ApplyOptions(&set, ErrInvalidConfig, opts); err != nil {
+		return nil, err
 	}
-	ropts := []durable.Option{durable.WithLogger(d.logger)}
-	if cfg.Registerer != nil {
-		ropts = append(ropts, durable.WithRegisterer(cfg.Registerer))
-	}
-	if d.id != "" {
-		ropts = append(ropts, durable.WithMemberID(d.id))
-	}
-	r, err := durable.New(cfg.runnerConfig(), js, d, ropts...)
+	d.logger, d.now, set.Registerer = set.Logger, set.Clock, cfg.Registerer
+	r, err := durable.New(cfg.runnerConfig(), js, d, durable.Inherit(set))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}

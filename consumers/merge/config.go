@@ -1,6 +1,7 @@
 package merge
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -88,30 +89,14 @@ func (c *Config) fill() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
-	if c.Durable == "" {
-		c.Durable = DefaultDurable
-	}
-	if c.Partitions == 0 {
-		c.Partitions = DefaultPartitions
-	}
-	if c.PinnedTTL == 0 {
-		c.PinnedTTL = DefaultPinnedTTL
-	}
-	if c.RankTimeout == 0 {
-		c.RankTimeout = DefaultRankTimeout
-	}
-	if c.AckWait == 0 {
-		c.AckWait = DefaultAckWait
-	}
-	if c.Output == "" {
-		c.Output = DefaultOutputTemplate
-	}
-	if c.SpoolDir == "" {
-		c.SpoolDir = filepath.Join(os.TempDir(), "fpmbus-merge")
-	}
-	if c.StopTimeout == 0 {
-		c.StopTimeout = durable.DefaultStopTimeout
-	}
+	c.Durable = cmp.Or(c.Durable, DefaultDurable)
+	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
+	c.PinnedTTL = cmp.Or(c.PinnedTTL, DefaultPinnedTTL)
+	c.RankTimeout = cmp.Or(c.RankTimeout, DefaultRankTimeout)
+	c.AckWait = cmp.Or(c.AckWait, DefaultAckWait)
+	c.Output = cmp.Or(c.Output, DefaultOutputTemplate)
+	c.SpoolDir = cmp.Or(c.SpoolDir, filepath.Join(os.TempDir(), "fpmbus-merge"))
+	c.StopTimeout = cmp.Or(c.StopTimeout, durable.DefaultStopTimeout)
 	if c.Streams == nil {
 		sc := streams.DefaultConfig()
 		c.Streams = &sc
@@ -135,84 +120,43 @@ func (c *Config) fill() error {
 // and probe replies fpmbench.probe.<run>, both keyed by the run token, so that a run's ranks and probe
 // replies always share a partition and one owner.
 func (c Config) Group() partition.Config {
-	return partition.Config{
-		Stream:     streams.StreamBench,
-		Group:      c.Durable,
-		Partitions: c.Partitions,
-		Filters: []partition.Filter{
-			{Subject: streams.BenchRankRoot + ".*.*", KeyTokens: []int{1}},
-			{Subject: streams.BenchProbeRoot + ".*", KeyTokens: []int{1}},
-		},
-		AckWait:        c.AckWait,
-		PinnedTTL:      c.PinnedTTL,
-		MaxAckPending:  maxAckPending,
-		Batch:          batch,
-		ReleaseTimeout: c.StopTimeout,
-	}
+	g := partition.BenchConfig(c.Durable, streams.BenchRankRoot+".*.*", streams.BenchProbeRoot+".*")
+	g.Partitions, g.AckWait, g.PinnedTTL, g.ReleaseTimeout = c.Partitions, c.AckWait, c.PinnedTTL, c.StopTimeout
+	g.MaxAckPending, g.Batch = maxAckPending, batch
+	return g
 }
 
-// Option configures a Consumer beyond Config.
+// Option configures a Consumer beyond Config. WithLogger, WithClock, WithMemberID and WithRegisterer
+// are the options every durable stage takes (consumers/durable's, which check the values).
 type Option func(*options) error
 
 type options struct {
-	log      *slog.Logger
-	now      func() time.Time
-	onEvent  func(Event)
-	memberID string
-	reg      prometheus.Registerer
+	durable.Settings
+	onEvent func(Event)
 }
+
+// shared makes one of the options every durable stage takes a merger's option.
+func shared(o durable.Option) Option { return func(s *options) error { return o(&s.Settings) } }
 
 // WithLogger sets the logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
-		}
-		o.log = l
-		return nil
-	}
-}
+func WithLogger(l *slog.Logger) Option { return shared(durable.WithLogger(l)) }
 
 // WithClock sets the clock of rank timeouts and retries (default time.Now).
-func WithClock(now func() time.Time) Option {
-	return func(o *options) error {
-		if now == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
-		}
-		o.now = now
-		return nil
-	}
-}
+func WithClock(now func() time.Time) Option { return shared(durable.WithClock(now)) }
+
+// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
+func WithMemberID(id string) Option { return shared(durable.WithMemberID(id)) }
+
+// WithRegisterer registers the runner's consumer metrics (default: not registered).
+func WithRegisterer(reg prometheus.Registerer) Option { return shared(durable.WithRegisterer(reg)) }
 
 // WithEventHook calls fn, on the consumer's loop, with every event the consumer has published.
 func WithEventHook(fn func(Event)) Option {
 	return func(o *options) error {
 		if fn == nil {
-			return fmt.Errorf("%w: nil event hook", ErrInvalidConfig)
+			return errors.New("nil event hook")
 		}
 		o.onEvent = fn
-		return nil
-	}
-}
-
-// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
-func WithMemberID(id string) Option {
-	return func(o *options) error {
-		if id == "" {
-			return fmt.Errorf("%w: empty member id", ErrInvalidConfig)
-		}
-		o.memberID = id
-		return nil
-	}
-}
-
-// WithRegisterer registers the runner's consumer metrics (default: not registered).
-func WithRegisterer(reg prometheus.Registerer) Option {
-	return func(o *options) error {
-		if reg == nil {
-			return fmt.Errorf("%w: nil registerer", ErrInvalidConfig)
-		}
-		o.reg = reg
 		return nil
 	}
 }

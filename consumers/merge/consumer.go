@@ -83,15 +83,18 @@ type Consumer struct {
 	runner *durable.Runner
 }
 
+var _ durable.PartitionObserver = (*stage)(nil)
+
 // stage is the durable.Consumer. Every method runs on the runner's loop goroutine: no locks.
 type stage struct {
-	js      jetstream.JetStream
-	cfg     Config
-	group   partition.Config
-	store   *streams.BenchStore
-	log     *slog.Logger
-	now     func() time.Time
-	onEvent func(Event)
+	durable.ForgetOnHandover // Forget: forget
+	js                       jetstream.JetStream
+	cfg                      Config
+	group                    partition.Config
+	store                    *streams.BenchStore
+	log                      *slog.Logger
+	now                      func() time.Time
+	onEvent                  func(Event)
 
 	bench, events jetstream.Stream
 	runs          map[string]*pendingRun
@@ -137,27 +140,20 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	o := options{log: slog.Default(), now: time.Now}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o := options{Settings: durable.DefaultSettings()}
+	if err := durable.ApplyOptions(&o, ErrInvalidConfig, opts); err != nil {
+		return nil, err
 	}
 	m := &stage{
-		js: js, cfg: cfg, group: cfg.Group(), log: o.log.With("component", "merge", "group", cfg.Durable),
-		now: o.now, onEvent: o.onEvent,
+		js: js, cfg: cfg, group: cfg.Group(), log: o.Logger.With("component", "merge", "group", cfg.Durable),
+		now: o.Clock, onEvent: o.onEvent,
 		store: streams.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
-	ropts := []durable.Option{durable.WithLogger(o.log.With("component", "merge"))}
-	if o.memberID != "" {
-		ropts = append(ropts, durable.WithMemberID(o.memberID))
-	}
-	if o.reg != nil {
-		ropts = append(ropts, durable.WithRegisterer(o.reg))
-	}
+	m.Forget = m.forget
 	r, err := durable.New(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
-		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, m, ropts...)
+		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, m,
+		durable.Inherit(o.Settings), durable.WithLogger(o.Logger.With("component", "merge")))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
@@ -223,19 +219,10 @@ func (c *stage) Close(context.Context) error {
 	return nil
 }
 
-// Assigned needs no state: a run's state is rebuilt from its redelivered ranks.
-func (c *stage) Assigned(context.Context, int) error { return nil }
-
-// Release forgets the runs of partition p: an unfinished run has nothing durable to write, so its
-// ranks stay unacked and go to the next owner, who folds them again.
-func (c *stage) Release(_ context.Context, p int) error {
-	c.forget(p)
-	return nil
-}
-
-// Lost forgets the runs of partition p.
-func (c *stage) Lost(p int) { c.forget(p) }
-
+// forget forgets the runs of partition p when it goes, gracefully or not (durable.ForgetOnHandover):
+// an unfinished run has nothing durable to write, so its ranks stay unacked and go to the next owner,
+// who folds them again. A run's state needs nothing at a takeover either: it is rebuilt from its
+// redelivered ranks.
 func (c *stage) forget(p int) {
 	n := 0
 	for id, run := range c.runs {

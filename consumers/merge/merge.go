@@ -242,39 +242,37 @@ func scanHeader(data []byte) (*schemas.BenchNode, error) {
 		}
 		return &schemas.BenchNode{Kind: k}, s.Finish()
 	}
-	doc := schemas.NewBenchObject()
-	err = s.Object(func(key string) error {
+	return scanMembers(s, func(key string) (schemas.BenchNode, bool, error) {
 		if key == "results" || key == "iteration_groups" {
 			if k, err := s.Kind(); err == nil && k == schemas.BenchArray {
 				n := 0 // only counted here; phase 3 parses or compares every element
 				err := s.Array(func(int) error { n++; return s.SkipUnchecked() })
-				doc.Keys = append(doc.Keys, key)
-				doc.Kids = append(doc.Kids, schemas.BenchNode{Kind: schemas.BenchArray, Kids: make([]schemas.BenchNode, n)})
-				return err
+				return schemas.BenchNode{Kind: schemas.BenchArray, Kids: make([]schemas.BenchNode, n)}, true, err
 			}
 		}
-		v, err := s.Parse()
-		doc.Keys = append(doc.Keys, key)
-		doc.Kids = append(doc.Kids, v)
-		return err
+		return schemas.BenchNode{}, false, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	return &doc, s.Finish()
 }
 
 // parseReference builds the reference rank's tree, aliasing data, with an empty placeholder for its
 // results (kept in place so the merged artefact's key order is the reference's).
 func parseReference(data []byte) (*schemas.BenchNode, error) {
 	s := schemas.NewBenchScanner(data)
+	return scanMembers(s, func(key string) (schemas.BenchNode, bool, error) {
+		if key == "results" {
+			return schemas.NewBenchArray(), true, s.Skip()
+		}
+		return schemas.BenchNode{}, false, nil
+	})
+}
+
+// scanMembers reads the object at s's position into a tree and finishes s: each member's value is
+// what member made of it when it took it (taken), else s parses it in full.
+func scanMembers(s *schemas.BenchScanner, member func(key string) (v schemas.BenchNode, taken bool, err error)) (*schemas.BenchNode, error) {
 	doc := schemas.NewBenchObject()
 	err := s.Object(func(key string) error {
-		var v schemas.BenchNode
-		var err error
-		if key == "results" {
-			v, err = schemas.NewBenchArray(), s.Skip()
-		} else {
+		v, taken, err := member(key)
+		if !taken {
 			v, err = s.Parse()
 		}
 		doc.Keys = append(doc.Keys, key)
@@ -484,31 +482,28 @@ func checkStatus(doc *schemas.BenchNode, info *rankInfo, rej func(Rule, string) 
 			return rej(RuleStatus, "complete status needs stop_reason null, got "+describe(stop))
 		case comp != exp:
 			return rej(RuleStatus, fmt.Sprintf("complete status needs every expected point completed (%d of %d)", comp, exp))
-		case skip != 0:
-			return rej(RuleStatus, fmt.Sprintf("complete status needs no skipped points (%d)", skip))
-		case mp.Len() > 0:
-			return rej(RuleStatus, fmt.Sprintf("complete status needs no missing phases (%d)", mp.Len()))
-		case !errNode.IsNull():
-			return rej(RuleStatus, "complete status needs error null, got "+describe(errNode))
 		}
-		return nil
+	} else {
+		sr, _ := stop.Text()
+		switch {
+		case !validOK || valid:
+			return rej(RuleStatus, "partial status needs valid false, got "+describe(doc.Get("valid")))
+		case !usableOK || !usable:
+			return rej(RuleStatus, "partial status needs usable true, got "+describe(doc.Get("usable")))
+		case sr != "timeout":
+			return rej(RuleStatus, `partial status needs stop_reason "timeout", got `+describe(stop))
+		case comp >= exp:
+			return rej(RuleStatus, fmt.Sprintf("partial status needs fewer completed than expected points (%d of %d)", comp, exp))
+		}
 	}
-	sr, _ := stop.Text()
+	// Both statuses: what was skipped, missing or failed makes neither.
 	switch {
-	case !validOK || valid:
-		return rej(RuleStatus, "partial status needs valid false, got "+describe(doc.Get("valid")))
-	case !usableOK || !usable:
-		return rej(RuleStatus, "partial status needs usable true, got "+describe(doc.Get("usable")))
-	case sr != "timeout":
-		return rej(RuleStatus, `partial status needs stop_reason "timeout", got `+describe(stop))
-	case comp >= exp:
-		return rej(RuleStatus, fmt.Sprintf("partial status needs fewer completed than expected points (%d of %d)", comp, exp))
 	case skip != 0:
-		return rej(RuleStatus, fmt.Sprintf("partial status needs no skipped points (%d)", skip))
+		return rej(RuleStatus, fmt.Sprintf("%s status needs no skipped points (%d)", status, skip))
 	case mp.Len() > 0:
-		return rej(RuleStatus, fmt.Sprintf("partial status needs no missing phases (%d)", mp.Len()))
+		return rej(RuleStatus, fmt.Sprintf("%s status needs no missing phases (%d)", status, mp.Len()))
 	case !errNode.IsNull():
-		return rej(RuleStatus, "partial status needs error null, got "+describe(errNode))
+		return rej(RuleStatus, status+" status needs error null, got "+describe(errNode))
 	}
 	return nil
 }

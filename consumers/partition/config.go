@@ -28,6 +28,13 @@ const (
 	MaxPartitions = 1024
 	// MaxPinnedTTL keeps member heartbeats well inside the members bucket's age limit.
 	MaxPinnedTTL = 10 * time.Minute
+
+	// MaxNameLen bounds a group name, a member id and a consumer name (streams.ValidName): a partition's
+	// consumer is <group>-<p>, its partition stream FPM_PART_<group>, a member's key
+	// <stream>.<group>.<member id>, and all of them must stay within the server's name limits.
+	MaxNameLen = 64
+	// maxStreamNameLen bounds the name of the stream a group consumes.
+	maxStreamNameLen = 128
 )
 
 // Names shared by every group.
@@ -104,11 +111,27 @@ type Config struct {
 // FPMConfig is a group on stream FPM keyed by the whole producer key (namespace, component,
 // worker_id, dp_rank): tokens 1-4 of fpm.<namespace>.<component>.<worker_id>.<dp_rank>.
 func FPMConfig(group string) Config {
+	return defaultConfig(streams.StreamFPM, group, Filter{Subject: streams.FPMRoot + ".*.*.*.*", KeyTokens: []int{1, 2, 3, 4}})
+}
+
+// BenchConfig is a group on stream FPM_BENCH keyed by the run: the first '*' of each subject is its
+// run token (fpmbench.<kind>.<run>…), so that every artefact of one run shares a partition and one
+// owner (a merger sees all the ranks and probe replies of a run). The other settings are the defaults.
+func BenchConfig(group string, subjects ...string) Config {
+	filters := make([]Filter, len(subjects))
+	for i, s := range subjects {
+		filters[i] = Filter{Subject: s, KeyTokens: []int{1}}
+	}
+	return defaultConfig(streams.StreamBench, group, filters...)
+}
+
+// defaultConfig is a group on stream reading filters, every other setting at its default.
+func defaultConfig(stream, group string, filters ...Filter) Config {
 	return Config{
-		Stream:         streams.StreamFPM,
+		Stream:         stream,
 		Group:          group,
 		Partitions:     DefaultPartitions,
-		Filters:        []Filter{{Subject: streams.FPMRoot + ".*.*.*.*", KeyTokens: []int{1, 2, 3, 4}}},
+		Filters:        filters,
 		AckWait:        DefaultAckWait,
 		PinnedTTL:      DefaultPinnedTTL,
 		MaxAckPending:  DefaultMaxAckPending,
@@ -147,9 +170,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
 	switch {
-	case !validName(c.Stream, true):
+	case !streams.ValidName(c.Stream, maxStreamNameLen):
 		return bad("stream %q: want letters, digits, '-' and '_'", c.Stream)
-	case !validName(c.Group, false):
+	case !streams.ValidName(c.Group, MaxNameLen):
 		return bad("group %q: want 1-64 letters, digits, '-' and '_'", c.Group)
 	case c.Partitions < 1 || c.Partitions > MaxPartitions:
 		return bad("partitions %d: want 1 to %d", c.Partitions, MaxPartitions)
@@ -197,19 +220,6 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
-}
-
-func validName(s string, allowLong bool) bool {
-	if s == "" || (!allowLong && len(s) > 64) || len(s) > 128 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // subjectsCollide reports whether some subject matches both filters.

@@ -17,6 +17,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Handler processes one owned partition. The member calls it in its own goroutine each time it takes
@@ -63,7 +65,7 @@ type Option func(*Member) error
 // first.
 func WithMemberID(id string) Option {
 	return func(m *Member) error {
-		if !validName(id, false) {
+		if !streams.ValidName(id, MaxNameLen) {
 			return fmt.Errorf("%w: member id %q: want 1-64 letters, digits, '-' and '_'", ErrInvalidConfig, id)
 		}
 		m.id, m.stable = id, true

@@ -135,35 +135,42 @@ func (c ConsumerConfig) Group() partition.Config {
 	}
 }
 
-// ConsumerOption configures a Consumer beyond ConsumerConfig.
+// ConsumerOption configures a Consumer beyond ConsumerConfig. WithLogger, WithMemberID,
+// WithRegisterer and WithClock are the options every durable stage takes (consumers/durable's, which
+// check the values).
 type ConsumerOption func(*consumerOptions) error
 
 type consumerOptions struct {
-	log       *slog.Logger
+	durable.Settings
 	sealer    *Sealer
 	onOutcome func(runID string, rep *Report, err error)
-	memberID  string
-	reg       prometheus.Registerer
-	now       func() time.Time
+}
+
+// shared makes one of the options every durable stage takes a sealer consumer's option.
+func shared(o durable.Option) ConsumerOption {
+	return func(s *consumerOptions) error { return o(&s.Settings) }
 }
 
 // WithLogger sets the consumer's logger (default slog.Default()).
-func WithLogger(l *slog.Logger) ConsumerOption {
-	return func(o *consumerOptions) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConsumerConfig)
-		}
-		o.log = l
-		return nil
-	}
+func WithLogger(l *slog.Logger) ConsumerOption { return shared(durable.WithLogger(l)) }
+
+// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
+func WithMemberID(id string) ConsumerOption { return shared(durable.WithMemberID(id)) }
+
+// WithRegisterer registers the runner's consumer metrics (default: not registered).
+func WithRegisterer(reg prometheus.Registerer) ConsumerOption {
+	return shared(durable.WithRegisterer(reg))
 }
+
+// WithClock sets the clock of the profile wait and the retries (default time.Now).
+func WithClock(now func() time.Time) ConsumerOption { return shared(durable.WithClock(now)) }
 
 // WithSealer seals with s (default: a Sealer with source "fpmbus seal" on FPM_DATASETS, created
 // idempotently by Run with the bucket settings of ConsumerConfig.Streams).
 func WithSealer(s *Sealer) ConsumerOption {
 	return func(o *consumerOptions) error {
 		if s == nil {
-			return fmt.Errorf("%w: nil sealer", ErrInvalidConsumerConfig)
+			return errors.New("nil sealer")
 		}
 		o.sealer = s
 		return nil
@@ -175,42 +182,9 @@ func WithSealer(s *Sealer) ConsumerOption {
 func WithOutcomeHook(fn func(runID string, rep *Report, err error)) ConsumerOption {
 	return func(o *consumerOptions) error {
 		if fn == nil {
-			return fmt.Errorf("%w: nil outcome hook", ErrInvalidConsumerConfig)
+			return errors.New("nil outcome hook")
 		}
 		o.onOutcome = fn
-		return nil
-	}
-}
-
-// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
-func WithMemberID(id string) ConsumerOption {
-	return func(o *consumerOptions) error {
-		if id == "" {
-			return fmt.Errorf("%w: empty member id", ErrInvalidConsumerConfig)
-		}
-		o.memberID = id
-		return nil
-	}
-}
-
-// WithRegisterer registers the runner's consumer metrics (default: not registered).
-func WithRegisterer(reg prometheus.Registerer) ConsumerOption {
-	return func(o *consumerOptions) error {
-		if reg == nil {
-			return fmt.Errorf("%w: nil registerer", ErrInvalidConsumerConfig)
-		}
-		o.reg = reg
-		return nil
-	}
-}
-
-// WithClock sets the clock of the profile wait and the retries (default time.Now).
-func WithClock(now func() time.Time) ConsumerOption {
-	return func(o *consumerOptions) error {
-		if now == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidConsumerConfig)
-		}
-		o.now = now
 		return nil
 	}
 }
@@ -266,33 +240,25 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	o := consumerOptions{log: slog.Default(), now: time.Now}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o := consumerOptions{Settings: durable.DefaultSettings()}
+	if err := durable.ApplyOptions(&o, ErrInvalidConsumerConfig, opts); err != nil {
+		return nil, err
 	}
-	who := o.memberID
+	who := o.MemberID
 	if who == "" {
 		host, _ := os.Hostname()
 		who = host + "-" + strconv.Itoa(os.Getpid())
 	}
-	s := &sealStage{js: js, cfg: cfg, log: o.log.With("component", "seal", "group", cfg.Durable), now: o.now,
+	s := &sealStage{js: js, cfg: cfg, log: o.Logger.With("component", "seal", "group", cfg.Durable), now: o.Clock,
 		store: streams.NewBenchStore(js, 0, cfg.Streams), sealer: o.sealer, onOutcome: o.onOutcome, metrics: newMetrics(), who: who}
-	if o.reg != nil {
-		if err := s.metrics.register(o.reg); err != nil {
+	if o.Registerer != nil {
+		if err := s.metrics.register(o.Registerer); err != nil {
 			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConsumerConfig, err)
 		}
 	}
-	ropts := []durable.Option{durable.WithLogger(o.log.With("component", "seal"))}
-	if o.memberID != "" {
-		ropts = append(ropts, durable.WithMemberID(o.memberID))
-	}
-	if o.reg != nil {
-		ropts = append(ropts, durable.WithRegisterer(o.reg))
-	}
 	r, err := durable.New(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
-		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, s, ropts...)
+		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, s,
+		durable.Inherit(o.Settings), durable.WithLogger(o.Logger.With("component", "seal")))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConsumerConfig, err)
 	}

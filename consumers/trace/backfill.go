@@ -35,15 +35,8 @@ type BackfillRange struct {
 }
 
 func (r BackfillRange) validate() error {
-	bySeq := r.StartSeq != 0 || r.EndSeq != 0
-	byTime := !r.Since.IsZero() || !r.Until.IsZero()
-	switch {
-	case bySeq && byTime:
-		return fmt.Errorf("%w: a sequence range and a time range together", ErrBadRange)
-	case r.EndSeq != 0 && r.EndSeq < r.StartSeq:
-		return fmt.Errorf("%w: end sequence %d before start sequence %d", ErrBadRange, r.EndSeq, r.StartSeq)
-	case !r.Until.IsZero() && r.Until.Before(r.Since):
-		return fmt.Errorf("%w: until %s before since %s", ErrBadRange, r.Until.Format(time.RFC3339Nano), r.Since.Format(time.RFC3339Nano))
+	if err := streams.CheckFPMRange(r.StartSeq, r.EndSeq, r.Since, r.Until); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadRange, err)
 	}
 	return nil
 }
@@ -74,20 +67,14 @@ type BackfillResult struct {
 // Backfill returns ctx's error. Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry.
 func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng BackfillRange, progress func(BackfillProgress), opts ...Option) (BackfillResult, error) {
 	var res BackfillResult
-	if err := cfg.Validate(); err != nil {
-		return res, err
-	}
-	if js == nil {
-		return res, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
-	}
-	set, err := newSettings(opts)
+	set, err := prepare(cfg, js, opts)
 	if err != nil {
 		return res, err
 	}
 	if err := rng.validate(); err != nil {
 		return res, err
 	}
-	log := set.logger
+	log := set.Logger
 	if err := ProbeOutput(cfg.OutputPath); err != nil {
 		return res, err
 	}
@@ -98,25 +85,9 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	if err != nil {
 		return res, fmt.Errorf("trace: register metrics: %w", err)
 	}
-	s, err := js.Stream(ctx, streams.StreamFPM)
+	s, startCfg, last, err := streams.OpenFPMRange(ctx, js, cfg.FilterSubject, rng.StartSeq, rng.EndSeq, rng.Since)
 	if err != nil {
-		return res, fmt.Errorf("trace: backfill: stream %s: %w", streams.StreamFPM, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return res, fmt.Errorf("trace: backfill: stream %s: %w", streams.StreamFPM, err)
-	}
-	last := info.State.LastSeq
-	if rng.EndSeq != 0 {
-		last = min(last, rng.EndSeq)
-	}
-	startCfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{cfg.FilterSubject}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	switch {
-	case rng.StartSeq != 0:
-		startCfg.DeliverPolicy, startCfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, rng.StartSeq
-	case !rng.Since.IsZero():
-		t := rng.Since
-		startCfg.DeliverPolicy, startCfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+		return res, fmt.Errorf("trace: backfill: %w", err)
 	}
 	total, err := rangeCount(ctx, s, cfg.FilterSubject, startCfg, rng, last)
 	if err != nil {
@@ -124,7 +95,7 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	}
 	log.Info("trace backfill started", "mode", cfg.Mode, "output", cfg.OutputPath, "filter", cfg.FilterSubject,
 		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total)
-	w := newWriter(cfg, set, log, m, set.now(), nil)
+	w := newWriter(cfg, set, log, m, set.Clock(), nil)
 	if w.sampler != nil {
 		w.sampler.hold = 0 // event time only
 	}
@@ -236,7 +207,7 @@ func backfillRange(ctx context.Context, s jetstream.Stream, start jetstream.Orde
 // rangeCount counts the range's messages on the filter: those from its start minus those after its
 // end, read from the pending counts of two ephemeral consumers (deleted at once).
 func rangeCount(ctx context.Context, s jetstream.Stream, filter string, start jetstream.OrderedConsumerConfig, rng BackfillRange, last uint64) (uint64, error) {
-	pending := func(cfg jetstream.ConsumerConfig) (uint64, error) { return filteredPending(ctx, s, filter, cfg) }
+	pending := func(cfg jetstream.ConsumerConfig) (uint64, error) { return streams.CountPending(ctx, s, filter, cfg) }
 	from, err := pending(jetstream.ConsumerConfig{DeliverPolicy: start.DeliverPolicy, OptStartSeq: start.OptStartSeq, OptStartTime: start.OptStartTime})
 	if err != nil || from == 0 {
 		return 0, err

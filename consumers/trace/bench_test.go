@@ -319,7 +319,7 @@ func benchWriter(b *testing.B, cfg Config, opts ...Option) *writer {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return newWriter(cfg, set, set.logger, m, time.Now(), nil)
+	return newWriter(cfg, set, set.Logger, m, time.Now(), nil)
 }
 
 // BenchmarkWriterPerRecord measures the writer's own CPU per record, without NATS: parse and check the

@@ -63,16 +63,11 @@ var (
 // New checks cfg and returns a Consumer on js. Nothing is created on the server or on disk until Run.
 // Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry, WithMemberID.
 func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if js == nil {
-		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
-	}
-	set, err := newSettings(opts)
+	set, err := prepare(cfg, js, opts)
 	if err != nil {
 		return nil, err
 	}
+	set.Registerer = cfg.Registerer // the runner's metrics go where the writer's go
 	pc, err := cfg.PartitionConfig()
 	if err != nil {
 		return nil, err
@@ -85,7 +80,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		cfg:     cfg,
 		js:      js,
 		set:     set,
-		log:     set.logger,
+		log:     set.Logger,
 		metrics: m,
 		group:   pc,
 		flushed: make(chan struct{}, 1),
@@ -93,14 +88,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		keys:    subjectKeys{},
 		writers: map[int]*writer{},
 	}
-	ropts := []durable.Option{durable.WithLogger(set.logger)}
-	if cfg.Registerer != nil {
-		ropts = append(ropts, durable.WithRegisterer(cfg.Registerer))
-	}
-	if set.memberID != "" {
-		ropts = append(ropts, durable.WithMemberID(set.memberID))
-	}
-	if c.runner, err = durable.New(cfg.runnerConfig(pc), js, c, ropts...); err != nil {
+	if c.runner, err = durable.New(cfg.runnerConfig(pc), js, c, durable.Inherit(set.Settings)); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
 	return c, nil
@@ -136,7 +124,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := replaceIncompatibleConsumers(ctx, c.js, c.group, c.log); err != nil {
 		return err
 	}
-	c.start = c.set.now()
+	c.start = c.set.Clock()
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() { // hands completed flushes to the runner's loop; owned by Run
 		defer close(stopped)
@@ -238,7 +226,7 @@ func (c *Consumer) Tick(context.Context, time.Time) error {
 	}
 	for p, w := range c.writers {
 		if w.sampler != nil {
-			if err := w.sampler.emitDue(w, c.set.now()); err != nil {
+			if err := w.sampler.emitDue(w, c.set.Clock()); err != nil {
 				return fmt.Errorf("trace: partition %d: %w", p, err)
 			}
 		}

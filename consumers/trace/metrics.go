@@ -21,57 +21,54 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
 	m := &metrics{
-		written: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fpmbus_trace_written_total",
-			Help: "Trace lines written and fsynced (their messages then acknowledged), by capture mode.",
-		}, []string{"mode"}),
-		invalid: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fpmbus_trace_invalid_total",
-			Help: "FPM messages not written because their subject or body is invalid (dead-lettered on fpmevents.rejected.trace, not redelivered).",
-		}),
-		rolled: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fpmbus_trace_segments_rolled_total",
-			Help: "Trace segments finished because the next line would exceed the roll size.",
-		}),
-		flush: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "fpmbus_trace_flush_seconds",
+		written: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fpmbus_trace_written_total",
+			Help: "Trace lines written and fsynced (their messages then acknowledged), by capture mode."}, []string{"mode"}),
+		invalid: counter("fpmbus_trace_invalid_total",
+			"FPM messages not written because their subject or body is invalid (dead-lettered on fpmevents.rejected.trace, not redelivered)."),
+		rolled: counter("fpmbus_trace_segments_rolled_total",
+			"Trace segments finished because the next line would exceed the roll size."),
+		flush: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fpmbus_trace_flush_seconds",
 			Help:    "Time to compress, write and fsync one flush of every dirty segment, before acking.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-		}),
-		retries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fpmbus_trace_write_retries_total",
-			Help: "Failed segment writes (disk full, I/O error) retried after a backoff; nothing is acknowledged meanwhile.",
-		}),
-		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fpmbus_trace_redelivered_skipped_total",
-			Help: "Redelivered FPM messages not written again because their line is already on disk (reason written: found by the takeover recovery).",
-		}, []string{"reason"}),
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		retries: counter("fpmbus_trace_write_retries_total",
+			"Failed segment writes (disk full, I/O error) retried after a backoff; nothing is acknowledged meanwhile."),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fpmbus_trace_redelivered_skipped_total",
+			Help: "Redelivered FPM messages not written again because their line is already on disk (reason written: found by the takeover recovery)."},
+			[]string{"reason"}),
 	}
 	if reg != nil {
-		var err error
-		if m.written, err = register(reg, m.written); err != nil {
-			return nil, err
-		}
-		if m.invalid, err = register(reg, m.invalid); err != nil {
-			return nil, err
-		}
-		if m.rolled, err = register(reg, m.rolled); err != nil {
-			return nil, err
-		}
-		if m.flush, err = register(reg, m.flush); err != nil {
-			return nil, err
-		}
-		if m.retries, err = register(reg, m.retries); err != nil {
-			return nil, err
-		}
-		if m.skipped, err = register(reg, m.skipped); err != nil {
-			return nil, err
+		r := &registrar{reg: reg}
+		use(r, &m.written)
+		use(r, &m.invalid)
+		use(r, &m.rolled)
+		use(r, &m.flush)
+		use(r, &m.retries)
+		use(r, &m.skipped)
+		if r.err != nil {
+			return nil, r.err
 		}
 	}
 	m.writtenMode = m.written.WithLabelValues(mode)
 	m.skippedWritten = m.skipped.WithLabelValues("written")
 	return m, nil
+}
+
+// registrar registers collectors until the first error, which it keeps.
+type registrar struct {
+	reg prometheus.Registerer
+	err error
+}
+
+// use registers *c with register, replacing it by the equal collector registered before where there is
+// one; after an error it does nothing.
+func use[C prometheus.Collector](r *registrar, c *C) {
+	if r.err == nil {
+		*c, r.err = register(r.reg, *c)
+	}
 }
 
 // register registers c, or returns the equal collector registered before (two writers in one process

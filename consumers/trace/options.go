@@ -6,6 +6,11 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Write retry defaults (see WithWriteRetry).
@@ -15,67 +20,61 @@ const (
 )
 
 // Option configures a Consumer (New) or a Backfill beyond Config. Every option checks its value.
+// WithLogger, WithClock and WithMemberID are the options every durable stage takes (consumers/durable's).
 type Option func(*settings) error
 
-// settings are what the options set; defaultSettings holds every default.
+// settings are what the options set; defaultSettings holds every default. The registerer is
+// Config.Registerer.
 type settings struct {
-	logger   *slog.Logger
-	now      func() time.Time
-	level    int
-	retry    func() backoff.BackOff
-	open     func(path string) (file, error) // tests inject faults
-	memberID string
+	durable.Settings
+	level int
+	retry func() backoff.BackOff
+	open  func(path string) (file, error) // tests inject faults
 }
 
 func defaultSettings() settings {
 	return settings{
-		logger: slog.Default(),
-		now:    time.Now,
-		level:  DefaultCompressionLevel,
-		retry:  retryPolicy(DefaultRetryInitial, DefaultRetryMax),
-		open:   createFile,
+		Settings: durable.DefaultSettings(),
+		level:    DefaultCompressionLevel,
+		retry:    retryPolicy(DefaultRetryInitial, DefaultRetryMax),
+		open:     createFile,
 	}
 }
 
 func newSettings(opts []Option) (settings, error) {
 	s := defaultSettings()
-	for _, o := range opts {
-		if err := o(&s); err != nil {
-			return s, err
-		}
-	}
-	return s, nil
+	err := durable.ApplyOptions(&s, ErrInvalidConfig, opts)
+	return s, err
 }
 
-// WithLogger sets the logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(s *settings) error {
-		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
-		}
-		s.logger = l
-		return nil
+// prepare checks what New and Backfill both take, in this order: cfg, js and the options, and returns
+// the settings.
+func prepare(cfg Config, js jetstream.JetStream, opts []Option) (settings, error) {
+	if err := cfg.Validate(); err != nil {
+		return settings{}, err
 	}
+	if js == nil {
+		return settings{}, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
+	}
+	return newSettings(opts)
 }
+
+// shared makes one of the options every durable stage takes a trace writer's option.
+func shared(o durable.Option) Option { return func(s *settings) error { return o(&s.Settings) } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return shared(durable.WithLogger(l)) }
 
 // WithClock sets the clock of the lines' writer-relative "timestamp" and of the sampled mode's
 // wall-clock fallback (tests pin it).
-func WithClock(now func() time.Time) Option {
-	return func(s *settings) error {
-		if now == nil {
-			return fmt.Errorf("%w: nil clock", ErrInvalidConfig)
-		}
-		s.now = now
-		return nil
-	}
-}
+func WithClock(now func() time.Time) Option { return shared(durable.WithClock(now)) }
 
 // WithCompressionLevel sets the gzip level of new members (1 fastest … 9 smallest; default
 // DefaultCompressionLevel).
 func WithCompressionLevel(level int) Option {
 	return func(s *settings) error {
 		if level < 1 || level > 9 {
-			return fmt.Errorf("%w: gzip level %d: want 1 to 9", ErrInvalidConfig, level)
+			return fmt.Errorf("gzip level %d: want 1 to 9", level)
 		}
 		s.level = level
 		return nil
@@ -88,7 +87,7 @@ func WithCompressionLevel(level int) Option {
 func WithWriteRetry(initial, maxWait time.Duration) Option {
 	return func(s *settings) error {
 		if initial <= 0 || maxWait < initial {
-			return fmt.Errorf("%w: write retry %v..%v: want 0 < initial <= max", ErrInvalidConfig, initial, maxWait)
+			return fmt.Errorf("write retry %v..%v: want 0 < initial <= max", initial, maxWait)
 		}
 		s.retry = retryPolicy(initial, maxWait)
 		return nil
@@ -101,25 +100,12 @@ func WithWriteRetry(initial, maxWait time.Duration) Option {
 // own id (`fpmbus up` derives one from the host and its data directory). Letters, digits, '-' and '_',
 // at most 64. A Backfill has no group and ignores it.
 func WithMemberID(id string) Option {
-	return func(s *settings) error {
-		if !validMemberID(id) {
-			return fmt.Errorf("%w: member id %q (--member-id): want 1-64 letters, digits, '-' and '_'", ErrInvalidConfig, id)
-		}
-		s.memberID = id
-		return nil
-	}
-}
-
-func validMemberID(id string) bool {
-	if id == "" || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		if !producerByte(id[i]) {
-			return false
+	if !streams.ValidName(id, partition.MaxNameLen) {
+		return func(*settings) error {
+			return fmt.Errorf("member id %q (--member-id): want 1-64 letters, digits, '-' and '_'", id)
 		}
 	}
-	return true
+	return shared(durable.WithMemberID(id))
 }
 
 func retryPolicy(initial, maxWait time.Duration) func() backoff.BackOff {

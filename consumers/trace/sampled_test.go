@@ -49,7 +49,7 @@ func newHarness(t *testing.T, cfg Config) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.w = newWriter(cfg, set, set.logger, m, h.now, nil)
+	h.w = newWriter(cfg, set, set.Logger, m, h.now, nil)
 	t.Cleanup(h.w.abort) // stops the flusher if the test did not finish the writer
 	return h
 }

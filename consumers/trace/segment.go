@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Segment naming is Dynamo's (lib/llm/src/fpm_trace/sink.rs producer_output_path and
@@ -37,14 +39,7 @@ func SanitizeProducerID(id string) string {
 	if id == "" {
 		return "unknown"
 	}
-	clean := true
-	for i := 0; i < len(id); i++ {
-		if !producerByte(id[i]) {
-			clean = false
-			break
-		}
-	}
-	if clean {
+	if streams.ValidName(id, len(id)) {
 		return id
 	}
 	var b strings.Builder
@@ -125,15 +120,8 @@ type Segment struct {
 // ListSegments returns the segments of prefix, oldest (lowest index) first. A missing directory
 // means no segments.
 func ListSegments(prefix string) ([]Segment, error) {
-	dir, base := filepath.Split(prefix)
-	if dir == "" {
-		dir = "."
-	}
-	entries, err := os.ReadDir(dir)
+	dir, base, entries, err := listDir(prefix)
 	if err != nil {
-		if os.IsNotExist(err) {
-			return nil, nil
-		}
 		return nil, fmt.Errorf("list segments of %s: %w", prefix, err)
 	}
 	var out []Segment
@@ -146,6 +134,20 @@ func ListSegments(prefix string) ([]Segment, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
 	return out, nil
+}
+
+// listDir lists the directory of path (the working directory when path has none) and returns it,
+// path's last element and the entries; a missing directory has none.
+func listDir(path string) (dir, base string, entries []os.DirEntry, err error) {
+	dir, base = filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	entries, err = os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return dir, base, nil, nil
+	}
+	return dir, base, entries, err
 }
 
 // segmentIndex returns i when name is exactly the file name of segment i of base (a prefix's last
@@ -197,15 +199,8 @@ func NextSegmentIndex(prefix string) (uint64, error) {
 // counts only if its producer part is a sanitized id (letters, digits, '-', '_'), so another writer's
 // files that share the directory are not claimed.
 func Producers(outputPath string) ([]string, error) {
-	dir, base := filepath.Split(OutputBase(outputPath))
-	if dir == "" {
-		dir = "."
-	}
-	entries, err := os.ReadDir(dir)
+	_, base, entries, err := listDir(OutputBase(outputPath))
 	if err != nil {
-		if os.IsNotExist(err) {
-			return nil, nil
-		}
 		return nil, fmt.Errorf("list producers under %s: %w", outputPath, err)
 	}
 	seen := map[string]bool{}

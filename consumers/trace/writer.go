@@ -108,7 +108,7 @@ func (w *writer) handle(r *record) error {
 
 // write appends r's line to p's segments.
 func (w *writer) write(p *producer, r *record) error {
-	ts := max(w.set.now().Sub(w.start).Milliseconds(), 0)
+	ts := max(w.set.Clock().Sub(w.start).Milliseconds(), 0)
 	w.lineBuf = appendLine(w.lineBuf[:0], r, ts, w.cfg.Mode)
 	if err := p.sw.Append(w.lineBuf); err != nil {
 		return err

@@ -110,7 +110,7 @@ func (s *sampler) add(w *writer, r *record) error {
 	case e.emitted && iv <= e.lastInterval: // late: its interval is written already
 		return w.doneAfterFlush(e.p, r)
 	}
-	e.has, e.rec, e.interval, e.heldSince = true, *r, iv, w.set.now()
+	e.has, e.rec, e.interval, e.heldSince = true, *r, iv, w.set.Clock()
 	return nil
 }
 

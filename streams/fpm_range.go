@@ -1,0 +1,72 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// CheckFPMRange checks a range of stream FPM as OpenFPMRange and a reader's end (until) take it: by
+// sequence or by time, not both, and no end before its start. Zero bounds are open.
+func CheckFPMRange(startSeq, endSeq uint64, since, until time.Time) error {
+	switch {
+	case (startSeq != 0 || endSeq != 0) && (!since.IsZero() || !until.IsZero()):
+		return errors.New("select by sequence or by time, not both")
+	case endSeq != 0 && endSeq < startSeq:
+		return fmt.Errorf("end sequence %d is before start sequence %d", endSeq, startSeq)
+	case !until.IsZero() && until.Before(since):
+		return fmt.Errorf("until %s is before since %s", until.Format(time.RFC3339Nano), since.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// OpenFPMRange prepares an ordered read of a range of stream FPM on filter, chosen by stream sequence
+// (startSeq, endSeq; 0 is open) or by stored time (since; zero is open), as `fpmbus trace backfill`
+// and `fpmbus trace replay --from-stream` choose it. It returns the stream, the ordered consumer that
+// starts at the range's start (startSeq, else the first message stored at or after since, else the
+// stream's first) and the range's last sequence stored now: the stream's last, or endSeq when lower.
+// The read stops there, so messages stored while it runs are not part of the range. Errors name the
+// stream.
+func OpenFPMRange(ctx context.Context, js jetstream.JetStream, filter string, startSeq, endSeq uint64, since time.Time) (jetstream.Stream, jetstream.OrderedConsumerConfig, uint64, error) {
+	start := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	s, err := js.Stream(ctx, StreamFPM)
+	if err != nil {
+		return nil, start, 0, fmt.Errorf("stream %s: %w", StreamFPM, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, start, 0, fmt.Errorf("stream %s: %w", StreamFPM, err)
+	}
+	last := info.State.LastSeq
+	if endSeq != 0 {
+		last = min(last, endSeq)
+	}
+	switch {
+	case startSeq != 0:
+		start.DeliverPolicy, start.OptStartSeq = jetstream.DeliverByStartSequencePolicy, startSeq
+	case !since.IsZero():
+		start.DeliverPolicy, start.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	}
+	return s, start, last, nil
+}
+
+// CountPending counts the messages of s on filter from where cfg's deliver policy (DeliverPolicy,
+// OptStartSeq, OptStartTime) starts, with an ephemeral consumer in memory that acknowledges nothing
+// and is deleted at once (or, should the delete fail, by the server after a minute unused).
+func CountPending(ctx context.Context, s jetstream.Stream, filter string, cfg jetstream.ConsumerConfig) (uint64, error) {
+	c, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		DeliverPolicy: cfg.DeliverPolicy, OptStartSeq: cfg.OptStartSeq, OptStartTime: cfg.OptStartTime,
+		FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: time.Minute, MemoryStorage: true,
+	})
+	if err != nil {
+		return 0, err
+	}
+	ci := c.CachedInfo()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = s.DeleteConsumer(dctx, ci.Name)
+	cancel()
+	return ci.NumPending, nil
+}
