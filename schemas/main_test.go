@@ -88,7 +88,7 @@ func mpWithout(entries []mpKV, key string) []mpKV {
 	return out
 }
 
-// The seed's example FPM (worker 4192, counter 42), with the fields the seed leaves out filled in.
+// The example FPM of Dynamo's trace reference (worker 4192, counter 42), with the fields it leaves out filled in.
 func goldenScheduled() []mpKV {
 	return []mpKV{
 		{"num_prefill_requests", []byte{0x02}},

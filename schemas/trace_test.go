@@ -18,7 +18,7 @@ func mustDecodeFPM(t testing.TB, payload []byte) *FPM {
 	return f
 }
 
-// seedLine is the record of the seed's "Record Schema" example.
+// seedLine is the record of the "Record Schema" example in Dynamo's trace reference.
 func seedLine(t testing.TB) TraceLine {
 	return TraceLine{
 		Timestamp: 1250,

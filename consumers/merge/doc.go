@@ -8,7 +8,7 @@
 //
 //   - Merge (merge.go, evidence.go, probe.go): the pure merge. Rank artefacts in, a *Result or a
 //     *RejectError naming the run, rank, point and Rule broken out; nothing is written.
-//   - WriteResult (write.go): the files, in the seed's order: remove a sidecar left by an earlier run,
+//   - WriteResult (write.go): the files, in the order the measurement protocol gives: remove a sidecar left by an earlier run,
 //     write the merged artefact atomically (temp file, fsync, rename, directory fsync), then the sidecar.
 //   - streams.BenchStore: bodies on FPM_BENCH, inline up to 1 MiB, otherwise in the object store
 //     FPM_BENCH_OBJECTS behind a small manifest message. The subjects, headers, message ids and the
