@@ -72,11 +72,14 @@ func decodeState(raw *jetstream.RawStreamMsg) (State, error) {
 	return st, nil
 }
 
-// lastState is the last entry of k in the bucket (jetstream.ErrMsgNotFound: never checkpointed).
+// lastState is the last entry of k in the bucket (jetstream.ErrMsgNotFound: never checkpointed), read
+// from the bucket's leader: a reload follows a write refused for a stale revision, and a replica still
+// catching up would answer with the older state again, whose pending gaps would then be reported over
+// FPMs that are stored.
 func (s *stateStore) lastState(k streams.Key) (*jetstream.RawStreamMsg, error) {
 	ctx, cancel := s.ioCtx()
 	defer cancel()
-	return s.kv.GetLastMsgForSubject(ctx, s.kvSubject(k))
+	return streams.LastMsgFromLeader(ctx, s.js, "KV_"+s.cfg.StateBucket, s.kvSubject(k))
 }
 
 // scanStates calls fn with the last entry of every publisher of the group in the bucket.
