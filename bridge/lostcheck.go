@@ -60,11 +60,18 @@ type storedRecord struct {
 
 // openAckBucket opens (creating when missing) the ack records bucket.
 func (b *Bridge) openAckBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	return b.openBucket(ctx, b.cfg.Streams.BridgeAcksBucket())
+}
+
+// openBucket opens (creating when missing) one of the bridge's own KV buckets within startCheckTimeout.
+// A user whose permissions do not cover the bucket gets no answer at all from the server, so a refusal
+// ends the wait at once and is the error returned (wrapping streams.ErrRefused).
+func (b *Bridge) openBucket(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	ctx, cancel := context.WithTimeout(ctx, startCheckTimeout)
 	defer cancel()
-	ctx, stop := streams.RefusalContext(ctx, b.js.Conn()) // a user without the bucket: say so at once
+	ctx, stop := streams.RefusalContext(ctx, b.js.Conn())
 	defer stop()
-	kv, err := streams.EnsureKeyValue(ctx, b.js, b.cfg.Streams.BridgeAcksBucket())
+	kv, err := streams.EnsureKeyValue(ctx, b.js, cfg)
 	if cause := context.Cause(ctx); err != nil && errors.Is(cause, streams.ErrRefused) {
 		err = cause
 	}

@@ -62,14 +62,7 @@ const (
 // openRunBucket opens (creating when missing) the agreed runs bucket. Without it the bridge tags runs
 // with its local epochs (see above) and says so.
 func (b *Bridge) openRunBucket(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, startCheckTimeout)
-	defer cancel()
-	ctx, stop := streams.RefusalContext(ctx, b.js.Conn()) // a user without the bucket: say so at once
-	defer stop()
-	kv, err := streams.EnsureKeyValue(ctx, b.js, b.cfg.Streams.BridgeRunsBucket())
-	if cause := context.Cause(ctx); err != nil && errors.Is(cause, streams.ErrRefused) {
-		err = cause
-	}
+	kv, err := b.openBucket(ctx, b.cfg.Streams.BridgeRunsBucket())
 	if err != nil {
 		if !errors.Is(err, context.Canceled) || errors.Is(err, streams.ErrRefused) {
 			b.log.Error("agreed runs unavailable: redundant bridges may store heartbeats twice and disagree on epochs",

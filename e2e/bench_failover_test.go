@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -36,26 +35,7 @@ const (
 // acquires, hands on or loses, which is how the test picks an instance that owns partitions to kill.
 func startDebug(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(fpmbusBin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = p, p
-	p.cmd.Env = append(testEnv(t), "FPMBUS_LOG_LEVEL=debug")
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("--- output of %s:\n%s", p.name, p.Output())
-		}
-	})
-	return p
+	return startEnv(t, name, []string{"FPMBUS_LOG_LEVEL=debug"}, fpmbusBin, args...)
 }
 
 var partitionEvent = regexp.MustCompile(`msg="partition (acquired|handed on|lost)".* partition=(\d+)`)

@@ -132,10 +132,16 @@ func (p *proc) Output() string {
 // start runs bin with args; the process is killed at test cleanup if still running.
 func start(t testing.TB, name, bin string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, name, nil, bin, args...)
+}
+
+// startEnv is start with extra environment variables (NAME=value) on top of testEnv.
+func startEnv(t testing.TB, name string, env []string, bin string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p, p
-	p.cmd.Env = testEnv(t)
+	p.cmd.Env = append(testEnv(t), env...)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}

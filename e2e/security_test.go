@@ -60,26 +60,7 @@ func runFpmbus(t *testing.T, env []string, args ...string) runResult {
 // startFpmbus starts fpmbus with extra environment variables; it is killed at cleanup if still running.
 func startFpmbus(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(fpmbusBin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = p, p
-	p.cmd.Env = append(testEnv(t), env...)
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("--- output of %s:\n%s", p.name, p.Output())
-		}
-	})
-	return p
+	return startEnv(t, name, env, fpmbusBin, args...)
 }
 
 // writeTemp writes body to name in a fresh temporary directory.
