@@ -41,7 +41,7 @@ func predictFlags(fs *flag.FlagSet, prefix string) *predictOptions {
 }
 
 func (o *predictOptions) config() service.Config {
-	return service.Config{QueueGroup: o.queueGroup, RequireComplete: o.requireComplete, Logger: slog.Default()}
+	return service.Config{QueueGroup: o.queueGroup, RequireComplete: o.requireComplete}
 }
 
 func runPredictService(ctx context.Context, args []string) error {
@@ -65,7 +65,7 @@ func runPredictService(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	s, err := service.New(nc, kv, cfg)
+	s, err := service.New(cfg, nc, kv)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -90,7 +90,7 @@ func (r *upRun) predictComponent() *rungroup.Component {
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
-			s, err := service.New(nc, kv, r.predict)
+			s, err := service.New(r.predict, nc, kv)
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 			}

@@ -40,8 +40,21 @@ type Config struct {
 	QueueGroup string
 	// RequireComplete refuses cells whose campaign is not complete (predict.Options).
 	RequireComplete bool
-	// Logger logs loads, corrupt cells and the service's start and stop (default: discard).
-	Logger *slog.Logger
+}
+
+// Option configures a Service beyond its Config; an invalid option makes New fail.
+type Option func(*Service) error
+
+// WithLogger logs loads, corrupt cells and the service's start and stop (default slog.Default(), as
+// every fpmbus component).
+func WithLogger(l *slog.Logger) Option {
+	return func(s *Service) error {
+		if l == nil {
+			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+		}
+		s.log = l
+		return nil
+	}
 }
 
 // Service answers predict queries on NATS from a watched FPM_DATASETS. Run serves until its context
@@ -50,14 +63,15 @@ type Service struct {
 	nc      *nats.Conn
 	kv      jetstream.KeyValue
 	cfg     Config
+	log     *slog.Logger
 	catalog *Catalog
 	ready   chan struct{}
 	svc     atomic.Pointer[micro.Service]
 	counts  *counters
 }
 
-// New returns a service answering from kv (the FPM_DATASETS bucket) on nc.
-func New(nc *nats.Conn, kv jetstream.KeyValue, cfg Config) (*Service, error) {
+// New returns a service answering from kv (the FPM_DATASETS bucket) on nc. It does not close nc.
+func New(cfg Config, nc *nats.Conn, kv jetstream.KeyValue, opts ...Option) (*Service, error) {
 	if nc == nil || kv == nil {
 		return nil, fmt.Errorf("%w: a connection and the bucket are required", ErrInvalidConfig)
 	}
@@ -69,10 +83,14 @@ func New(nc *nats.Conn, kv jetstream.KeyValue, cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("%w: queue group %q: no spaces or wildcards", ErrInvalidConfig, cfg.QueueGroup)
 		}
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	s := &Service{nc: nc, kv: kv, cfg: cfg, log: slog.Default(), ready: make(chan struct{}), counts: newCounters()}
+	for _, o := range opts {
+		if err := o(s); err != nil {
+			return nil, err
+		}
 	}
-	return &Service{nc: nc, kv: kv, cfg: cfg, catalog: NewCatalog(cfg.Logger), ready: make(chan struct{}), counts: newCounters()}, nil
+	s.catalog = NewCatalog(s.log)
+	return s, nil
 }
 
 // Ready is closed once the bucket is loaded and the endpoints are subscribed.
@@ -106,7 +124,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return <-watchErr
 	}
 	snap := s.catalog.Snapshot()
-	s.cfg.Logger.Info("FPM_DATASETS loaded", "cells", len(snap.Cells()), "revision", snap.Revision())
+	s.log.Info("FPM_DATASETS loaded", "cells", len(snap.Cells()), "revision", snap.Revision())
 	svc, err := s.register()
 	if err != nil {
 		cancel()
@@ -147,7 +165,7 @@ func (s *Service) register() (micro.Service, error) {
 		QueueGroup:   s.cfg.QueueGroup,
 		StatsHandler: s.endpointStats,
 		ErrorHandler: func(_ micro.Service, e *micro.NATSError) {
-			s.cfg.Logger.Warn("predict service subscription error", "subject", e.Subject, "error", e.Description)
+			s.log.Warn("predict service subscription error", "subject", e.Subject, "error", e.Description)
 		},
 	})
 	if err != nil {
@@ -226,7 +244,7 @@ func (s *Service) respond(req micro.Request, v any) {
 		return
 	}
 	if err := req.Respond(body); err != nil {
-		s.cfg.Logger.Warn("predict service could not respond", "error", err)
+		s.log.Warn("predict service could not respond", "error", err)
 	}
 }
 

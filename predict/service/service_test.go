@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -93,7 +94,7 @@ func serve(t testing.TB, env *streamstest.Env, kv jetstream.KeyValue, cfg Config
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(nc, kv, cfg)
+	s, err := New(cfg, nc, kv, WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,10 +413,13 @@ func TestServiceInvalidRequestIsAServiceError(t *testing.T) {
 func TestNewRejectsBadConfig(t *testing.T) {
 	env := streamstest.Start(t)
 	kv := bucket(t, env)
-	if _, err := New(env.NC, kv, Config{QueueGroup: "a b"}); !errors.Is(err, ErrInvalidConfig) {
-		t.Fatalf("%v", err)
-	}
-	if _, err := New(nil, kv, Config{}); !errors.Is(err, ErrInvalidConfig) {
-		t.Fatalf("%v", err)
+	for name, mk := range map[string]func() (*Service, error){
+		"queue group with a space": func() (*Service, error) { return New(Config{QueueGroup: "a b"}, env.NC, kv) },
+		"no connection":            func() (*Service, error) { return New(Config{}, nil, kv) },
+		"nil logger":               func() (*Service, error) { return New(Config{}, env.NC, kv, WithLogger(nil)) },
+	} {
+		if _, err := mk(); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
 	}
 }
