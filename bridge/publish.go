@@ -306,35 +306,26 @@ func (p *publisher) publishMarkers() {
 	for _, r := range p.b.buf.takeMarkers() {
 		p.markers = append(p.markers, p.b.markerItem(r))
 	}
-	for len(p.markers) > 0 && len(p.window) < p.maxInFlight {
-		it := p.markers[0]
-		if err := p.send(it); err != nil {
-			if permanent(err) {
-				p.reject(it, err)
-				p.markers = p.markers[1:]
-				continue
-			}
-			p.enterRecovery(err)
-			return
-		}
-		p.markers = p.markers[1:]
-	}
+	p.publishQueued(&p.markers)
 }
 
 // publishDeadLetters publishes the dead letters of given-up FPMs while the window has room.
-func (p *publisher) publishDeadLetters() {
-	for len(p.dlq) > 0 && len(p.window) < p.maxInFlight {
-		it := p.dlq[0]
+func (p *publisher) publishDeadLetters() { p.publishQueued(&p.dlq) }
+
+// publishQueued publishes the items of queue in order while the window has room, taking each off the
+// queue once it is sent or rejected for good; on a failure that may pass it enters recovery and leaves
+// the item at the head of the queue, to be sent again after it.
+func (p *publisher) publishQueued(queue *[]*item) {
+	for len(*queue) > 0 && len(p.window) < p.maxInFlight {
+		it := (*queue)[0]
 		if err := p.send(it); err != nil {
-			if permanent(err) {
-				p.reject(it, err)
-				p.dlq = p.dlq[1:]
-				continue
+			if !permanent(err) {
+				p.enterRecovery(err)
+				return
 			}
-			p.enterRecovery(err)
-			return
+			p.reject(it, err)
 		}
-		p.dlq = p.dlq[1:]
+		*queue = (*queue)[1:]
 	}
 }
 

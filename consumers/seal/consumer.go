@@ -256,11 +256,11 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConsumerConfig, err)
 		}
 	}
-	r, err := durable.New(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
+	r, err := durable.NewStageRunner(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
 		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, s,
-		durable.Inherit(o.Settings), durable.WithLogger(o.Logger.With("component", "seal")))
+		o.Settings, ErrInvalidConsumerConfig)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidConsumerConfig, err)
+		return nil, err
 	}
 	return &Consumer{s: s, runner: r}, nil
 }
@@ -359,16 +359,24 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		log.Warn(why+"; retrying", "retry_in", h.backoff, "error", err)
 		return true
 	}
-	var body []byte
-	if !h.checked {
-		// Whatever the profile, a body that is not a merged artefact can never be sealed: say so at once.
+	// read fetches the body; when it cannot (ok false) m was rejected or is held for a retry, as held says.
+	read := func() (body []byte, ok, held bool) {
 		b, final, err := s.fetch(ctx, m)
 		switch {
 		case final:
 			s.reject(m, h.runID, err)
-			return false
+			return nil, false, false
 		case err != nil:
-			return retry("merged artefact not readable", err)
+			return nil, false, retry("merged artefact not readable", err)
+		}
+		return b, true, false
+	}
+	var body []byte
+	if !h.checked {
+		// Whatever the profile, a body that is not a merged artefact can never be sealed: say so at once.
+		b, ok, later := read()
+		if !ok {
+			return later
 		}
 		if err := isMerged(b); err != nil {
 			s.reject(m, h.runID, err)
@@ -398,13 +406,9 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		return false
 	}
 	if body == nil {
-		b, final, err := s.fetch(ctx, m)
-		switch {
-		case final:
-			s.reject(m, h.runID, err)
-			return false
-		case err != nil:
-			return retry("merged artefact not readable", err)
+		b, ok, later := read()
+		if !ok {
+			return later
 		}
 		body = b
 	}
