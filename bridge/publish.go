@@ -280,18 +280,9 @@ func (p *publisher) fill() {
 		for _, it := range batch {
 			p.held += it.size
 		}
-		for i, it := range batch {
-			err := p.send(it)
-			if err == nil {
-				continue
-			}
-			if permanent(err) {
-				p.reject(it, err)
-				continue
-			}
+		if i, err := p.sendInOrder(batch); err != nil {
 			p.retry = append(p.retry, batch[i:]...)
 			p.enterRecovery(err)
-			break
 		}
 		clear(batch)
 		p.scratch = batch[:0]
@@ -299,6 +290,23 @@ func (p *publisher) fill() {
 			return
 		}
 	}
+}
+
+// sendInOrder sends items in order, rejecting those that can never be published, and stops at the
+// first failure that may pass: it returns that item's index and the error (len(items) and nil when
+// every item went).
+func (p *publisher) sendInOrder(items []*item) (int, error) {
+	for i, it := range items {
+		err := p.send(it)
+		if err == nil {
+			continue
+		}
+		if !permanent(err) {
+			return i, err
+		}
+		p.reject(it, err)
+	}
+	return len(items), nil
 }
 
 // publishMarkers publishes the drop markers closed since the last call, while the window has room.
@@ -364,15 +372,7 @@ func (p *publisher) recover(now time.Time) {
 		}
 		return 0
 	})
-	for i, it := range p.retry {
-		err := p.send(it)
-		if err == nil {
-			continue
-		}
-		if permanent(err) {
-			p.reject(it, err)
-			continue
-		}
+	if i, err := p.sendInOrder(p.retry); err != nil {
 		rest := copy(p.retry, p.retry[i:])
 		clear(p.retry[rest:])
 		p.retry = p.retry[:rest]

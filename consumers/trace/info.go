@@ -368,10 +368,13 @@ func (k *KeyInfo) finish() {
 }
 
 // WriteJSON writes the report as indented JSON.
-func (r *InfoReport) WriteJSON(w io.Writer) error {
+func (r *InfoReport) WriteJSON(w io.Writer) error { return writeIndentedJSON(w, r) }
+
+// writeIndentedJSON writes report v as indented JSON: the --json form of trace info and trace verify.
+func writeIndentedJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(r)
+	return enc.Encode(v)
 }
 
 // WriteText writes the report for people.
