@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"errors"
 	"slices"
 	"sync"
@@ -292,6 +293,10 @@ func (p *publisher) fill() {
 	}
 }
 
+// byOrder orders items by their enqueue order: failed items are republished in it, and those left at
+// stop are resolved in it.
+func byOrder(a, b *item) int { return cmp.Compare(a.order, b.order) }
+
 // sendInOrder sends items in order, rejecting those that can never be published, and stops at the
 // first failure that may pass: it returns that item's index and the error (len(items) and nil when
 // every item went).
@@ -363,15 +368,7 @@ func (p *publisher) recover(now time.Time) {
 		return
 	}
 	p.refreshServerMax()
-	slices.SortFunc(p.retry, func(a, b *item) int {
-		switch {
-		case a.order < b.order:
-			return -1
-		case a.order > b.order:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(p.retry, byOrder)
 	if i, err := p.sendInOrder(p.retry); err != nil {
 		rest := copy(p.retry, p.retry[i:])
 		clear(p.retry[rest:])
@@ -507,15 +504,7 @@ func (p *publisher) finish() {
 			break
 		}
 	}
-	slices.SortFunc(left, func(a, b *item) int {
-		switch {
-		case a.order < b.order:
-			return -1
-		case a.order > b.order:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(left, byOrder)
 	now := time.Now()
 	p.b.buf.closeIdle(now, true)
 	var fpms, deadLetters int
