@@ -152,7 +152,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 	}
 	m.Forget = m.forget
 	r, err := durable.NewStageRunner(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
-		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, m,
+		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, durable.HoldingMaxDeliveries), StopTimeout: cfg.StopTimeout}, js, m,
 		o.Settings, ErrInvalidConfig)
 	if err != nil {
 		return nil, err

@@ -45,10 +45,6 @@ const (
 	retryFirst, retryMax = 2 * time.Second, 30 * time.Second
 	maxAckPending        = 1000
 	batch                = 16
-	// maxDeliveries is the runner's crash-loop bound. A held artefact (its profile not there yet) keeps
-	// its partition's ack floor where it is, so every takeover of the partition meanwhile (a rebalance,
-	// a stop) counts as a session without progress; the bound leaves room for several of them.
-	maxDeliveries = 10
 )
 
 // ErrInvalidConsumerConfig wraps every ConsumerConfig or ConsumerOption problem.
@@ -61,7 +57,7 @@ var ErrNoProfile = errors.New("seal: no valid collection profile for the run")
 // ConsumerConfig configures the durable sealer. Zero values take the defaults noted.
 type ConsumerConfig struct {
 	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
-	// over after a crash without progress, before it is dead-lettered (0: maxDeliveries).
+	// over after a crash without progress, before it is dead-lettered [durable.HoldingMaxDeliveries].
 	MaxDeliveries int
 	// Durable names the sealer's group [DefaultDurable]: every instance with the same name shares the
 	// runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the consumers are
@@ -257,7 +253,7 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 		}
 	}
 	r, err := durable.NewStageRunner(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
-		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, s,
+		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, durable.HoldingMaxDeliveries), StopTimeout: cfg.StopTimeout}, js, s,
 		o.Settings, ErrInvalidConsumerConfig)
 	if err != nil {
 		return nil, err
