@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"errors"
 	"slices"
 	"sync"
@@ -280,18 +281,9 @@ func (p *publisher) fill() {
 		for _, it := range batch {
 			p.held += it.size
 		}
-		for i, it := range batch {
-			err := p.send(it)
-			if err == nil {
-				continue
-			}
-			if permanent(err) {
-				p.reject(it, err)
-				continue
-			}
+		if i, err := p.sendInOrder(batch); err != nil {
 			p.retry = append(p.retry, batch[i:]...)
 			p.enterRecovery(err)
-			break
 		}
 		clear(batch)
 		p.scratch = batch[:0]
@@ -301,40 +293,52 @@ func (p *publisher) fill() {
 	}
 }
 
+// byOrder orders items by their enqueue order: failed items are republished in it, and those left at
+// stop are resolved in it.
+func byOrder(a, b *item) int { return cmp.Compare(a.order, b.order) }
+
+// sendInOrder sends items in order, rejecting those that can never be published, and stops at the
+// first failure that may pass: it returns that item's index and the error (len(items) and nil when
+// every item went).
+func (p *publisher) sendInOrder(items []*item) (int, error) {
+	for i, it := range items {
+		err := p.send(it)
+		if err == nil {
+			continue
+		}
+		if !permanent(err) {
+			return i, err
+		}
+		p.reject(it, err)
+	}
+	return len(items), nil
+}
+
 // publishMarkers publishes the drop markers closed since the last call, while the window has room.
 func (p *publisher) publishMarkers() {
 	for _, r := range p.b.buf.takeMarkers() {
 		p.markers = append(p.markers, p.b.markerItem(r))
 	}
-	for len(p.markers) > 0 && len(p.window) < p.maxInFlight {
-		it := p.markers[0]
-		if err := p.send(it); err != nil {
-			if permanent(err) {
-				p.reject(it, err)
-				p.markers = p.markers[1:]
-				continue
-			}
-			p.enterRecovery(err)
-			return
-		}
-		p.markers = p.markers[1:]
-	}
+	p.publishQueued(&p.markers)
 }
 
 // publishDeadLetters publishes the dead letters of given-up FPMs while the window has room.
-func (p *publisher) publishDeadLetters() {
-	for len(p.dlq) > 0 && len(p.window) < p.maxInFlight {
-		it := p.dlq[0]
+func (p *publisher) publishDeadLetters() { p.publishQueued(&p.dlq) }
+
+// publishQueued publishes the items of queue in order while the window has room, taking each off the
+// queue once it is sent or rejected for good; on a failure that may pass it enters recovery and leaves
+// the item at the head of the queue, to be sent again after it.
+func (p *publisher) publishQueued(queue *[]*item) {
+	for len(*queue) > 0 && len(p.window) < p.maxInFlight {
+		it := (*queue)[0]
 		if err := p.send(it); err != nil {
-			if permanent(err) {
-				p.reject(it, err)
-				p.dlq = p.dlq[1:]
-				continue
+			if !permanent(err) {
+				p.enterRecovery(err)
+				return
 			}
-			p.enterRecovery(err)
-			return
+			p.reject(it, err)
 		}
-		p.dlq = p.dlq[1:]
+		*queue = (*queue)[1:]
 	}
 }
 
@@ -364,24 +368,8 @@ func (p *publisher) recover(now time.Time) {
 		return
 	}
 	p.refreshServerMax()
-	slices.SortFunc(p.retry, func(a, b *item) int {
-		switch {
-		case a.order < b.order:
-			return -1
-		case a.order > b.order:
-			return 1
-		}
-		return 0
-	})
-	for i, it := range p.retry {
-		err := p.send(it)
-		if err == nil {
-			continue
-		}
-		if permanent(err) {
-			p.reject(it, err)
-			continue
-		}
+	slices.SortFunc(p.retry, byOrder)
+	if i, err := p.sendInOrder(p.retry); err != nil {
 		rest := copy(p.retry, p.retry[i:])
 		clear(p.retry[rest:])
 		p.retry = p.retry[:rest]
@@ -516,15 +504,7 @@ func (p *publisher) finish() {
 			break
 		}
 	}
-	slices.SortFunc(left, func(a, b *item) int {
-		switch {
-		case a.order < b.order:
-			return -1
-		case a.order > b.order:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(left, byOrder)
 	now := time.Now()
 	p.b.buf.closeIdle(now, true)
 	var fpms, deadLetters int

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -217,7 +218,7 @@ func ReadTrace(paths []string) (*Recording, error) {
 		if err != nil {
 			return nil, fmt.Errorf("replay: %w", err)
 		}
-		if len(data) >= 1 && data[0] != 0x1f || len(data) >= 2 && data[1] != 0x8b {
+		if !fsutil.LooksGzip(data) {
 			return nil, fmt.Errorf("%s: %w", f, ErrNotGzip)
 		}
 		lr.file, lr.line = f, 0

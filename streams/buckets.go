@@ -15,30 +15,30 @@ import (
 
 // EnsureKeyValue opens KV bucket cfg.Bucket, creating it from cfg when it does not exist.
 func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, cfg)
-		if errors.Is(err, jetstream.ErrBucketExists) { // another component created it meanwhile
-			kv, err = js.KeyValue(ctx, cfg.Bucket)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("streams: key-value bucket %s: %w", cfg.Bucket, err)
-	}
-	return kv, nil
+	return ensureBucket(ctx, "key-value", cfg.Bucket, js.KeyValue,
+		func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, cfg) })
 }
 
 // EnsureObjectStore opens object bucket cfg.Bucket, creating it from cfg when it does not exist.
 func EnsureObjectStore(ctx context.Context, js jetstream.JetStream, cfg jetstream.ObjectStoreConfig) (jetstream.ObjectStore, error) {
-	obs, err := js.ObjectStore(ctx, cfg.Bucket)
+	return ensureBucket(ctx, "object", cfg.Bucket, js.ObjectStore,
+		func(ctx context.Context) (jetstream.ObjectStore, error) { return js.CreateObjectStore(ctx, cfg) })
+}
+
+// ensureBucket opens bucket name with open, creating it with create when it does not exist; kind names
+// the bucket's kind in the error.
+func ensureBucket[B any](ctx context.Context, kind, name string, open func(context.Context, string) (B, error),
+	create func(context.Context) (B, error)) (B, error) {
+	b, err := open(ctx, name)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		obs, err = js.CreateObjectStore(ctx, cfg)
+		b, err = create(ctx)
 		if errors.Is(err, jetstream.ErrBucketExists) { // another component created it meanwhile
-			obs, err = js.ObjectStore(ctx, cfg.Bucket)
+			b, err = open(ctx, name)
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("streams: object bucket %s: %w", cfg.Bucket, err)
+		var none B
+		return none, fmt.Errorf("streams: %s bucket %s: %w", kind, name, err)
 	}
-	return obs, nil
+	return b, nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 
 	"github.com/nats-io/nats.go"
 )
@@ -37,13 +36,8 @@ type DropMarker struct {
 // DropMarkerMsgID (derived from the range, so publishing a marker twice stores it once), Fpm-Event,
 // Fpm-Bridge and Fpm-Epoch.
 func (m *DropMarker) Msg() *nats.Msg {
-	body, _ := json.Marshal(m) // plain strings and integers: cannot fail
-	h := make(nats.Header, 4)
-	h.Set(HeaderMsgID, DropMarkerMsgID(m.Key, m.Epoch, m.FirstSeq, m.LastSeq, m.Reason))
-	h.Set(HeaderEventType, DropMarkerEvent)
-	h.Set(HeaderBridge, m.Bridge)
-	h.Set(HeaderEpoch, strconv.FormatInt(m.Epoch, 10))
-	return &nats.Msg{Subject: DropMarkerSubject(m.Key), Header: h, Data: body}
+	return bridgeEventMsg(DropMarkerSubject(m.Key), DropMarkerMsgID(m.Key, m.Epoch, m.FirstSeq, m.LastSeq, m.Reason),
+		DropMarkerEvent, m.Bridge, m.Epoch, m)
 }
 
 // rawDropMarker has pointers so that a missing field is told from a zero one.

@@ -1,9 +1,7 @@
 package streams
 
 import (
-	"encoding/json"
 	"strconv"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,25 +21,14 @@ import (
 // (BridgeAckKey), a JSON record of the FPM sequences and stream sequences the bridge saw acknowledged.
 const BucketBridgeAcks = "FPM_BRIDGE_ACKS"
 
-// BridgeAcksBucket is the definition of BucketBridgeAcks: one value per key, kept as long as the FPM
-// stream keeps messages (a record older than that describes nothing the stream could still hold),
-// storage and replicas from c.
+// BridgeAcksBucket is the definition of BucketBridgeAcks (see bridgeBucket).
 func (c Config) BridgeAcksBucket() jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket:      BucketBridgeAcks,
-		Description: "fpmbus bridge: per publisher key, the FPMs the bridge saw acknowledged (lost_after_ack checks)",
-		History:     1,
-		TTL:         c.MaxAge,
-		Storage:     c.Storage,
-		Replicas:    c.Replicas,
-	}
+	return c.bridgeBucket(BucketBridgeAcks,
+		"fpmbus bridge: per publisher key, the FPMs the bridge saw acknowledged (lost_after_ack checks)")
 }
 
-// BridgeAckKey is k's key in BucketBridgeAcks: its KeyTokens with '%' (not allowed in KV keys) written
-// as '=' (which EncodeToken never produces).
-func BridgeAckKey(k Key) string {
-	return strings.ReplaceAll(KeyTokens(k), "%", "=")
-}
+// BridgeAckKey is k's key in BucketBridgeAcks (see KVKeyTokens).
+func BridgeAckKey(k Key) string { return KVKeyTokens(k) }
 
 // Gap event constants shared by the gap detector (consumers/gaps, which owns the full format) and the
 // bridge's lost_after_ack events.
@@ -122,11 +109,5 @@ type LostAfterAckEvidence struct {
 // Msg is the event's message: subject GapEventSubject(e.Key), the event as JSON, Nats-Msg-Id e.ID,
 // Fpm-Event gap, Fpm-Bridge and Fpm-Epoch.
 func (e *LostAfterAck) Msg() *nats.Msg {
-	body, _ := json.Marshal(e) // plain strings and integers: cannot fail
-	h := make(nats.Header, 4)
-	h.Set(HeaderMsgID, e.ID)
-	h.Set(HeaderEventType, GapEventType)
-	h.Set(HeaderBridge, e.Evidence.Bridge)
-	h.Set(HeaderEpoch, strconv.FormatInt(e.Epoch, 10))
-	return &nats.Msg{Subject: GapEventSubject(e.Key), Header: h, Data: body}
+	return bridgeEventMsg(GapEventSubject(e.Key), e.ID, GapEventType, e.Evidence.Bridge, e.Epoch, e)
 }

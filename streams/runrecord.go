@@ -1,8 +1,6 @@
 package streams
 
 import (
-	"strings"
-
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -35,22 +33,11 @@ type RunRecord struct {
 	Bridge string `json:"bridge"`
 }
 
-// BridgeRunsBucket is the definition of BucketBridgeRuns: one value per key, kept as long as the FPM
-// stream keeps messages (a run older than that tags nothing the stream still holds), storage and
-// replicas from c.
+// BridgeRunsBucket is the definition of BucketBridgeRuns (see bridgeBucket).
 func (c Config) BridgeRunsBucket() jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket:      BucketBridgeRuns,
-		Description: "fpmbus bridge: per publisher key, the publisher run (epoch) the redundant bridges agreed on",
-		History:     1,
-		TTL:         c.MaxAge,
-		Storage:     c.Storage,
-		Replicas:    c.Replicas,
-	}
+	return c.bridgeBucket(BucketBridgeRuns,
+		"fpmbus bridge: per publisher key, the publisher run (epoch) the redundant bridges agreed on")
 }
 
-// BridgeRunKey is k's key in BucketBridgeRuns: its KeyTokens with '%' (not allowed in KV keys) written
-// as '=' (which EncodeToken never produces).
-func BridgeRunKey(k Key) string {
-	return strings.ReplaceAll(KeyTokens(k), "%", "=")
-}
+// BridgeRunKey is k's key in BucketBridgeRuns (see KVKeyTokens).
+func BridgeRunKey(k Key) string { return KVKeyTokens(k) }

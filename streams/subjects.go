@@ -131,6 +131,12 @@ func KeyTokens(k Key) string {
 	return EncodeToken(k.Namespace) + "." + EncodeToken(k.Component) + "." + EncodeToken(k.WorkerID) + "." + strconv.Itoa(k.DPRank)
 }
 
+// KVKeyTokens is KeyTokens(k) as it stands in a KV key: '%' (not allowed in KV keys) written as '='
+// (which EncodeToken never produces).
+func KVKeyTokens(k Key) string {
+	return strings.ReplaceAll(KeyTokens(k), "%", "=")
+}
+
 // ParseFPMSubject parses fpm.<ns>.<comp>.<worker>.<rank> (or a drop/gap event subject's key part when
 // given root "fpmevents.drop"/"fpmevents.gap") back into a Key.
 func ParseFPMSubject(subject string) (Key, error) {

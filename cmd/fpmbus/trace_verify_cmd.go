@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -28,20 +27,9 @@ func runTraceVerify(ctx context.Context, args []string) error {
 	producerID := fs.String("producer-id", "", "the trace writer's --producer-id")
 	conn := connFlags(fs, "trace-verify")
 	// Flags may follow OUTPUT too.
-	var paths []string
-	rest := args
-	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return err
-			}
-			return fmt.Errorf("%w: %v", errUsage, err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		paths = append(paths, fs.Arg(0))
-		rest = fs.Args()[1:]
+	paths, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
 	}
 	if len(paths) != 1 {
 		return fmt.Errorf("%w: name one trace output (the writer's --trace-output), got %d", errUsage, len(paths))

@@ -19,6 +19,11 @@ const (
 	DefaultStopTimeout = 30 * time.Second
 	// DefaultBatch is the most messages of one partition handed to Handle at once.
 	DefaultBatch = 256
+	// HoldingMaxDeliveries is the crash-loop bound of a stage that holds messages until something else
+	// arrives (the merger a run's other ranks, the sealer a run's collection profile). A held message
+	// keeps its partition's ack floor where it is, so every takeover of the partition meanwhile (a
+	// rebalance, a stop) counts as a session without progress; the bound leaves room for several.
+	HoldingMaxDeliveries = 10
 )
 
 // ErrInvalidConfig wraps every configuration error.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -81,6 +82,18 @@ func Inherit(stage Settings) Option {
 		}
 		return nil
 	}
+}
+
+// NewStageRunner is New for a stage that takes the shared Settings: what the stage set (stage) goes to
+// the runner with Inherit, the runner's log lines are labelled component=cfg.Name like the stage's own,
+// and a cfg the runner refuses is an error wrapping sentinel (the stage's ErrInvalidConfig), since cfg
+// is built from the stage's configuration.
+func NewStageRunner(cfg Config, js jetstream.JetStream, c Consumer, stage Settings, sentinel error) (*Runner, error) {
+	r, err := New(cfg, js, c, Inherit(stage), WithLogger(stage.Logger.With("component", cfg.Name)))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", sentinel, err)
+	}
+	return r, nil
 }
 
 // ApplyOptions applies opts to dst in order and stops at the first error, which it returns wrapped in

@@ -5,13 +5,13 @@ import (
 )
 
 // EventSchema names the JSON format of every event the detector publishes.
-const EventSchema = "fpmbus.gap.v1"
+const EventSchema = streams.GapEventSchema
 
 // Event types (the "type" field and the Fpm-Event header).
 const (
 	// TypeGap reports missing sequence numbers of one publisher, with their cause. Every missing
 	// sequence number is reported by exactly one gap event.
-	TypeGap = "gap"
+	TypeGap = streams.GapEventType
 	// TypeStale reports that a publisher sent nothing, not even a heartbeat, for StaleAfter.
 	TypeStale = "stale"
 	// TypeResumed closes a stale period: the publisher was heard again.
@@ -43,13 +43,9 @@ const (
 var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, CauseStale, CauseLateStart}
 
 // Point is one FPM around a gap: its sequence, its observed time (the bridge's receive time,
-// Fpm-Received-At-Ms), the bridge epoch it was published under and the bridge that published it.
-type Point struct {
-	Seq          uint64 `json:"seq"`
-	ObservedAtMs int64  `json:"observed_at_ms"`
-	Epoch        int64  `json:"epoch"`
-	Bridge       string `json:"bridge,omitempty"`
-}
+// Fpm-Received-At-Ms), the bridge epoch it was published under and the bridge that published it. It is
+// the wire type the bridge's lost_after_ack events carry too.
+type Point = streams.GapPoint
 
 // MarkerRef is a drop marker cited as evidence.
 type MarkerRef struct {

@@ -165,10 +165,9 @@ const (
 )
 
 // kvKey is the state bucket key of k for group: "<group>.<namespace>.<component>.<worker_id>.<dp_rank>"
-// with the subject tokens' '%' escapes written as '=' (KV keys do not allow '%'; '=' never appears
-// in an encoded token).
+// with the subject tokens' '%' escapes written as '=' (streams.KVKeyTokens).
 func kvKey(group string, k streams.Key) string {
-	return group + "." + strings.ReplaceAll(streams.KeyTokens(k), "%", "=")
+	return group + "." + streams.KVKeyTokens(k)
 }
 
 // keyFromKV parses kvKey's result back.

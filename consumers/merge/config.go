@@ -39,10 +39,6 @@ const (
 	// tickInterval paces the rank-timeout sweep and the retries of merges and messages that failed
 	// for a reason that may pass (the server, the disk).
 	tickInterval = 250 * time.Millisecond
-	// maxDeliveries is the runner's crash-loop bound. A held rank keeps its partition's ack floor
-	// where it is, so every takeover of the partition while a run is incomplete (a rebalance, a stop)
-	// counts as a session without progress; the bound leaves room for a run to outlive several of them.
-	maxDeliveries = 10
 	// maxAckPending bounds the held and in-flight messages of one partition.
 	maxAckPending = 10000
 	// batch is how many messages one pull asks for.
@@ -55,7 +51,7 @@ var ErrInvalidConfig = errors.New("merge: invalid config")
 // Config configures a Consumer. Zero values take the defaults noted.
 type Config struct {
 	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
-	// over after a crash without progress, before it is dead-lettered (0: maxDeliveries).
+	// over after a crash without progress, before it is dead-lettered [durable.HoldingMaxDeliveries].
 	MaxDeliveries int
 	// Durable names the merger's group [DefaultDurable]: every instance with the same name shares the
 	// runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the consumers are

@@ -151,11 +151,11 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
 	m.Forget = m.forget
-	r, err := durable.New(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
-		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, m,
-		durable.Inherit(o.Settings), durable.WithLogger(o.Logger.With("component", "merge")))
+	r, err := durable.NewStageRunner(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
+		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, durable.HoldingMaxDeliveries), StopTimeout: cfg.StopTimeout}, js, m,
+		o.Settings, ErrInvalidConfig)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return nil, err
 	}
 	return &Consumer{m: m, runner: r}, nil
 }

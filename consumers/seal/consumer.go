@@ -45,10 +45,6 @@ const (
 	retryFirst, retryMax = 2 * time.Second, 30 * time.Second
 	maxAckPending        = 1000
 	batch                = 16
-	// maxDeliveries is the runner's crash-loop bound. A held artefact (its profile not there yet) keeps
-	// its partition's ack floor where it is, so every takeover of the partition meanwhile (a rebalance,
-	// a stop) counts as a session without progress; the bound leaves room for several of them.
-	maxDeliveries = 10
 )
 
 // ErrInvalidConsumerConfig wraps every ConsumerConfig or ConsumerOption problem.
@@ -61,7 +57,7 @@ var ErrNoProfile = errors.New("seal: no valid collection profile for the run")
 // ConsumerConfig configures the durable sealer. Zero values take the defaults noted.
 type ConsumerConfig struct {
 	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
-	// over after a crash without progress, before it is dead-lettered (0: maxDeliveries).
+	// over after a crash without progress, before it is dead-lettered [durable.HoldingMaxDeliveries].
 	MaxDeliveries int
 	// Durable names the sealer's group [DefaultDurable]: every instance with the same name shares the
 	// runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the consumers are
@@ -256,11 +252,11 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConsumerConfig, err)
 		}
 	}
-	r, err := durable.New(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
-		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, maxDeliveries), StopTimeout: cfg.StopTimeout}, js, s,
-		durable.Inherit(o.Settings), durable.WithLogger(o.Logger.With("component", "seal")))
+	r, err := durable.NewStageRunner(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
+		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, durable.HoldingMaxDeliveries), StopTimeout: cfg.StopTimeout}, js, s,
+		o.Settings, ErrInvalidConsumerConfig)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidConsumerConfig, err)
+		return nil, err
 	}
 	return &Consumer{s: s, runner: r}, nil
 }
@@ -359,16 +355,24 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		log.Warn(why+"; retrying", "retry_in", h.backoff, "error", err)
 		return true
 	}
-	var body []byte
-	if !h.checked {
-		// Whatever the profile, a body that is not a merged artefact can never be sealed: say so at once.
+	// read fetches the body; when it cannot (ok false) m was rejected or is held for a retry, as held says.
+	read := func() (body []byte, ok, held bool) {
 		b, final, err := s.fetch(ctx, m)
 		switch {
 		case final:
 			s.reject(m, h.runID, err)
-			return false
+			return nil, false, false
 		case err != nil:
-			return retry("merged artefact not readable", err)
+			return nil, false, retry("merged artefact not readable", err)
+		}
+		return b, true, false
+	}
+	var body []byte
+	if !h.checked {
+		// Whatever the profile, a body that is not a merged artefact can never be sealed: say so at once.
+		b, ok, later := read()
+		if !ok {
+			return later
 		}
 		if err := isMerged(b); err != nil {
 			s.reject(m, h.runID, err)
@@ -398,13 +402,9 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		return false
 	}
 	if body == nil {
-		b, final, err := s.fetch(ctx, m)
-		switch {
-		case final:
-			s.reject(m, h.runID, err)
-			return false
-		case err != nil:
-			return retry("merged artefact not readable", err)
+		b, ok, later := read()
+		if !ok {
+			return later
 		}
 		body = b
 	}

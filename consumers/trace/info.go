@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
@@ -232,7 +233,7 @@ func (p *ProducerInfo) read(f infoFile) (*SegmentInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trace info: %w", err)
 	}
-	if len(data) >= 1 && data[0] != 0x1f || len(data) >= 2 && data[1] != 0x8b {
+	if !fsutil.LooksGzip(data) {
 		return nil, fmt.Errorf("%s: %w", f.path, ErrNotGzip)
 	}
 	seg := &SegmentInfo{Path: f.path, Index: f.index, Bytes: int64(len(data))}
@@ -367,10 +368,13 @@ func (k *KeyInfo) finish() {
 }
 
 // WriteJSON writes the report as indented JSON.
-func (r *InfoReport) WriteJSON(w io.Writer) error {
+func (r *InfoReport) WriteJSON(w io.Writer) error { return writeIndentedJSON(w, r) }
+
+// writeIndentedJSON writes report v as indented JSON: the --json form of trace info and trace verify.
+func writeIndentedJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(r)
+	return enc.Encode(v)
 }
 
 // WriteText writes the report for people.

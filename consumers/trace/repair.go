@@ -1,8 +1,6 @@
 package trace
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,8 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-
-	"github.com/klauspost/compress/gzip"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 )
@@ -27,12 +23,13 @@ import (
 // the fuzz test can lower it.
 var maxMemberBytes = 64 << 20
 
-// Sentinels carried in CorruptError.Err (next to gzip's own errors and io.ErrUnexpectedEOF).
+// Sentinels carried in CorruptError.Err (next to gzip's own errors and io.ErrUnexpectedEOF); the
+// reader of gzip members (fsutil.ScanGzipLines) is shared with replay.
 var (
 	// ErrTornLine: the data ends inside a line (no trailing newline).
-	ErrTornLine = errors.New("trace: last line is torn (no trailing newline)")
+	ErrTornLine = fsutil.ErrTornLine
 	// ErrMemberTooLarge: a member decompresses to more than maxMemberBytes.
-	ErrMemberTooLarge = errors.New("trace: gzip member too large")
+	ErrMemberTooLarge = fsutil.ErrMemberTooLarge
 )
 
 // CorruptError reports a damaged segment. Everything before Offset is whole gzip members holding whole
@@ -64,63 +61,14 @@ func ReadSegment(path string, fn func(line []byte) error) error {
 	return err
 }
 
-// scanResult describes one scanned segment.
-type scanResult struct {
-	good      int64 // end of the last member after which the data is line-aligned
-	goodLines int   // lines before good
-	cutLines  int   // whole lines decoded after good (in members that are torn or not line-aligned)
-}
-
-// scanMembers reads data (the bytes of segment path) member by member; see ReadSegment.
-func scanMembers(path string, data []byte, fn func(line []byte) error) (scanResult, error) {
-	var res scanResult
-	br := bytes.NewReader(data)
-	var zr gzip.Reader
-	var out []byte // decoded bytes after res.good: whole lines, then possibly a partial one
-	var chunk [32 << 10]byte
-	corrupt := func(err error) (scanResult, error) {
-		res.cutLines += bytes.Count(out, []byte{'\n'})
-		return res, &CorruptError{Segment: path, Offset: res.good, Err: err}
+// scanMembers reads data (the bytes of segment path) member by member; see ReadSegment. A damaged
+// tail is a *CorruptError.
+func scanMembers(path string, data []byte, fn func(line []byte) error) (fsutil.GzipLinesScan, error) {
+	res, err := fsutil.ScanGzipLines(data, maxMemberBytes, fn)
+	if err == nil && res.Damage != nil {
+		err = &CorruptError{Segment: path, Offset: res.Good, Err: res.Damage}
 	}
-	for br.Len() > 0 {
-		start := int64(len(data) - br.Len())
-		if err := zr.Reset(br); err != nil {
-			return corrupt(fmt.Errorf("gzip member at byte %d: %w", start, eofIsUnexpected(err)))
-		}
-		zr.Multistream(false)
-		for {
-			n, err := zr.Read(chunk[:])
-			out = append(out, chunk[:n]...)
-			if len(out) > maxMemberBytes {
-				return corrupt(fmt.Errorf("gzip member at byte %d: %w (over %d bytes)", start, ErrMemberTooLarge, maxMemberBytes))
-			}
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return corrupt(fmt.Errorf("gzip member at byte %d: %w", start, err))
-			}
-		}
-		if len(out) > 0 && out[len(out)-1] != '\n' {
-			continue // a line spans into the next member: not a safe boundary yet
-		}
-		for rest := out; len(rest) > 0; {
-			i := bytes.IndexByte(rest, '\n')
-			if fn != nil {
-				if err := fn(rest[:i]); err != nil {
-					return res, err
-				}
-			}
-			res.goodLines++
-			rest = rest[i+1:]
-		}
-		out = out[:0]
-		res.good = int64(len(data) - br.Len())
-	}
-	if len(out) > 0 {
-		return corrupt(ErrTornLine)
-	}
-	return res, nil
+	return res, err
 }
 
 // eofIsUnexpected turns a bare io.EOF inside a member's header into io.ErrUnexpectedEOF: bytes were
@@ -174,15 +122,15 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 		return res, nil
 	}
 	scan, cerr := scanMembers(path, data, nil)
-	res.Offset, res.KeptLines, res.CutLines = int64(len(data)), scan.goodLines, scan.cutLines
+	res.Offset, res.KeptLines, res.CutLines = int64(len(data)), scan.GoodLines, scan.CutLines
 	if cerr == nil {
 		return res, nil
 	}
 	res.Cause = cerr
 	res.Repaired = true
-	res.Offset = scan.good
-	res.CutBytes = int64(len(data)) - scan.good
-	if scan.good == 0 {
+	res.Offset = scan.Good
+	res.CutBytes = int64(len(data)) - scan.Good
+	if scan.Good == 0 {
 		if err := os.Remove(path); err != nil {
 			return res, fmt.Errorf("repair segment %s: remove: %w", path, err)
 		}
@@ -190,7 +138,7 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 		if err := fsutil.SyncDir(filepath.Dir(path)); err != nil {
 			return res, fmt.Errorf("repair segment %s: sync directory: %w", path, err)
 		}
-	} else if err := fsutil.WriteFileAtomic(path, data[:scan.good], 0o644, fsutil.TempPath(path+repairTmpSuffix)); err != nil {
+	} else if err := fsutil.WriteFileAtomic(path, data[:scan.Good], 0o644, fsutil.TempPath(path+repairTmpSuffix)); err != nil {
 		return res, fmt.Errorf("repair segment %s: %w", path, err)
 	}
 	logger.Warn("trace segment repaired: torn tail cut",

@@ -1,7 +1,6 @@
 package trace
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -10,11 +9,7 @@ import (
 )
 
 // WriteJSON writes the report as indented JSON.
-func (r *VerifyReport) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
-}
+func (r *VerifyReport) WriteJSON(w io.Writer) error { return writeIndentedJSON(w, r) }
 
 // WriteText writes the report for people: per producer and segment what was found, what the stream
 // can do about it and what was repaired, then the totals.
