@@ -133,6 +133,13 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 			return nil, fmt.Errorf("%w: %s/%s exists with 1 partition (consumer %s on %s); delete the group to change",
 				ErrGroupMismatch, c.Stream, c.Group, c.Group, c.Stream)
 		}
+		if c.Shards > 1 { // a group that reads its shards directly has <group>-0 on the first shard
+			direct := c.Group + "-0"
+			if ci, err := src.Consumer(ctx, direct); err == nil && len(ci.CachedInfo().Config.PriorityGroups) > 0 {
+				return nil, fmt.Errorf("%w: %s/%s reads its %d shards directly (consumer %s on %s); delete the group to change",
+					ErrGroupMismatch, c.Stream, c.Group, c.Shards, direct, srcInfo.Config.Name)
+			}
+		}
 		want := c.partitionStreamConfig(srcInfo)
 		ps, err := js.Stream(ctx, want.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
