@@ -33,7 +33,7 @@ func shardWorker(n, ranks int) string {
 
 // `fpmbus up --fpm-shards 3` through the real binary: the server gets FPM_0..FPM_2 and no FPM, every
 // FPM of four ranks is stored once in its key's shard, `nats sub 'fpm.*.*.*.0'` (the README's recipe)
-// sees rank 0's, the trace writer's lines are the stored FPMs once each, the gap detector (reading each
+// sees rank 0's, `nats stream subjects FPM_<i>` lists the keys of shard i, the trace writer's lines are the stored FPMs once each, the gap detector (reading each
 // shard as its partition) has every publisher at its last number with no gap, and `trace backfill`
 // of the time range writes the same lines from the three shards (a sequence range is refused).
 func TestUpWithThreeShards(t *testing.T) {
@@ -95,6 +95,20 @@ func TestUpWithThreeShards(t *testing.T) {
 		for _, m := range got {
 			if want := "fpm.dynamo.backend." + worker + ".0"; m[1] != want {
 				t.Fatalf("nats sub received on %q, want %q", m[1], want)
+			}
+		}
+	}
+
+	if natsBin != "" { // the README's recipes: which keys a shard holds
+		for i := range shards {
+			out, err := run(t, 15*time.Second, natsBin, "--server", up.url, "stream", "subjects", streams.ShardStreamName(i))
+			if err != nil {
+				t.Fatalf("nats stream subjects %s: %v\n%s", streams.ShardStreamName(i), err, out)
+			}
+			for k := range perKey {
+				if held := strings.Contains(out, streams.FPMSubject(k)); held != (streams.ShardOf(k, shards) == i) {
+					t.Fatalf("nats stream subjects %s lists %s: %v, want %v:\n%s", streams.ShardStreamName(i), streams.FPMSubject(k), held, !held, out)
+				}
 			}
 		}
 	}
