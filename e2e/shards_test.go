@@ -32,10 +32,11 @@ func shardWorker(n, ranks int) string {
 }
 
 // `fpmbus up --fpm-shards 3` through the real binary: the server gets FPM_0..FPM_2 and no FPM, every
-// FPM of four ranks is stored once in its key's shard, `nats sub 'fpm.*.*.*.0'` (the README's recipe)
-// sees rank 0's, `nats stream subjects FPM_<i>` lists the keys of shard i, the trace writer's lines are the stored FPMs once each, the gap detector (reading each
-// shard as its partition) has every publisher at its last number with no gap, and `trace backfill`
-// of the time range writes the same lines from the three shards (a sequence range is refused).
+// FPM of four ranks is stored once in its key's shard, the README's recipes work (`nats sub
+// 'fpm.*.*.*.0'` sees rank 0's, `nats stream subjects FPM_<i>` lists the keys of shard i), the trace
+// writer's lines are the stored FPMs once each, the gap detector (reading each shard as its
+// partition) has every publisher at its last number with no gap, and `trace backfill` of the time
+// range writes the same lines from the three shards (a sequence range is refused).
 func TestUpWithThreeShards(t *testing.T) {
 	const shards, ranks, perRank = 3, 4, 300
 	up := startUp(t, ranks, "--fpm-shards", strconv.Itoa(shards))
