@@ -326,7 +326,8 @@ func (c Config) transformDest(f Filter) string {
 	return b.String()
 }
 
-// PartitionStream is the stream a group with Partitions > 1 consumes, "" for Partitions == 1.
+// PartitionStream is the stream a group with Partitions > 1 consumes, "" for Partitions == 1; with
+// shards, the one a group that does not read its shards directly consumes (see shards.go).
 func (c Config) PartitionStream() string {
 	if !c.withDefaults().copies() {
 		return ""
