@@ -49,6 +49,8 @@ type Bridge struct {
 	// Run before the publisher starts; startMs is when Run started (Unix ms, the bridge's clock).
 	runsKV  jetstream.KeyValue
 	startMs int64
+	// fpmShards is the server's FPM shard count (shards.go), set by Run before the publisher starts.
+	fpmShards int
 
 	lineReserve int // bytes of an HPUB line besides the subject (see limits.go)
 	keyRoom     int // keyRoomFor(Namespace, Component)
@@ -267,16 +269,17 @@ func (b *Bridge) applyStreams(ctx context.Context) error {
 	)
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, applyAttemptTimeout)
-		_, err := streams.Ensure(actx, b.js, b.cfg.Streams, b.log)
+		r, err := streams.Ensure(actx, b.js, b.cfg.Streams, b.log)
 		cancel()
 		if err == nil {
+			b.fpmShards = max(r.FPMShards, 1)
 			return nil
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
 		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) || errors.Is(err, streams.ErrIncompatible) {
+		if errors.As(err, &apiErr) || errors.Is(err, streams.ErrIncompatible) || errors.Is(err, streams.ErrShardMismatch) {
 			return fmt.Errorf("bridge: %w", err)
 		}
 		b.log.Warn("cannot apply streams yet; retrying (ZMQ input is buffered meanwhile)", "attempt", attempt, "error", err)

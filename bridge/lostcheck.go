@@ -183,18 +183,29 @@ func (b *Bridge) readAckRecords(ctx context.Context) ([]storedRecord, error) {
 	}
 }
 
-// streamBounds are the FPM stream's first and last sequence (from its leader) when a check ran.
-type streamBounds struct{ first, last uint64 }
+// streamBounds are the FPM stream's first and last sequence (from its leader) when a check ran; with
+// shards, each shard's (a key's sequences are its shard's: see forKey).
+type streamBounds struct {
+	first, last uint64
+	shards      []streamBounds
+}
 
 func (b *Bridge) fpmBounds(ctx context.Context) (streamBounds, error) {
 	octx, cancel := context.WithTimeout(ctx, checkOpTimeout)
 	defer cancel()
-	s, err := b.js.Stream(octx, streams.StreamFPM)
-	if err != nil {
-		return streamBounds{}, fmt.Errorf("bridge: stream %s: %w", streams.StreamFPM, err)
+	var out streamBounds
+	for _, name := range streams.FPMStreamNames(b.fpmShards) {
+		s, err := b.js.Stream(octx, name)
+		if err != nil {
+			return streamBounds{}, fmt.Errorf("bridge: stream %s: %w", name, err)
+		}
+		st := s.CachedInfo().State
+		out.shards = append(out.shards, streamBounds{first: st.FirstSeq, last: st.LastSeq})
 	}
-	st := s.CachedInfo().State
-	return streamBounds{first: st.FirstSeq, last: st.LastSeq}, nil
+	if len(out.shards) == 1 {
+		return out.shards[0], nil
+	}
+	return out, nil
 }
 
 // checkRecord compares rec with the stream, publishes an event per run with lost FPMs and cuts rec
@@ -203,9 +214,10 @@ func (b *Bridge) checkRecord(ctx context.Context, rec *ackRecord, bounds streamB
 	if len(rec.Runs) == 0 {
 		return 0, false, nil
 	}
+	bounds = bounds.forKey(rec.Key)
 	octx, cancel := context.WithTimeout(ctx, checkOpTimeout)
 	// From the stream's leader: a replica still catching up would report a loss that is not one.
-	last, err := streams.LastMsgFromLeader(octx, b.js, streams.StreamFPM, streams.FPMSubject(rec.Key))
+	last, err := streams.LastMsgFromLeader(octx, b.js, b.fpmStreamOf(rec.Key), streams.FPMSubject(rec.Key))
 	cancel()
 	var stored *jetstream.RawStreamMsg
 	switch {
@@ -309,7 +321,7 @@ func (b *Bridge) lostEvent(rec *ackRecord, run *ackRun, ranges [][2]uint64, n ui
 		where = "the newest FPM of this publisher the stream holds is at stream sequence " + strconv.FormatUint(storedSeq, 10)
 	}
 	ev.Evidence.Summary = fmt.Sprintf("%d FPM(s) of run %d (sequences %d-%d) were acknowledged at stream sequences up to %d and are no longer in stream %s; %s",
-		n, run.Epoch, first, last, run.LastStreamSeq, streams.StreamFPM, where)
+		n, run.Epoch, first, last, run.LastStreamSeq, b.fpmStreamOf(rec.Key), where)
 	return ev
 }
 

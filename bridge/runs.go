@@ -184,7 +184,7 @@ func (b *Bridge) otherBridgeLive(ctx context.Context, r *run) (bool, error) {
 		deadline = d
 	}
 	for {
-		last, err := streams.LastMsgFromLeader(ctx, b.js, streams.StreamFPM, r.subject)
+		last, err := streams.LastMsgFromLeader(ctx, b.js, b.fpmStreamOf(r.key), r.subject)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
@@ -219,6 +219,7 @@ func casConflict(err error) bool {
 // stamp gives FPM item it its agreed epoch before its first publication: header Fpm-Epoch and, for an
 // idle heartbeat, the epoch part of its message id. Publisher goroutine.
 func (b *Bridge) stamp(it *item) error {
+	b.routeToShard(it)
 	if it.agreed != 0 || it.run == nil {
 		return nil
 	}

@@ -18,6 +18,8 @@ var ErrDestructive = errors.New("streams: refused changes that can delete stored
 // an existing stream; components use Ensure.
 type Plan struct {
 	Steps []Step
+	// FPMShards is the shard count the plan keeps or creates (1: the single stream FPM).
+	FPMShards int
 }
 
 // Step is one stream of a Plan: created (Create), changed (Changes), or left as it is (neither).
@@ -31,12 +33,19 @@ type Step struct {
 	send jetstream.StreamConfig
 }
 
-// NewPlan reads the current configuration of every fpmbus stream and compares it with c.
+// NewPlan reads the current configuration of every fpmbus stream and compares it with c. The FPM
+// streams are c.FPMShards shards, or the server's count when it is 0; a count other than the server's
+// is an ErrShardMismatch error naming both (no plan changes the shard count).
 func NewPlan(ctx context.Context, js jetstream.JetStream, c Config) (*Plan, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Plan{}
+	n, err := resolveShards(ctx, js, c)
+	if err != nil {
+		return nil, err
+	}
+	c.FPMShards = n
+	p := &Plan{FPMShards: n}
 	for _, want := range c.All() {
 		s, err := js.Stream(ctx, want.Name)
 		switch {

@@ -36,6 +36,11 @@ type Config struct {
 	// MaxMsgSize bounds one message on FPM_BENCH (benchmark artefacts are large). -1 = server limit.
 	BenchMaxMsgSize int32 `json:"bench_max_msg_size"`
 	Storage         jetstream.StorageType
+	// FPMShards is how many streams FPMs are spread over (shards.go): 1 is the single stream FPM,
+	// n > 1 the streams FPM_0 … FPM_<n-1>. 0 means "what the server has" (Ensure and NewPlan discover
+	// it; 1 where no FPM stream exists yet): components that only use the streams leave it 0, and only
+	// `fpmbus streams apply --fpm-shards` and `fpmbus up --fpm-shards` declare it.
+	FPMShards int `json:"fpm_shards,omitempty"`
 }
 
 // DefaultEventsMaxBytes bounds FPM_EVENTS: dead letters, drop markers and gap events, oldest first.
@@ -70,6 +75,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("streams: duplicate window %v must be positive", c.DuplicateWindow)
 	case c.MaxAge > 0 && c.DuplicateWindow > c.MaxAge:
 		return fmt.Errorf("streams: duplicate window %v exceeds max age %v", c.DuplicateWindow, c.MaxAge)
+	case c.FPMShards < 0 || c.FPMShards > MaxFPMShards:
+		return fmt.Errorf("streams: FPM shards %d: want 1 to %d (0: what the server has)", c.FPMShards, MaxFPMShards)
 	}
 	return nil
 }
@@ -114,7 +121,8 @@ func (c Config) BenchStream() jetstream.StreamConfig {
 	return sc
 }
 
-// All returns every stream definition, in the order Apply creates them.
+// All returns every stream definition, in the order Apply creates them: the FPM stream, or its
+// c.FPMShards shards (one stream FPM when FPMShards is 0 or 1), then FPM_EVENTS and FPM_BENCH.
 func (c Config) All() []jetstream.StreamConfig {
-	return []jetstream.StreamConfig{c.FPMStream(), c.EventsStream(), c.BenchStream()}
+	return append(c.FPMStreams(max(c.FPMShards, 1)), c.EventsStream(), c.BenchStream())
 }

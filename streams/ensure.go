@@ -21,6 +21,8 @@ var ErrIncompatible = errors.New("streams: existing stream cannot serve fpmbus")
 type Report struct {
 	Created     []string
 	Differences []Change
+	// FPMShards is the shard count in use (1: the single stream FPM).
+	FPMShards int
 }
 
 // warned holds the differences this process has logged: `fpmbus up` runs several components, each of
@@ -35,7 +37,8 @@ var warned sync.Map
 // stored messages; only `fpmbus streams apply` (Plan) changes an existing stream.
 //
 // An existing stream that cannot work for fpmbus (see requireUsable) is an ErrIncompatible error
-// naming the setting. A nil logger means slog.Default().
+// naming the setting. The FPM streams are the server's shard count's (c.FPMShards 0) or c.FPMShards,
+// which must then be the server's (ErrShardMismatch naming both). A nil logger means slog.Default().
 func Ensure(ctx context.Context, js jetstream.JetStream, c Config, logger *slog.Logger) (Report, error) {
 	var r Report
 	if err := c.Validate(); err != nil {
@@ -44,6 +47,11 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config, logger *slog.
 	if logger == nil {
 		logger = slog.Default()
 	}
+	n, err := resolveShards(ctx, js, c)
+	if err != nil {
+		return r, err
+	}
+	r.FPMShards, c.FPMShards = n, n
 	for _, want := range c.All() {
 		s, err := js.Stream(ctx, want.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {

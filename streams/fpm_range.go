@@ -31,14 +31,20 @@ func CheckFPMRange(startSeq, endSeq uint64, since, until time.Time) error {
 // The read stops there, so messages stored while it runs are not part of the range. Errors name the
 // stream.
 func OpenFPMRange(ctx context.Context, js jetstream.JetStream, filter string, startSeq, endSeq uint64, since time.Time) (jetstream.Stream, jetstream.OrderedConsumerConfig, uint64, error) {
+	return OpenFPMRangeOf(ctx, js, StreamFPM, filter, startSeq, endSeq, since)
+}
+
+// OpenFPMRangeOf is OpenFPMRange on the FPM stream named stream: FPM, or one of its shards
+// (FPMStreamNames), whose sequences are its own.
+func OpenFPMRangeOf(ctx context.Context, js jetstream.JetStream, stream, filter string, startSeq, endSeq uint64, since time.Time) (jetstream.Stream, jetstream.OrderedConsumerConfig, uint64, error) {
 	start := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverAllPolicy}
-	s, err := js.Stream(ctx, StreamFPM)
+	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return nil, start, 0, fmt.Errorf("stream %s: %w", StreamFPM, err)
+		return nil, start, 0, fmt.Errorf("stream %s: %w", stream, err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, start, 0, fmt.Errorf("stream %s: %w", StreamFPM, err)
+		return nil, start, 0, fmt.Errorf("stream %s: %w", stream, err)
 	}
 	last := info.State.LastSeq
 	if endSeq != 0 {

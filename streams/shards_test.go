@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"reflect"
+	"sort"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -235,4 +238,94 @@ func BenchmarkShardedIngest(b *testing.B) {
 	b.ReportMetric(rates[3], "fpm/s-3shards")
 	b.ReportMetric(rates[3]/rates[1], "ratio-3/1")
 	fmt.Printf("sharded ingest on a 3-node cluster: 1 shard %.0f FPM/s, 3 shards %.0f FPM/s, ratio %.2f\n", rates[1], rates[3], rates[3]/rates[1])
+}
+
+// The shard count is the server's: Ensure and NewPlan create the shards a declared count asks for on a
+// new server, report the server's count to components that declare none, and refuse a count other
+// than the server's (ErrShardMismatch naming both) without changing anything.
+func TestEnsureShardCount(t *testing.T) {
+	withShards := func(n int) streams.Config {
+		c := streams.DefaultConfig()
+		c.FPMShards = n
+		return c
+	}
+	t.Run("new server, 3 declared", func(t *testing.T) {
+		env := emptyServer(t)
+		r, err := streams.Ensure(t.Context(), env.JS, withShards(3), quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"FPM_0", "FPM_1", "FPM_2", streams.StreamEvents, streams.StreamBench}
+		if !reflect.DeepEqual(r.Created, want) || r.FPMShards != 3 {
+			t.Fatalf("created %v with %d shards, want %v with 3", r.Created, r.FPMShards, want)
+		}
+		for i := range 3 {
+			md := info(t, env.JS, streams.ShardStreamName(i)).Config.Metadata
+			if md[streams.MetaFPMShards] != "3" || md[streams.MetaFPMShard] != strconv.Itoa(i) {
+				t.Fatalf("shard %d metadata %v", i, md)
+			}
+		}
+		if _, err := env.JS.Stream(t.Context(), streams.StreamFPM); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Fatalf("stream FPM next to the shards: %v", err)
+		}
+		// A component declaring nothing uses the server's count and creates nothing.
+		r, err = streams.Ensure(t.Context(), env.JS, streams.DefaultConfig(), quiet)
+		if err != nil || r.FPMShards != 3 || len(r.Created) != 0 || len(r.Differences) != 0 {
+			t.Fatalf("undeclared: %+v, %v; want 3 shards, nothing created or different", r, err)
+		}
+		if n, err := streams.DiscoverFPMShards(t.Context(), env.JS); n != 3 || err != nil {
+			t.Fatalf("discovered %d, %v", n, err)
+		}
+		p, err := streams.NewPlan(t.Context(), env.JS, streams.DefaultConfig())
+		if err != nil || p.FPMShards != 3 || !reflect.DeepEqual(p.Lines(), []string{"FPM_0 unchanged", "FPM_1 unchanged", "FPM_2 unchanged",
+			"FPM_EVENTS unchanged", "FPM_BENCH unchanged"}) {
+			t.Fatalf("plan %+v %v, %v", p, p.Lines(), err)
+		}
+	})
+	t.Run("new server, nothing declared", func(t *testing.T) {
+		env := emptyServer(t)
+		r, err := streams.Ensure(t.Context(), env.JS, streams.DefaultConfig(), quiet)
+		if err != nil || r.FPMShards != 1 || r.Created[0] != streams.StreamFPM {
+			t.Fatalf("%+v, %v: want stream FPM, 1 shard", r, err)
+		}
+	})
+	mismatch := map[string]struct {
+		have, declare int
+		want          string
+	}{
+		"3 shards on the server, 2 declared":    {3, 2, "3 shard(s) (streams FPM_0 … FPM_2), --fpm-shards asks for 2"},
+		"stream FPM on the server, 3 declared":  {1, 3, "1 shard(s) (stream FPM), --fpm-shards asks for 3"},
+		"3 shards on the server, 1 declared":    {3, 1, "3 shard(s) (streams FPM_0 … FPM_2), --fpm-shards asks for 1"},
+		"2 shards on the server, 64 declared":   {2, 64, "2 shard(s) (streams FPM_0 … FPM_1), --fpm-shards asks for 64"},
+		"stream FPM on the server, 2 declared ": {1, 2, "1 shard(s) (stream FPM), --fpm-shards asks for 2"},
+	}
+	for name, tc := range mismatch {
+		t.Run(name, func(t *testing.T) {
+			env := emptyServer(t)
+			if err := streams.Apply(t.Context(), env.JS, withShards(tc.have)); err != nil {
+				t.Fatal(err)
+			}
+			before := streamNames(t, env.JS)
+			_, err := streams.Ensure(t.Context(), env.JS, withShards(tc.declare), quiet)
+			if !errors.Is(err, streams.ErrShardMismatch) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Ensure: %v, want ErrShardMismatch saying %q", err, tc.want)
+			}
+			if _, err := streams.NewPlan(t.Context(), env.JS, withShards(tc.declare)); !errors.Is(err, streams.ErrShardMismatch) {
+				t.Fatalf("NewPlan: %v, want ErrShardMismatch", err)
+			}
+			if after := streamNames(t, env.JS); !reflect.DeepEqual(after, before) {
+				t.Fatalf("streams %v after the refusal, %v before", after, before)
+			}
+		})
+	}
+}
+
+func streamNames(t *testing.T, js jetstream.JetStream) []string {
+	t.Helper()
+	var out []string
+	for name := range js.StreamNames(t.Context()).Name() {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
 }

@@ -23,6 +23,9 @@ import (
 // envFPMPort is Dynamo's base port variable: rank r publishes on port+r.
 const envFPMPort = "DYN_FORWARDPASS_METRIC_PORT"
 
+// envFPMShards is the default of --fpm-shards.
+const envFPMShards = "FPMBUS_FPM_SHARDS"
+
 // envVar declares one environment variable.
 type envVar struct {
 	name    string
@@ -57,6 +60,7 @@ var environment = []envVar{
 	{name: "FPMBUS_BENCH_OUTPUT", usedBy: "merge, bench merge, up", meaning: "default `--bench-output` (`up`: `--merge-bench-output`)"},
 	{name: "FPMBUS_GAPS_GROUP", usedBy: "gaps, gaps report, up", meaning: "default `--gaps-group`"},
 	{name: "FPMBUS_GAPS_PARTITIONS", usedBy: "gaps, up", meaning: "default `--gaps-partitions`, a positive integer", check: checkPositive(math.MaxInt32)},
+	{name: envFPMShards, usedBy: "streams show, streams apply, up", meaning: "default `--fpm-shards`: FPM shard streams to create, 1 to 64", check: checkPositive(64)},
 	{name: "FPMBUS_LOG_LEVEL", usedBy: "every command", meaning: "log level: `debug`, `info` (default), `warn` or `error`", check: checkLogLevel},
 }
 

@@ -59,6 +59,11 @@ func TestEnvironmentEveryVariable(t *testing.T) {
 			{[]string{"gaps"}, `FPMBUS_GAPS_PARTITIONS="abc"`},
 			{[]string{"up"}, `FPMBUS_GAPS_PARTITIONS="abc"`},
 		}},
+		"FPMBUS_FPM_SHARDS": {"abc", []use{
+			{[]string{"streams", "show"}, `FPMBUS_FPM_SHARDS="abc"`},
+			{[]string{"streams", "apply"}, `FPMBUS_FPM_SHARDS="abc"`},
+			{[]string{"up"}, `FPMBUS_FPM_SHARDS="abc"`},
+		}},
 		"FPMBUS_LOG_LEVEL": {"bogus", []use{{[]string{"publish"}, `FPMBUS_LOG_LEVEL="bogus"`}, {[]string{"streams", "show"}, `FPMBUS_LOG_LEVEL="bogus"`}}},
 	}
 	for _, v := range environment {

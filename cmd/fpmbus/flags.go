@@ -117,6 +117,17 @@ func streamFlags(fs *flag.FlagSet) *streams.Config {
 	return &c
 }
 
+// fpmShardsFlag registers --fpm-shards (default FPMBUS_FPM_SHARDS) on c.FPMShards, for the commands
+// that declare the FPM streams (streams show/apply, up); every other command reads the count from the
+// server. Call the returned envDefaults' err after parsing.
+func fpmShardsFlag(fs *flag.FlagSet, c *streams.Config) *envDefaults {
+	env := newEnvDefaults(fs)
+	fs.IntVar(&c.FPMShards, "fpm-shards", env.int("fpm-shards", envFPMShards, 0),
+		fmt.Sprintf("spread FPMs over N streams FPM_0 … FPM_<N-1> by publisher key, so that their leaders spread over a cluster (1: the single stream FPM; 0: what the server has, 1 on a new server; at most %d; fixed once created) (env %s)",
+			streams.MaxFPMShards, envFPMShards))
+	return env
+}
+
 // maxBytesValue is --max-bytes: a positive size, or -1 for no limit.
 type maxBytesValue int64
 

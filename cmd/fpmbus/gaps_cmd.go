@@ -48,7 +48,7 @@ func gapsFlags(fs *flag.FlagSet, prefix string) *gapsOptions {
 	fs.DurationVar(&o.staleAfter, cf.name("stale-after"), d.StaleAfter, "a publisher silent this long (not even a heartbeat) is stale: 5 x the 1 s heartbeat by default")
 	fs.DurationVar(&o.markerGrace, cf.name("marker-grace"), d.MarkerGrace, "how long a gap waits for a bridge drop marker before it is classified zmq_drop (stream time)")
 	partitions := cf.name("gaps-partitions")
-	fs.IntVar(&o.partitions, partitions, o.env.int(partitions, "FPMBUS_GAPS_PARTITIONS", d.Partitions), "partitions of the publishers shared by the instances of "+flagName(prefix, "gaps-group")+" (fixed for the group's life; 1: one active detector, the other instances hot standbys) (env FPMBUS_GAPS_PARTITIONS)")
+	fs.IntVar(&o.partitions, partitions, o.env.int(partitions, "FPMBUS_GAPS_PARTITIONS", d.Partitions), "partitions of the publishers shared by the instances of "+flagName(prefix, "gaps-group")+" (fixed for the group's life; 1: one active detector, the other instances hot standbys; with FPM shards: one per shard) (env FPMBUS_GAPS_PARTITIONS)")
 	fs.StringVar(&o.stateBucket, cf.name("state-bucket"), d.StateBucket, "KV bucket holding each publisher's detector state")
 	fs.DurationVar(&o.stopTimeout, cf.name("gaps-stop-timeout"), d.StopTimeout, "on interrupt, how long to keep checkpointing what was already received")
 	fs.IntVar(&o.maxDeliveries, cf.name("gaps-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 5)")

@@ -24,10 +24,14 @@ func runStreams(ctx context.Context, args []string) error {
 	}
 	switch args[0] {
 	case "show":
-		fs := newFlagSet("streams show", "streams show [--replicas N …] [--stream NAME]")
+		fs := newFlagSet("streams show", "streams show [--fpm-shards N] [--replicas N …] [--stream NAME]")
 		cfg := streamFlags(fs)
+		env := fpmShardsFlag(fs, cfg)
 		only := fs.String("stream", "", "print only this stream's config (a plain object for `nats stream add --config`)")
 		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		if err := env.err(); err != nil {
 			return err
 		}
 		if err := cfg.Validate(); err != nil {
@@ -42,16 +46,20 @@ func runStreams(ctx context.Context, args []string) error {
 					return enc.Encode(sc)
 				}
 			}
-			return fmt.Errorf("%w: --stream %q: no such stream (FPM, FPM_EVENTS, FPM_BENCH)", errUsage, *only)
+			return fmt.Errorf("%w: --stream %q: no such stream (FPM or, with --fpm-shards N, FPM_0 … FPM_<N-1>; FPM_EVENTS, FPM_BENCH)", errUsage, *only)
 		}
 		return enc.Encode(cfg.All())
 	case "apply":
-		fs := newFlagSet("streams apply", "streams apply [--server URL] [--replicas N …] [--dry-run] [--force]")
+		fs := newFlagSet("streams apply", "streams apply [--server URL] [--fpm-shards N] [--replicas N …] [--dry-run] [--force]")
 		conn := connFlags(fs, "streams")
 		cfg := streamFlags(fs)
+		env := fpmShardsFlag(fs, cfg)
 		dryRun := fs.Bool("dry-run", false, "print what would change and change nothing")
 		force := fs.Bool("force", false, "also apply changes that can delete stored messages (lower limits, fewer replicas, another storage type)")
 		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		if err := env.err(); err != nil {
 			return err
 		}
 		if err := cfg.Validate(); err != nil {

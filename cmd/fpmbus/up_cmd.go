@@ -60,6 +60,7 @@ type upOptions struct {
 	restartDelay  time.Duration
 	faultSignal   bool
 	scfg          *streams.Config
+	shardsEnv     *envDefaults // --fpm-shards's variable
 	bridge        *bridgeOptions
 	trace         *traceOptions
 	gaps          *gapsOptions
@@ -86,6 +87,7 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	fs.DurationVar(&o.restartDelay, "restart-backoff", d.InitialBackoff, "wait before restarting a failed component; doubles with each further failure, up to 30s")
 	fs.BoolVar(&o.faultSignal, "fault-sigusr1", false, "fault injection for tests and drills: SIGUSR1 closes the components' NATS connection for good, as a broker-side failure would; supervision replaces it")
 	o.scfg = streamFlags(fs)
+	o.shardsEnv = fpmShardsFlag(fs, o.scfg)
 	// The bridge first: its unprefixed names (--producer-id, --stop-timeout) are its own, not aliases
 	// of the trace writer's.
 	o.bridge = bridgeFlags(fs)
@@ -118,6 +120,9 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, fmt.Errorf("%w: --restart-window %v: want a positive duration", errUsage, o.restartWindow)
 	case o.restartDelay <= 0:
 		return nil, fmt.Errorf("%w: --restart-backoff %v: want a positive duration", errUsage, o.restartDelay)
+	}
+	if err := o.shardsEnv.err(); err != nil {
+		return nil, err
 	}
 	if err := o.scfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)

@@ -42,7 +42,7 @@ func (r *Runner) attemptsBucket(ctx context.Context) (jetstream.KeyValue, error)
 	kv, err := r.js.KeyValue(ctx, AttemptsBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		replicas := 1
-		if st, serr := r.js.Stream(ctx, r.cfg.Group.Stream); serr == nil {
+		if st, serr := r.js.Stream(ctx, r.cfg.Group.SourceStreams()[0]); serr == nil {
 			replicas = st.CachedInfo().Config.Replicas
 		}
 		kv, err = r.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{

@@ -523,7 +523,7 @@ func (r *Runner) handle1(ctx context.Context, s *session, batch []*Msg) error {
 func (r *Runner) ackFloor(ctx context.Context, p int) (uint64, error) {
 	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	c, err := r.js.Consumer(cctx, r.cfg.Group.ConsumerStream(), r.cfg.Group.ConsumerName(p))
+	c, err := r.js.Consumer(cctx, r.cfg.Group.ConsumerStreamOf(p), r.cfg.Group.ConsumerName(p))
 	if err != nil {
 		return 0, err
 	}

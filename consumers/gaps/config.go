@@ -61,6 +61,11 @@ type Config struct {
 	// group's life; see consumers/partition). 1: one active detector, the other instances are hot
 	// standbys; N: up to N active instances, each owning the publishers of some partitions.
 	Partitions int
+	// FPMShards is the server's FPM shard count (streams.DiscoverFPMShards; 0: New reads it from the
+	// server). With n > 1 shards the group has one partition per shard whatever Partitions says:
+	// partition p reads shard p directly (filter fpm.>; a narrower filter reads a partition stream
+	// sourcing the shards), so a publisher's partition is its shard.
+	FPMShards int
 	// PinnedTTL bounds crash failover: a partition whose owner stopped pulling moves after this long.
 	PinnedTTL time.Duration
 	// CommitInterval bounds how long a processed message waits for its ack (and, when it changed
@@ -157,7 +162,12 @@ func (c Config) FPMDurable() string { return c.PartitionConfig().ConsumerName(0)
 func (c Config) PartitionConfig() partition.Config {
 	pc := partition.FPMConfig(c.Group)
 	pc.Partitions = max(c.Partitions, 1)
-	if c.FilterSubject != streams.FPMWildcard || pc.Partitions == 1 {
+	if c.FPMShards > 1 {
+		pc.Shards, pc.Partitions = c.FPMShards, c.FPMShards
+		if c.FilterSubject != streams.FPMWildcard {
+			pc.Filters = []partition.Filter{{Subject: c.FilterSubject}}
+		}
+	} else if c.FilterSubject != streams.FPMWildcard || pc.Partitions == 1 {
 		// One partition needs no key; a consumer filter equal to the stream's subjects (fpm.>) spares
 		// the server a subject match per message (about a fifth of the detector's throughput).
 		pc.Filters = []partition.Filter{{Subject: c.FilterSubject}}

@@ -96,6 +96,15 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) 
 	if js == nil {
 		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
 	}
+	if cfg.FPMShards == 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PublishTimeout, 5*time.Second))
+		n, err := streams.FPMShardsOf(ctx, js)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("gaps: FPM shards: %w", err)
+		}
+		cfg.FPMShards = n
+	}
 	d := &Detector{
 		cfg:       cfg,
 		js:        js,
@@ -206,15 +215,15 @@ func (d *Detector) setup(ctx context.Context) error {
 // anyway). An instance of the older version still consuming them fails and must be upgraded too.
 func (d *Detector) retireExplicitAckConsumers(ctx context.Context) error {
 	pc := d.cfg.PartitionConfig()
-	s, err := d.js.Stream(ctx, pc.ConsumerStream())
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil // a partition stream not created yet: no consumer either
-	}
-	if err != nil {
-		return fmt.Errorf("gaps: group %s: %w", d.cfg.Group, err)
-	}
 	for p := range pc.Partitions {
 		name := pc.ConsumerName(p)
+		s, err := d.js.Stream(ctx, pc.ConsumerStreamOf(p))
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil // a partition stream not created yet: no consumer either
+		}
+		if err != nil {
+			return fmt.Errorf("gaps: group %s: %w", d.cfg.Group, err)
+		}
 		c, err := s.Consumer(ctx, name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue
@@ -226,7 +235,7 @@ func (d *Detector) retireExplicitAckConsumers(ctx context.Context) error {
 			continue
 		}
 		d.logger.Warn("gap detector: recreating a consumer declared with per-message acks by an older fpmbus; the stream is re-read from the start, what the state covers is skipped",
-			"stream", pc.ConsumerStream(), "consumer", name)
+			"stream", pc.ConsumerStreamOf(p), "consumer", name)
 		if err := s.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("gaps: group %s: delete consumer %s: %w", d.cfg.Group, name, err)
 		}

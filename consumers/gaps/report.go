@@ -169,7 +169,11 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 		since := rc.Since
 		rep.Since = &since
 		subjects := map[string]streams.Key{}
-		err = scan(ctx, js, streams.StreamFPM, rc.FilterSubject, since, func(m jetstream.Msg) {
+		n, err := streams.FPMShardsOf(ctx, js)
+		if err != nil {
+			return nil, err
+		}
+		count := func(m jetstream.Msg) {
 			k, ok := subjects[m.Subject()]
 			if !ok {
 				var err error
@@ -183,9 +187,11 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 			if isHeartbeat(m.Data()) {
 				p.Heartbeats++
 			}
-		})
-		if err != nil {
-			return nil, err
+		}
+		for _, name := range streams.FPMStreamNames(n) { // each key in one stream: the counts add up
+			if err := scan(ctx, js, name, rc.FilterSubject, since, count); err != nil {
+				return nil, err
+			}
 		}
 	}
 	for _, p := range by {

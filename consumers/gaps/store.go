@@ -22,8 +22,10 @@ import (
 type stateStore struct {
 	js  jetstream.JetStream
 	cfg Config
-	// kv is the state bucket's stream, fpm and events the streams FPM and FPM_EVENTS.
-	kv, fpm, events jetstream.Stream
+	// kv is the state bucket's stream, events FPM_EVENTS; fpm the FPM streams: FPM, or its shards
+	// FPM_0 … (cfg.FPMShards) by shard index, each key's FPMs (and State.StreamSeq) in its shard.
+	kv, events jetstream.Stream
+	fpm        []jetstream.Stream
 }
 
 // open creates the state bucket if missing (an existing one is used as it is, like every bucket a
@@ -36,8 +38,13 @@ func (s *stateStore) open(ctx context.Context) error {
 	if s.kv, err = s.js.Stream(ctx, "KV_"+s.cfg.StateBucket); err != nil {
 		return fmt.Errorf("gaps: state bucket %s: %w", s.cfg.StateBucket, err)
 	}
-	if s.fpm, err = s.js.Stream(ctx, streams.StreamFPM); err != nil {
-		return fmt.Errorf("gaps: stream %s: %w", streams.StreamFPM, err)
+	s.fpm = s.fpm[:0]
+	for _, name := range streams.FPMStreamNames(s.cfg.FPMShards) {
+		st, err := s.js.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("gaps: stream %s: %w", name, err)
+		}
+		s.fpm = append(s.fpm, st)
 	}
 	if s.events, err = s.js.Stream(ctx, streams.StreamEvents); err != nil {
 		return fmt.Errorf("gaps: stream %s: %w", streams.StreamEvents, err)
@@ -136,9 +143,9 @@ func (s *stateStore) nextOn(st jetstream.Stream, subj string, from uint64) (*jet
 	return st.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subj))
 }
 
-// nextFPM is k's first FPM at or after stream sequence from.
+// nextFPM is k's first FPM at or after sequence from of k's stream (FPM, or k's shard).
 func (s *stateStore) nextFPM(k streams.Key, from uint64) (*jetstream.RawStreamMsg, error) {
-	return s.nextOn(s.fpm, streams.FPMSubject(k), from)
+	return s.nextOn(s.fpm[streams.ShardOf(k, len(s.fpm))], streams.FPMSubject(k), from)
 }
 
 // nextMarker is k's first drop marker at or after FPM_EVENTS sequence from.

@@ -106,6 +106,12 @@ type Config struct {
 	// message of a prefix it has made durable, and never Terms (a Term would acknowledge everything
 	// before it as well). It saves the server one ack per message. Fixed for the group's life.
 	CumulativeAcks bool
+	// Shards > 1 says Stream does not exist as one stream: it is spread over Shards streams
+	// <Stream>_0 … <Stream>_<Shards-1> (streams.ShardStreamName), each key in one of them by the
+	// shard function (streams.ShardOf). With Partitions == Shards and the group keyed like the shards
+	// (ShardKeyed), partition p consumes shard p itself (no copy); otherwise the partition stream
+	// sources every shard (see shards.go). 0 or 1: Stream is one stream.
+	Shards int
 }
 
 // FPMConfig is a group on stream FPM keyed by the whole producer key (namespace, component,
@@ -188,6 +194,8 @@ func (c Config) Validate() error {
 		return bad("batch %d: want 1 to max ack pending (%d)", c.Batch, c.MaxAckPending)
 	case c.ReleaseTimeout <= 0:
 		return bad("release timeout %v: want > 0", c.ReleaseTimeout)
+	case c.Shards < 0 || c.Shards > MaxPartitions:
+		return bad("shards %d: want 0 to %d", c.Shards, MaxPartitions)
 	}
 	for i, f := range c.Filters {
 		toks := strings.Split(f.Subject, ".")
@@ -294,13 +302,17 @@ func matchWildcards(filter string, toks []string) ([]string, bool) {
 // the stored subject is "<partition>.<original subject>".
 func (c Config) transformDest(f Filter) string {
 	var b strings.Builder
-	b.WriteString("{{partition(")
-	b.WriteString(strconv.Itoa(c.Partitions))
-	for _, k := range f.KeyTokens {
-		b.WriteByte(',')
-		b.WriteString(strconv.Itoa(k))
+	if c.Partitions == 1 { // a one-partition copy of shards (copies): every key in partition 0
+		b.WriteString("0")
+	} else {
+		b.WriteString("{{partition(")
+		b.WriteString(strconv.Itoa(c.Partitions))
+		for _, k := range f.KeyTokens {
+			b.WriteByte(',')
+			b.WriteString(strconv.Itoa(k))
+		}
+		b.WriteString(")}}")
 	}
-	b.WriteString(")}}")
 	n := 0
 	for _, t := range strings.Split(f.Subject, ".") {
 		b.WriteByte('.')
@@ -314,18 +326,27 @@ func (c Config) transformDest(f Filter) string {
 	return b.String()
 }
 
-// PartitionStream is the stream a group with Partitions > 1 consumes, "" for Partitions == 1.
+// PartitionStream is the stream a group with Partitions > 1 consumes, "" for Partitions == 1; with
+// shards, the one a group that does not read its shards directly consumes (see shards.go).
 func (c Config) PartitionStream() string {
-	if c.withDefaults().Partitions == 1 {
+	if !c.withDefaults().copies() {
 		return ""
 	}
 	return c.Stream + "_PART_" + c.Group
 }
 
-// ConsumerStream is the stream the partition consumers live on.
-func (c Config) ConsumerStream() string {
+// ConsumerStream is the stream the partition consumers live on; with a group that consumes shards
+// directly, each partition's is its shard (ConsumerStreamOf), and this names the first.
+func (c Config) ConsumerStream() string { return c.ConsumerStreamOf(0) }
+
+// ConsumerStreamOf is the stream partition p's consumer lives on: the partition stream, the group's
+// stream, or shard p when the group consumes shards directly.
+func (c Config) ConsumerStreamOf(p int) string {
 	if s := c.PartitionStream(); s != "" {
 		return s
+	}
+	if c.withDefaults().direct() {
+		return c.shardStream(p)
 	}
 	return c.Stream
 }
@@ -341,7 +362,7 @@ func (c Config) ConsumerName(p int) string {
 
 // filterSubjects are the consumer filters of partition p.
 func (c Config) filterSubjects(p int) []string {
-	if c.withDefaults().Partitions == 1 {
+	if !c.withDefaults().copies() {
 		out := make([]string, len(c.Filters))
 		for i, f := range c.Filters {
 			out[i] = f.Subject

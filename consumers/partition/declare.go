@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -49,11 +50,27 @@ func (c Config) ConsumerConfig(p int) jetstream.ConsumerConfig {
 // replicas are the source stream's: a lagging group loses nothing the source still holds, and the copy
 // costs what the source costs. (Work-queue retention would keep only the backlog, but deleting every
 // acked message made consumption about 4x slower in BenchmarkThroughput; see the package comment.)
+//
+// A sharded stream's partition stream sources every shard the same way (keys never span shards, so
+// per-key order holds) and may hold what all of them hold (n times a shard's byte limit).
 func (c Config) partitionStreamConfig(src *jetstream.StreamInfo) jetstream.StreamConfig {
 	c = c.withDefaults()
 	tr := make([]jetstream.SubjectTransformConfig, len(c.Filters))
 	for i, f := range c.Filters {
 		tr[i] = jetstream.SubjectTransformConfig{Source: f.Subject, Destination: c.transformDest(f)}
+	}
+	names := c.SourceStreams()
+	sources := make([]*jetstream.StreamSource, len(names))
+	for i, name := range names {
+		sources[i] = &jetstream.StreamSource{Name: name, SubjectTransforms: tr}
+	}
+	maxBytes := src.Config.MaxBytes
+	if maxBytes > 0 && len(names) > 1 {
+		maxBytes *= int64(len(names))
+	}
+	metaSrc := c.Stream
+	if len(names) > 1 {
+		metaSrc = strings.Join(names, ",")
 	}
 	return jetstream.StreamConfig{
 		Name:              c.PartitionStream(),
@@ -61,17 +78,17 @@ func (c Config) partitionStreamConfig(src *jetstream.StreamInfo) jetstream.Strea
 		Retention:         jetstream.LimitsPolicy,
 		Discard:           src.Config.Discard,
 		MaxAge:            src.Config.MaxAge,
-		MaxBytes:          src.Config.MaxBytes,
+		MaxBytes:          maxBytes,
 		MaxMsgs:           src.Config.MaxMsgs,
 		MaxMsgsPerSubject: src.Config.MaxMsgsPerSubject,
 		MaxConsumers:      -1,
 		Storage:           src.Config.Storage,
 		Replicas:          src.Config.Replicas,
-		Sources:           []*jetstream.StreamSource{{Name: c.Stream, SubjectTransforms: tr}},
+		Sources:           sources,
 		Metadata: map[string]string{
 			metaPartitions: strconv.Itoa(c.Partitions),
 			metaFilters:    c.filtersSignature(),
-			metaSource:     c.Stream,
+			metaSource:     metaSrc,
 		},
 	}
 }
@@ -79,14 +96,32 @@ func (c Config) partitionStreamConfig(src *jetstream.StreamInfo) jetstream.Strea
 // declare creates (or checks) the group's server resources: the partition stream when Partitions > 1
 // and the Partitions durable consumers. It refuses to change an existing group's partitioning.
 func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Stream, error) {
-	src, err := js.Stream(ctx, c.Stream)
-	if err != nil {
-		return nil, fmt.Errorf("partition: stream %s: %w", c.Stream, err)
+	c = c.withDefaults()
+	srcs := make([]jetstream.Stream, 0, max(c.Shards, 1))
+	for _, name := range c.SourceStreams() {
+		src, err := js.Stream(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("partition: stream %s: %w", name, err)
+		}
+		srcs = append(srcs, src)
 	}
+	src := srcs[0]
 	srcInfo := src.CachedInfo()
-	partName := c.Stream + "_PART_" + c.Group // exists only for Partitions > 1
+	partName := c.Stream + "_PART_" + c.Group // exists only when the group copies (Partitions > 1, or shards not read directly)
 	consStream := src
-	if c.Partitions == 1 {
+	if c.direct() {
+		if _, err := js.Stream(ctx, partName); err == nil {
+			return nil, fmt.Errorf("%w: %s/%s reads its %d shards directly but partition stream %s exists (delete the group to change)",
+				ErrGroupMismatch, c.Stream, c.Group, c.Shards, partName)
+		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, fmt.Errorf("partition: look up %s: %w", partName, err)
+		}
+		sharded := &shardedStream{Stream: src, byConsumer: make(map[string]jetstream.Stream, c.Partitions)}
+		for p := range c.Partitions {
+			sharded.byConsumer[c.ConsumerName(p)] = srcs[p]
+		}
+		consStream = sharded
+	} else if !c.copies() {
 		if _, err := js.Stream(ctx, partName); err == nil {
 			return nil, fmt.Errorf("%w: %s/%s has 1 partition but partition stream %s exists (delete the group to change)",
 				ErrGroupMismatch, c.Stream, c.Group, partName)
@@ -97,6 +132,13 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 		if ci, err := js.Consumer(ctx, c.Stream, c.Group); err == nil && len(ci.CachedInfo().Config.PriorityGroups) > 0 {
 			return nil, fmt.Errorf("%w: %s/%s exists with 1 partition (consumer %s on %s); delete the group to change",
 				ErrGroupMismatch, c.Stream, c.Group, c.Group, c.Stream)
+		}
+		if c.Shards > 1 { // a group that reads its shards directly has <group>-0 on the first shard
+			direct := c.Group + "-0"
+			if ci, err := src.Consumer(ctx, direct); err == nil && len(ci.CachedInfo().Config.PriorityGroups) > 0 {
+				return nil, fmt.Errorf("%w: %s/%s reads its %d shards directly (consumer %s on %s); delete the group to change",
+					ErrGroupMismatch, c.Stream, c.Group, c.Shards, direct, srcInfo.Config.Name)
+			}
 		}
 		want := c.partitionStreamConfig(srcInfo)
 		ps, err := js.Stream(ctx, want.Name)
@@ -125,7 +167,7 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 			return nil, fmt.Errorf("%w: %s/%s: consumer %s acks with policy %s on the server, %s here (delete the group to change)",
 				ErrGroupMismatch, c.Stream, c.Group, want.Durable, ci.CachedInfo().Config.AckPolicy, want.AckPolicy)
 		}
-		if _, err := js.CreateOrUpdateConsumer(ctx, consStream.CachedInfo().Config.Name, want); err != nil {
+		if _, err := consStream.CreateOrUpdateConsumer(ctx, want); err != nil {
 			return nil, fmt.Errorf("partition: declare consumer %s: %w", c.ConsumerName(p), err)
 		}
 	}
@@ -162,12 +204,17 @@ func Delete(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		return err
 	}
 	var errs []error
-	if c.Partitions == 1 {
-		if err := js.DeleteConsumer(ctx, c.Stream, c.Group); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	switch {
+	case c.copies():
+		if err := js.DeleteStream(ctx, c.PartitionStream()); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			errs = append(errs, err)
 		}
-	} else if err := js.DeleteStream(ctx, c.PartitionStream()); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		errs = append(errs, err)
+	default:
+		for p := range c.Partitions {
+			if err := js.DeleteConsumer(ctx, c.ConsumerStreamOf(p), c.ConsumerName(p)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				errs = append(errs, err)
+			}
+		}
 	}
 	if kv, err := js.KeyValue(ctx, MembersBucket); err == nil {
 		if lister, err := kv.ListKeysFiltered(ctx, c.Stream+"."+c.Group+".*"); err == nil {

@@ -229,7 +229,7 @@ func (w *worker) own(cons jetstream.Consumer, h Handler) (resync bool, err error
 	s := &session{
 		ch:   make(chan jetstream.Msg, m.cfg.MaxAckPending),
 		next: 1,
-		wrap: m.cfg.Partitions > 1,
+		wrap: m.cfg.PartitionStream() != "",
 		ev:   make(chan event, 1),
 	}
 	cc, err := cons.Consume(s.onMsg,

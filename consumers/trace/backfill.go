@@ -28,7 +28,8 @@ var ErrBadRange = errors.New("trace: invalid backfill range")
 
 // BackfillRange selects what a backfill replays from stream FPM: by stream sequence (StartSeq to
 // EndSeq, inclusive) or by stream time (Since to Until, inclusive), not both. A zero bound is open: the
-// start of the stream, or its last message when the backfill starts.
+// start of the stream, or its last message when the backfill starts. With FPM shards (each numbered on
+// its own) only a time range, or the whole of every shard, can be selected.
 type BackfillRange struct {
 	StartSeq, EndSeq uint64
 	Since, Until     time.Time
@@ -44,7 +45,7 @@ func (r BackfillRange) validate() error {
 // BackfillProgress is reported while a backfill reads its range.
 type BackfillProgress struct {
 	// Done messages of Total read so far (Total counts the range's messages on the filter when the
-	// backfill started). Seq is the last stream sequence read.
+	// backfill started). Seq is the last stream sequence read (with shards, in its shard).
 	Done, Total uint64
 	Seq         uint64
 }
@@ -85,16 +86,32 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	if err != nil {
 		return res, fmt.Errorf("trace: register metrics: %w", err)
 	}
-	s, startCfg, last, err := streams.OpenFPMRange(ctx, js, cfg.FilterSubject, rng.StartSeq, rng.EndSeq, rng.Since)
+	n, err := streams.FPMShardsOf(ctx, js)
 	if err != nil {
 		return res, fmt.Errorf("trace: backfill: %w", err)
 	}
-	total, err := rangeCount(ctx, s, cfg.FilterSubject, startCfg, rng, last)
-	if err != nil {
-		return res, fmt.Errorf("trace: backfill: count the range: %w", err)
+	if n > 1 && (rng.StartSeq != 0 || rng.EndSeq != 0) {
+		return res, fmt.Errorf("%w: FPMs are spread over %d shard streams, each numbered on its own: select the range by time (since, until)",
+			ErrBadRange, n)
+	}
+	var parts []rangePart
+	var total, last uint64
+	for _, name := range streams.FPMStreamNames(n) {
+		s, startCfg, shardLast, err := streams.OpenFPMRangeOf(ctx, js, name, cfg.FilterSubject, rng.StartSeq, rng.EndSeq, rng.Since)
+		if err != nil {
+			return res, fmt.Errorf("trace: backfill: %w", err)
+		}
+		count, err := rangeCount(ctx, s, cfg.FilterSubject, startCfg, rng, shardLast)
+		if err != nil {
+			return res, fmt.Errorf("trace: backfill: count the range of %s: %w", name, err)
+		}
+		if count > 0 { // an empty range would wait for a message forever
+			parts = append(parts, rangePart{stream: name, s: s, start: startCfg, last: shardLast})
+		}
+		total, last = total+count, max(last, shardLast)
 	}
 	log.Info("trace backfill started", "mode", cfg.Mode, "output", cfg.OutputPath, "filter", cfg.FilterSubject,
-		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total)
+		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total, "fpm_streams", n)
 	w := newWriter(cfg, set, log, m, set.Clock(), nil)
 	if w.sampler != nil {
 		w.sampler.hold = 0 // event time only
@@ -109,9 +126,9 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 			}
 		}
 	}
-	complete := total == 0
+	complete := len(parts) == 0
 	if !complete {
-		complete, err = backfillRange(ctx, s, startCfg, rng, last, w, &res, report)
+		complete, err = backfillRange(ctx, parts, rng, w, &res, report)
 		if err != nil {
 			w.abort()
 			return res, err
@@ -133,39 +150,94 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	return res, nil
 }
 
+// rangePart is the range on one FPM stream (FPM, or one shard): its stream, where the read starts and
+// the last sequence of the range.
+type rangePart struct {
+	stream string
+	s      jetstream.Stream
+	start  jetstream.OrderedConsumerConfig
+	last   uint64
+}
+
+// partReader reads one part in order; head is its next message in the range (nil once done).
+type partReader struct {
+	rangePart
+	it   jetstream.MessagesContext
+	head jetstream.Msg
+	md   *jetstream.MsgMetadata
+	done bool
+}
+
+// advance reads the part's next message of the range into head, or marks the part done.
+func (p *partReader) advance(ctx context.Context, rng BackfillRange) error {
+	p.head, p.md = nil, nil
+	if p.done {
+		return nil
+	}
+	raw, err := p.it.Next()
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("trace: backfill: read %s: %w", p.stream, err)
+	}
+	md, err := raw.Metadata()
+	if err != nil {
+		return fmt.Errorf("trace: backfill: read %s: %w", p.stream, err)
+	}
+	if md.Sequence.Stream > p.last || !rng.Until.IsZero() && md.Timestamp.After(rng.Until) {
+		p.done = true
+		return nil
+	}
+	p.head, p.md = raw, md
+	if md.Sequence.Stream >= p.last || md.NumPending == 0 {
+		p.done = true // the part's last message: handed, then no more reads
+	}
+	return nil
+}
+
 // backfillRange is Backfill's loop: it reads the range in order and hands each message to w, flushing
 // every FlushInterval (sampled mode: writing the samples whose interval is over by event time), until
-// the range is complete (true) or ctx ends (false).
-func backfillRange(ctx context.Context, s jetstream.Stream, start jetstream.OrderedConsumerConfig, rng BackfillRange, last uint64,
-	w *writer, res *BackfillResult, report func(bool)) (bool, error) {
-	oc, err := s.OrderedConsumer(ctx, start)
-	if err != nil {
-		return false, fmt.Errorf("trace: backfill: ordered consumer: %w", err)
-	}
-	it, err := oc.Messages(jetstream.PullMaxMessages(w.cfg.pullBatch()))
-	if err != nil {
-		return false, fmt.Errorf("trace: backfill: ordered consumer: %w", err)
-	}
-	defer it.Stop()
-	unblock := context.AfterFunc(ctx, it.Stop) // ends a Next waiting for the server
-	defer unblock()
-	flushed := time.Now()
-	keys := subjectKeys{}
-	for {
-		raw, err := it.Next()
+// the range is complete (true) or ctx ends (false). With shards it reads every shard at once and hands
+// their messages merged by stored time (the order one stream would have stored them in; a key's
+// messages are in one shard, so their order is the shard's): sampled intervals then close by event
+// time as they do on one stream.
+func backfillRange(ctx context.Context, parts []rangePart, rng BackfillRange, w *writer, res *BackfillResult, report func(bool)) (bool, error) {
+	readers := make([]*partReader, 0, len(parts))
+	for _, part := range parts {
+		oc, err := part.s.OrderedConsumer(ctx, part.start)
 		if err != nil {
+			return false, fmt.Errorf("trace: backfill: ordered consumer on %s: %w", part.stream, err)
+		}
+		it, err := oc.Messages(jetstream.PullMaxMessages(w.cfg.pullBatch()))
+		if err != nil {
+			return false, fmt.Errorf("trace: backfill: ordered consumer on %s: %w", part.stream, err)
+		}
+		defer it.Stop()
+		unblock := context.AfterFunc(ctx, it.Stop) // ends a Next waiting for the server
+		defer unblock()
+		r := &partReader{rangePart: part, it: it}
+		if err := r.advance(ctx, rng); err != nil {
 			if ctx.Err() != nil {
 				return false, nil
 			}
-			return false, fmt.Errorf("trace: backfill: read %s: %w", streams.StreamFPM, err)
+			return false, err
 		}
-		md, err := raw.Metadata()
-		if err != nil {
-			return false, fmt.Errorf("trace: backfill: read %s: %w", streams.StreamFPM, err)
+		readers = append(readers, r)
+	}
+	flushed := time.Now()
+	keys := subjectKeys{}
+	for {
+		var next *partReader
+		for _, r := range readers {
+			if r.head != nil && (next == nil || r.md.Timestamp.Before(next.md.Timestamp)) {
+				next = r
+			}
 		}
-		if md.Sequence.Stream > last || !rng.Until.IsZero() && md.Timestamp.After(rng.Until) {
-			return true, nil
+		if next == nil {
+			return true, nil // every part's last message handed
 		}
+		raw, md := next.head, next.md
 		res.Messages++
 		if res.FirstSeq == 0 {
 			res.FirstSeq = md.Sequence.Stream
@@ -198,8 +270,11 @@ func backfillRange(ctx context.Context, s jetstream.Stream, start jetstream.Orde
 				return false, err
 			}
 		}
-		if md.Sequence.Stream >= last || md.NumPending == 0 {
-			return true, nil // the range's last message
+		if err := next.advance(ctx, rng); err != nil {
+			if ctx.Err() != nil {
+				return false, nil
+			}
+			return false, err
 		}
 	}
 }

@@ -81,6 +81,11 @@ type Config struct {
 	// (keyed by worker_id) are spread over the instances through the partition stream FPM_PART_<Group>,
 	// a server-side copy of FPM. Fixed for the life of the group.
 	Partitions int
+	// FPMShards is the server's FPM shard count (streams.DiscoverFPMShards; 0: New reads it from the
+	// server). With n > 1 shards a producer's ranks may be in several shards, and its file must have
+	// one writer, so the group always reads the partition stream FPM_PART_<Group>, which sources every
+	// shard (with P = 1 too); a key's order is its shard's and is kept.
+	FPMShards int
 	// PinnedTTL bounds crash failover to another instance (--pinned-ttl): how long an instance that
 	// stopped pulling keeps its partitions. A restarted instance with the same member id
 	// (WithMemberID) takes its partitions back at once.

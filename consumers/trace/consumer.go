@@ -12,6 +12,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // ErrAlreadyRunning is returned by a second call of Consumer.Run.
@@ -68,6 +69,15 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		return nil, err
 	}
 	set.Registerer = cfg.Registerer // the runner's metrics go where the writer's go
+	if cfg.FPMShards == 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		n, err := streams.FPMShardsOf(ctx, js)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("trace: FPM shards: %w", err)
+		}
+		cfg.FPMShards = n
+	}
 	pc, err := cfg.PartitionConfig()
 	if err != nil {
 		return nil, err

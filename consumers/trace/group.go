@@ -41,6 +41,9 @@ var ErrGroupUnsupported = errors.New("trace: not supported by a partitioned grou
 func (c Config) PartitionConfig() (partition.Config, error) {
 	pc := partition.FPMConfig(c.Group)
 	pc.Partitions = c.Partitions
+	if c.FPMShards > 1 {
+		pc.Shards = c.FPMShards // keyed by worker_id, never like the shards: a partition stream
+	}
 	pc.PinnedTTL = c.PinnedTTL
 	pc.ReleaseTimeout = c.StopTimeout
 	pc.AckWait = c.ackWait()
@@ -101,9 +104,10 @@ func (c Config) cumulativeAcks() bool { return c.Mode == schemas.CaptureFull }
 
 // detectsRetentionLoss says whether the runner can report messages the stream removed before the
 // writer read them: only when the group reads every subject of FPM itself (one partition, the whole
-// stream), so that every stream sequence it skips is a lost message. Both modes.
+// stream FPM), so that every stream sequence it skips is a lost message. Both modes. Not with shards:
+// the group then reads a partition stream.
 func (c Config) detectsRetentionLoss() bool {
-	return c.Partitions == 1 && c.FilterSubject == streams.FPMWildcard
+	return c.Partitions == 1 && c.FilterSubject == streams.FPMWildcard && c.FPMShards <= 1
 }
 
 // runnerConfig is the durable.Runner configuration of the writer with group pc. The runner releases

@@ -35,6 +35,20 @@ func Start(t testing.TB) *Env {
 // policy. The tests about durability start their servers with the policy they measure or ship.
 func StartAt(t testing.TB, listen, storeDir string) *Env {
 	t.Helper()
+	return start(t, listen, storeDir, streams.DefaultConfig())
+}
+
+// StartShards runs a server whose FPMs are spread over n shard streams FPM_0 … FPM_<n-1> (no stream
+// FPM), the other streams as Start makes them.
+func StartShards(t testing.TB, n int) *Env {
+	t.Helper()
+	cfg := streams.DefaultConfig()
+	cfg.FPMShards = n
+	return start(t, "127.0.0.1:0", t.TempDir(), cfg)
+}
+
+func start(t testing.TB, listen, storeDir string, cfg streams.Config) *Env {
+	t.Helper()
 	srv, err := streams.StartServer(streams.ServerConfig{Listen: listen, StoreDir: storeDir,
 		Sync: streams.SyncPolicy{Interval: streams.ServerDefaultSyncInterval}})
 	if err != nil {
@@ -51,7 +65,7 @@ func StartAt(t testing.TB, listen, storeDir string) *Env {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := streams.Apply(ctx, js, streams.DefaultConfig()); err != nil {
+	if err := streams.Apply(ctx, js, cfg); err != nil {
 		t.Fatalf("apply streams: %v", err)
 	}
 	e := &Env{Server: srv, StoreDir: storeDir, NC: nc, JS: js}

@@ -1,0 +1,115 @@
+package partition
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// A group on a sharded stream (Config.Shards > 1: FPMs spread over FPM_0 … FPM_<n-1> by
+// streams.ShardOf, each key in one shard) reads it in one of two ways:
+//
+//   - Directly, when the group is keyed like the shards (ShardKeyed: FPM keyed by tokens 1-4 of
+//     fpm.*.*.*.*, which is ShardOf) and Partitions == Shards: partition p is shard p, its consumer
+//     <group>-<p> lives on shard p with the group's filters, and nothing is copied. A partition then
+//     holds exactly the keys PartitionOf gives it, so every handler rule holds as on one stream.
+//   - Through the partition stream otherwise (another key, as the trace writer's worker_id, or another
+//     partition count, one included): <Stream>_PART_<group> sources every shard through the
+//     group's partition transform, as it sources one stream. Keys never span shards, so every key's
+//     messages keep their order in the copy; StreamSequence is then the shard's sequence (the source
+//     header), which grows with every message of the key like the one stream's did.
+//
+// The stream a member holds for its partitions (Member's stream handle) is then a shardedStream: the
+// consumer operations are sent to the stream of the consumer they name.
+
+// ShardKeyed reports whether c partitions like the shard function: stream FPM, one filter
+// fpm.*.*.*.* keyed by its four tokens (FPMConfig's keying).
+func (c Config) ShardKeyed() bool {
+	return c.Stream == streams.StreamFPM && len(c.Filters) == 1 &&
+		c.Filters[0].Subject == streams.FPMRoot+".*.*.*.*" && slices.Equal(c.Filters[0].KeyTokens, []int{1, 2, 3, 4})
+}
+
+// direct reports whether partition p consumes shard p itself.
+func (c Config) direct() bool {
+	return c.Shards > 1 && c.Partitions == c.Shards && c.ShardKeyed()
+}
+
+// copies reports whether the group consumes a partition stream.
+func (c Config) copies() bool {
+	return (c.Partitions > 1 || c.Shards > 1) && !c.direct()
+}
+
+// shardStream is the name of shard i of the group's stream (streams.ShardStreamName for FPM).
+func (c Config) shardStream(i int) string { return c.Stream + "_" + strconv.Itoa(i) }
+
+// SourceStreams are the streams the group's messages are stored in: its stream, or its shards.
+func (c Config) SourceStreams() []string {
+	if c.Shards <= 1 {
+		return []string{c.Stream}
+	}
+	out := make([]string, c.Shards)
+	for i := range c.Shards {
+		out[i] = c.shardStream(i)
+	}
+	return out
+}
+
+// shardedStream is the stream handle of a group that consumes shards directly: the Stream methods
+// that name a consumer go to the stream the consumer lives on; the others are the first shard's
+// (its configuration stands for the shards', which are defined alike).
+type shardedStream struct {
+	jetstream.Stream
+	byConsumer map[string]jetstream.Stream
+}
+
+func (s *shardedStream) of(consumer string) jetstream.Stream {
+	if t, ok := s.byConsumer[consumer]; ok {
+		return t
+	}
+	return s.Stream
+}
+
+func (s *shardedStream) Consumer(ctx context.Context, name string) (jetstream.Consumer, error) {
+	return s.of(name).Consumer(ctx, name)
+}
+
+func (s *shardedStream) CreateOrUpdateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	return s.of(cfg.Durable).CreateOrUpdateConsumer(ctx, cfg)
+}
+
+func (s *shardedStream) CreateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	return s.of(cfg.Durable).CreateConsumer(ctx, cfg)
+}
+
+func (s *shardedStream) UpdateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	return s.of(cfg.Durable).UpdateConsumer(ctx, cfg)
+}
+
+func (s *shardedStream) DeleteConsumer(ctx context.Context, name string) error {
+	return s.of(name).DeleteConsumer(ctx, name)
+}
+
+func (s *shardedStream) PauseConsumer(ctx context.Context, name string, until time.Time) (*jetstream.ConsumerPauseResponse, error) {
+	return s.of(name).PauseConsumer(ctx, name, until)
+}
+
+func (s *shardedStream) ResumeConsumer(ctx context.Context, name string) (*jetstream.ConsumerPauseResponse, error) {
+	return s.of(name).ResumeConsumer(ctx, name)
+}
+
+func (s *shardedStream) UnpinConsumer(ctx context.Context, name, group string) error {
+	return s.of(name).UnpinConsumer(ctx, name, group)
+}
+
+func (s *shardedStream) ResetConsumer(ctx context.Context, name string) (*jetstream.ConsumerResetResponse, error) {
+	return s.of(name).ResetConsumer(ctx, name)
+}
+
+func (s *shardedStream) ResetConsumerToSequence(ctx context.Context, name string, seq uint64) (*jetstream.ConsumerResetResponse, error) {
+	return s.of(name).ResetConsumerToSequence(ctx, name, seq)
+}
