@@ -225,12 +225,21 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var before uint64 // what the central stream held when it first answered after the restart
+	resumed := false
 	checkFor(t, 90*time.Second, 100*time.Millisecond, func() error {
 		s, err := cjs.Stream(context.Background(), streams.StreamFPM)
 		if err != nil {
 			return err
 		}
-		if n := s.CachedInfo().State.Msgs; n < total {
+		n := s.CachedInfo().State.Msgs
+		if before == 0 {
+			before = n
+		} else if !resumed && n > before {
+			resumed = true
+			t.Logf("central sourcing resumed %v after the restart (from %d FPMs)", time.Since(restartedAt).Round(time.Millisecond), before)
+		}
+		if n < total {
 			return fmt.Errorf("central FPM holds %d of %d FPMs", n, total)
 		}
 		return nil
@@ -248,6 +257,7 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 	rg.Go(func() { atEdge, edgeErr = readStream(ejs, streams.StreamFPM) })
 	rg.Go(func() { atCentral, centralErr = readStream(cjs, streams.StreamFPM) })
 	rg.Wait()
+	t.Logf("read both copies (%d and %d FPMs)", len(atEdge), len(atCentral))
 	if edgeErr != nil || centralErr != nil {
 		t.Fatalf("read the edge's FPM: %v; the central FPM: %v", edgeErr, centralErr)
 	}
@@ -294,7 +304,9 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 			t.Fatalf("%s: last seq %d, sent %d", subj, last, sent[r])
 		}
 	}
+	t.Logf("compared every FPM")
 	if err := h.stop(); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("bridge stopped")
 }

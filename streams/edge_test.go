@@ -118,40 +118,47 @@ func TestAddEdgeSourcesIdempotent(t *testing.T) {
 		if err := streams.Apply(ctx, ejs, streams.DefaultConfig()); err != nil {
 			t.Fatal(err)
 		}
+		if err := streams.EnsureEdgeSourceConsumers(ctx, ejs, ec.Domain()); err != nil {
+			t.Fatal(err)
+		}
+		if err := streams.EnsureEdgeSourceConsumers(ctx, ejs, ec.Domain()); err != nil {
+			t.Fatalf("edge %s: second EnsureEdgeSourceConsumers: %v", node, err)
+		}
 		edgeJS = append(edgeJS, ejs)
 		viaLeaf, _ := jetstream.NewWithDomain(enc, streams.DefaultCentralDomain)
 		if node == "a" {
 			central1 = viaLeaf
 		}
 		// The leaf connects in the background: the first attempts may find no central API.
-		var changed []string
+		var res streams.EdgeSourcing
 		deadline := time.Now().Add(20 * time.Second)
-		for changed, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()); err != nil; changed, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()) {
+		for res, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()); err != nil; res, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()) {
 			if time.Now().After(deadline) {
 				t.Fatalf("edge %s: %v", node, err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		if !slices.Equal(changed, streams.EdgeSourcedStreams) {
-			t.Fatalf("edge %s: first AddEdgeSources changed %v, want %v", node, changed, streams.EdgeSourcedStreams)
+		if !slices.Equal(res.Added, streams.EdgeSourcedStreams) || len(res.NotDurable) != 0 {
+			t.Fatalf("edge %s: first AddEdgeSources: %+v, want added %v", node, res, streams.EdgeSourcedStreams)
 		}
 	}
-	changed, err := streams.AddEdgeSources(ctx, central1, "edge-a")
-	if err != nil || len(changed) != 0 {
-		t.Fatalf("second AddEdgeSources for edge-a: changed %v, err %v; want nothing changed", changed, err)
+	res, err := streams.AddEdgeSources(ctx, central1, "edge-a")
+	if err != nil || len(res.Added) != 0 || len(res.NotDurable) != 0 {
+		t.Fatalf("second AddEdgeSources for edge-a: %+v, err %v; want nothing changed", res, err)
 	}
 	for _, name := range streams.EdgeSourcedStreams {
 		s, err := cjs.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var prefixes []string
+		var sources []string
 		for _, src := range s.CachedInfo().Config.Sources {
-			prefixes = append(prefixes, src.Name+" "+src.External.APIPrefix)
+			sources = append(sources, src.Name+" "+src.External.APIPrefix+" "+src.Consumer.Name+" "+src.Consumer.DeliverSubject)
 		}
-		want := []string{name + " $JS.edge-a.API", name + " $JS.edge-b.API"}
-		if !slices.Equal(prefixes, want) {
-			t.Fatalf("central %s sources %v, want %v", name, prefixes, want)
+		want := []string{name + " $JS.edge-a.API fpmbus-central fpmsource.edge-a." + name,
+			name + " $JS.edge-b.API fpmbus-central fpmsource.edge-b." + name}
+		if !slices.Equal(sources, want) {
+			t.Fatalf("central %s sources %v, want %v", name, sources, want)
 		}
 	}
 
