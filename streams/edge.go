@@ -16,9 +16,9 @@ import (
 // The edge topology: a bridge publishes to a JetStream server on its own node (an edge), which stores
 // to local disk in a JetStream domain of its own and is a NATS leaf node of the central server. The
 // central FPM and FPM_EVENTS streams source the edge's streams of the same names over the leafnode
-// connection. While the central server or the link is away the edge keeps storing; when the link is
-// back, each source resumes from the last edge sequence the central stream holds, so an outage costs
-// the edge's disk, not data.
+// connection, each through a durable consumer at the edge (EdgeSourceConsumer). While the central server
+// or the link is away the edge keeps storing; when the link is back, each source resumes after the last
+// edge sequence the central stream holds, so an outage costs the edge's disk, not data.
 //
 // Invariants:
 //   - The edge's streams are fpmbus's own (Config.All, created by the bridge's Ensure on the edge), so
@@ -29,6 +29,11 @@ import (
 //     fpmbus's subjects (EdgeDeniedSubjects), so an FPM published at the edge is not also delivered to
 //     the central stream's subject listener, and a central publisher's FPM is not stored at the edge
 //     (and sourced back).
+//   - The source consumer's position at the edge never passes what the central server stored: the
+//     central server acknowledges by its flow-control replies, which it sends once the messages before
+//     them are stored (on a cluster, replicated). After a reset to that position it drops what it
+//     already holds, so a resumed source neither skips nor repeats — as long as the central server
+//     keeps what it acknowledged (sync_interval: always, ops/nats/central-leaf.conf).
 //   - The central server must run JetStream in a domain (DefaultCentralDomain unless told): a leaf
 //     with a domain of its own reaches the central JetStream API only as $JS.<domain>.API.
 
