@@ -22,9 +22,9 @@ import (
 // Who declares the sources: the edge itself, at start (declareSources). It creates its streams and
 // their durable source consumers locally, then adds itself to the central streams' sources. An edge
 // that comes up is sourced without an operator step, and the declaration is idempotent, so every
-// restart repeats it harmlessly. It runs in the background with backoff because the central server may be away when the
-// node starts — which is the case the edge exists for; the edge stores meanwhile and the central
-// stream catches up once the source is there. Removing an edge for good is the operator's step
+// restart repeats it harmlessly. It runs in the background with backoff because the central server
+// may be away when the node starts — which is the case the edge exists for; the edge stores meanwhile
+// and the central stream catches up once the source is there. Removing an edge for good is the operator's step
 // (README: "Edge topology").
 type Edge struct {
 	cfg    streams.EdgeConfig

@@ -187,8 +187,8 @@ func (c EdgeConfig) ServerConfig() (ServerConfig, error) {
 // is what makes catching up after an outage start within seconds of the link's return: the central
 // server asks an ephemeral source again only 30 s (plus a backoff) after a request that went
 // unanswered — the leaf reconnects a moment after the central server restarts, so its first request
-// usually is — while a durable source is asked again after 5 s, and at once when the consumer's
-// heartbeat arrives over the restored link.
+// usually is — while a durable source waits 5 s for the answer and then asks again as soon as the
+// consumer's heartbeat arrives over the restored link.
 const EdgeSourceConsumer = "fpmbus-central"
 
 // EdgeDeliverRoot starts the subject an edge's source consumer delivers to:
