@@ -19,11 +19,12 @@ import (
 // as it would to any server, so its buffer, ack accounting and drop markers are unchanged; the central
 // FPM and FPM_EVENTS streams source the edge's streams.
 //
-// Who declares the sources: the edge itself, at start (DeclareSources). An edge that comes up is
-// sourced without an operator step, and the declaration is idempotent, so every restart repeats it
-// harmlessly. It runs in the background with backoff because the central server may be away when the
-// node starts — which is the case the edge exists for; the edge stores meanwhile and the central
-// stream catches up once the source is there. Removing an edge for good is the operator's step
+// Who declares the sources: the edge itself, at start (declareSources). It creates its streams and
+// their durable source consumers locally, then adds itself to the central streams' sources. An edge
+// that comes up is sourced without an operator step, and the declaration is idempotent, so every
+// restart repeats it harmlessly. It runs in the background with backoff because the central server
+// may be away when the node starts — which is the case the edge exists for; the edge stores meanwhile
+// and the central stream catches up once the source is there. Removing an edge for good is the operator's step
 // (README: "Edge topology").
 type Edge struct {
 	cfg    streams.EdgeConfig
@@ -90,6 +91,11 @@ func (e *Edge) Close(ctx context.Context) error {
 
 // declareSources retries until the central streams source this edge or ctx ends.
 func (e *Edge) declareSources(ctx context.Context) {
+	local, err := jetstream.New(e.nc)
+	if err != nil {
+		e.log.Error("edge: JetStream", "err", err)
+		return
+	}
 	central, err := jetstream.NewWithDomain(e.nc, e.cfg.CentralDomainOrDefault())
 	if err != nil {
 		e.log.Error("edge: central JetStream", "err", err)
@@ -100,9 +106,16 @@ func (e *Edge) declareSources(ctx context.Context) {
 		backoff.WithMaxInterval(10*time.Second),
 		backoff.WithMaxElapsedTime(0),
 	)
+	consumers := false // the edge's source consumers are there
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := e.declareOnce(actx, central)
+		if !consumers {
+			err = e.declareConsumers(actx, local)
+			consumers = err == nil
+		}
+		if consumers {
+			err = e.declareOnce(actx, central)
+		}
 		cancel()
 		if err == nil {
 			close(e.srcd)
@@ -125,6 +138,16 @@ func (e *Edge) declareSources(ctx context.Context) {
 	}
 }
 
+// declareConsumers creates the edge's streams (the bridge's Ensure does the same; whichever comes
+// first) and the durable consumers the central streams source them through. Both are local: they do
+// not wait for the central server.
+func (e *Edge) declareConsumers(ctx context.Context, local jetstream.JetStream) error {
+	if _, err := streams.Ensure(ctx, local, e.scfg, e.log); err != nil {
+		return fmt.Errorf("edge streams: %w", err)
+	}
+	return streams.EnsureEdgeSourceConsumers(ctx, local, e.cfg.Domain())
+}
+
 func (e *Edge) declareOnce(ctx context.Context, central jetstream.JetStream) error {
 	if _, err := streams.Ensure(ctx, central, e.scfg, e.log); err != nil {
 		if errors.Is(err, streams.ErrIncompatible) {
@@ -132,11 +155,16 @@ func (e *Edge) declareOnce(ctx context.Context, central jetstream.JetStream) err
 		}
 		return err
 	}
-	changed, err := streams.AddEdgeSources(ctx, central, e.cfg.Domain())
+	res, err := streams.AddEdgeSources(ctx, central, e.cfg.Domain())
 	if err != nil {
 		return err
 	}
 	e.log.Info("edge: central streams source this edge", "central_domain", e.cfg.CentralDomainOrDefault(),
-		"added_to", changed)
+		"added_to", res.Added)
+	if len(res.NotDurable) > 0 {
+		e.log.Warn("edge: central streams source this edge without its durable source consumer; left as they are "+
+			"(replacing them would store the edge's FPMs twice), but catching up after an outage can wait 30 s and more",
+			"streams", res.NotDurable, "consumer", streams.EdgeSourceConsumer)
+	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -81,36 +82,43 @@ type streamMsg struct {
 	data    []byte
 }
 
-// readStream reads every message of stream in order with an ordered consumer.
-func readStream(js jetstream.JetStream, stream string) ([]streamMsg, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+// readStream reads the first n messages of stream in order with an ordered consumer and hands each
+// to each, stopping at its first error.
+func readStream(ctx context.Context, js jetstream.JetStream, stream string, n uint64, each func(i uint64, m streamMsg) error) error {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", stream, err)
+		return fmt.Errorf("stream %s: %w", stream, err)
 	}
-	n := s.CachedInfo().State.Msgs
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	out := make([]streamMsg, 0, n)
-	for uint64(len(out)) < n {
-		batch, err := cons.FetchNoWait(10000)
+	// One pull request after the other, each for the next 20,000 messages, fetched while the caller
+	// works on the previous ones.
+	it, err := cons.Messages(jetstream.PullMaxMessages(20000))
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	for i := uint64(0); i < n; i++ {
+		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return nil, err
+			return fmt.Errorf("read %d of %d messages of %s: %w", i, n, stream, err)
 		}
-		for m := range batch.Messages() {
-			out = append(out, streamMsg{subject: m.Subject(), header: m.Headers(), data: m.Data()})
-		}
-		if err := batch.Error(); err != nil {
-			return nil, err
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("read %d of %d messages of %s", len(out), n, stream)
+		if err := each(i, streamMsg{subject: m.Subject(), header: m.Headers(), data: m.Data()}); err != nil {
+			return err
 		}
 	}
-	return out, nil
+	return nil
+}
+
+// streamLen is how many messages stream holds.
+func streamLen(js jetstream.JetStream, stream string) (uint64, error) {
+	s, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	return s.CachedInfo().State.Msgs, nil
 }
 
 // TestEdgeRidesOutCentralOutage cuts the edge from the central server for edgeOutage at 5,000 FPM/s
@@ -213,9 +221,10 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 		t.Fatalf("bridge stats: %s", fmtStats(st))
 	}
 
-	// The central stream catches up: it holds as many FPMs as were sent. The central server retries a
-	// source whose consumer request went unanswered (sent before the leaf reconnected) after 30 s plus
-	// backoff, so catching up takes about 45 s after a restart.
+	// The central stream catches up: it holds as many FPMs as were sent. The central server asks for
+	// its source again 5 s after its first request, which it sent before the leaf reconnected and
+	// which therefore went unanswered (the source is durable, see streams.EdgeSourceConsumer); the
+	// backlog then drains at the central server's store rate.
 	cnc, err := nats.Connect(central.srv.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -225,12 +234,21 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var before uint64 // what the central stream held when it first answered after the restart
+	resumed := false
 	checkFor(t, 90*time.Second, 100*time.Millisecond, func() error {
 		s, err := cjs.Stream(context.Background(), streams.StreamFPM)
 		if err != nil {
 			return err
 		}
-		if n := s.CachedInfo().State.Msgs; n < total {
+		n := s.CachedInfo().State.Msgs
+		if before == 0 {
+			before = n
+		} else if !resumed && n > before {
+			resumed = true
+			t.Logf("central sourcing resumed %v after the restart (from %d FPMs)", time.Since(restartedAt).Round(time.Millisecond), before)
+		}
+		if n < total {
 			return fmt.Errorf("central FPM holds %d of %d FPMs", n, total)
 		}
 		return nil
@@ -241,50 +259,77 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Both copies are read at once (two readers, each on its own server).
-	var atEdge, atCentral []streamMsg
-	var edgeErr, centralErr error
+	nEdge, err := streamLen(ejs, streams.StreamFPM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nCentral, err := streamLen(cjs, streams.StreamFPM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nEdge != total || nCentral != total {
+		t.Fatalf("sent %d FPMs; the edge stream holds %d, the central stream %d", total, nEdge, nCentral)
+	}
+
+	// Both copies are read at once (two readers, each on its own server) and compared message by
+	// message as they arrive, the central one against the edge's.
+	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer rcancel()
+	fromEdge := make(chan streamMsg, 20000)
+	var edgeErr error
 	var rg sync.WaitGroup
-	rg.Go(func() { atEdge, edgeErr = readStream(ejs, streams.StreamFPM) })
-	rg.Go(func() { atCentral, centralErr = readStream(cjs, streams.StreamFPM) })
-	rg.Wait()
-	if edgeErr != nil || centralErr != nil {
-		t.Fatalf("read the edge's FPM: %v; the central FPM: %v", edgeErr, centralErr)
-	}
-	if len(atEdge) != int(total) || len(atCentral) != int(total) {
-		t.Fatalf("sent %d FPMs; the edge stream holds %d, the central stream %d", total, len(atEdge), len(atCentral))
-	}
+	rg.Go(func() {
+		defer close(fromEdge)
+		edgeErr = readStream(rctx, ejs, streams.StreamFPM, total, func(_ uint64, m streamMsg) error {
+			select {
+			case fromEdge <- m:
+				return nil
+			case <-rctx.Done():
+				return rctx.Err()
+			}
+		})
+	})
 	ids := make(map[string]bool, total)
 	next := make(map[string]uint64, edgeRanks) // subject -> next Fpm-Seq
-	for i, c := range atCentral {
-		e := atEdge[i]
+	centralErr := readStream(rctx, cjs, streams.StreamFPM, total, func(i uint64, c streamMsg) error {
+		e, ok := <-fromEdge
+		if !ok {
+			return fmt.Errorf("central message %d: the edge's copy ended", i)
+		}
 		if c.subject != e.subject || string(c.data) != string(e.data) {
-			t.Fatalf("central message %d: subject %s, body %q; the edge stored subject %s, body %q", i, c.subject, c.data, e.subject, e.data)
+			return fmt.Errorf("central message %d: subject %s, body %q; the edge stored subject %s, body %q", i, c.subject, c.data, e.subject, e.data)
 		}
 		for k, v := range e.header {
-			if got := c.header.Values(k); fmt.Sprint(got) != fmt.Sprint(v) {
-				t.Fatalf("central message %d (%s): header %s is %q, the edge stored %q", i, c.subject, k, got, v)
+			if got := c.header.Values(k); !slices.Equal(got, v) {
+				return fmt.Errorf("central message %d (%s): header %s is %q, the edge stored %q", i, c.subject, k, got, v)
 			}
 		}
 		for k := range c.header {
 			if _, ok := e.header[k]; !ok && k != "Nats-Stream-Source" {
-				t.Fatalf("central message %d: header %s that the edge's message does not have", i, k)
+				return fmt.Errorf("central message %d: header %s that the edge's message does not have", i, k)
 			}
 		}
 		id := c.header.Get(streams.HeaderMsgID)
 		if id == "" || ids[id] {
-			t.Fatalf("central message %d (%s): Nats-Msg-Id %q is empty or stored twice", i, c.subject, id)
+			return fmt.Errorf("central message %d (%s): Nats-Msg-Id %q is empty or stored twice", i, c.subject, id)
 		}
 		ids[id] = true
 		seq, err := strconv.ParseUint(c.header.Get(streams.HeaderSeq), 10, 64)
 		if err != nil {
-			t.Fatalf("central message %d: %s: %v", i, streams.HeaderSeq, err)
+			return fmt.Errorf("central message %d: %s: %v", i, streams.HeaderSeq, err)
 		}
 		if want := next[c.subject] + 1; seq != want {
-			t.Fatalf("central message %d (%s): seq %d, want %d (per-rank order)", i, c.subject, seq, want)
+			return fmt.Errorf("central message %d (%s): seq %d, want %d (per-rank order)", i, c.subject, seq, want)
 		}
 		next[c.subject] = seq
+		return nil
+	})
+	rcancel() // the edge's reader stops if the comparison did
+	rg.Wait()
+	if edgeErr != nil || centralErr != nil {
+		t.Fatalf("read the edge's FPM: %v; the central FPM, compared with it: %v", edgeErr, centralErr)
 	}
+	t.Logf("read and compared both copies")
 	if len(next) != edgeRanks {
 		t.Fatalf("central stream holds %d publisher subjects, want %d", len(next), edgeRanks)
 	}
@@ -297,4 +342,5 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 	if err := h.stop(); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("bridge stopped")
 }

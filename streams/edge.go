@@ -16,9 +16,9 @@ import (
 // The edge topology: a bridge publishes to a JetStream server on its own node (an edge), which stores
 // to local disk in a JetStream domain of its own and is a NATS leaf node of the central server. The
 // central FPM and FPM_EVENTS streams source the edge's streams of the same names over the leafnode
-// connection. While the central server or the link is away the edge keeps storing; when the link is
-// back, each source resumes from the last edge sequence the central stream holds, so an outage costs
-// the edge's disk, not data.
+// connection, each through a durable consumer at the edge (EdgeSourceConsumer). While the central server
+// or the link is away the edge keeps storing; when the link is back, each source resumes after the last
+// edge sequence the central stream holds, so an outage costs the edge's disk, not data.
 //
 // Invariants:
 //   - The edge's streams are fpmbus's own (Config.All, created by the bridge's Ensure on the edge), so
@@ -29,6 +29,11 @@ import (
 //     fpmbus's subjects (EdgeDeniedSubjects), so an FPM published at the edge is not also delivered to
 //     the central stream's subject listener, and a central publisher's FPM is not stored at the edge
 //     (and sourced back).
+//   - The source consumer's position at the edge never passes what the central server stored: the
+//     central server acknowledges by its flow-control replies, which it sends once the messages before
+//     them are stored (on a cluster, replicated). After a reset to that position it drops what it
+//     already holds, so a resumed source neither skips nor repeats — as long as the central server
+//     keeps what it acknowledged (sync_interval: always, ops/nats/central-leaf.conf).
 //   - The central server must run JetStream in a domain (DefaultCentralDomain unless told): a leaf
 //     with a domain of its own reaches the central JetStream API only as $JS.<domain>.API.
 
@@ -175,51 +180,128 @@ func (c EdgeConfig) ServerConfig() (ServerConfig, error) {
 		Logging: c.Logging}, nil
 }
 
-// EdgeSource is how a central stream sources the edge stream of the same name in domain.
-func EdgeSource(stream, domain string) *jetstream.StreamSource {
-	return &jetstream.StreamSource{Name: stream, External: &jetstream.ExternalStream{APIPrefix: "$JS." + domain + ".API"}}
+// EdgeSourceConsumer is the durable consumer through which the central server sources each edge stream
+// of EdgeSourcedStreams. It lives at the edge, on the edge's stream, and keeps the central server's
+// position there (its ack floor advances with each flow-control reply, which the central server sends
+// once it has stored what came before). Sourcing through it rather than through an ephemeral consumer
+// is what makes catching up after an outage start within seconds of the link's return: the central
+// server asks an ephemeral source again only 30 s (plus a backoff) after a request that went
+// unanswered — the leaf reconnects a moment after the central server restarts, so its first request
+// usually is — while a durable source waits 5 s for the answer and then asks again as soon as the
+// consumer's heartbeat arrives over the restored link.
+const EdgeSourceConsumer = "fpmbus-central"
+
+// EdgeDeliverRoot starts the subject an edge's source consumer delivers to:
+// fpmsource.<edge domain>.<stream>, one per edge and stream, since every edge delivers to the same
+// central server.
+const EdgeDeliverRoot = "fpmsource"
+
+// edgeSourceMaxAckPending is how many messages the source consumer sends ahead of the central server's
+// flow-control reply, which acknowledges everything before it. It must be set (nats-server refuses a
+// flow-control-acknowledged consumer without it). It does not pace a catch-up: on one host, windows of
+// 1,000, 5,000 and 20,000 drained a backlog of 150,000 equally fast within the noise (the central
+// store is the bottleneck). After a reset the central server drops what it already holds, so a window
+// sent again costs transfer, not duplicates.
+const edgeSourceMaxAckPending = 20000
+
+// EdgeDeliverSubject is the subject the source consumer of stream at the edge of domain delivers to.
+func EdgeDeliverSubject(domain, stream string) string {
+	return EdgeDeliverRoot + "." + domain + "." + stream
 }
 
-// hasSource reports whether sc already sources stream from domain.
-func hasSource(sc jetstream.StreamConfig, want *jetstream.StreamSource) bool {
-	for _, s := range sc.Sources {
-		if s != nil && s.Name == want.Name && s.External != nil && s.External.APIPrefix == want.External.APIPrefix {
-			return true
+// EdgeSourceConsumerConfig is the source consumer of stream at the edge of domain: durable, push to
+// EdgeDeliverSubject, acknowledged by flow control (the only acknowledgement a sourcing server sends),
+// from the stream's first message.
+func EdgeSourceConsumerConfig(domain, stream string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        EdgeSourceConsumer,
+		Description:    "the central " + stream + " stream sources this edge's " + stream + " through it",
+		DeliverSubject: EdgeDeliverSubject(domain, stream),
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckFlowControlPolicy,
+		FlowControl:    true,
+		// nats-server requires exactly 1 s for a consumer acknowledged by flow control.
+		IdleHeartbeat: time.Second,
+		MaxAckPending: edgeSourceMaxAckPending,
+	}
+}
+
+// EnsureEdgeSourceConsumers creates (or brings back to EdgeSourceConsumerConfig) the source consumer
+// of every stream of EdgeSourcedStreams at the edge of domain, through edge (the edge's own
+// JetStream). The streams must exist. It is idempotent: an unchanged consumer keeps its position.
+func EnsureEdgeSourceConsumers(ctx context.Context, edge jetstream.JetStream, domain string) error {
+	for _, name := range EdgeSourcedStreams {
+		if _, err := edge.CreateOrUpdatePushConsumer(ctx, name, EdgeSourceConsumerConfig(domain, name)); err != nil {
+			return fmt.Errorf("streams: edge %s: source consumer %s on %s: %w", domain, EdgeSourceConsumer, name, err)
 		}
 	}
-	return false
+	return nil
+}
+
+// EdgeSource is how a central stream sources the edge stream of the same name in domain: through the
+// edge's API prefix and its durable source consumer (EnsureEdgeSourceConsumers creates it).
+func EdgeSource(stream, domain string) *jetstream.StreamSource {
+	return &jetstream.StreamSource{Name: stream,
+		External: &jetstream.ExternalStream{APIPrefix: "$JS." + domain + ".API"},
+		Consumer: &jetstream.StreamConsumerSource{Name: EdgeSourceConsumer, DeliverSubject: EdgeDeliverSubject(domain, stream)}}
+}
+
+// edgeSourceOf returns sc's source of want's stream through want's API prefix (durable or not), or nil.
+func edgeSourceOf(sc jetstream.StreamConfig, want *jetstream.StreamSource) *jetstream.StreamSource {
+	for _, s := range sc.Sources {
+		if s != nil && s.Name == want.Name && s.External != nil && s.External.APIPrefix == want.External.APIPrefix {
+			return s
+		}
+	}
+	return nil
+}
+
+// EdgeSourcing is what AddEdgeSources found and did.
+type EdgeSourcing struct {
+	// Added are the central streams that source the edge now and did not before.
+	Added []string
+	// NotDurable are the central streams that already source the edge without its durable source
+	// consumer (a source declared by hand or by an earlier fpmbus). They are left alone: the central
+	// server keeps a source's position per source definition, so a durable source put in its place would
+	// start over at the edge's first message and store it all a second time. Such a source loses nothing,
+	// but catching up after an outage can wait 30 s and more (see EdgeSourceConsumer).
+	NotDurable []string
 }
 
 // AddEdgeSources makes every central stream of EdgeSourcedStreams source its namesake in the edge
 // domain, through central (the central server's JetStream, for example jetstream.NewWithDomain over
-// the edge's own connection). It is idempotent: a source already there is left alone; it returns the
-// streams it changed. The stream's other settings (and other edges' sources) are sent back as they
-// are. Two edges adding themselves at the same moment can overwrite each other's update, so each
-// update is read back and repeated until the source is there.
-func AddEdgeSources(ctx context.Context, central jetstream.JetStream, domain string) ([]string, error) {
-	var changed []string
+// the edge's own connection), with the durable source consumer (EnsureEdgeSourceConsumers first). It is
+// idempotent: a source of the edge already there is left alone (EdgeSourcing says which are not
+// durable). The stream's other settings (and other edges' sources) are sent back as they are. Two
+// edges adding themselves at the same moment can overwrite each other's update, so each update is read
+// back and repeated until the source is there.
+func AddEdgeSources(ctx context.Context, central jetstream.JetStream, domain string) (EdgeSourcing, error) {
+	var out EdgeSourcing
 	for _, name := range EdgeSourcedStreams {
 		want := EdgeSource(name, domain)
 		for attempt := 0; ; attempt++ {
 			s, err := central.Stream(ctx, name)
 			if err != nil {
-				return changed, fmt.Errorf("streams: central stream %s (to source %s from %s): %w", name, name, domain, err)
+				return out, fmt.Errorf("streams: central stream %s (to source %s from %s): %w", name, name, domain, err)
 			}
 			sc := s.CachedInfo().Config
-			if hasSource(sc, want) {
+			if have := edgeSourceOf(sc, want); have != nil {
+				if attempt == 0 && (have.Consumer == nil || *have.Consumer != *want.Consumer) {
+					out.NotDurable = append(out.NotDurable, name)
+				}
 				break
 			}
 			if attempt == 5 {
-				return changed, fmt.Errorf("streams: central stream %s: the source %s from %s did not stay after %d updates", name, name, domain, attempt)
+				return out, fmt.Errorf("streams: central stream %s: the source %s from %s did not stay after %d updates", name, name, domain, attempt)
 			}
 			sc.Sources = append(sc.Sources, want)
 			if _, err := central.UpdateStream(ctx, sc); err != nil {
-				return changed, fmt.Errorf("streams: central stream %s: add source %s from %s: %w", name, name, domain, err)
+				return out, fmt.Errorf("streams: central stream %s: add source %s from %s: %w", name, name, domain, err)
 			}
 			if attempt == 0 {
-				changed = append(changed, name)
+				out.Added = append(out.Added, name)
 			}
 		}
 	}
-	return changed, nil
+	return out, nil
 }

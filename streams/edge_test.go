@@ -70,9 +70,10 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// An edge adds itself as a source of the central FPM and FPM_EVENTS streams once, however often it
-// asks; a second edge's source is added beside it; and what an edge stores arrives centrally once,
-// while the leafnode carries none of fpmbus's subjects directly.
+// An edge adds itself as a durable source of the central FPM and FPM_EVENTS streams once, however often
+// it asks; a second edge's source is added beside it; an edge that the central streams already source
+// without the durable consumer is reported and not sourced a second time; and what an edge stores
+// arrives centrally once, while the leafnode carries none of fpmbus's subjects directly.
 func TestAddEdgeSourcesIdempotent(t *testing.T) {
 	t.Cleanup(func() { streamstest.WaitSourceSetups(t, 40*time.Second) }) // runs after the servers stopped
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -97,7 +98,7 @@ func TestAddEdgeSourcesIdempotent(t *testing.T) {
 
 	var edgeJS []jetstream.JetStream
 	var central1 jetstream.JetStream
-	for _, node := range []string{"a", "b"} {
+	for _, node := range []string{"a", "b", "c"} {
 		ec := streams.EdgeConfig{Node: node, StoreDir: t.TempDir(), Remotes: "nats-leaf://127.0.0.1:" + strconv.Itoa(leafPort),
 			Listen: "127.0.0.1:0", Sync: streams.SyncPolicy{Interval: time.Second}}
 		sc, err := ec.ServerConfig()
@@ -118,40 +119,65 @@ func TestAddEdgeSourcesIdempotent(t *testing.T) {
 		if err := streams.Apply(ctx, ejs, streams.DefaultConfig()); err != nil {
 			t.Fatal(err)
 		}
+		if err := streams.EnsureEdgeSourceConsumers(ctx, ejs, ec.Domain()); err != nil {
+			t.Fatal(err)
+		}
+		if err := streams.EnsureEdgeSourceConsumers(ctx, ejs, ec.Domain()); err != nil {
+			t.Fatalf("edge %s: second EnsureEdgeSourceConsumers: %v", node, err)
+		}
 		edgeJS = append(edgeJS, ejs)
 		viaLeaf, _ := jetstream.NewWithDomain(enc, streams.DefaultCentralDomain)
 		if node == "a" {
 			central1 = viaLeaf
 		}
 		// The leaf connects in the background: the first attempts may find no central API.
-		var changed []string
 		deadline := time.Now().Add(20 * time.Second)
-		for changed, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()); err != nil; changed, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()) {
+		if node == "c" {
+			// Sourced as an earlier fpmbus did: through an ephemeral consumer.
+			for err = addEphemeralSources(ctx, viaLeaf, ec.Domain()); err != nil; err = addEphemeralSources(ctx, viaLeaf, ec.Domain()) {
+				if time.Now().After(deadline) {
+					t.Fatalf("edge %s: %v", node, err)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		var res streams.EdgeSourcing
+		for res, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()); err != nil; res, err = streams.AddEdgeSources(ctx, viaLeaf, ec.Domain()) {
 			if time.Now().After(deadline) {
 				t.Fatalf("edge %s: %v", node, err)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		if !slices.Equal(changed, streams.EdgeSourcedStreams) {
-			t.Fatalf("edge %s: first AddEdgeSources changed %v, want %v", node, changed, streams.EdgeSourcedStreams)
+		want := streams.EdgeSourcing{Added: streams.EdgeSourcedStreams}
+		if node == "c" {
+			want = streams.EdgeSourcing{NotDurable: streams.EdgeSourcedStreams}
+		}
+		if !slices.Equal(res.Added, want.Added) || !slices.Equal(res.NotDurable, want.NotDurable) {
+			t.Fatalf("edge %s: first AddEdgeSources: %+v, want %+v", node, res, want)
 		}
 	}
-	changed, err := streams.AddEdgeSources(ctx, central1, "edge-a")
-	if err != nil || len(changed) != 0 {
-		t.Fatalf("second AddEdgeSources for edge-a: changed %v, err %v; want nothing changed", changed, err)
+	res, err := streams.AddEdgeSources(ctx, central1, "edge-a")
+	if err != nil || len(res.Added) != 0 || len(res.NotDurable) != 0 {
+		t.Fatalf("second AddEdgeSources for edge-a: %+v, err %v; want nothing changed", res, err)
 	}
 	for _, name := range streams.EdgeSourcedStreams {
 		s, err := cjs.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var prefixes []string
+		var sources []string
 		for _, src := range s.CachedInfo().Config.Sources {
-			prefixes = append(prefixes, src.Name+" "+src.External.APIPrefix)
+			via := "ephemeral"
+			if src.Consumer != nil {
+				via = src.Consumer.Name + " " + src.Consumer.DeliverSubject
+			}
+			sources = append(sources, src.Name+" "+src.External.APIPrefix+" "+via)
 		}
-		want := []string{name + " $JS.edge-a.API", name + " $JS.edge-b.API"}
-		if !slices.Equal(prefixes, want) {
-			t.Fatalf("central %s sources %v, want %v", name, prefixes, want)
+		want := []string{name + " $JS.edge-a.API fpmbus-central fpmsource.edge-a." + name,
+			name + " $JS.edge-b.API fpmbus-central fpmsource.edge-b." + name,
+			name + " $JS.edge-c.API ephemeral"}
+		if !slices.Equal(sources, want) {
+			t.Fatalf("central %s sources %v, want %v", name, sources, want)
 		}
 	}
 
@@ -191,4 +217,21 @@ func TestAddEdgeSourcesIdempotent(t *testing.T) {
 	if first.Subject != "fpm.dynamo.backend.w.0" || first.Header.Get(streams.HeaderMsgID) != "edge-test-1" || string(first.Data) != `{"n":1}` {
 		t.Fatalf("central FPM #1: %s id %q body %s", first.Subject, first.Header.Get(streams.HeaderMsgID), first.Data)
 	}
+}
+
+// addEphemeralSources makes the central streams source the edge of domain through an ephemeral
+// consumer, as fpmbus did before the durable source consumer.
+func addEphemeralSources(ctx context.Context, central jetstream.JetStream, domain string) error {
+	for _, name := range streams.EdgeSourcedStreams {
+		s, err := central.Stream(ctx, name)
+		if err != nil {
+			return err
+		}
+		sc := s.CachedInfo().Config
+		sc.Sources = append(sc.Sources, &jetstream.StreamSource{Name: name, External: &jetstream.ExternalStream{APIPrefix: "$JS." + domain + ".API"}})
+		if _, err := central.UpdateStream(ctx, sc); err != nil {
+			return err
+		}
+	}
+	return nil
 }
