@@ -50,31 +50,25 @@ func SanitizeProducerID(id string) string {
 	var b strings.Builder
 	b.Grow(len(id))
 	for _, r := range id {
-		if r < 0x80 && producerByte(byte(r)) {
-			b.WriteRune(r)
-		} else {
+		if dropsProducerRune(r) {
 			b.WriteByte('_')
+		} else {
+			b.WriteRune(r)
 		}
 	}
 	return b.String()
 }
 
-// isSanitizedProducerID reports whether s is a non-empty run of the bytes SanitizeProducerID keeps,
-// that is, whether SanitizeProducerID(s) == s.
+// isSanitizedProducerID reports whether SanitizeProducerID(s) == s: s is not empty and holds only
+// what SanitizeProducerID keeps.
 func isSanitizedProducerID(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if !producerByte(s[i]) {
-			return false
-		}
-	}
-	return true
+	return s != "" && strings.IndexFunc(s, dropsProducerRune) < 0
 }
 
-func producerByte(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_'
+// dropsProducerRune reports whether SanitizeProducerID replaces r: anything but an ASCII letter, digit,
+// '-' or '_' (an invalid UTF-8 byte reads as utf8.RuneError and is replaced too).
+func dropsProducerRune(r rune) bool {
+	return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_')
 }
 
 // nameMax is the longest file name (one path element) the supported file systems take: NAME_MAX,
