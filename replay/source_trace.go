@@ -14,7 +14,6 @@ import (
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 // The trace source: Dynamo's dynamo.fpm.trace.v1 gzip JSONL segments, as Dynamo's writer and `fpmbus
@@ -29,13 +28,14 @@ var (
 )
 
 // segmentSuffix ends every segment file name.
-const segmentSuffix = ".jsonl.gz"
+const segmentSuffix = schemas.TraceSegmentSuffix
 
 // segmentFile is one file to read, with its name parsed for ordering.
 type segmentFile struct {
-	path   string
-	prefix string // the producer prefix (<base>.<producer>), or the path for a name that is not a segment's
-	index  int64  // -1 when the name is not a segment's
+	path    string
+	prefix  string // the producer prefix (<base>.<producer>), or the path for a name that is not a segment's
+	index   uint64 // the segment index when segment
+	segment bool   // the name is a segment's (schemas.ParseTraceSegmentPath)
 }
 
 // ResolveSegments turns what a user names into the segment files to read, in read order (by producer
@@ -100,7 +100,7 @@ func ResolveSegments(paths []string) ([]string, error) {
 				return nil, perr
 			}
 			if len(matches) == 0 {
-				return nil, fmt.Errorf("%w: %s is no file, directory or glob, and no segment is named %s.[<producer>.]<index:06>%s", ErrNoSegments, p, outputBase(p), segmentSuffix)
+				return nil, fmt.Errorf("%w: %s is no file, directory or glob, and no segment is named %s.[<producer>.]<index:06>%s", ErrNoSegments, p, schemas.TraceOutputBase(p), segmentSuffix)
 			}
 			for _, m := range matches {
 				add(m)
@@ -113,6 +113,12 @@ func ResolveSegments(paths []string) ([]string, error) {
 		if c := strings.Compare(a.prefix, b.prefix); c != 0 {
 			return c
 		}
+		if a.segment != b.segment { // a name that is not a segment's first
+			if a.segment {
+				return 1
+			}
+			return -1
+		}
 		return cmp.Compare(a.index, b.index)
 	})
 	out := make([]string, len(files))
@@ -122,80 +128,42 @@ func ResolveSegments(paths []string) ([]string, error) {
 	return out, nil
 }
 
-// outputBase strips a trailing ".jsonl.gz" or ".jsonl" from an output path, as Dynamo does.
-func outputBase(p string) string {
-	if s, ok := strings.CutSuffix(p, ".jsonl.gz"); ok {
-		return s
-	}
-	if s, ok := strings.CutSuffix(p, ".jsonl"); ok {
-		return s
-	}
-	return p
-}
-
-// prefixSegments lists the segments under an output or producer prefix: files named
-// <base>.<index:06>.jsonl.gz or <base>.<producer>.<index:06>.jsonl.gz, the producer part a sanitized
-// producer id (letters, digits, '-', '_'), so other files in the directory are never claimed.
+// prefixSegments lists the regular-file segments under p taken as an output prefix (those of every
+// producer, <base>.<producer>.<index:06>.jsonl.gz) and as a producer prefix (<base>.<index:06>.jsonl.gz),
+// by the trace format's naming rule (schemas.TraceSegmentIndex), so other files in the directory are
+// never claimed.
 func prefixSegments(p string) ([]string, error) {
-	base := outputBase(p)
-	dir, name := filepath.Split(base)
-	if dir == "" {
-		dir = "."
-	}
-	entries, err := os.ReadDir(dir)
+	base := schemas.TraceOutputBase(p)
+	producers, err := schemas.TraceProducers(p)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
 		return nil, fmt.Errorf("replay: %w", err)
 	}
+	prefixes := []string{base}
+	for _, producer := range producers {
+		prefixes = append(prefixes, base+"."+producer)
+	}
 	var out []string
-	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), name+".")
-		if !ok || !e.Type().IsRegular() {
-			continue
+	for _, prefix := range prefixes {
+		segs, err := schemas.ListTraceSegments(prefix)
+		if err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
 		}
-		if producer, idx, ok := strings.Cut(rest, "."); ok && segmentIndex(idx) >= 0 && streams.ValidName(producer, len(producer)) || segmentIndex(rest) >= 0 {
-			out = append(out, filepath.Join(dir, e.Name()))
+		for _, s := range segs {
+			if s.Regular {
+				out = append(out, s.Path)
+			}
 		}
 	}
 	return out, nil
 }
 
-// segmentIndex parses "<index:06>.jsonl.gz" (at least six digits, formatted as %06d formats the
-// index), or returns -1.
-func segmentIndex(s string) int64 {
-	digits, ok := strings.CutSuffix(s, segmentSuffix)
-	if !ok || len(digits) < 6 || len(digits) > 18 {
-		return -1
-	}
-	for i := 0; i < len(digits); i++ {
-		if digits[i] < '0' || digits[i] > '9' {
-			return -1
-		}
-	}
-	if len(digits) > 6 && digits[0] == '0' {
-		return -1 // "0000001" is not how %06d writes 1
-	}
-	n, _ := strconv.ParseInt(digits, 10, 64)
-	return n
-}
-
 // parseSegmentName splits a segment path into its producer prefix and index, for read order.
 func parseSegmentName(p string) segmentFile {
-	f := segmentFile{path: p, prefix: p, index: -1}
-	stem, ok := strings.CutSuffix(p, segmentSuffix)
+	prefix, index, ok := schemas.ParseTraceSegmentPath(p)
 	if !ok {
-		return f
+		return segmentFile{path: p, prefix: p}
 	}
-	dot := strings.LastIndexByte(stem, '.')
-	if dot <= 0 {
-		return f
-	}
-	if idx := segmentIndex(p[dot+1:]); idx >= 0 {
-		f.prefix, f.index = p[:dot], idx
-	}
-	return f
+	return segmentFile{path: p, prefix: prefix, index: index, segment: true}
 }
 
 // ReadTrace reads the segments named by paths (see ResolveSegments) into a Recording, records sorted

@@ -71,6 +71,83 @@ func TestResolveSegmentsAcceptsEveryWayOfNamingThem(t *testing.T) {
 	}
 }
 
+// Which files a prefix claims and in what order they are read follow the trace format's naming rule
+// (schemas.TraceSegmentIndex): any u64 index, ordered by value, and nothing that is not exactly a
+// segment's name.
+func TestResolveSegmentsByTheTraceNamingRule(t *testing.T) {
+	longID := strings.Repeat("worker/", 60)
+	cases := map[string]struct {
+		files []string // created in the directory (a name ending in "/" is a directory)
+		paths []string // given to ResolveSegments, relative to the directory
+		want  []string
+	}{
+		"huge indexes, by an output prefix": {
+			files: []string{"fpm.a.18446744073709551615.jsonl.gz", "fpm.a.1000000000000000000.jsonl.gz", "fpm.a.999999999999999999.jsonl.gz", "fpm.a.000001.jsonl.gz"},
+			paths: []string{"fpm"},
+			want:  []string{"fpm.a.000001.jsonl.gz", "fpm.a.999999999999999999.jsonl.gz", "fpm.a.1000000000000000000.jsonl.gz", "fpm.a.18446744073709551615.jsonl.gz"},
+		},
+		"huge indexes, by a producer prefix": {
+			files: []string{"fpm.a.9223372036854775808.jsonl.gz", "fpm.a.9223372036854775807.jsonl.gz", "fpm.b.000000.jsonl.gz"},
+			paths: []string{"fpm.a"},
+			want:  []string{"fpm.a.9223372036854775807.jsonl.gz", "fpm.a.9223372036854775808.jsonl.gz"},
+		},
+		"huge indexes, named as files, read by value": {
+			files: []string{"fpm.a.18446744073709551615.jsonl.gz", "fpm.a.10000000000000000000.jsonl.gz", "fpm.a.2000000.jsonl.gz"},
+			paths: []string{"fpm.a.18446744073709551615.jsonl.gz", "fpm.a.2000000.jsonl.gz", "fpm.a.10000000000000000000.jsonl.gz"},
+			want:  []string{"fpm.a.2000000.jsonl.gz", "fpm.a.10000000000000000000.jsonl.gz", "fpm.a.18446744073709551615.jsonl.gz"},
+		},
+		"non-segment files in the directory are not claimed": {
+			files: []string{
+				"fpm.a.000000.jsonl.gz",
+				"fpm.a.000001.jsonl.gz.tmp", "fpm.a.000001.jsonl.gz.repair.tmp", "fpm.a.0000002.jsonl.gz",
+				"fpm.a.00003.jsonl.gz", "fpm.a.000004.jsonl", "fpm.a.18446744073709551616.jsonl.gz",
+				"fpm.a:b.000000.jsonl.gz", "fpm.a b.000000.jsonl.gz", "fpm.a.b.000000.jsonl.gz", "fpmx.a.000000.jsonl.gz",
+				"fpm.a.000005.jsonl.gz/",
+			},
+			paths: []string{"fpm.jsonl.gz"},
+			want:  []string{"fpm.a.000000.jsonl.gz"},
+		},
+		"a long id's shortened producer name": {
+			files: []string{filepath.Base(schemas.TraceSegmentPath(schemas.TraceSegmentPrefix("fpm", longID), 1)), filepath.Base(schemas.TraceSegmentPath(schemas.TraceSegmentPrefix("fpm", longID), 0))},
+			paths: []string{"fpm"},
+			want:  []string{filepath.Base(schemas.TraceSegmentPath(schemas.TraceSegmentPrefix("fpm", longID), 0)), filepath.Base(schemas.TraceSegmentPath(schemas.TraceSegmentPrefix("fpm", longID), 1))},
+		},
+		"a named file that is not a segment reads before its prefix's segments": {
+			files: []string{"fpm.a.000001.jsonl.gz", "fpm.a.000000.jsonl.gz", "fpm.a"},
+			paths: []string{"fpm.a.000001.jsonl.gz", "fpm.a.000000.jsonl.gz", "fpm.a"},
+			want:  []string{"fpm.a", "fpm.a.000000.jsonl.gz", "fpm.a.000001.jsonl.gz"},
+		},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range c.files {
+				if d, ok := strings.CutSuffix(f, "/"); ok {
+					if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				writeFile(t, dir, f)
+			}
+			abs := func(names []string) []string {
+				var out []string
+				for _, n := range names {
+					out = append(out, filepath.Join(dir, n))
+				}
+				return out
+			}
+			got, err := ResolveSegments(abs(c.paths))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := abs(c.want); !slices.Equal(got, want) {
+				t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+		})
+	}
+}
+
 // Records come out in observed_at_unix_ms order across producers and files; records observed in the
 // same millisecond keep the order of the lines (files in read order, lines in file order).
 func TestReadTraceOrdersByObservedTimeThenLineOrder(t *testing.T) {

@@ -20,7 +20,7 @@
 //	seqstate.go       per producer, which redelivered messages to skip
 //	segment_writer.go SegmentWriter: one producer's segments, one gzip member per flush, roll, prune,
 //	                  and abandoning a segment after a failed write
-//	segment.go        segment naming (Dynamo's, shortened where the file system needs it) and discovery
+//	segment.go        the writer's names for the trace format's segment naming and discovery (schemas)
 //	repair.go         ReadSegment, CorruptError and the explicit torn-tail Repair
 //	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer
 //	info.go           Info: per producer and key, what segments hold; damage and violations

@@ -186,15 +186,11 @@ func infoFiles(paths []string) ([]infoFile, error) {
 		}
 		seen[path] = true
 		f := infoFile{path: path, prefix: path, producer: filepath.Base(path), index: -1}
-		if stem, ok := strings.CutSuffix(path, SegmentSuffix); ok {
-			if dot := strings.LastIndexByte(stem, '.'); dot > 0 {
-				if idx, ok := segmentIndex(filepath.Base(stem[:dot]), filepath.Base(path)); ok {
-					f.prefix, f.index = stem[:dot], int64(idx)
-					f.producer = filepath.Base(f.prefix)
-					if d := strings.LastIndexByte(f.producer, '.'); d >= 0 {
-						f.producer = f.producer[d+1:]
-					}
-				}
+		if prefix, idx, ok := schemas.ParseTraceSegmentPath(path); ok {
+			f.prefix, f.index = prefix, int64(idx)
+			f.producer = filepath.Base(f.prefix)
+			if d := strings.LastIndexByte(f.producer, '.'); d >= 0 {
+				f.producer = f.producer[d+1:]
 			}
 		}
 		out = append(out, f)

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/schemas"
 )
 
 // Reading and repairing segments. A segment is a sequence of complete gzip members, each holding whole
@@ -205,7 +206,7 @@ func removeLeftovers(prefix, suffix string, logger *slog.Logger) error {
 		if !ok {
 			continue
 		}
-		if _, ok := segmentIndex(base, seg); !ok || !e.Type().IsRegular() {
+		if _, ok := schemas.TraceSegmentIndex(base, seg); !ok || !e.Type().IsRegular() {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())
