@@ -32,17 +32,20 @@ const workerToken = 3
 // writers.
 var ErrGroupUnsupported = errors.New("trace: not supported by a partitioned group")
 
-// PartitionConfig is the consumer group (consumers/partition) of the writer: stream FPM, group
-// c.Group. With one partition it reads c.FilterSubject as given. With more, it reads the FPM subjects
-// of c.FilterSubject (fpm.<namespace>.<component>.<worker_id>.<dp_rank>; others are not read) keyed
-// by worker_id only (the default producer id), so that every producer's messages, all of its dp ranks
-// included, are in one partition and its files have exactly one writer. Full mode acks cumulatively
+// PartitionConfig is the consumer group (consumers/partition) of the writer: stream FPM (or its
+// shards), group c.Group, c.Partitions partitions (0: effectivePartitions). With one partition it reads
+// c.FilterSubject as given. With more, it reads the FPM subjects of c.FilterSubject
+// (fpm.<namespace>.<component>.<worker_id>.<dp_rank>; others are not read) keyed by worker_id only (the
+// default producer id), so that every producer's messages, all of its dp ranks included, are in one
+// partition and its files have exactly one writer. The FPM shards are keyed by worker_id as well, so
+// with one partition per shard partition p is shard p, read directly. Full mode acks cumulatively
 // (AckAll); sampled mode acks each message (see cumulativeAcks).
 func (c Config) PartitionConfig() (partition.Config, error) {
+	c.Partitions = c.effectivePartitions()
 	pc := partition.FPMConfig(c.Group)
 	pc.Partitions = c.Partitions
 	if c.FPMShards > 1 {
-		pc.Shards = c.FPMShards // keyed by worker_id, never like the shards: a partition stream
+		pc.Shards = c.FPMShards // read directly when P is the shard count (ShardKeyed), else copied
 	}
 	pc.PinnedTTL = c.PinnedTTL
 	pc.ReleaseTimeout = c.StopTimeout
@@ -90,6 +93,21 @@ func (c Config) PartitionConfig() (partition.Config, error) {
 	return pc, nil
 }
 
+// effectivePartitions is c.Partitions, or for 0 one per FPM shard (1 without shards), or 1 where a
+// partitioned group cannot be keyed by worker_id (a producer id, a filter naming one worker_id).
+func (c Config) effectivePartitions() int {
+	if c.Partitions != 0 {
+		return c.Partitions
+	}
+	if c.FPMShards <= 1 || c.ProducerID != "" {
+		return 1
+	}
+	if _, ok := partition.WorkerKeyedFilter(c.FilterSubject); !ok {
+		return 1
+	}
+	return c.FPMShards
+}
+
 // pullBatch is how many messages a partition consumer asks the server for at a time.
 func (c Config) pullBatch() int {
 	return min(max(c.MaxAckPending/4, 1), 4096)
@@ -103,11 +121,19 @@ func (c Config) pullBatch() int {
 func (c Config) cumulativeAcks() bool { return c.Mode == schemas.CaptureFull }
 
 // detectsRetentionLoss says whether the runner can report messages the stream removed before the
-// writer read them: only when the group reads every subject of FPM itself (one partition, the whole
-// stream FPM), so that every stream sequence it skips is a lost message. Both modes. Not with shards:
-// the group then reads a partition stream.
+// writer read them: only when each partition reads every subject of its stream itself, so that every
+// stream sequence it skips is a lost message: one partition on the whole stream FPM, or with shards one
+// partition per shard on the whole of each (the direct reading, whose filter fpm.*.*.*.* is every
+// subject a bridge stores). Both modes. Not through a partition stream (a copy, numbered on its own).
 func (c Config) detectsRetentionLoss() bool {
-	return c.Partitions == 1 && c.FilterSubject == streams.FPMWildcard && c.FPMShards <= 1
+	if c.FilterSubject != streams.FPMWildcard {
+		return false
+	}
+	p := c.effectivePartitions()
+	if c.FPMShards > 1 {
+		return p == c.FPMShards
+	}
+	return p == 1
 }
 
 // runnerConfig is the durable.Runner configuration of the writer with group pc. The runner releases
