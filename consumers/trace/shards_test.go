@@ -315,3 +315,44 @@ func TestRetentionLossIsReportedPerShard(t *testing.T) {
 	}
 	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), kept, schemas.CaptureFull)
 }
+
+// Matching a trace to the stream needs the single stream FPM: over shards, verify with the stream (and
+// repair) is refused with ErrStreamSharded before anything is read or changed; the files alone are
+// still checked.
+func TestVerifyAgainstShardsIsRefused(t *testing.T) {
+	const shards = 3
+	env := streamstest.StartShards(t, shards)
+	msgs, _ := manyFPMs(t, testKeys(8), 40, 1_782_777_600_000)
+	for _, m := range msgs {
+		k, err := streams.ParseFPMSubject(m.Subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Subject = streams.FPMPublishSubject(k, shards)
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	r := startWriter(t, cfg, env.JS)
+	pc, err := r.w.cfg.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range shards {
+		waitShardConsumed(t, env.JS, streams.ShardStreamName(p), pc.ConsumerName(p))
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	vc := VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}
+	rep, err := Verify(ctx, vc, nil, WithLogger(testLogger(t)))
+	if err != nil || rep.Remaining != 0 {
+		t.Fatalf("the files alone: %v, %d findings remain", err, rep.Remaining)
+	}
+	for name, repair := range map[string]bool{"stream": false, "repair": true} {
+		vc.Repair = repair
+		if _, err := Verify(ctx, vc, env.JS, WithLogger(testLogger(t))); !errors.Is(err, ErrStreamSharded) {
+			t.Fatalf("%s over shards: %v, want ErrStreamSharded", name, err)
+		}
+	}
+}
