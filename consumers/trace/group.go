@@ -159,14 +159,15 @@ func (c Config) runnerConfig(pc partition.Config) durable.Config {
 // again (those already written are recognised and skipped, see takeover). Every instance of a group
 // must run the same fpmbus and mode: an instance still consuming a deleted consumer fails.
 func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, pc partition.Config, log *slog.Logger) error {
-	s, err := js.Stream(ctx, pc.ConsumerStream())
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil // a partition stream not created yet: no consumer either
-	}
-	if err != nil {
-		return fmt.Errorf("trace: group %s: stream %s: %w", pc.Group, pc.ConsumerStream(), err)
-	}
 	for p := range pc.Partitions {
+		// Each partition's consumer lives on its own stream when the group reads shards directly.
+		s, err := js.Stream(ctx, pc.ConsumerStreamOf(p))
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil // a partition stream not created yet: no consumer either
+		}
+		if err != nil {
+			return fmt.Errorf("trace: group %s: stream %s: %w", pc.Group, pc.ConsumerStreamOf(p), err)
+		}
 		want := pc.ConsumerConfig(p)
 		cons, err := s.Consumer(ctx, want.Durable)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -182,7 +183,7 @@ func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, p
 		}
 		floor := have.AckFloor.Stream
 		log.Warn("trace writer: replacing a consumer declared with another ack policy or without partition ownership; it goes on after its ack floor",
-			"stream", pc.ConsumerStream(), "consumer", want.Durable, "ack_policy", have.Config.AckPolicy, "want", want.AckPolicy, "ack_floor", floor)
+			"stream", pc.ConsumerStreamOf(p), "consumer", want.Durable, "ack_policy", have.Config.AckPolicy, "want", want.AckPolicy, "ack_floor", floor)
 		if err := s.DeleteConsumer(ctx, want.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("trace: group %s: delete consumer %s: %w", pc.Group, want.Durable, err)
 		}
@@ -194,7 +195,7 @@ func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, p
 		}
 		if _, err := s.ResetConsumerToSequence(ctx, want.Durable, floor+1); err != nil {
 			return fmt.Errorf("trace: group %s: consumer %s: go on after ack floor %d (reset it with `nats consumer` before the next start, or it reads %s from its first message): %w",
-				pc.Group, want.Durable, floor, pc.ConsumerStream(), err)
+				pc.Group, want.Durable, floor, pc.ConsumerStreamOf(p), err)
 		}
 	}
 	return nil

@@ -356,3 +356,55 @@ func TestVerifyAgainstShardsIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A group over 3 shards whose consumers were declared for the other capture mode has every shard's
+// consumer replaced at start (each on its own shard), going on after its ack floor: nothing is read
+// twice, and the new mode's ack policy is on every shard.
+func TestModeChangeOverShardsReplacesEveryShardsConsumer(t *testing.T) {
+	const shards = 3
+	env := streamstest.StartShards(t, shards)
+	msgs, published := manyFPMs(t, testKeys(8), 80, 1_782_777_600_000)
+	for _, m := range msgs {
+		k, err := streams.ParseFPMSubject(m.Subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Subject = streams.FPMPublishSubject(k, shards)
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	cfg.FPMShards = shards
+	sampled := cfg
+	sampled.Mode = schemas.CaptureSampled
+	spc, err := sampled.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for p := range shards { // what a sampled-mode group declared: each message acked on its own
+		if _, err := env.JS.CreateOrUpdateConsumer(ctx, spc.ConsumerStreamOf(p), spc.ConsumerConfig(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := startWriter(t, cfg, env.JS)
+	pc, err := r.w.cfg.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range shards {
+		waitShardConsumed(t, env.JS, streams.ShardStreamName(p), pc.ConsumerName(p))
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for p := range shards {
+		c, err := env.JS.Consumer(ctx, streams.ShardStreamName(p), pc.ConsumerName(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ap := c.CachedInfo().Config.AckPolicy; ap != jetstream.AckAllPolicy {
+			t.Fatalf("%s on %s acks with %v after the start in full mode", pc.ConsumerName(p), streams.ShardStreamName(p), ap)
+		}
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
+}
