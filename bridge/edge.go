@@ -14,6 +14,10 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
+// ErrEdgeShards: the central server stores FPMs in shards; the edge topology needs its single stream
+// FPM (a central stream sources an edge's FPM whole, and a shard may hold only its own workers).
+var ErrEdgeShards = errors.New("bridge: the edge topology needs one central stream FPM")
+
 // Edge is the node-local JetStream of the edge topology (see streams/edge.go): an embedded server in a
 // JetStream domain of its own, a leaf node of the central server. The bridge publishes to it over Conn
 // as it would to any server, so its buffer, ack accounting and drop markers are unchanged; the central
@@ -33,12 +37,14 @@ type Edge struct {
 	log    *slog.Logger
 	scfg   streams.Config
 	srcd   chan struct{}
+	failed chan error // the reason the edge cannot be sourced at all (ErrEdgeShards), once
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
 // StartEdge starts the edge server for cfg, connects to it in-process, and starts declaring the
-// central sources in the background (Sourced is closed once they are there). scfg defines the streams
+// central sources in the background (Sourced is closed once they are there; Failed receives
+// ErrEdgeShards if the central server turns out to have FPM shards). scfg defines the streams
 // the edge creates on the central server if they are missing there (the bridge's own Ensure creates
 // them at the edge). Close stops it all; the store stays on disk.
 func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger) (*Edge, error) {
@@ -52,6 +58,9 @@ func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger)
 	if scfg == (streams.Config{}) {
 		scfg = streams.DefaultConfig()
 	}
+	if scfg.FPMShards > 1 {
+		return nil, fmt.Errorf("%w: FPM shards %d declared", ErrEdgeShards, scfg.FPMShards)
+	}
 	srv, err := streams.StartServer(sc)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: edge server %s: %w", cfg.Domain(), err)
@@ -62,7 +71,7 @@ func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger)
 		return nil, fmt.Errorf("bridge: edge server %s: connect: %w", cfg.Domain(), err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &Edge{cfg: cfg, srv: srv, nc: nc, scfg: scfg, srcd: make(chan struct{}), cancel: cancel, done: make(chan struct{}),
+	e := &Edge{cfg: cfg, srv: srv, nc: nc, scfg: scfg, srcd: make(chan struct{}), failed: make(chan error, 1), cancel: cancel, done: make(chan struct{}),
 		log: logger.With("component", "bridge-edge", "domain", cfg.Domain())}
 	go func() {
 		defer close(e.done)
@@ -79,6 +88,10 @@ func (e *Edge) Server() *streams.Server { return e.srv }
 
 // Sourced is closed once the central streams source this edge.
 func (e *Edge) Sourced() <-chan struct{} { return e.srcd }
+
+// Failed receives, once, why the central streams can never source this edge (ErrEdgeShards); the
+// edge stops declaring then. What it stored stays on its disk.
+func (e *Edge) Failed() <-chan error { return e.failed }
 
 // Close stops declaring, closes Conn and shuts the edge server down (its store stays). Call it after
 // the bridge's Run has returned: the bridge publishes over Conn until then.
@@ -121,6 +134,11 @@ func (e *Edge) declareSources(ctx context.Context) {
 			close(e.srcd)
 			return
 		}
+		if errors.Is(err, ErrEdgeShards) { // no retry changes the central server's shard count
+			e.log.Error("edge: the central server cannot source this edge", "err", err)
+			e.failed <- err
+			return
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -149,6 +167,16 @@ func (e *Edge) declareConsumers(ctx context.Context, local jetstream.JetStream) 
 }
 
 func (e *Edge) declareOnce(ctx context.Context, central jetstream.JetStream) error {
+	n, err := streams.DiscoverFPMShards(ctx, central)
+	if err != nil {
+		return err
+	}
+	if n > 1 || e.scfg.FPMShards > 1 {
+		return fmt.Errorf("%w: the central server (domain %s) spreads FPMs over %d shard streams, and a central "+
+			"stream sources an edge's FPM whole, so no shard could take only its workers; run the bridge with "+
+			"--server (straight to the sharded central server), or the central server with one stream FPM (no --fpm-shards)",
+			ErrEdgeShards, e.cfg.CentralDomainOrDefault(), max(n, e.scfg.FPMShards))
+	}
 	if _, err := streams.Ensure(ctx, central, e.scfg, e.log); err != nil {
 		if errors.Is(err, streams.ErrIncompatible) {
 			e.log.Error("edge: central stream cannot serve fpmbus", "err", err)

@@ -2,12 +2,15 @@ package bridge
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/schemas"
@@ -153,5 +156,62 @@ func TestShardedIngestOverZMQ(t *testing.T) {
 	}
 	if want := fmt.Sprintf("no longer in stream %s", streams.FPMStreamOf(lostKey, n)); !strings.Contains(ev.Evidence.Summary, want) {
 		t.Fatalf("summary %q does not name the shard (%q)", ev.Evidence.Summary, want)
+	}
+}
+
+// The edge topology needs one central stream FPM: a central server with FPM shards is refused with
+// ErrEdgeShards (Failed, once the central server answers), the central shards are left without a
+// source of the edge, and an edge declared with shards is refused at start.
+func TestEdgeRefusesCentralShards(t *testing.T) {
+	t.Cleanup(func() { streamstest.WaitSourceSetups(t, 40*time.Second) })
+	const n = 3
+	central := newCentral(t)
+	cnc, err := nats.Connect(central.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cnc.Close)
+	cjs, err := jetstream.New(cnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	scfg := streams.DefaultConfig()
+	scfg.FPMShards = n
+	if _, err := streams.Ensure(ctx, cjs, scfg, testLogger()); err != nil {
+		t.Fatal(err)
+	}
+	ecfg := streams.EdgeConfig{Node: "node1", StoreDir: t.TempDir(), Remotes: "nats-leaf://" + central.leafAddr,
+		Listen: "127.0.0.1:0", Sync: streams.SyncPolicy{Interval: time.Second}}
+	if _, err := StartEdge(ecfg, scfg, testLogger()); !errors.Is(err, ErrEdgeShards) {
+		t.Fatalf("an edge declared with %d shards: %v, want ErrEdgeShards", n, err)
+	}
+	edge, err := StartEdge(ecfg, streams.Config{}, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = edge.Close(context.Background()) })
+	select {
+	case err := <-edge.Failed():
+		if !errors.Is(err, ErrEdgeShards) {
+			t.Fatalf("edge failed with %v, want ErrEdgeShards", err)
+		}
+	case <-edge.Sourced():
+		t.Fatal("the central shards source the edge")
+	case <-ctx.Done():
+		t.Fatal("the edge neither refused the central shards nor was sourced within 30s")
+	}
+	for _, name := range append(streams.FPMStreamNames(n), streams.StreamEvents) {
+		s, err := cjs.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if src := s.CachedInfo().Config.Sources; len(src) != 0 {
+			t.Fatalf("central %s sources %v", name, src)
+		}
+	}
+	if _, err := cjs.Stream(ctx, streams.StreamFPM); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Fatalf("central stream FPM next to the shards: %v", err)
 	}
 }

@@ -17,54 +17,61 @@ import (
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
-// shardWorker is a worker id whose ranks 0..ranks-1 cover every one of n shards.
-func shardWorker(n, ranks int) string {
-	for i := 0; ; i++ {
-		w := "shard-w" + strconv.Itoa(i)
-		seen := map[int]bool{}
-		for r := range ranks {
-			seen[streams.ShardOf(streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: w, DPRank: r}, n)] = true
-		}
-		if len(seen) == n {
-			return w
+// shardWorkers are n worker ids, worker i in shard i of n: two ranks each, the test's publishers then
+// cover every shard.
+func shardWorkers(n int) []string {
+	out := make([]string, n)
+	for i := range n {
+		for j := 0; ; j++ {
+			w := "shard-w" + strconv.Itoa(j)
+			if streams.ShardOf(streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: w}, n) == i {
+				out[i] = w
+				break
+			}
 		}
 	}
+	return out
 }
 
-// `fpmbus up --fpm-shards 3` through the real binary: the server gets FPM_0..FPM_2 and no FPM, every
-// FPM of four ranks is stored once in its key's shard, the README's recipes work (`nats sub
-// 'fpm.*.*.*.0'` sees rank 0's, `nats stream subjects FPM_<i>` lists the keys of shard i), the trace
-// writer's lines are the stored FPMs once each, the gap detector (reading each shard as its
-// partition) has every publisher at its last number with no gap, and `trace backfill` of the time
-// range writes the same lines from the three shards (a sequence range is refused).
+// `fpmbus up --fpm-shards 3` through the real binary, three workers of two ranks each (one worker per
+// shard): the server gets FPM_0..FPM_2 and no FPM, every FPM is stored once in its worker's shard, the
+// README's recipes work (`nats sub 'fpm.*.*.*.0'` sees every worker's rank 0, `nats stream subjects
+// FPM_<i>` lists the keys of shard i), the trace writer (reading shard p as its partition p, no copy)
+// writes the stored FPMs once each, the gap detector (likewise) has every publisher at its last number
+// with no gap, `trace backfill` of the time range writes the same lines from the three shards (a
+// sequence range is refused), `trace replay --to stream` of those files stores each key in its shard
+// (and the live writer writes them once), and `trace verify --stream` is refused with what to do
+// instead.
 func TestUpWithThreeShards(t *testing.T) {
-	const shards, ranks, perRank = 3, 4, 300
+	const shards, ranksPerWorker, perRank = 3, 2, 300
+	workers := shardWorkers(shards)
+	ranks := len(workers) * ranksPerWorker
 	up := startUp(t, ranks, "--fpm-shards", strconv.Itoa(shards))
 	since := time.Now().Add(-time.Second)
-	worker := shardWorker(shards, ranks)
 	var sub *proc
 	if natsBin != "" {
-		sub = start(t, "nats sub", natsBin, "--server", up.url, "sub", "fpm.*.*.*.0", "--count", strconv.Itoa(perRank))
+		sub = start(t, "nats sub", natsBin, "--server", up.url, "sub", "fpm.*.*.*.0", "--count", strconv.Itoa(len(workers)*perRank))
 		sub.waitOutput("Subscribing on", 15*time.Second)
 	}
-	if err := publish(t, 1, up.basePort, ranks, perRank, worker, "--rate", "1000", "--seed", "3").wait(30 * time.Second); err != nil {
-		t.Fatalf("publisher: %v", err)
+	pubs := make([]*proc, len(workers))
+	for i, w := range workers { // worker i on the bridge's ports 2i, 2i+1 (its ranks 0 and 1)
+		pubs[i] = publish(t, 1, up.basePort+i*ranksPerWorker, ranksPerWorker, perRank, w, "--rate", "1000", "--seed", strconv.Itoa(3+i))
+	}
+	for i, p := range pubs {
+		if err := p.wait(30 * time.Second); err != nil {
+			t.Fatalf("publisher of %s: %v", workers[i], err)
+		}
 	}
 	js := jsClient(t, up.url)
 	if _, err := js.Stream(t.Context(), streams.StreamFPM); err == nil {
 		t.Fatalf("stream %s exists next to the shards", streams.StreamFPM)
 	}
-	stored := map[string]bool{} // bodies: each carries its dp_rank and counter_id
+	stored := map[string]map[string]bool{} // worker -> bodies: each carries its dp_rank and counter_id
 	perKey := map[streams.Key]int{}
 	for i := range shards {
 		name := streams.ShardStreamName(i)
 		eventually(t, 30*time.Second, func() error {
-			var want uint64
-			for r := range ranks {
-				if streams.ShardOf(streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: worker, DPRank: r}, shards) == i {
-					want += perRank
-				}
-			}
+			want := uint64(ranksPerWorker * perRank) // worker i's
 			if n, err := streamCount(t, js, name); err != nil || n != want {
 				return fmt.Errorf("%s holds %d FPMs (%v), want %d", name, n, err, want)
 			}
@@ -75,27 +82,42 @@ func TestUpWithThreeShards(t *testing.T) {
 			if err != nil || streams.ShardOf(k, shards) != i {
 				t.Fatalf("%s holds %s (%v)", name, m.Subject(), err)
 			}
-			if stored[string(m.Data())] {
+			if k.WorkerID != workers[i] {
+				t.Fatalf("%s holds %s, want only worker %s", name, m.Subject(), workers[i])
+			}
+			if stored[k.WorkerID] == nil {
+				stored[k.WorkerID] = map[string]bool{}
+			}
+			if stored[k.WorkerID][string(m.Data())] {
 				t.Fatalf("%s: FPM stored twice: %s", name, m.Data())
 			}
-			stored[string(m.Data())] = true
+			stored[k.WorkerID][string(m.Data())] = true
 			perKey[k]++
 		}
 	}
-	if len(perKey) != ranks || len(stored) != ranks*perRank {
-		t.Fatalf("stored %d FPMs of %d keys, want %d of %d", len(stored), len(perKey), ranks*perRank, ranks)
+	for _, w := range workers {
+		if len(stored[w]) != ranksPerWorker*perRank {
+			t.Fatalf("stored %d FPMs of worker %s, want %d", len(stored[w]), w, ranksPerWorker*perRank)
+		}
+	}
+	if len(perKey) != ranks {
+		t.Fatalf("stored FPMs of %d keys, want %d", len(perKey), ranks)
 	}
 	if sub != nil {
 		if err := sub.wait(30 * time.Second); err != nil {
 			t.Fatalf("nats sub: %v\n%s", err, sub.Output())
 		}
 		got := receivedOn.FindAllStringSubmatch(sub.Output(), -1)
-		if len(got) != perRank {
-			t.Fatalf("nats sub 'fpm.*.*.*.0' printed %d messages, want %d", len(got), perRank)
+		if len(got) != len(workers)*perRank {
+			t.Fatalf("nats sub 'fpm.*.*.*.0' printed %d messages, want %d", len(got), len(workers)*perRank)
 		}
+		perSubject := map[string]int{}
 		for _, m := range got {
-			if want := "fpm.dynamo.backend." + worker + ".0"; m[1] != want {
-				t.Fatalf("nats sub received on %q, want %q", m[1], want)
+			perSubject[m[1]]++
+		}
+		for _, w := range workers {
+			if subj := "fpm.dynamo.backend." + w + ".0"; perSubject[subj] != perRank {
+				t.Fatalf("nats sub received %d on %s, want %d (all: %v)", perSubject[subj], subj, perRank, perSubject)
 			}
 		}
 	}
@@ -114,16 +136,22 @@ func TestUpWithThreeShards(t *testing.T) {
 		}
 	}
 
-	// The gap detector reads shard p as partition p: everything acknowledged, each publisher at its
-	// last number, no gap.
+	// The gap detector and the trace writer read shard p as partition p (both keyed by worker_id, as
+	// the shards): everything acknowledged, and no copy of the shards.
 	for i := range shards {
 		eventually(t, 30*time.Second, func() error {
 			return consumerAcked(js, streams.ShardStreamName(i), "fpm-gaps-"+strconv.Itoa(i))
 		})
+		eventually(t, 30*time.Second, func() error {
+			return consumerAcked(js, streams.ShardStreamName(i), "fpm-trace-"+strconv.Itoa(i))
+		})
 	}
-	// The trace writer's files are per worker, whose ranks span shards: its group reads a partition
-	// stream sourcing every shard.
-	eventually(t, 30*time.Second, func() error { return consumerAcked(js, "FPM_PART_fpm-trace", "fpm-trace") })
+	names := js.StreamNames(t.Context())
+	for name := range names.Name() {
+		if strings.HasPrefix(name, streams.StreamFPM+"_PART_") {
+			t.Fatalf("partition stream %s exists: a group copies the shards", name)
+		}
+	}
 	out, err := run(t, 30*time.Second, fpmbusBin, "gaps", "report", "--server", up.url, "--since", "1h", "--json")
 	if err != nil {
 		t.Fatalf("gaps report: %v\n%s", err, out)
@@ -153,12 +181,59 @@ func TestUpWithThreeShards(t *testing.T) {
 		t.Fatalf("trace backfill --start-seq with shards: %v\n%s", err, out)
 	}
 
+	// trace verify against the stream is refused over shards, naming what to do instead.
+	if out, err := run(t, 30*time.Second, fpmbusBin, "trace", "verify", "--server", up.url, "--stream", up.traceOut); err == nil ||
+		!strings.Contains(out, "without --stream and --repair") {
+		t.Fatalf("trace verify --stream with shards: %v\n%s", err, out)
+	}
+	// trace replay --to stream of the backfilled files publishes each key to its shard (namespace
+	// replay), the same bodies again.
+	if out, err := run(t, 60*time.Second, fpmbusBin, "trace", "replay", "--server", up.url, "--to", "stream", "--speed", "20",
+		backOut); err != nil {
+		t.Fatalf("trace replay --to stream: %v\n%s", err, out)
+	}
+	for i := range shards {
+		replayed := map[string]bool{}
+		for _, m := range streamstest.Messages(t, js, streams.ShardStreamName(i), "fpm.replay.>") {
+			k, err := streams.ParseFPMSubject(m.Subject())
+			if err != nil || k.WorkerID != workers[i] {
+				t.Fatalf("%s holds replayed %s (%v), want only worker %s", streams.ShardStreamName(i), m.Subject(), err, workers[i])
+			}
+			replayed[string(m.Data())] = true
+		}
+		if len(replayed) != len(stored[workers[i]]) {
+			t.Fatalf("%s holds %d replayed FPMs, want %d", streams.ShardStreamName(i), len(replayed), len(stored[workers[i]]))
+		}
+		for body := range stored[workers[i]] {
+			if !replayed[body] {
+				t.Fatalf("%s: FPM not replayed: %s", streams.ShardStreamName(i), body)
+			}
+		}
+	}
+	for i := range shards { // the live writer has the replayed FPMs too
+		eventually(t, 30*time.Second, func() error {
+			return consumerAcked(js, streams.ShardStreamName(i), "fpm-trace-"+strconv.Itoa(i))
+		})
+	}
+
 	if err := up.proc.signal(syscall.SIGTERM, 60*time.Second); err != nil {
 		t.Fatalf("fpmbus up exit: %v", err)
 	}
-	for name, pattern := range map[string]string{"trace writer": up.traceOut, "backfill": backOut} {
-		lines := traceLines(t, pattern+"."+worker+".*.jsonl.gz")
-		checkLinesAreStored(t, name, lines, stored)
+	// The live writer's files hold each worker's FPMs once, and (namespace replay) the replayed ones
+	// once again; the backfill's only the former.
+	for _, w := range workers {
+		for name, pattern := range map[string]string{"trace writer": up.traceOut, "backfill": backOut} {
+			byNamespace := map[string][]*schemas.TraceLine{}
+			for _, l := range traceLines(t, pattern+"."+w+".*.jsonl.gz") {
+				byNamespace[l.Event.Source.Namespace] = append(byNamespace[l.Event.Source.Namespace], l)
+			}
+			checkLinesAreStored(t, name+" ("+w+")", byNamespace["dynamo"], stored[w])
+			if name == "trace writer" {
+				checkLinesAreStored(t, name+" ("+w+", replayed)", byNamespace["replay"], stored[w])
+			} else if len(byNamespace) != 1 {
+				t.Fatalf("%s (%s): lines of namespaces %v", name, w, byNamespace)
+			}
+		}
 	}
 }
 

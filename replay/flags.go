@@ -51,7 +51,7 @@ const DefaultStartDelay = 500 * time.Millisecond
 // --ack-timeout.
 func RegisterFlags(fs *flag.FlagSet, basePort int, basePortSource string) *Flags {
 	f := &Flags{fs: fs, mapWorker: map[string]string{}, portMap: map[string]int{}, basePortSource: basePortSource}
-	fs.StringVar(&f.to, "to", TargetZMQ, "where to replay: zmq (one PUB socket per producer and rank, as Dynamo publishes) or stream (straight onto stream FPM under --namespace)")
+	fs.StringVar(&f.to, "to", TargetZMQ, "where to replay: zmq (one PUB socket per producer and rank, as Dynamo publishes) or stream (straight onto stream FPM under --namespace; with FPM shards to each key's shard, as the bridge publishes)")
 	fs.Float64Var(&f.speed, "speed", 1, "pace factor: 2 plays twice as fast, 0.5 at half speed")
 	fs.Float64Var(&f.maxRate, "max-rate", 0, "cap on records per second over all ranks; later records wait (0: none)")
 	fs.IntVar(&f.loop, "loop", 1, "play the schedule N times (0: until interrupted)")

@@ -17,7 +17,9 @@ import (
 // invisible to every durable consumer), selected as `fpmbus trace backfill` selects it. A message
 // becomes the record a full-mode trace writer would have written for it: observed_at_unix_ms from its
 // Fpm-Received-At-Ms header (the bridge's receive time), source from its Fpm-Namespace, Fpm-Component
-// and Fpm-Producer headers, fpm its body.
+// and Fpm-Producer headers, fpm its body. With FPM shards every shard is read (each numbered on its
+// own, so only a time range selects), and the records are merged by observed time; a key's records
+// are all in one shard, in its order.
 
 // ErrBadRange is returned for a stream range that selects nothing sensible.
 var ErrBadRange = errors.New("replay: invalid stream range")
@@ -39,8 +41,9 @@ func (r StreamRange) validate() error {
 	return nil
 }
 
-// ReadStream reads the range of stream FPM into a Recording. A message whose body is not a valid FPM
-// is counted as invalid (its stream sequence among the examples), not replayed.
+// ReadStream reads the range of stream FPM (or of every FPM shard) into a Recording. A message whose
+// body is not a valid FPM is counted as invalid (its stream and sequence among the examples), not
+// replayed.
 func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*Recording, error) {
 	if err := rng.validate(); err != nil {
 		return nil, err
@@ -48,26 +51,45 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*
 	if rng.Filter == "" {
 		rng.Filter = streams.FPMWildcard
 	}
-	s, start, last, err := streams.OpenFPMRange(ctx, js, rng.Filter, rng.StartSeq, rng.EndSeq, rng.Since)
+	n, err := streams.FPMShardsOf(ctx, js)
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
+	if n > 1 && (rng.StartSeq != 0 || rng.EndSeq != 0) {
+		return nil, fmt.Errorf("%w: FPMs are spread over %d shard streams, each numbered on its own: select the range by time (since, until)",
+			ErrBadRange, n)
+	}
 	rec := &Recording{}
+	for _, name := range streams.FPMStreamNames(n) {
+		if err := readStreamInto(ctx, js, name, rng, rec); err != nil {
+			return nil, err
+		}
+	}
+	sortRecords(rec.Records)
+	return rec, nil
+}
+
+// readStreamInto appends the range of FPM stream name (FPM, or one shard) to rec.
+func readStreamInto(ctx context.Context, js jetstream.JetStream, name string, rng StreamRange, rec *Recording) error {
+	s, start, last, err := streams.OpenFPMRangeOf(ctx, js, name, rng.Filter, rng.StartSeq, rng.EndSeq, rng.Since)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
 	n, err := streams.CountPending(ctx, s, rng.Filter, jetstream.ConsumerConfig{
 		DeliverPolicy: start.DeliverPolicy, OptStartSeq: start.OptStartSeq, OptStartTime: start.OptStartTime})
 	if err != nil {
-		return rec, fmt.Errorf("replay: count the range: %w", err)
+		return fmt.Errorf("replay: count the range of %s: %w", name, err)
 	}
 	if n == 0 {
-		return rec, nil
+		return nil
 	}
 	oc, err := s.OrderedConsumer(ctx, start)
 	if err != nil {
-		return nil, fmt.Errorf("replay: ordered consumer: %w", err)
+		return fmt.Errorf("replay: ordered consumer on %s: %w", name, err)
 	}
 	it, err := oc.Messages(jetstream.PullMaxMessages(1000))
 	if err != nil {
-		return nil, fmt.Errorf("replay: ordered consumer: %w", err)
+		return fmt.Errorf("replay: ordered consumer on %s: %w", name, err)
 	}
 	defer it.Stop()
 	in := interner{}
@@ -75,11 +97,11 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*
 	for {
 		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return nil, fmt.Errorf("replay: read stream %s: %w", streams.StreamFPM, err)
+			return fmt.Errorf("replay: read stream %s: %w", name, err)
 		}
 		md, err := m.Metadata()
 		if err != nil {
-			return nil, fmt.Errorf("replay: read stream %s: %w", streams.StreamFPM, err)
+			return fmt.Errorf("replay: read stream %s: %w", name, err)
 		}
 		if md.Sequence.Stream > last || !rng.Until.IsZero() && md.Timestamp.After(rng.Until) {
 			break
@@ -88,7 +110,7 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*
 		if err != nil {
 			rec.Invalid++
 			if len(rec.InvalidExamples) < maxExamples {
-				rec.InvalidExamples = append(rec.InvalidExamples, "stream "+streams.StreamFPM+" sequence "+strconv.FormatUint(md.Sequence.Stream, 10)+": "+err.Error())
+				rec.InvalidExamples = append(rec.InvalidExamples, "stream "+name+" sequence "+strconv.FormatUint(md.Sequence.Stream, 10)+": "+err.Error())
 			}
 		} else {
 			rec.Records = append(rec.Records, r)
@@ -97,8 +119,7 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*
 			break
 		}
 	}
-	sortRecords(rec.Records)
-	return rec, nil
+	return nil
 }
 
 // streamRecord turns one stored FPM message into a record.

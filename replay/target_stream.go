@@ -22,7 +22,9 @@ import (
 // (the payload decoded by schemas, exactly as the bridge does), and the bridge's headers
 // (streams.FPMMessage). The receive time (Fpm-Received-At-Ms, a trace line's observed_at_unix_ms) is
 // the send time; the publisher run (Fpm-Epoch) is the socket's first send of this replay, so message
-// ids never collide with an earlier replay's.
+// ids never collide with an earlier replay's. With FPM shards (streams.DiscoverFPMShards) each key is
+// published to its shard's ingest subject, fpmin.<shard>.<namespace>.<component>.<worker_id>.<dp_rank>,
+// as the bridge publishes it, and stored in that shard under the same fpm. subject.
 
 // DefaultNamespace is the namespace a stream replay publishes under unless told otherwise.
 const DefaultNamespace = "replay"
@@ -44,6 +46,9 @@ type StreamConfig struct {
 	MaxInFlight int
 	// AckTimeout bounds the wait for one publish's ack (default 10 s); a publish without one fails.
 	AckTimeout time.Duration
+	// FPMShards is the server's FPM shard count (1: the single stream FPM; 0: read from the server
+	// when the replay starts).
+	FPMShards int
 }
 
 func (c StreamConfig) withDefaults() StreamConfig {
@@ -74,6 +79,8 @@ func (c StreamConfig) validate() error {
 		return bad("max in flight %d: want >= 1", c.MaxInFlight)
 	case c.AckTimeout < 0:
 		return bad("ack timeout %v: want > 0", c.AckTimeout)
+	case c.FPMShards < 0 || c.FPMShards > streams.MaxFPMShards:
+		return bad("FPM shards %d: want 1 to %d (0: the server's)", c.FPMShards, streams.MaxFPMShards)
 	}
 	return nil
 }
@@ -121,7 +128,7 @@ func (t *streamTarget) describe(s int) string {
 	return streams.FPMRoot + "." + streams.EncodeToken(t.cfg.Namespace) + "." + streams.EncodeToken(comp) + "." + worker + "." + strconv.FormatInt(so.DPRank, 10)
 }
 
-func (t *streamTarget) open(context.Context, *Plan) error {
+func (t *streamTarget) open(ctx context.Context, _ *Plan) error {
 	if t.cfg.Conn == nil {
 		return fmt.Errorf("%w: stream target: no NATS connection", ErrInvalidConfig)
 	}
@@ -130,6 +137,14 @@ func (t *streamTarget) open(context.Context, *Plan) error {
 		jetstream.WithPublishAsyncTimeout(t.cfg.AckTimeout))
 	if err != nil {
 		return fmt.Errorf("replay: jetstream: %w", err)
+	}
+	if t.cfg.FPMShards == 0 {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		t.cfg.FPMShards, err = streams.FPMShardsOf(dctx, js)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("replay: stream target: FPM shards: %w", err)
+		}
 	}
 	t.js = js
 	t.pending = make(chan inflight, t.cfg.MaxInFlight)
@@ -188,7 +203,9 @@ func (t *streamTarget) message(s int, seq uint64, payload []byte) (*nats.Msg, er
 		Endpoint:     "replay:" + so.Label(),
 		Bridge:       t.cfg.BridgeID,
 	}
-	return m.Msg(), nil
+	msg := m.Msg()
+	msg.Subject = streams.FPMPublishSubject(m.Key, t.cfg.FPMShards) // the key's shard, as the bridge publishes
+	return msg, nil
 }
 
 func (t *streamTarget) publish(ctx context.Context, in inflight, payload []byte) bool {

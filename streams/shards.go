@@ -11,9 +11,13 @@ import (
 )
 
 // Sharded FPM ingest: FPMs are spread over n streams FPM_0 … FPM_<n-1> so that their leaders spread
-// over a cluster. A publisher key lives in exactly one shard, ShardOf, which is the consumers'
-// partition function (consumers/partition PartitionOf with key tokens 1-4 of fpm.*.*.*.*, the server's
-// {{partition(n,1,2,3,4)}} transform), so with as many partitions as shards partition p is shard p.
+// over a cluster. The shards are keyed by worker: every FPM of one worker_id (all its dp ranks, every
+// namespace and component) lives in exactly one shard, ShardOf. The key is the worker and not the
+// whole publisher key because a worker's trace files need exactly one owner: the trace writer
+// partitions by worker_id, and with the shards keyed the same way its partition p is shard p, read
+// directly, with no copy of the FPMs. A publisher key (one rank, the gap detector's key) is then in
+// one shard as well. ShardOf is the consumers' partition function for a group keyed by the worker_id
+// token of fpm.*.*.*.* (consumers/partition PartitionOf, the server's {{partition(n,3)}} transform).
 //
 // The shard count n is server-side state: every shard stream records it in its metadata
 // (MetaFPMShards), and whoever only uses the streams (bridge, consumers, backfill) reads it from there
@@ -23,6 +27,7 @@ import (
 // (ErrShardMismatch). n = 1 is the single stream FPM, as without sharding; the two never coexist.
 //
 // Invariants:
+//   - A worker_id is in one shard whatever its namespace, component or rank (ShardOf hashes it alone).
 //   - What is stored is what the FPM stream stores: the bridge publishes a key's FPM to
 //     fpmin.<shard>.<ns>.<comp>.<worker>.<rank>, and the shard stream's subject transform stores it as
 //     fpm.<ns>.<comp>.<worker>.<rank>, with the same headers and Nats-Msg-Id. A key's duplicate window
@@ -46,17 +51,14 @@ const (
 // FPM streams contradict each other. Nothing was changed.
 var ErrShardMismatch = errors.New("streams: FPM shard count differs from the server's")
 
-// ShardOf is the shard of key k among n: FNV-1a 32-bit over the concatenated subject tokens of the key
-// (namespace, component, worker_id, dp_rank as they appear in the subject), modulo n.
+// ShardOf is the shard of key k among n: FNV-1a 32-bit over k's worker_id subject token (as it appears
+// in the subject, EncodeToken), modulo n. It depends on the worker only: a worker's ranks share a shard.
 func ShardOf(k Key, n int) int {
 	if n <= 1 {
 		return 0
 	}
 	h := fnv.New32a()
-	_, _ = h.Write([]byte(EncodeToken(k.Namespace)))
-	_, _ = h.Write([]byte(EncodeToken(k.Component)))
 	_, _ = h.Write([]byte(EncodeToken(k.WorkerID)))
-	_, _ = h.Write([]byte(strconv.Itoa(k.DPRank)))
 	return int(h.Sum32() % uint32(n))
 }
 

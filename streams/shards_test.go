@@ -21,11 +21,12 @@ import (
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
-// ShardOf is the server's {{partition(n,1,2,3,4)}} transform of the FPM subject, the consumers'
-// partition function, for every n and for keys whose tokens need encoding.
+// ShardOf is the server's {{partition(n,3)}} transform of the FPM subject (the worker_id token), the
+// partition function of a group keyed by worker_id, for every n and for keys whose tokens need
+// encoding; a worker's ranks, namespaces and components share its shard.
 func TestShardOfIsThePartitionTransform(t *testing.T) {
 	for _, n := range []int{2, 3, 5, 8} {
-		tr, err := server.NewSubjectTransform("fpm.*.*.*.*", "{{partition("+strconv.Itoa(n)+",1,2,3,4)}}")
+		tr, err := server.NewSubjectTransform("fpm.*.*.*.*", "{{partition("+strconv.Itoa(n)+",3)}}")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -38,6 +39,31 @@ func TestShardOfIsThePartitionTransform(t *testing.T) {
 			if want := strconv.Itoa(streams.ShardOf(k, n)); got != want {
 				t.Fatalf("n=%d %s: server partition %s, ShardOf %s", n, streams.FPMSubject(k), got, want)
 			}
+			other := streams.Key{Namespace: "ns" + strconv.Itoa(i), Component: "c" + strconv.Itoa(i%3), WorkerID: k.WorkerID, DPRank: i}
+			if streams.ShardOf(other, n) != streams.ShardOf(k, n) {
+				t.Fatalf("n=%d: %s in shard %d, %s of the same worker in shard %d", n, k, streams.ShardOf(k, n), other, streams.ShardOf(other, n))
+			}
+		}
+	}
+}
+
+// ShardOf's values are fixed: a change moves workers between the shards of every server that exists.
+func TestShardOfGolden(t *testing.T) {
+	for _, tc := range []struct {
+		worker string
+		n      int
+		want   int
+	}{
+		{"w0", 3, 2},
+		{"w1", 3, 1},
+		{"w2", 3, 1},
+		{"worker-17", 8, 6},
+		{"a.b c", 5, 2},
+		{"w0", 1, 0},
+	} {
+		k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: tc.worker, DPRank: 3}
+		if got := streams.ShardOf(k, tc.n); got != tc.want {
+			t.Errorf("ShardOf(worker %q, %d) = %d, want %d", tc.worker, tc.n, got, tc.want)
 		}
 	}
 }

@@ -83,7 +83,7 @@ func runBridge(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	nc, closeConn, err := bridgeConn(ctx, conn, ecfg, *scfg)
+	nc, closeConn, edgeFailed, err := bridgeConn(ctx, conn, ecfg, *scfg)
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,23 @@ func runBridge(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stop()
-	rctx, finish := watchConn(ctx, nc)
+	rctx, finishConn := watchConn(ctx, nc)
+	// An edge the central server can never source (central FPM shards) stops the bridge with its reason.
+	rctx, refuse := context.WithCancelCause(rctx)
+	defer refuse(nil)
+	go func() {
+		select {
+		case err := <-edgeFailed: // nil without an edge: never
+			refuse(err)
+		case <-rctx.Done():
+		}
+	}()
+	finish := func(err error) error {
+		if cause := context.Cause(rctx); errors.Is(cause, bridge.ErrEdgeShards) {
+			return cause
+		}
+		return finishConn(err)
+	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- b.Run(rctx) }()
 	select {
@@ -113,21 +129,22 @@ func runBridge(ctx context.Context, args []string) error {
 
 // bridgeConn connects the bridge: to --server, or with --edge-dir to its node-local edge server (see
 // bridge.Edge), which it starts. The bridge applies the streams itself, retrying while the broker is
-// away: connect only. closeConn closes the connection (and shuts the edge server down).
-func bridgeConn(ctx context.Context, conn *connOptions, ecfg streams.EdgeConfig, scfg streams.Config) (*nats.Conn, func(), error) {
+// away: connect only. closeConn closes the connection (and shuts the edge server down). failed is the
+// edge's Failed (nil without an edge).
+func bridgeConn(ctx context.Context, conn *connOptions, ecfg streams.EdgeConfig, scfg streams.Config) (*nats.Conn, func(), <-chan error, error) {
 	if ecfg.StoreDir == "" {
 		nc, _, err := connectAndApply(ctx, conn, nil)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return nc, nc.Close, nil
+		return nc, nc.Close, nil, nil
 	}
 	if flagGiven(conn.fs, "server") {
-		return nil, nil, fmt.Errorf("%w: --server and --edge-dir: the edge bridge publishes to its own server, a leaf node of --edge-remote", errUsage)
+		return nil, nil, nil, fmt.Errorf("%w: --server and --edge-dir: the edge bridge publishes to its own server, a leaf node of --edge-remote", errUsage)
 	}
 	edge, err := bridge.StartEdge(ecfg, scfg, slog.Default())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	slog.Info("edge server ready", "domain", ecfg.Domain(), "store", ecfg.StoreDir, "client_url", edge.Server().ClientURL(),
 		"central_domain", ecfg.CentralDomainOrDefault())
@@ -137,5 +154,5 @@ func bridgeConn(ctx context.Context, conn *connOptions, ecfg streams.EdgeConfig,
 		if err := edge.Close(sctx); err != nil {
 			slog.Warn("edge server shutdown", "err", err)
 		}
-	}, nil
+	}, edge.Failed(), nil
 }

@@ -190,10 +190,10 @@ type traceGroupOptions struct {
 
 func traceGroupFlags(fs *flag.FlagSet) *traceGroupOptions {
 	o := &traceGroupOptions{}
-	fs.IntVar(&o.partitions, "partitions", trace.DefaultPartitions, "partitions of the --group: 1: one active writer, other instances "+
-		"hot standbys (consumer <group> on FPM). N > 1: the instances share N partitions of the producers (keyed by worker_id) through the "+
-		"copy stream FPM_PART_<group> (every message stored twice); a producer's files have one writer at a time. All instances need the same "+
-		"--trace-output directory (one host or a shared file system) and the same --partitions; not with --producer-id unless 1")
+	fs.IntVar(&o.partitions, "partitions", trace.DefaultPartitions, "partitions of the --group: 0 (default): one per FPM shard, 1 on the single stream FPM. "+
+		"1: one active writer, other instances hot standbys (consumer <group> on FPM). N > 1: the instances share N partitions of the producers (keyed by worker_id) through the "+
+		"copy stream FPM_PART_<group> (every message stored twice), except with N FPM shards, where partition p reads shard p directly; a producer's files have one writer at a time. "+
+		"All instances need the same --trace-output directory (one host or a shared file system) and the same --partitions; not with --producer-id unless 1")
 	fs.DurationVar(&o.pinnedTTL, "pinned-ttl", partition.DefaultPinnedTTL, "how long a crashed instance keeps its partitions before the others take them over (at least 3s)")
 	fs.StringVar(&o.member, "member-id", "", "this instance's name in the group (default <host>-<pid>-<random>); a stable id makes a restarted instance take its partitions back at once; never two running instances with one id")
 	return o

@@ -29,7 +29,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 	conn := connFlags(fs, "trace-replay")
 	env := newEnvDefaults(fs)
 	rf := replay.RegisterFlags(fs, env.int("fpm-port", envFPMPort, producer.DefaultBasePort), envSource(envFPMPort))
-	fromStream := fs.Bool("from-stream", false, "replay a range of stream FPM instead of trace files (needs --since/--until or --start-seq/--end-seq, or replays the whole stream)")
+	fromStream := fs.Bool("from-stream", false, "replay a range of stream FPM instead of trace files (needs --since/--until or --start-seq/--end-seq, or replays the whole stream; with FPM shards every shard, by --since/--until only)")
 	filter := fs.String("filter", streams.FPMWildcard, "--from-stream: FPM subjects to read, e.g. fpm.dynamo.backend.>")
 	since := fs.String("since", "", "--from-stream: messages stored at or after this time (RFC 3339 or Unix ms)")
 	until := fs.String("until", "", "--from-stream: messages stored at or before this time")
@@ -83,9 +83,15 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		defer nc.Close()
 		js, tcfg.Stream.Conn = njs, nc
 		if tcfg.Target == replay.TargetStream {
-			if _, err := js.Stream(ctx, streams.StreamFPM); err != nil {
-				return fmt.Errorf("--to stream: stream %s: %w (create it with `fpmbus streams apply` or run a bridge first)", streams.StreamFPM, err)
+			// Publish as the bridge does: to stream FPM, or with shards to each key's shard.
+			n, err := streams.DiscoverFPMShards(ctx, js)
+			if err != nil {
+				return fmt.Errorf("--to stream: %w", err)
 			}
+			if n == 0 {
+				return fmt.Errorf("--to stream: stream %s: %w (create it with `fpmbus streams apply` or run a bridge first)", streams.StreamFPM, jetstream.ErrStreamNotFound)
+			}
+			tcfg.Stream.FPMShards = n
 		}
 	}
 

@@ -51,7 +51,8 @@ type Config struct {
 	Batch int
 	// DetectRetentionLoss makes the runner report messages the stream removed before they were read.
 	// It needs a group that reads every subject of its stream itself (Partitions 1, filters covering
-	// the stream): only then is every skipped stream sequence a lost message. Either ack policy works:
+	// the stream; or one partition per shard reading its shard directly, each partition then checked
+	// against its shard): only then is every skipped stream sequence a lost message. Either ack policy works:
 	// a session starts with a reset to the ack floor, after which the server delivers every stored
 	// message above it in order, acknowledged out of order before or not.
 	DetectRetentionLoss bool
@@ -85,8 +86,8 @@ func (c Config) Validate() error {
 		return bad("stop timeout %v: want > 0", c.StopTimeout)
 	case c.Batch < 1:
 		return bad("batch %d: want at least 1", c.Batch)
-	case c.DetectRetentionLoss && c.Group.Partitions > 1:
-		return bad("retention-loss detection needs one partition (partitions %d): a partition reads a share of the stream",
+	case c.DetectRetentionLoss && c.Group.Partitions > 1 && !c.Group.ReadsShardsDirectly():
+		return bad("retention-loss detection needs one partition, or one partition per shard reading it directly (partitions %d): a partition reads a share of the stream",
 			c.Group.Partitions)
 	}
 	return nil

@@ -39,20 +39,22 @@ func LossSubject(name string) string { return streams.EventsRoot + ".loss." + na
 // checkRetention reports the stream sequences between the last delivered message and seq as lost.
 func (r *Runner) checkRetention(ctx context.Context, s *session, seq uint64) {
 	if s.seqKnown && seq > s.lastSeq+1 {
-		r.reportLoss(ctx, s.lastSeq+1, seq-1)
+		r.reportLoss(ctx, s.p, s.lastSeq+1, seq-1)
 	}
 	if !s.seqKnown || seq > s.lastSeq {
 		s.lastSeq, s.seqKnown = seq, true
 	}
 }
 
-// reportLoss classifies first..last by the stream's first sequence now and reports each part: log
-// line, metric and event. An event that cannot be stored is still in the log and the metric.
-func (r *Runner) reportLoss(ctx context.Context, first, last uint64) {
+// reportLoss classifies first..last of partition p's stream (the group's stream, or p's shard) by the
+// stream's first sequence now and reports each part: log line, metric and event. An event that cannot
+// be stored is still in the log and the metric.
+func (r *Runner) reportLoss(ctx context.Context, p int, first, last uint64) {
 	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
+	stream := r.cfg.Group.ConsumerStreamOf(p)
 	firstKept := uint64(0)
-	if st, err := r.js.Stream(cctx, r.cfg.Group.ConsumerStream()); err == nil {
+	if st, err := r.js.Stream(cctx, stream); err == nil {
 		firstKept = st.CachedInfo().State.FirstSeq
 	}
 	parts := []Loss{{Cause: LossDeleted, First: first, Last: last}}
@@ -63,7 +65,7 @@ func (r *Runner) reportLoss(ctx context.Context, first, last uint64) {
 		parts = []Loss{{Cause: LossRetention, First: first, Last: firstKept - 1}, {Cause: LossDeleted, First: firstKept, Last: last}}
 	}
 	for _, l := range parts {
-		l.Event, l.Consumer, l.Stream = "loss", r.cfg.Name, r.cfg.Group.ConsumerStream()
+		l.Event, l.Consumer, l.Stream = "loss", r.cfg.Name, stream
 		l.Count = l.Last - l.First + 1
 		l.DetectedAt = r.now().UnixMilli()
 		r.m.lost.Add(float64(l.Count))

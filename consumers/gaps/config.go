@@ -62,9 +62,10 @@ type Config struct {
 	// standbys; N: up to N active instances, each owning the publishers of some partitions.
 	Partitions int
 	// FPMShards is the server's FPM shard count (streams.DiscoverFPMShards; 0: New reads it from the
-	// server). With n > 1 shards the group has one partition per shard whatever Partitions says:
-	// partition p reads shard p directly (filter fpm.>; a narrower filter reads a partition stream
-	// sourcing the shards), so a publisher's partition is its shard.
+	// server). With n > 1 shards the group has one partition per shard whatever Partitions says, and
+	// is keyed like the shards, by worker_id (coarser than one publisher, still exactly one owner per
+	// publisher): partition p reads shard p directly, so a publisher's partition is its shard. A
+	// filter naming one worker_id cannot be keyed so and reads a partition stream sourcing the shards.
 	FPMShards int
 	// PinnedTTL bounds crash failover: a partition whose owner stopped pulling moves after this long.
 	PinnedTTL time.Duration
@@ -158,13 +159,16 @@ func (c Config) FPMDurable() string { return c.PartitionConfig().ConsumerName(0)
 
 // PartitionConfig is the detector group's partitioning: stream FPM keyed by the publisher (tokens 1-4
 // of fpm.*.*.*.*; a narrower FilterSubject, or one partition, hashes the whole subject, which is also
-// one publisher).
+// one publisher). With FPM shards: one partition per shard keyed by worker_id, as the shards are
+// (partition.WorkerKeyedFilter of FilterSubject), so that partition p is shard p, read directly.
 func (c Config) PartitionConfig() partition.Config {
 	pc := partition.FPMConfig(c.Group)
 	pc.Partitions = max(c.Partitions, 1)
 	if c.FPMShards > 1 {
 		pc.Shards, pc.Partitions = c.FPMShards, c.FPMShards
-		if c.FilterSubject != streams.FPMWildcard {
+		if f, ok := partition.WorkerKeyedFilter(c.FilterSubject); ok {
+			pc.Filters = []partition.Filter{f}
+		} else { // one worker_id: one key, through a partition stream
 			pc.Filters = []partition.Filter{{Subject: c.FilterSubject}}
 		}
 	} else if c.FilterSubject != streams.FPMWildcard || pc.Partitions == 1 {

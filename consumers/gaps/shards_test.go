@@ -31,14 +31,16 @@ func toShards(t testing.TB, n int, msgs []*nats.Msg) []*nats.Msg {
 // (one partition per shard, each reading its shard directly) reports exactly what it reports on one
 // stream, delivered + missing == sent per publisher. Killed and restarted with more FPMs stored
 // meanwhile (its state reloaded, each publisher caught up from its own shard), it reports only the new
-// gap.
+// gap. The partitions are keyed by worker_id, as the shards: two ranks of one worker share a
+// partition and are still told apart.
 func TestDetectorOverThreeShards(t *testing.T) {
 	const n = 3
 	env := streamstest.StartShards(t, n)
 	t0 := time.Now().UnixMilli()
 	kb, kz, kr, kd, kn := key("bridge", 0), key("zmq", 1), key("restart", 0), key("dup", 0), key("newbridge", 2)
+	kz4 := key("zmq", 4) // kz's worker, another rank
 	shardsUsed := map[int]bool{}
-	for _, k := range []streams.Key{kb, kz, kr, kd, kn} {
+	for _, k := range []streams.Key{kb, kz, kr, kd, kn, kz4} {
 		shardsUsed[streams.ShardOf(k, n)] = true
 	}
 	if len(shardsUsed) < 2 {
@@ -50,6 +52,8 @@ func TestDetectorOverThreeShards(t *testing.T) {
 	msgs = append(msgs, fpms(kz, 0, 9, t0, t0)...)
 	msgs = append(msgs, fpms(kz, 13, 19, t0, t0+100)...)
 	msgs = append(msgs, fpms(kz, 21, 25, t0, t0+200)...)
+	msgs = append(msgs, fpms(kz4, 0, 5, t0, t0)...)
+	msgs = append(msgs, fpms(kz4, 8, 10, t0, t0+100)...)
 	msgs = append(msgs, fpms(kr, 0, 39, t0, t0)...)
 	msgs = append(msgs, fpms(kr, 0, 9, t0+1000, t0+1000)...)
 	msgs = append(msgs, fpms(kd, 0, 5, t0, t0)...)
@@ -72,9 +76,10 @@ func TestDetectorOverThreeShards(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	publishAll(t, env.JS, markerMsg(kb, t0, 10, 14, "buffer_full"))
 
-	by := waitEvents(t, env.JS, 4, 20*time.Second)
+	by := waitEvents(t, env.JS, 5, 20*time.Second)
 	match(t, kb, by[kb], gapW(CauseBridgeDrop, 10, 14))
 	match(t, kz, by[kz], gapW(CauseZMQDrop, 10, 12), gapW(CauseZMQDrop, 20, 20))
+	match(t, kz4, by[kz4], gapW(CauseZMQDrop, 6, 7))
 	match(t, kr, by[kr], want{TypeGap, CausePublisherRestart, -1, -1, 0, -1})
 	match(t, kd, by[kd])
 	match(t, kn, by[kn])
@@ -91,12 +96,12 @@ func TestDetectorOverThreeShards(t *testing.T) {
 	if _, err := env.JS.Stream(context.Background(), "FPM_PART_"+DefaultGroup); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("the detector made a partition stream over the shards: %v", err)
 	}
-	for _, k := range []streams.Key{kb, kz, kr, kd, kn} {
+	for _, k := range []streams.Key{kb, kz, kr, kd, kn, kz4} {
 		if got := cfg.PartitionOf(k); got != streams.ShardOf(k, n) {
 			t.Fatalf("%s: partition %d, shard %d", k, got, streams.ShardOf(k, n))
 		}
 	}
-	sent := map[streams.Key]uint64{kb: 31, kz: 26, kr: 50, kd: 11, kn: 20}
+	sent := map[streams.Key]uint64{kb: 31, kz: 26, kr: 50, kd: 11, kn: 20, kz4: 11}
 	for k, want := range sent {
 		seen := map[string]bool{}
 		for _, m := range streamstest.Messages(t, env.JS, streams.FPMStreamOf(k, n), streams.FPMSubject(k)) {
@@ -118,15 +123,16 @@ func TestDetectorOverThreeShards(t *testing.T) {
 	more = append(more, fpms(kn, 20, 29, t0+500, t0+700)...)
 	publishAll(t, env.JS, toShards(t, n, more)...)
 	startDetector(t, env.Server.ClientURL(), testConfig())
-	by = waitEvents(t, env.JS, 5, 20*time.Second)
+	by = waitEvents(t, env.JS, 6, 20*time.Second)
 	match(t, kb, by[kb], gapW(CauseBridgeDrop, 10, 14), gapW(CauseZMQDrop, 31, 32))
 	match(t, kz, by[kz], gapW(CauseZMQDrop, 10, 12), gapW(CauseZMQDrop, 20, 20))
+	match(t, kz4, by[kz4], gapW(CauseZMQDrop, 6, 7))
 	for p := range n {
 		consumerDone(t, env.JS, streams.ShardStreamName(p), pc.ConsumerName(p))
 	}
 	time.Sleep(500 * time.Millisecond) // a false gap would need the marker grace to be reported
-	if evs := storedEvents(t, env.JS); len(evs) != 5 {
-		t.Fatalf("%d events after the restart, want 5: %v", len(evs), summarizeAll(evs))
+	if evs := storedEvents(t, env.JS); len(evs) != 6 {
+		t.Fatalf("%d events after the restart, want 6: %v", len(evs), summarizeAll(evs))
 	}
 }
 

@@ -107,7 +107,8 @@
 // values (no separator), modulo P: exactly the server's partition() transform, so Config.PartitionOf
 // in any process agrees with the server (TestPartitionOfMatchesServerTransform) and the map never
 // changes for a given config (TestPartitionOfGolden). FPMConfig keys FPM by namespace, component,
-// worker_id and dp_rank (tokens 1-4 of fpm.*.*.*.*). Several filters may share a key: the merger's
+// worker_id and dp_rank (tokens 1-4 of fpm.*.*.*.*); WorkerKeyedFilter keys FPM subjects by their
+// worker_id token alone, which is the FPM shards' key (shards.go). Several filters may share a key: the merger's
 // fpmbench.rank.*.* and fpmbench.probe.* with KeyTokens {1} put a run's ranks and probes together.
 // With P a power of two only the low log2(P) bits of each key byte matter (FNV-1a's multiply keeps
 // low bits low); real worker ids and ranks spread evenly over 16 (256 keys: 14 to 18 per partition),

@@ -3,6 +3,7 @@ package partition
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -35,8 +36,9 @@ func publishToShards(ctx context.Context, js jetstream.JetStream, n, keys, from,
 	}
 }
 
-// A group over FPM spread in 3 shards: keyed like the shards with one partition per shard it reads
-// each shard directly (no partition stream); otherwise (another partition count, another key) through
+// A group over FPM spread in 3 shards: keyed like the shards (by worker_id) with one partition per
+// shard it reads each shard directly (no partition stream); otherwise (another partition count,
+// another key) through
 // a partition stream sourcing every shard. Either way, with two members and one of them stopping
 // midway, every key's messages are handled once each, in order, in the partition PartitionOf gives,
 // by one member at a time.
@@ -44,13 +46,13 @@ func TestGroupOverShards(t *testing.T) {
 	const shards, keys, perKey = 3, 24, 100
 	for name, tc := range map[string]struct {
 		partitions int
-		workerKey  bool // keyed by worker_id only, as the trace writer
+		workerKey  bool // keyed by worker_id only, as the shards and the trace writer
 		direct     bool
 	}{
-		"one partition per shard, keyed like the shards": {partitions: 3, direct: true},
-		"two partitions":             {partitions: 2},
-		"one partition":              {partitions: 1},
-		"three partitions by worker": {partitions: 3, workerKey: true},
+		"one partition per shard, keyed by worker like the shards": {partitions: 3, workerKey: true, direct: true},
+		"two partitions by worker":                                 {partitions: 2, workerKey: true},
+		"one partition":                                            {partitions: 1},
+		"three partitions by publisher":                            {partitions: 3},
 	} {
 		t.Run(name, func(t *testing.T) {
 			env := streamstest.StartShards(t, shards)
@@ -58,6 +60,9 @@ func TestGroupOverShards(t *testing.T) {
 			cfg.Shards = shards
 			if tc.workerKey {
 				cfg.Filters = []Filter{{Subject: streams.FPMRoot + ".*.*.*.*", KeyTokens: []int{3}}}
+			}
+			if cfg.ShardKeyed() != tc.workerKey {
+				t.Fatalf("ShardKeyed %v for filters %+v", cfg.ShardKeyed(), cfg.Filters)
 			}
 			if tc.partitions == 1 {
 				cfg.Filters = []Filter{{Subject: streams.FPMWildcard}}
@@ -107,8 +112,8 @@ func TestGroupOverShards(t *testing.T) {
 			other := cfg
 			if tc.direct {
 				other.Partitions = 2
-			} else {
-				other.Filters, other.Partitions = FPMConfig("g").Filters, shards
+			} else { // the direct reading
+				other.Filters, other.Partitions = []Filter{{Subject: streams.FPMRoot + ".*.*.*.*", KeyTokens: []int{3}}}, shards
 			}
 			if _, err := Join(ctx, env.JS, other); !errors.Is(err, ErrGroupMismatch) {
 				t.Fatalf("join with %d partitions (direct %v): %v, want ErrGroupMismatch", other.Partitions, !tc.direct, err)
@@ -127,5 +132,51 @@ func TestGroupOverShards(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// WorkerKeyedFilter expands an FPM filter to its five tokens keyed by the worker_id wildcard, and the
+// result is what ShardKeyed recognises: its partitions are ShardOf's for every key it matches.
+func TestWorkerKeyedFilter(t *testing.T) {
+	for name, tc := range map[string]struct {
+		subject string
+		want    Filter
+		ok      bool
+	}{
+		"every FPM":              {subject: "fpm.>", want: Filter{Subject: "fpm.*.*.*.*", KeyTokens: []int{3}}, ok: true},
+		"one namespace":          {subject: "fpm.dynamo.>", want: Filter{Subject: "fpm.dynamo.*.*.*", KeyTokens: []int{2}}, ok: true},
+		"one component":          {subject: "fpm.dynamo.backend.*.*", want: Filter{Subject: "fpm.dynamo.backend.*.*", KeyTokens: []int{1}}, ok: true},
+		"one rank of any worker": {subject: "fpm.*.*.*.0", want: Filter{Subject: "fpm.*.*.*.0", KeyTokens: []int{3}}, ok: true},
+		"one worker":             {subject: "fpm.dynamo.backend.w1.>"},
+		"not FPM":                {subject: "fpmevents.>"},
+		"too many tokens":        {subject: "fpm.a.b.c.d.e"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, ok := WorkerKeyedFilter(tc.subject)
+			if ok != tc.ok || ok && (got.Subject != tc.want.Subject || !slices.Equal(got.KeyTokens, tc.want.KeyTokens)) {
+				t.Fatalf("WorkerKeyedFilter(%q) = %+v, %v; want %+v, %v", tc.subject, got, ok, tc.want, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			c := FPMConfig("g")
+			c.Filters, c.Partitions, c.Shards = []Filter{got}, 5, 5
+			if !c.ShardKeyed() || !c.ReadsShardsDirectly() {
+				t.Fatalf("%+v: ShardKeyed %v, ReadsShardsDirectly %v", got, c.ShardKeyed(), c.ReadsShardsDirectly())
+			}
+			for i := range 100 {
+				k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w." + strconv.Itoa(i), DPRank: 0}
+				p, err := c.PartitionOf(streams.FPMSubject(k))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p != streams.ShardOf(k, 5) {
+					t.Fatalf("%s: partition %d, shard %d", k, p, streams.ShardOf(k, 5))
+				}
+			}
+		})
+	}
+	if FPMConfig("g").ShardKeyed() {
+		t.Fatal("a group keyed by the whole publisher key is keyed like the shards")
 	}
 }

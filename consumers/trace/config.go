@@ -34,7 +34,7 @@ const (
 	DefaultRollBytes      = 256 << 20 // uncompressed JSONL bytes
 	DefaultMaxSegments    = 4
 	DefaultGroup          = "fpm-trace"
-	DefaultPartitions     = 1
+	DefaultPartitions     = 0 // one per FPM shard: 1 on the single stream FPM
 	DefaultFilterSubject  = streams.FPMWildcard
 	DefaultFlushInterval  = time.Second
 	DefaultBufferSize     = 1 << 20
@@ -76,15 +76,19 @@ type Config struct {
 	Group string
 	// FilterSubject selects the FPM subjects this writer consumes (--filter), e.g. fpm.dynamo.>.
 	FilterSubject string
-	// Partitions is the number of partitions P of the group (--partitions). 1: one instance writes,
-	// the others are hot standbys, and the group consumes stream FPM itself; P > 1: the producers
-	// (keyed by worker_id) are spread over the instances through the partition stream FPM_PART_<Group>,
-	// a server-side copy of FPM. Fixed for the life of the group.
+	// Partitions is the number of partitions P of the group (--partitions). 0 (the default): one per
+	// FPM shard (1 on the single stream FPM; 1 as well with ProducerID or a FilterSubject naming one
+	// worker_id, which leave one key). 1: one instance writes, the others are hot standbys, and the
+	// group consumes stream FPM itself; P > 1: the producers (keyed by worker_id) are spread over the
+	// instances through the partition stream FPM_PART_<Group>, a server-side copy of FPM — except with
+	// FPM shards and P equal to their number, where partition p is shard p, read directly (the shards
+	// are keyed by worker_id too). Fixed for the life of the group.
 	Partitions int
 	// FPMShards is the server's FPM shard count (streams.DiscoverFPMShards; 0: New reads it from the
-	// server). With n > 1 shards a producer's ranks may be in several shards, and its file must have
-	// one writer, so the group always reads the partition stream FPM_PART_<Group>, which sources every
-	// shard (with P = 1 too); a key's order is its shard's and is kept.
+	// server). With n > 1 shards every FPM of one worker_id is in one shard, so with one partition per
+	// shard (the default) each partition reads its shard directly and every producer's files still
+	// have one writer; another P reads the partition stream FPM_PART_<Group>, which sources every
+	// shard (with P = 1 too). Either way a key's order is its shard's and is kept.
 	FPMShards int
 	// PinnedTTL bounds crash failover to another instance (--pinned-ttl): how long an instance that
 	// stopped pulling keeps its partitions. A restarted instance with the same member id
@@ -223,8 +227,8 @@ func (c Config) Validate() error {
 		return bad("group %q (--group): want a non-empty name without '.', '*', '>' or spaces", c.Group)
 	case c.FilterSubject == "" || (c.FilterSubject != streams.FPMWildcard && !strings.HasPrefix(c.FilterSubject, streams.FPMRoot+".")):
 		return bad("filter subject %q (--filter): want a subject under %s", c.FilterSubject, streams.FPMWildcard)
-	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
-		return bad("partitions %d (--partitions): want 1 to %d", c.Partitions, partition.MaxPartitions)
+	case c.Partitions < 0 || c.Partitions > partition.MaxPartitions:
+		return bad("partitions %d (--partitions): want 1 to %d (0: one per FPM shard)", c.Partitions, partition.MaxPartitions)
 	case c.PinnedTTL < partition.MinPinnedTTL || c.PinnedTTL > partition.MaxPinnedTTL:
 		return bad("pinned TTL %v (--pinned-ttl): want %v to %v", c.PinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
 	case c.FlushInterval <= 0:

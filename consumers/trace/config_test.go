@@ -21,7 +21,7 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 	if c.Mode != "sampled" || c.OutputPath != "/tmp/dynamo-fpm" || c.SampleInterval != 5*time.Second ||
 		c.RollBytes != 268435456 || c.MaxSegments != 4 || c.Group != "fpm-trace" || c.FilterSubject != "fpm.>" ||
-		c.FlushInterval != time.Second || c.BufferSize != 1<<20 || c.Partitions != 1 || c.PinnedTTL != 10*time.Second {
+		c.FlushInterval != time.Second || c.BufferSize != 1<<20 || c.Partitions != 0 || c.PinnedTTL != 10*time.Second {
 		t.Fatalf("defaults: %+v", c)
 	}
 
@@ -89,7 +89,7 @@ func TestConfigValidate(t *testing.T) {
 		"roll bytes":               {func(c *Config) { c.RollBytes = 0 }, "--roll-bytes"},
 		"max segments":             {func(c *Config) { c.MaxSegments = -1 }, "--max-segments"},
 		"group with a dot":         {func(c *Config) { c.Group = "a.b" }, "--group"},
-		"no partition":             {func(c *Config) { c.Partitions = 0 }, "--partitions"},
+		"negative partitions":      {func(c *Config) { c.Partitions = -1 }, "--partitions"},
 		"pinned TTL below 3s":      {func(c *Config) { c.PinnedTTL = time.Second }, "--pinned-ttl"},
 		"ack wait below 1s": {func(c *Config) {
 			c.AckWait = 500 * time.Millisecond

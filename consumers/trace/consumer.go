@@ -78,6 +78,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		}
 		cfg.FPMShards = n
 	}
+	cfg.Partitions = cfg.effectivePartitions() // 0: one per shard, known now
 	pc, err := cfg.PartitionConfig()
 	if err != nil {
 		return nil, err

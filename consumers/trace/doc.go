@@ -83,11 +83,15 @@
 // edits their membership, not when an instance stops or crashes, and have no reset on takeover (see
 // consumers/partition/doc.go).
 //
-//   - P = 1 (the default): no copy; the group's consumer is <group> on FPM itself, one instance
-//     writes, the others are hot standbys. P > 1 (--partitions): every FPM message is stored twice
-//     (FPM and FPM_PART_<group>, same limits) and the server does the extra work of P filtered
-//     consumers: use it when one writer cannot keep up. P is fixed for the group's life
-//     (partition.ErrGroupMismatch otherwise).
+//   - P = 1 (the default on the single stream FPM): no copy; the group's consumer is <group> on FPM
+//     itself, one instance writes, the others are hot standbys. P > 1 (--partitions): every FPM
+//     message is stored twice (FPM and FPM_PART_<group>, same limits) and the server does the extra
+//     work of P filtered consumers: use it when one writer cannot keep up. P is fixed for the group's
+//     life (partition.ErrGroupMismatch otherwise).
+//   - With n FPM shards (streams.ShardOf keys them by worker_id, as this group) the default P is n
+//     (Partitions 0): partition p is shard p, consumer <group>-<p> on FPM_<p>, nothing is copied, and
+//     a worker's ranks, all in its shard, reach its file in the shard's order. Another P reads
+//     FPM_PART_<group> sourcing every shard.
 //   - Files are per producer, so the partition key is the worker_id token alone (token 3 of
 //     fpm.<namespace>.<component>.<worker_id>.<dp_rank>; never tokens 1-4, which would spread one
 //     worker's ranks, hence its file, over several instances). Config.PartitionConfig derives the
@@ -100,9 +104,9 @@
 //     message, since a pending sample waits an interval for its line and would hold back every later
 //     acknowledgement. Changing the mode of a group, or upgrading from an fpmbus that acked each
 //     message, replaces its consumers at start and goes on after their ack floor.
-//   - With P = 1, full mode and the filter fpm.>, the runner reports messages the stream removed
-//     (retention limits) before the writer read them: log, metric and a loss event on
-//     fpmevents.loss.trace with the exact range and count.
+//   - With P = 1 (or one partition per shard, read directly) and the filter fpm.>, in both modes, the
+//     runner reports messages the stream (the shard) removed (retention limits) before the writer read
+//     them: log, metric and a loss event on fpmevents.loss.trace with the exact range and count.
 //   - Each owned partition has its own writer: Assigned starts it (with a takeover recovery),
 //     Release ends it gracefully (sampled: pending samples written; flushed, fsynced, done, files
 //     closed), Lost drops it without writing more. With P = 1 the first takeover also repairs the

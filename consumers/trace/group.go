@@ -32,17 +32,20 @@ const workerToken = 3
 // writers.
 var ErrGroupUnsupported = errors.New("trace: not supported by a partitioned group")
 
-// PartitionConfig is the consumer group (consumers/partition) of the writer: stream FPM, group
-// c.Group. With one partition it reads c.FilterSubject as given. With more, it reads the FPM subjects
-// of c.FilterSubject (fpm.<namespace>.<component>.<worker_id>.<dp_rank>; others are not read) keyed
-// by worker_id only (the default producer id), so that every producer's messages, all of its dp ranks
-// included, are in one partition and its files have exactly one writer. Full mode acks cumulatively
+// PartitionConfig is the consumer group (consumers/partition) of the writer: stream FPM (or its
+// shards), group c.Group, c.Partitions partitions (0: effectivePartitions). With one partition it reads
+// c.FilterSubject as given. With more, it reads the FPM subjects of c.FilterSubject
+// (fpm.<namespace>.<component>.<worker_id>.<dp_rank>; others are not read) keyed by worker_id only (the
+// default producer id), so that every producer's messages, all of its dp ranks included, are in one
+// partition and its files have exactly one writer. The FPM shards are keyed by worker_id as well, so
+// with one partition per shard partition p is shard p, read directly. Full mode acks cumulatively
 // (AckAll); sampled mode acks each message (see cumulativeAcks).
 func (c Config) PartitionConfig() (partition.Config, error) {
+	c.Partitions = c.effectivePartitions()
 	pc := partition.FPMConfig(c.Group)
 	pc.Partitions = c.Partitions
 	if c.FPMShards > 1 {
-		pc.Shards = c.FPMShards // keyed by worker_id, never like the shards: a partition stream
+		pc.Shards = c.FPMShards // read directly when P is the shard count (ShardKeyed), else copied
 	}
 	pc.PinnedTTL = c.PinnedTTL
 	pc.ReleaseTimeout = c.StopTimeout
@@ -90,6 +93,21 @@ func (c Config) PartitionConfig() (partition.Config, error) {
 	return pc, nil
 }
 
+// effectivePartitions is c.Partitions, or for 0 one per FPM shard (1 without shards), or 1 where a
+// partitioned group cannot be keyed by worker_id (a producer id, a filter naming one worker_id).
+func (c Config) effectivePartitions() int {
+	if c.Partitions != 0 {
+		return c.Partitions
+	}
+	if c.FPMShards <= 1 || c.ProducerID != "" {
+		return 1
+	}
+	if _, ok := partition.WorkerKeyedFilter(c.FilterSubject); !ok {
+		return 1
+	}
+	return c.FPMShards
+}
+
 // pullBatch is how many messages a partition consumer asks the server for at a time.
 func (c Config) pullBatch() int {
 	return min(max(c.MaxAckPending/4, 1), 4096)
@@ -103,11 +121,19 @@ func (c Config) pullBatch() int {
 func (c Config) cumulativeAcks() bool { return c.Mode == schemas.CaptureFull }
 
 // detectsRetentionLoss says whether the runner can report messages the stream removed before the
-// writer read them: only when the group reads every subject of FPM itself (one partition, the whole
-// stream FPM), so that every stream sequence it skips is a lost message. Both modes. Not with shards:
-// the group then reads a partition stream.
+// writer read them: only when each partition reads every subject of its stream itself, so that every
+// stream sequence it skips is a lost message: one partition on the whole stream FPM, or with shards one
+// partition per shard on the whole of each (the direct reading, whose filter fpm.*.*.*.* is every
+// subject a bridge stores). Both modes. Not through a partition stream (a copy, numbered on its own).
 func (c Config) detectsRetentionLoss() bool {
-	return c.Partitions == 1 && c.FilterSubject == streams.FPMWildcard && c.FPMShards <= 1
+	if c.FilterSubject != streams.FPMWildcard {
+		return false
+	}
+	p := c.effectivePartitions()
+	if c.FPMShards > 1 {
+		return p == c.FPMShards
+	}
+	return p == 1
 }
 
 // runnerConfig is the durable.Runner configuration of the writer with group pc. The runner releases
@@ -133,14 +159,15 @@ func (c Config) runnerConfig(pc partition.Config) durable.Config {
 // again (those already written are recognised and skipped, see takeover). Every instance of a group
 // must run the same fpmbus and mode: an instance still consuming a deleted consumer fails.
 func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, pc partition.Config, log *slog.Logger) error {
-	s, err := js.Stream(ctx, pc.ConsumerStream())
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil // a partition stream not created yet: no consumer either
-	}
-	if err != nil {
-		return fmt.Errorf("trace: group %s: stream %s: %w", pc.Group, pc.ConsumerStream(), err)
-	}
 	for p := range pc.Partitions {
+		// Each partition's consumer lives on its own stream when the group reads shards directly.
+		s, err := js.Stream(ctx, pc.ConsumerStreamOf(p))
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil // a partition stream not created yet: no consumer either
+		}
+		if err != nil {
+			return fmt.Errorf("trace: group %s: stream %s: %w", pc.Group, pc.ConsumerStreamOf(p), err)
+		}
 		want := pc.ConsumerConfig(p)
 		cons, err := s.Consumer(ctx, want.Durable)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -156,7 +183,7 @@ func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, p
 		}
 		floor := have.AckFloor.Stream
 		log.Warn("trace writer: replacing a consumer declared with another ack policy or without partition ownership; it goes on after its ack floor",
-			"stream", pc.ConsumerStream(), "consumer", want.Durable, "ack_policy", have.Config.AckPolicy, "want", want.AckPolicy, "ack_floor", floor)
+			"stream", pc.ConsumerStreamOf(p), "consumer", want.Durable, "ack_policy", have.Config.AckPolicy, "want", want.AckPolicy, "ack_floor", floor)
 		if err := s.DeleteConsumer(ctx, want.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("trace: group %s: delete consumer %s: %w", pc.Group, want.Durable, err)
 		}
@@ -168,7 +195,7 @@ func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, p
 		}
 		if _, err := s.ResetConsumerToSequence(ctx, want.Durable, floor+1); err != nil {
 			return fmt.Errorf("trace: group %s: consumer %s: go on after ack floor %d (reset it with `nats consumer` before the next start, or it reads %s from its first message): %w",
-				pc.Group, want.Durable, floor, pc.ConsumerStream(), err)
+				pc.Group, want.Durable, floor, pc.ConsumerStreamOf(p), err)
 		}
 	}
 	return nil

@@ -289,11 +289,11 @@ func testGroupScaleOut(t *testing.T, mode string) {
 func TestGroupPartitionConfig(t *testing.T) {
 	cfg := testConfig(t)
 	for _, tc := range []struct {
-		filter string
-		parts  int
-		subj   string
-		key    []int
-		bad    bool
+		filter        string
+		parts, shards int
+		subj          string
+		key           []int
+		bad           bool
 	}{
 		{filter: "fpm.>", parts: 4, subj: "fpm.*.*.*.*", key: []int{3}},
 		{filter: "fpm.dynamo.>", parts: 4, subj: "fpm.dynamo.*.*.*", key: []int{2}},
@@ -301,11 +301,15 @@ func TestGroupPartitionConfig(t *testing.T) {
 		{filter: "fpm.dynamo.backend.w1.>", parts: 4, bad: true},
 		{filter: "fpm.dynamo.backend.w1.>", parts: 1, subj: "fpm.dynamo.backend.w1.>"},
 		{filter: "fpm.>", parts: 1, subj: "fpm.>"},
-		{filter: "fpm.>", parts: 0, bad: true},
+		{filter: "fpm.>", parts: -1, bad: true},
+		{filter: "fpm.>", parts: 0, subj: "fpm.>"}, // one per shard: 1 on one stream
+		{filter: "fpm.>", parts: 0, shards: 3, subj: "fpm.*.*.*.*", key: []int{3}},
+		{filter: "fpm.dynamo.>", parts: 0, shards: 3, subj: "fpm.dynamo.*.*.*", key: []int{2}},
+		{filter: "fpm.dynamo.backend.w1.>", parts: 0, shards: 3, subj: "fpm.dynamo.backend.w1.>"},
 	} {
 		c := cfg
 		c.FilterSubject = tc.filter
-		c.Partitions = tc.parts
+		c.Partitions, c.FPMShards = tc.parts, tc.shards
 		pc, err := c.PartitionConfig()
 		if tc.bad {
 			if !errors.Is(err, ErrInvalidConfig) {
@@ -337,24 +341,32 @@ func TestGroupPartitionConfig(t *testing.T) {
 	}
 	// Full mode acks the done prefix, sampled mode each message; retention loss is reported only where
 	// every skipped sequence is a lost message.
+	// With FPM shards, the default partitions (0) are one per shard, each reading its shard directly,
+	// which reports retention loss per shard as well.
 	for _, tc := range []struct {
 		mode, filter     string
-		parts            int
+		parts, shards    int
 		cumulative, loss bool
 	}{
 		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 1, cumulative: true, loss: true},
 		{mode: schemas.CaptureFull, filter: "fpm.dynamo.>", parts: 1, cumulative: true},
 		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 4, cumulative: true},
 		{mode: schemas.CaptureSampled, filter: "fpm.>", parts: 1, loss: true},
+		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 0, cumulative: true, loss: true},
+		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 0, shards: 3, cumulative: true, loss: true},
+		{mode: schemas.CaptureSampled, filter: "fpm.>", parts: 3, shards: 3, loss: true},
+		{mode: schemas.CaptureFull, filter: "fpm.dynamo.>", parts: 0, shards: 3, cumulative: true},
+		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 1, shards: 3, cumulative: true},
+		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 2, shards: 3, cumulative: true},
 	} {
 		c := cfg
-		c.Mode, c.FilterSubject, c.Partitions = tc.mode, tc.filter, tc.parts
+		c.Mode, c.FilterSubject, c.Partitions, c.FPMShards = tc.mode, tc.filter, tc.parts, tc.shards
 		pc, err := c.PartitionConfig()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if rc := c.runnerConfig(pc); pc.CumulativeAcks != tc.cumulative || rc.DetectRetentionLoss != tc.loss || rc.Validate() != nil {
-			t.Errorf("%s %s P=%d: cumulative %v, retention loss %v (%v), want %v, %v", tc.mode, tc.filter, tc.parts,
+			t.Errorf("%s %s P=%d shards %d: cumulative %v, retention loss %v (%v), want %v, %v", tc.mode, tc.filter, tc.parts, tc.shards,
 				pc.CumulativeAcks, rc.DetectRetentionLoss, rc.Validate(), tc.cumulative, tc.loss)
 		}
 	}

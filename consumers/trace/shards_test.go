@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -34,8 +37,8 @@ func publishInOrder(t testing.TB, js jetstream.JetStream, msgs []*nats.Msg) {
 // The same FPMs stored in one stream FPM and in 3 shards: a backfill of the shards (whole, or a time
 // range) writes exactly the event objects, in the same order per producer, as a backfill of the one
 // stream, in both modes (sampled intervals close by event time across shards as on one stream); a
-// sequence range is refused with shards. The live writer on the shards (a partition stream sourcing
-// them) writes every FPM once, each key in order.
+// sequence range is refused with shards. The live writer on the shards (one partition per shard, no
+// copy) writes every FPM once, exactly as the live writer on the one stream.
 func TestBackfillAcrossShardsIsTheSingleStreams(t *testing.T) {
 	const (
 		shards = 3
@@ -45,13 +48,13 @@ func TestBackfillAcrossShardsIsTheSingleStreams(t *testing.T) {
 		ivlMs  = 1000
 	)
 	one, sharded := streamstest.Start(t), streamstest.StartShards(t, shards)
-	keys := testKeys(6)
+	keys := testKeys(8) // workers w0 … w3 with two ranks each
 	inShard := map[int]bool{}
 	for _, k := range keys {
 		inShard[streams.ShardOf(k, shards)] = true
 	}
-	if len(inShard) < 2 {
-		t.Fatalf("the test keys all live in one shard: %v", inShard)
+	if len(inShard) != shards {
+		t.Fatalf("the test keys leave a shard empty: %v", inShard)
 	}
 	var toOne, toShards []*nats.Msg
 	for i := range n {
@@ -136,58 +139,272 @@ func TestBackfillAcrossShardsIsTheSingleStreams(t *testing.T) {
 		t.Fatalf("sequence range over shards: %v, want ErrBadRange", err)
 	}
 
-	// The live writer on the shards.
+	// The live writer on the shards (one partition per shard, each reading its shard directly) writes
+	// what the live writer on the one stream writes, event for event, in the same order per producer,
+	// without any copy of the FPMs.
 	cfg := testConfig(t)
 	cfg.Group = "live"
 	r := startWriter(t, cfg, sharded.JS)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := sharded.JS.Consumer(context.Background(), "FPM_PART_live", "live")
-		if err == nil {
-			if ci, err := c.Info(context.Background()); err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.Delivered.Stream == n {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("live writer on the shards: not everything acknowledged (%v)", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	pc, err := r.w.cfg.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pc.Partitions != shards || !pc.ReadsShardsDirectly() {
+		t.Fatalf("the writer over %d shards has %d partitions, direct %v", shards, pc.Partitions, pc.ReadsShardsDirectly())
+	}
+	for p := range shards {
+		waitShardConsumed(t, sharded.JS, streams.ShardStreamName(p), pc.ConsumerName(p))
 	}
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	live := events(t, cfg.OutputPath)
+	noPartitionStream(t, sharded.JS)
+	oneCfg := testConfig(t)
+	oneCfg.Group = "live"
+	r = startWriter(t, oneCfg, one.JS)
+	waitConsumed(t, one.JS, oneCfg.Group)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	live, liveOne := events(t, cfg.OutputPath), events(t, oneCfg.OutputPath)
+	if len(live) != len(liveOne) {
+		t.Fatalf("producers %s from the shards, %s from one stream", keysOf2(live), keysOf2(liveOne))
+	}
+	for p, w := range liveOne {
+		if !slices.Equal(live[p], w) {
+			t.Fatalf("producer %s: the live writer on the shards wrote %d events, not the %d the one stream's wrote in its order", p, len(live[p]), len(w))
+		}
+	}
 	whole, err := backfill(t, one.JS, schemas.CaptureFull, BackfillRange{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for p, w := range whole {
-		got := live[p]
-		if len(got) != len(w) {
-			t.Fatalf("producer %s: the live writer on the shards wrote %d events, want %d", p, len(got), len(w))
-		}
-		last := map[int64]int64{}
-		for _, ev := range got {
-			var line struct {
-				Event struct {
-					FPM struct {
-						DPRank    int64 `json:"dp_rank"`
-						CounterID int64 `json:"counter_id"`
-					} `json:"fpm"`
-				} `json:"event"`
-			}
-			if err := json.Unmarshal([]byte(`{"event":`+ev+`}`), &line); err != nil {
-				t.Fatal(err)
-			}
-			f := line.Event.FPM
-			if prev, ok := last[f.DPRank]; ok && f.CounterID != prev+1 {
-				t.Fatalf("producer %s rank %d: counter %d after %d", p, f.DPRank, f.CounterID, prev)
-			}
-			last[f.DPRank] = f.CounterID
-		}
-		sortedGot, sortedWant := slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(w))
+		sortedGot, sortedWant := slices.Sorted(slices.Values(live[p])), slices.Sorted(slices.Values(w))
 		if !slices.Equal(sortedGot, sortedWant) {
 			t.Fatalf("producer %s: the live writer on the shards wrote other events than the stored FPMs", p)
 		}
 	}
+}
+
+// waitShardConsumed waits until consumer durable on stream has acknowledged everything the stream holds.
+func waitShardConsumed(t testing.TB, js jetstream.JetStream, stream, durable string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var ci *jetstream.ConsumerInfo
+		c, err := js.Consumer(ctx, stream, durable)
+		if err == nil {
+			ci, err = c.Info(ctx)
+		}
+		cancel()
+		if err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.AckFloor.Stream >= ci.Delivered.Stream {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("consumer %s on %s not done: %+v, %v", durable, stream, ci, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// noPartitionStream fails unless the server holds no partition stream (FPM_PART_*) at all.
+func noPartitionStream(t testing.TB, js jetstream.JetStream) {
+	t.Helper()
+	names := js.StreamNames(context.Background())
+	for name := range names.Name() {
+		if strings.HasPrefix(name, streams.StreamFPM+"_PART_") {
+			t.Fatalf("partition stream %s exists: the shards were copied", name)
+		}
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Messages a shard removed (a message limit) while the writer over 3 shards was stopped are reported
+// when it comes back, as on one stream: a loss event naming the shard with the exact range and count
+// (each partition reads its whole shard, so every skipped shard sequence is a lost message); the rest
+// is written, and no other shard reports a loss.
+func TestRetentionLossIsReportedPerShard(t *testing.T) {
+	const shards = 3
+	env := streamstest.StartShards(t, shards)
+	keys := testKeys(8) // workers w0 … w3, every shard used
+	toShards := func(msgs []*nats.Msg) []*nats.Msg {
+		for _, m := range msgs {
+			k, err := streams.ParseFPMSubject(m.Subject)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Subject = streams.FPMPublishSubject(k, shards)
+		}
+		return msgs
+	}
+	msgs, first := manyFPMs(t, keys, 5*len(keys), 1_782_777_600_000)
+	publish(t, env.JS, toShards(msgs))
+	cfg := testConfig(t)
+	r := startWriter(t, cfg, env.JS)
+	pc, err := r.w.cfg.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range shards {
+		waitShardConsumed(t, env.JS, streams.ShardStreamName(p), pc.ConsumerName(p))
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	more, pub := manyFPMs(t, keys, 20*len(keys), 1_782_777_700_000)
+	for i := range pub {
+		pub[i].counter += 5
+		more[i] = pub[i].msg(t)
+	}
+	publish(t, env.JS, toShards(more))
+	// The shard of the first key keeps only its last 10 messages: the second batch's before them were
+	// never read.
+	ctx := context.Background()
+	victim := streams.ShardStreamName(streams.ShardOf(keys[0], shards))
+	st, err := env.JS.Stream(ctx, victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keep = 10
+	var inVictim []testFPM // the second batch in the victim shard, in its order
+	var kept []testFPM
+	kept = append(kept, first...)
+	for _, f := range pub {
+		if streams.ShardStreamName(streams.ShardOf(f.key, shards)) == victim {
+			inVictim = append(inVictim, f)
+		} else {
+			kept = append(kept, f)
+		}
+	}
+	kept = append(kept, inVictim[len(inVictim)-keep:]...)
+	readUpTo := info.State.LastSeq - uint64(len(inVictim))
+	sc := info.Config
+	sc.MaxMsgs = keep
+	if _, err := env.JS.UpdateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	r = startWriter(t, cfg, env.JS)
+	for p := range shards {
+		waitShardConsumed(t, env.JS, streams.ShardStreamName(p), pc.ConsumerName(p))
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var losses []durable.Loss
+	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, durable.LossSubject(ConsumerName)) {
+		var l durable.Loss
+		if err := json.Unmarshal(m.Data(), &l); err != nil {
+			t.Fatal(err)
+		}
+		l.DetectedAt = 0
+		losses = append(losses, l)
+	}
+	lastRemoved := info.State.LastSeq - keep
+	want := []durable.Loss{{Event: "loss", Cause: durable.LossRetention, Consumer: ConsumerName, Stream: victim,
+		First: readUpTo + 1, Last: lastRemoved, Count: lastRemoved - readUpTo}}
+	if fmt.Sprint(losses) != fmt.Sprint(want) {
+		t.Fatalf("loss events\n got %+v\nwant %+v", losses, want)
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), kept, schemas.CaptureFull)
+}
+
+// Matching a trace to the stream needs the single stream FPM: over shards, verify with the stream (and
+// repair) is refused with ErrStreamSharded before anything is read or changed; the files alone are
+// still checked.
+func TestVerifyAgainstShardsIsRefused(t *testing.T) {
+	const shards = 3
+	env := streamstest.StartShards(t, shards)
+	msgs, _ := manyFPMs(t, testKeys(8), 40, 1_782_777_600_000)
+	for _, m := range msgs {
+		k, err := streams.ParseFPMSubject(m.Subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Subject = streams.FPMPublishSubject(k, shards)
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	r := startWriter(t, cfg, env.JS)
+	pc, err := r.w.cfg.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range shards {
+		waitShardConsumed(t, env.JS, streams.ShardStreamName(p), pc.ConsumerName(p))
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	vc := VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}
+	rep, err := Verify(ctx, vc, nil, WithLogger(testLogger(t)))
+	if err != nil || rep.Remaining != 0 {
+		t.Fatalf("the files alone: %v, %d findings remain", err, rep.Remaining)
+	}
+	for name, repair := range map[string]bool{"stream": false, "repair": true} {
+		vc.Repair = repair
+		if _, err := Verify(ctx, vc, env.JS, WithLogger(testLogger(t))); !errors.Is(err, ErrStreamSharded) {
+			t.Fatalf("%s over shards: %v, want ErrStreamSharded", name, err)
+		}
+	}
+}
+
+// A group over 3 shards whose consumers were declared for the other capture mode has every shard's
+// consumer replaced at start (each on its own shard), going on after its ack floor: nothing is read
+// twice, and the new mode's ack policy is on every shard.
+func TestModeChangeOverShardsReplacesEveryShardsConsumer(t *testing.T) {
+	const shards = 3
+	env := streamstest.StartShards(t, shards)
+	msgs, published := manyFPMs(t, testKeys(8), 80, 1_782_777_600_000)
+	for _, m := range msgs {
+		k, err := streams.ParseFPMSubject(m.Subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Subject = streams.FPMPublishSubject(k, shards)
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	cfg.FPMShards = shards
+	sampled := cfg
+	sampled.Mode = schemas.CaptureSampled
+	spc, err := sampled.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for p := range shards { // what a sampled-mode group declared: each message acked on its own
+		if _, err := env.JS.CreateOrUpdateConsumer(ctx, spc.ConsumerStreamOf(p), spc.ConsumerConfig(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := startWriter(t, cfg, env.JS)
+	pc, err := r.w.cfg.PartitionConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range shards {
+		waitShardConsumed(t, env.JS, streams.ShardStreamName(p), pc.ConsumerName(p))
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for p := range shards {
+		c, err := env.JS.Consumer(ctx, streams.ShardStreamName(p), pc.ConsumerName(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ap := c.CachedInfo().Config.AckPolicy; ap != jetstream.AckAllPolicy {
+			t.Fatalf("%s on %s acks with %v after the start in full mode", pc.ConsumerName(p), streams.ShardStreamName(p), ap)
+		}
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
 }

@@ -242,6 +242,11 @@ func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts 
 	if err != nil {
 		return nil, err
 	}
+	if js != nil {
+		if err := refuseShards(ctx, js); err != nil {
+			return nil, err
+		}
+	}
 	v := &verifier{cfg: cfg, set: set, log: set.Logger, keys: newKeyTable(), byPrefix: map[string]*vproducer{}}
 	if err := v.read(); err != nil {
 		return nil, err

@@ -40,6 +40,29 @@ import (
 // sampled mode the writer keeps one message per key and interval, chosen partly by its clock: which
 // messages had lines cannot be told, and nothing is restored.
 
+// ErrStreamSharded: matching lines to the stream (Verify with js: VerifyConfig.Stream, Repair) needs
+// the single stream FPM, and the server spreads FPMs over shards.
+var ErrStreamSharded = errors.New("trace: verify: matching to the stream needs the single stream FPM")
+
+// refuseShards returns ErrStreamSharded when the server has FPM shards. The matching is defined on
+// one stream's sequences: a producer's lines in increasing sequence, the damaged region between two
+// lines' messages, the stream's first sequence and interior deletes deciding what can be restored. A
+// producer's messages may span shards (the Fpm-Producer header need not be the worker), and each
+// shard is numbered on its own, so none of it carries over.
+func refuseShards(ctx context.Context, js jetstream.JetStream) error {
+	n, err := streams.FPMShardsOf(ctx, js)
+	if err != nil {
+		return fmt.Errorf("trace: verify: %w", err)
+	}
+	if n > 1 {
+		return fmt.Errorf("%w: the server spreads FPMs over %d shard streams (%s … %s), each numbered on its own; "+
+			"check the files alone (`fpmbus trace verify` without --stream and --repair), and rewrite a damaged "+
+			"time range from the shards with `fpmbus trace backfill --trace-mode full --since T --until T` into another --trace-output",
+			ErrStreamSharded, n, streams.ShardStreamName(0), streams.ShardStreamName(n-1))
+	}
+	return nil
+}
+
 // candidate is a stream message without a line: what is needed to rebuild its line.
 type candidate struct {
 	seq uint64
