@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,16 +68,26 @@ func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	publish(b, env.JS, msgs)
 	b.ResetTimer()
 	for i := range b.N {
-		var bareRates, pinnedRates, runnerRates, fullRates []float64
+		var bareRates, pinnedRates, runnerRates, fullRates, bareCPU, pinnedCPU, runnerCPU, fullCPU []float64
 		minRatio := math.Inf(1)
 		var gzPerRec float64
 		for round := range benchRounds() {
-			var bare, pinned, runner, full float64
+			var bare, pinned, runner, full sideResult
 			sides := []func(){
-				func() { bare = benchBare(b, env.JS, fmt.Sprint("bare-", i, "-", round), n, false) },
-				func() { pinned = benchBare(b, env.JS, fmt.Sprint("pinned-", i, "-", round), n, true) },
-				func() { runner = benchRunner(b, env.JS, fmt.Sprint("runner-", i, "-", round), n) },
 				func() {
+					defer profileSide(b, "bare", round)()
+					bare = benchBare(b, env.JS, fmt.Sprint("bare-", i, "-", round), n, false)
+				},
+				func() {
+					defer profileSide(b, "pinned", round)()
+					pinned = benchBare(b, env.JS, fmt.Sprint("pinned-", i, "-", round), n, true)
+				},
+				func() {
+					defer profileSide(b, "runner", round)()
+					runner = benchRunner(b, env.JS, fmt.Sprint("runner-", i, "-", round), n)
+				},
+				func() {
+					defer profileSide(b, "full", round)()
 					var gz int64
 					full, gz = benchFull(b, env.JS, fmt.Sprint("trace-", i, "-", round), n)
 					gzPerRec = float64(gz) / float64(n)
@@ -84,9 +96,15 @@ func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 			for k := range sides {
 				sides[(k+round)%len(sides)]()
 			}
-			bareRates, pinnedRates = append(bareRates, bare), append(pinnedRates, pinned)
-			runnerRates, fullRates = append(runnerRates, runner), append(fullRates, full)
-			minRatio = min(minRatio, full/bare)
+			bareRates, pinnedRates = append(bareRates, bare.rate), append(pinnedRates, pinned.rate)
+			runnerRates, fullRates = append(runnerRates, runner.rate), append(fullRates, full.rate)
+			bareCPU, pinnedCPU = append(bareCPU, bare.cpuUs), append(pinnedCPU, pinned.cpuUs)
+			runnerCPU, fullCPU = append(runnerCPU, runner.cpuUs), append(fullCPU, full.cpuUs)
+			minRatio = min(minRatio, full.rate/bare.rate)
+			if os.Getenv("FPMBUS_BENCH_TRACE") != "" {
+				b.Logf("round %d: bare %.0f/s %.2fus, pinned %.0f/s %.2fus, runner %.0f/s %.2fus, full %.0f/s %.2fus", round,
+					bare.rate, bare.cpuUs, pinned.rate, pinned.cpuUs, runner.rate, runner.cpuUs, full.rate, full.cpuUs)
+			}
 		}
 		bare, pinned, runner, full := median(bareRates), median(pinnedRates), median(runnerRates), median(fullRates)
 		b.ReportMetric(bare, "bare-rec/s")
@@ -99,7 +117,34 @@ func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 		b.ReportMetric(runner/bare, "runner/bare")
 		b.ReportMetric(runner/pinned, "runner/pinned")
 		b.ReportMetric(full/runner, "full/runner")
+		b.ReportMetric(median(bareCPU), "bare-cpu-us/rec")
+		b.ReportMetric(median(pinnedCPU), "pinned-cpu-us/rec")
+		b.ReportMetric(median(runnerCPU), "runner-cpu-us/rec")
+		b.ReportMetric(median(fullCPU), "full-cpu-us/rec")
 		b.ReportMetric(gzPerRec, "gz-B/rec")
+	}
+}
+
+// profileSide profiles the process's CPU (the in-process server included) while one side runs, when
+// FPMBUS_BENCH_PROFILE names a directory: <dir>/<side>-<round>.prof. Merge a side's rounds with
+// `go tool pprof -top <dir>/full-*.prof`. Not with -cpuprofile, which holds the one CPU profile.
+func profileSide(b *testing.B, side string, round int) (stop func()) {
+	dir := os.Getenv("FPMBUS_BENCH_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprint(side, "-", round, ".prof")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -123,7 +168,7 @@ func benchConfig(b *testing.B, name string) Config {
 
 // benchFull runs the full-mode writer on its own group and returns its steady rate and the
 // compressed bytes it wrote.
-func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (float64, int64) {
+func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (sideResult, int64) {
 	cfg := benchConfig(b, name)
 	opts := []Option{WithLogger(slog.New(slog.DiscardHandler))}
 	if l, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_LEVEL")); err == nil {
@@ -160,7 +205,7 @@ func (noopConsumer) Close(context.Context) error           { return nil }
 
 // benchRunner runs a durable.Runner with noopConsumer on a group with the writer's consumer settings
 // and returns its steady rate.
-func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) float64 {
+func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) sideResult {
 	cfg := benchConfig(b, name)
 	pc, err := cfg.PartitionConfig()
 	if err != nil {
@@ -177,7 +222,7 @@ func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) float
 
 // benchRun runs run until the consumer name on FPM has acknowledged all n messages, stops it and
 // returns the steady rate.
-func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func(context.Context) error) float64 {
+func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func(context.Context) error) sideResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
@@ -193,7 +238,7 @@ func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func
 // benchBare consumes n messages with the cheapest consumer (see BenchmarkTraceWriterVsBareConsumer)
 // and returns its steady rate. pinned declares it with the partition consumers' pinned-client
 // priority group and pulls in that group.
-func benchBare(b *testing.B, js jetstream.JetStream, name string, n int, pinned bool) float64 {
+func benchBare(b *testing.B, js jetstream.JetStream, name string, n int, pinned bool) sideResult {
 	ctx := context.Background()
 	cfg := benchConfig(b, name)
 	cc := jetstream.ConsumerConfig{
@@ -256,21 +301,36 @@ func consumerInfoOf(js jetstream.JetStream, name string) func() *jetstream.Consu
 	}
 }
 
+// sideResult is one side's steady rate (records per second) and the process CPU per record over the
+// same window, in microseconds.
+type sideResult struct{ rate, cpuUs float64 }
+
+// cpuTime is the user and system time the process has used so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // steadyRate polls consumer name's ack floor every 5 ms until it reaches 90% of n and returns the
-// rate at which it went from 10% to 90%.
-func steadyRate(b *testing.B, js jetstream.JetStream, name string, n int, done <-chan error) float64 {
+// rate at which it went from 10% to 90%, with the process CPU per record over that window.
+func steadyRate(b *testing.B, js jetstream.JetStream, name string, n int, done <-chan error) sideResult {
 	lo, hi := uint64(n)/10, uint64(n)*9/10
 	var tLo time.Time
 	var floorLo uint64
+	var cpuLo time.Duration
 	info := consumerInfoOf(js, name)
 	for {
 		if ci := info(); ci != nil {
-			now, floor := time.Now(), ci.AckFloor.Stream
+			now, cpu, floor := time.Now(), cpuTime(), ci.AckFloor.Stream
 			if tLo.IsZero() && floor >= lo {
-				tLo, floorLo = now, floor
+				tLo, floorLo, cpuLo = now, floor, cpu
 			}
 			if !tLo.IsZero() && floor >= hi {
-				return float64(floor-floorLo) / now.Sub(tLo).Seconds()
+				recs := float64(floor - floorLo)
+				return sideResult{rate: recs / now.Sub(tLo).Seconds(), cpuUs: float64((cpu - cpuLo).Microseconds()) / recs}
 			}
 		}
 		select {
