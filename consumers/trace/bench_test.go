@@ -57,10 +57,23 @@ func benchRounds() int {
 //
 // Each side's rate is its steady rate: how fast its ack floor went from 10% to 90% of the messages
 // (polled every 5 ms), which leaves out what the sides do differently once (joining a group, the
-// first pulls; the last flush, the graceful stop). The sides rotate through the rounds (benchRounds),
-// so that load from elsewhere on the machine hits them alike. It reports each side's median rate, the
-// ratios of the medians to bare (goal for full: >= 0.8) and of full to pinned and runner, the lowest
-// per-round ratio of full to bare, and the compressed bytes per record.
+// first pulls; the last flush, the graceful stop). Its CPU is the process's (server included) over the
+// same window, per record: on a machine shared with other work the wall time follows their load, the
+// CPU time much less. The sides rotate through the rounds (benchRounds), so that load from elsewhere
+// on the machine hits them alike. It reports each side's median rate and CPU per record, the ratios of
+// the medians to bare (goal for full: >= 0.8) and of full to pinned and runner, the lowest per-round
+// ratio of full to bare, and the compressed bytes per record. FPMBUS_BENCH_PROFILE=<dir> writes a CPU
+// profile of each side and round (profileSide).
+//
+// What the pin costs. Pinned alone runs at about 0.7x of bare (0.67–0.72x on an idle 2-CPU host; the
+// process spends 1.8 to 3.4 µs more CPU per message than bare's 5.5–6.5 µs), and full and the runner
+// cannot be faster than pinned: nats-server (v2.15) adds a Nats-Pin-Id header to every message it
+// delivers to a pinned client, rebuilding the header with net/http's Header.Write in a new buffer and
+// copying the message after it (its consumer delivery loop costs it about twice bare's per message),
+// and the client decodes one header more and records the pin id under a lock. Neither has an option to
+// leave the header out, and no other priority policy or consumer type makes the server deliver to one
+// client only (overflow and prioritized serve several, a push consumer whoever subscribes), so the cost
+// comes with partition ownership (consumers/partition) and is kept.
 func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	n := benchRecords()
 	env := streamstest.Start(b)
