@@ -188,7 +188,7 @@ func (w *SegmentWriter) Append(line []byte) error {
 }
 
 // minChunk is the capacity of a producer's first line buffer.
-const minChunk = 64 << 10
+const minChunk = 4 << 10
 
 // growChunk returns b with room for need bytes: at least twice its capacity, so that a buffer grows to
 // what a flush interval's lines need in a few copies (append's own growth of a large slice, by a
