@@ -66,14 +66,15 @@ func benchRounds() int {
 // profile of each side and round (profileSide).
 //
 // What the pin costs. Pinned alone runs at about 0.7x of bare (0.67–0.72x on an idle 2-CPU host; the
-// process spends 1.8 to 3.4 µs more CPU per message than bare's 5.5–6.5 µs), and full and the runner
-// cannot be faster than pinned: nats-server (v2.15) adds a Nats-Pin-Id header to every message it
-// delivers to a pinned client, rebuilding the header with net/http's Header.Write in a new buffer and
-// copying the message after it (its consumer delivery loop costs it about twice bare's per message),
-// and the client decodes one header more and records the pin id under a lock. Neither has an option to
-// leave the header out, and no other priority policy or consumer type makes the server deliver to one
-// client only (overflow and prioritized serve several, a push consumer whoever subscribes), so the cost
-// comes with partition ownership (consumers/partition) and is kept.
+// process spends about 2 µs more CPU per message than bare's 5.5–7 µs, 1 to 3.4 µs in our runs on a
+// shared host), and full and the runner cannot be faster than pinned: nats-server (v2.15) adds a
+// Nats-Pin-Id header to every message it delivers to a pinned client, rebuilding the header with
+// net/http's Header.Write in a new buffer and copying the message after it (its consumer delivery loop
+// costs it about twice bare's per message), and the client decodes one header more and records the pin
+// id under a lock. Neither has an option to leave the header out, and no other priority policy or
+// consumer type makes the server deliver to one client only (overflow and prioritized serve several, a
+// push consumer whoever subscribes), so the cost comes with partition ownership (consumers/partition)
+// and is kept. FPMBUS_BENCH_TRACE=1 logs every round.
 func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	n := benchRecords()
 	env := streamstest.Start(b)
