@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -115,7 +116,9 @@ func BenchmarkDetectorVsAckOnly(b *testing.B) {
 				},
 			}
 			for k := range sides {
-				sides[(k+round)%len(sides)]()
+				if i := (k + round) % len(sides); benchSide([]string{"bare", "pinned", "runner", "detector"}[i]) {
+					sides[i]()
+				}
 			}
 			bare, pinned, runner, det = append(bare, r[0].rate), append(pinned, r[1].rate), append(runner, r[2].rate), append(det, r[3].rate)
 			bareCPU, pinnedCPU = append(bareCPU, r[0].cpuUs), append(pinnedCPU, r[1].cpuUs)
@@ -158,6 +161,13 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// benchSide reports whether side runs: FPMBUS_BENCH_SIDES, when set, lists the sides to run (comma
+// separated), e.g. to compare one side of two builds; the ratios of a side left out are meaningless.
+func benchSide(side string) bool {
+	list := os.Getenv("FPMBUS_BENCH_SIDES")
+	return list == "" || slices.Contains(strings.Split(list, ","), side)
 }
 
 // profileSide profiles the process's CPU (the in-process server included) while one side runs, when
