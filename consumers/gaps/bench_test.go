@@ -116,8 +116,8 @@ func BenchmarkDetectorVsAckOnly(b *testing.B) {
 				},
 			}
 			for k := range sides {
-				if i := (k + round) % len(sides); benchSide([]string{"bare", "pinned", "runner", "detector"}[i]) {
-					sides[i]()
+				if side := (k + round) % len(sides); benchSide([]string{"bare", "pinned", "runner", "detector"}[side]) {
+					sides[side]()
 				}
 			}
 			bare, pinned, runner, det = append(bare, r[0].rate), append(pinned, r[1].rate), append(runner, r[2].rate), append(det, r[3].rate)

@@ -109,8 +109,8 @@ func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 				},
 			}
 			for k := range sides {
-				if i := (k + round) % len(sides); benchSide([]string{"bare", "pinned", "runner", "full"}[i]) {
-					sides[i]()
+				if side := (k + round) % len(sides); benchSide([]string{"bare", "pinned", "runner", "full"}[side]) {
+					sides[side]()
 				}
 			}
 			bareRates, pinnedRates = append(bareRates, bare.rate), append(pinnedRates, pinned.rate)
