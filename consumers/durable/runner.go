@@ -258,7 +258,8 @@ func (r *Runner) handle(ctx context.Context, p int, msgs <-chan jetstream.Msg) e
 			if !ok {
 				return r.release(ctx, s)
 			}
-			batch := make([]jetstream.Msg, 1, 16)
+			// Sized for the messages already waiting: a full batch is one allocation, not five.
+			batch := make([]jetstream.Msg, 1, min(1+len(msgs), r.cfg.Batch))
 			batch[0] = m
 			closed := false
 		more:

@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -28,29 +33,42 @@ func benchRecords() int {
 	return 200_000
 }
 
+// benchRounds is how many times BenchmarkDetectorVsAckOnly measures each side (FPMBUS_BENCH_ROUNDS).
+func benchRounds() int {
+	if n, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return 5
+}
+
 // BenchmarkDetectorVsAckOnly consumes the same pre-published FPMs (16 ranks of 8 workers, one gap
-// per publisher every 1000 messages), each time on a fresh durable consumer with the detector's
-// consumer settings, until everything is acked, with:
+// per publisher every 1000 messages, every tenth an idle heartbeat), each side on a consumer of its
+// own with the detector's consumer settings, until everything is acknowledged:
 //
-//	bare      the cheapest consumer of the stream: a plain durable with cumulative acks (AckAll), one
-//	          pull loop acking the last message of every 512 and nothing else (the baseline)
-//	member    a bare member of the detector's partition group (consumers/partition: pinned-client
-//	          pulls, ordered takeover) acking the last of what has arrived: what the group costs
-//	runner    a durable.Runner whose Consumer marks every message done at once: the group plus what
-//	          the consumer contract costs (done-prefix acks, dead-letter checks, metrics)
-//	detector  the gap detector
+//   - bare: the cheapest consumer of the stream: a pull consumer with the AckAll policy (the
+//     detector's consumer settings, without the partition group) that fetches and acknowledges
+//     cumulatively, every 1000 messages and the last, and does nothing else;
+//   - pinned: the same, declared and pulled with the pinned-client priority group that every
+//     partition consumer has (consumers/partition): what partition ownership costs the server;
+//   - runner: a durable.Runner (the detector's group and runner settings) whose Consumer says every
+//     message done at once: the runner's own cost on top of pinned;
+//   - detector: the gap detector (state per publisher, checkpoints in the state bucket, events).
 //
-// The variants alternate FPMBUS_BENCH_ROUNDS times (default 5) so that a busy machine slows all alike.
-// It reports the median rates, the medians of the per-round ratios of rates, ratio (detector / bare,
-// target >= 0.8) and runner-ratio (runner / bare), and, since wall time on a shared machine follows
-// the others' load, the process CPU time (server included) per message of each variant and the
-// medians of the per-round efficiency ratios cpu-ratio (bare CPU / detector CPU) and runner-cpu-ratio.
+// Each side's rate is its steady rate: how fast its ack floor went from 10% to 90% of the messages
+// (polled every 5 ms), which leaves out what the sides do differently once (joining a group, loading
+// state; the last checkpoint, the graceful stop). Its CPU is the process's (server included) over the
+// same window, per message: on a machine shared with other work the wall time follows their load, the
+// CPU time much less. The sides rotate through the rounds (FPMBUS_BENCH_ROUNDS, default 5), so that
+// load from elsewhere hits them alike. It reports each side's median rate and CPU per message, the
+// ratios of the median rates (ratio = detector / bare, goal >= 0.8; pinned/bare, runner/bare,
+// runner/pinned, detector/runner), the lowest per-round ratio of detector to bare, and cpu-ratio (bare
+// CPU / detector CPU per message, medians). FPMBUS_BENCH_PROFILE=<dir> writes a CPU profile of each
+// side and round (profileSide). Pinned runs at about 0.7x of bare: the server adds a Nats-Pin-Id
+// header to every message it delivers to a pinned client, which is what partition ownership costs
+// (see BenchmarkTraceWriterVsBareConsumer in consumers/trace); the runner and the detector cannot be
+// faster than pinned.
 func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	n := benchRecords()
-	rounds := 5
-	if v, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
 	env := streamstest.Start(b)
 	var keys []streams.Key
 	for w := range 8 {
@@ -73,50 +91,111 @@ func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	url := env.Server.ClientURL()
 	b.ResetTimer()
 	for i := range b.N {
-		var bare, mem, run, det, bareCPU, memCPU, runCPU, detCPU, ratio, runRatio, cpuRatio, runCPURatio []float64
-		for r := range rounds {
+		var bare, pinned, runner, det, bareCPU, pinnedCPU, runnerCPU, detCPU []float64
+		minRatio := math.Inf(1)
+		for round := range benchRounds() {
 			cfg := DefaultConfig()
-			cfg.Group = fmt.Sprint("bare-", i, "-", r)
-			bareRate, bareUs := measure(n, func() time.Duration { return benchBare(b, url, cfg, n) })
-			cfg.Group = fmt.Sprint("member-", i, "-", r)
-			memRate, memUs := measure(n, func() time.Duration { return benchMember(b, url, cfg, n) })
-			cfg.Group = fmt.Sprint("runner-", i, "-", r)
-			runRate, runUs := measure(n, func() time.Duration { return benchRunner(b, url, cfg, n) })
-			cfg.Group = fmt.Sprint("gaps-", i, "-", r)
-			detRate, detUs := measure(n, func() time.Duration { return benchDetector(b, url, cfg, n) })
-			bare, mem, run, det = append(bare, bareRate), append(mem, memRate), append(run, runRate), append(det, detRate)
-			bareCPU, memCPU, runCPU, detCPU = append(bareCPU, bareUs), append(memCPU, memUs), append(runCPU, runUs), append(detCPU, detUs)
-			ratio, runRatio = append(ratio, detRate/bareRate), append(runRatio, runRate/bareRate)
-			cpuRatio, runCPURatio = append(cpuRatio, bareUs/detUs), append(runCPURatio, bareUs/runUs)
+			cfg.StaleAfter = time.Hour
+			var r [4]sideResult
+			sides := []func(){
+				func() {
+					defer profileSide(b, "bare", round)()
+					r[0] = benchBare(b, url, withGroup(cfg, "bare-", i, round), n, false)
+				},
+				func() {
+					defer profileSide(b, "pinned", round)()
+					r[1] = benchBare(b, url, withGroup(cfg, "pinned-", i, round), n, true)
+				},
+				func() {
+					defer profileSide(b, "runner", round)()
+					r[2] = benchRunner(b, url, withGroup(cfg, "runner-", i, round), n)
+				},
+				func() {
+					defer profileSide(b, "detector", round)()
+					r[3] = benchDetector(b, url, withGroup(cfg, "gaps-", i, round), n)
+				},
+			}
+			for k := range sides {
+				if side := (k + round) % len(sides); benchSide([]string{"bare", "pinned", "runner", "detector"}[side]) {
+					sides[side]()
+				}
+			}
+			bare, pinned, runner, det = append(bare, r[0].rate), append(pinned, r[1].rate), append(runner, r[2].rate), append(det, r[3].rate)
+			bareCPU, pinnedCPU = append(bareCPU, r[0].cpuUs), append(pinnedCPU, r[1].cpuUs)
+			runnerCPU, detCPU = append(runnerCPU, r[2].cpuUs), append(detCPU, r[3].cpuUs)
+			minRatio = min(minRatio, r[3].rate/r[0].rate)
 			if os.Getenv("FPMBUS_BENCH_TRACE") != "" {
-				b.Logf("round %d: bare %.0f/s %.2fus, member %.0f/s %.2fus, runner %.0f/s %.2fus, detector %.0f/s %.2fus",
-					r, bareRate, bareUs, memRate, memUs, runRate, runUs, detRate, detUs)
+				b.Logf("round %d: bare %.0f/s %.2fus, pinned %.0f/s %.2fus, runner %.0f/s %.2fus, detector %.0f/s %.2fus", round,
+					r[0].rate, r[0].cpuUs, r[1].rate, r[1].cpuUs, r[2].rate, r[2].cpuUs, r[3].rate, r[3].cpuUs)
 			}
 		}
-		med := func(xs []float64) float64 { sort.Float64s(xs); return xs[len(xs)/2] }
-		b.ReportMetric(med(bare), "bare-msg/s")
-		b.ReportMetric(med(mem), "member-msg/s")
-		b.ReportMetric(med(run), "runner-msg/s")
-		b.ReportMetric(med(det), "detector-msg/s")
-		b.ReportMetric(med(ratio), "ratio")
-		b.ReportMetric(med(runRatio), "runner-ratio")
-		b.ReportMetric(med(bareCPU), "bare-cpu-us/msg")
-		b.ReportMetric(med(memCPU), "member-cpu-us/msg")
-		b.ReportMetric(med(runCPU), "runner-cpu-us/msg")
-		b.ReportMetric(med(detCPU), "detector-cpu-us/msg")
-		b.ReportMetric(med(cpuRatio), "cpu-ratio")
-		b.ReportMetric(med(runCPURatio), "runner-cpu-ratio")
+		bareM, pinnedM, runnerM, detM := median(bare), median(pinned), median(runner), median(det)
+		b.ReportMetric(bareM, "bare-msg/s")
+		b.ReportMetric(pinnedM, "pinned-msg/s")
+		b.ReportMetric(runnerM, "runner-msg/s")
+		b.ReportMetric(detM, "detector-msg/s")
+		b.ReportMetric(detM/bareM, "ratio")
+		b.ReportMetric(minRatio, "min-ratio")
+		b.ReportMetric(pinnedM/bareM, "pinned/bare")
+		b.ReportMetric(runnerM/bareM, "runner/bare")
+		b.ReportMetric(runnerM/pinnedM, "runner/pinned")
+		b.ReportMetric(detM/runnerM, "detector/runner")
+		b.ReportMetric(median(bareCPU), "bare-cpu-us/msg")
+		b.ReportMetric(median(pinnedCPU), "pinned-cpu-us/msg")
+		b.ReportMetric(median(runnerCPU), "runner-cpu-us/msg")
+		b.ReportMetric(median(detCPU), "detector-cpu-us/msg")
+		b.ReportMetric(median(bareCPU)/median(detCPU), "cpu-ratio")
 	}
 }
 
-// measure runs one variant over n messages and returns its rate (messages per second of wall time)
-// and the CPU time the whole process (server included) spent per message, in microseconds: on a
-// machine shared with other work the wall time varies with their load, the CPU time much less.
-func measure(n int, run func() time.Duration) (rate, cpuUs float64) {
-	before := cpuTime()
-	took := run()
-	return float64(n) / took.Seconds(), float64((cpuTime() - before).Microseconds()) / float64(n)
+// withGroup is cfg for one side of one round: a group (and so a consumer) of its own.
+func withGroup(cfg Config, side string, i, round int) Config {
+	cfg.Group = fmt.Sprint(side, i, "-", round)
+	return cfg
 }
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// benchSide reports whether side runs: FPMBUS_BENCH_SIDES, when set, lists the sides to run (comma
+// separated), e.g. to compare one side of two builds; the ratios of a side left out are meaningless.
+func benchSide(side string) bool {
+	list := os.Getenv("FPMBUS_BENCH_SIDES")
+	return list == "" || slices.Contains(strings.Split(list, ","), side)
+}
+
+// profileSide profiles the process's CPU (the in-process server included) while one side runs, when
+// FPMBUS_BENCH_PROFILE names a directory: <dir>/<side>-<round>.prof. Merge a side's rounds with
+// `go tool pprof -top <dir>/detector-*.prof`. Not with -cpuprofile, which holds the one CPU profile.
+func profileSide(b *testing.B, side string, round int) (stop func()) {
+	dir := os.Getenv("FPMBUS_BENCH_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprint(side, "-", round, ".prof")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// sideResult is one side's steady rate (messages per second) and the process CPU per message over
+// the same window, in microseconds.
+type sideResult struct{ rate, cpuUs float64 }
 
 // cpuTime is the user and system time the process has used so far.
 func cpuTime() time.Duration {
@@ -127,90 +206,28 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// benchDetector runs a detector with cfg until it has acked n messages and returns how long it took.
-func benchDetector(b *testing.B, url string, cfg Config, n int) time.Duration {
-	cfg.StaleAfter = time.Hour
+// connect is a connection of a side's own.
+func connect(b *testing.B, url string) (*nats.Conn, jetstream.JetStream) {
 	nc, err := nats.Connect(url)
 	if err != nil {
 		b.Fatal(err)
 	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return nc, js
+}
+
+// benchDetector runs a detector with cfg until it has acked n messages and returns its steady rate.
+func benchDetector(b *testing.B, url string, cfg Config, n int) sideResult {
+	nc, js := connect(b, url)
 	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	d, err := New(cfg, js, WithLogger(testLogger()))
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	start := time.Now()
-	go func() { done <- d.Run(ctx) }()
-	<-d.Ready()
-	ready := time.Since(start)
-	waitAckFloor(b, js, cfg.FPMDurable(), 1)
-	first := time.Since(start)
-	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
-	took := time.Since(start)
-	if os.Getenv("FPMBUS_BENCH_TRACE") != "" {
-		b.Logf("detector: ready %v, first ack %v, all acked %v", ready, first, took)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	return took
-}
-
-// benchMember acks n messages as a bare member of the detector's partition group
-// (Config.PartitionConfig, consumers/partition): its handler acks the last message of what has
-// arrived, which covers the rest.
-func benchMember(b *testing.B, url string, cfg Config, n int) time.Duration {
-	nc, err := nats.Connect(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	start := time.Now()
-	m, err := partition.Join(context.Background(), js, cfg.PartitionConfig(), partition.WithLogger(testLogger()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- m.Consume(ctx, func(ctx context.Context, _ int, msgs <-chan jetstream.Msg) error {
-			for {
-				select {
-				case msg, ok := <-msgs:
-					if !ok {
-						return nil
-					}
-					for more := true; more; { // ack the last of what has arrived: it covers the rest
-						select {
-						case next, ok := <-msgs:
-							if ok {
-								msg = next
-							} else {
-								more = false
-							}
-						default:
-							more = false
-						}
-					}
-					_ = msg.Ack()
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-		})
-	}()
-	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
-	took := time.Since(start)
-	cancel()
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	return took
+	return benchRun(b, js, cfg.FPMDurable(), n, d.Run)
 }
 
 // doneAtOnce is the cheapest durable.Consumer: every message is done as soon as it is handed.
@@ -225,87 +242,140 @@ func (doneAtOnce) Handle(_ context.Context, batch []*durable.Msg) error {
 func (doneAtOnce) Tick(context.Context, time.Time) error { return nil }
 func (doneAtOnce) Close(context.Context) error           { return nil }
 
-// benchRunner runs a durable.Runner with a Consumer that does nothing, on the detector's group
-// settings, until n messages are acked.
-func benchRunner(b *testing.B, url string, cfg Config, n int) time.Duration {
-	nc, err := nats.Connect(url)
-	if err != nil {
-		b.Fatal(err)
-	}
+// benchRunner runs a durable.Runner with doneAtOnce on the detector's group and runner settings until
+// n messages are acked and returns its steady rate.
+func benchRunner(b *testing.B, url string, cfg Config, n int) sideResult {
+	nc, js := connect(b, url)
 	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	start := time.Now()
-	r, err := durable.New(durable.Config{Name: "bench", Group: cfg.PartitionConfig()}, js, doneAtOnce{}, durable.WithLogger(testLogger()))
+	rc := cfg.runnerConfig()
+	rc.Name = "bench"
+	r, err := durable.New(rc, js, doneAtOnce{}, durable.WithLogger(testLogger()))
 	if err != nil {
 		b.Fatal(err)
 	}
+	return benchRun(b, js, cfg.FPMDurable(), n, r.Run)
+}
+
+// benchRun runs run until consumer name has acknowledged all n messages, stops it and returns the
+// steady rate.
+func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func(context.Context) error) sideResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
-	took := time.Since(start)
+	go func() { done <- run(ctx) }()
+	res := steadyRate(b, js, name, n, done)
+	waitAckFloor(b, js, name, uint64(n))
 	cancel()
 	if err := <-done; err != nil {
 		b.Fatal(err)
 	}
-	return took
+	return res
 }
 
-// benchBare consumes n messages on a plain durable consumer with the detector's consumer settings and
-// cumulative acks (no partition group, no priority group): one pull loop that acks the last message
-// of every 512 (the AckAll policy covers the rest) and nothing else.
-func benchBare(b *testing.B, url string, cfg Config, n int) time.Duration {
-	nc, err := nats.Connect(url)
-	if err != nil {
-		b.Fatal(err)
-	}
+// benchBare consumes n messages with the cheapest consumer (see BenchmarkDetectorVsAckOnly) on the
+// detector's consumer settings and returns its steady rate. pinned keeps the partition consumers'
+// pinned-client priority group and pulls in it.
+func benchBare(b *testing.B, url string, cfg Config, n int, pinned bool) sideResult {
+	nc, js := connect(b, url)
 	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	ctx := context.Background()
-	start := time.Now()
 	pc := cfg.PartitionConfig()
 	cc := pc.ConsumerConfig(0)
-	cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = nil, jetstream.PriorityPolicyNone, 0
+	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(pc.Batch)}
+	if pinned {
+		opts = append(opts, jetstream.PullPriorityGroup(partition.PriorityGroup))
+	} else {
+		cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = nil, jetstream.PriorityPolicyNone, 0
+	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, pc.ConsumerStream(), cc)
 	if err != nil {
 		b.Fatal(err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(pc.Batch))
+	it, err := cons.Messages(opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for i := range n {
-		m, err := it.Next()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if i%512 != 511 && i != n-1 {
-			continue
-		}
-		if err := m.Ack(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	waitAckFloor(b, js, cfg.FPMDurable(), uint64(n))
-	took := time.Since(start)
-	it.Stop()
-	return took
-}
-
-func waitAckFloor(b *testing.B, js jetstream.JetStream, durable string, seq uint64) {
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		c, err := js.Consumer(context.Background(), streams.StreamFPM, durable)
-		if err == nil {
-			ci, err := c.Info(context.Background())
-			if err == nil && ci.AckFloor.Stream >= seq {
+	done := make(chan error, 1)
+	go func() {
+		defer it.Stop()
+		for i := 1; i <= n; i++ {
+			m, err := it.Next()
+			if err != nil {
+				done <- err
 				return
 			}
+			if i%1000 == 0 || i == n {
+				if err := m.Ack(); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+	}()
+	res := steadyRate(b, js, cc.Durable, n, done)
+	waitAckFloor(b, js, cc.Durable, uint64(n))
+	return res
+}
+
+// consumerInfoOf returns a function that reads consumer name's info (nil until the consumer exists).
+func consumerInfoOf(js jetstream.JetStream, name string) func() *jetstream.ConsumerInfo {
+	var c jetstream.Consumer
+	return func() *jetstream.ConsumerInfo {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if c == nil {
+			var err error
+			if c, err = js.Consumer(ctx, streams.StreamFPM, name); err != nil {
+				c = nil
+				return nil
+			}
+		}
+		ci, err := c.Info(ctx)
+		if err != nil {
+			return nil
+		}
+		return ci
+	}
+}
+
+// steadyRate polls consumer name's ack floor every 5 ms until it reaches 90% of n and returns the
+// rate at which it went from 10% to 90%, with the process CPU per message over that window.
+func steadyRate(b *testing.B, js jetstream.JetStream, name string, n int, done <-chan error) sideResult {
+	lo, hi := uint64(n)/10, uint64(n)*9/10
+	var tLo time.Time
+	var floorLo uint64
+	var cpuLo time.Duration
+	info := consumerInfoOf(js, name)
+	for {
+		if ci := info(); ci != nil {
+			now, cpu, floor := time.Now(), cpuTime(), ci.AckFloor.Stream
+			if tLo.IsZero() && floor >= lo {
+				tLo, floorLo, cpuLo = now, floor, cpu
+			}
+			if !tLo.IsZero() && floor >= hi {
+				msgs := float64(floor - floorLo)
+				return sideResult{rate: msgs / now.Sub(tLo).Seconds(), cpuUs: float64((cpu - cpuLo).Microseconds()) / msgs}
+			}
+		}
+		select {
+		case err := <-done:
+			b.Fatalf("%s ended before acknowledging 90%%: %v", name, err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// waitAckFloor polls until the consumer's ack floor reaches seq.
+func waitAckFloor(b *testing.B, js jetstream.JetStream, durable string, seq uint64) {
+	deadline := time.Now().Add(5 * time.Minute)
+	info := consumerInfoOf(js, durable)
+	for {
+		if ci := info(); ci != nil && ci.AckFloor.Stream >= seq {
+			return
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("consumer %s: ack floor below %d after 5 minutes", durable, seq)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

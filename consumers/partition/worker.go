@@ -227,10 +227,10 @@ func (w *worker) own(cons jetstream.Consumer, h Handler) (resync bool, err error
 	// transiently still count the probe's delivery, so it is not used.) A first delivery numbered
 	// otherwise means someone else was served in between: the session resyncs.
 	s := &session{
-		ch:   make(chan jetstream.Msg, m.cfg.MaxAckPending),
-		next: 1,
-		wrap: m.cfg.PartitionStream() != "",
-		ev:   make(chan event, 1),
+		ch:         make(chan jetstream.Msg, m.cfg.MaxAckPending),
+		next:       1,
+		partStream: m.cfg.PartitionStream() != "",
+		ev:         make(chan event, 1),
 	}
 	cc, err := cons.Consume(s.onMsg,
 		jetstream.PullPriorityGroup(PriorityGroup),
@@ -373,7 +373,7 @@ type session struct {
 	halted      bool   // no more messages are handed
 	next        uint64 // the delivery (consumer) sequence expected next
 	highest     uint64 // highest stream sequence handed
-	wrap        bool
+	partStream  bool   // the group reads a partition stream: messages are its copies
 	redelivered int
 	gap         [2]uint64 // expected and received delivery sequence of a gap
 	ev          chan event
@@ -405,11 +405,8 @@ func (s *session) onMsg(msg jetstream.Msg) {
 		s.redelivered++
 		return
 	}
-	if s.wrap {
-		msg = wrap(msg)
-	}
 	select {
-	case s.ch <- msg:
+	case s.ch <- hand(msg, md, s.partStream):
 		s.highest = md.Sequence.Stream
 	default:
 		s.haltLocked(event{kind: endResync})

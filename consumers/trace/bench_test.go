@@ -8,8 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,10 +58,24 @@ func benchRounds() int {
 //
 // Each side's rate is its steady rate: how fast its ack floor went from 10% to 90% of the messages
 // (polled every 5 ms), which leaves out what the sides do differently once (joining a group, the
-// first pulls; the last flush, the graceful stop). The sides rotate through the rounds (benchRounds),
-// so that load from elsewhere on the machine hits them alike. It reports each side's median rate, the
-// ratios of the medians to bare (goal for full: >= 0.8) and of full to pinned and runner, the lowest
-// per-round ratio of full to bare, and the compressed bytes per record.
+// first pulls; the last flush, the graceful stop). Its CPU is the process's (server included) over the
+// same window, per record: on a machine shared with other work the wall time follows their load, the
+// CPU time much less. The sides rotate through the rounds (benchRounds), so that load from elsewhere
+// on the machine hits them alike. It reports each side's median rate and CPU per record, the ratios of
+// the medians to bare (goal for full: >= 0.8) and of full to pinned and runner, the lowest per-round
+// ratio of full to bare, and the compressed bytes per record. FPMBUS_BENCH_PROFILE=<dir> writes a CPU
+// profile of each side and round (profileSide).
+//
+// What the pin costs. Pinned alone runs at about 0.7x of bare (0.67–0.72x on an idle 2-CPU host; the
+// process spends about 2 µs more CPU per message than bare's 5.5–7 µs, 1 to 3.4 µs in our runs on a
+// shared host), and full and the runner cannot be faster than pinned: nats-server (v2.15) adds a
+// Nats-Pin-Id header to every message it delivers to a pinned client, rebuilding the header with
+// net/http's Header.Write in a new buffer and copying the message after it (its consumer delivery loop
+// costs it about twice bare's per message), and the client decodes one header more and records the pin
+// id under a lock. Neither has an option to leave the header out, and no other priority policy or
+// consumer type makes the server deliver to one client only (overflow and prioritized serve several, a
+// push consumer whoever subscribes), so the cost comes with partition ownership (consumers/partition)
+// and is kept. FPMBUS_BENCH_TRACE=1 logs every round.
 func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	n := benchRecords()
 	env := streamstest.Start(b)
@@ -66,27 +83,45 @@ func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	publish(b, env.JS, msgs)
 	b.ResetTimer()
 	for i := range b.N {
-		var bareRates, pinnedRates, runnerRates, fullRates []float64
+		var bareRates, pinnedRates, runnerRates, fullRates, bareCPU, pinnedCPU, runnerCPU, fullCPU []float64
 		minRatio := math.Inf(1)
 		var gzPerRec float64
 		for round := range benchRounds() {
-			var bare, pinned, runner, full float64
+			var bare, pinned, runner, full sideResult
 			sides := []func(){
-				func() { bare = benchBare(b, env.JS, fmt.Sprint("bare-", i, "-", round), n, false) },
-				func() { pinned = benchBare(b, env.JS, fmt.Sprint("pinned-", i, "-", round), n, true) },
-				func() { runner = benchRunner(b, env.JS, fmt.Sprint("runner-", i, "-", round), n) },
 				func() {
+					defer profileSide(b, "bare", round)()
+					bare = benchBare(b, env.JS, fmt.Sprint("bare-", i, "-", round), n, false)
+				},
+				func() {
+					defer profileSide(b, "pinned", round)()
+					pinned = benchBare(b, env.JS, fmt.Sprint("pinned-", i, "-", round), n, true)
+				},
+				func() {
+					defer profileSide(b, "runner", round)()
+					runner = benchRunner(b, env.JS, fmt.Sprint("runner-", i, "-", round), n)
+				},
+				func() {
+					defer profileSide(b, "full", round)()
 					var gz int64
 					full, gz = benchFull(b, env.JS, fmt.Sprint("trace-", i, "-", round), n)
 					gzPerRec = float64(gz) / float64(n)
 				},
 			}
 			for k := range sides {
-				sides[(k+round)%len(sides)]()
+				if side := (k + round) % len(sides); benchSide([]string{"bare", "pinned", "runner", "full"}[side]) {
+					sides[side]()
+				}
 			}
-			bareRates, pinnedRates = append(bareRates, bare), append(pinnedRates, pinned)
-			runnerRates, fullRates = append(runnerRates, runner), append(fullRates, full)
-			minRatio = min(minRatio, full/bare)
+			bareRates, pinnedRates = append(bareRates, bare.rate), append(pinnedRates, pinned.rate)
+			runnerRates, fullRates = append(runnerRates, runner.rate), append(fullRates, full.rate)
+			bareCPU, pinnedCPU = append(bareCPU, bare.cpuUs), append(pinnedCPU, pinned.cpuUs)
+			runnerCPU, fullCPU = append(runnerCPU, runner.cpuUs), append(fullCPU, full.cpuUs)
+			minRatio = min(minRatio, full.rate/bare.rate)
+			if os.Getenv("FPMBUS_BENCH_TRACE") != "" {
+				b.Logf("round %d: bare %.0f/s %.2fus, pinned %.0f/s %.2fus, runner %.0f/s %.2fus, full %.0f/s %.2fus", round,
+					bare.rate, bare.cpuUs, pinned.rate, pinned.cpuUs, runner.rate, runner.cpuUs, full.rate, full.cpuUs)
+			}
 		}
 		bare, pinned, runner, full := median(bareRates), median(pinnedRates), median(runnerRates), median(fullRates)
 		b.ReportMetric(bare, "bare-rec/s")
@@ -99,7 +134,41 @@ func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 		b.ReportMetric(runner/bare, "runner/bare")
 		b.ReportMetric(runner/pinned, "runner/pinned")
 		b.ReportMetric(full/runner, "full/runner")
+		b.ReportMetric(median(bareCPU), "bare-cpu-us/rec")
+		b.ReportMetric(median(pinnedCPU), "pinned-cpu-us/rec")
+		b.ReportMetric(median(runnerCPU), "runner-cpu-us/rec")
+		b.ReportMetric(median(fullCPU), "full-cpu-us/rec")
 		b.ReportMetric(gzPerRec, "gz-B/rec")
+	}
+}
+
+// benchSide reports whether side runs: FPMBUS_BENCH_SIDES, when set, lists the sides to run (comma
+// separated), e.g. to compare one side of two builds; the ratios of a side left out are meaningless.
+func benchSide(side string) bool {
+	list := os.Getenv("FPMBUS_BENCH_SIDES")
+	return list == "" || slices.Contains(strings.Split(list, ","), side)
+}
+
+// profileSide profiles the process's CPU (the in-process server included) while one side runs, when
+// FPMBUS_BENCH_PROFILE names a directory: <dir>/<side>-<round>.prof. Merge a side's rounds with
+// `go tool pprof -top <dir>/full-*.prof`. Not with -cpuprofile, which holds the one CPU profile.
+func profileSide(b *testing.B, side string, round int) (stop func()) {
+	dir := os.Getenv("FPMBUS_BENCH_PROFILE")
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprint(side, "-", round, ".prof")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -123,7 +192,7 @@ func benchConfig(b *testing.B, name string) Config {
 
 // benchFull runs the full-mode writer on its own group and returns its steady rate and the
 // compressed bytes it wrote.
-func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (float64, int64) {
+func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (sideResult, int64) {
 	cfg := benchConfig(b, name)
 	opts := []Option{WithLogger(slog.New(slog.DiscardHandler))}
 	if l, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_LEVEL")); err == nil {
@@ -160,7 +229,7 @@ func (noopConsumer) Close(context.Context) error           { return nil }
 
 // benchRunner runs a durable.Runner with noopConsumer on a group with the writer's consumer settings
 // and returns its steady rate.
-func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) float64 {
+func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) sideResult {
 	cfg := benchConfig(b, name)
 	pc, err := cfg.PartitionConfig()
 	if err != nil {
@@ -177,7 +246,7 @@ func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) float
 
 // benchRun runs run until the consumer name on FPM has acknowledged all n messages, stops it and
 // returns the steady rate.
-func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func(context.Context) error) float64 {
+func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func(context.Context) error) sideResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
@@ -193,7 +262,7 @@ func benchRun(b *testing.B, js jetstream.JetStream, name string, n int, run func
 // benchBare consumes n messages with the cheapest consumer (see BenchmarkTraceWriterVsBareConsumer)
 // and returns its steady rate. pinned declares it with the partition consumers' pinned-client
 // priority group and pulls in that group.
-func benchBare(b *testing.B, js jetstream.JetStream, name string, n int, pinned bool) float64 {
+func benchBare(b *testing.B, js jetstream.JetStream, name string, n int, pinned bool) sideResult {
 	ctx := context.Background()
 	cfg := benchConfig(b, name)
 	cc := jetstream.ConsumerConfig{
@@ -256,21 +325,36 @@ func consumerInfoOf(js jetstream.JetStream, name string) func() *jetstream.Consu
 	}
 }
 
+// sideResult is one side's steady rate (records per second) and the process CPU per record over the
+// same window, in microseconds.
+type sideResult struct{ rate, cpuUs float64 }
+
+// cpuTime is the user and system time the process has used so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // steadyRate polls consumer name's ack floor every 5 ms until it reaches 90% of n and returns the
-// rate at which it went from 10% to 90%.
-func steadyRate(b *testing.B, js jetstream.JetStream, name string, n int, done <-chan error) float64 {
+// rate at which it went from 10% to 90%, with the process CPU per record over that window.
+func steadyRate(b *testing.B, js jetstream.JetStream, name string, n int, done <-chan error) sideResult {
 	lo, hi := uint64(n)/10, uint64(n)*9/10
 	var tLo time.Time
 	var floorLo uint64
+	var cpuLo time.Duration
 	info := consumerInfoOf(js, name)
 	for {
 		if ci := info(); ci != nil {
-			now, floor := time.Now(), ci.AckFloor.Stream
+			now, cpu, floor := time.Now(), cpuTime(), ci.AckFloor.Stream
 			if tLo.IsZero() && floor >= lo {
-				tLo, floorLo = now, floor
+				tLo, floorLo, cpuLo = now, floor, cpu
 			}
 			if !tLo.IsZero() && floor >= hi {
-				return float64(floor-floorLo) / now.Sub(tLo).Seconds()
+				recs := float64(floor - floorLo)
+				return sideResult{rate: recs / now.Sub(tLo).Seconds(), cpuUs: float64((cpu - cpuLo).Microseconds()) / recs}
 			}
 		}
 		select {

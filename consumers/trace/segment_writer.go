@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -175,6 +176,9 @@ func (w *SegmentWriter) Append(line []byte) error {
 		w.chunks = append(w.chunks, chunk{index: w.index, data: w.takeSpare()})
 	}
 	c := &w.chunks[len(w.chunks)-1]
+	if need := len(c.data) + len(line) + 1; need > cap(c.data) {
+		c.data = growChunk(c.data, need)
+	}
 	c.data = append(c.data, line...)
 	c.data = append(c.data, '\n')
 	w.segBytes += n
@@ -183,14 +187,55 @@ func (w *SegmentWriter) Append(line []byte) error {
 	return nil
 }
 
-func (w *SegmentWriter) takeSpare() []byte {
-	if n := len(w.spare); n > 0 {
-		b := w.spare[n-1]
-		w.spare = w.spare[:n-1]
-		return b[:0]
-	}
-	return nil
+// minChunk is the capacity of a producer's first line buffer.
+const minChunk = 4 << 10
+
+// growChunk returns b with room for need bytes: at least twice its capacity, so that a buffer grows to
+// what a flush interval's lines need in a few copies (append's own growth of a large slice, by a
+// quarter, copied the buffer again and again: a sixth of the writer's CPU per line).
+func growChunk(b []byte, need int) []byte {
+	nb := make([]byte, len(b), max(need, 2*cap(b), minChunk))
+	copy(nb, b)
+	return nb
 }
+
+// takeSpare returns the largest recycled line buffer, emptied (nil when there is none).
+func (w *SegmentWriter) takeSpare() []byte {
+	if len(w.spare) == 0 {
+		return nil
+	}
+	i := 0
+	for j := range w.spare {
+		if cap(w.spare[j]) > cap(w.spare[i]) {
+			i = j
+		}
+	}
+	b := w.spare[i]
+	w.spare = slices.Delete(w.spare, i, i+1)
+	return b[:0]
+}
+
+// recycle keeps b for later lines: the two largest buffers are kept, the size that the lines between
+// two flushes have needed.
+func (w *SegmentWriter) recycle(b []byte) {
+	if len(w.spare) < maxSpare {
+		w.spare = append(w.spare, b)
+		return
+	}
+	i := 0
+	for j := range w.spare {
+		if cap(w.spare[j]) < cap(w.spare[i]) {
+			i = j
+		}
+	}
+	if cap(b) > cap(w.spare[i]) {
+		w.spare[i] = b
+	}
+}
+
+// maxSpare is how many line buffers a SegmentWriter keeps besides the one filling: one being
+// written, one more when chunks of two segments were written together.
+const maxSpare = 2
 
 // detach takes the buffered lines for the file side. The line side may go on appending while the
 // batch is written; complete must follow.
@@ -207,9 +252,7 @@ func (w *SegmentWriter) complete(b batch, err error) error {
 	}
 	w.durable = max(w.durable, b.upTo)
 	for _, c := range b.chunks {
-		if len(w.spare) < 2 {
-			w.spare = append(w.spare, c.data)
-		}
+		w.recycle(c.data)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -366,5 +367,53 @@ func TestSegmentWriterFaults(t *testing.T) {
 				t.Fatalf("lines after repair = %d, want %d", n, tc.wantLines)
 			}
 		})
+	}
+}
+
+// A SegmentWriter reuses its line buffers: with flushes overlapping as the trace writer's flusher
+// runs them (lines buffered while the previous batch is written), the next lines go into the largest
+// buffer kept, so that buffers stop growing once they fit a flush interval; the lines written are still
+// every line, in order.
+func TestSegmentWriterReusesTheLargestLineBuffer(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "p")
+	w, err := NewSegmentWriter(prefix, 1<<30, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	appendLines := func(n int) {
+		for j := range n {
+			l := bytes.Repeat([]byte{'a' + byte(j%26)}, 700)
+			if err := w.Append(l); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, string(l))
+		}
+	}
+	write := func(b batch) {
+		if err := w.complete(b, w.writeBatch(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendLines(400)
+	big := w.detach() // being written while the next lines are buffered
+	appendLines(10)
+	small := w.detach()
+	write(big)
+	write(small)
+	appendLines(1)
+	if got := cap(w.chunks[0].data); got < 400*701 {
+		t.Fatalf("the next lines went into a buffer of %d bytes, want the one that held 400 lines (%d bytes)", got, 400*701)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := prefixLines(t, prefix)
+	var all []string
+	for _, idx := range slices.Sorted(maps.Keys(got)) {
+		all = append(all, got[idx]...)
+	}
+	if !slices.Equal(all, want) {
+		t.Fatalf("%d lines written, want %d in order", len(all), len(want))
 	}
 }
