@@ -263,3 +263,65 @@ func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
 	}
 	rec.check(keys, 5*perKey)
 }
+
+// The members bucket's stream disappears under a running member (deleted, as a lost store would
+// lose it) and comes back: the members watch ends (nats.go cannot re-create its consumer), and the
+// member, instead of stopping, keeps its partitions and opens the watch again until the bucket is
+// there, so that a member joining afterwards is seen and gets its share.
+func TestMembersWatchIsReopenedAfterItEnds(t *testing.T) {
+	c := startTestCluster(t)
+	_, js := c.connect(0)
+	cfg := testConfig("watch-ends", 2)
+	createRetrying(t, "the stream", func(ctx context.Context) error {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}})
+		return err
+	})
+	a, b := "a", ""
+	for i := 0; b == ""; i++ {
+		if id := fmt.Sprintf("b%d", i); len(assign([]string{a, id}, cfg.Partitions)[id]) == 1 {
+			b = id
+		}
+	}
+	const keys, perKey = 16, 25
+	rec := newRecorder(t, cfg)
+	ma := startMemberOn(t, c, 0, cfg, a, rec)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	batch := func(i int) {
+		t.Helper()
+		if err := publishFrom(ctx, js, keys, i*perKey, perKey, 500*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 30*time.Second, fmt.Sprintf("batch %d handled", i), func() bool { return rec.total.Load() == int64((i+1)*keys*perKey) })
+	}
+	batch(0)
+	waitFor(t, 20*time.Second, "a owns both partitions", func() bool { return len(ma.m.Owned()) == 2 })
+
+	if err := js.DeleteKeyValue(ctx, MembersBucket); err != nil {
+		t.Fatal(err)
+	}
+	// The watch's consumer went with the stream; nats.go notices after its missed heartbeats and fails
+	// to re-create it. Meanwhile, and after, the member runs on.
+	time.Sleep(15 * time.Second)
+	select {
+	case err := <-ma.done:
+		t.Fatalf("member a stopped when its members watch ended: %v", err)
+	default:
+	}
+	batch(1)
+	if _, err := membersBucket(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	mb := startMemberOn(t, c, 1, cfg, b, rec)
+	batch(2)
+	waitFor(t, 30*time.Second, "a and b own one partition each", func() bool {
+		return len(ma.m.Owned()) == 1 && len(mb.m.Owned()) == 1
+	})
+	batch(3)
+	for _, r := range []*running{ma, mb} {
+		if err := r.stop(); err != nil {
+			t.Fatalf("%s: %v", r.m.ID(), err)
+		}
+	}
+	rec.check(keys, 4*perKey)
+}
