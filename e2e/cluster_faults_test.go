@@ -355,6 +355,14 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 		for _, f := range p.failed() {
 			t.Logf("%s failed and was restarted: %s", name, f)
 		}
+		// How often a member found its partition stream's source stalled and had its leader moved.
+		p.mu.Lock()
+		for _, r := range p.runs {
+			if n := strings.Count(r.Output(), "source has been inactive"); n > 0 {
+				t.Logf("%s: %d partition stream leader step-downs asked for a stalled source", name, n)
+			}
+		}
+		p.mu.Unlock()
 	}
 	if want := uint64(ranks) * perRank; uint64(len(stored)+missing) != want {
 		t.Errorf("stored %d + named missing %d != sent %d", len(stored), missing, want)

@@ -433,6 +433,17 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 	}
 	check := time.NewTicker(max(m.cfg.PinnedTTL/10, 100*time.Millisecond))
 	defer check.Stop()
+	// The partition stream's source (Partitions > 1): looked at off this loop, one look at a time.
+	var sourceTick <-chan time.Time
+	if m.cfg.Partitions > 1 {
+		t := time.NewTicker(sourceCheckEvery)
+		defer t.Stop()
+		sourceTick = t.C
+	}
+	sw := &sourceWatch{m: m}
+	var sourceChecking atomic.Bool
+	var sourceChecks sync.WaitGroup
+	defer sourceChecks.Wait()
 
 	var fatal error
 	closed := false
@@ -464,6 +475,15 @@ loop:
 			beat()
 		case <-m.announce:
 			beat()
+		case <-sourceTick:
+			if !sourceChecking.Swap(true) {
+				sourceChecks.Add(1)
+				go func() {
+					defer sourceChecks.Done()
+					defer sourceChecking.Store(false)
+					sw.check(hardCtx)
+				}()
+			}
 		case <-check.C:
 			if !ready && mw.failing() {
 				ready = true // the bucket cannot be watched: go on with this member alone until it can
