@@ -325,3 +325,82 @@ func TestMembersWatchIsReopenedAfterItEnds(t *testing.T) {
 	}
 	rec.check(keys, 4*perKey)
 }
+
+// streamLeader names the node leading stream name ("" if none or unknown).
+func streamLeader(js jetstream.JetStream, name string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return ""
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil {
+		return ""
+	}
+	return info.Cluster.Leader
+}
+
+// The group's stream (on n2 alone) goes away, so the R3 partition stream's source loses its consumer
+// and nats-server only retries it on a growing backoff: a member notices the inactive source and asks
+// the partition stream's leader to step down (a new leader sets the source up at once), and once the
+// stream is back every message reaches the handler.
+func TestMembersMoveThePartitionStreamLeaderWhenItsSourceStalls(t *testing.T) {
+	c := startTestCluster(t)
+	_, js := c.connect(0)
+	cfg := testConfig("source-stall", 2)
+	createRetrying(t, "the stream on n2", func(ctx context.Context) error {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Placement: onNode(1)})
+		return err
+	})
+	createRetrying(t, "the R3 partition stream", func(ctx context.Context) error {
+		src, err := js.Stream(ctx, cfg.Stream)
+		if err != nil {
+			return err
+		}
+		sc := cfg.partitionStreamConfig(src.CachedInfo())
+		sc.Replicas = 3
+		_, err = js.CreateStream(ctx, sc)
+		return err
+	})
+	// Its leader on n1 or n3, so that stopping n2 does not move it.
+	nc, _ := c.connect(0)
+	waitFor(t, 30*time.Second, "a partition stream leader other than n2", func() bool {
+		switch streamLeader(js, cfg.PartitionStream()) {
+		case "n1", "n3":
+			return true
+		case "n2":
+			_, _ = nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+cfg.PartitionStream(), nil, 2*time.Second)
+		}
+		return false
+	})
+	const keys, perKey = 16, 25
+	rec := newRecorder(t, cfg)
+	m := startMemberOn(t, c, 0, cfg, "a", rec)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := publish(ctx, js, keys, perKey, 500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the first batch handled", func() bool { return rec.total.Load() == keys*perKey })
+
+	before := streamLeader(js, cfg.PartitionStream())
+	c.stop(1)
+	waitFor(t, 60*time.Second, "a new partition stream leader while the source is away", func() bool {
+		l := streamLeader(js, cfg.PartitionStream())
+		return l != "" && l != before
+	})
+	c.start(1)
+	createRetrying(t, "the stream back on n2", func(ctx context.Context) error {
+		_, err := js.Stream(ctx, cfg.Stream)
+		return err
+	})
+	if err := publishFrom(ctx, js, keys, perKey, perKey, 500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the second batch handled", func() bool { return rec.total.Load() == 2*keys*perKey })
+	if err := m.stop(); err != nil {
+		t.Fatal(err)
+	}
+	rec.check(keys, 2*perKey)
+}
