@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -66,6 +65,42 @@ func allConsumersDone(js jetstream.JetStream) error {
 	return nil
 }
 
+// partitionStreamsCaughtUp reports whether every partition stream of FPM holds as many messages as
+// FPM: the server has copied everything stored (the copy is what the partitioned consumers read).
+func partitionStreamsCaughtUp(js jetstream.JetStream) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	src, err := js.Stream(ctx, streams.StreamFPM)
+	if err != nil {
+		return err
+	}
+	want := src.CachedInfo().State.Msgs
+	names := js.StreamNames(ctx)
+	for n := range names.Name() {
+		if !strings.HasPrefix(n, streams.StreamFPM+"_PART_") {
+			continue
+		}
+		s, err := js.Stream(ctx, n)
+		if err != nil {
+			return err
+		}
+		info := s.CachedInfo()
+		if info.State.Msgs != want {
+			var srcs []string
+			for _, si := range info.Sources {
+				j, _ := json.Marshal(si)
+				srcs = append(srcs, string(j))
+			}
+			lead := ""
+			if info.Cluster != nil {
+				lead = info.Cluster.Leader
+			}
+			return fmt.Errorf("%s holds %d of the %d messages of %s (leader %s, sources %s)", n, info.State.Msgs, want, streams.StreamFPM, lead, strings.Join(srcs, " "))
+		}
+	}
+	return names.Err()
+}
+
 // gapRanges are the numbers a gap event names as missing.
 func gapRanges(e gaps.Event) [][2]uint64 {
 	if len(e.MissingRanges) > 0 {
@@ -86,11 +121,6 @@ func gapRanges(e gaps.Event) [][2]uint64 {
 // event (the bridge's buffer is small, so a stalled leader makes it drop, with drop markers), no gap
 // event names a stored FPM, and the trace lines are exactly the stream's messages.
 func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
-	// Opt-in: a partition group's members bucket does not always recover its quorum after these faults
-	// within the test's time (docs/reference.md, FPMBUS_E2E_CLUSTER_FAULTS).
-	if os.Getenv("FPMBUS_E2E_CLUSTER_FAULTS") == "" {
-		t.Skip("the real-cluster fault test runs with FPMBUS_E2E_CLUSTER_FAULTS=1 (see docs/reference.md)")
-	}
 	const ranks, perRank, rate = 4, 5000, 150
 	t0 := time.Now()
 	c := startProcessCluster(t)
@@ -178,16 +208,27 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 	}
 	var stored map[id]bool
 	var evs []gaps.Event
+	var logged time.Time
+	waiting := func(err error) error { // what recovery waits for, every few seconds (for the report)
+		if time.Since(logged) >= 5*time.Second {
+			logged = time.Now()
+			t.Logf("%v: recovery waits: %.600v", time.Since(t0).Round(time.Millisecond), err)
+		}
+		return err
+	}
 	eventually(t, 60*time.Second, func() error {
 		m, err := scrapeSamples(bridgeMetrics)
 		if err != nil {
 			return err
 		}
 		if b, f := sumSamples(m, "fpmbus_bridge_buffered_messages"), sumSamples(m, "fpmbus_bridge_in_flight"); b != 0 || f != 0 {
-			return fmt.Errorf("bridge: %v buffered, %v in flight", b, f)
+			return waiting(fmt.Errorf("bridge: %v buffered, %v in flight", b, f))
 		}
 		if err := allConsumersDone(js); err != nil {
-			return err
+			return waiting(err)
+		}
+		if err := partitionStreamsCaughtUp(js); err != nil {
+			return waiting(err)
 		}
 		stored = map[id]bool{}
 		bySeq := map[int]map[uint64]bool{}
@@ -283,6 +324,25 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 	}
 	for k, n := range got {
 		if want[k] != n {
+			// Every copy of this FPM (by body) in FPM and in the partition streams, to tell a copy the
+			// stream lost after it was sourced from a bridge's re-stamped resend.
+			body := k[strings.Index(k, " ")+1:]
+			for _, m := range storedFPMs(t, js, ">") {
+				if string(m.body) == body {
+					t.Logf("in %s: %v", streams.StreamFPM, m.header)
+				}
+			}
+			names := js.StreamNames(t.Context())
+			for sn := range names.Name() {
+				if strings.HasPrefix(sn, streams.StreamFPM+"_PART_") {
+					for _, m := range streamstest.Messages(t, js, sn, ">") {
+						if string(m.Data()) == body {
+							md, _ := m.Metadata()
+							t.Logf("in %s at %d: %v", sn, md.Sequence.Stream, m.Headers())
+						}
+					}
+				}
+			}
 			t.Fatalf("line traced %d times, stored %d times: %.160s", n, want[k], k)
 		}
 	}
@@ -295,6 +355,14 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 		for _, f := range p.failed() {
 			t.Logf("%s failed and was restarted: %s", name, f)
 		}
+		// How often a member found its partition stream's source stalled and had its leader moved.
+		p.mu.Lock()
+		for _, r := range p.runs {
+			if n := strings.Count(r.Output(), "source has been inactive"); n > 0 {
+				t.Logf("%s: %d partition stream leader step-downs asked for a stalled source", name, n)
+			}
+		}
+		p.mu.Unlock()
 	}
 	if want := uint64(ranks) * perRank; uint64(len(stored)+missing) != want {
 		t.Errorf("stored %d + named missing %d != sent %d", len(stored), missing, want)

@@ -1,13 +1,12 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,46 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Cluster nodes as real processes: the shipped ops/nats/cluster/n<i>.conf, copied with its loopback
-// ports and store directory replaced by the test's, loaded by nats-server's own config loader in a
-// process of its own (this test binary re-run with clusterNodeEnv set, see TestMain), so that a node
-// can be stopped, SIGKILLed, paused (SIGSTOP) and restarted on its store as a real nats-server would be.
-
-// clusterNodeEnv names the configuration file a node process runs.
-const clusterNodeEnv = "FPMBUS_E2E_CLUSTER_NODE"
-
-// runClusterNode runs the node whose configuration file clusterNodeEnv names until SIGTERM, printing
-// "READY <url>" once it accepts clients.
-func runClusterNode(conf string) {
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cluster node:", err)
-		os.Exit(1)
-	}
-	opts.NoSigs = true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cluster node:", err)
-		os.Exit(1)
-	}
-	ns.ConfigureLogger() // to stderr, which the test shows when the node fails to start
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		fmt.Fprintln(os.Stderr, "cluster node: not ready after 30s")
-		os.Exit(1)
-	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	fmt.Println("READY", ns.ClientURL())
-	<-sig
-	ns.Shutdown()
-	ns.WaitForShutdown()
-	os.Exit(0)
-}
+// Cluster nodes as real processes: the real nats-server binary (the version fpmbus embeds, built by
+// `./taskw tools:nats-server`, found through FPMBUS_NATS_SERVER_BIN) on the shipped
+// ops/nats/cluster/n<i>.conf, copied with its loopback ports and store directory replaced by the
+// test's, so that a node can be stopped, SIGKILLed, paused (SIGSTOP) and restarted on its store.
 
 // shippedPorts are the loopback ports ops/nats/cluster uses: client, monitoring, cluster, per node.
 var shippedPorts = [3][3]int{{4222, 8222, 6222}, {4223, 8223, 6223}, {4224, 8224, 6224}}
@@ -129,45 +95,44 @@ func (b *lockedBuffer) String() string {
 type clusterNode struct {
 	t    testing.TB
 	name string
+	bin  string // nats-server
 	conf string
 	url  string
 	cmd  *exec.Cmd
 	done chan struct{}
+	logs *lockedBuffer // the current run's output
 }
 
 // start runs the node and waits until it accepts clients.
 func (n *clusterNode) start() {
 	n.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), clusterNodeEnv+"="+n.conf)
+	cmd := exec.Command(n.bin, "-c", n.conf)
 	var logs lockedBuffer
-	cmd.Stderr = &logs
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		n.t.Fatal(err)
-	}
+	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		n.t.Fatal(err)
 	}
 	done := make(chan struct{})
-	ready := make(chan struct{}, 1)
 	go func() {
 		defer close(done)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), "READY ") {
-				ready <- struct{}{}
-			}
-		}
 		_ = cmd.Wait()
 	}()
-	n.cmd, n.done = cmd, done
-	select {
-	case <-ready:
-	case <-done:
-		n.t.Fatalf("%s exited before it was ready:\n%s", n.name, logs.String())
-	case <-time.After(30 * time.Second):
-		n.t.Fatalf("%s not ready after 30s:\n%s", n.name, logs.String())
+	n.cmd, n.done, n.logs = cmd, done, &logs
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(n.url, "nats://"), time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-done:
+			n.t.Fatalf("%s exited before it was ready:\n%s", n.name, logs.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("%s not ready after 30s:\n%s", n.name, logs.String())
+		}
 	}
 }
 
@@ -211,13 +176,20 @@ type processCluster struct {
 }
 
 // startProcessCluster starts the three shipped nodes and waits until JetStream answers on the cluster.
+// It skips the test when the real nats-server binary is not installed (natsServerBin).
 func startProcessCluster(t testing.TB) *processCluster {
 	t.Helper()
+	bin := natsServerBin(t)
 	confs, urls := clusterConfigs(t, t.TempDir())
 	c := &processCluster{url: strings.Join(urls, ",")}
 	for i, conf := range confs {
-		n := &clusterNode{t: t, name: fmt.Sprintf("n%d", i+1), conf: conf, url: urls[i]}
-		t.Cleanup(n.kill9)
+		n := &clusterNode{t: t, name: fmt.Sprintf("n%d", i+1), bin: bin, conf: conf, url: urls[i]}
+		t.Cleanup(func() {
+			n.kill9()
+			if t.Failed() && n.logs != nil {
+				t.Logf("--- log of %s (last run):\n%s", n.name, n.logs.String())
+			}
+		})
 		c.nodes = append(c.nodes, n)
 	}
 	for _, n := range c.nodes {

@@ -23,10 +23,6 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if conf := os.Getenv(clusterNodeEnv); conf != "" {
-		runClusterNode(conf) // this process is a cluster node of a test (cluster_nodes_test.go)
-		return
-	}
 	dir, err := os.MkdirTemp("", "fpmbus-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

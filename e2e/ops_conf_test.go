@@ -292,7 +292,7 @@ var _ server.Logger = (*violationLog)(nil)
 
 // natsServerBin is the real nats-server for TestOpsClusterOnTheRealNatsServer: FPMBUS_NATS_SERVER_BIN,
 // which `./taskw test` sets after building it from the version in go.mod (task tools:nats-server).
-func natsServerBin(t *testing.T) string {
+func natsServerBin(t testing.TB) string {
 	t.Helper()
 	p := os.Getenv("FPMBUS_NATS_SERVER_BIN")
 	if p == "" {

@@ -9,7 +9,8 @@ import (
 
 // checkClock runs the wall-clock checks: publishers idle past CheckpointInterval get their advances
 // checkpointed, silent publishers go stale, and pending gaps whose marker grace has passed (in stream
-// time: every drop marker stored up to it has been applied) are classified.
+// time: every drop marker, and every FPM of the gap's publisher, stored up to it has been applied)
+// are classified.
 func (d *Detector) checkClock() {
 	now := d.now()
 	d.retryOrphans()
@@ -42,7 +43,7 @@ func (d *Detector) checkClock() {
 		}
 		pending = 0
 		for _, e := range d.keys {
-			if len(e.st.Pending) > 0 && e.t.expire(wm) > 0 {
+			if len(e.st.Pending) > 0 && e.t.expire(min(wm, d.fpmsAppliedUpTo(e, wm))) > 0 {
 				d.touch(e)
 			}
 			pending += len(e.st.Pending)
@@ -70,4 +71,31 @@ func (d *Detector) silent(e *entry) bool {
 	}
 	_, err := d.store.nextFPM(e.key, e.st.StreamSeq+1)
 	return errors.Is(err, jetstream.ErrMsgNotFound)
+}
+
+// fpmsAppliedUpTo is the stream time (Unix ms) up to which every FPM of e stored in FPM has been
+// applied, looked up only when a pending gap of e would be classified at watermarkMs (the markers'
+// watermark, returned as is when nothing limits it). A gap's missing numbers can be stored after the
+// FPM that revealed it: a bridge resends what it had in flight to a stream leader that stopped
+// answering, after newer numbers reached the next leader. Live, they are applied within moments; but
+// a detector reading a backlog (after a takeover or a restart) sees the markers' watermark at the
+// server's clock long before its partition consumer reaches them, so without this bound it would name
+// stored numbers missing. If the stream cannot be asked, nothing is classified this time.
+func (d *Detector) fpmsAppliedUpTo(e *entry, watermarkMs int64) int64 {
+	due := false
+	for _, p := range e.st.Pending {
+		due = due || p.RevealedMs+d.rules.graceMs <= watermarkMs
+	}
+	if !due {
+		return watermarkMs
+	}
+	next, err := d.store.nextFPM(e.key, e.st.StreamSeq+1)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return watermarkMs // every FPM of e stored so far is applied
+	case err != nil:
+		d.logger.Warn("gap detector: next FPM not read; pending gaps wait", "key", e.key.String(), "err", err)
+		return math.MinInt64
+	}
+	return next.Time.UnixMilli() - 1 // everything of e stored before next is applied
 }

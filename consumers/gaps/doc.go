@@ -79,8 +79,12 @@
 //     (its revealing FPM's stream time + MarkerGrace) has been applied: the marker consumer has
 //     passed that stream time, or is caught up with the server's clock past it (nothing pending and
 //     nothing delivered after the last marker applied, by delivery sequence: the consumer's stream
-//     position also moves past the events it does not match). Every pending gap is examined, of
-//     whatever run of its publisher: a restart does not end the old run's gaps.
+//     position also moves past the events it does not match). Every FPM of its publisher stored up
+//     to that time must have been applied too (the next one not applied, by direct get, is stored
+//     after it): the missing numbers themselves may be stored after the FPM that revealed the gap
+//     (a bridge resends what a stream leader that stopped answering never acknowledged), and they
+//     fill it. Every pending gap is examined, of whatever run of its publisher: a restart does not
+//     end the old run's gaps.
 //
 //   - Publishers are shared through consumers/partition (group Config.Group, Config.Partitions,
 //     keyed by the publisher), run by the durable.Runner: only the member holding a publisher's

@@ -99,7 +99,7 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 	c = c.withDefaults()
 	srcs := make([]jetstream.Stream, 0, max(c.Shards, 1))
 	for _, name := range c.SourceStreams() {
-		src, err := js.Stream(ctx, name)
+		src, err := call(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, name) })
 		if err != nil {
 			return nil, fmt.Errorf("partition: stream %s: %w", name, err)
 		}
@@ -110,7 +110,7 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 	partName := c.Stream + "_PART_" + c.Group // exists only when the group copies (Partitions > 1, or shards not read directly)
 	consStream := src
 	if c.direct() {
-		if _, err := js.Stream(ctx, partName); err == nil {
+		if _, err := call(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, partName) }); err == nil {
 			return nil, fmt.Errorf("%w: %s/%s reads its %d shards directly but partition stream %s exists (delete the group to change)",
 				ErrGroupMismatch, c.Stream, c.Group, c.Shards, partName)
 		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -122,14 +122,14 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 		}
 		consStream = sharded
 	} else if !c.copies() {
-		if _, err := js.Stream(ctx, partName); err == nil {
+		if _, err := call(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, partName) }); err == nil {
 			return nil, fmt.Errorf("%w: %s/%s has 1 partition but partition stream %s exists (delete the group to change)",
 				ErrGroupMismatch, c.Stream, c.Group, partName)
 		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return nil, fmt.Errorf("partition: look up %s: %w", partName, err)
 		}
 	} else {
-		if ci, err := js.Consumer(ctx, c.Stream, c.Group); err == nil && len(ci.CachedInfo().Config.PriorityGroups) > 0 {
+		if ci, err := call(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return js.Consumer(ctx, c.Stream, c.Group) }); err == nil && len(ci.CachedInfo().Config.PriorityGroups) > 0 {
 			return nil, fmt.Errorf("%w: %s/%s exists with 1 partition (consumer %s on %s); delete the group to change",
 				ErrGroupMismatch, c.Stream, c.Group, c.Group, c.Stream)
 		}
@@ -141,11 +141,11 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 			}
 		}
 		want := c.partitionStreamConfig(srcInfo)
-		ps, err := js.Stream(ctx, want.Name)
+		ps, err := call(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, want.Name) })
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			ps, err = js.CreateStream(ctx, want)
+			ps, err = call(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.CreateStream(ctx, want) })
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // another member won the race
-				ps, err = js.Stream(ctx, want.Name)
+				ps, err = call(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, want.Name) })
 			}
 		}
 		if err != nil {
@@ -163,31 +163,43 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 	for p := range c.Partitions {
 		want := c.ConsumerConfig(p)
 		// The server refuses to change a consumer's ack policy; say so in the group's terms.
-		if ci, err := consStream.Consumer(ctx, want.Durable); err == nil && ci.CachedInfo().Config.AckPolicy != want.AckPolicy {
+		if ci, err := call(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return consStream.Consumer(ctx, want.Durable) }); err == nil && ci.CachedInfo().Config.AckPolicy != want.AckPolicy {
 			return nil, fmt.Errorf("%w: %s/%s: consumer %s acks with policy %s on the server, %s here (delete the group to change)",
 				ErrGroupMismatch, c.Stream, c.Group, want.Durable, ci.CachedInfo().Config.AckPolicy, want.AckPolicy)
 		}
-		if _, err := consStream.CreateOrUpdateConsumer(ctx, want); err != nil {
+		if _, err := call(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
+			return consStream.CreateOrUpdateConsumer(ctx, want)
+		}); err != nil {
 			return nil, fmt.Errorf("partition: declare consumer %s: %w", c.ConsumerName(p), err)
 		}
 	}
 	return consStream, nil
 }
 
+// call runs one server call with its own deadline of apiTimeout within ctx: a request the cluster
+// never answers (its leader gone mid-request) fails after apiTimeout rather than at ctx's end, so that
+// Join can try again.
+func call[T any](ctx context.Context, f func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	return f(ctx)
+}
+
 // membersBucket opens (creating it if needed) the KV bucket of live members.
 func membersBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, MembersBucket)
+	kv, err := call(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, MembersBucket) })
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		cfg := jetstream.KeyValueConfig{
 			Bucket:      MembersBucket,
 			Description: "fpmbus consumer-group members: <stream>.<group>.<member> -> heartbeat",
 			History:     1,
 			TTL:         membersBucketTTL,
 			Storage:     jetstream.FileStorage,
 			Replicas:    max(replicas, 1),
-		})
+		}
+		kv, err = call(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.CreateKeyValue(ctx, cfg) })
 		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, MembersBucket)
+			kv, err = call(ctx, func(ctx context.Context) (jetstream.KeyValue, error) { return js.KeyValue(ctx, MembersBucket) })
 		}
 	}
 	if err != nil {

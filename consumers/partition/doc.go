@@ -30,6 +30,19 @@
 //     from the live set (rendezvous hashing with a ceil(P/N) cap: balanced, few moves when one joins
 //     or leaves) and pulls only the partitions assigned to it; a partition given to another member is
 //     released gracefully. The bucket only steers who pulls; it never decides who processes.
+//   - Outages of the cluster. A member always counts itself live, so while the members bucket cannot
+//     be written or watched (its stream electing a leader after a node stopped) it keeps what it
+//     owns, and as the others' heartbeats age in its view it stands by for their partitions too (the
+//     pins keep ownership exclusive); the watch is opened again when it ends, and replaced when the
+//     member's own acknowledged heartbeat does not come back through it within max(PinnedTTL/2, 1 s).
+//     Join retries, for up to 30 s, server calls that fail only because the cluster cannot answer yet
+//     (no responders, no answer, JetStream or a stream's peers unavailable), each call bounded by 5 s
+//     (TestJoinWaitsForTheClusterToAnswer, TestMembersSurviveAnOutageOfTheMembersBucket).
+//     A partition stream's source that the server lost in an outage is set up again on a backoff
+//     that grows with every failure (up to 2 minutes), so the group could stay behind long after the
+//     cluster is back: every 10 s each member looks at the source and, when it has been inactive for
+//     20 s, asks the partition stream's leader to step down; the next leader sets it up at once
+//     (source.go; it needs $JS.API.STREAM.LEADER.STEPDOWN.<partition stream>, in ops/nats/permissions.conf).
 //
 // Handing a partition over gracefully (Stop, a rebalance): the owner stops handing messages (its
 // pulls go on, so it keeps the pin), closes the handler's channel, waits for the handler to make its

@@ -265,6 +265,18 @@ type running struct {
 func startMember(t testing.TB, env *streamstest.Env, cfg Config, id string, rec *recorder) *running {
 	t.Helper()
 	nc, js := connect(t, env)
+	return startMemberWith(t, nc, js, cfg, id, rec)
+}
+
+// startMemberOn starts a member connected to node i of c.
+func startMemberOn(t testing.TB, c *testCluster, i int, cfg Config, id string, rec *recorder) *running {
+	t.Helper()
+	nc, js := c.connect(i)
+	return startMemberWith(t, nc, js, cfg, id, rec)
+}
+
+func startMemberWith(t testing.TB, nc *nats.Conn, js jetstream.JetStream, cfg Config, id string, rec *recorder) *running {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	m, err := Join(ctx, js, cfg, WithMemberID(id), WithLogger(testLogger().With("test_member", id)))

@@ -50,6 +50,45 @@ var (
 // apiTimeout bounds one JetStream API call made by a member.
 const apiTimeout = 5 * time.Second
 
+// joinRetryFor bounds how long Join retries server calls that fail only because the cluster cannot
+// answer for the moment (no responders, no answer, JetStream temporarily unavailable): an R3 stream or
+// bucket whose leader stopped answers again once the others have elected one, within the server's
+// longest election timeout (9 s) plus a few round trips.
+const joinRetryFor = 30 * time.Second
+
+// Bounds of the retries of Join and of the members watch.
+const (
+	minRetryWait = 100 * time.Millisecond
+	maxRetryWait = 2 * time.Second
+)
+
+// unavailable reports errors after which the same server call can succeed later: the cluster is
+// electing a leader for the stream, bucket or JetStream itself, or a request timed out on the way.
+func unavailable(err error) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return true
+	case errors.As(err, &apiErr):
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
+			return false
+		case errCodeJetStreamUnavailable, errCodeInsufficientResources, errCodeNoSuitablePeers:
+			return true
+		}
+		return apiErr.Code == 503
+	}
+	return false
+}
+
+// Server error codes nats.go names only in its legacy API.
+const (
+	errCodeJetStreamUnavailable  jetstream.ErrorCode = 10008 // JetStream system temporarily unavailable
+	errCodeInsufficientResources jetstream.ErrorCode = 10023 // e.g. a peer of an R3 stream is down
+	errCodeNoSuitablePeers       jetstream.ErrorCode = 10005 // peers offline (or too few: retried, then reported)
+)
+
 // Option configures a Member beyond Config.
 type Option func(*Member) error
 
@@ -136,21 +175,40 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Optio
 			return nil, err
 		}
 	}
-	var err error
-	if m.stream, err = declare(ctx, js, cfg); err != nil {
-		return nil, err
-	}
-	if m.kv, err = membersBucket(ctx, js, m.stream.CachedInfo().Config.Replicas); err != nil {
-		return nil, err
-	}
 	m.key = cfg.Stream + "." + cfg.Group + "." + m.id
 	m.log = m.log.With("group", cfg.Group, "stream", cfg.Stream, "member", m.id)
-	if m.stable {
-		if err := m.reclaim(ctx); err != nil {
+	deadline := time.Now().Add(joinRetryFor)
+	for wait := minRetryWait; ; wait = min(2*wait, maxRetryWait) {
+		err := m.setUp(ctx)
+		if err == nil {
+			return m, nil
+		}
+		if !unavailable(err) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
 			return nil, err
 		}
+		m.log.Warn("partition: join: the server cannot answer yet; retrying", "err", err, "retry_in", wait)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("partition: join: %w (after %w)", ctx.Err(), err)
+		}
 	}
-	return m, nil
+}
+
+// setUp declares the group, opens the members bucket and, for a stable id, reclaims what a previous
+// incarnation owned; every step is idempotent, so Join repeats it all after a failure.
+func (m *Member) setUp(ctx context.Context) error {
+	var err error
+	if m.stream, err = declare(ctx, m.js, m.cfg); err != nil {
+		return err
+	}
+	if m.kv, err = membersBucket(ctx, m.js, m.stream.CachedInfo().Config.Replicas); err != nil {
+		return err
+	}
+	if m.stable {
+		return m.reclaim(ctx)
+	}
+	return nil
 }
 
 // reclaim takes back at once what a previous incarnation of this member (same stable id) owned when
@@ -160,7 +218,7 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Optio
 // pins it to the next member that pulls instead of waiting PinnedTTL for the dead one's pulls to stop.
 // Nothing else can own those partitions: the server kept them pinned to the dead incarnation.
 func (m *Member) reclaim(ctx context.Context) error {
-	e, err := m.kv.Get(ctx, m.key)
+	e, err := call(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return m.kv.Get(ctx, m.key) })
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
 	}
@@ -178,10 +236,14 @@ func (m *Member) reclaim(ctx context.Context) error {
 			continue
 		}
 		name := m.cfg.ConsumerName(p)
-		if _, err := m.stream.ResetConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if _, err := call(ctx, func(ctx context.Context) (*jetstream.ConsumerResetResponse, error) {
+			return m.stream.ResetConsumer(ctx, name)
+		}); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("partition: reclaim partition %d: reset %s: %w", p, name, err)
 		}
-		if err := m.stream.UnpinConsumer(ctx, name, PriorityGroup); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if _, err := call(ctx, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, m.stream.UnpinConsumer(ctx, name, PriorityGroup)
+		}); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			m.log.Debug("partition: reclaim: unpin", "partition", p, "err", err)
 		}
 		taken = append(taken, p)
@@ -295,22 +357,22 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 	if m.nc.IsClosed() {
 		return fmt.Errorf("partition: %w", nats.ErrConnectionClosed)
 	}
-	if err := m.heartbeat(hardCtx); err != nil {
-		return fmt.Errorf("partition: announce member %s: %w", m.id, err)
+	// The members bucket only steers who pulls which partition: while it cannot be written or watched
+	// (its stream electing a leader) the member goes on with what it knows, and the watch is opened
+	// again until it is.
+	if _, err := m.heartbeat(hardCtx); err != nil {
+		if !unavailable(err) {
+			return fmt.Errorf("partition: announce member %s: %w", m.id, err)
+		}
+		m.log.Warn("partition: members bucket not answering; announcing again at the next heartbeat", "err", err)
 	}
 	prefix := m.cfg.Stream + "." + m.cfg.Group + "."
-	watcher, err := m.kv.Watch(hardCtx, prefix+"*")
-	if err != nil {
+	mw := newMembersWatch(m.kv, prefix, m.id, max(m.cfg.PinnedTTL/2, time.Second), m.log)
+	if err := mw.open(hardCtx); err != nil && !unavailable(err) {
 		return fmt.Errorf("partition: watch members: %w", err)
 	}
-	watching := true
-	stopWatch := func() {
-		if watching {
-			_ = watcher.Stop()
-			watching = false
-		}
-	}
-	defer stopWatch()
+	defer mw.stop()
+	var putRev atomic.Uint64 // revision of the member's last key put
 
 	v := newView(m.cfg.PinnedTTL)
 	workers := map[int]*worker{}
@@ -321,7 +383,7 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 			return
 		}
 		want := map[int]bool{}
-		for _, p := range assign(v.live(time.Now()), m.cfg.Partitions)[m.id] {
+		for _, p := range assign(v.liveWith(m.id, time.Now()), m.cfg.Partitions)[m.id] {
 			want[p] = true
 		}
 		for p := range want {
@@ -354,8 +416,12 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 			defer beats.Done()
 			for {
 				for rebeat.Swap(false) {
-					if err := m.heartbeat(hardCtx); err != nil {
+					rev, err := m.heartbeat(hardCtx)
+					if err != nil {
 						m.log.Warn("partition: heartbeat failed", "err", err)
+						continue
+					}
+					for old := putRev.Load(); rev > old && !putRev.CompareAndSwap(old, rev); old = putRev.Load() {
 					}
 				}
 				beating.Store(false)
@@ -367,26 +433,39 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 	}
 	check := time.NewTicker(max(m.cfg.PinnedTTL/10, 100*time.Millisecond))
 	defer check.Stop()
+	// The partition stream's source (Partitions > 1): looked at off this loop, one look at a time.
+	var sourceTick <-chan time.Time
+	if m.cfg.Partitions > 1 {
+		t := time.NewTicker(sourceCheckEvery)
+		defer t.Stop()
+		sourceTick = t.C
+	}
+	sw := &sourceWatch{m: m}
+	var sourceChecking atomic.Bool
+	var sourceChecks sync.WaitGroup
+	defer sourceChecks.Wait()
 
 	var fatal error
 	closed := false
 loop:
 	for {
 		select {
-		case e, ok := <-watcher.Updates():
+		case e, ok := <-mw.updates():
 			if !ok {
-				fatal = errors.New("partition: members watch ended")
-				break loop
+				mw.ended()
+				continue
 			}
 			if e == nil {
+				mw.initialDone()
 				ready = true
 			} else if id, ok := strings.CutPrefix(e.Key(), prefix); ok {
 				if e.Operation() == jetstream.KeyValuePut {
 					at := time.Now()
-					if !ready {
-						at = e.Created() // initial value: judge its age by when it was written
+					if mw.initial {
+						at = e.Created() // a current value, not news: judge its age by when it was written
 					}
 					v.put(id, at)
+					mw.saw(id, e.Revision())
 				} else {
 					v.del(id)
 				}
@@ -396,7 +475,20 @@ loop:
 			beat()
 		case <-m.announce:
 			beat()
+		case <-sourceTick:
+			if !sourceChecking.Swap(true) {
+				sourceChecks.Add(1)
+				go func() {
+					defer sourceChecks.Done()
+					defer sourceChecking.Store(false)
+					sw.check(hardCtx)
+				}()
+			}
 		case <-check.C:
+			if !ready && mw.failing() {
+				ready = true // the bucket cannot be watched: go on with this member alone until it can
+			}
+			mw.maintain(hardCtx, putRev.Load())
 			recompute()
 		case st := <-status:
 			if st == nats.CLOSED {
@@ -422,7 +514,7 @@ loop:
 			break loop
 		}
 	}
-	stopWatch()
+	mw.stop()
 
 	if closed || m.nc.IsClosed() {
 		hardCancel()
@@ -459,14 +551,14 @@ type memberRecord struct {
 	At    int64  `json:"at_unix_ms"`
 }
 
-func (m *Member) heartbeat(ctx context.Context) error {
+// heartbeat puts the member's key and returns its revision.
+func (m *Member) heartbeat(ctx context.Context) (uint64, error) {
 	host, _ := os.Hostname()
 	b, err := json.Marshal(memberRecord{ID: m.id, Host: host, PID: os.Getpid(), Owned: m.Owned(), At: time.Now().UnixMilli()})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.PinnedTTL/2)
 	defer cancel()
-	_, err = m.kv.Put(ctx, m.key, b)
-	return err
+	return m.kv.Put(ctx, m.key, b)
 }
