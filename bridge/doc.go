@@ -46,7 +46,9 @@
 //     (ZMQ_MAXMSGSIZE). The README's bridge section gives the bound as a formula of the flags.
 //   - No message can close the NATS connection or stop the publisher: what does not fit the server's
 //     limits is dead-lettered before it is published, and a message that fails on its own is given
-//     up after maxRejects attempts.
+//     up after maxRejects attempts. An answer in which the stream did not decide (its id being stored
+//     by another publish, a replica that is not the leader) is retried like an outage: never a reason
+//     to give an FPM up.
 //   - A message keeps its Nats-Msg-Id across the bridge's retries, so JetStream deduplicates them.
 //   - Redundant bridges store each FPM once. An FPM's Nats-Msg-Id (streams.FPMMsgID) is the same
 //     whichever bridge publishes it, and differs between any two different FPMs:

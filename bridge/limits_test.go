@@ -438,3 +438,23 @@ func TestRejectedFPMBecomesADeadLetter(t *testing.T) {
 		})
 	}
 }
+
+// Answers in which the stream did not decide on the publish are retried like an outage, never counted
+// towards giving the FPM up; refusals of the message itself are.
+func TestUndecidedAnswers(t *testing.T) {
+	tests := map[string]struct {
+		err  jetstream.APIError
+		want bool
+	}{
+		"same id being stored by another publish": {jetstream.APIError{Code: 409, ErrorCode: 10158, Description: "duplicate message id is in process"}, true},
+		"replica is not the leader":               {jetstream.APIError{Code: 500, ErrorCode: 10009, Description: "JetStream cluster can not handle request"}, true},
+		"message over the stream's maximum":       {jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamMessageExceedsMaximum}, false},
+		"wrong last sequence":                     {jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}, false},
+		"stream not found":                        {jetstream.APIError{Code: 404, ErrorCode: jetstream.JSErrCodeStreamNotFound}, false},
+	}
+	for name, tc := range tests {
+		if got := undecided(&tc.err); got != tc.want {
+			t.Errorf("%s: undecided = %v, want %v", name, got, tc.want)
+		}
+	}
+}

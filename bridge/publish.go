@@ -437,8 +437,11 @@ func (p *publisher) failed(it *item, err error) {
 	// when a publish sent after it was acknowledged: the connection works, only this message gets no
 	// ack (for example a publish permission violation). While the broker is away nothing later is
 	// acknowledged, so an outage never gives a message up.
+	// An answer that says the stream could not decide yet (undecided) is never this message's own,
+	// however many later publishes were acknowledged meanwhile.
 	var apiErr *jetstream.APIError
-	if (errors.As(err, &apiErr) && apiErr.Code != 503) || p.ackedN > it.sent {
+	isAPI := errors.As(err, &apiErr)
+	if (isAPI && !undecided(apiErr)) && (apiErr.Code != 503 || p.ackedN > it.sent) || (!isAPI && p.ackedN > it.sent) {
 		it.errs++
 		if it.errs >= maxRejects {
 			p.reject(it, err)
@@ -447,6 +450,21 @@ func (p *publisher) failed(it *item, err error) {
 	}
 	p.retry = append(p.retry, it)
 	p.enterRecovery(err)
+}
+
+// Server answers about a publish that say the stream could not decide on it now, not that it refuses
+// it: the same message id being stored by another publish (a retry racing its original across a stream
+// leader change; the retry then gets the duplicate's ack) and a replica that is not the leader (an
+// election in progress). Neither constant is exported by nats.go.
+const (
+	errCodeDuplicateInProcess jetstream.ErrorCode = 10158 // JSStreamDuplicateMessageConflict
+	errCodeNotLeader          jetstream.ErrorCode = 10009 // JSClusterNotLeaderErr
+)
+
+// undecided reports whether e is such an answer: retried like an outage, never counted towards
+// maxRejects.
+func undecided(e *jetstream.APIError) bool {
+	return e.ErrorCode == errCodeDuplicateInProcess || e.ErrorCode == errCodeNotLeader
 }
 
 // reject gives up a message the server or client refuses for good. An FPM becomes a dead letter (stage
