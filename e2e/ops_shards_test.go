@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,7 +23,9 @@ import (
 // FPMs, the trace writer writes each once, `gaps report` (its state, and `--since` from the shards)
 // reports the one gap, the reader's `nats sub 'fpm.>'` sees every FPM the shards republish, its
 // `trace backfill --since` writes the same lines from the three shards and `trace replay --from-stream
-// --info` counts them; every component stops cleanly and the server refused nobody anything.
+// --info` counts them; what a role must not do on the shards (pull from or delete another group's
+// durable, purge a shard, declare one) is refused; every component stops cleanly and the server
+// refused nothing else.
 func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 	requireNATS(t)
 	const shards, perWorker = 3, 30
@@ -52,6 +55,8 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 	for _, p := range components[1:] {
 		p.waitOutput("consumer running", 30*time.Second)
 	}
+	op := srv.client(t, "operator")
+	refused := refuseOnShards(t, srv, op)
 
 	var pubs []*producertest.Scripted
 	for r, w := range workers {
@@ -68,7 +73,6 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	op := srv.client(t, "operator")
 	if _, err := op.js.Stream(t.Context(), streams.StreamFPM); err == nil {
 		t.Fatalf("stream %s exists next to the shards", streams.StreamFPM)
 	}
@@ -142,7 +146,11 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 		if out := srv.nats(t, "reader", "stream", "get", streams.ShardStreamName(i), "1"); !strings.Contains(out, w) {
 			t.Fatalf("nats stream get %s 1 as reader, want worker %s:\n%s", streams.ShardStreamName(i), w, out)
 		}
-		if out := srv.nats(t, "reader", "stream", "subjects", streams.ShardStreamName(i)); !strings.Contains(out, "fpm.dynamo.backend."+w+"."+strconv.Itoa(i)) {
+		key := "fpm.dynamo.backend." + w + "." + strconv.Itoa(i)
+		if out := srv.nats(t, "reader", "stream", "get", streams.ShardStreamName(i), "--last-for", key); !strings.Contains(out, fmt.Sprintf("%s#%d ", streams.ShardStreamName(i), perWorker)) {
+			t.Fatalf("nats stream get %s --last-for %s as reader, want its message %d:\n%s", streams.ShardStreamName(i), key, perWorker, out)
+		}
+		if out := srv.nats(t, "reader", "stream", "subjects", streams.ShardStreamName(i)); !strings.Contains(out, key) {
 			t.Fatalf("nats stream subjects %s as reader, want worker %s's rank %d:\n%s", streams.ShardStreamName(i), w, i, out)
 		}
 	}
@@ -181,7 +189,85 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 			t.Fatalf("partition stream %s exists: a group copies the shards instead of reading them", name)
 		}
 	}
-	if v := srv.violations(); len(v) > 0 {
-		t.Fatalf("the server refused the components %d times:\n%s", len(v), strings.Join(v, "\n"))
+	for _, line := range srv.violations() {
+		if !slices.ContainsFunc(refused, func(r [2]string) bool {
+			return strings.Contains(line, `"FPMBUS/user:`+r[0]+`"`) && strings.Contains(line, fmt.Sprintf("Subject %q", r[1]))
+		}) {
+			t.Fatalf("the server refused something besides the refusals tried on purpose: %s", line)
+		}
 	}
+}
+
+// refuseOnShards tries what a role must not do on the shards, with the trace writer's and the gap
+// detector's durables in place: each attempt is refused (the client's error names the subject, the
+// server logs it for that user) and changes nothing. It returns the refusals as (user, subject).
+func refuseOnShards(t *testing.T, srv *opsServer, op *opsClient) [][2]string {
+	t.Helper()
+	pull := func(subject string) func(c *opsClient) error {
+		return func(c *opsClient) error {
+			return c.nc.PublishRequest(subject, c.nc.NewRespInbox(), []byte(`{"batch":1}`))
+		}
+	}
+	consumerKept := func(stream, consumer string) func(t *testing.T) {
+		return func(t *testing.T) {
+			if _, err := op.js.Consumer(t.Context(), stream, consumer); err != nil {
+				t.Fatalf("consumer %s on %s: %v", consumer, stream, err)
+			}
+		}
+	}
+	var out [][2]string
+	for name, tc := range map[string]struct {
+		user, subject string
+		do            func(c *opsClient) error
+		check         func(t *testing.T)
+	}{
+		"reader cannot pull from the trace writer's durable on a shard": {user: "reader",
+			subject: "$JS.API.CONSUMER.MSG.NEXT.FPM_1.fpm-trace-1", do: pull("$JS.API.CONSUMER.MSG.NEXT.FPM_1.fpm-trace-1")},
+		"reader cannot delete the gap detector's durable on a shard": {user: "reader",
+			subject: "$JS.API.CONSUMER.DELETE.FPM_2.fpm-gaps-2",
+			do: func(c *opsClient) error {
+				return c.nc.PublishRequest("$JS.API.CONSUMER.DELETE.FPM_2.fpm-gaps-2", c.nc.NewRespInbox(), nil)
+			},
+			check: consumerKept("FPM_2", "fpm-gaps-2")},
+		"gap detector cannot pull from the trace writer's durable on a shard": {user: "gaps",
+			subject: "$JS.API.CONSUMER.MSG.NEXT.FPM_0.fpm-trace-0", do: pull("$JS.API.CONSUMER.MSG.NEXT.FPM_0.fpm-trace-0")},
+		"trace writer cannot pull from the gap detector's durable on a shard": {user: "trace",
+			subject: "$JS.API.CONSUMER.MSG.NEXT.FPM_1.fpm-gaps-1", do: pull("$JS.API.CONSUMER.MSG.NEXT.FPM_1.fpm-gaps-1")},
+		"reader cannot purge a shard": {user: "reader", subject: "$JS.API.STREAM.PURGE.FPM_1",
+			do: func(c *opsClient) error {
+				return c.nc.PublishRequest("$JS.API.STREAM.PURGE.FPM_1", c.nc.NewRespInbox(), nil)
+			}},
+		"bridge cannot declare a shard": {user: "bridge", subject: "$JS.API.STREAM.CREATE.FPM_3",
+			do: func(c *opsClient) error {
+				return c.nc.PublishRequest("$JS.API.STREAM.CREATE.FPM_3", c.nc.NewRespInbox(), []byte(`{"name":"FPM_3","subjects":["fpmin.3.>"]}`))
+			},
+			check: func(t *testing.T) {
+				if _, err := op.js.Stream(t.Context(), "FPM_3"); err == nil {
+					t.Fatal("stream FPM_3 exists after the bridge's create")
+				}
+			}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := srv.client(t, tc.user)
+			err := tc.do(c)
+			if msg, ok := c.refused(tc.subject, 5*time.Second); !ok {
+				t.Fatalf("%s was not refused %s (call returned %v)", tc.user, tc.subject, err)
+			} else {
+				t.Logf("%s: %s", tc.user, msg)
+			}
+			eventually(t, 5*time.Second, func() error {
+				for _, line := range srv.violations() {
+					if strings.Contains(line, `"FPMBUS/user:`+tc.user+`"`) && strings.Contains(line, fmt.Sprintf("Subject %q", tc.subject)) {
+						return nil
+					}
+				}
+				return fmt.Errorf("the server did not log refusing %s to %s", tc.subject, tc.user)
+			})
+			if tc.check != nil {
+				tc.check(t)
+			}
+		})
+		out = append(out, [2]string{tc.user, tc.subject})
+	}
+	return out
 }
