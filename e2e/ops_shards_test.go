@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -19,8 +20,8 @@ import (
 // Sharded ingest with the least-privilege users, on the real nats-server running single.conf with
 // permissions.conf: the operator applies three FPM shards, and the bridge, the trace writer (shard p
 // as its partition p), the gap detector (likewise), the merger and the sealer run as their own users,
-// with no flag about the shards. Three publishers, one worker in each shard, one FPM skipped: every shard stores its worker's
-// FPMs, the trace writer writes each once, `gaps report` (its state, and `--since` from the shards)
+// with no flag about the shards. Three publishers, one worker in each shard, one FPM skipped: every
+// shard stores its worker's FPMs, the trace writer writes each once, `gaps report` (its state, and `--since` from the shards)
 // reports the one gap, the reader's `nats sub 'fpm.>'` sees every FPM the shards republish, its
 // `trace backfill --since` writes the same lines from the three shards and `trace replay --from-stream
 // --info` counts them; what a role must not do on the shards (pull from or delete another group's
@@ -98,7 +99,7 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 		for _, p := range rep.Publishers {
 			got[p.Key.WorkerID] = [2]uint64{p.GapsTotal, p.MissingTotal}
 		}
-		if fmt.Sprint(got) != fmt.Sprint(wantGaps) {
+		if !maps.Equal(got, wantGaps) {
 			return fmt.Errorf("gaps, missing by worker: %v, want %v", got, wantGaps)
 		}
 		return nil
@@ -139,7 +140,7 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 		}
 		perWorkerSeen[k.WorkerID]++
 	}
-	if want := map[string]int{workers[0]: perWorker, workers[1]: perWorker, workers[2]: perWorker}; fmt.Sprint(perWorkerSeen) != fmt.Sprint(want) {
+	if want := map[string]int{workers[0]: perWorker, workers[1]: perWorker, workers[2]: perWorker}; !maps.Equal(perWorkerSeen, want) {
 		t.Fatalf("nats sub 'fpm.>' as reader received %v, want %v", perWorkerSeen, want)
 	}
 	for i, w := range workers { // `nats stream get` and `nats stream subjects` on a shard
@@ -173,11 +174,12 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 	}
 	// The live trace writer and the backfill hold the same FPMs, each once.
 	live := map[string]int{}
-	for _, l := range traceLines(t, traceOut+".*.jsonl.gz") {
+	liveLines := traceLines(t, traceOut+".*.jsonl.gz")
+	for _, l := range liveLines {
 		live[string(l.Event.FPM)]++
 	}
-	if len(live) != stored {
-		t.Fatalf("the trace writer wrote %d distinct FPMs, want %d", len(live), stored)
+	if len(liveLines) != stored || len(live) != stored {
+		t.Fatalf("the trace writer wrote %d lines of %d distinct FPMs, want %d of %d", len(liveLines), len(live), stored, stored)
 	}
 	for _, l := range backLines {
 		if live[string(l.Event.FPM)] != 1 {
@@ -187,6 +189,14 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 	for _, name := range []string{"FPM_PART_fpm-trace", "FPM_PART_fpm-gaps"} {
 		if _, err := op.js.Stream(t.Context(), name); err == nil {
 			t.Fatalf("partition stream %s exists: a group copies the shards instead of reading them", name)
+		}
+	}
+	for i := range shards { // each group's durables on the shards, as their users declared them
+		for _, group := range []string{"fpm-trace", "fpm-gaps"} {
+			name := group + "-" + strconv.Itoa(i)
+			if _, err := op.js.Consumer(t.Context(), streams.ShardStreamName(i), name); err != nil {
+				t.Fatalf("consumer %s on %s: %v", name, streams.ShardStreamName(i), err)
+			}
 		}
 	}
 	for _, line := range srv.violations() {
