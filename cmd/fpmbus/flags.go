@@ -128,6 +128,21 @@ func fpmShardsFlag(fs *flag.FlagSet, c *streams.Config) *envDefaults {
 	return env
 }
 
+// parseStreamFlags parses args into fs and checks what the stream flags and --fpm-shards (env) say,
+// for the commands that declare streams.
+func parseStreamFlags(fs *flag.FlagSet, args []string, env *envDefaults, c *streams.Config) error {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := env.err(); err != nil {
+		return err
+	}
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return nil
+}
+
 // maxBytesValue is --max-bytes: a positive size, or -1 for no limit.
 type maxBytesValue int64
 

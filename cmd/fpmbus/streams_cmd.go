@@ -28,14 +28,8 @@ func runStreams(ctx context.Context, args []string) error {
 		cfg := streamFlags(fs)
 		env := fpmShardsFlag(fs, cfg)
 		only := fs.String("stream", "", "print only this stream's config (a plain object for `nats stream add --config`)")
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := parseStreamFlags(fs, args[1:], env, cfg); err != nil {
 			return err
-		}
-		if err := env.err(); err != nil {
-			return err
-		}
-		if err := cfg.Validate(); err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -56,14 +50,8 @@ func runStreams(ctx context.Context, args []string) error {
 		env := fpmShardsFlag(fs, cfg)
 		dryRun := fs.Bool("dry-run", false, "print what would change and change nothing")
 		force := fs.Bool("force", false, "also apply changes that can delete stored messages (lower limits, fewer replicas, another storage type)")
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := parseStreamFlags(fs, args[1:], env, cfg); err != nil {
 			return err
-		}
-		if err := env.err(); err != nil {
-			return err
-		}
-		if err := cfg.Validate(); err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 		nc, js, err := connectAndApply(ctx, conn, nil) // the plan applies the streams
 		if err != nil {

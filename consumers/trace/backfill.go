@@ -302,24 +302,6 @@ func rangeCount(ctx context.Context, s jetstream.Stream, filter string, start je
 	return from - rest, nil
 }
 
-// filteredPending is how many messages of s on filter an ephemeral consumer with cfg's deliver policy
-// has pending when created (it is deleted at once).
-func filteredPending(ctx context.Context, s jetstream.Stream, filter string, cfg jetstream.ConsumerConfig) (uint64, error) {
-	cfg.FilterSubject = filter
-	cfg.AckPolicy = jetstream.AckNonePolicy
-	cfg.InactiveThreshold = time.Minute
-	cfg.MemoryStorage = true
-	c, err := s.CreateConsumer(ctx, cfg)
-	if err != nil {
-		return 0, err
-	}
-	ci := c.CachedInfo()
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	_ = s.DeleteConsumer(dctx, ci.Name)
-	cancel()
-	return ci.NumPending, nil
-}
-
 // replayMsg is a replayed message: nothing to settle.
 type replayMsg struct{ jetstream.Msg }
 

@@ -104,7 +104,7 @@ func (v *verifier) matchStream(ctx context.Context, js jetstream.JetStream) erro
 		since := time.UnixMilli(earliest).Add(-recoverySlack)
 		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
 	}
-	pending, err := filteredPending(ctx, s, v.cfg.FilterSubject, cc)
+	pending, err := streams.CountPending(ctx, s, v.cfg.FilterSubject, cc)
 	if err != nil {
 		return fmt.Errorf("trace: verify: read %s: %w", streams.StreamFPM, err)
 	}
@@ -203,7 +203,7 @@ func writerRejects(ctx context.Context, js jetstream.JetStream) (map[string]int,
 		return nil, fmt.Errorf("trace: verify: stream %s: %w", streams.StreamEvents, err)
 	}
 	subject := durable.RejectedSubject(ConsumerName)
-	n, err := filteredPending(ctx, s, subject, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
+	n, err := streams.CountPending(ctx, s, subject, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil || n == 0 {
 		return nil, err
 	}
