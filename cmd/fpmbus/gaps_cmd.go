@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/gaps"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 )
 
 func init() {
@@ -52,7 +52,7 @@ func gapsFlags(fs *flag.FlagSet, prefix string) *gapsOptions {
 	fs.StringVar(&o.stateBucket, cf.name("state-bucket"), d.StateBucket, "KV bucket holding each publisher's detector state")
 	fs.DurationVar(&o.stopTimeout, cf.name("gaps-stop-timeout"), d.StopTimeout, "on interrupt, how long to keep checkpointing what was already received")
 	fs.IntVar(&o.maxDeliveries, cf.name("gaps-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 5)")
-	fs.DurationVar(&o.pinnedTTL, cf.name("gaps-pinned-ttl"), d.PinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance of %s takes them over (%v to %v)", flagName(prefix, "gaps-group"), partition.MinPinnedTTL, partition.MaxPinnedTTL))
+	fs.DurationVar(&o.pinnedTTL, cf.name("gaps-pinned-ttl"), d.PinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance of %s takes them over (%v to %v)", flagName(prefix, "gaps-group"), durable.MinPinnedTTL, durable.MaxPinnedTTL))
 	cf.done()
 	return o
 }
@@ -71,8 +71,8 @@ func (o *gapsOptions) config() (gaps.Config, error) {
 	c.StopTimeout = o.stopTimeout
 	c.Partitions = o.partitions
 	c.PinnedTTL = o.pinnedTTL
-	if c.PinnedTTL < partition.MinPinnedTTL || c.PinnedTTL > partition.MaxPinnedTTL {
-		return c, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, flagName(o.prefix, "gaps-pinned-ttl"), c.PinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
+	if c.PinnedTTL < durable.MinPinnedTTL || c.PinnedTTL > durable.MaxPinnedTTL {
+		return c, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, flagName(o.prefix, "gaps-pinned-ttl"), c.PinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
 	}
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("%w: %v", errUsage, err)

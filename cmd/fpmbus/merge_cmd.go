@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/merge"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -49,7 +49,7 @@ func mergeFlags(fs *flag.FlagSet, prefix string) *mergeOptions {
 	fs.DurationVar(&o.rankTimeout, cf.name("rank-timeout"), merge.DefaultRankTimeout, "report a run incomplete when its ranks have not all arrived this long after the first")
 	fs.IntVar(&o.partitions, cf.name("merge-partitions"), merge.DefaultPartitions, "partitions of the runs (keyed by run_id) shared by the instances of "+flagName(prefix, "merge-durable")+
 		" (fixed for the group's life; 1: one active merger, the other instances hot standbys)")
-	fs.DurationVar(&o.pinnedTTL, cf.name("merge-pinned-ttl"), merge.DefaultPinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance takes them over (%v to %v)", partition.MinPinnedTTL, partition.MaxPinnedTTL))
+	fs.DurationVar(&o.pinnedTTL, cf.name("merge-pinned-ttl"), merge.DefaultPinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance takes them over (%v to %v)", durable.MinPinnedTTL, durable.MaxPinnedTTL))
 	fs.StringVar(&o.memberID, cf.name("merge-member-id"), "", "this instance's name in its group (default <host>-<pid>-<random>)")
 	fs.StringVar(&o.partition, cf.name("merge-partition"), "", "deprecated: I/N sets "+flagName(prefix, "merge-partitions")+" N (I is ignored: the group assigns the runs)")
 	fs.StringVar(&o.durable, cf.name("merge-durable"), merge.DefaultDurable, "the merger's group: durable consumer name on FPM_BENCH (<name>-<p> on FPM_BENCH_PART_<name> with N > 1 partitions)")
@@ -80,11 +80,11 @@ func (o *mergeOptions) config() (merge.Config, error) {
 			partitions = pn
 		}
 	}
-	if partitions < 1 || partitions > partition.MaxPartitions {
-		return merge.Config{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("merge-partitions"), partitions, partition.MaxPartitions)
+	if partitions < 1 || partitions > durable.MaxPartitions {
+		return merge.Config{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("merge-partitions"), partitions, durable.MaxPartitions)
 	}
-	if o.pinnedTTL < partition.MinPinnedTTL || o.pinnedTTL > partition.MaxPinnedTTL {
-		return merge.Config{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("merge-pinned-ttl"), o.pinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
+	if o.pinnedTTL < durable.MinPinnedTTL || o.pinnedTTL > durable.MaxPinnedTTL {
+		return merge.Config{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("merge-pinned-ttl"), o.pinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
 	}
 	if o.rankTimeout <= 0 {
 		return merge.Config{}, fmt.Errorf("%w: %s %v must be positive", errUsage, name("rank-timeout"), o.rankTimeout)

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -44,7 +44,7 @@ func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
 	fs.StringVar(&o.durable, cf.name("seal-durable"), seal.DefaultDurable, "the sealer's group: durable consumer name on FPM_BENCH (<name>-<p> on FPM_BENCH_PART_<name> with N > 1 partitions)")
 	fs.IntVar(&o.partitions, cf.name("seal-partitions"), seal.DefaultPartitions, "partitions of the runs shared by the instances of "+flagName(prefix, "seal-durable")+
 		" (fixed for the group's life; 1: one active sealer, the other instances hot standbys)")
-	fs.DurationVar(&o.pinnedTTL, cf.name("seal-pinned-ttl"), seal.DefaultPinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance takes them over (%v to %v)", partition.MinPinnedTTL, partition.MaxPinnedTTL))
+	fs.DurationVar(&o.pinnedTTL, cf.name("seal-pinned-ttl"), seal.DefaultPinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance takes them over (%v to %v)", durable.MinPinnedTTL, durable.MaxPinnedTTL))
 	fs.StringVar(&o.memberID, cf.name("seal-member-id"), "", "this instance's name in its group (default <host>-<pid>-<random>)")
 	fs.DurationVar(&o.profileWait, cf.name("profile-wait"), seal.DefaultProfileWait, "how long a merged artefact waits for its run's collection profile (fpmbench.profile.<run>) before it is refused")
 	fs.DurationVar(&o.ackWait, cf.name("seal-ack-wait"), seal.DefaultAckWait, "ack wait of the partition consumers (held artefacts are kept alive with in-progress acks)")
@@ -57,10 +57,10 @@ func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
 func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.ConsumerConfig, error) {
 	name := func(n string) string { return flagName(o.prefix, n) }
 	switch {
-	case o.partitions < 1 || o.partitions > partition.MaxPartitions:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("seal-partitions"), o.partitions, partition.MaxPartitions)
-	case o.pinnedTTL < partition.MinPinnedTTL || o.pinnedTTL > partition.MaxPinnedTTL:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("seal-pinned-ttl"), o.pinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
+	case o.partitions < 1 || o.partitions > durable.MaxPartitions:
+		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("seal-partitions"), o.partitions, durable.MaxPartitions)
+	case o.pinnedTTL < durable.MinPinnedTTL || o.pinnedTTL > durable.MaxPinnedTTL:
+		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("seal-pinned-ttl"), o.pinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
 	case o.maxDeliveries < 0:
 		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, name("seal-max-deliveries"), o.maxDeliveries)
 	}

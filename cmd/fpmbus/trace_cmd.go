@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 )
 
@@ -194,7 +194,7 @@ func traceGroupFlags(fs *flag.FlagSet) *traceGroupOptions {
 		"1: one active writer, other instances hot standbys (consumer <group> on FPM). N > 1: the instances share N partitions of the producers (keyed by worker_id) through the "+
 		"copy stream FPM_PART_<group> (every message stored twice), except with N FPM shards, where partition p reads shard p directly; a producer's files have one writer at a time. "+
 		"All instances need the same --trace-output directory (one host or a shared file system) and the same --partitions; not with --producer-id unless 1")
-	fs.DurationVar(&o.pinnedTTL, "pinned-ttl", partition.DefaultPinnedTTL, "how long a crashed instance keeps its partitions before the others take them over (at least 3s)")
+	fs.DurationVar(&o.pinnedTTL, "pinned-ttl", durable.DefaultPinnedTTL, "how long a crashed instance keeps its partitions before the others take them over (at least 3s)")
 	fs.StringVar(&o.member, "member-id", "", "this instance's name in the group (default <host>-<pid>-<random>); a stable id makes a restarted instance take its partitions back at once; never two running instances with one id")
 	return o
 }

@@ -24,7 +24,9 @@
 //
 //   - Scale-out and failover: every runner is a member of a consumers/partition group (P = 1: one
 //     active instance and hot standbys on the stream itself; P > 1: partitions spread over the
-//     instances). Ownership, ordered takeover, graceful handover and crash failover are that package's.
+//     instances). Ownership, ordered takeover, graceful handover and crash failover are that package's;
+//     stages name their group through this package (GroupConfig, Filter, FPMGroup, BenchGroup) and
+//     never import consumers/partition.
 //   - Acks: a message is acknowledged only after its Done. With cumulative acks (the group's AckAll
 //     policy) the runner acks, per partition session, the last message of the prefix that is done: one
 //     ack covers many messages. Otherwise it acks each done message. A message held longer than a third

@@ -21,7 +21,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -282,7 +281,7 @@ func benchBare(b *testing.B, url string, cfg Config, n int, pinned bool) sideRes
 	cc := pc.ConsumerConfig(0)
 	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(pc.Batch)}
 	if pinned {
-		opts = append(opts, jetstream.PullPriorityGroup(partition.PriorityGroup))
+		opts = append(opts, jetstream.PullPriorityGroup(durable.PriorityGroup))
 	} else {
 		cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = nil, jetstream.PriorityPolicyNone, 0
 	}

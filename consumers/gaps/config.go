@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -99,7 +98,7 @@ func DefaultConfig() Config {
 		MarkerGrace:        DefaultMarkerGrace,
 		StateBucket:        DefaultStateBucket,
 		Partitions:         1,
-		PinnedTTL:          partition.DefaultPinnedTTL,
+		PinnedTTL:          durable.DefaultPinnedTTL,
 		CommitInterval:     DefaultCommitInterval,
 		CheckpointInterval: DefaultCheckpointInterval,
 		MaxAckPending:      DefaultMaxAckPending,
@@ -131,10 +130,10 @@ func (c Config) Validate() error {
 		return bad("marker grace %v (--marker-grace): want zero or a positive number of whole milliseconds", c.MarkerGrace)
 	case !streams.ValidName(c.StateBucket, math.MaxInt):
 		return bad("state bucket %q (--state-bucket): want letters, digits, '-' or '_'", c.StateBucket)
-	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
-		return bad("partitions %d (--gaps-partitions): want 1 to %d", c.Partitions, partition.MaxPartitions)
-	case c.PinnedTTL < partition.MinPinnedTTL || c.PinnedTTL > partition.MaxPinnedTTL:
-		return bad("pinned TTL %v: want %v to %v", c.PinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
+	case c.Partitions < 1 || c.Partitions > durable.MaxPartitions:
+		return bad("partitions %d (--gaps-partitions): want 1 to %d", c.Partitions, durable.MaxPartitions)
+	case c.PinnedTTL < durable.MinPinnedTTL || c.PinnedTTL > durable.MaxPinnedTTL:
+		return bad("pinned TTL %v: want %v to %v", c.PinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
 	case c.CommitInterval <= 0:
 		return bad("commit interval %v: want a positive duration", c.CommitInterval)
 	case c.CheckpointInterval < 0:
@@ -160,21 +159,21 @@ func (c Config) FPMDurable() string { return c.PartitionConfig().ConsumerName(0)
 // PartitionConfig is the detector group's partitioning: stream FPM keyed by the publisher (tokens 1-4
 // of fpm.*.*.*.*; a narrower FilterSubject, or one partition, hashes the whole subject, which is also
 // one publisher). With FPM shards: one partition per shard keyed by worker_id, as the shards are
-// (partition.WorkerKeyedFilter of FilterSubject), so that partition p is shard p, read directly.
-func (c Config) PartitionConfig() partition.Config {
-	pc := partition.FPMConfig(c.Group)
+// (durable.WorkerKeyedFilter of FilterSubject), so that partition p is shard p, read directly.
+func (c Config) PartitionConfig() durable.GroupConfig {
+	pc := durable.FPMGroup(c.Group)
 	pc.Partitions = max(c.Partitions, 1)
 	if c.FPMShards > 1 {
 		pc.Shards, pc.Partitions = c.FPMShards, c.FPMShards
-		if f, ok := partition.WorkerKeyedFilter(c.FilterSubject); ok {
-			pc.Filters = []partition.Filter{f}
+		if f, ok := durable.WorkerKeyedFilter(c.FilterSubject); ok {
+			pc.Filters = []durable.Filter{f}
 		} else { // one worker_id: one key, through a partition stream
-			pc.Filters = []partition.Filter{{Subject: c.FilterSubject}}
+			pc.Filters = []durable.Filter{{Subject: c.FilterSubject}}
 		}
 	} else if c.FilterSubject != streams.FPMWildcard || pc.Partitions == 1 {
 		// One partition needs no key; a consumer filter equal to the stream's subjects (fpm.>) spares
 		// the server a subject match per message (about a fifth of the detector's throughput).
-		pc.Filters = []partition.Filter{{Subject: c.FilterSubject}}
+		pc.Filters = []durable.Filter{{Subject: c.FilterSubject}}
 	}
 	pc.AckWait = max(c.AckWait, time.Second)
 	pc.PinnedTTL = c.PinnedTTL

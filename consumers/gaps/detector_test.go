@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -467,7 +466,7 @@ func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 	check(t, env.JS.DeleteConsumer(ctx, streams.StreamFPM, DefaultGroup) == nil, "delete")
 	cons, err := env.JS.CreateOrUpdateConsumer(ctx, streams.StreamFPM, old.ConsumerConfig(0))
 	check(t, err == nil, "old consumer: %v", err)
-	msgs, err := cons.Fetch(18, jetstream.FetchMaxWait(5*time.Second), jetstream.FetchPriorityGroup(partition.PriorityGroup))
+	msgs, err := cons.Fetch(18, jetstream.FetchMaxWait(5*time.Second), jetstream.FetchPriorityGroup(durable.PriorityGroup))
 	check(t, err == nil, "fetch: %v", err)
 	for m := range msgs.Messages() {
 		check(t, m.DoubleAck(ctx) == nil, "ack")

@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -28,7 +27,7 @@ const (
 	DefaultRankTimeout = 15 * time.Minute
 	DefaultAckWait     = 2 * time.Minute
 	DefaultPartitions  = 1
-	DefaultPinnedTTL   = partition.DefaultPinnedTTL
+	DefaultPinnedTTL   = durable.DefaultPinnedTTL
 )
 
 // ConsumerName names the merger in the runner's metrics (label consumer) and its dead letters
@@ -61,7 +60,7 @@ type Config struct {
 	// instances hot standbys; N > 1 = the runs spread over the instances. Fixed for the group's life.
 	Partitions int
 	// PinnedTTL is how long a crashed instance keeps its partitions before another one takes them
-	// over [DefaultPinnedTTL]; partition.MinPinnedTTL to partition.MaxPinnedTTL.
+	// over [DefaultPinnedTTL]; durable.MinPinnedTTL to durable.MaxPinnedTTL.
 	PinnedTTL time.Duration
 	// RankTimeout: a run whose ranks have not all arrived this long after its first rank (by stream time)
 	// is reported incomplete [DefaultRankTimeout].
@@ -98,8 +97,8 @@ func (c *Config) fill() error {
 		c.Streams = &sc
 	}
 	switch {
-	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
-		return bad("partitions %d: want 1 to %d", c.Partitions, partition.MaxPartitions)
+	case c.Partitions < 1 || c.Partitions > durable.MaxPartitions:
+		return bad("partitions %d: want 1 to %d", c.Partitions, durable.MaxPartitions)
 	case c.RankTimeout < 0:
 		return bad("rank timeout %v must be positive", c.RankTimeout)
 	case c.AckWait < time.Second:
@@ -115,8 +114,8 @@ func (c *Config) fill() error {
 // Group is the partition group of the merger: FPM_BENCH's rank artefacts fpmbench.rank.<run>.<rank>
 // and probe replies fpmbench.probe.<run>, both keyed by the run token, so that a run's ranks and probe
 // replies always share a partition and one owner.
-func (c Config) Group() partition.Config {
-	g := partition.BenchConfig(c.Durable, streams.BenchRankRoot+".*.*", streams.BenchProbeRoot+".*")
+func (c Config) Group() durable.GroupConfig {
+	g := durable.BenchGroup(c.Durable, streams.BenchRankRoot+".*.*", streams.BenchProbeRoot+".*")
 	g.Partitions, g.AckWait, g.PinnedTTL, g.ReleaseTimeout = c.Partitions, c.AckWait, c.PinnedTTL, c.StopTimeout
 	g.MaxAckPending, g.Batch = maxAckPending, batch
 	return g

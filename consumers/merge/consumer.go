@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -90,7 +89,7 @@ type stage struct {
 	durable.ForgetOnHandover // Forget: forget
 	js                       jetstream.JetStream
 	cfg                      Config
-	group                    partition.Config
+	group                    durable.GroupConfig
 	store                    *streams.BenchStore
 	log                      *slog.Logger
 	now                      func() time.Time
@@ -167,7 +166,7 @@ func (c *Consumer) Ready() <-chan struct{} { return c.runner.Ready() }
 func (c *Consumer) Owned() []int { return c.runner.Owned() }
 
 // Group is the partition group the merger is a member of (defaults filled in).
-func (c *Consumer) Group() partition.Config { return c.m.group }
+func (c *Consumer) Group() durable.GroupConfig { return c.m.group }
 
 // Run ensures the streams and the object store exist, joins the group and merges until ctx ends, then
 // stops gracefully (the ranks of unfinished runs go, unacked, to the next owner at once). It returns

@@ -17,7 +17,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -50,7 +49,7 @@ func startConsumer(t *testing.T, env *streamstest.Env, cfg Config, opts ...Optio
 		cfg.SpoolDir = t.TempDir()
 	}
 	if cfg.PinnedTTL == 0 {
-		cfg.PinnedTTL = partition.MinPinnedTTL
+		cfg.PinnedTTL = durable.MinPinnedTTL
 	}
 	cfg.InlineMax = 4096
 	opts = append([]Option{WithEventHook(func(ev Event) { r.events <- ev }),
@@ -468,7 +467,7 @@ func TestBenchBrokerTwoPartitions(t *testing.T) {
 			t.Fatalf("run %s merged %d times", id, n)
 		}
 	}
-	for _, cfg := range []Config{{Partitions: -1}, {Partitions: partition.MaxPartitions + 1}, {PinnedTTL: time.Millisecond}, {Durable: "a.b"}} {
+	for _, cfg := range []Config{{Partitions: -1}, {Partitions: durable.MaxPartitions + 1}, {PinnedTTL: time.Millisecond}, {Durable: "a.b"}} {
 		if _, err := New(cfg, env.JS); !errors.Is(err, ErrInvalidConfig) {
 			t.Fatalf("config %+v accepted: %v", cfg, err)
 		}

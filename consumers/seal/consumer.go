@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -26,7 +25,7 @@ import (
 const (
 	DefaultDurable     = "fpmbus-seal"
 	DefaultPartitions  = 1
-	DefaultPinnedTTL   = partition.DefaultPinnedTTL
+	DefaultPinnedTTL   = durable.DefaultPinnedTTL
 	DefaultProfileWait = 10 * time.Minute
 	DefaultAckWait     = 2 * time.Minute
 )
@@ -103,8 +102,8 @@ func (c *ConsumerConfig) fill() error {
 		c.Streams = streams.DefaultConfig()
 	}
 	switch {
-	case c.Partitions < 1 || c.Partitions > partition.MaxPartitions:
-		return fmt.Errorf("%w: partitions %d: want 1 to %d", ErrInvalidConsumerConfig, c.Partitions, partition.MaxPartitions)
+	case c.Partitions < 1 || c.Partitions > durable.MaxPartitions:
+		return fmt.Errorf("%w: partitions %d: want 1 to %d", ErrInvalidConsumerConfig, c.Partitions, durable.MaxPartitions)
 	case c.ProfileWait < 0:
 		return fmt.Errorf("%w: profile wait %v must be >= 0", ErrInvalidConsumerConfig, c.ProfileWait)
 	case c.AckWait < time.Second:
@@ -117,12 +116,12 @@ func (c *ConsumerConfig) fill() error {
 
 // Group is the partition group of the sealer: FPM_BENCH's merged artefacts fpmbench.merged.<run>,
 // keyed by the run token.
-func (c ConsumerConfig) Group() partition.Config {
-	return partition.Config{
+func (c ConsumerConfig) Group() durable.GroupConfig {
+	return durable.GroupConfig{
 		Stream:         streams.StreamBench,
 		Group:          c.Durable,
 		Partitions:     c.Partitions,
-		Filters:        []partition.Filter{{Subject: streams.BenchMergedRoot + ".*", KeyTokens: []int{1}}},
+		Filters:        []durable.Filter{{Subject: streams.BenchMergedRoot + ".*", KeyTokens: []int{1}}},
 		AckWait:        c.AckWait,
 		PinnedTTL:      c.PinnedTTL,
 		MaxAckPending:  maxAckPending,

@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -38,7 +37,7 @@ func testLogger(t *testing.T) *slog.Logger {
 func startSealer(t *testing.T, env *streamstest.Env, cfg ConsumerConfig, opts ...ConsumerOption) *runningSealer {
 	t.Helper()
 	if cfg.PinnedTTL == 0 {
-		cfg.PinnedTTL = partition.MinPinnedTTL
+		cfg.PinnedTTL = durable.MinPinnedTTL
 	}
 	c, err := NewConsumer(cfg, env.JS, append([]ConsumerOption{WithLogger(testLogger(t))}, opts...)...)
 	if err != nil {

@@ -20,7 +20,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -271,8 +270,8 @@ func benchBare(b *testing.B, js jetstream.JetStream, name string, n int, pinned 
 	}
 	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(cfg.pullBatch())}
 	if pinned {
-		cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = []string{partition.PriorityGroup}, jetstream.PriorityPolicyPinned, cfg.PinnedTTL
-		opts = append(opts, jetstream.PullPriorityGroup(partition.PriorityGroup))
+		cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = []string{durable.PriorityGroup}, jetstream.PriorityPolicyPinned, cfg.PinnedTTL
+		opts = append(opts, jetstream.PullPriorityGroup(durable.PriorityGroup))
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, cc)
 	if err != nil {

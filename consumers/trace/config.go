@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -125,7 +125,7 @@ func DefaultConfig() Config {
 		Group:          DefaultGroup,
 		FilterSubject:  DefaultFilterSubject,
 		Partitions:     DefaultPartitions,
-		PinnedTTL:      partition.DefaultPinnedTTL,
+		PinnedTTL:      durable.DefaultPinnedTTL,
 		FlushInterval:  DefaultFlushInterval,
 		BufferSize:     DefaultBufferSize,
 		StopTimeout:    DefaultStopTimeout,
@@ -227,10 +227,10 @@ func (c Config) Validate() error {
 		return bad("group %q (--group): want a non-empty name without '.', '*', '>' or spaces", c.Group)
 	case c.FilterSubject == "" || (c.FilterSubject != streams.FPMWildcard && !strings.HasPrefix(c.FilterSubject, streams.FPMRoot+".")):
 		return bad("filter subject %q (--filter): want a subject under %s", c.FilterSubject, streams.FPMWildcard)
-	case c.Partitions < 0 || c.Partitions > partition.MaxPartitions:
-		return bad("partitions %d (--partitions): want 1 to %d (0: one per FPM shard)", c.Partitions, partition.MaxPartitions)
-	case c.PinnedTTL < partition.MinPinnedTTL || c.PinnedTTL > partition.MaxPinnedTTL:
-		return bad("pinned TTL %v (--pinned-ttl): want %v to %v", c.PinnedTTL, partition.MinPinnedTTL, partition.MaxPinnedTTL)
+	case c.Partitions < 0 || c.Partitions > durable.MaxPartitions:
+		return bad("partitions %d (--partitions): want 1 to %d (0: one per FPM shard)", c.Partitions, durable.MaxPartitions)
+	case c.PinnedTTL < durable.MinPinnedTTL || c.PinnedTTL > durable.MaxPinnedTTL:
+		return bad("pinned TTL %v (--pinned-ttl): want %v to %v", c.PinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
 	case c.FlushInterval <= 0:
 		return bad("flush interval %v: want a positive duration", c.FlushInterval)
 	case c.BufferSize <= 0:

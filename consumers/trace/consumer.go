@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -39,7 +38,7 @@ type Consumer struct {
 	set     settings
 	log     *slog.Logger
 	metrics *metrics
-	group   partition.Config
+	group   durable.GroupConfig
 	runner  *durable.Runner
 	running atomic.Bool
 	totals  recoveryTotals

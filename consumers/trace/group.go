@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -40,9 +39,9 @@ var ErrGroupUnsupported = errors.New("trace: not supported by a partitioned grou
 // partition and its files have exactly one writer. The FPM shards are keyed by worker_id as well, so
 // with one partition per shard partition p is shard p, read directly. Full mode acks cumulatively
 // (AckAll); sampled mode acks each message (see cumulativeAcks).
-func (c Config) PartitionConfig() (partition.Config, error) {
+func (c Config) PartitionConfig() (durable.GroupConfig, error) {
 	c.Partitions = c.effectivePartitions()
-	pc := partition.FPMConfig(c.Group)
+	pc := durable.FPMGroup(c.Group)
 	pc.Partitions = c.Partitions
 	if c.FPMShards > 1 {
 		pc.Shards = c.FPMShards // read directly when P is the shard count (ShardKeyed), else copied
@@ -53,8 +52,8 @@ func (c Config) PartitionConfig() (partition.Config, error) {
 	pc.MaxAckPending = c.MaxAckPending
 	pc.Batch = c.pullBatch()
 	pc.CumulativeAcks = c.cumulativeAcks()
-	if c.Partitions < 1 || c.Partitions > partition.MaxPartitions {
-		return pc, fmt.Errorf("%w: partitions %d (--partitions): want 1 to %d", ErrInvalidConfig, c.Partitions, partition.MaxPartitions)
+	if c.Partitions < 1 || c.Partitions > durable.MaxPartitions {
+		return pc, fmt.Errorf("%w: partitions %d (--partitions): want 1 to %d", ErrInvalidConfig, c.Partitions, durable.MaxPartitions)
 	}
 	if c.Partitions > 1 && c.ProducerID != "" {
 		return pc, fmt.Errorf("%w: producer id %q (--producer-id) files every message under one producer, whose file must have one writer: use --partitions 1",
@@ -63,7 +62,7 @@ func (c Config) PartitionConfig() (partition.Config, error) {
 	if c.Partitions == 1 {
 		// One partition: the filter as given, so that every message on it is delivered (a subject
 		// that is not an FPM key is dead-lettered, and retention loss is measured on the whole filter).
-		pc.Filters = []partition.Filter{{Subject: c.FilterSubject}}
+		pc.Filters = []durable.Filter{{Subject: c.FilterSubject}}
 	} else {
 		// Expand the filter to the 5 tokens of an FPM subject and key it by the worker_id token.
 		toks := strings.Split(c.FilterSubject, ".")
@@ -85,7 +84,7 @@ func (c Config) PartitionConfig() (partition.Config, error) {
 				n++
 			}
 		}
-		pc.Filters = []partition.Filter{{Subject: strings.Join(toks, "."), KeyTokens: []int{n}}}
+		pc.Filters = []durable.Filter{{Subject: strings.Join(toks, "."), KeyTokens: []int{n}}}
 	}
 	if err := pc.Validate(); err != nil {
 		return pc, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
@@ -102,7 +101,7 @@ func (c Config) effectivePartitions() int {
 	if c.FPMShards <= 1 || c.ProducerID != "" {
 		return 1
 	}
-	if _, ok := partition.WorkerKeyedFilter(c.FilterSubject); !ok {
+	if _, ok := durable.WorkerKeyedFilter(c.FilterSubject); !ok {
 		return 1
 	}
 	return c.FPMShards
@@ -139,7 +138,7 @@ func (c Config) detectsRetentionLoss() bool {
 // runnerConfig is the durable.Runner configuration of the writer with group pc. The runner releases
 // partitions one after another, each bounded by StopTimeout (the group's ReleaseTimeout); it gives the
 // rest up after twice that.
-func (c Config) runnerConfig(pc partition.Config) durable.Config {
+func (c Config) runnerConfig(pc durable.GroupConfig) durable.Config {
 	return durable.Config{
 		Name:                ConsumerName,
 		Group:               pc,
@@ -158,7 +157,7 @@ func (c Config) runnerConfig(pc partition.Config) durable.Config {
 // ack floor: the writer goes on where the old consumer stood, and the messages above the floor come
 // again (those already written are recognised and skipped, see takeover). Every instance of a group
 // must run the same fpmbus and mode: an instance still consuming a deleted consumer fails.
-func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, pc partition.Config, log *slog.Logger) error {
+func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, pc durable.GroupConfig, log *slog.Logger) error {
 	for p := range pc.Partitions {
 		// Each partition's consumer lives on its own stream when the group reads shards directly.
 		s, err := js.Stream(ctx, pc.ConsumerStreamOf(p))

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -148,7 +147,7 @@ func (gi *groupInstance) kill(t *testing.T) {
 
 // waitGroupConsumed waits until every partition consumer of the group has acked every message and
 // the partition stream holds n.
-func waitGroupConsumed(t *testing.T, js jetstream.JetStream, pc partition.Config, n uint64) {
+func waitGroupConsumed(t *testing.T, js jetstream.JetStream, pc durable.GroupConfig, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(120 * time.Second)
 	for {
@@ -613,7 +612,7 @@ func TestConsumerDeclaredOtherwiseIsReplacedAfterItsAckFloor(t *testing.T) {
 			// The old writer wrote and acked the first 100 messages.
 			var fopts []jetstream.FetchOpt
 			if len(occ.PriorityGroups) > 0 {
-				fopts = append(fopts, jetstream.FetchPriorityGroup(partition.PriorityGroup))
+				fopts = append(fopts, jetstream.FetchPriorityGroup(durable.PriorityGroup))
 			}
 			b, err := cons.Fetch(100, append(fopts, jetstream.FetchMaxWait(5*time.Second))...)
 			if err != nil {
@@ -634,7 +633,7 @@ func TestConsumerDeclaredOtherwiseIsReplacedAfterItsAckFloor(t *testing.T) {
 			}
 			if len(occ.PriorityGroups) > 0 {
 				s, _ := env.JS.Stream(ctx, streams.StreamFPM)
-				if err := s.UnpinConsumer(ctx, occ.Durable, partition.PriorityGroup); err != nil {
+				if err := s.UnpinConsumer(ctx, occ.Durable, durable.PriorityGroup); err != nil {
 					t.Fatal(err)
 				}
 			}

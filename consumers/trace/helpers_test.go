@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -111,7 +110,7 @@ func testConfig(t testing.TB) Config {
 	cfg.OutputPath = filepath.Join(t.TempDir(), "dynamo-fpm.jsonl.gz")
 	cfg.FlushInterval = 50 * time.Millisecond
 	cfg.StopTimeout = 5 * time.Second
-	cfg.PinnedTTL = partition.MinPinnedTTL
+	cfg.PinnedTTL = durable.MinPinnedTTL
 	return cfg
 }
 

@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -100,7 +99,7 @@ func WithWriteRetry(initial, maxWait time.Duration) Option {
 // own id (`fpmbus up` derives one from the host and its data directory). Letters, digits, '-' and '_',
 // at most 64. A Backfill has no group and ignores it.
 func WithMemberID(id string) Option {
-	if !streams.ValidName(id, partition.MaxNameLen) {
+	if !streams.ValidName(id, durable.MaxGroupNameLen) {
 		return func(*settings) error {
 			return fmt.Errorf("member id %q (--member-id): want 1-64 letters, digits, '-' and '_'", id)
 		}

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -34,7 +33,7 @@ func pullUnacked(t *testing.T, js jetstream.JetStream, cfg Config, n int) []jets
 	}
 	var out []jetstream.Msg
 	for len(out) < n {
-		b, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(2*time.Second), jetstream.FetchPriorityGroup(partition.PriorityGroup))
+		b, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(2*time.Second), jetstream.FetchPriorityGroup(durable.PriorityGroup))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +48,7 @@ func pullUnacked(t *testing.T, js jetstream.JetStream, cfg Config, n int) []jets
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.UnpinConsumer(ctx, pc.ConsumerName(0), partition.PriorityGroup); err != nil {
+	if err := s.UnpinConsumer(ctx, pc.ConsumerName(0), durable.PriorityGroup); err != nil {
 		t.Fatal(err)
 	}
 	return out
