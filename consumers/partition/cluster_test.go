@@ -3,126 +3,14 @@ package partition
 import (
 	"context"
 	"fmt"
-	"net"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
-
-// testCluster is three embedded JetStream servers in one process, routed on loopback, each tagged
-// node:n<i> (so a test can place a stream on one of them) and each restartable on its store.
-type testCluster struct {
-	t       testing.TB
-	opts    []*server.Options
-	servers []*server.Server
-	urls    []string
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func startTestCluster(t testing.TB) *testCluster {
-	t.Helper()
-	dir := t.TempDir()
-	var routes []string
-	c := &testCluster{t: t}
-	for i := range 3 {
-		rp := freePort(t)
-		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", rp))
-		c.opts = append(c.opts, &server.Options{
-			ServerName: fmt.Sprintf("n%d", i+1),
-			Host:       "127.0.0.1",
-			Port:       freePort(t), // fixed: clients reconnect to a restarted node
-			JetStream:  true,
-			StoreDir:   filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
-			NoSigs:     true,
-			NoLog:      true,
-			Tags:       jwt.TagList{fmt.Sprintf("node:n%d", i+1)},
-			Cluster:    server.ClusterOpts{Name: "fpmbus-partition-test", Host: "127.0.0.1", Port: rp},
-		})
-		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", c.opts[i].Port))
-	}
-	c.servers = make([]*server.Server, 3)
-	for i, o := range c.opts {
-		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
-		c.start(i)
-	}
-	t.Cleanup(func() {
-		for i := range c.servers {
-			c.stop(i)
-		}
-	})
-	nc, js := c.connect(0)
-	defer nc.Close()
-	waitFor(t, 30*time.Second, "a JetStream meta leader", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err := js.AccountInfo(ctx)
-		return err == nil
-	})
-	return c
-}
-
-// start runs node i (again, on its store).
-func (c *testCluster) start(i int) {
-	c.t.Helper()
-	o := *c.opts[i]
-	ns, err := server.NewServer(&o)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		c.t.Fatalf("n%d not ready", i+1)
-	}
-	c.servers[i] = ns
-}
-
-// stop shuts node i down (idempotent).
-func (c *testCluster) stop(i int) {
-	if ns := c.servers[i]; ns != nil {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-		c.servers[i] = nil
-	}
-}
-
-// connect returns a client of node i that knows every node (it fails over when i stops).
-func (c *testCluster) connect(i int) (*nats.Conn, jetstream.JetStream) {
-	c.t.Helper()
-	urls := append([]string{c.urls[i]}, c.urls...)
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1),
-		nats.ReconnectWait(50*time.Millisecond), nats.Name(c.t.Name()))
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return nc, js
-}
-
-// onNode places a stream on node n<i+1> alone.
-func onNode(i int) *jetstream.Placement {
-	return &jetstream.Placement{Tags: []string{fmt.Sprintf("node:n%d", i+1)}}
-}
 
 // createRetrying retries create until the cluster answers (a restarted node, a new meta leader).
 func createRetrying(t testing.TB, what string, create func(ctx context.Context) error) {
@@ -140,15 +28,15 @@ func createRetrying(t testing.TB, what string, create func(ctx context.Context) 
 // JetStream's meta group has a quorum): Join keeps trying and succeeds once the nodes are back, as a
 // member started during a cluster's election must, rather than failing and exiting.
 func TestJoinWaitsForTheClusterToAnswer(t *testing.T) {
-	c := startTestCluster(t)
-	_, js := c.connect(0)
+	c := streamstest.StartCluster(t)
+	_, js := c.Connect(0)
 	cfg := testConfig("join-quorum", 2)
 	createRetrying(t, "the R3 stream", func(ctx context.Context) error {
 		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Replicas: 3})
 		return err
 	})
-	c.stop(1)
-	c.stop(2)
+	c.Stop(1)
+	c.Stop(2)
 	type joined struct {
 		m   *Member
 		err error
@@ -166,8 +54,8 @@ func TestJoinWaitsForTheClusterToAnswer(t *testing.T) {
 		t.Fatalf("Join returned while the cluster had no quorum: %v", j.err)
 	case <-time.After(3 * time.Second):
 	}
-	c.start(1)
-	c.start(2)
+	c.Start(1)
+	c.Start(2)
 	j := <-done
 	if j.err != nil {
 		t.Fatalf("Join after the nodes came back: %v", j.err)
@@ -191,12 +79,12 @@ func TestJoinWaitsForTheClusterToAnswer(t *testing.T) {
 // handles every message meanwhile; once the bucket is back, its watch works again, so a member that
 // joins afterwards is seen and gets its share, and every message is handled once, in order.
 func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
-	c := startTestCluster(t)
-	_, js := c.connect(0)
+	c := streamstest.StartCluster(t)
+	_, js := c.Connect(0)
 	cfg := testConfig("bucket-outage", 2)
 	// The stream and its partition copy on n1, the members bucket on n2 alone.
 	createRetrying(t, "the stream on n1", func(ctx context.Context) error {
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Placement: onNode(0)})
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Placement: streamstest.OnNode(0)})
 		return err
 	})
 	createRetrying(t, "the partition stream on n1", func(ctx context.Context) error {
@@ -205,13 +93,13 @@ func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
 			return err
 		}
 		sc := cfg.partitionStreamConfig(src.CachedInfo())
-		sc.Placement = onNode(0)
+		sc.Placement = streamstest.OnNode(0)
 		_, err = js.CreateStream(ctx, sc)
 		return err
 	})
 	createRetrying(t, "the members bucket on n2", func(ctx context.Context) error {
 		_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: MembersBucket, History: 1, TTL: membersBucketTTL,
-			Storage: jetstream.FileStorage, Placement: onNode(1)})
+			Storage: jetstream.FileStorage, Placement: streamstest.OnNode(1)})
 		return err
 	})
 
@@ -237,7 +125,7 @@ func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
 	batch(0)
 	waitFor(t, 20*time.Second, "a owns both partitions", func() bool { return len(ma.m.Owned()) == 2 })
 
-	c.stop(1)
+	c.Stop(1)
 	outage := time.Now()
 	batch(1)
 	// Past several PinnedTTLs without a heartbeat reaching the bucket, the member still owns both.
@@ -247,7 +135,7 @@ func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
 	}
 	batch(2)
 
-	c.start(1)
+	c.Start(1)
 	mb := startMemberOn(t, c, 2, cfg, b, rec)
 	rs := []*running{ma, mb}
 	batch(3)
@@ -269,8 +157,8 @@ func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
 // member, instead of stopping, keeps its partitions and opens the watch again until the bucket is
 // there, so that a member joining afterwards is seen and gets its share.
 func TestMembersWatchIsReopenedAfterItEnds(t *testing.T) {
-	c := startTestCluster(t)
-	_, js := c.connect(0)
+	c := streamstest.StartCluster(t)
+	_, js := c.Connect(0)
 	cfg := testConfig("watch-ends", 2)
 	createRetrying(t, "the stream", func(ctx context.Context) error {
 		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}})
@@ -346,11 +234,11 @@ func streamLeader(js jetstream.JetStream, name string) string {
 // the partition stream's leader to step down (a new leader sets the source up at once), and once the
 // stream is back every message reaches the handler.
 func TestMembersMoveThePartitionStreamLeaderWhenItsSourceStalls(t *testing.T) {
-	c := startTestCluster(t)
-	_, js := c.connect(0)
+	c := streamstest.StartCluster(t)
+	_, js := c.Connect(0)
 	cfg := testConfig("source-stall", 2)
 	createRetrying(t, "the stream on n2", func(ctx context.Context) error {
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Placement: onNode(1)})
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Placement: streamstest.OnNode(1)})
 		return err
 	})
 	createRetrying(t, "the R3 partition stream", func(ctx context.Context) error {
@@ -364,7 +252,7 @@ func TestMembersMoveThePartitionStreamLeaderWhenItsSourceStalls(t *testing.T) {
 		return err
 	})
 	// Its leader on n1 or n3, so that stopping n2 does not move it.
-	nc, _ := c.connect(0)
+	nc, _ := c.Connect(0)
 	waitFor(t, 30*time.Second, "a partition stream leader other than n2", func() bool {
 		switch streamLeader(js, cfg.PartitionStream()) {
 		case "n1", "n3":
@@ -385,12 +273,12 @@ func TestMembersMoveThePartitionStreamLeaderWhenItsSourceStalls(t *testing.T) {
 	waitFor(t, 20*time.Second, "the first batch handled", func() bool { return rec.total.Load() == keys*perKey })
 
 	before := streamLeader(js, cfg.PartitionStream())
-	c.stop(1)
+	c.Stop(1)
 	waitFor(t, 60*time.Second, "a new partition stream leader while the source is away", func() bool {
 		l := streamLeader(js, cfg.PartitionStream())
 		return l != "" && l != before
 	})
-	c.start(1)
+	c.Start(1)
 	createRetrying(t, "the stream back on n2", func(ctx context.Context) error {
 		_, err := js.Stream(ctx, cfg.Stream)
 		return err

@@ -269,9 +269,9 @@ func startMember(t testing.TB, env *streamstest.Env, cfg Config, id string, rec 
 }
 
 // startMemberOn starts a member connected to node i of c.
-func startMemberOn(t testing.TB, c *testCluster, i int, cfg Config, id string, rec *recorder) *running {
+func startMemberOn(t testing.TB, c *streamstest.Cluster, i int, cfg Config, id string, rec *recorder) *running {
 	t.Helper()
-	nc, js := c.connect(i)
+	nc, js := c.Connect(i)
 	return startMemberWith(t, nc, js, cfg, id, rec)
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // Kill -9 of JetStream nodes, for real: each node is a process of its own (this test binary re-run
@@ -281,7 +282,7 @@ func (f *killFixture) check(t *testing.T, js jetstream.JetStream, kv jetstream.K
 // `fpmbus up`) is SIGKILLed after acknowledging FPMs, events and seals; restarted on the same store it
 // holds every one of them.
 func TestKill9EmbeddedServerKeepsWhatItAcknowledged(t *testing.T) {
-	cfg := nodeConfig{Store: t.TempDir(), Port: freePort(t)}
+	cfg := nodeConfig{Store: t.TempDir(), Port: streamstest.FreePort(t)}
 	n := startNode(t, cfg)
 	js, kv := killTestClient(t, n.url, 1)
 	f := storeFixture(t, js, kv)
@@ -306,7 +307,7 @@ func startKillCluster(t *testing.T) *killCluster {
 	var routes []string
 	for i := range 3 {
 		c.cfgs = append(c.cfgs, nodeConfig{Conf: fmt.Sprintf("../../ops/nats/cluster/n%d.conf", i+1), Store: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
-			Port: freePort(t), ClusterPort: freePort(t)})
+			Port: streamstest.FreePort(t), ClusterPort: streamstest.FreePort(t)})
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", c.cfgs[i].ClusterPort))
 	}
 	urls := make([]string, 3)

@@ -187,7 +187,7 @@ func TestClusterRaceWithServerStopped(t *testing.T) {
 		defer cancel()
 		js, _ := jetstream.New(c.connect(t, 1))
 		leader := bucketLeader(ctx, js)
-		for i, s := range c.servers {
+		for i, s := range c.Servers {
 			if s.Name() == leader {
 				t.Logf("stopping server %d (%s), the bucket leader", i+1, leader)
 				s.Shutdown()
@@ -195,6 +195,6 @@ func TestClusterRaceWithServerStopped(t *testing.T) {
 			}
 		}
 		t.Logf("leader %q not found; stopping server 1", leader)
-		c.servers[0].Shutdown()
+		c.Servers[0].Shutdown()
 	})
 }
