@@ -29,7 +29,7 @@ const (
 // sourceWatch follows the sources of a member's partition stream (Partitions > 1 on a cluster).
 type sourceWatch struct {
 	m             *Member
-	inactiveSince time.Time // zero while every source is active
+	inactiveSince time.Time // when a source was first seen without a consumer; zero while none is
 	lastStepDown  time.Time
 }
 
@@ -42,27 +42,32 @@ func (s *sourceWatch) check(ctx context.Context) {
 	if err != nil || info.Cluster == nil || len(info.Cluster.Replicas) == 0 {
 		return
 	}
-	inactive := false
-	for _, si := range info.Sources {
-		// Active is the time since the source last delivered or sent a heartbeat; negative when it has
-		// no consumer.
-		inactive = inactive || si.Active < 0 || si.Active > sourceStallAfter
-	}
+	// A source with a consumer says how long it has been inactive (Active: since it last delivered or
+	// sent a heartbeat); one without a consumer (Active negative) is timed from when this member first
+	// saw it so.
 	now := time.Now()
-	if !inactive {
-		s.inactiveSince = time.Time{}
-		return
+	stalled, noConsumer := false, false
+	for _, si := range info.Sources {
+		switch {
+		case si.Active < 0:
+			noConsumer = true
+		case si.Active > sourceStallAfter:
+			stalled = true
+		}
 	}
-	if s.inactiveSince.IsZero() {
+	if !noConsumer {
+		s.inactiveSince = time.Time{}
+	} else if s.inactiveSince.IsZero() {
 		s.inactiveSince = now
 	}
-	if now.Sub(s.inactiveSince) < sourceStallAfter || now.Sub(s.lastStepDown) < sourceStallAfter {
+	stalled = stalled || noConsumer && now.Sub(s.inactiveSince) >= sourceStallAfter
+	if !stalled || now.Sub(s.lastStepDown) < sourceStallAfter {
 		return
 	}
 	s.lastStepDown = now
 	name := info.Config.Name
 	s.m.log.Warn("partition: the partition stream's source has been inactive; asking its leader to step down so that the next one sets it up at once",
-		"stream", name, "leader", info.Cluster.Leader, "inactive_for", now.Sub(s.inactiveSince).Round(time.Second))
+		"stream", name, "leader", info.Cluster.Leader)
 	if _, err := s.m.nc.RequestWithContext(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+name, nil); err != nil && !errors.Is(err, nats.ErrNoResponders) {
 		s.m.log.Warn("partition: partition stream step down", "stream", name, "err", err)
 	}
