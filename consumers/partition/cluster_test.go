@@ -65,7 +65,7 @@ func TestJoinWaitsForTheClusterToAnswer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for p := range cfg.Partitions {
-		if _, err := js.Consumer(ctx, cfg.PartitionStream(), cfg.ConsumerName(p)); err != nil {
+		if _, err := js.PushConsumer(ctx, cfg.PartitionStream(), cfg.ConsumerName(p)); err != nil {
 			t.Fatalf("consumer %s: %v", cfg.ConsumerName(p), err)
 		}
 	}

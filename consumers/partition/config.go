@@ -22,7 +22,7 @@ const (
 	DefaultBatch          = 1000
 	DefaultReleaseTimeout = 30 * time.Second
 
-	// MinPinnedTTL keeps the pull expiry (PinnedTTL/3) at nats.go's 1 s minimum.
+	// MinPinnedTTL keeps the consumer's idle heartbeat (PinnedTTL/5, at least 1 s) well inside it.
 	MinPinnedTTL = 3 * time.Second
 	// MaxPartitions bounds Partitions (one durable consumer each).
 	MaxPartitions = 1024
@@ -39,11 +39,13 @@ const (
 
 // Names shared by every group.
 const (
-	// PriorityGroup is the pinned-client priority group of every partition consumer.
-	PriorityGroup = "owner"
-	// MembersBucket is the KV bucket of live members: key <stream>.<group>.<member id>, re-put every
-	// PinnedTTL/4, deleted on graceful leave. It is liveness only; ownership is the server's pin.
+	// MembersBucket is the KV bucket of live members, key <stream>.<group>.<member id> (re-put every
+	// PinnedTTL/4, deleted on graceful leave), and of partition owners, key
+	// <stream>.<group>.owner.<p> (written only with compare-and-set; see owner.go).
 	MembersBucket    = "FPM_GROUPS"
+	// unownedSubjectPrefix starts the deliver subject of a partition consumer nobody has owned yet:
+	// nobody subscribes to it, so the server holds the partition's messages until a member takes it.
+	unownedSubjectPrefix = "_FPMBUS.unowned."
 	membersBucketTTL = time.Hour
 
 	// Stream metadata recording how a partition stream was made, checked by every Join.
@@ -90,16 +92,18 @@ type Config struct {
 	// AckWait of every partition consumer: how long a handed message may stay unacked before the
 	// server redelivers it.
 	AckWait time.Duration
-	// PinnedTTL is how long the server keeps a partition pinned to an instance that stopped pulling
-	// (crashed or cut off), and how long a member without heartbeat stays in the membership: crash
-	// failover takes about PinnedTTL to PinnedTTL*4/3.
+	// PinnedTTL is how long a partition stays with an owner whose delivery subscription is gone
+	// (crashed, or cut off and closed by the server) before another member takes it, and how long a
+	// member without heartbeat stays in the membership: crash failover takes about PinnedTTL plus a
+	// standby poll (PinnedTTL/10, at most 500 ms).
 	PinnedTTL time.Duration
 	// MaxAckPending bounds the unacked messages of one partition (and the member's buffer for it).
 	MaxAckPending int
-	// Batch is how many messages one pull asks for (<= MaxAckPending).
+	// Batch is how many messages a handler is handed at most at once (<= MaxAckPending).
 	Batch int
 	// ReleaseTimeout bounds a graceful release: the handler draining and acking what it was given.
-	// Past it the handler's context is cancelled and the partition is given up without an unpin.
+	// Past it the handler's context is cancelled and the partition is given up without a release (the
+	// next owner takes it after PinnedTTL).
 	ReleaseTimeout time.Duration
 	// CumulativeAcks declares the partition consumers with the AckAll policy: an ack acknowledges the
 	// message and every message handed before it in the session. The handler then acks only the last
@@ -349,6 +353,20 @@ func (c Config) ConsumerStreamOf(p int) string {
 		return c.shardStream(p)
 	}
 	return c.Stream
+}
+
+// UnownedSubject is partition p's deliver subject before its first owner: one nobody subscribes to.
+func (c Config) UnownedSubject(p int) string {
+	return unownedSubjectPrefix + c.Stream + "." + c.ConsumerName(p)
+}
+
+// idleHeartbeat is the partition consumers' idle heartbeat: an owner whose subscription hears nothing
+// for two of them (its subject taken, or the server gone) ends its session.
+func (c Config) idleHeartbeat() time.Duration { return max(c.PinnedTTL/5, time.Second) }
+
+// standbyPoll is how often a member looks at a partition assigned to it that it does not own yet.
+func (c Config) standbyPoll() time.Duration {
+	return min(max(c.PinnedTTL/10, 100*time.Millisecond), 500*time.Millisecond)
 }
 
 // ConsumerName is the durable consumer of partition p: the group name itself when Partitions == 1

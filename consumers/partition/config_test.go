@@ -53,9 +53,9 @@ func TestConfigValidate(t *testing.T) {
 func TestConsumerConfigAndNames(t *testing.T) {
 	c := FPMConfig("trace")
 	cc := c.ConsumerConfig(3)
-	if cc.Durable != "trace-3" || cc.FilterSubject != "3.>" || cc.PriorityPolicy != jetstream.PriorityPolicyPinned ||
-		cc.PinnedTTL != DefaultPinnedTTL || cc.AckPolicy != jetstream.AckExplicitPolicy || cc.MaxDeliver != -1 ||
-		!slices.Equal(cc.PriorityGroups, []string{PriorityGroup}) {
+	if cc.Durable != "trace-3" || cc.FilterSubject != "3.>" || cc.DeliverSubject != "_FPMBUS.unowned.FPM.trace-3" ||
+		!cc.FlowControl || cc.IdleHeartbeat != DefaultPinnedTTL/5 || cc.AckPolicy != jetstream.AckExplicitPolicy || cc.MaxDeliver != -1 ||
+		len(cc.PriorityGroups) != 0 {
 		t.Fatalf("partition consumer: %+v", cc)
 	}
 	if got := c.PartitionStream(); got != "FPM_PART_trace" {

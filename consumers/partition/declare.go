@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -11,10 +12,10 @@ import (
 )
 
 // ConsumerConfig is the durable consumer of partition p, declared idempotently by every Join: explicit
-// acks (AckAll with CumulativeAcks), every message from the start, and the pinned-client priority
-// policy, so that the server
-// delivers the partition to one pulling instance at a time and moves it only after that instance
-// stopped pulling for PinnedTTL or unpinned it.
+// acks (AckAll with CumulativeAcks), every message from the start, pushed with flow control and idle
+// heartbeats to one subject at a time. The subject is the owner's: a member that takes the partition
+// points the consumer at a subject of its own (UnownedSubject until the first owner), so the server
+// delivers the partition to that member only, and moving it is one consumer update.
 func (c Config) ConsumerConfig(p int) jetstream.ConsumerConfig {
 	c = c.withDefaults()
 	cc := jetstream.ConsumerConfig{
@@ -25,9 +26,9 @@ func (c Config) ConsumerConfig(p int) jetstream.ConsumerConfig {
 		AckWait:        c.AckWait,
 		MaxDeliver:     -1,
 		MaxAckPending:  c.MaxAckPending,
-		PriorityGroups: []string{PriorityGroup},
-		PriorityPolicy: jetstream.PriorityPolicyPinned,
-		PinnedTTL:      c.PinnedTTL,
+		DeliverSubject: c.UnownedSubject(p),
+		FlowControl:    true,
+		IdleHeartbeat:  c.idleHeartbeat(),
 		Metadata: map[string]string{
 			"fpmbus_group":     c.Group,
 			"fpmbus_partition": strconv.Itoa(p),
@@ -129,13 +130,13 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 			return nil, fmt.Errorf("partition: look up %s: %w", partName, err)
 		}
 	} else {
-		if ci, err := call(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return js.Consumer(ctx, c.Stream, c.Group) }); err == nil && len(ci.CachedInfo().Config.PriorityGroups) > 0 {
+		if ci, err := consumerInfo(ctx, js, c.Stream, c.Group); err == nil && isGroupConsumer(ci) {
 			return nil, fmt.Errorf("%w: %s/%s exists with 1 partition (consumer %s on %s); delete the group to change",
 				ErrGroupMismatch, c.Stream, c.Group, c.Group, c.Stream)
 		}
 		if c.Shards > 1 { // a group that reads its shards directly has <group>-0 on the first shard
 			direct := c.Group + "-0"
-			if ci, err := src.Consumer(ctx, direct); err == nil && len(ci.CachedInfo().Config.PriorityGroups) > 0 {
+			if ci, err := consumerInfo(ctx, js, srcInfo.Config.Name, direct); err == nil && isGroupConsumer(ci) {
 				return nil, fmt.Errorf("%w: %s/%s reads its %d shards directly (consumer %s on %s); delete the group to change",
 					ErrGroupMismatch, c.Stream, c.Group, c.Shards, direct, srcInfo.Config.Name)
 			}
@@ -161,19 +162,75 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 		consStream = ps
 	}
 	for p := range c.Partitions {
-		want := c.ConsumerConfig(p)
-		// The server refuses to change a consumer's ack policy; say so in the group's terms.
-		if ci, err := call(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return consStream.Consumer(ctx, want.Durable) }); err == nil && ci.CachedInfo().Config.AckPolicy != want.AckPolicy {
-			return nil, fmt.Errorf("%w: %s/%s: consumer %s acks with policy %s on the server, %s here (delete the group to change)",
-				ErrGroupMismatch, c.Stream, c.Group, want.Durable, ci.CachedInfo().Config.AckPolicy, want.AckPolicy)
-		}
-		if _, err := call(ctx, func(ctx context.Context) (jetstream.Consumer, error) {
-			return consStream.CreateOrUpdateConsumer(ctx, want)
-		}); err != nil {
-			return nil, fmt.Errorf("partition: declare consumer %s: %w", c.ConsumerName(p), err)
+		if err := declareConsumer(ctx, consStream, c, p); err != nil {
+			return nil, err
 		}
 	}
 	return consStream, nil
+}
+
+// declareConsumer creates partition p's consumer, or brings an existing one to this Config while
+// keeping its deliver subject (the current owner's: changing it would move the partition). A consumer
+// that exists with the same settings is left alone. The server refuses to change an ack policy or a
+// pull consumer into a push one; both are reported in the group's terms.
+func declareConsumer(ctx context.Context, consStream jetstream.Stream, c Config, p int) error {
+	want := c.ConsumerConfig(p)
+	ci, err := call(ctx, func(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+		cons, err := consStream.PushConsumer(ctx, want.Durable)
+		if err != nil {
+			return nil, err
+		}
+		return cons.CachedInfo(), nil
+	})
+	switch {
+	case errors.Is(err, jetstream.ErrNotPushConsumer):
+		return fmt.Errorf("%w: %s/%s: consumer %s is a pull consumer (declared by an earlier fpmbus that partitioned with pinned clients); delete the group to change",
+			ErrGroupMismatch, c.Stream, c.Group, want.Durable)
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		_, err = call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) { return consStream.CreatePushConsumer(ctx, want) })
+		if err == nil || !errors.Is(err, jetstream.ErrConsumerExists) {
+			break
+		}
+		// another member created it first: bring it to this Config like an existing one
+		if ci, err = call(ctx, func(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+			cons, err := consStream.PushConsumer(ctx, want.Durable)
+			if err != nil {
+				return nil, err
+			}
+			return cons.CachedInfo(), nil
+		}); err != nil {
+			break
+		}
+		fallthrough
+	case err == nil:
+		if ci.Config.AckPolicy != want.AckPolicy {
+			return fmt.Errorf("%w: %s/%s: consumer %s acks with policy %s on the server, %s here (delete the group to change)",
+				ErrGroupMismatch, c.Stream, c.Group, want.Durable, ci.Config.AckPolicy, want.AckPolicy)
+		}
+		want.DeliverSubject = ci.Config.DeliverSubject
+		if sameConsumerSettings(ci.Config, want) {
+			return nil
+		}
+		_, err = call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) { return consStream.UpdatePushConsumer(ctx, want) })
+	}
+	if err != nil {
+		return fmt.Errorf("partition: declare consumer %s: %w", want.Durable, err)
+	}
+	return nil
+}
+
+// sameConsumerSettings reports whether the server's consumer config has already every setting
+// ConsumerConfig gives (the server fills in others, such as its own metadata).
+func sameConsumerSettings(have, want jetstream.ConsumerConfig) bool {
+	for k, v := range want.Metadata {
+		if have.Metadata[k] != v {
+			return false
+		}
+	}
+	return have.Description == want.Description && have.AckWait == want.AckWait && have.MaxAckPending == want.MaxAckPending &&
+		have.MaxDeliver == want.MaxDeliver && have.FlowControl == want.FlowControl && have.IdleHeartbeat == want.IdleHeartbeat &&
+		have.DeliverSubject == want.DeliverSubject && have.FilterSubject == want.FilterSubject &&
+		slices.Equal(have.FilterSubjects, want.FilterSubjects)
 }
 
 // call runs one server call with its own deadline of apiTimeout within ctx: a request the cluster
@@ -183,6 +240,29 @@ func call[T any](ctx context.Context, f func(context.Context) (T, error)) (T, er
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	return f(ctx)
+}
+
+// consumerInfo is the info of consumer name on stream, push or pull.
+func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, name string) (*jetstream.ConsumerInfo, error) {
+	return call(ctx, func(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+		if c, err := js.PushConsumer(ctx, stream, name); err == nil {
+			return c.CachedInfo(), nil
+		} else if !errors.Is(err, jetstream.ErrNotPushConsumer) {
+			return nil, err
+		}
+		c, err := js.Consumer(ctx, stream, name)
+		if err != nil {
+			return nil, err
+		}
+		return c.CachedInfo(), nil
+	})
+}
+
+// isGroupConsumer reports whether a consumer was declared by a partition group (its metadata names
+// the group), not by someone else under the same name.
+func isGroupConsumer(ci *jetstream.ConsumerInfo) bool {
+	_, ok := ci.Config.Metadata["fpmbus_group"]
+	return ok
 }
 
 // membersBucket opens (creating it if needed) the KV bucket of live members.
@@ -229,7 +309,7 @@ func Delete(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		}
 	}
 	if kv, err := js.KeyValue(ctx, MembersBucket); err == nil {
-		if lister, err := kv.ListKeysFiltered(ctx, c.Stream+"."+c.Group+".*"); err == nil {
+		if lister, err := kv.ListKeysFiltered(ctx, c.Stream+"."+c.Group+".*", c.Stream+"."+c.Group+".owner.*"); err == nil {
 			for k := range lister.Keys() {
 				if err := kv.Purge(ctx, k); err != nil {
 					errs = append(errs, err)

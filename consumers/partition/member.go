@@ -27,7 +27,7 @@ import (
 //   - closes msgs when it gives the partition up gracefully (rebalance, Stop, Consume's context):
 //     the handler still owns the partition until it returns, so it makes its output durable, acks,
 //     closes its files and returns nil. This is the "on revoked" hook; the call itself is "on assigned".
-//   - cancels ctx when the partition is lost (connection closed or cut off, pin lost, or the graceful
+//   - cancels ctx when the partition is lost (connection closed or cut off, taken by another member, or the graceful
 //     release exceeded ReleaseTimeout): the handler stops at once and returns; what it has not acked
 //     is redelivered to the next owner.
 //
@@ -97,9 +97,10 @@ type Option func(*Member) error
 // An id given here is stable: it names the same instance across restarts, and the caller vouches
 // that no other running process uses it (derive it from something only one process can hold, such as
 // a data directory). Join therefore takes a key of this id left in the members bucket for a previous
-// incarnation that died without leaving: it resets and unpins at once the partitions that
-// incarnation owned (its last announcement lists them), so that the restarted instance gets their
-// unacknowledged messages again, in stream order, within a round trip instead of after PinnedTTL.
+// incarnation that died without leaving: it releases at once the partitions that incarnation owned
+// (its last announcement lists them), so that the restarted instance (or whoever is assigned them now)
+// gets their unacknowledged messages again, in stream order, within a standby poll instead of after
+// PinnedTTL.
 // Two running members must never share an id: the second one's Join would take the partitions of the
 // first.
 func WithMemberID(id string) Option {
@@ -148,7 +149,7 @@ type Member struct {
 }
 
 // Join checks cfg, declares the group on the server (idempotently: the partition stream when
-// Partitions > 1, one pinned-client durable consumer per partition, the members bucket) and returns a
+// Partitions > 1, one durable push consumer per partition, the members bucket) and returns a
 // Member that takes no partition before Consume. It fails with ErrGroupMismatch if the group exists
 // with another partitioning.
 func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Option) (*Member, error) {
@@ -211,12 +212,13 @@ func (m *Member) setUp(ctx context.Context) error {
 	return nil
 }
 
-// reclaim takes back at once what a previous incarnation of this member (same stable id) owned when
-// it died: its key is still in the members bucket (a graceful leave deletes it) and lists the
-// partitions it owned. Each of them is reset to its ack floor, so that every message the dead
-// incarnation did not ack is deliverable again, in stream order, and unpinned, so that the server
-// pins it to the next member that pulls instead of waiting PinnedTTL for the dead one's pulls to stop.
-// Nothing else can own those partitions: the server kept them pinned to the dead incarnation.
+// reclaim hands on at once what a previous incarnation of this member (same stable id) owned when it
+// died: its key is still in the members bucket (a graceful leave deletes it) and lists the partitions
+// it owned. Each of those whose owner record still names this id is marked released, so that whichever
+// member the assignment gives it to now (this one or another) takes it at once instead of waiting
+// PinnedTTL; the taker's reset makes every message the dead incarnation did not ack deliverable again,
+// in stream order. Nothing else can be delivering those partitions: their subjects were the dead
+// incarnation's.
 func (m *Member) reclaim(ctx context.Context) error {
 	e, err := call(ctx, func(ctx context.Context) (jetstream.KeyValueEntry, error) { return m.kv.Get(ctx, m.key) })
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -235,22 +237,30 @@ func (m *Member) reclaim(ctx context.Context) error {
 		if p < 0 || p >= m.cfg.Partitions {
 			continue
 		}
-		name := m.cfg.ConsumerName(p)
-		if _, err := call(ctx, func(ctx context.Context) (*jetstream.ConsumerResetResponse, error) {
-			return m.stream.ResetConsumer(ctx, name)
-		}); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("partition: reclaim partition %d: reset %s: %w", p, name, err)
+		owner, rev, err := callOwner(ctx, m, p)
+		if err != nil {
+			return fmt.Errorf("partition: reclaim partition %d: read owner: %w", p, err)
 		}
-		if _, err := call(ctx, func(ctx context.Context) (struct{}, error) {
-			return struct{}{}, m.stream.UnpinConsumer(ctx, name, PriorityGroup)
-		}); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			m.log.Debug("partition: reclaim: unpin", "partition", p, "err", err)
+		if owner == nil || owner.Member != m.id || owner.Released {
+			continue
+		}
+		if _, err := call(ctx, func(ctx context.Context) (uint64, error) {
+			return m.writeOwner(ctx, p, ownerRecord{Member: m.id, Released: true}, rev)
+		}); err != nil && !errors.Is(err, errOwnerTaken) {
+			return fmt.Errorf("partition: reclaim partition %d: release: %w", p, err)
 		}
 		taken = append(taken, p)
 	}
-	m.log.Info("partition: previous incarnation of this member found; its partitions are reset and unpinned now",
+	m.log.Info("partition: previous incarnation of this member found; its partitions are released now",
 		"partitions", taken, "last_heartbeat", time.UnixMilli(rec.At).UTC(), "pid", rec.PID)
 	return nil
+}
+
+// callOwner is readOwner bounded by apiTimeout.
+func callOwner(ctx context.Context, m *Member, p int) (*ownerRecord, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	return m.readOwner(ctx, p)
 }
 
 func defaultMemberID() string {
@@ -304,11 +314,11 @@ func (m *Member) setOwned(p int, on bool) {
 	}
 }
 
-// Stop leaves the group gracefully: the member's key is deleted (the others take its partitions as
-// soon as they are unpinned), every handler's msgs is closed, and each partition is unpinned once its
-// handler has returned and its acks are on the server. If ctx ends first, the remaining partitions are
-// given up abruptly (handlers' contexts cancelled, no unpin: the others wait PinnedTTL). Stop returns
-// when Consume has returned.
+// Stop leaves the group gracefully: the member's key is deleted (the others stand by for its
+// partitions), every handler's msgs is closed, and each partition is released once its handler has
+// returned and its acks are on the server (the next owner takes it at once). If ctx ends first, the
+// remaining partitions are given up abruptly (handlers' contexts cancelled, no release: the others
+// wait PinnedTTL). Stop returns when Consume has returned.
 func (m *Member) Stop(ctx context.Context) error {
 	m.stopOnce.Do(func() { close(m.stopReq) })
 	if !m.running.Load() {
@@ -336,8 +346,8 @@ type workerExit struct {
 // Consume takes part in the group until ctx ends or Stop is called (then it leaves gracefully, like
 // Stop, and returns nil), or until a handler fails or the connection closes (it returns that error).
 // While it runs, the member heartbeats in the members bucket, watches the others, and runs a worker
-// for each partition the shared assignment gives it; a worker takes its partition when the server
-// pins it to it and then calls h.
+// for each partition the shared assignment gives it; a worker takes its partition once it has no
+// live owner (see worker.mayTake) and then calls h.
 func (m *Member) Consume(ctx context.Context, h Handler) error {
 	if h == nil {
 		return fmt.Errorf("%w: nil handler", ErrInvalidConfig)
@@ -357,7 +367,7 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 	if m.nc.IsClosed() {
 		return fmt.Errorf("partition: %w", nats.ErrConnectionClosed)
 	}
-	// The members bucket only steers who pulls which partition: while it cannot be written or watched
+	// The members bucket steers who stands by for which partition: while it cannot be written or watched
 	// (its stream electing a leader) the member goes on with what it knows, and the watch is opened
 	// again until it is.
 	if _, err := m.heartbeat(hardCtx); err != nil {

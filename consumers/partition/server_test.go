@@ -2,18 +2,29 @@ package partition
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
-// TestServerPinnedClientBehaviour records, on the real embedded server, the facts the design rests on
-// (see the package comment). If a server upgrade changes one of them, this test says which.
-func TestServerPinnedClientBehaviour(t *testing.T) {
+// TestServerPushConsumerBehaviour records, on the real embedded server, the facts the ownership
+// design rests on (see the package comment). If a server upgrade changes one of them, this test says
+// which:
+//
+//  1. a push consumer delivers nothing while nobody subscribes to its deliver subject;
+//  2. it reports PushBound while its subject has a subscriber, and not once that subscriber's
+//     connection is closed;
+//  3. its deliver subject cannot be changed while that subject has a subscriber (the server answers
+//     10013, consumer name in use), and after it is changed the old subject gets nothing more;
+//  4. a reset to the ack floor makes the new subject get every unacked message first, in stream
+//     order, with consecutive delivery numbers.
+func TestServerPushConsumerBehaviour(t *testing.T) {
 	env := streamstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -25,119 +36,123 @@ func TestServerPinnedClientBehaviour(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	const ttl = 2 * time.Second
-	if _, err := env.JS.CreateOrUpdateConsumer(ctx, "EXP", jetstream.ConsumerConfig{
-		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute,
-		PriorityGroups: []string{PriorityGroup}, PriorityPolicy: jetstream.PriorityPolicyPinned, PinnedTTL: ttl,
-	}); err != nil {
-		t.Fatal(err)
+	cfg := jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxAckPending: 5,
+		DeliverSubject: "_FPMBUS.unowned.EXP.c", FlowControl: true, IdleHeartbeat: time.Second,
 	}
 	stream, err := env.JS.Stream(ctx, "EXP")
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := func() (func(), jetstream.Consumer) {
-		nc, js := connect(t, env)
-		c, err := js.Consumer(ctx, "EXP", "c")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return nc.Close, c
+	if _, err := stream.CreatePushConsumer(ctx, cfg); err != nil {
+		t.Fatal(err)
 	}
-	fetch := func(c jetstream.Consumer, n int, wait time.Duration) []uint64 {
-		b, err := c.Fetch(n, jetstream.FetchPriorityGroup(PriorityGroup), jetstream.FetchMaxWait(wait))
+	info := func() *jetstream.ConsumerInfo {
+		c, err := stream.PushConsumer(ctx, "c")
 		if err != nil {
 			t.Fatal(err)
 		}
-		var seqs []uint64
-		for m := range b.Messages() {
-			md, _ := m.Metadata()
-			seqs = append(seqs, md.Sequence.Stream)
+		return c.CachedInfo()
+	}
+	// 1.
+	time.Sleep(200 * time.Millisecond)
+	if i := info(); i.Delivered.Stream != 0 || i.PushBound {
+		t.Fatalf("without a subscriber: delivered %d, bound %v", i.Delivered.Stream, i.PushBound)
+	}
+	// take points the consumer at a subject of conn nc and returns what arrives there.
+	type delivery struct{ stream, consumer uint64 }
+	take := func(nc *nats.Conn, reset bool) (chan delivery, *nats.Subscription) {
+		subj := nc.NewInbox()
+		ch := make(chan delivery, 100)
+		sub, err := nc.Subscribe(subj, func(m *nats.Msg) {
+			if m.Header.Get("Status") != "" {
+				if m.Reply != "" {
+					_ = m.Respond(nil) // flow control
+				}
+				return
+			}
+			md, err := m.Metadata()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ch <- delivery{md.Sequence.Stream, md.Sequence.Consumer}
 			if md.Sequence.Stream <= 2 {
 				_ = m.Ack()
 			}
-		}
-		return seqs
-	}
-	pin := func() string {
-		c, err := stream.Consumer(ctx, "c")
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		i, err := c.Info(ctx)
-		if err != nil {
+		c := cfg
+		c.DeliverSubject = subj
+		if _, err := stream.UpdatePushConsumer(ctx, c); err != nil {
 			t.Fatal(err)
 		}
-		if len(i.PriorityGroups) == 0 {
-			return ""
+		if reset {
+			if _, err := stream.ResetConsumer(ctx, "c"); err != nil {
+				t.Fatal(err)
+			}
 		}
-		return i.PriorityGroups[0].PinnedClientID
+		return ch, sub
 	}
-
-	// A takes 1..5, acks 1 and 2, and crashes (connection closed).
-	closeA, a := client()
-	if got := fetch(a, 5, time.Second); len(got) != 5 || got[0] != 1 {
+	recv := func(ch chan delivery, n int) []delivery {
+		var out []delivery
+		for len(out) < n {
+			select {
+			case d := <-ch:
+				out = append(out, d)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("got %v, want %d deliveries", out, n)
+			}
+		}
+		return out
+	}
+	ncA, _ := connect(t, env)
+	chA, _ := take(ncA, false)
+	if got := recv(chA, 5); got[0].stream != 1 || got[4].stream != 5 { // 1, 2 acked; 3..5 held
 		t.Fatalf("A got %v", got)
 	}
-	pinA := pin()
-	closeA()
-	time.Sleep(200 * time.Millisecond)
-	// 1. Closing the pinned client's connection does not unpin: the pin lasts until PinnedTTL.
-	if p := pin(); p != pinA || p == "" {
-		t.Fatalf("pin after A closed = %q, want A's %q", p, pinA)
+	// 2.
+	if !info().PushBound {
+		t.Fatal("not bound while A subscribes")
 	}
-	// 2. B is pinned only after PinnedTTL, and gets the newer messages 6.. first: A's unacked 3..5 wait
-	// for AckWait. Order across owners is therefore NOT preserved by pinning alone.
-	_, b := client()
-	start := time.Now()
-	got := fetch(b, 3, 2*ttl)
-	took := time.Since(start)
-	if len(got) != 3 || got[0] != 6 {
-		t.Fatalf("B got %v, want 6,7,8 (the server's order without a reset)", got)
+	ncA.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for info().PushBound {
+		if time.Now().After(deadline) {
+			t.Fatal("still bound 5 s after A's connection closed")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if took < ttl/2 {
-		t.Fatalf("B pinned after %v: before PinnedTTL", took)
-	}
-	t.Logf("crash: pin kept after close; new client pinned after %v, got %v first", took, got)
-	// 3. A reset to the ack floor makes the pinned client get 3,4,5,6,7,... in stream order at once,
-	// and keeps the pin.
-	pinB := pin()
-	r, err := stream.ResetConsumer(ctx, "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.ResetSeq != 3 || r.Delivered.Consumer != 0 {
-		t.Fatalf("reset to %d, delivered %d; want 3 and 0", r.ResetSeq, r.Delivered.Consumer)
-	}
-	if p := pin(); p != pinB {
-		t.Fatalf("reset changed the pin")
-	}
-	got = fetch(b, 5, time.Second)
-	if want := []uint64{3, 4, 5, 6, 7}; !equal(got, want) {
-		t.Fatalf("after reset B got %v, want %v", got, want)
-	}
-	// 4. Unpin moves the partition at once to a client already waiting.
-	_, c := client()
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		_ = stream.UnpinConsumer(context.Background(), "c", PriorityGroup)
-	}()
-	start = time.Now()
-	got = fetch(c, 1, 2*ttl)
-	if took := time.Since(start); len(got) != 1 || took > ttl/2 {
-		t.Fatalf("after unpin C got %v after %v", got, took)
-	}
-	t.Logf("unpin: waiting client pinned %v after the request was queued (unpin at 300ms)", time.Since(start))
-}
-
-func equal(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
+	// 3. and 4.
+	ncB, _ := connect(t, env)
+	chB, subB := take(ncB, true)
+	got := recv(chB, 5)
+	for i, d := range got {
+		if d.stream != uint64(3+i) || d.consumer != got[0].consumer+uint64(i) {
+			t.Fatalf("B after the reset got %v, want streams 3.. with consecutive delivery numbers", got)
 		}
 	}
-	return true
+	c := cfg
+	c.DeliverSubject = "_FPMBUS.elsewhere"
+	var apiErr *jetstream.APIError
+	if _, err := stream.UpdatePushConsumer(ctx, c); !errors.As(err, &apiErr) || apiErr.ErrorCode != 10013 {
+		t.Fatalf("moving a subject that has a subscriber: %v, want error 10013", err)
+	}
+	if err := subB.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	for len(chB) > 0 { // what B got before it unsubscribed
+		<-chB
+	}
+	ncC, _ := connect(t, env)
+	chC, _ := take(ncC, true)
+	recv(chC, 1)
+	select {
+	case d := <-chB:
+		t.Fatalf("B got stream %d after it unsubscribed", d.stream)
+	case <-time.After(300 * time.Millisecond):
+	}
 }

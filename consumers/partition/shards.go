@@ -141,6 +141,22 @@ func (s *shardedStream) ResumeConsumer(ctx context.Context, name string) (*jetst
 	return s.of(name).ResumeConsumer(ctx, name)
 }
 
+func (s *shardedStream) PushConsumer(ctx context.Context, name string) (jetstream.PushConsumer, error) {
+	return s.of(name).PushConsumer(ctx, name)
+}
+
+func (s *shardedStream) CreateOrUpdatePushConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.PushConsumer, error) {
+	return s.of(cfg.Durable).CreateOrUpdatePushConsumer(ctx, cfg)
+}
+
+func (s *shardedStream) CreatePushConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.PushConsumer, error) {
+	return s.of(cfg.Durable).CreatePushConsumer(ctx, cfg)
+}
+
+func (s *shardedStream) UpdatePushConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.PushConsumer, error) {
+	return s.of(cfg.Durable).UpdatePushConsumer(ctx, cfg)
+}
+
 func (s *shardedStream) UnpinConsumer(ctx context.Context, name, group string) error {
 	return s.of(name).UnpinConsumer(ctx, name, group)
 }

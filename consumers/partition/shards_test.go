@@ -103,7 +103,7 @@ func TestGroupOverShards(t *testing.T) {
 				if got := cfg.ConsumerStreamOf(p); got != want {
 					t.Fatalf("partition %d consumes %s, want %s", p, got, want)
 				}
-				if _, err := env.JS.Consumer(ctx, want, cfg.ConsumerName(p)); err != nil {
+				if _, err := env.JS.PushConsumer(ctx, want, cfg.ConsumerName(p)); err != nil {
 					t.Fatalf("consumer %s on %s: %v", cfg.ConsumerName(p), want, err)
 				}
 			}

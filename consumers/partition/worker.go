@@ -11,12 +11,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// probeWait is how long one standby pull waits for the partition to be pinned to this member.
-const probeWait = time.Second
-
-// worker runs one partition assigned to its member: it waits, as a pinned-client standby, until the
-// server pins the partition consumer to it, then owns the partition in a session (reset to the ack
-// floor, pull, hand to the handler) until it is released, loses the pin, or must resync.
+// worker runs one partition assigned to its member: it stands by until the partition has no live
+// owner (or its owner released it, or the owner is this member's own earlier session), takes it by
+// writing the owner record with compare-and-set, points the partition's push consumer at a subject
+// of its own, resets the consumer to its ack floor and owns the partition in a session (hand to the
+// handler) until it is released, loses it, or must resync.
 type worker struct {
 	m         *Member
 	p         int
@@ -25,6 +24,10 @@ type worker struct {
 	rel       context.Context // done once released (or hard)
 	relCancel context.CancelFunc
 	intr      chan struct{} // end the current session abruptly (disconnected), keep the partition
+
+	// Standby: since when the partition has been seen without a live owner (zero: it has one).
+	unboundSince time.Time // the owner's subject has no subscriber (crash, leave, cut off)
+	silentSince  time.Time // the owner's subject is bound, but the owner's member key is gone or stale
 }
 
 func newWorker(m *Member, p int, hard context.Context) *worker {
@@ -69,126 +72,108 @@ func (w *worker) run(h Handler) error {
 		w.sleep(backoff)
 		backoff = min(backoff*2, 2*time.Second)
 	}
-	var cons jetstream.Consumer
-	for cons == nil {
-		if w.released() {
-			return nil
-		}
-		ctx, cancel := context.WithTimeout(w.rel, apiTimeout)
-		c, err := w.m.stream.Consumer(ctx, w.name) // own handle: nats.go keeps the pin id per handle
-		cancel()
-		switch {
-		case err == nil:
-			cons = c
-		case fatal(err):
-			return fmt.Errorf("partition %d: consumer %s: %w", w.p, w.name, err)
-		default:
-			retry("lookup", err)
-		}
-	}
-	var lastCheck time.Time
 	for !w.released() {
-		pinned, err := w.probe(cons)
+		st, err := w.look()
 		if err != nil {
 			if fatal(err) {
 				return fmt.Errorf("partition %d: %w", w.p, err)
 			}
-			retry("probe", err)
+			retry("look", err)
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		if !pinned {
-			if time.Since(lastCheck) >= w.m.cfg.PinnedTTL/2 {
-				lastCheck = time.Now()
-				w.unstick(cons)
-			}
+		if !w.mayTake(st, time.Now()) {
+			w.sleep(w.m.cfg.standbyPoll())
 			continue
 		}
-		if w.released() {
-			w.unpin() // pinned while being released: hand it on at once
-			return nil
+		select { // an interrupt from before this session does not concern it
+		case <-w.intr:
+		default:
 		}
-		for again := true; again && !w.released(); {
-			select { // an interrupt from before this session does not concern it
-			case <-w.intr:
-			default:
+		if _, err := w.own(st, h); err != nil {
+			var r retryable
+			if !errors.As(err, &r) {
+				return err
 			}
-			// A resync keeps the pin and takes the partition again at once: what the session left
-			// unacked is not deliverable until the reset, so a probe would not get it.
-			again, err = w.own(cons, h)
-			if err != nil {
-				var r retryable
-				if !errors.As(err, &r) {
-					return err
-				}
-				retry("own", err)
-			}
+			retry("own", err)
 		}
+		// A session that ended for a resync, or was cut short, is taken again at once (the record
+		// is this member's); a released worker leaves the loop.
 	}
 	return nil
 }
 
-// unstick makes an unowned partition deliverable at once, so that the next probe wins the pin. The
-// server pins a partition only when it delivers a message:
-//
-//   - if the last owner crashed holding every remaining message unacked and nothing new arrives,
-//     nothing is deliverable until AckWait expires: a reset to the ack floor makes them deliverable;
-//   - if it crashed (or left) with everything acked and nothing new arrives, nothing is ever
-//     deliverable, and a handler that acts on time (a gap detector's stale publishers, a gap waiting
-//     for its grace) would never run for the partition: a reset to the last acked message delivers
-//     that one again (a redelivery of a durable message, which the handler recognises and skips).
-//
-// Either way only when the consumer has no pinned client (nobody owns it).
-func (w *worker) unstick(cons jetstream.Consumer) {
-	ctx, cancel := context.WithTimeout(w.rel, apiTimeout)
-	defer cancel()
-	info, err := cons.Info(ctx)
-	if err != nil || info.NumAckPending == 0 && (info.NumPending > 0 || info.AckFloor.Stream == 0) {
-		return // nothing to own yet, or something deliverable that will pin the partition
-	}
-	for _, g := range info.PriorityGroups {
-		if g.PinnedClientID != "" {
-			return
-		}
-	}
-	if info.NumAckPending > 0 {
-		if _, err := w.m.stream.ResetConsumer(ctx, w.name); err != nil {
-			w.m.log.Debug("partition: unstick reset", "partition", w.p, "err", err)
-			return
-		}
-		w.m.log.Debug("partition: unowned with unacked messages: reset", "partition", w.p, "unacked", info.NumAckPending)
-		return
-	}
-	if _, err := w.m.stream.ResetConsumerToSequence(ctx, w.name, info.AckFloor.Stream); err != nil {
-		w.m.log.Debug("partition: unstick idle reset", "partition", w.p, "err", err)
-		return
-	}
-	w.m.log.Debug("partition: unowned and idle: last acked message made deliverable", "partition", w.p, "seq", info.AckFloor.Stream)
+// look is what a standby reads each time: the partition consumer and its owner record.
+type look struct {
+	info *jetstream.ConsumerInfo
+	rec  *ownerRecord
+	rev  uint64
 }
 
-// probe is one standby pull of one message. The server delivers it only once the partition is pinned
-// to this member (it then stays pinned: the message is not acked and is redelivered after the reset).
-func (w *worker) probe(cons jetstream.Consumer) (bool, error) {
-	ctx, cancel := context.WithTimeout(w.hard, probeWait)
+func (w *worker) look() (look, error) {
+	ctx, cancel := context.WithTimeout(w.rel, apiTimeout)
 	defer cancel()
-	b, err := cons.Fetch(1, jetstream.FetchPriorityGroup(PriorityGroup), jetstream.FetchContext(ctx))
+	c, err := w.m.stream.PushConsumer(ctx, w.name)
 	if err != nil {
-		return false, err
+		return look{}, err
 	}
-	n := 0
-	for range b.Messages() {
-		n++
+	rec, rev, err := w.m.readOwner(ctx, w.p)
+	if err != nil {
+		return look{}, err
 	}
-	if n > 0 {
-		return true, nil
+	return look{info: c.CachedInfo(), rec: rec, rev: rev}, nil
+}
+
+// mayTake decides, from one look, whether this member takes the partition now:
+//
+//   - at once when nobody owns it (no record, nothing bound), when its owner released it, or when the
+//     record is this member's own (a session of it that ended, or, with a stable id, its previous
+//     incarnation's);
+//   - when nobody subscribes to the owner's subject (its connection, and with it the subscription,
+//     is gone: crashed, stopped, cut off) and either the owner's member key is gone or older than
+//     PinnedTTL (it heartbeats every PinnedTTL/4), or this has been so for PinnedTTL;
+//   - when the owner's subject has a subscriber but the owner's member key has been gone or stale
+//     for the longer of 3 x PinnedTTL and ReleaseTimeout + PinnedTTL: an owner that is alive but
+//     cannot heartbeat, or a subscriber that is not the owner (a `nats sub '>'`). The bound leaves a
+//     gracefully leaving owner (its key is deleted first) its whole drain. The server refuses to move
+//     a subject that has a subscriber, so the claim then waits until it unsubscribes: an owner whose
+//     record was taken ends its session at its next record refresh (PinnedTTL/2).
+//
+// Exclusivity does not rest on this decision: only the member whose compare-and-set of the record
+// succeeds points the consumer at itself, the server moves the consumer's subject only while nobody
+// subscribes to it, and it delivers to that one subject.
+func (w *worker) mayTake(st look, now time.Time) bool {
+	cfg := w.m.cfg
+	bound := st.info.PushBound
+	if st.rec != nil {
+		bound = bound && st.info.Config.DeliverSubject == st.rec.Deliver
 	}
-	switch err := b.Error(); {
-	case err == nil, errors.Is(err, jetstream.ErrPinIDMismatch), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, context.Canceled), errors.Is(err, nats.ErrTimeout), errors.Is(err, jetstream.ErrNoMessages):
-		return false, nil
-	default:
-		return false, err
+	if st.rec == nil && !bound || st.rec != nil && (st.rec.Released || st.rec.Member == w.m.id) {
+		w.unboundSince, w.silentSince = time.Time{}, time.Time{}
+		return true
 	}
+	ownerLive := false
+	if st.rec != nil {
+		ctx, cancel := context.WithTimeout(w.rel, apiTimeout)
+		ownerLive = w.m.memberLive(ctx, st.rec.Member, cfg.PinnedTTL)
+		cancel()
+	}
+	if !bound {
+		w.silentSince = time.Time{}
+		if w.unboundSince.IsZero() {
+			w.unboundSince = now
+		}
+		return !ownerLive || now.Sub(w.unboundSince) >= cfg.PinnedTTL
+	}
+	w.unboundSince = time.Time{}
+	if ownerLive {
+		w.silentSince = time.Time{}
+		return false
+	}
+	if w.silentSince.IsZero() {
+		w.silentSince = now
+	}
+	return now.Sub(w.silentSince) >= max(3*cfg.PinnedTTL, cfg.ReleaseTimeout+cfg.PinnedTTL)
 }
 
 type retryable struct{ err error }
@@ -199,9 +184,9 @@ func (r retryable) Unwrap() error { return r.err }
 type endKind int
 
 const (
-	endReleased endKind = iota // graceful: unpin afterwards
-	endResync                  // graceful: keep the pin, take the partition again (reset)
-	endLost                    // abrupt: handler context cancelled, no unpin
+	endReleased endKind = iota // graceful: release the record afterwards
+	endResync                  // graceful: keep the record, take the partition again (reset)
+	endLost                    // abrupt: handler context cancelled, record left as it is
 )
 
 type event struct {
@@ -209,36 +194,47 @@ type event struct {
 	err  error // fatal for the member, with endLost
 }
 
-// own runs one ownership session of the partition: reset the consumer to its ack floor (so every
-// message not acked by a previous owner comes again, in stream order, before any newer one), pull,
-// and hand messages to h until the session ends.
-func (w *worker) own(cons jetstream.Consumer, h Handler) (resync bool, err error) {
+// own runs one ownership session of the partition: claim the owner record (compare-and-set on the
+// revision st was read at), point the consumer at a fresh subject of this member's, reset it to its
+// ack floor (so every message not acked by a previous owner comes again, in stream order, before any
+// newer one) and hand messages to h until the session ends. taken is false when another member
+// claimed the record first.
+func (w *worker) own(st look, h Handler) (taken bool, err error) {
 	m := w.m
+	subj := m.nc.NewInbox()
 	ctx, cancel := context.WithTimeout(w.hard, apiTimeout)
-	resp, err := m.stream.ResetConsumer(ctx, w.name)
+	rev, err := m.writeOwner(ctx, w.p, ownerRecord{Member: m.id, Deliver: subj}, st.rev)
+	cancel()
+	switch {
+	case errors.Is(err, errOwnerTaken):
+		return false, nil
+	case err != nil:
+		return false, retryable{fmt.Errorf("partition %d: claim: %w", w.p, err)}
+	}
+	cc := st.info.Config
+	cc.DeliverSubject = subj
+	ctx, cancel = context.WithTimeout(w.hard, apiTimeout)
+	cons, err := m.stream.UpdatePushConsumer(ctx, cc)
+	if err == nil {
+		_, err = m.stream.ResetConsumer(ctx, w.name)
+	}
 	cancel()
 	if err != nil {
 		if fatal(err) {
-			return false, fmt.Errorf("partition %d: reset %s: %w", w.p, w.name, err)
+			return true, fmt.Errorf("partition %d: take %s: %w", w.p, w.name, err)
 		}
-		return false, retryable{fmt.Errorf("partition %d: reset %s: %w", w.p, w.name, err)}
+		return true, retryable{fmt.Errorf("partition %d: take %s: %w", w.p, w.name, err)}
 	}
-	// After a reset the server numbers deliveries from 1 again. (The reset response's Delivered can
-	// transiently still count the probe's delivery, so it is not used.) A first delivery numbered
-	// otherwise means someone else was served in between: the session resyncs.
+	// Nothing reached the subject before the reset: it had no subscriber. From the first delivery on,
+	// deliveries are numbered without gaps; the first one's number is the session's start.
 	s := &session{
 		ch:         make(chan jetstream.Msg, m.cfg.MaxAckPending),
-		next:       1,
 		partStream: m.cfg.PartitionStream() != "",
 		ev:         make(chan event, 1),
 	}
-	cc, err := cons.Consume(s.onMsg,
-		jetstream.PullPriorityGroup(PriorityGroup),
-		jetstream.PullMaxMessages(m.cfg.Batch),
-		jetstream.PullExpiry(max(m.cfg.PinnedTTL/3, time.Second)),
-		jetstream.ConsumeErrHandler(s.onErr))
+	consumeCtx, err := cons.Consume(s.onMsg, jetstream.ConsumeErrHandler(s.onErr))
 	if err != nil {
-		return false, retryable{fmt.Errorf("partition %d: consume: %w", w.p, err)}
+		return true, retryable{fmt.Errorf("partition %d: consume: %w", w.p, err)}
 	}
 	hctx, hcancel := context.WithCancel(w.hard)
 	defer hcancel()
@@ -246,31 +242,55 @@ func (w *worker) own(cons jetstream.Consumer, h Handler) (resync bool, err error
 	go func() { hdone <- h(hctx, w.p, s.ch) }()
 	m.setOwned(w.p, true)
 	defer m.setOwned(w.p, false)
-	m.log.Debug("partition: acquired", "partition", w.p, "from_seq", resp.ResetSeq)
+	m.log.Debug("partition: acquired", "partition", w.p, "epoch", rev)
 
+	refresh := time.NewTicker(m.cfg.PinnedTTL / 2)
+	defer refresh.Stop()
 	var ev event
 	var herr error
 	handlerDone := false
-	select {
-	case <-w.rel.Done():
-		ev.kind = endReleased
-		if w.hard.Err() != nil {
+wait:
+	for {
+		select {
+		case <-w.rel.Done():
+			ev.kind = endReleased
+			if w.hard.Err() != nil {
+				ev.kind = endLost
+			}
+			break wait
+		case ev = <-s.ev:
+			break wait
+		case <-w.intr:
 			ev.kind = endLost
+			break wait
+		case herr = <-hdone:
+			handlerDone = true
+			if herr == nil {
+				herr = ErrHandlerReturned
+			}
+			ev.kind = endLost
+			break wait
+		case <-refresh.C:
+			// The record is the epoch: rewriting it at its revision fails only when another member took
+			// the partition (it then gets the deliveries): stop at once. A bucket that cannot be written
+			// for the moment changes nothing: the subject is still this member's.
+			ctx, cancel := context.WithTimeout(w.hard, apiTimeout)
+			n, err := m.writeOwner(ctx, w.p, ownerRecord{Member: m.id, Deliver: subj}, rev)
+			cancel()
+			if errors.Is(err, errOwnerTaken) {
+				m.log.Warn("partition: taken over by another member", "partition", w.p)
+				ev.kind = endLost
+				break wait
+			}
+			if err == nil {
+				rev = n
+			}
 		}
-	case ev = <-s.ev:
-	case <-w.intr:
-		ev.kind = endLost
-	case herr = <-hdone:
-		handlerDone = true
-		if herr == nil {
-			herr = ErrHandlerReturned
-		}
-		ev.kind = endLost
 	}
 	if ev.kind != endLost {
 		// Graceful: the handler gets no more messages, drains what it has, makes it durable and acks.
-		// Pulls go on meanwhile so the pin stays ours; what they deliver is dropped (unacked, it comes
-		// again after the next owner's reset).
+		// Deliveries go on meanwhile and are dropped (unacked, they come again after the next owner's
+		// reset).
 		s.close()
 		t := time.NewTimer(m.cfg.ReleaseTimeout)
 		select {
@@ -294,26 +314,26 @@ func (w *worker) own(cons jetstream.Consumer, h Handler) (resync bool, err error
 			herr = nil // the handler saw its context cancelled, as asked
 		}
 	}
-	stopConsume(cc)
+	if ev.kind != endLost && herr == nil && ev.err == nil {
+		w.settleAcks(cons, s.handedUpTo())
+	}
+	stopConsume(consumeCtx)
 	if herr != nil {
 		// The handler has returned: nothing of this partition runs here any more, so hand it on now
 		// rather than after PinnedTTL. What it did not ack is redelivered by the next owner's reset.
 		if ev.kind != endLost || handlerDone {
-			w.unpin()
+			w.releaseRecord(rev)
 		}
-		return false, fmt.Errorf("partition %d: handler: %w", w.p, herr)
+		return true, fmt.Errorf("partition %d: handler: %w", w.p, herr)
 	}
 	if ev.err != nil {
-		return false, fmt.Errorf("partition %d: %w", w.p, ev.err)
-	}
-	if ev.kind != endLost {
-		w.settleAcks(cons, s.handedUpTo())
+		return true, fmt.Errorf("partition %d: %w", w.p, ev.err)
 	}
 	if ev.kind == endReleased {
-		w.unpin()
+		w.releaseRecord(rev)
 	}
 	m.log.Debug("partition: ended", "partition", w.p, "kind", ev.kind, "redeliveries_dropped", s.droppedRedeliveries(), "gap", s.gap)
-	return ev.kind == endResync, nil
+	return true, nil
 }
 
 func stopConsume(cc jetstream.ConsumeContext) {
@@ -328,7 +348,7 @@ func stopConsume(cc jetstream.ConsumeContext) {
 
 // settleAcks waits (briefly) until the server has applied the handler's acks, so that the next
 // owner's reset does not redeliver messages that were in fact made durable and acked.
-func (w *worker) settleAcks(cons jetstream.Consumer, handed uint64) {
+func (w *worker) settleAcks(cons jetstream.PushConsumer, handed uint64) {
 	if handed == 0 {
 		return
 	}
@@ -342,36 +362,31 @@ func (w *worker) settleAcks(cons jetstream.Consumer, handed uint64) {
 		}
 		select {
 		case <-ctx.Done():
-			w.m.log.Debug("partition: acks not settled before unpin", "partition", w.p, "handed", handed)
+			w.m.log.Debug("partition: acks not settled before release", "partition", w.p, "handed", handed)
 			return
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
 
-// unpin hands the partition on: the server pins it to the next waiting member at once. It first
-// resets the consumer to its ack floor (the pin is still ours), so that whatever this member leaves
-// unacked (delivered while it drained, or given up by a failed handler) is deliverable now rather than
-// after AckWait: the server pins a partition only when it has a message to deliver.
-func (w *worker) unpin() {
+// releaseRecord hands the partition on: the record says released, so the next member takes it at
+// once (its reset makes whatever this member left unacked deliverable again, first).
+func (w *worker) releaseRecord(rev uint64) {
 	ctx, cancel := context.WithTimeout(w.hard, apiTimeout)
 	defer cancel()
-	if _, err := w.m.stream.ResetConsumer(ctx, w.name); err != nil {
-		w.m.log.Debug("partition: reset before unpin", "partition", w.p, "err", err)
-	}
-	if err := w.m.stream.UnpinConsumer(ctx, w.name, PriorityGroup); err != nil {
-		w.m.log.Debug("partition: unpin", "partition", w.p, "err", err)
+	if _, err := w.m.writeOwner(ctx, w.p, ownerRecord{Member: w.m.id, Released: true}, rev); err != nil {
+		w.m.log.Debug("partition: release", "partition", w.p, "err", err)
 	}
 }
 
-// session is one ownership of a partition: it moves messages from the pull subscription to the
+// session is one ownership of a partition: it moves messages from the push subscription to the
 // handler's channel in stream order, checking that no delivery was missed.
 type session struct {
 	mu          sync.Mutex
 	ch          chan jetstream.Msg
 	closed      bool   // ch is closed
 	halted      bool   // no more messages are handed
-	next        uint64 // the delivery (consumer) sequence expected next
+	next        uint64 // the delivery (consumer) sequence expected next (0: any, the session's first)
 	highest     uint64 // highest stream sequence handed
 	partStream  bool   // the group reads a partition stream: messages are its copies
 	redelivered int
@@ -381,7 +396,7 @@ type session struct {
 
 // onMsg runs on the subscription's goroutine and never blocks: ch holds MaxAckPending messages, the
 // most the server has outstanding for this consumer. Deliveries are numbered without gaps from the
-// reset; a gap means a delivery was lost on the way (e.g. during a reconnect) and would come back
+// session's first; a gap means a delivery was lost on the way (e.g. during a reconnect) and would come back
 // later out of order, so the session stops handing and ends for a resync (a new reset). A redelivery
 // of a message already handed (its handler has not acked it within AckWait) is dropped: the handler
 // still holds it.
@@ -391,6 +406,9 @@ func (s *session) onMsg(msg jetstream.Msg) {
 	defer s.mu.Unlock()
 	if s.halted {
 		return
+	}
+	if err == nil && s.next == 0 {
+		s.next = md.Sequence.Consumer
 	}
 	if err != nil || md.Sequence.Consumer != s.next {
 		s.gap = [2]uint64{s.next, 0}
@@ -428,7 +446,7 @@ func (s *session) onErr(_ jetstream.ConsumeContext, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case errors.Is(err, jetstream.ErrPinIDMismatch), errors.Is(err, jetstream.ErrConsumerLeadershipChanged),
+	case errors.Is(err, jetstream.ErrNoHeartbeat), errors.Is(err, jetstream.ErrConsumerLeadershipChanged),
 		errors.Is(err, jetstream.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionClosed):
 		s.haltLocked(event{kind: endLost})
 	case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
