@@ -105,7 +105,7 @@ func waitPartitionState(t *testing.T, js jetstream.JetStream, group string, what
 		defer cancel()
 		stream := streams.StreamBench + "_PART_" + group
 		for p := range failoverP {
-			c, err := js.Consumer(ctx, stream, group+"-"+strconv.Itoa(p))
+			c, err := js.PushConsumer(ctx, stream, group+"-"+strconv.Itoa(p))
 			if err != nil {
 				return err
 			}

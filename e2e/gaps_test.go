@@ -229,7 +229,7 @@ func waitEventCount(t *testing.T, js jetstream.JetStream, n int, d time.Duration
 func consumerAcked(js jetstream.JetStream, stream, durable string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := js.Consumer(ctx, stream, durable)
+	c, err := js.PushConsumer(ctx, stream, durable)
 	if err != nil {
 		return err
 	}

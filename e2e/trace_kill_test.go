@@ -80,7 +80,7 @@ func fillFPMOffset(t *testing.T, js jetstream.JetStream, from, n, workers, ranks
 func consumerState(t *testing.T, js jetstream.JetStream, durable string, total uint64) (acked, floor uint64, pending int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := js.Consumer(ctx, streams.StreamFPM, durable)
+	c, err := js.PushConsumer(ctx, streams.StreamFPM, durable)
 	if err != nil {
 		return 0, 0, 0
 	}

@@ -31,7 +31,7 @@ func groupDone(js jetstream.JetStream, group string, parts int, total uint64) er
 		return fmt.Errorf("%s holds %d of %d", stream, n, total)
 	}
 	for p := range parts {
-		c, err := js.Consumer(ctx, stream, group+"-"+strconv.Itoa(p))
+		c, err := js.PushConsumer(ctx, stream, group+"-"+strconv.Itoa(p))
 		if err != nil {
 			return err
 		}

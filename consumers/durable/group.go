@@ -26,9 +26,12 @@ const (
 	MinPinnedTTL     = partition.MinPinnedTTL
 	MaxPinnedTTL     = partition.MaxPinnedTTL
 	MaxGroupNameLen  = partition.MaxNameLen
-	// PriorityGroup is the priority group every partition consumer is pulled in.
-	PriorityGroup = partition.PriorityGroup
 )
+
+// ConsumerInfo is the info of a consumer, a partition group's (push) or another (pull).
+func ConsumerInfo(ctx context.Context, js jetstream.JetStream, stream, name string) (*jetstream.ConsumerInfo, error) {
+	return partition.ConsumerInfo(ctx, js, stream, name)
+}
 
 // ErrGroupMismatch: the group exists on the server with another partitioning.
 var ErrGroupMismatch = partition.ErrGroupMismatch

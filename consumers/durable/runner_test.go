@@ -218,7 +218,7 @@ func consumerInfo(t testing.TB, js jetstream.JetStream, g partition.Config, p in
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := js.Consumer(ctx, g.ConsumerStream(), g.ConsumerName(p))
+	c, err := js.PushConsumer(ctx, g.ConsumerStream(), g.ConsumerName(p))
 	if err != nil {
 		t.Fatal(err)
 	}

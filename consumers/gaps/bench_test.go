@@ -24,10 +24,11 @@ import (
 //   - bare: the cheapest consumer of the stream: a pull consumer with the AckAll policy (the
 //     detector's consumer settings, without the partition group) that fetches and acknowledges
 //     cumulatively, every 1000 messages and the last, and does nothing else;
-//   - pinned: the same, declared and pulled with the pinned-client priority group that every
-//     partition consumer has (consumers/partition): what partition ownership costs the server;
+//   - push: the same acks on the group's own push consumer (flow control, idle heartbeats) pointed
+//     at a subject of its own, the way a partition owner receives (consumers/partition): what
+//     partition ownership's delivery costs;
 //   - runner: a durable.Runner (the detector's group and runner settings) whose Consumer says every
-//     message done at once: the runner's own cost on top of pinned;
+//     message done at once: the runner's own cost on top of push;
 //   - detector: the gap detector (state per publisher, checkpoints in the state bucket, events).
 //
 // Each side's rate is its steady rate: how fast its ack floor went from 10% to 90% of the messages
@@ -36,13 +37,10 @@ import (
 // same window, per message: on a machine shared with other work the wall time follows their load, the
 // CPU time much less. The sides rotate through the rounds (FPMBUS_BENCH_ROUNDS, default 5; durabletest.Compare), so that
 // load from elsewhere hits them alike. It reports each side's median rate and CPU per message, the
-// ratios of the median rates (ratio = detector / bare, goal >= 0.8; pinned/bare, runner/bare,
-// runner/pinned, detector/runner), the lowest per-round ratio of detector to bare, and cpu-ratio (bare
+// ratios of the median rates (ratio = detector / bare, goal >= 0.8; push/bare, runner/bare,
+// runner/push, detector/runner), the lowest per-round ratio of detector to bare, and cpu-ratio (bare
 // CPU / detector CPU per message, medians). FPMBUS_BENCH_PROFILE=<dir> writes a CPU profile of each
-// side and round (durabletest). Pinned runs at about 0.7x of bare: the server adds a Nats-Pin-Id
-// header to every message it delivers to a pinned client, which is what partition ownership costs
-// (see BenchmarkTraceWriterVsBareConsumer in consumers/trace); the runner and the detector cannot be
-// faster than pinned.
+// side and round (durabletest). The push side runs faster than bare on one host (no pull requests to serve): partition ownership costs nothing on the delivery path.
 func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	n := durabletest.Records(200_000)
 	env := streamstest.Start(b)
@@ -74,7 +72,7 @@ func BenchmarkDetectorVsAckOnly(b *testing.B) {
 		}
 		durabletest.Compare(b, "msg",
 			side("bare", "bare-", func(c Config) durabletest.Result { return benchBare(b, url, c, n, false) }),
-			side("pinned", "pinned-", func(c Config) durabletest.Result { return benchBare(b, url, c, n, true) }),
+			side("push", "push-", func(c Config) durabletest.Result { return benchBare(b, url, c, n, true) }),
 			side("runner", "runner-", func(c Config) durabletest.Result { return benchRunner(b, url, c, n) }),
 			side("detector", "gaps-", func(c Config) durabletest.Result { return benchDetector(b, url, c, n) }))
 	}
@@ -125,11 +123,11 @@ func benchRunner(b *testing.B, url string, cfg Config, n int) durabletest.Result
 }
 
 // benchBare consumes n messages with the cheapest consumer on the detector's consumer settings
-// (durabletest.Bare), pinned or not.
-func benchBare(b *testing.B, url string, cfg Config, n int, pinned bool) durabletest.Result {
+// (durabletest.Bare), pulled or pushed.
+func benchBare(b *testing.B, url string, cfg Config, n int, pushed bool) durabletest.Result {
 	nc, js := connect(b, url)
 	defer nc.Close()
-	return durabletest.Bare(b, js, cfg.PartitionConfig(), n, pinned)
+	return durabletest.Bare(b, js, cfg.PartitionConfig(), n, pushed)
 }
 
 // BenchmarkGapEventDelay measures, live, the delay from the end of a gap (the bridge receive time

@@ -224,14 +224,14 @@ func (d *Detector) retireExplicitAckConsumers(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("gaps: group %s: %w", d.cfg.Group, err)
 		}
-		c, err := s.Consumer(ctx, name)
+		ci, err := durable.ConsumerInfo(ctx, d.js, pc.ConsumerStreamOf(p), name)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("gaps: group %s: consumer %s: %w", d.cfg.Group, name, err)
 		}
-		if c.CachedInfo().Config.AckPolicy == jetstream.AckAllPolicy {
+		if ci.Config.AckPolicy == jetstream.AckAllPolicy {
 			continue
 		}
 		d.logger.Warn("gap detector: recreating a consumer declared with per-message acks by an older fpmbus; the stream is re-read from the start, what the state covers is skipped",

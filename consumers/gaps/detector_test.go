@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/durable/durabletest"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -464,11 +465,7 @@ func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 	old := cfg.PartitionConfig()
 	old.CumulativeAcks = false
 	check(t, env.JS.DeleteConsumer(ctx, streams.StreamFPM, DefaultGroup) == nil, "delete")
-	cons, err := env.JS.CreateOrUpdateConsumer(ctx, streams.StreamFPM, old.ConsumerConfig(0))
-	check(t, err == nil, "old consumer: %v", err)
-	msgs, err := cons.Fetch(18, jetstream.FetchMaxWait(5*time.Second), jetstream.FetchPriorityGroup(durable.PriorityGroup))
-	check(t, err == nil, "fetch: %v", err)
-	for m := range msgs.Messages() {
+	for _, m := range durabletest.Take(t, env.JS, streams.StreamFPM, old.ConsumerConfig(0), 18) {
 		check(t, m.DoubleAck(ctx) == nil, "ack")
 	}
 
@@ -477,7 +474,7 @@ func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 	by := waitEvents(t, env.JS, 2, 20*time.Second)
 	match(t, k, by[k], gapW(CauseZMQDrop, 10, 11), gapW(CauseZMQDrop, 20, 24))
 	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
-	ci, err := env.JS.Consumer(ctx, streams.StreamFPM, DefaultGroup)
+	ci, err := env.JS.PushConsumer(ctx, streams.StreamFPM, DefaultGroup)
 	check(t, err == nil && ci.CachedInfo().Config.AckPolicy == jetstream.AckAllPolicy, "recreated with AckAll: %v", err)
 	time.Sleep(200 * time.Millisecond)
 	by = waitEvents(t, env.JS, 2, time.Second)

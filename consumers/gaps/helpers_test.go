@@ -325,7 +325,7 @@ func delivered(t testing.TB, js jetstream.JetStream, k streams.Key) uint64 {
 func consumerDone(t testing.TB, js jetstream.JetStream, stream, durable string) {
 	t.Helper()
 	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		c, err := js.Consumer(context.Background(), stream, durable)
+		c, err := js.PushConsumer(context.Background(), stream, durable)
 		if err != nil {
 			return err
 		}

@@ -517,7 +517,7 @@ func TestBenchBrokerResumesAfterRestart(t *testing.T) {
 	}
 	a.quiet(t, 300*time.Millisecond)
 	// The held ranks are not acknowledged before their run's outcome is durable.
-	if cons, err := env.JS.Consumer(ctx, streams.StreamBench, DefaultDurable); err != nil {
+	if cons, err := env.JS.PushConsumer(ctx, streams.StreamBench, DefaultDurable); err != nil {
 		t.Fatal(err)
 	} else if ci, err := cons.Info(ctx); err != nil || ci.NumAckPending != 2 || ci.AckFloor.Stream != 0 {
 		t.Fatalf("while the run is incomplete: %+v %v (want 2 unacked, nothing acked)", ci, err)
@@ -573,7 +573,7 @@ func TestBenchBrokerPoisonRanks(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cons, err := env.JS.Consumer(ctx, streams.StreamBench, DefaultDurable)
+			cons, err := env.JS.PushConsumer(ctx, streams.StreamBench, DefaultDurable)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -42,11 +42,11 @@ const (
 	// MembersBucket is the KV bucket of live members, key <stream>.<group>.<member id> (re-put every
 	// PinnedTTL/4, deleted on graceful leave), and of partition owners, key
 	// <stream>.<group>.owner.<p> (written only with compare-and-set; see owner.go).
-	MembersBucket    = "FPM_GROUPS"
+	MembersBucket = "FPM_GROUPS"
 	// unownedSubjectPrefix starts the deliver subject of a partition consumer nobody has owned yet:
 	// nobody subscribes to it, so the server holds the partition's messages until a member takes it.
 	unownedSubjectPrefix = "_FPMBUS.unowned."
-	membersBucketTTL = time.Hour
+	membersBucketTTL     = time.Hour
 
 	// Stream metadata recording how a partition stream was made, checked by every Join.
 	metaPartitions = "fpmbus_partitions"

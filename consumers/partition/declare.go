@@ -130,13 +130,13 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 			return nil, fmt.Errorf("partition: look up %s: %w", partName, err)
 		}
 	} else {
-		if ci, err := consumerInfo(ctx, js, c.Stream, c.Group); err == nil && isGroupConsumer(ci) {
+		if ci, err := ConsumerInfo(ctx, js, c.Stream, c.Group); err == nil && isGroupConsumer(ci) {
 			return nil, fmt.Errorf("%w: %s/%s exists with 1 partition (consumer %s on %s); delete the group to change",
 				ErrGroupMismatch, c.Stream, c.Group, c.Group, c.Stream)
 		}
 		if c.Shards > 1 { // a group that reads its shards directly has <group>-0 on the first shard
 			direct := c.Group + "-0"
-			if ci, err := consumerInfo(ctx, js, srcInfo.Config.Name, direct); err == nil && isGroupConsumer(ci) {
+			if ci, err := ConsumerInfo(ctx, js, srcInfo.Config.Name, direct); err == nil && isGroupConsumer(ci) {
 				return nil, fmt.Errorf("%w: %s/%s reads its %d shards directly (consumer %s on %s); delete the group to change",
 					ErrGroupMismatch, c.Stream, c.Group, c.Shards, direct, srcInfo.Config.Name)
 			}
@@ -171,34 +171,40 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 
 // declareConsumer creates partition p's consumer, or brings an existing one to this Config while
 // keeping its deliver subject (the current owner's: changing it would move the partition). A consumer
-// that exists with the same settings is left alone. The server refuses to change an ack policy or a
-// pull consumer into a push one; both are reported in the group's terms.
+// that exists with the same settings is left alone. A pull consumer the group declared with an
+// earlier fpmbus (which partitioned with pinned pull clients) is replaced by the push consumer, going
+// on after its ack floor: nothing acked is read again, the rest comes again (handlers recognise what
+// they made durable). The server refuses to change an ack policy; that is reported in the group's
+// terms, as is a consumer of that name that is not the group's.
 func declareConsumer(ctx context.Context, consStream jetstream.Stream, c Config, p int) error {
 	want := c.ConsumerConfig(p)
-	ci, err := call(ctx, func(ctx context.Context) (*jetstream.ConsumerInfo, error) {
-		cons, err := consStream.PushConsumer(ctx, want.Durable)
-		if err != nil {
-			return nil, err
-		}
-		return cons.CachedInfo(), nil
-	})
-	switch {
-	case errors.Is(err, jetstream.ErrNotPushConsumer):
-		return fmt.Errorf("%w: %s/%s: consumer %s is a pull consumer (declared by an earlier fpmbus that partitioned with pinned clients); delete the group to change",
-			ErrGroupMismatch, c.Stream, c.Group, want.Durable)
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-		_, err = call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) { return consStream.CreatePushConsumer(ctx, want) })
-		if err == nil || !errors.Is(err, jetstream.ErrConsumerExists) {
-			break
-		}
-		// another member created it first: bring it to this Config like an existing one
-		if ci, err = call(ctx, func(ctx context.Context) (*jetstream.ConsumerInfo, error) {
+	lookup := func() (*jetstream.ConsumerInfo, error) {
+		return call(ctx, func(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 			cons, err := consStream.PushConsumer(ctx, want.Durable)
 			if err != nil {
 				return nil, err
 			}
 			return cons.CachedInfo(), nil
-		}); err != nil {
+		})
+	}
+	create := func() error {
+		_, err := call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) { return consStream.CreatePushConsumer(ctx, want) })
+		return err
+	}
+	ci, err := lookup()
+	if errors.Is(err, jetstream.ErrNotPushConsumer) {
+		err = replacePullConsumer(ctx, consStream, c, want)
+		if err == nil {
+			return nil
+		}
+	}
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		if err = create(); err == nil || !errors.Is(err, jetstream.ErrConsumerExists) {
+			break
+		}
+		// another member created it first: bring it to this Config like an existing one
+		if ci, err = lookup(); err != nil {
 			break
 		}
 		fallthrough
@@ -215,6 +221,41 @@ func declareConsumer(ctx context.Context, consStream jetstream.Stream, c Config,
 	}
 	if err != nil {
 		return fmt.Errorf("partition: declare consumer %s: %w", want.Durable, err)
+	}
+	return nil
+}
+
+// replacePullConsumer replaces the group's pull consumer want.Durable (declared by an earlier fpmbus)
+// by want, reset to the message after the old consumer's ack floor.
+func replacePullConsumer(ctx context.Context, consStream jetstream.Stream, c Config, want jetstream.ConsumerConfig) error {
+	old, err := call(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return consStream.Consumer(ctx, want.Durable) })
+	if err != nil {
+		return err
+	}
+	have := old.CachedInfo()
+	if !isGroupConsumer(have) {
+		return fmt.Errorf("%w: %s/%s: consumer %s exists and is not this group's (no fpmbus_group metadata); delete it or name the group otherwise",
+			ErrGroupMismatch, c.Stream, c.Group, want.Durable)
+	}
+	if have.Config.AckPolicy != want.AckPolicy {
+		return fmt.Errorf("%w: %s/%s: consumer %s acks with policy %s on the server, %s here (delete the group to change)",
+			ErrGroupMismatch, c.Stream, c.Group, want.Durable, have.Config.AckPolicy, want.AckPolicy)
+	}
+	floor := have.AckFloor.Stream
+	if _, err := call(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, consStream.DeleteConsumer(ctx, want.Durable) }); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("replace pull consumer: delete: %w", err)
+	}
+	if _, err := call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) { return consStream.CreatePushConsumer(ctx, want) }); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+		return fmt.Errorf("replace pull consumer: create: %w", err)
+	}
+	if floor == 0 {
+		return nil
+	}
+	if _, err := call(ctx, func(ctx context.Context) (*jetstream.ConsumerResetResponse, error) {
+		return consStream.ResetConsumerToSequence(ctx, want.Durable, floor+1)
+	}); err != nil {
+		return fmt.Errorf("replace pull consumer: go on after ack floor %d (reset it with `nats consumer` before the next start, or the group reads %s from its first message): %w",
+			floor, have.Stream, err)
 	}
 	return nil
 }
@@ -242,8 +283,8 @@ func call[T any](ctx context.Context, f func(context.Context) (T, error)) (T, er
 	return f(ctx)
 }
 
-// consumerInfo is the info of consumer name on stream, push or pull.
-func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, name string) (*jetstream.ConsumerInfo, error) {
+// ConsumerInfo is the info of consumer name on stream, push (a partition group's) or pull.
+func ConsumerInfo(ctx context.Context, js jetstream.JetStream, stream, name string) (*jetstream.ConsumerInfo, error) {
 	return call(ctx, func(ctx context.Context) (*jetstream.ConsumerInfo, error) {
 		if c, err := js.PushConsumer(ctx, stream, name); err == nil {
 			return c.CachedInfo(), nil

@@ -81,16 +81,16 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	}
 }
 
-func sealerConsumer(t *testing.T, env *streamstest.Env) jetstream.Consumer {
+func sealerConsumer(t *testing.T, env *streamstest.Env) jetstream.PushConsumer {
 	t.Helper()
-	c, err := env.JS.Consumer(context.Background(), streams.StreamBench, DefaultDurable)
+	c, err := env.JS.PushConsumer(context.Background(), streams.StreamBench, DefaultDurable)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-func consumerInfo(t *testing.T, c jetstream.Consumer) *jetstream.ConsumerInfo {
+func consumerInfo(t *testing.T, c jetstream.PushConsumer) *jetstream.ConsumerInfo {
 	t.Helper()
 	ci, err := c.Info(context.Background())
 	if err != nil {

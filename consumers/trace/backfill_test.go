@@ -157,7 +157,7 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 
 	// The live durables were not touched.
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
-		c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, "live-"+mode)
+		c, err := env.JS.PushConsumer(context.Background(), streams.StreamFPM, "live-"+mode)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -221,7 +221,7 @@ func waitDeliveredAll(t *testing.T, js jetstream.JetStream, durable string, n ui
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := js.Consumer(context.Background(), streams.StreamFPM, durable)
+		c, err := js.PushConsumer(context.Background(), streams.StreamFPM, durable)
 		if err == nil {
 			ci, err := c.Info(context.Background())
 			if err == nil && ci.Delivered.Stream >= n && ci.NumPending == 0 {

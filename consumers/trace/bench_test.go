@@ -26,10 +26,11 @@ import (
 //   - bare: the cheapest consumer of the stream: a pull consumer with the AckAll policy (the writer's
 //     consumer settings, without the partition group) that fetches and acknowledges cumulatively,
 //     every 1000 messages and the last, and does nothing else;
-//   - pinned: the same, declared and pulled with the pinned-client priority group that every
-//     partition consumer has (consumers/partition): what partition ownership costs the server;
+//   - push: the same acks on the group's own push consumer (flow control, idle heartbeats) pointed
+//     at a subject of its own, the way a partition owner receives (consumers/partition): what
+//     partition ownership's delivery costs;
 //   - runner: a durable.Runner (the writer's group and runner settings) whose Consumer says every
-//     message done at once: the runner's own cost on top of pinned;
+//     message done at once: the runner's own cost on top of push;
 //   - full: the trace writer in full mode (Consumer, defaults): parse, line, gzip, write, fsync, done.
 //
 // Each side's rate is its steady rate: how fast its ack floor went from 10% to 90% of the messages
@@ -38,20 +39,11 @@ import (
 // same window, per record: on a machine shared with other work the wall time follows their load, the
 // CPU time much less. The sides rotate through the rounds (durabletest.Compare), so that load from elsewhere
 // on the machine hits them alike. It reports each side's median rate and CPU per record, the ratios of
-// the medians to bare (goal for full: >= 0.8) and of full to pinned and runner, the lowest per-round
+// the medians to bare (goal for full: >= 0.8) and of full to push and runner, the lowest per-round
 // ratio of full to bare, and the compressed bytes per record. FPMBUS_BENCH_PROFILE=<dir> writes a CPU
 // profile of each side and round (durabletest).
 //
-// What the pin costs. Pinned alone runs at about 0.7x of bare (0.67–0.72x on an idle 2-CPU host; the
-// process spends about 2 µs more CPU per message than bare's 5.5–7 µs, 1 to 3.4 µs in our runs on a
-// shared host), and full and the runner cannot be faster than pinned: nats-server (v2.15) adds a
-// Nats-Pin-Id header to every message it delivers to a pinned client, rebuilding the header with
-// net/http's Header.Write in a new buffer and copying the message after it (its consumer delivery loop
-// costs it about twice bare's per message), and the client decodes one header more and records the pin
-// id under a lock. Neither has an option to leave the header out, and no other priority policy or
-// consumer type makes the server deliver to one client only (overflow and prioritized serve several, a
-// push consumer whoever subscribes), so the cost comes with partition ownership (consumers/partition)
-// and is kept. FPMBUS_BENCH_TRACE=1 logs every round.
+// FPMBUS_BENCH_TRACE=1 logs every round.
 func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	n := durabletest.Records(200_000)
 	env := streamstest.Start(b)
@@ -65,7 +57,7 @@ func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 		}
 		durabletest.Compare(b, "rec",
 			side("bare", func(g string) durabletest.Result { return benchBare(b, env.JS, g, n, false) }),
-			side("pinned", func(g string) durabletest.Result { return benchBare(b, env.JS, g, n, true) }),
+			side("push", func(g string) durabletest.Result { return benchBare(b, env.JS, g, n, true) }),
 			side("runner", func(g string) durabletest.Result { return benchRunner(b, env.JS, g, n) }),
 			side("full", func(g string) durabletest.Result {
 				var r durabletest.Result
@@ -128,13 +120,13 @@ func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) durab
 }
 
 // benchBare consumes n messages with the cheapest consumer on the writer's consumer settings
-// (durabletest.Bare), pinned or not.
-func benchBare(b *testing.B, js jetstream.JetStream, name string, n int, pinned bool) durabletest.Result {
+// (durabletest.Bare), pulled or pushed.
+func benchBare(b *testing.B, js jetstream.JetStream, name string, n int, pushed bool) durabletest.Result {
 	pc, err := benchConfig(b, name).PartitionConfig()
 	if err != nil {
 		b.Fatal(err)
 	}
-	return durabletest.Bare(b, js, pc, n, pinned)
+	return durabletest.Bare(b, js, pc, n, pushed)
 }
 
 // fakeMsg is a delivery without a server: nothing to settle.

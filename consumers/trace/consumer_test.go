@@ -190,7 +190,7 @@ func TestGracefulStopFlushesAndAcks(t *testing.T) {
 	// Wait until the writer holds every message unacked.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, cfg.Group)
+		c, err := env.JS.PushConsumer(context.Background(), streams.StreamFPM, cfg.Group)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -152,8 +151,9 @@ func (c Config) runnerConfig(pc durable.GroupConfig) durable.Config {
 
 // replaceIncompatibleConsumers replaces the group's partition consumers that were declared in a way
 // this configuration cannot use and the server cannot change: with another ack policy (an fpmbus that
-// acked each message, or the other capture mode) or without the pinned-client priority group (a plain
-// durable of an older fpmbus). Each is deleted and declared anew, then reset to the message after its
+// acked each message, or the other capture mode) or as a pull consumer without the group's metadata
+// (a plain durable of an older fpmbus; the group's own pull consumers of an earlier fpmbus are
+// replaced the same way when the group is joined). Each is deleted and declared anew, then reset to the message after its
 // ack floor: the writer goes on where the old consumer stood, and the messages above the floor come
 // again (those already written are recognised and skipped, see takeover). Every instance of a group
 // must run the same fpmbus and mode: an instance still consuming a deleted consumer fails.
@@ -168,16 +168,15 @@ func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, p
 			return fmt.Errorf("trace: group %s: stream %s: %w", pc.Group, pc.ConsumerStreamOf(p), err)
 		}
 		want := pc.ConsumerConfig(p)
-		cons, err := s.Consumer(ctx, want.Durable)
+		have, err := durable.ConsumerInfo(ctx, js, pc.ConsumerStreamOf(p), want.Durable)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("trace: group %s: consumer %s: %w", pc.Group, want.Durable, err)
 		}
-		have := cons.CachedInfo()
-		if have.Config.AckPolicy == want.AckPolicy && have.Config.PriorityPolicy == want.PriorityPolicy &&
-			slices.Equal(have.Config.PriorityGroups, want.PriorityGroups) {
+		_, ours := have.Config.Metadata["fpmbus_group"]
+		if have.Config.AckPolicy == want.AckPolicy && (ours || have.Config.DeliverSubject != "") {
 			continue
 		}
 		floor := have.AckFloor.Stream
@@ -186,7 +185,7 @@ func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, p
 		if err := s.DeleteConsumer(ctx, want.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("trace: group %s: delete consumer %s: %w", pc.Group, want.Durable, err)
 		}
-		if _, err := s.CreateConsumer(ctx, want); err != nil {
+		if _, err := s.CreatePushConsumer(ctx, want); err != nil {
 			return fmt.Errorf("trace: group %s: declare consumer %s: %w", pc.Group, want.Durable, err)
 		}
 		if floor == 0 {

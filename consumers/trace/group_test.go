@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/durable/durabletest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -166,7 +167,7 @@ func waitGroupConsumed(t *testing.T, js jetstream.JetStream, pc durable.GroupCon
 			if !ok {
 				break
 			}
-			c, err := js.Consumer(ctx, pc.ConsumerStream(), pc.ConsumerName(p))
+			c, err := js.PushConsumer(ctx, pc.ConsumerStream(), pc.ConsumerName(p))
 			if err != nil {
 				ok, status = false, err.Error()
 				break
@@ -421,7 +422,7 @@ func testGroupTakeover(t *testing.T, mode string) {
 	// Wait until the lossy owner got all 2000 messages (none acked) and wrote their lines.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, cfg.Group)
+		c, err := env.JS.PushConsumer(context.Background(), streams.StreamFPM, cfg.Group)
 		if err == nil && c.CachedInfo().NumPending == 0 && c.CachedInfo().NumAckPending == 2000 {
 			break
 		}
@@ -605,35 +606,11 @@ func TestConsumerDeclaredOtherwiseIsReplacedAfterItsAckFloor(t *testing.T) {
 			cfg := testConfig(t)
 			ctx := context.Background()
 			occ := old(cfg)
-			cons, err := env.JS.CreateOrUpdateConsumer(ctx, streams.StreamFPM, occ)
-			if err != nil {
-				t.Fatal(err)
-			}
 			// The old writer wrote and acked the first 100 messages.
-			var fopts []jetstream.FetchOpt
-			if len(occ.PriorityGroups) > 0 {
-				fopts = append(fopts, jetstream.FetchPriorityGroup(durable.PriorityGroup))
-			}
-			b, err := cons.Fetch(100, append(fopts, jetstream.FetchMaxWait(5*time.Second))...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var taken []jetstream.Msg
-			for m := range b.Messages() {
-				taken = append(taken, m)
-			}
-			if len(taken) != 100 {
-				t.Fatalf("old consumer delivered %d", len(taken))
-			}
+			taken := durabletest.Take(t, env.JS, streams.StreamFPM, occ, 100)
 			writeLines(t, cfg, taken)
 			for _, m := range taken {
 				if err := m.DoubleAck(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if len(occ.PriorityGroups) > 0 {
-				s, _ := env.JS.Stream(ctx, streams.StreamFPM)
-				if err := s.UnpinConsumer(ctx, occ.Durable, durable.PriorityGroup); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -643,8 +620,8 @@ func TestConsumerDeclaredOtherwiseIsReplacedAfterItsAckFloor(t *testing.T) {
 			if err := r.stop(); err != nil {
 				t.Fatal(err)
 			}
-			if ci.Config.AckPolicy != jetstream.AckAllPolicy || fmt.Sprint(ci.Config.PriorityGroups) != "[owner]" || ci.AckFloor.Stream != 150 {
-				t.Fatalf("consumer after the start: ack policy %v, priority groups %v, ack floor %d", ci.Config.AckPolicy, ci.Config.PriorityGroups, ci.AckFloor.Stream)
+			if ci.Config.AckPolicy != jetstream.AckAllPolicy || ci.Config.DeliverSubject == "" || ci.Config.Metadata["fpmbus_group"] != cfg.Group || ci.AckFloor.Stream != 150 {
+				t.Fatalf("consumer after the start: ack policy %v, deliver subject %q, metadata %v, ack floor %d", ci.Config.AckPolicy, ci.Config.DeliverSubject, ci.Config.Metadata, ci.AckFloor.Stream)
 			}
 			if got := counterValue(t, r.w.metrics.skippedWritten); got != 0 {
 				t.Fatalf("%v messages acked by the old consumer were read again", got)

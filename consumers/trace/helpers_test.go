@@ -179,7 +179,7 @@ func waitConsumed(t testing.TB, js jetstream.JetStream, durable string) *jetstre
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		c, err := js.Consumer(ctx, streams.StreamFPM, durable)
+		c, err := js.PushConsumer(ctx, streams.StreamFPM, durable)
 		var ci *jetstream.ConsumerInfo
 		if err == nil {
 			ci, err = c.Info(ctx)

@@ -1,7 +1,6 @@
 package trace
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,46 +11,22 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/durable/durabletest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // pullUnacked takes n messages from the writer group's partition consumer without acking them, as a
-// writer that is killed before its acks leave does; then it unpins the consumer, as that writer's
-// restarted instance does at Join (consumers/partition), so the next writer takes it at once.
+// writer that is killed before its acks leave does; the consumer is left without a subscriber, so the
+// next writer takes it at once (durabletest.Take).
 func pullUnacked(t *testing.T, js jetstream.JetStream, cfg Config, n int) []jetstream.Msg {
 	t.Helper()
-	ctx := context.Background()
 	pc, err := cfg.PartitionConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFPM, pc.ConsumerConfig(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []jetstream.Msg
-	for len(out) < n {
-		b, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(2*time.Second), jetstream.FetchPriorityGroup(durable.PriorityGroup))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for m := range b.Messages() {
-			out = append(out, m)
-		}
-		if b.Error() != nil {
-			t.Fatal(b.Error())
-		}
-	}
-	s, err := js.Stream(ctx, streams.StreamFPM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.UnpinConsumer(ctx, pc.ConsumerName(0), durable.PriorityGroup); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return durabletest.Take(t, js, streams.StreamFPM, pc.ConsumerConfig(0), n)
 }
 
 // writeLines writes the lines of msgs the way a writer does (one flush per call, per producer), and

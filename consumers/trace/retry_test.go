@@ -97,7 +97,7 @@ func readableLines(t *testing.T, outputPath string) int {
 
 func consumerInfo(t *testing.T, env *streamstest.Env, durable string) (ackFloor, ackPending uint64) {
 	t.Helper()
-	c, err := env.JS.Consumer(context.Background(), streams.StreamFPM, durable)
+	c, err := env.JS.PushConsumer(context.Background(), streams.StreamFPM, durable)
 	if err != nil {
 		t.Fatal(err)
 	}

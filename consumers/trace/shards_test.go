@@ -194,7 +194,7 @@ func waitShardConsumed(t testing.TB, js jetstream.JetStream, stream, durable str
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var ci *jetstream.ConsumerInfo
-		c, err := js.Consumer(ctx, stream, durable)
+		c, err := js.PushConsumer(ctx, stream, durable)
 		if err == nil {
 			ci, err = c.Info(ctx)
 		}
@@ -398,7 +398,7 @@ func TestModeChangeOverShardsReplacesEveryShardsConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for p := range shards {
-		c, err := env.JS.Consumer(ctx, streams.ShardStreamName(p), pc.ConsumerName(p))
+		c, err := env.JS.PushConsumer(ctx, streams.ShardStreamName(p), pc.ConsumerName(p))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,8 +3,8 @@
 // accounting in every stage, so that their ratios compare. Only tests import it.
 //
 // A side is one way of consuming n pre-published messages on a consumer of its own: Bare (the
-// cheapest consumer: fetch and ack cumulatively, optionally in the group's pinned-client priority
-// group), a Runner with DoneAtOnce (the runner's own cost), or the stage itself (Run). Its Result is
+// cheapest consumer: fetch and ack cumulatively; or the same acks on the group's own push consumer,
+// what partition ownership's delivery costs), a Runner with DoneAtOnce (the runner's own cost), or the stage itself (Run). Its Result is
 // its steady rate: how fast its ack floor went from 10% to 90% of the messages (polled every 5 ms),
 // which leaves out what sides do differently once (joining a group, the first pulls, the last flush,
 // the graceful stop), and the process's CPU (an in-process server included) per message over that
@@ -119,51 +119,66 @@ func Run(b *testing.B, js jetstream.JetStream, stream, name string, n int, run f
 }
 
 // Bare consumes n messages with the cheapest consumer on group's first partition consumer settings
-// (its durable name, filter, ack policy and pull batch) and returns its steady Result: it fetches and
-// acks every 1000 messages and the last, and does nothing else. pinned keeps the group's pinned-client
-// priority group and pulls in it (what partition ownership costs the server); otherwise the consumer
-// has no priority group.
-func Bare(b *testing.B, js jetstream.JetStream, group durable.GroupConfig, n int, pinned bool) Result {
+// (its durable name, filter and ack policy) and returns its steady Result: a pull consumer that
+// fetches group.Batch at a time and acks every 1000 messages and the last, and does nothing else.
+// pushed instead declares the group's own push consumer (flow control, idle heartbeats) pointed at a
+// subject of this side's and acks the same way: what partition ownership's delivery costs.
+func Bare(b *testing.B, js jetstream.JetStream, group durable.GroupConfig, n int, pushed bool) Result {
 	ctx := context.Background()
 	cc := group.ConsumerConfig(0)
-	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(group.Batch)}
-	if pinned {
-		opts = append(opts, jetstream.PullPriorityGroup(durable.PriorityGroup))
-	} else {
-		cc.PriorityGroups, cc.PriorityPolicy, cc.PinnedTTL = nil, jetstream.PriorityPolicyNone, 0
-	}
 	stream := group.ConsumerStream()
-	cons, err := js.CreateOrUpdateConsumer(ctx, stream, cc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	it, err := cons.Messages(opts...)
-	if err != nil {
-		b.Fatal(err)
-	}
 	done := make(chan error, 1)
-	go func() {
-		defer it.Stop()
-		for i := 1; i <= n; i++ {
-			m, err := it.Next()
-			if err != nil {
+	i := 0
+	ack := func(m jetstream.Msg) bool {
+		i++
+		if i%1000 == 0 || i == n {
+			if err := m.Ack(); err != nil {
 				done <- err
-				return
+				return false
 			}
-			if i%1000 == 0 || i == n {
-				if err := m.Ack(); err != nil {
+		}
+		return i < n
+	}
+	if pushed {
+		cc.DeliverSubject = js.Conn().NewInbox()
+		cons, err := js.CreateOrUpdatePushConsumer(ctx, stream, cc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cctx, err := cons.Consume(func(m jetstream.Msg) { ack(m) })
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cctx.Stop()
+	} else {
+		cc.DeliverSubject, cc.FlowControl, cc.IdleHeartbeat = "", false, 0
+		cons, err := js.CreateOrUpdateConsumer(ctx, stream, cc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		it, err := cons.Messages(jetstream.PullMaxMessages(group.Batch))
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			defer it.Stop()
+			for {
+				m, err := it.Next()
+				if err != nil {
 					done <- err
 					return
 				}
+				if !ack(m) {
+					return
+				}
 			}
-		}
-	}()
+		}()
+	}
 	res := steadyRate(b, js, stream, cc.Durable, n, done)
 	waitAckFloor(b, js, stream, cc.Durable, uint64(n))
 	return res
 }
 
-// cpuTime is the user and system time the process has used so far.
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -174,22 +189,35 @@ func cpuTime() time.Duration {
 
 // consumerInfoOf returns a function that reads consumer name's info (nil until the consumer exists).
 func consumerInfoOf(js jetstream.JetStream, stream, name string) func() *jetstream.ConsumerInfo {
-	var c jetstream.Consumer
+	// One server request a poll, whichever kind the consumer is (the first poll finds out).
+	var push jetstream.PushConsumer
+	var pull jetstream.Consumer
 	return func() *jetstream.ConsumerInfo {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if c == nil {
-			var err error
-			if c, err = js.Consumer(ctx, stream, name); err != nil {
-				c = nil
+		switch {
+		case push != nil:
+			ci, err := push.Info(ctx)
+			if err != nil {
 				return nil
 			}
+			return ci
+		case pull != nil:
+			ci, err := pull.Info(ctx)
+			if err != nil {
+				return nil
+			}
+			return ci
 		}
-		ci, err := c.Info(ctx)
-		if err != nil {
-			return nil
+		if c, err := js.PushConsumer(ctx, stream, name); err == nil {
+			push = c
+			return c.CachedInfo()
 		}
-		return ci
+		if c, err := js.Consumer(ctx, stream, name); err == nil {
+			pull = c
+			return c.CachedInfo()
+		}
+		return nil
 	}
 }
 
@@ -242,14 +270,14 @@ type Side struct {
 	Run  func(round int) Result
 }
 
-// Compare runs bare, pinned, runner and stage (Bare unpinned and pinned, a Runner with DoneAtOnce,
+// Compare runs bare, push, runner and stage (Bare pulled and pushed, a Runner with DoneAtOnce,
 // the stage) in Rounds() rounds, rotating their order each round so that load from elsewhere on the
 // machine hits them alike, and reports each side's median rate (<side>-<unit>/s) and CPU per message
-// (<side>-cpu-us/<unit>), the ratios of the medians (ratio = stage/bare, the goal; pinned/bare,
-// runner/bare, runner/pinned, <stage>/runner), the lowest per-round stage/bare (min-ratio) and
+// (<side>-cpu-us/<unit>), the ratios of the medians (ratio = stage/bare, the goal; push/bare,
+// runner/bare, runner/push, <stage>/runner), the lowest per-round stage/bare (min-ratio) and
 // cpu-ratio (bare CPU / stage CPU per message, medians). FPMBUS_BENCH_TRACE=1 logs every round.
-func Compare(b *testing.B, unit string, bare, pinned, runner, stage Side) {
-	sides := []Side{bare, pinned, runner, stage}
+func Compare(b *testing.B, unit string, bare, push, runner, stage Side) {
+	sides := []Side{bare, push, runner, stage}
 	rates, cpus := make([][]float64, len(sides)), make([][]float64, len(sides))
 	minRatio := 0.0
 	for round := range Rounds() {
@@ -283,9 +311,9 @@ func Compare(b *testing.B, unit string, bare, pinned, runner, stage Side) {
 	}
 	b.ReportMetric(m[3]/m[0], "ratio")
 	b.ReportMetric(minRatio, "min-ratio")
-	b.ReportMetric(m[1]/m[0], "pinned/bare")
+	b.ReportMetric(m[1]/m[0], "push/bare")
 	b.ReportMetric(m[2]/m[0], "runner/bare")
-	b.ReportMetric(m[2]/m[1], "runner/pinned")
+	b.ReportMetric(m[2]/m[1], "runner/push")
 	b.ReportMetric(m[3]/m[2], stage.Name+"/runner")
 	b.ReportMetric(Median(cpus[0])/Median(cpus[3]), "cpu-ratio")
 }
