@@ -524,15 +524,11 @@ func (r *Runner) handle1(ctx context.Context, s *session, batch []*Msg) error {
 func (r *Runner) ackFloor(ctx context.Context, p int) (uint64, error) {
 	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	c, err := r.js.Consumer(cctx, r.cfg.Group.ConsumerStreamOf(p), r.cfg.Group.ConsumerName(p))
+	c, err := r.js.PushConsumer(cctx, r.cfg.Group.ConsumerStreamOf(p), r.cfg.Group.ConsumerName(p))
 	if err != nil {
 		return 0, err
 	}
-	info, err := c.Info(cctx)
-	if err != nil {
-		return 0, err
-	}
-	return info.AckFloor.Stream, nil
+	return c.CachedInfo().AckFloor.Stream, nil
 }
 
 // settle dead-letters what was rejected and acknowledges what is done, for every owned partition.

@@ -379,11 +379,7 @@ func (c *stage) tryMerge(ctx context.Context, run *pendingRun) {
 func (c *stage) caughtUp(ctx context.Context, p int) bool {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	cons, err := c.js.Consumer(cctx, c.group.ConsumerStream(), c.group.ConsumerName(p))
-	if err != nil {
-		return false
-	}
-	ci, err := cons.Info(cctx)
+	ci, err := durable.ConsumerInfo(cctx, c.js, c.group.ConsumerStream(), c.group.ConsumerName(p))
 	if err != nil {
 		return false
 	}
