@@ -42,7 +42,8 @@
 //     lag (messages still pending on the server) and processing time, labelled by consumer.
 //   - The options every stage takes (Settings: logger, registerer, member id, clock): a stage offers
 //     WithLogger, WithMemberID, ... as its own by wrapping the ones here, so each value is checked in
-//     one place, and hands them to its Runner with Inherit (NewStageRunner builds a stage's Runner so).
+//     one place, and hands them to its Runner with Inherit (NewStageRunner builds a stage's Runner so;
+//     NewStage wraps it in a Stage, which a stage's exported type embeds for Ready, Owned and Run).
 //     A stage that holds messages until something else arrives bounds crash loops with
 //     HoldingMaxDeliveries. A stage that writes nothing at a handover embeds ForgetOnHandover as its
 //     PartitionObserver.

@@ -108,3 +108,16 @@ func ApplyOptions[T any, O ~func(*T) error](dst *T, sentinel error, opts []O) er
 	}
 	return nil
 }
+
+// CheckStage is what every stage's constructor does first, in this order: refuse a nil js, complete
+// and check the stage's configuration with fill (whose errors wrap sentinel already), and apply the
+// stage's options to dst (ApplyOptions). Nothing is declared on the server.
+func CheckStage[T any, O ~func(*T) error](js jetstream.JetStream, fill func() error, dst *T, sentinel error, opts []O) error {
+	if js == nil {
+		return fmt.Errorf("%w: nil JetStream", sentinel)
+	}
+	if err := fill(); err != nil {
+		return err
+	}
+	return ApplyOptions(dst, sentinel, opts)
+}

@@ -199,8 +199,8 @@ func WithOutcomeHook(fn func(runID string, rep *Report, err error)) ConsumerOpti
 //     a body that is not a merged artefact or does not match its digest, an artefact without an
 //     identity, a dataset that fails validation, no valid profile within ProfileWait.
 type Consumer struct {
-	s      *sealStage
-	runner *durable.Runner
+	durable.Stage // Ready, Owned; Run ends with its Run
+	s             *sealStage
 }
 
 // sealStage is the durable.Consumer. Every method runs on the runner's loop goroutine.
@@ -229,14 +229,8 @@ type heldSeal struct {
 
 // NewConsumer checks cfg and opts and returns a sealer consumer; Run starts it.
 func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOption) (*Consumer, error) {
-	if js == nil {
-		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConsumerConfig)
-	}
-	if err := cfg.fill(); err != nil {
-		return nil, err
-	}
 	o := consumerOptions{Settings: durable.DefaultSettings()}
-	if err := durable.ApplyOptions(&o, ErrInvalidConsumerConfig, opts); err != nil {
+	if err := durable.CheckStage(js, cfg.fill, &o, ErrInvalidConsumerConfig, opts); err != nil {
 		return nil, err
 	}
 	who := o.MemberID
@@ -251,20 +245,14 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConsumerConfig, err)
 		}
 	}
-	r, err := durable.NewStageRunner(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
+	st, err := durable.NewStage(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
 		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, durable.HoldingMaxDeliveries), StopTimeout: cfg.StopTimeout}, js, s,
 		o.Settings, ErrInvalidConsumerConfig)
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{s: s, runner: r}, nil
+	return &Consumer{Stage: st, s: s}, nil
 }
-
-// Ready is closed once Run has opened the bucket, joined the group and is taking partitions.
-func (c *Consumer) Ready() <-chan struct{} { return c.runner.Ready() }
-
-// Owned lists the partitions this instance owns now.
-func (c *Consumer) Owned() []int { return c.runner.Owned() }
 
 // Run ensures the streams and the bucket exist, joins the group and seals until ctx ends, then stops
 // gracefully (held messages go, unacked, to the next owner at once). It returns nil after a requested
@@ -290,7 +278,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	s.audit(ctx)
 	s.log.Info("sealer starting", "partitions", s.cfg.Partitions, "allow_partial", s.cfg.AllowPartial)
-	return c.runner.Run(ctx)
+	return c.Stage.Run(ctx)
 }
 
 // Handle seals a batch of one partition's merged artefacts, holding those that must wait.
