@@ -318,70 +318,24 @@ func (d *decoder) jstringEscaped(idx, start, p int) (int, error) {
 	return p, d.jfail(p, "unexpected end of JSON in string")
 }
 
-// jsonHex4 parses four hex digits at p.
-func jsonHex4(src []byte, p int) (rune, bool) {
-	if len(src)-p < 4 {
-		return 0, false
-	}
-	var r rune
-	for _, c := range src[p : p+4] {
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return r, true
+// jsonNumberFaults are the FPM reader's messages for a number that breaks the grammar.
+var jsonNumberFaults = [...]string{
+	numberNoInteger:  "invalid number",
+	numberNoFraction: "invalid number: digit expected after '.'",
+	numberNoExponent: "invalid number: digit expected in exponent",
 }
 
 // jnumber decodes the number at start.
 func (d *decoder) jnumber(idx, start int) (int, error) {
 	src := d.src
-	p := start
-	neg := src[p] == '-'
+	p, intEnd, isFloat, fault := scanJSONNumber(src, start)
+	if fault != numberOK {
+		return p, d.jfail(start, jsonNumberFaults[fault])
+	}
+	neg := src[start] == '-'
+	digitsAt := start
 	if neg {
-		p++
-	}
-	digitsAt := p
-	switch {
-	case p < len(src) && src[p] == '0':
-		p++
-	case p < len(src) && src[p] >= '1' && src[p] <= '9':
-		for p < len(src) && src[p] >= '0' && src[p] <= '9' {
-			p++
-		}
-	default:
-		return p, d.jfail(start, "invalid number")
-	}
-	intEnd := p
-	isFloat := false
-	if p < len(src) && src[p] == '.' {
-		isFloat = true
-		p++
-		if p >= len(src) || src[p] < '0' || src[p] > '9' {
-			return p, d.jfail(start, "invalid number: digit expected after '.'")
-		}
-		for p < len(src) && src[p] >= '0' && src[p] <= '9' {
-			p++
-		}
-	}
-	if p < len(src) && (src[p] == 'e' || src[p] == 'E') {
-		isFloat = true
-		p++
-		if p < len(src) && (src[p] == '+' || src[p] == '-') {
-			p++
-		}
-		if p >= len(src) || src[p] < '0' || src[p] > '9' {
-			return p, d.jfail(start, "invalid number: digit expected in exponent")
-		}
-		for p < len(src) && src[p] >= '0' && src[p] <= '9' {
-			p++
-		}
+		digitsAt++
 	}
 	text := src[start:p]
 	n := &d.nodes[idx]
