@@ -41,16 +41,23 @@ func scanJSONNumber[S ~string | ~[]byte](s S, start int) (end, intEnd int, isFlo
 	}
 	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
 		isFloat = true
-		i++
-		if i < len(s) && (s[i] == '+' || s[i] == '-') {
-			i++
-		}
-		d := i
-		if i = skipDigits(s, d); i == d {
+		var ok bool
+		if i, ok = skipExponent(s, i); !ok {
 			return i, intEnd, isFloat, numberNoExponent
 		}
 	}
 	return i, intEnd, isFloat, numberOK
+}
+
+// skipExponent skips the exponent at s[i], which is 'e' or 'E': an optional sign and digits. It
+// returns the offset after it; ok is false when it has no digit (end is then where one was due).
+func skipExponent[S ~string | ~[]byte](s S, i int) (end int, ok bool) {
+	i++
+	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		i++
+	}
+	end = skipDigits(s, i)
+	return end, end > i
 }
 
 // skipDigits returns the offset of the first byte at or after i that is not an ASCII digit.
