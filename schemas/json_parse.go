@@ -125,7 +125,7 @@ func (d *decoder) jobject(idx, start, level int) (int, error) {
 	if p < len(src) && src[p] == '}' {
 		p++
 	} else {
-		for {
+		for end := false; !end; {
 			if p >= len(src) {
 				return p, d.jfail(p, "unexpected end of JSON in object")
 			}
@@ -149,17 +149,9 @@ func (d *decoder) jobject(idx, start, level int) (int, error) {
 			}
 			d.depth--
 			count++
-			if p = skipWS(src, p); p >= len(src) {
-				return p, d.jfail(p, "unexpected end of JSON in object")
+			if p, end, err = d.jnext(p, '}', "object"); err != nil {
+				return p, err
 			}
-			if src[p] == '}' {
-				p++
-				break
-			}
-			if src[p] != ',' {
-				return p, d.jfail(p, "expected ',' or '}' in object")
-			}
-			p = skipWS(src, p+1)
 		}
 	}
 	n := &d.nodes[idx]
@@ -177,6 +169,22 @@ func (d *decoder) jobject(idx, start, level int) (int, error) {
 	return p, nil
 }
 
+// jnext reads what follows a member or element of the container (in: "object" or "array") that
+// closing ends: the closing byte (end, p after it) or a ',' (p at what follows, white space skipped).
+func (d *decoder) jnext(p int, closing byte, in string) (next int, end bool, err error) {
+	src := d.src
+	if p = skipWS(src, p); p >= len(src) {
+		return p, false, d.jfail(p, "unexpected end of JSON in "+in)
+	}
+	switch src[p] {
+	case closing:
+		return p + 1, true, nil
+	case ',':
+		return skipWS(src, p+1), false, nil
+	}
+	return p, false, d.jfail(p, "expected ',' or '"+string(closing)+"' in "+in)
+}
+
 func (d *decoder) jarray(idx, start, level int) (int, error) {
 	if level+1 > maxDepth {
 		return start, d.jfail(start, "nesting deeper than "+strconv.Itoa(maxDepth)+" levels")
@@ -189,24 +197,16 @@ func (d *decoder) jarray(idx, start, level int) (int, error) {
 	} else {
 		seg := d.depth
 		d.depth++
-		for {
+		for end := false; !end; {
 			d.path[seg] = indexSeg(count)
 			var err error
 			if p, err = d.jvalue(p, level+1); err != nil {
 				return p, err
 			}
 			count++
-			if p = skipWS(src, p); p >= len(src) {
-				return p, d.jfail(p, "unexpected end of JSON in array")
+			if p, end, err = d.jnext(p, ']', "array"); err != nil {
+				return p, err
 			}
-			if src[p] == ']' {
-				p++
-				break
-			}
-			if src[p] != ',' {
-				return p, d.jfail(p, "expected ',' or ']' in array")
-			}
-			p = skipWS(src, p+1)
 		}
 		d.depth--
 	}
