@@ -44,6 +44,7 @@
 //     WithLogger, WithMemberID, ... as its own by wrapping the ones here, so each value is checked in
 //     one place, and hands them to its Runner with Inherit (NewStageRunner builds a stage's Runner so;
 //     NewStage wraps it in a Stage, which a stage's exported type embeds for Ready, Owned and Run).
+//     Every stage's constructor starts with CheckStage: its configuration, a JetStream, its options.
 //     A stage that holds messages until something else arrives bounds crash loops with
 //     HoldingMaxDeliveries. A stage that writes nothing at a handover embeds ForgetOnHandover as its
 //     PartitionObserver.

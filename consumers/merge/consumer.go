@@ -134,7 +134,7 @@ type doneRun struct {
 // before Run.
 func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) {
 	o := options{Settings: durable.DefaultSettings()}
-	if err := durable.CheckStage(js, cfg.fill, &o, ErrInvalidConfig, opts); err != nil {
+	if err := durable.CheckStage(cfg.fill, js, &o, ErrInvalidConfig, opts); err != nil {
 		return nil, err
 	}
 	m := &stage{

@@ -230,7 +230,7 @@ type heldSeal struct {
 // NewConsumer checks cfg and opts and returns a sealer consumer; Run starts it.
 func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOption) (*Consumer, error) {
 	o := consumerOptions{Settings: durable.DefaultSettings()}
-	if err := durable.CheckStage(js, cfg.fill, &o, ErrInvalidConsumerConfig, opts); err != nil {
+	if err := durable.CheckStage(cfg.fill, js, &o, ErrInvalidConsumerConfig, opts); err != nil {
 		return nil, err
 	}
 	who := o.MemberID
