@@ -45,8 +45,9 @@
 //     one place, and hands them to its Runner with Inherit (NewStageRunner builds a stage's Runner so;
 //     NewStage wraps it in a Stage, which a stage's exported type embeds for Ready, Owned and Run).
 //     Every stage's constructor starts with CheckStage: its configuration, a JetStream, its options.
-//     A stage that holds messages until something else arrives bounds crash loops with
-//     HoldingMaxDeliveries. A stage that writes nothing at a handover embeds ForgetOnHandover as its
+//     A stage that holds messages until something else arrives takes its group's settings as a
+//     HoldingConfig (defaults, checks, group and runner config; crash loops bounded by
+//     HoldingMaxDeliveries). A stage that writes nothing at a handover embeds ForgetOnHandover as its
 //     PartitionObserver.
 //   - Readiness (Ready) and the stop sequence: stop fetching, let the stage drain and make durable what
 //     it holds (Release per partition), ack, Close with the deadline; what is still not done is left

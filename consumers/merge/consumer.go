@@ -1,7 +1,6 @@
 package merge
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -144,9 +143,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
 	m.Forget = m.forget
-	st, err := durable.NewStage(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
-		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, durable.HoldingMaxDeliveries), StopTimeout: cfg.StopTimeout}, js, m,
-		o.Settings, ErrInvalidConfig)
+	st, err := durable.NewStage(cfg.RunnerConfig(ConsumerName, m.group, tickInterval), js, m, o.Settings, ErrInvalidConfig)
 	if err != nil {
 		return nil, err
 	}
