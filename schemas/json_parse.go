@@ -160,11 +160,7 @@ func (d *decoder) jobject(idx, start, level int) (int, error) {
 	n.end = uint32(len(d.nodes))
 	d.setRaw(idx, start, p)
 	if dup := d.checkDuplicateKeys(idx); dup >= 0 {
-		d.path[d.depth] = keySeg(dup)
-		d.depth++
-		err := d.jfail(int(d.nodes[dup].off), "duplicate key "+strconv.Quote(string(d.raw(&d.nodes[dup]))))
-		d.depth--
-		return p, err
+		return p, d.duplicateKey(dup, d.jfail)
 	}
 	return p, nil
 }
