@@ -79,7 +79,7 @@ func owner(t *testing.T, ps []*proc, skip ...*proc) *proc {
 // their partition.
 func failoverRuns(t *testing.T, prefix string, n int) map[string]int {
 	t.Helper()
-	g := merge.Config{Partitions: failoverP}.Group()
+	g := merge.Config{HoldingConfig: durable.HoldingConfig{Partitions: failoverP}}.Group()
 	runs := map[string]int{}
 	covered := map[int]bool{}
 	for i := 0; len(runs) < n || len(covered) < failoverP; i++ {

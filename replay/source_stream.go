@@ -51,16 +51,15 @@ func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*
 	if rng.Filter == "" {
 		rng.Filter = streams.FPMWildcard
 	}
-	n, err := streams.FPMShardsOf(ctx, js)
-	if err != nil {
+	names, err := streams.FPMRangeStreams(ctx, js, rng.StartSeq, rng.EndSeq)
+	switch {
+	case errors.Is(err, streams.ErrSeqRangeOverShards):
+		return nil, fmt.Errorf("%w: %w", ErrBadRange, err)
+	case err != nil:
 		return nil, fmt.Errorf("replay: %w", err)
 	}
-	if n > 1 && (rng.StartSeq != 0 || rng.EndSeq != 0) {
-		return nil, fmt.Errorf("%w: FPMs are spread over %d shard streams, each numbered on its own: select the range by time (since, until)",
-			ErrBadRange, n)
-	}
 	rec := &Recording{}
-	for _, name := range streams.FPMStreamNames(n) {
+	for _, name := range names {
 		if err := readStreamInto(ctx, js, name, rng, rec); err != nil {
 			return nil, err
 		}

@@ -2,13 +2,11 @@ package replay
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -30,14 +28,6 @@ var (
 // segmentSuffix ends every segment file name.
 const segmentSuffix = schemas.TraceSegmentSuffix
 
-// segmentFile is one file to read, with its name parsed for ordering.
-type segmentFile struct {
-	path    string
-	prefix  string // the producer prefix (<base>.<producer>), or the path for a name that is not a segment's
-	index   uint64 // the segment index when segment
-	segment bool   // the name is a segment's (schemas.ParseTraceSegmentPath)
-}
-
 // ResolveSegments turns what a user names into the segment files to read, in read order (by producer
 // prefix, then segment index). Each path is
 //
@@ -50,35 +40,21 @@ type segmentFile struct {
 //
 // A path that names nothing is an error naming it (ErrNoSegments).
 func ResolveSegments(paths []string) ([]string, error) {
-	var files []segmentFile
-	seen := map[string]bool{}
-	add := func(p string) {
-		if seen[p] {
-			return
-		}
-		seen[p] = true
-		files = append(files, parseSegmentName(p))
-	}
+	var files []string
 	for _, p := range paths {
 		fi, err := os.Stat(p)
 		switch {
 		case err == nil && fi.IsDir():
-			entries, err := os.ReadDir(p)
+			found, err := schemas.TraceSegmentFilesIn(p)
 			if err != nil {
 				return nil, fmt.Errorf("replay: %w", err)
 			}
-			n := 0
-			for _, e := range entries {
-				if e.Type().IsRegular() && strings.HasSuffix(e.Name(), segmentSuffix) {
-					add(filepath.Join(p, e.Name()))
-					n++
-				}
-			}
-			if n == 0 {
+			if len(found) == 0 {
 				return nil, fmt.Errorf("%w in directory %s (no *%s file)", ErrNoSegments, p, segmentSuffix)
 			}
+			files = append(files, found...)
 		case err == nil:
-			add(p)
+			files = append(files, p)
 		case strings.ContainsAny(p, "*?["):
 			matches, gerr := filepath.Glob(p)
 			if gerr != nil {
@@ -87,7 +63,7 @@ func ResolveSegments(paths []string) ([]string, error) {
 			n := 0
 			for _, m := range matches {
 				if fi, err := os.Stat(m); err == nil && fi.Mode().IsRegular() {
-					add(m)
+					files = append(files, m)
 					n++
 				}
 			}
@@ -102,30 +78,12 @@ func ResolveSegments(paths []string) ([]string, error) {
 			if len(matches) == 0 {
 				return nil, fmt.Errorf("%w: %s is no file, directory or glob, and no segment is named %s.[<producer>.]<index:06>%s", ErrNoSegments, p, schemas.TraceOutputBase(p), segmentSuffix)
 			}
-			for _, m := range matches {
-				add(m)
-			}
+			files = append(files, matches...)
 		default:
 			return nil, fmt.Errorf("replay: %w", err)
 		}
 	}
-	slices.SortStableFunc(files, func(a, b segmentFile) int {
-		if c := strings.Compare(a.prefix, b.prefix); c != 0 {
-			return c
-		}
-		if a.segment != b.segment { // a name that is not a segment's first
-			if a.segment {
-				return 1
-			}
-			return -1
-		}
-		return cmp.Compare(a.index, b.index)
-	})
-	out := make([]string, len(files))
-	for i, f := range files {
-		out[i] = f.path
-	}
-	return out, nil
+	return schemas.TraceReadOrder(files), nil
 }
 
 // prefixSegments lists the regular-file segments under p taken as an output prefix (those of every
@@ -155,15 +113,6 @@ func prefixSegments(p string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// parseSegmentName splits a segment path into its producer prefix and index, for read order.
-func parseSegmentName(p string) segmentFile {
-	prefix, index, ok := schemas.ParseTraceSegmentPath(p)
-	if !ok {
-		return segmentFile{path: p, prefix: p}
-	}
-	return segmentFile{path: p, prefix: prefix, index: index, segment: true}
 }
 
 // ReadTrace reads the segments named by paths (see ResolveSegments) into a Recording, records sorted

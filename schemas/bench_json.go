@@ -565,7 +565,7 @@ func (p *benchParser) escapedString(start, i int) (string, error) {
 		case 't':
 			b = append(b, '\t')
 		case 'u':
-			r, ok := hex4(p.src, i+2)
+			r, ok := jsonHex4(p.src, i+2)
 			if !ok {
 				return "", p.fail(i, "invalid \\u escape")
 			}
@@ -573,7 +573,7 @@ func (p *benchParser) escapedString(start, i int) (string, error) {
 			if utf16.IsSurrogate(r) {
 				r2, ok := rune(0), false
 				if r < 0xdc00 && i+1 < len(p.src) && p.src[i] == '\\' && p.src[i+1] == 'u' {
-					r2, ok = hex4(p.src, i+2)
+					r2, ok = jsonHex4(p.src, i+2)
 				}
 				dec := utf16.DecodeRune(r, r2)
 				if !ok || dec == utf8.RuneError {
@@ -592,68 +592,21 @@ func (p *benchParser) escapedString(start, i int) (string, error) {
 	return "", p.fail(p.pos, "unterminated string")
 }
 
-func hex4(s string, i int) (rune, bool) {
-	if i+4 > len(s) {
-		return 0, false
-	}
-	var r rune
-	for _, c := range []byte(s[i : i+4]) {
-		r <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c - 'a' + 10)
-		case c >= 'A' && c <= 'F':
-			r |= rune(c - 'A' + 10)
-		default:
-			return 0, false
-		}
-	}
-	return r, true
+// benchNumberFaults are the benchmark reader's messages for a number that breaks the grammar.
+var benchNumberFaults = [...]string{
+	numberNoInteger:  "invalid number",
+	numberNoFraction: "invalid number: no digits after '.'",
+	numberNoExponent: "invalid number: no digits in exponent",
 }
 
 func (p *benchParser) number() (string, error) {
-	s, start := p.src, p.pos
-	i := start
-	if s[i] == '-' {
-		i++
+	end, _, _, fault := scanJSONNumber(p.src, p.pos)
+	if fault != numberOK {
+		return "", p.fail(end, benchNumberFaults[fault])
 	}
-	switch {
-	case i < len(s) && s[i] == '0':
-		i++
-	case i < len(s) && s[i] >= '1' && s[i] <= '9':
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
-	default:
-		return "", p.fail(i, "invalid number")
-	}
-	if i < len(s) && s[i] == '.' {
-		i++
-		d := i
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
-		if i == d {
-			return "", p.fail(i, "invalid number: no digits after '.'")
-		}
-	}
-	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
-		i++
-		if i < len(s) && (s[i] == '+' || s[i] == '-') {
-			i++
-		}
-		d := i
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			i++
-		}
-		if i == d {
-			return "", p.fail(i, "invalid number: no digits in exponent")
-		}
-	}
-	p.pos = i
-	return s[start:i], nil
+	start := p.pos
+	p.pos = end
+	return p.src[start:end], nil
 }
 
 // --- accessors ---

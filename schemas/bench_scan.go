@@ -103,16 +103,10 @@ func (s *BenchScanner) Parse() (BenchNode, error) {
 // scanner positioned at the member's value; fn must consume the value (Skip, Parse, Compare, Object or
 // Array). A duplicate key is an error. An error from fn stops the walk and is returned as is.
 func (s *BenchScanner) Object(fn func(key string) error) error {
-	if err := s.start(); err != nil {
+	if empty, err := s.open('{', '}', "an object"); empty || err != nil {
 		return err
 	}
 	p := s.p
-	if p.b[p.pos] != '{' {
-		return p.fail(p.pos, "expected an object")
-	}
-	if empty, err := p.open('}'); empty || err != nil {
-		return err
-	}
 	var seen map[string]struct{}
 	for {
 		key, keyOff, err := p.memberKey()
@@ -139,16 +133,10 @@ func (s *BenchScanner) Object(fn func(key string) error) error {
 // Array calls fn for each element of the array at the scanner's position with the scanner positioned at
 // the element; fn must consume it.
 func (s *BenchScanner) Array(fn func(i int) error) error {
-	if err := s.start(); err != nil {
+	if empty, err := s.open('[', ']', "an array"); empty || err != nil {
 		return err
 	}
 	p := s.p
-	if p.b[p.pos] != '[' {
-		return p.fail(p.pos, "expected an array")
-	}
-	if empty, err := p.open(']'); empty || err != nil {
-		return err
-	}
 	for i := 0; ; i++ {
 		p.ws()
 		if err := fn(i); err != nil {
@@ -159,6 +147,20 @@ func (s *BenchScanner) Array(fn func(i int) error) error {
 			return err
 		}
 	}
+}
+
+// open enters the container that opening starts (what names it in the error when the value at the
+// scanner's position is something else); empty is true, and the container consumed, when it holds
+// nothing.
+func (s *BenchScanner) open(opening, closing byte, what string) (empty bool, err error) {
+	if err := s.start(); err != nil {
+		return false, err
+	}
+	p := s.p
+	if p.b[p.pos] != opening {
+		return false, p.fail(p.pos, "expected "+what)
+	}
+	return p.open(closing)
 }
 
 // Compare compares the value at the scanner's position with ref as BenchDiff compares two trees (object

@@ -9,18 +9,7 @@ package schemas
 //
 // The common shape is decoded in one pass (fastpath.go); anything else by the general tree path. Hot
 // loops should use a Decoder (one per goroutine) or AppendDecodeFPM, which allocate less.
-func DecodeFPM(payload []byte) (*FPM, error) {
-	d := getFastDecoder()
-	var f FPM
-	err := d.DecodeFPM(payload, &f)
-	putFastDecoder(d)
-	if err != nil {
-		return nil, err
-	}
-	out := new(FPM)
-	*out = f
-	return out, nil
-}
+func DecodeFPM(payload []byte) (*FPM, error) { return decodePooled(payload, false) }
 
 // ParseFPMJSON parses a canonical JSON FPM body (as stored on the FPM stream, or nested under "fpm" in a
 // trace line) and validates it by the same rules as DecodeFPM. Integer literals stay integers: 1.0 is not
@@ -32,10 +21,20 @@ func DecodeFPM(payload []byte) (*FPM, error) {
 //
 // The compact form is read in one pass (fastpath.go); anything else by the general tree path. Hot loops
 // should use Decoder.ParseFPMJSON, which allocates nothing for the compact form.
-func ParseFPMJSON(body []byte) (*FPM, error) {
+func ParseFPMJSON(body []byte) (*FPM, error) { return decodePooled(body, true) }
+
+// decodePooled decodes in, a JSON body (json) or a msgpack payload, with a pooled Decoder and returns
+// a new FPM holding the result. The FPM is allocated only once the decode succeeded: until then it
+// lives on the stack (the Decoder methods are called directly for that, not through a func value).
+func decodePooled(in []byte, json bool) (*FPM, error) {
 	d := getFastDecoder()
 	var f FPM
-	err := d.ParseFPMJSON(body, &f)
+	var err error
+	if json {
+		err = d.ParseFPMJSON(in, &f)
+	} else {
+		err = d.DecodeFPM(in, &f)
+	}
 	putFastDecoder(d)
 	if err != nil {
 		return nil, err

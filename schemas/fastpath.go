@@ -660,18 +660,10 @@ func jsonNumber(body []byte, p int) (x float64, next int) {
 			return 0, 0
 		}
 	}
-	exp := false
-	if q < len(body) && (body[q] == 'e' || body[q] == 'E') {
-		exp = true
-		q++
-		if q < len(body) && (body[q] == '+' || body[q] == '-') {
-			q++
-		}
-		e := q
-		for q < len(body) && body[q]-'0' <= 9 {
-			q++
-		}
-		if q == e {
+	exp := q < len(body) && (body[q] == 'e' || body[q] == 'E')
+	if exp {
+		var ok bool
+		if q, ok = skipExponent(body, q); !ok {
 			return 0, 0
 		}
 	}

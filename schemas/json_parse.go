@@ -125,7 +125,7 @@ func (d *decoder) jobject(idx, start, level int) (int, error) {
 	if p < len(src) && src[p] == '}' {
 		p++
 	} else {
-		for {
+		for end := false; !end; {
 			if p >= len(src) {
 				return p, d.jfail(p, "unexpected end of JSON in object")
 			}
@@ -149,17 +149,9 @@ func (d *decoder) jobject(idx, start, level int) (int, error) {
 			}
 			d.depth--
 			count++
-			if p = skipWS(src, p); p >= len(src) {
-				return p, d.jfail(p, "unexpected end of JSON in object")
+			if p, end, err = d.jnext(p, '}', "object"); err != nil {
+				return p, err
 			}
-			if src[p] == '}' {
-				p++
-				break
-			}
-			if src[p] != ',' {
-				return p, d.jfail(p, "expected ',' or '}' in object")
-			}
-			p = skipWS(src, p+1)
 		}
 	}
 	n := &d.nodes[idx]
@@ -168,13 +160,25 @@ func (d *decoder) jobject(idx, start, level int) (int, error) {
 	n.end = uint32(len(d.nodes))
 	d.setRaw(idx, start, p)
 	if dup := d.checkDuplicateKeys(idx); dup >= 0 {
-		d.path[d.depth] = keySeg(dup)
-		d.depth++
-		err := d.jfail(int(d.nodes[dup].off), "duplicate key "+strconv.Quote(string(d.raw(&d.nodes[dup]))))
-		d.depth--
-		return p, err
+		return p, d.duplicateKey(dup, d.jfail)
 	}
 	return p, nil
+}
+
+// jnext reads what follows a member or element of the container (in: "object" or "array") that
+// closing ends: the closing byte (end, p after it) or a ',' (p at what follows, white space skipped).
+func (d *decoder) jnext(p int, closing byte, in string) (next int, end bool, err error) {
+	src := d.src
+	if p = skipWS(src, p); p >= len(src) {
+		return p, false, d.jfail(p, "unexpected end of JSON in "+in)
+	}
+	switch src[p] {
+	case closing:
+		return p + 1, true, nil
+	case ',':
+		return skipWS(src, p+1), false, nil
+	}
+	return p, false, d.jfail(p, "expected ',' or '"+string(closing)+"' in "+in)
 }
 
 func (d *decoder) jarray(idx, start, level int) (int, error) {
@@ -189,24 +193,16 @@ func (d *decoder) jarray(idx, start, level int) (int, error) {
 	} else {
 		seg := d.depth
 		d.depth++
-		for {
+		for end := false; !end; {
 			d.path[seg] = indexSeg(count)
 			var err error
 			if p, err = d.jvalue(p, level+1); err != nil {
 				return p, err
 			}
 			count++
-			if p = skipWS(src, p); p >= len(src) {
-				return p, d.jfail(p, "unexpected end of JSON in array")
+			if p, end, err = d.jnext(p, ']', "array"); err != nil {
+				return p, err
 			}
-			if src[p] == ']' {
-				p++
-				break
-			}
-			if src[p] != ',' {
-				return p, d.jfail(p, "expected ',' or ']' in array")
-			}
-			p = skipWS(src, p+1)
 		}
 		d.depth--
 	}
@@ -318,70 +314,24 @@ func (d *decoder) jstringEscaped(idx, start, p int) (int, error) {
 	return p, d.jfail(p, "unexpected end of JSON in string")
 }
 
-// jsonHex4 parses four hex digits at p.
-func jsonHex4(src []byte, p int) (rune, bool) {
-	if len(src)-p < 4 {
-		return 0, false
-	}
-	var r rune
-	for _, c := range src[p : p+4] {
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return r, true
+// jsonNumberFaults are the FPM reader's messages for a number that breaks the grammar.
+var jsonNumberFaults = [...]string{
+	numberNoInteger:  "invalid number",
+	numberNoFraction: "invalid number: digit expected after '.'",
+	numberNoExponent: "invalid number: digit expected in exponent",
 }
 
 // jnumber decodes the number at start.
 func (d *decoder) jnumber(idx, start int) (int, error) {
 	src := d.src
-	p := start
-	neg := src[p] == '-'
+	p, intEnd, isFloat, fault := scanJSONNumber(src, start)
+	if fault != numberOK {
+		return p, d.jfail(start, jsonNumberFaults[fault])
+	}
+	neg := src[start] == '-'
+	digitsAt := start
 	if neg {
-		p++
-	}
-	digitsAt := p
-	switch {
-	case p < len(src) && src[p] == '0':
-		p++
-	case p < len(src) && src[p] >= '1' && src[p] <= '9':
-		for p < len(src) && src[p] >= '0' && src[p] <= '9' {
-			p++
-		}
-	default:
-		return p, d.jfail(start, "invalid number")
-	}
-	intEnd := p
-	isFloat := false
-	if p < len(src) && src[p] == '.' {
-		isFloat = true
-		p++
-		if p >= len(src) || src[p] < '0' || src[p] > '9' {
-			return p, d.jfail(start, "invalid number: digit expected after '.'")
-		}
-		for p < len(src) && src[p] >= '0' && src[p] <= '9' {
-			p++
-		}
-	}
-	if p < len(src) && (src[p] == 'e' || src[p] == 'E') {
-		isFloat = true
-		p++
-		if p < len(src) && (src[p] == '+' || src[p] == '-') {
-			p++
-		}
-		if p >= len(src) || src[p] < '0' || src[p] > '9' {
-			return p, d.jfail(start, "invalid number: digit expected in exponent")
-		}
-		for p < len(src) && src[p] >= '0' && src[p] <= '9' {
-			p++
-		}
+		digitsAt++
 	}
 	text := src[start:p]
 	n := &d.nodes[idx]

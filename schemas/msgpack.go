@@ -342,11 +342,7 @@ func (d *decoder) readMap(idx, off, p int, n uint64, level int) (int, error) {
 	d.nodes[idx].end = uint32(len(d.nodes))
 	d.setRaw(idx, off, p)
 	if dup := d.checkDuplicateKeys(idx); dup >= 0 {
-		d.path[d.depth] = keySeg(dup)
-		d.depth++
-		err := d.fail(int(d.nodes[dup].off), "duplicate key "+strconv.Quote(string(d.raw(&d.nodes[dup]))))
-		d.depth--
-		return off, err
+		return off, d.duplicateKey(dup, d.fail)
 	}
 	return p, nil
 }

@@ -209,6 +209,17 @@ func joinField(parent, key string) string {
 	return parent + "." + key
 }
 
+// duplicateKey is the error for dup, a key that repeats an earlier one of its map
+// (checkDuplicateKeys): made by the reader's fail (jfail or fail) at the key's offset, its path ending
+// at the key.
+func (d *decoder) duplicateKey(dup int, fail func(off int, msg string) error) error {
+	d.path[d.depth] = keySeg(dup)
+	d.depth++
+	err := fail(int(d.nodes[dup].off), "duplicate key "+strconv.Quote(string(d.raw(&d.nodes[dup]))))
+	d.depth--
+	return err
+}
+
 // checkDuplicateKeys reports the index of the first key of the map at nodes[m] that repeats an earlier
 // key, or -1. Small maps are compared pairwise (no allocation); large ones use a set, so a hostile map
 // of many keys costs linear time.

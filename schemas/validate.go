@@ -141,6 +141,44 @@ func (v *validator) requestMap(i int, field string) error {
 	return nil
 }
 
+// Error paths of the request maps' fields, by field index: scheduled_requests.<field>, ...
+var (
+	scheduledPaths = requestPaths(fieldScheduled, scheduledFields[:])
+	queuedPaths    = requestPaths(fieldQueued, queuedFields[:])
+)
+
+func requestPaths(m string, fields []string) []string {
+	out := make([]string, len(fields))
+	for j, f := range fields {
+		out[j] = m + "." + f
+	}
+	return out
+}
+
+// requests checks the request map at node i (the top-level field name) and reads its fields into r
+// by index, as the fast paths do: fields are its names, the numbers among them are flagged in floats
+// (scheduledFloats, queuedFloats), the rest are counts; paths name them in errors. Fields are checked
+// in declaration order, so the first bad one is reported.
+func (v *validator) requests(i int, name string, fields, paths []string, floats uint, r *requestValues) error {
+	if err := v.requestMap(i, name); err != nil {
+		return err
+	}
+	var at [len(scheduledFields)]int
+	lookup(v.tree, i, fields, at[:len(fields)])
+	for j := range fields {
+		var err error
+		if floats&(1<<j) != 0 {
+			r.floats[j], err = v.number(at[j], paths[j])
+		} else {
+			r.ints[j], err = v.integer(at[j], paths[j])
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // validateFPM checks the FPM map at t.nodes[root] and fills the typed fields of f (not f.JSON). Field
 // paths in errors are relative to the FPM object.
 func validateFPM(t *tree, root int, f *FPM) error {
@@ -191,62 +229,16 @@ func validateFPM(t *tree, root int, f *FPM) error {
 		return err
 	}
 
-	// scheduled_requests
-	if err = v.requestMap(top[5], fieldScheduled); err != nil {
+	// scheduled_requests, queued_requests
+	var sched, queued requestValues
+	if err = v.requests(top[5], fieldScheduled, scheduledFields[:], scheduledPaths, scheduledFloats, &sched); err != nil {
 		return err
 	}
-	var sf [len(scheduledFields)]int
-	lookup(t, top[5], scheduledFields[:], sf[:])
-	s := &f.Scheduled
-	const sp = fieldScheduled + "."
-	if s.NumPrefillRequests, err = v.integer(sf[0], sp+fieldNumPrefill); err != nil {
+	f.Scheduled = sched.scheduled()
+	if err = v.requests(top[6], fieldQueued, queuedFields[:], queuedPaths, queuedFloats, &queued); err != nil {
 		return err
 	}
-	if s.SumPrefillTokens, err = v.integer(sf[1], sp+fieldSumPrefillTokens); err != nil {
-		return err
-	}
-	if s.VarPrefillLength, err = v.number(sf[2], sp+fieldVarPrefillLength); err != nil {
-		return err
-	}
-	if s.SumPrefillKVTokens, err = v.integer(sf[3], sp+fieldSumPrefillKV); err != nil {
-		return err
-	}
-	if s.NumDecodeRequests, err = v.integer(sf[4], sp+fieldNumDecode); err != nil {
-		return err
-	}
-	if s.SumDecodeKVTokens, err = v.integer(sf[5], sp+fieldSumDecodeKV); err != nil {
-		return err
-	}
-	if s.VarDecodeKVTokens, err = v.number(sf[6], sp+fieldVarDecodeKVTokens); err != nil {
-		return err
-	}
-
-	// queued_requests
-	if err = v.requestMap(top[6], fieldQueued); err != nil {
-		return err
-	}
-	var qf [len(queuedFields)]int
-	lookup(t, top[6], queuedFields[:], qf[:])
-	q := &f.Queued
-	const qp = fieldQueued + "."
-	if q.NumPrefillRequests, err = v.integer(qf[0], qp+fieldNumPrefill); err != nil {
-		return err
-	}
-	if q.SumPrefillTokens, err = v.integer(qf[1], qp+fieldSumPrefillTokens); err != nil {
-		return err
-	}
-	if q.VarPrefillLength, err = v.number(qf[2], qp+fieldVarPrefillLength); err != nil {
-		return err
-	}
-	if q.NumDecodeRequests, err = v.integer(qf[3], qp+fieldNumDecode); err != nil {
-		return err
-	}
-	if q.SumDecodeKVTokens, err = v.integer(qf[4], qp+fieldSumDecodeKV); err != nil {
-		return err
-	}
-	if q.VarDecodeKVTokens, err = v.number(qf[5], qp+fieldVarDecodeKVTokens); err != nil {
-		return err
-	}
+	f.Queued = queued.queued()
 
 	f.WorkerID = string(workerID)
 	return nil

@@ -23,6 +23,25 @@ func CheckFPMRange(startSeq, endSeq uint64, since, until time.Time) error {
 	return nil
 }
 
+// ErrSeqRangeOverShards is the reason a range of FPM chosen by stream sequence is refused on a server
+// with FPM shards: each shard numbers its messages on its own, so one sequence names a message in
+// every shard.
+var ErrSeqRangeOverShards = errors.New("select the range by time (since, until)")
+
+// FPMRangeStreams returns the FPM streams a range of FPM is read from, in order: FPM, or every shard
+// of the server's FPM (FPMStreamNames). A range by sequence (startSeq or endSeq set) over more than one
+// shard is an error wrapping ErrSeqRangeOverShards; a failed shard discovery is returned as it is.
+func FPMRangeStreams(ctx context.Context, js jetstream.JetStream, startSeq, endSeq uint64) ([]string, error) {
+	n, err := FPMShardsOf(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	if n > 1 && (startSeq != 0 || endSeq != 0) {
+		return nil, fmt.Errorf("FPMs are spread over %d shard streams, each numbered on its own: %w", n, ErrSeqRangeOverShards)
+	}
+	return FPMStreamNames(n), nil
+}
+
 // OpenFPMRange prepares an ordered read of a range of stream FPM on filter, chosen by stream sequence
 // (startSeq, endSeq; 0 is open) or by stored time (since; zero is open), as `fpmbus trace backfill`
 // and `fpmbus trace replay --from-stream` choose it. It returns the stream, the ordered consumer that

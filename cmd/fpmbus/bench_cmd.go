@@ -154,17 +154,27 @@ func runBenchValidate(args []string, stdout io.Writer) error {
 		return fmt.Errorf("%w: bench validate needs rank artefacts", errUsage)
 	}
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		_, sum, err := readRank(f, f)
 		if err != nil {
 			return err
-		}
-		sum, err := merge.ValidateRank(merge.RankFile{Rank: merge.RankFromPath(f), Path: f, Data: data})
-		if err != nil {
-			return fmt.Errorf("%s: %w", f, err)
 		}
 		fmt.Fprintf(stdout, "%s: valid rank %d of %d, run %s, %d points\n", f, sum.Rank, sum.DPSize, sum.RunID, sum.Points)
 	}
 	return nil
+}
+
+// readRank reads the rank artefact file f and checks it as the merger will (merge.ValidateRank, the
+// artefact recorded under path); a failed check names f.
+func readRank(f, path string) ([]byte, merge.RankSummary, error) {
+	data, err := os.ReadFile(f)
+	if err != nil {
+		return nil, merge.RankSummary{}, err
+	}
+	sum, err := merge.ValidateRank(merge.RankFile{Rank: merge.RankFromPath(f), Path: path, Data: data})
+	if err != nil {
+		return nil, merge.RankSummary{}, fmt.Errorf("%s: %w", f, err)
+	}
+	return data, sum, nil
 }
 
 func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error {
@@ -191,17 +201,13 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	var pub streams.BenchPublication
 	var points []int
 	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
 		abs, err := filepath.Abs(f)
 		if err != nil {
 			return err
 		}
-		sum, err := merge.ValidateRank(merge.RankFile{Rank: merge.RankFromPath(f), Path: abs, Data: data})
+		data, sum, err := readRank(f, abs)
 		if err != nil {
-			return fmt.Errorf("%s: %w", f, err)
+			return err
 		}
 		pub.Ranks = append(pub.Ranks, streams.BenchRank{Path: f, Digest: schemas.SHA256Hex(data),
 			BenchRankArtefact: streams.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: abs}})

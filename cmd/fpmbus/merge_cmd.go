@@ -99,8 +99,9 @@ func (o *mergeOptions) config() (merge.Config, error) {
 		return merge.Config{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("inline-max"), o.inlineMax)
 	}
 	return merge.Config{
-		Durable: o.durable, Partitions: partitions, PinnedTTL: o.pinnedTTL, RankTimeout: o.rankTimeout, Output: o.output,
-		SpoolDir: o.spoolDir, AckWait: o.ackWait, InlineMax: o.inlineMax, MaxDeliveries: o.maxDeliveries,
+		HoldingConfig: durable.HoldingConfig{Durable: o.durable, Partitions: partitions, PinnedTTL: o.pinnedTTL,
+			AckWait: o.ackWait, MaxDeliveries: o.maxDeliveries},
+		RankTimeout: o.rankTimeout, Output: o.output, SpoolDir: o.spoolDir, InlineMax: o.inlineMax,
 	}, nil
 }
 

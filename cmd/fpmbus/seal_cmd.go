@@ -64,8 +64,11 @@ func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.ConsumerConfig, 
 	case o.maxDeliveries < 0:
 		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, name("seal-max-deliveries"), o.maxDeliveries)
 	}
-	return seal.ConsumerConfig{Durable: o.durable, Partitions: o.partitions, PinnedTTL: o.pinnedTTL, AllowPartial: o.allowPartial,
-		ProfileWait: o.profileWait, AckWait: o.ackWait, MaxDeliveries: o.maxDeliveries, Streams: scfg}, nil
+	return seal.ConsumerConfig{
+		HoldingConfig: durable.HoldingConfig{Durable: o.durable, Partitions: o.partitions, PinnedTTL: o.pinnedTTL,
+			AckWait: o.ackWait, MaxDeliveries: o.maxDeliveries},
+		AllowPartial: o.allowPartial, ProfileWait: o.profileWait, Streams: scfg,
+	}, nil
 }
 
 // consumerOptions are the sealer consumer's options for the flags; s seals.

@@ -42,9 +42,12 @@
 //     lag (messages still pending on the server) and processing time, labelled by consumer.
 //   - The options every stage takes (Settings: logger, registerer, member id, clock): a stage offers
 //     WithLogger, WithMemberID, ... as its own by wrapping the ones here, so each value is checked in
-//     one place, and hands them to its Runner with Inherit (NewStageRunner builds a stage's Runner so).
-//     A stage that holds messages until something else arrives bounds crash loops with
-//     HoldingMaxDeliveries. A stage that writes nothing at a handover embeds ForgetOnHandover as its
+//     one place, and hands them to its Runner with Inherit (NewStageRunner builds a stage's Runner so;
+//     NewStage wraps it in a Stage, which a stage's exported type embeds for Ready, Owned and Run).
+//     Every stage's constructor starts with CheckStage: its configuration, a JetStream, its options.
+//     A stage that holds messages until something else arrives takes its group's settings as a
+//     HoldingConfig (defaults, checks, group and runner config; crash loops bounded by
+//     HoldingMaxDeliveries). A stage that writes nothing at a handover embeds ForgetOnHandover as its
 //     PartitionObserver.
 //   - Readiness (Ready) and the stop sequence: stop fetching, let the stage drain and make durable what
 //     it holds (Release per partition), ack, Close with the deadline; what is still not done is left

@@ -108,3 +108,16 @@ func ApplyOptions[T any, O ~func(*T) error](dst *T, sentinel error, opts []O) er
 	}
 	return nil
 }
+
+// CheckStage is what every stage's constructor does first, in this order: check (and, where the stage
+// fills defaults, complete) the stage's configuration with check, whose errors wrap sentinel already;
+// refuse a nil js; apply the stage's options to dst (ApplyOptions). Nothing is asked of the server.
+func CheckStage[T any, O ~func(*T) error](check func() error, js jetstream.JetStream, dst *T, sentinel error, opts []O) error {
+	if err := check(); err != nil {
+		return err
+	}
+	if js == nil {
+		return fmt.Errorf("%w: nil JetStream", sentinel)
+	}
+	return ApplyOptions(dst, sentinel, opts)
+}

@@ -90,11 +90,9 @@ var (
 // New checks cfg and returns a Detector on js. Nothing is created on the server until Run; the
 // streams must exist (streams.Apply). Options: WithLogger, WithClock, WithMemberID.
 func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) {
-	if err := cfg.Validate(); err != nil {
+	set := durable.DefaultSettings()
+	if err := durable.CheckStage(cfg.Validate, js, &set, ErrInvalidConfig, opts); err != nil {
 		return nil, err
-	}
-	if js == nil {
-		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
 	}
 	if cfg.FPMShards == 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), max(cfg.PublishTimeout, 5*time.Second))
@@ -116,10 +114,6 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) 
 		keys:      map[streams.Key]*entry{},
 		orphans:   map[streams.Key][]*durable.Msg{},
 		subjects:  map[string]*subjectKey{},
-	}
-	set := durable.DefaultSettings()
-	if err := durable.ApplyOptions(&set, ErrInvalidConfig, opts); err != nil {
-		return nil, err
 	}
 	d.logger, d.now, set.Registerer = set.Logger, set.Clock, cfg.Registerer
 	r, err := durable.New(cfg.runnerConfig(), js, d, durable.Inherit(set))

@@ -1,12 +1,13 @@
 package gaps
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -201,18 +202,10 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 		}
 		rep.Publishers = append(rep.Publishers, *p)
 	}
-	sort.Slice(rep.Publishers, func(i, j int) bool {
-		a, b := rep.Publishers[i].Key, rep.Publishers[j].Key
-		if a.Namespace != b.Namespace {
-			return a.Namespace < b.Namespace
-		}
-		if a.Component != b.Component {
-			return a.Component < b.Component
-		}
-		if a.WorkerID != b.WorkerID {
-			return a.WorkerID < b.WorkerID
-		}
-		return a.DPRank < b.DPRank
+	slices.SortFunc(rep.Publishers, func(x, y PublisherReport) int {
+		a, b := x.Key, y.Key
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Component, b.Component),
+			cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.DPRank, b.DPRank))
 	})
 	return rep, nil
 }
@@ -243,15 +236,8 @@ func streamLosses(ctx context.Context, js jetstream.JetStream, since time.Time) 
 	for _, s := range sums {
 		out = append(out, *s)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
-		if a.Consumer != b.Consumer {
-			return a.Consumer < b.Consumer
-		}
-		if a.Stream != b.Stream {
-			return a.Stream < b.Stream
-		}
-		return a.Cause < b.Cause
+	slices.SortFunc(out, func(a, b StreamLoss) int {
+		return cmp.Or(cmp.Compare(a.Consumer, b.Consumer), cmp.Compare(a.Stream, b.Stream), cmp.Compare(a.Cause, b.Cause))
 	})
 	return out, err
 }

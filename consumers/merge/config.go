@@ -25,8 +25,8 @@ const DefaultOutputTemplate = "/tmp/benchmark_results_" + RunIDPlaceholder + "_m
 const (
 	DefaultDurable     = "fpmbus-merge"
 	DefaultRankTimeout = 15 * time.Minute
-	DefaultAckWait     = 2 * time.Minute
-	DefaultPartitions  = 1
+	DefaultAckWait     = durable.DefaultHoldingAckWait
+	DefaultPartitions  = durable.DefaultHoldingPartitions
 	DefaultPinnedTTL   = durable.DefaultPinnedTTL
 )
 
@@ -49,19 +49,10 @@ var ErrInvalidConfig = errors.New("merge: invalid config")
 
 // Config configures a Consumer. Zero values take the defaults noted.
 type Config struct {
-	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
-	// over after a crash without progress, before it is dead-lettered [durable.HoldingMaxDeliveries].
-	MaxDeliveries int
-	// Durable names the merger's group [DefaultDurable]: every instance with the same name shares the
-	// runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the consumers are
-	// <Durable>-<p> on the partition stream FPM_BENCH_PART_<Durable>.
-	Durable string
-	// Partitions of the runs, keyed by run_id [DefaultPartitions]: 1 = one active merger, the other
-	// instances hot standbys; N > 1 = the runs spread over the instances. Fixed for the group's life.
-	Partitions int
-	// PinnedTTL is how long a crashed instance keeps its partitions before another one takes them
-	// over [DefaultPinnedTTL]; durable.MinPinnedTTL to durable.MaxPinnedTTL.
-	PinnedTTL time.Duration
+	// HoldingConfig is the merger's partition group (durable.HoldingConfig): its name (Durable,
+	// DefaultDurable), the partitions of the runs (keyed by run_id), pinned TTL, ack wait, stop
+	// timeout and crash-loop bound.
+	durable.HoldingConfig
 	// RankTimeout: a run whose ranks have not all arrived this long after its first rank (by stream time)
 	// is reported incomplete [DefaultRankTimeout].
 	RankTimeout time.Duration
@@ -69,13 +60,8 @@ type Config struct {
 	Output string
 	// SpoolDir holds rank bodies fetched from the object store while a run merges [<tmp>/fpmbus-merge].
 	SpoolDir string
-	// AckWait of the partition consumers [DefaultAckWait]; the runner keeps held ranks alive with
-	// in-progress acks.
-	AckWait time.Duration
 	// InlineMax is the largest body the consumer publishes inline (merged artefact, sidecar) [streams.DefaultBenchInlineMax].
 	InlineMax int
-	// StopTimeout bounds a graceful stop [durable.DefaultStopTimeout].
-	StopTimeout time.Duration
 	// Streams are applied at start and give the object bucket's settings [streams.DefaultConfig()].
 	Streams *streams.Config
 }
@@ -84,29 +70,21 @@ func (c *Config) fill() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
-	c.Durable = cmp.Or(c.Durable, DefaultDurable)
-	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
-	c.PinnedTTL = cmp.Or(c.PinnedTTL, DefaultPinnedTTL)
+	if err := c.HoldingConfig.Fill(DefaultDurable, ErrInvalidConfig); err != nil {
+		return err
+	}
 	c.RankTimeout = cmp.Or(c.RankTimeout, DefaultRankTimeout)
-	c.AckWait = cmp.Or(c.AckWait, DefaultAckWait)
 	c.Output = cmp.Or(c.Output, DefaultOutputTemplate)
 	c.SpoolDir = cmp.Or(c.SpoolDir, filepath.Join(os.TempDir(), "fpmbus-merge"))
-	c.StopTimeout = cmp.Or(c.StopTimeout, durable.DefaultStopTimeout)
 	if c.Streams == nil {
 		sc := streams.DefaultConfig()
 		c.Streams = &sc
 	}
 	switch {
-	case c.Partitions < 1 || c.Partitions > durable.MaxPartitions:
-		return bad("partitions %d: want 1 to %d", c.Partitions, durable.MaxPartitions)
 	case c.RankTimeout < 0:
 		return bad("rank timeout %v must be positive", c.RankTimeout)
-	case c.AckWait < time.Second:
-		return bad("ack wait %v must be at least 1s", c.AckWait)
 	case !strings.Contains(c.Output, RunIDPlaceholder):
 		return bad("output %q must contain %s: the consumer merges many runs", c.Output, RunIDPlaceholder)
-	case c.StopTimeout < 0:
-		return bad("stop timeout %v must be positive", c.StopTimeout)
 	}
 	return nil
 }
@@ -115,10 +93,7 @@ func (c *Config) fill() error {
 // and probe replies fpmbench.probe.<run>, both keyed by the run token, so that a run's ranks and probe
 // replies always share a partition and one owner.
 func (c Config) Group() durable.GroupConfig {
-	g := durable.BenchGroup(c.Durable, streams.BenchRankRoot+".*.*", streams.BenchProbeRoot+".*")
-	g.Partitions, g.AckWait, g.PinnedTTL, g.ReleaseTimeout = c.Partitions, c.AckWait, c.PinnedTTL, c.StopTimeout
-	g.MaxAckPending, g.Batch = maxAckPending, batch
-	return g
+	return c.HoldingConfig.Group(maxAckPending, batch, streams.BenchRankRoot+".*.*", streams.BenchProbeRoot+".*")
 }
 
 // Option configures a Consumer beyond Config. WithLogger, WithClock, WithMemberID and WithRegisterer

@@ -1,7 +1,6 @@
 package merge
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -78,8 +77,8 @@ type Event struct {
 //     letter, never delivered again. A run whose artefacts break a merge rule gets one bench_rejected
 //     outcome and its messages are done.
 type Consumer struct {
-	m      *stage
-	runner *durable.Runner
+	durable.Stage // Ready, Owned; Run ends with its Run
+	m             *stage
 }
 
 var _ durable.PartitionObserver = (*stage)(nil)
@@ -133,14 +132,8 @@ type doneRun struct {
 // New checks cfg and opts and returns a merger; Run starts it. Nothing is declared on the server
 // before Run.
 func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) {
-	if js == nil {
-		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
-	}
-	if err := cfg.fill(); err != nil {
-		return nil, err
-	}
 	o := options{Settings: durable.DefaultSettings()}
-	if err := durable.ApplyOptions(&o, ErrInvalidConfig, opts); err != nil {
+	if err := durable.CheckStage(cfg.fill, js, &o, ErrInvalidConfig, opts); err != nil {
 		return nil, err
 	}
 	m := &stage{
@@ -150,20 +143,12 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
 	m.Forget = m.forget
-	r, err := durable.NewStageRunner(durable.Config{Name: ConsumerName, Group: m.group, TickInterval: tickInterval,
-		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, durable.HoldingMaxDeliveries), StopTimeout: cfg.StopTimeout}, js, m,
-		o.Settings, ErrInvalidConfig)
+	st, err := durable.NewStage(cfg.RunnerConfig(ConsumerName, m.group, tickInterval), js, m, o.Settings, ErrInvalidConfig)
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{m: m, runner: r}, nil
+	return &Consumer{Stage: st, m: m}, nil
 }
-
-// Ready is closed once Run has applied the streams, joined the group and is taking partitions.
-func (c *Consumer) Ready() <-chan struct{} { return c.runner.Ready() }
-
-// Owned lists the partitions this instance owns now.
-func (c *Consumer) Owned() []int { return c.runner.Owned() }
 
 // Group is the partition group the merger is a member of (defaults filled in).
 func (c *Consumer) Group() durable.GroupConfig { return c.m.group }
@@ -187,7 +172,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("merge: stream %s: %w", streams.StreamEvents, err)
 	}
 	m.log.Info("merger starting", "partitions", m.group.Partitions, "output", m.cfg.Output, "rank_timeout", m.cfg.RankTimeout)
-	return c.runner.Run(ctx)
+	return c.Stage.Run(ctx)
 }
 
 // Handle folds a batch of one partition's messages.

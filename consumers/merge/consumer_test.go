@@ -399,8 +399,8 @@ func TestBenchBrokerTwoPartitions(t *testing.T) {
 	ctx := context.Background()
 	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	dir := t.TempDir()
-	p0 := startConsumer(t, env, Config{Partitions: 2, Output: filepath.Join(dir, "p0_"+RunIDPlaceholder+".json")}, WithMemberID("m0"))
-	p1 := startConsumer(t, env, Config{Partitions: 2, Output: filepath.Join(dir, "p1_"+RunIDPlaceholder+".json")}, WithMemberID("m1"))
+	p0 := startConsumer(t, env, Config{HoldingConfig: durable.HoldingConfig{Partitions: 2}, Output: filepath.Join(dir, "p0_"+RunIDPlaceholder+".json")}, WithMemberID("m0"))
+	p1 := startConsumer(t, env, Config{HoldingConfig: durable.HoldingConfig{Partitions: 2}, Output: filepath.Join(dir, "p1_"+RunIDPlaceholder+".json")}, WithMemberID("m1"))
 	// A partition gets an owner once it has a message: probe replies of a run in each partition
 	// (done at once, the run being open) make the group settle before the runs are published.
 	group := p0.c.Group()
@@ -467,7 +467,8 @@ func TestBenchBrokerTwoPartitions(t *testing.T) {
 			t.Fatalf("run %s merged %d times", id, n)
 		}
 	}
-	for _, cfg := range []Config{{Partitions: -1}, {Partitions: durable.MaxPartitions + 1}, {PinnedTTL: time.Millisecond}, {Durable: "a.b"}} {
+	for _, h := range []durable.HoldingConfig{{Partitions: -1}, {Partitions: durable.MaxPartitions + 1}, {PinnedTTL: time.Millisecond}, {Durable: "a.b"}} {
+		cfg := Config{HoldingConfig: h}
 		if _, err := New(cfg, env.JS); !errors.Is(err, ErrInvalidConfig) {
 			t.Fatalf("config %+v accepted: %v", cfg, err)
 		}

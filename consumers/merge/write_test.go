@@ -89,7 +89,9 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 		t.Errorf("ExpandPath: %s", got)
 	}
 	// Runs spread evenly over the merger group's partitions, a run's ranks and probe replies together.
-	group := Config{Partitions: 4}.Group()
+	var cfg Config
+	cfg.Partitions = 4
+	group := cfg.Group()
 	counts := [4]int{}
 	for i := range 4000 {
 		run := "3f6a0c1e-run-" + strconv.Itoa(i)

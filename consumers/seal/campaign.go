@@ -20,15 +20,7 @@ func CampaignKey(id string) string { return schemas.CampaignKeyPrefix + id }
 
 // GetCampaign reads a campaign record and its revision.
 func GetCampaign(ctx context.Context, kv jetstream.KeyValue, id string) (*schemas.Campaign, uint64, error) {
-	e, err := kv.Get(ctx, CampaignKey(id))
-	if err != nil {
-		return nil, 0, err
-	}
-	var c schemas.Campaign
-	if err := json.Unmarshal(e.Value(), &c); err != nil {
-		return nil, 0, fmt.Errorf("seal: campaign %s is corrupt: %w", id, err)
-	}
-	return &c, e.Revision(), nil
+	return getRecord[schemas.Campaign](ctx, kv, CampaignKey(id), "campaign "+id)
 }
 
 // FreezePlan creates the campaign record of plan (every cell pending) with Create. An existing record

@@ -2,7 +2,6 @@ package seal
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,10 +23,10 @@ import (
 // Defaults of ConsumerConfig.
 const (
 	DefaultDurable     = "fpmbus-seal"
-	DefaultPartitions  = 1
+	DefaultPartitions  = durable.DefaultHoldingPartitions
 	DefaultPinnedTTL   = durable.DefaultPinnedTTL
 	DefaultProfileWait = 10 * time.Minute
-	DefaultAckWait     = 2 * time.Minute
+	DefaultAckWait     = durable.DefaultHoldingAckWait
 )
 
 // ConsumerName names the sealer in the runner's metrics (label consumer) and its dead letters
@@ -55,61 +54,30 @@ var ErrNoProfile = errors.New("seal: no valid collection profile for the run")
 
 // ConsumerConfig configures the durable sealer. Zero values take the defaults noted.
 type ConsumerConfig struct {
-	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
-	// over after a crash without progress, before it is dead-lettered [durable.HoldingMaxDeliveries].
-	MaxDeliveries int
-	// Durable names the sealer's group [DefaultDurable]: every instance with the same name shares the
-	// runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the consumers are
-	// <Durable>-<p> on the partition stream FPM_BENCH_PART_<Durable>.
-	Durable string
-	// Partitions of the runs, keyed by the run of fpmbench.merged.<run> [DefaultPartitions]: 1 = one
-	// active sealer, the other instances hot standbys. Fixed for the group's life.
-	Partitions int
-	// PinnedTTL is how long a crashed instance keeps its partitions [DefaultPinnedTTL].
-	PinnedTTL time.Duration
+	// HoldingConfig is the sealer's partition group (durable.HoldingConfig): its name (Durable,
+	// DefaultDurable), the partitions of the runs (keyed by the run of fpmbench.merged.<run>), pinned
+	// TTL, ack wait (held messages are kept alive by the runner), stop timeout and crash-loop bound.
+	durable.HoldingConfig
 	// AllowPartial seals the passed cells of a run whose cells are not all valid.
 	AllowPartial bool
 	// ProfileWait is how long after the merged artefact its profile may still arrive [DefaultProfileWait].
 	ProfileWait time.Duration
-	// AckWait of the partition consumers [DefaultAckWait]; held messages are kept alive by the runner.
-	AckWait time.Duration
-	// StopTimeout bounds a graceful stop [durable.DefaultStopTimeout].
-	StopTimeout time.Duration
 	// Streams are applied at start and give the bucket's settings [streams.DefaultConfig()].
 	Streams streams.Config
 }
 
 func (c *ConsumerConfig) fill() error {
-	if c.Durable == "" {
-		c.Durable = DefaultDurable
-	}
-	if c.Partitions == 0 {
-		c.Partitions = DefaultPartitions
-	}
-	if c.PinnedTTL == 0 {
-		c.PinnedTTL = DefaultPinnedTTL
+	if err := c.HoldingConfig.Fill(DefaultDurable, ErrInvalidConsumerConfig); err != nil {
+		return err
 	}
 	if c.ProfileWait == 0 {
 		c.ProfileWait = DefaultProfileWait
 	}
-	if c.AckWait == 0 {
-		c.AckWait = DefaultAckWait
-	}
-	if c.StopTimeout == 0 {
-		c.StopTimeout = durable.DefaultStopTimeout
-	}
 	if c.Streams.Replicas == 0 {
 		c.Streams = streams.DefaultConfig()
 	}
-	switch {
-	case c.Partitions < 1 || c.Partitions > durable.MaxPartitions:
-		return fmt.Errorf("%w: partitions %d: want 1 to %d", ErrInvalidConsumerConfig, c.Partitions, durable.MaxPartitions)
-	case c.ProfileWait < 0:
+	if c.ProfileWait < 0 {
 		return fmt.Errorf("%w: profile wait %v must be >= 0", ErrInvalidConsumerConfig, c.ProfileWait)
-	case c.AckWait < time.Second:
-		return fmt.Errorf("%w: ack wait %v must be at least 1s", ErrInvalidConsumerConfig, c.AckWait)
-	case c.StopTimeout < 0:
-		return fmt.Errorf("%w: stop timeout %v must be positive", ErrInvalidConsumerConfig, c.StopTimeout)
 	}
 	return nil
 }
@@ -117,17 +85,7 @@ func (c *ConsumerConfig) fill() error {
 // Group is the partition group of the sealer: FPM_BENCH's merged artefacts fpmbench.merged.<run>,
 // keyed by the run token.
 func (c ConsumerConfig) Group() durable.GroupConfig {
-	return durable.GroupConfig{
-		Stream:         streams.StreamBench,
-		Group:          c.Durable,
-		Partitions:     c.Partitions,
-		Filters:        []durable.Filter{{Subject: streams.BenchMergedRoot + ".*", KeyTokens: []int{1}}},
-		AckWait:        c.AckWait,
-		PinnedTTL:      c.PinnedTTL,
-		MaxAckPending:  maxAckPending,
-		Batch:          batch,
-		ReleaseTimeout: c.StopTimeout,
-	}
+	return c.HoldingConfig.Group(maxAckPending, batch, streams.BenchMergedRoot+".*")
 }
 
 // ConsumerOption configures a Consumer beyond ConsumerConfig. WithLogger, WithMemberID,
@@ -199,8 +157,8 @@ func WithOutcomeHook(fn func(runID string, rep *Report, err error)) ConsumerOpti
 //     a body that is not a merged artefact or does not match its digest, an artefact without an
 //     identity, a dataset that fails validation, no valid profile within ProfileWait.
 type Consumer struct {
-	s      *sealStage
-	runner *durable.Runner
+	durable.Stage // Ready, Owned; Run ends with its Run
+	s             *sealStage
 }
 
 // sealStage is the durable.Consumer. Every method runs on the runner's loop goroutine.
@@ -229,14 +187,8 @@ type heldSeal struct {
 
 // NewConsumer checks cfg and opts and returns a sealer consumer; Run starts it.
 func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOption) (*Consumer, error) {
-	if js == nil {
-		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConsumerConfig)
-	}
-	if err := cfg.fill(); err != nil {
-		return nil, err
-	}
 	o := consumerOptions{Settings: durable.DefaultSettings()}
-	if err := durable.ApplyOptions(&o, ErrInvalidConsumerConfig, opts); err != nil {
+	if err := durable.CheckStage(cfg.fill, js, &o, ErrInvalidConsumerConfig, opts); err != nil {
 		return nil, err
 	}
 	who := o.MemberID
@@ -251,20 +203,12 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConsumerConfig, err)
 		}
 	}
-	r, err := durable.NewStageRunner(durable.Config{Name: ConsumerName, Group: cfg.Group(), TickInterval: tickInterval,
-		MaxDeliveries: cmp.Or(cfg.MaxDeliveries, durable.HoldingMaxDeliveries), StopTimeout: cfg.StopTimeout}, js, s,
-		o.Settings, ErrInvalidConsumerConfig)
+	st, err := durable.NewStage(cfg.RunnerConfig(ConsumerName, cfg.Group(), tickInterval), js, s, o.Settings, ErrInvalidConsumerConfig)
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{s: s, runner: r}, nil
+	return &Consumer{Stage: st, s: s}, nil
 }
-
-// Ready is closed once Run has opened the bucket, joined the group and is taking partitions.
-func (c *Consumer) Ready() <-chan struct{} { return c.runner.Ready() }
-
-// Owned lists the partitions this instance owns now.
-func (c *Consumer) Owned() []int { return c.runner.Owned() }
 
 // Run ensures the streams and the bucket exist, joins the group and seals until ctx ends, then stops
 // gracefully (held messages go, unacked, to the next owner at once). It returns nil after a requested
@@ -290,7 +234,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	s.audit(ctx)
 	s.log.Info("sealer starting", "partitions", s.cfg.Partitions, "allow_partial", s.cfg.AllowPartial)
-	return c.runner.Run(ctx)
+	return c.Stage.Run(ctx)
 }
 
 // Handle seals a batch of one partition's merged artefacts, holding those that must wait.

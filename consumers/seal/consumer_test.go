@@ -227,7 +227,7 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 		err error
 	}
 	outcomes := make(chan res, 4)
-	g := ConsumerConfig{AckWait: 2 * time.Second}
+	g := ConsumerConfig{HoldingConfig: durable.HoldingConfig{AckWait: 2 * time.Second}}
 	startSealer(t, env, g, WithOutcomeHook(func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }))
 	ack := publishMergedBody(t, env.JS, runID, doc)
 	cons := sealerConsumer(t, env)
@@ -328,11 +328,11 @@ func r0(t *testing.T, kv jetstream.KeyValue) string {
 func TestConsumerConfigValidate(t *testing.T) {
 	env := streamstest.Start(t)
 	for name, cfg := range map[string]ConsumerConfig{
-		"partitions":   {Partitions: -1},
-		"ack wait":     {AckWait: time.Millisecond},
+		"partitions":   {HoldingConfig: durable.HoldingConfig{Partitions: -1}},
+		"ack wait":     {HoldingConfig: durable.HoldingConfig{AckWait: time.Millisecond}},
 		"profile wait": {ProfileWait: -time.Second},
-		"pinned ttl":   {PinnedTTL: time.Millisecond},
-		"group name":   {Durable: "a.b"},
+		"pinned ttl":   {HoldingConfig: durable.HoldingConfig{PinnedTTL: time.Millisecond}},
+		"group name":   {HoldingConfig: durable.HoldingConfig{Durable: "a.b"}},
 	} {
 		if _, err := NewConsumer(cfg, env.JS); !errors.Is(err, ErrInvalidConsumerConfig) {
 			t.Errorf("%s: got %v, want ErrInvalidConsumerConfig", name, err)

@@ -282,18 +282,14 @@ func (s *Sealer) finish(out Outcome, c *schemas.Cell, attemptID string) (Outcome
 func (s *Sealer) readBack(ctx context.Context, c *schemas.Cell, attemptID string) (Outcome, bool, error) {
 	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	e, err := s.kv.Get(octx, c.Key)
+	v, rev, err := Get(octx, s.kv, c.Key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Outcome{}, false, nil
 	}
 	if err != nil {
 		return Outcome{}, false, err
 	}
-	var v schemas.SealedCell
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return Outcome{}, false, fmt.Errorf("seal: sealed value of %s is corrupt: %w", c.Key, err)
-	}
-	out := Outcome{Key: c.Key, Revision: e.Revision(), Value: &v}
+	out := Outcome{Key: c.Key, Revision: rev, Value: v}
 	switch {
 	case v.AttemptID == attemptID:
 		out.Result = Sealed
@@ -319,13 +315,19 @@ func sleep(ctx context.Context, pause *time.Duration) {
 
 // Get reads a sealed cell.
 func Get(ctx context.Context, kv jetstream.KeyValue, key string) (*schemas.SealedCell, uint64, error) {
+	return getRecord[schemas.SealedCell](ctx, kv, key, "sealed value of "+key)
+}
+
+// getRecord reads the JSON record at key and its revision. A record that does not decode is an error
+// naming it (what); any other error is the bucket's, unwrapped (jetstream.ErrKeyNotFound included).
+func getRecord[T any](ctx context.Context, kv jetstream.KeyValue, key, what string) (*T, uint64, error) {
 	e, err := kv.Get(ctx, key)
 	if err != nil {
 		return nil, 0, err
 	}
-	var v schemas.SealedCell
+	var v T
 	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return nil, 0, fmt.Errorf("seal: sealed value of %s is corrupt: %w", key, err)
+		return nil, 0, fmt.Errorf("seal: %s is corrupt: %w", what, err)
 	}
 	return &v, e.Revision(), nil
 }

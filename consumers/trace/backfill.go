@@ -86,17 +86,16 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	if err != nil {
 		return res, fmt.Errorf("trace: register metrics: %w", err)
 	}
-	n, err := streams.FPMShardsOf(ctx, js)
-	if err != nil {
+	names, err := streams.FPMRangeStreams(ctx, js, rng.StartSeq, rng.EndSeq)
+	switch {
+	case errors.Is(err, streams.ErrSeqRangeOverShards):
+		return res, fmt.Errorf("%w: %w", ErrBadRange, err)
+	case err != nil:
 		return res, fmt.Errorf("trace: backfill: %w", err)
-	}
-	if n > 1 && (rng.StartSeq != 0 || rng.EndSeq != 0) {
-		return res, fmt.Errorf("%w: FPMs are spread over %d shard streams, each numbered on its own: select the range by time (since, until)",
-			ErrBadRange, n)
 	}
 	var parts []rangePart
 	var total, last uint64
-	for _, name := range streams.FPMStreamNames(n) {
+	for _, name := range names {
 		s, startCfg, shardLast, err := streams.OpenFPMRangeOf(ctx, js, name, cfg.FilterSubject, rng.StartSeq, rng.EndSeq, rng.Since)
 		if err != nil {
 			return res, fmt.Errorf("trace: backfill: %w", err)
@@ -111,7 +110,7 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 		total, last = total+count, max(last, shardLast)
 	}
 	log.Info("trace backfill started", "mode", cfg.Mode, "output", cfg.OutputPath, "filter", cfg.FilterSubject,
-		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total, "fpm_streams", n)
+		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total, "fpm_streams", len(names))
 	w := newWriter(cfg, set, log, m, set.Clock(), nil)
 	if w.sampler != nil {
 		w.sampler.hold = 0 // event time only

@@ -178,13 +178,24 @@ type infoFile struct {
 }
 
 func infoFiles(paths []string) ([]infoFile, error) {
-	var out []infoFile
-	seen := map[string]bool{}
-	add := func(path string) {
-		if seen[path] {
-			return
+	var found []string
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return nil, fmt.Errorf("trace info: %w", err)
 		}
-		seen[path] = true
+		if !fi.IsDir() {
+			found = append(found, p)
+			continue
+		}
+		segs, err := schemas.TraceSegmentFilesIn(p)
+		if err != nil {
+			return nil, fmt.Errorf("trace info: %w", err)
+		}
+		found = append(found, segs...)
+	}
+	var out []infoFile
+	for _, path := range schemas.TraceReadOrder(found) {
 		f := infoFile{path: path, prefix: path, producer: filepath.Base(path), index: -1}
 		if prefix, idx, ok := schemas.ParseTraceSegmentPath(path); ok {
 			f.prefix, f.index = prefix, int64(idx)
@@ -195,31 +206,6 @@ func infoFiles(paths []string) ([]infoFile, error) {
 		}
 		out = append(out, f)
 	}
-	for _, p := range paths {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return nil, fmt.Errorf("trace info: %w", err)
-		}
-		if !fi.IsDir() {
-			add(p)
-			continue
-		}
-		entries, err := os.ReadDir(p)
-		if err != nil {
-			return nil, fmt.Errorf("trace info: %w", err)
-		}
-		for _, e := range entries {
-			if e.Type().IsRegular() && strings.HasSuffix(e.Name(), SegmentSuffix) {
-				add(filepath.Join(p, e.Name()))
-			}
-		}
-	}
-	slices.SortStableFunc(out, func(a, b infoFile) int {
-		if c := strings.Compare(a.prefix, b.prefix); c != 0 {
-			return c
-		}
-		return int(min(max(a.index-b.index, -1), 1))
-	})
 	return out, nil
 }
 

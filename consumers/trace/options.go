@@ -49,13 +49,9 @@ func newSettings(opts []Option) (settings, error) {
 // prepare checks what New and Backfill both take, in this order: cfg, js and the options, and returns
 // the settings.
 func prepare(cfg Config, js jetstream.JetStream, opts []Option) (settings, error) {
-	if err := cfg.Validate(); err != nil {
-		return settings{}, err
-	}
-	if js == nil {
-		return settings{}, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
-	}
-	return newSettings(opts)
+	s := defaultSettings()
+	err := durable.CheckStage(cfg.Validate, js, &s, ErrInvalidConfig, opts)
+	return s, err
 }
 
 // shared makes one of the options every durable stage takes a trace writer's option.
