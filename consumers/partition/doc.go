@@ -4,7 +4,7 @@
 // partitions on at once, and one that crashes loses them after a bounded time, without loss, without
 // reordering a key's messages, and without two instances ever processing a key at the same time.
 //
-// # Design: server-side partitions, pinned-client consumers, a reset on every takeover
+// # Design: server-side partitions, push consumers moved by compare-and-set, a reset on every takeover
 //
 // Pieces, all on the NATS server (2.14+; fpmbus embeds 2.15):
 //
@@ -13,66 +13,80 @@
 //     prefixes every message with its partition number while copying it. The FPM stream, its subjects
 //     and its messages are untouched (users keep `nats sub 'fpm.>'`), and a key's messages keep their
 //     order. With P = 1 there is no copy: the group consumes the stream itself.
-//   - Ownership. Partition p is one durable pull consumer (<Group>-<p>; with P = 1 just <Group>) with
-//     the pinned-client priority policy (ADR-42): however many instances pull it, the server delivers
-//     to one (the pinned one) and moves the pin only when that instance has not pulled for PinnedTTL
-//     (crash, cut off) or when it unpins (graceful). Exclusivity is the server's, not a client
-//     protocol's: two instances with different views of the group still cannot both get messages.
-//   - Ordered takeover. Pinning alone does not keep order across owners: the new owner is sent the
-//     newer messages first, the old owner's unacked ones only after AckWait (verified in
-//     TestServerPinnedClientBehaviour). So a member that wins a pin first resets the consumer to its ack
-//     floor (ResetConsumer, server 2.14+); every message the previous owner did not ack then comes
-//     again, in stream order, before anything newer, at once, and the pin is kept. While it owns the
-//     partition the member checks that deliveries are numbered without gaps (a gap means one got lost
-//     on the way, e.g. in a reconnect) and ends the session to reset again if not.
+//   - Ownership. Partition p is one durable push consumer (<Group>-<p>; with P = 1 just <Group>), with
+//     flow control and idle heartbeats, delivering to one subject: its owner's. The owner record, key
+//     <stream>.<group>.owner.<p> in KV bucket FPM_GROUPS, names the owner and its subject; it is written
+//     only with compare-and-set on its revision, so of two members deciding to take a partition at
+//     once exactly one does. Only that one points the consumer at a fresh _INBOX subject of its own
+//     (a consumer update), and the server refuses to move a deliver subject that has a subscriber
+//     (error 10013): a live owner's partition cannot be taken from under it. Exclusivity is the
+//     server's, not a client protocol's: the server delivers to one subject, that only the owner
+//     subscribes to. An owner rewrites its record (same revision) every PinnedTTL/2 and ends its
+//     session when that fails (someone took the record) or when two idle heartbeats go missing.
+//   - Liveness. A standby assigned a partition looks at it every PinnedTTL/10 (at most 500 ms). It
+//     takes it at once when the record says released or names this member itself (its own ended
+//     session, or with a stable id its dead incarnation), or when nobody has owned it yet. It takes it
+//     when the owner's subject has no subscriber (the owner's connection is gone: crashed, stopped,
+//     cut off and closed by the server) and the owner's member key is older than PinnedTTL, or this
+//     has lasted PinnedTTL: the same bound as a pin. A subject that keeps a subscriber while the
+//     owner's member key has been gone for the longer of 3 x PinnedTTL and ReleaseTimeout + PinnedTTL
+//     (a `nats sub '>'` left running, or an owner that cannot heartbeat) is claimed too; the server
+//     moves it once that subscriber leaves, and the old owner stops at its next record refresh.
+//   - Why push. A pinned-client pull consumer (ADR-42) would give the same exclusivity, but the server
+//     then re-encodes a Nats-Pin-Id header into every message it delivers, about 2 us of CPU each:
+//     0.72x of a bare pull consumer's rate on 2 cores. A push consumer to one subject costs less than
+//     serving pull requests (BenchmarkTraceWriterVsBareConsumer, BenchmarkDetectorVsAckOnly: the push
+//     side runs at about 1.1-1.2x of bare).
+//   - Ordered takeover. A new owner resets the consumer to its ack floor (ResetConsumer, server
+//     2.14+) after pointing it at itself and before subscribing: every message the previous owner did
+//     not ack comes again, in stream order, before anything newer. While it owns the partition the
+//     member checks that deliveries are numbered without gaps (a gap means one got lost on the way,
+//     e.g. in a reconnect) and ends the session to take it again (and reset) if not.
 //   - Balance. Members heartbeat in KV bucket FPM_GROUPS (key <stream>.<group>.<member>, every
 //     PinnedTTL/4; deleted on graceful leave) and watch it. Every member computes the same assignment
 //     from the live set (rendezvous hashing with a ceil(P/N) cap: balanced, few moves when one joins
-//     or leaves) and pulls only the partitions assigned to it; a partition given to another member is
-//     released gracefully. The bucket only steers who pulls; it never decides who processes.
+//     or leaves) and stands by only for the partitions assigned to it; a partition given to another
+//     member is released gracefully. The bucket steers who stands by; the record decides who owns.
 //   - Outages of the cluster. A member always counts itself live, so while the members bucket cannot
 //     be written or watched (its stream electing a leader after a node stopped) it keeps what it
-//     owns, and as the others' heartbeats age in its view it stands by for their partitions too (the
-//     pins keep ownership exclusive); the watch is opened again when it ends, and replaced when the
-//     member's own acknowledged heartbeat does not come back through it within max(PinnedTTL/2, 1 s).
-//     Join retries, for up to 30 s, server calls that fail only because the cluster cannot answer yet
-//     (no responders, no answer, JetStream or a stream's peers unavailable), each call bounded by 5 s
-//     (TestJoinWaitsForTheClusterToAnswer, TestMembersSurviveAnOutageOfTheMembersBucket).
-//     A partition stream's source that the server lost in an outage is set up again on a backoff
-//     that grows with every failure (up to 2 minutes), so the group could stay behind long after the
-//     cluster is back: every 10 s each member looks at the source and, when it has been inactive for
-//     20 s, asks the partition stream's leader to step down; the next leader sets it up at once
-//     (source.go; it needs $JS.API.STREAM.LEADER.STEPDOWN.<partition stream>, in ops/nats/permissions.conf).
+//     owns (an owner needs the bucket only to refresh its record, and a refresh that cannot be written
+//     changes nothing), and nobody can take a partition (a claim needs the bucket); the watch is
+//     opened again when it ends, and replaced when the member's own acknowledged heartbeat does not
+//     come back through it within max(PinnedTTL/2, 1 s). Join retries, for up to 30 s, server calls
+//     that fail only because the cluster cannot answer yet (no responders, no answer, JetStream or a
+//     stream's peers unavailable), each call bounded by 5 s (TestJoinWaitsForTheClusterToAnswer,
+//     TestMembersSurviveAnOutageOfTheMembersBucket). A partition stream's source that the server lost
+//     in an outage is set up again on a backoff that grows with every failure (up to 2 minutes), so
+//     the group could stay behind long after the cluster is back: every 10 s each member looks at the
+//     source and, when it has been inactive for 20 s, asks the partition stream's leader to step
+//     down; the next leader sets it up at once (source.go; it needs
+//     $JS.API.STREAM.LEADER.STEPDOWN.<partition stream>, in ops/nats/permissions.conf).
 //
-// Handing a partition over gracefully (Stop, a rebalance): the owner stops handing messages (its
-// pulls go on, so it keeps the pin), closes the handler's channel, waits for the handler to make its
-// output durable, ack and return, waits until the server has applied those acks, resets the consumer
-// (so that what it leaves unacked is deliverable at once: the server pins a partition only when it
-// has a message to deliver) and unpins. The new owner, already waiting, is pinned at once and goes on
-// from the next message; nothing is delivered twice (TestGroupGracefulStopHandsOverExactlyOnce:
-// 10,000 messages, 10,000 deliveries, partitions owned again ~0.1 s after Stop). After a crash the
-// partition is stuck until the pin expires, PinnedTTL after the dead owner's last pull (an owner
-// renews its pulls every PinnedTTL/3 whatever its handler does); then the next owner resets and gets
-// every unacked message first. If nothing new arrives to be delivered, a standby that sees the
-// consumer unpinned with unacked messages resets it itself; one that sees it unpinned with nothing
-// unacked and nothing pending resets it to the last acked message, so that an idle partition gets an
-// owner too (one redelivery of a durable message, skipped by the handler) and a handler that acts on
-// time, like the gap detector's stale check, runs for it. The dead owner may have made messages
-// durable without acking them; those come again and the output must recognise them (handler rules).
+// Handing a partition over gracefully (Stop, a rebalance): the owner stops handing messages (it stays
+// subscribed, so the subject stays its own; what arrives meanwhile is dropped unacked), closes the
+// handler's channel, waits for the handler to make its output durable, ack and return, waits until the
+// server has applied those acks, unsubscribes and marks its record released. The next owner, already
+// standing by, takes it within a standby poll, resets, and goes on from the next message; nothing is
+// delivered twice (TestGroupGracefulStopHandsOverExactlyOnce: 10,000 messages, 10,000 deliveries).
+// After a crash the partition waits until the standby sees the owner's subject without subscriber and
+// its member key stale, PinnedTTL after the dead owner's last heartbeat; the next owner resets and gets
+// every unacked message first. An idle partition is owned like a busy one (no message is needed to
+// take it), so a handler that acts on time, like the gap detector's stale check, runs for it. The dead
+// owner may have made messages durable without acking them; those come again and the output must
+// recognise them (handler rules).
 //
-// Bounds: a graceful handoff takes the handler's drain plus a few round trips. Crash failover takes
-// about PinnedTTL to PinnedTTL + 1.5 s (default PinnedTTL 10 s; with 3 s the tests measured 2.8 s on
-// a busy partition, 3.4 s on an idle one, against an AckWait of 30 s). A member cut off from the
-// server ends its sessions at the disconnect (handlers see ctx cancelled) and takes its partitions
-// again after reconnecting, unless PinnedTTL passed and another member took them.
+// Bounds: a graceful handoff takes the handler's drain plus a standby poll and a few round trips.
+// Crash failover takes about PinnedTTL plus a standby poll (default PinnedTTL 10 s). A member cut off
+// from the server ends its sessions at the disconnect (handlers see ctx cancelled) and takes its
+// partitions again after reconnecting, unless another member took them meanwhile.
 //
 // A restarted instance need not wait for its own dead incarnation: a member given a stable id
 // (WithMemberID: the caller knows it is the same instance, e.g. `fpmbus up` derives it from the host
 // and the absolute data directory, which only one process can hold) finds, at Join, the key the dead
 // incarnation left in the members bucket, with the partitions it last owned (a member puts its key
-// whenever its ownership changes, besides every PinnedTTL/4). It resets and unpins those partitions at
-// once, so it owns them again within a round trip and gets every message the dead incarnation did not
-// ack first, in stream order.
+// whenever its ownership changes, besides every PinnedTTL/4). It marks the records of those it still
+// owns released, so whoever is assigned them takes them within a standby poll and gets every message
+// the dead incarnation did not ack first, in stream order.
 //
 // # Why not orbit.go pcgroups (v0.2.2)
 //
@@ -105,13 +119,14 @@
 //     the server is still copying 25k); it pays off once instances run on separate hosts.
 //   - P is fixed for a group's life: Join refuses another P, filters or key tokens (ErrGroupMismatch);
 //     Delete the group to change them (it then starts again from the stream's first message).
-//   - One durable consumer per partition per group. While a member is assigned a partition it does
-//     not own (idle, or taking over) it sends one standby pull a second and reads the consumer's info
-//     every PinnedTTL/2; each member puts its key every PinnedTTL/4. Every member of a group must use
+//   - One durable consumer and one owner record per partition per group. While a member is assigned
+//     a partition it does not own it reads the consumer's info and the record every PinnedTTL/10 (at
+//     most 500 ms); an owner rewrites its record every PinnedTTL/2; each member puts its key every
+//     PinnedTTL/4. Every member of a group must use
 //     the same Config (each Join updates the consumers to its own).
 //
-// The members bucket uses file storage (a server restart keeps it); a server restart loses the pins,
-// which the members simply win again (TestGroupSurvivesServerRestart).
+// The members bucket uses file storage (a server restart keeps it); a server restart closes every
+// connection, and the members take their partitions again (TestGroupSurvivesServerRestart).
 //
 // # Keys and partitions
 //
@@ -139,8 +154,9 @@
 //     return (ctx.Err() is fine); do not write more.
 //   - AckWait must exceed the longest time a message waits for its ack (e.g. a flush interval): a
 //     message redelivered while its handler holds it is dropped, but costs a delivery.
-//   - Ownership is a lease: a member frozen (not merely slow) for PinnedTTL while holding messages
-//     may, when it resumes, still write what it held before it learns at its next pull that the
-//     partition moved (its ctx is then cancelled). The per-key sequence check keeps such writes from
+//   - Ownership is a lease: a member frozen (not merely slow) while holding messages, long enough for
+//     the server to close its connection and PinnedTTL more, may, when it resumes, still write what it
+//     held before it learns at its next record refresh that the partition moved (its ctx is then
+//     cancelled). The per-key sequence check keeps such writes from
 //     duplicating lines only where the output is shared; nothing in NATS can fence a frozen process.
 package partition

@@ -77,7 +77,7 @@
 //
 // Every writer is a member of a consumer group (Config.Group, --group), run by durable.Runner on
 // consumers/partition: JetStream's own partitioning (the server's partition() subject transform into
-// a copy stream FPM_PART_<group>, one pinned-client durable per partition, members in KV FPM_GROUPS, a
+// a copy stream FPM_PART_<group>, one durable push consumer per partition (moved between owners by compare-and-set), members in KV FPM_GROUPS, a
 // consumer reset on every takeover). Not orbit.go pcgroups: its static groups need a partition token
 // in the FPM subjects themselves, and its elastic groups move partitions only when an administrator
 // edits their membership, not when an instance stops or crashes, and have no reset on takeover (see
