@@ -87,6 +87,9 @@ const (
 	errCodeJetStreamUnavailable  jetstream.ErrorCode = 10008 // JetStream system temporarily unavailable
 	errCodeInsufficientResources jetstream.ErrorCode = 10023 // e.g. a peer of an R3 stream is down
 	errCodeNoSuitablePeers       jetstream.ErrorCode = 10005 // peers offline (or too few: retried, then reported)
+	// errCodeSubjectBound: a push consumer's deliver subject cannot move while it has a subscriber
+	// (the server reports it as "consumer name already in use").
+	errCodeSubjectBound jetstream.ErrorCode = 10013
 )
 
 // Option configures a Member beyond Config.

@@ -219,6 +219,11 @@ func (w *worker) own(st look, h Handler) (taken bool, err error) {
 		_, err = m.stream.ResetConsumer(ctx, w.name)
 	}
 	cancel()
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeSubjectBound {
+		m.log.Warn("partition: the previous owner's subject still has a subscriber; the partition moves once it leaves (a `nats sub` on _INBOX.> or >?)",
+			"partition", w.p, "subject", st.info.Config.DeliverSubject)
+	}
 	if err != nil {
 		if fatal(err) {
 			return true, fmt.Errorf("partition %d: take %s: %w", w.p, w.name, err)
