@@ -188,7 +188,9 @@ func declareConsumer(ctx context.Context, consStream jetstream.Stream, c Config,
 		})
 	}
 	create := func() error {
-		_, err := call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) { return consStream.CreatePushConsumer(ctx, want) })
+		_, err := call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) {
+			return consStream.CreatePushConsumer(ctx, want)
+		})
 		return err
 	}
 	ci, err := lookup()
@@ -217,7 +219,9 @@ func declareConsumer(ctx context.Context, consStream jetstream.Stream, c Config,
 		if sameConsumerSettings(ci.Config, want) {
 			return nil
 		}
-		_, err = call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) { return consStream.UpdatePushConsumer(ctx, want) })
+		_, err = call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) {
+			return consStream.UpdatePushConsumer(ctx, want)
+		})
 	}
 	if err != nil {
 		return fmt.Errorf("partition: declare consumer %s: %w", want.Durable, err)
@@ -242,10 +246,14 @@ func replacePullConsumer(ctx context.Context, consStream jetstream.Stream, c Con
 			ErrGroupMismatch, c.Stream, c.Group, want.Durable, have.Config.AckPolicy, want.AckPolicy)
 	}
 	floor := have.AckFloor.Stream
-	if _, err := call(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, consStream.DeleteConsumer(ctx, want.Durable) }); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if _, err := call(ctx, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, consStream.DeleteConsumer(ctx, want.Durable)
+	}); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("replace pull consumer: delete: %w", err)
 	}
-	if _, err := call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) { return consStream.CreatePushConsumer(ctx, want) }); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+	if _, err := call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) {
+		return consStream.CreatePushConsumer(ctx, want)
+	}); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
 		return fmt.Errorf("replace pull consumer: create: %w", err)
 	}
 	if floor == 0 {
