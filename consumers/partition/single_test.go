@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/streams"
@@ -297,4 +298,67 @@ func TestCrashOnIdleAckedPartitionIsTakenOver(t *testing.T) {
 	if err != nil || ci.AckFloor.Stream != 10 {
 		t.Fatalf("ack floor after the takeover: %+v %v", ci, err)
 	}
+}
+
+// Someone subscribes to every inbox (`nats sub '>'` left running) while the owner crashes: the dead
+// owner's subject keeps a subscriber, so the server will not move it, and the standby must neither
+// take the partition from under that subscriber nor give up. Once the owner's member key has been
+// stale for max(3 x PinnedTTL, ReleaseTimeout + PinnedTTL) the standby claims the record; the
+// partition moves as soon as the stray subscriber leaves, and every message is processed once.
+func TestStraySubscriberOnADeadOwnersSubjectDelaysTheMoveOnly(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig("stray-sub", 1)
+	cfg.ReleaseTimeout = cfg.PinnedTTL
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	rec := newRecorder(t, cfg)
+	ncA, jsA := connect(t, env)
+	a, err := Join(ctx, jsA, cfg, WithMemberID("a"), WithLogger(testLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.Consume(ctx, rec.handler("a")) }()
+	if err := publish(ctx, env.JS, 2, 5, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a to process every message", func() bool { return rec.total.Load() == 10 })
+	ncTap, _ := connect(t, env)
+	tap, err := ncTap.Subscribe("_INBOX.>", func(*nats.Msg) {}) // receives, never acks
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ncTap.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	standby := standbyFor("a")
+	ncB, jsB := connect(t, env)
+	defer ncB.Close()
+	b, err := Join(ctx, jsB, cfg, WithMemberID(standby), WithLogger(testLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, bcancel := context.WithCancel(ctx)
+	bDone := make(chan error, 1)
+	go func() { bDone <- b.Consume(bctx, rec.handler(standby)) }()
+	defer func() { bcancel(); <-bDone }()
+	ncA.Close()
+	<-aDone
+	crashed := time.Now()
+	if err := publishFrom(ctx, env.JS, 2, 5, 5, 0); err != nil {
+		t.Fatal(err)
+	}
+	claimAfter := max(3*cfg.PinnedTTL, cfg.ReleaseTimeout+cfg.PinnedTTL)
+	time.Sleep(claimAfter + 2*cfg.PinnedTTL)
+	if len(b.Owned()) != 0 {
+		t.Fatalf("%s owns the partition while the dead owner's subject still has a subscriber", standby)
+	}
+	if err := tap.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	left := time.Now()
+	waitFor(t, 3*cfg.PinnedTTL, "the standby to process the messages after the stray subscriber left",
+		func() bool { return rec.total.Load() == 20 })
+	t.Logf("%s took over %v after the crash, %v after the stray subscriber left", standby, time.Since(crashed), time.Since(left))
+	rec.check(2, 10)
 }
