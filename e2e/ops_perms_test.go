@@ -243,7 +243,7 @@ func TestOpsPermissionsEveryComponentAsItsOwnUser(t *testing.T) {
 		t.Fatalf("trace replay --from-stream --info as reader:\n%s", out)
 	}
 
-	// Every component stops cleanly: graceful handover (reset, unpin), leaving the group (KV delete),
+	// Every component stops cleanly: graceful handover (acks settled, owner record released), leaving the group (KV delete),
 	// stopping its watches.
 	for _, p := range slices.Backward(components) {
 		if err := p.signal(syscall.SIGTERM, 30*time.Second); err != nil {

@@ -393,7 +393,7 @@ func TestRunnerDeliveryLimit(t *testing.T) {
 		}
 		cancel()
 		attempts++
-		// The crashed instance held the pin: the next one takes over after PinnedTTL.
+		// The crashed instance owned the partition: the next one takes over after PinnedTTL.
 	}
 	// Three sessions crash as usual; the fourth hands messages one at a time and records message 7 as
 	// the suspect before it crashes; the fifth dead-letters it.

@@ -110,7 +110,7 @@ func testGracefulStop(t *testing.T, cumulative bool) {
 	t.Logf("deliveries %d, handler sessions %d", rec.deliveries.Load(), rec.sessions.Load())
 }
 
-// A member's connection is closed abruptly (a crash: no Stop, no unpin, nothing acked afterwards).
+// A member's connection is closed abruptly (a crash: no Stop, no release, nothing acked afterwards).
 // Its partitions move to the others once PinnedTTL has passed; its unacked messages are redelivered
 // to the new owners before anything newer, so the output still holds every message exactly once and
 // in order, and no key is ever processed by two members at once.

@@ -168,9 +168,9 @@ func TestConsumeContextCancelLeaves(t *testing.T) {
 	rec.check(8, 10)
 }
 
-// The owner crashes holding every message unacked and nothing new arrives: the server would pin the
-// partition again only once AckWait (30 s here) expired. The standby sees it unpinned with unacked
-// messages and resets it, so it takes over in about PinnedTTL.
+// The owner crashes holding every message unacked and nothing new arrives: the server would redeliver
+// them only once AckWait (30 s here) expired. The standby takes the partition over in about PinnedTTL
+// and its reset makes them deliverable at once.
 func TestCrashOnIdleStreamTakesOverBeforeAckWait(t *testing.T) {
 	env := streamstest.Start(t)
 	cfg := testConfig("idle", 1)
