@@ -194,7 +194,7 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 	for i := range shards { // each group's durables on the shards, as their users declared them
 		for _, group := range []string{"fpm-trace", "fpm-gaps"} {
 			name := group + "-" + strconv.Itoa(i)
-			if _, err := op.js.Consumer(t.Context(), streams.ShardStreamName(i), name); err != nil {
+			if _, err := op.js.PushConsumer(t.Context(), streams.ShardStreamName(i), name); err != nil {
 				t.Fatalf("consumer %s on %s: %v", name, streams.ShardStreamName(i), err)
 			}
 		}
@@ -220,7 +220,7 @@ func refuseOnShards(t *testing.T, srv *opsServer, op *opsClient) [][2]string {
 	}
 	consumerKept := func(stream, consumer string) func(t *testing.T) {
 		return func(t *testing.T) {
-			if _, err := op.js.Consumer(t.Context(), stream, consumer); err != nil {
+			if _, err := op.js.PushConsumer(t.Context(), stream, consumer); err != nil {
 				t.Fatalf("consumer %s on %s: %v", consumer, stream, err)
 			}
 		}

@@ -119,7 +119,7 @@ func streamState(t *testing.T, js jetstream.JetStream, name string) jetstream.St
 func waitConsumed(t *testing.T, js jetstream.JetStream, name string, total uint64) {
 	t.Helper()
 	eventually(t, 60*time.Second, func() error {
-		c, err := js.Consumer(t.Context(), streams.StreamFPM, name)
+		c, err := js.PushConsumer(t.Context(), streams.StreamFPM, name)
 		if err != nil {
 			return err
 		}

@@ -51,7 +51,7 @@ func TestTraceBackfillAndInfoCommands(t *testing.T) {
 			p := fpmbus(t, "fpmbus trace "+mode, "trace", "--server", url, "--trace-mode", mode, "--trace-output", live,
 				"--group", group, "--sample-interval", "1000")
 			eventually(t, 30*time.Second, func() error {
-				c, err := env.JS.Consumer(t.Context(), streams.StreamFPM, group)
+				c, err := env.JS.PushConsumer(t.Context(), streams.StreamFPM, group)
 				if err != nil {
 					return err
 				}

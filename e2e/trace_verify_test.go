@@ -124,7 +124,7 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 	p := fpmbus(t, "fpmbus trace", "trace", "--server", url, "--trace-mode", "full", "--trace-output", output,
 		"--group", "verify", "--roll-bytes", "60000", "--max-segments", "1000", "--trace-max-ack-pending", "40", "--trace-flush-interval", "50ms")
 	eventually(t, 60*time.Second, func() error {
-		c, err := env.JS.Consumer(t.Context(), streams.StreamFPM, "verify")
+		c, err := env.JS.PushConsumer(t.Context(), streams.StreamFPM, "verify")
 		if err != nil {
 			return err
 		}
