@@ -423,9 +423,9 @@ func TestGapDetectorKilledMidGapOverZMQ(t *testing.T) {
 
 	d2 := startGaps(t, "fpmbus gaps 2", args)
 	// Detector 1 had acked every message (the pending gaps live in its checkpoint) and rank 0 sends
-	// nothing more: detector 2 must take the idle partition over by itself (consumers/partition makes
-	// the last acked message deliverable again once the dead owner's pin expired), load the
-	// checkpointed state and report the pending gaps.
+	// nothing more: detector 2 must take the idle partition over by itself (consumers/partition needs
+	// no message to hand a partition over), load the checkpointed state, read what detector 1 applied
+	// after it from the stream, and report the pending gaps.
 	zmqWant := expectGaps(zmqPub.Lost(), gaps.CauseZMQDrop)
 	var evs []gaps.Event
 	eventually(t, 30*time.Second, func() error {

@@ -89,6 +89,16 @@ func (d *Detector) fpmsAppliedUpTo(e *entry, watermarkMs int64) int64 {
 	if !due {
 		return watermarkMs
 	}
+	if e.catchUp {
+		// A publisher loaded from its checkpoint at a takeover: the FPMs the previous owner applied
+		// and acked after that checkpoint are read from the stream now, not only when a delivery of
+		// the publisher comes (on an idle partition none may ever come).
+		if err := d.catchUpFPM(e, math.MaxUint64); err != nil {
+			d.logger.Warn("gap detector: catch-up read failed; pending gaps wait", "key", e.key.String(), "err", err)
+			e.catchUp = true
+			return math.MinInt64
+		}
+	}
 	next, err := d.store.nextFPM(e.key, e.st.StreamSeq+1)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):

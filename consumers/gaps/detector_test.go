@@ -527,3 +527,33 @@ func TestDetectorRejectsUnusableFPMs(t *testing.T) {
 	}
 	check(t, h.stop() == nil, "stop")
 }
+
+// TestIdleTakeoverReportsPendingGaps: a detector dies with a gap waiting for its grace and every FPM
+// acked, some of them applied after its last checkpoint (FPMs that only advance the sequence are
+// acked without one). Nothing new arrives, so nothing is delivered to the next owner: it must still
+// read those FPMs from the stream and report the gap once its grace passed.
+func TestIdleTakeoverReportsPendingGaps(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig()
+	cfg.MarkerGrace = 2 * time.Second
+	k := key("idle-takeover", 0)
+	t0 := time.Now().UnixMilli()
+	h := startDetector(t, env.Server.ClientURL(), cfg)
+	publishAll(t, env.JS, fpms(k, 0, 9, t0, t0)...)
+	publishAll(t, env.JS, fpms(k, 15, 20, t0, t0+100)...) // 10..14: lost upstream
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := h.metric("fpmbus_gaps_pending_gaps"); n != 1 {
+			return fmt.Errorf("%v of 1 gap pending", n)
+		}
+		return nil
+	})
+	publishAll(t, env.JS, fpms(k, 21, 40, t0, t0+200)...)
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	h.kill()
+	check(t, len(storedEvents(t, env.JS)) == 0, "no event before the crash")
+
+	h2 := startDetector(t, env.Server.ClientURL(), cfg)
+	by := waitEvents(t, env.JS, 1, 20*time.Second)
+	match(t, k, by[k], gapW(CauseZMQDrop, 10, 14))
+	check(t, h2.stop() == nil, "stop")
+}
