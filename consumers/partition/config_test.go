@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -120,4 +123,28 @@ func equalAssign(a, b map[string][]int) bool {
 		}
 	}
 	return true
+}
+
+// A group joined again with another PinnedTTL (an operator changing --pinned-ttl between runs) keeps
+// working: the server cannot change a push consumer's idle heartbeat, so the declared one is kept.
+func TestJoinAgainWithAnotherPinnedTTL(t *testing.T) {
+	env := streamstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := testConfig("ttl-change", 2)
+	if _, err := Join(ctx, env.JS, cfg, WithLogger(testLogger())); err != nil {
+		t.Fatal(err)
+	}
+	cfg.PinnedTTL = 4 * MinPinnedTTL
+	cfg.AckWait = 45 * time.Second
+	if _, err := Join(ctx, env.JS, cfg, WithLogger(testLogger())); err != nil {
+		t.Fatalf("join with another pinned TTL: %v", err)
+	}
+	c, err := env.JS.PushConsumer(ctx, cfg.PartitionStream(), cfg.ConsumerName(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Config; got.AckWait != 45*time.Second || got.IdleHeartbeat != time.Second /* the first join's: max(PinnedTTL/5, 1 s) */ {
+		t.Fatalf("consumer after the second join: ack wait %v, heartbeat %v", got.AckWait, got.IdleHeartbeat)
+	}
 }

@@ -215,7 +215,9 @@ func declareConsumer(ctx context.Context, consStream jetstream.Stream, c Config,
 			return fmt.Errorf("%w: %s/%s: consumer %s acks with policy %s on the server, %s here (delete the group to change)",
 				ErrGroupMismatch, c.Stream, c.Group, want.Durable, ci.Config.AckPolicy, want.AckPolicy)
 		}
-		want.DeliverSubject = ci.Config.DeliverSubject
+		// The server cannot change a push consumer's heartbeat or flow control, and the subject is
+		// the owner's: a group whose PinnedTTL changed keeps the heartbeat it was declared with.
+		want.DeliverSubject, want.IdleHeartbeat, want.FlowControl = ci.Config.DeliverSubject, ci.Config.IdleHeartbeat, ci.Config.FlowControl
 		if sameConsumerSettings(ci.Config, want) {
 			return nil
 		}
