@@ -117,6 +117,8 @@
 //     third of one member's throughput against P = 1 (medians on a shared 2-CPU host, server in
 //     process: plain consumer 81k msgs/s, P = 1 69k, P = 16 50k, work-queue P = 16 32k, P = 16 while
 //     the server is still copying 25k); it pays off once instances run on separate hosts.
+//   - The partition consumers' idle heartbeat (PinnedTTL/5, at least 1 s) is fixed when they are
+//     declared (the server cannot change it): a later Join with another PinnedTTL keeps it.
 //   - P is fixed for a group's life: Join refuses another P, filters or key tokens (ErrGroupMismatch);
 //     Delete the group to change them (it then starts again from the stream's first message).
 //   - One durable consumer and one owner record per partition per group. While a member is assigned
