@@ -33,6 +33,12 @@ func ConsumerInfo(ctx context.Context, js jetstream.JetStream, stream, name stri
 	return partition.ConsumerInfo(ctx, js, stream, name)
 }
 
+// ReplaceAfterAckFloor replaces a consumer the server cannot change by the group's partition
+// consumer want, going on after the old one's ack floor.
+func ReplaceAfterAckFloor(ctx context.Context, s jetstream.Stream, want jetstream.ConsumerConfig, floor uint64) error {
+	return partition.ReplaceAfterAckFloor(ctx, s, want, floor)
+}
+
 // ErrGroupMismatch: the group exists on the server with another partitioning.
 var ErrGroupMismatch = partition.ErrGroupMismatch
 

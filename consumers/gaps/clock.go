@@ -95,7 +95,6 @@ func (d *Detector) fpmsAppliedUpTo(e *entry, watermarkMs int64) int64 {
 		// the publisher comes (on an idle partition none may ever come).
 		if err := d.catchUpFPM(e, math.MaxUint64); err != nil {
 			d.logger.Warn("gap detector: catch-up read failed; pending gaps wait", "key", e.key.String(), "err", err)
-			e.catchUp = true
 			return math.MinInt64
 		}
 	}

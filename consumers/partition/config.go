@@ -99,7 +99,9 @@ type Config struct {
 	PinnedTTL time.Duration
 	// MaxAckPending bounds the unacked messages of one partition (and the member's buffer for it).
 	MaxAckPending int
-	// Batch is how many messages a handler is handed at most at once (<= MaxAckPending).
+	// Batch is the fetch size of a plain pull consumer on the group's consumer settings (the
+	// benchmarks' bare side; <= MaxAckPending). Partition consumers push, and the runner bounds what
+	// it hands a stage at once with its own durable.Config.Batch.
 	Batch int
 	// ReleaseTimeout bounds a graceful release: the handler draining and acking what it was given.
 	// Past it the handler's context is cancelled and the partition is given up without a release (the

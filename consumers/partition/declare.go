@@ -247,25 +247,33 @@ func replacePullConsumer(ctx context.Context, consStream jetstream.Stream, c Con
 		return fmt.Errorf("%w: %s/%s: consumer %s acks with policy %s on the server, %s here (delete the group to change)",
 			ErrGroupMismatch, c.Stream, c.Group, want.Durable, have.Config.AckPolicy, want.AckPolicy)
 	}
-	floor := have.AckFloor.Stream
+	return ReplaceAfterAckFloor(ctx, consStream, want, have.AckFloor.Stream)
+}
+
+// ReplaceAfterAckFloor replaces consumer want.Durable on stream s, whose ack floor is floor, by a push
+// consumer declared as want (a partition consumer), reset to the message after floor: the group goes
+// on where the old consumer stood, and the messages above its floor come again (handlers recognise
+// what they made durable). For consumers the server cannot change: another ack policy, or pull to
+// push. An instance still consuming the old consumer fails.
+func ReplaceAfterAckFloor(ctx context.Context, s jetstream.Stream, want jetstream.ConsumerConfig, floor uint64) error {
 	if _, err := call(ctx, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, consStream.DeleteConsumer(ctx, want.Durable)
+		return struct{}{}, s.DeleteConsumer(ctx, want.Durable)
 	}); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("replace pull consumer: delete: %w", err)
+		return fmt.Errorf("partition: replace consumer %s: delete: %w", want.Durable, err)
 	}
 	if _, err := call(ctx, func(ctx context.Context) (jetstream.PushConsumer, error) {
-		return consStream.CreatePushConsumer(ctx, want)
+		return s.CreatePushConsumer(ctx, want)
 	}); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
-		return fmt.Errorf("replace pull consumer: create: %w", err)
+		return fmt.Errorf("partition: replace consumer %s: declare: %w", want.Durable, err)
 	}
 	if floor == 0 {
 		return nil
 	}
 	if _, err := call(ctx, func(ctx context.Context) (*jetstream.ConsumerResetResponse, error) {
-		return consStream.ResetConsumerToSequence(ctx, want.Durable, floor+1)
+		return s.ResetConsumerToSequence(ctx, want.Durable, floor+1)
 	}); err != nil {
-		return fmt.Errorf("replace pull consumer: go on after ack floor %d (reset it with `nats consumer` before the next start, or the group reads %s from its first message): %w",
-			floor, have.Stream, err)
+		return fmt.Errorf("partition: replace consumer %s: go on after ack floor %d (reset it with `nats consumer` before the next start, or it reads its stream from the first message): %w",
+			want.Durable, floor, err)
 	}
 	return nil
 }

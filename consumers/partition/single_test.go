@@ -312,13 +312,7 @@ func TestStraySubscriberOnADeadOwnersSubjectDelaysTheMoveOnly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	rec := newRecorder(t, cfg)
-	ncA, jsA := connect(t, env)
-	a, err := Join(ctx, jsA, cfg, WithMemberID("a"), WithLogger(testLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	aDone := make(chan error, 1)
-	go func() { aDone <- a.Consume(ctx, rec.handler("a")) }()
+	a := startMember(t, env, cfg, "a", rec)
 	if err := publish(ctx, env.JS, 2, 5, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -332,25 +326,17 @@ func TestStraySubscriberOnADeadOwnersSubjectDelaysTheMoveOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	standby := standbyFor("a")
-	ncB, jsB := connect(t, env)
-	defer ncB.Close()
-	b, err := Join(ctx, jsB, cfg, WithMemberID(standby), WithLogger(testLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bctx, bcancel := context.WithCancel(ctx)
-	bDone := make(chan error, 1)
-	go func() { bDone <- b.Consume(bctx, rec.handler(standby)) }()
-	defer func() { bcancel(); <-bDone }()
-	ncA.Close()
-	<-aDone
+	b := startMember(t, env, cfg, standby, rec)
+	a.nc.Close() // a crash
+	aErr := <-a.done
+	a.done <- aErr // for the cleanup
 	crashed := time.Now()
 	if err := publishFrom(ctx, env.JS, 2, 5, 5, 0); err != nil {
 		t.Fatal(err)
 	}
 	claimAfter := max(3*cfg.PinnedTTL, cfg.ReleaseTimeout+cfg.PinnedTTL)
 	time.Sleep(claimAfter + 2*cfg.PinnedTTL)
-	if len(b.Owned()) != 0 {
+	if len(b.m.Owned()) != 0 {
 		t.Fatalf("%s owns the partition while the dead owner's subject still has a subscriber", standby)
 	}
 	if err := tap.Unsubscribe(); err != nil {

@@ -90,7 +90,7 @@ func (w *worker) run(h Handler) error {
 		case <-w.intr:
 		default:
 		}
-		if _, err := w.own(st, h); err != nil {
+		if err := w.own(st, h); err != nil {
 			var r retryable
 			if !errors.As(err, &r) {
 				return err
@@ -197,9 +197,9 @@ type event struct {
 // own runs one ownership session of the partition: claim the owner record (compare-and-set on the
 // revision st was read at), point the consumer at a fresh subject of this member's, reset it to its
 // ack floor (so every message not acked by a previous owner comes again, in stream order, before any
-// newer one) and hand messages to h until the session ends. taken is false when another member
-// claimed the record first.
-func (w *worker) own(st look, h Handler) (taken bool, err error) {
+// newer one) and hand messages to h until the session ends. It returns nil at once when another
+// member claimed the record first (the next look sees who).
+func (w *worker) own(st look, h Handler) error {
 	m := w.m
 	subj := m.nc.NewInbox()
 	ctx, cancel := context.WithTimeout(w.hard, apiTimeout)
@@ -207,9 +207,9 @@ func (w *worker) own(st look, h Handler) (taken bool, err error) {
 	cancel()
 	switch {
 	case errors.Is(err, errOwnerTaken):
-		return false, nil
+		return nil
 	case err != nil:
-		return false, retryable{fmt.Errorf("partition %d: claim: %w", w.p, err)}
+		return retryable{fmt.Errorf("partition %d: claim: %w", w.p, err)}
 	}
 	cc := st.info.Config
 	cc.DeliverSubject = subj
@@ -226,9 +226,9 @@ func (w *worker) own(st look, h Handler) (taken bool, err error) {
 	}
 	if err != nil {
 		if fatal(err) {
-			return true, fmt.Errorf("partition %d: take %s: %w", w.p, w.name, err)
+			return fmt.Errorf("partition %d: take %s: %w", w.p, w.name, err)
 		}
-		return true, retryable{fmt.Errorf("partition %d: take %s: %w", w.p, w.name, err)}
+		return retryable{fmt.Errorf("partition %d: take %s: %w", w.p, w.name, err)}
 	}
 	// Nothing reached the subject before the reset: it had no subscriber. From the first delivery on,
 	// deliveries are numbered without gaps; the first one's number is the session's start.
@@ -239,7 +239,7 @@ func (w *worker) own(st look, h Handler) (taken bool, err error) {
 	}
 	consumeCtx, err := cons.Consume(s.onMsg, jetstream.ConsumeErrHandler(s.onErr))
 	if err != nil {
-		return true, retryable{fmt.Errorf("partition %d: consume: %w", w.p, err)}
+		return retryable{fmt.Errorf("partition %d: consume: %w", w.p, err)}
 	}
 	hctx, hcancel := context.WithCancel(w.hard)
 	defer hcancel()
@@ -329,16 +329,16 @@ wait:
 		if ev.kind != endLost || handlerDone {
 			w.releaseRecord(rev)
 		}
-		return true, fmt.Errorf("partition %d: handler: %w", w.p, herr)
+		return fmt.Errorf("partition %d: handler: %w", w.p, herr)
 	}
 	if ev.err != nil {
-		return true, fmt.Errorf("partition %d: %w", w.p, ev.err)
+		return fmt.Errorf("partition %d: %w", w.p, ev.err)
 	}
 	if ev.kind == endReleased {
 		w.releaseRecord(rev)
 	}
 	m.log.Debug("partition: ended", "partition", w.p, "kind", ev.kind, "redeliveries_dropped", s.droppedRedeliveries(), "gap", s.gap)
-	return true, nil
+	return nil
 }
 
 func stopConsume(cc jetstream.ConsumeContext) {

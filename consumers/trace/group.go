@@ -153,10 +153,9 @@ func (c Config) runnerConfig(pc durable.GroupConfig) durable.Config {
 // this configuration cannot use and the server cannot change: with another ack policy (an fpmbus that
 // acked each message, or the other capture mode) or as a pull consumer without the group's metadata
 // (a plain durable of an older fpmbus; the group's own pull consumers of an earlier fpmbus are
-// replaced the same way when the group is joined). Each is deleted and declared anew, then reset to the message after its
-// ack floor: the writer goes on where the old consumer stood, and the messages above the floor come
-// again (those already written are recognised and skipped, see takeover). Every instance of a group
-// must run the same fpmbus and mode: an instance still consuming a deleted consumer fails.
+// replaced the same way when the group is joined): durable.ReplaceAfterAckFloor, so the writer goes
+// on where the old consumer stood (what it wrote above the floor is recognised and skipped, see
+// takeover). Every instance of a group must run the same fpmbus and mode.
 func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, pc durable.GroupConfig, log *slog.Logger) error {
 	for p := range pc.Partitions {
 		// Each partition's consumer lives on its own stream when the group reads shards directly.
@@ -182,18 +181,8 @@ func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, p
 		floor := have.AckFloor.Stream
 		log.Warn("trace writer: replacing a consumer declared with another ack policy or without partition ownership; it goes on after its ack floor",
 			"stream", pc.ConsumerStreamOf(p), "consumer", want.Durable, "ack_policy", have.Config.AckPolicy, "want", want.AckPolicy, "ack_floor", floor)
-		if err := s.DeleteConsumer(ctx, want.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("trace: group %s: delete consumer %s: %w", pc.Group, want.Durable, err)
-		}
-		if _, err := s.CreatePushConsumer(ctx, want); err != nil {
-			return fmt.Errorf("trace: group %s: declare consumer %s: %w", pc.Group, want.Durable, err)
-		}
-		if floor == 0 {
-			continue
-		}
-		if _, err := s.ResetConsumerToSequence(ctx, want.Durable, floor+1); err != nil {
-			return fmt.Errorf("trace: group %s: consumer %s: go on after ack floor %d (reset it with `nats consumer` before the next start, or it reads %s from its first message): %w",
-				pc.Group, want.Durable, floor, pc.ConsumerStreamOf(p), err)
+		if err := durable.ReplaceAfterAckFloor(ctx, s, want, floor); err != nil {
+			return fmt.Errorf("trace: group %s: %w", pc.Group, err)
 		}
 	}
 	return nil
