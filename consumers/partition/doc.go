@@ -27,11 +27,14 @@
 //     takes it at once when the record says released or names this member itself (its own ended
 //     session, or with a stable id its dead incarnation), or when nobody has owned it yet. It takes it
 //     when the owner's subject has no subscriber (the owner's connection is gone: crashed, stopped,
-//     cut off and closed by the server) and the owner's member key is older than PinnedTTL, or this
-//     has lasted PinnedTTL: the same bound as a pin. A subject that keeps a subscriber while the
-//     owner's member key has been gone for the longer of 3 x PinnedTTL and ReleaseTimeout + PinnedTTL
-//     (a `nats sub '>'` left running, or an owner that cannot heartbeat) is claimed too; the server
-//     moves it once that subscriber leaves, and the old owner stops at its next record refresh.
+//     cut off and closed by the server) and the owner has not rewritten its record (every
+//     PinnedTTL/2) for PinnedTTL: the same bound as a pin. A fresh record whose subject has no
+//     subscriber yet is an owner between its claim and its subscription, and is left alone. A subject
+//     that keeps a subscriber while the record has been stale for the longer of 3 x PinnedTTL and
+//     ReleaseTimeout + PinnedTTL (a `nats sub '>'` left running, or an owner that cannot write its
+//     record) is claimed too; the server moves it once that subscriber leaves, and the old owner stops
+//     at its next record refresh. Record ages are the server's storage times against the standby's
+//     clock: hosts' clocks must agree to well within PinnedTTL.
 //   - Why push. A pinned-client pull consumer (ADR-42) would give the same exclusivity, but the server
 //     then re-encodes a Nats-Pin-Id header into every message it delivers, about 2 us of CPU each:
 //     0.72x of a bare pull consumer's rate on 2 cores. A push consumer to one subject costs less than
@@ -69,7 +72,7 @@
 // standing by, takes it within a standby poll, resets, and goes on from the next message; nothing is
 // delivered twice (TestGroupGracefulStopHandsOverExactlyOnce: 10,000 messages, 10,000 deliveries).
 // After a crash the partition waits until the standby sees the owner's subject without subscriber and
-// its member key stale, PinnedTTL after the dead owner's last heartbeat; the next owner resets and gets
+// its record stale, PinnedTTL after the dead owner's last refresh; the next owner resets and gets
 // every unacked message first. An idle partition is owned like a busy one (no message is needed to
 // take it), so a handler that acts on time, like the gap detector's stale check, runs for it. The dead
 // owner may have made messages durable without acking them; those come again and the output must

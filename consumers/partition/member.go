@@ -259,11 +259,12 @@ func (m *Member) reclaim(ctx context.Context) error {
 	return nil
 }
 
-// callOwner is readOwner bounded by apiTimeout.
+// callOwner is readOwner bounded by apiTimeout, without the time.
 func callOwner(ctx context.Context, m *Member, p int) (*ownerRecord, uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	return m.readOwner(ctx, p)
+	rec, rev, _, err := m.readOwner(ctx, p)
+	return rec, rev, err
 }
 
 func defaultMemberID() string {

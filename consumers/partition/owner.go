@@ -16,7 +16,9 @@ import (
 // two members that decide to take a partition at the same moment exactly one does; only the member
 // whose write succeeded points the consumer at its subject. The revision is the ownership's epoch: an
 // owner rewrites the record (same revision expected) every PinnedTTL/2 and ends its session at once
-// when that fails, because someone else took the partition.
+// when that fails, because someone else took the partition. The rewrites are also the owner's
+// liveness: a record the server stored less than PinnedTTL ago has a live owner, also in the moments
+// between its claim and its subscription.
 type ownerRecord struct {
 	Member string `json:"member"`
 	// Deliver is the owner's session subject (the consumer's DeliverSubject while it owns).
@@ -36,20 +38,21 @@ func (c Config) ownerKey(p int) string {
 // errOwnerTaken: the owner record changed since it was read (another member wrote it first).
 var errOwnerTaken = errors.New("partition: owner record changed: another member took the partition")
 
-// readOwner returns partition p's owner record and its revision (nil and 0 when there is none).
-func (m *Member) readOwner(ctx context.Context, p int) (*ownerRecord, uint64, error) {
+// readOwner returns partition p's owner record, its revision and when the server stored it (nil,
+// 0 and the zero time when there is none).
+func (m *Member) readOwner(ctx context.Context, p int) (*ownerRecord, uint64, time.Time, error) {
 	e, err := m.kv.Get(ctx, m.cfg.ownerKey(p))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, 0, nil
+		return nil, 0, time.Time{}, nil
 	}
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, time.Time{}, err
 	}
 	var rec ownerRecord
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return nil, e.Revision(), nil // unreadable: treated as no owner, replaced by the next taker
+		return nil, e.Revision(), time.Time{}, nil // unreadable: treated as no owner, replaced by the next taker
 	}
-	return &rec, e.Revision(), nil
+	return &rec, e.Revision(), e.Created(), nil
 }
 
 // writeOwner writes partition p's owner record if its revision is still rev (0: the key must not
@@ -70,17 +73,4 @@ func (m *Member) writeOwner(ctx context.Context, p int, rec ownerRecord, rev uin
 		return 0, errOwnerTaken
 	}
 	return n, err
-}
-
-// memberLive reports whether member id's key in the members bucket was written within d. A bucket
-// that cannot be read says nothing against the member: it counts as live.
-func (m *Member) memberLive(ctx context.Context, id string, d time.Duration) bool {
-	e, err := m.kv.Get(ctx, m.cfg.Stream+"."+m.cfg.Group+"."+id)
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return false
-	case err != nil:
-		return true
-	}
-	return time.Since(e.Created()) < d
 }

@@ -25,9 +25,9 @@ type worker struct {
 	relCancel context.CancelFunc
 	intr      chan struct{} // end the current session abruptly (disconnected), keep the partition
 
-	// Standby: since when the partition has been seen without a live owner (zero: it has one).
-	unboundSince time.Time // the owner's subject has no subscriber (crash, leave, cut off)
-	silentSince  time.Time // the owner's subject is bound, but the owner's member key is gone or stale
+	// Standby: since when the owner's subject has been seen bound while the owner's record is stale
+	// (zero: it has not).
+	silentSince time.Time
 }
 
 func newWorker(m *Member, p int, hard context.Context) *worker {
@@ -105,9 +105,10 @@ func (w *worker) run(h Handler) error {
 
 // look is what a standby reads each time: the partition consumer and its owner record.
 type look struct {
-	info *jetstream.ConsumerInfo
-	rec  *ownerRecord
-	rev  uint64
+	info    *jetstream.ConsumerInfo
+	rec     *ownerRecord
+	rev     uint64
+	written time.Time // when the server stored rec
 }
 
 func (w *worker) look() (look, error) {
@@ -117,11 +118,11 @@ func (w *worker) look() (look, error) {
 	if err != nil {
 		return look{}, err
 	}
-	rec, rev, err := w.m.readOwner(ctx, w.p)
+	rec, rev, written, err := w.m.readOwner(ctx, w.p)
 	if err != nil {
 		return look{}, err
 	}
-	return look{info: c.CachedInfo(), rec: rec, rev: rev}, nil
+	return look{info: c.CachedInfo(), rec: rec, rev: rev, written: written}, nil
 }
 
 // mayTake decides, from one look, whether this member takes the partition now:
@@ -129,19 +130,19 @@ func (w *worker) look() (look, error) {
 //   - at once when nobody owns it (no record, nothing bound), when its owner released it, or when the
 //     record is this member's own (a session of it that ended, or, with a stable id, its previous
 //     incarnation's);
-//   - when nobody subscribes to the owner's subject (its connection, and with it the subscription,
-//     is gone: crashed, stopped, cut off) and either the owner's member key is gone or older than
-//     PinnedTTL (it heartbeats every PinnedTTL/4), or this has been so for PinnedTTL;
-//   - when the owner's subject has a subscriber but the owner's member key has been gone or stale
-//     for the longer of 3 x PinnedTTL and ReleaseTimeout + PinnedTTL: an owner that is alive but
-//     cannot heartbeat, or a subscriber that is not the owner (a `nats sub '>'`). The bound leaves a
-//     gracefully leaving owner (its key is deleted first) its whole drain. The server refuses to move
-//     a subject that has a subscriber, so the claim then waits until it unsubscribes: an owner whose
+//   - when nobody subscribes to the owner's subject and the owner has not rewritten its record for
+//     PinnedTTL (it does every PinnedTTL/2): it crashed, stopped or was cut off. A fresh record
+//     whose subject has no subscriber yet is an owner between its claim and its subscription;
+//   - when the owner's subject has a subscriber but the record has been stale for the longer of
+//     3 x PinnedTTL and ReleaseTimeout + PinnedTTL: an owner that is alive but cannot write its
+//     record, or a subscriber that is not the owner (a `nats sub '>'`). The server refuses to move a
+//     subject that has a subscriber, so the claim then waits until it unsubscribes: an owner whose
 //     record was taken ends its session at its next record refresh (PinnedTTL/2).
 //
 // Exclusivity does not rest on this decision: only the member whose compare-and-set of the record
 // succeeds points the consumer at itself, the server moves the consumer's subject only while nobody
-// subscribes to it, and it delivers to that one subject.
+// subscribes to it, and it delivers to that one subject. The record's age is the server's storage
+// time against this host's clock: hosts' clocks must agree to well within PinnedTTL.
 func (w *worker) mayTake(st look, now time.Time) bool {
 	cfg := w.m.cfg
 	bound := st.info.PushBound
@@ -149,26 +150,13 @@ func (w *worker) mayTake(st look, now time.Time) bool {
 		bound = bound && st.info.Config.DeliverSubject == st.rec.Deliver
 	}
 	if st.rec == nil && !bound || st.rec != nil && (st.rec.Released || st.rec.Member == w.m.id) {
-		w.unboundSince, w.silentSince = time.Time{}, time.Time{}
+		w.silentSince = time.Time{}
 		return true
 	}
-	ownerLive := false
-	if st.rec != nil {
-		ctx, cancel := context.WithTimeout(w.rel, apiTimeout)
-		ownerLive = w.m.memberLive(ctx, st.rec.Member, cfg.PinnedTTL)
-		cancel()
-	}
-	if !bound {
+	fresh := st.rec != nil && now.Sub(st.written) < cfg.PinnedTTL
+	if !bound || fresh {
 		w.silentSince = time.Time{}
-		if w.unboundSince.IsZero() {
-			w.unboundSince = now
-		}
-		return !ownerLive || now.Sub(w.unboundSince) >= cfg.PinnedTTL
-	}
-	w.unboundSince = time.Time{}
-	if ownerLive {
-		w.silentSince = time.Time{}
-		return false
+		return !bound && !fresh
 	}
 	if w.silentSince.IsZero() {
 		w.silentSince = now
