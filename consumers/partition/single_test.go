@@ -348,3 +348,33 @@ func TestStraySubscriberOnADeadOwnersSubjectDelaysTheMoveOnly(t *testing.T) {
 	t.Logf("%s took over %v after the crash, %v after the stray subscriber left", standby, time.Since(crashed), time.Since(left))
 	rec.check(2, 10)
 }
+
+// A member has claimed the partition (its record is fresh) but has not pointed the consumer at its
+// subject or subscribed yet: a standby that looks in that moment must leave the partition alone, and
+// take it only once the record has gone stale (the claimer died before subscribing).
+func TestFreshClaimWithoutSubscriberIsLeftAlone(t *testing.T) {
+	env := streamstest.Start(t)
+	cfg := testConfig("fresh-claim", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rec := newRecorder(t, cfg)
+	m, err := Join(ctx, env.JS, cfg, WithLogger(testLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"member":"claimer","deliver":"_INBOX.claimer-not-subscribed-yet","at_unix_ms":0}`)
+	if _, err := m.kv.Create(ctx, cfg.ownerKey(0), body); err != nil {
+		t.Fatal(err)
+	}
+	claimed := time.Now()
+	b := startMember(t, env, cfg, "b", rec)
+	time.Sleep(cfg.PinnedTTL / 2)
+	if got := b.m.Owned(); len(got) != 0 {
+		t.Fatalf("the standby took a partition claimed %v ago by a member that has not subscribed yet", time.Since(claimed))
+	}
+	took := waitFor(t, 2*cfg.PinnedTTL, "the standby to take the partition once the claim is stale", func() bool { return len(b.m.Owned()) == 1 })
+	if since := time.Since(claimed); since < cfg.PinnedTTL {
+		t.Fatalf("taken %v after the claim, before PinnedTTL %v", since, cfg.PinnedTTL)
+	}
+	t.Logf("taken %v after waiting", took)
+}
