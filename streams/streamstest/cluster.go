@@ -82,8 +82,10 @@ func (c *Cluster) Start(i int) {
 		c.t.Fatal(err)
 	}
 	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		c.t.Fatalf("n%d not ready", i+1)
+	// As long as the meta leader may take: a node recovering its store on a loaded 2-core machine
+	// (other test packages running) was seen to need more than 10 s.
+	if !ns.ReadyForConnections(30 * time.Second) {
+		c.t.Fatalf("n%d not ready after 30s", i+1)
 	}
 	c.Servers[i] = ns
 }
