@@ -23,6 +23,12 @@
 //     server's, not a client protocol's: the server delivers to one subject, that only the owner
 //     subscribes to. An owner rewrites its record (same revision) every PinnedTTL/2 and ends its
 //     session when that fails (someone took the record) or when two idle heartbeats go missing.
+//   - Flow control. The owner subscribes itself (push.go) rather than through nats.go's push consumer:
+//     an owner that dies or leaves with a flow-control request in flight leaves the consumer stalled
+//     for every later owner (a subject move or a reset does not clear it), and the server names the
+//     request only in the stall header of its idle heartbeats, which nats.go does not answer. The
+//     owner answers requests and stalls, so a takeover after such a death resumes within one idle
+//     heartbeat.
 //   - Liveness. A standby assigned a partition looks at it every PinnedTTL/10 (at most 500 ms). It
 //     takes it at once when the record says released or names this member itself (its own ended
 //     session, or with a stable id its dead incarnation), or when nobody has owned it yet. It takes it

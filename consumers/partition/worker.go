@@ -225,9 +225,9 @@ func (w *worker) own(st look, h Handler) error {
 		partStream: m.cfg.PartitionStream() != "",
 		ev:         make(chan event, 1),
 	}
-	consumeCtx, err := cons.Consume(s.onMsg, jetstream.ConsumeErrHandler(s.onErr))
+	sub, err := subscribe(m.nc, subj, cc.IdleHeartbeat, s.onMsg, s.onEnd)
 	if err != nil {
-		return retryable{fmt.Errorf("partition %d: consume: %w", w.p, err)}
+		return retryable{fmt.Errorf("partition %d: subscribe: %w", w.p, err)}
 	}
 	hctx, hcancel := context.WithCancel(w.hard)
 	defer hcancel()
@@ -310,7 +310,7 @@ wait:
 	if ev.kind != endLost && herr == nil && ev.err == nil {
 		w.settleAcks(cons, s.handedUpTo())
 	}
-	stopConsume(consumeCtx)
+	sub.stop()
 	if herr != nil {
 		// The handler has returned: nothing of this partition runs here any more, so hand it on now
 		// rather than after PinnedTTL. What it did not ack is redelivered by the next owner's reset.
@@ -327,16 +327,6 @@ wait:
 	}
 	m.log.Debug("partition: ended", "partition", w.p, "kind", ev.kind, "redeliveries_dropped", s.droppedRedeliveries(), "gap", s.gap)
 	return nil
-}
-
-func stopConsume(cc jetstream.ConsumeContext) {
-	cc.Stop()
-	t := time.NewTimer(apiTimeout)
-	defer t.Stop()
-	select {
-	case <-cc.Closed():
-	case <-t.C:
-	}
 }
 
 // settleAcks waits (briefly) until the server has applied the handler's acks, so that the next
@@ -393,7 +383,7 @@ type session struct {
 // later out of order, so the session stops handing and ends for a resync (a new reset). A redelivery
 // of a message already handed (its handler has not acked it within AckWait) is dropped: the handler
 // still holds it.
-func (s *session) onMsg(msg jetstream.Msg) {
+func (s *session) onMsg(msg *pushMsg) {
 	md, err := msg.Metadata()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -435,16 +425,12 @@ func (s *session) haltLocked(e event) {
 	}
 }
 
-func (s *session) onErr(_ jetstream.ConsumeContext, err error) {
+// onEnd: the subscription lost its deliveries (missed heartbeats, a closed connection, a new consumer
+// leader) or the consumer was deleted (err, fatal for the member).
+func (s *session) onEnd(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case errors.Is(err, jetstream.ErrNoHeartbeat), errors.Is(err, jetstream.ErrConsumerLeadershipChanged),
-		errors.Is(err, jetstream.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionClosed):
-		s.haltLocked(event{kind: endLost})
-	case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound):
-		s.haltLocked(event{kind: endLost, err: err})
-	}
+	s.haltLocked(event{kind: endLost, err: err})
 }
 
 func (s *session) close() {
