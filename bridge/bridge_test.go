@@ -33,6 +33,7 @@ func hdrUint(t testing.TB, m storedMsg, name string) uint64 {
 }
 
 func TestHappyPathTwoRanks(t *testing.T) {
+	t.Parallel()
 	const perRank = 2000
 	env := streamstest.Start(t)
 	// One worker id needs percent-encoding in the subject.
@@ -169,6 +170,7 @@ func withExtraField(p []byte, n int) []byte {
 }
 
 func TestBadInputIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	valid := func(f func(*schemas.FPM)) []byte {
 		fpm := testFPM("w", 0, 0)
 		f(fpm)
@@ -285,6 +287,7 @@ func TestBadInputIsDeadLettered(t *testing.T) {
 }
 
 func TestSeqMismatchIsStoredAndFlagged(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, nil)
@@ -318,6 +321,7 @@ func TestSeqMismatchIsStoredAndFlagged(t *testing.T) {
 // A busy FPM of the new run differs from the old run's at the same seq by its measurements; an idle
 // heartbeat does not differ at all, and is told apart by the run's epoch in its id.
 func TestPublisherRestartKeepsBothRuns(t *testing.T) {
+	t.Parallel()
 	const n = 1000
 	busy := func(run int) func(uint64) []byte {
 		return func(seq uint64) []byte {
@@ -417,6 +421,7 @@ func (s *sender) stop() uint64 {
 }
 
 func TestBrokerOutageDropsWithExactAccounting(t *testing.T) {
+	t.Parallel()
 	const maxBuffer = 500
 	env := streamstest.Start(t)
 	addr, store := listenAddr(t, env.Server), env.StoreDir
@@ -512,6 +517,7 @@ func TestBrokerOutageDropsWithExactAccounting(t *testing.T) {
 }
 
 func TestGracefulStopPublishesTheBuffer(t *testing.T) {
+	t.Parallel()
 	const n = 300
 	env := streamstest.Start(t)
 	addr, store := listenAddr(t, env.Server), env.StoreDir
@@ -548,6 +554,7 @@ func TestGracefulStopPublishesTheBuffer(t *testing.T) {
 }
 
 func TestStopTimeoutReportsShutdownDrops(t *testing.T) {
+	t.Parallel()
 	const n = 50
 	env := streamstest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
@@ -576,6 +583,7 @@ func TestStopTimeoutReportsShutdownDrops(t *testing.T) {
 }
 
 func TestRunTwiceAndNewErrors(t *testing.T) {
+	t.Parallel()
 	if _, err := New(Config{}, nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("nil conn: %v", err)
 	}
@@ -598,6 +606,7 @@ func TestRunTwiceAndNewErrors(t *testing.T) {
 }
 
 func TestBadEndpointFailsRun(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	nc := env.NC
 	b, err := New(Config{Endpoints: []Endpoint{{URL: "bogus://nowhere"}}, Logger: testLogger()}, nc)
@@ -612,6 +621,7 @@ func TestBadEndpointFailsRun(t *testing.T) {
 }
 
 func TestStopTimeoutPublishesShutdownMarkers(t *testing.T) {
+	t.Parallel()
 	const n, maxInFlight = 20000, 1
 	env := streamstest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")

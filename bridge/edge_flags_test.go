@@ -13,6 +13,7 @@ import (
 )
 
 func TestEdgeFlags(t *testing.T) {
+	t.Parallel()
 	host, _ := os.Hostname()
 	for name, tc := range map[string]struct {
 		args    []string
@@ -66,6 +67,7 @@ func TestEdgeFlags(t *testing.T) {
 }
 
 func TestNodeName(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{"gpu-01.cluster.local": "gpu-01", "node_7": "node_7", "a b+c": "a_b_c"} {
 		if got := nodeName(in); got != want {
 			t.Errorf("nodeName(%q) = %q, want %q", in, got, want)

@@ -126,6 +126,7 @@ func streamLen(js jetstream.JetStream, stream string) (uint64, error) {
 // FPM stream holds every FPM exactly once, per rank in order, each message as the bridge published it
 // at the edge (subject, body, every header including Nats-Msg-Id), and the bridge dropped nothing.
 func TestEdgeRidesOutCentralOutage(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("rides out a 60 s outage")
 	}

@@ -11,6 +11,7 @@ import (
 )
 
 func TestFlagsConfig(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		prefix     string
 		portSource string
@@ -68,6 +69,7 @@ func TestFlagsConfig(t *testing.T) {
 
 // A base port taken from the environment is blamed by its variable's name when the flag was not given.
 func TestFlagsBlameTheBasePortSource(t *testing.T) {
+	t.Parallel()
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	c := Config{BasePort: 65535, DPSize: 2}
 	f := c.RegisterFlags(fs, "")

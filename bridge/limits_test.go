@@ -91,6 +91,7 @@ func startRawServer(t testing.TB, configure func(*server.Options)) rawServer {
 // and would never reconnect it. The bridge reconnects, counts the refusal on the rank and dead-letters
 // it naming the limit; the other rank is untouched and the refused rank flows again.
 func TestOversizedFrameIsRefusedUnread(t *testing.T) {
+	t.Parallel()
 	const maxPayload, refusals = 64 << 10, 3
 	env := streamstest.Start(t)
 	pubs := []*testPub{newTestPub(t, "tcp://127.0.0.1:*"), newTestPub(t, "tcp://127.0.0.1:*")}
@@ -145,6 +146,7 @@ func TestOversizedFrameIsRefusedUnread(t *testing.T) {
 // (naming the subject's size and the room left), keeps the connection, and stores everything else,
 // including a long worker_id that fits. The limit follows Config.MaxControlLine.
 func TestWorkerIDTooLongForControlLine(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		serverLine, bridgeLine int // 0: the defaults
 		long                   int // worker_id bytes that cannot fit
@@ -230,6 +232,7 @@ func TestWorkerIDTooLongForControlLine(t *testing.T) {
 // only reports a permissions violation) is retried maxRejects times while later FPMs are acknowledged,
 // then dead-lettered: never retried forever, never counted as dropped, never a reason to stop.
 func TestFPMFailingAloneIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	const bridgeUser, bridgePass = "bridge", "bridge-pass"
 	srv := startRawServer(t, func(o *server.Options) {
 		o.Users = []*server.User{
@@ -281,6 +284,7 @@ func TestFPMFailingAloneIsDeadLettered(t *testing.T) {
 }
 
 func TestBoundHeader(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		in        string
 		truncated bool
@@ -311,6 +315,7 @@ func TestBoundHeader(t *testing.T) {
 // Dead letters built from hostile input stay publishable: every copied header is bounded, the body is
 // cut to leave room for them, and the protocol line fits.
 func TestDeadLetterFitsTheServer(t *testing.T) {
+	t.Parallel()
 	b := offlineBridge(1 << 20)
 	b.pub.serverMax.Store(16 << 10)
 	manyFrames := make([][]byte, 20000)
@@ -347,6 +352,7 @@ func TestDeadLetterFitsTheServer(t *testing.T) {
 
 // keySubjectLen's fast bound never lets a subject through that is too long, whatever the worker_id.
 func TestKeySubjectLen(t *testing.T) {
+	t.Parallel()
 	b := offlineBridge(1 << 20)
 	for _, w := range []string{"", "w", strings.Repeat("w", 3900), strings.Repeat("w", 4000), strings.Repeat(".", 1300),
 		strings.Repeat(".", 1400), strings.Repeat("é", 700)} {
@@ -398,6 +404,7 @@ func TestChargedSizeCoversItemMemory(t *testing.T) {
 // An FPM the client or server refuses for good becomes a dead letter carrying its JSON and identity,
 // counted as invalid (never as dropped: it was not stored), of stage size when it was too large.
 func TestRejectedFPMBecomesADeadLetter(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		cause error
 		stage string
@@ -442,6 +449,7 @@ func TestRejectedFPMBecomesADeadLetter(t *testing.T) {
 // Answers in which the stream did not decide on the publish are retried like an outage, never counted
 // towards giving the FPM up; refusals of the message itself are.
 func TestUndecidedAnswers(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		err  jetstream.APIError
 		want bool

@@ -105,6 +105,7 @@ func seqRange(first, last uint64) []uint64 {
 // of them behind its back. The next bridge, at start, reports exactly the acknowledged FPMs that are
 // gone as one lost_after_ack gap event, cuts its record back, and a third start reports nothing again.
 func TestLostAfterAckReportedAtStart(t *testing.T) {
+	t.Parallel()
 	type want struct {
 		first, last, missing uint64
 		ranges               [][2]uint64
@@ -226,6 +227,7 @@ func TestLostAfterAckReportedAtStart(t *testing.T) {
 // bridge runs (deleted, then the server restarts under it); the bridge checks after reconnecting,
 // before it publishes again, and reports them; FPMs sent afterwards are stored as usual.
 func TestLostAfterAckReportedAfterReconnect(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	addr, store := listenAddr(t, env.Server), env.StoreDir
 	k := fpmKey("w", 0)
@@ -268,6 +270,7 @@ func TestLostAfterAckReportedAfterReconnect(t *testing.T) {
 }
 
 func TestAckRunCountsHolesAndLateAcks(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		acks       []uint64
 		from       uint64

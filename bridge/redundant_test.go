@@ -14,6 +14,7 @@ import (
 // publisher run: the run they agreed on in streams.BucketBridgeRuns. A publisher restart both see is
 // one new run, with one new epoch.
 func TestRedundantBridgesStoreEveryFPMOnce(t *testing.T) {
+	t.Parallel()
 	const n = 400
 	env := streamstest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")

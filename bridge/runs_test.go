@@ -15,6 +15,7 @@ import (
 // The agreement rules of runs.go against a real bucket: when a bridge adopts the recorded run and when
 // it writes a new one.
 func TestAgreeRun(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	h := startBridge(t, env, []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 0}}, nil)
 	b := h.b

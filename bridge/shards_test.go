@@ -40,6 +40,7 @@ func shardWorkers(n int) []string {
 // lost_after_ack check at the next start reads each key's own shard: a shard emptied by its limits is
 // no loss, FPMs deleted from another shard are reported exactly.
 func TestShardedIngestOverZMQ(t *testing.T) {
+	t.Parallel()
 	const n, perRank = 3, 300
 	env := streamstest.StartShards(t, n)
 	ctx := t.Context()
@@ -163,6 +164,7 @@ func TestShardedIngestOverZMQ(t *testing.T) {
 // ErrEdgeShards (Failed, once the central server answers), the central shards are left without a
 // source of the edge, and an edge declared with shards is refused at start.
 func TestEdgeRefusesCentralShards(t *testing.T) {
+	t.Parallel()
 	t.Cleanup(func() { streamstest.WaitSourceSetups(t, 40*time.Second) })
 	const n = 3
 	central := newCentral(t)

@@ -14,6 +14,7 @@ import (
 )
 
 func TestParseFrames(t *testing.T) {
+	t.Parallel()
 	payload := []byte{0x80}
 	tests := map[string]struct {
 		frames  [][]byte
@@ -74,6 +75,7 @@ func TestParseFrames(t *testing.T) {
 }
 
 func TestCheckEphemeralPorts(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
@@ -119,6 +121,7 @@ func TestCheckEphemeralPorts(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	ok := EndpointsFor("127.0.0.1", 20380, 2)
 	tests := map[string]struct {
 		cfg  Config
@@ -158,6 +161,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestEndpointsFor(t *testing.T) {
+	t.Parallel()
 	got := EndpointsFor("10.0.0.5", 20380, 3)
 	want := []Endpoint{{"tcp://10.0.0.5:20380", 0}, {"tcp://10.0.0.5:20381", 1}, {"tcp://10.0.0.5:20382", 2}}
 	if !reflect.DeepEqual(got, want) {
@@ -169,6 +173,7 @@ func TestEndpointsFor(t *testing.T) {
 }
 
 func TestEpochs(t *testing.T) {
+	t.Parallel()
 	e := newEpochs()
 	k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w", DPRank: 0}
 	steps := []struct {
@@ -209,6 +214,7 @@ func TestEpochs(t *testing.T) {
 }
 
 func TestBufferDropRanges(t *testing.T) {
+	t.Parallel()
 	k1 := streams.Key{Namespace: "n", Component: "c", WorkerID: "w", DPRank: 0}
 	k2 := k1
 	k2.DPRank = 1
@@ -263,6 +269,7 @@ func TestBufferDropRanges(t *testing.T) {
 }
 
 func TestBufferBytesBound(t *testing.T) {
+	t.Parallel()
 	b := newBuffer(100, 25)
 	big := func(seq uint64) *item { return &item{kind: kindDeadLetter, seq: seq, size: 20} }
 	if !b.push(big(0)) {
@@ -278,6 +285,7 @@ func TestBufferBytesBound(t *testing.T) {
 }
 
 func TestBufferRingGrowsInOrder(t *testing.T) {
+	t.Parallel()
 	b := newBuffer(5000, 1<<30)
 	var next uint64
 	for round := 0; round < 5; round++ {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -106,7 +107,7 @@ func BenchmarkCapacity(b *testing.B) {
 
 		var bridges []*supervised
 		bases := make([]int, pubs)
-		block := freePortBlock(b, pubs*ranks)
+		block := producertest.FreeBasePort(b, "", pubs*ranks)
 		for p := range pubs {
 			bases[p] = block + p*ranks
 			bridges = append(bridges, superviseFpmbus(b, fmt.Sprintf("bridge %d", p), "bridge ready", "bridge", "--server", c.url,

@@ -133,6 +133,7 @@ func perPartition(runs map[string]int, p int, per int) int {
 // sidecar across the three processes' output directories, one fpmbench.merged.<run> message, one
 // outcome event; every rank message is acknowledged, none dead-lettered.
 func TestBenchMergeFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	url := env.Server.ClientURL()
 	work := t.TempDir()
@@ -242,6 +243,7 @@ func TestBenchMergeFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
 // SIGTERM while half of them are. Every run's cell is sealed exactly once (KV revision history of
 // length 1), every merged message is acknowledged, none dead-lettered.
 func TestBenchSealFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	url := env.Server.ClientURL()
 	ctx := context.Background()

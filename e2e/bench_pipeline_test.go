@@ -18,6 +18,7 @@ import (
 // its cells in FPM_DATASETS, which the real `nats kv` CLI lists. Publishing the same run again changes
 // nothing: every cell keeps exactly one revision.
 func TestBenchPublishMergeAndSealThroughUp(t *testing.T) {
+	t.Parallel()
 	requireNATS(t)
 	out := t.TempDir()
 	up := startUp(t, 1, "--merge-bench-output", filepath.Join(out, "merged_{run_id}.json"))

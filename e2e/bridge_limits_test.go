@@ -89,6 +89,7 @@ func metricsOf(t *testing.T, addr string) map[string][]metricSample {
 // dead letter names each bad FPM's reason and size, nothing stored is counted as dropped, and the
 // bridge stays up and keeps publishing.
 func TestBridgeDeadLettersOverlongWorkerIDsAndKeepsPublishing(t *testing.T) {
+	t.Parallel()
 	const n, bad = 300, 4100
 	env := streamstest.Start(t)
 	base := producertest.FreeBasePort(t, "127.0.0.1", 3)

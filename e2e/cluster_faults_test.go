@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -121,6 +122,7 @@ func gapRanges(e gaps.Event) [][2]uint64 {
 // event (the bridge's buffer is small, so a stalled leader makes it drop, with drop markers), no gap
 // event names a stored FPM, and the trace lines are exactly the stream's messages.
 func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
+	t.Parallel()
 	const ranks, perRank, rate = 4, 5000, 150
 	t0 := time.Now()
 	c := startProcessCluster(t)
@@ -143,7 +145,7 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 	}
 
 	// Every component runs as the shipped units run it: restarted after a failure (Restart=on-failure).
-	base := freePortBlock(t, ranks)
+	base := producertest.FreeBasePort(t, "", ranks)
 	bridgeMetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	bridge := superviseFpmbus(t, "bridge", "bridge ready", "bridge", "--server", c.url, "--fpm-port", strconv.Itoa(base),
 		"--dp-size", strconv.Itoa(ranks), "--replicas", "3", "--metrics-addr", bridgeMetrics,

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -25,6 +26,7 @@ func startBridge(t *testing.T, name, url string, basePort, dpSize int, extra ...
 // A publisher restarted inside the duplicate window starts its sequence at 0 again; the bridge's
 // epoch keeps the ids distinct, so nothing of the second run is lost to deduplication.
 func TestPublisherRestartNothingLostToDedup(t *testing.T) {
+	t.Parallel()
 	const perRun = 1000
 	up := startUp(t, 1)
 	for run := 0; run < 2; run++ {
@@ -60,9 +62,10 @@ func TestPublisherRestartNothingLostToDedup(t *testing.T) {
 // A bridge killed with SIGKILL and restarted never stores a message twice: whatever it had stored
 // stays once, and the new bridge only publishes what it receives after it connects.
 func TestBridgeKill9RestartNoDuplicates(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	url := env.Server.ClientURL()
-	base := freePortBlock(t, 2)
+	base := producertest.FreeBasePort(t, "", 2)
 	b1 := startBridge(t, "bridge 1", url, base, 2)
 	pub := publish(t, 1, base, 2, 6000, "k9", "--rate", "1500")
 	time.Sleep(2 * time.Second)
@@ -109,12 +112,13 @@ type dropMarker struct {
 // then drops with exact accounting; once the broker is back every message is either stored once or
 // covered by exactly one drop marker.
 func TestBrokerOutageDropsAreCountedAndMarkedExactly(t *testing.T) {
+	t.Parallel()
 	const perRank, maxBuffer = 6000, 300
 	env := streamstest.Start(t)
 	listen := env.Server.NATS().Addr().String()
 	url := env.Server.ClientURL()
 	store := env.StoreDir
-	base := freePortBlock(t, 1)
+	base := producertest.FreeBasePort(t, "", 1)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	b := startBridge(t, "bridge", url, base, 1, "--max-buffer", strconv.Itoa(maxBuffer), "--metrics-addr", metricsAddr)
 	pub := publish(t, 1, base, 1, perRank, "outage", "--rate", "1000")

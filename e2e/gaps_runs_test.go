@@ -129,6 +129,7 @@ func runEvents(evs []gaps.Event, k streams.Key) (byEpoch map[int64][]gaps.Event,
 // gaps revealed after that (the first run's last ones, all of the second run's) must be classified
 // all the same, although no drop marker ever comes.
 func TestGapDetectorSkipsAcrossPublisherRestart(t *testing.T) {
+	t.Parallel()
 	const (
 		worker      = "e2e-gap-restart"
 		ranks       = 2
@@ -243,6 +244,7 @@ func TestGapDetectorSkipsAcrossPublisherRestart(t *testing.T) {
 // numbers sent before the bridge was subscribed are one late_start gap, 0 up to the first number
 // stored, with that number and the run's epoch as evidence, and `gaps report` counts them as lost.
 func TestGapDetectorLateStart(t *testing.T) {
+	t.Parallel()
 	const (
 		worker          = "e2e-gap-late"
 		total           = 5002

@@ -356,6 +356,7 @@ func loggedGapIDs(p *proc) []string {
 // the second detector is SIGKILLed during the outage, the broker comes back at the same address and
 // store, and a third detector reports each run the bridge's drop markers cover once as bridge_drop.
 func TestGapDetectorKilledMidGapOverZMQ(t *testing.T) {
+	t.Parallel()
 	const worker, grace = "e2e-gap-kill", 5 * time.Second
 	env := streamstest.Start(t)
 	url := env.Server.ClientURL()
@@ -505,6 +506,7 @@ func TestGapDetectorKilledMidGapOverZMQ(t *testing.T) {
 // (graceful handover). Every run of refused numbers is reported exactly once, by whichever instance
 // owned the publisher, with exact ranges; the clean ranks get no event.
 func TestTwoGapDetectorsOverZMQ(t *testing.T) {
+	t.Parallel()
 	const ranks, parts = 6, 4
 	zmqRanks := []int{0, 1, 2, 3}
 	cfg := gaps.DefaultConfig()

@@ -75,32 +75,6 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// freePortBlock returns a base port such that base..base+n-1 were all free.
-func freePortBlock(t testing.TB, n int) int {
-	t.Helper()
-	for attempt := 0; attempt < 50; attempt++ {
-		base := 21000 + (os.Getpid()*7+attempt*97)%9000
-		ok := true
-		var ls []net.Listener
-		for i := 0; i < n; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no free port block")
-	return 0
-}
-
 // proc is one running fpmbus (or nats) process; its output goes to a buffer shown on failure.
 type proc struct {
 	t    testing.TB

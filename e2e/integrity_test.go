@@ -21,6 +21,7 @@ import (
 // producer's lines are in the trace under a file name the file system takes; the garbage artefact is
 // one consumer dead letter and is never delivered again; /healthz answers 200 throughout.
 func TestUpTakesHostileInputInItsStride(t *testing.T) {
+	t.Parallel()
 	requireNATS(t)
 	const n = 300
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))

@@ -19,6 +19,7 @@ var receivedOn = regexp.MustCompile(`Received on "([^"]+)"`)
 // `nats sub 'fpm.*.*.*.1'` shows readable JSON for rank 1 only, with fpmbus's headers, and
 // `nats stream view` shows the stored messages the same way.
 func TestNatsCLISubAndStreamView(t *testing.T) {
+	t.Parallel()
 	requireNATS(t)
 	up := startUp(t, 2)
 	sub := start(t, "nats sub", natsBin, "--server", up.url, "sub", "fpm.*.*.*.1", "--count", "10")
@@ -88,6 +89,7 @@ func TestNatsCLISubAndStreamView(t *testing.T) {
 // The JSON of `fpmbus streams show --stream NAME` is accepted by `nats stream add --config`, and the
 // stream it creates matches what fpmbus applies.
 func TestStreamsShowFeedsNatsStreamAdd(t *testing.T) {
+	t.Parallel()
 	requireNATS(t)
 	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
 	if err != nil {

@@ -49,13 +49,14 @@ func goldenRanks(t *testing.T) []string {
 // component stops cleanly (handing its partitions on, leaving its group), and the server logged no
 // permission violation at all.
 func TestOpsPermissionsEveryComponentAsItsOwnUser(t *testing.T) {
+	t.Parallel()
 	requireNATS(t)
 	srv := startOpsSingle(t)
 	dir := t.TempDir()
 	srv.run(t, "operator", "streams", "apply")
 
 	// Ranks 0 and 1 publish FPMs, rank 2 one payload that does not decode (a dead letter).
-	base := freePortBlock(t, 3)
+	base := producertest.FreeBasePort(t, "", 3)
 	bridge := srv.start(t, "bridge", "bridge", "bridge", "--fpm-port", strconv.Itoa(base), "--dp-size", "3")
 	traceOut := filepath.Join(dir, "trace", "fpm")
 	components := []*proc{
@@ -308,6 +309,7 @@ func streamsMessages(t *testing.T, js jetstream.JetStream, stream, filter string
 // subject ("Permissions Violation for Publish to …", as nats.go reports it), the server logs the
 // refusal for that user, and nothing changed. The operator, who may, is the control.
 func TestOpsPermissionsRefuseWhatARoleMustNotDo(t *testing.T) {
+	t.Parallel()
 	srv := startOpsSingle(t)
 	srv.run(t, "operator", "streams", "apply")
 	op := srv.client(t, "operator")
@@ -457,7 +459,7 @@ func TestOpsPermissionsRefuseWhatARoleMustNotDo(t *testing.T) {
 
 	// A component run as the wrong user: the bridge logged in as the trace writer is refused every
 	// FPM, and its log names the subject the server refused.
-	basePort := freePortBlock(t, 1)
+	basePort := producertest.FreeBasePort(t, "", 1)
 	b := srv.start(t, "trace", "bridge", "bridge", "--fpm-port", strconv.Itoa(basePort), "--dp-size", "1")
 	b.waitOutput("bridge ready", 30*time.Second)
 	pub := producertest.NewScripted(t, fmt.Sprintf("tcp://127.0.0.1:%d", basePort), 0, false, "wrong-user", 0)

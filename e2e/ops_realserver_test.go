@@ -63,6 +63,7 @@ func startNatsServers(t *testing.T, confs, urls []string, passwords map[string]s
 // gap is reported, the benchmark run is merged and sealed, every component stops cleanly, and no
 // component was refused anything.
 func TestOpsPartitionedGroupsOnTheRealNatsServer(t *testing.T) {
+	t.Parallel()
 	store := t.TempDir()
 	conf, url, passwords := opsSingleConf(t, store)
 	srv := startNatsServers(t, []string{conf}, []string{url}, passwords)
@@ -91,7 +92,7 @@ func TestOpsPartitionedGroupsOnTheRealNatsServer(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	base := freePortBlock(t, 2)
+	base := producertest.FreeBasePort(t, "", 2)
 	bridge := srv.start(t, "bridge", "bridge", "bridge", "--fpm-port", strconv.Itoa(base), "--dp-size", "2")
 	components := []*proc{predict, bridge}
 	group := func(p *proc) {
@@ -211,11 +212,12 @@ func TestOpsPartitionedGroupsOnTheRealNatsServer(t *testing.T) {
 // start one can exit while a bucket it has just created elects its leader — see ops/README.md — so
 // their permissions are tested on single.conf above.)
 func TestOpsClusterOnTheRealNatsServer(t *testing.T) {
+	t.Parallel()
 	confs, urls, passwords := opsClusterConfs(t)
 	srv := startNatsServers(t, confs, urls, passwords)
 	srv.run(t, "operator", "streams", "apply", "--replicas", "3")
 
-	base := freePortBlock(t, 1)
+	base := producertest.FreeBasePort(t, "", 1)
 	bridge := srv.start(t, "bridge", "bridge", "bridge", "--fpm-port", strconv.Itoa(base), "--dp-size", "1")
 	bridge.waitOutput("bridge ready", 30*time.Second)
 	pub := producertest.NewScripted(t, fmt.Sprintf("tcp://127.0.0.1:%d", base), 0, false, "cluster-w", 0)
@@ -257,6 +259,7 @@ func TestOpsClusterOnTheRealNatsServer(t *testing.T) {
 // The cluster nodes include the same permissions.conf as single.conf: with the include enabled, each
 // node's configuration has exactly single.conf's users, with the same permissions.
 func TestOpsClusterNodesHaveTheSingleNodeUsers(t *testing.T) {
+	t.Parallel()
 	single, _, _ := opsSingleConf(t, t.TempDir())
 	want, err := streams.LoadServerConfig(single)
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 // durable, purge a shard, declare one) is refused; every component stops cleanly and the server
 // refused nothing else.
 func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
+	t.Parallel()
 	requireNATS(t)
 	const shards, perWorker = 3, 30
 	conf, url, passwords := opsSingleConf(t, t.TempDir())
@@ -41,7 +42,7 @@ func TestOpsShardedIngestOnTheRealNatsServer(t *testing.T) {
 	sub.waitOutput("Subscribing on", 15*time.Second)
 
 	dir := t.TempDir()
-	base := freePortBlock(t, shards)
+	base := producertest.FreeBasePort(t, "", shards)
 	bridge := srv.start(t, "bridge", "bridge", "bridge", "--fpm-port", strconv.Itoa(base), "--dp-size", strconv.Itoa(shards))
 	traceOut := filepath.Join(dir, "trace", "fpm")
 	components := []*proc{

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -25,7 +26,7 @@ type upEnv struct {
 func startUp(t *testing.T, dpSize int, extra ...string) *upEnv {
 	t.Helper()
 	dir := t.TempDir()
-	e := &upEnv{basePort: freePortBlock(t, dpSize), dataDir: filepath.Join(dir, "data"), traceOut: filepath.Join(dir, "trace", "fpm")}
+	e := &upEnv{basePort: producertest.FreeBasePort(t, "", dpSize), dataDir: filepath.Join(dir, "data"), traceOut: filepath.Join(dir, "trace", "fpm")}
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	e.url = "nats://" + listen
 	args := []string{"up", "--listen", listen, "--data-dir", e.dataDir,
@@ -48,6 +49,7 @@ func publish(t testing.TB, subs, basePort, dpSize, count int, workerID string, e
 // Four DP ranks × 5,000 FPMs through the real binary: each in FPM exactly once, on its rank's subject,
 // with the body the publisher sent; the trace writer's lines carry the same bodies, once each.
 func TestPipelineFourRanksEveryMessageOnceInStreamAndTrace(t *testing.T) {
+	t.Parallel()
 	const ranks, perRank = 4, 5000
 	up := startUp(t, ranks)
 	caps := make([]*capture, ranks)

@@ -26,6 +26,7 @@ import (
 // (`fpmbus predict-service`) joins the queue group and shares the requests; `fpmbus datasets predict`
 // exits 0 when every query is answered and 5 when one is refused.
 func TestPredictServiceThroughNatsCLI(t *testing.T) {
+	t.Parallel()
 	requireNATS(t)
 	dir := t.TempDir()
 	up := startUp(t, 1, "--merge-bench-output", filepath.Join(dir, "merged_{run_id}.json"))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
@@ -54,10 +55,11 @@ func (b *redundantBridge) waitReceiving(t *testing.T, ranks int) {
 // gap detector reports nothing: no publisher_restart (the bridges agree on the run's epoch, whichever
 // restarted), and no gap (what one bridge missed while down, the other stored).
 func TestRedundantBridgesKilledInTurnStoreEveryFPMOnce(t *testing.T) {
+	t.Parallel()
 	const ranks, busy, kills = 4, 3000, 10
 	env := streamstest.Start(t)
 	url := env.Server.ClientURL()
-	base := freePortBlock(t, ranks)
+	base := producertest.FreeBasePort(t, "", ranks)
 	gapsMetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	startGaps(t, "fpmbus gaps", gapsArgs(url, gapsMetrics, "2s"))
 

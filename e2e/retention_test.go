@@ -20,6 +20,7 @@ import (
 // 401..1000) as a retention loss event, writes the 1,000 the stream still holds, and `fpmbus gaps
 // report --json` shows the loss.
 func TestTraceWriterReportsRetentionLossThroughTheBinary(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	url := env.Server.ClientURL()
 	ctx := context.Background()

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -95,6 +96,7 @@ func wantFailure(t *testing.T, r runResult, code int, want ...string) {
 // cannot connect exits nonzero within --connect-timeout naming the cause: a wrong password, a missing
 // CA, a host that does not resolve, a port nobody listens on; a missing CA file is a usage error.
 func TestUpServerConfigClientsNameWhyTheyCannotConnect(t *testing.T) {
+	t.Parallel()
 	const adminPW, readerPW = "admin-Secret-1", "reader-Secret-2"
 	pki := streamstest.NewPKI(t)
 	conf := writeTemp(t, "nats.conf", fmt.Sprintf(`
@@ -168,6 +170,7 @@ tls { cert_file: %q, key_file: %q }
 // client, its own components included, must present it: with the token the pipeline stores FPMs, a
 // wrong or missing one is an authorization violation.
 func TestUpAuthTokenFile(t *testing.T) {
+	t.Parallel()
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	up := startUp(t, 1, "--auth-token-file", tokenFile)
 	st, err := os.Stat(tokenFile)
@@ -213,6 +216,7 @@ func TestUpAuthTokenFile(t *testing.T) {
 // Beyond loopback without authentication `fpmbus up` refuses to start, exit 2, naming --insecure, and
 // binds nothing.
 func TestUpRefusesToListenBeyondLoopbackWithoutAuth(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	dir := t.TempDir()
 	for name, args := range map[string][]string{
@@ -233,6 +237,7 @@ func TestUpRefusesToListenBeyondLoopbackWithoutAuth(t *testing.T) {
 // No secret given through NATS_PASSWORD, NATS_TOKEN or a password in NATS_URL appears in -h, in a
 // usage error, or in the logs (at debug level) of a run that works and of one the server refuses.
 func TestSecretsNeverReachTheOutput(t *testing.T) {
+	t.Parallel()
 	const pw, tok, wrongPW = "pw-Secret-7", "tok-Secret-8", "wrong-Secret-9"
 	conf := writeTemp(t, "nats.conf", "authorization { users: [ {user: bridge, password: "+pw+"} ] }\n")
 	base, err := streams.LoadServerConfig(conf)
@@ -266,7 +271,7 @@ func TestSecretsNeverReachTheOutput(t *testing.T) {
 	}
 
 	// A run that works: the bridge connects, is ready, stops on SIGTERM.
-	basePort := freePortBlock(t, 1)
+	basePort := producertest.FreeBasePort(t, "", 1)
 	b := startFpmbus(t, "bridge", secretEnv(pw), "bridge", "--fpm-port", strconv.Itoa(basePort), "--dp-size", "1")
 	b.waitOutput("bridge ready", 30*time.Second)
 	if err := b.signal(syscall.SIGTERM, 30*time.Second); err != nil {
@@ -287,6 +292,7 @@ func TestSecretsNeverReachTheOutput(t *testing.T) {
 // server restarted) logs that the server refused them and exits 1 naming the cause, instead of
 // publishing forever on a connection that cannot come back.
 func TestBridgeStopsWhenTheServerRefusesItsCredentialsLater(t *testing.T) {
+	t.Parallel()
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	store := t.TempDir()
 	startServer := func(password string) *streams.Server {
@@ -303,7 +309,7 @@ func TestBridgeStopsWhenTheServerRefusesItsCredentialsLater(t *testing.T) {
 		return srv
 	}
 	srv := startServer("before-rotation")
-	basePort := freePortBlock(t, 1)
+	basePort := producertest.FreeBasePort(t, "", 1)
 	b := startFpmbus(t, "bridge", []string{"NATS_USER=bridge", "NATS_PASSWORD=before-rotation"},
 		"bridge", "--server", "nats://"+listen, "--fpm-port", strconv.Itoa(basePort), "--dp-size", "1")
 	b.waitOutput("bridge ready", 30*time.Second)

@@ -43,6 +43,7 @@ func shardWorkers(n int) []string {
 // (and the live writer writes them once), and `trace verify --stream` is refused with what to do
 // instead.
 func TestUpWithThreeShards(t *testing.T) {
+	t.Parallel()
 	const shards, ranksPerWorker, perRank = 3, 2, 300
 	workers := shardWorkers(shards)
 	ranks := len(workers) * ranksPerWorker

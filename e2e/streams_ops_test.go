@@ -22,6 +22,7 @@ import (
 // are: the message count and every setting stay. Only `fpmbus streams apply` changes a stream, and it
 // refuses a change that deletes stored messages unless given --force.
 func TestStreamSettingsBelongToTheOperator(t *testing.T) {
+	t.Parallel()
 	const stored = 5000
 	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
 	if err != nil {

@@ -69,6 +69,7 @@ func waitHealth(t *testing.T, addr string, code int, d time.Duration) healthRepo
 // answers 503 while they restart and 200 once all are ready; the restarts are counted in /metrics; FPMs
 // published after the recovery reach the stream and the trace, and no FPM is written twice.
 func TestUpReplacesAClosedConnectionAndRecovers(t *testing.T) {
+	t.Parallel()
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	up := startUp(t, 1, "--metrics-addr", metrics, "--fault-sigusr1", "--restart-backoff", "1s")
 	rep := waitHealth(t, metrics, http.StatusOK, 30*time.Second)
@@ -148,6 +149,7 @@ func TestUpReplacesAClosedConnectionAndRecovers(t *testing.T) {
 // gracefully, in order, and the process exits 1 instead of running on with a dead component: what the
 // trace writer had received is on disk.
 func TestUpExitsNonzeroWhenAComponentCannotRecover(t *testing.T) {
+	t.Parallel()
 	up := startUp(t, 1, "--fault-sigusr1", "--restart-limit", "0")
 	const n = 200
 	if err := publish(t, 1, up.basePort, 1, n, "doomed", "--rate", "1000").wait(30 * time.Second); err != nil {

@@ -16,6 +16,7 @@ import (
 // `fpmbus trace info` on a directory with a torn segment prints the whole report, the torn segment
 // read up to its damage, and exits 1; on intact segments it exits 0.
 func TestTraceInfoExitsNonzeroOnADamagedSegment(t *testing.T) {
+	t.Parallel()
 	golden, err := os.Open("../consumers/trace/testdata/full_trace.golden.jsonl")
 	if err != nil {
 		t.Fatal(err)

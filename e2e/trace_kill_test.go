@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -96,6 +97,7 @@ func consumerState(t *testing.T, js jetstream.JetStream, durable string, total u
 // every message of the stream exactly once in its segments: the multiset of (fpm, observed_at) of the
 // lines equals the stream's (body, Fpm-Received-At-Ms).
 func TestTraceWriterKill9AtRandomMomentsExactlyOnce(t *testing.T) {
+	t.Parallel()
 	const total, kills = 50_000, 12
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, 0x6b696c6c))
@@ -266,11 +268,12 @@ func streamIDs(t *testing.T, js jetstream.JetStream, upTo uint64) (map[string]ui
 // has its line within 10 s of the restart; the producer's lines are in stream order, none twice, and
 // they are exactly the stream's first messages.
 func TestTraceUpKill9RestartWritesInFlightInOrder(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "trace", "fpm")
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	url := "nats://" + listen
-	base := freePortBlock(t, 4)
+	base := producertest.FreeBasePort(t, "", 4)
 	args := []string{"up", "--demo", "--demo-rate", "200", "--listen", listen, "--data-dir", filepath.Join(dir, "data"),
 		"--fpm-port", strconv.Itoa(base), "--dp-size", "4", "--trace-mode", "full", "--trace-output", out}
 	first := fpmbus(t, "fpmbus up (killed)", args...)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -100,6 +101,7 @@ func rankLines(t *testing.T, lines []*schemas.TraceLine, producer string) map[in
 // millisecond rounding of both traces and the second bridge's receive jitter. From a full trace, a
 // sampled trace of the same run, to ZMQ and straight onto the stream, and at ten times the pace.
 func TestTraceReplayRoundTrip(t *testing.T) {
+	t.Parallel()
 	const (
 		ranks   = 2
 		perRank = 250
@@ -245,6 +247,7 @@ func TestTraceReplayRoundTrip(t *testing.T) {
 // `fpmbus up --demo --demo-trace` replays a recording as the demo's load: the ranks it holds, on the
 // bridge's ports, looped, counter ids renumbered so that the pipeline sees one live publisher per rank.
 func TestUpDemoTraceReplaysARecording(t *testing.T) {
+	t.Parallel()
 	const ranks, perRank = 2, 40
 	// A recording of 40 FPMs per rank, 10 ms apart (0.4 s).
 	var buf bytes.Buffer
@@ -274,7 +277,7 @@ func TestUpDemoTraceReplaysARecording(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	base := freePortBlock(t, ranks)
+	base := producertest.FreeBasePort(t, "", ranks)
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	up := fpmbus(t, "fpmbus up --demo-trace", "up", "--demo", "--demo-trace", rec, "--listen", listen, "--data-dir", filepath.Join(dir, "data"),
 		"--fpm-port", strconv.Itoa(base), "--trace-output", filepath.Join(dir, "trace", "fpm"))

@@ -46,6 +46,7 @@ func groupDone(js jetstream.JetStream, group string, parts int, total uint64) er
 // stream fills; one is stopped (SIGTERM) mid-run and one killed (SIGKILL) mid-run. Afterwards every
 // message of the stream is exactly once in the segments, and each producer's lines are in order.
 func TestTraceScaleOutThreeProcessesOneStoppedOneKilled(t *testing.T) {
+	t.Parallel()
 	const total, parts, group = 30_000, 6, "scale"
 	env := streamstest.Start(t)
 	url := env.Server.ClientURL()

@@ -37,6 +37,7 @@ func eventsByProducer(t *testing.T, pattern string) map[string][]string {
 // modes), and `fpmbus trace info` describes the result; a file that is not a trace is an error naming
 // it.
 func TestTraceBackfillAndInfoCommands(t *testing.T) {
+	t.Parallel()
 	const total = 6000
 	env := streamstest.Start(t)
 	url := env.Server.ClientURL()

@@ -114,6 +114,7 @@ func (v verifyJSON) findings(path string) []trace.Finding {
 // after a purge it reports the lines the stream no longer holds by key and counter_id, leaving the bytes
 // as they are. `trace info` prints the recording's replay figures.
 func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
+	t.Parallel()
 	const total = 4000
 	env := streamstest.Start(t)
 	url := env.Server.ClientURL()

@@ -11,6 +11,7 @@ import (
 var errStageConfig = errors.New("stage: invalid config")
 
 func TestHoldingConfigFill(t *testing.T) {
+	t.Parallel()
 	var h HoldingConfig
 	if err := h.Fill("stage-group", errStageConfig); err != nil {
 		t.Fatal(err)
@@ -33,6 +34,7 @@ func TestHoldingConfigFill(t *testing.T) {
 }
 
 func TestHoldingConfigGroupAndRunner(t *testing.T) {
+	t.Parallel()
 	h := HoldingConfig{Durable: "g", Partitions: 3, PinnedTTL: 7 * time.Second, AckWait: 9 * time.Second, StopTimeout: 11 * time.Second}
 	g := h.Group(100, 8, streams.BenchMergedRoot+".*")
 	if g.Stream != streams.StreamBench || g.Group != "g" || g.Partitions != 3 || g.PinnedTTL != 7*time.Second ||

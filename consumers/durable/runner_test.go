@@ -230,6 +230,7 @@ func consumerInfo(t testing.TB, js jetstream.JetStream, g partition.Config, p in
 }
 
 func TestRunnerAcksOnlyWhatIsDone(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		cumulative bool
@@ -279,6 +280,7 @@ func TestRunnerAcksOnlyWhatIsDone(t *testing.T) {
 
 // A message held longer than the ack wait is kept alive with in-progress acks: never redelivered.
 func TestRunnerKeepsHeldMessagesAlive(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	js := connect(t, env)
 	publish(t, js, 0, 10, 2)
@@ -315,6 +317,7 @@ func deadLetters(t testing.TB, js jetstream.JetStream, name string) []jetstream.
 // A message the stage rejects is dead-lettered with where it came from and why, and never holds up
 // the others.
 func TestRunnerRejectDeadLetters(t *testing.T) {
+	t.Parallel()
 	for _, cumulative := range []bool{true, false} {
 		t.Run(fmt.Sprintf("cumulative=%v", cumulative), func(t *testing.T) {
 			env := streamstest.Start(t)
@@ -354,6 +357,7 @@ func TestRunnerRejectDeadLetters(t *testing.T) {
 // A message that makes every instance fail is dead-lettered once it was delivered MaxDeliveries times,
 // without reaching the stage again; the messages after it flow.
 func TestRunnerDeliveryLimit(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	js := connect(t, env)
 	publish(t, js, 0, 20, 2)
@@ -415,6 +419,7 @@ func TestRunnerDeliveryLimit(t *testing.T) {
 // Messages the stream removed before the consumer read them are reported with their exact range,
 // count and cause.
 func TestRunnerReportsRetentionLoss(t *testing.T) {
+	t.Parallel()
 	for _, cumulative := range []bool{true, false} {
 		t.Run(fmt.Sprintf("cumulative=%v", cumulative), func(t *testing.T) { testRetentionLoss(t, cumulative) })
 	}
@@ -473,6 +478,7 @@ func testRetentionLoss(t *testing.T, cumulative bool) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	good := Config{Name: "ok", Group: groupConfig("g", 1, true)}
 	for name, mut := range map[string]func(*Config){
 		"empty name":         func(c *Config) { c.Name = "" },
@@ -496,6 +502,7 @@ func TestConfigValidate(t *testing.T) {
 // Graceful hand-overs (stops, rebalances) never count towards the crash-loop guard, however often
 // the partition is taken over from the same ack floor: the held message is never dead-lettered.
 func TestRunnerGracefulStopsAreNotACrashLoop(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	js := connect(t, env)
 	publish(t, js, 0, 5, 1)

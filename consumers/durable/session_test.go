@@ -38,6 +38,7 @@ func cumulativeAck(t testing.TB, s *session) int {
 }
 
 func TestSessionAcksTheEndOfTheDonePrefix(t *testing.T) {
+	t.Parallel()
 	type step struct {
 		done []int // delivery numbers marked done before the ack pass
 		want int   // message acknowledged by the pass (-1: none)
@@ -74,6 +75,7 @@ func TestSessionAcksTheEndOfTheDonePrefix(t *testing.T) {
 // TestSessionNeverAcksPastAHeldMessage marks 20,000 interleaved deliveries done in random order and
 // checks after every step that the cumulative ack covers exactly the done prefix (across compactions).
 func TestSessionNeverAcksPastAHeldMessage(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(20) {
 		r := rand.New(rand.NewPCG(seed, 7))
 		s := testSession()

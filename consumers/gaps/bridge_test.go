@@ -103,6 +103,7 @@ func checkRanges(t testing.TB, k streams.Key, evs []Event, cause string, want []
 // the bridge drains; the numbers libzmq refused never reach the bridge, no marker covers them, and
 // each run of them is one zmq_drop event.
 func TestPipelineZMQDrop(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 1, true, "w", 0)
 	pl := startPipelineBridge(t, env, pub.Endpoint(), nil)
@@ -139,6 +140,7 @@ func TestPipelineZMQDrop(t *testing.T) {
 // buffers up to MaxBuffer, drops the rest with drop markers published once the broker is back, and
 // every dropped run is one bridge_drop event citing its markers.
 func TestPipelineBrokerOutage(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	u, _ := url.Parse(env.Server.ClientURL())
 	addr, store := u.Host, env.StoreDir
@@ -201,6 +203,7 @@ func TestPipelineBrokerOutage(t *testing.T) {
 // numbering from 0 again); the bridge starts a new epoch and the detector reports one
 // publisher_restart event saying how far the old run got.
 func TestPipelinePublisherRestart(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
 	endpoint := pub.Endpoint()
@@ -229,6 +232,7 @@ func TestPipelinePublisherRestart(t *testing.T) {
 // TestPipelineSilentPublisher: a publisher that stops sending, heartbeats included, is stale after
 // --stale-after; when it sends again (without restarting) a resumed event closes the period.
 func TestPipelineSilentPublisher(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
 	pl := startPipelineBridge(t, env, pub.Endpoint(), nil)

@@ -16,6 +16,7 @@ import (
 // the server's clock (a detector taking over or restarted). The late numbers fill the gap; only the
 // one never stored is reported, once, and delivered + missing equals sent.
 func TestDetectorReadingABacklogWaitsForLateFPMs(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig()
 	cfg.MarkerGrace = time.Second

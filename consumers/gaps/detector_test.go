@@ -72,6 +72,7 @@ func match(t testing.TB, k streams.Key, got []Event, ws ...want) {
 // (bridge drop with a late marker, ZMQ drop, publisher restart, duplicates and reordering, a bridge
 // restart) and checks every event, and that delivered + reported missing == sent.
 func TestDetectorClassifiesScriptedStreams(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	t0 := time.Now().UnixMilli()
 	kb, kz, kr, kd, kn := key("bridge", 0), key("zmq", 1), key("restart", 0), key("dup", 0), key("newbridge", 2)
@@ -150,6 +151,7 @@ func TestDetectorClassifiesScriptedStreams(t *testing.T) {
 // TestDetectorStaleAndResumed: a publisher that goes silent is reported stale by the wall clock, a
 // later message closes the period (resumed, no restart), a second silence ends with a restart.
 func TestDetectorStaleAndResumed(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig()
 	cfg.StaleAfter = 400 * time.Millisecond
@@ -181,6 +183,7 @@ func TestDetectorStaleAndResumed(t *testing.T) {
 // bridge-dropped gap waits for its marker and a ZMQ gap waits for its grace; the restarted detector
 // reports each exactly once, and nothing else, although everything unacked is redelivered.
 func TestDetectorKilledMidGap(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig()
 	cfg.MarkerGrace = 3 * time.Second
@@ -218,6 +221,7 @@ func TestDetectorKilledMidGap(t *testing.T) {
 // TestDetectorPublishesACheckpointedOutbox: a detector that checkpointed events but died before
 // storing all of them; the next one stores exactly the missing ones.
 func TestDetectorPublishesACheckpointedOutbox(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx := context.Background()
 	cfg := testConfig()
@@ -270,6 +274,7 @@ func TestDetectorPublishesACheckpointedOutbox(t *testing.T) {
 // once with its exact range and cause, event_seq stays contiguous per publisher, and per publisher
 // delivered + reported missing == sent.
 func TestScaleOutStopJoinAndCrashReportEveryGapOnce(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig()
 	cfg.Partitions = 4
@@ -372,6 +377,7 @@ func TestScaleOutStopJoinAndCrashReportEveryGapOnce(t *testing.T) {
 
 // TestReport builds the report from the state bucket and, with --since, from the streams.
 func TestReport(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	start := time.Now()
 	t0 := start.UnixMilli()
@@ -414,6 +420,7 @@ func TestReport(t *testing.T) {
 // (the next one re-reads them from the stream), neither for a publisher that goes on nor for one
 // that stays silent.
 func TestDetectorRereadsWhatItAckedPastItsCheckpoint(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig()
 	cfg.CheckpointInterval = time.Hour
@@ -450,6 +457,7 @@ func TestDetectorRereadsWhatItAckedPastItsCheckpoint(t *testing.T) {
 // re-reads the stream from the start and the state makes that harmless: the gap reported before is
 // not reported again, the new one is, and delivered + missing == sent.
 func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx := context.Background()
 	cfg := testConfig()
@@ -489,6 +497,7 @@ func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 // stored and why, and holds nothing up: everything is acked, the publisher's own messages are applied,
 // and the number the unusable FPM carried is reported missing like any lost one.
 func TestDetectorRejectsUnusableFPMs(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	k := key("rejects", 0)
 	t0 := time.Now().UnixMilli()
@@ -533,6 +542,7 @@ func TestDetectorRejectsUnusableFPMs(t *testing.T) {
 // acked without one). Nothing new arrives, so nothing is delivered to the next owner: it must still
 // read those FPMs from the stream and report the gap once its grace passed.
 func TestIdleTakeoverReportsPendingGaps(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig()
 	cfg.MarkerGrace = 2 * time.Second

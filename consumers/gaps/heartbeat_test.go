@@ -10,6 +10,7 @@ import (
 // TestIsHeartbeatMatchesTheFullParse: the shortcut on wall_time gives the answer of a full parse
 // (schemas.FPM.IsHeartbeat) for every way of writing the number, and for bodies it cannot read.
 func TestIsHeartbeatMatchesTheFullParse(t *testing.T) {
+	t.Parallel()
 	const counts = `"scheduled_requests":{"num_prefill_requests":0,"sum_prefill_tokens":0,"var_prefill_length":0.0,"sum_prefill_kv_tokens":0,"num_decode_requests":0,"sum_decode_kv_tokens":0,"var_decode_kv_tokens":0.0},"queued_requests":{"num_prefill_requests":0,"sum_prefill_tokens":0,"var_prefill_length":0.0,"num_decode_requests":0,"sum_decode_kv_tokens":0,"var_decode_kv_tokens":0.0}`
 	body := func(wall string) string {
 		return `{"version":1,"worker_id":"w","dp_rank":0,"counter_id":3,"wall_time":` + wall + `,` + counts + `}`

@@ -14,6 +14,7 @@ import (
 // the publisher's gap subject) reads as a gap Event, and `gaps report` counts it, with and without
 // --since, next to the detector's own causes.
 func TestReportCountsLostAfterAck(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	start := time.Now()
 	t0 := start.UnixMilli()

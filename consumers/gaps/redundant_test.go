@@ -17,6 +17,7 @@ func (s *script) fpmFrom(bridge string, seq uint64, epoch, atMs int64) {
 // what they stored. A drop marker of one bridge must not report as lost what the other stored, even
 // when the other's copies are stored after the marker; what neither stored is still a gap.
 func TestRedundantBridgesMarkers(t *testing.T) {
+	t.Parallel()
 	const epoch = 1_000_000
 	for name, tc := range map[string]struct {
 		fillFirst, fillLast uint64 // what bridge b stores late of a's dropped 10..19 (fillLast < fillFirst: nothing)
@@ -64,6 +65,7 @@ func TestRedundantBridgesMarkers(t *testing.T) {
 
 // One bridge: a gap fully covered by markers is classified at once, as before.
 func TestSingleBridgeMarkerClassifiesAtOnce(t *testing.T) {
+	t.Parallel()
 	s := newScript(t)
 	at := s.run(0, 9, 1_000_000, 1_000_000)
 	s.fpm(20, 1_000_000, at)

@@ -39,6 +39,7 @@ func repullMarkers(t testing.TB, env *streamstest.Env, cfg Config) {
 // looks for the next marker. Gaps revealed after that must still be classified zmq_drop once their
 // grace has passed, in every run of the publisher (a restart in between).
 func TestDetectorClassifiesAfterItsMarkerConsumerMovedOn(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig()
 	t0 := time.Now().UnixMilli()
@@ -65,6 +66,7 @@ func TestDetectorClassifiesAfterItsMarkerConsumerMovedOn(t *testing.T) {
 // TestDetectorReportsALateStart: a publisher first seen at seq 1310 (the bridge subscribed after it
 // had sent 1310 messages) has a late_start gap of 0-1309, counted in the report's loss.
 func TestDetectorReportsALateStart(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	start := time.Now()
 	t0 := start.UnixMilli()

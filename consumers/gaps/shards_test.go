@@ -34,6 +34,7 @@ func toShards(t testing.TB, n int, msgs []*nats.Msg) []*nats.Msg {
 // gap. The partitions are keyed by worker_id, as the shards: two ranks of one worker share a
 // partition and are still told apart.
 func TestDetectorOverThreeShards(t *testing.T) {
+	t.Parallel()
 	const n = 3
 	env := streamstest.StartShards(t, n)
 	t0 := time.Now().UnixMilli()
@@ -139,6 +140,7 @@ func TestDetectorOverThreeShards(t *testing.T) {
 // The detector's direct reads of a publisher's FPMs (catch-up after a reload, the stale check) go to
 // the publisher's shard: each key's FPMs are found there, in order, by shard sequence.
 func TestStoreReadsEachPublishersShard(t *testing.T) {
+	t.Parallel()
 	const n = 3
 	env := streamstest.StartShards(t, n)
 	t0 := time.Now().UnixMilli()

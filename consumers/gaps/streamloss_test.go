@@ -16,6 +16,7 @@ import (
 // The durable consumers' loss events (messages a stream removed before they were read) are in the
 // report, summed per consumer, stream and cause, in JSON and text.
 func TestReportIncludesStreamLosses(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	for _, l := range []durable.Loss{
 		{Event: "loss", Cause: durable.LossRetention, Consumer: "trace", Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20},

@@ -87,6 +87,7 @@ func gapS(cause string, first, last int64) evSummary {
 }
 
 func TestTrackerScenarios(t *testing.T) {
+	t.Parallel()
 	tru, fal := true, false
 	tests := map[string]struct {
 		play func(s *script)
@@ -277,6 +278,7 @@ func TestTrackerScenarios(t *testing.T) {
 }
 
 func TestTrackerEventIDsAndNumbers(t *testing.T) {
+	t.Parallel()
 	s := newScript(t)
 	at := s.run(0, 9, 7, 1000)
 	s.run(12, 12, 7, at)
@@ -300,6 +302,7 @@ func TestTrackerEventIDsAndNumbers(t *testing.T) {
 // before or after, reordering, duplicates) and checks that the events report exactly the numbers
 // that never arrived, each once, with the right cause.
 func TestTrackerAccountsForEverySentNumber(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(200) {
 		r := rand.New(rand.NewPCG(seed, 7))
 		s := newScript(t)
@@ -436,6 +439,7 @@ func epochSummary(evs []Event) []string {
 // a publisher are a late_start gap. Each scenario runs twice: straight, and with the state read back
 // from its JSON checkpoint before every step.
 func TestTrackerEpochs(t *testing.T) {
+	t.Parallel()
 	const t0 = 1_000_000 // observed and stream time of the first message
 	tests := map[string]struct {
 		play func(s *script, step func())
@@ -595,6 +599,7 @@ func TestTrackerEpochs(t *testing.T) {
 // TestTrackerLateStartEvidence: a late_start event carries the first number the bridge received and
 // the run's epoch (the bridge's first receive of the run: subscribed by then), nothing before it.
 func TestTrackerLateStartEvidence(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		firstAtMs int64 // observed time of the first message seen; its epoch is 1_782_777_600_000
 		note      bool  // the summary says the bridge received earlier messages of the run

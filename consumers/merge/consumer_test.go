@@ -175,6 +175,7 @@ func publishProbe(ctx context.Context, store *streams.BenchStore, runID, file st
 }
 
 func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx := context.Background()
 	store := streams.NewBenchStore(env.JS, 4096, streams.DefaultConfig()) // 60 KB rank files go through the object store
@@ -287,6 +288,7 @@ func mustProbes(t *testing.T, data []byte) []ProbeReplies {
 }
 
 func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx := context.Background()
 	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
@@ -323,6 +325,7 @@ func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 }
 
 func TestBenchBrokerReportsIncompleteRun(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx := context.Background()
 	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
@@ -346,6 +349,7 @@ func TestBenchBrokerReportsIncompleteRun(t *testing.T) {
 }
 
 func TestBenchBrokerLateProbeRewritesSidecar(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx := context.Background()
 	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
@@ -395,6 +399,7 @@ func readSidecar(t *testing.T, path string) schemas.WorkerProbeSidecar {
 // Two instances of one group with two partitions: each owns one partition, and every run is merged
 // exactly once, by the owner of its partition.
 func TestBenchBrokerTwoPartitions(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx := context.Background()
 	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
@@ -504,6 +509,7 @@ func equalInts(a, b []int) bool {
 // A graceful stop in the middle of a run hands its ranks back; the next instance of the partition
 // merges the run when the remaining ranks arrive.
 func TestBenchBrokerResumesAfterRestart(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx := context.Background()
 	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
@@ -544,6 +550,7 @@ func TestBenchBrokerResumesAfterRestart(t *testing.T) {
 // breaks a merge rule gets its run's one bench_rejected outcome. Either way it is acknowledged and
 // never delivered again.
 func TestBenchBrokerPoisonRanks(t *testing.T) {
+	t.Parallel()
 	garbage := []byte("garbage")
 	for name, tc := range map[string]struct {
 		subject     string

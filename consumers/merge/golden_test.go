@@ -164,6 +164,7 @@ func loadGoldenInputs(t testing.TB, dir string) ([]RankFile, []ProbeReplies) {
 }
 
 func TestBenchGolden(t *testing.T) {
+	t.Parallel()
 	for _, c := range goldenCases {
 		t.Run(c.name, func(t *testing.T) {
 			if *update {

@@ -15,6 +15,7 @@ import (
 //	FPMBUS_BENCH_GEN_DIR=/tmp/bench8x2000 go test ./consumers/merge -run TestBenchGenerateLarge
 //	/usr/bin/time -v fpmbus bench merge /tmp/bench8x2000/benchmark_results*.json --probe /tmp/bench8x2000/probe.json
 func TestBenchGenerateLarge(t *testing.T) {
+	t.Parallel()
 	dir := os.Getenv("FPMBUS_BENCH_GEN_DIR")
 	if dir == "" {
 		t.Skip("set FPMBUS_BENCH_GEN_DIR to generate the 8 x 2,000-point run")
@@ -46,6 +47,7 @@ func TestBenchGenerateLarge(t *testing.T) {
 // TestBenchMergeLarge merges the run in $FPMBUS_BENCH_GEN_DIR in-process (for profiling:
 // -cpuprofile/-memprofile). Skipped unless the variable is set.
 func TestBenchMergeLarge(t *testing.T) {
+	t.Parallel()
 	dir := os.Getenv("FPMBUS_BENCH_GEN_DIR")
 	if dir == "" {
 		t.Skip("set FPMBUS_BENCH_GEN_DIR")

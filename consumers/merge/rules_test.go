@@ -201,12 +201,14 @@ func defaultFiles(docs []schemas.BenchNode) []RankFile {
 }
 
 func TestBenchRuleBaseMerges(t *testing.T) {
+	t.Parallel()
 	if _, err := Merge(defaultFiles(ruleBase.build()), nil, Options{RequireAllRanks: true}); err != nil {
 		t.Fatalf("the unbroken rule base must merge: %v", err)
 	}
 }
 
 func TestBenchRejectionRules(t *testing.T) {
+	t.Parallel()
 	covered := map[Rule]bool{}
 	for name, c := range ruleCases {
 		covered[c.rule] = true

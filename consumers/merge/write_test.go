@@ -14,6 +14,7 @@ import (
 )
 
 func TestBenchWriteResultOrderAndStaleSidecar(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	merged := filepath.Join(dir, "benchmark_results_merged.json")
 	sidecar := SidecarPathFor(merged)
@@ -69,6 +70,7 @@ func TestBenchWriteResultOrderAndStaleSidecar(t *testing.T) {
 }
 
 func TestBenchPathsAndPartitions(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]int{
 		"/tmp/benchmark_results.json": -1, "/tmp/benchmark_results_dp3.json": 3, "b_dp12.json": 12, "x_dpx.json": -1,
 	} {

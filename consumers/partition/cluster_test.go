@@ -28,6 +28,7 @@ func createRetrying(t testing.TB, what string, create func(ctx context.Context) 
 // JetStream's meta group has a quorum): Join keeps trying and succeeds once the nodes are back, as a
 // member started during a cluster's election must, rather than failing and exiting.
 func TestJoinWaitsForTheClusterToAnswer(t *testing.T) {
+	t.Parallel()
 	c := streamstest.StartCluster(t)
 	_, js := c.Connect(0)
 	cfg := testConfig("join-quorum", 2)
@@ -79,6 +80,7 @@ func TestJoinWaitsForTheClusterToAnswer(t *testing.T) {
 // handles every message meanwhile; once the bucket is back, its watch works again, so a member that
 // joins afterwards is seen and gets its share, and every message is handled once, in order.
 func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
+	t.Parallel()
 	c := streamstest.StartCluster(t)
 	_, js := c.Connect(0)
 	cfg := testConfig("bucket-outage", 2)
@@ -157,6 +159,7 @@ func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
 // member, instead of stopping, keeps its partitions and opens the watch again until the bucket is
 // there, so that a member joining afterwards is seen and gets its share.
 func TestMembersWatchIsReopenedAfterItEnds(t *testing.T) {
+	t.Parallel()
 	c := streamstest.StartCluster(t)
 	_, js := c.Connect(0)
 	cfg := testConfig("watch-ends", 2)
@@ -234,6 +237,7 @@ func streamLeader(js jetstream.JetStream, name string) string {
 // the partition stream's leader to step down (a new leader sets the source up at once), and once the
 // stream is back every message reaches the handler.
 func TestMembersMoveThePartitionStreamLeaderWhenItsSourceStalls(t *testing.T) {
+	t.Parallel()
 	c := streamstest.StartCluster(t)
 	_, js := c.Connect(0)
 	cfg := testConfig("source-stall", 2)

@@ -14,6 +14,7 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	if err := FPMConfig("trace").Validate(); err != nil {
 		t.Fatalf("FPMConfig: %v", err)
 	}
@@ -54,6 +55,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestConsumerConfigAndNames(t *testing.T) {
+	t.Parallel()
 	c := FPMConfig("trace")
 	cc := c.ConsumerConfig(3)
 	if cc.Durable != "trace-3" || cc.FilterSubject != "3.>" || cc.DeliverSubject != "_FPMBUS.unowned.FPM.trace-3" ||
@@ -75,6 +77,7 @@ func TestConsumerConfigAndNames(t *testing.T) {
 }
 
 func TestAssignBalancedAndStable(t *testing.T) {
+	t.Parallel()
 	members := []string{"a", "b", "c"}
 	got := assign(members, 16)
 	seen := map[int]string{}
@@ -128,6 +131,7 @@ func equalAssign(a, b map[string][]int) bool {
 // A group joined again with another PinnedTTL (an operator changing --pinned-ttl between runs) keeps
 // working: the server cannot change a push consumer's idle heartbeat, so the declared one is kept.
 func TestJoinAgainWithAnotherPinnedTTL(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -19,6 +19,7 @@ const (
 // per key, never by two members at once, and the stopped member's partitions move within a fraction
 // of PinnedTTL.
 func TestGroupGracefulStopHandsOverExactlyOnce(t *testing.T) {
+	t.Parallel()
 	for _, cumulative := range []bool{false, true} {
 		t.Run(ackMode(cumulative), func(t *testing.T) { testGracefulStop(t, cumulative) })
 	}
@@ -115,6 +116,7 @@ func testGracefulStop(t *testing.T, cumulative bool) {
 // to the new owners before anything newer, so the output still holds every message exactly once and
 // in order, and no key is ever processed by two members at once.
 func TestGroupCrashRedeliversToNewOwner(t *testing.T) {
+	t.Parallel()
 	for _, cumulative := range []bool{false, true} {
 		t.Run(ackMode(cumulative), func(t *testing.T) { testCrash(t, cumulative) })
 	}

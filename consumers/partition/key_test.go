@@ -15,6 +15,7 @@ import (
 // The key -> partition map is part of the contract (documented in the package comment): FNV-1a 32 of
 // the concatenated key-token values, modulo P. These values must never change for a given config.
 func TestPartitionOfGolden(t *testing.T) {
+	t.Parallel()
 	fpm := FPMConfig("g") // tokens 1-4, P=16
 	byWorker := FPMConfig("g")
 	byWorker.Filters = []Filter{{Subject: "fpm.*.*.*.*", KeyTokens: []int{3}}}
@@ -59,6 +60,7 @@ func TestPartitionOfGolden(t *testing.T) {
 // The server's partition transform and Config.PartitionOf agree on every message, for token keys, a
 // whole-subject key (filter ending in '>') and two filters sharing one key (bench runs).
 func TestPartitionOfMatchesServerTransform(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

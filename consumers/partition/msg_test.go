@@ -8,6 +8,7 @@ import (
 // The group stream's sequence of a partition stream's copy is the second field of the
 // Nats-Stream-Source header the server adds while sourcing.
 func TestSourceSequence(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		header string
 		want   uint64

@@ -13,6 +13,7 @@ import (
 // are on disk): the members reconnect, take their partitions again and the output still holds every
 // message once, in order.
 func TestGroupSurvivesServerRestart(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig("restart", 4)
 	rec := newRecorder(t, cfg)
@@ -51,6 +52,7 @@ func TestGroupSurvivesServerRestart(t *testing.T) {
 // recognises its dead incarnation's key, takes the partitions back at once instead of after
 // PinnedTTL, and gets the unacked messages first, in stream order, then the new ones.
 func TestRestartedMemberReclaimsItsPartitionsAtOnce(t *testing.T) {
+	t.Parallel()
 	for name, partitions := range map[string]int{"one partition": 1, "four partitions": 4} {
 		t.Run(name, func(t *testing.T) {
 			env := streamstest.Start(t)

@@ -25,6 +25,7 @@ import (
 //  4. a reset to the ack floor makes the new subject get every unacked message first, in stream
 //     order, with consecutive delivery numbers.
 func TestServerPushConsumerBehaviour(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -43,6 +43,7 @@ func publishToShards(ctx context.Context, js jetstream.JetStream, n, keys, from,
 // midway, every key's messages are handled once each, in order, in the partition PartitionOf gives,
 // by one member at a time.
 func TestGroupOverShards(t *testing.T) {
+	t.Parallel()
 	const shards, keys, perKey = 3, 24, 100
 	for name, tc := range map[string]struct {
 		partitions int
@@ -138,6 +139,7 @@ func TestGroupOverShards(t *testing.T) {
 // WorkerKeyedFilter expands an FPM filter to its five tokens keyed by the worker_id wildcard, and the
 // result is what ShardKeyed recognises: its partitions are ShardOf's for every key it matches.
 func TestWorkerKeyedFilter(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		subject string
 		want    Filter

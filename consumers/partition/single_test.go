@@ -17,6 +17,7 @@ import (
 // With Partitions = 1 the group consumes the stream itself (no partition stream, no copy): one member
 // owns everything, a second one stands by and takes over when the first stops.
 func TestSinglePartitionGroupFailsOverToStandby(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig("single", 1)
 	rec := newRecorder(t, cfg)
@@ -52,6 +53,7 @@ func TestSinglePartitionGroupFailsOverToStandby(t *testing.T) {
 
 // A group's partitioning cannot change under it: Join refuses, Delete removes it.
 func TestJoinRefusesOtherPartitioning(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -97,6 +99,7 @@ func TestJoinRefusesOtherPartitioning(t *testing.T) {
 // A handler error stops its member (Consume returns it) and the partition is handed on at once, not
 // after PinnedTTL; the next owner gets the unacked message again.
 func TestHandlerErrorStopsMemberAndHandsOver(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig("failing", 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -132,6 +135,7 @@ func TestHandlerErrorStopsMemberAndHandsOver(t *testing.T) {
 
 // Cancelling Consume's context leaves the group gracefully, like Stop.
 func TestConsumeContextCancelLeaves(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig("ctx", 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -172,6 +176,7 @@ func TestConsumeContextCancelLeaves(t *testing.T) {
 // them only once AckWait (30 s here) expired. The standby takes the partition over in about PinnedTTL
 // and its reset makes them deliverable at once.
 func TestCrashOnIdleStreamTakesOverBeforeAckWait(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig("idle", 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -234,6 +239,7 @@ func standbyFor(owner string) string {
 // standby takes it over in about PinnedTTL without any message to deliver, and nothing durable is
 // delivered again.
 func TestCrashOnIdleAckedPartitionIsTakenOver(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig("idle-acked", 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -306,6 +312,7 @@ func TestCrashOnIdleAckedPartitionIsTakenOver(t *testing.T) {
 // stale for max(3 x PinnedTTL, ReleaseTimeout + PinnedTTL) the standby claims the record; the
 // partition moves as soon as the stray subscriber leaves, and every message is processed once.
 func TestStraySubscriberOnADeadOwnersSubjectDelaysTheMoveOnly(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig("stray-sub", 1)
 	cfg.ReleaseTimeout = cfg.PinnedTTL
@@ -353,6 +360,7 @@ func TestStraySubscriberOnADeadOwnersSubjectDelaysTheMoveOnly(t *testing.T) {
 // subject or subscribed yet: a standby that looks in that moment must leave the partition alone, and
 // take it only once the record has gone stale (the claimer died before subscribing).
 func TestFreshClaimWithoutSubscriberIsLeftAlone(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig("fresh-claim", 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

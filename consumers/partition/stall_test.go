@@ -18,6 +18,7 @@ import (
 // subject>). Neither moving the consumer's subject nor resetting it clears the stall. The next owner
 // must answer it and then receive every message, in order.
 func TestTakeoverAnswersAFlowControlStallLeftByTheDeadOwner(t *testing.T) {
+	t.Parallel()
 	for _, released := range []bool{false, true} {
 		name := "crashed owner"
 		if released {

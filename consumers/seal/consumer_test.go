@@ -133,6 +133,7 @@ func goldenRun(t *testing.T) (doc []byte, runID string) {
 // A merged artefact that can never be sealed is dead-lettered at once, naming the consumer, subject,
 // stream sequence and reason, and is never delivered again (it used to come back every 5 s forever).
 func TestConsumerRejectsUnsealableArtefacts(t *testing.T) {
+	t.Parallel()
 	legacy, err := os.ReadFile("../merge/testdata/golden/legacy_2rank/merged.golden.json")
 	if err != nil {
 		t.Fatal(err)
@@ -220,6 +221,7 @@ func TestConsumerRejectsUnsealableArtefacts(t *testing.T) {
 // A merged artefact whose profile has not arrived is held, not handed back: it stays unacked, is not
 // redelivered, and is sealed on a tick once the profile is there.
 func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
+	t.Parallel()
 	env, kv := singleNode(t)
 	doc, runID := goldenRun(t)
 	type res struct {
@@ -263,6 +265,7 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 // An unknown seal outcome (the bucket gone) holds the artefact and retries it on a tick; once the
 // bucket is back it is sealed once.
 func TestConsumerRetriesUnknownOutcome(t *testing.T) {
+	t.Parallel()
 	env, kv := singleNode(t)
 	ctx := context.Background()
 	doc, runID := goldenRun(t)
@@ -326,6 +329,7 @@ func r0(t *testing.T, kv jetstream.KeyValue) string {
 }
 
 func TestConsumerConfigValidate(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	for name, cfg := range map[string]ConsumerConfig{
 		"partitions":   {HoldingConfig: durable.HoldingConfig{Partitions: -1}},

@@ -282,6 +282,7 @@ func (f *killFixture) check(t *testing.T, js jetstream.JetStream, kv jetstream.K
 // `fpmbus up`) is SIGKILLed after acknowledging FPMs, events and seals; restarted on the same store it
 // holds every one of them.
 func TestKill9EmbeddedServerKeepsWhatItAcknowledged(t *testing.T) {
+	t.Parallel()
 	cfg := nodeConfig{Store: t.TempDir(), Port: streamstest.FreePort(t)}
 	n := startNode(t, cfg)
 	js, kv := killTestClient(t, n.url, 1)
@@ -353,6 +354,7 @@ func (c *killCluster) waitBucketLeader(t *testing.T, key string) {
 // at once after everything was acknowledged; restarted, the cluster holds every FPM, event, artefact
 // and sealed cell, the audit finds nothing missing and a competing run still loses.
 func TestKill9TwoOfThreeClusterNodes(t *testing.T) {
+	t.Parallel()
 	c := startKillCluster(t)
 	f := storeFixture(t, c.js, c.kv)
 	leader := c.bucketLeader(t)
@@ -376,6 +378,7 @@ func TestKill9TwoOfThreeClusterNodes(t *testing.T) {
 // empty under its name, the cluster still holds everything, and the other replicas bring every stream
 // and the bucket back to it (a current replica, lag 0, or the leader).
 func TestClusterNodeLosesItsDisk(t *testing.T) {
+	t.Parallel()
 	c := startKillCluster(t)
 	f := storeFixture(t, c.js, c.kv)
 	lost := c.bucketLeader(t)

@@ -77,6 +77,7 @@ func gaugeValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 // audit finds it from the campaign record; a different run's publication is refused (naming both runs)
 // and does not take the key; the run that sealed it may seal it again, which restores it.
 func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
+	t.Parallel()
 	env, kv := singleNode(t)
 	ctx := context.Background()
 	// The first sealer reads from the bucket stream's leader, the second through the bucket.
@@ -146,6 +147,7 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 // for the same cell is then refused and reported (counter, seal_refused event naming both runs), and
 // the key stays empty.
 func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
+	t.Parallel()
 	env, kv := singleNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

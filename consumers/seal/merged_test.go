@@ -21,6 +21,7 @@ var testProfile = &schemas.CollectionProfile{SchemaVersion: 1, Name: "default", 
 	Settings: map[string]any{"clocks": "locked", "exclusive": true}}
 
 func TestFromMergedGolden(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile(goldenMerged)
 	if err != nil {
 		t.Fatal(err)
@@ -77,6 +78,7 @@ func TestFromMergedGolden(t *testing.T) {
 }
 
 func TestConsumerSealsMergedArtefacts(t *testing.T) {
+	t.Parallel()
 	env, kv := singleNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

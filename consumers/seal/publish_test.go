@@ -39,6 +39,7 @@ func keys(t *testing.T, kv jetstream.KeyValue) []string {
 }
 
 func TestPublishIdempotentAndConflict(t *testing.T) {
+	t.Parallel()
 	_, kv := singleNode(t)
 	ctx := context.Background()
 	s, _ := New(kv, WithSource("test"))
@@ -82,6 +83,7 @@ func TestPublishIdempotentAndConflict(t *testing.T) {
 }
 
 func TestPublishRejectsBeforeAnyWrite(t *testing.T) {
+	t.Parallel()
 	_, kv := singleNode(t)
 	s, _ := New(kv)
 	bad := testCell(2, "run-A", 1, 4)
@@ -98,6 +100,7 @@ func TestPublishRejectsBeforeAnyWrite(t *testing.T) {
 }
 
 func TestPublishIncompleteWithoutAllowPartialWritesNothing(t *testing.T) {
+	t.Parallel()
 	_, kv := singleNode(t)
 	s, _ := New(kv)
 	plan := &schemas.DatasetPlan{SchemaVersion: 1, CampaignID: "camp-1", Cells: []schemas.PlanCell{
@@ -112,6 +115,7 @@ func TestPublishIncompleteWithoutAllowPartialWritesNothing(t *testing.T) {
 }
 
 func TestPartialPublication(t *testing.T) {
+	t.Parallel()
 	_, kv := singleNode(t)
 	ctx := context.Background()
 	s, _ := New(kv)
@@ -166,6 +170,7 @@ func TestPartialPublication(t *testing.T) {
 }
 
 func TestCampaignUpdateRetriesOnConflict(t *testing.T) {
+	t.Parallel()
 	_, kv := singleNode(t)
 	ctx := context.Background()
 	plan := &schemas.DatasetPlan{SchemaVersion: 1, CampaignID: "camp-2"}
@@ -200,6 +205,7 @@ func TestCampaignUpdateRetriesOnConflict(t *testing.T) {
 }
 
 func TestCoverageReport(t *testing.T) {
+	t.Parallel()
 	_, kv := singleNode(t)
 	ctx := context.Background()
 	s, _ := New(kv, WithSource("fpmbus datasets publish"))
@@ -255,6 +261,7 @@ func (k *lostAckKV) Create(ctx context.Context, key string, value []byte, opts .
 }
 
 func TestUnknownOutcomeSettledByReadBack(t *testing.T) {
+	t.Parallel()
 	_, kv := singleNode(t)
 	s, _ := New(&lostAckKV{KeyValue: kv, lost: 1}, WithRetries(5, time.Millisecond))
 	c := testCell(1, "run-A", 1, 4)

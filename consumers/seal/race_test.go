@@ -148,6 +148,7 @@ func runRace(t *testing.T, connect func(i int) jetstream.JetStream, disrupt func
 }
 
 func TestClusterRaceOneWinnerPerCell(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t)
 	runRace(t, func(i int) jetstream.JetStream {
 		js, _ := jetstream.New(c.connect(t, i))
@@ -156,6 +157,7 @@ func TestClusterRaceOneWinnerPerCell(t *testing.T) {
 }
 
 func TestClusterRaceWithLeaderStepDown(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t)
 	nc := c.connect(t, 0)
 	js, _ := jetstream.New(nc)
@@ -177,6 +179,7 @@ func TestClusterRaceWithLeaderStepDown(t *testing.T) {
 }
 
 func TestClusterRaceWithServerStopped(t *testing.T) {
+	t.Parallel()
 	c := startCluster(t)
 	runRace(t, func(i int) jetstream.JetStream {
 		// Connect every sealer to servers 2 and 3 first so that stopping server 1 moves clients too.

@@ -47,6 +47,7 @@ func observedOf(t *testing.T, event string) int64 {
 // A backfill over a range writes the same event objects, in the same order, as the live writer wrote
 // for that range, in both modes, and leaves the live durable consumer alone.
 func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
+	t.Parallel()
 	const (
 		n     = 4000
 		base  = 1_782_777_600_000 // a multiple of the interval
@@ -172,6 +173,7 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 }
 
 func TestBackfillRanges(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	msgs, _ := manyFPMs(t, testKeys(2), 20, 1_782_777_600_000)
 	publish(t, env.JS, msgs)

@@ -8,6 +8,7 @@ import (
 )
 
 func TestConfigFromEnv(t *testing.T) {
+	t.Parallel()
 	env := func(kv ...string) func(string) string {
 		m := map[string]string{}
 		for i := 0; i < len(kv); i += 2 {
@@ -79,6 +80,7 @@ func modeFor(name, value string) string {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		mutate func(*Config)
 		want   string

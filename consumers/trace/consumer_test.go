@@ -84,6 +84,7 @@ func checkExactlyOnce(t *testing.T, out map[string][][]byte, published []testFPM
 }
 
 func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	const n = 5000
 	msgs, published := manyFPMs(t, testKeys(4), n, 1_782_777_600_000)
@@ -179,6 +180,7 @@ func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
 }
 
 func TestGracefulStopFlushesAndAcks(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	msgs, published := manyFPMs(t, testKeys(2), 300, 1_782_777_600_000)
 	publish(t, env.JS, msgs)
@@ -223,6 +225,7 @@ func TestGracefulStopFlushesAndAcks(t *testing.T) {
 // An invalid message is dead-lettered (fpmevents.rejected.trace) with the reason, counted, and never
 // holds up the others.
 func TestInvalidMessagesAreDeadLetteredAndCounted(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	good := testFPM{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}, counter: 1, receivedMs: 1000}
 	badBody := good.msg(t)
@@ -265,6 +268,7 @@ func TestInvalidMessagesAreDeadLetteredAndCounted(t *testing.T) {
 }
 
 func TestProducerIDAndObservedAt(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "4192", DPRank: 0}
 	msgs := []*nats.Msg{
@@ -337,6 +341,7 @@ func keysOf(m map[string][][]byte) map[string]int {
 }
 
 func TestFullModeGolden(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	a := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "4192", DPRank: 0}
 	b := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "4192", DPRank: 1}
@@ -388,6 +393,7 @@ func TestFullModeGolden(t *testing.T) {
 }
 
 func TestSampledMode(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	const base = 1_782_777_600_000 // a multiple of the interval
 	a := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}
@@ -452,6 +458,7 @@ func TestSampledMode(t *testing.T) {
 // name, a longer one a shortened name (ProducerFileName); every line carries the full id, no file name
 // exceeds 255 bytes, nothing is rejected or stalled, and `trace info` groups each producer's segments.
 func TestLongProducerIDsAreWritten(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	ids := []string{
 		"w0",
@@ -569,6 +576,7 @@ func checkExactlyOnceByProducer(t *testing.T, published []testFPM, outputPath st
 // rejected (dead letters naming the file and the reason) while the other producers are written and
 // everything is acknowledged; nothing is retried forever.
 func TestRefusedFileNameRejectsOnlyItsProducer(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	var msgs []*nats.Msg
 	var ok []testFPM
@@ -624,6 +632,7 @@ func TestRefusedFileNameRejectsOnlyItsProducer(t *testing.T) {
 // Messages the stream removed (a message limit) while the writer was stopped are reported when it
 // comes back: a loss event with the exact range and count, the rest written.
 func TestRetentionLossIsReported(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	msgs, first := manyFPMs(t, testKeys(2), 30, 1_782_777_600_000)
 	publish(t, env.JS, msgs)

@@ -97,6 +97,7 @@ func FuzzCheckFPM(f *testing.F) {
 }
 
 func TestFastPathTakesTheCanonicalBodies(t *testing.T) {
+	t.Parallel()
 	for name, tf := range map[string]testFPM{
 		"a forward pass": {key: streams.Key{WorkerID: "4192", DPRank: 1}, counter: 42},
 		"a heartbeat":    {key: streams.Key{WorkerID: "4192"}, counter: 43, heartbeat: true},

@@ -200,6 +200,7 @@ type lineKey struct {
 // whose acks never arrived). Afterwards every message is exactly once in the segments, each
 // producer's lines are in order, and no producer's files were ever open in two instances at once.
 func TestGroupScaleOutThreeInstancesOneStoppedOneKilled(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("scale-out test takes ~5s per mode")
 	}
@@ -287,6 +288,7 @@ func testGroupScaleOut(t *testing.T, mode string) {
 // the filter as given; with more, keyed by worker_id whatever the filter, refused where one producer's
 // messages could be split.
 func TestGroupPartitionConfig(t *testing.T) {
+	t.Parallel()
 	cfg := testConfig(t)
 	for _, tc := range []struct {
 		filter        string
@@ -381,6 +383,7 @@ func ackLoser(m *durable.Msg) delivery { return lostDoneMsg{m} }
 // arrives; when it leaves, the standby gets every message again and must write none of them twice,
 // then carries on with new messages in the same producer's files.
 func TestGroupTakeoverSkipsLinesOfPreviousOwner(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
 		t.Run(mode, func(t *testing.T) { testGroupTakeover(t, mode) })
 	}
@@ -546,6 +549,7 @@ func checkGroupOutput(t *testing.T, out map[string][][]byte, published []testFPM
 // give that producer's file two writers: it is rejected (a dead letter naming ErrGroupUnsupported's
 // reason), and the others are written.
 func TestGroupRejectsAProducerOtherThanItsWorker(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	var msgs []*nats.Msg
 	var good []testFPM
@@ -585,6 +589,7 @@ func TestGroupRejectsAProducerOtherThanItsWorker(t *testing.T) {
 // start, and the writer goes on after that consumer's ack floor: nothing acked before is read again,
 // nothing after it is missed.
 func TestConsumerDeclaredOtherwiseIsReplacedAfterItsAckFloor(t *testing.T) {
+	t.Parallel()
 	for name, old := range map[string]func(cfg Config) jetstream.ConsumerConfig{
 		"a plain durable acking each message": func(cfg Config) jetstream.ConsumerConfig {
 			return jetstream.ConsumerConfig{Durable: cfg.Group, DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckExplicitPolicy,

@@ -66,6 +66,7 @@ func writeLines(t *testing.T, cfg Config, msgs []jetstream.Msg) {
 // takes the partition over (its consumer reset to the ack floor, so everything comes again), finds
 // those lines, skips their redeliveries, and writes everything else, exactly once.
 func TestRecoverySkipsLinesWrittenBeforeTheCrash(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		n, pulled, written int   // messages, taken unacked by the dead writer, of which written
 		roll               int64 // roll bytes of the dead writer and the new one
@@ -112,6 +113,7 @@ func TestRecoverySkipsLinesWrittenBeforeTheCrash(t *testing.T) {
 // Sampled mode: the dead writer had written interval 0's sample, unacked. The next run skips it, and,
 // seeded with that line, treats the rest of interval 0 as late instead of writing a second sample.
 func TestRecoverySeedsTheSampler(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	const base = 1_782_777_600_000
 	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}
@@ -184,6 +186,7 @@ func (l *lostDone) deliver(m *durable.Msg) delivery {
 // gets every message that was not acknowledged once more, and writes none of them twice. Every
 // redelivered message whose line is on disk is skipped as written.
 func TestLostAcksInRunAreNotWrittenTwice(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
 		t.Run(mode, func(t *testing.T) {
 			env := streamstest.Start(t)
@@ -299,6 +302,7 @@ func TestLostAcksInRunAreNotWrittenTwice(t *testing.T) {
 // redelivered messages and the first message not found ends the check; in sampled mode any found
 // message is skipped until every line was found or a message is stored after the last write.
 func TestSeqState(t *testing.T) {
+	t.Parallel()
 	const prefix = "/out/fpm.w"
 	lastWrite := time.Unix(1_782_777_600, 0)
 	msg := func(seq uint64, observed int64, stored time.Time) *record {

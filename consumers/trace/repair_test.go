@@ -61,6 +61,7 @@ func threeMembers(t *testing.T) (string, []int64) {
 }
 
 func TestReadSegmentTruncated(t *testing.T) {
+	t.Parallel()
 	path, ends := threeMembers(t)
 	for name, cut := range map[string]int64{
 		"mid third member":             ends[1] + (ends[2]-ends[1])/2,
@@ -96,6 +97,7 @@ func TestReadSegmentTruncated(t *testing.T) {
 }
 
 func TestRepairCutsTornTail(t *testing.T) {
+	t.Parallel()
 	path, ends := threeMembers(t)
 	data, _ := os.ReadFile(path)
 	cut := ends[1] + (ends[2]-ends[1])/2
@@ -138,6 +140,7 @@ func TestRepairCutsTornTail(t *testing.T) {
 }
 
 func TestRepairCases(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		data      func(t *testing.T) []byte
 		wantLines []string
@@ -212,6 +215,7 @@ func TestRepairCases(t *testing.T) {
 }
 
 func TestRepairOutputRepairsNewestOfEachProducer(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "trace.jsonl.gz")
 	a, b := SegmentPrefix(out, "a"), SegmentPrefix(out, "b")

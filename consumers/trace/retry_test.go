@@ -112,6 +112,7 @@ func consumerInfo(t *testing.T, env *streamstest.Env, durable string) (ackFloor,
 // backoff, and when the disk is back writes every message exactly once, with no torn tail left in any
 // segment. An outage longer than the ack wait redelivers nothing: the held messages are kept alive.
 func TestWriteFailuresAreRetriedWithoutLossOrDuplicate(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		fail    func(d *disk)
 		ackWait time.Duration // > 0: the outage outlasts it, so held messages are redelivered meanwhile
@@ -186,6 +187,7 @@ func TestWriteFailuresAreRetriedWithoutLossOrDuplicate(t *testing.T) {
 // Stopping while the disk is still full gives the blocked flush up at the stop timeout: nothing it
 // held is acked, and the next run (disk back) writes those messages exactly once.
 func TestStopWhileDiskFullLeavesMessagesUnacked(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig(t)
 	cfg.StopTimeout = 300 * time.Millisecond
@@ -225,6 +227,7 @@ func TestStopWhileDiskFullLeavesMessagesUnacked(t *testing.T) {
 // A segment that exists already (another writer owns the producer) is not retried: Run fails, and
 // nothing is acknowledged.
 func TestSegmentOwnedByAnotherWriterFailsRun(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig(t)
 	w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithWriteRetry(time.Millisecond, 10*time.Millisecond))
@@ -251,6 +254,7 @@ func TestSegmentOwnedByAnotherWriterFailsRun(t *testing.T) {
 // The SegmentWriter level: a chunk that fails goes, after abandon, into the next index; the abandoned
 // segment keeps exactly its fsynced members.
 func TestWriteBatchRetryAbandonsTheTornSegment(t *testing.T) {
+	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "t.w")
 	w, err := NewSegmentWriter(prefix, 1<<20, 100)
 	if err != nil {

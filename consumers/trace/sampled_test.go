@@ -151,6 +151,7 @@ type step struct {
 func msgStep(rank, counter, at int64) step { return step{rank: rank, counter: counter, at: at} }
 
 func TestSampledModeFakeClock(t *testing.T) {
+	t.Parallel()
 	const base = 1_782_777_600_000 // a multiple of the 1 s interval
 	for name, steps := range map[string][]step{
 		"a changed counter is written once per interval, the newest of it": {
@@ -236,6 +237,7 @@ func nilIfEmpty(s []int) []int {
 // its key and interval that will carry its observation (a superseded message is acked at the next
 // flush, see sampler).
 func TestSampledModeAcksOnlyBehindDurableLines(t *testing.T) {
+	t.Parallel()
 	const base = 1_782_777_600_000
 	h := newHarness(t, sampledConfig(t))
 	observed := func(j int) int64 { return base + int64(j)*13 }
@@ -272,6 +274,7 @@ func TestSampledModeAcksOnlyBehindDurableLines(t *testing.T) {
 }
 
 func TestSampledModeGolden(t *testing.T) {
+	t.Parallel()
 	const base = 1_782_777_600_000
 	cfg := sampledConfig(t)
 	cfg.SampleInterval = 500 * time.Millisecond
@@ -326,6 +329,7 @@ func TestSampledModeGolden(t *testing.T) {
 // partitions alone; when the partition is taken again, a later message of a released producer starts
 // a new segment.
 func TestReleaseHandsProducersBack(t *testing.T) {
+	t.Parallel()
 	const base = 1_782_777_600_000
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
 		t.Run(mode, func(t *testing.T) {

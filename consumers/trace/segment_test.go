@@ -20,6 +20,7 @@ func touch(t *testing.T, path string) {
 // The writer's names are the trace format's (schemas/trace_files_test.go tests the rule itself): the
 // same prefix, producer and segment names, and the same files claimed in a shared directory.
 func TestSegmentNamesAreTheTraceFormats(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "trace.jsonl.gz")
 	for name, id := range map[string]string{

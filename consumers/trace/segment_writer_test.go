@@ -66,6 +66,7 @@ func memberCount(t *testing.T, path string) int {
 }
 
 func TestSegmentWriterRotation(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		roll  int64
 		lines []string
@@ -125,6 +126,7 @@ func TestSegmentWriterRotation(t *testing.T) {
 }
 
 func TestSegmentWriterOneMemberPerFlush(t *testing.T) {
+	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "t.w")
 	w, err := NewSegmentWriter(prefix, 1<<20, 4)
 	if err != nil {
@@ -170,6 +172,7 @@ func TestSegmentWriterOneMemberPerFlush(t *testing.T) {
 }
 
 func TestSegmentWriterPrune(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	prefix := filepath.Join(dir, "t.w1")
 	untouched := []string{
@@ -245,6 +248,7 @@ func TestSegmentWriterPrune(t *testing.T) {
 }
 
 func TestSegmentWriterRefusesAnExistingSegment(t *testing.T) {
+	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "t.w")
 	w, err := NewSegmentWriter(prefix, 100, 10)
 	if err != nil {
@@ -300,6 +304,7 @@ func (f *faultyFile) Close() error {
 }
 
 func TestSegmentWriterFaults(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		failWrite int
 		failSync  bool
@@ -375,6 +380,7 @@ func TestSegmentWriterFaults(t *testing.T) {
 // buffer kept, so that buffers stop growing once they fit a flush interval; the lines written are still
 // every line, in order.
 func TestSegmentWriterReusesTheLargestLineBuffer(t *testing.T) {
+	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "p")
 	w, err := NewSegmentWriter(prefix, 1<<30, 10)
 	if err != nil {

@@ -40,6 +40,7 @@ func publishInOrder(t testing.TB, js jetstream.JetStream, msgs []*nats.Msg) {
 // sequence range is refused with shards. The live writer on the shards (one partition per shard, no
 // copy) writes every FPM once, exactly as the live writer on the one stream.
 func TestBackfillAcrossShardsIsTheSingleStreams(t *testing.T) {
+	t.Parallel()
 	const (
 		shards = 3
 		n      = 1200
@@ -228,6 +229,7 @@ func noPartitionStream(t testing.TB, js jetstream.JetStream) {
 // (each partition reads its whole shard, so every skipped shard sequence is a lost message); the rest
 // is written, and no other shard reports a loss.
 func TestRetentionLossIsReportedPerShard(t *testing.T) {
+	t.Parallel()
 	const shards = 3
 	env := streamstest.StartShards(t, shards)
 	keys := testKeys(8) // workers w0 … w3, every shard used
@@ -320,6 +322,7 @@ func TestRetentionLossIsReportedPerShard(t *testing.T) {
 // repair) is refused with ErrStreamSharded before anything is read or changed; the files alone are
 // still checked.
 func TestVerifyAgainstShardsIsRefused(t *testing.T) {
+	t.Parallel()
 	const shards = 3
 	env := streamstest.StartShards(t, shards)
 	msgs, _ := manyFPMs(t, testKeys(8), 40, 1_782_777_600_000)
@@ -361,6 +364,7 @@ func TestVerifyAgainstShardsIsRefused(t *testing.T) {
 // consumer replaced at start (each on its own shard), going on after its ack floor: nothing is read
 // twice, and the new mode's ack policy is on every shard.
 func TestModeChangeOverShardsReplacesEveryShardsConsumer(t *testing.T) {
+	t.Parallel()
 	const shards = 3
 	env := streamstest.StartShards(t, shards)
 	msgs, published := manyFPMs(t, testKeys(8), 80, 1_782_777_600_000)

@@ -136,6 +136,7 @@ func kinds(fs []Finding) []string {
 // segments are untouched. The writer's clock is frozen here, so every line's timestamp is 0 and the
 // restored content is byte-identical (TestVerifyEstimatesLostTimestamps covers a running clock).
 func TestVerifyRepairsFromTheStream(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 	orig := writeVerifyOutput(t, env.JS, 1200, func() time.Time { return frozen })
@@ -314,6 +315,7 @@ func splitLines(content []byte) [][]byte {
 // A line whose bytes are lost gets back its event byte for byte, and as its timestamp the one of the
 // line before it in the segment: never after the original, and counted as estimated.
 func TestVerifyEstimatesLostTimestamps(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	orig := writeVerifyOutput(t, env.JS, 1200, nil)
 	seg := orig.segmentName("w1", 2)
@@ -391,6 +393,7 @@ func lineKeys(t *testing.T, lines [][]byte) []string {
 // What the stream no longer holds is reported — the keys and counter_ids of the lost lines, the lines
 // read from the damaged bytes that nothing confirms — and the damaged bytes are kept.
 func TestVerifyReportsWhatTheStreamNoLongerHolds(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 	orig := writeVerifyOutput(t, env.JS, 1200, func() time.Time { return frozen })
@@ -481,6 +484,7 @@ func gunzipIntact(t *testing.T, data []byte) []byte {
 // Intact members in the wrong place are found by the stream: lines out of stream order, lines written
 // twice. Nothing is rewritten: which bytes are wrong is for a person to decide.
 func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 	orig := writeVerifyOutput(t, env.JS, 600, func() time.Time { return frozen })
@@ -554,6 +558,7 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 
 // The newest segment of a producer is a running writer's: reported on and repaired only when asked.
 func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 	orig := writeVerifyOutput(t, env.JS, 600, func() time.Time { return frozen })
@@ -602,6 +607,7 @@ func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 
 // A repair renames only over the file it read, and only over a sealed segment.
 func TestVerifyRenameRule(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	prefix := filepath.Join(dir, "fpm.w")
 	write := func(i uint64, data string) os.FileInfo {
@@ -655,6 +661,7 @@ func TestVerifyRenameRule(t *testing.T) {
 // A repair while the writer runs: the writer goes on writing its newest segments, the repair rewrites a
 // sealed one, and afterwards every message has exactly one line, in stream order.
 func TestVerifyRepairsWhileTheWriterRuns(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	keys := testKeys(4)
 	msgs, fs := manyFPMs(t, keys, 2400, 1_782_777_600_000)
@@ -713,6 +720,7 @@ func TestVerifyRepairsWhileTheWriterRuns(t *testing.T) {
 // In sampled mode the writer kept one message per key and interval, partly by its clock: which messages
 // had lines cannot be told from the stream, so damage is reported and nothing is rewritten.
 func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
+	t.Parallel()
 	env := streamstest.Start(t)
 	orig := writeVerifyOutput(t, env.JS, 2400, nil, func(c *Config) {
 		c.Mode, c.SampleInterval, c.RollBytes = schemas.CaptureSampled, 5*time.Millisecond, 12_000
