@@ -73,9 +73,15 @@ func TestTraceScaleOutThreeProcessesOneStoppedOneKilled(t *testing.T) {
 	if err := ps[2].signal(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatalf("stop member 2: %v", err)
 	}
+	checkTraceOnce(t, env.JS, out, total)
+}
 
+// checkTraceOnce checks that every message of the stream is exactly once in the segments under out
+// (total lines in all) and that each producer's lines are in counter order.
+func checkTraceOnce(t *testing.T, js jetstream.JetStream, out string, total int) {
+	t.Helper()
 	want := map[string]int{}
-	for _, m := range storedFPMs(t, env.JS, ">") {
+	for _, m := range storedFPMs(t, js, ">") {
 		want[m.header.Get(streams.HeaderReceivedAt)+" "+string(m.body)]++
 	}
 	files, _ := filepath.Glob(out + ".*.jsonl.gz")
@@ -110,4 +116,52 @@ func TestTraceScaleOutThreeProcessesOneStoppedOneKilled(t *testing.T) {
 		t.Fatalf("%d distinct lines, %d distinct messages", len(got), len(want))
 	}
 	t.Logf("%d segments, %d lines", len(files), n)
+}
+
+// A trace writer frozen (SIGSTOP: a hung host, a paused VM) while it owns partitions keeps its
+// connection open, and the server does not move a partition's subject while it has a subscriber. The
+// server closes the connection once the frozen process has not answered its pings for about 30 s
+// (streams.DefaultPingInterval, DefaultMaxPingsOut; nats-server's defaults take about 6 min), and the
+// other writer then takes the partitions over and writes every message once, in order. The frozen
+// writer never resumes.
+func TestTraceWriterFrozenOwnerIsTakenOver(t *testing.T) {
+	t.Parallel()
+	const half, parts, group = 3_000, 2, "frozen"
+	env := streamstest.Start(t)
+	out := filepath.Join(t.TempDir(), "trace", "fpm")
+	args := []string{"trace", "--server", env.Server.ClientURL(), "--trace-mode", "full", "--trace-output", out,
+		"--group", group, "--partitions", strconv.Itoa(parts), "--pinned-ttl", "3s", "--trace-flush-interval", "100ms"}
+	fillFPMOffset(t, env.JS, 0, half, 10, 2, 1_782_777_600_000)
+	ps := []*proc{
+		startDebug(t, "fpmbus trace a", append(args, "--member-id", "a")...),
+		startDebug(t, "fpmbus trace b", append(args, "--member-id", "b")...),
+	}
+	eventually(t, 30*time.Second, func() error {
+		if len(ps[0].owned())+len(ps[1].owned()) != parts {
+			return fmt.Errorf("owned: a %v, b %v", ps[0].owned(), ps[1].owned())
+		}
+		return groupDone(env.JS, group, parts, half)
+	})
+	frozen := owner(t, ps)
+	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = frozen.signal(syscall.SIGKILL, 10*time.Second) })
+	stoppedAt := time.Now()
+	fillFPMOffset(t, env.JS, half, half, 10, 2, 1_782_777_600_000)
+	eventually(t, 90*time.Second, func() error { return groupDone(env.JS, group, parts, 2*half) })
+	took := time.Since(stoppedAt)
+	if bound := time.Duration(streams.DefaultMaxPingsOut+1)*streams.DefaultPingInterval + 20*time.Second; took > bound {
+		t.Errorf("the frozen writer's partitions were written %v after it froze, past %v", took, bound)
+	}
+	_ = frozen.signal(syscall.SIGKILL, 10*time.Second)
+	for _, p := range ps {
+		if p != frozen {
+			if err := p.signal(syscall.SIGTERM, 30*time.Second); err != nil {
+				t.Fatalf("stop %s: %v", p.name, err)
+			}
+		}
+	}
+	checkTraceOnce(t, env.JS, out, 2*half)
+	t.Logf("the frozen writer's partitions were taken over and written %v after it froze", took.Round(time.Millisecond))
 }

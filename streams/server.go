@@ -22,6 +22,18 @@ const DefaultListen = "127.0.0.1:4222"
 // through FPM_BENCH, so the embedded server allows 8 MiB messages (NATS's recommended ceiling).
 const DefaultMaxPayload = 8 << 20
 
+// DefaultPingInterval and DefaultMaxPingsOut bound how long the embedded server keeps the connection of
+// a client that stopped answering (a process frozen by SIGSTOP, a paused VM, a host gone without
+// closing its sockets): closed after about (DefaultMaxPingsOut+1) x DefaultPingInterval, 30 s, where
+// nats-server's defaults (2 min, 2) take about 6 min. Until the server closes it, such a client keeps
+// the subscriptions it had, and a consumer group partition owned by a frozen member cannot move: the
+// server does not move a push consumer's subject while it has a subscriber. A server configuration
+// (ServerConfig.Base) that sets ping_interval or ping_max keeps its own values.
+const (
+	DefaultPingInterval = 10 * time.Second
+	DefaultMaxPingsOut  = 2
+)
+
 // ErrServerNotReady is returned when the embedded server does not accept connections in time.
 var ErrServerNotReady = errors.New("streams: embedded server not ready")
 
@@ -100,6 +112,12 @@ func (cfg ServerConfig) Options() (*server.Options, error) {
 	}
 	if cfg.MaxPayload != 0 || o.MaxPayload == 0 {
 		o.MaxPayload = cmp.Or(cfg.MaxPayload, DefaultMaxPayload)
+	}
+	if o.PingInterval == 0 {
+		o.PingInterval = DefaultPingInterval
+	}
+	if o.MaxPingsOut == 0 {
+		o.MaxPingsOut = DefaultMaxPingsOut
 	}
 	o.JetStream, o.StoreDir = true, cfg.StoreDir
 	o.NoSigs, o.NoLog = true, !cfg.Logging

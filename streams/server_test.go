@@ -63,6 +63,68 @@ func TestServerOptionsOwnStoreAndListen(t *testing.T) {
 	}
 }
 
+// The embedded server closes the connection of a client that stopped answering its pings within about
+// 30 s (a frozen consumer group member keeps its partitions until then); a configuration file that sets
+// its own ping settings keeps them.
+func TestServerOptionsPingBound(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		conf     string
+		interval time.Duration
+		pings    int
+	}{
+		"fpmbus's bound":           {conf: "server_name: x\n", interval: streams.DefaultPingInterval, pings: streams.DefaultMaxPingsOut},
+		"the file's ping settings": {conf: "ping_interval: \"1m\"\nping_max: 5\n", interval: time.Minute, pings: 5},
+		"the file's interval only": {conf: "ping_interval: \"3s\"\n", interval: 3 * time.Second, pings: streams.DefaultMaxPingsOut},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, _ := loadConf(t, tc.conf)
+			o, err := cfg.Options()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.PingInterval != tc.interval || o.MaxPingsOut != tc.pings {
+				t.Fatalf("pings every %v, %d outstanding at most; want %v, %d", o.PingInterval, o.MaxPingsOut, tc.interval, tc.pings)
+			}
+		})
+	}
+	o, err := (streams.ServerConfig{StoreDir: t.TempDir()}).Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bound := time.Duration(o.MaxPingsOut+1) * o.PingInterval; bound > 30*time.Second {
+		t.Fatalf("a frozen client keeps its connection for %v", bound)
+	}
+}
+
+// The shipped nats-server configurations close a frozen client as soon as the embedded server does.
+func TestShippedServerConfigsPingBound(t *testing.T) {
+	t.Parallel()
+	confs, err := filepath.Glob("../ops/nats/*.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, _ := filepath.Glob("../ops/nats/cluster/*.conf")
+	n := 0
+	for _, path := range append(confs, nodes...) {
+		if filepath.Base(path) == "permissions.conf" { // included by the others, not a server's
+			continue
+		}
+		o, err := streams.LoadServerConfig(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.PingInterval != streams.DefaultPingInterval || o.MaxPingsOut != streams.DefaultMaxPingsOut {
+			t.Errorf("%s: pings every %v, %d outstanding at most; the embedded server: %v, %d", path, o.PingInterval, o.MaxPingsOut,
+				streams.DefaultPingInterval, streams.DefaultMaxPingsOut)
+		}
+		n++
+	}
+	if n < 5 {
+		t.Fatalf("%d server configurations found under ops/nats", n)
+	}
+}
+
 // Authenticates is what `fpmbus up` asks before listening beyond loopback: every way nats-server has to
 // make a client prove who it is counts, and no_auth_user (a door without a key) does not.
 func TestServerAuthenticates(t *testing.T) {

@@ -33,7 +33,8 @@
 //     takes it at once when the record says released or names this member itself (its own ended
 //     session, or with a stable id its dead incarnation), or when nobody has owned it yet. It takes it
 //     when the owner's subject has no subscriber (the owner's connection is gone: crashed, stopped,
-//     cut off and closed by the server) and the owner has not rewritten its record (every
+//     cut off or frozen, and closed by the server: a frozen one once it misses its pings, about 30 s
+//     with fpmbus's server settings) and the owner has not rewritten its record (every
 //     PinnedTTL/2) for PinnedTTL: the same bound as a pin. A fresh record whose subject has no
 //     subscriber yet is an owner between its claim and its subscription, and is left alone. A subject
 //     that keeps a subscriber while the record has been stale for the longer of 3 x PinnedTTL and
