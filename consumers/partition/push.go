@@ -63,7 +63,9 @@ func subscribe(nc *nats.Conn, subj string, hb time.Duration, onMsg func(*pushMsg
 		return nil, err
 	}
 	s.sub = sub
-	s.monitor = time.AfterFunc(2*hb, s.missedHeartbeats)
+	if hb > 0 { // a consumer declared without heartbeats (not by fpmbus) is not watched, as nats.go does
+		s.monitor = time.AfterFunc(2*hb, s.missedHeartbeats)
+	}
 	return s, nil
 }
 
@@ -73,7 +75,9 @@ func (s *pushSub) deliver(msg *nats.Msg) {
 		s.mu.Unlock()
 		return
 	}
-	s.monitor.Reset(2 * s.hb)
+	if s.monitor != nil {
+		s.monitor.Reset(2 * s.hb)
+	}
 	s.mu.Unlock()
 	switch msg.Header.Get(headerStatus) {
 	case "":
@@ -131,7 +135,9 @@ func (s *pushSub) stop() {
 		return
 	}
 	s.stopped = true
-	s.monitor.Stop()
+	if s.monitor != nil {
+		s.monitor.Stop()
+	}
 	_ = s.sub.Unsubscribe()
 }
 
