@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -120,27 +121,13 @@ func (c Config) withDefaults() Config {
 		}
 		c.BridgeID = host + "-" + strconv.Itoa(os.Getpid())
 	}
-	if c.MaxBuffer == 0 {
-		c.MaxBuffer = DefaultMaxBuffer
-	}
-	if c.MaxBufferBytes == 0 {
-		c.MaxBufferBytes = DefaultMaxBufferBytes
-	}
-	if c.MaxPayload == 0 {
-		c.MaxPayload = DefaultMaxPayload
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.MaxControlLine == 0 {
-		c.MaxControlLine = DefaultMaxControlLine
-	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = DefaultAckTimeout
-	}
-	if c.StopTimeout == 0 {
-		c.StopTimeout = DefaultStopTimeout
-	}
+	c.MaxBuffer = cmp.Or(c.MaxBuffer, DefaultMaxBuffer)
+	c.MaxBufferBytes = cmp.Or(c.MaxBufferBytes, DefaultMaxBufferBytes)
+	c.MaxPayload = cmp.Or(c.MaxPayload, DefaultMaxPayload)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.MaxControlLine = cmp.Or(c.MaxControlLine, DefaultMaxControlLine)
+	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
+	c.StopTimeout = cmp.Or(c.StopTimeout, DefaultStopTimeout)
 	if c.DPSize == 0 && c.BasePort != 0 {
 		c.DPSize = len(c.Endpoints)
 	}

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"net"
@@ -36,12 +37,8 @@ type Flags struct {
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 	f := &Flags{cfg: c, set: zmqflags.On(fs, prefix)}
 	d := c.withDefaults()
-	if c.BasePort == 0 {
-		c.BasePort = DefaultFPMPort
-	}
-	if c.DPSize == 0 {
-		c.DPSize = 1
-	}
+	c.BasePort = cmp.Or(c.BasePort, DefaultFPMPort)
+	c.DPSize = cmp.Or(c.DPSize, 1)
 	n := func(name string) string { return prefix + name }
 	fs.StringVar(&f.zmqHost, n("zmq-host"), DefaultZMQHost, "host of the Dynamo workers' FPM PUB sockets")
 	f.set.RegisterPorts(&c.BasePort, &c.DPSize, "publishes on")

@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -89,21 +90,11 @@ func (c Config) withDefaults() Config {
 	if c.Host == "" {
 		c.Host = DefaultHost
 	}
-	if c.BasePort == 0 {
-		c.BasePort = DefaultBasePort
-	}
-	if c.DPSize == 0 {
-		c.DPSize = 1
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.QueueSize == 0 {
-		c.QueueSize = DefaultQueueSize
-	}
-	if c.SendHWM == 0 {
-		c.SendHWM = DefaultSendHWM
-	}
+	c.BasePort = cmp.Or(c.BasePort, DefaultBasePort)
+	c.DPSize = cmp.Or(c.DPSize, 1)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.QueueSize = cmp.Or(c.QueueSize, DefaultQueueSize)
+	c.SendHWM = cmp.Or(c.SendHWM, DefaultSendHWM)
 	if c.Linger == 0 {
 		c.Linger = DefaultLinger
 	} else if c.Linger < 0 {

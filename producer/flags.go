@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"time"
@@ -35,9 +36,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 	zmqflags.On(fs, prefix).RegisterPorts(&c.BasePort, &c.DPSize, "binds")
 	f := c.RegisterLoadFlags(fs, prefix)
 	f.topology = true
-	if c.WaitTimeout == 0 {
-		c.WaitTimeout = defaultWaitTimeout
-	}
+	c.WaitTimeout = cmp.Or(c.WaitTimeout, defaultWaitTimeout)
 	fs.IntVar(&c.Count, n("count"), c.Count, "stop each rank after N FPMs, heartbeats excluded (0: run until interrupted)")
 	fs.BoolVar(&c.IdleAfterCount, n("idle-after-count"), c.IdleAfterCount, "after --"+n("count")+", keep sending heartbeats until interrupted")
 	fs.DurationVar(&c.HeartbeatInterval, n("heartbeat"), d.HeartbeatInterval, "heartbeat after this long without a publish")

@@ -80,21 +80,15 @@ type PlanConfig struct {
 }
 
 func (c PlanConfig) withDefaults() PlanConfig {
-	if c.Speed == 0 {
-		c.Speed = 1
-	}
-	if c.Loops == 0 {
-		c.Loops = 1
-	}
+	c.Speed = cmp.Or(c.Speed, 1)
+	c.Loops = cmp.Or(c.Loops, 1)
 	if c.CounterIDs == "" {
 		c.CounterIDs = CounterKeep
 	}
 	if c.Heartbeats == "" {
 		c.Heartbeats = HeartbeatsAuto
 	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
 	return c
 }
 

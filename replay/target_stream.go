@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -59,12 +60,8 @@ func (c StreamConfig) withDefaults() StreamConfig {
 		host, _ := os.Hostname()
 		c.BridgeID = "replay-" + host + "-" + strconv.Itoa(os.Getpid())
 	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = DefaultMaxInFlight
-	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = 10 * time.Second
-	}
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.AckTimeout = cmp.Or(c.AckTimeout, 10*time.Second)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,9 +65,7 @@ func (c ZMQConfig) withDefaults() ZMQConfig {
 	if c.Host == "" {
 		c.Host = producer.DefaultHost
 	}
-	if c.BasePort == 0 {
-		c.BasePort = producer.DefaultBasePort
-	}
+	c.BasePort = cmp.Or(c.BasePort, producer.DefaultBasePort)
 	if c.OnFull == "" {
 		c.OnFull = OnFullDrop
 	}
@@ -75,9 +74,7 @@ func (c ZMQConfig) withDefaults() ZMQConfig {
 	} else if c.Linger < 0 {
 		c.Linger = 0
 	}
-	if c.WaitTimeout == 0 {
-		c.WaitTimeout = 30 * time.Second
-	}
+	c.WaitTimeout = cmp.Or(c.WaitTimeout, 30*time.Second)
 	return c
 }
 

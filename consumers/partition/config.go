@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -154,24 +155,12 @@ func defaultConfig(stream, group string, filters ...Filter) Config {
 
 // withDefaults fills zero durations and sizes.
 func (c Config) withDefaults() Config {
-	if c.Partitions == 0 {
-		c.Partitions = DefaultPartitions
-	}
-	if c.AckWait == 0 {
-		c.AckWait = DefaultAckWait
-	}
-	if c.PinnedTTL == 0 {
-		c.PinnedTTL = DefaultPinnedTTL
-	}
-	if c.MaxAckPending == 0 {
-		c.MaxAckPending = DefaultMaxAckPending
-	}
-	if c.Batch == 0 {
-		c.Batch = min(DefaultBatch, c.MaxAckPending)
-	}
-	if c.ReleaseTimeout == 0 {
-		c.ReleaseTimeout = DefaultReleaseTimeout
-	}
+	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
+	c.AckWait = cmp.Or(c.AckWait, DefaultAckWait)
+	c.PinnedTTL = cmp.Or(c.PinnedTTL, DefaultPinnedTTL)
+	c.MaxAckPending = cmp.Or(c.MaxAckPending, DefaultMaxAckPending)
+	c.Batch = cmp.Or(c.Batch, min(DefaultBatch, c.MaxAckPending))
+	c.ReleaseTimeout = cmp.Or(c.ReleaseTimeout, DefaultReleaseTimeout)
 	return c
 }
 

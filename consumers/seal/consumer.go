@@ -2,6 +2,7 @@ package seal
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -70,9 +71,7 @@ func (c *ConsumerConfig) fill() error {
 	if err := c.HoldingConfig.Fill(DefaultDurable, ErrInvalidConsumerConfig); err != nil {
 		return err
 	}
-	if c.ProfileWait == 0 {
-		c.ProfileWait = DefaultProfileWait
-	}
+	c.ProfileWait = cmp.Or(c.ProfileWait, DefaultProfileWait)
 	if c.Streams.Replicas == 0 {
 		c.Streams = streams.DefaultConfig()
 	}
