@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -144,9 +145,7 @@ func (c Config) withDefaults() Config {
 // valid: they take their defaults.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	if len(c.Endpoints) == 0 {
 		return bad("no ZMQ endpoints")
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/internal/zmqflags"
 )
 
@@ -73,9 +74,7 @@ func (f *Flags) ZMQHost() string { return f.zmqHost }
 func (f *Flags) Config() (Config, error) {
 	c := *f.cfg
 	name := f.set.Name
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	for _, p := range []struct {
 		flag string
 		v    int

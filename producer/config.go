@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/fpmbus/fpmbus/internal/invalid"
 )
 
 // Defaults, each the value Dynamo or libzmq uses.
@@ -110,9 +112,7 @@ func (c Config) withDefaults() Config {
 // and name the field.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	switch {
 	case strings.Contains(c.Host, "://"):
 		return bad("host %q: give a host name or address, not an endpoint", c.Host)

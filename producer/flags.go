@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/internal/zmqflags"
 )
 
@@ -67,9 +68,7 @@ const defaultWaitTimeout = 30 * time.Second
 func (f *Flags) Config() (Config, error) {
 	c := *f.cfg
 	name := f.set.Name
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	if f.topology {
 		// In this order, the first that fails is reported: the flag, its value, what it wants.
 		for _, r := range []struct {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
@@ -95,9 +96,7 @@ func (c PlanConfig) withDefaults() PlanConfig {
 // Validate reports whether c, with its defaults, is usable; errors wrap ErrInvalidPlan.
 func (c PlanConfig) Validate() error {
 	c = c.withDefaults()
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidPlan, fmt.Sprintf(format, args...))
-	}
+	bad := invalid.Reporter(ErrInvalidPlan)
 	switch {
 	case !(c.Speed > 0) || math.IsInf(c.Speed, 0):
 		return bad("speed %v: want a positive number", c.Speed)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -66,9 +67,7 @@ func (c StreamConfig) withDefaults() StreamConfig {
 }
 
 func (c StreamConfig) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	switch {
 	case strings.TrimSpace(c.Namespace) == "":
 		return bad("namespace must not be blank")

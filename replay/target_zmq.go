@@ -13,6 +13,7 @@ import (
 
 	"github.com/pebbe/zmq4"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/producer"
 )
 
@@ -82,9 +83,7 @@ func (c ZMQConfig) withDefaults() ZMQConfig {
 var ErrInvalidConfig = errors.New("replay: invalid config")
 
 func (c ZMQConfig) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	switch {
 	case strings.Contains(c.Host, "://") || strings.ContainsAny(c.Host, "/ \t[]"):
 		return bad("zmq host %q: give a host name or address", c.Host)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/internal/invalid"
 )
 
 // The edge topology: a bridge publishes to a JetStream server on its own node (an edge), which stores
@@ -95,9 +97,7 @@ func (c EdgeConfig) CentralDomainOrDefault() string {
 
 // Validate reports the first setting that cannot work, wrapped in ErrBadEdge.
 func (c EdgeConfig) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrBadEdge, fmt.Sprintf(format, args...))
-	}
+	bad := invalid.Reporter(ErrBadEdge)
 	switch {
 	case c.Node == "":
 		return bad("no node name (it names the edge's JetStream domain %s<node>)", EdgeDomainPrefix)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -68,9 +69,7 @@ func (c Config) withDefaults() Config {
 // Validate reports the first setting that cannot work.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	if !streams.ValidName(c.Name, partition.MaxNameLen) {
 		return bad("name %q: want 1-64 letters, digits, '-' and '_'", c.Name)
 	}

@@ -2,7 +2,6 @@ package gaps
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -112,9 +112,7 @@ func DefaultConfig() Config {
 
 // Validate reports the first setting that cannot work, naming its flag and value.
 func (c Config) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	switch {
 	case !streams.ValidName(c.Group, math.MaxInt): // its length is the partition group's to check
 		return bad("group %q (--group): want letters, digits, '-' or '_'", c.Group)

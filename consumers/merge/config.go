@@ -3,7 +3,6 @@ package merge
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -67,9 +67,7 @@ type Config struct {
 }
 
 func (c *Config) fill() error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	if err := c.HoldingConfig.Fill(DefaultDurable, ErrInvalidConfig); err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -167,9 +168,7 @@ func (c Config) withDefaults() Config {
 // Validate reports the first setting that cannot work. Zero durations and sizes take their defaults.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	switch {
 	case !streams.ValidName(c.Stream, maxStreamNameLen):
 		return bad("stream %q: want letters, digits, '-' and '_'", c.Stream)

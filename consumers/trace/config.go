@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -206,9 +207,7 @@ func ParsePositive(s string) (int64, error) {
 
 // Validate reports the first setting that cannot work, naming its variable or flag and its value.
 func (c Config) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
-	}
+	bad := invalid.Reporter(ErrInvalidConfig)
 	switch {
 	case c.Mode != schemas.CaptureSampled && c.Mode != schemas.CaptureFull:
 		return bad("mode %q (%s, --trace-mode): want sampled or full", c.Mode, EnvMode)
