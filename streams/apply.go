@@ -111,9 +111,13 @@ func (p *Plan) Execute(ctx context.Context, js jetstream.JetStream, force bool) 
 		var err error
 		switch {
 		case st.Create:
-			_, err = js.CreateStream(ctx, st.send)
+			_, err = placed(ctx, "stream "+st.Stream, st.send.Replicas, func(ctx context.Context) (jetstream.Stream, error) {
+				return js.CreateStream(ctx, st.send)
+			})
 		case len(st.Changes) > 0:
-			_, err = js.UpdateStream(ctx, st.send)
+			_, err = placed(ctx, "stream "+st.Stream, st.send.Replicas, func(ctx context.Context) (jetstream.Stream, error) {
+				return js.UpdateStream(ctx, st.send)
+			})
 		}
 		if err != nil {
 			return fmt.Errorf("streams: apply %s: %w", st.Stream, err)

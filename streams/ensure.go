@@ -55,7 +55,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config, logger *slog.
 	for _, want := range c.All() {
 		s, err := js.Stream(ctx, want.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			s, err = js.CreateStream(ctx, want)
+			s, err = placed(ctx, "stream "+want.Name, want.Replicas, func(ctx context.Context) (jetstream.Stream, error) {
+				return js.CreateStream(ctx, want)
+			})
 			if err == nil {
 				r.Created = append(r.Created, want.Name)
 				logger.Info("stream created", "stream", want.Name, "subjects", want.Subjects, "max_age", want.MaxAge,

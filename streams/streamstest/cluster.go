@@ -29,15 +29,16 @@ type Cluster struct {
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
 	dir := t.TempDir()
+	ports := FreePorts(t, 6) // distinct: a port given twice would keep a node from listening
 	var routes []string
 	c := &Cluster{t: t}
 	for i := range 3 {
-		rp := FreePort(t)
+		rp := ports[2*i+1]
 		routes = append(routes, fmt.Sprintf("nats://127.0.0.1:%d", rp))
 		c.opts = append(c.opts, &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
 			Host:       "127.0.0.1",
-			Port:       FreePort(t), // fixed: clients reconnect to a restarted node
+			Port:       ports[2*i], // fixed: clients reconnect to a restarted node
 			JetStream:  true,
 			StoreDir:   filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
 			NoSigs:     true,
@@ -120,6 +121,21 @@ func (c *Cluster) Connect(i int) (*nats.Conn, jetstream.JetStream) {
 // OnNode places a stream on node n<i+1> alone.
 func OnNode(i int) *jetstream.Placement {
 	return &jetstream.Placement{Tags: []string{fmt.Sprintf("node:n%d", i+1)}}
+}
+
+// FreePorts returns n distinct loopback TCP ports, each free at the time of the call.
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close() // held until all are taken, so the kernel cannot hand one out twice
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return ports
 }
 
 // FreePort is a loopback TCP port free at the time of the call.
