@@ -24,8 +24,9 @@ const PlacementWait = 30 * time.Second
 // ErrNoPeers is wrapped when the cluster did not place a stream's replicas within PlacementWait.
 var ErrNoPeers = errors.New("streams: the cluster has no servers to place the stream's replicas on")
 
-// errCodeNoPeers is nats-server's "no suitable peers for placement".
-const errCodeNoPeers jetstream.ErrorCode = 10005
+// ErrCodeNoPeers is nats-server's "no suitable peers for placement": the cluster cannot place the
+// replicas now (too few servers up, or not yet known to the meta leader).
+const ErrCodeNoPeers jetstream.ErrorCode = 10005
 
 // placementRetry is the pause between two attempts.
 const placementRetry = 250 * time.Millisecond
@@ -37,7 +38,7 @@ func placed[T any](ctx context.Context, what string, replicas int, f func(contex
 	for {
 		v, err := f(ctx)
 		var apiErr *jetstream.APIError
-		if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeNoPeers {
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != ErrCodeNoPeers {
 			return v, err
 		}
 		refused := fmt.Errorf("%w: %d replicas of %s (a cluster that has just started needs a moment; otherwise start its missing servers or use fewer replicas): %w",

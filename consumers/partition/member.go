@@ -74,7 +74,7 @@ func unavailable(err error) bool {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
 			return false
-		case errCodeJetStreamUnavailable, errCodeInsufficientResources, errCodeNoSuitablePeers:
+		case errCodeJetStreamUnavailable, errCodeInsufficientResources, streams.ErrCodeNoPeers:
 			return true
 		}
 		return apiErr.Code == 503
@@ -86,7 +86,6 @@ func unavailable(err error) bool {
 const (
 	errCodeJetStreamUnavailable  jetstream.ErrorCode = 10008 // JetStream system temporarily unavailable
 	errCodeInsufficientResources jetstream.ErrorCode = 10023 // e.g. a peer of an R3 stream is down
-	errCodeNoSuitablePeers       jetstream.ErrorCode = 10005 // peers offline (or too few: retried, then reported)
 	// errCodeSubjectBound: a push consumer's deliver subject cannot move while it has a subscriber
 	// (the server reports it as "consumer name already in use").
 	errCodeSubjectBound jetstream.ErrorCode = 10013
