@@ -306,9 +306,10 @@ func startKillCluster(t *testing.T) *killCluster {
 	dir := t.TempDir()
 	c := &killCluster{nodes: make([]*node, 3)}
 	var routes []string
+	ports := streamstest.FreePorts(t, 6)
 	for i := range 3 {
 		c.cfgs = append(c.cfgs, nodeConfig{Conf: fmt.Sprintf("../../ops/nats/cluster/n%d.conf", i+1), Store: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
-			Port: streamstest.FreePort(t), ClusterPort: streamstest.FreePort(t)})
+			Port: ports[2*i], ClusterPort: ports[2*i+1]})
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", c.cfgs[i].ClusterPort))
 	}
 	urls := make([]string, 3)
