@@ -325,7 +325,22 @@ func TestTraceUpKill9RestartWritesInFlightInOrder(t *testing.T) {
 		t.Fatalf("fpmbus up: %v", err)
 	}
 	// The store as the stopped run left it, read through a server of the test's own.
-	bySeq, _ := streamIDs(t, streamstest.StartAt(t, "127.0.0.1:0", filepath.Join(dir, "data", "jetstream")).JS, 0)
+	stored := streamstest.StartAt(t, "127.0.0.1:0", filepath.Join(dir, "data", "jetstream"))
+	bySeq, _ := streamIDs(t, stored.JS, 0)
+	// One bridge across the restart: `up` names its bridge after its data directory, so the gap
+	// detector reads the restart as the same bridge's new epoch, not as a second bridge.
+	bridges := map[string]int{}
+	for _, m := range storedFPMs(t, stored.JS, ">") {
+		bridges[m.header.Get(streams.HeaderBridge)]++
+	}
+	if len(bridges) != 1 {
+		t.Fatalf("FPMs by %s header: %v, want one bridge across the restart", streams.HeaderBridge, bridges)
+	}
+	for b := range bridges {
+		if !strings.HasPrefix(b, "up-") {
+			t.Fatalf("bridge %q, want up's own name", b)
+		}
+	}
 
 	lines := lineIDs(t, out+".*.jsonl.gz")
 	files, _ := filepath.Glob(out + ".*.jsonl.gz")

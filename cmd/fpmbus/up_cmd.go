@@ -151,8 +151,15 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	bc.Streams, bc.Logger = *o.scfg, slog.Default()
+	memberID := upMemberID(o.dataDir)
+	if bc.BridgeID == "" {
+		// The bridge is named like the consumer group members, the same across restarts: the gap
+		// detector then reads a restarted `up` as a restarted bridge (a new epoch of the same bridge),
+		// not as a second, redundant bridge on the same publishers.
+		bc.BridgeID = memberID
+	}
 	r := &upRun{
-		memberID: upMemberID(o.dataDir),
+		memberID: memberID,
 		listen:   srv.listen,
 		storeDir: srv.server.StoreDir,
 		server:   srv,
