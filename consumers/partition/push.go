@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -39,19 +40,22 @@ type pushSub struct {
 	sub   *nats.Subscription
 	onMsg func(*pushMsg)
 	onEnd func(err error) // deliveries are lost: the session ends abruptly; err, if any, is fatal for the member
+	hb    time.Duration
 
-	mu      sync.Mutex
-	hb      time.Duration
-	monitor *time.Timer
-	stopped bool
+	// The delivery path only stores when it last heard from the server; the monitor, a timer re-armed
+	// for what is left of two heartbeat intervals, compares. (Resetting a timer under a lock for every
+	// message would put that work on the hot path.)
+	lastHeard atomic.Int64 // Unix ns
+	stopped   atomic.Bool
+	mu        sync.Mutex // guards monitor against stop
+	monitor   *time.Timer
 }
 
 // subscribe subscribes to subj and delivers its data messages to onMsg, on the subscription's
 // goroutine, in order; control messages are answered here. onEnd is called at most once.
 func subscribe(nc *nats.Conn, subj string, hb time.Duration, onMsg func(*pushMsg), onEnd func(err error)) (*pushSub, error) {
 	s := &pushSub{nc: nc, onMsg: onMsg, onEnd: onEnd, hb: hb}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lastHeard.Store(time.Now().UnixNano())
 	sub, err := nc.Subscribe(subj, s.deliver)
 	if err != nil {
 		return nil, err
@@ -62,23 +66,20 @@ func subscribe(nc *nats.Conn, subj string, hb time.Duration, onMsg func(*pushMsg
 		_ = sub.Unsubscribe()
 		return nil, err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.sub = sub
 	if hb > 0 { // a consumer declared without heartbeats (not by fpmbus) is not watched, as nats.go does
-		s.monitor = time.AfterFunc(2*hb, s.missedHeartbeats)
+		s.monitor = time.AfterFunc(2*hb, s.checkHeard)
 	}
 	return s, nil
 }
 
 func (s *pushSub) deliver(msg *nats.Msg) {
-	s.mu.Lock()
-	if s.stopped {
-		s.mu.Unlock()
+	if s.stopped.Load() {
 		return
 	}
-	if s.monitor != nil {
-		s.monitor.Reset(2 * s.hb)
-	}
-	s.mu.Unlock()
+	s.lastHeard.Store(time.Now().UnixNano())
 	switch msg.Header.Get(headerStatus) {
 	case "":
 		s.onMsg(&pushMsg{msg: msg, nc: s.nc})
@@ -98,43 +99,46 @@ func (s *pushSub) deliver(msg *nats.Msg) {
 	}
 }
 
-// missedHeartbeats runs after two heartbeat intervals without any message. While the connection is
-// reconnecting it waits on (the server cannot reach this member; its record refreshes say whether it
-// still owns the partition); otherwise the owner has lost its deliveries.
-func (s *pushSub) missedHeartbeats() {
+// checkHeard runs when two heartbeat intervals may have passed without any message. If something was
+// heard meanwhile, or the connection is reconnecting (the server cannot reach this member; its record
+// refreshes say whether it still owns the partition), it looks again later; otherwise the owner has
+// lost its deliveries.
+func (s *pushSub) checkHeard() {
+	left := 2*s.hb - time.Since(time.Unix(0, s.lastHeard.Load()))
 	switch {
 	case s.nc.IsClosed():
 		s.end(nil)
+	case left > 0:
+		s.rearm(left)
 	case !s.nc.IsConnected():
-		s.mu.Lock()
-		if !s.stopped {
-			s.monitor.Reset(2 * s.hb)
-		}
-		s.mu.Unlock()
+		s.rearm(2 * s.hb)
 	default:
 		s.end(nil)
 	}
 }
 
-func (s *pushSub) end(err error) {
+func (s *pushSub) rearm(d time.Duration) {
 	s.mu.Lock()
-	if s.stopped {
-		s.mu.Unlock()
-		return
+	defer s.mu.Unlock()
+	if !s.stopped.Load() {
+		s.monitor.Reset(d)
 	}
-	s.mu.Unlock()
-	s.onEnd(err)
+}
+
+func (s *pushSub) end(err error) {
+	if !s.stopped.Load() {
+		s.onEnd(err)
+	}
 }
 
 // stop unsubscribes: nothing is delivered or answered afterwards (a request in flight is answered by
 // the next owner, through the stall header).
 func (s *pushSub) stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
+	if s.stopped.Swap(true) {
 		return
 	}
-	s.stopped = true
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.monitor != nil {
 		s.monitor.Stop()
 	}
