@@ -8,8 +8,9 @@ import (
 
 // Dynamo self-benchmark artefacts (vLLM --benchmark-mode): one rank artefact per data-parallel rank, the
 // merged artefact fpmbus builds from them, and the worker-probe sidecar written next to the merged one.
-// The formats follow Dynamo's worker_factory.py and the self-benchmark measurement protocol ("Measurement Protocol in the Self-Benchmark
-// Artifact" through "Worker Probe Coverage"). The JSON Schema documents are jsonschema/bench-*.schema.json.
+// The formats follow Dynamo's worker_factory.py and Dynamo's FPM trace reference ("Measurement Protocol
+// in the Self-Benchmark Artifact" through "Worker Probe Coverage"). The JSON Schema documents are
+// jsonschema/bench-*.schema.json.
 //
 // The structs below are typed views of the fields fpmbus reads or writes; they are not the storage format
 // of a merge (see BenchNode), and decoding into them drops unknown fields. Nullable fields are pointers or

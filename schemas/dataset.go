@@ -13,20 +13,22 @@ import (
 	"strings"
 )
 
-// A dataset is a set of sealed FPM cells (the modelling proposal's requirement that a dataset be sealed per exact engine identity): for one exact engine identity, the
-// pure-prefill and pure-decode latency rows of one collection run. This file defines the dataset file
-// (`fpmbus datasets publish FILE`, schema jsonschema/dataset-file.schema.json), the cell identity and its
-// key, the value sealed in the KV bucket FPM_DATASETS, and the validation every cell passes before any
-// write (requirement 7).
+// A dataset is a set of sealed FPM cells: for one exact engine identity, the pure-prefill and pure-decode
+// latency rows of one collection run. This file defines the dataset file (`fpmbus datasets publish FILE`,
+// schema jsonschema/dataset-file.schema.json), the cell identity and its key, the value sealed in the KV
+// bucket FPM_DATASETS, and the validation every cell passes before any write: mismatched schemas,
+// identities, digests, row counts or run ids, duplicate keys, non-finite or non-positive latencies,
+// coordinates impossible for the row's phase and mixed backend versions are rejected.
 //
 // Invariants:
 //   - A cell's key is "cell." + sha256 of the canonical JSON of its identity. Two identities that differ in
-//     any field (backend version, profile version, schema version included) have different keys, so an
-//     upgrade never satisfies old coverage (requirement 15).
+//     any field (backend version, profile version, schema version included) have different keys, so data
+//     sealed before a backend, collection-profile or schema upgrade never covers the upgraded identity.
 //   - A cell's dataset digest is sha256 of the canonical JSON of {"identity", "rows"}: it covers the
 //     measured data, not the provenance.
 //   - Rows carry only FPM coordinates and a latency: no prompts, token ids, weights, secrets or
-//     hostnames (requirement 16). Unknown fields in a dataset file are rejected.
+//     hostnames, so a dataset can be shared. Unknown fields in a dataset file are rejected, and so is an
+//     identity string that looks like a path, URL, credential or host.
 
 // DatasetSchemaVersion is the version of the dataset file, the cell identity and the sealed value.
 const DatasetSchemaVersion = 1
@@ -56,9 +58,10 @@ type Parallelism struct {
 	CP    int `json:"cp"`
 }
 
-// CellIdentity identifies one FPM cell exactly (requirement 4). Settings that are not explicit fields
-// are covered by SettingsDigest: sha256 of the canonical JSON of the engine block (identity-neutral
-// members removed) together with the collection profile.
+// CellIdentity identifies one FPM cell exactly: the model, hardware, backend and its version,
+// quantization, KV cache dtype, parallel layout, backend selections and collection profile are fields.
+// Settings that are not explicit fields are covered by SettingsDigest: sha256 of the canonical JSON of the
+// engine block (identity-neutral members removed) together with the collection profile.
 type CellIdentity struct {
 	SchemaVersion     int               `json:"schema_version"`
 	Model             string            `json:"model"`
@@ -162,13 +165,14 @@ type SealedCell struct {
 }
 
 // SameAttempt reports whether s seals the same data from the same run as c: republishing it is an
-// idempotent success, anything else is a conflict (requirement 8).
+// idempotent success, anything else is a conflict, since a sealed cell is never overwritten or combined
+// with another run's data.
 func (s *SealedCell) SameAttempt(c *Cell) bool {
 	return s.Key == c.Key && s.Provenance.RunID == c.Provenance.RunID &&
 		s.Provenance.DatasetDigest == c.Provenance.DatasetDigest
 }
 
-// Rule names a dataset validation rule (requirement 7).
+// Rule names one of the checks a dataset and its cells must pass before a cell is sealed.
 type Rule string
 
 // Validation rules. Every rejection names one of them and the cell and row it concerns.

@@ -6,8 +6,9 @@ import (
 	"io"
 )
 
-// DatasetPlan is a frozen collection plan (the modelling proposal's dataset lifecycle, steps 1-2: plan and freeze): the cells a campaign must
-// seal, what each is expected to hold and cost, and the settings the plan cannot cover.
+// DatasetPlan is a frozen collection plan: the cells a campaign must seal, what each is expected to hold
+// and cost, and the settings the plan cannot cover. Coverage, with its cost against the GPU-hour budget,
+// is reported against the plan before collection; once frozen in its campaign record it never changes.
 type DatasetPlan struct {
 	SchemaVersion       int        `json:"schema_version"`
 	CampaignID          string     `json:"campaign_id"`

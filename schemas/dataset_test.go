@@ -38,8 +38,8 @@ func TestDatasetValidPasses(t *testing.T) {
 	}
 }
 
-// One scenario per rule of requirement 7 (and the content rule of requirement 16): each mutation must
-// be rejected with exactly the named rule, on the named cell and row.
+// Scenarios for every dataset validation rule (forbidden content in an identity included): each mutation
+// must be rejected with exactly the named rule, on the named cell and row.
 func TestDatasetValidationRules(t *testing.T) {
 	type want struct {
 		rule Rule

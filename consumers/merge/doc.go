@@ -1,15 +1,18 @@
 // Package merge is fpmbus's benchmark merger: it folds the per-rank self-benchmark artefacts of one
 // Dynamo run (vLLM --benchmark-mode) into the merged artefact and its worker-probe sidecar, following
-// Dynamo's worker_factory.py merge and the self-benchmark measurement protocol (measurement protocol, per-sample timing and graph
-// dispatch, warmup evidence, engine provenance, worker probe sidecar and coverage). Where upstream
-// writes the worker probe inline into the artefacts, fpmbus follows the seed: a separate sidecar.
+// Dynamo's worker_factory.py merge and Dynamo's FPM trace reference (measurement protocol, per-sample
+// timing and graph dispatch, warmup evidence, engine provenance, worker probe sidecar and coverage).
+// Where upstream writes the worker probe inline into the artefacts, fpmbus does as the reference says:
+// the rank and merged artefacts keep their startup engine block and the probe's results go to a separate
+// sidecar.
 //
 // # Pieces
 //
 //   - Merge (merge.go, evidence.go, probe.go): the pure merge. Rank artefacts in, a *Result or a
 //     *RejectError naming the run, rank, point and Rule broken out; nothing is written.
-//   - WriteResult (write.go): the files, in the order the measurement protocol gives: remove a sidecar left by an earlier run,
-//     write the merged artefact atomically (temp file, fsync, rename, directory fsync), then the sidecar.
+//   - WriteResult (write.go): the files, so that a sidecar never sits next to another run's merged
+//     artefact: remove a sidecar left by an earlier run, write the merged artefact atomically (temp file,
+//     fsync, rename, directory fsync), then the sidecar.
 //   - streams.BenchStore: bodies on FPM_BENCH, inline up to 1 MiB, otherwise in the object store
 //     FPM_BENCH_OBJECTS behind a small manifest message. The subjects, headers, message ids and the
 //     store are the wire contract, in streams/ (bench.go, objectstore.go), shared with the sealer.

@@ -7,7 +7,8 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// Execution evidence (the measurement protocol's per-sample timing, graph dispatch and warmup-completion evidence).
+// Execution evidence (the measurement protocol's per-sample timing, graph dispatch and
+// warmup-completion evidence).
 // Timestamps are process-local, so nothing here compares one rank's samples with another's: every check
 // is within one rank-point, or within one rank's sequence of forward indices and its own warmup ledger.
 

@@ -11,9 +11,9 @@ import (
 )
 
 // The generator builds rank artefacts shaped like Dynamo's: the fields, nesting and key order of
-// worker_factory.py's rank files and the measurement protocol's blocks, with deterministic values. Golden inputs under
-// testdata/golden are written by it (go test -run TestBenchGolden -update), the rule table mutates its
-// output, and the size measurement uses it at 8 ranks x 2,000 points.
+// worker_factory.py's rank files and the measurement protocol's blocks, with deterministic values.
+// Golden inputs under testdata/golden are written by it (go test -run TestBenchGolden -update), the rule
+// table mutates its output, and the size measurement uses it at 8 ranks x 2,000 points.
 
 type runSpec struct {
 	runID, grid string

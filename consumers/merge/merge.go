@@ -100,9 +100,9 @@ type rankInfo struct {
 }
 
 // Merge validates the rank artefacts of one run against every rule of Dynamo's self-benchmark merge and
-// the self-benchmark measurement protocol, and builds the merged artefact and, when it has an engine block, the worker-probe sidecar
-// from the probe replies. It returns a *RejectError naming the first rule broken (see Rules for the
-// order), or another error when a rank cannot be loaded.
+// the self-benchmark measurement protocol, and builds the merged artefact and, when it has an engine
+// block, the worker-probe sidecar from the probe replies. It returns a *RejectError naming the first rule
+// broken (see Rules for the order), or another error when a rank cannot be loaded.
 //
 // The reference rank is the lowest rank supplied, whatever the order of ranks. The merged artefact is the
 // reference rank's document with the merge's fields set (see the package documentation for the key

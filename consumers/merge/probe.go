@@ -10,11 +10,12 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// Worker probe (the measurement protocol's worker-probe sidecar and its coverage rule). After collection Dynamo
-// asks every model worker for its resolved configuration with one collective_rpc; fpmbus takes those
-// replies from the user (a file, or a message on FPM_BENCH) and turns them into the sidecar. Upstream
-// Dynamo writes the same evidence inline into the artefacts; fpmbus follows the seed and writes a
-// separate sidecar, leaving the merged artefact's startup engine block untouched.
+// Worker probe (the worker-probe sidecar and its coverage rule). After collection Dynamo asks every model
+// worker for its resolved configuration with one collective_rpc; fpmbus takes those replies from the user
+// (a file, or a message on FPM_BENCH) and turns them into the sidecar. Upstream Dynamo writes the same
+// evidence inline into the artefacts; fpmbus writes a separate sidecar, as Dynamo's FPM trace reference
+// says: the probe neither reads nor rewrites the rank and merged artefacts, whose startup engine block
+// stays untouched.
 
 // ProbeRepliesSchema names the optional envelope of a probe reply file.
 const ProbeRepliesSchema = "fpmbus.benchmark_worker_probe_replies"

@@ -62,9 +62,10 @@ func ExpandPath(template, runID string) string {
 	return strings.ReplaceAll(template, RunIDPlaceholder, streams.EncodeToken(runID))
 }
 
-// WriteResult writes a merge's files in the order the seed fixes: a sidecar left by an earlier run is
-// removed first, then the merged artefact is written atomically, then (when the merged artefact has an
-// engine block) the sidecar, atomically. It returns the merged artefact's sha256 and size.
+// WriteResult writes a merge's files so that a sidecar never sits next to another run's merged artefact:
+// a sidecar left by an earlier run is removed first, then the merged artefact is written atomically, then
+// (only when the merged artefact has an engine block) the sidecar, atomically. It returns the merged
+// artefact's sha256 and size.
 func WriteResult(res *Result) (digest string, size int64, err error) {
 	if err := removeIfExists(res.SidecarPath); err != nil {
 		return "", 0, fmt.Errorf("merge: remove stale sidecar: %w", err)

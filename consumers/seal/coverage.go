@@ -30,7 +30,8 @@ type CoverageCell struct {
 	EstimatedGPUHours float64              `json:"estimated_gpu_hours"`
 }
 
-// CoverageReport answers lifecycle step 1 for a plan.
+// CoverageReport is a plan's coverage before collection: covered, partial and missing cells, the
+// settings the plan cannot cover, and the estimated GPU-hours (against the budget) to collect the rest.
 type CoverageReport struct {
 	CampaignID          string         `json:"campaign_id"`
 	State               string         `json:"state"` // covered (all), partial, missing (none)
@@ -46,7 +47,8 @@ type CoverageReport struct {
 
 // Coverage reads every planned cell's exact key. A partially covered cell costs the uncovered share of
 // its estimate; a missing one all of it. Only exact identities count: data sealed under another backend,
-// profile or schema version is a different key and leaves the cell missing (requirement 15).
+// profile or schema version is a different key and leaves the cell missing until data of the new
+// identity is sealed.
 func Coverage(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetPlan) (*CoverageReport, error) {
 	rep := &CoverageReport{CampaignID: plan.CampaignID, UnsupportedSettings: plan.UnsupportedSettings, BudgetGPUHours: plan.BudgetGPUHours}
 	if rep.UnsupportedSettings == nil {

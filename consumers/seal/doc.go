@@ -1,5 +1,6 @@
-// Package seal is fpmbus's dataset sealer (the modelling proposal's dataset lifecycle: validate, seal, first writer wins, coverage): validated FPM cells
-// are published to the JetStream KV bucket FPM_DATASETS, where the first writer wins.
+// Package seal is fpmbus's dataset sealer (the modelling proposal's dataset lifecycle: validate, seal,
+// first writer wins, coverage): validated FPM cells are published to the JetStream KV bucket
+// FPM_DATASETS, where the first writer wins.
 //
 // # Keys and values
 //

@@ -63,7 +63,7 @@ func TestFromMergedGolden(t *testing.T) {
 		id.Parallelism.DP != 4 || id.Parallelism.MoEEP != 4 || id.BackendSelections["all2all_backend"] != "deepep_high_throughput" {
 		t.Fatalf("identity: %+v", id)
 	}
-	// A new profile version is a new identity (requirement 15).
+	// A new profile version is a new identity, which data sealed under the old one does not cover.
 	p2 := *testProfile
 	p2.Version = "2"
 	ds2, _ := FromMerged(doc, schemas.SHA256Hex(doc), &p2)

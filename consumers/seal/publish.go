@@ -64,7 +64,8 @@ func (e *ConflictsError) ExitCode() int { return ExitConflict }
 
 // PublishOptions controls PublishDataset.
 type PublishOptions struct {
-	// AllowPartial seals the cells that pass even when others are rejected or missing (requirement 9).
+	// AllowPartial seals the cells that pass even when others are rejected or missing; the campaign
+	// records every missing cell and stays incomplete, and the result is a *PartialError (ExitPartial).
 	AllowPartial bool
 	// Plan is the frozen plan the dataset belongs to; nil means a plan of exactly the dataset's cells.
 	Plan *schemas.DatasetPlan
@@ -78,7 +79,8 @@ const (
 	StateMissing  = "missing"
 )
 
-// CellReport is one cell's outcome, with the fields requirement 13 asks every result to show.
+// CellReport is one cell's outcome, with the fields every result shows: source, run, dataset digest, cell
+// identity, state, and a reason when the cell was not sealed.
 type CellReport struct {
 	Key           string                `json:"key"`
 	State         string                `json:"state"`
