@@ -95,8 +95,10 @@ func (c Config) partitionStreamConfig(src *jetstream.StreamInfo) jetstream.Strea
 }
 
 // declare creates (or checks) the group's server resources: the partition stream when Partitions > 1
-// and the Partitions durable consumers. It refuses to change an existing group's partitioning.
-func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.Stream, error) {
+// and the Partitions durable consumers. It refuses to change an existing group's partitioning. It
+// returns, for each partition p, the stream partition p's consumer lives on: the group's stream, its
+// partition stream, or shard p when the group reads its shards directly.
+func declare(ctx context.Context, js jetstream.JetStream, c Config) ([]jetstream.Stream, error) {
 	c = c.withDefaults()
 	srcs := make([]jetstream.Stream, 0, max(c.Shards, 1))
 	for _, name := range c.SourceStreams() {
@@ -109,7 +111,7 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 	src := srcs[0]
 	srcInfo := src.CachedInfo()
 	partName := c.Stream + "_PART_" + c.Group // exists only when the group copies (Partitions > 1, or shards not read directly)
-	consStream := src
+	consStreams := []jetstream.Stream{src}
 	if c.direct() {
 		if _, err := call(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, partName) }); err == nil {
 			return nil, fmt.Errorf("%w: %s/%s reads its %d shards directly but partition stream %s exists (delete the group to change)",
@@ -117,11 +119,7 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return nil, fmt.Errorf("partition: look up %s: %w", partName, err)
 		}
-		sharded := &shardedStream{Stream: src, byConsumer: make(map[string]jetstream.Stream, c.Partitions)}
-		for p := range c.Partitions {
-			sharded.byConsumer[c.ConsumerName(p)] = srcs[p]
-		}
-		consStream = sharded
+		consStreams = srcs
 	} else if !c.copies() {
 		if _, err := call(ctx, func(ctx context.Context) (jetstream.Stream, error) { return js.Stream(ctx, partName) }); err == nil {
 			return nil, fmt.Errorf("%w: %s/%s has 1 partition but partition stream %s exists (delete the group to change)",
@@ -159,14 +157,17 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) (jetstream.S
 					ErrGroupMismatch, c.Stream, c.Group, k, md[k], want.Metadata[k])
 			}
 		}
-		consStream = ps
+		consStreams = []jetstream.Stream{ps}
+	}
+	if len(consStreams) == 1 {
+		consStreams = slices.Repeat(consStreams, c.Partitions)
 	}
 	for p := range c.Partitions {
-		if err := declareConsumer(ctx, consStream, c, p); err != nil {
+		if err := declareConsumer(ctx, consStreams[p], c, p); err != nil {
 			return nil, err
 		}
 	}
-	return consStream, nil
+	return consStreams, nil
 }
 
 // declareConsumer creates partition p's consumer, or brings an existing one to this Config while

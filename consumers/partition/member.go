@@ -129,15 +129,15 @@ func WithLogger(l *slog.Logger) Option {
 // Member is one instance of a group. Join declares the group, Consume takes part in it until the
 // context ends, Stop is called or an error occurs. A Member consumes once.
 type Member struct {
-	cfg    Config
-	js     jetstream.JetStream
-	nc     *nats.Conn
-	id     string
-	stable bool // the id names this instance across restarts (WithMemberID)
-	key    string
-	log    *slog.Logger
-	kv     jetstream.KeyValue
-	stream jetstream.Stream // the stream the partition consumers live on
+	cfg     Config
+	js      jetstream.JetStream
+	nc      *nats.Conn
+	id      string
+	stable  bool // the id names this instance across restarts (WithMemberID)
+	key     string
+	log     *slog.Logger
+	kv      jetstream.KeyValue
+	streams []jetstream.Stream // by partition: the stream the partition's consumer lives on
 
 	running  atomic.Bool
 	announce chan struct{} // ownership changed: put the member's key now, not at the next heartbeat
@@ -202,10 +202,11 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Optio
 // incarnation owned; every step is idempotent, so Join repeats it all after a failure.
 func (m *Member) setUp(ctx context.Context) error {
 	var err error
-	if m.stream, err = declare(ctx, m.js, m.cfg); err != nil {
+	if m.streams, err = declare(ctx, m.js, m.cfg); err != nil {
 		return err
 	}
-	if m.kv, err = membersBucket(ctx, m.js, m.stream.CachedInfo().Config.Replicas); err != nil {
+	// Shards are defined alike: the first stands for all.
+	if m.kv, err = membersBucket(ctx, m.js, m.streams[0].CachedInfo().Config.Replicas); err != nil {
 		return err
 	}
 	if m.stable {

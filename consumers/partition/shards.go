@@ -1,13 +1,10 @@
 package partition
 
 import (
-	"context"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -28,8 +25,8 @@ import (
 //     then the shard's sequence (the source header), which grows with every message of the key like
 //     the one stream's did.
 //
-// The stream a member holds for its partitions (Member's stream handle) is then a shardedStream: the
-// consumer operations are sent to the stream of the consumer they name.
+// A member therefore holds a stream handle per partition (declare's result): the stream the
+// partition's consumer lives on, shard p for partition p when the group reads its shards directly.
 
 // fpmWorkerToken is the 0-based index of worker_id in fpm.<namespace>.<component>.<worker_id>.<dp_rank>,
 // the token the shards are keyed by.
@@ -96,75 +93,4 @@ func (c Config) SourceStreams() []string {
 		out[i] = c.shardStream(i)
 	}
 	return out
-}
-
-// shardedStream is the stream handle of a group that consumes shards directly: the Stream methods
-// that name a consumer go to the stream the consumer lives on; the others are the first shard's
-// (its configuration stands for the shards', which are defined alike).
-type shardedStream struct {
-	jetstream.Stream
-	byConsumer map[string]jetstream.Stream
-}
-
-func (s *shardedStream) of(consumer string) jetstream.Stream {
-	if t, ok := s.byConsumer[consumer]; ok {
-		return t
-	}
-	return s.Stream
-}
-
-func (s *shardedStream) Consumer(ctx context.Context, name string) (jetstream.Consumer, error) {
-	return s.of(name).Consumer(ctx, name)
-}
-
-func (s *shardedStream) CreateOrUpdateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
-	return s.of(cfg.Durable).CreateOrUpdateConsumer(ctx, cfg)
-}
-
-func (s *shardedStream) CreateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
-	return s.of(cfg.Durable).CreateConsumer(ctx, cfg)
-}
-
-func (s *shardedStream) UpdateConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
-	return s.of(cfg.Durable).UpdateConsumer(ctx, cfg)
-}
-
-func (s *shardedStream) DeleteConsumer(ctx context.Context, name string) error {
-	return s.of(name).DeleteConsumer(ctx, name)
-}
-
-func (s *shardedStream) PauseConsumer(ctx context.Context, name string, until time.Time) (*jetstream.ConsumerPauseResponse, error) {
-	return s.of(name).PauseConsumer(ctx, name, until)
-}
-
-func (s *shardedStream) ResumeConsumer(ctx context.Context, name string) (*jetstream.ConsumerPauseResponse, error) {
-	return s.of(name).ResumeConsumer(ctx, name)
-}
-
-func (s *shardedStream) PushConsumer(ctx context.Context, name string) (jetstream.PushConsumer, error) {
-	return s.of(name).PushConsumer(ctx, name)
-}
-
-func (s *shardedStream) CreateOrUpdatePushConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.PushConsumer, error) {
-	return s.of(cfg.Durable).CreateOrUpdatePushConsumer(ctx, cfg)
-}
-
-func (s *shardedStream) CreatePushConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.PushConsumer, error) {
-	return s.of(cfg.Durable).CreatePushConsumer(ctx, cfg)
-}
-
-func (s *shardedStream) UpdatePushConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.PushConsumer, error) {
-	return s.of(cfg.Durable).UpdatePushConsumer(ctx, cfg)
-}
-
-func (s *shardedStream) UnpinConsumer(ctx context.Context, name, group string) error {
-	return s.of(name).UnpinConsumer(ctx, name, group)
-}
-
-func (s *shardedStream) ResetConsumer(ctx context.Context, name string) (*jetstream.ConsumerResetResponse, error) {
-	return s.of(name).ResetConsumer(ctx, name)
-}
-
-func (s *shardedStream) ResetConsumerToSequence(ctx context.Context, name string, seq uint64) (*jetstream.ConsumerResetResponse, error) {
-	return s.of(name).ResetConsumerToSequence(ctx, name, seq)
 }

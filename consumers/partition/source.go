@@ -38,7 +38,7 @@ type sourceWatch struct {
 func (s *sourceWatch) check(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	info, err := s.m.stream.Info(ctx)
+	info, err := s.m.streams[0].Info(ctx) // every partition's: the partition stream
 	if err != nil || info.Cluster == nil || len(info.Cluster.Replicas) == 0 {
 		return
 	}

@@ -114,7 +114,7 @@ type look struct {
 func (w *worker) look() (look, error) {
 	ctx, cancel := context.WithTimeout(w.rel, apiTimeout)
 	defer cancel()
-	c, err := w.m.stream.PushConsumer(ctx, w.name)
+	c, err := w.m.streams[w.p].PushConsumer(ctx, w.name)
 	if err != nil {
 		return look{}, err
 	}
@@ -202,9 +202,9 @@ func (w *worker) own(st look, h Handler) error {
 	cc := st.info.Config
 	cc.DeliverSubject = subj
 	ctx, cancel = context.WithTimeout(w.hard, apiTimeout)
-	cons, err := m.stream.UpdatePushConsumer(ctx, cc)
+	cons, err := m.streams[w.p].UpdatePushConsumer(ctx, cc)
 	if err == nil {
-		_, err = m.stream.ResetConsumer(ctx, w.name)
+		_, err = m.streams[w.p].ResetConsumer(ctx, w.name)
 	}
 	cancel()
 	var apiErr *jetstream.APIError
