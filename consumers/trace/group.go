@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -21,9 +20,6 @@ import (
 // ConsumerName names the trace writer in the runner's metrics (consumer="trace"), its dead letters
 // (fpmevents.rejected.trace) and its loss events (fpmevents.loss.trace).
 const ConsumerName = "trace"
-
-// workerToken is the 0-based index of worker_id in fpm.<namespace>.<component>.<worker_id>.<dp_rank>.
-const workerToken = 3
 
 // ErrGroupUnsupported is the reason a message is rejected when, with more than one partition, its
 // producer id (Fpm-Producer header) is not its worker_id, the partition key: its file could get two
@@ -63,27 +59,13 @@ func (c Config) PartitionConfig() (durable.GroupConfig, error) {
 		// that is not an FPM key is dead-lettered, and retention loss is measured on the whole filter).
 		pc.Filters = []durable.Filter{{Subject: c.FilterSubject}}
 	} else {
-		// Expand the filter to the 5 tokens of an FPM subject and key it by the worker_id token.
-		toks := strings.Split(c.FilterSubject, ".")
-		if toks[len(toks)-1] == ">" {
-			toks = toks[:len(toks)-1]
-			for len(toks) < 5 {
-				toks = append(toks, "*")
-			}
+		// Keyed by the worker_id token alone, as the FPM shards are.
+		f, ok := durable.WorkerKeyedFilter(c.FilterSubject)
+		if !ok {
+			return pc, fmt.Errorf("%w: filter subject %q (--filter): a partitioned group is keyed by worker_id, so it needs a filter of fpm.<namespace>.<component>.<worker_id>.<dp_rank> subjects with any worker_id (for one worker_id, use --partitions 1)",
+				ErrInvalidConfig, c.FilterSubject)
 		}
-		if len(toks) != 5 {
-			return pc, fmt.Errorf("%w: filter subject %q (--filter): a partitioned group needs a filter of fpm.<namespace>.<component>.<worker_id>.<dp_rank> subjects", ErrInvalidConfig, c.FilterSubject)
-		}
-		if toks[workerToken] != "*" {
-			return pc, fmt.Errorf("%w: filter subject %q (--filter) names one worker_id: use --partitions 1", ErrInvalidConfig, c.FilterSubject)
-		}
-		n := 0
-		for _, t := range toks[:workerToken+1] {
-			if t == "*" {
-				n++
-			}
-		}
-		pc.Filters = []durable.Filter{{Subject: strings.Join(toks, "."), KeyTokens: []int{n}}}
+		pc.Filters = []durable.Filter{f}
 	}
 	if err := pc.Validate(); err != nil {
 		return pc, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
