@@ -108,12 +108,6 @@ func readPlan(path string) (*schemas.DatasetPlan, error) {
 	return p, nil
 }
 
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
 	fs, conn, scfg := datasetsFlagSet("publish", "datasets publish [--plan FILE] [--allow-partial] [--json] FILE")
 	planPath := fs.String("plan", "", "the frozen plan (JSON) the dataset belongs to; default: a plan of exactly the file's cells")
@@ -145,7 +139,7 @@ func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
 	defer nc.Close()
 	rep, perr := s.PublishDataset(ctx, ds, seal.PublishOptions{AllowPartial: *allowPartial, Plan: plan})
 	if *asJSON {
-		if err := printJSON(w, rep); err != nil {
+		if err := writeJSON(w, rep); err != nil {
 			return err
 		}
 	} else {
@@ -207,7 +201,7 @@ func runDatasetsCoverage(ctx context.Context, args []string, w io.Writer) error 
 		return err
 	}
 	if *asJSON {
-		return printJSON(w, rep)
+		return writeJSON(w, rep)
 	}
 	fmt.Fprintf(w, "campaign %s: %s — %d covered, %d partial, %d missing; estimated %.2f GPU-hours to collect",
 		rep.CampaignID, rep.State, rep.Covered, rep.Partial, rep.Missing, rep.EstimatedGPUHours)
@@ -323,7 +317,7 @@ func datasetsGet(ctx context.Context, kv jetstream.KeyValue, key, arg string, w 
 	if strings.HasPrefix(e.Key(), schemas.CampaignKeyPrefix) {
 		state = "campaign"
 	}
-	return printJSON(w, map[string]any{"key": e.Key(), "state": state, "revision": e.Revision(), "created": e.Created(), "value": v})
+	return writeJSON(w, map[string]any{"key": e.Key(), "state": state, "revision": e.Revision(), "created": e.Created(), "value": v})
 }
 
 // datasetsHistory prints every revision of key, one line each.

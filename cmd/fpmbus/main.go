@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -89,4 +90,11 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-*s %s\n", width, n, commands[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun `fpmbus <command> -h` for a command's flags.")
+}
+
+// writeJSON writes v as indented JSON: every command's --json output.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
