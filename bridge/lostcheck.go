@@ -303,9 +303,11 @@ func (b *Bridge) lostEvent(rec *ackRecord, run *ackRun, ranges [][2]uint64, n ui
 	storedSeq uint64, bounds streamBounds, trigger string) *streams.LostAfterAck {
 	first, last := ranges[0][0], ranges[len(ranges)-1][1]
 	ev := &streams.LostAfterAck{
-		Schema: streams.GapEventSchema, Type: streams.GapEventType, ID: streams.LostAfterAckMsgID(rec.Key, run.Epoch, first, last),
-		Key: rec.Key, Cause: streams.GapCauseLostAfterAck, Epoch: run.Epoch,
-		FirstMissing: &first, LastMissing: &last, Missing: n, Before: before,
+		GapEventFields: streams.GapEventFields{
+			Schema: streams.GapEventSchema, Type: streams.GapEventType, ID: streams.LostAfterAckMsgID(rec.Key, run.Epoch, first, last),
+			Key: rec.Key, Cause: streams.GapCauseLostAfterAck, Epoch: run.Epoch,
+			FirstMissing: &first, LastMissing: &last, Missing: n, Before: before,
+		},
 		Evidence: streams.LostAfterAckEvidence{
 			Bridge: b.cfg.BridgeID, AckedBy: rec.Bridge,
 			AckedFirstStreamSeq: max(storedSeq+1, run.FirstStreamSeq), AckedLastStreamSeq: run.LastStreamSeq,

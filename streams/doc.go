@@ -7,6 +7,8 @@
 //	headers.go     every header name (Nats-Msg-Id, Fpm-*, Fpm-Bench-*)
 //	msgid.go       every Nats-Msg-Id format (FPMs, drop markers, dead letters, gap events, bench)
 //	dropmarker.go  DropMarker: the bridge's drop marker, its message and ParseDropMarker (fuzzed)
+//	gapevent.go    GapEventFields and GapPoint: what every gap event carries, the gap detector's or the
+//	               bridge's (lostafterack.go: LostAfterAck, the acknowledged FPMs the stream lost)
 //	deadletter.go  DeadLetter: input a stage can never process, from a bridge socket or a consumer
 //	bench.go       benchmark subjects, kinds, PublishProfile and PublishBench (`fpmbus bench publish`)
 //	objectstore.go BenchStore: artefact bodies inline on FPM_BENCH or in FPM_BENCH_OBJECTS, verified

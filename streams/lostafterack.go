@@ -30,18 +30,10 @@ func (c Config) BridgeAcksBucket() jetstream.KeyValueConfig {
 // BridgeAckKey is k's key in BucketBridgeAcks (see KVKeyTokens).
 func BridgeAckKey(k Key) string { return KVKeyTokens(k) }
 
-// Gap event constants shared by the gap detector (consumers/gaps, which owns the full format) and the
-// bridge's lost_after_ack events.
-const (
-	// GapEventSchema names the JSON format of every gap event.
-	GapEventSchema = "fpmbus.gap.v1"
-	// GapEventType is the "type" field and Fpm-Event header of a gap event.
-	GapEventType = "gap"
-	// GapCauseLostAfterAck: JetStream acknowledged the FPMs to the bridge and the stream no longer holds
-	// them (a power cut or OS crash before the server's fsync, a damaged block file, a deletion behind
-	// the bridge's back). Published by the bridge, never by the gap detector.
-	GapCauseLostAfterAck = "lost_after_ack"
-)
+// GapCauseLostAfterAck: JetStream acknowledged the FPMs to the bridge and the stream no longer holds
+// them (a power cut or OS crash before the server's fsync, a damaged block file, a deletion behind the
+// bridge's back). Published by the bridge, never by the gap detector.
+const GapCauseLostAfterAck = "lost_after_ack"
 
 // LostAfterAckMsgID is the Nats-Msg-Id of the lost_after_ack event for sequences first..last of
 // publisher run epoch: two bridges (or two checks) finding the same loss store it once.
@@ -49,35 +41,11 @@ func LostAfterAckMsgID(k Key, epoch int64, first, last uint64) string {
 	return "lost:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(first, 10) + "-" + strconv.FormatUint(last, 10)
 }
 
-// GapPoint is one FPM around a gap, as the gap detector's events carry it.
-type GapPoint struct {
-	Seq          uint64 `json:"seq"`
-	ObservedAtMs int64  `json:"observed_at_ms"`
-	Epoch        int64  `json:"epoch"`
-	Bridge       string `json:"bridge,omitempty"`
-}
-
-// LostAfterAck is the bridge's gap event for acknowledged FPMs the stream no longer holds. Its fields
-// are a subset of the gap detector's event (same names and meaning, type "gap", cause
-// GapCauseLostAfterAck, event_seq 0: the detector numbers only its own events), plus its own evidence.
+// LostAfterAck is the bridge's gap event for acknowledged FPMs the stream no longer holds: the fields
+// every gap event carries (type GapEventType, id LostAfterAckMsgID, cause GapCauseLostAfterAck,
+// event_seq 0), plus its own evidence.
 type LostAfterAck struct {
-	Schema   string `json:"schema"` // GapEventSchema
-	Type     string `json:"type"`   // GapEventType
-	ID       string `json:"id"`     // LostAfterAckMsgID
-	Key      Key    `json:"key"`
-	EventSeq uint64 `json:"event_seq"`
-	Cause    string `json:"cause"` // GapCauseLostAfterAck
-	// Epoch is the publisher run (bridge epoch) the lost FPMs belong to.
-	Epoch int64 `json:"epoch"`
-	// FirstMissing..LastMissing spans the lost sequence numbers; Missing counts them. MissingRanges
-	// lists them when they are not contiguous (numbers inside the span the bridge never stored:
-	// ZMQ losses, drops, dead letters).
-	FirstMissing  *uint64     `json:"first_missing,omitempty"`
-	LastMissing   *uint64     `json:"last_missing,omitempty"`
-	Missing       uint64      `json:"missing"`
-	MissingRanges [][2]uint64 `json:"missing_ranges,omitempty"`
-	// Before is the newest FPM of the publisher the stream still holds, when it is of the same run.
-	Before   *GapPoint            `json:"before,omitempty"`
+	GapEventFields
 	Evidence LostAfterAckEvidence `json:"evidence"`
 }
 

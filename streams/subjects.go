@@ -108,7 +108,7 @@ func DropMarkerSubject(k Key) string {
 	return EventsRoot + ".drop." + KeyTokens(k)
 }
 
-// GapEventSubject carries the gap detector's events for k.
+// GapEventSubject carries the gap events for k: the gap detector's and the bridge's lost_after_ack.
 func GapEventSubject(k Key) string {
 	return EventsRoot + ".gap." + KeyTokens(k)
 }

@@ -41,7 +41,9 @@
 // What crosses the wire is streams' (the one wire contract): the drop marker (streams.DropMarker,
 // parsed and checked by streams.ParseDropMarker), the events' subjects, message ids
 // (streams.GapMsgID, RestartMsgID, StaleMsgID, ResumedMsgID) and headers (Fpm-Event,
-// Fpm-Gap-Event-Seq). This package owns the event body (Event) and the rules that produce it.
+// Fpm-Gap-Event-Seq), and the fields every gap event carries (streams.GapEventFields, which the
+// bridge's lost_after_ack events carry too). This package owns the rest of the event body (Event: the
+// message after the gap, the stale fields, the evidence) and the rules that produce it.
 //
 // # Invariants
 //

@@ -42,9 +42,7 @@ const (
 // Causes lists every cause, in report order.
 var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, CauseStale, CauseLateStart}
 
-// Point is one FPM around a gap: its sequence, its observed time (the bridge's receive time,
-// Fpm-Received-At-Ms), the bridge epoch it was published under and the bridge that published it. It is
-// the wire type the bridge's lost_after_ack events carry too.
+// Point is one FPM around a gap (streams.GapPoint, the wire type of every gap event).
 type Point = streams.GapPoint
 
 // MarkerRef is a drop marker cited as evidence.
@@ -109,27 +107,14 @@ type Evidence struct {
 }
 
 // Event is one JSON event on FPM_EVENTS, subject streams.GapEventSubject(key), header
-// Fpm-Event: <type>, Nats-Msg-Id: <id>. See the package documentation for the format.
+// Fpm-Event: <type>, Nats-Msg-Id: <id>: the fields every gap event carries (streams.GapEventFields,
+// the bridge's lost_after_ack events have them too), then the detector's own. See the package
+// documentation for the format.
 type Event struct {
-	Schema   string      `json:"schema"`
-	Type     string      `json:"type"`
-	ID       string      `json:"id"`
-	Key      streams.Key `json:"key"`
-	EventSeq uint64      `json:"event_seq"`
-	Cause    string      `json:"cause"`
-	// Epoch is the bridge epoch of the message that revealed the gap (the run the gap belongs to).
-	Epoch int64 `json:"epoch"`
-	// FirstMissing..LastMissing is the missing range; absent when Missing is 0.
-	FirstMissing *uint64 `json:"first_missing,omitempty"`
-	LastMissing  *uint64 `json:"last_missing,omitempty"`
-	Missing      uint64  `json:"missing"`
-	// MissingRanges lists the ranges when the missing numbers are not contiguous (publisher_restart
-	// only, when drop markers cover numbers in the middle).
-	MissingRanges [][2]uint64 `json:"missing_ranges,omitempty"`
-	// Before is the last message before the gap (the old run's last one for a restart, the last one
-	// heard for stale and resumed); After is the first message after it.
-	Before *Point `json:"before,omitempty"`
-	After  *Point `json:"after,omitempty"`
+	streams.GapEventFields
+	// After is the first message after the gap (for a restart the new run's first one received; for
+	// resumed the one heard again); absent for stale.
+	After *Point `json:"after,omitempty"`
 	// StaleAfterMs and StaleAtMs (stale): the threshold and the observed time it was crossed
 	// (before.observed_at_ms + stale_after_ms).
 	StaleAfterMs int64 `json:"stale_after_ms,omitempty"`

@@ -25,10 +25,10 @@ func TestReportCountsLostAfterAck(t *testing.T) {
 	check(t, h.stop() == nil, "stop")
 
 	first, last := uint64(10), uint64(14)
-	lost := &streams.LostAfterAck{Schema: streams.GapEventSchema, Type: streams.GapEventType,
+	lost := &streams.LostAfterAck{GapEventFields: streams.GapEventFields{Schema: streams.GapEventSchema, Type: streams.GapEventType,
 		ID: streams.LostAfterAckMsgID(k, t0, first, last), Key: k, Cause: streams.GapCauseLostAfterAck, Epoch: t0,
 		FirstMissing: &first, LastMissing: &last, Missing: 5,
-		Before:   &streams.GapPoint{Seq: 9, ObservedAtMs: t0, Epoch: t0, Bridge: "b"},
+		Before: &streams.GapPoint{Seq: 9, ObservedAtMs: t0, Epoch: t0, Bridge: "b"}},
 		Evidence: streams.LostAfterAckEvidence{Summary: "5 FPMs lost", Bridge: "b", AckedBy: "b", CountExact: true}}
 	publishAll(t, env.JS, lost.Msg())
 

@@ -189,8 +189,9 @@ func (t *tracker) goStale() {
 	st.Stale = &last
 	st.Counters.StalePeriods++
 	t.emit(&Event{
-		Type: TypeStale, ID: streams.StaleMsgID(t.key, last.Epoch, last.Seq), Cause: CauseStale, Epoch: last.Epoch,
-		Before: &last, StaleAfterMs: t.r.staleAfterMs, StaleAtMs: st.LastSeenMs + t.r.staleAfterMs,
+		GapEventFields: streams.GapEventFields{Type: TypeStale, ID: streams.StaleMsgID(t.key, last.Epoch, last.Seq),
+			Cause: CauseStale, Epoch: last.Epoch, Before: &last},
+		StaleAfterMs: t.r.staleAfterMs, StaleAtMs: st.LastSeenMs + t.r.staleAfterMs,
 		Evidence: Evidence{Summary: fmt.Sprintf("nothing heard from the publisher, not even a heartbeat, for %v after seq %d",
 			time.Duration(t.r.staleAfterMs)*time.Millisecond, last.Seq)},
 	})
@@ -218,8 +219,9 @@ func (t *tracker) resume(o *Observation, stale *Point, restarted bool) {
 			time.Duration(silent)*time.Millisecond, o.Seq, stale.Seq)
 	}
 	t.emit(&Event{
-		Type: TypeResumed, ID: streams.ResumedMsgID(t.key, stale.Epoch, stale.Seq), Cause: CauseStale, Epoch: o.Epoch,
-		Before: stale, After: &after, StaleAfterMs: t.r.staleAfterMs, Restarted: boolp(restarted),
+		GapEventFields: streams.GapEventFields{Type: TypeResumed, ID: streams.ResumedMsgID(t.key, stale.Epoch, stale.Seq),
+			Cause: CauseStale, Epoch: o.Epoch, Before: stale},
+		After: &after, StaleAfterMs: t.r.staleAfterMs, Restarted: boolp(restarted),
 		Evidence: Evidence{Summary: sum, SilentMs: silent, EpochChanged: stale.Epoch != o.Epoch,
 			BridgeChanged: stale.Bridge != o.Bridge, AfterStale: true},
 	})
@@ -411,8 +413,8 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 		if missing > 0 {
 			ev.Summary += fmt.Sprintf("; %d of the new run's first %d messages never arrived", missing, p.After.Seq)
 		}
-		e := &Event{Type: TypeGap, ID: streams.RestartMsgID(t.key, p.After.Epoch), Cause: CausePublisherRestart, Epoch: p.After.Epoch,
-			Missing: missing, Before: &p.Before, After: &p.After, Evidence: ev}
+		e := &Event{GapEventFields: streams.GapEventFields{Type: TypeGap, ID: streams.RestartMsgID(t.key, p.After.Epoch),
+			Cause: CausePublisherRestart, Epoch: p.After.Epoch, Missing: missing, Before: &p.Before}, After: &p.After, Evidence: ev}
 		if len(ranges) > 0 {
 			e.FirstMissing, e.LastMissing = u64p(ranges[0][0]), u64p(ranges[len(ranges)-1][1])
 			if len(ranges) > 1 {
@@ -463,8 +465,9 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 				ev.Summary += "; the bridge epoch changed across the gap (a bridge restart or handover: sent while no bridge was subscribed)"
 			}
 		}
-		t.emit(&Event{Type: TypeGap, ID: streams.GapMsgID(t.key, p.After.Epoch, s.first, s.last), Cause: cause, Epoch: p.After.Epoch,
-			FirstMissing: u64p(s.first), LastMissing: u64p(s.last), Missing: n, Before: before, After: &p.After, Evidence: ev})
+		t.emit(&Event{GapEventFields: streams.GapEventFields{Type: TypeGap, ID: streams.GapMsgID(t.key, p.After.Epoch, s.first, s.last),
+			Cause: cause, Epoch: p.After.Epoch, FirstMissing: u64p(s.first), LastMissing: u64p(s.last), Missing: n, Before: before},
+			After: &p.After, Evidence: ev})
 	}
 }
 
