@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -81,8 +81,10 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 		cfg.Mode = mode
 		cfg.Group = "live-" + mode
 		cfg.SampleInterval = ivlMs * time.Millisecond
+		reg := prometheus.NewRegistry()
+		cfg.Registerer = reg
 		r := startWriter(t, cfg, env.JS)
-		waitDeliveredAll(t, env.JS, cfg.Group, n)
+		waitHanded(t, reg, n)
 		if err := r.stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -215,26 +217,6 @@ func TestBackfillRanges(t *testing.T) {
 				t.Fatalf("lines %d, want %d", lines, tc.messages)
 			}
 		})
-	}
-}
-
-// waitDeliveredAll waits until the durable consumer has delivered every one of n messages.
-func waitDeliveredAll(t *testing.T, js jetstream.JetStream, durable string, n uint64) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := js.PushConsumer(context.Background(), streams.StreamFPM, durable)
-		if err == nil {
-			ci, err := c.Info(context.Background())
-			if err == nil && ci.Delivered.Stream >= n && ci.NumPending == 0 {
-				time.Sleep(100 * time.Millisecond) // the writer's loop has handled them
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("consumer %s: not everything delivered", durable)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

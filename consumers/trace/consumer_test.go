@@ -423,9 +423,11 @@ func TestSampledMode(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Mode = schemas.CaptureSampled
 	cfg.SampleInterval = time.Second
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
 	r := startWriter(t, cfg, env.JS)
 	// Sampling waits for the interval to end; the stop writes what is pending.
-	time.Sleep(300 * time.Millisecond)
+	waitHanded(t, reg, len(fs))
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}

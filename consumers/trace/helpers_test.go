@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
@@ -192,6 +193,36 @@ func waitConsumed(t testing.TB, js jetstream.JetStream, durable string) *jetstre
 			t.Fatalf("consumer %s not done: %+v, %v", durable, ci, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitHanded waits until the writer's runner has taken n messages from its partitions
+// (fpmbus_consumer_delivered_total in reg, the writer's Registerer): a graceful stop from then on
+// writes and acks every one of them. The server's delivered count is not enough: a message it
+// delivered may still be on its way to the runner, and a stop drops it for the next owner.
+func waitHanded(t testing.TB, reg *prometheus.Registry, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got float64
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "fpmbus_consumer_delivered_total" {
+				for _, m := range mf.GetMetric() {
+					got += m.GetCounter().GetValue()
+				}
+			}
+		}
+		if got >= float64(n) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the writer was handed %v of %d messages within 30s", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
