@@ -156,13 +156,13 @@ func checkTightLimits(t *testing.T, b *Bridge, frames [][]byte) {
 	switch {
 	case subject > b.maxSubject():
 		if it.kind != kindDeadLetter || h.Get(streams.HeaderErrorStage) != streams.StageSize ||
-			h.Get(HeaderErrorSize) != strconv.Itoa(subject) || h.Get(HeaderErrorLimit) != strconv.Itoa(b.maxSubject()) {
+			h.Get(streams.HeaderErrorSize) != strconv.Itoa(subject) || h.Get(streams.HeaderErrorLimit) != strconv.Itoa(b.maxSubject()) {
 			t.Fatalf("worker_id of %d bytes (%d-byte subject, room %d): kind %v headers %v", len(f.WorkerID), subject, b.maxSubject(), it.kind, h)
 		}
 	case it.kind == kindDeadLetter:
-		size, err := strconv.ParseInt(h.Get(HeaderErrorSize), 10, 64)
+		size, err := strconv.ParseInt(h.Get(streams.HeaderErrorSize), 10, 64)
 		if h.Get(streams.HeaderErrorStage) != streams.StageSize || err != nil || size <= b.serverMaxPayload() ||
-			h.Get(HeaderErrorLimit) != strconv.FormatInt(b.serverMaxPayload(), 10) {
+			h.Get(streams.HeaderErrorLimit) != strconv.FormatInt(b.serverMaxPayload(), 10) {
 			t.Fatalf("a valid FPM with a %d-byte subject dead-lettered: %v", subject, h)
 		}
 	}

@@ -29,16 +29,6 @@ import (
 // namespace, component and rank (Config.Validate checks they fit) and every header value copied from
 // input is cut to maxHeaderValue bytes, saying so, so a dead letter always fits.
 
-// Headers of a dead letter of stage size (or publish, when the server refused the message for its size).
-// TODO(streams): move next to the other Fpm-* names in streams/headers.go.
-const (
-	// HeaderErrorSize is the size in bytes of what was too large (a subject's protocol line, a
-	// message's headers plus body); absent when libzmq refused a frame, whose size it does not report.
-	HeaderErrorSize = "Fpm-Error-Size"
-	// HeaderErrorLimit is the limit in bytes that was exceeded.
-	HeaderErrorLimit = "Fpm-Error-Limit"
-)
-
 // errSubjectTooLong is what send returns for a message whose protocol line would exceed the server's
 // max_control_line; like nats.ErrMaxPayload it is permanent for that message.
 var errSubjectTooLong = errors.New("bridge: subject exceeds the server's max_control_line")
@@ -163,9 +153,9 @@ func (b *Bridge) fitFPM(slot int, frames [][]byte, it *item, recv, mono time.Tim
 // setSizeHeaders sets Fpm-Error-Size (when size is known, >= 0) and Fpm-Error-Limit on a dead letter.
 func setSizeHeaders(h nats.Header, size, limit int64) {
 	if size >= 0 {
-		h[HeaderErrorSize] = []string{strconv.FormatInt(size, 10)}
+		h[streams.HeaderErrorSize] = []string{strconv.FormatInt(size, 10)}
 	}
-	h[HeaderErrorLimit] = []string{strconv.FormatInt(limit, 10)}
+	h[streams.HeaderErrorLimit] = []string{strconv.FormatInt(limit, 10)}
 }
 
 // boundHeader cuts v to at most maxHeaderValue bytes (on a UTF-8 boundary) and says so at its end.

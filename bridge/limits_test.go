@@ -133,7 +133,7 @@ func TestOversizedFrameIsRefusedUnread(t *testing.T) {
 	for _, dl := range dls {
 		hd := dl.Headers()
 		if dl.Subject() != "fpmevents.deadletter.dynamo.backend.0" || hd.Get(streams.HeaderErrorStage) != streams.StageSize ||
-			hd.Get(HeaderErrorLimit) != strconv.Itoa(maxPayload) || hd.Get(HeaderErrorSize) != "" ||
+			hd.Get(streams.HeaderErrorLimit) != strconv.Itoa(maxPayload) || hd.Get(streams.HeaderErrorSize) != "" ||
 			!strings.Contains(hd.Get(streams.HeaderError), "larger than the 65536-byte limit") ||
 			hd.Get(streams.HeaderFrameSizes) != "" || len(dl.Data()) != 0 {
 			t.Fatalf("dead letter %s %v body %d bytes", dl.Subject(), hd, len(dl.Data()))
@@ -208,7 +208,7 @@ func TestWorkerIDTooLongForControlLine(t *testing.T) {
 			}
 			for i, dl := range dls {
 				hd := dl.Headers()
-				if hd.Get(streams.HeaderErrorStage) != streams.StageSize || hd.Get(HeaderErrorSize) != wantSize || hd.Get(HeaderErrorLimit) != wantLimit ||
+				if hd.Get(streams.HeaderErrorStage) != streams.StageSize || hd.Get(streams.HeaderErrorSize) != wantSize || hd.Get(streams.HeaderErrorLimit) != wantLimit ||
 					!strings.Contains(hd.Get(streams.HeaderError), "worker_id of "+strconv.Itoa(len(long))+" bytes") {
 					t.Fatalf("dead letter %d headers %v, want size %s limit %s", i, hd, wantSize, wantLimit)
 				}
@@ -435,7 +435,7 @@ func TestRejectedFPMBecomesADeadLetter(t *testing.T) {
 				dl.msg.Subject != "fpmevents.deadletter.dynamo.backend.3" {
 				t.Fatalf("dead letter %s %v %s", dl.msg.Subject, h, dl.msg.Data)
 			}
-			if (h.Get(HeaderErrorSize) != "" && h.Get(HeaderErrorLimit) != "") != tc.size {
+			if (h.Get(streams.HeaderErrorSize) != "" && h.Get(streams.HeaderErrorLimit) != "") != tc.size {
 				t.Fatalf("size headers %v", h)
 			}
 			s := b.ranks[0].snapshot()

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -51,15 +50,15 @@ func TestTraceWriterReportsRetentionLossThroughTheBinary(t *testing.T) {
 	if err := second.signal(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatalf("trace writer exit: %v", err)
 	}
-	var losses []durable.Loss
-	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, durable.LossSubject("trace")) {
-		var l durable.Loss
+	var losses []streams.ConsumerLoss
+	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject("trace")) {
+		var l streams.ConsumerLoss
 		if err := json.Unmarshal(m.Data(), &l); err != nil {
 			t.Fatal(err)
 		}
 		losses = append(losses, l)
 	}
-	if len(losses) != 1 || losses[0].Cause != durable.LossRetention || losses[0].First != 401 || losses[0].Last != 1000 || losses[0].Count != 600 {
+	if len(losses) != 1 || losses[0].Cause != streams.LossRetention || losses[0].First != 401 || losses[0].Last != 1000 || losses[0].Count != 600 {
 		t.Fatalf("loss events %+v, want one retention loss of sequences 401..1000 (600)", losses)
 	}
 	if lines := traceLines(t, out+".*.jsonl.gz"); len(lines) != 1400 {
@@ -74,7 +73,7 @@ func TestTraceWriterReportsRetentionLossThroughTheBinary(t *testing.T) {
 	if err := json.Unmarshal([]byte(report), &rep); err != nil {
 		t.Fatalf("gaps report JSON: %v\n%s", err, report)
 	}
-	want := gaps.StreamLoss{Consumer: "trace", Stream: streams.StreamFPM, Cause: durable.LossRetention, Ranges: 1, Messages: 600, FirstSeq: 401, LastSeq: 1000}
+	want := gaps.StreamLoss{Consumer: "trace", Stream: streams.StreamFPM, Cause: streams.LossRetention, Ranges: 1, Messages: 600, FirstSeq: 401, LastSeq: 1000}
 	if len(rep.StreamLosses) != 1 || rep.StreamLosses[0] != want {
 		t.Fatalf("gaps report stream losses %+v, want %+v", rep.StreamLosses, want)
 	}

@@ -10,6 +10,7 @@
 //	gapevent.go    GapEventFields and GapPoint: what every gap event carries, the gap detector's or the
 //	               bridge's (lostafterack.go: LostAfterAck, the acknowledged FPMs the stream lost)
 //	deadletter.go  DeadLetter: input a stage can never process, from a bridge socket or a consumer
+//	consumerloss.go ConsumerLoss: messages a stream removed before a durable consumer read them
 //	bench.go       benchmark subjects, kinds, PublishProfile and PublishBench (`fpmbus bench publish`)
 //	objectstore.go BenchStore: artefact bodies inline on FPM_BENCH or in FPM_BENCH_OBJECTS, verified
 //	config.go, apply.go   the streams (FPM, FPM_EVENTS, FPM_BENCH), Ensure, Apply and Plan
@@ -33,6 +34,7 @@
 //	fpmevents.deadletter.consumer.<consumer>                            stream FPM_EVENTS: a message a consumer can never process
 //	fpmevents.drop.<namespace>.<component>.<worker_id>.<dp_rank>        stream FPM_EVENTS: bridge drop markers
 //	fpmevents.gap.<namespace>.<component>.<worker_id>.<dp_rank>         stream FPM_EVENTS: gap events
+//	fpmevents.loss.<consumer>                                           stream FPM_EVENTS: messages removed before the consumer read them
 //	fpmevents.bench.<run>.outcome|conflict                              stream FPM_EVENTS: benchmark merger events
 //	fpmbench.rank|probe|profile|merged|sidecar.<run>[.<rank>]           stream FPM_BENCH: benchmark artefacts
 //

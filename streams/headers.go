@@ -64,6 +64,12 @@ const (
 	HeaderSubject = "Fpm-Subject"
 	// HeaderDelivered is how often the server delivered a message a consumer dead-lettered.
 	HeaderDelivered = "Fpm-Delivered"
+	// HeaderErrorSize (StageSize, or a publish the server refused for its size) is the size in bytes
+	// of what was too large (a subject's protocol line, a message's headers plus body); absent when
+	// libzmq refused a frame, whose size it does not report.
+	HeaderErrorSize = "Fpm-Error-Size"
+	// HeaderErrorLimit is the limit in bytes that was exceeded.
+	HeaderErrorLimit = "Fpm-Error-Limit"
 )
 
 // Headers of benchmark messages (stream FPM_BENCH, bench.go). Every artefact message carries Kind, Run,

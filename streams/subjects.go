@@ -19,8 +19,12 @@ const (
 	DeadLetterWildcard = EventsRoot + ".deadletter.>"
 	// ConsumerDeadLetterRoot is the root of ConsumerDeadLetterSubject, under DeadLetterWildcard.
 	ConsumerDeadLetterRoot = EventsRoot + ".deadletter.consumer"
-	DropMarkerWildcard     = EventsRoot + ".drop.>"
-	GapEventWildcard       = EventsRoot + ".gap.>"
+	// DropMarkerRoot and GapEventRoot are the roots of DropMarkerSubject and GapEventSubject (for
+	// ParseKeySubject).
+	DropMarkerRoot     = EventsRoot + ".drop"
+	GapEventRoot       = EventsRoot + ".gap"
+	DropMarkerWildcard = DropMarkerRoot + ".>"
+	GapEventWildcard   = GapEventRoot + ".>"
 )
 
 // ErrBadSubject is returned when a subject does not follow the scheme.
@@ -105,12 +109,18 @@ func FPMSubject(k Key) string {
 
 // DropMarkerSubject carries the bridge's drop markers for k.
 func DropMarkerSubject(k Key) string {
-	return EventsRoot + ".drop." + KeyTokens(k)
+	return DropMarkerRoot + "." + KeyTokens(k)
+}
+
+// DropMarkerFilter is the drop-marker subject filter of the publishers an FPM subject filter selects
+// (fpm.> gives fpmevents.drop.>, fpm.dynamo.backend.> gives fpmevents.drop.dynamo.backend.>).
+func DropMarkerFilter(fpmFilter string) string {
+	return DropMarkerRoot + "." + strings.TrimPrefix(fpmFilter, FPMRoot+".")
 }
 
 // GapEventSubject carries the gap events for k: the gap detector's and the bridge's lost_after_ack.
 func GapEventSubject(k Key) string {
-	return EventsRoot + ".gap." + KeyTokens(k)
+	return GapEventRoot + "." + KeyTokens(k)
 }
 
 // DeadLetterSubject carries input from one DP rank's socket that could not be decoded or validated.
@@ -137,6 +147,11 @@ func KVKeyTokens(k Key) string {
 	return strings.ReplaceAll(KeyTokens(k), "%", "=")
 }
 
+// ParseKVKeyTokens parses KVKeyTokens(k) back into k.
+func ParseKVKeyTokens(tokens string) (Key, error) {
+	return parseKeyTokens(strings.ReplaceAll(tokens, "=", "%"), tokens)
+}
+
 // ParseFPMSubject parses fpm.<ns>.<comp>.<worker>.<rank> (or a drop/gap event subject's key part when
 // given root "fpmevents.drop"/"fpmevents.gap") back into a Key.
 func ParseFPMSubject(subject string) (Key, error) {
@@ -153,6 +168,11 @@ func parseKeySubject(subject, root string) (Key, error) {
 	if !ok {
 		return Key{}, fmt.Errorf("%w: %q does not start with %q", ErrBadSubject, subject, root+".")
 	}
+	return parseKeyTokens(rest, subject)
+}
+
+// parseKeyTokens parses <ns>.<comp>.<worker>.<rank>, the key part of subject (named in errors).
+func parseKeyTokens(rest, subject string) (Key, error) {
 	toks := strings.Split(rest, ".")
 	if len(toks) != 4 {
 		return Key{}, fmt.Errorf("%w: %q has %d key tokens, want 4 (namespace.component.worker_id.dp_rank)", ErrBadSubject, subject, len(toks))

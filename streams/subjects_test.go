@@ -59,6 +59,37 @@ func TestParseFPMSubject(t *testing.T) {
 	}
 }
 
+// TestKeyForms checks the other places a Key or a consumer stands in: a KV key (and back), a drop-marker
+// filter derived from an FPM filter, a consumer's loss subject.
+func TestKeyForms(t *testing.T) {
+	t.Parallel()
+	k := Key{Namespace: "dyn.amo", Component: "back end", WorkerID: "", DPRank: 3}
+	kv := KVKeyTokens(k)
+	if kv != "dyn=2Eamo.back=20end.=.3" {
+		t.Fatalf("KVKeyTokens = %q", kv)
+	}
+	if got, err := ParseKVKeyTokens(kv); err != nil || got != k {
+		t.Fatalf("ParseKVKeyTokens(%q) = %+v, %v; want %+v", kv, got, err, k)
+	}
+	if _, err := ParseKVKeyTokens("a.b.c"); !errors.Is(err, ErrBadSubject) {
+		t.Fatalf("ParseKVKeyTokens of three tokens: err = %v, want ErrBadSubject", err)
+	}
+	filters := map[string]string{
+		FPMWildcard:            DropMarkerWildcard,
+		"fpm.dynamo.backend.>": "fpmevents.drop.dynamo.backend.>",
+		"fpm.*.*.w1.*":         "fpmevents.drop.*.*.w1.*",
+		FPMSubject(k):          DropMarkerSubject(k),
+	}
+	for fpm, want := range filters {
+		if got := DropMarkerFilter(fpm); got != want {
+			t.Errorf("DropMarkerFilter(%q) = %q, want %q", fpm, got, want)
+		}
+	}
+	if got := ConsumerLossSubject("trace"); got != "fpmevents.loss.trace" {
+		t.Fatalf("ConsumerLossSubject = %q", got)
+	}
+}
+
 func TestMsgIDDistinguishesEpochs(t *testing.T) {
 	k := Key{Namespace: "dynamo", Component: "backend", WorkerID: "w", DPRank: 0}
 	if MsgID(k, 1, 0) == MsgID(k, 2, 0) {

@@ -3,38 +3,15 @@ package durable
 import (
 	"context"
 	"encoding/json"
-	"strconv"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// Loss is the body of a loss event on fpmevents.loss.<consumer> (header Fpm-Event: loss): stream
-// sequences First..Last (Count messages) were removed from Stream before Consumer read them.
-type Loss struct {
-	Event      string `json:"event"` // "loss"
-	Cause      string `json:"cause"` // LossRetention or LossDeleted
-	Consumer   string `json:"consumer"`
-	Stream     string `json:"stream"`
-	First      uint64 `json:"first_seq"`
-	Last       uint64 `json:"last_seq"`
-	Count      uint64 `json:"count"`
-	DetectedAt int64  `json:"detected_at_unix_ms"`
-}
-
-// Causes of a Loss.
-const (
-	// LossRetention: the stream's limits (max_bytes, max_age, max_msgs) removed the messages: they lie
-	// below the stream's first sequence.
-	LossRetention = "retention"
-	// LossDeleted: the messages were removed one by one (a purge by subject, `nats stream rmm`,
-	// max_msgs_per_subject) while later ones remain.
-	LossDeleted = "deleted"
-)
-
-// LossSubject is where consumer name's loss events go.
-func LossSubject(name string) string { return streams.EventsRoot + ".loss." + name }
+// Retention loss: a delivery whose stream sequence skips past the last one delivered means the stream
+// removed messages this consumer never read. Each loss is reported as a streams.ConsumerLoss event on
+// streams.ConsumerLossSubject(<consumer>), a log line and fpmbus_consumer_retention_lost_total.
 
 // checkRetention reports the stream sequences between the last delivered message and seq as lost.
 func (r *Runner) checkRetention(ctx context.Context, s *session, seq uint64) {
@@ -57,25 +34,25 @@ func (r *Runner) reportLoss(ctx context.Context, p int, first, last uint64) {
 	if st, err := r.js.Stream(cctx, stream); err == nil {
 		firstKept = st.CachedInfo().State.FirstSeq
 	}
-	parts := []Loss{{Cause: LossDeleted, First: first, Last: last}}
+	parts := []streams.ConsumerLoss{{Cause: streams.LossDeleted, First: first, Last: last}}
 	switch {
 	case firstKept > last:
-		parts[0].Cause = LossRetention
+		parts[0].Cause = streams.LossRetention
 	case firstKept > first:
-		parts = []Loss{{Cause: LossRetention, First: first, Last: firstKept - 1}, {Cause: LossDeleted, First: firstKept, Last: last}}
+		parts = []streams.ConsumerLoss{{Cause: streams.LossRetention, First: first, Last: firstKept - 1}, {Cause: streams.LossDeleted, First: firstKept, Last: last}}
 	}
 	for _, l := range parts {
-		l.Event, l.Consumer, l.Stream = "loss", r.cfg.Name, stream
+		l.Event, l.Consumer, l.Stream = streams.ConsumerLossEvent, r.cfg.Name, stream
 		l.Count = l.Last - l.First + 1
 		l.DetectedAt = r.now().UnixMilli()
 		r.m.lost.Add(float64(l.Count))
 		r.log.Warn("messages removed from the stream before this consumer read them", "cause", l.Cause,
 			"stream", l.Stream, "first_seq", l.First, "last_seq", l.Last, "count", l.Count)
 		body, _ := json.Marshal(l)
-		msg := nats.NewMsg(LossSubject(r.cfg.Name))
+		msg := nats.NewMsg(streams.ConsumerLossSubject(r.cfg.Name))
 		msg.Data = body
-		msg.Header.Set(streams.HeaderEventType, "loss")
-		msg.Header.Set(nats.MsgIdHdr, "loss:"+r.cfg.Name+":"+l.Stream+":"+strconv.FormatUint(l.First, 10)+"-"+strconv.FormatUint(l.Last, 10))
+		msg.Header.Set(streams.HeaderEventType, streams.ConsumerLossEvent)
+		msg.Header.Set(streams.HeaderMsgID, streams.ConsumerLossMsgID(r.cfg.Name, l.Stream, l.First, l.Last))
 		if _, err := r.js.PublishMsg(cctx, msg); err != nil {
 			r.log.Warn("loss event not stored", "err", err)
 		}

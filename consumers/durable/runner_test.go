@@ -459,18 +459,18 @@ func testRetentionLoss(t *testing.T, cumulative bool) {
 	if err := rr2.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	var got []Loss
-	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, LossSubject("ret")) {
-		var l Loss
+	var got []streams.ConsumerLoss
+	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.ConsumerLossSubject("ret")) {
+		var l streams.ConsumerLoss
 		if err := json.Unmarshal(m.Data(), &l); err != nil {
 			t.Fatal(err)
 		}
 		l.DetectedAt = 0
 		got = append(got, l)
 	}
-	want := []Loss{
-		{Event: "loss", Cause: LossRetention, Consumer: "ret", Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20},
-		{Event: "loss", Cause: LossDeleted, Consumer: "ret", Stream: streams.StreamFPM, First: 60, Last: 62, Count: 3},
+	want := []streams.ConsumerLoss{
+		{Event: "loss", Cause: streams.LossRetention, Consumer: "ret", Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20},
+		{Event: "loss", Cause: streams.LossDeleted, Consumer: "ret", Stream: streams.StreamFPM, First: 60, Last: 62, Count: 3},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("loss events\n got %+v\nwant %+v", got, want)

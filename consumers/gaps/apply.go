@@ -111,7 +111,7 @@ func (d *Detector) handleMarker(m jetstream.Msg) error {
 	d.mkDelivered, d.mkDeliveredFrom = meta.Sequence.Consumer, meta.Consumer
 	d.mkLastStoredMs = max(d.mkLastStoredMs, meta.Timestamp.UnixMilli())
 	d.markerSubjects[m.Subject()] = true
-	sk := d.subjectOf(m.Subject(), streams.EventsRoot+".drop")
+	sk := d.subjectOf(m.Subject(), streams.DropMarkerRoot)
 	key := sk.key
 	if !sk.ok {
 		d.metrics.invalid.WithLabelValues(streams.StreamEvents).Inc()

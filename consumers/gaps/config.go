@@ -196,7 +196,7 @@ func (c Config) PartitionOf(k streams.Key) int {
 
 // MarkerFilter is the drop-marker subject filter matching FilterSubject.
 func (c Config) MarkerFilter() string {
-	return streams.EventsRoot + ".drop." + strings.TrimPrefix(c.FilterSubject, streams.FPMRoot+".")
+	return streams.DropMarkerFilter(c.FilterSubject)
 }
 
 // StateBucketConfig is the KV bucket of the per-publisher state.

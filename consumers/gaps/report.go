@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -75,7 +74,7 @@ type Report struct {
 type StreamLoss struct {
 	Consumer string `json:"consumer"`
 	Stream   string `json:"stream"`
-	Cause    string `json:"cause"` // durable.LossRetention or durable.LossDeleted
+	Cause    string `json:"cause"` // streams.LossRetention or streams.LossDeleted
 	Ranges   int    `json:"ranges"`
 	Messages uint64 `json:"messages"`
 	// FirstSeq and LastSeq bound the stream sequences reported.
@@ -214,8 +213,8 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 func streamLosses(ctx context.Context, js jetstream.JetStream, since time.Time) ([]StreamLoss, error) {
 	type key struct{ consumer, stream, cause string }
 	sums := map[key]*StreamLoss{}
-	err := scan(ctx, js, streams.StreamEvents, durable.LossSubject("*"), since, func(m jetstream.Msg) {
-		var l durable.Loss
+	err := scan(ctx, js, streams.StreamEvents, streams.ConsumerLossWildcard, since, func(m jetstream.Msg) {
+		var l streams.ConsumerLoss
 		if json.Unmarshal(m.Data(), &l) != nil || l.Count == 0 {
 			return
 		}

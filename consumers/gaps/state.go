@@ -176,6 +176,6 @@ func keyFromKV(group, kv string) (streams.Key, bool) {
 	if !ok {
 		return streams.Key{}, false
 	}
-	k, err := streams.ParseKeySubject("x."+strings.ReplaceAll(rest, "=", "%"), "x")
+	k, err := streams.ParseKVKeyTokens(rest)
 	return k, err == nil
 }

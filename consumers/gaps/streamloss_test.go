@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -18,14 +17,14 @@ import (
 func TestReportIncludesStreamLosses(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
-	for _, l := range []durable.Loss{
-		{Event: "loss", Cause: durable.LossRetention, Consumer: "trace", Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20},
-		{Event: "loss", Cause: durable.LossRetention, Consumer: "trace", Stream: streams.StreamFPM, First: 101, Last: 110, Count: 10},
-		{Event: "loss", Cause: durable.LossDeleted, Consumer: "trace", Stream: streams.StreamFPM, First: 60, Last: 62, Count: 3},
-		{Event: "loss", Cause: durable.LossRetention, Consumer: "gaps", Stream: streams.StreamFPM, First: 1, Last: 5, Count: 5},
+	for _, l := range []streams.ConsumerLoss{
+		{Event: "loss", Cause: streams.LossRetention, Consumer: "trace", Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20},
+		{Event: "loss", Cause: streams.LossRetention, Consumer: "trace", Stream: streams.StreamFPM, First: 101, Last: 110, Count: 10},
+		{Event: "loss", Cause: streams.LossDeleted, Consumer: "trace", Stream: streams.StreamFPM, First: 60, Last: 62, Count: 3},
+		{Event: "loss", Cause: streams.LossRetention, Consumer: "gaps", Stream: streams.StreamFPM, First: 1, Last: 5, Count: 5},
 	} {
 		body, _ := json.Marshal(l)
-		m := nats.NewMsg(durable.LossSubject(l.Consumer))
+		m := nats.NewMsg(streams.ConsumerLossSubject(l.Consumer))
 		m.Data = body
 		if _, err := env.JS.PublishMsg(context.Background(), m); err != nil {
 			t.Fatal(err)
@@ -36,9 +35,9 @@ func TestReportIncludesStreamLosses(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []StreamLoss{
-		{Consumer: "gaps", Stream: streams.StreamFPM, Cause: durable.LossRetention, Ranges: 1, Messages: 5, FirstSeq: 1, LastSeq: 5},
-		{Consumer: "trace", Stream: streams.StreamFPM, Cause: durable.LossDeleted, Ranges: 1, Messages: 3, FirstSeq: 60, LastSeq: 62},
-		{Consumer: "trace", Stream: streams.StreamFPM, Cause: durable.LossRetention, Ranges: 2, Messages: 30, FirstSeq: 31, LastSeq: 110},
+		{Consumer: "gaps", Stream: streams.StreamFPM, Cause: streams.LossRetention, Ranges: 1, Messages: 5, FirstSeq: 1, LastSeq: 5},
+		{Consumer: "trace", Stream: streams.StreamFPM, Cause: streams.LossDeleted, Ranges: 1, Messages: 3, FirstSeq: 60, LastSeq: 62},
+		{Consumer: "trace", Stream: streams.StreamFPM, Cause: streams.LossRetention, Ranges: 2, Messages: 30, FirstSeq: 31, LastSeq: 110},
 	}
 	equal(t, len(want), len(rep.StreamLosses))
 	for i := range want {

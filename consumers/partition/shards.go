@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-
 	"github.com/fpmbus/fpmbus/streams"
 )
 

@@ -21,7 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -665,16 +664,16 @@ func TestRetentionLossIsReported(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	var losses []durable.Loss
-	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, durable.LossSubject(ConsumerName)) {
-		var l durable.Loss
+	var losses []streams.ConsumerLoss
+	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName)) {
+		var l streams.ConsumerLoss
 		if err := json.Unmarshal(m.Data(), &l); err != nil {
 			t.Fatal(err)
 		}
 		l.DetectedAt = 0
 		losses = append(losses, l)
 	}
-	want := []durable.Loss{{Event: "loss", Cause: durable.LossRetention, Consumer: ConsumerName, Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20}}
+	want := []streams.ConsumerLoss{{Event: "loss", Cause: streams.LossRetention, Consumer: ConsumerName, Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20}}
 	if fmt.Sprint(losses) != fmt.Sprint(want) {
 		t.Fatalf("loss events\n got %+v\nwant %+v", losses, want)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -300,9 +299,9 @@ func TestRetentionLossIsReportedPerShard(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	var losses []durable.Loss
-	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, durable.LossSubject(ConsumerName)) {
-		var l durable.Loss
+	var losses []streams.ConsumerLoss
+	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName)) {
+		var l streams.ConsumerLoss
 		if err := json.Unmarshal(m.Data(), &l); err != nil {
 			t.Fatal(err)
 		}
@@ -310,7 +309,7 @@ func TestRetentionLossIsReportedPerShard(t *testing.T) {
 		losses = append(losses, l)
 	}
 	lastRemoved := info.State.LastSeq - keep
-	want := []durable.Loss{{Event: "loss", Cause: durable.LossRetention, Consumer: ConsumerName, Stream: victim,
+	want := []streams.ConsumerLoss{{Event: "loss", Cause: streams.LossRetention, Consumer: ConsumerName, Stream: victim,
 		First: readUpTo + 1, Last: lastRemoved, Count: lastRemoved - readUpTo}}
 	if fmt.Sprint(losses) != fmt.Sprint(want) {
 		t.Fatalf("loss events\n got %+v\nwant %+v", losses, want)
