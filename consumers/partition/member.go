@@ -62,30 +62,8 @@ const (
 	maxRetryWait = 2 * time.Second
 )
 
-// unavailable reports errors after which the same server call can succeed later: the cluster is
-// electing a leader for the stream, bucket or JetStream itself, or a request timed out on the way.
-func unavailable(err error) bool {
-	var apiErr *jetstream.APIError
-	switch {
-	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
-		errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-		return true
-	case errors.As(err, &apiErr):
-		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
-			return false
-		case errCodeJetStreamUnavailable, errCodeInsufficientResources, streams.ErrCodeNoPeers:
-			return true
-		}
-		return apiErr.Code == 503
-	}
-	return false
-}
-
-// Server error codes nats.go names only in its legacy API.
+// Server error codes nats.go names only in its legacy API (the transient ones: streams.Unavailable).
 const (
-	errCodeJetStreamUnavailable  jetstream.ErrorCode = 10008 // JetStream system temporarily unavailable
-	errCodeInsufficientResources jetstream.ErrorCode = 10023 // e.g. a peer of an R3 stream is down
 	// errCodeSubjectBound: a push consumer's deliver subject cannot move while it has a subscriber
 	// (the server reports it as "consumer name already in use").
 	errCodeSubjectBound jetstream.ErrorCode = 10013
@@ -186,7 +164,7 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Optio
 		if err == nil {
 			return m, nil
 		}
-		if !unavailable(err) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+		if !streams.Unavailable(err) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
 			return nil, err
 		}
 		m.log.Warn("partition: join: the server cannot answer yet; retrying", "err", err, "retry_in", wait)
@@ -375,14 +353,14 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 	// (its stream electing a leader) the member goes on with what it knows, and the watch is opened
 	// again until it is.
 	if _, err := m.heartbeat(hardCtx); err != nil {
-		if !unavailable(err) {
+		if !streams.Unavailable(err) {
 			return fmt.Errorf("partition: announce member %s: %w", m.id, err)
 		}
 		m.log.Warn("partition: members bucket not answering; announcing again at the next heartbeat", "err", err)
 	}
 	prefix := m.cfg.Stream + "." + m.cfg.Group + "."
 	mw := newMembersWatch(m.kv, prefix, m.id, max(m.cfg.PinnedTTL/2, time.Second), m.log)
-	if err := mw.open(hardCtx); err != nil && !unavailable(err) {
+	if err := mw.open(hardCtx); err != nil && !streams.Unavailable(err) {
 		return fmt.Errorf("partition: watch members: %w", err)
 	}
 	defer mw.stop()
@@ -447,9 +425,10 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 	}
 	check := time.NewTicker(max(m.cfg.PinnedTTL/10, 100*time.Millisecond))
 	defer check.Stop()
-	// The partition stream's source (Partitions > 1): looked at off this loop, one look at a time.
+	// The partition stream's sources (a group that copies its stream or shards): looked at off this
+	// loop, one look at a time. A group reading its shards directly has no sources to watch.
 	var sourceTick <-chan time.Time
-	if m.cfg.Partitions > 1 {
+	if m.cfg.copies() {
 		t := time.NewTicker(sourceCheckEvery)
 		defer t.Stop()
 		sourceTick = t.C

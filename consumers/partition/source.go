@@ -26,7 +26,7 @@ const (
 	sourceStallAfter = 2 * sourceCheckEvery
 )
 
-// sourceWatch follows the sources of a member's partition stream (Partitions > 1 on a cluster).
+// sourceWatch follows the sources of a member's partition stream (a group that copies, on a cluster).
 type sourceWatch struct {
 	m             *Member
 	inactiveSince time.Time // when a source was first seen without a consumer; zero while none is
@@ -38,7 +38,7 @@ type sourceWatch struct {
 func (s *sourceWatch) check(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	info, err := s.m.streams[0].Info(ctx) // every partition's: the partition stream
+	info, err := s.m.streams[0].Info(ctx) // the partition stream, every partition's
 	if err != nil || info.Cluster == nil || len(info.Cluster.Replicas) == 0 {
 		return
 	}
