@@ -5,11 +5,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -85,7 +85,6 @@ func goldenEvents() []struct {
 // every event on the gap subjects) with the same common fields.
 func TestEventJSON(t *testing.T) {
 	t.Parallel()
-	golden := filepath.Join("testdata", "events.golden.jsonl")
 	cases := goldenEvents()
 	var got bytes.Buffer
 	for _, tc := range cases {
@@ -96,28 +95,16 @@ func TestEventJSON(t *testing.T) {
 		got.Write(b)
 		got.WriteByte('\n')
 	}
-	if *update {
-		if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	gotLines, wantLines := bytes.Split(got.Bytes(), []byte("\n")), bytes.Split(want, []byte("\n"))
-	equal(t, len(wantLines), len(gotLines), "lines in ", golden)
+	golden.Check(t, filepath.Join("testdata", "events.golden.jsonl"), got.Bytes(), *update) // line i+1 is cases[i]
+	lines := bytes.Split(got.Bytes(), []byte("\n"))                                         // the golden file's, now that they are equal
 	for i, tc := range cases {
-		if !bytes.Equal(gotLines[i], wantLines[i]) {
-			t.Errorf("%s: differs from line %d of %s:\n got %s\nwant %s", tc.name, i+1, golden, gotLines[i], wantLines[i])
-		}
 		back := reflect.New(reflect.TypeOf(tc.ev).Elem())
-		if err := json.Unmarshal(wantLines[i], back.Interface()); err != nil {
+		if err := json.Unmarshal(lines[i], back.Interface()); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		equal(t, tc.ev, back.Interface(), tc.name, ": read back")
 		var asEvent Event
-		if err := json.Unmarshal(wantLines[i], &asEvent); err != nil {
+		if err := json.Unmarshal(lines[i], &asEvent); err != nil {
 			t.Fatalf("%s as an Event: %v", tc.name, err)
 		}
 		equal(t, commonFields(tc.ev), asEvent.GapEventFields, tc.name, ": read as an Event")

@@ -1,7 +1,6 @@
 package merge
 
 import (
-	"bytes"
 	"flag"
 	"os"
 	"path/filepath"
@@ -9,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
@@ -181,7 +181,7 @@ func TestBenchGolden(t *testing.T) {
 				t.Fatalf("merge: %v", err)
 			}
 			merged := schemas.AppendBenchJSON(nil, res.Merged)
-			checkGolden(t, filepath.Join(dir, "merged.golden.json"), merged)
+			golden.Check(t, filepath.Join(dir, "merged.golden.json"), merged, *update)
 			validateAgainstSchema(t, schemas.BenchMergedSchemaFile, merged)
 			if c.noSidecar {
 				if res.Sidecar != nil || res.Merged.Has("worker_probe_path") {
@@ -193,7 +193,7 @@ func TestBenchGolden(t *testing.T) {
 				t.Fatalf("no sidecar for a merged artefact with an engine block")
 			}
 			side := schemas.AppendBenchJSON(nil, res.Sidecar)
-			checkGolden(t, filepath.Join(dir, "worker_probe.golden.json"), side)
+			golden.Check(t, filepath.Join(dir, "worker_probe.golden.json"), side, *update)
 			validateAgainstSchema(t, schemas.BenchWorkerProbeSchemaFile, side)
 			if got, _ := res.Sidecar.Get("run_id").Text(); got != res.RunID {
 				t.Fatalf("sidecar run_id %q, merged %q", got, res.RunID)
@@ -206,32 +206,6 @@ func TestBenchGolden(t *testing.T) {
 	if *update {
 		copySchemaExamples(t)
 	}
-}
-
-func checkGolden(t *testing.T, path string, got []byte) {
-	t.Helper()
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden (run with -update to create it): %v", err)
-	}
-	if !bytes.Equal(got, want) {
-		line := 1 + bytes.Count(got[:commonPrefix(got, want)], []byte("\n"))
-		t.Fatalf("%s differs from the merge output at line %d (rerun with -update if the change is intended)", path, line)
-	}
-}
-
-func commonPrefix(a, b []byte) int {
-	n := 0
-	for n < len(a) && n < len(b) && a[n] == b[n] {
-		n++
-	}
-	return n
 }
 
 func validateAgainstSchema(t *testing.T, schemaFile string, doc []byte) {

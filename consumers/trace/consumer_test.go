@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -376,19 +377,7 @@ func TestFullModeGolden(t *testing.T) {
 			got.WriteByte('\n')
 		}
 	}
-	golden := filepath.Join("testdata", "full_trace.golden.jsonl")
-	if *update {
-		if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if !bytes.Equal(got.Bytes(), want) {
-		t.Fatalf("output differs from %s:\n got:\n%s\nwant:\n%s", golden, got.Bytes(), want)
-	}
+	golden.Check(t, filepath.Join("testdata", "full_trace.golden.jsonl"), got.Bytes(), *update)
 }
 
 func TestSampledMode(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -230,8 +231,8 @@ func TestInfo(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Chdir(filepath.Join(testdataDir, ".."))
-			compareGolden(t, filepath.Join("testdata", tc.golden+".golden.txt"), text.Bytes())
-			compareGolden(t, filepath.Join("testdata", tc.golden+".golden.json"), js.Bytes())
+			golden.Check(t, filepath.Join("testdata", tc.golden+".golden.txt"), text.Bytes(), *update)
+			golden.Check(t, filepath.Join("testdata", tc.golden+".golden.json"), js.Bytes(), *update)
 		})
 	}
 }
@@ -243,19 +244,3 @@ var testdataDir = func() string {
 	}
 	return d
 }()
-
-func compareGolden(t *testing.T, golden string, got []byte) {
-	t.Helper()
-	if *update {
-		if err := os.WriteFile(golden, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("output differs from %s:\n got:\n%s\nwant:\n%s", golden, got, want)
-	}
-}

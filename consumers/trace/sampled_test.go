@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -309,19 +309,7 @@ func TestSampledModeGolden(t *testing.T) {
 			got.WriteByte('\n')
 		}
 	}
-	golden := filepath.Join("testdata", "sampled_trace.golden.jsonl")
-	if *update {
-		if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if !bytes.Equal(got.Bytes(), want) {
-		t.Fatalf("output differs from %s:\n got:\n%s\nwant:\n%s", golden, got.Bytes(), want)
-	}
+	golden.Check(t, filepath.Join("testdata", "sampled_trace.golden.jsonl"), got.Bytes(), *update)
 }
 
 // Releasing a partition (its writer's graceful end) writes its producers' pending samples, makes
