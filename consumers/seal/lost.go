@@ -95,11 +95,14 @@ func (s *Sealer) campaigns(ctx context.Context, f func(key string, value []byte)
 		}
 	}
 	prefix := "$KV." + s.kv.Bucket() + "."
-	st, err := s.js.Stream(ctx, "KV_"+s.kv.Bucket())
-	if err != nil {
+	var info *jetstream.StreamInfo
+	err := s.untilAvailable(ctx, func(ctx context.Context) error {
+		st, err := s.js.Stream(ctx, "KV_"+s.kv.Bucket())
+		if err == nil {
+			info, err = st.Info(ctx, jetstream.WithSubjectFilter(prefix+schemas.CampaignKeyPrefix+">"))
+		}
 		return err
-	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(prefix+schemas.CampaignKeyPrefix+">"))
+	})
 	if err != nil {
 		return err
 	}
@@ -139,9 +142,11 @@ func (s *Sealer) readValue(ctx context.Context, key string) (value []byte, found
 
 // readLeader reads the newest value on a KV subject from the bucket stream's leader.
 func (s *Sealer) readLeader(ctx context.Context, subject string) ([]byte, bool, error) {
-	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
-	defer cancel()
-	m, err := streams.LastMsgFromLeader(octx, s.js, "KV_"+s.kv.Bucket(), subject)
+	var m *jetstream.RawStreamMsg
+	err := s.untilAvailable(ctx, func(ctx context.Context) (err error) {
+		m, err = streams.LastMsgFromLeader(ctx, s.js, "KV_"+s.kv.Bucket(), subject)
+		return err
+	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, false, nil
 	}
@@ -152,6 +157,25 @@ func (s *Sealer) readLeader(ctx context.Context, subject string) ([]byte, bool, 
 		return nil, false, nil
 	}
 	return m.Data, true, nil
+}
+
+// untilAvailable runs f, each call within the sealer's operation timeout, again while the cluster
+// cannot answer for the moment (streams.Unavailable): right after nodes restart, a leader is being
+// elected exactly when an audit of what they still hold matters. It tries at most the sealer's
+// retries, with its backoff.
+func (s *Sealer) untilAvailable(ctx context.Context, f func(context.Context) error) error {
+	pause := s.backoff
+	var err error
+	for try := 0; try < s.retries; try++ {
+		octx, cancel := context.WithTimeout(ctx, s.opTimeout)
+		err = f(octx)
+		cancel()
+		if err == nil || !streams.Unavailable(err) || ctx.Err() != nil {
+			return err
+		}
+		sleep(ctx, &pause)
+	}
+	return err
 }
 
 // AuditFinding is a recorded seal the bucket does not hold as recorded.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -225,5 +226,50 @@ func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
 	}
 	if v := gaugeValue(t, reg, "fpmbus_seal_missing_cell_refusals_total"); v != 1 {
 		t.Fatalf("fpmbus_seal_missing_cell_refusals_total %v, want 1", v)
+	}
+}
+
+// The audit's reads wait out a cluster electing a leader (a 503 right after nodes restarted) within
+// the sealer's retries, and give up at once on anything else.
+func TestLeaderReadsWaitOutAnUnavailableCluster(t *testing.T) {
+	t.Parallel()
+	unavailable := &jetstream.APIError{Code: 503, ErrorCode: streams.ErrCodeJetStreamUnavailable, Description: "JetStream system temporarily unavailable"}
+	notFound := &jetstream.APIError{Code: 404, ErrorCode: jetstream.JSErrCodeStreamNotFound}
+	tests := map[string]struct {
+		fail      int   // calls that fail before one succeeds
+		failWith  error // what they fail with
+		wantCalls int
+		wantErr   error
+	}{
+		"answers at once":                {fail: 0, wantCalls: 1},
+		"a leader elected after 3 tries": {fail: 3, failWith: unavailable, wantCalls: 4},
+		"unavailable past the retries":   {fail: 99, failWith: unavailable, wantCalls: 5, wantErr: unavailable},
+		"not found is final":             {fail: 99, failWith: notFound, wantCalls: 1, wantErr: notFound},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := &Sealer{retries: 5, backoff: time.Millisecond, opTimeout: time.Second}
+			calls := 0
+			err := s.untilAvailable(context.Background(), func(ctx context.Context) error {
+				if _, ok := ctx.Deadline(); !ok {
+					t.Fatal("a call without the operation timeout")
+				}
+				if calls++; calls <= tc.fail {
+					return fmt.Errorf("streams: leader get: %w", tc.failWith)
+				}
+				return nil
+			})
+			if calls != tc.wantCalls || !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+				t.Fatalf("calls %d, err %v; want %d calls, err %v", calls, err, tc.wantCalls, tc.wantErr)
+			}
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s := &Sealer{retries: 5, backoff: time.Millisecond, opTimeout: time.Second}
+	calls := 0
+	if err := s.untilAvailable(ctx, func(context.Context) error { calls++; return unavailable }); calls != 1 || !errors.Is(err, unavailable) {
+		t.Fatalf("after the caller's context ended: calls %d, err %v; want 1 call", calls, err)
 	}
 }
