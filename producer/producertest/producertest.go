@@ -8,72 +8,23 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pebbe/zmq4"
 
+	"github.com/fpmbus/fpmbus/internal/freeport"
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// Port block bounds: below the usual Linux ephemeral range (32768+), which Dynamo also warns about.
-const (
-	portLow  = 21000
-	portHigh = 32000
-)
-
-var (
-	mu     sync.Mutex
-	handed = map[int]bool{} // ports already given out in this process
-)
-
-// FreeBasePort returns a base port such that base..base+n-1 are all free on host (127.0.0.1 when ""),
-// chosen at random below the ephemeral port range and never handed out twice in one process. The ports
-// are probed and released, so another process could still take one before the caller binds it.
+// FreeBasePort returns a base port such that base..base+n-1 are all free on host (127.0.0.1 when ""):
+// internal/freeport's Block, below the ephemeral range and never handed out twice in one process.
 func FreeBasePort(tb testing.TB, host string, n int) int {
 	tb.Helper()
-	if host == "" {
-		host = "127.0.0.1"
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	for range 200 {
-		base := portLow + rand.IntN(portHigh-portLow-n)
-		if probe(host, base, n) {
-			for p := base; p < base+n; p++ {
-				handed[p] = true
-			}
-			return base
-		}
-	}
-	tb.Fatalf("producertest: no %d consecutive free ports on %s in %d..%d", n, host, portLow, portHigh)
-	return 0
-}
-
-func probe(host string, base, n int) bool {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for p := base; p < base+n; p++ {
-		if handed[p] {
-			return false
-		}
-		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
-		if err != nil {
-			return false
-		}
-		ls = append(ls, l)
-	}
-	return true
+	return freeport.Block(tb, host, n)
 }
 
 // ConnectEndpoint turns a bind endpoint into one a subscriber can connect to: tcp://*:P becomes

@@ -3,7 +3,6 @@ package streamstest
 import (
 	"context"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +12,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/internal/freeport"
 )
 
 // Cluster is three embedded JetStream servers in one process, routed on loopback, each tagged
@@ -123,28 +124,15 @@ func OnNode(i int) *jetstream.Placement {
 	return &jetstream.Placement{Tags: []string{fmt.Sprintf("node:n%d", i+1)}}
 }
 
-// FreePorts returns n distinct loopback TCP ports, each free at the time of the call.
+// FreePorts returns n distinct loopback TCP ports (internal/freeport): below the kernel's ephemeral
+// range, so a node killed and restarted keeps its ports, which no outgoing connection can take meanwhile.
 func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close() // held until all are taken, so the kernel cannot hand one out twice
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports
+	return freeport.Ports(t, n)
 }
 
-// FreePort is a loopback TCP port free at the time of the call.
+// FreePort is one port as FreePorts gives them.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Ports(t, 1)[0]
 }
