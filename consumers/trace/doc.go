@@ -48,7 +48,8 @@
 //     lines by identity (producer, observed_at_unix_ms and a hash of namespace, component, producer_id
 //     and the fpm object — nothing is added to the line) and skips those messages. Lines in segments
 //     already pruned cannot be found.
-//   - Per producer, lines are in stream order, across crashes and takeovers too: a partition's new
+//   - Per producer, full-mode lines are in stream order (sampled lines per key, in interval order),
+//     across crashes and takeovers too: a partition's new
 //     owner first resets its consumer to the ack floor (consumers/partition), so every message not
 //     acknowledged comes again, in stream order, before any newer one; the ones already written are a
 //     prefix of them and are skipped, the others are written in order.

@@ -63,7 +63,8 @@ const (
 	// FindingLine: a line that is not JSON or not a dynamo.fpm.trace.v1 envelope.
 	FindingLine = "line"
 	// FindingOrder: lines out of the writer's order: a timestamp going back within a segment, or (with
-	// the stream) a line whose message was stored before the message of the line before it.
+	// the stream, full-mode lines) a line whose message was stored before the message of the line
+	// before it.
 	FindingOrder = "order"
 	// FindingDuplicate (with the stream): a line written twice for one stream message.
 	FindingDuplicate = "duplicate"

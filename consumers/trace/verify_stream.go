@@ -28,9 +28,10 @@ import (
 // messages the writer could never write (invalid ones, and those it dead-lettered on
 // fpmevents.rejected.trace) have no line and are left out.
 //
-// A producer's lines are in stream order, so its matched lines must have increasing stream sequences
-// (else FindingOrder, and nothing of that producer is restored: where a message belongs would be a
-// guess). Messages without a line that fall between two matched lines are kept; between two adjacent
+// A full-mode producer's lines are in stream order, so its matched lines must have increasing stream
+// sequences (else FindingOrder, and nothing of that producer is restored: where a message belongs would
+// be a guess). A sampled writer writes a key's line when the key's interval ends, so one producer's
+// lines of several keys follow no stream order and are not held to one. Messages without a line that fall between two matched lines are kept; between two adjacent
 // lines of full mode they are missing lines (FindingMissing), between the lines around one damaged
 // region they are that region's lines. A full-mode writer writes every message it is given, in order,
 // so the region's lines are exactly the producer's messages between the two lines' messages — provided
@@ -260,14 +261,16 @@ func (v *verifier) heal(p *vproducer) {
 			continue
 		}
 		p.inStream++
-		if l.seq <= prevSeq {
-			pl := &p.lines[prevIdx]
-			v.addFinding(p, i, Finding{Kind: FindingOrder, Reason: fmt.Sprintf("its message is stream sequence %d, stored before the message of line %d of %s (sequence %d): the writer writes in stream order",
-				l.seq, pl.lineNo, p.segs[pl.seg].Path, pl.seq)})
-			p.orderBroken = true
-		}
-		if l.seq > prevSeq {
-			prevSeq, prevIdx = l.seq, i
+		if l.full { // a sampled line is written when its key's interval ends: in key order, not the stream's
+			if l.seq <= prevSeq {
+				pl := &p.lines[prevIdx]
+				v.addFinding(p, i, Finding{Kind: FindingOrder, Reason: fmt.Sprintf("its message is stream sequence %d, stored before the message of line %d of %s (sequence %d): the writer writes in stream order",
+					l.seq, pl.lineNo, p.segs[pl.seg].Path, pl.seq)})
+				p.orderBroken = true
+			}
+			if l.seq > prevSeq {
+				prevSeq, prevIdx = l.seq, i
+			}
 		}
 		matched = append(matched, i)
 		seqs = append(seqs, l.seq)

@@ -11,10 +11,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -748,5 +751,66 @@ func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(path); !bytes.Equal(got, data) {
 		t.Fatal("a sampled segment was rewritten")
+	}
+}
+
+// A sampled writer writes a key's pending message when that key's next interval starts, so a
+// producer's lines follow its keys, not the stream: key b's line can come before key a's older
+// message. Matched to the stream, such a trace is intact.
+func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	const base = 1_782_777_600_000 // a multiple of the interval
+	a := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}
+	b := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 1}
+	fs := []testFPM{
+		{key: a, counter: 1, receivedMs: base + 100},  // stream sequence 1: a's sample of interval 0
+		{key: b, counter: 1, receivedMs: base + 200},  // 2: b's sample of interval 0
+		{key: b, counter: 2, receivedMs: base + 1100}, // 3: b's interval 1 begins: sequence 2 is written
+		{key: a, counter: 2, receivedMs: base + 1200}, // 4: a's interval 1 begins: sequence 1 is written, after 2
+	}
+	var msgs []*nats.Msg
+	for _, f := range fs {
+		msgs = append(msgs, f.msg(t))
+	}
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	cfg.Mode, cfg.SampleInterval = schemas.CaptureSampled, time.Second
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	r := startWriter(t, cfg, env.JS)
+	waitHanded(t, reg, len(fs))
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, l := range outputLines(t, cfg.OutputPath)["w"] {
+		tl, err := schemas.ParseTraceLine(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := checkFPM(tl.Event.FPM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		order = append(order, fmt.Sprintf("%d/%d", f.dpRank, f.counterID))
+	}
+	if got := strings.Join(order, " "); !strings.HasPrefix(got, "1/1 0/1") {
+		t.Fatalf("lines (dp_rank/counter_id) %s: want b's first sample before a's", got)
+	}
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Stream || rep.Lines != len(order) || rep.Damaged != 0 {
+		var fs []string
+		for _, p := range rep.Producers {
+			for _, s := range p.Segments {
+				for _, f := range s.Findings {
+					fs = append(fs, f.Kind+": "+f.Reason)
+				}
+			}
+		}
+		t.Fatalf("stream %v, lines %d of %d, damaged %d: %v", rep.Stream, rep.Lines, len(order), rep.Damaged, fs)
 	}
 }
