@@ -69,7 +69,7 @@ func FuzzScanSegment(f *testing.F) {
 }
 
 // FuzzRecordPayload: a line the trace schema accepts becomes a record whose payload decodes back to its
-// fpm byte for byte, with worker_id mapped and counter_id renumbered when asked and nothing else
+// fpm byte for byte (a recording's unsigned positive exponents coming back with their '+'), with worker_id mapped and counter_id renumbered when asked and nothing else
 // changed; or it is refused with ErrUnencodable or ErrNotCanonical. Nothing panics.
 func FuzzRecordPayload(f *testing.F) {
 	f.Add(line{producer: "p", observed: t0, fpm: fpmJSON(f, "p", 2, 77)}.bytes())
@@ -97,7 +97,9 @@ func FuzzRecordPayload(f *testing.F) {
 			return
 		}
 		g, err := schemas.DecodeFPM(p.build(nil, false, 0))
-		if err != nil || !bytes.Equal(g.JSON, r.FPM) {
+		// Byte for byte, but for the '+' today's writer puts in a positive exponent that a recording
+		// from before zmij lacks.
+		if err != nil || !bytes.Equal(g.JSON, r.FPM) && !sameButExponentSigns(g.JSON, r.FPM) {
 			t.Fatalf("decodes to %s (%v), want %s", g.JSON, err, r.FPM)
 		}
 		q, err := encodePayload(nil, r.FPM, "mapped", &dec)

@@ -28,7 +28,8 @@ var (
 	// ErrUnencodable: the fpm holds a value msgpack cannot carry (an integer beyond 64 bits).
 	ErrUnencodable = errors.New("replay: fpm value has no msgpack encoding")
 	// ErrNotCanonical: the recorded fpm JSON is not canonical (not as Dynamo's or fpmbus's trace writer
-	// writes it), so no payload decodes back to its exact bytes.
+	// writes it, today or with the ryu float format of serde_json before 1.0.150), so no payload decodes
+	// back to its exact bytes.
 	ErrNotCanonical = errors.New("replay: fpm JSON is not canonical")
 )
 
@@ -63,7 +64,7 @@ func encodePayload(dst, fpm []byte, newWorker string, dec *schemas.Decoder) (pay
 	if err := dec.DecodeFPM(p.bytes, &f); err != nil {
 		return payload{}, fmt.Errorf("%w: the re-encoded payload does not decode: %v", ErrNotCanonical, err)
 	}
-	if !bytes.Equal(f.JSON, fpm) {
+	if !bytes.Equal(f.JSON, fpm) && !sameButExponentSigns(f.JSON, fpm) {
 		at := 0
 		for at < len(f.JSON) && at < len(fpm) && f.JSON[at] == fpm[at] {
 			at++
@@ -80,6 +81,26 @@ func encodePayload(dst, fpm []byte, newWorker string, dec *schemas.Decoder) (pay
 		return payload{}, fmt.Errorf("%w: the payload with worker_id %q does not decode to it: %v", ErrNotCanonical, newWorker, err)
 	}
 	return p, nil
+}
+
+// sameButExponentSigns reports whether rendered, the canonical JSON of today's writer, differs from
+// recorded only where recorded writes a positive exponent without its '+' ("1e16" for "1e+16"): a
+// trace written by Dynamo before its serde_json formatted floats with zmij (1.0.150). Such a recording
+// replays; its payload carries the same float bits, which today's writer renders with the sign. A '+'
+// after an 'e' where the two differ is always in a number: string bytes render as recorded.
+func sameButExponentSigns(rendered, recorded []byte) bool {
+	i, j := 0, 0
+	for i < len(rendered) && j < len(recorded) {
+		if rendered[i] == recorded[j] {
+			i, j = i+1, j+1
+			continue
+		}
+		if rendered[i] != '+' || i == 0 || rendered[i-1] != 'e' || recorded[j] < '0' || recorded[j] > '9' {
+			return false
+		}
+		i++
+	}
+	return i == len(rendered) && j == len(recorded)
 }
 
 // transcode turns the JSON object fpm into msgpack appended to dst[:0], worker_id mapped through

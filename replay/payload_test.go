@@ -96,6 +96,22 @@ func wideObject(n int) string {
 	return b.String()
 }
 
+// A trace Dynamo wrote before its serde_json formatted floats with zmij prints positive exponents
+// without a sign ("1e16"). It replays: the payload holds the same float bits, which decode to today's
+// rendering ("1e+16"); nothing else may differ.
+func TestPayloadAcceptsRyuExponents(t *testing.T) {
+	var dec schemas.Decoder
+	recorded := fpmObj("w", 1, "1e16", `"f":[1.5e17,1.7976931348623157e308,1.5e-7,5e-324],"s":"1e16"`)
+	p, err := encodePayload(nil, []byte(recorded), "", &dec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fpmObj("w", 1, "1e+16", `"f":[1.5e+17,1.7976931348623157e+308,1.5e-7,5e-324],"s":"1e16"`)
+	if got := canonical(t, p.bytes); string(got) != want {
+		t.Fatalf("decodes to\n%s\nwant\n%s", got, want)
+	}
+}
+
 // The two rewrites touch only what they say: worker_id through the map, counter_id set to the
 // sequence; everything else decodes to the recorded bytes.
 func TestPayloadRewritesWorkerAndCounter(t *testing.T) {
@@ -134,13 +150,15 @@ func TestPayloadRefusesWhatCannotRoundTrip(t *testing.T) {
 		fpm  string
 		want error
 	}{
-		"an integer beyond 64 bits": {fpmObj("w", 1, "0.5", `"huge":123456789012345678901234567890`), ErrUnencodable},
-		"an exponent written 1E5":   {fpmObj("w", 1, "1E5", ""), ErrNotCanonical},
-		"a float with a trailing 0": {fpmObj("w", 1, "0.50", ""), ErrNotCanonical},
-		"whitespace":                {strings.Replace(fpmObj("w", 1, "0.5", ""), `"version":1`, `"version": 1`, 1), ErrNotCanonical},
-		"an escaped slash":          {fpmObj("w", 1, "0.5", `"s":"a\/b"`), ErrNotCanonical},
-		"not an FPM at all":         {`{"a":1}`, ErrNotCanonical},
-		"not JSON":                  {`{"version":1,`, ErrNotCanonical},
+		"an integer beyond 64 bits":         {fpmObj("w", 1, "0.5", `"huge":123456789012345678901234567890`), ErrUnencodable},
+		"an exponent written 1E5":           {fpmObj("w", 1, "1E5", ""), ErrNotCanonical},
+		"a '+' on a small exponent":         {fpmObj("w", 1, "1.5e+7", ""), ErrNotCanonical},
+		"a negative exponent's '-' dropped": {fpmObj("w", 1, "0.5", `"f":1.5e7`), ErrNotCanonical},
+		"a float with a trailing 0":         {fpmObj("w", 1, "0.50", ""), ErrNotCanonical},
+		"whitespace":                        {strings.Replace(fpmObj("w", 1, "0.5", ""), `"version":1`, `"version": 1`, 1), ErrNotCanonical},
+		"an escaped slash":                  {fpmObj("w", 1, "0.5", `"s":"a\/b"`), ErrNotCanonical},
+		"not an FPM at all":                 {`{"a":1}`, ErrNotCanonical},
+		"not JSON":                          {`{"version":1,`, ErrNotCanonical},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -105,7 +105,7 @@ const unknownFieldsJSON = `{"version":1,"worker_id":"4192","nil":null,"yes":true
 	`"queued_requests":{"num_prefill_requests":1,"sum_prefill_tokens":128,"var_prefill_length":0.0,` +
 	`"num_decode_requests":0,"sum_decode_kv_tokens":0,"var_decode_kv_tokens":0.0,"big":18446744073709551615},` +
 	`"text":"<a&b> \"q\" \\ \n\t\u0001` + "\x7f é \u2028" + `","bin":[0,127,255],"ext":[5,[42]],"ts":[-1,[1,2]],` +
-	`"nan":null,"inf":null,"nested":{"k":{"z":1e16}},"empty":{},"empty_array":[]}`
+	`"nan":null,"inf":null,"nested":{"k":{"z":1e+16}},"empty":{},"empty_array":[]}`
 
 func TestDecodeFPMUnknownFieldsSurviveInOrder(t *testing.T) {
 	f, err := DecodeFPM(unknownFieldsPayload())
