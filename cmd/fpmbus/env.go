@@ -18,7 +18,9 @@ import (
 // read it, its meaning (README's Environment table is checked against this list) and how a value is
 // checked; it is read only through envValue, envOr or an envDefaults. A malformed value is a usage error
 // (exit status 2) naming the variable and the value. A variable set to the empty string is unset, except
-// where Dynamo's rule says otherwise (DYN_FPM_OUTPUT_PATH="" is a blank output path).
+// where Dynamo's rule says otherwise: Dynamo parses every DYN_FPM_* trace variable that is set, and the
+// empty string parses as nothing valid (DYN_FPM_OUTPUT_PATH="" is a blank output path, DYN_FPM_MODE=""
+// no mode, the numbers no number), which disables its trace writer; here it is an invalid value.
 
 // envFPMPort is Dynamo's base port variable: rank r publishes on port+r.
 const envFPMPort = "DYN_FORWARDPASS_METRIC_PORT"
@@ -42,11 +44,11 @@ type envVar struct {
 var environment = []envVar{
 	{name: envFPMPort, usedBy: "bridge, publish, up, trace replay", meaning: "base FPM port (Dynamo's), default of `--fpm-port`: rank r uses port+r", check: checkPort},
 	{name: "DYN_FPM_WORKER_ID", usedBy: "publish", meaning: "default `--worker-id`"},
-	{name: trace.EnvMode, usedBy: "trace, trace backfill, up", meaning: "default `--trace-mode`: `sampled` or `full`", check: checkTraceMode},
+	{name: trace.EnvMode, usedBy: "trace, trace backfill, up", meaning: "default `--trace-mode`: `sampled` or `full` (set but empty is an error, as in Dynamo)", check: checkTraceMode, emptyIsSet: true},
 	{name: trace.EnvOutputPath, usedBy: "trace, trace backfill, up", meaning: "default `--trace-output` (blank, even empty, is an error)", check: checkNotBlank, emptyIsSet: true},
-	{name: trace.EnvSampleInterval, usedBy: "trace, trace backfill, up", meaning: "default `--sample-interval` (`up`: `--trace-sample-interval`), milliseconds", check: checkPositive(math.MaxInt64 / int64(time.Millisecond))},
-	{name: trace.EnvRollBytes, usedBy: "trace, trace backfill, up", meaning: "default `--roll-bytes` (`up`: `--trace-roll-bytes`)", check: checkPositive(math.MaxInt64)},
-	{name: trace.EnvMaxSegments, usedBy: "trace, trace backfill, up", meaning: "default `--max-segments` (`up`: `--trace-max-segments`)", check: checkPositive(math.MaxInt32)},
+	{name: trace.EnvSampleInterval, usedBy: "trace, trace backfill, up", meaning: "default `--sample-interval` (`up`: `--trace-sample-interval`), milliseconds (set but empty is an error)", check: checkPositive(math.MaxInt64 / int64(time.Millisecond)), emptyIsSet: true},
+	{name: trace.EnvRollBytes, usedBy: "trace, trace backfill, up", meaning: "default `--roll-bytes` (`up`: `--trace-roll-bytes`) (set but empty is an error)", check: checkPositive(math.MaxInt64), emptyIsSet: true},
+	{name: trace.EnvMaxSegments, usedBy: "trace, trace backfill, up", meaning: "default `--max-segments` (`up`: `--trace-max-segments`) (set but empty is an error)", check: checkPositive(math.MaxInt32), emptyIsSet: true},
 	{name: "NATS_URL", usedBy: "every command that connects", meaning: "default `--server`"},
 	{name: "NATS_CREDS", usedBy: "every command that connects, up", meaning: "default `--creds`"},
 	{name: "NATS_NKEY", usedBy: "every command that connects, up", meaning: "default `--nkey`"},

@@ -109,3 +109,36 @@ func TestEnvironmentFlagOverridesABadVariable(t *testing.T) {
 		})
 	}
 }
+
+// Dynamo parses a DYN_FPM_* trace variable whenever it is set, and the empty string is no valid value,
+// so a variable set but empty disables its trace writer: `trace` and `trace backfill` refuse it (exit 2
+// naming it), and `up` runs on without the trace writer, as for any other invalid trace setting.
+func TestEnvironmentDynamoTraceVariableSetButEmpty(t *testing.T) {
+	for _, name := range []string{"DYN_FPM_MODE", "DYN_FPM_OUTPUT_PATH", "DYN_FPM_SAMPLE_INTERVAL_MS",
+		"DYN_FPM_JSONL_GZ_ROLL_BYTES", "DYN_FPM_MAX_SEGMENTS"} {
+		// --max-deliveries -1 is refused too, after the variables: a command that took the empty
+		// variable for unset stops there, before the network, without naming the variable.
+		for _, args := range [][]string{{"trace", "--trace-max-deliveries", "-1"}, {"trace", "backfill", "--since", "x"}} {
+			t.Run(name+"/"+strings.Join(args[:len(args)-2], " "), func(t *testing.T) {
+				t.Setenv(name, "")
+				code, out := run(t, args...)
+				if code != 2 || !strings.Contains(out, name+`=""`) {
+					t.Fatalf("exit %d, want 2 naming %s=\"\":\n%s", code, name, out)
+				}
+			})
+		}
+		if name == "DYN_FPM_OUTPUT_PATH" {
+			continue // planUp gives --trace-output, which overrides the variable
+		}
+		t.Run(name+"/up", func(t *testing.T) {
+			t.Setenv(name, "")
+			r, err := planUp(t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.trace != nil {
+				t.Fatalf("up plans a trace writer with %s set but empty: %+v", name, *r.trace)
+			}
+		})
+	}
+}

@@ -3,7 +3,6 @@ package trace
 import (
 	"errors"
 	"fmt"
-	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -49,7 +48,8 @@ const (
 var ErrInvalidConfig = errors.New("trace: invalid configuration")
 
 // Config configures a Consumer (and a Backfill, which uses the settings that shape the files). Start
-// from DefaultConfig (or ConfigFromEnv); the zero value is not valid.
+// from DefaultConfig; the zero value is not valid. The binary reads Dynamo's DYN_FPM_* variables as its
+// flags' defaults (cmd/fpmbus), parsing them with ParseMode and ParsePositive.
 type Config struct {
 	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
 	// over after a crash without progress, before it is dead-lettered (0: durable.DefaultMaxDeliveries).
@@ -132,55 +132,6 @@ func DefaultConfig() Config {
 		StopTimeout:    DefaultStopTimeout,
 		MaxAckPending:  DefaultMaxAckPending,
 	}
-}
-
-// ConfigFromEnv returns DefaultConfig overridden by the DYN_FPM_* variables read through getenv
-// (os.Getenv in the binary). An unset or empty variable keeps the default; a value that is set but
-// invalid is an error naming the variable and the value (Dynamo disables tracing with a warning there;
-// fpmbus refuses to start instead). Values are trimmed; the mode is case-insensitive.
-func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	c := DefaultConfig()
-	if v, ok := lookup(getenv, EnvMode); ok {
-		m, err := ParseMode(v)
-		if err != nil {
-			return c, fmt.Errorf("%w: %s=%q: want sampled or full", ErrInvalidConfig, EnvMode, v)
-		}
-		c.Mode = m
-	}
-	if v := getenv(EnvOutputPath); v != "" {
-		if strings.TrimSpace(v) == "" {
-			return c, fmt.Errorf("%w: %s=%q: blank output path", ErrInvalidConfig, EnvOutputPath, v)
-		}
-		c.OutputPath = strings.TrimSpace(v)
-	}
-	if v, ok := lookup(getenv, EnvSampleInterval); ok {
-		n, err := ParsePositive(v)
-		if err != nil || n > math.MaxInt64/int64(time.Millisecond) {
-			return c, fmt.Errorf("%w: %s=%q: want a positive integer (milliseconds)", ErrInvalidConfig, EnvSampleInterval, v)
-		}
-		c.SampleInterval = time.Duration(n) * time.Millisecond
-	}
-	if v, ok := lookup(getenv, EnvRollBytes); ok {
-		n, err := ParsePositive(v)
-		if err != nil {
-			return c, fmt.Errorf("%w: %s=%q: want a positive integer (uncompressed bytes)", ErrInvalidConfig, EnvRollBytes, v)
-		}
-		c.RollBytes = n
-	}
-	if v, ok := lookup(getenv, EnvMaxSegments); ok {
-		n, err := ParsePositive(v)
-		if err != nil || n > math.MaxInt32 {
-			return c, fmt.Errorf("%w: %s=%q: want a positive integer", ErrInvalidConfig, EnvMaxSegments, v)
-		}
-		c.MaxSegments = int(n)
-	}
-	return c, c.Validate()
-}
-
-// lookup returns the trimmed value of a set, non-blank variable.
-func lookup(getenv func(string) string, name string) (string, bool) {
-	v := strings.TrimSpace(getenv(name))
-	return v, v != ""
 }
 
 // ParseMode parses a capture mode: "sampled" or "full", trimmed, case-insensitive.

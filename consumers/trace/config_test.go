@@ -7,76 +7,33 @@ import (
 	"time"
 )
 
-func TestConfigFromEnv(t *testing.T) {
+func TestDefaultConfigIsDynamos(t *testing.T) {
 	t.Parallel()
-	env := func(kv ...string) func(string) string {
-		m := map[string]string{}
-		for i := 0; i < len(kv); i += 2 {
-			m[kv[i]] = kv[i+1]
-		}
-		return func(k string) string { return m[k] }
-	}
-	c, err := ConfigFromEnv(env())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := DefaultConfig()
 	if c.Mode != "sampled" || c.OutputPath != "/tmp/dynamo-fpm" || c.SampleInterval != 5*time.Second ||
 		c.RollBytes != 268435456 || c.MaxSegments != 4 || c.Group != "fpm-trace" || c.FilterSubject != "fpm.>" ||
 		c.FlushInterval != time.Second || c.BufferSize != 1<<20 || c.Partitions != 0 || c.PinnedTTL != 10*time.Second {
 		t.Fatalf("defaults: %+v", c)
 	}
-
-	for name, tc := range map[string]struct {
-		env   []string
-		check func(Config) bool
-	}{
-		"mode is case-insensitive and trimmed": {[]string{EnvMode, " FULL "}, func(c Config) bool { return c.Mode == "full" }},
-		"output path":                          {[]string{EnvOutputPath, "/data/t.jsonl.gz"}, func(c Config) bool { return c.OutputPath == "/data/t.jsonl.gz" }},
-		"sample interval in ms":                {[]string{EnvSampleInterval, "250"}, func(c Config) bool { return c.SampleInterval == 250*time.Millisecond }},
-		"roll bytes":                           {[]string{EnvRollBytes, "1024"}, func(c Config) bool { return c.RollBytes == 1024 }},
-		"max segments":                         {[]string{EnvMaxSegments, " 9 "}, func(c Config) bool { return c.MaxSegments == 9 }},
-	} {
-		t.Run(name, func(t *testing.T) {
-			c, err := ConfigFromEnv(env(tc.env...))
-			if err != nil || !tc.check(c) {
-				t.Fatalf("%+v, %v", c, err)
-			}
-		})
-	}
-
-	for name, tc := range map[string]struct{ name, value string }{
-		"unknown mode":                    {EnvMode, "everything"},
-		"blank output path":               {EnvOutputPath, "   "},
-		"zero interval":                   {EnvSampleInterval, "0"},
-		"negative interval":               {EnvSampleInterval, "-5"},
-		"fractional interval":             {EnvSampleInterval, "1.5"},
-		"interval with unit":              {EnvSampleInterval, "5s"},
-		"interval overflowing a duration": {EnvSampleInterval, "99999999999999999"},
-		"zero roll bytes":                 {EnvRollBytes, "0"},
-		"roll bytes overflowing int64":    {EnvRollBytes, "9223372036854775808"},
-		"max segments zero":               {EnvMaxSegments, "0"},
-		"max segments not a number":       {EnvMaxSegments, "four"},
-		"interval validated in full mode": {EnvSampleInterval, "x"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			_, err := ConfigFromEnv(env(EnvMode, modeFor(tc.name, tc.value), tc.name, tc.value))
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("err = %v, want ErrInvalidConfig", err)
-			}
-			if !strings.Contains(err.Error(), tc.name) || !strings.Contains(err.Error(), tc.value) {
-				t.Fatalf("error %q does not name %s and %q", err, tc.name, tc.value)
-			}
-		})
-	}
 }
 
-// modeFor returns the mode to set next to an invalid variable: full, to show the interval is
-// validated in both modes, unless the mode itself is under test.
-func modeFor(name, value string) string {
-	if name == EnvMode {
-		return value
+// The values of Dynamo's variables parse as Dynamo parses them: trimmed, the mode case-insensitive,
+// numbers positive decimal integers only (the empty string is none of them).
+func TestParseDynamoValues(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{" FULL ": "full", "Sampled": "sampled", "": "", "everything": "", "ful": ""} {
+		got, err := ParseMode(in)
+		if got != want || (want == "") != errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ParseMode(%q) = %q, %v; want %q", in, got, err, want)
+		}
 	}
-	return "full"
+	for in, want := range map[string]int64{"250": 250, " 9 ": 9, "9223372036854775807": 1<<63 - 1,
+		"": 0, "   ": 0, "0": 0, "-5": 0, "+5": 0, "1.5": 0, "5s": 0, "four": 0, "9223372036854775808": 0} {
+		got, err := ParsePositive(in)
+		if got != want || (want == 0) != errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ParsePositive(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
 }
 
 func TestConfigValidate(t *testing.T) {
