@@ -60,7 +60,7 @@ func (l *benchStringList) Set(v string) error { *l = append(*l, v); return nil }
 func runBenchMerge(args []string, stdout io.Writer) error {
 	fs := newFlagSet("bench merge", "bench merge [--bench-output PATH] [--probe FILE]... [--partial-ranks] RANK_FILE...")
 	output := fs.String("bench-output", envOr("FPMBUS_BENCH_OUTPUT", ""),
-		"merged artefact path ("+merge.RunIDPlaceholder+" is replaced by the run id); default: Dynamo's <stem>_merged<ext> of the rank-0 file (env FPMBUS_BENCH_OUTPUT)")
+		"merged artefact path ("+merge.RunIDPlaceholder+" is replaced by the run id); default: Dynamo's <stem>_merged<ext> of the rank-0 file, <stem>_dp<first rank>_merged<ext> when the files start above rank 0 (env FPMBUS_BENCH_OUTPUT)")
 	var probes benchStringList
 	fs.Var(&probes, "probe", "worker-probe replies (collective_rpc's list, an envelope, or one reply); repeatable")
 	partial := fs.Bool("partial-ranks", false, "merge a subset of the run's ranks as Dynamo's node-local merge does (missing ranks get unavailable warmup evidence)")
@@ -73,7 +73,9 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 		return fmt.Errorf("%w: bench merge needs the run's rank artefacts", errUsage)
 	}
 	ranks := make([]merge.RankFile, len(files))
-	rank0 := ""
+	// Dynamo names the merged artefact after the configured output path (rank 0's file) and the first
+	// rank merged: a node-local merge of ranks 4..7 writes <stem>_dp4_merged<ext>.
+	base, dpStart := "", -1
 	for i, f := range files {
 		abs, err := filepath.Abs(f)
 		if err != nil {
@@ -81,12 +83,9 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 		}
 		path := f
 		ranks[i] = merge.RankFile{Rank: merge.RankFromPath(f), Path: abs, Load: func() ([]byte, error) { return os.ReadFile(path) }}
-		if merge.RankFromPath(f) < 0 && rank0 == "" {
-			rank0 = abs
+		if r := max(merge.RankFromPath(f), 0); dpStart < 0 || r < dpStart {
+			base, dpStart = merge.BasePathOf(abs), r
 		}
-	}
-	if rank0 == "" {
-		rank0 = ranks[0].Path
 	}
 	var replies []merge.ProbeReplies
 	for _, p := range probes {
@@ -103,7 +102,7 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 	// The run id is needed for {run_id} before the merge: take it from the first rank's header.
 	out := *output
 	if out == "" {
-		out = merge.MergedPathFor(rank0)
+		out = merge.MergedPathFor(base, dpStart)
 	}
 	if strings.Contains(out, merge.RunIDPlaceholder) {
 		sum, err := merge.ValidateRank(merge.RankFile{Rank: ranks[0].Rank, Path: ranks[0].Path, Load: ranks[0].Load})

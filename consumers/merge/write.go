@@ -18,25 +18,53 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// Paths follow Dynamo's naming: rank 0 writes <output>, rank N <stem>_dpN<ext>, the merged artefact is
-// <stem>_merged<ext>, and its sidecar <merged stem>_worker_probe<ext>.
+// Paths follow Dynamo's self-benchmark naming (components/src/dynamo/vllm/worker_factory.py:
+// _benchmark_rank_path, _benchmark_merged_path), all derived from the configured output path <base>
+// split as Python's os.path.splitext splits it into <stem><ext>: rank 0 writes <base>, rank N
+// <stem>_dpN<ext>; a worker managing the ranks from dp_start writes its merged artefact to
+// <stem>_merged<ext> when dp_start is 0, else <stem>_dp<dp_start>_merged<ext>; the worker-probe sidecar
+// is the merged path's <stem>_worker_probe<ext>, <stem>_merged_worker_probe<ext> for a whole run.
 
 // SidecarPathFor returns the worker-probe sidecar path for a merged artefact path:
 // /tmp/benchmark_results_merged.json -> /tmp/benchmark_results_merged_worker_probe.json.
 func SidecarPathFor(mergedPath string) string {
-	ext := filepath.Ext(mergedPath)
-	return strings.TrimSuffix(mergedPath, ext) + "_worker_probe" + ext
+	stem, ext := splitExt(mergedPath)
+	return stem + "_worker_probe" + ext
 }
 
-// MergedPathFor returns Dynamo's merged path for the rank-0 artefact path:
-// /tmp/benchmark_results.json -> /tmp/benchmark_results_merged.json.
-func MergedPathFor(rank0Path string) string {
-	ext := filepath.Ext(rank0Path)
-	stem := strings.TrimSuffix(rank0Path, ext)
+// MergedPathFor returns Dynamo's merged artefact path for the configured output path base (rank 0's
+// file) and the first DP rank merged: /tmp/benchmark_results.json with dpStart 0 ->
+// /tmp/benchmark_results_merged.json; with dpStart 4 (a node-local merge of ranks 4..7) ->
+// /tmp/benchmark_results_dp4_merged.json.
+func MergedPathFor(base string, dpStart int) string {
+	stem, ext := splitExt(base)
+	if dpStart > 0 {
+		stem += "_dp" + strconv.Itoa(dpStart)
+	}
+	return stem + "_merged" + ext
+}
+
+// BasePathOf returns the configured output path a rank file was named from: <stem>_dpN<ext> ->
+// <stem><ext>; a name without the suffix is rank 0's, the base path itself.
+func BasePathOf(rankPath string) string {
+	stem, ext := splitExt(rankPath)
 	if m := dpSuffix.FindStringSubmatch(stem); m != nil {
 		stem = strings.TrimSuffix(stem, m[0])
 	}
-	return stem + "_merged" + ext
+	return stem + ext
+}
+
+// splitExt splits path as Python's os.path.splitext does: ext is the last '.' of the final element
+// and what follows, unless that element is all dots before it (".bench" has no extension, as
+// filepath.Ext would have it).
+func splitExt(path string) (stem, ext string) {
+	name := path[strings.LastIndexByte(path, filepath.Separator)+1:]
+	lead := len(name) - len(strings.TrimLeft(name, "."))
+	if i := strings.LastIndexByte(name, '.'); i > lead {
+		cut := len(path) - len(name) + i
+		return path[:cut], path[cut:]
+	}
+	return path, ""
 }
 
 var dpSuffix = regexp.MustCompile(`_dp(\d+)$`)

@@ -78,14 +78,33 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 			t.Errorf("RankFromPath(%s) = %d, want %d", in, got, want)
 		}
 	}
-	if got := MergedPathFor("/tmp/benchmark_results.json"); got != DefaultMergedPath {
-		t.Errorf("MergedPathFor: %s", got)
+	// Dynamo's _benchmark_merged_path: the configured path split by os.path.splitext, _dp<start> for a
+	// worker whose ranks start above 0; the sidecar is the merged stem + _worker_probe.
+	for _, c := range []struct {
+		base          string
+		start         int
+		merged, probe string
+	}{
+		{"/tmp/benchmark_results.json", 0, DefaultMergedPath, "/tmp/benchmark_results_merged_worker_probe.json"},
+		{"/tmp/benchmark_results.json", 4, "/tmp/benchmark_results_dp4_merged.json", "/tmp/benchmark_results_dp4_merged_worker_probe.json"},
+		{"/data/run.v2/bench", 0, "/data/run.v2/bench_merged", "/data/run.v2/bench_merged_worker_probe"},
+		{"/data/.bench", 0, "/data/.bench_merged", "/data/.bench_merged_worker_probe"},
+		{"/data/..x", 2, "/data/..x_dp2_merged", "/data/..x_dp2_merged_worker_probe"},
+		{"/data/.a.json", 0, "/data/.a_merged.json", "/data/.a_merged_worker_probe.json"},
+		{"out.tar.gz", 0, "out.tar_merged.gz", "out.tar_merged_worker_probe.gz"},
+		{"b.", 0, "b_merged.", "b_merged_worker_probe."},
+	} {
+		if got := MergedPathFor(c.base, c.start); got != c.merged {
+			t.Errorf("MergedPathFor(%s, %d) = %s, want %s", c.base, c.start, got, c.merged)
+		}
+		if got := SidecarPathFor(c.merged); got != c.probe {
+			t.Errorf("SidecarPathFor(%s) = %s, want %s", c.merged, got, c.probe)
+		}
 	}
-	if got := MergedPathFor("/tmp/benchmark_results_dp4.json"); got != "/tmp/benchmark_results_merged.json" {
-		t.Errorf("MergedPathFor dp4: %s", got)
-	}
-	if got := SidecarPathFor(DefaultMergedPath); got != "/tmp/benchmark_results_merged_worker_probe.json" {
-		t.Errorf("SidecarPathFor: %s", got)
+	for in, want := range map[string]string{"/tmp/b_dp4.json": "/tmp/b.json", "/tmp/b.json": "/tmp/b.json", "b_dp12": "b", "/x/.b_dp1.json": "/x/.b.json"} {
+		if got := BasePathOf(in); got != want {
+			t.Errorf("BasePathOf(%s) = %s, want %s", in, got, want)
+		}
 	}
 	if got := ExpandPath("/o/r_{run_id}_merged.json", "a/b c"); got != "/o/r_a%2Fb%20c_merged.json" {
 		t.Errorf("ExpandPath: %s", got)
