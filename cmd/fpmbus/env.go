@@ -25,6 +25,14 @@ import (
 // envFPMPort is Dynamo's base port variable: rank r publishes on port+r.
 const envFPMPort = "DYN_FORWARDPASS_METRIC_PORT"
 
+// envFPMHeartbeat is the idle heartbeat override of Dynamo's Rust FPM publisher (fpm_publisher.rs), in
+// milliseconds; maxHeartbeatMs is its bound (5 minutes: beyond it a heartbeat no longer says the
+// publisher is alive).
+const (
+	envFPMHeartbeat = "DYN_FPM_HEARTBEAT_INTERVAL_MS"
+	maxHeartbeatMs  = 300_000
+)
+
 // envFPMShards is the default of --fpm-shards.
 const envFPMShards = "FPMBUS_FPM_SHARDS"
 
@@ -44,6 +52,7 @@ type envVar struct {
 var environment = []envVar{
 	{name: envFPMPort, usedBy: "bridge, publish, up, trace replay", meaning: "base FPM port (Dynamo's), default of `--fpm-port`: rank r uses port+r", check: checkPort},
 	{name: "DYN_FPM_WORKER_ID", usedBy: "publish", meaning: "default `--worker-id`"},
+	{name: envFPMHeartbeat, usedBy: "publish", meaning: "default `--heartbeat`, in milliseconds: 1 to 300000 (Dynamo's Rust publisher's bound; it ignores a bad value with a warning, fpmbus refuses it)", check: checkPositive(maxHeartbeatMs), emptyIsSet: true},
 	{name: trace.EnvMode, usedBy: "trace, trace backfill, up", meaning: "default `--trace-mode`: `sampled` or `full` (set but empty is an error, as in Dynamo)", check: checkTraceMode, emptyIsSet: true},
 	{name: trace.EnvOutputPath, usedBy: "trace, trace backfill, up", meaning: "default `--trace-output` (blank, even empty, is an error)", check: checkNotBlank, emptyIsSet: true},
 	{name: trace.EnvSampleInterval, usedBy: "trace, trace backfill, up", meaning: "default `--sample-interval` (`up`: `--trace-sample-interval`), milliseconds (set but empty is an error)", check: checkPositive(math.MaxInt64 / int64(time.Millisecond)), emptyIsSet: true},

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -38,6 +39,7 @@ func TestEnvironmentEveryVariable(t *testing.T) {
 			{[]string{"trace", "replay"}, envFPMPort + `="abc"`},
 		}},
 		"DYN_FPM_WORKER_ID":           {"w-from-env", []use{{[]string{"publish", "-h"}, `(default "w-from-env")`}}},
+		envFPMHeartbeat:               {"300001", []use{{[]string{"publish"}, envFPMHeartbeat + `="300001"`}}},
 		"DYN_FPM_MODE":                {"bogus", []use{{[]string{"trace"}, `DYN_FPM_MODE="bogus"`}, {[]string{"trace", "backfill"}, `DYN_FPM_MODE="bogus"`}}},
 		"DYN_FPM_OUTPUT_PATH":         {"  ", []use{{[]string{"trace"}, `DYN_FPM_OUTPUT_PATH="  "`}, {[]string{"trace", "backfill"}, `DYN_FPM_OUTPUT_PATH="  "`}}},
 		"DYN_FPM_SAMPLE_INTERVAL_MS":  {"5s", []use{{[]string{"trace"}, `DYN_FPM_SAMPLE_INTERVAL_MS="5s"`}, {[]string{"trace", "backfill"}, `DYN_FPM_SAMPLE_INTERVAL_MS="5s"`}}},
@@ -140,5 +142,27 @@ func TestEnvironmentDynamoTraceVariableSetButEmpty(t *testing.T) {
 				t.Fatalf("up plans a trace writer with %s set but empty: %+v", name, *r.trace)
 			}
 		})
+	}
+}
+
+// DYN_FPM_HEARTBEAT_INTERVAL_MS, the Rust publisher's idle heartbeat override, is the default of
+// publish's --heartbeat: whole milliseconds from 1 to 300000, Dynamo's bound; zero, empty, a unit or
+// anything above is refused naming it.
+func TestEnvironmentHeartbeatInterval(t *testing.T) {
+	for value, want := range map[string]string{"250": "(default 250ms)", " 300000 ": "(default 5m0s)"} {
+		t.Setenv(envFPMHeartbeat, value)
+		if code, out := run(t, "publish", "-h"); !strings.Contains(out, want) {
+			t.Fatalf("%s=%q: exit %d, no %q in:\n%s", envFPMHeartbeat, value, code, want, out)
+		}
+	}
+	for _, value := range []string{"0", "", "1s", "-5", "300001"} {
+		t.Setenv(envFPMHeartbeat, value)
+		if code, out := run(t, "publish"); code != 2 || !strings.Contains(out, envFPMHeartbeat+"="+strconv.Quote(value)) {
+			t.Fatalf("%s=%q: exit %d, want 2 naming it:\n%s", envFPMHeartbeat, value, code, out)
+		}
+	}
+	t.Setenv(envFPMHeartbeat, "0")
+	if code, out := run(t, "publish", "--heartbeat", "2s", "--dp-size", "0"); code != 2 || strings.Contains(out, envFPMHeartbeat) {
+		t.Fatalf("--heartbeat overrides the variable: exit %d:\n%s", code, out)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/fpmbus/fpmbus/producer"
 )
@@ -25,12 +26,15 @@ const publishRate = 10
 
 func runPublish(ctx context.Context, args []string) error {
 	fs := newFlagSet("publish", "publish [--dp-size N] [--rate R] [--fpm-port P] [--worker-id W] [--count N] …")
-	// Defaults follow Dynamo's environment: DYN_FORWARDPASS_METRIC_PORT (else 20380) and DYN_FPM_WORKER_ID.
+	// Defaults follow Dynamo's environment: DYN_FORWARDPASS_METRIC_PORT (else 20380), DYN_FPM_WORKER_ID
+	// and the Rust publisher's DYN_FPM_HEARTBEAT_INTERVAL_MS (else 1 s).
 	env := newEnvDefaults(fs)
 	pcfg := &producer.Config{
 		BasePort: env.int("fpm-port", envFPMPort, producer.DefaultBasePort),
 		WorkerID: env.text("worker-id", "DYN_FPM_WORKER_ID", ""),
 		Rate:     publishRate,
+		HeartbeatInterval: time.Duration(env.int("heartbeat", envFPMHeartbeat,
+			int(producer.DefaultHeartbeatInterval/time.Millisecond))) * time.Millisecond,
 	}
 	pf := pcfg.RegisterFlags(fs, "")
 	if _, set, _ := envValue(envFPMPort); set {
