@@ -191,7 +191,25 @@ func TestSampledModeFakeClock(t *testing.T) {
 			msgStep(1, 1, 100), // rank 1 goes on into interval 2
 			msgStep(1, 2, 1100),
 			msgStep(1, 3, 2000), // watermark 2000 = one whole interval past rank 0's interval end
-			step{tick: 20 * time.Millisecond, lines: []string{"1/1@100", "1/2@1100", "0/1@10"}, unacked: []int{3}},
+			step{tick: 20 * time.Millisecond, lines: []string{"0/1@10", "1/1@100", "1/2@1100"}, unacked: []int{3}},
+		},
+		"one flush writes its keys in Dynamo's key order, whatever order their intervals ended in": {
+			msgStep(2, 1, 100), msgStep(0, 1, 200), msgStep(1, 1, 300),
+			msgStep(2, 2, 1100), msgStep(0, 2, 1200), msgStep(1, 2, 1300), // interval 0 ends for 2, then 0, then 1
+			step{tick: 10 * time.Millisecond, lines: []string{"0/1@200", "1/1@300", "2/1@100"}, unacked: []int{3, 4, 5}},
+			step{stop: true, lines: []string{"0/1@200", "1/1@300", "2/1@100", "0/2@1200", "1/2@1300", "2/2@1100"}, unacked: []int{}},
+		},
+		"a key gets at most one line per interval": {
+			msgStep(0, 1, 100), msgStep(0, 2, 1100), // interval 0 decided
+			msgStep(0, 3, 900), // late for interval 0: no second line for it
+			step{stop: true, lines: []string{"0/1@100", "0/2@1100"}, unacked: []int{}},
+		},
+		"a repeat of the last counter is ignored: the newer pending sample is still written": {
+			msgStep(0, 1, 100),
+			msgStep(0, 2, 1100), // interval 0 decided with counter 1; 2 pending
+			msgStep(0, 1, 1200), // counter 1 again, observed later: ignored, 2 stays pending
+			step{tick: 10 * time.Millisecond, lines: []string{"0/1@100"}, unacked: []int{1}},
+			step{stop: true, lines: []string{"0/1@100", "0/2@1100"}, unacked: []int{}},
 		},
 		"an older message than the pending one is acked without a line": {
 			msgStep(0, 5, 500), msgStep(0, 4, 400),

@@ -754,20 +754,20 @@ func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
 	}
 }
 
-// A sampled writer writes a key's pending message when that key's next interval starts, so a
-// producer's lines follow its keys, not the stream: key b's line can come before key a's older
-// message. Matched to the stream, such a trace is intact.
+// A sampled writer writes the samples of an interval in Dynamo's key order, so a producer's lines
+// follow its keys, not the stream: key b (rank 0) has its line before key a (rank 1), whose message is
+// older. Matched to the stream, such a trace is intact.
 func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
 	const base = 1_782_777_600_000 // a multiple of the interval
-	a := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}
-	b := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 1}
+	a := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 1}
+	b := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}
 	fs := []testFPM{
 		{key: a, counter: 1, receivedMs: base + 100},  // stream sequence 1: a's sample of interval 0
 		{key: b, counter: 1, receivedMs: base + 200},  // 2: b's sample of interval 0
-		{key: b, counter: 2, receivedMs: base + 1100}, // 3: b's interval 1 begins: sequence 2 is written
-		{key: a, counter: 2, receivedMs: base + 1200}, // 4: a's interval 1 begins: sequence 1 is written, after 2
+		{key: b, counter: 2, receivedMs: base + 1100}, // 3: b's interval 1 begins
+		{key: a, counter: 2, receivedMs: base + 1200}, // 4: a's; interval 0 is written b (2) first, then a (1)
 	}
 	var msgs []*nats.Msg
 	for _, f := range fs {
@@ -795,7 +795,7 @@ func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
 		}
 		order = append(order, fmt.Sprintf("%d/%d", f.dpRank, f.counterID))
 	}
-	if got := strings.Join(order, " "); !strings.HasPrefix(got, "1/1 0/1") {
+	if got := strings.Join(order, " "); !strings.HasPrefix(got, "0/1 1/1") {
 		t.Fatalf("lines (dp_rank/counter_id) %s: want b's first sample before a's", got)
 	}
 	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}, env.JS, WithLogger(testLogger(t)))

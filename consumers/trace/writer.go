@@ -205,7 +205,7 @@ func (w *writer) dropProducer(p *producer, reason error) {
 	w.unflushed = max(w.unflushed-len(p.pending), 0)
 	p.pending = nil
 	if w.sampler != nil {
-		w.waiting -= w.sampler.drop(p, func(r *record) { r.d.Reject(reason) })
+		w.sampler.drop(p, func(r *record) { r.d.Reject(reason) })
 	}
 	p.sw.closeFile()
 	p.sw.closed = true

@@ -1,24 +1,33 @@
 package trace
 
 import (
+	"cmp"
+	"slices"
 	"time"
 )
 
 // Sampled mode (DYN_FPM_MODE=sampled), as Dynamo samples, with intervals aligned to event time so that
 // a replay of the same messages writes the same events:
 //
-//   - The key is (namespace, component, producer_id, worker_id, dp_rank). Each key holds at most one
-//     pending message: the newest (by observed_at_unix_ms) of the current interval. Intervals are
-//     [k*SampleInterval, (k+1)*SampleInterval) of observed_at_unix_ms.
-//   - A key's pending message is written when its interval is over: when a message of the key from a
-//     later interval arrives, when the newest observation of any key is one whole interval past its end
-//     (checked every FlushInterval), or, if nothing newer arrives at all, when it has been held for
-//     SampleInterval + 2*FlushInterval by the writer's clock (the wall-clock fallback; a backfill has
-//     none: it writes what is pending when the range ends). It is written only if its counter_id
-//     differs from the key's last written line (an unchanged counter is not repeated).
-//   - On graceful stop every pending message is written (same counter rule).
-//   - A message that gets no line (superseded in its interval, unchanged counter, or late: from an
-//     interval already written) is done after the next flush, behind the lines appended before it.
+//   - The key is (namespace, component, producer_id, worker_id, dp_rank), Dynamo's (source, worker_id,
+//     dp_rank). Each key holds at most one pending message: the newest (by observed_at_unix_ms) of the
+//     current interval. Intervals are [k*SampleInterval, (k+1)*SampleInterval) of observed_at_unix_ms;
+//     a key gets at most one line per interval.
+//   - A message whose counter_id equals the last one decided for its key (written, or about to be) is
+//     ignored, as Dynamo ignores an arrival equal to the last counter it emitted: the pending message
+//     stays pending (a repeat never displaces a newer sample), and no counter is written twice in a
+//     row.
+//   - A key's interval is over when a message of the key from a later interval arrives, when the newest
+//     observation of any key is one whole interval past its end (checked every FlushInterval), or, if
+//     nothing newer arrives at all, when its pending message has been held for SampleInterval +
+//     2*FlushInterval by the writer's clock (the wall-clock fallback; a backfill has none: it writes
+//     what is pending when the range ends). Its pending message is then decided, and written at the
+//     next flush tick together with every other decided one, ordered by interval and then by key
+//     (byte order of the strings, dp_rank by value), as Dynamo writes each flush's pending keys in the
+//     order of its sorted map.
+//   - On graceful stop every pending message is written, in that order.
+//   - A message that gets no line (superseded in its interval, an ignored repeat, or late: from an
+//     interval already decided) is done after the next flush, behind the lines appended before it.
 //     The pending message itself is done once its own line is durable. Acknowledging a superseded
 //     message before the pending one's line is durable loses nothing: the unacknowledged pending
 //     message carries the newer observation and is redelivered if the writer dies; holding every
@@ -31,8 +40,9 @@ type sampler struct {
 	intervalMs int64
 	hold       time.Duration // wall-clock fallback; <= 0: none
 	keys       map[sampleKey]*sample
-	order      []*sample // creation order: emission order is deterministic
-	watermark  int64     // newest observed_at_unix_ms seen
+	order      []*sample  // creation order
+	decided    []decision // intervals over, their lines not written yet
+	watermark  int64      // newest observed_at_unix_ms seen
 }
 
 type sampleKey struct {
@@ -40,19 +50,33 @@ type sampleKey struct {
 	dpRank                                   int64
 }
 
+// compareSampleKeys orders keys as Dynamo's BTreeMap of (source, worker_id, dp_rank) does.
+func compareSampleKeys(a, b sampleKey) int {
+	return cmp.Or(cmp.Compare(a.namespace, b.namespace), cmp.Compare(a.component, b.component),
+		cmp.Compare(a.producer, b.producer), cmp.Compare(a.workerID, b.workerID), cmp.Compare(a.dpRank, b.dpRank))
+}
+
 type sample struct {
-	p *producer // nil for a seeded key until its first message
+	key sampleKey
+	p   *producer // nil for a seeded key until its first message
 	// pending message, if has
 	has       bool
 	rec       record
 	interval  int64
 	heldSince time.Time
-	// last emitted interval (written, or skipped for an unchanged counter)
+	// last decided interval (its line written or to be written)
 	emitted      bool
 	lastInterval int64
-	// last written line
+	// last decided counter_id
 	written     bool
 	lastCounter int64
+}
+
+// decision is a key's sample of an interval that is over, to be written at the next flush tick.
+type decision struct {
+	e        *sample
+	rec      record
+	interval int64
 }
 
 func newSampler(interval, hold time.Duration) *sampler {
@@ -69,7 +93,7 @@ func (s *sampler) seed(k sampleKey, sd recoverSeed) {
 	if _, ok := s.keys[k]; ok {
 		return
 	}
-	e := &sample{emitted: true, lastInterval: sd.interval, written: true, lastCounter: sd.counter}
+	e := &sample{key: k, emitted: true, lastInterval: sd.interval, written: true, lastCounter: sd.counter}
 	s.keys[k] = e
 	s.order = append(s.order, e)
 }
@@ -82,7 +106,7 @@ func (s *sampler) add(w *writer, r *record) error {
 	}
 	e, ok := s.keys[k]
 	if !ok {
-		e = &sample{}
+		e = &sample{key: k}
 		s.keys[k] = e
 		s.order = append(s.order, e)
 	}
@@ -96,25 +120,26 @@ func (s *sampler) add(w *writer, r *record) error {
 	s.watermark = max(s.watermark, r.observed)
 	iv := r.observed / s.intervalMs
 	if e.has && iv > e.interval {
-		if err := s.emit(w, e); err != nil {
-			return err
-		}
+		s.decide(w, e)
 	}
 	switch {
+	case e.written && r.fpm.counterID == e.lastCounter: // a repeat of the last counter: ignored
+		return w.doneAfterFlush(e.p, r)
 	case e.has && r.observed >= e.rec.observed: // newer in the same interval: replaces the pending one
 		old := e.rec
 		e.rec = *r
 		return w.doneAfterFlush(e.p, &old)
 	case e.has: // older than the pending one
 		return w.doneAfterFlush(e.p, r)
-	case e.emitted && iv <= e.lastInterval: // late: its interval is written already
+	case e.emitted && iv <= e.lastInterval: // late: its interval is decided already
 		return w.doneAfterFlush(e.p, r)
 	}
 	e.has, e.rec, e.interval, e.heldSince = true, *r, iv, w.set.Clock()
 	return nil
 }
 
-// emitDue writes the pending messages whose interval is over (see sampler).
+// emitDue decides the pending messages whose interval is over (see sampler) and writes every decided
+// sample.
 func (s *sampler) emitDue(w *writer, now time.Time) error {
 	for _, e := range s.order {
 		if !e.has {
@@ -122,30 +147,33 @@ func (s *sampler) emitDue(w *writer, now time.Time) error {
 		}
 		end := (e.interval + 1) * s.intervalMs
 		if s.watermark >= end+s.intervalMs || s.hold > 0 && now.Sub(e.heldSince) >= s.hold {
-			if err := s.emit(w, e); err != nil {
-				return err
-			}
+			s.decide(w, e)
 		}
 	}
-	return nil
+	return s.writeDecided(w)
 }
 
 // emitAll writes every pending message (graceful stop, end of a backfill).
 func (s *sampler) emitAll(w *writer) error {
 	for _, e := range s.order {
 		if e.has {
-			if err := s.emit(w, e); err != nil {
-				return err
-			}
+			s.decide(w, e)
 		}
 	}
-	return nil
+	return s.writeDecided(w)
 }
 
-// drop forgets the keys of producer p (its file refused its name) and hands each pending message of
-// them to reject; it returns how many there were.
-func (s *sampler) drop(p *producer, reject func(*record)) int {
-	n := 0
+// drop forgets the keys of producer p (its file refused its name) and hands each pending or decided
+// message of them to reject. None of them was counted as waiting: a sample waits for its line only
+// once it is written.
+func (s *sampler) drop(p *producer, reject func(*record)) {
+	s.decided = slices.DeleteFunc(s.decided, func(d decision) bool {
+		if d.e.p == p {
+			reject(&d.rec)
+			return true
+		}
+		return false
+	})
 	kept := s.order[:0]
 	for _, e := range s.order {
 		if e.p != p {
@@ -154,7 +182,6 @@ func (s *sampler) drop(p *producer, reject func(*record)) int {
 		}
 		if e.has {
 			reject(&e.rec)
-			n++
 		}
 	}
 	clear(s.order[len(kept):])
@@ -164,23 +191,38 @@ func (s *sampler) drop(p *producer, reject func(*record)) int {
 			delete(s.keys, k)
 		}
 	}
-	return n
 }
 
-// emit writes e's pending message unless its counter_id equals the last written one.
-func (s *sampler) emit(w *writer, e *sample) error {
-	r := e.rec
+// decide ends e's interval: its pending message becomes the key's sample of it, written at the next
+// writeDecided. A counter equal to the last decided one never becomes pending (add), so every
+// decided sample gets a line.
+func (s *sampler) decide(w *writer, e *sample) {
+	s.decided = append(s.decided, decision{e: e, rec: e.rec, interval: e.interval})
 	e.has, e.rec = false, record{}
 	e.emitted, e.lastInterval = true, e.interval
-	if e.written && r.fpm.counterID == e.lastCounter {
-		return w.doneAfterFlush(e.p, &r)
+	e.written, e.lastCounter = true, s.decided[len(s.decided)-1].rec.fpm.counterID
+}
+
+// writeDecided writes the decided samples, by interval and then in Dynamo's key order.
+func (s *sampler) writeDecided(w *writer) error {
+	slices.SortStableFunc(s.decided, func(a, b decision) int {
+		return cmp.Or(cmp.Compare(a.interval, b.interval), compareSampleKeys(a.e.key, b.e.key))
+	})
+	for i := range s.decided {
+		d := &s.decided[i]
+		if err := w.write(d.e.p, &d.rec); err != nil {
+			s.decided = slices.Delete(s.decided, 0, i)
+			return err
+		}
+		d.e.p.pending = append(d.e.p.pending, pendingDone{d: d.rec.d, line: d.e.p.sw.Appended()})
+		if err := w.account(d.e.p, 1); err != nil {
+			s.decided = slices.Delete(s.decided, 0, i+1)
+			return err
+		}
 	}
-	if err := w.write(e.p, &r); err != nil {
-		return err
-	}
-	e.written, e.lastCounter = true, r.fpm.counterID
-	e.p.pending = append(e.p.pending, pendingDone{d: r.d, line: e.p.sw.Appended()})
-	return w.account(e.p, 1)
+	clear(s.decided)
+	s.decided = s.decided[:0]
+	return nil
 }
 
 // clear forgets every pending message (the writer aborts): not done, they are redelivered to the
@@ -189,6 +231,8 @@ func (s *sampler) clear() {
 	for _, e := range s.order {
 		e.has, e.rec = false, record{}
 	}
+	clear(s.decided)
+	s.decided = s.decided[:0]
 }
 
 // doneAfterFlush queues the Done of a message that needs no line behind p's lines appended so far.
