@@ -96,7 +96,7 @@ func TestHappyPathTwoRanks(t *testing.T) {
 		epochs[m.Subject()] = epoch
 		epochMs, _ := strconv.ParseInt(epoch, 10, 64)
 		wantHdr := map[string]string{
-			streams.HeaderMsgID:     streams.FPMMsgID(key, seq, streams.PayloadDigest(payloads[rank][seq]), want.IsHeartbeat(), epochMs),
+			streams.HeaderMsgID:     streams.FPMMsgID(key, seq, streams.PayloadDigest(payloads[rank][seq]), epochMs),
 			streams.HeaderNamespace: "dynamo",
 			streams.HeaderComponent: "backend",
 			streams.HeaderProducer:  workers[rank],

@@ -50,20 +50,18 @@
 //     by another publish, a replica that is not the leader) is retried like an outage: never a reason
 //     to give an FPM up.
 //   - A message keeps its Nats-Msg-Id across the bridge's retries, so JetStream deduplicates them.
-//   - Redundant bridges store each FPM once. An FPM's Nats-Msg-Id (streams.FPMMsgID) is the same
-//     whichever bridge publishes it, and differs between any two different FPMs:
-//     key + sequence + digest of the payload bytes, plus the agreed epoch for an idle heartbeat.
+//   - Two publisher runs are stored as two runs, and redundant bridges store each FPM once. An FPM's
+//     Nats-Msg-Id (streams.FPMMsgID) is key + sequence + digest of the payload bytes + the run's
+//     agreed epoch: the same whichever bridge publishes it, different for any two different FPMs.
 //     No two different FPMs share an id: two FPMs of one key at one sequence belong to two publisher
-//     runs; a busy payload carries its counter_id and its forward pass's measurements (wall_time,
-//     request counts), which another run does not repeat byte for byte, so the digests differ; idle
-//     heartbeats repeat byte for byte at the same sequence in every run, and their epochs differ
-//     (strictly increasing per publisher in FPM_BRIDGE_RUNS). No FPM gets two ids: every subscriber
-//     receives the same bytes, so the digest is the same, and the epoch is agreed before the run's
-//     first publication (runs.go: the record's epoch is adopted by every bridge that saw the restart,
-//     and by a starting bridge when another bridge is live). Where the agreement cannot hold (the
-//     bucket unreachable, a publisher restart within milliseconds of a bridge start, a live bridge
-//     lagging more than liveProbe) only heartbeats can be stored twice, and the detector sees a new
-//     epoch without a sequence regression, which it reads as a bridge restart, never a publisher restart.
+//     runs, whose epochs differ (strictly increasing per publisher in FPM_BRIDGE_RUNS), even when their
+//     bytes agree (a recording replayed twice, a deterministic publisher restarted, idle heartbeats).
+//     No FPM gets two ids: every subscriber receives the same bytes, so the digest is the same, and the
+//     epoch is agreed before the run's first publication (runs.go: the record's epoch is adopted by
+//     every bridge that saw the restart, and by a starting bridge when another bridge is live). Where
+//     the agreement cannot hold (the bucket unreachable, a live bridge lagging more than liveProbe) each
+//     bridge stores its own copy of that run, never fewer, and the detector sees a new epoch without a
+//     sequence regression, which it reads as a bridge restart, never a publisher restart.
 //   - Fpm-Epoch is the agreed epoch too, so the stream two bridges filled reads, for the gap
 //     detector, like one bridge's.
 //   - An acknowledged FPM the stream loses is noticed, not silently counted as stored. JetStream acks

@@ -11,7 +11,8 @@ import (
 //
 // Dynamo's publisher numbers its messages from 0 with one counter per process, so (key, sequence) alone
 // repeats after every worker restart. The bridge therefore tags every publisher run with an epoch
-// (header Fpm-Epoch; part of an idle heartbeat's message id, see streams.FPMMsgID).
+// (header Fpm-Epoch, and part of every FPM's message id, see streams.FPMMsgID: two runs are two runs
+// even when their bytes agree).
 //
 // The reader goroutine notices runs locally, without the broker: a sequence <= the last one seen for
 // the key (the publisher restarted), or the bridge's first message of a key since it started, starts a
@@ -20,9 +21,6 @@ import (
 // ranges, a size dead letter's evidence). The epoch that is published is agreed on by every bridge
 // subscribed to the publisher (runs.go): the publisher goroutine resolves it before it publishes
 // anything of the run, through KV bucket streams.BucketBridgeRuns.
-//
-// A busy FPM's message id does not depend on the epoch at all (its payload identifies it), so even a
-// disagreement on the epoch (KV unreachable) never stores a busy FPM twice.
 type epochs struct {
 	mu   sync.Mutex
 	keys map[streams.Key]*epochState

@@ -45,17 +45,17 @@ type item struct {
 	epoch  int64       // kindFPM: the run's local epoch (epoch.go)
 	run    *run        // kindFPM: the publisher run it belongs to
 	agreed int64       // kindFPM: the run's agreed epoch once stamped (runs.go); 0 before
-	// heartbeat: an idle heartbeat, whose id gets the agreed epoch when stamped; digest its payload's.
-	heartbeat bool
-	digest    string
-	seq       uint64
-	recvMs    int64
-	recv      time.Time  // monotonic receive time, for fpmbus_bridge_receive_to_ack_seconds
-	size      int64      // bytes charged to the buffer
-	order     uint64     // enqueue order (set by the buffer); retries are republished in this order
-	errs      int        // failures of this message alone so far (see publisher.failed)
-	sent      uint64     // the publisher's number of its latest publish attempt
-	marker    *dropRange // kindMarker: the range it reports
+	// digest is PayloadDigest of the payload: with the agreed epoch it makes the Nats-Msg-Id the
+	// publisher stamps (streams.FPMMsgID).
+	digest string
+	seq    uint64
+	recvMs int64
+	recv   time.Time  // monotonic receive time, for fpmbus_bridge_receive_to_ack_seconds
+	size   int64      // bytes charged to the buffer
+	order  uint64     // enqueue order (set by the buffer); retries are republished in this order
+	errs   int        // failures of this message alone so far (see publisher.failed)
+	sent   uint64     // the publisher's number of its latest publish attempt
+	marker *dropRange // kindMarker: the range it reports
 }
 
 // headerOverhead approximates the encoded headers of one message when charging the buffer.
@@ -113,10 +113,6 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic, payload []byte, seq ui
 	key := streams.Key{Namespace: b.cfg.Namespace, Component: b.cfg.Component, WorkerID: f.WorkerID, DPRank: int(f.DPRank)}
 	recvMs := recv.UnixMilli()
 	run, _ := b.epochs.observe(key, seq, recvMs)
-	digest := streams.PayloadDigest(payload)
-	heartbeat := f.IsHeartbeat()
-	// A heartbeat's id is completed with the agreed epoch when the publisher stamps it (runs.go).
-	msgID := streams.FPMMsgID(key, seq, digest, false, 0)
 	seqStr := strconv.FormatUint(seq, 10)
 
 	mismatch := f.CounterID < 0 || uint64(f.CounterID) != seq
@@ -133,7 +129,11 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic, payload []byte, seq ui
 		producer = f.WorkerID
 	}
 	hb := newHeaders(n)
-	hb.set(streams.HeaderMsgID, msgID)
+	// The id and Fpm-Epoch carry the run's local epoch until the publisher stamps the agreed one
+	// (runs.go), so that the size checked here is the size published.
+	digest := streams.PayloadDigest(payload)
+	localStr := strconv.FormatInt(run.local, 10)
+	hb.set(streams.HeaderMsgID, streams.FPMMsgID(key, seq, digest, run.local))
 	hb.set(streams.HeaderSeq, seqStr)
 	hb.set(streams.HeaderReceivedAt, strconv.FormatInt(recvMs, 10))
 	hb.set(streams.HeaderNamespace, b.cfg.Namespace)
@@ -141,7 +141,7 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic, payload []byte, seq ui
 	hb.set(streams.HeaderProducer, producer)
 	hb.set(streams.HeaderWorkerID, f.WorkerID)
 	hb.set(streams.HeaderDPRank, run.rankStr)
-	hb.set(streams.HeaderEpoch, "") // stamped with the agreed epoch before publication
+	hb.set(streams.HeaderEpoch, localStr)
 	hb.set(streams.HeaderEndpoint, ep.URL)
 	hb.set(streams.HeaderBridge, b.cfg.BridgeID)
 	if mismatch {
@@ -161,9 +161,7 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic, payload []byte, seq ui
 		recvMs: recvMs,
 		recv:   mono,
 		size:   int64(len(f.JSON)) + headerOverhead,
-	}
-	if heartbeat {
-		it.heartbeat, it.digest = true, digest
+		digest: digest,
 	}
 	it.msg = &it.m
 	return it

@@ -85,3 +85,75 @@ func TestRedundantBridgesStoreEveryFPMOnce(t *testing.T) {
 	}
 	t.Logf("stored per bridge: %v", bridges)
 }
+
+// Two publisher runs whose bytes agree (a recording replayed twice, a deterministic publisher restarted
+// within the duplicate window) are two runs: each is stored whole, under its own epoch, by one bridge
+// as by two redundant bridges, which still store each FPM of a run once.
+func TestTwoRunsOfIdenticalBytesAreBothStored(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	for name, bridges := range map[string][]string{
+		"one bridge":  {"bridge-a"},
+		"two bridges": {"bridge-a", "bridge-b"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			env := streamstest.Start(t)
+			pub := newTestPub(t, "tcp://127.0.0.1:*")
+			var hs []*harness
+			for _, id := range bridges {
+				hs = append(hs, startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) { c.BridgeID = id }))
+			}
+			// Every third FPM an idle heartbeat; the second run sends the first run's bytes exactly.
+			body := func(seq uint64) []byte {
+				if seq%3 == 2 {
+					return schemas.EncodeMsgpack(&schemas.FPM{Version: 1, WorkerID: "w", CounterID: int64(seq)})
+				}
+				return payload("w", 0, seq)
+			}
+			sendRun := func(run int) {
+				if err := pub.s.WaitSubscribers(len(hs), 15*time.Second); err != nil {
+					t.Fatal(err)
+				}
+				for seq := uint64(0); seq < n; seq++ {
+					pub.send(seq, body(seq))
+				}
+				for _, h := range hs {
+					h.waitStats(15*time.Second, "run received", func(s Stats) bool { return s.Ranks[0].Received == uint64(run+1)*n })
+					h.waitStats(15*time.Second, "run acknowledged", func(s Stats) bool { return s.Ranks[0].Published == uint64(run+1)*n })
+				}
+			}
+			sendRun(0)
+			url := pub.URL
+			pub.Close()
+			pub = newTestPub(t, url)
+			sendRun(1)
+
+			msgs := messages(t, env.JS, streams.StreamFPM, ">")
+			perRun := map[string]map[uint64]int{} // epoch -> seq -> copies
+			var epochs []string
+			for _, m := range msgs {
+				e := m.Headers().Get(streams.HeaderEpoch)
+				if perRun[e] == nil {
+					perRun[e] = map[uint64]int{}
+					epochs = append(epochs, e)
+				}
+				seq := hdrUint(t, m, streams.HeaderSeq)
+				perRun[e][seq]++
+				if want, err := schemas.DecodeFPM(body(seq)); err != nil || string(m.Data()) != string(want.JSON) {
+					t.Fatalf("epoch %s seq %d: body %s (%v)", e, seq, m.Data(), err)
+				}
+			}
+			if len(msgs) != 2*n || len(epochs) != 2 {
+				t.Fatalf("stored %d FPMs under epochs %v, want %d: each FPM of the two runs once, one epoch per run", len(msgs), epochs, 2*n)
+			}
+			for _, e := range epochs {
+				for seq := uint64(0); seq < n; seq++ {
+					if perRun[e][seq] != 1 {
+						t.Fatalf("epoch %s seq %d stored %d times", e, seq, perRun[e][seq])
+					}
+				}
+			}
+		})
+	}
+}

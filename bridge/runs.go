@@ -37,16 +37,31 @@ import (
 //     write, seeing the same run (it is live): the bridge adopts what it wrote, if newer than the
 //     previous run for a restart.
 //
-// Epochs of a publisher therefore strictly increase in the bucket. While the connection is down the
-// run's FPMs wait like any publish. When the bucket cannot be opened or answered otherwise (no
-// permission, runAgreeTimeout), the bridge uses its local epoch and logs it: busy FPMs are still
-// stored once (their ids do not depend on the epoch), but that run's heartbeats may be stored once per
-// bridge, and the gap detector may read the bridges' epochs as bridge restarts.
+// Epochs of a publisher therefore strictly increase in the bucket, and since the epoch is part of every
+// FPM's message id (streams.FPMMsgID), two publisher runs are stored as two runs even when their bytes
+// agree, while the bridges that agreed on a run store each of its FPMs once.
 //
-// Limits of the rule, stated: a publisher restart within milliseconds of a bridge start, before the
-// live bridge's record is written, makes the starting bridge adopt the old run; a live bridge whose
-// publishing lags by more than liveProbe, or whose clock is behind this one's by more than the time to
-// its next FPM, is not seen as live (a new epoch, as for a bridge restart).
+// A bridge's first run of a key after it starts never re-stores what it stored before it stopped: ZMQ
+// PUB delivers a message only to the subscribers connected when it is sent, so a restarted bridge
+// receives only FPMs sent after its subscription joined, which no earlier instance received; what the
+// earlier instance had in flight when it died is lost with its memory (a gap), never republished.
+// Whether it adopts the live bridge's epoch or writes a new one therefore changes only how the gap
+// detector reads the restart, not what is stored.
+//
+// While the connection is down the run's FPMs wait like any publish. When the bucket cannot be opened
+// or answered otherwise (no permission, runAgreeTimeout), the bridge uses its local epoch (its receive
+// time of the run's first message, strictly increasing per key) and logs it at error level: a lone
+// bridge still stores every run once and tells runs apart, but redundant bridges each tag the run with
+// their own epoch, so each stores its own copy of every FPM of that run (never fewer: nothing is lost),
+// and the gap detector reads the interleaved epochs as bridge restarts.
+//
+// Limits of the rule, stated, each ending in the same doubling of one run, never in a loss: a
+// publisher restart within milliseconds of a bridge start, before the live bridge's record is written,
+// makes the starting bridge adopt the old run (its idle heartbeats at the old run's sequences within
+// the duplicate window are then taken for the old run's; its busy FPMs differ by their payload); a live
+// bridge whose publishing lags by more than liveProbe, or whose clock is behind this one's by more than
+// the time to its next FPM, is not seen as live (a new epoch, as for a bridge restart, and that run is
+// stored by both bridges).
 
 const (
 	// runAgreeTimeout bounds one run's resolution.
@@ -65,7 +80,7 @@ func (b *Bridge) openRunBucket(ctx context.Context) {
 	kv, err := b.openBucket(ctx, b.cfg.Streams.BridgeRunsBucket())
 	if err != nil {
 		if !errors.Is(err, context.Canceled) || errors.Is(err, streams.ErrRefused) {
-			b.log.Error("agreed runs unavailable: redundant bridges may store heartbeats twice and disagree on epochs",
+			b.log.Error("agreed runs unavailable: redundant bridges each store their own copy of every FPM and disagree on epochs",
 				"bucket", streams.BucketBridgeRuns, "error", err)
 		}
 		return
@@ -97,7 +112,8 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 			return 0, errRunNotAgreed
 		}
 		e = max(r.local, prev+1)
-		b.log.Warn("publisher run not agreed with other bridges; using this bridge's epoch", "key", r.key.String(),
+		b.log.Error("publisher run not agreed with other bridges; using this bridge's epoch: a redundant bridge stores its own copy of the run",
+			"key", r.key.String(),
 			"epoch", e, "first_seq", r.firstSeq, "error", err)
 	}
 	r.agreed, r.agreedStr, r.prev = e, strconv.FormatInt(e, 10), nil
@@ -216,8 +232,8 @@ func casConflict(err error) bool {
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
-// stamp gives FPM item it its agreed epoch before its first publication: header Fpm-Epoch and, for an
-// idle heartbeat, the epoch part of its message id. Publisher goroutine.
+// stamp gives FPM item it its agreed epoch before its first publication: header Fpm-Epoch and its
+// message id (streams.FPMMsgID), which its retries keep. Publisher goroutine.
 func (b *Bridge) stamp(it *item) error {
 	b.routeToShard(it)
 	if it.agreed != 0 || it.run == nil {
@@ -229,9 +245,7 @@ func (b *Bridge) stamp(it *item) error {
 	}
 	it.agreed = e
 	it.m.Header[streams.HeaderEpoch][0] = it.run.agreedStr
-	if it.heartbeat {
-		it.m.Header[streams.HeaderMsgID][0] = streams.FPMMsgID(it.key, it.seq, it.digest, true, e)
-	}
+	it.m.Header[streams.HeaderMsgID][0] = streams.FPMMsgID(it.key, it.seq, it.digest, e)
 	return nil
 }
 

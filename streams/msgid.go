@@ -7,36 +7,32 @@ import (
 )
 
 // Message ids (Nats-Msg-Id) of every message fpmbus publishes. An id is derived from what the message
-// says, never from when it was sent, so that a retry or a re-publication after a crash is stored once
-// (within the streams' duplicate window). Each kind of message has its own prefix, so ids of different
-// kinds never collide.
+// says (an FPM's also from the publisher run it belongs to), never from when it was sent, so that a
+// retry or a re-publication after a crash is stored once (within the streams' duplicate window). Each
+// kind of message has its own prefix, so ids of different kinds never collide.
 
 // FPMMsgID is the Nats-Msg-Id of one FPM, the same whichever bridge publishes it, so that redundant
 // bridges on one publisher store each FPM once (and a bridge's own retries are deduplicated):
 //
-//	<key>:<seq>:<digest>                 a busy FPM
-//	<key>:<seq>:<digest>:e<epoch>        an idle heartbeat
+//	<key>:<seq>:<digest>:e<epoch>
 //
-// digest is PayloadDigest of the payload as received. The id is derived from what every bridge
-// receives, never from when or by whom:
+// digest is PayloadDigest of the payload as received, epoch the publisher run's agreed epoch. The id is
+// derived from what every bridge receives and agrees on, never from when or by whom:
 //
-//   - A busy FPM's payload carries its own counter_id (= seq), the forward pass's wall_time and its
-//     request counts, so two different FPMs of one publisher key never have the same seq and the same
-//     payload bytes: a new run reuses the sequence numbers but not the measurements. (Two passes
-//     identical to the last bit of a float wall_time at the same seq of two runs within the duplicate
-//     window would share an id; they are then indistinguishable anyway.)
-//   - An idle heartbeat's payload (wall_time 0, every count zero) is the same at the same seq of
-//     every run, so its id adds the run's epoch, which redundant bridges agree on through
-//     BucketBridgeRuns and which strictly increases per publisher: heartbeats of two runs never
-//     share an id, and every bridge that agreed on the run gives a heartbeat the same one.
+//   - Two publisher runs are two runs, even when their bytes agree (a recording replayed twice, a
+//     deterministic publisher restarted, idle heartbeats, which are the same at the same seq of every
+//     run): the epoch tells them apart. Redundant bridges agree on it through BucketBridgeRuns before
+//     the run's first publication, and it strictly increases per publisher, so two runs never share an
+//     id and every bridge that agreed on the run gives an FPM the same one.
+//   - Within a run (key, seq) names one FPM. The digest is there for the one case the epoch cannot
+//     tell apart: a bridge that wrongly adopted the previous run's epoch (a publisher restart within
+//     milliseconds of the bridge's start): a busy FPM's payload carries its own counter_id, wall_time
+//     and request counts, so the new run's busy FPMs are still stored rather than taken for the old
+//     run's.
 //
 // Ids of different publisher keys never collide: KeyTokens is injective and ':' is escaped in it.
-func FPMMsgID(k Key, seq uint64, digest string, heartbeat bool, epochMs int64) string {
-	id := KeyTokens(k) + ":" + strconv.FormatUint(seq, 10) + ":" + digest
-	if heartbeat {
-		id += ":e" + strconv.FormatInt(epochMs, 10)
-	}
-	return id
+func FPMMsgID(k Key, seq uint64, digest string, epochMs int64) string {
+	return KeyTokens(k) + ":" + strconv.FormatUint(seq, 10) + ":" + digest + ":e" + strconv.FormatInt(epochMs, 10)
 }
 
 // PayloadDigest is the digest of an FPM payload in message ids: the first 16 bytes of its SHA-256, in

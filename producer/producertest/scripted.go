@@ -29,8 +29,8 @@ type Scripted struct {
 	sent     uint64 // next sequence number
 	lost     []uint64
 	// wallTime is the wall_time of its busy passes: each Scripted has its own (scriptedRuns), as each
-	// run of a real worker measures its own passes, so two runs never send byte-identical busy FPMs at
-	// one sequence number (the bridge's message ids tell FPMs apart by their payload).
+	// run of a real worker measures its own passes, so a test can tell two runs' FPMs apart by their
+	// bodies (the bridge tells them apart by their run's epoch, whatever the bytes).
 	wallTime float64
 }
 
