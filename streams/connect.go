@@ -181,6 +181,12 @@ func validateURLs(urls string) error {
 		if u.Hostname() == "" {
 			return errors.New("no host")
 		}
+		// nats and tls URLs are HOST:PORT, nothing after: "nats//h:4222" parses as host "nats" with a
+		// path, and would be looked up in DNS as a host named nats.
+		if (u.Scheme == "nats" || u.Scheme == "tls") && (u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "") {
+			return fmt.Errorf("a path or query after the host %q: want %s://HOST:PORT (is a ':' missing after the scheme?)",
+				u.Hostname(), u.Scheme)
+		}
 		if p := u.Port(); p != "" {
 			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
 				return fmt.Errorf("port %q: want 1 to 65535", p)

@@ -317,20 +317,23 @@ func TestConnConfigValidateNamesTheField(t *testing.T) {
 		cfg   streams.ConnConfig
 		field string
 	}{
-		"creds file missing":         {streams.ConnConfig{URL: url, Creds: missing}, "Creds"},
-		"creds file not creds":       {streams.ConnConfig{URL: url, Creds: garbage}, "Creds"},
-		"nkey seed missing":          {streams.ConnConfig{URL: url, NKey: missing}, "NKey"},
-		"nkey seed not a seed":       {streams.ConnConfig{URL: url, NKey: garbage}, "NKey"},
-		"CA missing":                 {streams.ConnConfig{URL: url, TLSCA: missing}, "TLSCA"},
-		"CA not PEM":                 {streams.ConnConfig{URL: url, TLSCA: garbage}, "TLSCA"},
-		"certificate without key":    {streams.ConnConfig{URL: url, TLSCert: pki.ClientCert}, "TLSKey"},
-		"key without certificate":    {streams.ConnConfig{URL: url, TLSKey: pki.ClientKey}, "TLSCert"},
-		"certificate with wrong key": {streams.ConnConfig{URL: url, TLSCert: pki.ClientCert, TLSKey: pki.ServerKey}, "TLSCert"},
-		"password without user":      {streams.ConnConfig{URL: url, Pass: "pw"}, "Pass"},
-		"URL with a bad port":        {streams.ConnConfig{URL: "nats://u:pw-in-url@host:99999"}, "URL"},
-		"URL with a bad scheme":      {streams.ConnConfig{URL: "http://host:4222"}, "URL"},
-		"empty URL":                  {streams.ConnConfig{URL: " "}, "URL"},
-		"negative connect timeout":   {streams.ConnConfig{URL: url, ConnectTimeout: -time.Second}, "ConnectTimeout"},
+		"creds file missing":           {streams.ConnConfig{URL: url, Creds: missing}, "Creds"},
+		"creds file not creds":         {streams.ConnConfig{URL: url, Creds: garbage}, "Creds"},
+		"nkey seed missing":            {streams.ConnConfig{URL: url, NKey: missing}, "NKey"},
+		"nkey seed not a seed":         {streams.ConnConfig{URL: url, NKey: garbage}, "NKey"},
+		"CA missing":                   {streams.ConnConfig{URL: url, TLSCA: missing}, "TLSCA"},
+		"CA not PEM":                   {streams.ConnConfig{URL: url, TLSCA: garbage}, "TLSCA"},
+		"certificate without key":      {streams.ConnConfig{URL: url, TLSCert: pki.ClientCert}, "TLSKey"},
+		"key without certificate":      {streams.ConnConfig{URL: url, TLSKey: pki.ClientKey}, "TLSCert"},
+		"certificate with wrong key":   {streams.ConnConfig{URL: url, TLSCert: pki.ClientCert, TLSKey: pki.ServerKey}, "TLSCert"},
+		"password without user":        {streams.ConnConfig{URL: url, Pass: "pw"}, "Pass"},
+		"URL with a bad port":          {streams.ConnConfig{URL: "nats://u:pw-in-url@host:99999"}, "URL"},
+		"URL with a bad scheme":        {streams.ConnConfig{URL: "http://host:4222"}, "URL"},
+		"empty URL":                    {streams.ConnConfig{URL: " "}, "URL"},
+		"URL missing the scheme's ':'": {streams.ConnConfig{URL: "nats//127.0.0.1:4222"}, "URL"},
+		"URL with a path":              {streams.ConnConfig{URL: "nats://u:pw-in-url@host:4222/x"}, "URL"},
+		"second URL with a query":      {streams.ConnConfig{URL: url + ",tls://host:4222?x=1"}, "URL"},
+		"negative connect timeout":     {streams.ConnConfig{URL: url, ConnectTimeout: -time.Second}, "ConnectTimeout"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := streams.Connect(tc.cfg)

@@ -90,3 +90,18 @@ func (p SyncPolicy) applyTo(opts *server.Options) {
 	}
 	opts.SyncAlways, opts.SyncInterval = false, p.Interval
 }
+
+// EffectiveSync is the policy StartServer runs c's server with: Sync when set, else the Base
+// configuration's sync_interval when it sets one, else DefaultSync. Logs and health name this one, never
+// the zero value of an unset Sync.
+func (c ServerConfig) EffectiveSync() SyncPolicy {
+	switch {
+	case c.Sync != (SyncPolicy{}):
+		return c.Sync
+	case c.Base != nil && c.Base.SyncAlways:
+		return SyncAlways
+	case c.Base != nil && c.Base.SyncInterval > 0:
+		return SyncPolicy{Interval: c.Base.SyncInterval}
+	}
+	return DefaultSync
+}

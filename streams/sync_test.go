@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -68,5 +70,25 @@ func TestEmbeddedServerSyncPolicy(t *testing.T) {
 				t.Fatalf("JetStream config %+v, want sync always %v, interval %v", jc, tc.wantAlways, tc.wantInterval)
 			}
 		})
+	}
+}
+
+// The policy a server runs with is what logs name: an unset Sync is the configuration file's
+// sync_interval, else always; never the zero value.
+func TestEffectiveSync(t *testing.T) {
+	for name, tc := range map[string]struct {
+		cfg  streams.ServerConfig
+		want string
+	}{
+		"nothing set":          {streams.ServerConfig{}, "always"},
+		"Sync set":             {streams.ServerConfig{Sync: streams.SyncPolicy{Interval: 2 * time.Minute}}, "2m0s"},
+		"file's interval":      {streams.ServerConfig{Base: &server.Options{SyncInterval: 30 * time.Second}}, "30s"},
+		"file's always":        {streams.ServerConfig{Base: &server.Options{SyncAlways: true}}, "always"},
+		"file without sync":    {streams.ServerConfig{Base: &server.Options{}}, "always"},
+		"Sync over the file's": {streams.ServerConfig{Sync: streams.SyncAlways, Base: &server.Options{SyncInterval: time.Minute}}, "always"},
+	} {
+		if got := tc.cfg.EffectiveSync().String(); got != tc.want {
+			t.Errorf("%s: %s, want %s", name, got, tc.want)
+		}
 	}
 }

@@ -42,15 +42,32 @@ type connOptions struct {
 
 // connFlags registers the connection flags; name names the connection (fpmbus-<name>).
 func connFlags(fs *flag.FlagSet, name string) *connOptions {
+	return connFlagsWaiting(fs, name, streams.DefaultConnectTimeout)
+}
+
+// readOnlyConnTimeout is the default --connect-timeout of the commands that only read (a report, a
+// listing): a person waiting for an answer learns at once that no server is there.
+const readOnlyConnTimeout = 5 * time.Second
+
+// readConnFlags registers the connection flags of a command that only reads: they wait
+// readOnlyConnTimeout for the server by default.
+func readConnFlags(fs *flag.FlagSet, name string) *connOptions {
+	return connFlagsWaiting(fs, name, readOnlyConnTimeout)
+}
+
+// connFlagsWaiting registers the connection flags with wait as the default --connect-timeout.
+func connFlagsWaiting(fs *flag.FlagSet, name string, wait time.Duration) *connOptions {
 	o := &connOptions{fs: fs, name: name, fromEnv: map[string]string{}}
-	o.text(&o.url, "server", "NATS_URL", "nats://127.0.0.1:4222", "NATS server `URL`(s), comma-separated")
-	o.credentialFlags()
-	o.text(&o.tlsCA, "tls-ca", "NATS_CA", "", "CA certificate to verify the server")
-	o.text(&o.tlsCert, "tls-cert", "NATS_CERT", "", "client certificate for mutual TLS (with --tls-key)")
-	o.text(&o.tlsKey, "tls-key", "NATS_KEY", "", "client key for mutual TLS (with --tls-cert)")
-	fs.BoolVar(&o.tlsFirst, "tls-first", false, "do the TLS handshake before the server's greeting (a server with handshake_first)")
-	o.text(&o.context, "context", "NATS_CONTEXT", "", "nats CLI context to read the settings from ($XDG_CONFIG_HOME/nats/context/NAME.json, or a .json path); flags and variables override it")
-	fs.DurationVar(&o.connectTimeout, "connect-timeout", streams.DefaultConnectTimeout, "how long to wait for the server at start; refused credentials and failed TLS handshakes end the wait at once")
+	inFlagGroup(fs, "connection to NATS", func() {
+		o.text(&o.url, "server", "NATS_URL", "nats://127.0.0.1:4222", "NATS server `URL`(s), comma-separated")
+		o.credentialFlags()
+		o.text(&o.tlsCA, "tls-ca", "NATS_CA", "", "CA certificate to verify the server")
+		o.text(&o.tlsCert, "tls-cert", "NATS_CERT", "", "client certificate for mutual TLS (with --tls-key)")
+		o.text(&o.tlsKey, "tls-key", "NATS_KEY", "", "client key for mutual TLS (with --tls-cert)")
+		fs.BoolVar(&o.tlsFirst, "tls-first", false, "do the TLS handshake before the server's greeting (a server with handshake_first)")
+		o.text(&o.context, "context", "NATS_CONTEXT", "", "nats CLI context to read the settings from ($XDG_CONFIG_HOME/nats/context/NAME.json, or a .json path); flags and variables override it")
+		fs.DurationVar(&o.connectTimeout, "connect-timeout", wait, "how long to wait for the server at start; refused credentials and failed TLS handshakes end the wait at once")
+	})
 	return o
 }
 

@@ -72,10 +72,13 @@ func runDatasets(ctx context.Context, args []string) error {
 }
 
 // datasetsFlagSet is the flag set of `datasets <action>` with the connection and stream flags every
-// action takes.
+// action takes. Every action but publish only reads: it waits readOnlyConnTimeout for the server.
 func datasetsFlagSet(action, synopsis string) (*flag.FlagSet, *connOptions, *streams.Config) {
 	fs := newFlagSet("datasets "+action, synopsis)
-	return fs, connFlags(fs, "datasets"), streamFlags(fs)
+	if action == "publish" {
+		return fs, connFlags(fs, "datasets"), streamFlags(fs)
+	}
+	return fs, readConnFlags(fs, "datasets"), streamFlags(fs)
 }
 
 // datasetsParse parses flags around exactly want positional arguments.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,25 +21,41 @@ var helpOutput io.Writer = os.Stderr
 // reads it to check that every flag is documented.
 var flagSets = map[string]*flag.FlagSet{}
 
-// newFlagSet returns a FlagSet whose parse errors come back wrapped in errUsage.
+// newFlagSet returns a FlagSet whose parse errors come back wrapped in errUsage; -h prints its synopsis
+// and its flags by group (help.go).
 func newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet("fpmbus "+name, flag.ContinueOnError)
 	fs.SetOutput(helpOutput)
 	flagSets[name] = fs
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: fpmbus %s\n\nflags:\n", synopsis)
-		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "usage: fpmbus %s\n\n", synopsis)
+		printFlags(fs.Output(), fs)
 	}
 	return fs
 }
 
+// parseQuiet parses args into fs. The flag package prints an error and the whole usage on a bad flag;
+// here only -h prints the usage, and a bad flag comes back as a usage error (naming the nearest flag
+// for an unknown one) for the command to print once.
+func parseQuiet(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return err
+	}
+	return fmt.Errorf("%w: %v", errUsage, unknownFlag(fs, err))
+}
+
 // parseFlags parses args and wraps a bad flag in errUsage.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+	if err := parseQuiet(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
@@ -51,11 +68,8 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var paths []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if err == flag.ErrHelp {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		if err := parseQuiet(fs, args); err != nil {
+			return nil, err
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -102,6 +116,11 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 // streamFlags registers the server-side stream settings.
 func streamFlags(fs *flag.FlagSet) *streams.Config {
 	c := streams.DefaultConfig()
+	inFlagGroup(fs, "streams (declared at start)", func() { registerStreamFlags(fs, &c) })
+	return &c
+}
+
+func registerStreamFlags(fs *flag.FlagSet, c *streams.Config) {
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "stream replicas (1 for one node, 3 for a cluster)")
 	fs.DurationVar(&c.MaxAge, "max-age", c.MaxAge, "how long the FPM stream keeps messages")
 	fs.Var((*maxBytesValue)(&c.MaxBytes), "max-bytes", "size limit of the FPM stream in bytes (-1: none)")
@@ -114,7 +133,6 @@ func streamFlags(fs *flag.FlagSet) *streams.Config {
 		c.Storage = st
 		return err
 	})
-	return &c
 }
 
 // fpmShardsFlag registers --fpm-shards (default FPMBUS_FPM_SHARDS) on c.FPMShards, for the commands

@@ -140,7 +140,7 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 
 func runGapsReport(ctx context.Context, args []string) error {
 	fs := newFlagSet("gaps report", "gaps report [--server URL] [--since T] [--json] [--gaps-group NAME]")
-	conn := connFlags(fs, "gaps-report")
+	conn := readConnFlags(fs, "gaps-report")
 	d := gaps.DefaultConfig()
 	group := fs.String("gaps-group", envOr("FPMBUS_GAPS_GROUP", d.Group), "gap detector group to report on (env FPMBUS_GAPS_GROUP)")
 	bucket := fs.String("state-bucket", d.StateBucket, "KV bucket holding the detector state")

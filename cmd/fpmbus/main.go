@@ -47,8 +47,11 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	c, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "fpmbus: unknown command %q\n\n", args[0])
-		usage(stderr)
+		fmt.Fprintf(stderr, "fpmbus: unknown command %q", args[0])
+		if s := suggestCommand(args[0]); s != "" {
+			fmt.Fprintf(stderr, "; did you mean %q?", s)
+		}
+		fmt.Fprintln(stderr, " (`fpmbus help` lists the commands)")
 		return 2
 	}
 	level, err := logLevel()
@@ -73,6 +76,20 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	return 1
+}
+
+// suggestCommand returns the command nearest to name, "" when none is close.
+func suggestCommand(name string) string {
+	best, bestD := "", 0
+	for n := range commands {
+		if d := editDistance(name, n); best == "" || d < bestD || d == bestD && n < best {
+			best, bestD = n, d
+		}
+	}
+	if bestD > max(2, len(name)/3) {
+		return ""
+	}
+	return best
 }
 
 func usage(w io.Writer) {

@@ -26,7 +26,7 @@ var documentedCommands = []string{
 	"up", "bridge", "publish", "trace", "trace backfill", "trace info", "trace verify", "trace replay", "gaps", "gaps report", "merge", "bench merge", "bench validate", "bench publish",
 	"seal", "datasets publish", "datasets coverage", "datasets ls", "datasets get", "datasets history", "datasets predict",
 	"predict-service",
-	"streams show", "streams apply",
+	"streams show", "streams apply", "version",
 }
 
 // sharedFlagSections are README sections documenting flags common to several commands, by anchor.

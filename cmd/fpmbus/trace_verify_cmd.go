@@ -25,7 +25,7 @@ func runTraceVerify(ctx context.Context, args []string) error {
 	repair := fs.Bool("repair", false, "rewrite damaged segments from stream FPM (implies --stream)")
 	filter := fs.String("filter", trace.DefaultFilterSubject, "the trace writer's --filter")
 	producerID := fs.String("producer-id", "", "the trace writer's --producer-id")
-	conn := connFlags(fs, "trace-verify")
+	conn := readConnFlags(fs, "trace-verify")
 	// Flags may follow OUTPUT too.
 	paths, err := parseInterleaved(fs, args)
 	if err != nil {

@@ -153,7 +153,7 @@ func (r *upRun) serverComponent() *rungroup.Component {
 			r.srv = srv
 			r.mu.Unlock()
 			return rungroup.Instance{
-				LogAttrs: []any{"url", srv.ClientURL(), "store", r.storeDir, "auth", r.server.auth, "sync", r.server.server.Sync.String()},
+				LogAttrs: []any{"url", srv.ClientURL(), "store", r.storeDir, "auth", r.server.auth, "sync", r.server.server.EffectiveSync().String()},
 				Run: func(ctx context.Context) error {
 					down := make(chan struct{})
 					go func() { srv.NATS().WaitForShutdown(); close(down) }()
