@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -51,6 +52,7 @@ type Consumer struct {
 	// Loop only (the runner's goroutine).
 	start    time.Time       // lines' timestamps count from the consumer's start, in every partition
 	writers  map[int]*writer // by owned partition
+	own      *owner          // every writer's prefixes (owner.go)
 	repaired bool            // the whole output was repaired at the first takeover (one partition)
 	failed   error           // a flush failed between two calls: returned by the next one
 }
@@ -135,6 +137,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.start = c.set.Clock()
+	me := fsutil.Self("trace writer")
+	me.Group, me.Member = c.cfg.Group, c.set.MemberID
+	c.own = newOwner(me, c.log)
+	defer c.own.releaseAll() // what a writer the runner did not end still holds
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() { // hands completed flushes to the runner's loop; owned by Run
 		defer close(stopped)
@@ -187,13 +193,21 @@ func (c *Consumer) Assigned(_ context.Context, p int) error {
 	if old := c.writers[p]; old != nil {
 		old.abort()
 	}
+	w := newWriter(c.cfg, c.set, c.log.With("partition", p), c.metrics, c.start, c.notifyFlushed)
+	w.own, w.rejectHeld = c.own, true
 	if c.cfg.Partitions == 1 && !c.repaired {
-		if _, err := RepairOutput(c.cfg.OutputPath, c.log); err != nil {
+		// Only what this instance owns is repaired: a producer another process holds is its
+		// owner's to repair (its messages are rejected until it lets go).
+		claimed, _, err := w.claimOutput()
+		if err == nil {
+			_, err = repairPrefixes(claimed, c.log)
+		}
+		if err != nil {
+			w.abort()
 			return fmt.Errorf("trace: repair output: %w", err)
 		}
 		c.repaired = true
 	}
-	w := newWriter(c.cfg, c.set, c.log.With("partition", p), c.metrics, c.start, c.notifyFlushed)
 	w.takeover = newTakeover(w, c.cfg.Partitions, &c.totals)
 	c.writers[p] = w
 	return nil
@@ -234,6 +248,7 @@ func (c *Consumer) Tick(context.Context, time.Time) error {
 	if c.failed != nil {
 		return c.failed
 	}
+	c.own.retryBorrowed()
 	for p, w := range c.writers {
 		if w.sampler != nil {
 			if err := w.sampler.emitDue(w, c.set.Clock()); err != nil {

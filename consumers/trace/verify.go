@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 )
 
 // Verify checks a trace output (`fpmbus trace verify`) and, asked to, heals it from the stream.
@@ -249,6 +250,15 @@ func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts 
 		}
 	}
 	v := &verifier{cfg: cfg, set: set, log: set.Logger, keys: newKeyTable(), byPrefix: map[string]*vproducer{}}
+	if cfg.Repair {
+		// A repair owns every producer before it reads (owner.go): refused while a writer, another
+		// repair or a backfill holds any of them, so it never rewrites a file a live writer holds.
+		own, err := ownOutput(cfg.OutputPath, "trace verify --repair", v.log)
+		if err != nil {
+			return nil, err
+		}
+		defer own.releaseAll()
+	}
 	if err := v.read(); err != nil {
 		return nil, err
 	}
@@ -401,20 +411,8 @@ func firstDamaged(c *segmentCheck) int {
 	return len(c.pieces)
 }
 
-// readFileInfo reads path and stats the file it read.
-func readFileInfo(path string) ([]byte, os.FileInfo, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, nil, err
-	}
-	data, err := io.ReadAll(f)
-	return data, fi, err
-}
+// readFileInfo reads the regular file path (never through a symbolic link) and stats the file it read.
+func readFileInfo(path string) ([]byte, os.FileInfo, error) { return fsutil.ReadRegular(path) }
 
 // report builds the VerifyReport.
 func (v *verifier) report(stream bool) *VerifyReport {

@@ -50,12 +50,6 @@ type edit struct {
 
 // repair rewrites every checked segment that has edits.
 func (v *verifier) repair() error {
-	dir := filepath.Dir(OutputBase(v.cfg.OutputPath))
-	unlock, err := lockDir(dir)
-	if err != nil {
-		return fmt.Errorf("trace: verify: lock %s: %w", dir, err)
-	}
-	defer unlock()
 	for _, p := range v.producers {
 		if err := removeLeftovers(p.prefix, verifyTmpSuffix, v.log); err != nil {
 			return fmt.Errorf("trace: verify: %w", err)
@@ -181,7 +175,7 @@ func (v *verifier) rewrite(p *vproducer, s *vsegment) error {
 	if out.Len() == 0 {
 		// Nothing left to keep (an empty file, or damage that held no line): removed, as the writer's
 		// own repair removes an empty segment.
-		if err := os.Remove(s.Path); err != nil {
+		if err := fsutil.RemoveRegular(s.Path); err != nil {
 			return err
 		}
 		return fsutil.SyncDir(filepath.Dir(s.Path))

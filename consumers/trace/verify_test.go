@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -57,6 +58,9 @@ func writeVerifyOutput(t *testing.T, js jetstream.JetStream, n int, clock func()
 		t.Fatal(err)
 	}
 	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), SegmentSuffix) {
+			continue // the producers' lock files (owner.go)
+		}
 		data, err := os.ReadFile(filepath.Join(filepath.Dir(cfg.OutputPath), e.Name()))
 		if err != nil {
 			t.Fatal(err)
@@ -661,9 +665,10 @@ func TestVerifyRenameRule(t *testing.T) {
 	}
 }
 
-// A repair while the writer runs: the writer goes on writing its newest segments, the repair rewrites a
-// sealed one, and afterwards every message has exactly one line, in stream order.
-func TestVerifyRepairsWhileTheWriterRuns(t *testing.T) {
+// A repair is refused while the writer runs (it owns its producers' prefixes), before it reads or
+// writes anything; once the writer has stopped the repair heals the segment, and every message has
+// exactly one line, in stream order.
+func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
 	keys := testKeys(4)
@@ -683,30 +688,26 @@ func TestVerifyRepairsWhileTheWriterRuns(t *testing.T) {
 	if err := os.WriteFile(seg, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		rep *VerifyReport
-		err error
+	_, err = Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	var held *fsutil.HeldError
+	if !errors.Is(err, ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" ||
+		!strings.Contains(err.Error(), PrefixLockPath(SegmentPrefix(cfg.OutputPath, "w0"))) {
+		t.Fatalf("repair next to the running writer: %v, want it refused naming the writer and its lock", err)
 	}
-	res := make(chan result, 1)
-	go func() {
-		rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
-		res <- result{rep, err}
-	}()
-	for i := 1200; i < 2400; i += 100 {
-		publish(t, env.JS, msgs[i:i+100])
-		time.Sleep(5 * time.Millisecond)
+	if got, _ := os.ReadFile(seg); !bytes.Equal(got, data) {
+		t.Fatal("the refused repair rewrote a segment")
 	}
-	vr := <-res
-	rep, err := vr.rep, vr.err
+	publish(t, env.JS, msgs[1200:])
+	waitConsumed(t, env.JS, cfg.Group)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s, _ := findingsOf(t, rep, filepath.Base(seg)); !s.Repaired {
 		t.Fatalf("segment not repaired: %+v", s)
-	}
-	waitConsumed(t, env.JS, cfg.Group)
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
 	}
 	want := map[string][]string{}
 	for _, f := range fs {
