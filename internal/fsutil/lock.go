@@ -230,3 +230,17 @@ func (l *Lock) Unlock() error {
 	l.f = nil
 	return err
 }
+
+// DirLockName is the lock file OwnDir keeps in a directory it owns.
+const DirLockName = "fpmbus.lock"
+
+// OwnDir makes this process (as role) the owner of the directory dir, an embedded server's data
+// directory: dir is created if missing and must be a directory, not a symbolic link (EnsureDir), and
+// dir/fpmbus.lock is locked (TryLock) until Unlock or the process's end. A directory another process
+// owns is a *HeldError naming it.
+func OwnDir(dir, role string) (*Lock, error) {
+	if err := EnsureDir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return TryLock(dir+string(os.PathSeparator)+DirLockName, Self(role))
+}
