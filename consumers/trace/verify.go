@@ -72,6 +72,10 @@ const (
 	// FindingMissing (with the stream, full mode): stream messages between two adjacent lines that have
 	// no line.
 	FindingMissing = "missing"
+	// FindingNotRegular: an entry with a segment's name that is not a regular file (a symbolic link, a
+	// directory, a named pipe): it is not read and never rewritten, and what it holds cannot be told,
+	// so the lines around it are not taken to be adjacent.
+	FindingNotRegular = "not_regular"
 )
 
 // Heal statuses: what the stream can do for a damaged region or missing lines.
@@ -297,6 +301,11 @@ type vproducer struct {
 	segs         []*vsegment
 	lines        []vline // every line read, in file order (segments oldest first)
 	ids          map[lineIdentity]*idLines
+	// head is the identity of the producer's first line when it was read from damaged bytes (the
+	// oldest segment's first member damaged, the segments before it pruned): confirmed by the stream
+	// (headSeq, its message), it says where the damaged region's lines begin (verify_stream.go).
+	head    *lineIdentity
+	headSeq uint64
 	// Stream matching (verify_stream.go).
 	started, done bool        // a line was matched; the last line was matched
 	lastLine      int         // index of the last valid intact line, -1 if none
@@ -359,6 +368,9 @@ func (v *verifier) read() error {
 		}
 		for i, s := range segs {
 			if !s.Regular {
+				// Reported, not skipped: a sealed segment replaced by a link to elsewhere still held
+				// lines, which must not be "restored" into its neighbours (the link's target has them).
+				p.segs = append(p.segs, notRegularSegment(s, len(p.lines)))
 				continue
 			}
 			data, fi, err := readFileInfo(s.Path)
@@ -395,10 +407,27 @@ func (v *verifier) read() error {
 			}
 			p.segs = append(p.segs, vs)
 		}
+		if len(p.lines) > 0 && p.lines[0].salvaged && p.lines[0].valid {
+			// The first line of a damaged region's bytes is its first line (a region starts at a
+			// member boundary, and its salvaged content is decoded from there).
+			p.head = &p.lines[0].id
+		}
 		v.producers = append(v.producers, p)
 		v.byPrefix[p.prefix] = p
 	}
 	return nil
+}
+
+// notRegularSegment is the vsegment of an entry with a segment's name that is not a regular file:
+// one damaged region, with no lines, and its finding (FindingNotRegular).
+func notRegularSegment(s Segment, firstLine int) *vsegment {
+	reason := "not a regular file"
+	if _, err := fsutil.CheckRegular(s.Path); err != nil {
+		reason = err.Error()
+	}
+	f := Finding{Kind: FindingNotRegular, Segment: s.Path, Reason: reason + "; its lines cannot be read, and the lines around it are not taken to be adjacent"}
+	chk := &segmentCheck{pieces: []piece{{damaged: true, finding: 0}}, findings: []Finding{f}}
+	return &vsegment{Segment: s, chk: chk, firstLine: firstLine, checked: true, findings: chk.findings}
 }
 
 // firstDamaged is the index of the first damaged piece of c (len(c.pieces) if none).

@@ -815,3 +815,98 @@ func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
 		t.Fatalf("stream %v, lines %d of %d, damaged %d: %v", rep.Stream, rep.Lines, len(order), rep.Damaged, fs)
 	}
 }
+
+// A sealed segment replaced by a symbolic link (to a copy elsewhere) still held lines: it is reported,
+// never read or rewritten through, and its lines are not "restored" into the segments around it, which
+// would hold them twice with the link's target.
+func TestVerifyReportsANonRegularSegmentAndRestoresNothingAroundIt(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	orig := writeVerifyOutput(t, env.JS, 1200, nil)
+	for name, plant := range map[string]func(t *testing.T, path string, data []byte){
+		"a symbolic link to a copy elsewhere": func(t *testing.T, path string, data []byte) {
+			moved := filepath.Join(t.TempDir(), filepath.Base(path))
+			if err := os.WriteFile(moved, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(moved, path); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"a directory": func(t *testing.T, path string, _ []byte) {
+			if err := os.Mkdir(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			output := orig.copyTo(t)
+			seg := orig.segmentName("w0", 1)
+			path := filepath.Join(filepath.Dir(output), seg)
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			plant(t, path, orig.files[seg])
+			rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for fname, data := range orig.files {
+				if fname == seg {
+					continue
+				}
+				if got, err := os.ReadFile(filepath.Join(filepath.Dir(output), fname)); err != nil || !bytes.Equal(got, data) {
+					t.Fatalf("%s was rewritten (%v): the link's lines restored around it", fname, err)
+				}
+			}
+			_, fs := findingsOf(t, rep, seg)
+			if len(fs) != 1 || fs[0].Kind != FindingNotRegular || fs[0].Heal == nil || fs[0].Heal.Status != HealUnknown || !strings.Contains(fs[0].Reason, path) {
+				t.Fatalf("findings of %s: %+v", seg, fs)
+			}
+			if rep.Damaged != 1 || rep.Repaired != 0 || rep.Remaining != 1 {
+				t.Fatalf("report: damaged %d, repaired %d, remaining %d; want only the link, unrepaired", rep.Damaged, rep.Repaired, rep.Remaining)
+			}
+		})
+	}
+}
+
+// Rotation pruned a producer's oldest segments, and the first member of the oldest one left is
+// damaged: no line precedes the damage, but its first line, still readable in the damaged bytes and
+// in the stream, says where its lines begin, and the stream restores every one of them.
+func TestVerifyHealsTheOldestSegmentAfterPruning(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	orig := writeVerifyOutput(t, env.JS, 1200, nil)
+	output := orig.copyTo(t)
+	dir := filepath.Dir(output)
+	for _, i := range []uint64{0, 1} { // pruned
+		if err := os.Remove(filepath.Join(dir, orig.segmentName("w0", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seg := orig.segmentName("w0", 2)
+	data := bytes.Clone(orig.files[seg])
+	b := blocks(t, data)[0]
+	data[b.end-gzipTrailerLen] ^= 0xff // the first member's CRC-32: its lines read, unconfirmed by the file
+	if err := os.WriteFile(filepath.Join(dir, seg), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, fs := findingsOf(t, rep, seg)
+	if len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != HealRestored || len(fs[0].Heal.Unconfirmed) != 0 || !s.Repaired {
+		t.Fatalf("damage at the start of the oldest segment: %+v, heal %+v", fs, fs[0].Heal)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, seg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := gunzip(t, got), gunzip(t, orig.files[seg]); !bytes.Equal(a, b) {
+		t.Fatalf("restored content differs from the original (%d and %d bytes)", len(a), len(b))
+	}
+	if rep.Remaining != 0 {
+		t.Fatalf("remaining %d", rep.Remaining)
+	}
+}
