@@ -248,7 +248,7 @@ func (c *Consumer) Tick(context.Context, time.Time) error {
 	if c.failed != nil {
 		return c.failed
 	}
-	c.own.retryBorrowed()
+	c.own.retry()
 	for p, w := range c.writers {
 		if w.sampler != nil {
 			if err := w.sampler.emitDue(w, c.set.Clock()); err != nil {

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sort"
-	"time"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 )
@@ -29,13 +28,13 @@ import (
 //     it also owns, at its first takeover, every producer already under the output before it repairs
 //     their newest segments. A prefix another process holds refuses that producer: its messages are
 //     rejected (dead-lettered, naming the holder) and the other producers go on; it is tried again
-//     after refusalRetry.
+//     at the first message after each Tick (every flush interval).
 //   - Except within one consumer group. A partition moves to another member when its owner is frozen
 //     (SIGSTOP, a hung host) and stops answering, while the frozen process still holds its locks; the
 //     group's compare-and-set lease, not the lock, decides who writes then. A lock whose record names a
 //     member of the same group that holds it now (/proc/locks) is borrowed: the new owner writes
 //     without the lock, as before locks existed (segments are created exclusively, so the two never
-//     share a file), takes the lock as soon as it is free (at every Tick), and logs both.
+//     share a file), takes the lock as soon as it is free (tried at every Tick), and logs both.
 //   - `trace verify --repair` owns every producer of the output for its whole run, and `trace backfill`
 //     every producer it finds at its start and each one it writes after: either is refused as a whole,
 //     naming the holder, before it reads or writes anything.
@@ -60,20 +59,19 @@ func PrefixLockPath(prefix string) string {
 	return prefix + prefixLockSuffix
 }
 
-// refusalRetry is how long a refused prefix is not tried again: its messages are rejected meanwhile
-// without another look at the lock file.
-const refusalRetry = 5 * time.Second
-
 // owner is the prefixes one process part (a trace writer, a repair, a backfill) owns.
 type owner struct {
 	me fsutil.Holder
 	// group is a trace writer's consumer group: a holder of the same group is borrowed from (see
 	// above). "" for the tools, which never borrow.
-	group   string
-	log     *slog.Logger
-	held    map[string]*ownedPrefix
-	refused map[string]refusal
-	now     func() time.Time
+	group string
+	log   *slog.Logger
+	held  map[string]*ownedPrefix
+	// refused are the prefixes refused since the last retry (Consumer.Tick): their messages are
+	// rejected without another look at the lock file until then.
+	refused map[string]error
+	// logged are the prefixes whose refusal was logged: once, until they are owned.
+	logged map[string]bool
 }
 
 type ownedPrefix struct {
@@ -82,13 +80,8 @@ type ownedPrefix struct {
 	refs int
 }
 
-type refusal struct {
-	err error
-	at  time.Time
-}
-
 func newOwner(me fsutil.Holder, log *slog.Logger) *owner {
-	return &owner{me: me, group: me.Group, log: log, held: map[string]*ownedPrefix{}, refused: map[string]refusal{}, now: time.Now}
+	return &owner{me: me, group: me.Group, log: log, held: map[string]*ownedPrefix{}, refused: map[string]error{}, logged: map[string]bool{}}
 }
 
 // take owns prefix (once more, when it is owned already). The error of a prefix another process holds
@@ -98,15 +91,15 @@ func (o *owner) take(prefix string) error {
 		op.refs++
 		return nil
 	}
-	if r, ok := o.refused[prefix]; ok && o.now().Sub(r.at) < refusalRetry {
-		return r.err
+	if err, ok := o.refused[prefix]; ok {
+		return err
 	}
 	path := PrefixLockPath(prefix)
 	l, err := fsutil.TryLock(path, o.me)
 	var held *fsutil.HeldError
 	switch {
 	case err == nil:
-		delete(o.refused, prefix)
+		delete(o.logged, prefix)
 		o.held[prefix] = &ownedPrefix{lock: l, refs: 1}
 		if l.Previous != nil {
 			o.log.Warn("trace: took over a producer's segments from an owner that ended without releasing them (killed?)",
@@ -121,11 +114,12 @@ func (o *owner) take(prefix string) error {
 		return nil
 	case held != nil:
 		err = fmt.Errorf("%w (%s): %w: a producer's segments have one owner at a time", ErrPrefixHeld, prefix, held)
-		if _, again := o.refused[prefix]; !again {
+		if !o.logged[prefix] {
 			o.log.Error("trace: a producer's segments are owned by another process: its messages are rejected until it lets go",
 				"prefix", prefix, "err", err)
+			o.logged[prefix] = true
 		}
-		o.refused[prefix] = refusal{err: err, at: o.now()}
+		o.refused[prefix] = err
 		return err
 	default:
 		return fmt.Errorf("trace: prefix %s: %w", prefix, err)
@@ -160,11 +154,13 @@ func (o *owner) releaseAll() {
 	}
 }
 
-// retryBorrowed takes the locks of borrowed prefixes that have become free.
-func (o *owner) retryBorrowed() {
+// retry takes the locks of borrowed prefixes that have become free, and lets refused prefixes be
+// tried again at their next message.
+func (o *owner) retry() {
 	if o == nil {
 		return
 	}
+	clear(o.refused)
 	for p, op := range o.held {
 		if op.lock != nil {
 			continue
