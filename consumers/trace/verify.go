@@ -49,8 +49,13 @@ import (
 // When the damaged member's gzip trailer survives, the rebuilt member is checked against its CRC-32 and
 // size: a match means byte-identical to what was written.
 //
-// A running writer: Verify reads every segment but reports on, and rewrites, only sealed ones — below
-// each producer's newest segment — unless IncludeActive. See verify_repair.go for the rename rule.
+// A running writer: Verify reads every segment but reports on only sealed ones — below each producer's
+// newest segment — unless IncludeActive. With Repair it owns every producer first (owner.go), so it is
+// refused while a writer holds any; see verify_repair.go for the rename rule. An entry with a
+// segment's name that is not a regular file is reported (FindingNotRegular), never read or rewritten,
+// and bounds the lines around it. A damaged region with no line before it (the oldest segment after
+// pruning) begins at its first line read from the damaged bytes, when the stream holds that line's
+// message.
 
 // Kinds of Finding.
 const (
