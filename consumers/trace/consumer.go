@@ -138,7 +138,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.start = c.set.Clock()
 	me := fsutil.Self("trace writer")
-	me.Group, me.Member = c.cfg.Group, c.set.MemberID
+	me.Group, me.Member = groupIdentity(c.cfg.Group, c.js), c.set.MemberID
 	c.own = newOwner(me, c.log)
 	defer c.own.releaseAll() // what a writer the runner did not end still holds
 	stop, stopped := make(chan struct{}), make(chan struct{})
@@ -165,6 +165,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	close(stop)
 	<-stopped
 	return err
+}
+
+// groupIdentity names the consumer group in the prefix locks' records: its name on its deployment (the
+// cluster's name, or the single server's id), so that a writer of a group of the same name on another
+// server, which shares nothing with this one, is never taken for a member (owner.go).
+func groupIdentity(group string, js jetstream.JetStream) string {
+	nc := js.Conn()
+	if nc == nil {
+		return group
+	}
+	if cl := nc.ConnectedClusterName(); cl != "" {
+		return group + "@" + cl
+	}
+	return group + "@" + nc.ConnectedServerId()
 }
 
 // notifyFlushed is every writer's flusher notification: it never blocks the flusher.

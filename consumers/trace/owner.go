@@ -62,8 +62,8 @@ func PrefixLockPath(prefix string) string {
 // owner is the prefixes one process part (a trace writer, a repair, a backfill) owns.
 type owner struct {
 	me fsutil.Holder
-	// group is a trace writer's consumer group: a holder of the same group is borrowed from (see
-	// above). "" for the tools, which never borrow.
+	// group is a trace writer's consumer group, on its deployment (groupIdentity): a holder of the
+	// same group is borrowed from (see above). "" for the tools, which never borrow.
 	group string
 	log   *slog.Logger
 	held  map[string]*ownedPrefix
@@ -173,6 +173,9 @@ func (o *owner) retry() {
 		o.log.Info("trace: took the producer's lock the group member before this one held", "lock", l.Path())
 	}
 }
+
+// owns reports whether prefix is owned (held or borrowed).
+func (o *owner) owns(prefix string) bool { return o.held[prefix] != nil }
 
 // prefixes are the prefixes owned (held or borrowed), sorted.
 func (o *owner) prefixes() []string {
