@@ -212,7 +212,10 @@ func (c *Consumer) Assigned(_ context.Context, p int) error {
 	if c.cfg.Partitions == 1 && !c.repaired {
 		// Only what this instance owns is repaired: a producer another process holds is its
 		// owner's to repair (its messages are rejected until it lets go).
-		claimed, _, err := w.claimOutput()
+		claimed, refused, err := w.claimOutput()
+		for _, r := range refused {
+			c.log.Info("trace writer: a producer under the output is owned by another process: not repaired", "err", r)
+		}
 		if err == nil {
 			_, err = repairPrefixes(claimed, c.log)
 		}

@@ -114,16 +114,22 @@ func (o *owner) take(prefix string) error {
 		return nil
 	case held != nil:
 		err = fmt.Errorf("%w (%s): %w: a producer's segments have one owner at a time", ErrPrefixHeld, prefix, held)
-		if !o.logged[prefix] {
-			o.log.Error("trace: a producer's segments are owned by another process: its messages are rejected until it lets go",
-				"prefix", prefix, "err", err)
-			o.logged[prefix] = true
-		}
 		o.refused[prefix] = err
 		return err
 	default:
 		return fmt.Errorf("trace: prefix %s: %w", prefix, err)
 	}
+}
+
+// rejecting logs, once until the prefix is owned, that a producer's messages are rejected because
+// another process owns its prefix (err, from take).
+func (o *owner) rejecting(prefix string, err error) {
+	if o.logged[prefix] {
+		return
+	}
+	o.logged[prefix] = true
+	o.log.Error("trace: a producer's segments are owned by another process: its messages are rejected until it lets go",
+		"prefix", prefix, "err", err)
 }
 
 // release gives up one ownership of prefix; the lock goes with the last.

@@ -156,6 +156,7 @@ func (w *writer) producerFor(id string) (*producer, error) {
 	if !ok {
 		if err := w.claim(prefix); err != nil {
 			if w.rejectHeld && errors.Is(err, ErrPrefixHeld) {
+				w.own.rejecting(prefix, err)
 				return nil, &messageError{err}
 			}
 			return nil, err
