@@ -223,6 +223,9 @@ func (c *Consumer) Assigned(_ context.Context, p int) error {
 			w.abort()
 			return fmt.Errorf("trace: repair output: %w", err)
 		}
+		// Owned for the repair only: a producer is owned again at its first message, so the
+		// producers of another writer sharing the output directory stay free for it.
+		w.releaseClaims()
 		c.repaired = true
 	}
 	w.takeover = newTakeover(w, c.cfg.Partitions, &c.totals)

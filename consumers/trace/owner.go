@@ -25,8 +25,8 @@ import (
 //   - The trace writer (Consumer) owns a producer's prefix from its first message in an owned
 //     partition until the partition is released or lost (every writer of the process shares one
 //     owner, so two partitions whose producer ids sanitize alike share the lock). With one partition
-//     it also owns, at its first takeover, every producer already under the output before it repairs
-//     their newest segments. A prefix another process holds refuses that producer: its messages are
+//     it also owns, at its first takeover, every producer already under the output while it repairs
+//     their newest segments, and lets go of them after. A prefix another process holds refuses that producer: its messages are
 //     rejected (dead-lettered, naming the holder) and the other producers go on; it is tried again
 //     at the first message after each Tick (every flush interval).
 //   - Except within one consumer group. A partition moves to another member when its owner is frozen
