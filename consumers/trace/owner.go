@@ -3,6 +3,7 @@ package trace
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"path/filepath"
 	"sort"
@@ -116,9 +117,21 @@ func (o *owner) take(prefix string) error {
 		err = fmt.Errorf("%w (%s): %w: a producer's segments have one owner at a time", ErrPrefixHeld, prefix, held)
 		o.refused[prefix] = err
 		return err
+	case refusesProducer(err):
+		err = fmt.Errorf("trace: prefix %s: %w", prefix, err)
+		o.refused[prefix] = err
+		return err
 	default:
 		return fmt.Errorf("trace: prefix %s: %w", prefix, err)
 	}
+}
+
+// refusesProducer reports an error of take that concerns one producer alone: its prefix is another
+// process's, or its lock file cannot be had (a symbolic link or other non-regular file planted under
+// its name, a file this user may not open, a name its file system refuses). That producer is refused;
+// the others go on.
+func refusesProducer(err error) bool {
+	return errors.Is(err, ErrPrefixHeld) || errors.Is(err, fsutil.ErrNotRegular) || errors.Is(err, fs.ErrPermission) || nameRefused(err)
 }
 
 // rejecting logs, once until the prefix is owned, that a producer's messages are rejected because

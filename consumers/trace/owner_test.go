@@ -138,3 +138,31 @@ func TestBackfillIsRefusedWhileAWriterOwnsTheOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A symbolic link planted as a producer's lock file (in a shared directory such as /tmp) refuses that
+// producer alone: it is not followed, and the error is one the writer rejects the producer's messages
+// for, not one that ends it.
+func TestPrefixLockPlantedAsALinkRefusesTheProducer(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	prefix := filepath.Join(dir, "fpm.w0")
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("precious"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, PrefixLockPath(prefix)); err != nil {
+		t.Fatal(err)
+	}
+	o := newOwner(writerHolder("fpm-trace@s1"), testLogger(t))
+	err := o.take(prefix)
+	if !errors.Is(err, fsutil.ErrNotRegular) || !refusesProducer(err) || !strings.Contains(err.Error(), PrefixLockPath(prefix)) {
+		t.Fatalf("take: %v, want a refusal of the producer naming its lock file", err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "precious" {
+		t.Fatalf("written through the link: %q", b)
+	}
+	if err := o.take(filepath.Join(dir, "fpm.w1")); err != nil {
+		t.Fatalf("another producer: %v", err)
+	}
+	o.releaseAll()
+}

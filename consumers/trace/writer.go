@@ -155,7 +155,7 @@ func (w *writer) producerFor(id string) (*producer, error) {
 	p, ok := w.bySegment[prefix]
 	if !ok {
 		if err := w.claim(prefix); err != nil {
-			if w.rejectHeld && errors.Is(err, ErrPrefixHeld) {
+			if w.rejectHeld && refusesProducer(err) {
 				w.own.rejecting(prefix, err)
 				return nil, &messageError{err}
 			}
@@ -201,7 +201,7 @@ func (w *writer) claimOutput() (claimed []string, refused []error, err error) {
 	for _, p := range producers {
 		prefix := OutputBase(w.cfg.OutputPath) + "." + p
 		if err := w.claim(prefix); err != nil {
-			if !errors.Is(err, ErrPrefixHeld) {
+			if !refusesProducer(err) {
 				return claimed, refused, err
 			}
 			refused = append(refused, err)
