@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -32,6 +33,7 @@ var ErrEdgeShards = errors.New("bridge: the edge topology needs one central stre
 // (README: "Edge topology").
 type Edge struct {
 	cfg    streams.EdgeConfig
+	lock   *fsutil.Lock // the store directory's ownership: one edge server per directory
 	srv    *streams.Server
 	nc     *nats.Conn
 	log    *slog.Logger
@@ -61,17 +63,28 @@ func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger)
 	if scfg.FPMShards > 1 {
 		return nil, fmt.Errorf("%w: FPM shards %d declared", ErrEdgeShards, scfg.FPMShards)
 	}
+	// Two servers on one store would corrupt it: the directory has one owner (fsutil.OwnDir), and a
+	// second edge on it is refused, naming the first.
+	lock, err := fsutil.OwnDir(cfg.StoreDir, "bridge edge server")
+	if err != nil {
+		return nil, fmt.Errorf("bridge: edge directory %s: %w", cfg.StoreDir, err)
+	}
+	if lock.Previous != nil {
+		logger.Warn("edge directory taken over from an owner that ended without releasing it (killed?)", "dir", cfg.StoreDir, "previous_owner", lock.Previous.String())
+	}
 	srv, err := streams.StartServer(sc)
 	if err != nil {
+		_ = lock.Unlock()
 		return nil, fmt.Errorf("bridge: edge server %s: %w", cfg.Domain(), err)
 	}
 	nc, err := streams.Connect(streams.ConnConfig{InProcess: srv, Name: "fpmbus-bridge-edge", Logger: logger})
 	if err != nil {
 		_ = srv.Shutdown(context.Background())
+		_ = lock.Unlock()
 		return nil, fmt.Errorf("bridge: edge server %s: connect: %w", cfg.Domain(), err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &Edge{cfg: cfg, srv: srv, nc: nc, scfg: scfg, srcd: make(chan struct{}), failed: make(chan error, 1), cancel: cancel, done: make(chan struct{}),
+	e := &Edge{cfg: cfg, lock: lock, srv: srv, nc: nc, scfg: scfg, srcd: make(chan struct{}), failed: make(chan error, 1), cancel: cancel, done: make(chan struct{}),
 		log: logger.With("component", "bridge-edge", "domain", cfg.Domain())}
 	go func() {
 		defer close(e.done)
@@ -99,7 +112,8 @@ func (e *Edge) Close(ctx context.Context) error {
 	e.cancel()
 	<-e.done
 	e.nc.Close()
-	return e.srv.Shutdown(ctx)
+	err := e.srv.Shutdown(ctx)
+	return errors.Join(err, e.lock.Unlock())
 }
 
 // declareSources retries until the central streams source this edge or ctx ends.

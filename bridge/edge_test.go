@@ -2,10 +2,13 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +17,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/freeport"
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -344,4 +349,33 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("bridge stopped")
+}
+
+// Two edge servers on one store would corrupt it: the directory has one owner, a second edge is refused
+// naming the first, and once the first has closed the directory is free again.
+func TestEdgeDirectoryHasOneOwner(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfg := func(node string) streams.EdgeConfig {
+		return streams.EdgeConfig{Node: node, StoreDir: dir, Remotes: "nats-leaf://127.0.0.1:" + strconv.Itoa(freeport.Ports(t, 1)[0]), Listen: "127.0.0.1:0"}
+	}
+	first, err := StartEdge(cfg("node1"), streams.Config{}, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = StartEdge(cfg("node2"), streams.Config{}, testLogger())
+	var held *fsutil.HeldError
+	if !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "bridge edge server" || !strings.Contains(err.Error(), filepath.Join(dir, fsutil.DirLockName)) {
+		t.Fatalf("second edge on %s: %v, want it refused naming the first", dir, err)
+	}
+	if err := first.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	again, err := StartEdge(cfg("node1"), streams.Config{}, testLogger())
+	if err != nil {
+		t.Fatalf("after the first closed: %v", err)
+	}
+	if err := again.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 }

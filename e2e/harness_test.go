@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fpmbus/fpmbus/internal/fsutil/locktest"
 )
 
 var (
@@ -23,6 +25,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	locktest.MaybeHold() // the test binary run as a second process holding a lock file (locktest.Start)
 	dir, err := os.MkdirTemp("", "fpmbus-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/replay"
 	"github.com/fpmbus/fpmbus/streams"
@@ -151,7 +152,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 	}
 	var csvFile *os.File
 	if *recordsCSV != "" && !*dryRun {
-		if csvFile, err = os.Create(*recordsCSV); err != nil {
+		if csvFile, err = fsutil.CreateRegular(*recordsCSV, 0o644); err != nil {
 			return fmt.Errorf("--records-csv: %w", err)
 		}
 		defer csvFile.Close()
@@ -194,7 +195,7 @@ func envSource(v string) string {
 }
 
 func writeJSONFile(path string, rep *replay.Report) error {
-	f, err := os.Create(path)
+	f, err := fsutil.CreateRegular(path, 0o644)
 	if err != nil {
 		return fmt.Errorf("--summary-json: %w", err)
 	}

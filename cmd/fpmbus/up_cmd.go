@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/replay"
@@ -220,10 +221,6 @@ func (o *upOptions) plan() (*upRun, error) {
 		}
 		r.demo = &pc
 	}
-	// Last, once every setting is checked: a missing --auth-token-file is written now.
-	if err := srv.writeToken(); err != nil {
-		return nil, err
-	}
 	return r, nil
 }
 
@@ -272,8 +269,20 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(r.storeDir, 0o755); err != nil {
-		return fmt.Errorf("data dir: %w", err)
+	// One process per data directory, for its whole life: its server's store, its member id and its
+	// traces' member id are this directory's (upMemberID). A second `up` on it is refused, naming the
+	// first; the lock of one that was killed is free and taken over.
+	own, err := ownDataDir(o.dataDir)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = own.Unlock() }()
+	// Once every setting is checked and the directory is ours: a missing --auth-token-file is written now.
+	if err := r.server.writeToken(); err != nil {
+		return err
+	}
+	if err := fsutil.EnsureDir(r.storeDir, 0o755); err != nil {
+		return fmt.Errorf("%w: --data-dir: %v", errUsage, err)
 	}
 	reg := newProcessRegistry()
 	r.reg = reg
@@ -296,6 +305,24 @@ func runUp(ctx context.Context, args []string) error {
 		return fmt.Errorf("stopped: %w", err)
 	}
 	return err
+}
+
+// ownDataDir takes the ownership lock of --data-dir dir (fsutil.OwnDir: <dir>/fpmbus.lock). A
+// directory that is not one (a symbolic link included) is a usage error; one another process owns is
+// refused (exit 1) naming it.
+func ownDataDir(dir string) (*fsutil.Lock, error) {
+	l, err := fsutil.OwnDir(dir, "fpmbus up")
+	var held *fsutil.HeldError
+	switch {
+	case errors.As(err, &held):
+		return nil, fmt.Errorf("--data-dir %s is in use: %w; stop that process, or give this one another --data-dir", dir, err)
+	case err != nil:
+		return nil, fmt.Errorf("%w: --data-dir: %v", errUsage, err)
+	}
+	if l.Previous != nil {
+		slog.Warn("--data-dir taken over from an `fpmbus up` that ended without releasing it (killed?)", "data_dir", dir, "previous_owner", l.Previous.String())
+	}
+	return l, nil
 }
 
 // closeConnOnSIGUSR1 closes the components' current NATS connection for good on each SIGUSR1 (the
@@ -327,8 +354,8 @@ func closeConnOnSIGUSR1(r *upRun) (stop func()) {
 }
 
 // upMemberID names this `fpmbus up` in its consumer groups: "up-<host>-<hash of the absolute data
-// directory>". Only one process can hold a data directory (its embedded server locks the store), so
-// the id names the same instance across restarts, and a restart after a crash takes the partitions of
+// directory>". Only one process can hold a data directory (ownDataDir), so the id names the same
+// instance across restarts, and a restart after a crash takes the partitions of
 // its previous incarnation back at once (consumers/partition, WithMemberID).
 func upMemberID(dataDir string) string {
 	abs, err := filepath.Abs(dataDir)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -148,9 +149,11 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 	return s, nil
 }
 
-// readAuthToken returns the token in path, "" when the file does not exist yet.
+// readAuthToken returns the token in path, "" when the file does not exist yet. The file must be a
+// regular file: a symbolic link (someone else's file as the server's secret) or a named pipe (a read
+// that never ends) is refused.
 func readAuthToken(path string) (string, error) {
-	raw, err := os.ReadFile(path)
+	raw, st, err := fsutil.ReadRegular(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}
@@ -161,7 +164,7 @@ func readAuthToken(path string) (string, error) {
 	if tok == "" {
 		return "", fmt.Errorf("%w: --auth-token-file %s is empty (delete it to have a token generated)", errUsage, path)
 	}
-	if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o077 != 0 {
+	if st.Mode().Perm()&0o077 != 0 {
 		slog.Warn("--auth-token-file is readable by other users: chmod 600 it", "file", path, "mode", fmt.Sprintf("%#o", st.Mode().Perm()))
 	}
 	return tok, nil
@@ -172,7 +175,7 @@ func (s *upServer) writeToken() error {
 	if s.tokenPath == "" {
 		return nil
 	}
-	f, err := os.OpenFile(s.tokenPath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := fsutil.CreateExclusive(s.tokenPath, os.O_WRONLY, 0o600) // never through a symbolic link
 	if err != nil {
 		return fmt.Errorf("%w: --auth-token-file: %v", errUsage, err)
 	}

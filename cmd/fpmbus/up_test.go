@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/fpmbus/fpmbus/bridge"
@@ -82,8 +83,8 @@ func TestUpFlagNamesFollowThePrefixRule(t *testing.T) {
 	}
 }
 
-// planUp parses up's flags (with a data dir and trace output of the test's own) and plans the run
-// without starting anything.
+// planUp parses up's flags (with a data dir and trace output of the test's own), plans the run and, as
+// runUp does once the data directory is owned, writes a missing token file, without starting anything.
 func planUp(t *testing.T, args ...string) (*upRun, error) {
 	t.Helper()
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
@@ -94,7 +95,11 @@ func planUp(t *testing.T, args ...string) (*upRun, error) {
 	if err := fs.Parse(append(base, args...)); err != nil {
 		t.Fatal(err)
 	}
-	return o.plan()
+	r, err := o.plan()
+	if err != nil {
+		return nil, err
+	}
+	return r, r.server.writeToken()
 }
 
 // writeFile writes body to a new file in a fresh directory and returns its path.
@@ -132,6 +137,8 @@ func TestUpServerSecuritySettings(t *testing.T) {
 		"token and a config with users":            {args: []string{"--server-config", "{conf:" + users + "}", "--auth-token-file", "{tokenfile}"}, want: []string{"--auth-token-file and --server-config"}},
 		"token and --user":                         {args: []string{"--auth-token-file", "{tokenfile}", "--user", "x"}, want: []string{"--auth-token-file and --user"}},
 		"empty token file":                         {args: []string{"--auth-token-file", "{emptyfile}"}, want: []string{"--auth-token-file", "empty"}},
+		"token file is a symbolic link":            {args: []string{"--auth-token-file", "{linkfile}"}, want: []string{"--auth-token-file", "is a symbolic link to", "not a regular file"}},
+		"token file is a named pipe":               {args: []string{"--auth-token-file", "{fifofile}"}, want: []string{"--auth-token-file", "is a named pipe", "not a regular file"}},
 		"server certificate without key":           {args: []string{"--server-tls-cert", pki.ServerCert}, want: []string{"--server-tls-cert", "needs --server-tls-key"}},
 		"client CA without certificate":            {args: []string{"--server-tls-ca", pki.CA}, want: []string{"--server-tls-ca"}},
 		"certificate and the wrong key":            {args: []string{"--server-tls-cert", pki.ServerCert, "--server-tls-key", pki.ClientKey}, want: []string{"--server-tls-cert/--server-tls-key"}},
@@ -149,6 +156,16 @@ func TestUpServerSecuritySettings(t *testing.T) {
 					a = tokenFile
 				case a == "{emptyfile}":
 					a = writeFile(t, "empty", "\n")
+				case a == "{linkfile}": // someone else's file as the server's secret
+					a = filepath.Join(t.TempDir(), "token")
+					if err := os.Symlink(writeFile(t, "secret", "not-a-token\n"), a); err != nil {
+						t.Fatal(err)
+					}
+				case a == "{fifofile}": // a read that would never end
+					a = filepath.Join(t.TempDir(), "token")
+					if err := syscall.Mkfifo(a, 0o600); err != nil {
+						t.Fatal(err)
+					}
 				case strings.HasPrefix(a, "{conf:"):
 					a = writeFile(t, "nats.conf", strings.TrimSuffix(strings.TrimPrefix(a, "{conf:"), "}"))
 				}

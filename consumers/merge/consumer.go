@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -585,7 +586,7 @@ func (c *stage) fetchToFile(ctx context.Context, h *heldRank, path string) error
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	f, err := os.Create(path)
+	f, err := fsutil.CreateRegular(path, 0o644) // never through a link planted in the spool directory
 	if err != nil {
 		return err
 	}

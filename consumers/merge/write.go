@@ -3,11 +3,8 @@ package merge
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -147,13 +144,14 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// removeIfExists removes the regular file path, if there is one; anything else there is refused.
 func removeIfExists(path string) error {
-	err := os.Remove(path)
-	if err == nil {
-		return fsutil.SyncDir(filepath.Dir(path))
+	exists, err := fsutil.CheckRegular(path)
+	if err != nil || !exists {
+		return err
 	}
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+	if err := fsutil.RemoveRegular(path); err != nil {
+		return err
 	}
-	return err
+	return fsutil.SyncDir(filepath.Dir(path))
 }

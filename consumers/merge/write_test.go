@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -129,5 +130,43 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 		if n < 800 || n > 1200 {
 			t.Errorf("partition %d owns %d of 4000 runs", p, n)
 		}
+	}
+}
+
+// A symbolic link (or other non-regular file) planted where the merger writes its artefact or sidecar,
+// or removes a stale sidecar, is refused, naming it; it is neither written through nor replaced.
+func TestBenchWriteResultRefusesNonRegularFiles(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"merged artefact", "stale sidecar"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			merged := filepath.Join(dir, "benchmark_results_merged.json")
+			planted := merged
+			if where == "stale sidecar" {
+				planted = SidecarPathFor(merged)
+			}
+			victim := filepath.Join(t.TempDir(), "victim")
+			if err := os.WriteFile(victim, []byte("precious"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(victim, planted); err != nil {
+				t.Fatal(err)
+			}
+			res, err := Merge(ruleBase.rankFiles(), nil, Options{MergedPath: merged, RequireAllRanks: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = WriteResult(res)
+			if !errors.Is(err, fsutil.ErrNotRegular) || !strings.Contains(err.Error(), planted) {
+				t.Fatalf("err %v, want ErrNotRegular naming %s", err, planted)
+			}
+			if fi, err := os.Lstat(planted); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+				t.Fatalf("the planted link was replaced: %v %v", fi, err)
+			}
+			if b, _ := os.ReadFile(victim); string(b) != "precious" {
+				t.Fatalf("written through the link: %q", b)
+			}
+		})
 	}
 }

@@ -79,7 +79,12 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	if err := ProbeOutput(cfg.OutputPath); err != nil {
 		return res, err
 	}
-	if _, err := RepairOutput(cfg.OutputPath, log); err != nil {
+	own, err := ownOutput(cfg.OutputPath, "trace backfill", log) // no live writer's files are touched
+	if err != nil {
+		return res, err
+	}
+	defer own.releaseAll()
+	if _, err := repairPrefixes(own.prefixes(), log); err != nil {
 		return res, fmt.Errorf("trace: backfill: repair output: %w", err)
 	}
 	m, err := newMetrics(cfg.Registerer, cfg.Mode)
@@ -112,6 +117,7 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	log.Info("trace backfill started", "mode", cfg.Mode, "output", cfg.OutputPath, "filter", cfg.FilterSubject,
 		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total, "fpm_streams", len(names))
 	w := newWriter(cfg, set, log, m, set.Clock(), nil)
+	w.own = own
 	if w.sampler != nil {
 		w.sampler.hold = 0 // event time only
 	}

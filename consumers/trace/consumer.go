@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -51,6 +52,7 @@ type Consumer struct {
 	// Loop only (the runner's goroutine).
 	start    time.Time       // lines' timestamps count from the consumer's start, in every partition
 	writers  map[int]*writer // by owned partition
+	own      *owner          // every writer's prefixes (owner.go)
 	repaired bool            // the whole output was repaired at the first takeover (one partition)
 	failed   error           // a flush failed between two calls: returned by the next one
 }
@@ -135,6 +137,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.start = c.set.Clock()
+	me := fsutil.Self("trace writer")
+	me.Group, me.Member = groupIdentity(c.cfg.Group, c.js), c.set.MemberID
+	c.own = newOwner(me, c.log)
+	defer c.own.releaseAll() // what a writer the runner did not end still holds
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() { // hands completed flushes to the runner's loop; owned by Run
 		defer close(stopped)
@@ -159,6 +165,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	close(stop)
 	<-stopped
 	return err
+}
+
+// groupIdentity names the consumer group in the prefix locks' records: its name on its deployment (the
+// cluster's name, or the single server's id), so that a writer of a group of the same name on another
+// server, which shares nothing with this one, is never taken for a member (owner.go).
+func groupIdentity(group string, js jetstream.JetStream) string {
+	nc := js.Conn()
+	if nc == nil {
+		return group
+	}
+	if cl := nc.ConnectedClusterName(); cl != "" {
+		return group + "@" + cl
+	}
+	return group + "@" + nc.ConnectedServerId()
 }
 
 // notifyFlushed is every writer's flusher notification: it never blocks the flusher.
@@ -187,13 +207,27 @@ func (c *Consumer) Assigned(_ context.Context, p int) error {
 	if old := c.writers[p]; old != nil {
 		old.abort()
 	}
+	w := newWriter(c.cfg, c.set, c.log.With("partition", p), c.metrics, c.start, c.notifyFlushed)
+	w.own, w.rejectHeld = c.own, true
 	if c.cfg.Partitions == 1 && !c.repaired {
-		if _, err := RepairOutput(c.cfg.OutputPath, c.log); err != nil {
+		// Only what this instance owns is repaired: a producer another process holds is its
+		// owner's to repair (its messages are rejected until it lets go).
+		claimed, refused, err := w.claimOutput()
+		for _, r := range refused {
+			c.log.Info("trace writer: a producer under the output is owned by another process: not repaired", "err", r)
+		}
+		if err == nil {
+			_, err = repairPrefixes(claimed, c.log)
+		}
+		if err != nil {
+			w.abort()
 			return fmt.Errorf("trace: repair output: %w", err)
 		}
+		// Owned for the repair only: a producer is owned again at its first message, so the
+		// producers of another writer sharing the output directory stay free for it.
+		w.releaseClaims()
 		c.repaired = true
 	}
-	w := newWriter(c.cfg, c.set, c.log.With("partition", p), c.metrics, c.start, c.notifyFlushed)
 	w.takeover = newTakeover(w, c.cfg.Partitions, &c.totals)
 	c.writers[p] = w
 	return nil
@@ -234,6 +268,7 @@ func (c *Consumer) Tick(context.Context, time.Time) error {
 	if c.failed != nil {
 		return c.failed
 	}
+	c.own.retry()
 	for p, w := range c.writers {
 		if w.sampler != nil {
 			if err := w.sampler.emitDue(w, c.set.Clock()); err != nil {

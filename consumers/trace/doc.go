@@ -22,6 +22,8 @@
 //	                  and abandoning a segment after a failed write
 //	segment.go        the writer's names for the trace format's segment naming and discovery (schemas)
 //	repair.go         ReadSegment, CorruptError and the explicit torn-tail Repair
+//	owner.go          one owner per producer prefix: Dynamo's <prefix>.000000.jsonl.lock, held while
+//	                  a writer, a repair or a backfill may touch the prefix's files
 //	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer
 //	info.go           Info: per producer and key, what segments hold; damage and violations
 //	verify.go         Verify: check every segment of an output, match it to the stream, repair
@@ -110,12 +112,16 @@
 //     them: log, metric and a loss event on fpmevents.loss.trace with the exact range and count.
 //   - Each owned partition has its own writer: Assigned starts it (with a takeover recovery),
 //     Release ends it gracefully (sampled: pending samples written; flushed, fsynced, done, files
-//     closed), Lost drops it without writing more. With P = 1 the first takeover also repairs the
-//     newest segment of every producer of the output.
+//     closed, prefixes let go), Lost drops it without writing more. With P = 1 the first takeover also
+//     owns every producer of the output and repairs the newest segment of each it owns.
 //   - The output directory must be shared by all instances (same --trace-output on one host, or a
-//     shared file system with exclusive create and fsync): a new owner continues a producer's series
-//     at the next free segment index. Segments are created with O_EXCL, so two writers never share
-//     a file even if the lease is broken (a frozen process, see partition's handler rules).
+//     shared file system with exclusive create, fsync and flock): a new owner continues a producer's
+//     series at the next free segment index. A writer owns a producer's prefix (owner.go: Dynamo's
+//     lock file) before it writes or repairs it, so a writer of another group, a worker's own Dynamo
+//     writer, verify --repair and backfill refuse each other; a member of the same group that lost
+//     the partition while frozen still holds the lock, which its successor borrows. Segments are
+//     created with O_EXCL (never through a symbolic link), so two writers never share a file even
+//     then.
 //   - Crash failover to another instance waits PinnedTTL (--pinned-ttl, default 10 s); a restarted
 //     instance with a stable member id (WithMemberID; `fpmbus up` derives one from its host and data
 //     directory) takes its partitions back at once. A graceful handover takes the partition's flush

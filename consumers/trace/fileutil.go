@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 )
 
 // file is what a SegmentWriter needs from a segment file. *os.File implements it; tests inject short
@@ -17,9 +19,10 @@ type file interface {
 	Close() error
 }
 
-// createFile creates path exclusively for writing (it must not exist: a segment is never reopened).
+// createFile creates path exclusively for writing (it must not exist: a segment is never reopened;
+// nor is a symbolic link under its name ever followed).
 func createFile(path string) (file, error) {
-	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o644)
+	return fsutil.CreateExclusive(path, os.O_WRONLY|os.O_APPEND, 0o644)
 }
 
 // ProbeOutput creates, fsyncs and removes a file in the directory of outputPath, creating the

@@ -98,8 +98,10 @@ type RepairResult struct {
 }
 
 // Repair checks the segment at path and, if its tail is damaged, cuts it off atomically: the whole
-// members before the damage are copied byte for byte into path + ".repair.tmp", which is fsynced and
-// renamed over path, and the directory is fsynced. A segment with no whole member left is removed,
+// members before the damage are copied byte for byte into path + ".repair.tmp" (created exclusively, a
+// leftover of an interrupted repair removed first; a symbolic link or other non-regular file under
+// that name is refused, never written through), which is fsynced and renamed over path, and the
+// directory is fsynced. A segment that is not a regular file is refused. A segment with no whole member left is removed,
 // and so is an empty one. What was cut (file, byte offset, lines) is logged at warn level. An
 // undamaged segment is not touched. logger may be nil.
 func Repair(path string, logger *slog.Logger) (RepairResult, error) {
@@ -107,12 +109,12 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	res := RepairResult{Segment: path}
-	data, err := os.ReadFile(path)
+	data, _, err := fsutil.ReadRegular(path)
 	if err != nil {
 		return res, fmt.Errorf("repair segment: %w", err)
 	}
 	if len(data) == 0 {
-		if err := os.Remove(path); err != nil {
+		if err := fsutil.RemoveRegular(path); err != nil {
 			return res, fmt.Errorf("repair segment %s: remove empty segment: %w", path, err)
 		}
 		if err := fsutil.SyncDir(filepath.Dir(path)); err != nil {
@@ -132,7 +134,7 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 	res.Offset = scan.Good
 	res.CutBytes = int64(len(data)) - scan.Good
 	if scan.Good == 0 {
-		if err := os.Remove(path); err != nil {
+		if err := fsutil.RemoveRegular(path); err != nil {
 			return res, fmt.Errorf("repair segment %s: remove: %w", path, err)
 		}
 		res.Removed = true
@@ -154,15 +156,25 @@ const repairTmpSuffix = ".repair.tmp"
 
 // RepairOutput is the startup repair step: for every producer with segments under outputPath it
 // removes leftover ".repair.tmp" files of that producer and repairs the newest segment (only the
-// newest can be torn: a segment is finished, fsynced, before the next one is started).
+// newest can be torn: a segment is finished, fsynced, before the next one is started). The caller must
+// own every producer (owner.go); the trace writer and backfill repair only the prefixes they own
+// (repairPrefixes).
 func RepairOutput(outputPath string, logger *slog.Logger) ([]RepairResult, error) {
 	producers, err := Producers(outputPath)
 	if err != nil {
 		return nil, err
 	}
+	prefixes := make([]string, len(producers))
+	for i, p := range producers {
+		prefixes[i] = OutputBase(outputPath) + "." + p
+	}
+	return repairPrefixes(prefixes, logger)
+}
+
+// repairPrefixes is RepairOutput for the producers of prefixes.
+func repairPrefixes(prefixes []string, logger *slog.Logger) ([]RepairResult, error) {
 	var out []RepairResult
-	for _, p := range producers {
-		prefix := OutputBase(outputPath) + "." + p
+	for _, prefix := range prefixes {
 		if err := removeRepairLeftovers(prefix, logger); err != nil {
 			return out, err
 		}
@@ -191,7 +203,8 @@ func removeRepairLeftovers(prefix string, logger *slog.Logger) error {
 }
 
 // removeLeftovers deletes the regular files "<segment><suffix>" of prefix's segments: the temporary
-// files of an interrupted rewrite.
+// files of an interrupted rewrite. Anything else under such a name is not fpmbus's: it is left, and
+// the rewrite that needs the name refuses it (fsutil.WriteAtomic), naming it.
 func removeLeftovers(prefix, suffix string, logger *slog.Logger) error {
 	dir, base := filepath.Split(prefix)
 	if dir == "" {
@@ -210,7 +223,7 @@ func removeLeftovers(prefix, suffix string, logger *slog.Logger) error {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())
-		if err := os.Remove(p); err != nil {
+		if err := fsutil.RemoveRegular(p); err != nil {
 			return fmt.Errorf("remove leftover of an interrupted rewrite: %w", err)
 		}
 		if logger != nil {

@@ -342,7 +342,7 @@ func (w *SegmentWriter) abandon() error {
 	w.f = nil
 	w.shift++
 	if w.fSize == 0 {
-		if err := os.Remove(path); err == nil {
+		if err := fsutil.RemoveRegular(path); err == nil {
 			_ = fsutil.SyncDir(filepath.Dir(path))
 		}
 	}
@@ -436,7 +436,7 @@ func (w *SegmentWriter) prune(active uint64) {
 		if s.Index >= active {
 			break // never the active segment, nor anything newer
 		}
-		if err := os.Remove(s.Path); err != nil && !os.IsNotExist(err) {
+		if err := fsutil.RemoveRegular(s.Path); err != nil {
 			w.logger.Warn("trace prune: remove segment", "segment", s.Path, "err", err)
 			continue
 		}

@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 )
 
 // Verify checks a trace output (`fpmbus trace verify`) and, asked to, heals it from the stream.
@@ -48,8 +49,13 @@ import (
 // When the damaged member's gzip trailer survives, the rebuilt member is checked against its CRC-32 and
 // size: a match means byte-identical to what was written.
 //
-// A running writer: Verify reads every segment but reports on, and rewrites, only sealed ones — below
-// each producer's newest segment — unless IncludeActive. See verify_repair.go for the rename rule.
+// A running writer: Verify reads every segment but reports on only sealed ones — below each producer's
+// newest segment — unless IncludeActive. With Repair it owns every producer first (owner.go), so it is
+// refused while a writer holds any; see verify_repair.go for the rename rule. An entry with a
+// segment's name that is not a regular file is reported (FindingNotRegular), never read or rewritten,
+// and bounds the lines around it. A damaged region with no line before it (the oldest segment after
+// pruning) begins at its first line read from the damaged bytes, when the stream holds that line's
+// message.
 
 // Kinds of Finding.
 const (
@@ -71,6 +77,10 @@ const (
 	// FindingMissing (with the stream, full mode): stream messages between two adjacent lines that have
 	// no line.
 	FindingMissing = "missing"
+	// FindingNotRegular: an entry with a segment's name that is not a regular file (a symbolic link, a
+	// directory, a named pipe): it is not read and never rewritten, and what it holds cannot be told,
+	// so the lines around it are not taken to be adjacent.
+	FindingNotRegular = "not_regular"
 )
 
 // Heal statuses: what the stream can do for a damaged region or missing lines.
@@ -249,6 +259,15 @@ func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts 
 		}
 	}
 	v := &verifier{cfg: cfg, set: set, log: set.Logger, keys: newKeyTable(), byPrefix: map[string]*vproducer{}}
+	if cfg.Repair {
+		// A repair owns every producer before it reads (owner.go): refused while a writer, another
+		// repair or a backfill holds any of them, so it never rewrites a file a live writer holds.
+		own, err := ownOutput(cfg.OutputPath, "trace verify --repair", v.log)
+		if err != nil {
+			return nil, err
+		}
+		defer own.releaseAll()
+	}
 	if err := v.read(); err != nil {
 		return nil, err
 	}
@@ -287,6 +306,11 @@ type vproducer struct {
 	segs         []*vsegment
 	lines        []vline // every line read, in file order (segments oldest first)
 	ids          map[lineIdentity]*idLines
+	// head is the identity of the producer's first line when it was read from damaged bytes (the
+	// oldest segment's first member damaged, the segments before it pruned): confirmed by the stream
+	// (headSeq, its message), it says where the damaged region's lines begin (verify_stream.go).
+	head    *lineIdentity
+	headSeq uint64
 	// Stream matching (verify_stream.go).
 	started, done bool        // a line was matched; the last line was matched
 	lastLine      int         // index of the last valid intact line, -1 if none
@@ -349,6 +373,9 @@ func (v *verifier) read() error {
 		}
 		for i, s := range segs {
 			if !s.Regular {
+				// Reported, not skipped: a sealed segment replaced by a link to elsewhere still held
+				// lines, which must not be "restored" into its neighbours (the link's target has them).
+				p.segs = append(p.segs, notRegularSegment(s, len(p.lines)))
 				continue
 			}
 			data, fi, err := readFileInfo(s.Path)
@@ -385,10 +412,27 @@ func (v *verifier) read() error {
 			}
 			p.segs = append(p.segs, vs)
 		}
+		if len(p.lines) > 0 && p.lines[0].salvaged && p.lines[0].valid {
+			// The first line of a damaged region's bytes is its first line (a region starts at a
+			// member boundary, and its salvaged content is decoded from there).
+			p.head = &p.lines[0].id
+		}
 		v.producers = append(v.producers, p)
 		v.byPrefix[p.prefix] = p
 	}
 	return nil
+}
+
+// notRegularSegment is the vsegment of an entry with a segment's name that is not a regular file:
+// one damaged region, with no lines, and its finding (FindingNotRegular).
+func notRegularSegment(s Segment, firstLine int) *vsegment {
+	reason := "not a regular file"
+	if _, err := fsutil.CheckRegular(s.Path); err != nil {
+		reason = err.Error()
+	}
+	f := Finding{Kind: FindingNotRegular, Segment: s.Path, Reason: reason + "; its lines cannot be read, and the lines around it are not taken to be adjacent"}
+	chk := &segmentCheck{pieces: []piece{{damaged: true, finding: 0}}, findings: []Finding{f}}
+	return &vsegment{Segment: s, chk: chk, firstLine: firstLine, checked: true, findings: chk.findings}
 }
 
 // firstDamaged is the index of the first damaged piece of c (len(c.pieces) if none).
@@ -401,20 +445,8 @@ func firstDamaged(c *segmentCheck) int {
 	return len(c.pieces)
 }
 
-// readFileInfo reads path and stats the file it read.
-func readFileInfo(path string) ([]byte, os.FileInfo, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, nil, err
-	}
-	data, err := io.ReadAll(f)
-	return data, fi, err
-}
+// readFileInfo reads the regular file path (never through a symbolic link) and stats the file it read.
+func readFileInfo(path string) ([]byte, os.FileInfo, error) { return fsutil.ReadRegular(path) }
 
 // report builds the VerifyReport.
 func (v *verifier) report(stream bool) *VerifyReport {

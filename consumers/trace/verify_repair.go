@@ -19,21 +19,19 @@ import (
 // for byte, so nothing that might still be read is lost. The result is checked (read back in memory:
 // no new damage, exactly the expected lines) before it is written.
 //
-// It is written like every file fpmbus replaces: a temporary file "<segment>.verify.tmp" next to it,
+// It is written like every file fpmbus replaces: a temporary file "<segment>.verify.tmp" next to it
+// (created exclusively: a symbolic link planted under that name is refused, never written through),
 // fsynced, renamed over the segment, the directory fsynced (fsutil.WriteAtomic); the segment keeps its
 // name, permissions and modification time (the writer's takeover recovery reads segments by their
 // age). A leftover temporary file of an interrupted repair is removed by the next one.
 //
-// The rename rule. A trace writer writes only a producer's newest segment: it never reopens a segment
-// once a newer one exists (it closes a segment before creating the next), and its startup repair cuts a
-// torn tail off the newest segment only. So a repair renames only over a sealed segment — one below the
-// producer's newest regular segment — checked again just before the rename, and only over the file it
-// read (same inode, size and modification time; else ErrSegmentChanged). A writer running meanwhile
-// therefore never loses a write to the rename, and the two never rename over one file. The one thing a
-// writer still does to a sealed segment is prune it (remove the oldest beyond --max-segments): a prune
-// between the check and the rename brings the segment back, a valid file the writer prunes again at its
-// next new segment. IncludeActive drops the rule for the newest segments: only while no writer writes
-// the output. Two repairs of one output exclude each other (a lock on its directory).
+// Ownership first. A repair owns every producer of the output (owner.go) before it reads them, and is
+// refused while a writer, a backfill or another repair holds any: a live writer's files are never
+// rewritten, whatever their names say (a segment copied in from another run with a higher index once
+// made the live writer's active segment look sealed). The rename rule stays as a second guard: a
+// repair renames only over the file it read (same inode, size and modification time; else
+// ErrSegmentChanged), and, unless IncludeActive, only over a segment below the producer's newest
+// regular segment, checked again just before the rename.
 
 // verifyTmpSuffix names a repair's temporary file (fsutil.TempPath).
 const verifyTmpSuffix = ".verify.tmp"
@@ -50,12 +48,6 @@ type edit struct {
 
 // repair rewrites every checked segment that has edits.
 func (v *verifier) repair() error {
-	dir := filepath.Dir(OutputBase(v.cfg.OutputPath))
-	unlock, err := lockDir(dir)
-	if err != nil {
-		return fmt.Errorf("trace: verify: lock %s: %w", dir, err)
-	}
-	defer unlock()
 	for _, p := range v.producers {
 		if err := removeLeftovers(p.prefix, verifyTmpSuffix, v.log); err != nil {
 			return fmt.Errorf("trace: verify: %w", err)
@@ -181,7 +173,7 @@ func (v *verifier) rewrite(p *vproducer, s *vsegment) error {
 	if out.Len() == 0 {
 		// Nothing left to keep (an empty file, or damage that held no line): removed, as the writer's
 		// own repair removes an empty segment.
-		if err := os.Remove(s.Path); err != nil {
+		if err := fsutil.RemoveRegular(s.Path); err != nil {
 			return err
 		}
 		return fsutil.SyncDir(filepath.Dir(s.Path))

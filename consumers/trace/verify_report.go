@@ -61,6 +61,8 @@ func (r *VerifyReport) WriteText(w io.Writer) error {
 
 func writeFinding(b *strings.Builder, f Finding) {
 	switch {
+	case f.Kind == FindingNotRegular:
+		fmt.Fprintf(b, "    %s: %s\n", f.Kind, f.Reason)
 	case f.Line > 0:
 		fmt.Fprintf(b, "    %s at line %d (gzip member at byte %d): %s\n", f.Kind, f.Line, f.Offset, f.Reason)
 	default:

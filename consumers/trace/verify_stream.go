@@ -95,7 +95,7 @@ func (v *verifier) matchStream(ctx context.Context, js jetstream.JetStream) erro
 	earliest := int64(-1)
 	for _, p := range v.producers {
 		for i := range p.lines {
-			if l := &p.lines[i]; l.valid && !l.salvaged && (earliest < 0 || l.id.observed < earliest) {
+			if l := &p.lines[i]; l.valid && (!l.salvaged || i == 0 && p.head != nil) && (earliest < 0 || l.id.observed < earliest) {
 				earliest = l.id.observed
 			}
 		}
@@ -183,6 +183,10 @@ func (v *verifier) take(raw jetstream.Msg, md *jetstream.MsgMetadata, keys subje
 			p.done = p.done || li == p.lastLine
 			return
 		}
+	}
+	if !p.started && p.head != nil && id == *p.head {
+		// The first line, read from damaged bytes, is confirmed: the damaged region's lines begin here.
+		p.started, p.headSeq = true, r.seq
 	}
 	// Only messages between the first and the last line can be missing lines; later ones are the
 	// writer's backlog.
@@ -279,10 +283,13 @@ func (v *verifier) heal(p *vproducer) {
 	if !p.orderBroken {
 		for _, c := range p.cands {
 			k := sort.Search(len(seqs), func(x int) bool { return seqs[x] > c.seq })
-			if k == 0 || k == len(seqs) {
+			if k == len(seqs) || k == 0 && (p.headSeq == 0 || c.seq < p.headSeq) {
 				continue
 			}
-			sp := span{matched[k-1], matched[k]}
+			sp := span{-1, matched[k]} // k == 0: the confirmed first line's region, before any intact line
+			if k > 0 {
+				sp.i = matched[k-1]
+			}
 			groups[sp] = append(groups[sp], c)
 		}
 	}
@@ -386,24 +393,34 @@ func (v *verifier) heal(p *vproducer) {
 			sampled = sampled || b.valid && !b.full
 		}
 		held := groups[span{r.prev, r.next}]
+		after := uint64(0) // the region's lines are the messages after this sequence
+		if a != nil {
+			after = a.seq
+		} else if p.headSeq != 0 {
+			after = p.headSeq - 1
+		}
 		switch {
+		case !s.Regular:
+			h.Status, h.Reason = HealUnknown, "not a regular file: what it holds is not read, and it is never rewritten"
 		case sampled:
 			h.Status, h.Reason = HealUnknown, "sampled mode: which messages had a line cannot be told from the stream"
 		case p.orderBroken:
 			h.Status, h.Reason = HealUnknown, "the producer's lines are not in stream order (see the order findings)"
-		case a == nil:
-			h.Status, h.Reason = HealUnknown, "no line before it: where its lines begin cannot be told"
+		case a == nil && p.headSeq == 0:
+			// With its first line read from the damaged bytes and in the stream, a region that
+			// starts the producer's lines (its segments before were pruned) begins at that line.
+			h.Status, h.Reason = HealUnknown, "no line before it, and no line read from it that the stream holds as its first: where its lines begin cannot be told"
 		case b == nil:
 			h.Status, h.Reason = HealUnknown, "no line after it: how many lines it held cannot be told (a writer rewrites the unacknowledged lines of a torn tail itself)"
-		case !a.valid || !b.valid:
+		case a != nil && !a.valid || !b.valid:
 			h.Status, h.Reason = HealUnknown, "a line next to it is not a valid trace line"
 		case inGap[span{r.prev, r.next}] > 1:
 			h.Status, h.Reason = HealUnknown, "several damaged regions without a line between them: which lines belong to which cannot be told"
-		case a.seq == 0 || b.seq == 0:
+		case a != nil && a.seq == 0 || b.seq == 0:
 			h.Status, h.Reason = HealIncomplete, "the stream no longer holds the message of the line before or after it"
 			held = v.heldAround(p, groups, r.prev, r.next)
-		case v.deletedBetween(a.seq, b.seq) != 0:
-			h.Status, h.Reason = HealIncomplete, fmt.Sprintf("stream sequence %d (and maybe more) between the lines around it was deleted", v.deletedBetween(a.seq, b.seq))
+		case v.deletedBetween(after, b.seq) != 0:
+			h.Status, h.Reason = HealIncomplete, fmt.Sprintf("stream sequence %d (and maybe more) between the lines around it was deleted", v.deletedBetween(after, b.seq))
 		default:
 			h.Status = HealRestorable
 			e := v.rebuild(p, r.seg, r.prev, r.next, held, salvaged, pc.trailer, h)
@@ -618,8 +635,10 @@ func (v *verifier) rebuild(p *vproducer, seg, prev, next int, cands []candidate,
 				ts = known
 			case hi >= 0:
 				ts = hi
-			default:
+			case prev >= 0:
 				ts = max(p.lines[prev].ts, 0) // the line before, in the segment before
+			default:
+				ts = max(p.lines[next].ts, 0) // a region that starts the lines: the line after, in the segment after
 			}
 			ts = max(ts, last)
 			exact = known >= 0 && known == hi

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -57,6 +58,9 @@ func writeVerifyOutput(t *testing.T, js jetstream.JetStream, n int, clock func()
 		t.Fatal(err)
 	}
 	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), SegmentSuffix) {
+			continue // the producers' lock files (owner.go)
+		}
 		data, err := os.ReadFile(filepath.Join(filepath.Dir(cfg.OutputPath), e.Name()))
 		if err != nil {
 			t.Fatal(err)
@@ -661,9 +665,10 @@ func TestVerifyRenameRule(t *testing.T) {
 	}
 }
 
-// A repair while the writer runs: the writer goes on writing its newest segments, the repair rewrites a
-// sealed one, and afterwards every message has exactly one line, in stream order.
-func TestVerifyRepairsWhileTheWriterRuns(t *testing.T) {
+// A repair is refused while the writer runs (it owns its producers' prefixes), before it reads or
+// writes anything; once the writer has stopped the repair heals the segment, and every message has
+// exactly one line, in stream order.
+func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
 	keys := testKeys(4)
@@ -683,30 +688,26 @@ func TestVerifyRepairsWhileTheWriterRuns(t *testing.T) {
 	if err := os.WriteFile(seg, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		rep *VerifyReport
-		err error
+	_, err = Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	var held *fsutil.HeldError
+	if !errors.Is(err, ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" ||
+		!strings.Contains(err.Error(), PrefixLockPath(SegmentPrefix(cfg.OutputPath, "w0"))) {
+		t.Fatalf("repair next to the running writer: %v, want it refused naming the writer and its lock", err)
 	}
-	res := make(chan result, 1)
-	go func() {
-		rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
-		res <- result{rep, err}
-	}()
-	for i := 1200; i < 2400; i += 100 {
-		publish(t, env.JS, msgs[i:i+100])
-		time.Sleep(5 * time.Millisecond)
+	if got, _ := os.ReadFile(seg); !bytes.Equal(got, data) {
+		t.Fatal("the refused repair rewrote a segment")
 	}
-	vr := <-res
-	rep, err := vr.rep, vr.err
+	publish(t, env.JS, msgs[1200:])
+	waitConsumed(t, env.JS, cfg.Group)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s, _ := findingsOf(t, rep, filepath.Base(seg)); !s.Repaired {
 		t.Fatalf("segment not repaired: %+v", s)
-	}
-	waitConsumed(t, env.JS, cfg.Group)
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
 	}
 	want := map[string][]string{}
 	for _, f := range fs {
@@ -812,5 +813,100 @@ func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
 			}
 		}
 		t.Fatalf("stream %v, lines %d of %d, damaged %d: %v", rep.Stream, rep.Lines, len(order), rep.Damaged, fs)
+	}
+}
+
+// A sealed segment replaced by a symbolic link (to a copy elsewhere) still held lines: it is reported,
+// never read or rewritten through, and its lines are not "restored" into the segments around it, which
+// would hold them twice with the link's target.
+func TestVerifyReportsANonRegularSegmentAndRestoresNothingAroundIt(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	orig := writeVerifyOutput(t, env.JS, 1200, nil)
+	for name, plant := range map[string]func(t *testing.T, path string, data []byte){
+		"a symbolic link to a copy elsewhere": func(t *testing.T, path string, data []byte) {
+			moved := filepath.Join(t.TempDir(), filepath.Base(path))
+			if err := os.WriteFile(moved, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(moved, path); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"a directory": func(t *testing.T, path string, _ []byte) {
+			if err := os.Mkdir(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			output := orig.copyTo(t)
+			seg := orig.segmentName("w0", 1)
+			path := filepath.Join(filepath.Dir(output), seg)
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			plant(t, path, orig.files[seg])
+			rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for fname, data := range orig.files {
+				if fname == seg {
+					continue
+				}
+				if got, err := os.ReadFile(filepath.Join(filepath.Dir(output), fname)); err != nil || !bytes.Equal(got, data) {
+					t.Fatalf("%s was rewritten (%v): the link's lines restored around it", fname, err)
+				}
+			}
+			_, fs := findingsOf(t, rep, seg)
+			if len(fs) != 1 || fs[0].Kind != FindingNotRegular || fs[0].Heal == nil || fs[0].Heal.Status != HealUnknown || !strings.Contains(fs[0].Reason, path) {
+				t.Fatalf("findings of %s: %+v", seg, fs)
+			}
+			if rep.Damaged != 1 || rep.Repaired != 0 || rep.Remaining != 1 {
+				t.Fatalf("report: damaged %d, repaired %d, remaining %d; want only the link, unrepaired", rep.Damaged, rep.Repaired, rep.Remaining)
+			}
+		})
+	}
+}
+
+// Rotation pruned a producer's oldest segments, and the first member of the oldest one left is
+// damaged: no line precedes the damage, but its first line, still readable in the damaged bytes and
+// in the stream, says where its lines begin, and the stream restores every one of them.
+func TestVerifyHealsTheOldestSegmentAfterPruning(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	orig := writeVerifyOutput(t, env.JS, 1200, nil)
+	output := orig.copyTo(t)
+	dir := filepath.Dir(output)
+	for _, i := range []uint64{0, 1} { // pruned
+		if err := os.Remove(filepath.Join(dir, orig.segmentName("w0", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seg := orig.segmentName("w0", 2)
+	data := bytes.Clone(orig.files[seg])
+	b := blocks(t, data)[0]
+	data[b.end-gzipTrailerLen] ^= 0xff // the first member's CRC-32: its lines read, unconfirmed by the file
+	if err := os.WriteFile(filepath.Join(dir, seg), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, fs := findingsOf(t, rep, seg)
+	if len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != HealRestored || len(fs[0].Heal.Unconfirmed) != 0 || !s.Repaired {
+		t.Fatalf("damage at the start of the oldest segment: %+v, heal %+v", fs, fs[0].Heal)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, seg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := gunzip(t, got), gunzip(t, orig.files[seg]); !bytes.Equal(a, b) {
+		t.Fatalf("restored content differs from the original (%d and %d bytes)", len(a), len(b))
+	}
+	if rep.Remaining != 0 {
+		t.Fatalf("remaining %d", rep.Remaining)
 	}
 }

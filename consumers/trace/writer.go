@@ -34,6 +34,15 @@ type writer struct {
 	sampler   *sampler  // sampled mode only
 	takeover  *takeover // recognises what an earlier owner wrote; nil for a backfill
 
+	// own owns the producers' prefixes (owner.go): a producer's SegmentWriter is made only once its
+	// prefix is owned, and claims, the prefixes this writer took, are given up when it ends. nil: no
+	// ownership is taken (tests that drive a writer alone). rejectHeld: a prefix another process owns
+	// rejects that producer's messages, and the others go on (the live writer); else it ends the
+	// writer (a backfill).
+	own        *owner
+	claims     map[string]bool
+	rejectHeld bool
+
 	linesWritten uint64 // totals of this writer
 }
 
@@ -145,6 +154,13 @@ func (w *writer) producerFor(id string) (*producer, error) {
 	prefix := SegmentPrefix(w.cfg.OutputPath, id)
 	p, ok := w.bySegment[prefix]
 	if !ok {
+		if err := w.claim(prefix); err != nil {
+			if w.rejectHeld && refusesProducer(err) {
+				w.own.rejecting(prefix, err)
+				return nil, &messageError{err}
+			}
+			return nil, err
+		}
 		sw, err := newSegmentWriter(prefix, w.cfg.RollBytes, w.cfg.MaxSegments, w.set.level, w.log)
 		if err != nil {
 			return nil, err
@@ -157,6 +173,51 @@ func (w *writer) producerFor(id string) (*producer, error) {
 	}
 	w.producers[id] = p
 	return p, nil
+}
+
+// claim owns prefix for this writer (once).
+func (w *writer) claim(prefix string) error {
+	if w.own == nil || w.claims[prefix] {
+		return nil
+	}
+	if err := w.own.take(prefix); err != nil {
+		return err
+	}
+	if w.claims == nil {
+		w.claims = map[string]bool{}
+	}
+	w.claims[prefix] = true
+	return nil
+}
+
+// claimOutput claims every producer already under the output (a first takeover with one partition,
+// before the repair of their newest segments) and returns the prefixes claimed and those another
+// process owns.
+func (w *writer) claimOutput() (claimed []string, refused []error, err error) {
+	producers, err := Producers(w.cfg.OutputPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, p := range producers {
+		prefix := OutputBase(w.cfg.OutputPath) + "." + p
+		if err := w.claim(prefix); err != nil {
+			if !refusesProducer(err) {
+				return claimed, refused, err
+			}
+			refused = append(refused, err)
+			continue
+		}
+		claimed = append(claimed, prefix)
+	}
+	return claimed, refused, nil
+}
+
+// releaseClaims gives up the prefixes this writer owns; its files are closed.
+func (w *writer) releaseClaims() {
+	for p := range w.claims {
+		w.own.release(p)
+	}
+	w.claims = nil
 }
 
 // markDone says done every message whose line (or lines before it) is durable, for every producer.
@@ -209,6 +270,10 @@ func (w *writer) dropProducer(p *producer, reason error) {
 	}
 	p.sw.closeFile()
 	p.sw.closed = true
+	if w.claims[p.sw.Prefix()] {
+		delete(w.claims, p.sw.Prefix())
+		w.own.release(p.sw.Prefix())
+	}
 	delete(w.bySegment, p.sw.Prefix())
 	for id, q := range w.producers {
 		if q == p {
@@ -238,6 +303,7 @@ func (w *writer) finish(stop <-chan struct{}) error {
 	}
 	err = w.closeAll()
 	w.fl.stop()
+	w.releaseClaims()
 	return err
 }
 
@@ -261,6 +327,7 @@ func (w *writer) abort() {
 		w.sampler.clear()
 	}
 	w.waiting, w.unflushed = 0, 0
+	w.releaseClaims()
 }
 
 // closeAll closes every segment writer (they have been flushed).

@@ -38,8 +38,10 @@ type options struct {
 }
 
 // TempPath makes the write go through the temporary file tmp, which must be in path's directory,
-// instead of a random "<base>.tmp-*" name. An existing file tmp is truncated. It is for callers that
-// remove the leftover of an interrupted write by name.
+// instead of a random "<base>.tmp-*" name. An existing regular file tmp (the leftover of an interrupted
+// write) is removed first and tmp is then created exclusively, so a symbolic link, named pipe or
+// directory planted under that name is refused (*NotRegularError), never written through. It is for
+// callers that remove the leftover of an interrupted write by name.
 func TempPath(tmp string) Option {
 	return func(o *options) { o.tmp = tmp }
 }
@@ -53,9 +55,11 @@ func WriteFileAtomic(path string, data []byte, perm fs.FileMode, opts ...Option)
 }
 
 // WriteAtomic replaces path with what write writes, with permissions perm. It creates path's directory
-// if needed, writes a temporary file in it, fsyncs and closes it, renames it over path and fsyncs the
-// directory. An error from write (returned as it is, for errors.Is) or from any step leaves the old
-// file untouched and removes the temporary one.
+// if needed, writes a temporary file in it (created exclusively: never through a symbolic link), fsyncs
+// and closes it, renames it over path and fsyncs the directory. path must be a regular file or missing:
+// a symbolic link, directory or other non-regular file there is refused (*NotRegularError) and left as
+// it is. An error from write (returned as it is, for errors.Is) or from any step leaves the old file
+// untouched and removes the temporary one.
 func WriteAtomic(path string, perm fs.FileMode, write func(io.Writer) error, opts ...Option) error {
 	var o options
 	for _, opt := range opts {
@@ -68,10 +72,16 @@ func WriteAtomic(path string, perm fs.FileMode, write func(io.Writer) error, opt
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	if _, err := CheckRegular(path); err != nil {
+		return err
+	}
 	var f *os.File
 	var err error
 	if o.tmp != "" {
-		f, err = os.OpenFile(o.tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
+		if err := RemoveRegular(o.tmp); err != nil {
+			return fmt.Errorf("temporary file: %w", err)
+		}
+		f, err = CreateExclusive(o.tmp, os.O_WRONLY, perm)
 	} else {
 		f, err = os.CreateTemp(dir, filepath.Base(path)+".tmp-*")
 	}
