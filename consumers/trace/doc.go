@@ -24,7 +24,9 @@
 //	                  segment instead of opening one
 //	segment.go        the writer's names for the trace format's segment naming and discovery (schemas)
 //	repair.go         ReadSegment, CorruptError and the explicit torn-tail Repair
-//	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer
+//	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer;
+//	                  where an unfinished backfill resumes
+//	backfill_existing.go what a backfill's output holds already: no line written twice
 //	info.go           Info: per producer and key, what segments hold; damage and violations
 //	verify.go         Verify: check every segment of an output, match it to the stream, repair
 //	verify_scan.go    checkSegment: members, resynchronising past damage; lines; timestamp order

@@ -35,6 +35,7 @@ type writer struct {
 	lineBuf   []byte
 	sampler   *sampler         // sampled mode only
 	takeover  *takeover        // recognises what an earlier owner wrote; nil for a backfill
+	existing  *existingLines   // a backfill's: the lines its output holds already; nil for the live writer
 	segs      *ProcessSegments // where this process's writers left their producers' segments; nil: none
 	// onPrune, if set, is told of every segment retention removed, after the writer reported it.
 	onPrune func(PrunedSegment)
@@ -103,6 +104,19 @@ func (w *writer) handle(r *record) error {
 			w.m.skippedWritten.Inc()
 			r.d.Done()
 			return nil
+		}
+	}
+	if w.existing != nil {
+		if w.sampler != nil {
+			// Read the producer's files before its first sample: emit consults them.
+			if _, err := w.existing.producer(SegmentPrefix(w.cfg.OutputPath, r.producer), r); err != nil {
+				return err
+			}
+		} else if written, err := w.existing.written(r); err != nil || written {
+			if written {
+				r.d.Done()
+			}
+			return err
 		}
 	}
 	if w.sampler != nil {
@@ -246,6 +260,20 @@ func (w *writer) finish(stop <-chan struct{}) error {
 		return err
 	}
 	err = w.closeAll()
+	w.fl.stop()
+	w.leave()
+	return err
+}
+
+// finishCut ends a writer whose messages stop mid-range (an interrupted backfill): as finish, except
+// that samples still pending are not written (their intervals were not read to their end) and their
+// messages stay not done.
+func (w *writer) finishCut(stop <-chan struct{}) error {
+	if err := w.drain(stop); err != nil {
+		w.abort()
+		return err
+	}
+	err := w.closeAll()
 	w.fl.stop()
 	w.leave()
 	return err

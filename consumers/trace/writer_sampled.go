@@ -41,18 +41,22 @@ type sampleKey struct {
 }
 
 type sample struct {
-	p *producer // nil for a seeded key until its first message
-	// pending message, if has
+	key sampleKey
+	p   *producer // nil for a seeded key until its first message
+	// pending message, if has; opened is the first message of the key seen in its interval (a
+	// backfill resumes no later than that: backfill.go)
 	has       bool
 	rec       record
 	interval  int64
 	heldSince time.Time
+	opened    msgMeta
 	// last emitted interval (written, or skipped for an unchanged counter)
 	emitted      bool
 	lastInterval int64
-	// last written line
-	written     bool
-	lastCounter int64
+	// last written line (by this writer, or found on disk: a seed, a backfill's existing lines)
+	written         bool
+	lastCounter     int64
+	writtenInterval int64
 }
 
 func newSampler(interval, hold time.Duration) *sampler {
@@ -69,7 +73,7 @@ func (s *sampler) seed(k sampleKey, sd recoverSeed) {
 	if _, ok := s.keys[k]; ok {
 		return
 	}
-	e := &sample{emitted: true, lastInterval: sd.interval, written: true, lastCounter: sd.counter}
+	e := &sample{key: k, emitted: true, lastInterval: sd.interval, written: true, lastCounter: sd.counter, writtenInterval: sd.interval}
 	s.keys[k] = e
 	s.order = append(s.order, e)
 }
@@ -82,7 +86,7 @@ func (s *sampler) add(w *writer, r *record) error {
 	}
 	e, ok := s.keys[k]
 	if !ok {
-		e = &sample{}
+		e = &sample{key: k}
 		s.keys[k] = e
 		s.order = append(s.order, e)
 	}
@@ -111,6 +115,7 @@ func (s *sampler) add(w *writer, r *record) error {
 		return w.doneAfterFlush(e.p, r)
 	}
 	e.has, e.rec, e.interval, e.heldSince = true, *r, iv, w.set.Clock()
+	e.opened = msgMeta{seq: r.seq, stored: r.stored}
 	return nil
 }
 
@@ -167,20 +172,43 @@ func (s *sampler) drop(p *producer, reject func(*record)) int {
 	return n
 }
 
-// emit writes e's pending message unless its counter_id equals the last written one.
+// emit writes e's pending message unless its counter_id equals the last written one. A backfill writes
+// no line for an interval its output has one for (backfill_existing.go), and compares the counter with
+// the key's last line before the interval, on disk or its own.
 func (s *sampler) emit(w *writer, e *sample) error {
 	r := e.rec
 	e.has, e.rec = false, record{}
 	e.emitted, e.lastInterval = true, e.interval
+	if x := w.existing; x != nil {
+		prefix := e.p.sw.Prefix()
+		if prev, ok := x.before(prefix, e.key, e.interval); ok && (!e.written || prev.interval > e.writtenInterval) {
+			e.written, e.lastCounter, e.writtenInterval = true, prev.counter, prev.interval
+		}
+		if counter, ok := x.sampled(prefix, e.key, e.interval, &r); ok {
+			e.written, e.lastCounter, e.writtenInterval = true, counter, e.interval
+			return w.doneAfterFlush(e.p, &r)
+		}
+	}
 	if e.written && r.fpm.counterID == e.lastCounter {
 		return w.doneAfterFlush(e.p, &r)
 	}
 	if err := w.write(e.p, &r); err != nil {
 		return err
 	}
-	e.written, e.lastCounter = true, r.fpm.counterID
+	e.written, e.lastCounter, e.writtenInterval = true, r.fpm.counterID, e.interval
 	e.p.pending = append(e.p.pending, pendingDone{d: r.d, line: e.p.sw.Appended()})
 	return w.account(e.p, 1)
+}
+
+// openSince returns the first message (stream sequence and time; the earliest by before) of the
+// intervals still open, whose samples are not written yet; ok is false when none is open.
+func (s *sampler) openSince(before func(a, b msgMeta) bool) (first msgMeta, ok bool) {
+	for _, e := range s.order {
+		if e.has && (!ok || before(e.opened, first)) {
+			first, ok = e.opened, true
+		}
+	}
+	return first, ok
 }
 
 // clear forgets every pending message (the writer aborts): not done, they are redelivered to the
