@@ -337,3 +337,78 @@ func parseLine(t *testing.T, line []byte) *schemas.TraceLine {
 	}
 	return l
 }
+
+// A stream message traced twice — a line copied into a later sealed segment, as a backfill rerun by an
+// older fpmbus left it — is reported by `trace verify --stream` (exit 1, kind duplicate, the copy's
+// file and line, naming the line it repeats) and removed by `--repair`: the segment is rewritten
+// without the copy, every other line byte for byte, and afterwards every message of the stream is in
+// the files exactly once, in stream order.
+func TestTraceVerifyRemovesAMessageTracedTwice(t *testing.T) {
+	t.Parallel()
+	const total = 3000
+	env := streamstest.Start(t)
+	url := env.Server.ClientURL()
+	fillFPM(t, env.JS, total, 2, 2, 1_782_777_600_000)
+	waitStreamCount(t, env.JS, streams.StreamFPM, total, 30*time.Second)
+	output := filepath.Join(t.TempDir(), "fpm")
+	if out, err := run(t, 60*time.Second, fpmbusBin, "trace", "backfill", "--server", url, "--trace-mode", "full", "--trace-output", output,
+		"--roll-bytes", "60000", "--max-segments", "1000", "--start-seq", "1", "--progress", "none"); err != nil {
+		t.Fatalf("backfill: %v\n%s", err, out)
+	}
+	prefix := trace.SegmentPrefix(output, "kw0")
+	first, second := trace.SegmentPath(prefix, 0), trace.SegmentPath(prefix, 1)
+	if _, err := os.Stat(trace.SegmentPath(prefix, 2)); err != nil {
+		t.Fatalf("want at least three segments of kw0, so that segment 1 is sealed: %v", err)
+	}
+	original := mustRead(t, second)
+	// The copy carries the timestamp of the segment's last line, as a line a later writer appended
+	// would: only the stream tells it is a copy.
+	lines := segmentLines(t, original)
+	copied := parseLine(t, segmentLines(t, mustRead(t, first))[9])
+	copied.Timestamp = parseLine(t, lines[len(lines)-1]).Timestamp
+	copiedLine := append(schemas.AppendTraceLine(nil, copied), '\n')
+	var member bytes.Buffer
+	zw := gzip.NewWriter(&member)
+	_, _ = zw.Write(copiedLine)
+	_ = zw.Close()
+	planted := append(bytes.Clone(original), member.Bytes()...)
+	if err := os.WriteFile(second, planted, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wantLines := len(lines) + 1
+
+	out, code := runSplit(t, 60*time.Second, fpmbusBin, "trace", "verify", "--stream", "--json", "--server", url, output)
+	var rep verifyJSON
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 1 || rep.Remaining != 1 {
+		t.Fatalf("verify --stream: exit %d, %v\n%s", code, err, out)
+	}
+	fs := rep.findings(second)
+	if len(fs) != 1 || fs[0].Kind != trace.FindingDuplicate || fs[0].Line != wantLines || !strings.Contains(fs[0].Reason, "line 10 of "+first) {
+		t.Fatalf("%s: findings %+v, want one duplicate at line %d naming line 10 of %s", second, fs, wantLines, first)
+	}
+	if !bytes.Equal(mustRead(t, second), planted) {
+		t.Fatal("verify --stream wrote")
+	}
+
+	out, code = runSplit(t, 60*time.Second, fpmbusBin, "trace", "verify", "--repair", "--json", "--server", url, output)
+	rep = verifyJSON{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || rep.Repaired != 1 || rep.Remaining != 0 {
+		t.Fatalf("verify --repair: exit %d, %v\n%s", code, err, out)
+	}
+	if fs := rep.findings(second); len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != trace.HealRestored {
+		t.Fatalf("%s after the repair: %+v", second, fs)
+	}
+	got, want := segmentLines(t, mustRead(t, second)), segmentLines(t, original)
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d lines after the repair, want the %d written", second, len(got), len(want))
+	}
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("%s line %d changed: %s, written %s", second, i+1, got[i], want[i])
+		}
+	}
+	checkFullLines(t, streamSeqs(t, env.JS), output, 1, total)
+	if out, code := runSplit(t, 60*time.Second, fpmbusBin, "trace", "verify", "--stream", "--server", url, output); code != 0 {
+		t.Fatalf("verify --stream after the repair: exit %d\n%s", code, out)
+	}
+}

@@ -18,9 +18,11 @@ import (
 )
 
 // traceBackfillSynopsis is the usage of `fpmbus trace backfill`.
-const traceBackfillSynopsis = "trace backfill [--server URL] (--since T [--until T] | --start-seq N [--end-seq M]) [--trace-mode sampled|full] [--trace-output PATH] …\n\n" +
+const traceBackfillSynopsis = "trace backfill [--server URL] (--since T [--until T] | --start-seq N [--end-seq M]) [--resume-seq S] [--trace-mode sampled|full] [--trace-output PATH] …\n\n" +
 	"Times are RFC 3339 (2026-06-30T12:00:00Z) or Unix milliseconds, compared with the stream's\n" +
-	"timestamps; bounds are inclusive, an open end is the stream's last message at the start."
+	"timestamps; bounds are inclusive, an open end is the stream's last message at the start.\n" +
+	"Lines the output holds already are not written again; an interrupted backfill prints the\n" +
+	"--resume-seq to run it again with."
 
 // runTraceBackfill is `fpmbus trace backfill`: replay a range of stream FPM into trace segments with an
 // ordered consumer (no durable consumer is created or touched; nothing is acked), through the trace
@@ -34,6 +36,7 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 	until := fs.String("until", "", "replay messages stored at or before this time")
 	startSeq := fs.Uint64("start-seq", 0, "first stream sequence to replay")
 	endSeq := fs.Uint64("end-seq", 0, "last stream sequence to replay")
+	resumeSeq := fs.Uint64("resume-seq", 0, "continue an interrupted backfill of the same range at this stream sequence (the one it printed)")
 	progress := fs.String("progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -42,7 +45,7 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rng := trace.BackfillRange{StartSeq: *startSeq, EndSeq: *endSeq}
+	rng := trace.BackfillRange{StartSeq: *startSeq, EndSeq: *endSeq, ResumeSeq: *resumeSeq}
 	if rng.Since, err = parseTime("--since", *since); err != nil {
 		return err
 	}
@@ -68,22 +71,57 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 	rep := newProgress(show, os.Stderr)
 	res, err := trace.Backfill(ctx, cfg, js, rng, rep.update, trace.WithLogger(slog.Default()))
 	rep.finish()
-	if err != nil {
+	if err != nil && res.Resume == nil {
 		if errors.Is(err, trace.ErrBadRange) || errors.Is(err, trace.ErrInvalidConfig) {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 		return err
 	}
-	if res.Messages == 0 {
+	switch {
+	case res.Messages == 0 && err == nil:
 		fmt.Println("backfill: the range holds no message on", cfg.FilterSubject)
-		return nil
+	case res.Messages > 0:
+		printBackfill(res, cfg)
 	}
+	if err != nil {
+		return fmt.Errorf("backfill interrupted: %w; %s", err, resumeHint(res.Resume))
+	}
+	return nil
+}
+
+// printBackfill prints what a backfill wrote, found written already, skipped and lost to pruning.
+func printBackfill(res trace.BackfillResult, cfg trace.Config) {
 	fmt.Printf("backfill: %d messages (stream sequences %d..%d) -> %d %s lines under %s", res.Messages, res.FirstSeq, res.LastSeq, res.Lines, cfg.Mode, cfg.OutputPath)
+	if res.Found > 0 {
+		fmt.Printf(", %d already in the output (not written again)", res.Found)
+	}
 	if res.Invalid > 0 {
 		fmt.Printf(", %d invalid skipped", res.Invalid)
 	}
+	if res.Rejected > 0 {
+		fmt.Printf(", %d rejected (file name refused)", res.Rejected)
+	}
 	fmt.Println()
-	return nil
+	lines := 0
+	for _, ps := range res.Pruned {
+		lines += ps.Lines
+	}
+	if len(res.Pruned) > 0 {
+		fmt.Printf("backfill: %d segment(s) holding %d line(s) pruned by --max-segments %d (raise it to keep them): no longer in the trace\n",
+			len(res.Pruned), lines, cfg.MaxSegments)
+	}
+}
+
+// resumeHint says how to go on after an unfinished backfill.
+func resumeHint(r *trace.BackfillResume) string {
+	switch {
+	case r.Seq != 0:
+		return fmt.Sprintf("the lines of %d message(s) read are written; resume with the same flags and --resume-seq %d", r.Written, r.Seq)
+	case !r.Since.IsZero():
+		return fmt.Sprintf("the lines of %d message(s) read are written; resume with the same flags and --since %s (what is written is recognised)",
+			r.Written, r.Since.UTC().Format(time.RFC3339Nano))
+	}
+	return "nothing was read: run it again as it was"
 }
 
 // parseTime parses a bound: RFC 3339 (with or without fraction) or Unix milliseconds; "" is open.

@@ -140,7 +140,7 @@ func runTrace(ctx context.Context, args []string) error {
 			return runTraceVerify(ctx, args[1:])
 		}
 	}
-	fs := newFlagSet("trace", "trace [--server URL] [--trace-mode sampled|full] [--trace-output PATH] [--group NAME [--partitions N]] [--filter SUBJECT] …\n       fpmbus trace backfill --since T --until T | --start-seq N --end-seq M [--trace-mode …] [--trace-output …]\n       fpmbus trace info [--json] FILE|DIR…\n       fpmbus trace verify [--json] [--include-active] [--stream | --repair] … OUTPUT\n       fpmbus trace replay FILE|DIR|GLOB|PREFIX… | --from-stream … [--to zmq|stream] [--speed X] …")
+	fs := newFlagSet("trace", "trace [--server URL] [--trace-mode sampled|full] [--trace-output PATH] [--group NAME [--partitions N]] [--filter SUBJECT] …\n       fpmbus trace backfill --since T --until T | --start-seq N --end-seq M [--resume-seq S] [--trace-mode …] [--trace-output …]\n       fpmbus trace info [--json] FILE|DIR…\n       fpmbus trace verify [--json] [--include-active] [--stream | --repair] … OUTPUT\n       fpmbus trace replay FILE|DIR|GLOB|PREFIX… | --from-stream … [--to zmq|stream] [--speed X] …")
 	conn := connFlags(fs, "trace")
 	scfg := streamFlags(fs)
 	topts := traceFlags(fs, "")

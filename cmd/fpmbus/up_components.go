@@ -229,13 +229,14 @@ func (r *upRun) traceComponent() *rungroup.Component {
 		return nil
 	}
 	creg := &componentRegistry{reg: r.reg}
+	segs := trace.NewProcessSegments() // a restarted incarnation continues its producers' segments
 	return &rungroup.Component{
 		StopTimeout: r.trace.StopTimeout + 10*time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			_, js := r.link()
 			cfg := *r.trace
 			cfg.Registerer = creg.renew()
-			w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()), trace.WithMemberID(r.memberID))
+			w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()), trace.WithMemberID(r.memberID), trace.WithProcessSegments(segs))
 			if err != nil {
 				return rungroup.Instance{}, err
 			}

@@ -65,8 +65,9 @@ type Report struct {
 	Since      *time.Time        `json:"since,omitempty"`
 	Publishers []PublisherReport `json:"publishers"`
 	// StreamLosses are the loss events of the durable consumers (fpmevents.loss.<consumer>): stored
-	// messages a stream removed, by its limits or by a delete, before that consumer read them. They
-	// are per consumer and stream, not per publisher: a removed message can no longer say whose it was.
+	// messages a stream removed, by its limits or by a delete, before that consumer read them, and
+	// (cause pruned) trace lines the trace writer's retention removed with their segments. They are
+	// per consumer and stream, not per publisher: a removed message can no longer say whose it was.
 	StreamLosses []StreamLoss `json:"stream_losses"`
 }
 
@@ -74,10 +75,12 @@ type Report struct {
 type StreamLoss struct {
 	Consumer string `json:"consumer"`
 	Stream   string `json:"stream"`
-	Cause    string `json:"cause"` // streams.LossRetention or streams.LossDeleted
+	Cause    string `json:"cause"` // streams.LossRetention, streams.LossDeleted or streams.LossPruned
+	// Ranges counts the events (with cause pruned: the segments), Messages the messages (lines) they
+	// report.
 	Ranges   int    `json:"ranges"`
 	Messages uint64 `json:"messages"`
-	// FirstSeq and LastSeq bound the stream sequences reported.
+	// FirstSeq and LastSeq bound the stream sequences reported (0: none known).
 	FirstSeq uint64 `json:"first_seq"`
 	LastSeq  uint64 `json:"last_seq"`
 }
@@ -221,12 +224,17 @@ func streamLosses(ctx context.Context, js jetstream.JetStream, since time.Time) 
 		k := key{l.Consumer, l.Stream, l.Cause}
 		s := sums[k]
 		if s == nil {
-			s = &StreamLoss{Consumer: l.Consumer, Stream: l.Stream, Cause: l.Cause, FirstSeq: l.First}
+			s = &StreamLoss{Consumer: l.Consumer, Stream: l.Stream, Cause: l.Cause}
 			sums[k] = s
 		}
 		s.Ranges++
 		s.Messages += l.Count
-		s.FirstSeq, s.LastSeq = min(s.FirstSeq, l.First), max(s.LastSeq, l.Last)
+		if l.First != 0 { // a pruned segment whose sequences the writer did not know names none
+			if s.FirstSeq == 0 || l.First < s.FirstSeq {
+				s.FirstSeq = l.First
+			}
+			s.LastSeq = max(s.LastSeq, l.Last)
+		}
 	})
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		err = nil
@@ -341,6 +349,14 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintln(tw, "(cause columns: gaps/missing messages)")
 	for _, l := range r.StreamLosses {
+		if l.Cause == streams.LossPruned {
+			fmt.Fprintf(tw, "consumer %s: %d line(s) removed from its output with %d segment(s) pruned by its retention (--max-segments)", l.Consumer, l.Messages, l.Ranges)
+			if l.FirstSeq != 0 {
+				fmt.Fprintf(tw, ", of messages of %s between stream sequences %d and %d", l.Stream, l.FirstSeq, l.LastSeq)
+			}
+			fmt.Fprintln(tw)
+			continue
+		}
 		fmt.Fprintf(tw, "consumer %s: %d message(s) of %s removed (%s) before it read them, in %d range(s) between stream sequences %d and %d\n",
 			l.Consumer, l.Messages, l.Stream, l.Cause, l.Ranges, l.FirstSeq, l.LastSeq)
 	}

@@ -21,7 +21,23 @@ import (
 // start (it is writer-relative in Dynamo too); sampled mode has no wall-clock fallback (pending samples
 // are written by event time, and the rest when the range ends), so a live writer that wrote a sample
 // early by its clock and then dropped a late message of that interval can differ there; and the
-// unchanged-counter rule starts fresh at the range's first interval.
+// unchanged-counter rule starts at the key's last line the output holds before the interval (none:
+// fresh at the range's first interval).
+//
+// Idempotent: a line the output already holds is not written again (backfill_existing.go), so a rerun
+// over the same range writes nothing, and a run over a range that overlaps what is written writes only
+// what is not.
+//
+// Resumable: a backfill that ends before its range does (interrupted, or failed) says where to go on
+// (BackfillResult.Resume): the first stream sequence whose line is not durable — in sampled mode the
+// first message of an interval whose sample is not written, since an interrupted run does not write a
+// sample of an interval it did not read to its end. A run of the same range from there
+// (BackfillRange.ResumeSeq) then writes exactly what the uninterrupted run would have: what the first
+// run wrote after that point is recognised as written. With FPM shards, each numbered on its own, the
+// resume point is a stored time (read with Since, messages of that very time recognised the same
+// way). In sampled mode this is exact while a key's observation times and counter_ids do not go back
+// in stream order (one publisher run, one bridge clock): an interval cut by the interruption is then
+// sampled by the same message.
 
 // ErrBadRange is returned for a backfill range that selects nothing sensible.
 var ErrBadRange = errors.New("trace: invalid backfill range")
@@ -30,17 +46,28 @@ var ErrBadRange = errors.New("trace: invalid backfill range")
 // EndSeq, inclusive) or by stream time (Since to Until, inclusive), not both. A zero bound is open: the
 // start of the stream, or its last message when the backfill starts. With FPM shards (each numbered on
 // its own) only a time range, or the whole of every shard, can be selected.
+//
+// ResumeSeq (not with shards) continues an interrupted backfill of the range: the range's messages
+// before that stream sequence are not read (BackfillResult.Resume gives it). It must not be before
+// StartSeq; past the range's end there is nothing left to read.
 type BackfillRange struct {
 	StartSeq, EndSeq uint64
 	Since, Until     time.Time
+	ResumeSeq        uint64
 }
 
 func (r BackfillRange) validate() error {
 	if err := streams.CheckFPMRange(r.StartSeq, r.EndSeq, r.Since, r.Until); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadRange, err)
 	}
+	if r.ResumeSeq != 0 && r.ResumeSeq < r.StartSeq {
+		return fmt.Errorf("%w: resume sequence %d is before the range's start sequence %d", ErrBadRange, r.ResumeSeq, r.StartSeq)
+	}
 	return nil
 }
+
+// first is the stream sequence the read starts at (0: by Since, or the stream's first).
+func (r BackfillRange) first() uint64 { return max(r.StartSeq, r.ResumeSeq) }
 
 // BackfillProgress is reported while a backfill reads its range.
 type BackfillProgress struct {
@@ -52,10 +79,29 @@ type BackfillProgress struct {
 
 // BackfillResult says what a backfill did.
 type BackfillResult struct {
-	Messages          uint64 // read from the range
-	Lines             uint64 // written (full mode: Messages minus invalid ones)
-	Invalid           uint64 // not valid FPMs: skipped
+	Messages uint64 // read from the range
+	Lines    uint64 // written (full mode: Messages minus invalid ones and those already written)
+	Invalid  uint64 // not valid FPMs: skipped
+	// Found is what the output held already and was not written again (backfill_existing.go): full
+	// mode, messages whose line is there; sampled mode, samples whose interval or message has a line.
+	Found uint64
+	// Rejected messages can never be written (their producer's file name is refused): skipped.
+	Rejected          uint64
 	FirstSeq, LastSeq uint64 // stream sequences of the first and last message read (0: none)
+	// Resume is where to go on when the backfill ended before its range did (interrupted, or failed);
+	// nil when it completed.
+	Resume *BackfillResume
+	// Pruned are the segments --max-segments removed while the backfill wrote (their lines are gone).
+	Pruned []PrunedSegment
+}
+
+// BackfillResume is where an unfinished backfill goes on: run the same range with
+// BackfillRange.ResumeSeq = Seq, or with FPM shards with Since = Since (and the same Until).
+type BackfillResume struct {
+	Seq   uint64    // single stream FPM: the first stream sequence whose line is not written
+	Since time.Time // with FPM shards: the stored time of the first such message, in any shard
+	// Written is the number of messages, read before the end, whose lines are durable.
+	Written uint64
 }
 
 // Backfill replays rng of stream FPM (cfg.FilterSubject) into cfg.OutputPath in cfg.Mode (see
@@ -64,8 +110,10 @@ type BackfillResult struct {
 // to the same writer as the live Consumer, without a group, acknowledgements or takeovers. progress,
 // if not nil, is called from Backfill's goroutine, at most every 100 ms and once at the end. The group
 // settings of cfg (Group, Partitions, PinnedTTL, MaxAckPending, AckWait) are not used, except that
-// MaxAckPending sizes the pull batches and flushes. When ctx ends first, what was read is written and
-// Backfill returns ctx's error. Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry.
+// MaxAckPending sizes the pull batches and flushes. When ctx ends first, the lines of what was read
+// are written (in sampled mode those of the intervals read to their end), Backfill returns ctx's
+// error and the result says where to resume (BackfillResult.Resume), as it does after any other error
+// once the range is being read. Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry.
 func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng BackfillRange, progress func(BackfillProgress), opts ...Option) (BackfillResult, error) {
 	var res BackfillResult
 	set, err := prepare(cfg, js, opts)
@@ -79,7 +127,10 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	if err := ProbeOutput(cfg.OutputPath); err != nil {
 		return res, err
 	}
-	own, err := ownOutput(cfg.OutputPath, "trace backfill", log) // no live writer's files are touched
+	// The output's files are this backfill's from here on: the ownership of its producers' prefixes
+	// (the live writer, verify --repair and backfill exclude one another) is taken before the repair
+	// below reads or rewrites anything.
+	own, err := ownOutput(cfg.OutputPath, "trace backfill", log)
 	if err != nil {
 		return res, err
 	}
@@ -91,9 +142,12 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	if err != nil {
 		return res, fmt.Errorf("trace: register metrics: %w", err)
 	}
-	names, err := streams.FPMRangeStreams(ctx, js, rng.StartSeq, rng.EndSeq)
+	names, err := streams.FPMRangeStreams(ctx, js, rng.first(), rng.EndSeq)
 	switch {
 	case errors.Is(err, streams.ErrSeqRangeOverShards):
+		if rng.ResumeSeq != 0 {
+			err = fmt.Errorf("%w; resume a backfill over shards with the time it printed (--since)", err)
+		}
 		return res, fmt.Errorf("%w: %w", ErrBadRange, err)
 	case err != nil:
 		return res, fmt.Errorf("trace: backfill: %w", err)
@@ -101,7 +155,7 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	var parts []rangePart
 	var total, last uint64
 	for _, name := range names {
-		s, startCfg, shardLast, err := streams.OpenFPMRangeOf(ctx, js, name, cfg.FilterSubject, rng.StartSeq, rng.EndSeq, rng.Since)
+		s, startCfg, shardLast, err := streams.OpenFPMRangeOf(ctx, js, name, cfg.FilterSubject, rng.first(), rng.EndSeq, rng.Since)
 		if err != nil {
 			return res, fmt.Errorf("trace: backfill: %w", err)
 		}
@@ -115,12 +169,15 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 		total, last = total+count, max(last, shardLast)
 	}
 	log.Info("trace backfill started", "mode", cfg.Mode, "output", cfg.OutputPath, "filter", cfg.FilterSubject,
-		"start_seq", rng.StartSeq, "end_seq", last, "since", rng.Since, "until", rng.Until, "messages", total, "fpm_streams", len(names))
+		"start_seq", rng.StartSeq, "resume_seq", rng.ResumeSeq, "end_seq", last, "since", rng.Since, "until", rng.Until,
+		"messages", total, "fpm_streams", len(names))
 	w := newWriter(cfg, set, log, m, set.Clock(), nil)
 	w.own = own
 	if w.sampler != nil {
 		w.sampler.hold = 0 // event time only
 	}
+	w.existing = newExistingLines(w)
+	w.onPrune = func(ps PrunedSegment) { res.Pruned = append(res.Pruned, ps) }
 	report := func(force bool) {}
 	if progress != nil {
 		var lastReport time.Time
@@ -131,26 +188,38 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 			}
 		}
 	}
+	tr := newBackfillTracker(len(names) > 1)
 	complete := len(parts) == 0
 	if !complete {
-		complete, err = backfillRange(ctx, parts, rng, w, &res, report)
+		complete, err = backfillRange(ctx, parts, rng, w, tr, &res, report)
 		if err != nil {
+			tr.cut(w)
 			w.abort()
+			res.Lines, res.Found, res.Rejected = w.linesWritten, w.existing.found, tr.rejected
+			res.Resume = tr.resume(rng)
 			return res, err
 		}
 	}
 	stop, cancel := context.WithTimeout(context.Background(), cfg.StopTimeout)
-	err = w.finish(stop.Done())
+	if complete {
+		err = w.finish(stop.Done())
+	} else {
+		tr.cut(w)
+		err = w.finishCut(stop.Done())
+	}
 	cancel()
-	res.Lines = w.linesWritten
+	res.Lines, res.Found, res.Rejected = w.linesWritten, w.existing.found, tr.rejected
 	report(true)
+	if err != nil || !complete {
+		res.Resume = tr.resume(rng)
+	}
 	if err != nil {
 		return res, err
 	}
 	if !complete {
 		return res, ctx.Err()
 	}
-	log.Info("trace backfill done", "messages", res.Messages, "lines", res.Lines, "invalid", res.Invalid,
+	log.Info("trace backfill done", "messages", res.Messages, "lines", res.Lines, "already_written", res.Found, "invalid", res.Invalid,
 		"first_seq", res.FirstSeq, "last_seq", res.LastSeq)
 	return res, nil
 }
@@ -173,30 +242,34 @@ type partReader struct {
 	done bool
 }
 
-// advance reads the part's next message of the range into head, or marks the part done.
+// advance reads the part's next message of the range into head, or marks the part done. Messages
+// stored before rng.Since are not in the range (a resumed read by sequence may start before it).
 func (p *partReader) advance(ctx context.Context, rng BackfillRange) error {
 	p.head, p.md = nil, nil
-	if p.done {
-		return nil
-	}
-	raw, err := p.it.Next()
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	for !p.done {
+		raw, err := p.it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("trace: backfill: read %s: %w", p.stream, err)
 		}
-		return fmt.Errorf("trace: backfill: read %s: %w", p.stream, err)
-	}
-	md, err := raw.Metadata()
-	if err != nil {
-		return fmt.Errorf("trace: backfill: read %s: %w", p.stream, err)
-	}
-	if md.Sequence.Stream > p.last || !rng.Until.IsZero() && md.Timestamp.After(rng.Until) {
-		p.done = true
+		md, err := raw.Metadata()
+		if err != nil {
+			return fmt.Errorf("trace: backfill: read %s: %w", p.stream, err)
+		}
+		if md.Sequence.Stream > p.last || !rng.Until.IsZero() && md.Timestamp.After(rng.Until) {
+			p.done = true
+			return nil
+		}
+		if md.Sequence.Stream >= p.last || md.NumPending == 0 {
+			p.done = true // the part's last message: handed, then no more reads
+		}
+		if !rng.Since.IsZero() && md.Timestamp.Before(rng.Since) {
+			continue
+		}
+		p.head, p.md = raw, md
 		return nil
-	}
-	p.head, p.md = raw, md
-	if md.Sequence.Stream >= p.last || md.NumPending == 0 {
-		p.done = true // the part's last message: handed, then no more reads
 	}
 	return nil
 }
@@ -206,8 +279,8 @@ func (p *partReader) advance(ctx context.Context, rng BackfillRange) error {
 // the range is complete (true) or ctx ends (false). With shards it reads every shard at once and hands
 // their messages merged by stored time (the order one stream would have stored them in; a key's
 // messages are in one shard, so their order is the shard's): sampled intervals then close by event
-// time as they do on one stream.
-func backfillRange(ctx context.Context, parts []rangePart, rng BackfillRange, w *writer, res *BackfillResult, report func(bool)) (bool, error) {
+// time as they do on one stream. tr follows which messages handed are not done yet.
+func backfillRange(ctx context.Context, parts []rangePart, rng BackfillRange, w *writer, tr *backfillTracker, res *BackfillResult, report func(bool)) (bool, error) {
 	readers := make([]*partReader, 0, len(parts))
 	for _, part := range parts {
 		oc, err := part.s.OrderedConsumer(ctx, part.start)
@@ -249,9 +322,12 @@ func backfillRange(ctx context.Context, parts []rangePart, rng BackfillRange, w 
 		}
 		res.LastSeq = md.Sequence.Stream
 		report(false)
-		r, err := parseRecord(replayMsg{raw}, msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}, w.cfg.ProducerID, keys)
+		meta := msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}
+		d := tr.hand(raw, meta)
+		r, err := parseRecord(d, meta, w.cfg.ProducerID, keys)
 		if err != nil {
 			res.Invalid++
+			d.skip()
 			w.log.Debug("trace backfill: invalid FPM message skipped", "subject", raw.Subject(), "stream_seq", md.Sequence.Stream, "err", err)
 		} else if err := w.handle(&r); err != nil {
 			var me *messageError
@@ -259,6 +335,7 @@ func backfillRange(ctx context.Context, parts []rangePart, rng BackfillRange, w 
 				return false, err
 			}
 			res.Invalid++
+			d.skip()
 			w.log.Warn("trace backfill: message skipped", "subject", raw.Subject(), "stream_seq", md.Sequence.Stream, "err", err)
 		}
 		if err := w.collect(); err != nil {
@@ -306,6 +383,106 @@ func rangeCount(ctx context.Context, s jetstream.Stream, filter string, start je
 	}
 	return from - rest, nil
 }
+
+// backfillTracker follows the messages a backfill handed to its writer until each is done (its line,
+// or the lines before it, durable) or skipped for good, so that an unfinished backfill can say where
+// to resume (BackfillResume). Owned by the backfill's goroutine (Done is called from it too: the
+// writer marks messages done in collect and its other calls).
+type backfillTracker struct {
+	shards   bool
+	pending  map[*backfillMsg]struct{}
+	last     msgMeta // the last message handed
+	handed   uint64
+	doneN    uint64
+	rejected uint64
+	open     msgMeta // sampled mode, once cut: the first message of an interval whose sample is not written
+	hasOpen  bool
+}
+
+func newBackfillTracker(shards bool) *backfillTracker {
+	return &backfillTracker{shards: shards, pending: map[*backfillMsg]struct{}{}}
+}
+
+// hand registers raw as handed to the writer.
+func (t *backfillTracker) hand(raw jetstream.Msg, md msgMeta) *backfillMsg {
+	m := &backfillMsg{Msg: raw, md: md, t: t}
+	t.pending[m] = struct{}{}
+	t.last = md
+	t.handed++
+	return m
+}
+
+// before orders messages as the backfill handed them: by stored time across shards, by sequence on
+// one stream.
+func (t *backfillTracker) before(a, b msgMeta) bool {
+	if t.shards && !a.stored.Equal(b.stored) {
+		return a.stored.Before(b.stored)
+	}
+	return a.seq < b.seq
+}
+
+// cut records, before an unfinished backfill writes what it can (or gives up), the first message of
+// any interval whose sample will not be written: the sampled samples still pending are not written
+// at an interruption, and their intervals are read again from there.
+func (t *backfillTracker) cut(w *writer) {
+	if w.sampler != nil {
+		t.open, t.hasOpen = w.sampler.openSince(t.before)
+	}
+}
+
+// resume says where an unfinished backfill of rng goes on: at the first message handed that is not
+// done, or of an interval cut (see cut), or after the last message handed when everything handed is
+// done; where rng starts when nothing was handed (Seq and Since zero: rng as it was).
+func (t *backfillTracker) resume(rng BackfillRange) *BackfillResume {
+	r := &BackfillResume{Written: t.doneN}
+	if t.handed == 0 {
+		r.Seq = rng.first()
+		return r
+	}
+	first, ok := t.open, t.hasOpen
+	for m := range t.pending {
+		if !ok || t.before(m.md, first) {
+			first, ok = m.md, true
+		}
+	}
+	switch {
+	case ok && t.shards:
+		r.Since = first.stored
+	case ok:
+		r.Seq = first.seq
+	case t.shards:
+		r.Since = t.last.stored // what was handed at that very time is recognised as written
+	default:
+		r.Seq = t.last.seq + 1
+	}
+	return r
+}
+
+// backfillMsg is a message a backfill handed to its writer.
+type backfillMsg struct {
+	jetstream.Msg
+	md msgMeta
+	t  *backfillTracker
+}
+
+// Done: its line (or the lines before it) is durable.
+func (m *backfillMsg) Done() {
+	if _, ok := m.t.pending[m]; ok {
+		delete(m.t.pending, m)
+		m.t.doneN++
+	}
+}
+
+// Reject: it can never be written (its producer's file name is refused): skipped for good, counted.
+func (m *backfillMsg) Reject(error) {
+	if _, ok := m.t.pending[m]; ok {
+		delete(m.t.pending, m)
+		m.t.rejected++
+	}
+}
+
+// skip: not a message the writer can take (invalid): it has no line, for good.
+func (m *backfillMsg) skip() { delete(m.t.pending, m) }
 
 // replayMsg is a replayed message: nothing to settle.
 type replayMsg struct{ jetstream.Msg }

@@ -44,6 +44,7 @@ type Consumer struct {
 	running atomic.Bool
 	totals  recoveryTotals
 	flushed chan struct{} // a flusher completed a flush: collect it on the loop
+	segs    *ProcessSegments
 
 	// deliver presents a runner message to the writer (tests make acknowledgements go missing).
 	deliver func(*durable.Msg) delivery
@@ -96,9 +97,13 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		metrics: m,
 		group:   pc,
 		flushed: make(chan struct{}, 1),
+		segs:    set.segs,
 		deliver: func(m *durable.Msg) delivery { return m },
 		keys:    subjectKeys{},
 		writers: map[int]*writer{},
+	}
+	if c.segs == nil {
+		c.segs = NewProcessSegments()
 	}
 	if c.runner, err = durable.New(cfg.runnerConfig(pc), js, c, durable.Inherit(set.Settings)); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
@@ -229,6 +234,8 @@ func (c *Consumer) Assigned(_ context.Context, p int) error {
 		c.repaired = true
 	}
 	w.takeover = newTakeover(w, c.cfg.Partitions, &c.totals)
+	w.segs = c.segs
+	w.onPrune = func(ps PrunedSegment) { c.publishPruned(p, ps) }
 	c.writers[p] = w
 	return nil
 }

@@ -18,13 +18,17 @@
 //	                  with backoff); the completed flush marks its messages done
 //	recover.go        takeover recovery: the lines an earlier owner wrote for redelivered messages
 //	seqstate.go       per producer, which redelivered messages to skip
-//	segment_writer.go SegmentWriter: one producer's segments, one gzip member per flush, roll, prune,
-//	                  and abandoning a segment after a failed write
+//	segment_writer.go SegmentWriter: one producer's segments, one gzip member per flush, roll, prune
+//	                  (recording what a pruned segment held), cutting a failed write back
+//	continuation.go   ProcessSegments: a later writer of a producer in this process continues its
+//	                  segment instead of opening one
 //	segment.go        the writer's names for the trace format's segment naming and discovery (schemas)
 //	repair.go         ReadSegment, CorruptError and the explicit torn-tail Repair
 //	owner.go          one owner per producer prefix: Dynamo's <prefix>.000000.jsonl.lock, held while
 //	                  a writer, a repair or a backfill may touch the prefix's files
-//	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer
+//	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer;
+//	                  where an unfinished backfill resumes
+//	backfill_existing.go what a backfill's output holds already: no line written twice
 //	info.go           Info: per producer and key, what segments hold; damage and violations
 //	verify.go         Verify: check every segment of an output, match it to the stream, repair
 //	verify_scan.go    checkSegment: members, resynchronising past damage; lines; timestamp order
@@ -58,17 +62,27 @@
 //   - A failed write (disk full, I/O error, unwritable directory) marks nothing done: the flush is
 //     retried with exponential backoff, the loop goes on buffering, the server stops delivering at
 //     MaxAckPending and keeps the messages (the runner keeps the held ones alive with in-progress
-//     acks). Before each retry the segment is cut back to its last fsynced member and closed, and the
-//     lines go to a new segment one index up; so only the newest segment can have a torn tail. An
-//     existing segment file (another writer owns the producer) is not retried: the instance fails.
+//     acks). Before each retry the segment is cut back to its last fsynced member and the lines are
+//     written into it again; so only the newest segment can have a torn tail. An existing segment
+//     file (another writer owns the producer) is not retried: the instance fails.
 //   - One message never stalls the writer: a message that can never be written — an invalid subject
 //     or body, a file name its file system refuses, a producer id other than its worker_id with
 //     P > 1 — is rejected (dead letter on fpmevents.rejected.trace naming the reason) and the others go
 //     on. Producer ids too long for a file name get a shortened name (segment.go). A full disk is not
 //     such an error: it concerns every producer and is retried.
-//   - Segments are never appended to after a restart or takeover: a producer's writer starts at the
-//     highest index plus one, after the takeover repaired a torn tail off the newest segment (or
-//     removed it, if a crash left it empty between its creation and its first flush).
+//   - A segment is opened only at a roll or at a writer's start (Dynamo's rule). A process's first
+//     writer of a producer, and one that follows another process's, starts at the highest index plus
+//     one, after the takeover repaired a torn tail off the newest segment (or removed it, if a crash
+//     left it empty between its creation and its first flush): a segment left by an earlier process is
+//     never appended to. A later writer of the producer in the same process (its partition lost and
+//     taken again, handed on and back, the component restarted by `up`) continues the segment the
+//     previous one left when that is still the newest and holds exactly what it left
+//     (continuation.go); otherwise it starts as a first writer does.
+//   - Retention (MaxSegments) removes a producer's oldest segments beyond the limit when a segment is
+//     opened, as Dynamo does; those lines leave the trace, acknowledged or not, so every removed
+//     segment is reported: an error-level log line (segment, lines, stream sequences, observation
+//     times), fpmbus_trace_segments_pruned_total and fpmbus_trace_pruned_lines_total, and a loss event
+//     on fpmevents.loss.trace (cause pruned) that `fpmbus gaps report` counts.
 //   - Lines are never split across segments; a segment holds whole gzip members only, except for a
 //     torn last member after a crash, which Repair removes.
 //   - Time in an event (observed_at_unix_ms) comes from the message (the bridge's receive time), not

@@ -25,6 +25,24 @@ func createFile(path string) (file, error) {
 	return fsutil.CreateExclusive(path, os.O_WRONLY|os.O_APPEND, 0o644)
 }
 
+// openAppend opens the existing segment at path for appending (a writer continuing the segment this
+// process wrote last: SegmentWriter.continueFrom) and returns its size.
+func openAppend(path string) (file, int64, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err == nil {
+			err = fmt.Errorf("segment %s is not a regular file", path)
+		}
+		return nil, 0, err
+	}
+	return f, fi.Size(), nil
+}
+
 // ProbeOutput creates, fsyncs and removes a file in the directory of outputPath, creating the
 // directory first. It turns an unwritable output path into one clear error at start.
 func ProbeOutput(outputPath string) error {

@@ -20,7 +20,7 @@ import (
 // while that many wait to be done.
 //
 // A failed write does not end the writer: the flusher cuts the segment back to its last fsynced
-// member, waits (exponential backoff), and writes the batch again into a new segment, until the disk
+// member, waits (exponential backoff), and writes the batch again into that segment, until the disk
 // takes it (see SegmentWriter.writeBatchRetry). Meanwhile the flush stays in flight: nothing more is
 // done, and the server stops delivering at MaxAckPending, keeping the messages (the runner keeps the
 // held ones from being redelivered with in-progress acks). Only finish's stop (the release deadline)
@@ -205,7 +205,9 @@ func (w *writer) completeFlush(res flushResult) error {
 			w.dropProducer(j.p, j.err)
 			continue
 		}
-		if err := j.p.sw.complete(j.b, j.err); err != nil {
+		err := j.p.sw.complete(j.b, j.err)
+		w.reportPruned(j.p.sw, j.p.sw.takePruned())
+		if err != nil {
 			failed = errors.Join(failed, err)
 			continue
 		}

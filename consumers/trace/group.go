@@ -6,10 +6,13 @@ package trace
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
@@ -168,4 +171,53 @@ func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, p
 		}
 	}
 	return nil
+}
+
+// pruneEventTimeout bounds the publication of one pruned segment's loss event.
+const pruneEventTimeout = 5 * time.Second
+
+// publishPruned reports a segment that retention (--max-segments) removed from partition p's producers
+// as a loss event on fpmevents.loss.trace (streams.ConsumerLoss, cause pruned: the segment, its
+// producer, its line count, the stream sequences of its lines where known, their observation times),
+// which `fpmbus gaps report` counts. An event that cannot be stored is still in the error-level log
+// line and the metrics (writer.reportPruned). Called on the runner's loop; prunes are rare (one per
+// roll beyond the limit), so the publication waits for its acknowledgement there.
+func (c *Consumer) publishPruned(p int, ps PrunedSegment) {
+	if ps.Lines == 0 {
+		return // nothing was lost
+	}
+	l := streams.ConsumerLoss{Event: streams.ConsumerLossEvent, Cause: streams.LossPruned, Consumer: ConsumerName,
+		Stream: c.lossStream(p), Count: uint64(ps.Lines), DetectedAt: c.set.Clock().UnixMilli(),
+		Segment: ps.Segment, Producer: ps.Producer, FirstObservedMs: max(ps.FirstObservedMs, 0), LastObservedMs: max(ps.LastObservedMs, 0)}
+	if l.Stream != "" {
+		l.First, l.Last = ps.FirstSeq, ps.LastSeq
+	}
+	body, err := json.Marshal(l)
+	if err != nil {
+		c.log.Error("trace writer: pruned segment's loss event not built", "segment", ps.Segment, "err", err)
+		return
+	}
+	msg := nats.NewMsg(streams.ConsumerLossSubject(ConsumerName))
+	msg.Data = body
+	msg.Header.Set(streams.HeaderEventType, streams.ConsumerLossEvent)
+	msg.Header.Set(streams.HeaderMsgID, streams.ConsumerPrunedMsgID(ConsumerName, ps.Segment))
+	ctx, cancel := context.WithTimeout(context.Background(), pruneEventTimeout)
+	defer cancel()
+	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
+		c.log.Error("trace writer: pruned segment's loss event not stored; the log line above and fpmbus_trace_pruned_lines_total still count it",
+			"segment", ps.Segment, "lines", ps.Lines, "err", err)
+	}
+}
+
+// lossStream is the stream whose sequences partition p's records carry (Msg.StreamSeq): FPM, or with
+// FPM shards read one per partition the partition's shard; "" when they are not one stream's (a copy
+// of every shard), and a loss event then names no sequences.
+func (c *Consumer) lossStream(p int) string {
+	if c.cfg.FPMShards > 1 {
+		if c.cfg.Partitions == c.cfg.FPMShards {
+			return c.group.ConsumerStreamOf(p)
+		}
+		return ""
+	}
+	return streams.StreamFPM
 }

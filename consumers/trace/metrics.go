@@ -15,6 +15,8 @@ type metrics struct {
 	flush       prometheus.Histogram
 	retries     prometheus.Counter
 	skipped     *prometheus.CounterVec
+	pruned      prometheus.Counter
+	prunedLines prometheus.Counter
 	writtenMode prometheus.Counter // written.WithLabelValues(mode), resolved once
 	// skipped.WithLabelValues("written"), resolved once
 	skippedWritten prometheus.Counter
@@ -36,6 +38,10 @@ func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 		retries: counter("fpmbus_trace_write_retries_total",
 			"Failed segment writes (disk full, I/O error) retried after a backoff; nothing is acknowledged meanwhile."),
+		pruned: counter("fpmbus_trace_segments_pruned_total",
+			"Trace segments removed by retention (--max-segments), each reported as a loss event on fpmevents.loss.trace."),
+		prunedLines: counter("fpmbus_trace_pruned_lines_total",
+			"Trace lines (acknowledged messages) in segments removed by retention (--max-segments): no longer in the trace."),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fpmbus_trace_redelivered_skipped_total",
 			Help: "Redelivered FPM messages not written again because their line is already on disk (reason written: found by the takeover recovery)."},
 			[]string{"reason"}),
@@ -48,6 +54,8 @@ func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
 		use(r, &m.flush)
 		use(r, &m.retries)
 		use(r, &m.skipped)
+		use(r, &m.pruned)
+		use(r, &m.prunedLines)
 		if r.err != nil {
 			return nil, r.err
 		}

@@ -29,6 +29,7 @@ type settings struct {
 	level int
 	retry func() backoff.BackOff
 	open  func(path string) (file, error) // tests inject faults
+	segs  *ProcessSegments
 }
 
 func defaultSettings() settings {
@@ -101,6 +102,20 @@ func WithMemberID(id string) Option {
 		}
 	}
 	return shared(durable.WithMemberID(id))
+}
+
+// WithProcessSegments shares ps among the Consumers that succeed one another in this process on one
+// output (the incarnations of a component its supervisor restarts): a producer's segment is then
+// continued across them as within one Consumer (see ProcessSegments), instead of each incarnation
+// starting a new segment. Default: a ProcessSegments of the Consumer's own. A Backfill ignores it.
+func WithProcessSegments(ps *ProcessSegments) Option {
+	return func(s *settings) error {
+		if ps == nil {
+			return fmt.Errorf("process segments: nil")
+		}
+		s.segs = ps
+		return nil
+	}
 }
 
 func retryPolicy(initial, maxWait time.Duration) func() backoff.BackOff {

@@ -17,7 +17,7 @@ import (
 // lines (SegmentWriter writes one member per flush and acks nothing before the member is fsynced). A
 // kill -9 can leave the newest segment with a torn last member: Repair, run explicitly at startup,
 // cuts it off. Because no message in a torn member was ever acked, JetStream redelivers all of them
-// and the new run writes them again, into a new segment: nothing is lost and nothing is written twice.
+// and they are written again: nothing is lost and nothing is written twice.
 
 // maxMemberBytes bounds one member's uncompressed size when reading (a guard against decompression
 // bombs; the writer's members are at most about BufferSize, or one oversized line). A variable so that

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -251,9 +252,10 @@ func TestSegmentOwnedByAnotherWriterFailsRun(t *testing.T) {
 	}
 }
 
-// The SegmentWriter level: a chunk that fails goes, after abandon, into the next index; the abandoned
-// segment keeps exactly its fsynced members.
-func TestWriteBatchRetryAbandonsTheTornSegment(t *testing.T) {
+// The SegmentWriter level: a chunk whose write fails is written again, after the segment was cut back
+// to its fsynced members, into the same segment (a failed write opens no segment); the torn half of
+// the failed member is gone.
+func TestWriteBatchRetryCutsBackAndWritesTheSameSegment(t *testing.T) {
 	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "t.w")
 	w, err := NewSegmentWriter(prefix, 1<<20, 100)
@@ -262,6 +264,7 @@ func TestWriteBatchRetryAbandonsTheTornSegment(t *testing.T) {
 	}
 	d := &disk{}
 	w.open = d.open
+	var sizeAtRetry int64
 	appendFlush := func(lines ...string) error {
 		for _, l := range lines {
 			if err := w.Append([]byte(l)); err != nil {
@@ -270,6 +273,7 @@ func TestWriteBatchRetryAbandonsTheTornSegment(t *testing.T) {
 		}
 		b := w.detach()
 		err := w.writeBatchRetry(b, nil, retryPolicy(time.Millisecond, time.Millisecond)(), func(*SegmentWriter, error, time.Duration) {
+			sizeAtRetry = fileSize(t, SegmentPath(prefix, 0))
 			d.heal() // the next attempt succeeds
 		})
 		return w.complete(b, err)
@@ -282,6 +286,9 @@ func TestWriteBatchRetryAbandonsTheTornSegment(t *testing.T) {
 	if err := appendFlush("c", "d"); err != nil {
 		t.Fatal(err)
 	}
+	if sizeAtRetry <= size0 {
+		t.Fatalf("the failed write left %d bytes, %d before it: no torn member to cut", sizeAtRetry, size0)
+	}
 	if err := appendFlush("e"); err != nil {
 		t.Fatal(err)
 	}
@@ -289,11 +296,8 @@ func TestWriteBatchRetryAbandonsTheTornSegment(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := prefixLines(t, prefix)
-	if len(got) != 2 || len(got[0]) != 2 || len(got[1]) != 3 || got[1][0] != "c" || got[1][2] != "e" {
-		t.Fatalf("segments %v, want 0: [a b], 1: [c d e]", got)
-	}
-	if fileSize(t, SegmentPath(prefix, 0)) != size0 {
-		t.Fatal("abandoned segment not cut back to its fsynced members")
+	if len(got) != 1 || strings.Join(got[0], " ") != "a b c d e" {
+		t.Fatalf("segments %v, want 0: [a b c d e]", got)
 	}
 	if w.Durable() != 5 {
 		t.Fatalf("durable %d, want 5", w.Durable())

@@ -14,6 +14,7 @@ import (
 	"github.com/klauspost/compress/gzip"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/schemas"
 )
 
 // DefaultCompressionLevel is the gzip level of new members: klauspost's level 1 (BestSpeed). Dynamo
@@ -36,14 +37,22 @@ var ErrWriterClosed = errors.New("trace: segment writer closed")
 //     written intact into an otherwise empty segment. Lines are never split across segments.
 //   - A segment file is created exclusively at its first flush; an existing file of that name is an
 //     error (another writer owns the producer). After that first write the directory is fsynced and the
-//     oldest segments of the prefix are removed until MaxSegments remain, the active one included.
-//     Files whose names do not match the prefix exactly are never touched.
-//   - It starts at NextSegmentIndex(prefix): a segment left by an earlier run is never appended to.
+//     oldest segments of the prefix are removed until MaxSegments remain, the active one included:
+//     each removed segment is recorded (PrunedSegment: its lines, their stream sequences and
+//     observation times) for the trace writer to report as a loss. Files whose names do not match the
+//     prefix exactly are never touched.
+//   - A segment is opened only at a roll or at a writer's start. A writer starts at
+//     NextSegmentIndex(prefix): a segment left by an earlier process is never appended to. A writer
+//     that continues this process's own writing of the producer (the trace writer's partition taken
+//     again, or its component restarted in the process: ProcessSegments) appends to the segment the
+//     previous writer left, if that is still the producer's newest segment and holds exactly the
+//     bytes it left; otherwise (another writer wrote the producer meanwhile) it starts at
+//     NextSegmentIndex too.
 //   - A write that fails (short write, failed fsync, full disk) leaves the file with a torn tail. The
-//     trace writer's flusher then abandons the segment (writeBatchRetry): it cuts the file back to its
-//     last fsynced member, fsyncs and closes it, and after a backoff writes the lines again into a new
-//     segment, one index up; every later segment moves up by one too. So no segment but the newest
-//     ever has a torn tail, and a line is in exactly one segment. Flush, used alone, does not retry.
+//     trace writer's flusher then cuts the segment back to its last fsynced member and fsyncs it
+//     (writeBatchRetry), and after a backoff writes the lines again into the same segment. So no
+//     segment but the newest ever has a torn tail, and a line is in exactly one segment. Flush, used
+//     alone, does not retry.
 //
 // The writer has two sides. The line side (Append, Buffered, Appended, Durable) only touches memory;
 // the file side (compress, write, fsync, roll the file, prune) runs in Flush, or, for the trace writer,
@@ -69,20 +78,72 @@ type SegmentWriter struct {
 	err      error
 	closed   bool
 
+	// Handed from the file side by complete (pruned by the last batches, not yet taken).
+	pruned []PrunedSegment
+
 	// File side.
-	open   func(path string) (file, error)
-	f      file   // open segment file, nil before its first write
-	fIndex uint64 // index of f
-	fSize  int64  // bytes of f written and fsynced (whole members)
-	shift  uint64 // segments abandoned after a failed write: file index = line-side index + shift
-	zw     *gzip.Writer
-	zbuf   bytes.Buffer
+	open       func(path string) (file, error)
+	reopen     func(path string) (file, int64, error)
+	f          file                     // open segment file, nil before its first write
+	fIndex     uint64                   // index of f
+	fSize      int64                    // bytes of f written and fsynced (whole members)
+	fBytes     int64                    // uncompressed bytes of those members
+	fDirSynced bool                     // f's directory entry is durable (fsynced after its creation)
+	shift      uint64                   // a continued segment found changed: file index = line-side index + shift
+	cont       *segmentState            // the segment to continue at the first write, if any (see continueFrom)
+	tallies    map[uint64]*segmentTally // what this writer wrote into each segment, by file index
+	prunedFile []PrunedSegment          // pruned by the batch being written
+	zw         *gzip.Writer
+	zbuf       bytes.Buffer
 }
 
-// chunk is buffered lines of one segment.
+// chunk is buffered lines of one segment, with the stream sequences and observation times of their
+// records (the trace writer's; zero for lines appended with Append).
 type chunk struct {
 	index uint64
 	data  []byte
+	tally segmentTally
+}
+
+// segmentTally is what a writer wrote into one segment: lines, and the stream sequences and
+// observation times of their records (seqs zero when not known); on the file side also the bytes
+// written (whole members).
+type segmentTally struct {
+	lines                   int
+	firstSeq, lastSeq       uint64
+	firstObserved, lastObsv int64
+	size                    int64
+}
+
+// add counts one line of a record at stream sequence seq (0: not known) observed at observed (< 0:
+// not known).
+func (t *segmentTally) add(seq uint64, observed int64) {
+	if t.lines == 0 {
+		t.firstSeq, t.firstObserved = seq, observed
+	}
+	t.lines++
+	t.lastSeq, t.lastObsv = seq, observed
+	if seq == 0 {
+		t.firstSeq = 0 // a line of unknown sequence: the range is not known
+	}
+}
+
+// merge adds the tally u of later lines.
+func (t *segmentTally) merge(u segmentTally) {
+	if u.lines == 0 {
+		return
+	}
+	if t.lines == 0 {
+		size := t.size
+		*t = u
+		t.size = size
+		return
+	}
+	if u.firstSeq == 0 {
+		t.firstSeq = 0
+	}
+	t.lines += u.lines
+	t.lastSeq, t.lastObsv = u.lastSeq, u.lastObsv
 }
 
 // batch is what detach hands to the file side: the chunks to write, in order, and the line count they
@@ -123,8 +184,10 @@ func newSegmentWriter(prefix string, rollBytes int64, maxSegments, level int, lo
 		maxSegments: maxSegments,
 		logger:      logger,
 		open:        createFile,
+		reopen:      openAppend,
 		zw:          zw,
 		index:       next,
+		tallies:     map[uint64]*segmentTally{},
 	}, nil
 }
 
@@ -157,7 +220,11 @@ func (w *SegmentWriter) Err() error { return w.err }
 // Append buffers line (without its newline; Append adds it), starting a new segment first if the line
 // does not fit the current one (see SegmentWriter). The line is durable only after the next Flush
 // returns nil.
-func (w *SegmentWriter) Append(line []byte) error {
+func (w *SegmentWriter) Append(line []byte) error { return w.appendRecord(line, 0, -1) }
+
+// appendRecord is Append for the line of a record at stream sequence seq, observed at observed (what
+// a pruned segment's report says of its lines).
+func (w *SegmentWriter) appendRecord(line []byte, seq uint64, observed int64) error {
 	if w.err != nil {
 		return w.err
 	}
@@ -181,6 +248,7 @@ func (w *SegmentWriter) Append(line []byte) error {
 	}
 	c.data = append(c.data, line...)
 	c.data = append(c.data, '\n')
+	c.tally.add(seq, observed)
 	w.segBytes += n
 	w.segLines++
 	w.appended++
@@ -245,8 +313,11 @@ func (w *SegmentWriter) detach() batch {
 	return b
 }
 
-// complete records the result of writing b (err from writeBatch) and recycles its buffers.
+// complete records the result of writing b (err from writeBatch) and recycles its buffers. The
+// segments the batch pruned are kept for takePruned, written or not.
 func (w *SegmentWriter) complete(b batch, err error) error {
+	w.pruned = append(w.pruned, w.prunedFile...)
+	w.prunedFile = nil
 	if err != nil {
 		return w.fail(err)
 	}
@@ -278,9 +349,8 @@ func (w *SegmentWriter) writeChunks(chunks []chunk) (int, error) {
 }
 
 // writeBatchRetry writes b like writeBatch, but retries a failed chunk: it waits bo's next backoff
-// (report is told), abandons the segment (cut back to its last fsynced member, fsynced, closed; see
-// abandon) and writes the chunk again into a new segment, until it succeeds or stop is closed; then
-// it returns the last error. An error that retrying cannot fix (the segment file exists already:
+// (report is told), cuts the segment back to its last fsynced member (cutBack) and writes the chunk
+// again into it, until it succeeds or stop is closed; then it returns the last error. An error that retrying cannot fix (the segment file exists already:
 // another writer owns the producer; the file system refuses the name) is returned at once, as is any
 // error when bo is nil.
 func (w *SegmentWriter) writeBatchRetry(b batch, stop <-chan struct{}, bo backoff.BackOff, report func(*SegmentWriter, error, time.Duration)) error {
@@ -312,22 +382,22 @@ func (w *SegmentWriter) writeBatchRetry(b batch, stop <-chan struct{}, bo backof
 				return err
 			case <-t.C:
 			}
-			aerr := w.abandon()
-			if aerr == nil {
+			cerr := w.cutBack()
+			if cerr == nil {
 				break
 			}
-			err = aerr
+			err = cerr
 		}
 	}
 }
 
-// abandon gives up the open segment after a failed write: it cuts the file back to the bytes that were
-// fsynced (whole members), fsyncs and closes it, and moves the following segments one index up. A file
-// left empty is removed. Until abandon succeeds the file stays the newest, so a crash meanwhile leaves
+// cutBack undoes a failed write of the open segment: it cuts the file back to the bytes that were
+// fsynced (whole members) and fsyncs it; the file stays open and the next write appends there. Until
+// it succeeds the file keeps its torn tail, and it is the newest segment, so a crash meanwhile leaves
 // a torn tail only where the startup repair looks.
-func (w *SegmentWriter) abandon() error {
+func (w *SegmentWriter) cutBack() error {
 	if w.f == nil {
-		return nil // the failure was creating the file: nothing to cut
+		return nil // the failure was creating or opening the file: nothing to cut
 	}
 	path := SegmentPath(w.prefix, w.fIndex)
 	if err := w.f.Truncate(w.fSize); err != nil {
@@ -336,18 +406,8 @@ func (w *SegmentWriter) abandon() error {
 	if err := w.f.Sync(); err != nil {
 		return fmt.Errorf("sync segment %s after cutting it back to byte %d: %w", path, w.fSize, err)
 	}
-	if err := w.f.Close(); err != nil {
-		w.logger.Warn("trace segment abandoned: close", "segment", path, "err", err)
-	}
-	w.f = nil
-	w.shift++
-	if w.fSize == 0 {
-		if err := fsutil.RemoveRegular(path); err == nil {
-			_ = fsutil.SyncDir(filepath.Dir(path))
-		}
-	}
-	w.logger.Warn("trace segment abandoned after a failed write; its lines go to the next segment",
-		"segment", path, "offset", w.fSize, "next", SegmentPath(w.prefix, w.fIndex+1))
+	w.logger.Warn("trace segment cut back to its last durable member after a failed write; its lines are written again",
+		"segment", path, "offset", w.fSize)
 	return nil
 }
 
@@ -370,16 +430,11 @@ func (w *SegmentWriter) writeChunk(c chunk) error {
 			w.logger.Warn("trace segment close", "segment", SegmentPath(w.prefix, w.fIndex), "err", err)
 		}
 	}
-	first := w.f == nil
-	if first {
-		f, err := w.open(path)
-		if err != nil {
-			if errors.Is(err, os.ErrExist) {
-				return fmt.Errorf("create segment %s: %w (another writer owns this producer's files?)", path, err)
-			}
-			return fmt.Errorf("create segment %s: %w", path, err)
+	if w.f == nil {
+		if err := w.openSegment(idx); err != nil {
+			return err
 		}
-		w.f, w.fIndex, w.fSize = f, idx, 0
+		idx, path = w.fIndex, SegmentPath(w.prefix, w.fIndex)
 	}
 	member := w.zbuf.Bytes()
 	if n, err := w.f.Write(member); err != nil || n != len(member) {
@@ -391,14 +446,68 @@ func (w *SegmentWriter) writeChunk(c chunk) error {
 	if err := w.f.Sync(); err != nil {
 		return fmt.Errorf("sync segment %s at byte %d: %w", path, w.fSize, err)
 	}
-	if first {
+	if !w.fDirSynced {
 		// The new file's directory entry must be durable too, before any line in it is acked.
 		if err := fsutil.SyncDir(filepath.Dir(path)); err != nil {
 			return fmt.Errorf("sync directory of %s: %w", path, err)
 		}
+		w.fDirSynced = true
 		w.prune(idx)
 	}
 	w.fSize += int64(len(member))
+	w.fBytes += int64(len(c.data))
+	t := w.tallies[idx]
+	if t == nil {
+		t = &segmentTally{}
+		w.tallies[idx] = t
+	}
+	t.merge(c.tally)
+	t.size += int64(len(member))
+	return nil
+}
+
+// openSegment opens the file of segment idx for the first write into it: the segment this writer
+// continues (continueFrom), appended to if it still holds exactly the bytes the previous writer left,
+// or else a new file, created exclusively. A continued segment found changed is not written: the
+// writer moves to the producer's next free index (shift), as a writer's start does.
+func (w *SegmentWriter) openSegment(idx uint64) error {
+	c := w.cont
+	w.cont = nil // continued now, or rolled past before any write into it
+	if c != nil && c.index == idx {
+		path := SegmentPath(w.prefix, idx)
+		f, size, err := w.reopen(path)
+		if err == nil && size == c.size {
+			w.f, w.fIndex, w.fSize, w.fBytes, w.fDirSynced = f, idx, size, c.bytes, true
+			if c.tally.lines > 0 {
+				t := c.tally
+				w.tallies[idx] = &t
+			}
+			w.logger.Debug("trace segment continued", "segment", path, "offset", size)
+			return nil
+		}
+		if err == nil {
+			_ = f.Close()
+			err = fmt.Errorf("it holds %d bytes, not the %d the previous writer left", size, c.size)
+		}
+		next, nerr := NextSegmentIndex(w.prefix)
+		if nerr != nil {
+			return fmt.Errorf("segment %s changed since this process wrote it (%v): %w", path, err, nerr)
+		}
+		moved := max(next, idx+1)
+		w.shift += moved - idx
+		w.logger.Info("trace segment not continued: it changed since this process wrote it; a new segment is started",
+			"segment", path, "reason", err, "next", SegmentPath(w.prefix, moved))
+		idx = moved
+	}
+	path := SegmentPath(w.prefix, idx)
+	f, err := w.open(path)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("create segment %s: %w (another writer owns this producer's files?)", path, err)
+		}
+		return fmt.Errorf("create segment %s: %w", path, err)
+	}
+	w.f, w.fIndex, w.fSize, w.fBytes, w.fDirSynced = f, idx, 0, 0, false
 	return nil
 }
 
@@ -415,9 +524,27 @@ func (w *SegmentWriter) Flush() error {
 	return w.complete(b, w.writeBatch(b))
 }
 
+// PrunedSegment is a segment that retention (MaxSegments) removed, and what it held: its lines are
+// no longer in the trace.
+type PrunedSegment struct {
+	Segment string
+	Index   uint64
+	// Producer is the producer part of its file name (set by the trace writer).
+	Producer string
+	// Lines it held (read before it was removed, or counted as this writer wrote them); Damaged when
+	// it could be read only up to damage, which Lines then does not count past.
+	Lines   int
+	Damaged bool
+	// FirstSeq..LastSeq are the stream sequences of its lines' messages when this writer wrote every
+	// line (and knew them), else 0. FirstObservedMs and LastObservedMs are its first and last lines'
+	// observed_at_unix_ms (-1: none).
+	FirstSeq, LastSeq               uint64
+	FirstObservedMs, LastObservedMs int64
+}
+
 // prune removes the oldest regular segments of the prefix until maxSegments remain, active (the one
-// just created) included. A failure is logged, not returned: retention is best effort and never loses
-// a line.
+// just created) included, and records what each held (prunedFile: the trace writer reports every one
+// as a loss). A failure to remove is logged, not returned: the segment stays, nothing is lost.
 func (w *SegmentWriter) prune(active uint64) {
 	segs, err := ListSegments(w.prefix)
 	if err != nil {
@@ -436,18 +563,117 @@ func (w *SegmentWriter) prune(active uint64) {
 		if s.Index >= active {
 			break // never the active segment, nor anything newer
 		}
+		ps := w.held(s)
 		if err := fsutil.RemoveRegular(s.Path); err != nil {
 			w.logger.Warn("trace prune: remove segment", "segment", s.Path, "err", err)
 			continue
 		}
+		delete(w.tallies, s.Index)
 		removed++
-		w.logger.Debug("trace segment pruned", "segment", s.Path, "max_segments", w.maxSegments)
+		w.prunedFile = append(w.prunedFile, ps)
 	}
 	if removed > 0 {
 		if err := fsutil.SyncDir(filepath.Dir(w.prefix)); err != nil {
 			w.logger.Warn("trace prune: sync directory", "prefix", w.prefix, "err", err)
 		}
 	}
+}
+
+// held says what segment s holds: as this writer wrote it, or read from the file.
+func (w *SegmentWriter) held(s Segment) PrunedSegment {
+	ps := PrunedSegment{Segment: s.Path, Index: s.Index, FirstObservedMs: -1, LastObservedMs: -1}
+	if t := w.tallies[s.Index]; t != nil && t.lines > 0 && fileSizeIs(s.Path, t.size) {
+		ps.Lines, ps.FirstSeq, ps.LastSeq, ps.FirstObservedMs, ps.LastObservedMs = t.lines, t.firstSeq, t.lastSeq, t.firstObserved, t.lastObsv
+		if ps.FirstSeq == 0 {
+			ps.LastSeq = 0
+		}
+		return ps
+	}
+	var last []byte
+	err := ReadSegment(s.Path, func(line []byte) error {
+		if ps.Lines == 0 {
+			if l, err := schemas.ParseTraceLine(line); err == nil {
+				ps.FirstObservedMs = l.Event.ObservedAtUnixMs
+			}
+		}
+		ps.Lines++
+		last = append(last[:0], line...)
+		return nil
+	})
+	if ps.Lines > 0 {
+		if l, err := schemas.ParseTraceLine(last); err == nil {
+			ps.LastObservedMs = l.Event.ObservedAtUnixMs
+		}
+	}
+	if err != nil {
+		ps.Damaged = true
+		w.logger.Warn("trace prune: the segment could not be read to its end; its lines are counted up to the damage", "segment", s.Path, "err", err)
+	}
+	return ps
+}
+
+// fileSizeIs reports whether the file at path holds size bytes (not rewritten since this writer wrote
+// it, as verify --repair may have).
+func fileSizeIs(path string, size int64) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Size() == size
+}
+
+// takePruned returns the segments pruned since the last call (line side; after complete).
+func (w *SegmentWriter) takePruned() []PrunedSegment {
+	ps := w.pruned
+	w.pruned = nil
+	return ps
+}
+
+// takeFilePruned returns what takePruned would after complete, when the batch will never be completed
+// (the writer aborts): only while no batch is being written.
+func (w *SegmentWriter) takeFilePruned() []PrunedSegment {
+	ps := append(w.takePruned(), w.prunedFile...)
+	w.prunedFile = nil
+	return ps
+}
+
+// segmentState is where a writer left a producer's segment, for the next writer of the producer in
+// this process to continue it (ProcessSegments): its file index, the bytes it holds (whole members,
+// fsynced), the uncompressed bytes and lines it holds as the roll counts them, and what this
+// process wrote into it.
+type segmentState struct {
+	index        uint64
+	size         int64
+	bytes, lines int64
+	tally        segmentTally
+}
+
+// state returns where w left its current segment: the segment of its last durable write, or the one
+// it was to continue. ok is false when it has none (nothing written; or its last write failed and was
+// not cut back, so what the file holds is not known).
+func (w *SegmentWriter) state() (segmentState, bool) {
+	if w.cont != nil {
+		return *w.cont, true
+	}
+	t := w.tallies[w.fIndex]
+	if t == nil || t.lines == 0 || w.fSize == 0 {
+		return segmentState{}, false
+	}
+	return segmentState{index: w.fIndex, size: w.fSize, bytes: w.fBytes, lines: int64(t.lines), tally: *t}, true
+}
+
+// continueFrom makes a new writer (nothing appended yet) continue st, where a writer of this process
+// left the producer's segment, if that is still the producer's newest segment and holds st.size
+// bytes; it reports whether it does. The file is checked again when it is opened (openSegment).
+func (w *SegmentWriter) continueFrom(st segmentState) bool {
+	next, err := NextSegmentIndex(w.prefix)
+	if err != nil || next != st.index+1 {
+		return false
+	}
+	fi, err := os.Lstat(SegmentPath(w.prefix, st.index))
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != st.size {
+		return false
+	}
+	w.index, w.segBytes, w.segLines = st.index, st.bytes, st.lines
+	w.cont = &st
+	return true
 }
 
 // Close flushes the buffer, fsyncs and closes the active segment. It returns the first error; a

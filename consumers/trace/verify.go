@@ -34,7 +34,8 @@ import (
 //
 // With Repair (verify_repair.go) a damaged segment is rewritten from the stream: intact members byte for
 // byte, each damaged region replaced by one gzip member holding its lines rebuilt from their messages
-// (the line bytes the writer would write: line.go), missing lines inserted where they belong. What the
+// (the line bytes the writer would write: line.go), missing lines inserted where they belong, copies
+// of a line written twice for one message removed. What the
 // stream no longer holds is reported (which keys and counter_ids, between which lines and stream
 // sequences), never guessed, and bytes that cannot be replaced are kept as they are.
 //
@@ -72,7 +73,9 @@ const (
 	// the stream, full-mode lines) a line whose message was stored before the message of the line
 	// before it.
 	FindingOrder = "order"
-	// FindingDuplicate (with the stream): a line written twice for one stream message.
+	// FindingDuplicate (with the stream): a line written twice for one stream message: the later copy
+	// (the earlier lines of its identity account for its messages). Repair removes it; reported in an
+	// active segment too, and left there unless IncludeActive.
 	FindingDuplicate = "duplicate"
 	// FindingMissing (with the stream, full mode): stream messages between two adjacent lines that have
 	// no line.
@@ -177,7 +180,8 @@ type Finding struct {
 	// that could be read.
 	Line   int    `json:"line,omitempty"`
 	Reason string `json:"reason"`
-	// Heal (with the stream; damaged bytes and missing lines): what the stream can do.
+	// Heal (with the stream; damaged bytes, missing lines, duplicates and an order finding on a copy's
+	// line): what the stream can do.
 	Heal *Heal `json:"heal,omitempty"`
 }
 

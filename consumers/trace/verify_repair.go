@@ -15,8 +15,10 @@ import (
 // Rewriting a segment from the stream (Verify with Repair). The new file keeps every intact member byte
 // for byte; a damaged region the stream can restore becomes one gzip member of its rebuilt lines (none
 // if it held no line); missing lines become a member after the line they follow (the block holding
-// that line is re-encoded when the line is not its last); damage the stream cannot restore is kept byte
-// for byte, so nothing that might still be read is lost. The result is checked (read back in memory:
+// that line is re-encoded when the line is not its last); a line that is a copy of an earlier one (a
+// stream message traced twice) is removed (its block re-encoded without it, or dropped when nothing
+// is left of it); damage the stream cannot restore is kept byte for byte, so nothing that might still
+// be read is lost. The result is checked (read back in memory:
 // no new damage, exactly the expected lines) before it is written.
 //
 // It is written like every file fpmbus replaces: a temporary file "<segment>.verify.tmp" next to it
@@ -36,14 +38,17 @@ import (
 // verifyTmpSuffix names a repair's temporary file (fsutil.TempPath).
 const verifyTmpSuffix = ".verify.tmp"
 
-// edit is one change to a segment: a damaged region replaced (piece >= 0) or lines inserted after an
-// intact line (after >= 0, an index in vproducer.lines).
+// edit is one change to a segment: a damaged region replaced (piece >= 0), lines inserted after an
+// intact line (after >= 0, an index in vproducer.lines) or an intact line removed (remove >= 0, an
+// index in vproducer.lines; piece and after are -1).
 type edit struct {
 	piece   int
 	after   int
+	remove  int
 	content []byte // the lines, each ending with a newline
 	lines   int
-	finding int // index in vsegment.findings of the finding it heals
+	finding int   // index in vsegment.findings of the finding it heals
+	also    []int // further findings it heals
 }
 
 // repair rewrites every checked segment that has edits.
@@ -64,6 +69,9 @@ func (v *verifier) repair() error {
 			s.repaired = true
 			for _, e := range s.edits {
 				s.findings[e.finding].Heal.Status = HealRestored
+				for _, k := range e.also {
+					s.findings[k].Heal.Status = HealRestored
+				}
 			}
 			v.log.Info("trace verify: segment repaired from the stream", "segment", s.Path, "edits", len(s.edits))
 		}
@@ -83,12 +91,16 @@ func (v *verifier) rewrite(p *vproducer, s *vsegment) error {
 	}
 	regions := map[int]*edit{}
 	inserts := map[int]*edit{} // by the segment-relative line index they follow
+	removes := map[int]bool{}  // segment-relative line indexes
 	for i := range s.edits {
 		e := &s.edits[i]
-		if e.piece >= 0 {
+		switch {
+		case e.piece >= 0:
 			regions[e.piece] = e
-		} else {
+		case e.after >= 0:
 			inserts[e.after-s.firstLine] = e
+		default:
+			removes[e.remove-s.firstLine] = true
 		}
 	}
 	zw, err := gzip.NewWriterLevel(nil, v.set.level)
@@ -124,8 +136,8 @@ func (v *verifier) rewrite(p *vproducer, s *vsegment) error {
 		lines += pc.n
 		last := pc.first + pc.n - 1
 		inner := false
-		for i := pc.first; i < last; i++ {
-			inner = inner || inserts[i] != nil
+		for i := pc.first; i <= last; i++ {
+			inner = inner || i < last && inserts[i] != nil || removes[i]
 		}
 		if inner {
 			content, err := decodeBlock(data[pc.off:pc.end])
@@ -135,7 +147,11 @@ func (v *verifier) rewrite(p *vproducer, s *vsegment) error {
 			var merged []byte
 			for i := pc.first; len(content) > 0; i++ {
 				n := bytes.IndexByte(content, '\n') + 1
-				merged = append(merged, content[:n]...)
+				if removes[i] {
+					lines--
+				} else {
+					merged = append(merged, content[:n]...)
+				}
 				content = content[n:]
 				if e := inserts[i]; e != nil && i < last {
 					merged = append(merged, e.content...)

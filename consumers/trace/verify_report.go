@@ -27,7 +27,14 @@ func (r *VerifyReport) WriteText(w io.Writer) error {
 			switch {
 			case !s.Checked:
 				active++
-				b.WriteString("the newest, not checked (a writer may be writing it; --include-active checks it)\n")
+				b.WriteString("the newest, not checked (a writer may be writing it; --include-active checks it)")
+				if len(s.Findings) > 0 { // copies of earlier lines: no writer writes those
+					fmt.Fprintf(&b, "; %d copy(ies) of earlier lines found in it", len(s.Findings))
+				}
+				b.WriteByte('\n')
+				for _, f := range s.Findings {
+					writeFinding(&b, f)
+				}
 				continue
 			case len(s.Findings) == 0:
 				b.WriteString("ok\n")
@@ -78,6 +85,9 @@ func writeFinding(b *strings.Builder, f Finding) {
 	}
 	switch h.Status {
 	case HealRestored, HealRestorable:
+		if f.Kind == FindingDuplicate || f.Kind == FindingOrder {
+			break // a copy removed: nothing comes from the stream
+		}
 		fmt.Fprintf(b, ": %d line(s) from the stream", h.Lines)
 		if h.StreamAfter != 0 || h.StreamBefore != 0 {
 			fmt.Fprintf(b, " (between stream sequences %d and %d)", h.StreamAfter, h.StreamBefore)

@@ -258,9 +258,7 @@ func (v *verifier) heal(p *vproducer) {
 		if l.seq == 0 {
 			p.notInStream++
 			if e := p.ids[l.id]; e != nil && e.seen > 0 {
-				first := &p.lines[e.lines[0]]
-				v.addFinding(p, i, Finding{Kind: FindingDuplicate, Reason: fmt.Sprintf("the same line as line %d of %s: the stream holds %d message(s) of it for %d line(s)",
-					first.lineNo, p.segs[first.seg].Path, e.seen, len(e.lines))})
+				v.duplicate(p, i, e)
 			}
 			continue
 		}
@@ -434,6 +432,37 @@ func (v *verifier) heal(p *vproducer) {
 		}
 		h.Unconfirmed = v.unconfirmed(p, salvaged, held)
 	}
+}
+
+// duplicate reports line i of p, a copy of an earlier line whose messages the earlier lines of its
+// identity account for (e), and plans its removal: the first lines of an identity are the ones
+// matched to its messages, so the copy goes and the line it repeats stays where the writer put it. A
+// timestamp-order finding on the copy's own line (a copy written later, with an earlier timestamp) is
+// resolved with it. A copy in a producer's newest segment that is not checked (a writer may be
+// appending to it) is reported all the same — a writer writes a line at most once per message, so it
+// is no line in progress — and left alone.
+func (v *verifier) duplicate(p *vproducer, i int, e *idLines) {
+	l := &p.lines[i]
+	s := p.segs[l.seg]
+	first := &p.lines[e.lines[0]]
+	f := Finding{Kind: FindingDuplicate, Segment: s.Path, Offset: l.member, Line: l.lineNo,
+		Reason: fmt.Sprintf("the same line as line %d of %s: the stream holds %d message(s) of it for %d line(s)", first.lineNo, p.segs[first.seg].Path, e.seen, len(e.lines)),
+		Heal:   &Heal{Status: HealRestorable, Reason: "a copy: removed, the line it repeats stays"}}
+	if !s.checked {
+		f.Heal = &Heal{Status: HealUnknown, Reason: "in the producer's newest segment, which a running writer may be appending to: " +
+			"--repair removes it with --include-active, only while no writer writes the output"}
+		s.findings = append(s.findings, f)
+		return
+	}
+	s.findings = append(s.findings, f)
+	ed := edit{piece: -1, after: -1, remove: i, finding: len(s.findings) - 1}
+	for k := range s.findings {
+		if o := &s.findings[k]; o.Kind == FindingOrder && o.Line == l.lineNo && o.Heal == nil {
+			o.Heal = &Heal{Status: HealRestorable, Reason: "the line is a copy (see the duplicate finding): removed with it"}
+			ed.also = append(ed.also, k)
+		}
+	}
+	s.edits = append(s.edits, ed)
 }
 
 // addFinding adds f about line i of p to that line's segment, if it is checked, and returns its index

@@ -489,7 +489,9 @@ func gunzipIntact(t *testing.T, data []byte) []byte {
 }
 
 // Intact members in the wrong place are found by the stream: lines out of stream order, lines written
-// twice. Nothing is rewritten: which bytes are wrong is for a person to decide.
+// twice. Lines out of order are not rewritten: which bytes are wrong is for a person to decide. A line
+// written twice is a copy of the earlier one (the stream holds one message for both): the repair
+// removes the copy, leaving exactly what was written before.
 func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
@@ -502,6 +504,7 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 		kind    string
 		count   func(b []piece) int // findings expected
 		offline bool                // the files alone show them
+		removed bool                // the repair removes them
 	}{
 		"a line that is no trace line": {
 			damage: func(data []byte, b []piece) []byte {
@@ -520,7 +523,7 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 			damage: func(data []byte, b []piece) []byte {
 				return slices.Concat(data[:b[2].end], data[b[1].off:b[1].end], data[b[2].end:])
 			},
-			kind: FindingDuplicate, count: func(b []piece) int { return b[1].n },
+			kind: FindingDuplicate, count: func(b []piece) int { return b[1].n }, removed: true,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -543,13 +546,23 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 				t.Fatal(err)
 			}
 			s, fs := findingsOf(t, rep, seg)
-			if len(fs) != tc.count(b) || rep.Remaining != len(fs) || s.Repaired {
-				t.Fatalf("findings %v, want %d of %s", kinds(fs), tc.count(b), tc.kind)
+			if len(fs) != tc.count(b) || s.Repaired != tc.removed || tc.removed != (rep.Remaining == 0) || !tc.removed && rep.Remaining != len(fs) {
+				t.Fatalf("findings %v (remaining %d, repaired %v), want %d of %s", kinds(fs), rep.Remaining, s.Repaired, tc.count(b), tc.kind)
 			}
 			for _, f := range fs {
-				if f.Kind != tc.kind || f.Line == 0 {
+				if f.Kind != tc.kind || f.Line == 0 || tc.removed && (f.Heal == nil || f.Heal.Status != HealRestored) {
 					t.Fatalf("finding %+v, want %s", f, tc.kind)
 				}
+			}
+			if tc.removed {
+				got, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(gunzip(t, got), gunzip(t, orig.files[seg])) {
+					t.Fatal("the segment differs from what was written after its copies were removed")
+				}
+				return
 			}
 			if tc.kind == FindingLine {
 				if want := b[0].n + b[1].n + 1; fs[0].Line != want || fs[0].Offset != b[2].off {

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -31,8 +33,12 @@ type writer struct {
 	fl        *flusher
 	again     bool // a flush was asked for while one was in flight: it starts when that one completes
 	lineBuf   []byte
-	sampler   *sampler  // sampled mode only
-	takeover  *takeover // recognises what an earlier owner wrote; nil for a backfill
+	sampler   *sampler         // sampled mode only
+	takeover  *takeover        // recognises what an earlier owner wrote; nil for a backfill
+	existing  *existingLines   // a backfill's: the lines its output holds already; nil for the live writer
+	segs      *ProcessSegments // where this process's writers left their producers' segments; nil: none
+	// onPrune, if set, is told of every segment retention removed, after the writer reported it.
+	onPrune func(PrunedSegment)
 
 	// own owns the producers' prefixes (owner.go): a producer's SegmentWriter is made only once its
 	// prefix is owned, and claims, the prefixes this writer took, are given up when it ends. nil: no
@@ -109,6 +115,19 @@ func (w *writer) handle(r *record) error {
 			return nil
 		}
 	}
+	if w.existing != nil {
+		if w.sampler != nil {
+			// Read the producer's files before its first sample: emit consults them.
+			if _, err := w.existing.producer(SegmentPrefix(w.cfg.OutputPath, r.producer), r); err != nil {
+				return err
+			}
+		} else if written, err := w.existing.written(r); err != nil || written {
+			if written {
+				r.d.Done()
+			}
+			return err
+		}
+	}
 	if w.sampler != nil {
 		return w.sampler.add(w, r)
 	}
@@ -119,7 +138,7 @@ func (w *writer) handle(r *record) error {
 func (w *writer) write(p *producer, r *record) error {
 	ts := max(w.set.Clock().Sub(w.start).Milliseconds(), 0)
 	w.lineBuf = appendLine(w.lineBuf[:0], r, ts, w.cfg.Mode)
-	if err := p.sw.Append(w.lineBuf); err != nil {
+	if err := p.sw.appendRecord(w.lineBuf, r.seq, r.observed); err != nil {
 		return err
 	}
 	p.lines++
@@ -145,8 +164,8 @@ func (w *writer) account(p *producer, n int) error {
 	return nil
 }
 
-// producerFor returns the producer of id, creating its SegmentWriter (at the next free index) on first
-// use.
+// producerFor returns the producer of id, creating its SegmentWriter on first use: at the next free
+// index (a writer's start), or continuing the segment a writer of this process left (ProcessSegments).
 func (w *writer) producerFor(id string) (*producer, error) {
 	if p, ok := w.producers[id]; ok {
 		return p, nil
@@ -167,6 +186,10 @@ func (w *writer) producerFor(id string) (*producer, error) {
 		}
 		sw.open = w.set.open
 		sw.onRoll = w.m.rolled.Inc
+		if st, ok := w.segs.take(prefix); ok && !sw.continueFrom(st) {
+			w.log.Info("trace writer: the segment this process wrote last for the producer changed since (another writer wrote it); a new segment is started",
+				"prefix", prefix, "segment", SegmentPath(prefix, st.index), "next", sw.Path())
+		}
 		p = &producer{sw: sw}
 		w.bySegment[prefix] = p
 		w.log.Debug("trace writer: new producer", "producer_id", id, "segment", sw.Path())
@@ -303,6 +326,22 @@ func (w *writer) finish(stop <-chan struct{}) error {
 	}
 	err = w.closeAll()
 	w.fl.stop()
+	w.leave()
+	w.releaseClaims()
+	return err
+}
+
+// finishCut ends a writer whose messages stop mid-range (an interrupted backfill): as finish, except
+// that samples still pending are not written (their intervals were not read to their end) and their
+// messages stay not done.
+func (w *writer) finishCut(stop <-chan struct{}) error {
+	if err := w.drain(stop); err != nil {
+		w.abort()
+		return err
+	}
+	err := w.closeAll()
+	w.fl.stop()
+	w.leave()
 	w.releaseClaims()
 	return err
 }
@@ -322,12 +361,43 @@ func (w *writer) abort() {
 		p.sw.closeFile()
 		p.sw.closed = true
 		p.pending = nil
+		w.reportPruned(p.sw, p.sw.takeFilePruned()) // what an abandoned flush pruned (the file side is idle)
 	}
 	if w.sampler != nil {
 		w.sampler.clear()
 	}
 	w.waiting, w.unflushed = 0, 0
+	w.leave()
 	w.releaseClaims()
+}
+
+// leave hands where each producer's segment stands to the next writer of the producer in this process
+// (ProcessSegments): the writer has ended and writes nothing more.
+func (w *writer) leave() {
+	for prefix, p := range w.bySegment {
+		if st, ok := p.sw.state(); ok {
+			w.segs.put(prefix, st)
+		}
+	}
+	w.bySegment, w.producers = map[string]*producer{}, map[string]*producer{}
+}
+
+// reportPruned names the segments retention removed from sw's producer: every line in them has left
+// the trace. An error-level log line per segment (its lines, their stream sequences and observation
+// times), the metrics fpmbus_trace_segments_pruned_total and fpmbus_trace_pruned_lines_total, and
+// onPrune (the Consumer's loss event; a backfill's result).
+func (w *writer) reportPruned(sw *SegmentWriter, pruned []PrunedSegment) {
+	for _, ps := range pruned {
+		ps.Producer = strings.TrimPrefix(filepath.Base(sw.Prefix()), filepath.Base(OutputBase(w.cfg.OutputPath))+".")
+		w.m.pruned.Inc()
+		w.m.prunedLines.Add(float64(ps.Lines))
+		w.log.Error("trace segment pruned by --max-segments: its lines are no longer in the trace", "segment", ps.Segment,
+			"lines", ps.Lines, "first_seq", ps.FirstSeq, "last_seq", ps.LastSeq, "first_observed_unix_ms", ps.FirstObservedMs,
+			"last_observed_unix_ms", ps.LastObservedMs, "damaged", ps.Damaged, "max_segments", w.cfg.MaxSegments, "prefix", sw.Prefix())
+		if w.onPrune != nil {
+			w.onPrune(ps)
+		}
+	}
 }
 
 // closeAll closes every segment writer (they have been flushed).
@@ -335,6 +405,7 @@ func (w *writer) closeAll() error {
 	var err error
 	for _, p := range w.bySegment {
 		err = errors.Join(err, p.sw.Close())
+		w.reportPruned(p.sw, p.sw.takePruned())
 	}
 	return err
 }

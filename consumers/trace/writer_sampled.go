@@ -59,24 +59,29 @@ func compareSampleKeys(a, b sampleKey) int {
 type sample struct {
 	key sampleKey
 	p   *producer // nil for a seeded key until its first message
-	// pending message, if has
+	// pending message, if has; opened is the first message of the key seen in its interval (a
+	// backfill resumes no later than that: backfill.go)
 	has       bool
 	rec       record
 	interval  int64
 	heldSince time.Time
+	opened    msgMeta
 	// last decided interval (its line written or to be written)
 	emitted      bool
 	lastInterval int64
-	// last decided counter_id
-	written     bool
-	lastCounter int64
+	// last decided counter_id (by this writer, or found on disk: a seed, a backfill's existing lines)
+	written         bool
+	lastCounter     int64
+	writtenInterval int64
 }
 
-// decision is a key's sample of an interval that is over, to be written at the next flush tick.
+// decision is a key's sample of an interval that is over, to be written at the next flush tick; opened
+// is the first message of the key in that interval (sample.opened).
 type decision struct {
 	e        *sample
 	rec      record
 	interval int64
+	opened   msgMeta
 }
 
 func newSampler(interval, hold time.Duration) *sampler {
@@ -93,7 +98,7 @@ func (s *sampler) seed(k sampleKey, sd recoverSeed) {
 	if _, ok := s.keys[k]; ok {
 		return
 	}
-	e := &sample{key: k, emitted: true, lastInterval: sd.interval, written: true, lastCounter: sd.counter}
+	e := &sample{key: k, emitted: true, lastInterval: sd.interval, written: true, lastCounter: sd.counter, writtenInterval: sd.interval}
 	s.keys[k] = e
 	s.order = append(s.order, e)
 }
@@ -120,7 +125,9 @@ func (s *sampler) add(w *writer, r *record) error {
 	s.watermark = max(s.watermark, r.observed)
 	iv := r.observed / s.intervalMs
 	if e.has && iv > e.interval {
-		s.decide(w, e)
+		if err := s.decide(w, e); err != nil {
+			return err
+		}
 	}
 	switch {
 	case e.written && r.fpm.counterID == e.lastCounter: // a repeat of the last counter: ignored
@@ -135,6 +142,7 @@ func (s *sampler) add(w *writer, r *record) error {
 		return w.doneAfterFlush(e.p, r)
 	}
 	e.has, e.rec, e.interval, e.heldSince = true, *r, iv, w.set.Clock()
+	e.opened = msgMeta{seq: r.seq, stored: r.stored}
 	return nil
 }
 
@@ -147,7 +155,9 @@ func (s *sampler) emitDue(w *writer, now time.Time) error {
 		}
 		end := (e.interval + 1) * s.intervalMs
 		if s.watermark >= end+s.intervalMs || s.hold > 0 && now.Sub(e.heldSince) >= s.hold {
-			s.decide(w, e)
+			if err := s.decide(w, e); err != nil {
+				return err
+			}
 		}
 	}
 	return s.writeDecided(w)
@@ -157,7 +167,9 @@ func (s *sampler) emitDue(w *writer, now time.Time) error {
 func (s *sampler) emitAll(w *writer) error {
 	for _, e := range s.order {
 		if e.has {
-			s.decide(w, e)
+			if err := s.decide(w, e); err != nil {
+				return err
+			}
 		}
 	}
 	return s.writeDecided(w)
@@ -194,13 +206,30 @@ func (s *sampler) drop(p *producer, reject func(*record)) {
 }
 
 // decide ends e's interval: its pending message becomes the key's sample of it, written at the next
-// writeDecided. A counter equal to the last decided one never becomes pending (add), so every
-// decided sample gets a line.
-func (s *sampler) decide(w *writer, e *sample) {
-	s.decided = append(s.decided, decision{e: e, rec: e.rec, interval: e.interval})
+// writeDecided. A counter equal to the last decided one never becomes pending (add). A backfill
+// decides no line for an interval its output has one for (backfill_existing.go), and compares the
+// counter with the key's last line before the interval, on disk or its own; such a message is done
+// after the next flush, without a line.
+func (s *sampler) decide(w *writer, e *sample) error {
+	r, opened := e.rec, e.opened
 	e.has, e.rec = false, record{}
 	e.emitted, e.lastInterval = true, e.interval
-	e.written, e.lastCounter = true, s.decided[len(s.decided)-1].rec.fpm.counterID
+	if x := w.existing; x != nil {
+		prefix := e.p.sw.Prefix()
+		if prev, ok := x.before(prefix, e.key, e.interval); ok && (!e.written || prev.interval > e.writtenInterval) {
+			e.written, e.lastCounter, e.writtenInterval = true, prev.counter, prev.interval
+		}
+		if counter, ok := x.sampled(prefix, e.key, e.interval, &r); ok {
+			e.written, e.lastCounter, e.writtenInterval = true, counter, e.interval
+			return w.doneAfterFlush(e.p, &r)
+		}
+	}
+	if e.written && r.fpm.counterID == e.lastCounter {
+		return w.doneAfterFlush(e.p, &r)
+	}
+	s.decided = append(s.decided, decision{e: e, rec: r, interval: e.interval, opened: opened})
+	e.written, e.lastCounter, e.writtenInterval = true, r.fpm.counterID, e.interval
+	return nil
 }
 
 // writeDecided writes the decided samples, by interval and then in Dynamo's key order.
@@ -223,6 +252,22 @@ func (s *sampler) writeDecided(w *writer) error {
 	clear(s.decided)
 	s.decided = s.decided[:0]
 	return nil
+}
+
+// openSince returns the first message (stream sequence and time; the earliest by before) of the
+// intervals whose samples are not written yet, still open or decided; ok is false when there is none.
+func (s *sampler) openSince(before func(a, b msgMeta) bool) (first msgMeta, ok bool) {
+	for _, e := range s.order {
+		if e.has && (!ok || before(e.opened, first)) {
+			first, ok = e.opened, true
+		}
+	}
+	for _, d := range s.decided {
+		if !ok || before(d.opened, first) {
+			first, ok = d.opened, true
+		}
+	}
+	return first, ok
 }
 
 // clear forgets every pending message (the writer aborts): not done, they are redelivered to the

@@ -1,0 +1,179 @@
+package trace
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// traceLineAt is a valid trace line observed at observed.
+func traceLineAt(t *testing.T, observed int64) []byte {
+	t.Helper()
+	k := testKeys(1)[0]
+	return schemas.AppendTraceLine(nil, &schemas.TraceLine{Event: schemas.TraceEvent{Schema: schemas.TraceSchema,
+		Source: schemas.TraceSource{Namespace: k.Namespace, Component: k.Component, ProducerID: k.WorkerID}, CaptureMode: schemas.CaptureFull,
+		ObservedAtUnixMs: observed, FPM: testFPM{key: k, counter: observed}.body(t)}})
+}
+
+// Every segment retention removes is recorded with what it held: counted as written when this writer
+// wrote it (lines, stream sequences, observation times), read from the file when an earlier writer
+// did (lines, observation times; no sequences).
+func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
+	t.Parallel()
+	prefix := filepath.Join(t.TempDir(), "fpm.w")
+	earlier, err := NewSegmentWriter(prefix, 1<<20, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obs := range []int64{100, 101, 102} {
+		if err := earlier.Append(traceLineAt(t, obs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := earlier.Close(); err != nil {
+		t.Fatal(err)
+	}
+	line := traceLineAt(t, 200)
+	w, err := NewSegmentWriter(prefix, int64(len(line))+1, 2) // one line per segment, two kept
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pruned []PrunedSegment
+	for i, obs := range []int64{200, 201, 202} {
+		if err := w.appendRecord(traceLineAt(t, obs), uint64(11+i), obs); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		pruned = append(pruned, w.takePruned()...)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want := []PrunedSegment{
+		{Segment: SegmentPath(prefix, 0), Index: 0, Lines: 3, FirstObservedMs: 100, LastObservedMs: 102},
+		{Segment: SegmentPath(prefix, 1), Index: 1, Lines: 1, FirstSeq: 11, LastSeq: 11, FirstObservedMs: 200, LastObservedMs: 200},
+	}
+	if !slices.Equal(pruned, want) {
+		t.Fatalf("pruned %+v, want %+v", pruned, want)
+	}
+}
+
+// A writer continues the segment another writer of this process left only while that is the
+// producer's newest segment and holds exactly the bytes it left: checked when the writer is made and
+// again when it first writes; otherwise it starts at the next free index, and the changed segment is
+// not touched.
+func TestSegmentWriterContinuesOnlyAnUnchangedNewestSegment(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	prefix := filepath.Join(dir, "fpm.w")
+	write := func(w *SegmentWriter, lines ...string) {
+		t.Helper()
+		for _, l := range lines {
+			if err := w.Append([]byte(l)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := NewSegmentWriter(prefix, 1<<20, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(first, "a", "b")
+	st, ok := first.state()
+	if !ok || st.index != 0 || st.lines != 2 {
+		t.Fatalf("state %+v, %v", st, ok)
+	}
+	next := func(st segmentState) (*SegmentWriter, bool) {
+		t.Helper()
+		w, err := NewSegmentWriter(prefix, 1<<20, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w, w.continueFrom(st)
+	}
+	second, ok := next(st)
+	if !ok {
+		t.Fatal("an unchanged newest segment was not continued")
+	}
+	write(second, "c")
+	if got := prefixLines(t, prefix); len(got) != 1 || strings.Join(got[0], " ") != "a b c" {
+		t.Fatalf("segments %v, want 0: [a b c]", got)
+	}
+
+	// Changed after the writer was made, before its first write: a new segment; the changed one keeps
+	// what the other writer put there.
+	st, _ = second.state()
+	third, ok := next(st)
+	if !ok {
+		t.Fatal("not continued")
+	}
+	other, err := os.OpenFile(SegmentPath(prefix, 0), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = other.Write(member(t, "x\n"))
+	_ = other.Close()
+	write(third, "d")
+	if got := prefixLines(t, prefix); len(got) != 2 || strings.Join(got[0], " ") != "a b c x" || strings.Join(got[1], " ") != "d" {
+		t.Fatalf("segments %v, want 0: [a b c x], 1: [d]", got)
+	}
+
+	// Not the newest any more (another writer started segment 2): not continued.
+	st, _ = third.state()
+	touch(t, SegmentPath(prefix, 2))
+	if _, ok := next(st); ok {
+		t.Fatal("a segment below the newest was continued")
+	}
+}
+
+// Writers that succeed one another in a process on one output (the incarnations of a component its
+// supervisor restarts) share ProcessSegments: the second continues each producer's segment, where a
+// writer of its own starts a new one, as at a process start.
+func TestConsumersSharingProcessSegmentsContinueTheSegments(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	cfg := testConfig(t)
+	msgs, published := manyFPMs(t, testKeys(2), 400, 1_782_777_600_000)
+	segments := func() int {
+		t.Helper()
+		segs, err := ListSegments(SegmentPrefix(cfg.OutputPath, "w0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(segs)
+	}
+	segs := NewProcessSegments()
+	runOnce := func(from, to int, opts ...Option) {
+		t.Helper()
+		publish(t, env.JS, msgs[from:to])
+		r := startWriter(t, cfg, env.JS, opts...)
+		waitConsumed(t, env.JS, cfg.Group)
+		if err := r.stop(); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	}
+	runOnce(0, 100, WithProcessSegments(segs))
+	runOnce(100, 200, WithProcessSegments(segs))
+	if n := segments(); n != 1 {
+		t.Fatalf("%d segments after two incarnations sharing the process's segments, want 1", n)
+	}
+	runOnce(200, 300) // a writer of its own: a writer's start
+	if n := segments(); n != 2 {
+		t.Fatalf("%d segments after a writer's start, want 2", n)
+	}
+	runOnce(300, 400, WithProcessSegments(segs)) // what segs holds is not the newest segment any more
+	if n := segments(); n != 3 {
+		t.Fatalf("%d segments, want 3: the segment another writer left behind is not continued", n)
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
+}
