@@ -426,6 +426,10 @@ func (t *backfillTracker) before(a, b msgMeta) bool {
 // at an interruption, and their intervals are read again from there.
 func (t *backfillTracker) cut(w *writer) {
 	if w.sampler != nil {
+		// The decided samples are of intervals read to their end: they are written now (a sample that
+		// does not reach the disk stays not done, which the resume point covers); what is still open,
+		// or decided and not written, is read again.
+		_ = w.sampler.writeDecided(w)
 		t.open, t.hasOpen = w.sampler.openSince(t.before)
 	}
 }
