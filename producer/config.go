@@ -83,6 +83,13 @@ type Config struct {
 	WaitTimeout time.Duration
 	// Seed seeds each rank's engine simulation (mixed with the rank). The same Seed gives the same FPMs.
 	Seed int64
+	// OnSent, when set, is called by each rank's sender goroutine for every message libzmq accepted,
+	// heartbeats included, right after the send and in sequence order per rank: the rank, the sequence
+	// number, whether it was a heartbeat, and the payload as sent (valid only during the call). Ranks
+	// call it concurrently, and a slow OnSent slows its rank's sends. A message libzmq refused
+	// (SendDrops, SendErrors) is not reported: it was never sent. `fpmbus publish --sent-log` records
+	// what a run sent with it, so a test can tell from the outside what the pipeline was given.
+	OnSent func(rank int, seq uint64, heartbeat bool, payload []byte)
 	// Logger receives the publisher's logs. Nil discards them.
 	Logger *slog.Logger
 }

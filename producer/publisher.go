@@ -200,7 +200,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 					r.log.Warn("close FPM publisher socket", "err", err)
 				}
 			}()
-			r.send(p.cfg.HeartbeatInterval)
+			r.send(p.cfg.HeartbeatInterval, p.cfg.OnSent)
 		}()
 	}
 	close(p.ready)
@@ -326,8 +326,9 @@ func (r *rank) generate(quit <-chan struct{}, cfg Config) {
 }
 
 // send is the rank's sender goroutine, _FpmPublisherThread._run: it publishes queued FPMs and, after hb
-// without a successful publish, a heartbeat. It returns once the queue is closed and drained.
-func (r *rank) send(hb time.Duration) {
+// without a successful publish, a heartbeat; onSent (may be nil) hears of each accepted send. It
+// returns once the queue is closed and drained.
+func (r *rank) send(hb time.Duration, onSent func(int, uint64, bool, []byte)) {
 	var (
 		seq         uint64
 		buf         = make([]byte, 0, 512)
@@ -349,6 +350,9 @@ func (r *rank) send(hb time.Duration) {
 				r.heartbeats.Add(1)
 			}
 			lastPublish = time.Now()
+			if onSent != nil {
+				onSent(r.id, s, heartbeat, buf)
+			}
 		case errors.Is(err, ErrDropped):
 			r.sendDrops.Add(1) // zmq.Again: dropped
 		default:

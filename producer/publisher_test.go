@@ -7,6 +7,7 @@ import (
 	"net"
 	"reflect"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -342,6 +343,95 @@ func TestPublisherLifecycle(t *testing.T) {
 		}
 		if st := p.Stats()[0]; st.Sent != 0 || st.LastSeq != -1 {
 			t.Fatalf("stats %+v", st)
+		}
+	})
+}
+
+// sentRecorder collects what OnSent reports, per rank: seq → payload, in call order.
+type sentRecorder struct {
+	mu    sync.Mutex
+	seqs  map[int][]uint64
+	bytes map[int]map[uint64][]byte
+	hb    map[int]int
+}
+
+func newSentRecorder() *sentRecorder {
+	return &sentRecorder{seqs: map[int][]uint64{}, bytes: map[int]map[uint64][]byte{}, hb: map[int]int{}}
+}
+
+func (r *sentRecorder) onSent(rank int, seq uint64, heartbeat bool, payload []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seqs[rank] = append(r.seqs[rank], seq)
+	if r.bytes[rank] == nil {
+		r.bytes[rank] = map[uint64][]byte{}
+	}
+	r.bytes[rank][seq] = bytes.Clone(payload)
+	if heartbeat {
+		r.hb[rank]++
+	}
+}
+
+// OnSent hears of every message libzmq accepted, once, in sequence order per rank, with the bytes the
+// subscriber receives; heartbeats are flagged. A send libzmq refused is not reported: the numbers
+// missing from what OnSent heard are exactly the refused ones.
+func TestPublisherOnSentReportsEveryAcceptedSend(t *testing.T) {
+	t.Run("every send", func(t *testing.T) {
+		const count = 300
+		rec := newSentRecorder()
+		p, subs := newPublisher(t, producer.Config{DPSize: 2, WorkerID: "sent", Count: count, Seed: 9, StartDelay: startDelay, OnSent: rec.onSent}, 0)
+		wait := runAsync(t, context.Background(), p)
+		got := map[int]map[uint64][]byte{}
+		for rank, sub := range subs {
+			got[rank] = map[uint64][]byte{}
+			for range count {
+				m, err := sub.Recv(recvTimeout)
+				if err != nil {
+					t.Fatalf("rank %d: %v", rank, err)
+				}
+				got[rank][m.Seq] = bytes.Clone(m.Payload())
+			}
+		}
+		if err := wait(); err != nil {
+			t.Fatal(err)
+		}
+		for rank := range subs {
+			if n := len(rec.seqs[rank]); n != count {
+				t.Fatalf("rank %d: OnSent heard %d sends, want %d", rank, n, count)
+			}
+			for i, seq := range rec.seqs[rank] {
+				if seq != uint64(i) {
+					t.Fatalf("rank %d: send %d reported as seq %d", rank, i, seq)
+				}
+				if !bytes.Equal(rec.bytes[rank][seq], got[rank][seq]) {
+					t.Fatalf("rank %d seq %d: OnSent payload differs from the one received", rank, seq)
+				}
+			}
+		}
+	})
+	t.Run("refused sends", func(t *testing.T) {
+		rec := newSentRecorder()
+		p, _ := newPublisher(t, producer.Config{
+			Count: 5000, SendHWM: 1, NoDrop: true, Linger: -1, HeartbeatInterval: time.Hour, StartDelay: startDelay, OnSent: rec.onSent,
+		}, 1)
+		if err := p.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		st := p.Stats()[0]
+		if st.SendDrops == 0 {
+			t.Fatal("no EAGAIN drops: the case did not happen")
+		}
+		seqs := rec.seqs[0]
+		if uint64(len(seqs)) != st.Sent {
+			t.Fatalf("OnSent heard %d sends, stats say %d sent", len(seqs), st.Sent)
+		}
+		for i := 1; i < len(seqs); i++ {
+			if seqs[i] <= seqs[i-1] {
+				t.Fatalf("seq %d reported after %d", seqs[i], seqs[i-1])
+			}
+		}
+		if missing := uint64(st.LastSeq+1) - uint64(len(seqs)); missing != st.SendDrops+st.SendErrors {
+			t.Fatalf("%d numbers not reported, %d sends refused", missing, st.SendDrops+st.SendErrors)
 		}
 	})
 }

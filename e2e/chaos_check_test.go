@@ -1,0 +1,631 @@
+package e2e
+
+// The chaos checker: from what the run observed from the outside (each publisher run's own record of
+// what it sent, the stream, the events, the trace outputs, and what the project's tools said), it
+// computes per publisher key and run whether the promise held:
+//
+//   - sent = stored once + named: every message a run sent is in FPM exactly once, or named missing by
+//     a gap event, a drop marker or a dead letter of its run; the messages a run sent after the last one
+//     anything accounts for are an unknowable tail only when the run was killed or ended while ingest
+//     was impaired;
+//   - nothing is stored that no run sent, and no gap event names a stored message or a number twice;
+//   - stored = traced once (full mode): every stored message has exactly one line in the live trace,
+//     and every backfill output holds its range of the stream exactly once;
+//   - the tools agree with those figures: `gaps report` counts the messages stored and missing per
+//     key, `trace verify --stream` finds the trace damaged exactly when the checker does, /healthz is ok
+//     once everything healed and not ok throughout a full disk that lost FPMs, a second owner of a data
+//     directory or trace output is refused, and the nats CLI counts the stream as the checker read it.
+//
+// It is pure: chaosCheck judges a chaosObserved, however it was made (TestChaosCheckerFindsPlanted
+// feeds it made-up observations).
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// chaosObserved is everything a run observed.
+type chaosObserved struct {
+	shape     chaosShape
+	runs      []*chaosRun
+	faults    []chaosFault
+	seconds   []*chaosSecond
+	notes     []string
+	exits     []string
+	settleErr string
+	// unread says what of the streams could not be read (the server not answering): the checks on
+	// stream contents are then not made.
+	unread      string
+	stored      []chaosStored
+	gapEvents   []gaps.Event
+	markers     []streams.DropMarker
+	deadLetters []chaosDeadLetter
+	// cliCount is the message count of FPM per `nats stream info` (-1: not read).
+	cliCount        int64
+	report          *gaps.Report
+	finalHealth     int
+	finalHealthBody string
+	health          []healthSample
+	outputs         []chaosOutput
+	malformed       []string
+}
+
+// chaosStored is one message of FPM.
+type chaosStored struct {
+	key       streams.Key
+	seq       uint64
+	epoch     int64
+	recvMs    int64
+	streamSeq uint64
+	producer  string
+	bridge    string
+	body      []byte
+}
+
+type chaosDeadLetter struct {
+	subject string
+	header  nats.Header
+}
+
+// chaosOutput is one trace output: the live writer's or a backfill's.
+type chaosOutput struct {
+	name     string
+	path     string
+	backfill *chaosBackfill // nil for the live output
+	lines    []*schemas.TraceLine
+	verify   chaosVerify
+}
+
+// chaosVerify is what `trace verify --stream --include-active --json` said.
+type chaosVerify struct {
+	exit      int
+	remaining int
+	kinds     map[string]int
+	err       string
+}
+
+// chaosViolation is one broken promise.
+type chaosViolation struct {
+	kind   string // what broke (see chaosViolationKinds)
+	key    string // the publisher key, or "" for the pipeline as a whole
+	detail string
+}
+
+func (v chaosViolation) String() string {
+	if v.key == "" {
+		return fmt.Sprintf("[%s] %s", v.kind, v.detail)
+	}
+	return fmt.Sprintf("[%s] %s: %s", v.kind, v.key, v.detail)
+}
+
+// chaosViolationKinds describes each kind, printed with a failing run.
+var chaosViolationKinds = map[string]string{
+	"lost":            "sent, neither stored nor named by any gap event, drop marker or dead letter of its run",
+	"lost-tail":       "the last messages of a run that ended with the pipeline healthy: neither stored nor named",
+	"duplicate":       "one message of one run stored more than once",
+	"phantom":         "stored, but no run sent it",
+	"false-gap":       "named missing by a gap event, yet stored",
+	"named-twice":     "one number of one run named missing by two gap events",
+	"trace-missing":   "stored (or in a backfill's range), but not in the trace output",
+	"trace-duplicate": "more lines in the trace output than stored messages",
+	"trace-phantom":   "a line in the trace output that no stored message (of its range) has",
+	"report":          "gaps report disagrees with the checker's count",
+	"verify":          "trace verify --stream disagrees with the checker",
+	"healthz":         "/healthz disagrees with what the checker saw",
+	"second-instance": "a second owner of a data directory or trace output was not refused",
+	"settle":          "the pipeline did not settle after every fault was healed",
+	"read":            "the observations themselves are inconsistent (a tool's output unreadable, the nats CLI counting otherwise)",
+}
+
+// chaosKeyFigures are the checker's own figures for one publisher key, over all its runs.
+type chaosKeyFigures struct {
+	runs, sent, stored, duplicates, named, tails, lost, phantoms int
+}
+
+// chaosResult is the checker's verdict.
+type chaosResult struct {
+	violations []chaosViolation
+	figures    map[streams.Key]*chaosKeyFigures
+}
+
+// seqRanges prints numbers as compact ranges: 3-7,9,12-13.
+func seqRanges(seqs []uint64) string {
+	slices.Sort(seqs)
+	seqs = slices.Compact(seqs)
+	var b strings.Builder
+	for i := 0; i < len(seqs); {
+		j := i
+		for j+1 < len(seqs) && seqs[j+1] == seqs[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		if b.Len() > 400 {
+			fmt.Fprintf(&b, "… (%d numbers in all)", len(seqs))
+			break
+		}
+		if i == j {
+			fmt.Fprintf(&b, "%d", seqs[i])
+		} else {
+			fmt.Fprintf(&b, "%d-%d", seqs[i], seqs[j])
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// naming is a range of numbers an event names missing.
+type naming struct {
+	epoch  int64
+	lo, hi uint64
+	id     string // the event's id, for gap events
+	gap    bool   // a gap event (false: a drop marker or a dead letter)
+	lost   bool   // the bridge's lost_after_ack
+}
+
+func (n naming) covers(q uint64) bool { return n.lo <= q && q <= n.hi }
+
+// chaosCheck judges o.
+func chaosCheck(o *chaosObserved) *chaosResult {
+	res := &chaosResult{figures: map[streams.Key]*chaosKeyFigures{}}
+	add := func(kind string, k *streams.Key, format string, args ...any) {
+		key := ""
+		if k != nil {
+			key = k.String()
+		}
+		res.violations = append(res.violations, chaosViolation{kind, key, fmt.Sprintf(format, args...)})
+	}
+	fig := func(k streams.Key) *chaosKeyFigures {
+		f := res.figures[k]
+		if f == nil {
+			f = &chaosKeyFigures{}
+			res.figures[k] = f
+		}
+		return f
+	}
+
+	if o.unread != "" {
+		// Without the stream's contents there is nothing to count: what remains is whether the pipeline
+		// came back and what the tools said.
+		add("read", nil, "%s", strings.TrimPrefix(o.unread, "; "))
+		chaosCheckPipeline(o, add)
+		return res
+	}
+
+	// Runs per key, by start.
+	runsOf := map[streams.Key][]*chaosRun{}
+	for _, r := range o.runs {
+		for k, sent := range r.sent {
+			runsOf[k] = append(runsOf[k], r)
+			fig(k).runs++
+			fig(k).sent += len(sent)
+		}
+	}
+	for _, rs := range runsOf {
+		sort.SliceStable(rs, func(i, j int) bool { return rs[i].start.Before(rs[j].start) })
+	}
+	// runAt is the run of k that was live at Unix ms t: the latest to start at or before it.
+	runAt := func(k streams.Key, t int64) *chaosRun {
+		var at *chaosRun
+		for _, r := range runsOf[k] {
+			if r.start.UnixMilli() <= t {
+				at = r
+			}
+		}
+		return at
+	}
+
+	// Stored messages, attributed to the run that sent them: among the runs whose record has these
+	// bytes at this number, the one live when the bridge received it, unless it has its copy already.
+	type runKey struct {
+		r *chaosRun
+		k streams.Key
+	}
+	count := map[runKey]map[uint64]int{}
+	epochs := map[runKey]map[int64]bool{}
+	stored := slices.Clone(o.stored)
+	sort.SliceStable(stored, func(i, j int) bool { return stored[i].streamSeq < stored[j].streamSeq })
+	phantoms := map[streams.Key][]string{}
+	for _, m := range stored {
+		var cands []*chaosRun
+		for _, r := range runsOf[m.key] {
+			if s, ok := r.sent[m.key][m.seq]; ok && bytes.Equal(s.json, m.body) {
+				cands = append(cands, r)
+			}
+		}
+		var pick *chaosRun
+		live := runAt(m.key, m.recvMs)
+		if slices.Contains(cands, live) && count[runKey{live, m.key}][m.seq] == 0 {
+			pick = live
+		}
+		for i := len(cands) - 1; i >= 0 && pick == nil; i-- {
+			if count[runKey{cands[i], m.key}][m.seq] == 0 {
+				pick = cands[i]
+			}
+		}
+		if pick == nil && len(cands) > 0 {
+			pick = cands[len(cands)-1]
+			if slices.Contains(cands, live) {
+				pick = live
+			}
+		}
+		if pick == nil && live != nil && live.killed {
+			// A killed publisher's record misses the message in hand: sent, not yet written down.
+			last, ok := maxSeq(live.sent[m.key])
+			if (!ok && m.seq == 0) || (ok && m.seq == last+1) {
+				pick = live
+			}
+		}
+		if pick == nil {
+			fig(m.key).phantoms++
+			phantoms[m.key] = append(phantoms[m.key], fmt.Sprintf("seq %d (epoch %d, stream seq %d, bridge %s)", m.seq, m.epoch, m.streamSeq, m.bridge))
+			continue
+		}
+		rk := runKey{pick, m.key}
+		if count[rk] == nil {
+			count[rk], epochs[rk] = map[uint64]int{}, map[int64]bool{}
+		}
+		count[rk][m.seq]++
+		epochs[rk][m.epoch] = true
+	}
+	for k, ps := range phantoms {
+		add("phantom", &k, "%d stored messages no run sent: %s", len(ps), strings.Join(ps[:min(len(ps), 8)], "; "))
+	}
+
+	// What the events name missing, per key.
+	names := map[streams.Key][]naming{}
+	for _, e := range o.gapEvents {
+		if e.Type != gaps.TypeGap {
+			continue
+		}
+		for _, rg := range gapRanges(e) {
+			names[e.Key] = append(names[e.Key], naming{epoch: e.Epoch, lo: rg[0], hi: rg[1], id: e.ID, gap: true, lost: e.Cause == streams.GapCauseLostAfterAck})
+		}
+	}
+	for _, dm := range o.markers {
+		names[dm.Key] = append(names[dm.Key], naming{epoch: dm.Epoch, lo: dm.FirstSeq, hi: dm.LastSeq, id: "marker " + dm.Reason})
+	}
+	for _, dl := range o.deadLetters {
+		tok := strings.Split(dl.subject, ".")
+		seq, err1 := strconv.ParseUint(dl.header.Get(streams.HeaderSeq), 10, 64)
+		rank, err2 := strconv.Atoi(dl.header.Get(streams.HeaderDPRank))
+		worker := dl.header.Get(streams.HeaderWorkerID)
+		epoch, _ := strconv.ParseInt(dl.header.Get(streams.HeaderEpoch), 10, 64)
+		if len(tok) != 5 || err1 != nil || err2 != nil || worker == "" {
+			continue // a dead letter of bytes that never were an FPM of a key
+		}
+		k := streams.Key{Namespace: tok[2], Component: tok[3], WorkerID: worker, DPRank: rank}
+		names[k] = append(names[k], naming{epoch: epoch, lo: seq, hi: seq, id: "dead letter"})
+	}
+	// A naming belongs to run r when its epoch is one under which r's messages were stored, or r was
+	// the key's live run at the epoch's time (an epoch is a receive time of the run's first message).
+	applies := func(n naming, r *chaosRun, k streams.Key) bool {
+		return epochs[runKey{r, k}][n.epoch] || runAt(k, n.epoch) == r
+	}
+
+	// Per key and run: sent = stored once + named.
+	keys := slices.SortedFunc(maps.Keys(runsOf), func(a, b streams.Key) int { return strings.Compare(a.String(), b.String()) })
+	missingOf := map[streams.Key]int{}
+	for _, k := range keys {
+		f := fig(k)
+		for _, r := range runsOf[k] {
+			rk := runKey{r, k}
+			var dups, falseGaps, twice, unaccounted []uint64
+			var dupDetail, falseIDs []string
+			maxAcc, anyAcc := uint64(0), false
+			seqs := slices.Sorted(maps.Keys(r.sent[k]))
+			for _, q := range seqs {
+				c := count[rk][q]
+				var gapIDs []string
+				named := false
+				for _, n := range names[k] {
+					if n.covers(q) && applies(n, r, k) {
+						named = true
+						if n.gap && !n.lost && !slices.Contains(gapIDs, n.id) {
+							gapIDs = append(gapIDs, n.id)
+						}
+						if n.gap && c > 0 {
+							falseGaps = append(falseGaps, q)
+							if !slices.Contains(falseIDs, n.id) && len(falseIDs) < 4 {
+								falseIDs = append(falseIDs, n.id)
+							}
+						}
+					}
+				}
+				if len(gapIDs) > 1 {
+					twice = append(twice, q)
+				}
+				switch {
+				case c > 1:
+					dups = append(dups, q)
+					if len(dupDetail) < 4 {
+						dupDetail = append(dupDetail, fmt.Sprintf("seq %d ×%d", q, c))
+					}
+					f.stored++
+					f.duplicates += c - 1
+				case c == 1:
+					f.stored++
+				case named:
+					f.named++
+					missingOf[k]++
+				default:
+					unaccounted = append(unaccounted, q)
+					continue
+				}
+				maxAcc, anyAcc = q, true
+			}
+			var lost, tail []uint64
+			for _, q := range unaccounted {
+				if anyAcc && q < maxAcc {
+					lost = append(lost, q)
+				} else {
+					tail = append(tail, q)
+				}
+			}
+			desc := fmt.Sprintf("%s run %d (seed %d, %s–%s, %s)", r.kind, r.id, r.seed, r.start.Format("15:04:05.000"), r.end.Format("15:04:05.000"), r.status)
+			if len(tail) > 0 {
+				switch {
+				case tailExcuse(o, r) != "":
+					f.tails += len(tail)
+				case !anyAcc:
+					f.lost += len(tail)
+					missingOf[k] += len(tail)
+					add("lost", &k, "%s: none of its %d messages stored or named, although it ended with the pipeline healthy: seqs %s", desc, len(tail), seqRanges(tail))
+				default:
+					f.lost += len(tail)
+					missingOf[k] += len(tail)
+					add("lost-tail", &k, "%s: %d of its last messages neither stored nor named, although it ended with the pipeline healthy: seqs %s", desc, len(tail), seqRanges(tail))
+				}
+			}
+			if len(lost) > 0 {
+				f.lost += len(lost)
+				missingOf[k] += len(lost)
+				add("lost", &k, "%s: %d messages neither stored nor named (%d of the run's %d stored)%s: seqs %s", desc, len(lost), len(count[rk]), len(seqs), elsewhere(names[k], lost, r, k, applies), seqRanges(lost))
+			}
+			if len(dups) > 0 {
+				add("duplicate", &k, "%s: %d messages stored more than once (%s): seqs %s", desc, len(dups), strings.Join(dupDetail, ", "), seqRanges(dups))
+			}
+			if len(falseGaps) > 0 {
+				add("false-gap", &k, "%s: %d stored messages named missing by gap events (%s): seqs %s", desc, len(falseGaps), strings.Join(falseIDs, ", "), seqRanges(falseGaps))
+			}
+			if len(twice) > 0 {
+				add("named-twice", &k, "%s: %d numbers named missing by two gap events: seqs %s", desc, len(twice), seqRanges(twice))
+			}
+		}
+	}
+
+	// gaps report per key: the messages stored and the numbers missing, as the checker counts them.
+	if o.report != nil {
+		storedOf := map[streams.Key]int{}
+		for _, m := range o.stored {
+			storedOf[m.key]++
+		}
+		for _, k := range keys {
+			var line *gaps.PublisherReport
+			for i := range o.report.Publishers {
+				if o.report.Publishers[i].Key == k {
+					line = &o.report.Publishers[i]
+				}
+			}
+			if line == nil {
+				if storedOf[k] > 0 || missingOf[k] > 0 {
+					add("report", &k, "gaps report has no line for it; the checker counts %d stored, %d missing", storedOf[k], missingOf[k])
+				}
+				continue
+			}
+			if int(line.Messages) != storedOf[k] {
+				add("report", &k, "gaps report counts %d messages, the stream holds %d", line.Messages, storedOf[k])
+			}
+			if int(line.MissingTotal) != missingOf[k] {
+				add("report", &k, "gaps report counts %d missing (%.3f %%), the checker %d (sent, not stored, not an unknowable tail)", line.MissingTotal, line.LossPercent, missingOf[k])
+			}
+		}
+	}
+
+	// stored = traced once, per output.
+	for _, out := range o.outputs {
+		if b := out.backfill; b != nil {
+			ok := len(b.statuses) == len(b.procs)
+			for _, st := range b.statuses {
+				ok = ok && st == "exit 0"
+			}
+			if !ok {
+				o.notes = append(o.notes, fmt.Sprintf("%s not checked: its runs ended %v", out.name, b.statuses))
+				continue
+			}
+		}
+		type id struct {
+			producer string
+			recv     int64
+			body     string
+		}
+		want := map[id][]chaosStored{}
+		for _, m := range o.stored {
+			if b := out.backfill; b != nil && (m.streamSeq < b.startSeq || m.streamSeq > b.endSeq) {
+				continue
+			}
+			i := id{m.producer, m.recvMs, string(m.body)}
+			want[i] = append(want[i], m)
+		}
+		got := map[id]int{}
+		for _, l := range out.lines {
+			got[id{l.Event.Source.ProducerID, l.Event.ObservedAtUnixMs, string(l.Event.FPM)}]++
+		}
+		missing, doubled := map[streams.Key][]uint64{}, map[streams.Key][]uint64{}
+		problems := 0
+		for i, ms := range want {
+			n := got[i]
+			switch {
+			case n < len(ms):
+				for _, m := range ms[n:] {
+					missing[m.key] = append(missing[m.key], m.seq)
+				}
+				problems += len(ms) - n
+			case n > len(ms):
+				doubled[ms[0].key] = append(doubled[ms[0].key], ms[0].seq)
+				problems += n - len(ms)
+			}
+		}
+		phantomLines := 0
+		for i, n := range got {
+			if len(want[i]) == 0 {
+				phantomLines += n
+			}
+		}
+		problems += phantomLines
+		for _, k := range slices.SortedFunc(maps.Keys(missing), func(a, b streams.Key) int { return strings.Compare(a.String(), b.String()) }) {
+			add("trace-missing", &k, "%s (%s): %d stored messages have no line: seqs %s", out.name, out.path, len(missing[k]), seqRanges(missing[k]))
+		}
+		for _, k := range slices.SortedFunc(maps.Keys(doubled), func(a, b streams.Key) int { return strings.Compare(a.String(), b.String()) }) {
+			add("trace-duplicate", &k, "%s (%s): %d stored messages have more than one line: seqs %s", out.name, out.path, len(doubled[k]), seqRanges(doubled[k]))
+		}
+		if phantomLines > 0 {
+			add("trace-phantom", nil, "%s (%s): %d lines match no stored message", out.name, out.path, phantomLines)
+		}
+		v := out.verify
+		switch {
+		case v.err != "":
+			add("verify", nil, "%s: trace verify --stream gave no report: %s", out.name, v.err)
+		case problems > 0 && v.exit == 0:
+			add("verify", nil, "%s: trace verify --stream --include-active exits 0 (findings %v), but the checker finds %d lines missing, doubled or unknown", out.name, v.kinds, problems)
+		case problems == 0 && v.exit != 0:
+			add("verify", nil, "%s: trace verify --stream --include-active exits %d with findings %v (%d remaining), but the checker finds every stored message traced once", out.name, v.exit, v.kinds, v.remaining)
+		}
+	}
+
+	// /healthz: ok once everything healed; not ok at some point of a full disk that cost FPMs.
+	if o.shape == shapeUp {
+		for _, fw := range o.faults {
+			if fw.what != "disk" {
+				continue
+			}
+			lostDuring := 0
+			for _, r := range o.runs {
+				for k, sent := range r.sent {
+					for q, s := range sent {
+						if s.sentAtMs >= fw.start.UnixMilli() && s.sentAtMs < fw.end.UnixMilli() && count[runKey{r, k}][q] == 0 {
+							lostDuring++
+						}
+					}
+				}
+			}
+			samples, ok := 0, 0
+			for _, h := range o.health {
+				if !h.at.Before(fw.start) && !h.at.After(fw.end) {
+					samples++
+					if h.code == 200 {
+						ok++
+					}
+				}
+			}
+			if lostDuring > 0 && samples > 0 && ok == samples {
+				add("healthz", nil, "the disk was full %s–%s and %d FPMs sent then were not stored, but all %d /healthz answers in that time were 200",
+					fw.start.Format("15:04:05.000"), fw.end.Format("15:04:05.000"), lostDuring, samples)
+			}
+		}
+	}
+	chaosCheckPipeline(o, add)
+	return res
+}
+
+// chaosCheckPipeline judges what does not depend on the stream's contents: the second owners, the
+// recovery, the final /healthz, the observations' own consistency.
+func chaosCheckPipeline(o *chaosObserved, add func(kind string, k *streams.Key, format string, args ...any)) {
+	if o.shape == shapeUp && o.finalHealth != 200 {
+		add("healthz", nil, "/healthz answers %d after every fault was healed and the pipeline settled: %s", o.finalHealth, o.finalHealthBody)
+	}
+	for _, sc := range o.seconds {
+		if !sc.refused {
+			add("second-instance", nil, "a second owner started at %s was not refused: %s", sc.at.Format("15:04:05.000"), sc.status)
+		}
+	}
+	if o.settleErr != "" {
+		add("settle", nil, "%s", o.settleErr)
+	}
+	if o.cliCount >= 0 && o.cliCount != int64(len(o.stored)) {
+		add("read", nil, "nats stream info counts %d messages in FPM, the checker read %d", o.cliCount, len(o.stored))
+	}
+	for _, m := range o.malformed {
+		add("read", nil, "%s", m)
+	}
+}
+
+// elsewhere names the events that cover some of seqs under an epoch of another run of k: a loss named,
+// but in the wrong run's account.
+func elsewhere(ns []naming, seqs []uint64, r *chaosRun, k streams.Key, applies func(naming, *chaosRun, streams.Key) bool) string {
+	var ids []string
+	for _, n := range ns {
+		if applies(n, r, k) || slices.Contains(ids, n.id) {
+			continue
+		}
+		for _, q := range seqs {
+			if n.covers(q) {
+				ids = append(ids, fmt.Sprintf("%s (epoch %d)", n.id, n.epoch))
+				break
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	return "; named only under other runs' epochs by " + strings.Join(ids[:min(len(ids), 4)], ", ")
+}
+
+// tailExcuse says why r's last messages may be lost unknowably ("" if nothing does): it was killed, or
+// it ended while ingest was impaired (nothing after its last accounted message could say it existed).
+func tailExcuse(o *chaosObserved, r *chaosRun) string {
+	if r.killed {
+		return "killed"
+	}
+	for _, f := range o.faults {
+		if !r.end.Before(f.start) && !r.end.After(f.end) {
+			return "ended during " + f.what
+		}
+	}
+	return ""
+}
+
+func maxSeq(m map[uint64]sentFPM) (uint64, bool) {
+	if len(m) == 0 {
+		return 0, false
+	}
+	return slices.Max(slices.Collect(maps.Keys(m))), true
+}
+
+// describe prints the verdict: per key the checker's figures, then every violation with what its kind
+// means.
+func (res *chaosResult) describe() string {
+	var b strings.Builder
+	b.WriteString("per key: runs, sent, stored (distinct), duplicate copies, named missing, unknowable tail, lost, phantom\n")
+	for _, k := range slices.SortedFunc(maps.Keys(res.figures), func(a, b streams.Key) int { return strings.Compare(a.String(), b.String()) }) {
+		f := res.figures[k]
+		fmt.Fprintf(&b, "  %-40s runs %d sent %d stored %d dup %d named %d tail %d lost %d phantom %d\n", k, f.runs, f.sent, f.stored, f.duplicates, f.named, f.tails, f.lost, f.phantoms)
+	}
+	if len(res.violations) == 0 {
+		b.WriteString("no violations\n")
+		return b.String()
+	}
+	fmt.Fprintf(&b, "%d violations:\n", len(res.violations))
+	kinds := map[string]bool{}
+	for _, v := range res.violations {
+		b.WriteString("  " + v.String() + "\n")
+		kinds[v.kind] = true
+	}
+	b.WriteString("kinds:\n")
+	for _, k := range slices.Sorted(maps.Keys(kinds)) {
+		fmt.Fprintf(&b, "  %-16s %s\n", k, chaosViolationKinds[k])
+	}
+	return b.String()
+}
