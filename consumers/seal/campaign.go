@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/schemas"
@@ -32,6 +33,9 @@ func FreezePlan(ctx context.Context, kv jetstream.KeyValue, plan *schemas.Datase
 	_, err := kv.Create(ctx, CampaignKey(plan.CampaignID), body)
 	if err == nil {
 		return c, nil
+	}
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return nil, tooLarge(err, "campaign record "+CampaignKey(plan.CampaignID), len(body))
 	}
 	if !errors.Is(err, jetstream.ErrKeyExists) {
 		return nil, fmt.Errorf("seal: freeze campaign %s: %w", plan.CampaignID, err)
@@ -64,6 +68,9 @@ func UpdateCampaign(ctx context.Context, kv jetstream.KeyValue, id string, fn fu
 		_, err = kv.Update(ctx, CampaignKey(id), body, rev)
 		if err == nil {
 			return c, nil
+		}
+		if errors.Is(err, nats.ErrMaxPayload) {
+			return nil, tooLarge(err, "campaign record "+CampaignKey(id), len(body))
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return nil, fmt.Errorf("seal: update campaign %s: %w", id, err)

@@ -65,6 +65,9 @@ type ConsumerConfig struct {
 	ProfileWait time.Duration
 	// Streams are applied at start and give the bucket's settings [streams.DefaultConfig()].
 	Streams streams.Config
+	// MaxArtefactSize is the largest merged artefact read; one whose Fpm-Bench-Size is larger is
+	// rejected unread [streams.DefaultBenchMaxArtefact].
+	MaxArtefactSize int64
 }
 
 func (c *ConsumerConfig) fill() error {
@@ -72,6 +75,10 @@ func (c *ConsumerConfig) fill() error {
 		return err
 	}
 	c.ProfileWait = cmp.Or(c.ProfileWait, DefaultProfileWait)
+	c.MaxArtefactSize = cmp.Or(c.MaxArtefactSize, streams.DefaultBenchMaxArtefact)
+	if c.MaxArtefactSize < 0 {
+		return fmt.Errorf("%w: max artefact size %d must be positive", ErrInvalidConsumerConfig, c.MaxArtefactSize)
+	}
 	if c.Streams.Replicas == 0 {
 		c.Streams = streams.DefaultConfig()
 	}
@@ -284,6 +291,14 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		if err == nil && kind != streams.BenchKindMerged {
 			err = fmt.Errorf("%s is a %s subject", m.Subject(), kind)
 		}
+		if err == nil {
+			err = streams.CheckRunID(runID)
+		}
+		if err == nil {
+			size, _ := strconv.ParseInt(m.Headers().Get(streams.HeaderBenchSize), 10, 64)
+			err = streams.CheckArtefactSize(fmt.Sprintf("merged artefact %s seq %d", m.Subject(), m.StreamSeq),
+				max(size, int64(len(m.Data()))), s.cfg.MaxArtefactSize)
+		}
 		if err != nil {
 			s.reject(m, "", fmt.Errorf("%w: %v", ErrNotSealable, err))
 			return false
@@ -364,6 +379,12 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		s.outcome(h.runID, rep, err)
 		m.Reject(fmt.Errorf("%w: the run's dataset fails validation: %v", ErrNotSealable, err))
 		log.Error("run's dataset rejected: not sealed", "error", err)
+		return false
+	case errors.Is(err, ErrTooLarge):
+		// A cell or campaign record the server can never store: no retry changes its size.
+		s.outcome(h.runID, rep, err)
+		m.Reject(fmt.Errorf("%w: %v", ErrNotSealable, err))
+		log.Error("run's cell or campaign record is larger than the server's max_payload: not sealed", "error", err)
 		return false
 	case errors.Is(err, ErrConflict), errors.Is(err, ErrPartial), errors.Is(err, ErrIncomplete):
 		s.reportRefusals(ctx, err)

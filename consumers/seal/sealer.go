@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/schemas"
@@ -20,6 +21,18 @@ var ErrConflict = errors.New("seal: cell already sealed by a different attempt")
 
 // ErrUnsettled: the outcome of a Create stayed unknown (timeouts, no leader) for every retry.
 var ErrUnsettled = errors.New("seal: outcome unknown after retries")
+
+// ErrTooLarge: a sealed cell or campaign record is larger than the server's max_payload, so the
+// server can never store it (nats.ErrMaxPayload, refused before it is sent). It is final, never retried.
+var ErrTooLarge = errors.New("seal: record larger than the server's max_payload")
+
+// tooLarge wraps err in ErrTooLarge when it is nats.ErrMaxPayload, naming what (a key) and its size.
+func tooLarge(err error, what string, size int) error {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return fmt.Errorf("%w: %s is %d bytes: %w", ErrTooLarge, what, size, err)
+	}
+	return err
+}
 
 // ConflictError names both identities of a refused seal: what is sealed and what was refused.
 type ConflictError struct {
@@ -252,6 +265,9 @@ func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, a
 		cancel()
 		if err == nil {
 			return Outcome{Key: c.Key, Result: Sealed, Revision: rev, Value: &val, Settled: unknown}, nil
+		}
+		if errors.Is(err, nats.ErrMaxPayload) {
+			return Outcome{}, tooLarge(err, "sealed cell "+c.Key, len(body))
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			out, found, rerr := s.readBack(ctx, c, attemptID)
