@@ -50,9 +50,9 @@ func CheckRunID(runID string) error {
 // 8-rank run of 2,000 points with raw samples. Checking an artefact holds it and its parse tree in
 // memory (about 4x its size for a real rank artefact), so the limit bounds the memory of `bench
 // validate`, `bench publish`, `bench merge`, the merger and the sealer; each takes a flag to change it
-// (--max-artefact-size; --merge-max-artefact-size and --seal-max-artefact-size in `up`). A larger
-// artefact is refused from its size alone (the file's stat, the message's Fpm-Bench-Size header),
-// before any of it is read.
+// (--max-artefact-size of the bench commands, --merge-max-artefact-size of the merger,
+// --seal-max-artefact-size of the sealer). A larger artefact is refused from its size alone (the
+// file's stat, the message's Fpm-Bench-Size header), before any of it is read.
 const DefaultBenchMaxArtefact int64 = 256 << 20
 
 // ErrArtefactTooLarge: an artefact body is larger than the maximum artefact size.

@@ -58,7 +58,7 @@ func mergeFlags(fs *flag.FlagSet, prefix string) *mergeOptions {
 	fs.DurationVar(&o.ackWait, cf.name("merge-ack-wait"), merge.DefaultAckWait, "ack wait of the partition consumers (held ranks are kept alive with in-progress acks)")
 	fs.IntVar(&o.maxDeliveries, cf.name("merge-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 10)")
 	fs.IntVar(&o.inlineMax, cf.name("inline-max"), streams.DefaultBenchInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
-	fs.Int64Var(&o.maxArtefact, prefixedName(prefix, "max-artefact-size"), streams.DefaultBenchMaxArtefact, // new: no unprefixed alias in up
+	fs.Int64Var(&o.maxArtefact, cf.name("merge-max-artefact-size"), streams.DefaultBenchMaxArtefact,
 		"largest rank artefact or probe replies body read, in bytes; a rank whose "+streams.HeaderBenchSize+" is larger rejects its run (rule artefact_size) unread")
 	cf.done()
 	return o
@@ -102,7 +102,7 @@ func (o *mergeOptions) config() (merge.Config, error) {
 		return merge.Config{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("inline-max"), o.inlineMax)
 	}
 	if o.maxArtefact < 1 {
-		return merge.Config{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("max-artefact-size"), o.maxArtefact)
+		return merge.Config{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("merge-max-artefact-size"), o.maxArtefact)
 	}
 	if err := merge.CheckOutputTemplate(o.output); err != nil {
 		return merge.Config{}, fmt.Errorf("%w: %s: %v", errUsage, name("bench-output"), err)

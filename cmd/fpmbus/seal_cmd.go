@@ -50,7 +50,7 @@ func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
 	fs.DurationVar(&o.profileWait, cf.name("profile-wait"), seal.DefaultProfileWait, "how long a merged artefact waits for its run's collection profile (fpmbench.profile.<run>) before it is refused")
 	fs.DurationVar(&o.ackWait, cf.name("seal-ack-wait"), seal.DefaultAckWait, "ack wait of the partition consumers (held artefacts are kept alive with in-progress acks)")
 	fs.IntVar(&o.maxDeliveries, cf.name("seal-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 10)")
-	fs.Int64Var(&o.maxArtefact, prefixedName(prefix, "max-artefact-size"), streams.DefaultBenchMaxArtefact, // new: no unprefixed alias in up
+	fs.Int64Var(&o.maxArtefact, cf.name("seal-max-artefact-size"), streams.DefaultBenchMaxArtefact,
 		"largest merged artefact read, in bytes; one whose "+streams.HeaderBenchSize+" is larger is dead-lettered unread")
 	cf.done()
 	return o
@@ -67,7 +67,7 @@ func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.ConsumerConfig, 
 	case o.maxDeliveries < 0:
 		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, name("seal-max-deliveries"), o.maxDeliveries)
 	case o.maxArtefact < 1:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("max-artefact-size"), o.maxArtefact)
+		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("seal-max-artefact-size"), o.maxArtefact)
 	}
 	return seal.ConsumerConfig{
 		HoldingConfig: durable.HoldingConfig{Durable: o.durable, Partitions: o.partitions, PinnedTTL: o.pinnedTTL,

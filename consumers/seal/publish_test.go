@@ -252,9 +252,10 @@ type lostAckKV struct {
 	lost int
 }
 
-func (k *lostAckKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
-	rev, err := k.KeyValue.Create(ctx, key, value, opts...)
-	if err == nil && k.lost > 0 {
+// Update loses the ack of a seal (an update at revision 0, revisions.go).
+func (k *lostAckKV) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	rev, err := k.KeyValue.Update(ctx, key, value, revision)
+	if err == nil && revision == 0 && k.lost > 0 {
 		k.lost--
 		return 0, context.DeadlineExceeded
 	}
