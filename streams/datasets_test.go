@@ -113,3 +113,34 @@ func TestEnsureDatasetsCreatesTheBucketProtected(t *testing.T) {
 		t.Fatalf("stream purge: %v, want the server's refusal", err)
 	}
 }
+
+// At start, a credential that may update the stream protects an earlier bucket (the changes are
+// returned, its keys kept); one that may not is told what is missing (ErrUnprotected) within the
+// timeout and the bucket is left as it is.
+func TestProtectDatasetsAddsWhatAnEarlierBucketLacks(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	old, err := env.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: streams.BucketDatasets, History: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Put(ctx, "cell.a", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	changes, err := streams.ProtectDatasets(ctx, env.JS, 5*time.Second, nil)
+	if err != nil || len(changes) == 0 {
+		t.Fatalf("protect: %v %v", changes, err)
+	}
+	for _, ch := range changes {
+		if ch.Destructive {
+			t.Fatalf("destructive %v", ch)
+		}
+	}
+	s, _ := env.JS.Stream(ctx, streams.DatasetsStream)
+	info, _ := s.Info(ctx)
+	if !streams.ProtectedDatasets(info.Config) || info.State.Msgs != 1 {
+		t.Fatalf("after protect: %+v, %d messages", info.Config, info.State.Msgs)
+	}
+}
