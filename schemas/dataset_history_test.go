@@ -65,3 +65,37 @@ func TestNextCampaignFollowsOnlyLegitimateRevisions(t *testing.T) {
 		t.Fatalf("a first revision with a sealed cell: %v", err)
 	}
 }
+
+// FuzzNextCampaign feeds arbitrary revisions of a campaign record to NextCampaign. It must never
+// panic; a revision it refuses leaves the record as it was (with ErrTampered); one it takes keeps the
+// frozen plan and every seal of the record so far.
+func FuzzNextCampaign(f *testing.F) {
+	frozen, _ := json.Marshal(Campaign{SchemaVersion: DatasetSchemaVersion, CampaignID: "c1", PlanDigest: "p1", State: CampaignOpen,
+		Cells: []CampaignCell{{Key: "cell.a", State: CellPending}}})
+	sealed, _ := json.Marshal(Campaign{SchemaVersion: DatasetSchemaVersion, CampaignID: "c1", PlanDigest: "p1", State: CampaignComplete,
+		Cells: []CampaignCell{{Key: "cell.a", State: CellSealed, RunID: "r", DatasetDigest: "d"}}})
+	for _, seed := range [][]byte{frozen, sealed, []byte(`{`), []byte(`null`), []byte(`{"cells":[{}]}`)} {
+		f.Add(seed, false)
+	}
+	f.Add([]byte(nil), true)
+	f.Fuzz(func(t *testing.T, value []byte, deleted bool) {
+		first, _ := NextCampaign(nil, frozen, false)
+		cur, err := NextCampaign(first, sealed, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next, err := NextCampaign(cur, value, deleted)
+		if err != nil {
+			if !errors.Is(err, ErrTampered) || next != cur {
+				t.Fatalf("a refused revision: %v, record changed %v", err, next != cur)
+			}
+			return
+		}
+		if next.PlanDigest != "p1" || len(next.Cells) != 1 || next.Cells[0].State != CellSealed || next.Cells[0].RunID != "r" {
+			t.Fatalf("a taken revision lost the plan or a seal: %+v", next)
+		}
+		if _, err := NextCampaign(nil, value, deleted); err == nil && deleted {
+			t.Fatal("a delete marker taken as a first revision")
+		}
+	})
+}
