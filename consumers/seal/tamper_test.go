@@ -7,9 +7,11 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // A credential that may write FPM_DATASETS (the sealer's own) tries to rewrite sealed history: the
@@ -112,4 +114,32 @@ func mustSealer(t *testing.T, kv jetstream.KeyValue) *Sealer {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// At start, a sealer whose credential may update the stream protects an earlier deployment's bucket
+// (rollups allowed, 64 revisions a key), keeping what it holds, and reports it protected (gauge 0).
+func TestConsumerProtectsAnEarlierBucketAtStart(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	old, err := env.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: streams.BucketDatasets, History: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Create(ctx, "cell.earlier", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	startSealer(t, env, ConsumerConfig{}, WithRegisterer(reg))
+	s, err := env.JS.Stream(ctx, streams.DatasetsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || !streams.ProtectedDatasets(info.Config) || info.State.Msgs != 1 {
+		t.Fatalf("after the sealer started: %+v, %d messages (%v)", info.Config, info.State.Msgs, err)
+	}
+	if v := gaugeValue(t, reg, "fpmbus_seal_bucket_unprotected"); v != 0 {
+		t.Fatalf("fpmbus_seal_bucket_unprotected %v", v)
+	}
 }
