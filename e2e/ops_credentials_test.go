@@ -195,6 +195,9 @@ func TestOpsSealedHistoryOutlivesTheSealersCredentialOnTheRealNatsServer(t *test
 		!strings.Contains(ls, "2 later revision(s): tampering") {
 		t.Fatalf("datasets ls:\n%s", ls)
 	}
+	if h := srv.run(t, "reader", "datasets", "history", cell); strings.Count(h, "ignored (tampering") != 2 || !strings.Contains(h, orig.AttemptID) {
+		t.Fatalf("datasets history does not mark the two later revisions:\n%s", h)
+	}
 	pred := srv.start(t, "predict", "predict", "predict-service")
 	pred.waitOutput("predict service ready", 30*time.Second)
 	row := orig.Rows[len(orig.Rows)-1]
