@@ -314,7 +314,8 @@ func TestOpsPermissionsRefuseWhatARoleMustNotDo(t *testing.T) {
 	srv.run(t, "operator", "streams", "apply")
 	op := srv.client(t, "operator")
 	ctx := context.Background()
-	if _, err := op.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: streams.BucketDatasets}); err != nil {
+	// `streams apply` made FPM_DATASETS (protected).
+	if _, err := op.js.KeyValue(ctx, streams.BucketDatasets); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := op.js.Publish(ctx, "fpm.perm.backend.w.0", []byte(`{}`)); err != nil {

@@ -362,7 +362,7 @@ func TestRefusesCorruptCell(t *testing.T) {
 	if len(r.Rules) != 1 || r.Rules[0] != string(schemas.RuleDigest) || a.Cell.Key != keyCorrupt || a.Cell.Revision != 3 {
 		t.Fatalf("rules %v cell %+v", r.Rules, a.Cell)
 	}
-	// Other corruptions, written over cell A's key.
+	// Other corruptions, each the first revision of cell A's key (a later one would be ignored).
 	var v schemas.SealedCell
 	if err := json.Unmarshal(readFixture(t, fixturePath)[0].Value, &v); err != nil {
 		t.Fatal(err)
@@ -387,7 +387,7 @@ func TestRefusesCorruptCell(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			s2 := s.Apply(Update{Key: keyA, Revision: 99, Value: tc.value})
+			s2 := (*Snapshot)(nil).Apply(Update{Key: keyA, Revision: 99, Value: tc.value})
 			a := s2.Predict(Query{Key: keyA, Step: prefillStep(1, 128, 0)}, Options{})
 			r := refused(t, a, ReasonCorruptCell)
 			found := false
@@ -419,14 +419,26 @@ func TestRefusesIncompleteCampaign(t *testing.T) {
 	}
 	// A complete campaign passes.
 	answered(t, s, s.Predict(Query{Key: keyA, Step: prefillStep(1, 128, 0)}, Options{RequireComplete: true}), StatusMeasured)
-	// A campaign without a record, or with an unreadable one, is not complete.
-	gone := s.Apply(Update{Key: "campaign.camp-complete", Revision: 7, Deleted: true})
+	// A campaign without a record, or whose record starts unreadable, is not complete; a delete
+	// marker or an unreadable value after a complete record is tampering and changes nothing.
+	var without []Update
+	for _, u := range readFixture(t, fixturePath) {
+		if u.Key != "campaign.camp-complete" {
+			without = append(without, u)
+		}
+	}
+	gone := (*Snapshot)(nil).Apply(without...)
 	if r := refused(t, gone.Predict(Query{Key: keyA, Step: prefillStep(1, 128, 0)}, Options{RequireComplete: true}), ReasonIncompleteCampaign); r.Campaign.State != "absent" {
 		t.Fatalf("campaign %+v", r.Campaign)
 	}
-	bad := s.Apply(Update{Key: "campaign.camp-complete", Revision: 8, Value: []byte(`{`)})
+	bad := gone.Apply(Update{Key: "campaign.camp-complete", Revision: 8, Value: []byte(`{`)})
 	if r := refused(t, bad.Predict(Query{Key: keyA, Step: prefillStep(1, 128, 0)}, Options{RequireComplete: true}), ReasonIncompleteCampaign); r.Campaign.State != "unreadable" {
 		t.Fatalf("campaign %+v", r.Campaign)
+	}
+	tampered := s.Apply(Update{Key: "campaign.camp-complete", Revision: 7, Deleted: true}, Update{Key: "campaign.camp-complete", Revision: 8, Value: []byte(`{`)})
+	answered(t, tampered, tampered.Predict(Query{Key: keyA, Step: prefillStep(1, 128, 0)}, Options{RequireComplete: true}), StatusMeasured)
+	if n := len(tampered.Ignored()); n != 2 {
+		t.Fatalf("%d updates ignored, want the delete marker and the unreadable value", n)
 	}
 }
 

@@ -1,14 +1,15 @@
 package predict
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// Update is one entry of FPM_DATASETS as a watcher sees it: a value stored under Key at Revision, or
-// the key's deletion (or purge).
+// Update is one entry of FPM_DATASETS as a watcher of its whole history sees it: a value stored under
+// Key at Revision, or a delete (or purge) marker.
 type Update struct {
 	Key      string
 	Revision uint64
@@ -23,12 +24,24 @@ type Snapshot struct {
 	cells     map[string]*Cell
 	campaigns map[string]*Campaign
 	revision  uint64
+	ignored   []Ignored
 }
 
-// Apply returns the snapshot with updates applied in order. It is the cache: an update whose key
-// already holds a value loaded at the same revision keeps that loaded value (a re-watch after a
-// reconnect replays every key and re-parses none), and only a new revision loads and validates
-// again. Keys that are neither cells nor campaign records are ignored. s itself is unchanged.
+// Ignored is an update Apply did not take: a revision no fpmbus writer stores (tampering).
+type Ignored struct {
+	Key      string
+	Revision uint64
+	Reason   string
+}
+
+// Apply returns the snapshot with updates applied in order; they are a key's history in stream order
+// (a watch with history), and Apply reads it as every reader of FPM_DATASETS does (schemas'
+// dataset_history.go): a cell is its key's first revision, and a later one (an overwrite, a delete
+// marker) is ignored; a campaign record is its frozen plan and each revision that legitimately
+// follows it (schemas.NextCampaign), and any other is ignored. What it ignored is the new snapshot's
+// Ignored. An update of a key at the revision already loaded changes nothing and re-parses nothing (a
+// re-watch replays keys). Keys that are neither cells nor campaign records are ignored. s itself is
+// unchanged.
 func (s *Snapshot) Apply(updates ...Update) *Snapshot {
 	n := &Snapshot{cells: map[string]*Cell{}, campaigns: map[string]*Campaign{}}
 	if s != nil {
@@ -40,25 +53,68 @@ func (s *Snapshot) Apply(updates ...Update) *Snapshot {
 		}
 		n.revision = s.revision
 	}
+	ignore := func(u Update, why string) {
+		n.ignored = append(n.ignored, Ignored{Key: u.Key, Revision: u.Revision, Reason: why})
+	}
 	for _, u := range updates {
 		n.revision = max(n.revision, u.Revision)
 		switch {
 		case strings.HasPrefix(u.Key, schemas.CellKeyPrefix):
-			if u.Deleted {
-				delete(n.cells, u.Key)
-			} else if old := n.cells[u.Key]; old == nil || old.Revision != u.Revision {
+			old := n.cells[u.Key]
+			switch {
+			case old != nil && old.Revision == u.Revision:
+			case old != nil:
+				ignore(u, fmt.Sprintf("a revision after the sealed value (revision %d), which stands", old.Revision))
+			case u.Deleted:
+				c := &Cell{Key: u.Key, Revision: u.Revision}
+				c.addProblem(schemas.RuleSchema, "the key's first revision is a delete marker, not a sealed value")
+				n.cells[u.Key] = c
+			default:
 				n.cells[u.Key] = LoadCell(u.Key, u.Revision, u.Value)
 			}
 		case strings.HasPrefix(u.Key, schemas.CampaignKeyPrefix):
 			id := strings.TrimPrefix(u.Key, schemas.CampaignKeyPrefix)
-			if u.Deleted {
-				delete(n.campaigns, id)
-			} else if old := n.campaigns[id]; old == nil || old.Revision != u.Revision {
-				n.campaigns[id] = LoadCampaign(id, u.Revision, u.Value)
+			old := n.campaigns[id]
+			if old != nil && old.Revision == u.Revision {
+				continue
 			}
+			var cur *schemas.Campaign
+			if old != nil {
+				if old.Value == nil || old.Problem != "" {
+					ignore(u, "the record has no legitimate first revision")
+					continue
+				}
+				cur = old.Value
+			}
+			if old == nil {
+				// The first revision is the record's start (require_complete reads its state; the
+				// sealer's audit reports one that is not a frozen plan).
+				if u.Deleted {
+					n.campaigns[id] = &Campaign{ID: id, Revision: u.Revision, Problem: "the campaign record's first revision is a delete marker"}
+				} else {
+					n.campaigns[id] = LoadCampaign(id, u.Revision, u.Value)
+				}
+				continue
+			}
+			next, err := schemas.NextCampaign(cur, u.Value, u.Deleted)
+			if err != nil {
+				ignore(u, err.Error())
+				continue
+			}
+			c := LoadCampaign(id, u.Revision, u.Value)
+			c.Value = next
+			n.campaigns[id] = c
 		}
 	}
 	return n
+}
+
+// Ignored are the updates the Apply that made s did not take (tampering), in order.
+func (s *Snapshot) Ignored() []Ignored {
+	if s == nil {
+		return nil
+	}
+	return s.ignored
 }
 
 // Revision is the highest KV revision applied (0 for the empty bucket).

@@ -3,7 +3,9 @@ package streams
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -191,6 +193,9 @@ type BenchPublication struct {
 	ProbeRun func(file string, data []byte) (string, error)
 	// Ranks are rank artefacts.
 	Ranks []BenchRank
+	// MaxSize bounds every file read (DefaultBenchMaxArtefact when 0): a probe replies file larger
+	// than it is refused (ErrArtefactTooLarge) before it is read.
+	MaxSize int64
 }
 
 // BenchPublished reports one message PublishBench stored (or found stored: Ack.Duplicate).
@@ -230,8 +235,12 @@ func (s *BenchStore) PublishBench(ctx context.Context, p BenchPublication, publi
 		report(BenchPublished{Subject: BenchProfileSubject(run), RunID: run, Profile: true, Probe: -1, Rank: -1,
 			Size: len(p.Profile), Ack: ack})
 	}
+	limit := p.MaxSize
+	if limit <= 0 {
+		limit = DefaultBenchMaxArtefact
+	}
 	for i, pr := range p.Probes {
-		data, err := os.ReadFile(pr.Path)
+		data, err := readLimited(pr.Path, limit)
 		if err != nil {
 			return err
 		}
@@ -247,19 +256,43 @@ func (s *BenchStore) PublishBench(ctx context.Context, p BenchPublication, publi
 			Object: len(data) > s.inlineMax, Ack: ack})
 	}
 	for i, r := range p.Ranks {
-		data, err := os.ReadFile(r.Path)
+		// Streamed from the file (a body for the object store is never held whole), and refused if
+		// it no longer has the digest it was validated with.
+		b := benchBody{path: r.Path, digest: r.Digest}
+		ack, err := s.publishRank(ctx, r.BenchRankArtefact, &b)
+		if errors.Is(err, ErrDigestMismatch) {
+			return fmt.Errorf("%s changed while it was being published; nothing more was published: %w", r.Path, err)
+		}
 		if err != nil {
 			return err
 		}
-		if schemas.SHA256Hex(data) != r.Digest {
-			return fmt.Errorf("%s changed while it was being published; nothing more was published", r.Path)
-		}
-		ack, err := s.PublishRank(ctx, r.BenchRankArtefact, data)
-		if err != nil {
-			return err
-		}
-		report(BenchPublished{Subject: BenchRankSubject(r.RunID, r.Rank), RunID: r.RunID, Probe: -1, Rank: i, Size: len(data),
-			Object: len(data) > s.inlineMax, Ack: ack})
+		report(BenchPublished{Subject: BenchRankSubject(r.RunID, r.Rank), RunID: r.RunID, Probe: -1, Rank: i, Size: int(b.size),
+			Object: b.size > int64(s.inlineMax), Ack: ack})
 	}
 	return nil
+}
+
+// readLimited reads file path, refusing it unread (ErrArtefactTooLarge) when it is larger than limit
+// bytes, and never reading more than that.
+func readLimited(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckArtefactSize(path, st.Size(), limit); err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckArtefactSize(path, int64(len(data)), limit); err != nil {
+		return nil, err
+	}
+	return data, nil
 }

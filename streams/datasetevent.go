@@ -2,6 +2,7 @@ package streams
 
 import (
 	"encoding/json"
+	"strconv"
 
 	"github.com/nats-io/nats.go"
 )
@@ -12,7 +13,9 @@ import (
 // name that the bucket no longer holds (a power cut before the server's fsync, a damaged block file, a
 // deletion) is reported as cell_missing; a cell held by another run than the one they name as
 // cell_replaced; a seal of such a missing cell by a different run, which the sealer refuses while the
-// record stands, as seal_refused naming both runs.
+// record stands, as seal_refused naming both runs. A revision no fpmbus writer stores (the bucket keeps
+// every revision: an overwrite or delete marker after a sealed cell's value, a campaign revision that
+// does not follow its record) is reported as cell_tampered or campaign_tampered; readers ignore it.
 
 // DatasetEventRoot is the root of DatasetEventSubject.
 const DatasetEventRoot = EventsRoot + ".dataset"
@@ -28,6 +31,9 @@ const (
 	DatasetCellMissing  = "cell_missing"
 	DatasetCellReplaced = "cell_replaced"
 	DatasetSealRefused  = "seal_refused"
+	DatasetCellTampered = "cell_tampered"
+	// DatasetCampaignTampered: a campaign revision that does not follow its record.
+	DatasetCampaignTampered = "campaign_tampered"
 )
 
 // DatasetEventSubject carries the dataset events of campaign campaignID (the campaign whose record
@@ -55,6 +61,10 @@ type DatasetEvent struct {
 	RefusedDatasetDigest string `json:"refused_dataset_digest,omitempty"`
 	RefusedAttemptID     string `json:"refused_attempt_id,omitempty"`
 	RefusedSource        string `json:"refused_source,omitempty"`
+	// TamperedRevision and TamperedOp are the revision (KV revision = stream sequence) of a tampered
+	// key and its operation (PUT, DEL, PURGE): cell_tampered, campaign_tampered (Cell is the key).
+	TamperedRevision uint64 `json:"tampered_revision,omitempty"`
+	TamperedOp       string `json:"tampered_op,omitempty"`
 	// DetectedBy names the sealer instance; DetectedAtMs is when (Unix ms).
 	DetectedBy   string `json:"detected_by"`
 	DetectedAtMs int64  `json:"detected_at_ms"`
@@ -69,6 +79,12 @@ func DatasetEventMsgID(typ, cell, campaignID, sealedRunID, refusedRunID string) 
 		id += ":" + EncodeToken(refusedRunID)
 	}
 	return id
+}
+
+// DatasetTamperMsgID is the Nats-Msg-Id of a cell_tampered or campaign_tampered event: one per
+// tampered revision of a key.
+func DatasetTamperMsgID(typ, key string, revision uint64) string {
+	return "dataset:" + typ + ":" + key + ":" + strconv.FormatUint(revision, 10)
 }
 
 // Msg is the event's message: subject DatasetEventSubject(e.CampaignID), JSON body, Nats-Msg-Id e.ID

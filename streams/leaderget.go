@@ -19,6 +19,23 @@ import (
 // "lost" from an absence (the bridge's lost_after_ack check, the sealer's audit) must not read a
 // replica's past. It returns jetstream.ErrMsgNotFound when the subject holds nothing.
 func LastMsgFromLeader(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	return leaderGet(ctx, js, stream, subject, struct {
+		LastFor string `json:"last_by_subj"`
+	}{subject})
+}
+
+// NextMsgFromLeader reads the first message on subject of stream at or after sequence from, from the
+// stream's leader (see LastMsgFromLeader); from 0 or 1 is the subject's first message. It returns
+// jetstream.ErrMsgNotFound when there is none.
+func NextMsgFromLeader(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64) (*jetstream.RawStreamMsg, error) {
+	return leaderGet(ctx, js, stream, subject, struct {
+		Seq     uint64 `json:"seq,omitempty"`
+		NextFor string `json:"next_by_subj"`
+	}{from, subject})
+}
+
+// leaderGet sends the message get request req for subject to stream's leader.
+func leaderGet(ctx context.Context, js jetstream.JetStream, stream, subject string, request any) (*jetstream.RawStreamMsg, error) {
 	prefix := js.Options().APIPrefix
 	if prefix == "" {
 		prefix = jetstream.DefaultAPIPrefix
@@ -26,9 +43,7 @@ func LastMsgFromLeader(ctx context.Context, js jetstream.JetStream, stream, subj
 	if !strings.HasSuffix(prefix, ".") {
 		prefix += "."
 	}
-	req, _ := json.Marshal(struct {
-		LastFor string `json:"last_by_subj"`
-	}{subject})
+	req, _ := json.Marshal(request)
 	reply, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, req)
 	if err != nil {
 		return nil, fmt.Errorf("streams: leader get %s on %s: %w", subject, stream, err)

@@ -135,12 +135,17 @@ type BenchRankArtefact struct {
 // Nats-Msg-Id BenchRankMsgID: a re-publication of identical bytes is deduplicated by JetStream
 // (PubAck.Duplicate) within the duplicate window, and recognised by the merger after it.
 func (s *BenchStore) PublishRank(ctx context.Context, r BenchRankArtefact, data []byte) (*jetstream.PubAck, error) {
-	digest := schemas.SHA256Hex(data)
+	return s.publishRank(ctx, r, &benchBody{data: data, digest: schemas.SHA256Hex(data)})
+}
+
+// publishRank publishes body b (bytes, or a file whose digest the caller knows) as rank artefact r; b's
+// size is set once it is sent.
+func (s *BenchStore) publishRank(ctx context.Context, r BenchRankArtefact, b *benchBody) (*jetstream.PubAck, error) {
 	hdr := artefactHeader(BenchKindRank, r.RunID, r.File)
 	hdr.Set(HeaderBenchRank, strconv.Itoa(r.Rank))
 	hdr.Set(HeaderBenchDPSize, strconv.Itoa(r.DPSize))
-	return s.publish(ctx, BenchRankSubject(r.RunID, r.Rank), BenchRankMsgID(r.RunID, r.Rank, digest),
-		benchObjectName(BenchKindRank, r.RunID, r.Rank, digest), hdr, benchBody{data: data, digest: digest})
+	return s.publish(ctx, BenchRankSubject(r.RunID, r.Rank), BenchRankMsgID(r.RunID, r.Rank, b.digest),
+		benchObjectName(BenchKindRank, r.RunID, r.Rank, b.digest), hdr, b)
 }
 
 // PublishProbe publishes worker-probe replies (already checked by the caller) for run runID, read from
@@ -148,7 +153,7 @@ func (s *BenchStore) PublishRank(ctx context.Context, r BenchRankArtefact, data 
 func (s *BenchStore) PublishProbe(ctx context.Context, runID, file string, data []byte) (*jetstream.PubAck, error) {
 	digest := schemas.SHA256Hex(data)
 	return s.publish(ctx, BenchProbeSubject(runID), BenchProbeMsgID(runID, digest),
-		benchObjectName(BenchKindProbe, runID, -1, digest), artefactHeader(BenchKindProbe, runID, file), benchBody{data: data, digest: digest})
+		benchObjectName(BenchKindProbe, runID, -1, digest), artefactHeader(BenchKindProbe, runID, file), &benchBody{data: data, digest: digest})
 }
 
 // BenchMerged is a merged artefact written by the merger, to publish with PublishMerged.
@@ -172,14 +177,14 @@ func (s *BenchStore) PublishMerged(ctx context.Context, m BenchMerged) (*jetstre
 		hdr.Set(HeaderBenchProbeContext, string(m.ProbeContext))
 	}
 	return s.publish(ctx, BenchMergedSubject(m.RunID), BenchMergedMsgID(m.RunID),
-		benchObjectName(BenchKindMerged, m.RunID, -1, m.Digest), hdr, benchBody{path: m.Path, digest: m.Digest})
+		benchObjectName(BenchKindMerged, m.RunID, -1, m.Digest), hdr, &benchBody{path: m.Path, digest: m.Digest})
 }
 
 // PublishSidecar publishes run runID's worker-probe sidecar, written at path, on BenchSidecarSubject.
 func (s *BenchStore) PublishSidecar(ctx context.Context, runID, path string, data []byte) (*jetstream.PubAck, error) {
 	digest := schemas.SHA256Hex(data)
 	return s.publish(ctx, BenchSidecarSubject(runID), BenchSidecarMsgID(runID, digest),
-		benchObjectName(BenchKindSidecar, runID, -1, digest), artefactHeader(BenchKindSidecar, runID, path), benchBody{data: data, digest: digest})
+		benchObjectName(BenchKindSidecar, runID, -1, digest), artefactHeader(BenchKindSidecar, runID, path), &benchBody{data: data, digest: digest})
 }
 
 // artefactHeader starts the headers of an artefact message: its kind, run and producer's file. publish
@@ -193,7 +198,7 @@ func artefactHeader(kind, runID, file string) nats.Header {
 }
 
 // publish sends b on subject with headers hdr (artefactHeader and the kind's own) and message id msgID.
-func (s *BenchStore) publish(ctx context.Context, subject, msgID, object string, hdr nats.Header, b benchBody) (*jetstream.PubAck, error) {
+func (s *BenchStore) publish(ctx context.Context, subject, msgID, object string, hdr nats.Header, b *benchBody) (*jetstream.PubAck, error) {
 	if err := b.prepare(); err != nil {
 		return nil, fmt.Errorf("streams: read %s: %w", b.path, err)
 	}
@@ -234,7 +239,7 @@ func transferTimeout(size int64) time.Duration {
 }
 
 // putObject stores b under name unless an object of that name with the same digest exists.
-func (s *BenchStore) putObject(ctx context.Context, name string, b benchBody) error {
+func (s *BenchStore) putObject(ctx context.Context, name string, b *benchBody) error {
 	obs, err := s.Objects(ctx)
 	if err != nil {
 		return err
@@ -292,7 +297,8 @@ func (s *BenchStore) Fetch(ctx context.Context, hdr nats.Header, inline []byte) 
 }
 
 // FetchTo writes the body of an FPM_BENCH message to w, verifying it (w may have received a bad body
-// when an error wraps ErrDigestMismatch).
+// when an error wraps ErrDigestMismatch). An object is read up to one byte past the size its
+// Fpm-Bench-Size header announces, never further.
 func (s *BenchStore) FetchTo(ctx context.Context, hdr nats.Header, inline []byte, w io.Writer) error {
 	digest := hdr.Get(HeaderBenchSHA256)
 	size, _ := strconv.ParseInt(hdr.Get(HeaderBenchSize), 10, 64)
@@ -310,7 +316,9 @@ func (s *BenchStore) FetchTo(ctx context.Context, hdr nats.Header, inline []byte
 		if err != nil {
 			return fmt.Errorf("streams: get object %s: %w", name, err)
 		}
-		n, err = io.Copy(mw, res)
+		// Never more than the headers announce (and one byte to tell a longer body): a body is read
+		// only after its announced size was checked against the reader's limit.
+		n, err = io.Copy(mw, io.LimitReader(res, size+1))
 		res.Close()
 		if err != nil {
 			return fmt.Errorf("streams: read object %s: %w", name, err)

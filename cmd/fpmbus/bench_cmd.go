@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -65,12 +67,16 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 	fs.Var(&probes, "probe", "worker-probe replies (collective_rpc's list, an envelope, or one reply); repeatable")
 	partial := fs.Bool("partial-ranks", false, "merge a subset of the run's ranks as Dynamo's node-local merge does (missing ranks get unavailable warmup evidence)")
 	parallel := fs.Int("parallel", 0, "rank artefacts read at once (each costs its size in memory); 0: min(CPUs, 4)")
+	maxSize := maxArtefactFlag(fs)
 	files, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(files) == 0 {
 		return fmt.Errorf("%w: bench merge needs the run's rank artefacts", errUsage)
+	}
+	if err := checkMaxArtefact(*maxSize); err != nil {
+		return err
 	}
 	ranks := make([]merge.RankFile, len(files))
 	// Dynamo names the merged artefact after the configured output path (rank 0's file) and the first
@@ -81,15 +87,19 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
+		size, err := statArtefact(f, *maxSize)
+		if err != nil {
+			return err
+		}
 		path := f
-		ranks[i] = merge.RankFile{Rank: merge.RankFromPath(f), Path: abs, Load: func() ([]byte, error) { return os.ReadFile(path) }}
+		ranks[i] = merge.RankFile{Rank: merge.RankFromPath(f), Path: abs, Size: size, Load: func() ([]byte, error) { return os.ReadFile(path) }}
 		if r := max(merge.RankFromPath(f), 0); dpStart < 0 || r < dpStart {
 			base, dpStart = merge.BasePathOf(abs), r
 		}
 	}
 	var replies []merge.ProbeReplies
 	for _, p := range probes {
-		data, err := os.ReadFile(p)
+		data, err := readArtefact(p, *maxSize)
 		if err != nil {
 			return err
 		}
@@ -105,9 +115,9 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 		out = merge.MergedPathFor(base, dpStart)
 	}
 	if strings.Contains(out, merge.RunIDPlaceholder) {
-		sum, err := merge.ValidateRank(merge.RankFile{Rank: ranks[0].Rank, Path: ranks[0].Path, Load: ranks[0].Load})
+		sum, err := merge.ValidateRank(ranks[0], *maxSize)
 		if err != nil {
-			return err
+			return rankError(files[0], err)
 		}
 		out = merge.ExpandPath(out, sum.RunID)
 	}
@@ -115,9 +125,9 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 		return err
 	}
 	start := time.Now()
-	res, err := merge.Merge(ranks, replies, merge.Options{MergedPath: out, RequireAllRanks: !*partial, Parallelism: *parallel})
+	res, err := merge.Merge(ranks, replies, merge.Options{MergedPath: out, RequireAllRanks: !*partial, Parallelism: *parallel, MaxArtefactSize: *maxSize})
 	if err != nil {
-		return err
+		return rankError("", err)
 	}
 	for _, pr := range replies {
 		if pr.RunID != "" && pr.RunID != res.RunID {
@@ -144,7 +154,8 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 }
 
 func runBenchValidate(args []string, stdout io.Writer) error {
-	fs := newFlagSet("bench validate", "bench validate RANK_FILE...")
+	fs := newFlagSet("bench validate", "bench validate [--max-artefact-size BYTES] RANK_FILE...")
+	maxSize := maxArtefactFlag(fs)
 	files, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
@@ -152,8 +163,11 @@ func runBenchValidate(args []string, stdout io.Writer) error {
 	if len(files) == 0 {
 		return fmt.Errorf("%w: bench validate needs rank artefacts", errUsage)
 	}
+	if err := checkMaxArtefact(*maxSize); err != nil {
+		return err
+	}
 	for _, f := range files {
-		_, sum, err := readRank(f, f)
+		_, sum, err := readRank(f, f, *maxSize)
 		if err != nil {
 			return err
 		}
@@ -162,18 +176,83 @@ func runBenchValidate(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// readRank reads the rank artefact file f and checks it as the merger will (merge.ValidateRank, the
-// artefact recorded under path); a failed check names f.
-func readRank(f, path string) ([]byte, merge.RankSummary, error) {
-	data, err := os.ReadFile(f)
+// readRank reads the rank artefact file f, refusing it before reading when it is larger than maxSize,
+// and checks it as the merger will (merge.ValidateRank, the artefact recorded under path); a failed
+// check names f.
+func readRank(f, path string, maxSize int64) ([]byte, merge.RankSummary, error) {
+	data, err := readArtefact(f, maxSize)
 	if err != nil {
 		return nil, merge.RankSummary{}, err
 	}
-	sum, err := merge.ValidateRank(merge.RankFile{Rank: merge.RankFromPath(f), Path: path, Data: data})
+	sum, err := merge.ValidateRank(merge.RankFile{Rank: merge.RankFromPath(f), Path: path, Data: data}, maxSize)
 	if err != nil {
-		return nil, merge.RankSummary{}, fmt.Errorf("%s: %w", f, err)
+		return nil, merge.RankSummary{}, rankError(f, err)
 	}
 	return data, sum, nil
+}
+
+// rankError names file f (when given) in a rank artefact's rejection. A run_id over the limits, or an
+// artefact over the maximum size, exits 2 (the documented limits of input, like a flag's): nothing was
+// published.
+func rankError(f string, err error) error {
+	if f != "" {
+		err = fmt.Errorf("%s: %w", f, err)
+	}
+	var rej *merge.RejectError
+	if errors.As(err, &rej) && (rej.Rule == merge.RuleRunID || rej.Rule == merge.RuleArtefactSize) {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return err
+}
+
+// maxArtefactFlag registers --max-artefact-size.
+func maxArtefactFlag(fs *flag.FlagSet) *int64 {
+	return fs.Int64("max-artefact-size", streams.DefaultBenchMaxArtefact,
+		"largest artefact file (rank artefact, probe replies, collection profile) read, in bytes; a larger one is refused before it is read")
+}
+
+func checkMaxArtefact(n int64) error {
+	if n < 1 {
+		return fmt.Errorf("%w: --max-artefact-size %d must be positive", errUsage, n)
+	}
+	return nil
+}
+
+// statArtefact returns the size of artefact file f, refusing it unread (exit 2) when it is not a
+// regular file or is larger than maxSize.
+func statArtefact(f string, maxSize int64) (int64, error) {
+	st, err := os.Stat(f)
+	if err != nil {
+		return 0, err
+	}
+	if !st.Mode().IsRegular() {
+		return 0, fmt.Errorf("%w: %s is not a regular file (%s)", errUsage, f, st.Mode().Type())
+	}
+	if err := streams.CheckArtefactSize(f, st.Size(), maxSize); err != nil {
+		return 0, fmt.Errorf("%w: %w (--max-artefact-size)", errUsage, err)
+	}
+	return st.Size(), nil
+}
+
+// readArtefact reads artefact file f after statArtefact, never more than maxSize bytes (a file that
+// grows meanwhile is refused too).
+func readArtefact(f string, maxSize int64) ([]byte, error) {
+	if _, err := statArtefact(f, maxSize); err != nil {
+		return nil, err
+	}
+	fh, err := os.Open(f)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	data, err := io.ReadAll(io.LimitReader(fh, maxSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if err := streams.CheckArtefactSize(f, int64(len(data)), maxSize); err != nil {
+		return nil, fmt.Errorf("%w: %w (it grew while being read; --max-artefact-size)", errUsage, err)
+	}
+	return data, nil
 }
 
 func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error {
@@ -185,6 +264,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	runID := fs.String("run-id", "", "run of the --probe replies (default: the replies' own run_id, else the rank files' run)")
 	inlineMax := fs.Int("inline-max", streams.DefaultBenchInlineMax, "largest body sent inline; larger ones go to the object store "+streams.BenchObjectBucket)
 	profile := fs.String("profile", "", "collection profile (JSON) of the run, published on fpmbench.profile.<run> before the ranks so the sealer can derive cell identities")
+	maxSize := maxArtefactFlag(fs)
 	files, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
@@ -195,6 +275,14 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	if *inlineMax < 1 {
 		return fmt.Errorf("%w: --inline-max %d must be positive", errUsage, *inlineMax)
 	}
+	if err := checkMaxArtefact(*maxSize); err != nil {
+		return err
+	}
+	if *runID != "" {
+		if err := streams.CheckRunID(*runID); err != nil {
+			return fmt.Errorf("%w: --run-id: %v", errUsage, err)
+		}
+	}
 	// Every rank is checked before anything is published; streams.PublishBench reads the files again to
 	// publish them (one artefact in memory at a time) and refuses one that changed in between.
 	var pub streams.BenchPublication
@@ -204,7 +292,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		if err != nil {
 			return err
 		}
-		data, sum, err := readRank(f, abs)
+		data, sum, err := readRank(f, abs, *maxSize)
 		if err != nil {
 			return err
 		}
@@ -217,10 +305,20 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		probeRun = pub.Ranks[0].RunID
 	}
 	for _, p := range probes {
+		if _, err := statArtefact(p, *maxSize); err != nil {
+			return err
+		}
 		abs, _ := filepath.Abs(p)
 		pub.Probes = append(pub.Probes, streams.BenchProbe{Path: p, File: abs})
 	}
-	pub.ProbeRun = func(file string, data []byte) (string, error) { return merge.ProbeRun(probeRun, file, data) }
+	pub.MaxSize = *maxSize
+	pub.ProbeRun = func(file string, data []byte) (string, error) {
+		run, err := merge.ProbeRun(probeRun, file, data)
+		if errors.Is(err, streams.ErrRunID) {
+			err = fmt.Errorf("%w: %w", errUsage, err)
+		}
+		return run, err
+	}
 	nc, js, err := connectAndApply(ctx, conn, cfg)
 	if err != nil {
 		return err
@@ -230,7 +328,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		if len(pub.Ranks) == 0 {
 			return fmt.Errorf("%w: --profile needs the run's rank artefacts (their run_id names the run)", errUsage)
 		}
-		if pub.Profile, err = os.ReadFile(*profile); err != nil {
+		if pub.Profile, err = readArtefact(*profile, *maxSize); err != nil {
 			return err
 		}
 	}

@@ -7,8 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
-	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -34,7 +34,7 @@ const datasetsUsage = `fpmbus datasets publish|coverage|ls|get|history|predict [
   coverage --plan F  covered, partial and missing cells of a plan, unsupported settings, estimated GPU-hours
   ls                 every sealed cell and campaign record
   get KEY            one sealed cell (cell.<sha256>) or campaign (campaign.<id>) as JSON
-  history KEY        every revision of a key (a sealed cell has exactly one)
+  history KEY        every revision of a key, and which ones readers ignore as tampering (a sealed cell is its first)
   predict            whole-forward latency of one step (flags) or many (--queries FILE) from the sealed cells;
                      exits 5 when a query is refused (each refusal with its reason)
 
@@ -135,11 +135,14 @@ func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
 			return err
 		}
 	}
-	s, _, nc, err := openSealer(ctx, conn, scfg, "fpmbus datasets publish")
+	s, js, nc, err := openSealer(ctx, conn, scfg, "fpmbus datasets publish")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	if _, err := seal.Protect(ctx, js, slog.Default()); err != nil {
+		slog.Error("FPM_DATASETS is not protected: a credential that may write it can purge or expire sealed history", "error", err)
+	}
 	rep, perr := s.PublishDataset(ctx, ds, seal.PublishOptions{AllowPartial: *allowPartial, Plan: plan})
 	if *asJSON {
 		if err := writeJSON(w, rep); err != nil {
@@ -236,44 +239,46 @@ func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
 		return err
 	}
 	defer closeConn()
-	lister, err := kv.ListKeys(ctx)
+	// The whole history, as every reader reads it: a cell is its first revision, a campaign its
+	// legitimate revisions; what else a key holds is counted as ignored (tampering).
+	listing, err := seal.List(ctx, kv)
 	if err != nil {
 		return err
 	}
-	var ks []string
-	for k := range lister.Keys() {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	if !*asJSON {
-		fmt.Fprintln(tw, "KEY\tSTATE\tREV\tSOURCE\tRUN\tDATASET DIGEST\tROWS\tIDENTITY")
+		fmt.Fprintln(tw, "KEY\tSTATE\tREV\tSOURCE\tRUN\tDATASET DIGEST\tROWS\tIDENTITY\tIGNORED")
 	}
-	for _, k := range ks {
-		if strings.HasPrefix(k, schemas.CampaignKeyPrefix) {
-			c, rev, err := seal.GetCampaign(ctx, kv, strings.TrimPrefix(k, schemas.CampaignKeyPrefix))
-			if err != nil {
-				return err
-			}
+	for _, e := range listing {
+		ignored := ""
+		if len(e.Ignored) > 0 {
+			ignored = fmt.Sprintf("%d later revision(s): tampering", len(e.Ignored))
+		}
+		switch {
+		case e.Problem != "":
 			if *asJSON {
-				_ = json.NewEncoder(w).Encode(map[string]any{"key": k, "revision": rev, "campaign": c})
+				_ = json.NewEncoder(w).Encode(map[string]any{"key": e.Key, "state": "corrupt", "revision": e.Revision, "problem": e.Problem, "ignored_revisions": e.Ignored})
 				continue
 			}
-			fmt.Fprintf(tw, "%s\tcampaign %s\t%d\t\t\t%s\t%d cells\tplan %s\n", k, c.State, rev, "", len(c.Cells), short(c.PlanDigest))
-			continue
+			fmt.Fprintf(tw, "%s\tcorrupt\t%d\t\t\t\t\t%s\t%s\n", e.Key, e.Revision, e.Problem, ignored)
+		case e.Campaign != nil:
+			c := e.Campaign
+			if *asJSON {
+				_ = json.NewEncoder(w).Encode(map[string]any{"key": e.Key, "revision": e.Revision, "campaign": c, "ignored_revisions": e.Ignored})
+				continue
+			}
+			fmt.Fprintf(tw, "%s\tcampaign %s\t%d\t\t\t\t%d cells\tplan %s\t%s\n", e.Key, c.State, e.Revision, len(c.Cells), short(c.PlanDigest), ignored)
+		default:
+			v := e.Cell
+			if *asJSON {
+				_ = json.NewEncoder(w).Encode(map[string]any{"key": e.Key, "state": "sealed", "revision": e.Revision, "source": v.Source,
+					"run_id": v.Provenance.RunID, "dataset_digest": v.Provenance.DatasetDigest, "row_count": v.Provenance.RowCount, "identity": v.Identity,
+					"ignored_revisions": e.Ignored})
+				continue
+			}
+			fmt.Fprintf(tw, "%s\tsealed\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Key, e.Revision, v.Source, v.Provenance.RunID, short(v.Provenance.DatasetDigest),
+				v.Provenance.RowCount, identityText(&v.Identity), ignored)
 		}
-		v, rev, err := seal.Get(ctx, kv, k)
-		if err != nil {
-			return err
-		}
-		if *asJSON {
-			v.Rows = nil
-			_ = json.NewEncoder(w).Encode(map[string]any{"key": k, "state": "sealed", "revision": rev, "source": v.Source,
-				"run_id": v.Provenance.RunID, "dataset_digest": v.Provenance.DatasetDigest, "row_count": v.Provenance.RowCount, "identity": v.Identity})
-			continue
-		}
-		fmt.Fprintf(tw, "%s\tsealed\t%d\t%s\t%s\t%s\t%d\t%s\n", k, rev, v.Source, v.Provenance.RunID, short(v.Provenance.DatasetDigest),
-			v.Provenance.RowCount, identityText(&v.Identity))
 	}
 	return tw.Flush()
 }
@@ -303,47 +308,63 @@ func withDatasetKey(ctx context.Context, action string, args []string, do func(k
 	return err
 }
 
-// datasetsGet prints key's current entry as JSON.
+// datasetsGet prints key's record as every reader reads it (a cell's first revision, a campaign's
+// legitimate revisions) as JSON, with the revisions ignored as tampering.
 func datasetsGet(ctx context.Context, kv jetstream.KeyValue, key, arg string, w io.Writer) error {
-	e, err := kv.Get(ctx, key)
+	e, err := seal.Read(ctx, kv, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("%s: not sealed (state missing)", arg)
 	}
 	if err != nil {
 		return err
 	}
-	var v any
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return fmt.Errorf("%s: corrupt value: %w", arg, err)
+	if e.Problem != "" {
+		return fmt.Errorf("%s: corrupt: %s", arg, e.Problem)
 	}
+	var v any = e.Cell
 	state := "sealed"
-	if strings.HasPrefix(e.Key(), schemas.CampaignKeyPrefix) {
-		state = "campaign"
+	if e.Campaign != nil {
+		v, state = e.Campaign, "campaign"
 	}
-	return writeJSON(w, map[string]any{"key": e.Key(), "state": state, "revision": e.Revision(), "created": e.Created(), "value": v})
+	return writeJSON(w, map[string]any{"key": e.Key, "state": state, "revision": e.Revision, "created": e.Created, "value": v,
+		"ignored_revisions": e.Ignored})
 }
 
-// datasetsHistory prints every revision of key, one line each.
+// datasetsHistory prints every revision of key, one line each; STATE says which revisions readers
+// take (a cell's first; a campaign's legitimate ones) and which they ignore as tampering.
 func datasetsHistory(ctx context.Context, kv jetstream.KeyValue, key string, w io.Writer) error {
 	hist, err := kv.History(ctx, key)
 	if err != nil {
 		return err
 	}
+	e, err := seal.Read(ctx, kv, key)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return err
+	}
+	ignored := map[uint64]string{}
+	if e != nil {
+		for _, t := range e.Ignored {
+			ignored[t.Revision] = t.Reason
+		}
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "REV\tCREATED\tOP\tSTATE\tSOURCE\tRUN\tDATASET DIGEST\tATTEMPT")
-	for _, e := range hist {
+	for _, h := range hist {
 		var v struct {
 			State      string             `json:"state"`
 			Source     string             `json:"source"`
 			AttemptID  string             `json:"attempt_id"`
 			Provenance schemas.Provenance `json:"provenance"`
 		}
-		_ = json.Unmarshal(e.Value(), &v)
+		_ = json.Unmarshal(h.Value(), &v)
 		if v.State == "" && v.AttemptID != "" {
 			v.State = "sealed"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Revision(), e.Created().UTC().Format("2006-01-02T15:04:05.000Z"),
-			e.Operation(), v.State, v.Source, v.Provenance.RunID, short(v.Provenance.DatasetDigest), v.AttemptID)
+		if why, ok := ignored[h.Revision()]; ok {
+			v.State = "ignored (tampering: " + why + ")"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.Revision(), h.Created().UTC().Format("2006-01-02T15:04:05.000Z"),
+			h.Operation(), v.State, v.Source, v.Provenance.RunID, short(v.Provenance.DatasetDigest), v.AttemptID)
 	}
 	return tw.Flush()
 }

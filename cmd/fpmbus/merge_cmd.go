@@ -38,6 +38,7 @@ type mergeOptions struct {
 	ackWait       time.Duration
 	maxDeliveries int
 	inlineMax     int
+	maxArtefact   int64
 }
 
 // mergeFlags registers the merger's flags on fs.
@@ -57,6 +58,8 @@ func mergeFlags(fs *flag.FlagSet, prefix string) *mergeOptions {
 	fs.DurationVar(&o.ackWait, cf.name("merge-ack-wait"), merge.DefaultAckWait, "ack wait of the partition consumers (held ranks are kept alive with in-progress acks)")
 	fs.IntVar(&o.maxDeliveries, cf.name("merge-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 10)")
 	fs.IntVar(&o.inlineMax, cf.name("inline-max"), streams.DefaultBenchInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
+	fs.Int64Var(&o.maxArtefact, cf.name("merge-max-artefact-size"), streams.DefaultBenchMaxArtefact,
+		"largest rank artefact or probe replies body read, in bytes; a rank whose "+streams.HeaderBenchSize+" is larger rejects its run (rule artefact_size) unread")
 	cf.done()
 	return o
 }
@@ -98,10 +101,16 @@ func (o *mergeOptions) config() (merge.Config, error) {
 	if o.inlineMax < 1 {
 		return merge.Config{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("inline-max"), o.inlineMax)
 	}
+	if o.maxArtefact < 1 {
+		return merge.Config{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("merge-max-artefact-size"), o.maxArtefact)
+	}
+	if err := merge.CheckOutputTemplate(o.output); err != nil {
+		return merge.Config{}, fmt.Errorf("%w: %s: %v", errUsage, name("bench-output"), err)
+	}
 	return merge.Config{
 		HoldingConfig: durable.HoldingConfig{Durable: o.durable, Partitions: partitions, PinnedTTL: o.pinnedTTL,
 			AckWait: o.ackWait, MaxDeliveries: o.maxDeliveries},
-		RankTimeout: o.rankTimeout, Output: o.output, SpoolDir: o.spoolDir, InlineMax: o.inlineMax,
+		RankTimeout: o.rankTimeout, Output: o.output, SpoolDir: o.spoolDir, InlineMax: o.inlineMax, MaxArtefactSize: o.maxArtefact,
 	}, nil
 }
 

@@ -35,6 +35,7 @@ type sealOptions struct {
 	profileWait   time.Duration
 	ackWait       time.Duration
 	maxDeliveries int
+	maxArtefact   int64
 }
 
 func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
@@ -49,6 +50,8 @@ func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
 	fs.DurationVar(&o.profileWait, cf.name("profile-wait"), seal.DefaultProfileWait, "how long a merged artefact waits for its run's collection profile (fpmbench.profile.<run>) before it is refused")
 	fs.DurationVar(&o.ackWait, cf.name("seal-ack-wait"), seal.DefaultAckWait, "ack wait of the partition consumers (held artefacts are kept alive with in-progress acks)")
 	fs.IntVar(&o.maxDeliveries, cf.name("seal-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 10)")
+	fs.Int64Var(&o.maxArtefact, cf.name("seal-max-artefact-size"), streams.DefaultBenchMaxArtefact,
+		"largest merged artefact read, in bytes; one whose "+streams.HeaderBenchSize+" is larger is dead-lettered unread")
 	cf.done()
 	return o
 }
@@ -63,11 +66,13 @@ func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.ConsumerConfig, 
 		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("seal-pinned-ttl"), o.pinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
 	case o.maxDeliveries < 0:
 		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, name("seal-max-deliveries"), o.maxDeliveries)
+	case o.maxArtefact < 1:
+		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("seal-max-artefact-size"), o.maxArtefact)
 	}
 	return seal.ConsumerConfig{
 		HoldingConfig: durable.HoldingConfig{Durable: o.durable, Partitions: o.partitions, PinnedTTL: o.pinnedTTL,
 			AckWait: o.ackWait, MaxDeliveries: o.maxDeliveries},
-		AllowPartial: o.allowPartial, ProfileWait: o.profileWait, Streams: scfg,
+		AllowPartial: o.allowPartial, ProfileWait: o.profileWait, Streams: scfg, MaxArtefactSize: o.maxArtefact,
 	}, nil
 }
 

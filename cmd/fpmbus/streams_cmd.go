@@ -72,6 +72,11 @@ func applyStreams(ctx context.Context, js jetstream.JetStream, cfg streams.Confi
 	if err != nil {
 		return err
 	}
+	// FPM_DATASETS: created protected, or given the protection it lacks (every such change keeps what
+	// the bucket holds).
+	if err := plan.AddDatasets(ctx, js, cfg); err != nil {
+		return err
+	}
 	for _, line := range plan.Lines() {
 		fmt.Fprintln(stdout, line)
 	}

@@ -3,6 +3,7 @@ package merge
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -62,6 +63,10 @@ type Config struct {
 	SpoolDir string
 	// InlineMax is the largest body the consumer publishes inline (merged artefact, sidecar) [streams.DefaultBenchInlineMax].
 	InlineMax int
+	// MaxArtefactSize is the largest rank artefact or probe replies body the consumer reads; a rank
+	// whose Fpm-Bench-Size is larger rejects its run (RuleArtefactSize) without being fetched
+	// [streams.DefaultBenchMaxArtefact].
+	MaxArtefactSize int64
 	// Streams are applied at start and give the object bucket's settings [streams.DefaultConfig()].
 	Streams *streams.Config
 }
@@ -74,6 +79,7 @@ func (c *Config) fill() error {
 	c.RankTimeout = cmp.Or(c.RankTimeout, DefaultRankTimeout)
 	c.Output = cmp.Or(c.Output, DefaultOutputTemplate)
 	c.SpoolDir = cmp.Or(c.SpoolDir, filepath.Join(os.TempDir(), "fpmbus-merge"))
+	c.MaxArtefactSize = cmp.Or(c.MaxArtefactSize, streams.DefaultBenchMaxArtefact)
 	if c.Streams == nil {
 		sc := streams.DefaultConfig()
 		c.Streams = &sc
@@ -83,6 +89,44 @@ func (c *Config) fill() error {
 		return bad("rank timeout %v must be positive", c.RankTimeout)
 	case !strings.Contains(c.Output, RunIDPlaceholder):
 		return bad("output %q must contain %s: the consumer merges many runs", c.Output, RunIDPlaceholder)
+	case c.MaxArtefactSize < 0:
+		return bad("max artefact size %d must be positive", c.MaxArtefactSize)
+	}
+	if err := CheckOutputTemplate(c.Output); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+// nameMax and tempSuffix bound a file name: NAME_MAX on Linux file systems, and what
+// fsutil.WriteAtomic's temporary file adds to a name (".tmp-" and up to 10 digits).
+const (
+	nameMax    = 255
+	pathMax    = 4095 // PATH_MAX (4096) less the terminating NUL
+	tempSuffix = len(".tmp-") + 10
+)
+
+// CheckOutputTemplate reports an output template whose merged artefact or sidecar, or their temporary
+// files, would have a file name over NAME_MAX or a path over PATH_MAX for a run_id of the longest token
+// streams.CheckRunID accepts: every valid run then has a path the file system takes.
+func CheckOutputTemplate(template string) error {
+	merged := ExpandPath(template, strings.Repeat("r", streams.MaxRunIDToken))
+	for _, p := range []string{merged, SidecarPathFor(merged)} {
+		if abs, err := filepath.Abs(p); err == nil && len(abs)+tempSuffix > pathMax {
+			return fmt.Errorf("output %q: a run_id of %d bytes makes the path %d bytes long (with the temporary file's suffix); the limit is %d",
+				template, streams.MaxRunIDToken, len(abs)+tempSuffix, pathMax)
+		}
+		base := filepath.Base(p)
+		for _, name := range strings.Split(filepath.ToSlash(p), "/") {
+			n := len(name)
+			if name == base {
+				n += tempSuffix
+			}
+			if n > nameMax {
+				return fmt.Errorf("output %q: a run_id of %d bytes makes the file name %q %d bytes long (with the temporary file's suffix); the limit is %d: shorten the template's text around %s",
+					template, streams.MaxRunIDToken, name, n, nameMax, RunIDPlaceholder)
+			}
+		}
 	}
 	return nil
 }

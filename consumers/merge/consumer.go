@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,6 +28,22 @@ import (
 // Fpm-Bench-Sha256 and Fpm-Bench-Dp-Size), or on a subject that is not fpmbench.rank.<run>.<rank> or
 // fpmbench.probe.<run>, is rejected: it can never be merged, so it is dead-lettered at once.
 var ErrNotRankArtefact = errors.New("merge: not a rank artefact or probe replies publication")
+
+// RuleOutputPath is the rule of a bench_rejected outcome the consumer reports itself, not Merge: the
+// file system refuses the run's merged artefact path (ENAMETOOLONG: a name longer than NAME_MAX or a
+// path longer than PATH_MAX), which no retry can change.
+const RuleOutputPath Rule = "output_path"
+
+// permanent reports a failed merge that no retry can change: the file system refuses a name of the
+// run's (ENAMETOOLONG). Every other failure (the server, a full disk, permissions) may pass, and the
+// run is tried again with backoff.
+func permanent(err error) bool { return errors.Is(err, syscall.ENAMETOOLONG) }
+
+// maxOutcomeSubject is the longest outcome subject the merger publishes. A run whose token makes a
+// longer one (only a run_id far over streams.MaxRunIDToken does) is reported with a dead letter of each
+// of its messages instead, whose subject is fixed: a protocol line longer than the server's
+// max_control_line (4096 bytes by default) would make the server close the merger's connection.
+const maxOutcomeSubject = 1024
 
 // Event is the JSON body of an event on fpmevents.bench.<run>.* (Fpm-Event header = Event).
 type Event struct {
@@ -242,6 +259,11 @@ func (c *stage) handle(ctx context.Context, m *durable.Msg) {
 			ErrNotRankArtefact, m.Subject(), streams.HeaderBenchSHA256, digest, streams.HeaderBenchDPSize, hdr.Get(streams.HeaderBenchDPSize)))
 		return
 	}
+	runErr := streams.CheckRunID(runID)
+	if runErr != nil && len(streams.BenchOutcomeSubject(runID)) > maxOutcomeSubject {
+		m.Reject(fmt.Errorf("%w: %s: %v", ErrNotRankArtefact, m.Subject()[:64]+"…", runErr))
+		return
+	}
 	done, err := c.lookupDone(ctx, runID)
 	if err != nil {
 		c.log.Warn("cannot tell whether the run is already merged; retrying", "run_id", runID, "error", err)
@@ -267,6 +289,30 @@ func (c *stage) handle(ctx context.Context, m *durable.Msg) {
 	if run == nil {
 		run = &pendingRun{runID: runID, partition: m.Partition, first: m.Stored, ranks: map[int]*heldRank{}, conflicts: map[string]bool{}}
 		c.runs[runID] = run
+	}
+	// A run_id no subject, object or file name of the run can hold, or a body over the maximum
+	// artefact size (told by its header, before it is fetched), can never merge: the run is rejected
+	// at once, with this message among its ranks.
+	size, _ := strconv.ParseInt(hdr.Get(streams.HeaderBenchSize), 10, 64)
+	sizeErr := streams.CheckArtefactSize(fmt.Sprintf("%s seq %d", m.Subject(), m.StreamSeq), max(size, int64(len(m.Data()))), c.cfg.MaxArtefactSize)
+	var rej *RejectError
+	switch {
+	case runErr != nil:
+		rej = &RejectError{Rank: intp(rank), Rule: RuleRunID, File: hdr.Get(streams.HeaderBenchFile), Detail: "field run_id: " + runErr.Error()}
+	case sizeErr != nil:
+		rej = &RejectError{Rank: intp(rank), Rule: RuleArtefactSize, File: hdr.Get(streams.HeaderBenchFile), Detail: sizeErr.Error()}
+	}
+	if rej != nil {
+		if run.ranks[rank] == nil {
+			run.ranks[rank] = &heldRank{seq: m.StreamSeq, digest: digest, dpSize: dpSize, file: hdr.Get(streams.HeaderBenchFile), hdr: hdr}
+		}
+		run.ranks[rank].msgs = append(run.ranks[rank].msgs, m)
+		if err := c.reject(ctx, run, rej); err != nil {
+			c.log.Warn("reporting the rejected run failed; retrying", "run_id", runID, "error", err)
+			run.ranks[rank].msgs = slices.DeleteFunc(run.ranks[rank].msgs, func(x *durable.Msg) bool { return x == m })
+			c.deferred = append(c.deferred, m)
+		}
+		return
 	}
 	if m.Stored.Before(run.first) {
 		run.first = m.Stored
@@ -351,6 +397,14 @@ func (c *stage) tryMerge(ctx context.Context, run *pendingRun) {
 	err := c.mergeRun(ctx, run)
 	if err == nil {
 		return
+	}
+	if permanent(err) {
+		// The run's names (its output path, its spool directory) are too long for the file system:
+		// permanent for this run, whatever is retried.
+		err = c.reject(ctx, run, &RejectError{RunID: run.runID, Rule: RuleOutputPath, Detail: err.Error()})
+		if err == nil {
+			return
+		}
 	}
 	run.backoff = min(max(run.backoff*2, time.Second), time.Minute)
 	run.retryAt = c.now().Add(run.backoff)
@@ -452,7 +506,7 @@ func (c *stage) mergeRun(ctx context.Context, run *pendingRun) error {
 		return err
 	}
 	out := ExpandPath(c.cfg.Output, run.runID)
-	res, err := Merge(files, probes, Options{MergedPath: out, RequireAllRanks: true})
+	res, err := Merge(files, probes, Options{MergedPath: out, RequireAllRanks: true, MaxArtefactSize: c.cfg.MaxArtefactSize})
 	if err != nil {
 		var rej *RejectError
 		if errors.As(err, &rej) {
@@ -611,6 +665,11 @@ func (c *stage) readProbes(ctx context.Context, runID string) ([]ProbeReplies, e
 			return nil, fmt.Errorf("merge: read probe replies of %s: %w", runID, err)
 		}
 		seq = raw.Sequence + 1
+		size, _ := strconv.ParseInt(raw.Header.Get(streams.HeaderBenchSize), 10, 64)
+		if err := streams.CheckArtefactSize(fmt.Sprintf("probe replies %s seq %d", subj, raw.Sequence), size, c.cfg.MaxArtefactSize); err != nil {
+			c.log.Error("skipping probe replies over the maximum artefact size", "run_id", runID, "seq", raw.Sequence, "error", err)
+			continue
+		}
 		data, err := c.store.Fetch(ctx, raw.Header, raw.Data)
 		if err != nil {
 			c.log.Warn("skipping unreadable probe replies", "run_id", runID, "seq", raw.Sequence, "error", err)

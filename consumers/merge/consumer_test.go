@@ -129,7 +129,7 @@ func count(t *testing.T, env *streamstest.Env, stream, subject string) int {
 func publishRaw(t *testing.T, env *streamstest.Env, file string, data []byte, msgID string) {
 	t.Helper()
 	ctx := context.Background()
-	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data})
+	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func publishRaw(t *testing.T, env *streamstest.Env, file string, data []byte, ms
 
 // publishRank validates a rank artefact and publishes it, as `fpmbus bench publish` does.
 func publishRank(ctx context.Context, store *streams.BenchStore, file string, data []byte) (RankSummary, *jetstream.PubAck, error) {
-	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data})
+	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data}, 0)
 	if err != nil {
 		return RankSummary{}, nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // RankFile is one rank artefact given to Merge.
@@ -28,6 +29,10 @@ type RankFile struct {
 	// rank first, then one whole rank at a time) and keeps no reference to the bytes, so a large run is
 	// merged with one full rank tree in memory besides the reference rank's.
 	Load func() ([]byte, error)
+	// Size is the artefact's size in bytes when it is known before it is read (the file's size, the
+	// message's Fpm-Bench-Size header); 0 when it is not. An artefact whose Size is over the maximum
+	// artefact size is rejected without calling Load.
+	Size int64
 }
 
 func (rf *RankFile) bytes() ([]byte, error) {
@@ -53,6 +58,9 @@ type Options struct {
 	// Parallelism bounds how many ranks are read at once (each costs one artefact's bytes in memory)
 	// [min(GOMAXPROCS, 4)]. The result does not depend on it.
 	Parallelism int
+	// MaxArtefactSize rejects a rank artefact larger than this many bytes (RuleArtefactSize), before
+	// reading it when its RankFile.Size says so [streams.DefaultBenchMaxArtefact]; negative: no limit.
+	MaxArtefactSize int64
 }
 
 // DefaultMergedPath is Dynamo's default merged artefact path.
@@ -122,11 +130,19 @@ func Merge(ranks []RankFile, probes []ProbeReplies, opts Options) (*Result, erro
 	if workers <= 0 {
 		workers = min(runtime.GOMAXPROCS(0), 4)
 	}
+	limit := maxArtefactSize(opts.MaxArtefactSize)
+
+	// Phase 0: sizes known before reading. No rank is read when one is too large.
+	for i := range ranks {
+		if err := checkSize(&ranks[i], ranks[i].Size, limit); err != nil {
+			return nil, err
+		}
+	}
 
 	// Phase 1: every rank's run-level fields, each rank checked on its own.
 	infos := make([]*rankInfo, len(ranks))
 	if err := forEach(len(ranks), workers, func(i int) error {
-		info, err := loadRankInfo(&ranks[i])
+		info, err := loadRankInfo(&ranks[i], limit)
 		infos[i] = info
 		return err
 	}); err != nil {
@@ -322,12 +338,44 @@ func (m *merger) rejectRank(rank int, point string, rule Rule, detail string) *R
 	return &RejectError{RunID: m.runID, Rank: intp(rank), Point: point, Rule: rule, Detail: detail}
 }
 
+// maxArtefactSize is the limit Options.MaxArtefactSize v sets: the default for 0, none (-1) for a
+// negative v.
+func maxArtefactSize(v int64) int64 {
+	switch {
+	case v == 0:
+		return streams.DefaultBenchMaxArtefact
+	case v < 0:
+		return -1
+	}
+	return v
+}
+
+// checkSize rejects rf when size (known before reading, or read) is over limit (RuleArtefactSize).
+func checkSize(rf *RankFile, size, limit int64) error {
+	err := streams.CheckArtefactSize("rank artefact "+rf.Path, size, limit)
+	if err == nil {
+		return nil
+	}
+	e := &RejectError{Rule: RuleArtefactSize, File: rf.Path, Detail: err.Error()}
+	if rf.Rank >= 0 {
+		e.Rank = intp(rf.Rank)
+	}
+	return e
+}
+
 // loadRankInfo reads the run-level fields of one rank artefact and applies the rules that concern it
-// alone. The returned info holds no reference to the artefact's bytes.
-func loadRankInfo(rf *RankFile) (*rankInfo, error) {
+// alone (limit is the maximum artefact size, -1 for none). The returned info holds no reference to the
+// artefact's bytes.
+func loadRankInfo(rf *RankFile, limit int64) (*rankInfo, error) {
+	if err := checkSize(rf, rf.Size, limit); err != nil {
+		return nil, err
+	}
 	data, err := rf.bytes()
 	if err != nil {
 		return nil, fmt.Errorf("merge: load rank artefact %s: %w", rf.Path, err)
+	}
+	if err := checkSize(rf, int64(len(data)), limit); err != nil {
+		return nil, err
 	}
 	doc, err := scanHeader(data)
 	info := &rankInfo{rf: rf, rank: rf.Rank}
@@ -357,6 +405,11 @@ func loadRankInfo(rf *RankFile) (*rankInfo, error) {
 	}
 	if info.runID == "" {
 		return nil, rej(RuleMissingRunID, "run_id is "+describe(doc.Get("run_id"))+", want a non-empty string")
+	}
+	if err := streams.CheckRunID(info.runID); err != nil {
+		// The run is not named in the error: a run_id over the limits is what is wrong with it.
+		info.runID = ""
+		return nil, rej(RuleRunID, "field run_id: "+err.Error())
 	}
 	grid, ok := doc.Get("grid_digest").Text()
 	if !ok || grid == "" {

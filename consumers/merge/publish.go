@@ -2,6 +2,8 @@ package merge
 
 import (
 	"fmt"
+
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // What `fpmbus bench publish` checks before it publishes (streams.BenchStore.PublishBench): each rank
@@ -18,14 +20,15 @@ type RankSummary struct {
 
 // ValidateRank applies every rule that one rank artefact can be checked against on its own: the document
 // and status/coverage rules, and every point rule over its synchronised groups (which carry every rank's
-// FPMs). Rules that compare ranks are left to the merge.
-func ValidateRank(rf RankFile) (RankSummary, error) {
-	info, err := loadRankInfo(&rf)
+// FPMs). Rules that compare ranks are left to the merge. maxSize is the maximum artefact size
+// (Options.MaxArtefactSize: 0 the default, negative none).
+func ValidateRank(rf RankFile, maxSize int64) (RankSummary, error) {
+	info, err := loadRankInfo(&rf, maxArtefactSize(maxSize))
 	if err != nil {
 		return RankSummary{}, err
 	}
 	rf.Rank = info.rank
-	res, err := Merge([]RankFile{rf}, nil, Options{})
+	res, err := Merge([]RankFile{rf}, nil, Options{MaxArtefactSize: maxSize})
 	if err != nil {
 		return RankSummary{}, err
 	}
@@ -46,6 +49,9 @@ func ProbeRun(runID, file string, data []byte) (string, error) {
 		runID = pr.RunID
 	case pr.RunID != "" && pr.RunID != runID:
 		return "", fmt.Errorf("merge: probe replies %s are for run %q, not %q", file, pr.RunID, runID)
+	}
+	if err := streams.CheckRunID(runID); err != nil {
+		return "", fmt.Errorf("merge: probe replies %s: field run_id: %w", file, err)
 	}
 	return runID, nil
 }

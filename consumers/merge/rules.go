@@ -16,10 +16,12 @@ type Rule string
 // own results. The first rule broken is reported.
 const (
 	// Each rank on its own.
+	RuleArtefactSize       Rule = "artefact_size"               // larger than the maximum artefact size (refused before it is read when its size is known)
 	RuleMalformedJSON      Rule = "malformed_json"              // not one JSON object (syntax, duplicate key, ...), or a body that does not match its sha256
 	RuleSchemaVersion      Rule = "schema_version"              // schema_version is not 2
 	RuleArtifactType       Rule = "artifact_type"               // artifact_type present and not "rank"
 	RuleMissingRunID       Rule = "missing_run_id"              // run_id missing or empty
+	RuleRunID              Rule = "run_id"                      // run_id holds a control character or is over streams.MaxRunIDToken as a subject token
 	RuleMissingGridDigest  Rule = "missing_grid_digest"         // grid_digest missing or empty
 	RuleDPSize             Rule = "dp_size"                     // dp.size not an integer >= 1
 	RuleRankMismatch       Rule = "rank_mismatch"               // dp.rank outside 0..dp.size-1, or not the rank the file was supplied as (subject, _dpN name)
@@ -71,7 +73,7 @@ const (
 
 // Rules lists every rule in check order.
 var Rules = []Rule{
-	RuleMalformedJSON, RuleSchemaVersion, RuleArtifactType, RuleMissingRunID, RuleMissingGridDigest, RuleDPSize,
+	RuleArtefactSize, RuleMalformedJSON, RuleSchemaVersion, RuleArtifactType, RuleMissingRunID, RuleRunID, RuleMissingGridDigest, RuleDPSize,
 	RuleRankMismatch, RuleStatus, RuleCoverageArithmetic, RuleTimingInvalid, RuleProtocolInvalid,
 	RuleExecutionContract, RuleWarmupEvidence, RuleDuplicateRank,
 	RuleRunMismatch, RuleGridMismatch, RuleDPSizeMismatch, RuleMissingRanks, RuleLegacyProtocolMix,

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // ruleBase is the run every rule fixture breaks: 2 ranks, 3 points, 3 raw samples, protocol, execution
@@ -72,6 +73,13 @@ type ruleCase struct {
 func rank(r int) *int { return &r }
 
 var ruleCases = map[string]ruleCase{
+	"rank 1 over the maximum artefact size is never read": {rule: RuleArtefactSize, rank: rank(1), files: func(docs []schemas.BenchNode) []RankFile {
+		f := defaultFiles(docs)
+		f[1] = RankFile{Rank: 1, Path: f[1].Path, Size: streams.DefaultBenchMaxArtefact + 1,
+			Load: func() ([]byte, error) { return nil, errors.New("the artefact was read") }}
+		return f
+	}},
+	"a 300-byte run_id": {rule: RuleRunID, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("run_id", v(strings.Repeat("r", 300))) }},
 	"truncated rank file": {rule: RuleMalformedJSON, rank: rank(1), files: func(docs []schemas.BenchNode) []RankFile {
 		f := defaultFiles(docs)
 		f[1].Data = f[1].Data[:len(f[1].Data)/2]

@@ -3,6 +3,7 @@ package merge
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -168,5 +169,46 @@ func TestBenchWriteResultRefusesNonRegularFiles(t *testing.T) {
 				t.Fatalf("written through the link: %q", b)
 			}
 		})
+	}
+}
+
+// The output template leaves room for every run_id streams.CheckRunID accepts: a template whose file
+// name (or whose sidecar's temporary file name, or whose path) a longest run_id would push over the
+// file system's limits is refused, naming the template.
+func TestCheckOutputTemplateLeavesRoomForTheLongestRunID(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		template string
+		ok       bool
+	}{
+		"the default":            {DefaultOutputTemplate, true},
+		"the run in a directory": {"/var/lib/fpmbus/bench/" + RunIDPlaceholder + "/merged.json", true},
+		// The sidecar's temporary name: x… + 128 + "_merged_worker_probe.json" + ".tmp-" + 10 digits.
+		"255 bytes in the longest name":     {"/out/" + strings.Repeat("x", 255-128-25-15) + RunIDPlaceholder + "_merged.json", true},
+		"256 bytes in the longest name":     {"/out/" + strings.Repeat("x", 256-128-25-15) + RunIDPlaceholder + "_merged.json", false},
+		"a path over PATH_MAX":              {strings.Repeat("/d", 2000) + "/" + RunIDPlaceholder + ".json", false},
+		"a long directory of its own is ok": {"/" + strings.Repeat("d", 255) + "/" + RunIDPlaceholder + ".json", true},
+	} {
+		err := CheckOutputTemplate(tc.template)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: %v, want ok %v", name, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), tc.template) {
+			t.Errorf("%s: %v does not name the template", name, err)
+		}
+	}
+}
+
+// A name too long for the file system is the one write failure classed permanent: what the atomic
+// write of such a name returns is recognised, and a missing directory (which may be created) is not.
+func TestPermanentIsANameTooLong(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	err := fsutil.WriteFileAtomic(filepath.Join(dir, strings.Repeat("n", 300)+".json"), []byte("{}"), 0o644)
+	if err == nil || !permanent(err) {
+		t.Fatalf("writing a 305-byte name: %v, want a permanent error", err)
+	}
+	if err := fmt.Errorf("merge: write merged artefact: %w", os.ErrNotExist); permanent(err) {
+		t.Fatalf("%v is not permanent", err)
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/schemas"
@@ -18,25 +20,54 @@ var ErrPlanMismatch = errors.New("seal: campaign record belongs to a different p
 // CampaignKey is the FPM_DATASETS key of campaign id's record.
 func CampaignKey(id string) string { return schemas.CampaignKeyPrefix + id }
 
-// GetCampaign reads a campaign record and its revision.
+// GetCampaign reads a campaign record and the revision a write must expect: its history folded
+// (revisions.go: the frozen plan and each revision that legitimately follows; tampered ones are
+// skipped). jetstream.ErrKeyNotFound when it has none, an ErrCorrupt error when its first revision is
+// not a frozen plan.
 func GetCampaign(ctx context.Context, kv jetstream.KeyValue, id string) (*schemas.Campaign, uint64, error) {
-	return getRecord[schemas.Campaign](ctx, kv, CampaignKey(id), "campaign "+id)
+	return getCampaign(ctx, bucketHistory(kv), id)
 }
 
-// FreezePlan creates the campaign record of plan (every cell pending) with Create. An existing record
-// of the same plan is kept as it is; one of another plan is ErrPlanMismatch.
+func getCampaign(ctx context.Context, h history, id string) (*schemas.Campaign, uint64, error) {
+	revs, err := h.all(ctx, CampaignKey(id))
+	if err != nil {
+		return nil, 0, err
+	}
+	c, rev, _, err := campaignOf(CampaignKey(id), revs)
+	if err == nil && c == nil {
+		err = jetstream.ErrKeyNotFound
+	}
+	return c, rev, err
+}
+
+// isKeyTaken reports a write refused because the key already has a revision (or another than the one
+// expected).
+func isKeyTaken(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+}
+
+// FreezePlan creates the campaign record of plan (every cell pending) on a key that never had a
+// revision. An existing record of the same plan is kept as it is; one of another plan is
+// ErrPlanMismatch.
 func FreezePlan(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetPlan) (*schemas.Campaign, error) {
+	return freezePlan(ctx, bucketHistory(kv), plan)
+}
+
+func freezePlan(ctx context.Context, h history, plan *schemas.DatasetPlan) (*schemas.Campaign, error) {
 	c := plan.NewCampaign()
 	c.UpdatedAtUnixMS = time.Now().UnixMilli()
 	body, _ := json.Marshal(c)
-	_, err := kv.Create(ctx, CampaignKey(plan.CampaignID), body)
+	_, err := h.kv.Update(ctx, CampaignKey(plan.CampaignID), body, 0)
 	if err == nil {
 		return c, nil
 	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return nil, tooLarge(err, "campaign record "+CampaignKey(plan.CampaignID), len(body))
+	}
+	if !isKeyTaken(err) {
 		return nil, fmt.Errorf("seal: freeze campaign %s: %w", plan.CampaignID, err)
 	}
-	old, _, err := GetCampaign(ctx, kv, plan.CampaignID)
+	old, _, err := getCampaign(ctx, h, plan.CampaignID)
 	if err != nil {
 		return nil, err
 	}
@@ -46,26 +77,39 @@ func FreezePlan(ctx context.Context, kv jetstream.KeyValue, plan *schemas.Datase
 	return old, nil
 }
 
-// UpdateCampaign applies fn to the current record and writes it with Update on the revision it was
-// read at; on a revision conflict (another writer got there first) it re-reads and re-applies fn, up
-// to 50 times. fn must be a pure function of the record it is given.
+// UpdateCampaign applies fn to the current record and writes it with Update on the key's last
+// revision; on a revision conflict (another writer got there first) it re-reads and re-applies fn, up
+// to 50 times. fn must be a pure function of the record it is given. A result equal to the record
+// (but for its time) is not written.
 func UpdateCampaign(ctx context.Context, kv jetstream.KeyValue, id string, fn func(*schemas.Campaign) error) (*schemas.Campaign, error) {
+	return updateCampaign(ctx, bucketHistory(kv), id, fn)
+}
+
+func updateCampaign(ctx context.Context, h history, id string, fn func(*schemas.Campaign) error) (*schemas.Campaign, error) {
 	for try := 0; try < 50; try++ {
-		c, rev, err := GetCampaign(ctx, kv, id)
+		c, rev, err := getCampaign(ctx, h, id)
 		if err != nil {
 			return nil, fmt.Errorf("seal: read campaign %s: %w", id, err)
 		}
+		before := *c
+		before.Cells = append([]schemas.CampaignCell(nil), c.Cells...)
 		if err := fn(c); err != nil {
 			return nil, err
 		}
 		c.Recompute()
+		if c.State == before.State && reflect.DeepEqual(c.Cells, before.Cells) {
+			return c, nil
+		}
 		c.UpdatedAtUnixMS = time.Now().UnixMilli()
 		body, _ := json.Marshal(c)
-		_, err = kv.Update(ctx, CampaignKey(id), body, rev)
+		_, err = h.kv.Update(ctx, CampaignKey(id), body, rev)
 		if err == nil {
 			return c, nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			return nil, tooLarge(err, "campaign record "+CampaignKey(id), len(body))
+		}
+		if !isKeyTaken(err) {
 			return nil, fmt.Errorf("seal: update campaign %s: %w", id, err)
 		}
 		time.Sleep(time.Duration(try+1) * 5 * time.Millisecond)
@@ -75,7 +119,11 @@ func UpdateCampaign(ctx context.Context, kv jetstream.KeyValue, id string, fn fu
 
 // RecordCells sets the states of the given cells in campaign id. A cell sealed earlier stays sealed.
 func RecordCells(ctx context.Context, kv jetstream.KeyValue, id string, cells map[string]schemas.CampaignCell) (*schemas.Campaign, error) {
-	return UpdateCampaign(ctx, kv, id, func(c *schemas.Campaign) error {
+	return recordCells(ctx, bucketHistory(kv), id, cells)
+}
+
+func recordCells(ctx context.Context, h history, id string, cells map[string]schemas.CampaignCell) (*schemas.Campaign, error) {
+	return updateCampaign(ctx, h, id, func(c *schemas.Campaign) error {
 		for i := range c.Cells {
 			if upd, ok := cells[c.Cells[i].Key]; ok && c.Cells[i].State != schemas.CellSealed {
 				c.Cells[i] = upd

@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -65,6 +66,9 @@ type ConsumerConfig struct {
 	ProfileWait time.Duration
 	// Streams are applied at start and give the bucket's settings [streams.DefaultConfig()].
 	Streams streams.Config
+	// MaxArtefactSize is the largest merged artefact read; one whose Fpm-Bench-Size is larger is
+	// rejected unread [streams.DefaultBenchMaxArtefact].
+	MaxArtefactSize int64
 }
 
 func (c *ConsumerConfig) fill() error {
@@ -72,6 +76,10 @@ func (c *ConsumerConfig) fill() error {
 		return err
 	}
 	c.ProfileWait = cmp.Or(c.ProfileWait, DefaultProfileWait)
+	c.MaxArtefactSize = cmp.Or(c.MaxArtefactSize, streams.DefaultBenchMaxArtefact)
+	if c.MaxArtefactSize < 0 {
+		return fmt.Errorf("%w: max artefact size %d must be positive", ErrInvalidConsumerConfig, c.MaxArtefactSize)
+	}
 	if c.Streams.Replicas == 0 {
 		c.Streams = streams.DefaultConfig()
 	}
@@ -227,6 +235,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 	s.sealer = s.sealer.withJetStream(s.js)
+	s.protect(ctx)
 	var err error
 	if s.bench, err = s.js.Stream(ctx, streams.StreamBench); err != nil {
 		return fmt.Errorf("seal: stream %s: %w", streams.StreamBench, err)
@@ -283,6 +292,14 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		kind, runID, _, err := streams.ParseBenchSubject(m.Subject())
 		if err == nil && kind != streams.BenchKindMerged {
 			err = fmt.Errorf("%s is a %s subject", m.Subject(), kind)
+		}
+		if err == nil {
+			err = streams.CheckRunID(runID)
+		}
+		if err == nil {
+			size, _ := strconv.ParseInt(m.Headers().Get(streams.HeaderBenchSize), 10, 64)
+			err = streams.CheckArtefactSize(fmt.Sprintf("merged artefact %s seq %d", m.Subject(), m.StreamSeq),
+				max(size, int64(len(m.Data()))), s.cfg.MaxArtefactSize)
 		}
 		if err != nil {
 			s.reject(m, "", fmt.Errorf("%w: %v", ErrNotSealable, err))
@@ -365,6 +382,13 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		m.Reject(fmt.Errorf("%w: the run's dataset fails validation: %v", ErrNotSealable, err))
 		log.Error("run's dataset rejected: not sealed", "error", err)
 		return false
+	case errors.Is(err, ErrTooLarge), errors.Is(err, ErrPlanMismatch), errors.Is(err, ErrCorrupt):
+		// A cell or campaign record the server can never store, a campaign id whose record froze
+		// another plan, a campaign record whose first revision is not a frozen plan: no retry changes it.
+		s.outcome(h.runID, rep, err)
+		m.Reject(fmt.Errorf("%w: %v", ErrNotSealable, err))
+		log.Error("run can never be sealed", "error", err)
+		return false
 	case errors.Is(err, ErrConflict), errors.Is(err, ErrPartial), errors.Is(err, ErrIncomplete):
 		s.reportRefusals(ctx, err)
 		log.Warn("run not fully sealed", "error", err)
@@ -414,9 +438,24 @@ func (s *sealStage) outcome(runID string, rep *Report, err error) {
 	}
 }
 
+// protect adds the protection FPM_DATASETS lacks (Protect), and reports a bucket it could not protect
+// (the credential may not change the stream): an error log naming what is missing and the gauge
+// fpmbus_seal_bucket_unprotected. Sealing goes on: what the bucket lacks lets a credential remove
+// revisions, not a seal be won twice.
+func (s *sealStage) protect(ctx context.Context) {
+	_, err := Protect(ctx, s.js, s.log)
+	if err != nil {
+		s.metrics.unprotected.Set(1)
+		s.log.Error("FPM_DATASETS is not protected: a credential that may write it can purge or expire sealed history", "error", err)
+		return
+	}
+	s.metrics.unprotected.Set(0)
+}
+
 // audit re-reads the recorded seals (Audit) and reports each cell FPM_DATASETS has lost or holds
-// under another run: an error log, the gauges, and a dataset event on FPM_EVENTS. A failed audit is
-// logged; sealing goes on (PublishDataset guards each seal against the records itself).
+// under another run, and each revision no fpmbus writer stores (tampering): an error log, the gauges,
+// and a dataset event on FPM_EVENTS. A failed audit is logged; sealing goes on (PublishDataset guards
+// each seal against the records itself).
 func (s *sealStage) audit(ctx context.Context) {
 	rep, err := s.sealer.Audit(ctx)
 	if err != nil {
@@ -425,6 +464,20 @@ func (s *sealStage) audit(ctx context.Context) {
 	}
 	s.metrics.missing.Set(float64(rep.Missing()))
 	s.metrics.replaced.Set(float64(len(rep.Findings) - rep.Missing()))
+	s.metrics.tamperedCells.Set(float64(rep.TamperedKeys(schemas.CellKeyPrefix)))
+	s.metrics.tamperedCampaigns.Set(float64(rep.TamperedKeys(schemas.CampaignKeyPrefix)))
+	for _, t := range rep.Tampered {
+		typ := streams.DatasetCellTampered
+		if strings.HasPrefix(t.Key, schemas.CampaignKeyPrefix) {
+			typ = streams.DatasetCampaignTampered
+		}
+		s.log.Error("FPM_DATASETS holds a revision no fpmbus writer stores (tampering); readers ignore it",
+			"key", t.Key, "revision", t.Revision, "op", t.Op, "campaign", t.CampaignID, "reason", t.Reason)
+		s.publishEvent(ctx, &streams.DatasetEvent{Schema: streams.DatasetEventSchema, Type: typ,
+			ID: streams.DatasetTamperMsgID(typ, t.Key, t.Revision), Cell: t.Key, CampaignID: t.CampaignID,
+			TamperedRevision: t.Revision, TamperedOp: t.Op, DetectedBy: s.who, DetectedAtMs: s.now().UnixMilli(),
+			Summary: fmt.Sprintf("%s revision %d (%s): %s", t.Key, t.Revision, t.Op, t.Reason)})
+	}
 	for _, key := range rep.CorruptCampaigns {
 		s.log.Error("campaign record does not decode: the seals it names cannot be checked", "key", key)
 	}
@@ -447,7 +500,8 @@ func (s *sealStage) audit(ctx context.Context) {
 		ev.ID = streams.DatasetEventMsgID(ev.Type, f.Cell, f.CampaignID, f.RunID, "")
 		s.publishEvent(ctx, ev)
 	}
-	s.log.Info("recorded seals audited", "checked", rep.Checked, "missing", rep.Missing(), "replaced", len(rep.Findings)-rep.Missing())
+	s.log.Info("recorded seals audited", "checked", rep.Checked, "missing", rep.Missing(), "replaced", len(rep.Findings)-rep.Missing(),
+		"tampered_revisions", len(rep.Tampered))
 }
 
 // reportRefusals reports each seal PublishDataset refused because its cell is missing while a

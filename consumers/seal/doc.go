@@ -4,9 +4,11 @@
 //
 // # Keys and values
 //
-//	cell.<sha256 of the canonical cell identity>   schemas.SealedCell, written once with Create, never changed
+//	cell.<sha256 of the canonical cell identity>   schemas.SealedCell, written once on a key that never had a
+//	                                              revision; the sealed value is the key's first revision
 //	campaign.<id>                                 schemas.Campaign (the frozen plan and each cell's state),
-//	                                              written with Create, then only with Update on the revision read
+//	                                              frozen the same way, then only with Update on the key's
+//	                                              last revision; read as its legitimate revisions
 //
 // The identity (schemas.CellIdentity) is the exact model, hardware, backend and version, quantization,
 // KV dtype, parallelism, backend selections, collection-profile name and version, schema version and a
@@ -17,7 +19,9 @@
 //
 // # First writer wins, without a lock
 //
-// Sealer.Seal issues kv.Create. It wins or loses atomically on the stream's last-subject-sequence check.
+// Sealer.Seal writes with "expected last subject sequence 0" (kv.Update at revision 0, not kv.Create,
+// which would also write over a delete marker). It wins or loses atomically on the stream's
+// last-subject-sequence check.
 // A loss (errors.Is(err, jetstream.ErrKeyExists)) reads the value: the same attempt (run id and dataset
 // digest) is an idempotent success (AlreadySealed), anything else a *ConflictError naming both the sealed
 // and the refused attempt; the sealed value is never touched. Any other error (timeout, leader change,
@@ -25,6 +29,19 @@
 // the value says whether the lost-ack Create was ours (Sealed, Settled) or someone else's; if the key is
 // absent the Create is retried. The campaign record is changed only by UpdateCampaign: read, apply,
 // Update(expected revision), re-read and re-apply on a revision conflict.
+//
+// # Sealed history that nothing rewrites
+//
+// The bucket is protected (streams.DatasetsBucket: no message delete, no purge, no rollup, discard
+// new per key; created so, or protected at start and by `fpmbus streams apply`, keeping what it
+// holds), so every revision stays. A credential that may write the bucket, the sealer's own included,
+// can still store an overwrite or a delete marker as a later revision: every reader (this package's
+// Get, Read, List, the sealer itself, predict's catalog, `fpmbus datasets`) takes a cell's first
+// revision as its sealed value and a campaign record as the revisions that legitimately follow its
+// frozen plan (schemas.NextCampaign), and the audit at start reports every other revision (revisions.go,
+// lost.go: a cell_tampered or campaign_tampered event, gauges fpmbus_seal_tampered_cells and
+// fpmbus_seal_tampered_campaigns, an error log). Only the removal of the whole bucket loses sealed
+// cells.
 //
 // # Sealed cells that vanish
 //
@@ -38,7 +55,8 @@
 // different run's seal of a cell a record names while the bucket has lost it (*ConflictError with
 // Missing, errors.Is ErrSealMissing, naming both runs; the consumer adds a seal_refused event and
 // fpmbus_seal_missing_cell_refusals_total). The run and dataset the record names may seal it again,
-// which restores it.
+// which restores it; no other run ever can while the record stands, and the record's seals cannot be
+// rewritten.
 //
 // # Publication
 //

@@ -2,7 +2,6 @@ package seal
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -30,9 +29,8 @@ import (
 //   - PublishDataset reads the records before it seals and refuses a cell a record names sealed by
 //     another run (or dataset) while the bucket does not hold it: a *ConflictError with Missing set,
 //     naming the recorded seal and the refused attempt (errors.Is ErrConflict and ErrSealMissing).
-//     The same run and dataset may seal it again, which restores it. The refusal stands as long as
-//     the record names the old seal; an operator who decides the old seal is gone for good changes
-//     the record (campaign cell state) first.
+//     The same run and dataset may seal it again, which restores it. The refusal stands for good: a
+//     campaign revision that drops a seal is tampering, ignored by every reader (revisions.go).
 
 // ErrSealMissing: a campaign record names the cell sealed, and FPM_DATASETS does not hold it.
 var ErrSealMissing = errors.New("seal: sealed cell missing from FPM_DATASETS")
@@ -45,17 +43,29 @@ type RecordedSeal struct {
 	DatasetDigest string `json:"dataset_digest"`
 }
 
-// RecordedSeals reads every campaign record and returns, per cell key, the seals they name, and the
-// keys of the records that do not decode (they name nothing the sealer can use).
+// RecordedSeals reads every campaign record (its history folded: revisions.go) and returns, per cell
+// key, the seals they name, and the keys of the records whose first revision is not a frozen plan
+// (they name nothing the sealer can use).
 func (s *Sealer) RecordedSeals(ctx context.Context) (map[string][]RecordedSeal, []string, error) {
+	out, corrupt, _, err := s.recordedSeals(ctx)
+	return out, corrupt, err
+}
+
+// recordedSeals is RecordedSeals and the campaign revisions its fold skipped as tampering.
+func (s *Sealer) recordedSeals(ctx context.Context) (map[string][]RecordedSeal, []string, []Tampered, error) {
 	out := map[string][]RecordedSeal{}
 	var corrupt []string
-	err := s.campaigns(ctx, func(key string, value []byte) {
-		var c schemas.Campaign
-		if err := json.Unmarshal(value, &c); err != nil {
+	var tampered []Tampered
+	err := s.campaigns(ctx, func(key string, revs []Revision) {
+		c, _, skipped, err := campaignOf(key, revs)
+		if err != nil {
 			corrupt = append(corrupt, key)
 			return
 		}
+		for i := range skipped {
+			skipped[i].CampaignID = c.CampaignID
+		}
+		tampered = append(tampered, skipped...)
 		for _, cc := range c.Cells {
 			if cc.State == schemas.CellSealed {
 				out[cc.Key] = append(out[cc.Key], RecordedSeal{Cell: cc.Key, CampaignID: c.CampaignID, RunID: cc.RunID, DatasetDigest: cc.DatasetDigest})
@@ -63,9 +73,9 @@ func (s *Sealer) RecordedSeals(ctx context.Context) (map[string][]RecordedSeal, 
 		}
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("seal: read campaign records: %w", err)
+		return nil, nil, nil, fmt.Errorf("seal: read campaign records: %w", err)
 	}
-	return out, corrupt, nil
+	return out, corrupt, tampered, nil
 }
 
 // Reads that conclude "lost" from an absence go to the bucket stream's leader when the sealer has a
@@ -74,89 +84,82 @@ func (s *Sealer) RecordedSeals(ctx context.Context) (map[string][]RecordedSeal, 
 // (streams.LastMsgFromLeader). Without one (a Sealer made from the bucket alone) they go through the
 // bucket.
 
-// campaigns passes every campaign record's key and value to f.
-func (s *Sealer) campaigns(ctx context.Context, f func(key string, value []byte)) error {
-	if s.js == nil {
-		w, err := s.kv.WatchFiltered(ctx, []string{schemas.CampaignKeyPrefix + ">"}, jetstream.IgnoreDeletes())
+// campaigns passes every campaign record's key and revisions to f, in key order.
+func (s *Sealer) campaigns(ctx context.Context, f func(key string, revs []Revision)) error {
+	counts, err := s.revisionCounts(ctx, schemas.CampaignKeyPrefix)
+	if err != nil {
+		return err
+	}
+	h := s.history()
+	for _, key := range sortedKeys(counts) {
+		revs, err := h.all(ctx, key)
 		if err != nil {
 			return err
+		}
+		f(key, revs)
+	}
+	return nil
+}
+
+// revisionCounts returns, for every key under prefix that has a revision, how many it has: from the
+// bucket stream's leader (the stream's per-subject counts), or through the bucket.
+func (s *Sealer) revisionCounts(ctx context.Context, prefix string) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	if s.js == nil {
+		w, err := s.kv.WatchFiltered(ctx, []string{prefix + ">"}, jetstream.IncludeHistory())
+		if err != nil {
+			return nil, err
 		}
 		defer func() { _ = w.Stop() }()
 		for {
 			select {
 			case e := <-w.Updates():
 				if e == nil {
-					return nil
+					return out, nil
 				}
-				f(e.Key(), e.Value())
+				out[e.Key()]++
 			case <-ctx.Done():
-				return ctx.Err()
+				return nil, ctx.Err()
 			}
 		}
 	}
-	prefix := "$KV." + s.kv.Bucket() + "."
+	subjPrefix := "$KV." + s.kv.Bucket() + "."
 	var info *jetstream.StreamInfo
 	err := s.untilAvailable(ctx, func(ctx context.Context) error {
 		st, err := s.js.Stream(ctx, "KV_"+s.kv.Bucket())
 		if err == nil {
-			info, err = st.Info(ctx, jetstream.WithSubjectFilter(prefix+schemas.CampaignKeyPrefix+">"))
+			info, err = st.Info(ctx, jetstream.WithSubjectFilter(subjPrefix+prefix+">"))
 		}
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	subjects := make([]string, 0, len(info.State.Subjects))
-	for subj := range info.State.Subjects {
-		subjects = append(subjects, subj)
+	for subj, n := range info.State.Subjects {
+		out[strings.TrimPrefix(subj, subjPrefix)] = n
 	}
-	sort.Strings(subjects)
-	for _, subj := range subjects {
-		value, found, err := s.readLeader(ctx, subj)
-		if err != nil {
-			return err
-		}
-		if found {
-			f(strings.TrimPrefix(subj, prefix), value)
-		}
-	}
-	return nil
+	return out, nil
 }
 
-// readValue reads key's value; found is false when the bucket holds none (or a delete marker).
-func (s *Sealer) readValue(ctx context.Context, key string) (value []byte, found bool, err error) {
-	if s.js != nil {
-		return s.readLeader(ctx, "$KV."+s.kv.Bucket()+"."+key)
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
+	sort.Strings(keys)
+	return keys
+}
+
+// readValue reads key's sealed value, its first revision; found is false when the key never had one.
+// A first revision that is a delete marker is returned as found, empty (it decodes as nothing).
+func (s *Sealer) readValue(ctx context.Context, key string) (value []byte, found bool, err error) {
 	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	e, err := s.kv.Get(octx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, false, nil
-	}
-	if err != nil {
+	r, err := s.history().first(octx, key)
+	if err != nil || r == nil {
 		return nil, false, err
 	}
-	return e.Value(), true, nil
-}
-
-// readLeader reads the newest value on a KV subject from the bucket stream's leader.
-func (s *Sealer) readLeader(ctx context.Context, subject string) ([]byte, bool, error) {
-	var m *jetstream.RawStreamMsg
-	err := s.untilAvailable(ctx, func(ctx context.Context) (err error) {
-		m, err = streams.LastMsgFromLeader(ctx, s.js, "KV_"+s.kv.Bucket(), subject)
-		return err
-	})
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
-		return nil, false, nil
-	}
-	return m.Data, true, nil
+	return r.Value, true, nil
 }
 
 // untilAvailable runs f, each call within the sealer's operation timeout, again while the cluster
@@ -193,8 +196,24 @@ type AuditReport struct {
 	// Checked counts the recorded seals checked (one per campaign naming a cell).
 	Checked  int
 	Findings []AuditFinding
-	// CorruptCampaigns are the campaign records that do not decode: the seals they name are unknown.
+	// CorruptCampaigns are the campaign records whose first revision is not a frozen plan: the seals
+	// they name are unknown.
 	CorruptCampaigns []string
+	// Tampered are the revisions stored after a cell's sealed value and the campaign revisions that do
+	// not follow their record, in key and revision order.
+	Tampered []Tampered
+}
+
+// TamperedKeys counts the distinct keys of r.Tampered with prefix (schemas.CellKeyPrefix or
+// schemas.CampaignKeyPrefix).
+func (r *AuditReport) TamperedKeys(prefix string) int {
+	seen := map[string]bool{}
+	for _, t := range r.Tampered {
+		if strings.HasPrefix(t.Key, prefix) {
+			seen[t.Key] = true
+		}
+	}
+	return len(seen)
 }
 
 // Missing counts the findings whose cell is missing.
@@ -208,30 +227,55 @@ func (r *AuditReport) Missing() int {
 	return n
 }
 
-// Audit checks every seal the campaign records name against the bucket.
+// Audit checks every seal the campaign records name against the bucket (the cell's first revision),
+// and reports every revision no fpmbus writer stores: one after a cell's sealed value, a campaign
+// revision that does not follow its record.
 func (s *Sealer) Audit(ctx context.Context) (*AuditReport, error) {
-	recorded, corrupt, err := s.RecordedSeals(ctx)
+	recorded, corrupt, tampered, err := s.recordedSeals(ctx)
 	if err != nil {
 		return nil, err
 	}
-	keys := make([]string, 0, len(recorded))
-	for k := range recorded {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := sortedKeys(recorded)
 	rep := &AuditReport{CorruptCampaigns: corrupt}
+	cells, err := s.revisionCounts(ctx, schemas.CellKeyPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("seal: audit: %w", err)
+	}
+	h := s.history()
+	for _, key := range sortedKeys(cells) {
+		if cells[key] < 2 {
+			continue
+		}
+		revs, err := h.all(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("seal: audit %s: %w", key, err)
+		}
+		campaign := ""
+		if len(revs) > 0 {
+			if v, err := sealedValue(key, &revs[0]); err == nil {
+				campaign = v.CampaignID
+			}
+		}
+		for _, r := range revs[min(1, len(revs)):] {
+			rep.Tampered = append(rep.Tampered, Tampered{Key: key, CampaignID: campaign, Revision: r.Revision, Op: r.OpName(),
+				Reason: fmt.Sprintf("a %s stored after the sealed value (revision %d); the sealed value stands", r.OpName(), revs[0].Revision)})
+		}
+	}
+	rep.Tampered = append(rep.Tampered, tampered...)
 	for _, key := range keys {
-		value, found, err := s.readValue(ctx, key)
+		r, err := h.first(ctx, key)
 		var v schemas.SealedCell
 		reason := ""
 		switch {
 		case err != nil:
 			return nil, fmt.Errorf("seal: audit %s: %w", key, err)
-		case !found:
+		case r == nil:
 			reason = "no value in " + s.kv.Bucket()
 		default:
-			if err := json.Unmarshal(value, &v); err != nil {
-				reason = "the value does not decode: " + err.Error()
+			if sv, err := sealedValue(key, r); err != nil {
+				reason = err.Error()
+			} else {
+				v = *sv
 			}
 		}
 		for _, rs := range recorded[key] {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -20,17 +21,35 @@ import (
 
 // loseKey removes key's value from the bucket's stream behind the sealer's back, leaving no delete
 // marker: what a power cut before the server's fsync, or a damaged block, does to it.
+// loseKey makes the server lose key as a damaged block file or a power cut before the fsync would:
+// FPM_DATASETS is rebuilt with every other message it held, in order (a protected bucket denies the
+// deletes and purges that could remove it otherwise).
 func loseKey(t testing.TB, js jetstream.JetStream, kv jetstream.KeyValue, key string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	lost := "$KV." + streams.BucketDatasets + "." + key
+	var keep []*nats.Msg
+	for _, m := range streamstest.Messages(t, js, "KV_"+streams.BucketDatasets, ">") {
+		if m.Subject() != lost {
+			keep = append(keep, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+		}
+	}
 	s, err := js.Stream(ctx, "KV_"+streams.BucketDatasets)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A KV stream denies single-message deletes; a purge of the key's subject removes its values too.
-	if err := s.Purge(ctx, jetstream.WithPurgeSubject("$KV."+streams.BucketDatasets+"."+key)); err != nil {
+	cfg := s.CachedInfo().Config
+	if err := js.DeleteStream(ctx, cfg.Name); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range keep {
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := kv.Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("%s still readable after the loss: %v", key, err)

@@ -14,6 +14,9 @@ type metrics struct {
 	replaced prometheus.Gauge
 	// refusals counts seals refused because a campaign record names the missing cell sealed by another run.
 	refusals prometheus.Counter
+	// tamperedCells and tamperedCampaigns count the keys the last audit found revisions of that no
+	// fpmbus writer stores; unprotected is 1 while FPM_DATASETS lacks its protection.
+	tamperedCells, tamperedCampaigns, unprotected prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -30,12 +33,24 @@ func newMetrics() *metrics {
 			Name: "fpmbus_seal_missing_cell_refusals_total",
 			Help: "Seals refused because a campaign record names the cell sealed by another run while FPM_DATASETS has lost it.",
 		}),
+		tamperedCells: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fpmbus_seal_tampered_cells",
+			Help: "Sealed cells the sealer's last audit found later revisions of (overwrites, delete markers): ignored by every reader, the first revision stands.",
+		}),
+		tamperedCampaigns: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fpmbus_seal_tampered_campaigns",
+			Help: "Campaign records the sealer's last audit found revisions of that do not follow the record (ignored by every reader).",
+		}),
+		unprotected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fpmbus_seal_bucket_unprotected",
+			Help: "1 while FPM_DATASETS lacks its protection (deny delete and purge, no rollups, discard new per key) and the sealer could not add it: run `fpmbus streams apply` as the operator.",
+		}),
 	}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
 	var errs []error
-	for _, c := range []prometheus.Collector{m.missing, m.replaced, m.refusals} {
+	for _, c := range []prometheus.Collector{m.missing, m.replaced, m.refusals, m.tamperedCells, m.tamperedCampaigns, m.unprotected} {
 		if err := r.Register(c); err != nil {
 			errs = append(errs, err)
 		}

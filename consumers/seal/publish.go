@@ -179,7 +179,7 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	}
 	rejected := errs.ByCell()
 
-	if _, err := FreezePlan(ctx, s.kv, plan); err != nil {
+	if _, err := freezePlan(ctx, s.history(), plan); err != nil {
 		return rep, err
 	}
 	// What the campaign records say is sealed: a cell they name sealed by another run is not taken
@@ -287,7 +287,7 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 		}
 		record[key] = cc
 	}
-	camp, err := RecordCells(ctx, s.kv, plan.CampaignID, record)
+	camp, err := recordCells(ctx, s.history(), plan.CampaignID, record)
 	if err != nil {
 		return rep, err
 	}

@@ -3,6 +3,7 @@ package seal
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -251,9 +252,10 @@ type lostAckKV struct {
 	lost int
 }
 
-func (k *lostAckKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
-	rev, err := k.KeyValue.Create(ctx, key, value, opts...)
-	if err == nil && k.lost > 0 {
+// Update loses the ack of a seal (an update at revision 0, revisions.go).
+func (k *lostAckKV) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	rev, err := k.KeyValue.Update(ctx, key, value, revision)
+	if err == nil && revision == 0 && k.lost > 0 {
 		k.lost--
 		return 0, context.DeadlineExceeded
 	}
@@ -274,5 +276,22 @@ func TestUnknownOutcomeSettledByReadBack(t *testing.T) {
 	c2 := testCell(1, "run-B", 3, 4)
 	if _, err := s2.Seal(context.Background(), &c2, ""); !errors.Is(err, ErrConflict) {
 		t.Fatalf("want conflict, got %v", err)
+	}
+}
+
+// A cell larger than the server's max_payload can never be stored: the publication ends at once with
+// ErrTooLarge naming the cell and its size (the consumer dead-letters it), not after the retries of an
+// unknown outcome, and nothing is sealed.
+func TestPublishOfACellOverMaxPayloadIsFinal(t *testing.T) {
+	t.Parallel()
+	_, kv := singleNode(t)
+	s, _ := New(kv, WithSource("test"), WithRetries(20, time.Second))
+	ds := testDataset("run-big", testCell(1, "run-big", 1, 100_000))
+	_, err := s.PublishDataset(context.Background(), ds, PublishOptions{})
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), ds.Cells[0].Key) {
+		t.Fatalf("publish of a %d-row cell: %v, want ErrTooLarge naming the cell", len(ds.Cells[0].Rows), err)
+	}
+	if _, _, err := Get(context.Background(), kv, ds.Cells[0].Key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the cell: %v, want not sealed", err)
 	}
 }

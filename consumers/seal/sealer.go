@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/schemas"
@@ -20,6 +22,18 @@ var ErrConflict = errors.New("seal: cell already sealed by a different attempt")
 
 // ErrUnsettled: the outcome of a Create stayed unknown (timeouts, no leader) for every retry.
 var ErrUnsettled = errors.New("seal: outcome unknown after retries")
+
+// ErrTooLarge: a sealed cell or campaign record is larger than the server's max_payload, so the
+// server can never store it (nats.ErrMaxPayload, refused before it is sent). It is final, never retried.
+var ErrTooLarge = errors.New("seal: record larger than the server's max_payload")
+
+// tooLarge wraps err in ErrTooLarge when it is nats.ErrMaxPayload, naming what (a key) and its size.
+func tooLarge(err error, what string, size int) error {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return fmt.Errorf("%w: %s is %d bytes: %w", ErrTooLarge, what, size, err)
+	}
+	return err
+}
 
 // ConflictError names both identities of a refused seal: what is sealed and what was refused.
 type ConflictError struct {
@@ -154,35 +168,24 @@ func WithOpTimeout(d time.Duration) Option {
 	}
 }
 
-// BucketConfig is the FPM_DATASETS definition: sealed cells are never deleted by age; history keeps
-// campaign revisions inspectable (`fpmbus datasets history`).
-func BucketConfig(sc streams.Config) jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{
-		Bucket:      streams.BucketDatasets,
-		Description: "fpmbus sealed FPM dataset cells (first writer wins) and campaign records",
-		History:     64,
-		Storage:     sc.Storage,
-		Replicas:    sc.Replicas,
-	}
-}
-
-// OpenBucket creates FPM_DATASETS idempotently (an existing bucket is used as it is).
+// OpenBucket opens FPM_DATASETS, creating it when it is missing, protected (streams.DatasetsBucket:
+// every revision of every key kept, no delete, purge or rollup) with the replicas and storage of sc.
+// An existing bucket is used as it is: Protect adds what it lacks.
 func OpenBucket(ctx context.Context, js jetstream.JetStream, sc streams.Config) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, streams.BucketDatasets)
-	if err == nil {
-		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+	kv, err := streams.EnsureDatasets(ctx, js, sc)
+	if err != nil {
 		return nil, fmt.Errorf("seal: open bucket: %w", err)
 	}
-	kv, err = js.CreateKeyValue(ctx, BucketConfig(sc))
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		return js.KeyValue(ctx, streams.BucketDatasets)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("seal: create bucket: %w", err)
-	}
 	return kv, nil
+}
+
+// Protect adds to an existing FPM_DATASETS the protection it lacks (streams.ProtectDatasets), as the
+// sealer does at start: every change keeps what the bucket holds. A credential that may not change the
+// stream (the service users of ops/nats/permissions.conf) gets an error wrapping
+// streams.ErrUnprotected within 5 s, naming what is missing; `fpmbus streams apply` as the operator
+// adds it.
+func Protect(ctx context.Context, js jetstream.JetStream, log *slog.Logger) ([]streams.Change, error) {
+	return streams.ProtectDatasets(ctx, js, 5*time.Second, log)
 }
 
 // New returns a Sealer on kv. Options: WithSource, WithJetStream, WithRetries, WithOpTimeout.
@@ -248,12 +251,15 @@ func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, a
 			}
 		}
 		octx, cancel := context.WithTimeout(ctx, s.opTimeout)
-		rev, err := s.kv.Create(octx, c.Key, body)
+		rev, err := s.kv.Update(octx, c.Key, body, 0) // only on a key that never had a revision (revisions.go)
 		cancel()
 		if err == nil {
 			return Outcome{Key: c.Key, Result: Sealed, Revision: rev, Value: &val, Settled: unknown}, nil
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) {
+		if errors.Is(err, nats.ErrMaxPayload) {
+			return Outcome{}, tooLarge(err, "sealed cell "+c.Key, len(body))
+		}
+		if isKeyTaken(err) {
 			out, found, rerr := s.readBack(ctx, c, attemptID)
 			if rerr == nil && found {
 				out.Settled = unknown
@@ -278,17 +284,24 @@ func (s *Sealer) finish(out Outcome, c *schemas.Cell, attemptID string) (Outcome
 	return out, nil
 }
 
-// readBack reads key c.Key; found is false when it does not exist.
+// readBack reads the sealed value of key c.Key (its first revision); found is false when the key
+// never had a revision. A first revision that is no sealed value (tampering) is a Conflict with
+// nobody's attempt: the key can never be sealed.
 func (s *Sealer) readBack(ctx context.Context, c *schemas.Cell, attemptID string) (Outcome, bool, error) {
 	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	v, rev, err := Get(octx, s.kv, c.Key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return Outcome{}, false, nil
-	}
+	r, err := s.history().first(octx, c.Key)
 	if err != nil {
 		return Outcome{}, false, err
 	}
+	if r == nil {
+		return Outcome{}, false, nil
+	}
+	v, err := sealedValue(c.Key, r)
+	if err != nil {
+		v = &schemas.SealedCell{Key: c.Key, Source: err.Error()}
+	}
+	rev := r.Revision
 	out := Outcome{Key: c.Key, Revision: rev, Value: v}
 	switch {
 	case v.AttemptID == attemptID:
@@ -313,21 +326,17 @@ func sleep(ctx context.Context, pause *time.Duration) {
 	}
 }
 
-// Get reads a sealed cell.
+// Get reads a sealed cell: its key's first revision (revisions.go), whatever was written after it, and
+// that revision. jetstream.ErrKeyNotFound when the key never had one; an ErrCorrupt error when the
+// first revision is a delete marker or does not decode.
 func Get(ctx context.Context, kv jetstream.KeyValue, key string) (*schemas.SealedCell, uint64, error) {
-	return getRecord[schemas.SealedCell](ctx, kv, key, "sealed value of "+key)
-}
-
-// getRecord reads the JSON record at key and its revision. A record that does not decode is an error
-// naming it (what); any other error is the bucket's, unwrapped (jetstream.ErrKeyNotFound included).
-func getRecord[T any](ctx context.Context, kv jetstream.KeyValue, key, what string) (*T, uint64, error) {
-	e, err := kv.Get(ctx, key)
+	r, err := bucketHistory(kv).first(ctx, key)
 	if err != nil {
 		return nil, 0, err
 	}
-	var v T
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return nil, 0, fmt.Errorf("seal: %s is corrupt: %w", what, err)
+	if r == nil {
+		return nil, 0, jetstream.ErrKeyNotFound
 	}
-	return &v, e.Revision(), nil
+	v, err := sealedValue(key, r)
+	return v, r.Revision, err
 }

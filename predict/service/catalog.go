@@ -40,16 +40,19 @@ func (c *Catalog) Snapshot() *predict.Snapshot { return c.cur.Load() }
 // Loaded is closed once every entry the bucket held when Run started has been applied.
 func (c *Catalog) Loaded() <-chan struct{} { return c.loaded }
 
-// Run watches kv until ctx ends (then it returns nil) or the watch fails. It applies the bucket's
-// current entries as one snapshot, closes Loaded, then applies each change as it is stored (entries
-// already waiting are applied together).
+// Run watches kv until ctx ends (then it returns nil) or the watch fails. It reads the bucket's whole
+// history (a sealed cell is its key's first revision, predict.Snapshot.Apply), applies it as one
+// snapshot (in steps of loadStep entries, so the history is never held at once), closes Loaded, then
+// applies each change as it is stored (entries already waiting are applied together). A revision it
+// ignores as tampering is logged at Warn.
 func (c *Catalog) Run(ctx context.Context, kv jetstream.KeyValue) error {
-	w, err := kv.WatchAll(ctx)
+	w, err := kv.WatchAll(ctx, jetstream.IncludeHistory())
 	if err != nil {
 		return fmt.Errorf("service: watch %s: %w", kv.Bucket(), err)
 	}
 	defer func() { _ = w.Stop() }()
 	var pending []predict.Update
+	var staged *predict.Snapshot // the history applied so far, before Loaded
 	initial := true
 	for {
 		var e jetstream.KeyValueEntry
@@ -66,13 +69,19 @@ func (c *Catalog) Run(ctx context.Context, kv jetstream.KeyValue) error {
 			return ErrWatchClosed
 		}
 		if e == nil { // the end of the bucket's current entries
+			c.cur.Store(staged)
 			c.apply(pending)
-			pending, initial = nil, false
+			pending, staged, initial = nil, nil, false
 			c.once.Do(func() { close(c.loaded) })
 			continue
 		}
 		pending = append(pending, update(e))
 		if initial {
+			if len(pending) >= loadStep {
+				staged = staged.Apply(pending...)
+				c.logIgnored(staged)
+				pending = nil
+			}
 			continue
 		}
 	drain:
@@ -97,10 +106,21 @@ func update(e jetstream.KeyValueEntry) predict.Update {
 		Deleted: e.Operation() == jetstream.KeyValueDelete || e.Operation() == jetstream.KeyValuePurge}
 }
 
+// loadStep is how many entries of the bucket's history the first load applies at a time.
+const loadStep = 1024
+
+func (c *Catalog) logIgnored(s *predict.Snapshot) {
+	for _, ig := range s.Ignored() {
+		c.log.Warn("FPM_DATASETS revision ignored: no fpmbus writer stores it (tampering); the sealed value stands",
+			"key", ig.Key, "revision", ig.Revision, "reason", ig.Reason)
+	}
+}
+
 func (c *Catalog) apply(us []predict.Update) {
 	old := c.cur.Load()
 	next := old.Apply(us...)
 	c.cur.Store(next)
+	c.logIgnored(next)
 	for _, u := range us {
 		if cell := next.Cell(u.Key); cell != nil && cell.Revision == u.Revision && !cell.Valid() {
 			c.log.Warn("sealed cell fails validation: every query for it is refused", "key", u.Key, "revision", u.Revision, "problems", cell.Problems)

@@ -1,0 +1,145 @@
+package seal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// A credential that may write FPM_DATASETS (the sealer's own) tries to rewrite sealed history: the
+// server refuses a purge of the key (no rollups), a purge of the stream and a message delete; an
+// overwrite and a delete marker are stored as later revisions, which change nothing a reader sees: the
+// sealed cell is its first revision, the campaign record keeps its seal, a re-publication of the run
+// is idempotent and another run's is a conflict. The audit reports each later revision as tampering.
+func TestTamperingCannotDisplaceASealedCell(t *testing.T) {
+	t.Parallel()
+	env, kv := singleNode(t)
+	ctx := context.Background()
+	s, _ := New(kv, WithSource("test"), WithJetStream(env.JS))
+	dsA := testDataset("run-A", testCell(1, "run-A", 1, 4))
+	if _, err := s.PublishDataset(ctx, dsA, PublishOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	key, campaign := dsA.Cells[0].Key, CampaignKey(CampaignIDFor(dsA))
+	sealed, rev, err := Get(ctx, kv, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// What the server refuses on the protected bucket.
+	if err := kv.Purge(ctx, key); err == nil {
+		t.Fatal("kv purge of a sealed cell was stored")
+	}
+	st, err := env.JS.Stream(ctx, streams.DatasetsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject("$KV."+streams.BucketDatasets+"."+key)); err == nil {
+		t.Fatal("a stream purge of the cell's subject succeeded")
+	}
+	if err := st.DeleteMsg(ctx, rev); err == nil {
+		t.Fatal("deleting the sealed revision succeeded")
+	}
+	// What it stores as later revisions: an overwrite, a delete marker; a rewritten campaign record.
+	forged := *sealed
+	forged.Provenance.RunID = "run-forged"
+	body, _ := json.Marshal(forged)
+	if _, err := kv.Put(ctx, key, body); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := GetCampaign(ctx, kv, CampaignIDFor(dsA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Cells[0].RunID = "run-forged"
+	cbody, _ := json.Marshal(c)
+	if _, err := kv.Put(ctx, campaign, cbody); err != nil {
+		t.Fatal(err)
+	}
+
+	for name, sl := range map[string]*Sealer{"through the bucket": mustSealer(t, kv), "from the leader": s} {
+		got, grev, err := Get(ctx, kv, key)
+		if name == "from the leader" {
+			var r *Revision
+			r, err = sl.history().first(ctx, key)
+			if err == nil {
+				got, err = sealedValue(key, r)
+				grev = r.Revision
+			}
+		}
+		if err != nil || grev != rev || got.Provenance.RunID != "run-A" || got.AttemptID != sealed.AttemptID {
+			t.Fatalf("%s: the sealed cell reads as %+v revision %d (%v), want run-A at %d", name, got, grev, err, rev)
+		}
+		rc, _, err := getCampaign(ctx, sl.history(), CampaignIDFor(dsA))
+		if err != nil || rc.Cells[0].State != schemas.CellSealed || rc.Cells[0].RunID != "run-A" {
+			t.Fatalf("%s: the campaign record reads as %+v (%v)", name, rc, err)
+		}
+		rep, err := sl.Audit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Findings) != 0 || rep.TamperedKeys(schemas.CellKeyPrefix) != 1 || rep.TamperedKeys(schemas.CampaignKeyPrefix) != 1 || len(rep.Tampered) != 3 {
+			t.Fatalf("%s: audit %+v, want no finding and three tampered revisions of one cell and one campaign", name, rep)
+		}
+		if rep.Tampered[0].Key != key || rep.Tampered[0].Op != "PUT" || rep.Tampered[1].Op != "DEL" || rep.Tampered[2].Key != campaign {
+			t.Fatalf("%s: tampered %+v", name, rep.Tampered)
+		}
+	}
+
+	// Sealing goes on: the same run is idempotent, another run is a conflict naming run-A.
+	if rep, err := s.PublishDataset(ctx, testDataset("run-A", testCell(1, "run-A", 1, 4)), PublishOptions{}); err != nil || rep.Cells[0].State != AlreadySealed.String() {
+		t.Fatalf("re-publication of run-A: %+v %v", rep, err)
+	}
+	var ce *ConflictError
+	if _, err := s.PublishDataset(ctx, testDataset("run-B", testCell(1, "run-B", 2, 4)), PublishOptions{}); !errors.As(err, &ce) || ce.Sealed.RunID != "run-A" {
+		t.Fatalf("run-B: %v, want a conflict with run-A", err)
+	}
+}
+
+func mustSealer(t *testing.T, kv jetstream.KeyValue) *Sealer {
+	t.Helper()
+	s, err := New(kv, WithSource("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// At start, a sealer whose credential may update the stream protects an earlier deployment's bucket
+// (rollups allowed, 64 revisions a key), keeping what it holds, and reports it protected (gauge 0).
+func TestConsumerProtectsAnEarlierBucketAtStart(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	old, err := env.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: streams.BucketDatasets, History: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Create(ctx, "cell.earlier", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	startSealer(t, env, ConsumerConfig{}, WithRegisterer(reg))
+	s, err := env.JS.Stream(ctx, streams.DatasetsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil || !streams.ProtectedDatasets(info.Config) || info.State.Msgs != 1 {
+		t.Fatalf("after the sealer started: %+v, %d messages (%v)", info.Config, info.State.Msgs, err)
+	}
+	if v := gaugeValue(t, reg, "fpmbus_seal_bucket_unprotected"); v != 0 {
+		t.Fatalf("fpmbus_seal_bucket_unprotected %v", v)
+	}
+}

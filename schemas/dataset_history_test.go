@@ -1,0 +1,101 @@
+package schemas
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+// A campaign record's history folds to what its legitimate revisions make it: a frozen plan first,
+// then revisions that keep the plan, the cells and every seal; anything else (a delete marker, a value
+// that does not decode, a rewritten or dropped seal, another plan, a state its cells do not give) is
+// skipped with ErrTampered and the record stays as it was.
+func TestNextCampaignFollowsOnlyLegitimateRevisions(t *testing.T) {
+	t.Parallel()
+	frozen := &Campaign{SchemaVersion: DatasetSchemaVersion, CampaignID: "c1", PlanDigest: "p1", State: CampaignOpen,
+		Cells: []CampaignCell{{Key: "cell.a", State: CellPending}, {Key: "cell.b", State: CellPending}}}
+	sealedA := *frozen
+	sealedA.Cells = []CampaignCell{{Key: "cell.a", State: CellSealed, RunID: "r1", DatasetDigest: "d1"}, {Key: "cell.b", State: CellMissing}}
+	sealedA.State = CampaignPartial
+	enc := func(c Campaign) []byte { b, _ := json.Marshal(c); return b }
+	with := func(f func(c *Campaign)) []byte {
+		c := sealedA
+		c.Cells = append([]CampaignCell(nil), sealedA.Cells...)
+		f(&c)
+		return enc(c)
+	}
+
+	cur, err := NextCampaign(nil, enc(*frozen), false)
+	if err != nil || cur.PlanDigest != "p1" {
+		t.Fatalf("the frozen plan as first revision: %v", err)
+	}
+	if cur, err = NextCampaign(cur, enc(sealedA), false); err != nil || cur.Cells[0].State != CellSealed {
+		t.Fatalf("a seal recorded: %v", err)
+	}
+	both := with(func(c *Campaign) {
+		c.Cells[1] = CampaignCell{Key: "cell.b", State: CellSealed, RunID: "r2", DatasetDigest: "d2"}
+		c.State = CampaignComplete
+	})
+	if next, err := NextCampaign(cur, both, false); err != nil || next.State != CampaignComplete {
+		t.Fatalf("the second cell sealed later: %v", err)
+	}
+
+	for name, tc := range map[string]struct {
+		value   []byte
+		deleted bool
+	}{
+		"a delete marker":              {nil, true},
+		"not JSON":                     {[]byte("forged"), false},
+		"a seal given to another run":  {with(func(c *Campaign) { c.Cells[0].RunID = "evil" }), false},
+		"a seal undone":                {with(func(c *Campaign) { c.Cells[0] = CampaignCell{Key: "cell.a", State: CellMissing} }), false},
+		"another plan":                 {with(func(c *Campaign) { c.PlanDigest = "p2" }), false},
+		"another campaign":             {with(func(c *Campaign) { c.CampaignID = "c2" }), false},
+		"a cell dropped":               {with(func(c *Campaign) { c.Cells = c.Cells[:1] }), false},
+		"cells reordered":              {with(func(c *Campaign) { c.Cells[0], c.Cells[1] = c.Cells[1], c.Cells[0] }), false},
+		"complete with a cell missing": {with(func(c *Campaign) { c.State = CampaignComplete }), false},
+	} {
+		next, err := NextCampaign(cur, tc.value, tc.deleted)
+		if !errors.Is(err, ErrTampered) || next != cur {
+			t.Errorf("%s: %v (record changed: %v), want ErrTampered and the record unchanged", name, err, next != cur)
+		}
+	}
+
+	// A first revision that is not a frozen plan leaves the record without a legitimate start.
+	if next, err := NextCampaign(nil, enc(sealedA), false); !errors.Is(err, ErrTampered) || next != nil {
+		t.Fatalf("a first revision with a sealed cell: %v", err)
+	}
+}
+
+// FuzzNextCampaign feeds arbitrary revisions of a campaign record to NextCampaign. It must never
+// panic; a revision it refuses leaves the record as it was (with ErrTampered); one it takes keeps the
+// frozen plan and every seal of the record so far.
+func FuzzNextCampaign(f *testing.F) {
+	frozen, _ := json.Marshal(Campaign{SchemaVersion: DatasetSchemaVersion, CampaignID: "c1", PlanDigest: "p1", State: CampaignOpen,
+		Cells: []CampaignCell{{Key: "cell.a", State: CellPending}}})
+	sealed, _ := json.Marshal(Campaign{SchemaVersion: DatasetSchemaVersion, CampaignID: "c1", PlanDigest: "p1", State: CampaignComplete,
+		Cells: []CampaignCell{{Key: "cell.a", State: CellSealed, RunID: "r", DatasetDigest: "d"}}})
+	for _, seed := range [][]byte{frozen, sealed, []byte(`{`), []byte(`null`), []byte(`{"cells":[{}]}`)} {
+		f.Add(seed, false)
+	}
+	f.Add([]byte(nil), true)
+	f.Fuzz(func(t *testing.T, value []byte, deleted bool) {
+		first, _ := NextCampaign(nil, frozen, false)
+		cur, err := NextCampaign(first, sealed, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next, err := NextCampaign(cur, value, deleted)
+		if err != nil {
+			if !errors.Is(err, ErrTampered) || next != cur {
+				t.Fatalf("a refused revision: %v, record changed %v", err, next != cur)
+			}
+			return
+		}
+		if next.PlanDigest != "p1" || len(next.Cells) != 1 || next.Cells[0].State != CellSealed || next.Cells[0].RunID != "r" {
+			t.Fatalf("a taken revision lost the plan or a seal: %+v", next)
+		}
+		if _, err := NextCampaign(nil, value, deleted); err == nil && deleted {
+			t.Fatal("a delete marker taken as a first revision")
+		}
+	})
+}
