@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,7 +61,7 @@ func (l *benchStringList) String() string     { return strings.Join(*l, ",") }
 func (l *benchStringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func runBenchMerge(args []string, stdout io.Writer) error {
-	fs := newFlagSet("bench merge", "bench merge [--bench-output PATH] [--probe FILE]... [--partial-ranks] RANK_FILE...")
+	fs := newFlagSet("bench merge", "bench merge [--bench-output PATH] [--probe FILE]... [--partial-ranks] [--progress MODE] RANK_FILE...")
 	output := fs.String("bench-output", envOr("FPMBUS_BENCH_OUTPUT", ""),
 		"merged artefact path ("+merge.RunIDPlaceholder+" is replaced by the run id); default: Dynamo's <stem>_merged<ext> of the rank-0 file, <stem>_dp<first rank>_merged<ext> when the files start above rank 0 (env FPMBUS_BENCH_OUTPUT)")
 	var probes benchStringList
@@ -68,6 +69,7 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 	partial := fs.Bool("partial-ranks", false, "merge a subset of the run's ranks as Dynamo's node-local merge does (missing ranks get unavailable warmup evidence)")
 	parallel := fs.Int("parallel", 0, "rank artefacts read at once (each costs its size in memory); 0: min(CPUs, 4)")
 	maxSize := maxArtefactFlag(fs)
+	progress := progressFlag(fs)
 	files, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
@@ -75,10 +77,23 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 	if len(files) == 0 {
 		return fmt.Errorf("%w: bench merge needs the run's rank artefacts", errUsage)
 	}
+	show, err := progressMode(*progress, os.Stderr)
+	if err != nil {
+		return err
+	}
 	if err := checkMaxArtefact(*maxSize); err != nil {
 		return err
 	}
 	ranks := make([]merge.RankFile, len(files))
+	// What is read shows as the merge goes: the rank artefacts, each counted once however often it is
+	// loaded (the merge loads several at once, --parallel).
+	meter := newProgressMeter(show, progressOut, "bench merge: reading ranks", "bytes")
+	var (
+		readMu    sync.Mutex
+		readBytes uint64
+		totalSize uint64
+		loaded    = make([]bool, len(files))
+	)
 	// Dynamo names the merged artefact after the configured output path (rank 0's file) and the first
 	// rank merged: a node-local merge of ranks 4..7 writes <stem>_dp4_merged<ext>.
 	base, dpStart := "", -1
@@ -91,8 +106,18 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		path := f
-		ranks[i] = merge.RankFile{Rank: merge.RankFromPath(f), Path: abs, Size: size, Load: func() ([]byte, error) { return os.ReadFile(path) }}
+		path, i := f, i
+		totalSize += uint64(size)
+		ranks[i] = merge.RankFile{Rank: merge.RankFromPath(f), Path: abs, Size: size, Load: func() ([]byte, error) {
+			data, err := os.ReadFile(path)
+			readMu.Lock()
+			if err == nil && !loaded[i] {
+				loaded[i], readBytes = true, readBytes+uint64(len(data))
+				meter.update(readBytes, totalSize, "")
+			}
+			readMu.Unlock()
+			return data, err
+		}}
 		if r := max(merge.RankFromPath(f), 0); dpStart < 0 || r < dpStart {
 			base, dpStart = merge.BasePathOf(abs), r
 		}
@@ -126,6 +151,7 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 	}
 	start := time.Now()
 	res, err := merge.Merge(ranks, replies, merge.Options{MergedPath: out, RequireAllRanks: !*partial, Parallelism: *parallel, MaxArtefactSize: *maxSize})
+	meter.finish()
 	if err != nil {
 		return rankError("", err)
 	}

@@ -112,11 +112,16 @@ func readPlan(path string) (*schemas.DatasetPlan, error) {
 }
 
 func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
-	fs, conn, scfg := datasetsFlagSet("publish", "datasets publish [--plan FILE] [--allow-partial] [--json] FILE")
+	fs, conn, scfg := datasetsFlagSet("publish", "datasets publish [--plan FILE] [--allow-partial] [--json] [--progress MODE] FILE")
 	planPath := fs.String("plan", "", "the frozen plan (JSON) the dataset belongs to; default: a plan of exactly the file's cells")
 	allowPartial := fs.Bool("allow-partial", false, "seal the cells that pass even when others are rejected or missing; exits 3 while the campaign is incomplete")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	progress := progressFlag(fs)
 	pos, err := datasetsParse(fs, args, 1, "one dataset FILE")
+	if err != nil {
+		return err
+	}
+	show, err := progressMode(*progress, os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -143,7 +148,10 @@ func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
 	if _, err := seal.Protect(ctx, js, slog.Default()); err != nil {
 		slog.Error("FPM_DATASETS is not protected: a credential that may write it can purge or expire sealed history", "error", err)
 	}
-	rep, perr := s.PublishDataset(ctx, ds, seal.PublishOptions{AllowPartial: *allowPartial, Plan: plan})
+	meter := newProgressMeter(show, progressOut, "datasets publish", "cells")
+	rep, perr := s.PublishDataset(ctx, ds, seal.PublishOptions{AllowPartial: *allowPartial, Plan: plan,
+		Progress: func(done, total int) { meter.update(uint64(done), uint64(total), "") }})
+	meter.finish()
 	if *asJSON {
 		if err := writeJSON(w, rep); err != nil {
 			return err
@@ -229,9 +237,14 @@ func runDatasetsCoverage(ctx context.Context, args []string, w io.Writer) error 
 }
 
 func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
-	fs, conn, scfg := datasetsFlagSet("ls", "datasets ls [--json]")
+	fs, conn, scfg := datasetsFlagSet("ls", "datasets ls [--json] [--progress MODE]")
 	asJSON := fs.Bool("json", false, "print JSON lines, one per key")
+	progress := progressFlag(fs)
 	if _, err := datasetsParse(fs, args, 0, "no arguments besides flags"); err != nil {
+		return err
+	}
+	show, err := progressMode(*progress, os.Stderr)
+	if err != nil {
 		return err
 	}
 	kv, closeConn, err := openKV(ctx, conn, scfg)
@@ -241,7 +254,9 @@ func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
 	defer closeConn()
 	// The whole history, as every reader reads it: a cell is its first revision, a campaign its
 	// legitimate revisions; what else a key holds is counted as ignored (tampering).
-	listing, err := seal.List(ctx, kv)
+	meter := newProgressMeter(show, progressOut, "datasets ls: reading revisions", "revisions")
+	listing, err := seal.ListProgress(ctx, kv, func(read, total uint64) { meter.update(read, total, "") })
+	meter.finish()
 	if err != nil {
 		return err
 	}

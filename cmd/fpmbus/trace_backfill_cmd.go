@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/schollz/progressbar/v3"
-	"golang.org/x/term"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
 )
@@ -37,7 +33,7 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 	startSeq := fs.Uint64("start-seq", 0, "first stream sequence to replay")
 	endSeq := fs.Uint64("end-seq", 0, "last stream sequence to replay")
 	resumeSeq := fs.Uint64("resume-seq", 0, "continue an interrupted backfill of the same range at this stream sequence (the one it printed)")
-	progress := fs.String("progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+	progress := progressFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -68,8 +64,10 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	rep := newProgress(show, os.Stderr)
-	res, err := trace.Backfill(ctx, cfg, js, rng, rep.update, trace.WithLogger(slog.Default()))
+	rep := newProgressMeter(show, progressOut, "backfill", "messages")
+	res, err := trace.Backfill(ctx, cfg, js, rng, func(bp trace.BackfillProgress) {
+		rep.update(bp.Done, bp.Total, fmt.Sprintf("stream sequence %d", bp.Seq))
+	}, trace.WithLogger(slog.Default()))
 	rep.finish()
 	if err != nil && res.Resume == nil {
 		if errors.Is(err, trace.ErrBadRange) || errors.Is(err, trace.ErrInvalidConfig) {
@@ -138,89 +136,4 @@ func parseTime(flagName, v string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%w: %s %q: want RFC 3339 (2026-06-30T12:00:00Z) or Unix milliseconds", errUsage, flagName, v)
 	}
 	return t, nil
-}
-
-type progressKind int
-
-const (
-	progressNone progressKind = iota
-	progressBar
-	progressLines
-)
-
-func progressMode(v string, out *os.File) (progressKind, error) {
-	switch v {
-	case "auto":
-		if term.IsTerminal(int(out.Fd())) {
-			return progressBar, nil
-		}
-		return progressLines, nil
-	case "bar":
-		return progressBar, nil
-	case "lines":
-		return progressLines, nil
-	case "none":
-		return progressNone, nil
-	}
-	return 0, fmt.Errorf("%w: --progress %q: want auto, bar, lines or none", errUsage, v)
-}
-
-// progress shows a backfill's progress: a bar on a terminal, a line every few seconds otherwise.
-type progress struct {
-	kind  progressKind
-	out   io.Writer
-	bar   *progressbar.ProgressBar
-	total uint64
-	last  time.Time
-	done  uint64
-}
-
-// progressLineEvery is how often plain progress lines are printed.
-const progressLineEvery = 2 * time.Second
-
-func newProgress(kind progressKind, out io.Writer) *progress {
-	return &progress{kind: kind, out: out, last: time.Now()}
-}
-
-// update is the Backfill progress callback (called from one goroutine at a time).
-func (p *progress) update(bp trace.BackfillProgress) {
-	p.done = bp.Done
-	switch p.kind {
-	case progressBar:
-		if p.bar == nil || bp.Total != p.total {
-			if p.bar == nil {
-				p.bar = progressbar.NewOptions64(int64(bp.Total),
-					progressbar.OptionSetWriter(p.out),
-					progressbar.OptionSetDescription("backfill"),
-					progressbar.OptionShowCount(),
-					progressbar.OptionShowIts(),
-					progressbar.OptionSetItsString("msg"),
-					progressbar.OptionSetPredictTime(true),
-					progressbar.OptionThrottle(100*time.Millisecond),
-					progressbar.OptionFullWidth())
-			} else {
-				p.bar.ChangeMax64(int64(bp.Total))
-			}
-			p.total = bp.Total
-		}
-		_ = p.bar.Set64(int64(bp.Done))
-	case progressLines:
-		if time.Since(p.last) < progressLineEvery && bp.Done < bp.Total {
-			return
-		}
-		p.last = time.Now()
-		pct := 100.0
-		if bp.Total > 0 {
-			pct = 100 * float64(bp.Done) / float64(bp.Total)
-		}
-		fmt.Fprintf(p.out, "backfill: %d/%d messages (%.0f%%), stream sequence %d\n", bp.Done, bp.Total, pct, bp.Seq)
-		p.total = bp.Total
-	}
-}
-
-func (p *progress) finish() {
-	if p.bar != nil {
-		_ = p.bar.Finish()
-		fmt.Fprintln(p.out)
-	}
 }

@@ -12,12 +12,19 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/trace"
 )
 
+// verifyPhases names what each phase of a verify counts, for its progress display.
+var verifyPhases = map[string]struct{ what, unit string }{
+	"read":   {"verify: reading segments", "bytes"},
+	"stream": {"verify: matching stream FPM", "messages"},
+	"repair": {"verify: repairing", "segments"},
+}
+
 // runTraceVerify is `fpmbus trace verify [--stream | --repair] … OUTPUT`: check every segment of a
 // trace output (gzip, lines, envelope, order), with --stream match its lines to stream FPM, with
 // --repair rewrite damaged segments from the stream. The report is printed in full; the exit status
 // is 1 while damage remains (after --repair: what it could not repair), 0 when none does.
 func runTraceVerify(ctx context.Context, args []string) error {
-	fs := newFlagSet("trace verify", "trace verify [--json] [--include-active] [--stream | --repair [--server URL] [--filter SUBJECT] [--producer-id ID]] OUTPUT\n\n"+
+	fs := newFlagSet("trace verify", "trace verify [--json] [--include-active] [--progress MODE] [--stream | --repair [--server URL] [--filter SUBJECT] [--producer-id ID]] OUTPUT\n\n"+
 		"OUTPUT is the trace writer's output path (--trace-output, DYN_FPM_OUTPUT_PATH).")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	includeActive := fs.Bool("include-active", false, "also check (and repair) each producer's newest segment; only while no trace writer writes the output")
@@ -25,6 +32,7 @@ func runTraceVerify(ctx context.Context, args []string) error {
 	repair := fs.Bool("repair", false, "rewrite damaged segments from stream FPM (implies --stream)")
 	filter := fs.String("filter", trace.DefaultFilterSubject, "the trace writer's --filter")
 	producerID := fs.String("producer-id", "", "the trace writer's --producer-id")
+	progress := progressFlag(fs)
 	conn := readConnFlags(fs, "trace-verify")
 	// Flags may follow OUTPUT too.
 	paths, err := parseInterleaved(fs, args)
@@ -34,7 +42,30 @@ func runTraceVerify(ctx context.Context, args []string) error {
 	if len(paths) != 1 {
 		return fmt.Errorf("%w: name one trace output (the writer's --trace-output), got %d", errUsage, len(paths))
 	}
+	show, err := progressMode(*progress, os.Stderr)
+	if err != nil {
+		return err
+	}
 	cfg := trace.VerifyConfig{OutputPath: paths[0], IncludeActive: *includeActive, FilterSubject: *filter, ProducerID: *producerID, Repair: *repair}
+	// One meter per phase: the segment files (bytes), the stream (messages), the repairs (segments).
+	meters := map[string]*progressMeter{}
+	phase := ""
+	cfg.Progress = func(p trace.VerifyProgress) {
+		if p.Phase != phase {
+			if m := meters[phase]; m != nil {
+				m.finish()
+			}
+			phase = p.Phase
+			vp := verifyPhases[p.Phase]
+			meters[phase] = newProgressMeter(show, progressOut, vp.what, vp.unit)
+		}
+		meters[phase].update(p.Done, p.Total, "")
+	}
+	defer func() {
+		if m := meters[phase]; m != nil {
+			m.finish()
+		}
+	}()
 	var js jetstream.JetStream
 	if *stream || *repair {
 		nc, j, err := connectAndApply(ctx, conn, nil) // reads only: applies nothing

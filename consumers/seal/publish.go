@@ -71,6 +71,10 @@ type PublishOptions struct {
 	Plan *schemas.DatasetPlan
 	// Concurrency bounds parallel seals (default 8).
 	Concurrency int
+	// Progress, when set, is called after each cell is settled (sealed, refused or failed) with the
+	// cells settled so far and the cells to seal (the dataset's, less those rejected); calls are
+	// serialised.
+	Progress func(done, total int)
 }
 
 // Cell states in a Report besides the seal Results.
@@ -203,6 +207,12 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	if n < 1 {
 		n = 8
 	}
+	toSeal, settled := 0, 0 // the cells sealed (those not rejected), and those settled so far
+	for i := range ds.Cells {
+		if len(rejected[ds.CellLabel(i)]) == 0 {
+			toSeal++
+		}
+	}
 	jobs := make(chan job)
 	var wg sync.WaitGroup
 	for w := 0; w < n; w++ {
@@ -239,6 +249,10 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 					}
 				}
 				byKey[j.cell.Key] = cr
+				settled++
+				if o.Progress != nil {
+					o.Progress(settled, toSeal)
+				}
 				mu.Unlock()
 			}
 		}()

@@ -295,3 +295,34 @@ func TestPublishOfACellOverMaxPayloadIsFinal(t *testing.T) {
 		t.Fatalf("the cell: %v, want not sealed", err)
 	}
 }
+
+// A publication reports each settled cell, ending at every cell it seals; a listing reports the
+// bucket's revisions it reads, ending at all of them.
+func TestPublishAndListReportProgress(t *testing.T) {
+	t.Parallel()
+	_, kv := singleNode(t)
+	ctx := context.Background()
+	s, _ := New(kv, WithSource("test"))
+	var cells []schemas.Cell
+	for i := range 20 {
+		cells = append(cells, testCell(i+1, "run-P", 1, 4))
+	}
+	var calls, last, total int
+	_, err := s.PublishDataset(ctx, testDataset("run-P", cells...), PublishOptions{Progress: func(done, t int) {
+		calls, last, total = calls+1, done, t
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 20 || last != 20 || total != 20 {
+		t.Fatalf("%d progress calls, last %d of %d; want 20, 20 of 20", calls, last, total)
+	}
+	var read, of uint64
+	entries, err := ListProgress(ctx, kv, func(r, n uint64) { read, of = r, n })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 21 || of == 0 || read != of { // the cells and the campaign record
+		t.Fatalf("%d entries; progress %d of %d", len(entries), read, of)
+	}
+}

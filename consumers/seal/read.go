@@ -94,6 +94,19 @@ func Read(ctx context.Context, kv jetstream.KeyValue, key string) (*Entry, error
 // List reads every cell and campaign key of the bucket as Read does, in key order, with one watch of
 // the bucket's whole history (cells without their rows).
 func List(ctx context.Context, kv jetstream.KeyValue) ([]Entry, error) {
+	return ListProgress(ctx, kv, nil)
+}
+
+// ListProgress is List calling progress (when not nil) as it reads the bucket's revisions: those read so
+// far and those the bucket held when the listing started.
+func ListProgress(ctx context.Context, kv jetstream.KeyValue, progress func(read, total uint64)) ([]Entry, error) {
+	var total, read uint64
+	if progress != nil {
+		if st, err := kv.Status(ctx); err == nil {
+			total = st.Values()
+		}
+		progress(0, total)
+	}
 	w, err := kv.WatchAll(ctx, jetstream.IncludeHistory())
 	if err != nil {
 		return nil, err
@@ -109,6 +122,9 @@ func List(ctx context.Context, kv jetstream.KeyValue) ([]Entry, error) {
 		}
 		if e == nil {
 			break
+		}
+		if read++; progress != nil && (read%256 == 0 || read == total) {
+			progress(read, total)
 		}
 		k := e.Key()
 		if !strings.HasPrefix(k, schemas.CellKeyPrefix) && !strings.HasPrefix(k, schemas.CampaignKeyPrefix) {

@@ -117,6 +117,25 @@ type VerifyConfig struct {
 	ProducerID    string
 	// Repair rewrites damaged segments from the stream (a JetStream is required).
 	Repair bool
+	// Progress, when set, is called as Verify goes (from Verify's goroutine): reading the segment
+	// files (bytes), then the stream (messages), then rewriting damaged segments (segments).
+	Progress func(VerifyProgress)
+}
+
+// VerifyProgress is how far one phase of a Verify is.
+type VerifyProgress struct {
+	// Phase is "read" (the segment files, in bytes), "stream" (stream FPM, in messages) or "repair"
+	// (the damaged segments, in segments).
+	Phase string
+	// Done of Total so far; Total may be 0 when the phase has nothing to do.
+	Done, Total uint64
+}
+
+// progress reports how far phase is.
+func (v *verifier) progress(phase string, done, total uint64) {
+	if v.cfg.Progress != nil {
+		v.cfg.Progress(VerifyProgress{Phase: phase, Done: done, Total: total})
+	}
 }
 
 // VerifyReport is what Verify found (and repaired), producers in file-name order.
@@ -363,12 +382,25 @@ func (v *verifier) read() error {
 	if len(names) == 0 {
 		return fmt.Errorf("%w under %s", ErrNoSegments, v.cfg.OutputPath)
 	}
-	for _, name := range names {
-		p := &vproducer{name: name, prefix: OutputBase(v.cfg.OutputPath) + "." + name, ids: map[lineIdentity]*idLines{}, lastLine: -1}
-		segs, err := ListSegments(p.prefix)
+	// The segments first, for the total the progress counts bytes against.
+	segsOf := make([][]Segment, len(names))
+	var total, done uint64
+	for i, name := range names {
+		segs, err := ListSegments(OutputBase(v.cfg.OutputPath) + "." + name)
 		if err != nil {
 			return err
 		}
+		segsOf[i] = segs
+		for _, s := range segs {
+			if fi, err := os.Lstat(s.Path); err == nil && s.Regular {
+				total += uint64(fi.Size())
+			}
+		}
+	}
+	v.progress("read", 0, total)
+	for ni, name := range names {
+		p := &vproducer{name: name, prefix: OutputBase(v.cfg.OutputPath) + "." + name, ids: map[lineIdentity]*idLines{}, lastLine: -1}
+		segs := segsOf[ni]
 		newest := -1
 		for i, s := range segs {
 			if s.Regular {
@@ -386,6 +418,8 @@ func (v *verifier) read() error {
 			if err != nil {
 				return fmt.Errorf("trace: verify: %w", err)
 			}
+			done += uint64(len(data))
+			v.progress("read", min(done, max(total, done)), max(total, done))
 			vs := &vsegment{Segment: s, fi: fi, chk: checkSegment(s.Path, p.prefix, data, v.keys), firstLine: len(p.lines), active: i == newest}
 			vs.checked = !vs.active || v.cfg.IncludeActive
 			if vs.checked {

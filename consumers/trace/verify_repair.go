@@ -53,6 +53,15 @@ type edit struct {
 
 // repair rewrites every checked segment that has edits.
 func (v *verifier) repair() error {
+	var total, done uint64
+	for _, p := range v.producers {
+		for _, s := range p.segs {
+			if s.checked && len(s.edits) > 0 {
+				total++
+			}
+		}
+	}
+	v.progress("repair", 0, total)
 	for _, p := range v.producers {
 		if err := removeLeftovers(p.prefix, verifyTmpSuffix, v.log); err != nil {
 			return fmt.Errorf("trace: verify: %w", err)
@@ -61,6 +70,8 @@ func (v *verifier) repair() error {
 			if !s.checked || len(s.edits) == 0 {
 				continue
 			}
+			done++
+			v.progress("repair", done, total)
 			if err := v.rewrite(p, s); err != nil {
 				s.repairErr = err
 				v.log.Warn("trace verify: segment not repaired", "segment", s.Path, "err", err)

@@ -146,10 +146,16 @@ func (v *verifier) matchStream(ctx context.Context, js jetstream.JetStream) erro
 			break
 		}
 		read++
+		if read%1000 == 0 {
+			v.progress("stream", md.Sequence.Stream-v.firstSeq+1, v.lastSeq-v.firstSeq+1)
+		}
 		v.take(raw, md, keys, dead)
 		if md.Sequence.Stream >= v.lastSeq || md.NumPending == 0 {
 			break
 		}
+	}
+	if v.lastSeq >= v.firstSeq && v.lastSeq > 0 {
+		v.progress("stream", v.lastSeq-v.firstSeq+1, v.lastSeq-v.firstSeq+1)
 	}
 	v.log.Info("trace verify: stream read", "stream", streams.StreamFPM, "messages", read, "first_seq", v.firstSeq, "last_seq", v.lastSeq)
 	return nil
