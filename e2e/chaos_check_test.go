@@ -46,10 +46,13 @@ type chaosObserved struct {
 	settleErr string
 	// unread says what of the streams could not be read (the server not answering): the checks on
 	// stream contents are then not made.
-	unread      string
-	stored      []chaosStored
-	gapEvents   []gaps.Event
-	markers     []streams.DropMarker
+	unread    string
+	stored    []chaosStored
+	gapEvents []gaps.Event
+	markers   []streams.DropMarker
+	// losses are the consumers' loss events: a segment the trace writer pruned by its retention names
+	// the lines it held (cause pruned), which are then not missing from the trace.
+	losses      []streams.ConsumerLoss
 	deadLetters []chaosDeadLetter
 	// cliCount is the message count of FPM per `nats stream info` (-1: not read).
 	cliCount        int64
@@ -464,15 +467,19 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 			got[id{l.Event.Source.ProducerID, l.Event.ObservedAtUnixMs, string(l.Event.FPM)}]++
 		}
 		missing, doubled := map[streams.Key][]uint64{}, map[streams.Key][]uint64{}
-		problems := 0
+		problems, prunedNamed := 0, 0
 		for i, ms := range want {
 			n := got[i]
 			switch {
 			case n < len(ms):
 				for _, m := range ms[n:] {
+					if out.backfill == nil && o.prunedFromLiveTrace(m) {
+						prunedNamed++
+						continue
+					}
 					missing[m.key] = append(missing[m.key], m.seq)
+					problems++
 				}
-				problems += len(ms) - n
 			case n > len(ms):
 				doubled[ms[0].key] = append(doubled[ms[0].key], ms[0].seq)
 				problems += n - len(ms)
@@ -490,6 +497,9 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 		}
 		for _, k := range slices.SortedFunc(maps.Keys(doubled), func(a, b streams.Key) int { return strings.Compare(a.String(), b.String()) }) {
 			add("trace-duplicate", &k, "%s (%s): %d stored messages have more than one line: seqs %s", out.name, out.path, len(doubled[k]), seqRanges(doubled[k]))
+		}
+		if prunedNamed > 0 {
+			o.notes = append(o.notes, fmt.Sprintf("%s: %d stored messages have no line, named by the trace writer's pruned-segment loss events", out.name, prunedNamed))
 		}
 		if phantomLines > 0 {
 			add("trace-phantom", nil, "%s (%s): %d lines match no stored message", out.name, out.path, phantomLines)
@@ -560,6 +570,27 @@ func chaosCheckPipeline(o *chaosObserved, add func(kind string, k *streams.Key, 
 	for _, m := range o.malformed {
 		add("read", nil, "%s", m)
 	}
+}
+
+// prunedFromLiveTrace reports whether m's line was in a segment the trace writer pruned by its
+// retention, as a loss event (cause pruned) names it: by stream sequence when the event has them, else
+// by the producer and the observation times the segment held.
+func (o *chaosObserved) prunedFromLiveTrace(m chaosStored) bool {
+	for _, l := range o.losses {
+		if l.Cause != streams.LossPruned || l.Producer != m.producer {
+			continue
+		}
+		if l.First > 0 && l.Last >= l.First {
+			if m.streamSeq >= l.First && m.streamSeq <= l.Last {
+				return true
+			}
+			continue
+		}
+		if l.FirstObservedMs > 0 && m.recvMs >= l.FirstObservedMs && m.recvMs <= l.LastObservedMs {
+			return true
+		}
+	}
+	return false
 }
 
 // elsewhere names the events that cover some of seqs under an epoch of another run of k: a loss named,

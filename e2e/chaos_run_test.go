@@ -605,6 +605,18 @@ func (e *chaosEnv) lastStreamSeq() (uint64, error) {
 // as a careless operator would), in the split shape a second trace writer of another group on the
 // same trace output.
 func (e *chaosEnv) secondStart() {
+	// A second instance is refused only while the first owns the directory: started while the first
+	// is down (killed, stopped, not ready yet), it is the only owner and may run, and the first is
+	// then the one refused when it comes back. So it is started only beside a first instance that has
+	// got to work; otherwise the step is skipped, and said so.
+	first, ready := "up", "embedded server ready"
+	if e.s.Shape == shapeSplit {
+		first, ready = "trace", "trace writer started"
+	}
+	if c := e.comps[first]; c == nil || !c.running() || !strings.Contains(c.cur.Output(), ready) {
+		e.note("second instance not started: the first %s is not running and ready, so a second would own the directory legitimately", first)
+		return
+	}
 	sc := &chaosSecond{at: time.Now()}
 	switch e.s.Shape {
 	case shapeUp:
@@ -895,6 +907,18 @@ func (e *chaosEnv) collect() *chaosObserved {
 				continue
 			}
 			o.gapEvents = append(o.gapEvents, ev)
+		}
+	}
+	if msgs, err := chaosFetch(js, streams.StreamEvents, streams.ConsumerLossWildcard); err != nil {
+		o.unread += fmt.Sprintf("; loss events could not be read: %v", err)
+	} else {
+		for _, m := range msgs {
+			var l streams.ConsumerLoss
+			if err := json.Unmarshal(m.Data(), &l); err != nil {
+				o.malformed = append(o.malformed, fmt.Sprintf("loss event %s: %v", m.Data(), err))
+				continue
+			}
+			o.losses = append(o.losses, l)
 		}
 	}
 	if msgs, err := chaosFetch(js, streams.StreamEvents, streams.DropMarkerWildcard); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -177,7 +178,11 @@ func runTrace(ctx context.Context, args []string) error {
 	}
 	rctx, finish := watchConn(ctx, nc)
 	// Run waits until the server has applied its last acks, so closing afterwards loses none.
-	return finish(w.Run(rctx))
+	err = finish(w.Run(rctx))
+	if errors.Is(err, trace.ErrOutputOwned) {
+		return fmt.Errorf("%w: %v", errUsage, err) // --group or --trace-output is what changes it
+	}
+	return err
 }
 
 // traceGroupOptions are the group flags of `fpmbus trace` (`fpmbus up` runs one partition and derives

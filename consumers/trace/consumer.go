@@ -138,12 +138,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := ProbeOutput(c.cfg.OutputPath); err != nil {
 		return err
 	}
-	if err := replaceIncompatibleConsumers(ctx, c.js, c.group, c.log); err != nil {
-		return err
-	}
 	c.start = c.set.Clock()
 	me := fsutil.Self("trace writer")
 	me.Group, me.Member = groupIdentity(c.cfg.Group, c.js), c.set.MemberID
+	// The output is one group's (output_group.go): another group's writer is refused here, before it
+	// joins, reads or writes anything.
+	if err := claimOutput(ctx, c.js, c.cfg.OutputPath, c.cfg.Group, me); err != nil {
+		return err
+	}
+	if err := replaceIncompatibleConsumers(ctx, c.js, c.group, c.log); err != nil {
+		return err
+	}
 	c.own = newOwner(me, c.log)
 	defer c.own.releaseAll() // what a writer the runner did not end still holds
 	stop, stopped := make(chan struct{}), make(chan struct{})
