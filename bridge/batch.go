@@ -26,9 +26,10 @@ import (
 //
 // Adaptive size: at most maxSingles single publishes are in flight; FPMs arriving faster than those
 // are acknowledged queue in the buffer, and the next fill takes the whole queue (up to maxBatch per
-// stream, MaxInFlight in all) and sends each stream's share as one batch. The batch size is thus the
-// backlog: one by one at low rates, up to maxBatch under a burst or a slow disk; up to
-// maxBatchesInFlight batches per stream are in flight at once.
+// stream, MaxInFlight in all) and sends each stream's share as one batch. While a batch is in flight,
+// what arrives waits for the next one instead of going one by one. The batch size is thus the backlog:
+// one by one at low rates, up to maxBatch under a burst or a slow disk; up to maxBatchesInFlight
+// batches per stream are in flight at once, and once none is, short queues go one by one again.
 //
 // Exactly once, unchanged:
 //
@@ -65,7 +66,7 @@ const (
 	minBatch = 64
 	// maxSingles bounds single FPM publishes in flight, so that FPMs arriving faster than they are
 	// acknowledged queue up and become a batch.
-	maxSingles = 64
+	maxSingles = 256
 	// maxBatchesInFlight bounds the batches in flight per stream (the server allows 50 per stream).
 	maxBatchesInFlight = 4
 	// batchCooldown is how long the publisher sends one by one after a batch was refused for a stored
@@ -101,7 +102,7 @@ type batch struct {
 	reply  string
 	items  []*item
 	sent   uint64    // the publisher's number of the commit (item.sent of every FPM)
-	at     time.Time // when the commit was sent
+	at     time.Time // when its ack timeout started: its commit, or the ack of the batch before it
 }
 
 // batchAck is the server's answer to a batch commit: a PubAck with the batch id and count, or an
@@ -337,6 +338,7 @@ func (p *publisher) batchEvent(ev ackEvent) {
 		p.batchFailed(b, err, ev.at)
 		return
 	}
+	p.restartTimeouts(b, ev.at)
 	first := a.Seq - uint64(a.Count) + 1
 	for i, it := range b.items {
 		p.acked(it, first+uint64(i), false, ev.at)
@@ -349,6 +351,17 @@ func (p *publisher) resolveBatch(b *batch) {
 	p.batchesPer[b.stream]--
 	p.inBatches -= len(b.items)
 	p.inFlight.Store(int64(p.pending()))
+}
+
+// restartTimeouts starts the ack timeout of the batches sent to b's stream after b anew at b's ack
+// (at): the stream commits its batches one after the other, so a batch that waited behind b is not
+// late yet. A failed batch restarts nothing: those behind it most likely failed with it.
+func (p *publisher) restartTimeouts(b *batch, at time.Time) {
+	for _, o := range p.batches {
+		if o.stream == b.stream && o.sent > b.sent && o.at.Before(at) {
+			o.at = at
+		}
+	}
 }
 
 // expireBatches fails the batches whose ack is overdue (nats.go times out single publishes; batches are

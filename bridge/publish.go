@@ -288,9 +288,10 @@ func permanent(err error) bool {
 
 // fill publishes items from the buffer while the window has room, in messages (MaxInFlight) and in
 // bytes: what the publisher holds is bounded by MaxBufferBytes like the buffer itself. With group
-// commit (batch.go) a queue of at least minBatch items is taken whole and sent as batches, and a
-// shorter one one by one while fewer than maxSingles single publishes are in flight; FPMs that a
-// batch's refusal left to republish one by one go first.
+// commit (batch.go) a queue of at least minBatch items is taken whole and sent as batches; a shorter
+// one waits while a batch is in flight (it joins the next batch) and otherwise goes one by one while
+// fewer than maxSingles single publishes are in flight. FPMs that a batch's refusal left to republish
+// one by one go first.
 func (p *publisher) fill() {
 	if p.b.opts.hold != nil {
 		select {
@@ -311,6 +312,8 @@ func (p *publisher) fill() {
 			switch {
 			case p.b.buf.len() >= minBatch && p.batchingNow(time.Now()):
 				n = min(free, maxBatch*len(p.atomic))
+			case p.inBatches > 0:
+				return // a backlog is being committed: what arrives meanwhile waits for the next batch
 			case len(p.window) >= maxSingles:
 				return // the queue grows into a batch, or the acks make room
 			default:
