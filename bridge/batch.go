@@ -41,8 +41,11 @@ import (
 //     the duplicate window answers per FPM (a duplicate ack for the stored ones, a store for the rest),
 //     and the publisher sends one by one for batchCooldown afterwards, so that a redundant pair does
 //     not keep staging batches only to have them refused.
+//   - A batch refused because the server has too many batches in flight (its limits, 50 per stream
+//     and 1,000 per server, are shared by every bridge on the stream) is republished one by one too,
+//     with the same cooldown: nothing of it was staged.
 //   - A batch that failed otherwise (ack timeout, the connection lost, 503, the batch incomplete
-//     because the server lost its staged part, too many batches in flight) is retried whole, after
+//     because the server lost its staged part) is retried whole, after
 //     the same backoff as any failed publish: a batch commits all or nothing, so either none of it was
 //     stored (retried as a batch, it commits) or all of it was (retried, it is refused for its stored
 //     ids and republished one by one as above).
@@ -390,8 +393,7 @@ func (p *publisher) batchFailed(b *batch, err error, now time.Time) {
 	}
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) || apiErr.Code == 503 || undecided(apiErr) ||
-		apiErr.ErrorCode == errCodeBatchIncomplete || apiErr.ErrorCode == errCodeBatchesInFlight ||
-		apiErr.ErrorCode == errCodeBatchStreamAbsent {
+		apiErr.ErrorCode == errCodeBatchIncomplete || apiErr.ErrorCode == errCodeBatchStreamAbsent {
 		p.retry = append(p.retry, b.items...)
 		p.enterRecovery(err)
 		return
@@ -400,6 +402,12 @@ func (p *publisher) batchFailed(b *batch, err error, now time.Time) {
 	case errCodeBatchDuplicate:
 		p.singlesUntil = now.Add(batchCooldown)
 		p.b.log.Debug("atomic batch refused for a stored message id; republishing its FPMs one by one",
+			"stream", b.stream, "batch", b.id, "fpms", len(b.items))
+	case errCodeBatchesInFlight:
+		// The server's limit of batches in flight (50 per stream, 1,000 per server) is shared by every
+		// bridge on the stream: this batch was not staged, nothing of it is stored.
+		p.singlesUntil = now.Add(batchCooldown)
+		p.b.log.Debug("atomic batch refused: too many batches in flight on the server; republishing its FPMs one by one",
 			"stream", b.stream, "batch", b.id, "fpms", len(b.items))
 	case errCodeAtomicDisabled:
 		p.atomic[b.stream] = false
