@@ -154,6 +154,12 @@ func (p *publisher) stopBatches() {
 // pending is what the window holds: single publishes and FPMs in batches awaiting an ack.
 func (p *publisher) pending() int { return len(p.window) + p.inBatches }
 
+// storeInFlight publishes the window's size for Stats, the in-flight gauge and tests.
+func (p *publisher) storeInFlight() {
+	p.inFlight.Store(int64(p.pending()))
+	p.inBatchesN.Store(int64(p.inBatches))
+}
+
 // canBatch reports whether FPMs of stream may go as a batch now.
 func (p *publisher) canBatch(stream string, now time.Time) bool {
 	return p.atomic[stream] && now.After(p.singlesUntil) && p.batchesPer[stream] < maxBatchesInFlight
@@ -303,7 +309,7 @@ func (p *publisher) sendBatch(stream string, items []*item) ([]*item, error) {
 	p.batches[b.reply] = b
 	p.batchesPer[stream]++
 	p.inBatches += len(ready)
-	p.inFlight.Store(int64(p.pending()))
+	p.storeInFlight()
 	p.b.metrics.batches.Inc()
 	p.b.metrics.batchSize.Observe(float64(len(ready)))
 	return nil, nil
@@ -353,7 +359,7 @@ func (p *publisher) resolveBatch(b *batch) {
 	delete(p.batches, b.reply)
 	p.batchesPer[b.stream]--
 	p.inBatches -= len(b.items)
-	p.inFlight.Store(int64(p.pending()))
+	p.storeInFlight()
 }
 
 // restartTimeouts starts the ack timeout of the batches sent to b's stream after b anew at b's ack

@@ -143,8 +143,8 @@ func TestServerKilledMidAtomicBatch(t *testing.T) {
 		mu.Lock()
 		acked := len(ackedAt)
 		mu.Unlock()
-		if c := counterValue(h.b.metrics.batches); c < 3 || acked < minBatch || h.b.pub.inFlight.Load() < minBatch {
-			return fmt.Errorf("%v batches sent, %d in flight: %s", c, h.b.pub.inFlight.Load(), fmtStats(h.b.Stats()))
+		if c := counterValue(h.b.metrics.batches); c < 3 || acked < minBatch || h.b.pub.inBatchesN.Load() < minBatch {
+			return fmt.Errorf("%v batches sent, %d FPMs in batches in flight: %s", c, h.b.pub.inBatchesN.Load(), fmtStats(h.b.Stats()))
 		}
 		return nil
 	})

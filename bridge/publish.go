@@ -63,7 +63,8 @@ type publisher struct {
 	events   []ackEvent
 	evNotify chan struct{} // capacity 1
 
-	inFlight   atomic.Int64 // == len(window), for Stats and the in-flight gauge
+	inFlight   atomic.Int64 // == pending(), for Stats and the in-flight gauge
+	inBatchesN atomic.Int64 // == inBatches, for tests
 	serverMax  atomic.Int64 // the server's max_payload as last seen (0 before the first connect)
 	markersPub atomic.Uint64
 
@@ -276,7 +277,7 @@ func (p *publisher) send(it *item) error {
 	p.sendN++
 	it.sent = p.sendN
 	p.window[it.msg] = it
-	p.inFlight.Store(int64(p.pending()))
+	p.storeInFlight()
 	return nil
 }
 
@@ -453,7 +454,7 @@ func (p *publisher) handleEvents() {
 			p.failed(it, ev.err)
 		}
 	}
-	p.inFlight.Store(int64(p.pending()))
+	p.storeInFlight()
 	clear(evs)
 	p.evScratch = evs[:0]
 }
@@ -570,7 +571,7 @@ func (p *publisher) finish() {
 	clear(p.batches)
 	clear(p.batchesPer)
 	p.inBatches = 0
-	p.inFlight.Store(0)
+	p.storeInFlight()
 	left = append(left, p.retry...)
 	p.retry = nil
 	left = append(left, p.resend...)
