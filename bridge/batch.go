@@ -122,7 +122,7 @@ type batchAck struct {
 // FPM streams whose atomic publish is on). Run calls it before the publisher starts; without the
 // subscription the publisher sends one by one, and says so.
 func (p *publisher) startBatches(atomic []string) {
-	if len(atomic) == 0 {
+	if len(atomic) == 0 || p.b.opts.singles {
 		return
 	}
 	inbox := p.b.nc.NewInbox()

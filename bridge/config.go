@@ -213,6 +213,7 @@ type options struct {
 	procPath string
 	onAck    func(it *item, at time.Time) // called by the publisher goroutine for each acked FPM; at = ack time
 	hold     <-chan struct{}              // the publisher takes nothing from the buffer until it is closed
+	singles  bool                         // no group commit: every FPM published on its own (benchmarks)
 }
 
 // WithClock replaces time.Now for receive timestamps and epochs.
@@ -233,6 +234,11 @@ func WithProcPath(path string) Option {
 // bridge that lags behind its redundant peer).
 func withHold(hold <-chan struct{}) Option {
 	return func(o *options) { o.hold = hold }
+}
+
+// withoutGroupCommit publishes every FPM on its own (benchmarks: the one-by-one baseline).
+func withoutGroupCommit() Option {
+	return func(o *options) { o.singles = true }
 }
 
 // withAckHook calls f on the publisher goroutine for every acked FPM (tests and benchmarks).

@@ -24,7 +24,9 @@ import (
 // fsync every two minutes). Each iteration is one run of every side; per run:
 //
 //	rate ratio     always msgs/s / default msgs/s: N FPMs sent as fast as ZMQ takes them, timed until
-//	               every one is acknowledged (group commit: the backlog goes in atomic batches)
+//	               every one is acknowledged (group commit: the backlog goes in atomic batches);
+//	               rate-ratio-vs-one-by-one against the default without group commit (every FPM on
+//	               its own, the best a server without per-message fsync does)
 //	<R>/s p99      receive-to-ack p99 (the bridge's receive stamp to the JetStream ack it handles:
 //	               fpmbus_bridge_receive_to_ack_seconds) with FPMs paced at R per second, per policy
 //	disk limit     what the same disk takes, written as the server writes: 200-byte records appended
@@ -74,6 +76,13 @@ func BenchmarkBridgeSyncPolicy(b *testing.B) {
 			runs[p.name+"-msgs/s"] = append(runs[p.name+"-msgs/s"], msgs[i])
 		}
 		runs["rate-ratio"] = append(runs["rate-ratio"], msgs[0]/msgs[1])
+		// The strict baseline: no fsync and no group commit (every FPM on its own), which is what a
+		// server without per-message fsync does best.
+		run++
+		d, _ := benchBridge(b, envs[1], pls, run, withoutGroupCommit())
+		single := float64(n) / d.Seconds()
+		runs["default-one-by-one-msgs/s"] = append(runs["default-one-by-one-msgs/s"], single)
+		runs["rate-ratio-vs-one-by-one"] = append(runs["rate-ratio-vs-one-by-one"], msgs[0]/single)
 		for _, rate := range rates {
 			hz := strconv.Itoa(rate) + "/s"
 			for i, p := range policies {
