@@ -292,3 +292,46 @@ func (n *node) kill9() {
 	_ = n.cmd.Process.Signal(syscall.SIGKILL)
 	<-n.done
 }
+
+// An operator turns atomic publish off on the FPM stream while the bridge runs: the first batch is
+// refused (JSAtomicPublishDisabledErr), its FPMs and every later one go one by one, each stored once.
+func TestAtomicPublishTurnedOffFallsBackToOneByOne(t *testing.T) {
+	t.Parallel()
+	const n = 2000
+	env := streamstest.Start(t)
+	pub := newTestPub(t, "tcp://127.0.0.1:*")
+	hold := make(chan struct{})
+	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, nil, withHold(hold))
+	s, err := env.JS.Stream(t.Context(), streams.StreamFPM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	if !cfg.AllowAtomicPublish {
+		t.Fatal("the bridge's start did not turn atomic publish on")
+	}
+	cfg.AllowAtomicPublish = false
+	if _, err := env.JS.UpdateStream(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	pub.waitSubscribed()
+	for seq := uint64(0); seq < n; seq++ {
+		pub.send(seq, payload("w", 0, seq))
+	}
+	h.waitStats(30*time.Second, "the backlog received", func(s Stats) bool { return s.Ranks[0].Received == n })
+	close(hold)
+	st := h.waitStats(60*time.Second, "every FPM acknowledged", func(s Stats) bool { return s.Ranks[0].Published == n })
+	if st.Ranks[0].Duplicates != 0 || counterValue(h.b.metrics.batchesFailed) < 1 {
+		t.Fatalf("%d duplicates, %v batches refused: want none and at least one", st.Ranks[0].Duplicates,
+			counterValue(h.b.metrics.batchesFailed))
+	}
+	msgs := messages(t, env.JS, streams.StreamFPM, ">")
+	if len(msgs) != n {
+		t.Fatalf("stored %d, want %d", len(msgs), n)
+	}
+	for i, m := range msgs {
+		if seq := hdrUint(t, m, streams.HeaderSeq); seq != uint64(i) || m.Headers().Get(headerBatchID) != "" {
+			t.Fatalf("message %d: seq %d, batch %q: want every FPM once, none in a batch", i, seq, m.Headers().Get(headerBatchID))
+		}
+	}
+}
