@@ -18,7 +18,7 @@ import (
 //
 // Why: on a single-replica stream nats-server writes and fsyncs every message on its own; an atomic
 // batch is staged and, at its commit, written with one sync and acknowledged with one PubAck, sent
-// only after that sync (nats-server server/stream.go, processJetStreamBatchMsg: the commit switches
+// only after that sync (nats-server server/stream.go, processJetStreamAtomicBatchMsg: the commit switches
 // the file store to sync-on-flush, stores every message, FlushAllPending, then responds). A batch has
 // a fixed cost of its own (the server stages it in a file store of its own: about three fsyncs and
 // forty file operations), so batches pay only when many FPMs wait: below minBatch queued FPMs of one
@@ -45,10 +45,11 @@ import (
 //     and 1,000 per server, are shared by every bridge on the stream) is republished one by one too,
 //     with the same cooldown: nothing of it was staged.
 //   - A batch that failed otherwise (ack timeout, the connection lost, 503, the batch incomplete
-//     because the server lost its staged part) is retried whole, after
-//     the same backoff as any failed publish: a batch commits all or nothing, so either none of it was
-//     stored (retried as a batch, it commits) or all of it was (retried, it is refused for its stored
-//     ids and republished one by one as above).
+//     because the server lost its staged part) is retried whole, after the same backoff as any failed
+//     publish: a batch commits all or nothing (a server killed while writing a committed batch
+//     finishes it from the staged copy when it restarts), so either none of it was stored (retried as
+//     a batch, it commits) or all of it was (retried, it is refused for its stored ids and
+//     republished one by one as above).
 //   - Any other refusal of a batch (an answer naming a setting or a message) is republished one by one,
 //     where the per-message rules (maxRejects, dead letters) find the message at fault.
 //   - An FPM is acknowledged to the ledger only with its batch's ack: the commit's PubAck carries the
@@ -64,8 +65,8 @@ const (
 	// maxBatch is the most FPMs in one batch: the server's limit (streamMaxAtomicBatchSize).
 	maxBatch = 1000
 	// minBatch is the fewest queued FPMs of one stream sent as a batch; fewer go one by one. Measured
-	// on a 2-core virtio disk, a batch of 10 was slower than 10 single publishes and one of 50 about
-	// twice as fast (README: durability).
+	// on the 2-core virtio development machine under sync_interval always, four batches in flight:
+	// batches of 10 stored 575 msg/s, single publishes 1,819, batches of 50 3,809, of 1,000 13,396.
 	minBatch = 64
 	// maxSingles bounds single FPM publishes in flight, so that FPMs arriving faster than they are
 	// acknowledged queue up and become a batch.
