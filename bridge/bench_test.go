@@ -122,13 +122,13 @@ func benchRaw(b *testing.B, js jetstream.JetStream, pls [][]byte, worker string)
 
 // benchBridge sends every payload over ZMQ to a fresh bridge and waits until all are acknowledged.
 // It returns the wall time and the process CPU time of the timed part.
-func benchBridge(b *testing.B, env *streamstest.Env, pls [][]byte, iter int) (wall, cpu time.Duration) {
+func benchBridge(b *testing.B, env *streamstest.Env, pls [][]byte, iter int, opts ...Option) (wall, cpu time.Duration) {
 	pub := newTestPub(b, "tcp://127.0.0.1:*")
 	defer pub.Close()
 	h := startBridge(b, env, []Endpoint{{URL: pub.URL}}, func(c *Config) {
 		c.MaxBuffer = len(pls)
 		c.BridgeID = "bench-" + strconv.Itoa(iter)
-	})
+	}, opts...)
 	defer func() { _ = h.stop() }()
 	pub.waitSubscribed()
 	n := uint64(len(pls))

@@ -217,6 +217,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 		close(drain)
 		<-pubDone
 	}
+	b.pub.stopBatches()
 	if b.ckpt != nil {
 		b.ckpt.stop(b.pub.ledger)
 	}
@@ -273,6 +274,7 @@ func (b *Bridge) applyStreams(ctx context.Context) error {
 		cancel()
 		if err == nil {
 			b.fpmShards = max(r.FPMShards, 1)
+			b.pub.startBatches(r.Atomic)
 			return nil
 		}
 		if ctx.Err() != nil {

@@ -212,6 +212,8 @@ type options struct {
 	now      func() time.Time
 	procPath string
 	onAck    func(it *item, at time.Time) // called by the publisher goroutine for each acked FPM; at = ack time
+	hold     <-chan struct{}              // the publisher takes nothing from the buffer until it is closed
+	singles  bool                         // no group commit: every FPM published on its own (benchmarks)
 }
 
 // WithClock replaces time.Now for receive timestamps and epochs.
@@ -226,6 +228,17 @@ func WithClock(now func() time.Time) Option {
 // WithProcPath reads the ephemeral port range from path instead of /proc/sys/net/ipv4/ip_local_port_range.
 func WithProcPath(path string) Option {
 	return func(o *options) { o.procPath = path }
+}
+
+// withHold keeps the publisher from taking anything from the buffer until hold is closed (tests: a
+// bridge that lags behind its redundant peer).
+func withHold(hold <-chan struct{}) Option {
+	return func(o *options) { o.hold = hold }
+}
+
+// withoutGroupCommit publishes every FPM on its own (benchmarks: the one-by-one baseline).
+func withoutGroupCommit() Option {
+	return func(o *options) { o.singles = true }
 }
 
 // withAckHook calls f on the publisher goroutine for every acked FPM (tests and benchmarks).

@@ -28,6 +28,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(nodeEnv) != "" {
+		runNode() // a server process of a kill -9 test (batch_test.go)
+	}
 	goleak.VerifyTestMain(m)
 }
 

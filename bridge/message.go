@@ -50,12 +50,15 @@ type item struct {
 	digest string
 	seq    uint64
 	recvMs int64
-	recv   time.Time  // monotonic receive time, for fpmbus_bridge_receive_to_ack_seconds
-	size   int64      // bytes charged to the buffer
-	order  uint64     // enqueue order (set by the buffer); retries are republished in this order
-	errs   int        // failures of this message alone so far (see publisher.failed)
-	sent   uint64     // the publisher's number of its latest publish attempt
-	marker *dropRange // kindMarker: the range it reports
+	recv   time.Time // monotonic receive time, for fpmbus_bridge_receive_to_ack_seconds
+	size   int64     // bytes charged to the buffer
+	order  uint64    // enqueue order (set by the buffer); retries are republished in this order
+	errs   int       // failures of this message alone so far (see publisher.failed)
+	sent   uint64    // the publisher's number of its latest publish attempt
+	single bool      // kindFPM: refused in a batch; republished one by one from then on (batch.go)
+	// streamSeq is the stream sequence of its ack (kindFPM; 0 before).
+	streamSeq uint64
+	marker    *dropRange // kindMarker: the range it reports
 }
 
 // headerOverhead approximates the encoded headers of one message when charging the buffer.

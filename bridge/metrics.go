@@ -30,6 +30,11 @@ type metrics struct {
 	bufferedHigh     prometheus.GaugeFunc
 	inFlight         prometheus.GaugeFunc
 	receiveToAck     prometheus.Histogram
+	// batches counts the atomic batches committed (batch.go), batchSize their sizes, batchesFailed those
+	// the server did not acknowledge (retried whole or republished one by one).
+	batches       prometheus.Counter
+	batchSize     prometheus.Histogram
+	batchesFailed prometheus.Counter
 }
 
 func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
@@ -72,6 +77,17 @@ func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
 			Help:    "Time from ZMQ receive to JetStream ack of one FPM.",
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fpmbus_bridge_batches_total", Help: "Atomic batches of FPMs sent (group commit: one fsync per batch under sync_interval: always).",
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "fpmbus_bridge_batch_size", Help: "FPMs per atomic batch sent.",
+			Buckets: []float64{64, 100, 200, 500, 1000},
+		}),
+		batchesFailed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fpmbus_bridge_batches_failed_total",
+			Help: "Atomic batches the server did not acknowledge: retried whole, or republished one FPM at a time (a batch holding an id already stored).",
+		}),
 	}
 }
 
@@ -79,7 +95,8 @@ func newMetrics(buffered, bufferedHigh, inFlight func() float64) *metrics {
 func (m *metrics) register(r prometheus.Registerer) error {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.received, m.published, m.invalid, m.dropped, m.duplicates,
-		m.seqMismatch, m.oversized, m.deadLetters, m.dlLost, m.markers, m.lostAfterAck, m.checkpointErrors, m.buffered, m.bufferedHigh, m.inFlight, m.receiveToAck} {
+		m.seqMismatch, m.oversized, m.deadLetters, m.dlLost, m.markers, m.lostAfterAck, m.checkpointErrors, m.buffered, m.bufferedHigh, m.inFlight, m.receiveToAck,
+		m.batches, m.batchSize, m.batchesFailed} {
 		if err := r.Register(c); err != nil {
 			errs = append(errs, err)
 		}

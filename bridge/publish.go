@@ -29,12 +29,16 @@ const (
 	finalMarkerWait = 2 * time.Second
 )
 
-// ackEvent is the outcome of one asynchronous publish, delivered by nats.go's ack handlers.
+// ackEvent is the outcome of one asynchronous publish, delivered by nats.go's ack handlers, or the
+// server's answer to a batch commit (reply set: the commit's reply subject; data and hdr the answer).
 type ackEvent struct {
-	msg *nats.Msg
-	ack *jetstream.PubAck
-	err error
-	at  time.Time // when nats.go delivered the outcome: the moment the bridge learnt it
+	msg   *nats.Msg
+	ack   *jetstream.PubAck
+	err   error
+	at    time.Time // when nats.go delivered the outcome: the moment the bridge learnt it
+	reply string
+	data  []byte
+	hdr   nats.Header
 }
 
 // publisher moves items from the buffer to JetStream in order, with at most MaxInFlight publishes
@@ -59,13 +63,15 @@ type publisher struct {
 	events   []ackEvent
 	evNotify chan struct{} // capacity 1
 
-	inFlight   atomic.Int64 // == len(window), for Stats and the in-flight gauge
+	inFlight   atomic.Int64 // == pending(), for Stats and the in-flight gauge
+	inBatchesN atomic.Int64 // == inBatches, for tests
 	serverMax  atomic.Int64 // the server's max_payload as last seen (0 before the first connect)
 	markersPub atomic.Uint64
 
 	// owned
-	window     map[*nats.Msg]*item // publishes awaiting an ack
+	window     map[*nats.Msg]*item // single publishes awaiting an ack
 	retry      []*item             // failed publishes, republished in order once the broker is back
+	resend     []*item             // FPMs of batches the server refused, republished one by one
 	markers    []*item             // drop markers not yet published
 	dlq        []*item             // dead letters of FPMs given up, not yet published
 	held       int64               // the sizes of the items in window, retry and dlq: at most MaxBufferBytes plus one item
@@ -84,6 +90,20 @@ type publisher struct {
 	ledger     *ledger
 	reconnects uint64
 	ticks      int
+
+	// Group commit (batch.go). atomic: the FPM streams taking batches (nil: none); batches: those in
+	// flight by reply subject, batchesPer per stream, inBatches their FPMs; batchSub the commits'
+	// reply subscription on batchInbox.*; batchBase + batchN name each batch; singlesUntil: one by one
+	// until then.
+	atomic       map[string]bool
+	batches      map[string]*batch
+	batchesPer   map[string]int
+	inBatches    int
+	batchSub     *nats.Subscription
+	batchInbox   string
+	batchBase    string
+	batchN       uint64
+	singlesUntil time.Time
 }
 
 func newPublisher(b *Bridge) *publisher {
@@ -140,6 +160,7 @@ func (p *publisher) run(drain <-chan struct{}, deadline *time.Time, done chan<- 
 		p.handleEvents()
 		p.checkAfterReconnect()
 		now := time.Now()
+		p.expireBatches(now)
 		if !draining {
 			select {
 			case <-drain:
@@ -168,11 +189,11 @@ func (p *publisher) run(drain <-chan struct{}, deadline *time.Time, done chan<- 
 		}
 
 		var bufC <-chan struct{}
-		if !p.recovering && len(p.window) < p.maxInFlight {
+		if !p.recovering && p.pending() < p.maxInFlight {
 			bufC = p.b.buf.notify
 		}
 		var retryC <-chan time.Time
-		if p.recovering && len(p.window) == 0 {
+		if p.recovering && p.pending() == 0 {
 			retryTimer.Reset(time.Until(p.retryAt))
 			retryC = retryTimer.C
 		}
@@ -233,7 +254,7 @@ func (p *publisher) refreshServerMax() {
 
 // idle reports whether nothing is left to publish or acknowledge.
 func (p *publisher) idle() bool {
-	return len(p.window) == 0 && len(p.retry) == 0 && len(p.markers) == 0 && len(p.dlq) == 0 &&
+	return p.pending() == 0 && len(p.retry) == 0 && len(p.resend) == 0 && len(p.markers) == 0 && len(p.dlq) == 0 &&
 		p.b.buf.len() == 0 && p.b.buf.nOpen.Load() == 0 && !p.b.buf.pendingMarkers()
 }
 
@@ -242,6 +263,7 @@ func (p *publisher) idle() bool {
 // the connection on it.
 func (p *publisher) send(it *item) error {
 	if it.kind == kindFPM {
+		clearBatchHeaders(it)
 		if err := p.b.stamp(it); err != nil {
 			return err
 		}
@@ -255,7 +277,7 @@ func (p *publisher) send(it *item) error {
 	p.sendN++
 	it.sent = p.sendN
 	p.window[it.msg] = it
-	p.inFlight.Store(int64(len(p.window)))
+	p.storeInFlight()
 	return nil
 }
 
@@ -266,23 +288,48 @@ func permanent(err error) bool {
 }
 
 // fill publishes items from the buffer while the window has room, in messages (MaxInFlight) and in
-// bytes: what the publisher holds is bounded by MaxBufferBytes like the buffer itself.
+// bytes: what the publisher holds is bounded by MaxBufferBytes like the buffer itself. With group
+// commit (batch.go) a queue of at least minBatch items is taken whole and sent as batches; a shorter
+// one waits while a batch is in flight (it joins the next batch) and otherwise goes one by one while
+// fewer than maxSingles single publishes are in flight. FPMs that a batch's refusal left to republish
+// one by one go first.
 func (p *publisher) fill() {
-	for {
-		free := p.maxInFlight - len(p.window)
-		budget := p.b.cfg.MaxBufferBytes - p.held
-		if free <= 0 || budget <= 0 {
+	if p.b.opts.hold != nil {
+		select {
+		case <-p.b.opts.hold:
+		default:
 			return
 		}
-		batch := p.b.buf.popBytes(p.scratch[:0], min(free, publishBatch), budget)
+	}
+	p.publishQueued(&p.resend)
+	for {
+		free := p.maxInFlight - p.pending()
+		budget := p.b.cfg.MaxBufferBytes - p.held
+		if free <= 0 || budget <= 0 || p.recovering {
+			return
+		}
+		n := min(free, publishBatch)
+		if p.atomic != nil {
+			switch {
+			case p.b.buf.len() >= minBatch && p.batchingNow(time.Now()):
+				n = min(free, maxBatch*len(p.atomic))
+			case p.inBatches > 0:
+				return // a backlog is being committed: what arrives meanwhile waits for the next batch
+			case len(p.window) >= maxSingles:
+				return // the queue grows into a batch, or the acks make room
+			default:
+				n = min(n, maxSingles-len(p.window))
+			}
+		}
+		batch := p.b.buf.popBytes(p.scratch[:0], n, budget)
 		if len(batch) == 0 {
 			return
 		}
 		for _, it := range batch {
 			p.held += it.size
 		}
-		if i, err := p.sendInOrder(batch); err != nil {
-			p.retry = append(p.retry, batch[i:]...)
+		if rest, err := p.sendGrouped(batch); err != nil {
+			p.retry = append(p.retry, rest...)
 			p.enterRecovery(err)
 		}
 		clear(batch)
@@ -329,7 +376,7 @@ func (p *publisher) publishDeadLetters() { p.publishQueued(&p.dlq) }
 // queue once it is sent or rejected for good; on a failure that may pass it enters recovery and leaves
 // the item at the head of the queue, to be sent again after it.
 func (p *publisher) publishQueued(queue *[]*item) {
-	for len(*queue) > 0 && len(p.window) < p.maxInFlight {
+	for len(*queue) > 0 && p.pending() < p.maxInFlight && !p.recovering {
 		it := (*queue)[0]
 		if err := p.send(it); err != nil {
 			if !permanent(err) {
@@ -350,13 +397,13 @@ func (p *publisher) enterRecovery(err error) {
 	p.recovering = true
 	p.retryAt = time.Now().Add(p.bo.NextBackOff())
 	p.b.log.Warn("publish failed; holding new messages until the broker acknowledges again",
-		"error", err, "in_flight", len(p.window), "buffered", p.b.buf.len())
+		"error", err, "in_flight", p.pending(), "buffered", p.b.buf.len())
 }
 
 // recover republishes the failed items, in their original order, once nothing is in flight and the
 // connection is up; on a new failure it waits for the next backoff interval.
 func (p *publisher) recover(now time.Time) {
-	if len(p.window) > 0 || now.Before(p.retryAt) {
+	if p.pending() > 0 || now.Before(p.retryAt) {
 		return
 	}
 	if p.b.nc.IsClosed() {
@@ -369,10 +416,12 @@ func (p *publisher) recover(now time.Time) {
 	}
 	p.refreshServerMax()
 	slices.SortFunc(p.retry, byOrder)
-	if i, err := p.sendInOrder(p.retry); err != nil {
-		rest := copy(p.retry, p.retry[i:])
-		clear(p.retry[rest:])
-		p.retry = p.retry[:rest]
+	// Failed batches are retried whole: sendGrouped batches them again (see batch.go).
+	if rest, err := p.sendGrouped(p.retry); err != nil {
+		slices.SortFunc(rest, byOrder)
+		n := copy(p.retry, rest)
+		clear(p.retry[n:])
+		p.retry = p.retry[:n]
 		p.retryAt = now.Add(p.bo.NextBackOff())
 		return
 	}
@@ -380,7 +429,7 @@ func (p *publisher) recover(now time.Time) {
 	p.retry = p.retry[:0]
 	p.recovering = false
 	p.bo.Reset()
-	p.b.log.Info("publishing resumed", "in_flight", len(p.window), "buffered", p.b.buf.len())
+	p.b.log.Info("publishing resumed", "in_flight", p.pending(), "buffered", p.b.buf.len())
 }
 
 // handleEvents applies the outcomes delivered by the ack handlers since the last call.
@@ -390,29 +439,36 @@ func (p *publisher) handleEvents() {
 	p.events = p.evScratch[:0]
 	p.evMu.Unlock()
 	for _, ev := range evs {
+		if ev.reply != "" {
+			p.batchEvent(ev)
+			continue
+		}
 		it := p.window[ev.msg]
 		if it == nil {
 			continue // resolved earlier (for example reported dropped at stop)
 		}
 		delete(p.window, ev.msg)
 		if ev.err == nil {
-			p.acked(it, ev.ack, ev.at)
+			p.acked(it, ev.ack.Sequence, ev.ack.Duplicate, ev.at)
 		} else {
 			p.failed(it, ev.err)
 		}
 	}
-	p.inFlight.Store(int64(len(p.window)))
+	p.storeInFlight()
 	clear(evs)
 	p.evScratch = evs[:0]
 }
 
-func (p *publisher) acked(it *item, pa *jetstream.PubAck, at time.Time) {
+// acked applies the ack of item it, stored at stream sequence streamSeq (dup: an earlier publication
+// of its id had been).
+func (p *publisher) acked(it *item, streamSeq uint64, dup bool, at time.Time) {
 	p.ackedN = max(p.ackedN, it.sent)
 	p.held -= it.size
 	switch it.kind {
 	case kindFPM:
-		p.ledger.acked(it.key, it.agreed, it.seq, pa.Sequence)
-		p.b.ranks[it.slot].countPublished(pa.Duplicate)
+		it.streamSeq = streamSeq
+		p.ledger.acked(it.key, it.agreed, it.seq, streamSeq)
+		p.b.ranks[it.slot].countPublished(dup)
 		p.b.metrics.receiveToAck.Observe(at.Sub(it.recv).Seconds())
 		if p.b.opts.onAck != nil {
 			p.b.opts.onAck(it, at)
@@ -504,14 +560,22 @@ func (p *publisher) lost(it *item, err error) {
 func (p *publisher) finish() {
 	p.handleEvents()
 	p.final = true
-	left := make([]*item, 0, len(p.window)+len(p.retry)+p.b.buf.len())
+	left := make([]*item, 0, p.pending()+len(p.retry)+len(p.resend)+p.b.buf.len())
 	for _, it := range p.window {
 		left = append(left, it)
 	}
 	clear(p.window)
-	p.inFlight.Store(0)
+	for _, b := range p.batches {
+		left = append(left, b.items...)
+	}
+	clear(p.batches)
+	clear(p.batchesPer)
+	p.inBatches = 0
+	p.storeInFlight()
 	left = append(left, p.retry...)
 	p.retry = nil
+	left = append(left, p.resend...)
+	p.resend = nil
 	left = append(left, p.dlq...)
 	p.dlq = nil
 	p.held = 0 // everything left is resolved below

@@ -21,18 +21,23 @@ import (
 // BenchmarkBridgeSyncPolicy measures what fsync-before-ack costs the bridge: the same bridge, end to
 // end (ZMQ PUB -> bridge -> JetStream ack), against two embedded servers started in the same run on
 // the same disk, one with `sync_interval: always` and one with nats-server's default (background
-// fsync every two minutes). Per policy:
+// fsync every two minutes). Each iteration is one run of every side; per run:
 //
-//	<policy>-msgs/s            N FPMs sent as fast as ZMQ takes them, timed until every one is acknowledged
-//	<policy>-<R>/s-p50/p99-ms  receive-to-ack latency (the bridge's receive stamp to the JetStream ack
-//	                           it handles: fpmbus_bridge_receive_to_ack_seconds) with FPMs paced at R per
-//	                           second, for each R of the paced rates
-//	rate-ratio                 always-msgs/s / default-msgs/s
-//	<R>/s-p99-ratio            always p99 / default p99 at R per second
+//	rate ratio     always msgs/s / default msgs/s: N FPMs sent as fast as ZMQ takes them, timed until
+//	               every one is acknowledged (group commit: the backlog goes in atomic batches);
+//	               rate-ratio-vs-one-by-one against the default without group commit (every FPM on
+//	               its own, the best a server without per-message fsync does)
+//	<R>/s p99      receive-to-ack p99 (the bridge's receive stamp to the JetStream ack it handles:
+//	               fpmbus_bridge_receive_to_ack_seconds) with FPMs paced at R per second, per policy
+//	disk limit     what the same disk takes, written as the server writes: 200-byte records appended
+//	               to a file with one fsync per record (disk-1-fsync-rec/s) and with one per 100
+//	               records (disk-100-fsync-rec/s: the ceiling group commit approaches)
 //
-// The two policies alternate within each iteration, so background load on a shared machine hits both.
+// and it reports the min, median and max over the runs of each (-min, -med, -max), and the load
+// average (1 min) at the end: the machine is shared. The policies alternate within each run, so
+// background load hits both.
 //
-// Run with: go test ./bridge -run '^$' -bench BridgeSyncPolicy -benchtime 1x
+// Run with: go test ./bridge -run '^$' -bench BridgeSyncPolicy -benchtime 3x (./taskw bench:durable)
 // (FPMBUS_BENCH_N sets N, default 30000; FPMBUS_BENCH_RATES the paced rates, default "500,2000": one
 // node's FPM rate is usually hundreds to a few thousand per second; each paced phase lasts 5 s.)
 func BenchmarkBridgeSyncPolicy(b *testing.B) {
@@ -60,48 +65,94 @@ func BenchmarkBridgeSyncPolicy(b *testing.B) {
 	for i := range pls {
 		pls[i] = payload("sync-bench", 0, uint64(i))
 	}
-	wall := make([]time.Duration, len(policies))
-	lat := make([][][]time.Duration, len(policies)) // [policy][rate]
-	for i := range lat {
-		lat[i] = make([][]time.Duration, len(rates))
-	}
+	runs := map[string][]float64{} // metric -> one value per run
 	run := 0
-	iter := 0
 	for b.Loop() {
-		iter++
-		for i := range policies {
+		msgs := make([]float64, len(policies))
+		for i, p := range policies {
 			run++
 			d, _ := benchBridge(b, envs[i], pls, run)
-			wall[i] += d
+			msgs[i] = float64(n) / d.Seconds()
+			runs[p.name+"-msgs/s"] = append(runs[p.name+"-msgs/s"], msgs[i])
 		}
-		for r, rate := range rates {
-			for i := range policies {
+		runs["rate-ratio"] = append(runs["rate-ratio"], msgs[0]/msgs[1])
+		// The strict baseline: no fsync and no group commit (every FPM on its own), which is what a
+		// server without per-message fsync does best.
+		run++
+		d, _ := benchBridge(b, envs[1], pls, run, withoutGroupCommit())
+		single := float64(n) / d.Seconds()
+		runs["default-one-by-one-msgs/s"] = append(runs["default-one-by-one-msgs/s"], single)
+		runs["rate-ratio-vs-one-by-one"] = append(runs["rate-ratio-vs-one-by-one"], msgs[0]/single)
+		for _, rate := range rates {
+			hz := strconv.Itoa(rate) + "/s"
+			for i, p := range policies {
 				run++
-				lat[i][r] = append(lat[i][r], pacedReceiveToAck(b, envs[i], 5*rate, rate, "sync-lat-"+strconv.Itoa(run))...)
+				l := pacedReceiveToAck(b, envs[i], 5*rate, rate, "sync-lat-"+strconv.Itoa(run))
+				slices.Sort(l)
+				runs[p.name+"-"+hz+"-p50-ms"] = append(runs[p.name+"-"+hz+"-p50-ms"], quantileMs(l, 0.50))
+				runs[p.name+"-"+hz+"-p99-ms"] = append(runs[p.name+"-"+hz+"-p99-ms"], quantileMs(l, 0.99))
+			}
+		}
+		one, group := diskAppendRates(b, b.TempDir())
+		runs["disk-1-fsync-rec/s"] = append(runs["disk-1-fsync-rec/s"], one)
+		runs["disk-100-fsync-rec/s"] = append(runs["disk-100-fsync-rec/s"], group)
+		runs["always-vs-disk-limit"] = append(runs["always-vs-disk-limit"], msgs[0]/group)
+	}
+	reportRuns(b, runs)
+}
+
+// quantileMs is the p-quantile of sorted l in milliseconds.
+func quantileMs(l []time.Duration, p float64) float64 {
+	return float64(l[int(p*float64(len(l)-1))]) / float64(time.Millisecond)
+}
+
+// reportRuns reports the min, median and max of each metric's values (one per run), and the load
+// average over the last minute.
+func reportRuns(b *testing.B, runs map[string][]float64) {
+	for name, v := range runs {
+		slices.Sort(v)
+		b.ReportMetric(v[0], name+"-min")
+		b.ReportMetric(v[len(v)/2], name+"-med")
+		b.ReportMetric(v[len(v)-1], name+"-max")
+	}
+	if raw, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(raw)); len(f) > 0 {
+			if la, err := strconv.ParseFloat(f[0], 64); err == nil {
+				b.ReportMetric(la, "loadavg-1m")
 			}
 		}
 	}
-	q := func(l []time.Duration, p float64) float64 {
-		return float64(l[int(p*float64(len(l)-1))]) / float64(time.Millisecond)
-	}
-	msgs := make([]float64, len(policies))
-	for i, p := range policies {
-		msgs[i] = float64(n*iter) / wall[i].Seconds()
-		b.ReportMetric(msgs[i], p.name+"-msgs/s")
-	}
-	b.ReportMetric(msgs[0]/msgs[1], "rate-ratio")
-	for r, rate := range rates {
-		hz := strconv.Itoa(rate) + "/s"
-		p99 := make([]float64, len(policies))
-		for i, p := range policies {
-			slices.Sort(lat[i][r])
-			p99[i] = q(lat[i][r], 0.99)
-			b.ReportMetric(q(lat[i][r], 0.50), p.name+"-"+hz+"-p50-ms")
-			b.ReportMetric(p99[i], p.name+"-"+hz+"-p99-ms")
-		}
-		b.ReportMetric(p99[0]/p99[1], hz+"-p99-ratio")
-	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// diskAppendRates measures the disk under dir as a JetStream file store uses it: 200-byte records
+// appended to one file, with an fsync after every record and after every 100, for about a second
+// each; records per second.
+func diskAppendRates(b *testing.B, dir string) (one, group float64) {
+	b.Helper()
+	rate := func(per int) float64 {
+		f, err := os.OpenFile(dir+"/disk-"+strconv.Itoa(per), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		rec := make([]byte, 200)
+		start := time.Now()
+		n := 0
+		for time.Since(start) < time.Second {
+			for range per {
+				if _, err := f.Write(rec); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+			if err := f.Sync(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return float64(n) / time.Since(start).Seconds()
+	}
+	return rate(1), rate(100)
 }
 
 // startSyncServer is streamstest.Start with a sync policy: an embedded server on loopback, its store in

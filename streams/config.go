@@ -101,10 +101,13 @@ func (c Config) stream(name, description, subject string, maxAge time.Duration, 
 	}
 }
 
-// FPMStream is the definition of the FPM stream.
+// FPMStream is the definition of the FPM stream. Atomic batch publish is on: the bridge commits queued
+// FPMs in groups (one fsync per batch under sync_interval: always; see bridge/batch.go).
 func (c Config) FPMStream() jetstream.StreamConfig {
-	return c.stream(StreamFPM, "Dynamo forward-pass metrics, one canonical JSON FPM per message, bridged from ZMQ",
+	sc := c.stream(StreamFPM, "Dynamo forward-pass metrics, one canonical JSON FPM per message, bridged from ZMQ",
 		FPMWildcard, c.MaxAge, c.MaxBytes)
+	sc.AllowAtomicPublish = true
+	return sc
 }
 
 // EventsStream is the definition of FPM_EVENTS (dead letters, drop markers, gap events).

@@ -69,6 +69,11 @@ func Diff(current, wanted jetstream.StreamConfig) []Change {
 	add("num_replicas", fmt.Sprint(replicas(current)), fmt.Sprint(replicas(wanted)), replicas(wanted) < replicas(current))
 	add("duplicate_window", duplicateWindow(current).String(), duplicateWindow(wanted).String(), false)
 	add("allow_direct", fmt.Sprint(current.AllowDirect), fmt.Sprint(wanted.AllowDirect), false)
+	// Atomic batch publish is only ever turned on: it deletes nothing and changes nothing a
+	// reader sees; fpmbus never turns off what an operator turned on.
+	if wanted.AllowAtomicPublish && !current.AllowAtomicPublish {
+		add("allow_atomic", "false", "true", false)
+	}
 	return out
 }
 
@@ -89,6 +94,7 @@ func withSettings(current, wanted jetstream.StreamConfig) jetstream.StreamConfig
 	out.Replicas = wanted.Replicas
 	out.Duplicates = wanted.Duplicates
 	out.AllowDirect = wanted.AllowDirect
+	out.AllowAtomicPublish = current.AllowAtomicPublish || wanted.AllowAtomicPublish
 	return out
 }
 

@@ -25,8 +25,9 @@ import (
 // Invariants:
 //   - The edge's streams are fpmbus's own (Config.All, created by the bridge's Ensure on the edge), so
 //     a sourced message is the message the bridge published: same subject, same headers (Nats-Msg-Id,
-//     Fpm-*), same body. The central server adds only Nats-Stream-Source, and applies its duplicate
-//     window to the sourced Nats-Msg-Id exactly as to a direct publish.
+//     Fpm-*), same body. The central server adds only Nats-Stream-Source, drops the Nats-Batch-*
+//     headers of the atomic batch the edge stored it in (sourcing never batches), and applies its
+//     duplicate window to the sourced Nats-Msg-Id exactly as to a direct publish.
 //   - Nothing reaches the central streams twice: the leafnode remote neither exports nor imports
 //     fpmbus's subjects (EdgeDeniedSubjects), so an FPM published at the edge is not also delivered to
 //     the central stream's subject listener, and a central publisher's FPM is not stored at the edge

@@ -23,6 +23,10 @@ type Report struct {
 	Differences []Change
 	// FPMShards is the shard count in use (1: the single stream FPM).
 	FPMShards int
+	// Atomic names the streams that accept atomic batch publishes (allow_atomic), among those whose
+	// definition asks for it; Updated those Ensure turned it on for.
+	Atomic  []string
+	Updated []string
 }
 
 // warned holds the differences this process has logged: `fpmbus up` runs several components, each of
@@ -34,7 +38,9 @@ var warned sync.Map
 // from c is returned in the Report and logged (one Warn per stream naming each setting with the
 // stream's and c's values; once per process for the same differences). Ensure never updates a stream,
 // so a component started with default or careless flags cannot shrink an operator's limits and delete
-// stored messages; only `fpmbus streams apply` (Plan) changes an existing stream.
+// stored messages; only `fpmbus streams apply` (Plan) changes an existing stream. The one exception
+// is additive: a stream whose definition allows atomic batch publish (the FPM streams) and that lacks
+// it gets it turned on in place (addAtomic), which deletes nothing and changes nothing a reader sees.
 //
 // An existing stream that cannot work for fpmbus (see requireUsable) is an ErrIncompatible error
 // naming the setting. The FPM streams are the server's shard count's (c.FPMShards 0) or c.FPMShards,
@@ -60,6 +66,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config, logger *slog.
 			})
 			if err == nil {
 				r.Created = append(r.Created, want.Name)
+				if want.AllowAtomicPublish {
+					r.Atomic = append(r.Atomic, want.Name)
+				}
 				logger.Info("stream created", "stream", want.Name, "subjects", want.Subjects, "max_age", want.MaxAge,
 					"max_bytes", want.MaxBytes, "storage", enumName(want.Storage), "num_replicas", want.Replicas)
 				continue
@@ -74,6 +83,19 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config, logger *slog.
 		current := s.CachedInfo().Config
 		if err := requireUsable(current, want); err != nil {
 			return r, err
+		}
+		if want.AllowAtomicPublish && !current.AllowAtomicPublish {
+			if updated, err := addAtomic(ctx, js, current); err != nil {
+				logger.Warn("stream keeps atomic batch publish off: the bridge publishes its FPMs one by one (one fsync each "+
+					"under sync_interval: always); `fpmbus streams apply` turns it on", "stream", want.Name, "error", err)
+			} else {
+				current = updated
+				r.Updated = append(r.Updated, want.Name)
+				logger.Info("stream updated: atomic batch publish turned on (additive: nothing stored changes)", "stream", want.Name)
+			}
+		}
+		if want.AllowAtomicPublish && current.AllowAtomicPublish {
+			r.Atomic = append(r.Atomic, want.Name)
 		}
 		changes := Diff(current, want)
 		if len(changes) == 0 {
@@ -93,6 +115,18 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config, logger *slog.
 			"(only `fpmbus streams apply` changes an existing stream)", attrs...)
 	}
 	return r, nil
+}
+
+// addAtomic turns atomic batch publish on for the existing stream current, every other setting as it
+// is, and returns the stream's configuration after the update.
+func addAtomic(ctx context.Context, js jetstream.JetStream, current jetstream.StreamConfig) (jetstream.StreamConfig, error) {
+	cfg := current
+	cfg.AllowAtomicPublish = true
+	s, err := js.UpdateStream(ctx, cfg)
+	if err != nil {
+		return current, fmt.Errorf("streams: turn on atomic publish for %s: %w", current.Name, err)
+	}
+	return s.CachedInfo().Config, nil
 }
 
 // requireUsable checks the settings fpmbus cannot work without; every other difference is the

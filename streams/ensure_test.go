@@ -232,3 +232,67 @@ func TestEnsureRejectsBadConfig(t *testing.T) {
 		t.Fatal("a zero duplicate window must be rejected before any server call")
 	}
 }
+
+// A deployment whose FPM streams predate atomic batch publish (a single FPM stream, or shards) gets it
+// turned on by a component's start and by `streams apply` without --force, keeping every message.
+func TestAtomicPublishIsAnAdditiveChange(t *testing.T) {
+	t.Parallel()
+	for name, start := range map[string]func(context.Context, *streamstest.Env, streams.Config) error{
+		"component start": func(ctx context.Context, env *streamstest.Env, c streams.Config) error {
+			r, err := streams.Ensure(ctx, env.JS, c, quiet)
+			if err == nil && !reflect.DeepEqual(r.Updated, r.Atomic) {
+				err = errors.New("updated " + strings.Join(r.Updated, ",") + ", atomic " + strings.Join(r.Atomic, ","))
+			}
+			return err
+		},
+		"streams apply": func(ctx context.Context, env *streamstest.Env, c streams.Config) error {
+			p, err := streams.NewPlan(ctx, env.JS, c)
+			if err != nil {
+				return err
+			}
+			for _, ch := range p.Destructive() {
+				return errors.New("destructive: " + ch.String())
+			}
+			return p.Execute(ctx, env.JS, false)
+		},
+	} {
+		for _, shards := range []int{1, 2} {
+			t.Run(name+"/shards "+string(rune('0'+shards)), func(t *testing.T) {
+				t.Parallel()
+				env := emptyServer(t)
+				c := streams.DefaultConfig()
+				c.FPMShards = shards
+				var names []string
+				for _, sc := range c.All() {
+					if sc.AllowAtomicPublish {
+						names = append(names, sc.Name)
+					}
+					sc.AllowAtomicPublish = false // as the previous version defined it
+					if _, err := env.JS.CreateStream(t.Context(), sc); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := env.JS.Publish(t.Context(), sc.Subjects[0][:len(sc.Subjects[0])-1]+"dynamo.backend.w.0", []byte("{}")); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if len(names) != shards {
+					t.Fatalf("streams allowing atomic publish %v, want the %d FPM stream(s)", names, shards)
+				}
+				if err := start(t.Context(), env, c); err != nil {
+					t.Fatal(err)
+				}
+				for _, sc := range c.All() {
+					got := info(t, env.JS, sc.Name)
+					if got.Config.AllowAtomicPublish != sc.AllowAtomicPublish || got.State.Msgs != 1 {
+						t.Fatalf("%s: allow_atomic %v (want %v), %d messages (want the 1 stored)", sc.Name,
+							got.Config.AllowAtomicPublish, sc.AllowAtomicPublish, got.State.Msgs)
+					}
+				}
+				r, err := streams.Ensure(t.Context(), env.JS, c, quiet)
+				if err != nil || len(r.Updated) != 0 || len(r.Differences) != 0 || !reflect.DeepEqual(r.Atomic, names) {
+					t.Fatalf("second start: %+v, %v", r, err)
+				}
+			})
+		}
+	}
+}

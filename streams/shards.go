@@ -83,6 +83,7 @@ func (c Config) FPMShardStream(i, n int) jetstream.StreamConfig {
 	sc.SubjectTransform = &jetstream.SubjectTransformConfig{Source: in, Destination: FPMWildcard}
 	sc.RePublish = &jetstream.RePublish{Source: FPMWildcard, Destination: FPMWildcard}
 	sc.Metadata = map[string]string{MetaFPMShards: strconv.Itoa(n), MetaFPMShard: strconv.Itoa(i)}
+	sc.AllowAtomicPublish = true // as FPM's: the bridge commits a shard's FPMs in groups
 	return sc
 }
 

@@ -29,6 +29,13 @@ type Cluster struct {
 // StartCluster starts the three nodes and waits until JetStream has a meta leader.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
+	return StartClusterWith(t, nil)
+}
+
+// StartClusterWith is StartCluster with every node's options changed by change first (nil: none),
+// for example its sync policy.
+func StartClusterWith(t testing.TB, change func(*server.Options)) *Cluster {
+	t.Helper()
 	dir := t.TempDir()
 	ports := FreePorts(t, 6) // distinct: a port given twice would keep a node from listening
 	var routes []string
@@ -52,6 +59,9 @@ func StartCluster(t testing.TB) *Cluster {
 	c.Servers = make([]*server.Server, 3)
 	for i, o := range c.opts {
 		o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+		if change != nil {
+			change(o)
+		}
 		c.Start(i)
 	}
 	t.Cleanup(func() {
