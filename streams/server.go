@@ -72,8 +72,10 @@ type ServerConfig struct {
 }
 
 // Server is an embedded nats-server with JetStream enabled. Shutdown stops it; the store stays on disk.
+// WatchStore watches its store (storewatch.go).
 type Server struct {
-	ns *server.Server
+	ns    *server.Server
+	watch *storeWatch
 }
 
 // LoadServerConfig reads a nats-server configuration file with nats-server's own loader (includes,
@@ -210,7 +212,13 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		ns.WaitForShutdown()
 		return nil, fmt.Errorf("%w: listening on %s", ErrServerNotReady, net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port)))
 	}
-	return &Server{ns: ns}, nil
+	w, err := newStoreWatch(ns, cfg.StoreDir)
+	if err != nil {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return nil, err
+	}
+	return &Server{ns: ns, watch: w}, nil
 }
 
 // ClientURL is the nats:// URL clients connect to.
@@ -226,6 +234,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	go func() {
 		s.ns.Shutdown()
 		s.ns.WaitForShutdown()
+		s.watch.close()
 		close(done)
 	}()
 	select {

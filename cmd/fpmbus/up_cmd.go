@@ -281,7 +281,13 @@ func runUp(ctx context.Context, args []string) error {
 		defer stop()
 	}
 	slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "listen", r.listen, "auth", r.server.auth, "metrics", *o.metricsAddr)
+	ctx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	r.abort = abort
 	err = g.Run(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, streams.ErrStoreLost) {
+		return fmt.Errorf("stopped: %w", cause)
+	}
 	if errors.Is(err, rungroup.ErrGaveUp) {
 		return fmt.Errorf("stopped: %w", err)
 	}

@@ -1,0 +1,209 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/smalldisk"
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// These tests take the disk away from `fpmbus up`'s embedded JetStream server while FPMs flow: a real
+// filesystem that fills (a tmpfs of 64 MiB, so the kernel's own ENOSPC), and a data directory deleted
+// under the running process.
+
+// serverComponent is the embedded server's entry of a health report.
+func serverComponent(t *testing.T, rep healthReport) (state, reason string) {
+	t.Helper()
+	for _, c := range rep.Components {
+		if c.Name == "embedded server" {
+			return c.State, c.Reason
+		}
+	}
+	t.Fatalf("no embedded server in %+v", rep)
+	return "", ""
+}
+
+// waitMetric waits until metric (summed over the samples with labels) satisfies ok, and returns it.
+func waitMetric(t *testing.T, addr, name string, ok func(float64) bool, d time.Duration, labels ...string) float64 {
+	t.Helper()
+	var v float64
+	eventually(t, d, func() error {
+		m, err := scrapeSamples(addr)
+		if err != nil {
+			return err
+		}
+		if v = sumSamples(m, name, labels...); !ok(v) {
+			return fmt.Errorf("%s%v = %v", name, labels, v)
+		}
+		return nil
+	})
+	return v
+}
+
+// The disk under the JetStream store fills while a publisher sends: /healthz answers 503 with the
+// embedded server degraded, naming the full filesystem and the store; the store metrics say so; the
+// bridge buffers and then drops. Once space is freed JetStream is restarted at once, ingest resumes,
+// and every number the publisher sent is either stored once or named missing by the gap events
+// (`gaps report` counts exactly what was not stored, never 0 %).
+func TestUpFullDiskIsNamedAndIngestResumesWhenSpaceReturns(t *testing.T) {
+	t.Parallel()
+	const n = 12000
+	mnt := smalldisk.Mount(t, 64<<20)
+	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	up := startUp(t, 1, "--data-dir", filepath.Join(mnt, "data"), "--metrics-addr", metrics,
+		// Limits that fit the small disk; a buffer and window small enough to drop within seconds.
+		"--max-bytes", "24000000", "--events-max-bytes", "4000000", "--max-buffer", "1000", "--max-in-flight", "256")
+	waitHealth(t, metrics, http.StatusOK, 30*time.Second)
+	pub := publish(t, 1, up.basePort, 1, n, "fulldisk", "--rate", "800")
+	js := jsClient(t, up.url)
+	eventually(t, 30*time.Second, func() error {
+		if c, err := streamCount(t, js, streams.StreamFPM); err != nil || c < 1000 {
+			return fmt.Errorf("%d FPMs stored (%v), want 1000 before the disk fills", c, err)
+		}
+		return nil
+	})
+
+	free := smalldisk.Fill(t, mnt)
+	rep := waitHealth(t, metrics, http.StatusServiceUnavailable, 30*time.Second)
+	state, reason := serverComponent(t, rep)
+	store := filepath.Join(mnt, "data", "jetstream", "jetstream")
+	if rep.Status != "degraded" || state != "degraded" || !strings.Contains(reason, "disk full") ||
+		!strings.Contains(reason, "filesystem at "+mnt) || !strings.Contains(reason, store) {
+		t.Fatalf("full disk: status %q, embedded server %q: %q; want degraded, naming the filesystem %s and the store %s", rep.Status, state, reason, mnt, store)
+	}
+	waitMetric(t, metrics, "fpmbus_store_ok", func(v float64) bool { return v == 0 }, 10*time.Second)
+	waitMetric(t, metrics, "fpmbus_store_faults_total", func(v float64) bool { return v == 1 }, 10*time.Second, "state", "disk_full")
+	waitMetric(t, metrics, "fpmbus_bridge_dropped_total", func(v float64) bool { return v > 0 }, 30*time.Second, "reason", "buffer_full")
+
+	free()
+	rep = waitHealth(t, metrics, http.StatusOK, 30*time.Second)
+	if state, reason := serverComponent(t, rep); state != "ready" || reason != "" {
+		t.Fatalf("after space returned the embedded server is %q (%q)", state, reason)
+	}
+	waitMetric(t, metrics, "fpmbus_store_recoveries_total", func(v float64) bool { return v == 1 }, 10*time.Second)
+	if err := pub.wait(60 * time.Second); err != nil {
+		t.Fatalf("publisher: %v", err)
+	}
+
+	// sent = stored once + named missing, number by number.
+	key := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "fulldisk", DPRank: 0}
+	var stored map[uint64]int
+	var named map[uint64]string
+	eventually(t, 120*time.Second, func() error {
+		stored, named = map[uint64]int{}, map[uint64]string{}
+		for _, m := range storedFPMs(t, js, streams.FPMSubject(key)) {
+			stored[m.seq]++
+		}
+		for _, e := range gapEvents(t, js) {
+			if e.Key != key || e.Type != gaps.TypeGap {
+				continue
+			}
+			for _, r := range gapRanges(e) {
+				for q := r[0]; q <= r[1]; q++ {
+					if named[q] != "" {
+						return fmt.Errorf("number %d named missing twice (%s, %s)", q, named[q], e.Cause)
+					}
+					named[q] = e.Cause
+				}
+			}
+		}
+		if len(stored)+len(named) != n {
+			return fmt.Errorf("%d numbers stored and %d named missing, want %d in all", len(stored), len(named), n)
+		}
+		return nil
+	})
+	bridgeDrops := 0
+	for q := range uint64(n) {
+		switch c, cause := stored[q], named[q]; {
+		case c > 1:
+			t.Fatalf("number %d stored %d times", q, c)
+		case c == 1 && cause != "":
+			t.Fatalf("number %d is stored and named missing (%s)", q, cause)
+		case c == 0 && cause == "":
+			t.Fatalf("number %d neither stored nor named missing", q)
+		case cause == gaps.CauseBridgeDrop:
+			bridgeDrops++
+		}
+	}
+	m, err := scrapeSamples(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dropped := sumSamples(m, "fpmbus_bridge_dropped_total"); float64(bridgeDrops) != dropped || dropped == 0 {
+		t.Fatalf("%d numbers named bridge_drop, but the bridge counted %v dropped", bridgeDrops, dropped)
+	}
+	t.Logf("%d sent: %d stored, %d named missing (%d bridge_drop, as many as the bridge dropped)", n, len(stored), len(named), bridgeDrops)
+	pr := reportOf(t, gapsReport(t, up.url), key)
+	if pr.Messages+pr.MissingTotal != n || pr.MissingTotal != uint64(len(named)) || pr.Missing.BridgeDrop != uint64(bridgeDrops) || pr.LossPercent == 0 {
+		t.Fatalf("gaps report: %d messages + %d missing (bridge_drop %d, loss %.3f%%), want %d stored + %d named (bridge_drop %d)",
+			pr.Messages, pr.MissingTotal, pr.Missing.BridgeDrop, pr.LossPercent, len(stored), len(named), bridgeDrops)
+	}
+	if err := up.proc.signal(syscall.SIGTERM, 60*time.Second); err != nil {
+		t.Fatalf("fpmbus up exit: %v", err)
+	}
+}
+
+// The data directory is deleted under a running `fpmbus up` while a publisher sends: within about a
+// second /healthz answers 503 naming the deleted store, nothing more is acknowledged, and `up` stops in order and exits 1 with the cause, so that a service
+// manager's restart begins a new store instead of acknowledging into deleted files.
+func TestUpDeletedDataDirectoryStopsAcknowledgingAndExits(t *testing.T) {
+	t.Parallel()
+	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	up := startUp(t, 1, "--metrics-addr", metrics)
+	waitHealth(t, metrics, http.StatusOK, 30*time.Second)
+	publish(t, 1, up.basePort, 1, 100000, "deleted", "--rate", "500")
+	waitMetric(t, metrics, "fpmbus_bridge_published_total", func(v float64) bool { return v >= 500 }, 30*time.Second)
+	js := jsClient(t, up.url)
+
+	// As `rm -rf` run until it succeeds: the server writes into the tree while it is being removed.
+	eventually(t, 30*time.Second, func() error { return os.RemoveAll(up.dataDir) })
+	store := filepath.Join(up.dataDir, "jetstream", "jetstream")
+	var rep healthReport
+	eventually(t, 30*time.Second, func() error {
+		code, r, err := getHealth(metrics)
+		if err != nil {
+			return err
+		}
+		if _, reason := serverComponent(t, r); code != http.StatusServiceUnavailable || !strings.Contains(reason, store+" was deleted") {
+			return fmt.Errorf("/healthz %d: %+v", code, r)
+		}
+		rep = r
+		return nil
+	})
+	if state, _ := serverComponent(t, rep); state != "degraded" {
+		t.Fatalf("the embedded server is %q while up stops, want degraded with the reason", state)
+	}
+	m, err := scrapeSamples(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, lost := sumSamples(m, "fpmbus_store_ok"), sumSamples(m, "fpmbus_store_faults_total", "state", "lost"); ok != 0 || lost != 1 {
+		t.Fatalf("store metrics: ok %v, lost %v", ok, lost)
+	}
+	// Nothing is acknowledged any more: JetStream was shut down before the fault was reported, and the
+	// server, stopped last, still answers while the components stop.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if ack, err := js.Publish(ctx, streams.FPMSubject(streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "late", DPRank: 0}), []byte("{}")); err == nil {
+		t.Fatalf("a publish was acknowledged after the store was lost: %+v", ack)
+	}
+	err = up.proc.wait(60 * time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("fpmbus up ended with %v, want exit status 1", err)
+	}
+	if out := up.proc.Output(); !strings.Contains(out, "JetStream store lost") || !strings.Contains(out, store+" was deleted") {
+		t.Fatalf("fpmbus up's output does not name the lost store:\n%s", out)
+	}
+}
