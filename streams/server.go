@@ -189,11 +189,15 @@ func IsLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// StartServer starts an embedded server and waits until it accepts connections.
+// StartServer starts an embedded server and waits until it accepts connections. An address it cannot
+// listen on is an error wrapping ErrListen (a *ListenError), returned before anything starts.
 func StartServer(cfg ServerConfig) (*Server, error) {
 	opts, err := cfg.Options()
 	if err != nil {
 		return nil, err
+	}
+	if err := CheckListen(opts); err != nil {
+		return nil, fmt.Errorf("streams: embedded server: %w", err)
 	}
 	// A configuration file's sync_interval stands unless Sync says otherwise; with neither, DefaultSync.
 	if cfg.Sync != (SyncPolicy{}) || cfg.Base == nil || !cfg.Base.SyncAlways && cfg.Base.SyncInterval == 0 {

@@ -262,6 +262,9 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := r.checkPorts(*o.metricsAddr); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(r.storeDir, 0o755); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}

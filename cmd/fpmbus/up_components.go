@@ -151,6 +151,10 @@ func (r *upRun) serverComponent() *rungroup.Component {
 		Start: func(context.Context) (rungroup.Instance, error) {
 			srv, err := streams.StartServer(r.server.server)
 			if err != nil {
+				if errors.Is(err, streams.ErrListen) {
+					// Restarting would find the address as taken as now: stop, naming it.
+					return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
+				}
 				return rungroup.Instance{}, err
 			}
 			r.mu.Lock()
@@ -385,6 +389,10 @@ func (r *upRun) publishComponent() *rungroup.Component {
 		StopTimeout: 10 * time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			p, err := producer.New(*r.demo)
+			if be, ok := errors.AsType[*producer.BindError](err); ok {
+				// A port another process holds stays held through any number of restarts.
+				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: --demo: %v", errUsage, be))
+			}
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
