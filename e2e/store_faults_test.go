@@ -13,9 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/internal/smalldisk"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // These tests take the disk away from `fpmbus up`'s embedded JetStream server while FPMs flow: a real
@@ -54,11 +57,24 @@ func waitMetric(t *testing.T, addr, name string, ok func(float64) bool, d time.D
 // The disk under the JetStream store fills while a publisher sends: /healthz answers 503 with the
 // embedded server degraded, naming the full filesystem and the store; the store metrics say so; the
 // bridge buffers and then drops. Once space is freed JetStream is restarted at once, ingest resumes,
-// and every number the publisher sent is either stored once or named missing by the gap events
-// (`gaps report` counts exactly what was not stored, never 0 %).
+// and every number the publisher sent is either stored once or named missing, by the gap events or,
+// for the drops after the run's last stored FPM (the run ended while the disk was full), by the bridge's
+// drop markers that `gaps report` counts: sent = stored + named, number by number, never 0 %.
 func TestUpFullDiskIsNamedAndIngestResumesWhenSpaceReturns(t *testing.T) {
 	t.Parallel()
-	const n = 12000
+	for name, endsWhileFull := range map[string]bool{"space returns during the run": false, "the run ends while the disk is full": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fullDiskRun(t, endsWhileFull)
+		})
+	}
+}
+
+func fullDiskRun(t *testing.T, endsWhileFull bool) {
+	n := 12000
+	if endsWhileFull {
+		n = 4000
+	}
 	mnt := smalldisk.Mount(t, 64<<20)
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	up := startUp(t, 1, "--data-dir", filepath.Join(mnt, "data"), "--metrics-addr", metrics,
@@ -85,6 +101,13 @@ func TestUpFullDiskIsNamedAndIngestResumesWhenSpaceReturns(t *testing.T) {
 	waitMetric(t, metrics, "fpmbus_store_ok", func(v float64) bool { return v == 0 }, 10*time.Second)
 	waitMetric(t, metrics, "fpmbus_store_faults_total", func(v float64) bool { return v == 1 }, 10*time.Second, "state", "disk_full")
 	waitMetric(t, metrics, "fpmbus_bridge_dropped_total", func(v float64) bool { return v > 0 }, 30*time.Second, "reason", "buffer_full")
+	if endsWhileFull {
+		if err := pub.wait(60 * time.Second); err != nil {
+			t.Fatalf("publisher: %v", err)
+		}
+		// Every number sent has reached the bridge: it is buffered or dropped.
+		waitMetric(t, metrics, "fpmbus_bridge_received_total", func(v float64) bool { return v == float64(n) }, 30*time.Second)
+	}
 
 	free()
 	rep = waitHealth(t, metrics, http.StatusOK, 30*time.Second)
@@ -95,11 +118,21 @@ func TestUpFullDiskIsNamedAndIngestResumesWhenSpaceReturns(t *testing.T) {
 	if err := pub.wait(60 * time.Second); err != nil {
 		t.Fatalf("publisher: %v", err)
 	}
+	// Every drop marker is stored: as many dropped as published in markers.
+	m, err := scrapeSamples(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped := sumSamples(m, "fpmbus_bridge_dropped_total")
+	if dropped == 0 {
+		t.Fatal("the bridge dropped nothing while the disk was full: the test did not fill its buffer")
+	}
 
 	// sent = stored once + named missing, number by number.
 	key := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "fulldisk", DPRank: 0}
 	var stored map[uint64]int
 	var named map[uint64]string
+	var pr gaps.PublisherReport
 	eventually(t, 120*time.Second, func() error {
 		stored, named = map[uint64]int{}, map[uint64]string{}
 		for _, m := range storedFPMs(t, js, streams.FPMSubject(key)) {
@@ -118,12 +151,26 @@ func TestUpFullDiskIsNamedAndIngestResumesWhenSpaceReturns(t *testing.T) {
 				}
 			}
 		}
+		// The drops after the run's last stored FPM: named by the drop markers only.
+		var last uint64
+		for q := range stored {
+			last = max(last, q)
+		}
+		for _, dm := range dropMarkers(t, js, key) {
+			for q := max(dm.FirstSeq, last+1); q <= dm.LastSeq; q++ {
+				named[q] = "dropped after the run's last stored FPM"
+			}
+		}
 		if len(stored)+len(named) != n {
 			return fmt.Errorf("%d numbers stored and %d named missing, want %d in all", len(stored), len(named), n)
 		}
+		pr = reportOf(t, gapsReport(t, up.url), key)
+		if pr.Messages+pr.MissingTotal != uint64(n) {
+			return fmt.Errorf("gaps report: %d messages + %d missing, want %d", pr.Messages, pr.MissingTotal, n)
+		}
 		return nil
 	})
-	bridgeDrops := 0
+	bridgeDrops, unrevealed := 0, 0
 	for q := range uint64(n) {
 		switch c, cause := stored[q], named[q]; {
 		case c > 1:
@@ -134,24 +181,39 @@ func TestUpFullDiskIsNamedAndIngestResumesWhenSpaceReturns(t *testing.T) {
 			t.Fatalf("number %d neither stored nor named missing", q)
 		case cause == gaps.CauseBridgeDrop:
 			bridgeDrops++
+		case cause == "dropped after the run's last stored FPM":
+			unrevealed++
 		}
 	}
-	m, err := scrapeSamples(metrics)
-	if err != nil {
-		t.Fatal(err)
+	if float64(bridgeDrops+unrevealed) != dropped {
+		t.Fatalf("%d numbers named bridge_drop and %d dropped after the last stored FPM, but the bridge counted %v dropped", bridgeDrops, unrevealed, dropped)
 	}
-	if dropped := sumSamples(m, "fpmbus_bridge_dropped_total"); float64(bridgeDrops) != dropped || dropped == 0 {
-		t.Fatalf("%d numbers named bridge_drop, but the bridge counted %v dropped", bridgeDrops, dropped)
+	if endsWhileFull != (unrevealed > 0) {
+		t.Fatalf("%d numbers dropped after the run's last stored FPM; want some only when the run ended while the disk was full", unrevealed)
 	}
-	t.Logf("%d sent: %d stored, %d named missing (%d bridge_drop, as many as the bridge dropped)", n, len(stored), len(named), bridgeDrops)
-	pr := reportOf(t, gapsReport(t, up.url), key)
-	if pr.Messages+pr.MissingTotal != n || pr.MissingTotal != uint64(len(named)) || pr.Missing.BridgeDrop != uint64(bridgeDrops) || pr.LossPercent == 0 {
-		t.Fatalf("gaps report: %d messages + %d missing (bridge_drop %d, loss %.3f%%), want %d stored + %d named (bridge_drop %d)",
-			pr.Messages, pr.MissingTotal, pr.Missing.BridgeDrop, pr.LossPercent, len(stored), len(named), bridgeDrops)
+	if pr.MissingTotal != uint64(len(named)) || pr.Missing.BridgeDrop != uint64(bridgeDrops) || pr.DroppedUnrevealed != uint64(unrevealed) || pr.LossPercent == 0 {
+		t.Fatalf("gaps report: %d messages + %d missing (bridge_drop %d, dropped unrevealed %d, loss %.3f%%), want %d stored + %d named (bridge_drop %d, unrevealed %d)",
+			pr.Messages, pr.MissingTotal, pr.Missing.BridgeDrop, pr.DroppedUnrevealed, pr.LossPercent, len(stored), len(named), bridgeDrops, unrevealed)
 	}
+	t.Logf("%d sent: %d stored, %d named missing (%d bridge_drop, %d dropped after the run's last stored FPM; the bridge counted %v dropped)",
+		n, len(stored), len(named), bridgeDrops, unrevealed, dropped)
 	if err := up.proc.signal(syscall.SIGTERM, 60*time.Second); err != nil {
 		t.Fatalf("fpmbus up exit: %v", err)
 	}
+}
+
+// dropMarkers reads the drop markers of k.
+func dropMarkers(t *testing.T, js jetstream.JetStream, k streams.Key) []streams.DropMarker {
+	t.Helper()
+	var out []streams.DropMarker
+	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.DropMarkerSubject(k)) {
+		dm, err := streams.ParseDropMarker(m.Data())
+		if err != nil {
+			t.Fatalf("drop marker %s: %v", m.Data(), err)
+		}
+		out = append(out, dm)
+	}
+	return out
 }
 
 // The data directory is deleted under a running `fpmbus up` while a publisher sends: within about a
