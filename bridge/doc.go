@@ -17,6 +17,8 @@
 //	              dropped sequence ranges become drop markers (which are never dropped)
 //	publish.go    one goroutine publishes in order with a bounded async window, and on failure waits
 //	              for the broker and republishes the unacknowledged messages with the same ids
+//	markerspool.go the drop markers still unstored when the bridge stops go to the marker spool
+//	              (Config.MarkerSpool), which the next run publishes first
 //	acked.go      each ack also goes into the ledger: per publisher key, the FPM and stream sequences
 //	              JetStream acknowledged (the ack records)
 //	checkpoint.go the ledger's changed records are written to KV FPM_BRIDGE_ACKS every second

@@ -128,8 +128,107 @@ func fullDiskRun(t *testing.T, endsWhileFull bool) {
 		t.Fatal("the bridge dropped nothing while the disk was full: the test did not fill its buffer")
 	}
 
-	// sent = stored once + named missing, number by number.
 	key := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "fulldisk", DPRank: 0}
+	a := accountFor(t, js, up.url, key, n)
+	bridgeDrops, unrevealed := a.bridgeDrops, a.unrevealed
+	if float64(bridgeDrops+unrevealed) != dropped {
+		t.Fatalf("%d numbers named bridge_drop and %d dropped after the last stored FPM, but the bridge counted %v dropped", bridgeDrops, unrevealed, dropped)
+	}
+	if endsWhileFull != (unrevealed > 0) {
+		t.Fatalf("%d numbers dropped after the run's last stored FPM; want some only when the run ended while the disk was full", unrevealed)
+	}
+	t.Logf("%d sent: %d stored, %d named missing (%d bridge_drop, %d dropped after the run's last stored FPM; the bridge counted %v dropped)",
+		n, a.stored, a.named, bridgeDrops, unrevealed, dropped)
+	if err := up.proc.signal(syscall.SIGTERM, 60*time.Second); err != nil {
+		t.Fatalf("fpmbus up exit: %v", err)
+	}
+}
+
+// `fpmbus up` is stopped while its store disk is full: the drop markers its bridge holds cannot be
+// stored, so they go to the marker spool (here on another disk, --marker-spool). The next `up` on the
+// same data directory and spool publishes them before anything else and removes the spool, and every
+// number the publisher sent is stored or named missing, as if the store had come back before the stop.
+func TestUpStoppedWhileTheDiskIsFullNamesItsDropsAtTheNextStart(t *testing.T) {
+	t.Parallel()
+	const n = 4000
+	mnt := smalldisk.Mount(t, 64<<20)
+	spool := filepath.Join(t.TempDir(), "drop-markers.jsonl")
+	args := func(metrics string) []string {
+		return []string{"--data-dir", filepath.Join(mnt, "data"), "--marker-spool", spool, "--metrics-addr", metrics,
+			"--max-bytes", "24000000", "--events-max-bytes", "4000000", "--max-buffer", "1000", "--max-in-flight", "256",
+			// Stops that wait less for a store that refuses writes.
+			"--stop-timeout", "2s", "--trace-stop-timeout", "2s", "--gaps-stop-timeout", "2s"}
+	}
+	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	up := startUp(t, 1, args(metrics)...)
+	waitHealth(t, metrics, http.StatusOK, 30*time.Second)
+	pub := publish(t, 1, up.basePort, 1, n, "fulldisk", "--rate", "800")
+	js := jsClient(t, up.url)
+	eventually(t, 30*time.Second, func() error {
+		if c, err := streamCount(t, js, streams.StreamFPM); err != nil || c < 1000 {
+			return fmt.Errorf("%d FPMs stored (%v), want 1000 before the disk fills", c, err)
+		}
+		return nil
+	})
+	free := smalldisk.Fill(t, mnt)
+	waitHealth(t, metrics, http.StatusServiceUnavailable, 30*time.Second)
+	if err := pub.wait(60 * time.Second); err != nil {
+		t.Fatalf("publisher: %v", err)
+	}
+	waitMetric(t, metrics, "fpmbus_bridge_received_total", func(v float64) bool { return v == n }, 30*time.Second)
+	if err := up.proc.signal(syscall.SIGTERM, 120*time.Second); err != nil {
+		t.Fatalf("fpmbus up exit: %v", err)
+	}
+	data, err := os.ReadFile(spool)
+	if err != nil {
+		t.Fatalf("no marker spool after a stop on a full disk: %v\n%s", err, up.proc.Output())
+	}
+	var spooled uint64
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		dm, err := streams.ParseDropMarker([]byte(line))
+		if err != nil {
+			t.Fatalf("spool line %q: %v", line, err)
+		}
+		spooled += dm.Count
+	}
+	if spooled == 0 || !strings.Contains(up.proc.Output(), "drop markers not stored before the stop were spooled") {
+		t.Fatalf("the spool names %d FPMs; output:\n%s", spooled, up.proc.Output())
+	}
+
+	free()
+	metrics = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	up2 := startUp(t, 1, args(metrics)...)
+	eventually(t, 60*time.Second, func() error {
+		if _, err := os.Stat(spool); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("the spool is still there (%v)", err)
+		}
+		return nil
+	})
+	key := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "fulldisk", DPRank: 0}
+	a := accountFor(t, jsClient(t, up2.url), up2.url, key, n)
+	if uint64(a.unrevealed) != spooled || a.stored+a.unrevealed != n {
+		t.Fatalf("%d stored, %d named by drop markers after the run's last stored FPM; the spool named %d", a.stored, a.unrevealed, spooled)
+	}
+	t.Logf("%d sent: %d stored before the disk filled, %d dropped, spooled at the stop and named after the restart", n, a.stored, a.unrevealed)
+	if err := up2.proc.signal(syscall.SIGTERM, 60*time.Second); err != nil {
+		t.Fatalf("fpmbus up exit: %v", err)
+	}
+}
+
+// accounting is what accountFor found: per number, stored once or named missing.
+type accounting struct {
+	stored, named           int
+	bridgeDrops, unrevealed int // named by bridge_drop gap events; by drop markers only (after the run's last stored FPM)
+	report                  gaps.PublisherReport
+}
+
+// accountFor waits until every number 0..n-1 key's publisher sent is stored once or named missing,
+// and `gaps report` agrees, number for number: named by a gap event, or (after the run's last stored
+// FPM, which no gap event can name) by a drop marker. It fails on a number stored twice, stored and
+// named, named twice, or neither.
+func accountFor(t *testing.T, js jetstream.JetStream, url string, key streams.Key, n int) accounting {
+	t.Helper()
+	const byMarker = "dropped after the run's last stored FPM"
 	var stored map[uint64]int
 	var named map[uint64]string
 	var pr gaps.PublisherReport
@@ -151,26 +250,25 @@ func fullDiskRun(t *testing.T, endsWhileFull bool) {
 				}
 			}
 		}
-		// The drops after the run's last stored FPM: named by the drop markers only.
 		var last uint64
 		for q := range stored {
 			last = max(last, q)
 		}
 		for _, dm := range dropMarkers(t, js, key) {
 			for q := max(dm.FirstSeq, last+1); q <= dm.LastSeq; q++ {
-				named[q] = "dropped after the run's last stored FPM"
+				named[q] = byMarker
 			}
 		}
 		if len(stored)+len(named) != n {
 			return fmt.Errorf("%d numbers stored and %d named missing, want %d in all", len(stored), len(named), n)
 		}
-		pr = reportOf(t, gapsReport(t, up.url), key)
+		pr = reportOf(t, gapsReport(t, url), key)
 		if pr.Messages+pr.MissingTotal != uint64(n) {
 			return fmt.Errorf("gaps report: %d messages + %d missing, want %d", pr.Messages, pr.MissingTotal, n)
 		}
 		return nil
 	})
-	bridgeDrops, unrevealed := 0, 0
+	a := accounting{stored: len(stored), named: len(named), report: pr}
 	for q := range uint64(n) {
 		switch c, cause := stored[q], named[q]; {
 		case c > 1:
@@ -180,26 +278,16 @@ func fullDiskRun(t *testing.T, endsWhileFull bool) {
 		case c == 0 && cause == "":
 			t.Fatalf("number %d neither stored nor named missing", q)
 		case cause == gaps.CauseBridgeDrop:
-			bridgeDrops++
-		case cause == "dropped after the run's last stored FPM":
-			unrevealed++
+			a.bridgeDrops++
+		case cause == byMarker:
+			a.unrevealed++
 		}
 	}
-	if float64(bridgeDrops+unrevealed) != dropped {
-		t.Fatalf("%d numbers named bridge_drop and %d dropped after the last stored FPM, but the bridge counted %v dropped", bridgeDrops, unrevealed, dropped)
-	}
-	if endsWhileFull != (unrevealed > 0) {
-		t.Fatalf("%d numbers dropped after the run's last stored FPM; want some only when the run ended while the disk was full", unrevealed)
-	}
-	if pr.MissingTotal != uint64(len(named)) || pr.Missing.BridgeDrop != uint64(bridgeDrops) || pr.DroppedUnrevealed != uint64(unrevealed) || pr.LossPercent == 0 {
+	if pr.MissingTotal != uint64(a.named) || pr.Missing.BridgeDrop != uint64(a.bridgeDrops) || pr.DroppedUnrevealed != uint64(a.unrevealed) || pr.LossPercent == 0 {
 		t.Fatalf("gaps report: %d messages + %d missing (bridge_drop %d, dropped unrevealed %d, loss %.3f%%), want %d stored + %d named (bridge_drop %d, unrevealed %d)",
-			pr.Messages, pr.MissingTotal, pr.Missing.BridgeDrop, pr.DroppedUnrevealed, pr.LossPercent, len(stored), len(named), bridgeDrops, unrevealed)
+			pr.Messages, pr.MissingTotal, pr.Missing.BridgeDrop, pr.DroppedUnrevealed, pr.LossPercent, a.stored, a.named, a.bridgeDrops, a.unrevealed)
 	}
-	t.Logf("%d sent: %d stored, %d named missing (%d bridge_drop, %d dropped after the run's last stored FPM; the bridge counted %v dropped)",
-		n, len(stored), len(named), bridgeDrops, unrevealed, dropped)
-	if err := up.proc.signal(syscall.SIGTERM, 60*time.Second); err != nil {
-		t.Fatalf("fpmbus up exit: %v", err)
-	}
+	return a
 }
 
 // dropMarkers reads the drop markers of k.

@@ -41,6 +41,9 @@ const (
 	demoSeed   = 1
 	// demoStartDelay lets the bridge's SUB sockets connect before the first FPM (ZMQ's slow joiner).
 	demoStartDelay = 300 * time.Millisecond
+	// upMarkerSpool is the bridge's marker spool in the data directory, unless --marker-spool says
+	// otherwise: the drop markers it could not store before a stop, published by the next `up`.
+	upMarkerSpool = "bridge-drop-markers.jsonl"
 )
 
 // upOptions are the flags of `fpmbus up`: its own, the restart policy, and every component's
@@ -151,6 +154,9 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	bc.Streams, bc.Logger = *o.scfg, slog.Default()
+	if !flagGiven(o.fs, "marker-spool") {
+		bc.MarkerSpool = filepath.Join(o.dataDir, upMarkerSpool)
+	}
 	memberID := upMemberID(o.dataDir)
 	if bc.BridgeID == "" {
 		// The bridge is named like the consumer group members, the same across restarts: the gap
