@@ -69,6 +69,13 @@ const storeCheckInterval = time.Second
 // storeLogRepeat is how often a store fault that lasts is logged again.
 const storeLogRepeat = 30 * time.Second
 
+// storeRestartFirstWait and storeRestartMaxWait bound the waits between JetStream restarts while a
+// fault outlives them; the first restart after a healthy check is at once.
+const (
+	storeRestartFirstWait = 2 * time.Second
+	storeRestartMaxWait   = 5 * time.Minute
+)
+
 // storeProbeName is the probe file written next to nats-server's store directory (in
 // ServerConfig.StoreDir, never inside nats-server's, whose entries it reads as accounts).
 const storeProbeName = ".fpmbus-store-probe"
@@ -134,6 +141,11 @@ type storeWatch struct {
 
 	// owned by WatchStore's goroutine
 	logged time.Time // when the current fault was last logged
+	// restartAt is the earliest time of the next JetStream restart and restartWait the wait after it:
+	// a fault that a restart does not clear (a stream nats-server cannot load) is retried ever more
+	// rarely, up to storeRestartMaxWait, instead of every second. A healthy check starts over.
+	restartAt   time.Time
+	restartWait time.Duration
 }
 
 // newStoreWatch records the identity of the store the server just opened.
@@ -212,6 +224,7 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 	full := ferr == nil && free < StoreLowFree
 	switch {
 	case len(faults) == 0 && !full:
+		w.restartAt, w.restartWait = time.Time{}, 0
 		w.set(log, now, StoreOK, "", free, false)
 		return nil
 	case len(faults) == 0:
@@ -229,6 +242,13 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 			w.dir, w.mount, free, strings.Join(faults, "; "), err), free, false)
 		return nil
 	}
+	if now.Before(w.restartAt) {
+		w.set(log, now, StoreWriteError, fmt.Sprintf("JetStream store %s (filesystem at %s) takes writes, but JetStream still refuses them after a restart: %s; restarting it again at %s",
+			w.dir, w.mount, strings.Join(faults, "; "), w.restartAt.UTC().Format(time.RFC3339)), free, false)
+		return nil
+	}
+	w.restartWait = min(max(2*w.restartWait, storeRestartFirstWait), storeRestartMaxWait)
+	w.restartAt = now.Add(w.restartWait)
 	if err := s.restartJetStream(); err != nil {
 		w.set(log, now, StoreWriteError, fmt.Sprintf("JetStream store %s (filesystem at %s) takes writes again but JetStream did not restart: %v (after: %s)",
 			w.dir, w.mount, err, strings.Join(faults, "; ")), free, false)

@@ -162,3 +162,41 @@ func TestWatchStoreStopsAcknowledgingWhenTheStoreIsGone(t *testing.T) {
 		})
 	}
 }
+
+// JetStream disabled under the watch (nats-server does so itself on some write errors) is enabled again
+// at once; a fault the restart does not clear (here a stream whose metadata is damaged, which
+// nats-server then cannot load) is reported as a write error and not restarted again every second.
+func TestWatchStoreRestartsADisabledJetStreamButNotInALoop(t *testing.T) {
+	t.Parallel()
+	srv, js, _ := watchedServer(t, filepath.Join(t.TempDir(), "data", "jetstream"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "DAMAGED", Subjects: []string{"d.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.NATS().ShutdownJetStream(); err != nil {
+		t.Fatal(err)
+	}
+	meta := filepath.Join(srv.StoreStatus().Dir, "$G", "streams", "DAMAGED", "meta.inf")
+	if err := os.WriteFile(meta, []byte("not a stream"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CheckStore(); err != nil {
+		t.Fatal(err)
+	}
+	if st := srv.StoreStatus(); st.Recoveries != 1 || !srv.NATS().JetStreamEnabled() {
+		t.Fatalf("JetStream not enabled again: %+v", st)
+	}
+	if _, err := js.Stream(ctx, "S"); err != nil {
+		t.Fatalf("stream S after the restart: %v", err)
+	}
+	for range 3 {
+		if err := srv.CheckStore(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := srv.StoreStatus()
+	if st.State != streams.StoreWriteError || st.Recoveries != 1 || !strings.Contains(st.Reason, "DAMAGED") || !strings.Contains(st.Reason, "restarting it again at") {
+		t.Fatalf("after a restart that did not help: %+v", st)
+	}
+}
