@@ -357,3 +357,26 @@ func TestUpDeletedDataDirectoryStopsAcknowledgingAndExits(t *testing.T) {
 		t.Fatalf("fpmbus up's output does not name the lost store:\n%s", out)
 	}
 }
+
+// A store disk too small for the streams' size limits (nats-server gives JetStream 3/4 of what the
+// filesystem has available when it starts, and a stream reserves its limit): `up` exits 2 at once,
+// naming the limits' flags, the filesystem and the space, instead of restarting its connection until
+// the restart limit and saying only "insufficient storage resources".
+func TestUpRefusesStreamLimitsTheStoreDiskCannotHold(t *testing.T) {
+	t.Parallel()
+	mnt := smalldisk.Mount(t, 16<<20)
+	out, err := run(t, 60*time.Second, fpmbusBin, "up", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"--data-dir", filepath.Join(mnt, "data"), "--trace-output", filepath.Join(t.TempDir(), "fpm"))
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("fpmbus up ended with %v, want exit status 2; output:\n%s", err, out)
+	}
+	for _, want := range []string{"--max-bytes 10737418240", "--events-max-bytes 1073741824", "filesystem at " + mnt} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("the message does not name %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "restarting") {
+		t.Fatalf("the connection was restarted for a limit no restart can fix:\n%s", out)
+	}
+}

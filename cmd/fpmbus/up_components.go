@@ -217,7 +217,7 @@ func (r *upRun) connComponent() *rungroup.Component {
 				if !connectedOnce && errors.Is(err, streams.ErrAuth) {
 					return rungroup.Instance{}, rungroup.Permanent(err)
 				}
-				return rungroup.Instance{}, err
+				return rungroup.Instance{}, r.storeTooSmall(err)
 			}
 			closed := make(chan error, 1)
 			streams.OnClosed(nc, func(cause error) { closed <- cause })
