@@ -146,6 +146,10 @@ type storeWatch struct {
 	// rarely, up to storeRestartMaxWait, instead of every second. A healthy check starts over.
 	restartAt   time.Time
 	restartWait time.Duration
+	// seen are the faults nats-server reported at the previous check. Only a fault reported twice in
+	// a row counts: a stream being created (or deleted) has its directory on disk a moment before (or
+	// after) it is loaded, which nats-server's health check reports as a stream it could not load.
+	seen map[string]bool
 }
 
 // newStoreWatch records the identity of the store the server just opened.
@@ -220,11 +224,14 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 		return fmt.Errorf("%w: %s", ErrStoreLost, reason)
 	}
 	free, ferr := freeBytes(w.dir)
-	faults := s.storeFaults()
+	reported := s.storeFaults()
+	faults := w.lasting(reported)
 	full := ferr == nil && free < StoreLowFree
 	switch {
 	case len(faults) == 0 && !full:
-		w.restartAt, w.restartWait = time.Time{}, 0
+		if len(reported) == 0 { // healthy: the next fault is restarted at once
+			w.restartAt, w.restartWait = time.Time{}, 0
+		}
 		w.set(log, now, StoreOK, "", free, false)
 		return nil
 	case len(faults) == 0:
@@ -249,6 +256,7 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 	}
 	w.restartWait = min(max(2*w.restartWait, storeRestartFirstWait), storeRestartMaxWait)
 	w.restartAt = now.Add(w.restartWait)
+	w.seen = nil // a restarted JetStream's faults are new ones
 	if err := s.restartJetStream(); err != nil {
 		w.set(log, now, StoreWriteError, fmt.Sprintf("JetStream store %s (filesystem at %s) takes writes again but JetStream did not restart: %v (after: %s)",
 			w.dir, w.mount, err, strings.Join(faults, "; ")), free, false)
@@ -270,6 +278,20 @@ func (s *Server) storeFaults() []string {
 			out = append(out, e.Error)
 		}
 	}
+	return out
+}
+
+// lasting returns the faults of now that the previous check reported too, and remembers now's.
+func (w *storeWatch) lasting(now []string) []string {
+	var out []string
+	seen := make(map[string]bool, len(now))
+	for _, f := range now {
+		if w.seen[f] {
+			out = append(out, f)
+		}
+		seen[f] = true
+	}
+	w.seen = seen
 	return out
 }
 

@@ -181,8 +181,10 @@ func TestWatchStoreRestartsADisabledJetStreamButNotInALoop(t *testing.T) {
 	if err := os.WriteFile(meta, []byte("not a stream"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.CheckStore(); err != nil {
-		t.Fatal(err)
+	for range 2 { // a fault counts once two checks in a row report it
+		if err := srv.CheckStore(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if st := srv.StoreStatus(); st.Recoveries != 1 || !srv.NATS().JetStreamEnabled() {
 		t.Fatalf("JetStream not enabled again: %+v", st)
@@ -198,5 +200,32 @@ func TestWatchStoreRestartsADisabledJetStreamButNotInALoop(t *testing.T) {
 	st := srv.StoreStatus()
 	if st.State != streams.StoreWriteError || st.Recoveries != 1 || !strings.Contains(st.Reason, "DAMAGED") || !strings.Contains(st.Reason, "restarting it again at") {
 		t.Fatalf("after a restart that did not help: %+v", st)
+	}
+}
+
+// A stream directory on disk that nats-server has not loaded (yet) is what its health check reports
+// for a stream being created; the watch acts only on a fault two checks in a row report, so a stream
+// created or deleted between two checks never has JetStream restarted under it.
+func TestWatchStoreIgnoresAFaultSeenOnce(t *testing.T) {
+	t.Parallel()
+	srv, _, pub := watchedServer(t, filepath.Join(t.TempDir(), "data", "jetstream"))
+	ghost := filepath.Join(srv.StoreStatus().Dir, "$G", "streams", "BEING_CREATED")
+	if err := os.MkdirAll(ghost, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CheckStore(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(ghost); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CheckStore(); err != nil {
+		t.Fatal(err)
+	}
+	if st := srv.StoreStatus(); st.State != streams.StoreOK || st.Recoveries != 0 || len(st.Faults) != 0 {
+		t.Fatalf("after a fault seen once: %+v", st)
+	}
+	if err := pub(1); err != nil {
+		t.Fatal(err)
 	}
 }
