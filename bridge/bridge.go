@@ -41,6 +41,8 @@ type Bridge struct {
 	buf       *buffer
 	epochs    *epochs
 	pub       *publisher
+	// spooled are the marker items loaded from the marker spool not yet acknowledged (markerspool.go).
+	spooled map[*item]bool
 	// acks is the ack records bucket (nil when it could not be opened: no lost_after_ack checks);
 	// ckpt writes the publisher's records to it. Both are set by Run before the publisher starts.
 	acks jetstream.KeyValue
@@ -199,6 +201,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 		b.log.Debug("bridge ready", "endpoints", urls)
 	}
 
+	b.pub.markers = append(b.loadMarkerSpool(), b.pub.markers...) // an earlier run's unstored markers first
 	drain := make(chan struct{})
 	pubDone := make(chan struct{})
 	var deadline time.Time
@@ -221,6 +224,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 	if b.ckpt != nil {
 		b.ckpt.stop(b.pub.ledger)
 	}
+	b.writeMarkerSpool(b.pub.unstored)
 	t := b.Stats().Total()
 	b.log.Info("bridge stopped", "received", t.Received, "published", t.Published, "invalid", t.Invalid,
 		"dead_lettered", t.DeadLettered, "dropped", t.Dropped, "duplicates", t.Duplicates, "seq_mismatches", t.SeqMismatches)

@@ -95,6 +95,9 @@ type Config struct {
 	MaxControlLine int
 	// MaxInFlight bounds the asynchronous publishes awaiting an ack (default 4096).
 	MaxInFlight int
+	// MarkerSpool is a file for the drop markers not stored when the bridge stops; the next run with
+	// the same file publishes them first (markerspool.go). Empty: none, such markers are only logged.
+	MarkerSpool string
 	// AckTimeout is how long one publish may wait for its ack before it is retried (default 5s).
 	AckTimeout time.Duration
 	// StopTimeout bounds the graceful stop: publishing what is buffered and waiting for acks (default 10s).

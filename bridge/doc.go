@@ -19,6 +19,8 @@
 //	              for the broker and republishes the unacknowledged messages with the same ids
 //	batch.go      group commit: a queue of FPMs goes to its stream as one atomic batch (one fsync,
 //	              one ack after it); a short queue one by one
+//	markerspool.go the drop markers still unstored when the bridge stops go to the marker spool
+//	              (Config.MarkerSpool), which the next run publishes first
 //	acked.go      each ack also goes into the ledger: per publisher key, the FPM and stream sequences
 //	              JetStream acknowledged (the ack records)
 //	checkpoint.go the ledger's changed records are written to KV FPM_BRIDGE_ACKS every second

@@ -39,9 +39,13 @@ type Edge struct {
 	log    *slog.Logger
 	scfg   streams.Config
 	srcd   chan struct{}
-	failed chan error // the reason the edge cannot be sourced at all (ErrEdgeShards), once
+	failed chan error // the reason the edge cannot go on (ErrEdgeShards, streams.ErrStoreLost), once
 	cancel context.CancelFunc
 	done   chan struct{}
+	// watched is closed when the store watch has returned: the edge's own disk filling is ridden out
+	// like a central outage (JetStream restarted once it has room again, streams.WatchStore); a lost
+	// store is sent on failed.
+	watched chan struct{}
 }
 
 // StartEdge starts the edge server for cfg, connects to it in-process, and starts declaring the
@@ -85,10 +89,19 @@ func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Edge{cfg: cfg, lock: lock, srv: srv, nc: nc, scfg: scfg, srcd: make(chan struct{}), failed: make(chan error, 1), cancel: cancel, done: make(chan struct{}),
-		log: logger.With("component", "bridge-edge", "domain", cfg.Domain())}
+		watched: make(chan struct{}), log: logger.With("component", "bridge-edge", "domain", cfg.Domain())}
 	go func() {
 		defer close(e.done)
 		e.declareSources(ctx)
+	}()
+	go func() {
+		defer close(e.watched)
+		if err := srv.WatchStore(ctx, streams.StoreWatchConfig{Logger: e.log}); err != nil {
+			select {
+			case e.failed <- err:
+			default:
+			}
+		}
 	}()
 	return e, nil
 }
@@ -102,8 +115,9 @@ func (e *Edge) Server() *streams.Server { return e.srv }
 // Sourced is closed once the central streams source this edge.
 func (e *Edge) Sourced() <-chan struct{} { return e.srcd }
 
-// Failed receives, once, why the central streams can never source this edge (ErrEdgeShards); the
-// edge stops declaring then. What it stored stays on its disk.
+// Failed receives, once, why the edge cannot go on: the central streams can never source it
+// (ErrEdgeShards; the edge stops declaring then, what it stored stays on its disk), or its store was
+// deleted under it (streams.ErrStoreLost; its JetStream is shut down).
 func (e *Edge) Failed() <-chan error { return e.failed }
 
 // Close stops declaring, closes Conn and shuts the edge server down (its store stays). Call it after
@@ -111,6 +125,7 @@ func (e *Edge) Failed() <-chan error { return e.failed }
 func (e *Edge) Close(ctx context.Context) error {
 	e.cancel()
 	<-e.done
+	<-e.watched
 	e.nc.Close()
 	err := e.srv.Shutdown(ctx)
 	return errors.Join(err, e.lock.Unlock())

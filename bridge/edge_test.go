@@ -19,6 +19,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/internal/freeport"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/smalldisk"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -380,5 +381,62 @@ func TestEdgeDirectoryHasOneOwner(t *testing.T) {
 	}
 	if err := again.Close(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The edge's own disk fills: its store watch names the fault and, once the disk has room again,
+// restarts the edge's JetStream, so publishing to it resumes without restarting the bridge.
+func TestEdgeRidesOutItsFullDisk(t *testing.T) {
+	t.Parallel()
+	central := newCentral(t)
+	mnt := smalldisk.Mount(t, 32<<20)
+	edge, err := StartEdge(streams.EdgeConfig{Node: "full", StoreDir: filepath.Join(mnt, "edge"), Remotes: "nats-leaf://" + central.leafAddr,
+		Listen: "127.0.0.1:0"}, streams.Config{}, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = edge.Close(context.Background()) })
+	js, err := jetstream.New(edge.Conn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOCAL", Subjects: []string{"local.>"}, MaxBytes: 4 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	pub := func(i int) error {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := js.Publish(pctx, "local.x", fmt.Appendf(nil, "message %d %0400d", i, i), jetstream.WithMsgID(strconv.Itoa(i)))
+		return err
+	}
+	i := 0
+	for ; i < 10; i++ {
+		if err := pub(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	free := smalldisk.Fill(t, mnt)
+	for ; pub(i) == nil; i++ {
+		if i == 200 {
+			t.Fatal("190 publishes on a full disk were acknowledged")
+		}
+	}
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if st := edge.Server().StoreStatus(); st.State != streams.StoreDiskFull {
+			return fmt.Errorf("store %+v, want disk_full", st)
+		}
+		return nil
+	})
+	free()
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if st := edge.Server().StoreStatus(); st.State != streams.StoreOK || st.Recoveries != 1 {
+			return fmt.Errorf("store %+v, want ok after one restart", st)
+		}
+		return nil
+	})
+	if err := pub(i); err != nil {
+		t.Fatalf("publish after the edge's disk had room again: %v", err)
 	}
 }

@@ -34,7 +34,7 @@ type Flags struct {
 // the Flags that make a Config of them once fs is parsed. Streams, Registerer and Logger have no flag:
 // the caller sets them. Flags: --zmq-host, --fpm-port, --dp-size, --zmq-endpoint, --namespace,
 // --component, --producer-id, --bridge-id, --max-buffer, --max-payload, --max-in-flight, --ack-timeout,
-// --stop-timeout.
+// --stop-timeout, --marker-spool.
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 	f := &Flags{cfg: c, set: zmqflags.On(fs, prefix)}
 	d := c.withDefaults()
@@ -62,6 +62,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 	fs.IntVar(&c.MaxInFlight, n("max-in-flight"), d.MaxInFlight, "asynchronous publishes awaiting an ack")
 	fs.DurationVar(&c.AckTimeout, n("ack-timeout"), d.AckTimeout, "how long a publish waits for its ack before it is retried")
 	fs.DurationVar(&c.StopTimeout, n("stop-timeout"), d.StopTimeout, "on interrupt, how long to keep publishing what is buffered")
+	fs.StringVar(&c.MarkerSpool, n("marker-spool"), c.MarkerSpool, "file for the drop markers not stored when the bridge stops; the next run with it publishes them first (empty: none, they are only logged)")
 	return f
 }
 

@@ -73,6 +73,7 @@ type publisher struct {
 	retry      []*item             // failed publishes, republished in order once the broker is back
 	resend     []*item             // FPMs of batches the server refused, republished one by one
 	markers    []*item             // drop markers not yet published
+	unstored   []*item             // drop markers given up at stop, for the marker spool
 	dlq        []*item             // dead letters of FPMs given up, not yet published
 	held       int64               // the sizes of the items in window, retry and dlq: at most MaxBufferBytes plus one item
 	sendN      uint64              // publishes attempted so far; item.sent numbers them
@@ -478,6 +479,7 @@ func (p *publisher) acked(it *item, streamSeq uint64, dup bool, at time.Time) {
 	case kindMarker:
 		p.markersPub.Add(1)
 		p.b.metrics.markers.Inc()
+		p.b.spoolStored(it)
 		r := it.marker
 		p.b.log.Warn("FPMs dropped by the bridge (drop marker stored)", "key", r.key.String(), "epoch", r.epoch,
 			"first_seq", r.first, "last_seq", r.last, "count", r.count, "reason", r.reason)
@@ -547,6 +549,9 @@ func (p *publisher) reject(it *item, err error) {
 func (p *publisher) lost(it *item, err error) {
 	if it.kind != kindMarker {
 		return
+	}
+	if !permanent(err) {
+		p.unstored = append(p.unstored, it)
 	}
 	r := it.marker
 	p.b.log.Error("drop marker could not be stored", "key", r.key.String(), "epoch", r.epoch,

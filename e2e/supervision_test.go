@@ -23,6 +23,7 @@ type healthReport struct {
 		State     string `json:"state"`
 		Restarts  int    `json:"restarts"`
 		LastError string `json:"last_error"`
+		Reason    string `json:"reason"`
 	} `json:"components"`
 }
 

@@ -72,8 +72,10 @@ type ServerConfig struct {
 }
 
 // Server is an embedded nats-server with JetStream enabled. Shutdown stops it; the store stays on disk.
+// WatchStore watches its store (storewatch.go).
 type Server struct {
-	ns *server.Server
+	ns    *server.Server
+	watch *storeWatch
 }
 
 // LoadServerConfig reads a nats-server configuration file with nats-server's own loader (includes,
@@ -187,11 +189,15 @@ func IsLoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// StartServer starts an embedded server and waits until it accepts connections.
+// StartServer starts an embedded server and waits until it accepts connections. An address it cannot
+// listen on is an error wrapping ErrListen (a *ListenError), returned before anything starts.
 func StartServer(cfg ServerConfig) (*Server, error) {
 	opts, err := cfg.Options()
 	if err != nil {
 		return nil, err
+	}
+	if err := CheckListen(opts); err != nil {
+		return nil, fmt.Errorf("streams: embedded server: %w", err)
 	}
 	// A configuration file's sync_interval stands unless Sync says otherwise; with neither, DefaultSync.
 	if cfg.Sync != (SyncPolicy{}) || cfg.Base == nil || !cfg.Base.SyncAlways && cfg.Base.SyncInterval == 0 {
@@ -210,7 +216,13 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		ns.WaitForShutdown()
 		return nil, fmt.Errorf("%w: listening on %s", ErrServerNotReady, net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port)))
 	}
-	return &Server{ns: ns}, nil
+	w, err := newStoreWatch(ns, cfg.StoreDir)
+	if err != nil {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		return nil, err
+	}
+	return &Server{ns: ns, watch: w}, nil
 }
 
 // ClientURL is the nats:// URL clients connect to.
@@ -226,6 +238,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	go func() {
 		s.ns.Shutdown()
 		s.ns.WaitForShutdown()
+		s.watch.close()
 		close(done)
 	}()
 	select {

@@ -98,7 +98,8 @@ func runBridge(ctx context.Context, args []string) error {
 	}
 	defer stop()
 	rctx, finishConn := watchConn(ctx, nc)
-	// An edge the central server can never source (central FPM shards) stops the bridge with its reason.
+	// An edge the central server can never source (central FPM shards), or whose store was deleted, stops
+	// the bridge with its reason.
 	rctx, refuse := context.WithCancelCause(rctx)
 	defer refuse(nil)
 	go func() {
@@ -109,7 +110,7 @@ func runBridge(ctx context.Context, args []string) error {
 		}
 	}()
 	finish := func(err error) error {
-		if cause := context.Cause(rctx); errors.Is(cause, bridge.ErrEdgeShards) {
+		if cause := context.Cause(rctx); errors.Is(cause, bridge.ErrEdgeShards) || errors.Is(cause, streams.ErrStoreLost) {
 			return cause
 		}
 		return finishConn(err)

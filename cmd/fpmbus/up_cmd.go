@@ -42,6 +42,9 @@ const (
 	demoSeed   = 1
 	// demoStartDelay lets the bridge's SUB sockets connect before the first FPM (ZMQ's slow joiner).
 	demoStartDelay = 300 * time.Millisecond
+	// upMarkerSpool is the bridge's marker spool in the data directory, unless --marker-spool says
+	// otherwise: the drop markers it could not store before a stop, published by the next `up`.
+	upMarkerSpool = "bridge-drop-markers.jsonl"
 )
 
 // upOptions are the flags of `fpmbus up`: its own, the restart policy, and every component's
@@ -162,6 +165,9 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	bc.Streams, bc.Logger = *o.scfg, slog.Default()
+	if !flagGiven(o.fs, "marker-spool") {
+		bc.MarkerSpool = filepath.Join(o.dataDir, upMarkerSpool)
+	}
 	memberID := upMemberID(o.dataDir)
 	if bc.BridgeID == "" {
 		// The bridge is named like the consumer group members, the same across restarts: the gap
@@ -277,6 +283,11 @@ func runUp(ctx context.Context, args []string) error {
 		return err
 	}
 	defer func() { _ = own.Unlock() }()
+	// Every address up listens on is free before anything starts: a taken one is named at once, not
+	// retried as a crash loop.
+	if err := r.checkPorts(*o.metricsAddr); err != nil {
+		return err
+	}
 	// Once every setting is checked and the directory is ours: a missing --auth-token-file is written now.
 	if err := r.server.writeToken(); err != nil {
 		return err
@@ -300,7 +311,13 @@ func runUp(ctx context.Context, args []string) error {
 		defer stop()
 	}
 	slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "listen", r.listen, "auth", r.server.auth, "metrics", *o.metricsAddr)
+	ctx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	r.abort = abort
 	err = g.Run(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, streams.ErrStoreLost) {
+		return fmt.Errorf("stopped: %w", cause)
+	}
 	if errors.Is(err, rungroup.ErrGaveUp) {
 		return fmt.Errorf("stopped: %w", err)
 	}

@@ -113,6 +113,9 @@ type upRun struct {
 	// demoTrace replays a recording as the demo's load (--demo --demo-trace).
 	demoTrace *upDemoTrace
 
+	// abort stops the whole run with a cause no restart can fix (the store lost); runUp returns it.
+	abort context.CancelCauseFunc
+
 	mu        sync.Mutex // guards srv, the link and connected: replaced by their components' restarts
 	srv       *streams.Server
 	nc        *nats.Conn
@@ -142,11 +145,16 @@ func (r *upRun) link() (*nats.Conn, jetstream.JetStream) {
 }
 
 func (r *upRun) serverComponent() *rungroup.Component {
+	registerStoreMetrics(r.reg, r.storeStatus)
 	return &rungroup.Component{
 		StopTimeout: 35 * time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			srv, err := streams.StartServer(r.server.server)
 			if err != nil {
+				if errors.Is(err, streams.ErrListen) {
+					// Restarting would find the address as taken as now: stop, naming it.
+					return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
+				}
 				return rungroup.Instance{}, err
 			}
 			r.mu.Lock()
@@ -154,14 +162,34 @@ func (r *upRun) serverComponent() *rungroup.Component {
 			r.mu.Unlock()
 			return rungroup.Instance{
 				LogAttrs: []any{"url", srv.ClientURL(), "store", r.storeDir, "auth", r.server.auth, "sync", r.server.server.EffectiveSync().String()},
+				// A full disk degrades the server, it does not fail it: restarting would not free space,
+				// and the store watch restarts JetStream itself once there is room.
+				Health: func() error { return srv.StoreStatus().Err() },
 				Run: func(ctx context.Context) error {
 					down := make(chan struct{})
 					go func() { srv.NATS().WaitForShutdown(); close(down) }()
+					wctx, stopWatch := context.WithCancel(ctx)
+					watched := make(chan error, 1)
+					go func() { watched <- srv.WatchStore(wctx, streams.StoreWatchConfig{Logger: slog.Default()}) }()
 					select {
 					case <-down:
+						stopWatch()
+						<-watched
 						return errors.New("embedded server shut down")
+					case err := <-watched:
+						if err != nil {
+							// The store is lost and JetStream already shut down: nothing in this process
+							// brings it back. `up` stops, everything in order while the server still
+							// answers (publishers see JetStream unavailable and count their drops), and
+							// exits 1; its restart begins a new store.
+							r.abort(err)
+						}
+						<-ctx.Done()
 					case <-ctx.Done():
+						stopWatch()
+						<-watched
 					}
+					stopWatch()
 					sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 					defer cancel()
 					err := srv.Shutdown(sctx)
@@ -189,7 +217,7 @@ func (r *upRun) connComponent() *rungroup.Component {
 				if !connectedOnce && errors.Is(err, streams.ErrAuth) {
 					return rungroup.Instance{}, rungroup.Permanent(err)
 				}
-				return rungroup.Instance{}, err
+				return rungroup.Instance{}, r.storeTooSmall(err)
 			}
 			closed := make(chan error, 1)
 			streams.OnClosed(nc, func(cause error) { closed <- cause })
@@ -362,6 +390,10 @@ func (r *upRun) publishComponent() *rungroup.Component {
 		StopTimeout: 10 * time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			p, err := producer.New(*r.demo)
+			if be, ok := errors.AsType[*producer.BindError](err); ok {
+				// A port another process holds stays held through any number of restarts.
+				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: --demo: %v", errUsage, be))
+			}
 			if err != nil {
 				return rungroup.Instance{}, err
 			}

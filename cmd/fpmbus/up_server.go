@@ -52,6 +52,7 @@ func upServerFlags(fs *flag.FlagSet) *upServerOptions {
 type upServer struct {
 	server    streams.ServerConfig
 	listen    string             // the client address, for the start log line
+	from      string             // what sets the server's addresses: "--listen", or "--server-config FILE"
 	auth      string             // how clients authenticate, for logs
 	conn      streams.ConnConfig // the components' credentials
 	tokenPath string             // --auth-token-file to create, with token
@@ -128,6 +129,10 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 		port = 0
 	}
 	s.listen = net.JoinHostPort(opts.Host, strconv.Itoa(port))
+	s.from = "--listen"
+	if !listenFlag && o.configFile != "" {
+		s.from = "--server-config " + o.configFile
+	}
 	if opts.TLSConfig != nil {
 		s.auth += ", TLS"
 	}

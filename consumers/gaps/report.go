@@ -39,6 +39,10 @@ type PublisherReport struct {
 	// Gaps and Missing by cause; a publisher_restart counts as a gap even with nothing missing.
 	Gaps    CauseCounts `json:"gaps"`
 	Missing CauseCounts `json:"missing"`
+	// DroppedUnrevealed counts the numbers bridge drop markers name after the last one the detector
+	// saw of their run: dropped while no later FPM of the run came to reveal them as a gap (the run
+	// ended first), so no gap event names them (unrevealed.go). They count in MissingTotal.
+	DroppedUnrevealed uint64 `json:"dropped_unrevealed"`
 	// LostAfterAckGaps and LostAfterAckMissing count the bridge's lost_after_ack events (FPMs JetStream
 	// had acknowledged that the stream no longer holds) and the FPMs they report. The bridge publishes
 	// them, not the detector, so they are read from FPM_EVENTS, with or without Since.
@@ -133,10 +137,15 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 	if eventsSince.IsZero() {
 		eventsSince = time.Unix(0, 0)
 	}
+	ended := map[streams.Key][]endedRun{} // from publisher_restart events, for dropUnrevealed
 	err = scan(ctx, js, streams.StreamEvents, streams.GapEventWildcard, eventsSince, func(m jetstream.Msg) {
 		var e Event
 		if json.Unmarshal(m.Data(), &e) != nil {
 			return
+		}
+		if e.Type == TypeGap && e.Cause == CausePublisherRestart && e.Evidence.OldRun != nil {
+			r := e.Evidence.OldRun
+			ended[e.Key] = append(ended[e.Key], endedRun{r.FirstEpoch, r.LastEpoch, r.LastSeq})
 		}
 		if e.Type == TypeGap && e.Cause == streams.GapCauseLostAfterAck {
 			p := get(e.Key)
@@ -168,6 +177,25 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 	if rep.StreamLosses, err = streamLosses(ctx, js, eventsSince); err != nil {
 		return nil, err
 	}
+	markers := map[streams.Key][]streams.DropMarker{}
+	err = scan(ctx, js, streams.StreamEvents, streams.DropMarkerWildcard, eventsSince, func(m jetstream.Msg) {
+		k, kerr := streams.ParseKeySubject(m.Subject(), streams.DropMarkerRoot)
+		dm, derr := streams.ParseDropMarker(m.Data())
+		if kerr == nil && derr == nil { // the subject wins, as in the detector
+			markers[k] = append(markers[k], dm)
+		}
+	})
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		err = nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for k, ms := range markers {
+		if n := dropUnrevealed(ms, states[k], ended[k]); n > 0 {
+			get(k).DroppedUnrevealed = n
+		}
+	}
 	if !rc.Since.IsZero() {
 		since := rc.Since
 		rep.Since = &since
@@ -198,7 +226,7 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 		}
 	}
 	for _, p := range by {
-		p.GapsTotal, p.MissingTotal = p.Gaps.Total()+p.LostAfterAckGaps, p.Missing.Total()+p.LostAfterAckMissing
+		p.GapsTotal, p.MissingTotal = p.Gaps.Total()+p.LostAfterAckGaps, p.Missing.Total()+p.LostAfterAckMissing+p.DroppedUnrevealed
 		if d := p.Messages + p.MissingTotal; d > 0 {
 			p.LossPercent = float64(p.MissingTotal) * 100 / float64(d)
 		}
@@ -348,6 +376,12 @@ func (r *Report) WriteText(w io.Writer) error {
 			p.LostAfterAckGaps, p.LostAfterAckMissing, p.MissingTotal, p.LossPercent, p.LastSeq, last)
 	}
 	fmt.Fprintln(tw, "(cause columns: gaps/missing messages)")
+	for _, p := range r.Publishers {
+		if p.DroppedUnrevealed > 0 {
+			fmt.Fprintf(tw, "%s: %d FPM(s) dropped by a bridge after the last one seen of their run (drop markers; no later FPM revealed them as a gap), counted in MISSING\n",
+				p.Key, p.DroppedUnrevealed)
+		}
+	}
 	for _, l := range r.StreamLosses {
 		if l.Cause == streams.LossPruned {
 			fmt.Fprintf(tw, "consumer %s: %d line(s) removed from its output with %d segment(s) pruned by its retention (--max-segments)", l.Consumer, l.Messages, l.Ranges)

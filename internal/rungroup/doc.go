@@ -13,6 +13,10 @@
 //   - A component that fails more than Policy.MaxRestarts times within Policy.Window, or with a
 //     Permanent error, cannot recover: the group stops every other component in reverse order and Run
 //     returns an error wrapping ErrGaveUp. The group never runs on with a dead component.
+//   - A running incarnation may report a fault that restarting it would not fix (Instance.Health: a
+//     full disk under a server): Status and the health report show it StateDegraded with the fault
+//     as its Reason, /healthz answers 503, and the group restarts nothing for it. The incarnation
+//     handles the fault itself (and fails, to be restarted, only if it cannot).
 //   - Stopping an incarnation cancels its context and waits for its Run to return, at most the
 //     component's StopTimeout; one that overruns is logged and abandoned, so no component can hold the
 //     process.

@@ -16,20 +16,33 @@ type Status struct {
 	Restarts int `json:"restarts"`
 	// LastError is the component's last failure (kept after it recovered); empty if it never failed.
 	LastError string `json:"last_error,omitempty"`
+	// Reason is, while State is StateDegraded, the fault its Health reports.
+	Reason string `json:"reason,omitempty"`
 }
 
-// Status returns every component's status, in list order.
+// Status returns every component's status, in list order. A ready component whose Health reports a
+// fault is StateDegraded, with the fault as its Reason (Since stays when it became ready).
 func (g *Group) Status() []Status {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	out := make([]Status, len(g.units))
+	checks := make([]func() error, len(g.units))
 	for i, u := range g.units {
 		out[i] = Status{Name: u.Name, State: u.state, Since: u.since, Restarts: u.restarts, LastError: u.lastErr}
+		checks[i] = u.health
+	}
+	g.mu.Unlock()
+	for i, check := range checks {
+		if check == nil || out[i].State != StateReady {
+			continue
+		}
+		if err := check(); err != nil {
+			out[i].State, out[i].Reason = StateDegraded, err.Error()
+		}
 	}
 	return out
 }
 
-// Healthy reports whether every component is ready.
+// Healthy reports whether every component is ready and none degraded.
 func (g *Group) Healthy() bool {
 	for _, s := range g.Status() {
 		if s.State != StateReady {
@@ -41,20 +54,27 @@ func (g *Group) Healthy() bool {
 
 // healthReport is the JSON body of ServeHTTP.
 type healthReport struct {
-	// Status is "ok" when every component is ready, else "unavailable".
+	// Status is "ok" when every component is ready; "degraded" when every one runs but some are
+	// degraded; else "unavailable".
 	Status     string   `json:"status"`
 	Components []Status `json:"components"`
 }
 
 // ServeHTTP serves the health report as JSON: every component's status, in list order. The status code
-// is 200 only when every component is ready, 503 otherwise (starting, restarting, failed, stopped).
+// is 200 only when every component is ready, 503 otherwise (degraded, starting, restarting, failed,
+// stopped).
 func (g *Group) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	rep := healthReport{Status: "ok", Components: g.Status()}
 	code := http.StatusOK
 	for _, s := range rep.Components {
-		if s.State != StateReady {
+		switch s.State {
+		case StateReady:
+		case StateDegraded:
+			if rep.Status == "ok" {
+				rep.Status, code = "degraded", http.StatusServiceUnavailable
+			}
+		default:
 			rep.Status, code = "unavailable", http.StatusServiceUnavailable
-			break
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -62,5 +82,6 @@ func (g *Group) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(code)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // reasons quote nats-server, whose stream names read "$G > FPM"
 	_ = enc.Encode(rep)
 }

@@ -47,6 +47,10 @@ const (
 	StateFailed State = "failed"
 	// StateStopped: the group stopped the component for good.
 	StateStopped State = "stopped"
+	// StateDegraded: the incarnation is ready and running, but its Health reports a fault it is
+	// waiting out (a full disk under a server). It is not restarted for it: a restart would not help.
+	// Status reports it in place of StateReady; the group itself keeps the component as ready.
+	StateDegraded State = "degraded"
 )
 
 // Instance is one incarnation of a component, built by Component.Start.
@@ -59,6 +63,12 @@ type Instance struct {
 	Ready <-chan struct{}
 	// LogAttrs are added to the "<name> ready" log line.
 	LogAttrs []any
+	// Health, when set, reports a fault of a running incarnation that restarting it would not fix: a
+	// non-nil error makes Status report the component StateDegraded, with the error as its Reason,
+	// until Health returns nil again. It is called on every Status (every /healthz), from any
+	// goroutine, and must return at once (read a value the incarnation keeps up to date). The
+	// incarnation logs its faults itself.
+	Health func() error
 }
 
 // Component is one long-lived part of the process, declared as data.
@@ -164,6 +174,7 @@ type unit struct {
 	lastErr  string
 	since    time.Time
 	live     *incarnation // the ready incarnation, for exits seen by the incarnation's goroutine
+	health   func() error // the ready incarnation's Health, nil when none or not ready
 }
 
 // incarnation is one running Instance.
@@ -419,6 +430,7 @@ func (g *Group) startOnce(ctx context.Context, u *unit) error {
 		u.inc = inc
 		g.mu.Lock()
 		u.live = inc
+		u.health = inst.Health
 		g.mu.Unlock()
 		g.setState(u, StateReady, nil)
 		g.log.Info(u.Name+" ready", inst.LogAttrs...)
@@ -539,6 +551,9 @@ func (g *Group) setState(u *unit, s State, err error) {
 func (g *Group) setStateLocked(u *unit, s State, err error) {
 	if u.state != s {
 		u.since = time.Now()
+	}
+	if s != StateReady {
+		u.health = nil // the incarnation it belonged to is not running any more
 	}
 	u.state = s
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,6 +59,8 @@ type fake struct {
 	release    chan struct{}
 	// resource, when set, is read at Start and journaled ("start x#2 conn=2").
 	resource func() int
+	// health, when set, is every incarnation's Health.
+	health func() error
 
 	mu      sync.Mutex
 	starts  int
@@ -112,7 +115,7 @@ func (f *fake) start(ctx context.Context) (Instance, error) {
 	f.incs = append(f.incs, inc)
 	f.mu.Unlock()
 	f.started <- inc
-	return Instance{Ready: inc.ready, Run: inc.run}, nil
+	return Instance{Ready: inc.ready, Run: inc.run, Health: f.health}, nil
 }
 
 func (inc *fakeInc) markReady() {
@@ -340,6 +343,55 @@ func TestGroupRestartsAUserAfterTheComponentItNeedsWhenBothFailed(t *testing.T) 
 	}
 	if got := j.list(); !slices.Equal(got, want) {
 		t.Fatalf("journal\n got %q\nwant %q", got, want)
+	}
+}
+
+// A running component whose Health reports a fault is degraded: /healthz answers 503 naming the fault,
+// the component is neither restarted nor are the components built on it, and it is ready again once
+// the fault is gone. A stopped component's Health is no longer asked.
+func TestGroupReportsADegradedComponentWithoutRestartingIt(t *testing.T) {
+	j := &journal{}
+	srv, user := newFake(j, "server", true), newFake(j, "user", true)
+	var fault atomic.Pointer[error]
+	srv.health = func() error {
+		if e := fault.Load(); e != nil {
+			return *e
+		}
+		return nil
+	}
+	uc := user.component()
+	uc.Needs = []string{"server"}
+	g, err := New([]Component{srv.component(), uc}, WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, _, _ := runGroup(t, g)
+	waitState(t, g, "user", StateReady)
+	if code, rep := health(t, g); code != http.StatusOK || rep.Status != "ok" {
+		t.Fatalf("healthy: %d %+v", code, rep)
+	}
+
+	full := errors.New("disk full: /data has 0 bytes available")
+	fault.Store(&full)
+	code, rep := health(t, g)
+	if code != http.StatusServiceUnavailable || rep.Status != "degraded" || rep.Components[0].State != StateDegraded ||
+		rep.Components[0].Reason != full.Error() || rep.Components[1].State != StateReady || g.Healthy() {
+		t.Fatalf("degraded: %d %+v", code, rep)
+	}
+	fault.Store(nil)
+	if code, rep := health(t, g); code != http.StatusOK || rep.Status != "ok" || rep.Components[0].Reason != "" {
+		t.Fatalf("after the fault: %d %+v", code, rep)
+	}
+	if n := srv.startCount() + user.startCount(); n != 2 {
+		t.Fatalf("%d starts, want 2: a degraded component was restarted", n)
+	}
+
+	fault.Store(&full)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := states(healthReportOf(g)); got["server"] != StateStopped {
+		t.Fatalf("a stopped component reported %v", got)
 	}
 }
 

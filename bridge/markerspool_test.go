@@ -1,0 +1,151 @@
+package bridge
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+// The broker is away for the whole of a stop that runs out of time: the shutdown drop markers cannot
+// be stored, so they go to the marker spool. The next bridge with the same spool publishes them before
+// anything else and removes the spool: the drops reach FPM_EVENTS after all, each marker once.
+func TestUnstoredDropMarkersAreSpooledAndPublishedByTheNextRun(t *testing.T) {
+	t.Parallel()
+	const n = 50
+	spool := filepath.Join(t.TempDir(), "spool", "markers.jsonl")
+	env := streamstest.Start(t)
+	addr, store := listenAddr(t, env.Server), env.StoreDir
+	pub := newTestPub(t, "tcp://127.0.0.1:*")
+	withSpool := func(c *Config) { c.StopTimeout = 500 * time.Millisecond; c.MarkerSpool = spool }
+	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, withSpool)
+	pub.waitSubscribed()
+	env.Stop()
+	for seq := uint64(0); seq < n; seq++ {
+		pub.send(seq, payload("w", 0, seq))
+	}
+	h.waitStats(10*time.Second, "all received", func(s Stats) bool { return s.Ranks[0].Received == n })
+	if err := h.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if s := h.b.Stats(); s.Ranks[0].Dropped != n || s.MarkersPublished != 0 {
+		t.Fatalf("stats %s", fmtStats(s))
+	}
+	data, err := os.ReadFile(spool)
+	if err != nil {
+		t.Fatalf("no spool after a stop with unstored markers: %v", err)
+	}
+	spooled, errs := parseMarkerSpool(data)
+	var count uint64
+	for _, m := range spooled {
+		if m.Reason != ReasonShutdown || m.Key != fpmKey("w", 0) {
+			t.Fatalf("spooled marker %+v", m)
+		}
+		count += m.Count
+	}
+	if len(errs) != 0 || count != n {
+		t.Fatalf("spool holds %d markers for %d FPMs (errors %v), want %d FPMs", len(spooled), count, errs, n)
+	}
+
+	env2 := streamstest.StartAt(t, addr, store)
+	h2 := startBridge(t, env2, []Endpoint{{URL: pub.URL, DPRank: 0}}, withSpool)
+	var stored []streams.DropMarker
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		stored = stored[:0]
+		for _, m := range messages(t, env2.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
+			dm, err := streams.ParseDropMarker(m.Data())
+			if err != nil {
+				return err
+			}
+			stored = append(stored, dm)
+		}
+		if len(stored) != len(spooled) {
+			return errors.New("spooled markers not stored yet")
+		}
+		if _, err := os.Stat(spool); !errors.Is(err, os.ErrNotExist) {
+			return errors.New("spool still there")
+		}
+		return nil
+	})
+	for i := range stored {
+		if stored[i] != spooled[i] {
+			t.Fatalf("stored marker %+v, spooled %+v", stored[i], spooled[i])
+		}
+	}
+	if err := h2.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := os.Stat(spool); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a stop with every marker stored left a spool: %v", err)
+	}
+}
+
+func TestParseMarkerSpoolSkipsDamagedLines(t *testing.T) {
+	t.Parallel()
+	k := fpmKey("w", 0)
+	good := streams.DropMarker{Type: streams.DropMarkerEvent, Key: k, Epoch: 5, FirstSeq: 3, LastSeq: 9, Count: 7, Reason: ReasonBufferFull, Bridge: "b"}
+	line := string(good.Msg().Data)
+	for name, tc := range map[string]struct {
+		data      string
+		want      int
+		wantErrAt []string
+	}{
+		"empty":                  {data: ""},
+		"one marker":             {data: line + "\n", want: 1},
+		"no final newline":       {data: line + "\n" + line, want: 2},
+		"blank lines":            {data: "\n\n" + line + "\n  \n", want: 1},
+		"a torn last line":       {data: line + "\n" + line[:len(line)/2], want: 1, wantErrAt: []string{"line 2"}},
+		"not JSON in the middle": {data: line + "\nxyz\n" + line + "\n", want: 2, wantErrAt: []string{"line 2"}},
+		"a JSON line, no marker": {data: `{"type":"gap"}` + "\n", wantErrAt: []string{"line 1"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ms, errs := parseMarkerSpool([]byte(tc.data))
+			if len(ms) != tc.want || len(errs) != len(tc.wantErrAt) {
+				t.Fatalf("%d markers, errors %v; want %d markers, errors at %v", len(ms), errs, tc.want, tc.wantErrAt)
+			}
+			for _, m := range ms {
+				if m != good {
+					t.Fatalf("marker %+v, want %+v", m, good)
+				}
+			}
+			for i, err := range errs {
+				if !errors.Is(err, ErrBadMarkerSpool) || !strings.Contains(err.Error(), tc.wantErrAt[i]) {
+					t.Fatalf("error %v, want ErrBadMarkerSpool at %s", err, tc.wantErrAt[i])
+				}
+			}
+		})
+	}
+}
+
+// FuzzParseMarkerSpool: any bytes give markers and errors, never a panic; each marker is valid (it
+// parses again from its own message) and every non-blank line is either a marker or an error.
+func FuzzParseMarkerSpool(f *testing.F) {
+	m := streams.DropMarker{Type: streams.DropMarkerEvent, Key: fpmKey("w", 1), Epoch: 1, FirstSeq: 0, LastSeq: 0, Count: 1, Reason: ReasonShutdown}
+	line := m.Msg().Data
+	f.Add(line)
+	f.Add(append(append(append([]byte{}, line...), '\n'), line[:10]...))
+	f.Add([]byte("\n\n{}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ms, errs := parseMarkerSpool(data)
+		lines := 0
+		for _, l := range strings.Split(string(data), "\n") {
+			if strings.TrimSpace(l) != "" {
+				lines++
+			}
+		}
+		if len(ms)+len(errs) != lines {
+			t.Fatalf("%d markers + %d errors for %d lines", len(ms), len(errs), lines)
+		}
+		for _, m := range ms {
+			if again, err := streams.ParseDropMarker(m.Msg().Data); err != nil || again != m {
+				t.Fatalf("marker %+v does not parse again from its message: %+v, %v", m, again, err)
+			}
+		}
+	})
+}

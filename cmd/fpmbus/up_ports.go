@@ -1,0 +1,76 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// `fpmbus up` binds its addresses' ports before it starts anything: the embedded server's (--listen, or
+// those of --server-config) and, with --demo, the synthetic ranks' (--fpm-port). An address that cannot
+// be bound stays so through any number of restarts, so it is a usage error (exit 2) naming the flag,
+// the address, the system's reason ("address already in use") and, when /proc tells, the process
+// holding it, never a component restarted until the restart limit; --metrics-addr too, before the data
+// directory is created. The components refuse a bind failure at a later restart the same way
+// (streams.ErrListen, producer.BindError: Permanent).
+
+// checkPorts checks every address r will bind, and metricsAddr ("" when not served).
+func (r *upRun) checkPorts(metricsAddr string) error {
+	if metricsAddr != "" {
+		if err := bindable(metricsAddr); err != nil {
+			return fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, metricsAddr, err)
+		}
+	}
+	opts, err := r.server.server.Options()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := streams.CheckListen(opts); err != nil {
+		if le, ok := errors.AsType[*streams.ListenError](err); ok && le.Listener == "client" {
+			return fmt.Errorf("%w: %s: %v", errUsage, r.server.from, err)
+		}
+		return fmt.Errorf("%w: --server-config: %v", errUsage, err)
+	}
+	host, base, n := "", 0, 0
+	switch {
+	case r.demo != nil:
+		host, base, n = r.demo.Host, r.demo.BasePort, r.demo.DPSize
+	case r.demoTrace != nil:
+		host, base, n = r.demoTrace.zmq.Host, r.demoTrace.zmq.BasePort, r.demoTrace.width
+	}
+	bindHost := host
+	if bindHost == "*" {
+		bindHost = ""
+	}
+	for rank := range n {
+		port := base + rank
+		if err := bindable(net.JoinHostPort(bindHost, strconv.Itoa(port))); err != nil {
+			return fmt.Errorf("%w: --demo binds --fpm-port %d + dp_rank: %s (dp_rank %d): %v", errUsage, base, net.JoinHostPort(host, strconv.Itoa(port)), rank, err)
+		}
+	}
+	return nil
+}
+
+// bindable binds and releases the TCP address addr; its error is the system's reason, with the
+// process holding the port when /proc tells.
+func bindable(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		return ln.Close()
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		err = oe.Err // "bind: address already in use", without repeating the address
+	}
+	if _, p, serr := net.SplitHostPort(addr); serr == nil {
+		if port, perr := strconv.Atoi(p); perr == nil && port > 0 {
+			if h := streams.PortHolder(port); h != "" {
+				return fmt.Errorf("%w; held by %s", err, h)
+			}
+		}
+	}
+	return err
+}

@@ -1,0 +1,105 @@
+package gaps
+
+import (
+	"math"
+	"slices"
+
+	"github.com/fpmbus/fpmbus/streams"
+)
+
+// Drops no gap event names. A gap event names only numbers below one the detector saw after them (the
+// FPM that revealed the gap). The numbers a bridge drop marker names after the last one seen of their
+// run are revealed by nothing once that run has ended: the publisher stopped, or restarted, while the
+// bridge was dropping (a full store disk, an outage longer than the buffer, a stop that ran out of
+// time). The report counts them from the markers themselves (dropUnrevealed): dropped, named by the
+// bridge, and missing from every gap event. They are disjoint from the gap events' numbers by
+// construction: only numbers above the last one seen of their run are counted, and the moment a later
+// FPM of the run reveals them they fall below it, into the gap event that names them.
+//
+// A marker's run is found by its epoch: the publisher's current run (State.Run, up to State.MaxEpoch),
+// a run a restart ended (the old_run of a publisher_restart event), or no run the detector saw any FPM
+// of (every number of it dropped; counted whole). A marker older than every run the detector knows
+// predates it and is left out (the first run's numbers before its first FPM are a late_start gap).
+// Overlapping markers (redundant bridges dropping the same numbers) count once.
+
+// endedRun is how far a run got, from its publisher_restart event.
+type endedRun struct {
+	firstEpoch, lastEpoch int64
+	lastSeq               uint64
+}
+
+// dropUnrevealed returns how many numbers the markers of one publisher name that no gap event names
+// (see above); st is the detector's state of the publisher, nil when it never saw an FPM of it.
+func dropUnrevealed(markers []streams.DropMarker, st *State, ended []endedRun) uint64 {
+	type runKey struct {
+		epoch int64 // the run's first epoch (the marker's own for a run never seen)
+		seen  bool
+	}
+	above := map[runKey][][2]uint64{}
+	oldest := int64(-1) // the first epoch of the oldest run known
+	if st != nil && st.Started {
+		oldest = st.Run.FirstEpoch
+	}
+	for _, r := range ended {
+		if oldest < 0 || r.firstEpoch < oldest {
+			oldest = r.firstEpoch
+		}
+	}
+	for _, m := range markers {
+		if m.LastSeq < m.FirstSeq {
+			continue
+		}
+		first := m.FirstSeq
+		var rk runKey
+		switch {
+		case st != nil && st.Started && m.Epoch >= st.Run.FirstEpoch && m.Epoch <= st.MaxEpoch:
+			rk = runKey{st.Run.FirstEpoch, true}
+			if st.Last.Seq == math.MaxUint64 {
+				continue
+			}
+			first = max(first, st.Last.Seq+1)
+		case st != nil && st.Started && m.Epoch > st.MaxEpoch:
+			rk = runKey{m.Epoch, false} // a run (or a bridge's epoch) of which nothing was stored yet
+		default:
+			i := slices.IndexFunc(ended, func(r endedRun) bool { return m.Epoch >= r.firstEpoch && m.Epoch <= r.lastEpoch })
+			switch {
+			case i >= 0:
+				if ended[i].lastSeq == math.MaxUint64 {
+					continue
+				}
+				rk = runKey{ended[i].firstEpoch, true}
+				first = max(first, ended[i].lastSeq+1)
+			case oldest >= 0 && m.Epoch < oldest:
+				continue // before anything the detector saw
+			default:
+				rk = runKey{m.Epoch, false}
+			}
+		}
+		if first <= m.LastSeq {
+			above[rk] = append(above[rk], [2]uint64{first, m.LastSeq})
+		}
+	}
+	var n uint64
+	for _, rs := range above {
+		slices.SortFunc(rs, func(a, b [2]uint64) int {
+			switch {
+			case a[0] < b[0]:
+				return -1
+			case a[0] > b[0]:
+				return 1
+			}
+			return 0
+		})
+		cur := rs[0]
+		for _, r := range rs[1:] {
+			if cur[1] == math.MaxUint64 || r[0] <= cur[1]+1 {
+				cur[1] = max(cur[1], r[1])
+				continue
+			}
+			n += cur[1] - cur[0] + 1
+			cur = r
+		}
+		n += cur[1] - cur[0] + 1
+	}
+	return n
+}

@@ -1,0 +1,92 @@
+package gaps
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
+)
+
+func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
+	t.Parallel()
+	const e1, e2, e3 = 1000, 2000, 3000
+	mk := func(epoch int64, first, last uint64) streams.DropMarker {
+		return streams.DropMarker{Epoch: epoch, FirstSeq: first, LastSeq: last, Count: last - first + 1}
+	}
+	// The current run began at epoch e2 and has got to 99.
+	cur := &State{Started: true, Run: RunSummary{FirstEpoch: e2, LastEpoch: e2}, MaxEpoch: e2, Last: Point{Seq: 99, Epoch: e2}}
+	ended := []endedRun{{firstEpoch: e1, lastEpoch: e1 + 5, lastSeq: 49}} // a restart ended e1's run at 49
+	for name, tc := range map[string]struct {
+		markers []streams.DropMarker
+		st      *State
+		ended   []endedRun
+		want    uint64
+	}{
+		"none":                                    {st: cur, want: 0},
+		"below the last number seen: a gap's":     {markers: []streams.DropMarker{mk(e2, 10, 20)}, st: cur, want: 0},
+		"after the last number seen":              {markers: []streams.DropMarker{mk(e2, 100, 149)}, st: cur, want: 50},
+		"across the last number seen":             {markers: []streams.DropMarker{mk(e2, 90, 109)}, st: cur, want: 10},
+		"overlapping markers count once":          {markers: []streams.DropMarker{mk(e2, 100, 149), mk(e2, 120, 159), mk(e2, 160, 160)}, st: cur, want: 61},
+		"a newer epoch nothing was seen of":       {markers: []streams.DropMarker{mk(e3, 0, 9)}, st: cur, want: 10},
+		"an ended run's tail":                     {markers: []streams.DropMarker{mk(e1+3, 40, 59)}, st: cur, ended: ended, want: 10},
+		"an ended run's numbers it had got past":  {markers: []streams.DropMarker{mk(e1, 0, 49)}, st: cur, ended: ended, want: 0},
+		"a run between known ones, never seen":    {markers: []streams.DropMarker{mk(e1+500, 0, 4)}, st: cur, ended: ended, want: 5},
+		"older than every run known":              {markers: []streams.DropMarker{mk(e1-1, 0, 4)}, st: cur, ended: ended, want: 0},
+		"a publisher nothing was ever stored of":  {markers: []streams.DropMarker{mk(e1, 0, 9), mk(e1, 5, 14)}, want: 15},
+		"same numbers of two runs count for both": {markers: []streams.DropMarker{mk(e2, 100, 109), mk(e3, 100, 109)}, st: cur, want: 20},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			equal(t, tc.want, dropUnrevealed(tc.markers, tc.st, tc.ended))
+		})
+	}
+}
+
+// TestReportCountsDropsAfterTheLastFPMOfARun: a bridge dropped the last numbers of a run (its drop
+// marker stored, no later FPM): no gap event can name them, and the report counts them as missing all
+// the same (never 0 %). When a later FPM reveals the gap, the gap event names them instead, and they
+// are counted once.
+func TestReportCountsDropsAfterTheLastFPMOfARun(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	start := time.Now()
+	t0 := start.UnixMilli()
+	k := key("tail", 0)
+	publishAll(t, env.JS, fpms(k, 0, 9, t0, t0)...)
+	publishAll(t, env.JS, markerMsg(k, t0, 10, 14, "buffer_full"))
+	h := startDetector(t, env.Server.ClientURL(), testConfig())
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	check(t, h.stop() == nil, "stop")
+
+	report := func() PublisherReport {
+		t.Helper()
+		rep, err := BuildReport(context.Background(), env.JS, ReportConfig{})
+		check(t, err == nil, "report: %v", err)
+		equal(t, 1, len(rep.Publishers))
+		return rep.Publishers[0]
+	}
+	p := report()
+	equal(t, uint64(10), p.Messages)
+	equal(t, uint64(5), p.DroppedUnrevealed)
+	equal(t, uint64(5), p.MissingTotal)
+	check(t, p.LossPercent > 33.33 && p.LossPercent < 33.34, "loss %v, want 5/15", p.LossPercent)
+	rep, err := BuildReport(context.Background(), env.JS, ReportConfig{})
+	check(t, err == nil, "report: %v", err)
+	var sb strings.Builder
+	check(t, rep.WriteText(&sb) == nil, "text")
+	check(t, strings.Contains(sb.String(), "5 FPM(s) dropped by a bridge after the last one seen of their run"), "text report:\n%s", sb.String())
+
+	// The publisher goes on: FPM 20 reveals 10-19, 10-14 covered by the marker.
+	publishAll(t, env.JS, fpms(k, 20, 20, t0, t0+1000)...)
+	h = startDetector(t, env.Server.ClientURL(), testConfig())
+	waitEvents(t, env.JS, 2, 10*time.Second)
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	check(t, h.stop() == nil, "stop")
+	p = report()
+	equal(t, uint64(0), p.DroppedUnrevealed)
+	equal(t, CauseCounts{BridgeDrop: 5, ZMQDrop: 5}, p.Missing)
+	equal(t, uint64(10), p.MissingTotal)
+}
