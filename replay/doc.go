@@ -15,6 +15,8 @@
 //	payload.go        the record's msgpack payload, re-encoded from its JSON and checked to decode back to
 //	                  the same bytes; worker_id mapped, counter_id left as a slot when renumbering
 //	plan.go           NewPlan: window, speed, rate cap, loops -> Steps (due offsets) and Sockets
+//	duration.go       exact due times: offsets / speed rounded up to the nanosecond, or refused beyond
+//	                  the longest span (never wrapped around to a negative due time)
 //	stats.go          Shape: duration, per-rank rate and inter-arrival p50/p99 (--info, --dry-run)
 //	pacer.go          the send loop: due times on the monotonic clock, sequences, heartbeats
 //	sleep_linux.go    sub-millisecond waits (nanosleep)
@@ -28,7 +30,8 @@
 //
 //   - Records are sent in schedule order, never reordered, never early. Due times come from the
 //     recording only (observed_at_unix_ms, or the stream's Fpm-Received-At-Ms), scaled by the speed and
-//     pushed later by the rate cap; they are fixed before the first send.
+//     pushed later by the rate cap, exactly (rounded up to the nanosecond); they are fixed before the
+//     first send. A plan whose schedule would outlast the longest time.Duration is refused.
 //   - A late send goes at once and is reported against its original due time; the schedule is never
 //     compressed to hide lateness and no record is dropped to catch up (a ZMQ send libzmq refuses is
 //     dropped only under OnFullDrop, as Dynamo drops it, and counted as failed).
