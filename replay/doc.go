@@ -20,7 +20,8 @@
 //	stats.go          Shape: duration, per-rank rate and inter-arrival p50/p99 (--info, --dry-run)
 //	pacer.go          the send loop: due times on the monotonic clock, sequences, heartbeats
 //	sleep_linux.go    sub-millisecond waits (nanosleep)
-//	target_zmq.go     ZMQ PUB sockets (producer.Sender), the port layout, on-full policy
+//	target_zmq.go     ZMQ PUB sockets (producer.Sender, counting their subscribers), the port layout,
+//	                  the descriptor budget, the wait for subscribers, on-full policy
 //	target_stream.go  JetStream publishes with the bridge's headers (streams.FPMMessage), ack collector
 //	report.go         lateness histogram, per-rank and overall Report, CSV rows, progress lines
 //	replayer.go       Replayer: New, Run, Ready; Config and options
@@ -38,8 +39,9 @@
 //   - Every payload decodes (schemas.DecodeFPM) to exactly the recorded fpm JSON, byte for byte, apart
 //     from the rewrites asked for (worker_id mapped, counter_id renumbered); a record for which that
 //     cannot hold is skipped with its reason, never sent altered.
-//   - Every record of the source is accounted for exactly once: replayed, failed or skipped (with a
-//     reason); per pass, replayed + failed + skipped other than invalid lines = records read.
+//   - Every record of the source is accounted for exactly once: replayed, undelivered (sent on a ZMQ
+//     socket that had no subscriber, which libzmq drops silently), failed or skipped (with a reason);
+//     per pass, replayed + undelivered + failed + skipped other than invalid lines = records read.
 //   - Sequences start at 0 per socket and advance by one per message, heartbeats included, as Dynamo's
 //     publisher numbers them.
 //

@@ -194,7 +194,9 @@ func (o *upOptions) plan() (*upRun, error) {
 			return nil, fmt.Errorf("%w: --demo binds its own ports; use --fpm-port/--dp-size, not --zmq-endpoint", errUsage)
 		}
 		if demoTrace != nil {
-			demoTrace.zmq = replay.ZMQConfig{Host: o.bridge.flags.ZMQHost(), BasePort: r.bridge.BasePort, StartDelay: demoStartDelay}
+			// Every socket waits for the bridge's subscription: what libzmq sends before it joins is lost.
+			demoTrace.zmq = replay.ZMQConfig{Host: o.bridge.flags.ZMQHost(), BasePort: r.bridge.BasePort, StartDelay: demoStartDelay,
+				WaitSubscribers: 1}
 			r.demoTrace = demoTrace
 			return r, nil
 		}
@@ -260,6 +262,9 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	r, err := o.plan()
 	if err != nil {
+		return err
+	}
+	if err := r.checkSockets(); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(r.storeDir, 0o755); err != nil {
