@@ -179,7 +179,9 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	r.sealOpts = o.seal
-	r.predict = o.predict.config()
+	if r.predict, err = o.predict.config(); err != nil {
+		return nil, err
+	}
 	tcfg, err := o.trace.config()
 	if err == nil {
 		err = trace.ProbeOutput(tcfg.OutputPath)
