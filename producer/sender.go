@@ -1,7 +1,6 @@
 package producer
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -176,13 +175,6 @@ func (s *Sender) setup(endpoint string, sndhwm int, o senderOptions) error {
 		s.endpoint = last
 	}
 	return nil
-}
-
-// WaitSubscribers waits until at least n subscribers receive from the socket (Subscribers) or timeout
-// passes (ErrNoSubscribers). The socket must be made WithSubscriberCount; it must be called by the
-// goroutine that owns the socket, before sending.
-func (s *Sender) WaitSubscribers(n int, timeout time.Duration) error {
-	return AwaitSubscribers(context.Background(), []*Sender{s}, nil, n, timeout)
 }
 
 // Endpoint returns the endpoint the socket is bound to.

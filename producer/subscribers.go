@@ -43,9 +43,10 @@ var monitorSeq atomic.Uint64
 
 // subscriberWatch is a Sender's count of its subscribers; it belongs to the goroutine owning the Sender.
 type subscriberWatch struct {
-	mon   *zmq4.Socket // PAIR connected to the socket's monitor
-	subs  int          // subscriptions to the empty topic less unsubscriptions
-	conns int          // connections accepted less disconnected
+	mon    *zmq4.Socket // PAIR connected to the socket's monitor
+	subs   int          // subscriptions to the empty topic less unsubscriptions
+	conns  int          // connections accepted less disconnected
+	joined int          // subscriptions to the empty topic read, ever
 }
 
 func watchSubscribers(zctx *zmq4.Context, sock *zmq4.Socket) (*subscriberWatch, error) {
@@ -105,6 +106,7 @@ func (s *Sender) Subscribers() (int, error) {
 		}
 		if msg[0] == 1 {
 			w.subs++
+			w.joined++
 		} else {
 			w.subs = max(w.subs-1, 0)
 		}
@@ -117,6 +119,30 @@ func (s *Sender) Subscribers() (int, error) {
 func pending(sock *zmq4.Socket) bool {
 	ev, err := sock.GetEvents()
 	return err != nil || ev&zmq4.POLLIN != 0 // an error: let the receive report it
+}
+
+// WaitSubscribers waits until n subscriptions arrive (those read during the call, the ones pending in
+// the socket when it is called included) or timeout passes (ErrNoSubscribers): a subscriber's first
+// subscription, or the one it sends again when it reconnects. The socket must be made
+// WithSubscriberCount; it must be called by the goroutine that owns the socket. To wait until a
+// socket has n subscribers, whenever they joined, use AwaitSubscribers.
+func (s *Sender) WaitSubscribers(n int, timeout time.Duration) error {
+	if s.subs == nil {
+		return fmt.Errorf("producer: %s does not count its subscribers (WithSubscriberCount)", s.endpoint)
+	}
+	start := s.subs.joined
+	deadline := time.Now().Add(timeout)
+	for {
+		if _, err := s.Subscribers(); err != nil {
+			return err
+		}
+		if got := s.subs.joined - start; got >= n {
+			return nil
+		} else if !time.Now().Before(deadline) {
+			return fmt.Errorf("%w: %s has %d of %d after %v", ErrNoSubscribers, s.endpoint, got, n, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // AwaitSubscribers waits until every sender has at least n subscribers (Subscribers), or timeout passes
