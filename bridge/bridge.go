@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/fpmbus/fpmbus/internal/fdbudget"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -158,6 +159,10 @@ func (b *Bridge) Run(ctx context.Context) error {
 		if w := CheckEphemeralPorts(b.cfg.BasePort, b.cfg.DPSize, b.opts.procPath); w != "" {
 			b.log.Warn(w)
 		}
+	}
+	// libzmq fails badly when it runs out of descriptors: check the budget before the first socket.
+	if err := fdbudget.Check(fmt.Sprintf("%d SUB sockets (one per endpoint)", len(b.endpoints)), len(b.endpoints)*DescriptorsPerEndpoint); err != nil {
+		return fmt.Errorf("bridge: %w", err)
 	}
 	zctx, err := zmq.NewContext()
 	if err != nil {

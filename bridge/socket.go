@@ -22,6 +22,11 @@ const (
 	socketPoll = 100 * time.Millisecond
 )
 
+// DescriptorsPerEndpoint is what one endpoint's reader holds (for internal/fdbudget): the SUB
+// socket's mailbox, its TCP connection, the duplicate of its ZMQ_FD the poller waits on, and its
+// monitor's two mailboxes. Measured by TestEndpointDescriptorCost.
+const DescriptorsPerEndpoint = 5
+
 // reader reads one endpoint. Its goroutine creates, uses and closes the SUB socket: no other goroutine
 // ever touches it (ZMQ sockets are not thread-safe). Stop with close(quit); <-done.
 type reader struct {

@@ -204,6 +204,7 @@ func newAnswer(q Query) Answer {
 }
 
 func (a Answer) refuse(r *Refusal) Answer {
+	r.Detail = Bounded(r.Detail)
 	a.Status, a.LatencyMS, a.Parts, a.Composition, a.Refusal = StatusRefused, nil, nil, nil, r
 	return a
 }

@@ -72,13 +72,14 @@ type Query struct {
 // own collection profile or identity field, so that cells measure it.
 var SupportedFeatures = map[string]bool{}
 
-// DecodeQuery parses one query strictly: unknown fields and trailing data are errors.
+// DecodeQuery parses one query strictly: unknown fields and trailing data are errors. The error's text
+// is bounded (Bounded): the JSON decoder echoes what it refused, a number of any length included.
 func DecodeQuery(b []byte) (Query, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	var q Query
 	if err := dec.Decode(&q); err != nil {
-		return Query{}, fmt.Errorf("decode query: %w", err)
+		return Query{}, BoundedError(fmt.Errorf("decode query: %w", err))
 	}
 	if dec.More() {
 		return Query{}, fmt.Errorf("decode query: trailing data after the query object")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pebbe/zmq4"
 
+	"github.com/fpmbus/fpmbus/internal/fdbudget"
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
@@ -89,6 +90,14 @@ func New(cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	// libzmq aborts the process when it runs out of descriptors while binding: check first.
+	per := DescriptorsPerSocket + max(cfg.WaitSubscribers, 1) // and its subscribers' connections
+	if cfg.WaitSubscribers > 0 {
+		per = DescriptorsPerSocketCounted + cfg.WaitSubscribers
+	}
+	if err := fdbudget.Check(fmt.Sprintf("%d PUB sockets (one per rank)", cfg.DPSize), cfg.DPSize*per); err != nil {
+		return nil, fmt.Errorf("producer: %w", err)
+	}
 	zctx, err := zmq4.NewContext()
 	if err != nil {
 		return nil, fmt.Errorf("producer: new zmq context: %w", err)
@@ -168,11 +177,17 @@ func (p *Publisher) Run(ctx context.Context) error {
 		if timeout == 0 {
 			timeout = 30 * time.Second
 		}
-		for _, r := range p.ranks { // the rank goroutines, which own the sockets later, have not started
-			if err := r.sender.WaitSubscribers(n, timeout); err != nil {
-				p.release()
-				return err
+		// The rank goroutines, which own the sockets later, have not started. One deadline for all ranks.
+		senders, labels := make([]*Sender, len(p.ranks)), make([]string, len(p.ranks))
+		for i, r := range p.ranks {
+			senders[i], labels[i] = r.sender, fmt.Sprintf("dp_rank %d", r.id)
+		}
+		if err := AwaitSubscribers(ctx, senders, labels, n, timeout); err != nil {
+			p.release()
+			if ctx.Err() != nil {
+				return nil
 			}
+			return err
 		}
 	}
 	if d := p.cfg.StartDelay; d > 0 {

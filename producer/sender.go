@@ -47,9 +47,11 @@ type senderOptions struct {
 	xpub   bool
 }
 
-// WithSubscriberCount makes the socket an XPUB (verbose), which looks exactly like a PUB on the wire but
-// reports each subscription, so WaitSubscribers can wait for subscribers instead of sleeping through
-// ZMQ's slow-joiner window.
+// WithSubscriberCount makes the socket an XPUB, which looks exactly like a PUB on the wire but reports
+// every subscription and unsubscription (ZMQ_XPUB_VERBOSER, a subscriber's disconnect included), and
+// watches its connections (a socket monitor): Subscribers then says how many subscribers receive what
+// is sent, WaitSubscribers waits for them instead of sleeping through ZMQ's slow-joiner window. It
+// costs DescriptorsPerSocketCounted descriptors instead of DescriptorsPerSocket.
 func WithSubscriberCount() SenderOption {
 	return func(o *senderOptions) error {
 		o.xpub = true
@@ -86,6 +88,7 @@ type Sender struct {
 	ctx      *zmq4.Context // non-nil only when NewSender created the context, which Close then terminates
 	endpoint string
 	seq      [8]byte
+	subs     *subscriberWatch // WithSubscriberCount only
 }
 
 // NewSender creates a PUB socket in zctx (nil: a private context that Close terminates), sets ZMQ_SNDHWM
@@ -122,6 +125,13 @@ func NewSender(zctx *zmq4.Context, endpoint string, sndhwm int, opts ...SenderOp
 		return nil, fmt.Errorf("producer: new %v socket: %w", kind, err)
 	}
 	s.sock = sock
+	if o.xpub {
+		// Before binding, so that no connection goes unseen.
+		if s.subs, err = watchSubscribers(zctx, sock); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
 	if err := s.setup(endpoint, sndhwm, o); err != nil {
 		s.Close()
 		return nil, err
@@ -138,9 +148,10 @@ func (s *Sender) setup(endpoint string, sndhwm int, o senderOptions) error {
 		return fmt.Errorf("producer: set ZMQ_SNDHWM: %w", err)
 	}
 	if o.xpub {
-		// Verbose: every subscriber's (identical, empty) subscription is reported, not just the first.
-		if err := s.sock.SetXpubVerbose(1); err != nil {
-			return fmt.Errorf("producer: set ZMQ_XPUB_VERBOSE: %w", err)
+		// Verboser: every subscriber's (identical, empty) subscription is reported, not just the first,
+		// and so is every unsubscription, the ones libzmq makes for a subscriber that disconnected included.
+		if err := s.sock.SetXpubVerboser(1); err != nil {
+			return fmt.Errorf("producer: set ZMQ_XPUB_VERBOSER: %w", err)
 		}
 	}
 	if o.noDrop {
@@ -162,35 +173,6 @@ func (s *Sender) setup(endpoint string, sndhwm int, o senderOptions) error {
 			return fmt.Errorf("producer: bound endpoint of %s: %w", endpoint, err)
 		}
 		s.endpoint = last
-	}
-	return nil
-}
-
-// ErrNoSubscribers is returned by WaitSubscribers when too few subscribers joined in time.
-var ErrNoSubscribers = errors.New("producer: subscribers did not join in time")
-
-// WaitSubscribers waits until n subscriptions have arrived (a socket made WithSubscriberCount) or
-// timeout passes. It must be called by the goroutine that owns the socket, before sending.
-func (s *Sender) WaitSubscribers(n int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for got := 0; got < n; {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return fmt.Errorf("%w: %s has %d of %d after %v", ErrNoSubscribers, s.endpoint, got, n, timeout)
-		}
-		if err := s.sock.SetRcvtimeo(min(left, 100*time.Millisecond)); err != nil {
-			return err
-		}
-		msg, err := s.sock.RecvBytes(0)
-		if err != nil {
-			if zmq4.AsErrno(err) == zmq4.Errno(syscall.EAGAIN) {
-				continue
-			}
-			return fmt.Errorf("producer: wait for subscribers on %s: %w", s.endpoint, err)
-		}
-		if len(msg) > 0 && msg[0] == 1 { // 1 = subscribe, 0 = unsubscribe, then the topic
-			got++
-		}
 	}
 	return nil
 }
@@ -240,6 +222,10 @@ func (s *Sender) Close() error {
 	if s.sock != nil {
 		err = s.sock.Close()
 		s.sock = nil
+	}
+	if s.subs != nil {
+		s.subs.close()
+		s.subs = nil
 	}
 	if s.ctx != nil {
 		if e := s.ctx.Term(); err == nil {

@@ -15,10 +15,13 @@
 //	payload.go        the record's msgpack payload, re-encoded from its JSON and checked to decode back to
 //	                  the same bytes; worker_id mapped, counter_id left as a slot when renumbering
 //	plan.go           NewPlan: window, speed, rate cap, loops -> Steps (due offsets) and Sockets
+//	duration.go       exact due times: offsets / speed rounded up to the nanosecond, or refused beyond
+//	                  the longest span (never wrapped around to a negative due time)
 //	stats.go          Shape: duration, per-rank rate and inter-arrival p50/p99 (--info, --dry-run)
 //	pacer.go          the send loop: due times on the monotonic clock, sequences, heartbeats
 //	sleep_linux.go    sub-millisecond waits (nanosleep)
-//	target_zmq.go     ZMQ PUB sockets (producer.Sender), the port layout, on-full policy
+//	target_zmq.go     ZMQ PUB sockets (producer.Sender, counting their subscribers), the port layout,
+//	                  the descriptor budget, the wait for subscribers, on-full policy
 //	target_stream.go  JetStream publishes with the bridge's headers (streams.FPMMessage), ack collector
 //	report.go         lateness histogram, per-rank and overall Report, CSV rows, progress lines
 //	replayer.go       Replayer: New, Run, Ready; Config and options
@@ -28,15 +31,17 @@
 //
 //   - Records are sent in schedule order, never reordered, never early. Due times come from the
 //     recording only (observed_at_unix_ms, or the stream's Fpm-Received-At-Ms), scaled by the speed and
-//     pushed later by the rate cap; they are fixed before the first send.
+//     pushed later by the rate cap, exactly (rounded up to the nanosecond); they are fixed before the
+//     first send. A plan whose schedule would outlast the longest time.Duration is refused.
 //   - A late send goes at once and is reported against its original due time; the schedule is never
 //     compressed to hide lateness and no record is dropped to catch up (a ZMQ send libzmq refuses is
 //     dropped only under OnFullDrop, as Dynamo drops it, and counted as failed).
 //   - Every payload decodes (schemas.DecodeFPM) to exactly the recorded fpm JSON, byte for byte, apart
 //     from the rewrites asked for (worker_id mapped, counter_id renumbered); a record for which that
 //     cannot hold is skipped with its reason, never sent altered.
-//   - Every record of the source is accounted for exactly once: replayed, failed or skipped (with a
-//     reason); per pass, replayed + failed + skipped other than invalid lines = records read.
+//   - Every record of the source is accounted for exactly once: replayed, undelivered (sent on a ZMQ
+//     socket that had no subscriber, which libzmq drops silently), failed or skipped (with a reason);
+//     per pass, replayed + undelivered + failed + skipped other than invalid lines = records read.
 //   - Sequences start at 0 per socket and advance by one per message, heartbeats included, as Dynamo's
 //     publisher numbers them.
 //

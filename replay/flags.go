@@ -39,6 +39,10 @@ type Flags struct {
 	basePortSource                 string
 }
 
+// DefaultWaitSubscribers is --wait-subscribers: a replay to ZMQ sends nothing until every socket has a
+// subscriber, since libzmq drops silently what a socket sends with none.
+const DefaultWaitSubscribers = 1
+
 // DefaultStartDelay is how long the ZMQ target waits after binding before the first record, so that
 // subscribers connecting meanwhile (ZMQ's slow joiner) miss nothing.
 const DefaultStartDelay = 500 * time.Millisecond
@@ -81,8 +85,8 @@ func RegisterFlags(fs *flag.FlagSet, basePort int, basePortSource string) *Flags
 	fs.BoolVar(&f.noDrop, "no-drop", false, "--to zmq: set ZMQ_XPUB_NODROP, so a subscriber at its high-water mark refuses sends (see --on-full) instead of libzmq dropping them silently")
 	fs.StringVar(&f.onFull, "on-full", string(OnFullDrop), "--to zmq with --no-drop: drop a refused send (Dynamo's behaviour, counted as failed) or wait until the subscriber takes it (lateness grows)")
 	fs.DurationVar(&f.startDelay, "start-delay", DefaultStartDelay, "--to zmq: wait this long after binding before the first record (lets subscribers connect)")
-	fs.IntVar(&f.waitSubscribers, "wait-subscribers", 0, "--to zmq: before the first record, wait until this many subscribers joined every socket")
-	fs.DurationVar(&f.waitTimeout, "wait-timeout", 30*time.Second, "--to zmq: give up --wait-subscribers after this long")
+	fs.IntVar(&f.waitSubscribers, "wait-subscribers", DefaultWaitSubscribers, "--to zmq: before the first record, wait until every socket has this many subscribers (0: send at once; what a socket sends while it has no subscriber is reported undelivered)")
+	fs.DurationVar(&f.waitTimeout, "wait-timeout", 30*time.Second, "--to zmq: give up --wait-subscribers after this long, having sent nothing (exit 1, naming the sockets without subscribers)")
 
 	fs.StringVar(&f.namespace, "namespace", DefaultNamespace, "--to stream: namespace of the replayed subjects, fpm.<namespace>.<component>.<worker_id>.<dp_rank>")
 	fs.StringVar(&f.component, "component", "", "--to stream: component of the replayed subjects (default: the recorded one)")

@@ -71,8 +71,15 @@ func (pc *pacer) run(ctx context.Context) (int, error) {
 	defer pc.timer.Stop()
 	renumber := p.Renumber()
 	passes := 0
+	var base time.Duration // the pass's start; NewPlan checked that every finite pass fits
 	for pass := 0; p.Config.Loops < 0 || pass < p.Config.Loops; pass++ {
-		base := time.Duration(pass) * p.Period
+		if pass > 0 {
+			next, ok := addSpan(base, p.Period)
+			if !ok || len(p.Steps) > 0 && p.Steps[len(p.Steps)-1].Due > maxSpan-next {
+				return passes, nil // a pass beyond the longest span (a loop run for 292 years) never starts
+			}
+			base = next
+		}
 		for i := range p.Steps {
 			st := &p.Steps[i]
 			due := base + st.Due

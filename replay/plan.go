@@ -57,7 +57,9 @@ const (
 // PlanConfig shapes the schedule. The zero value replays everything once at the recorded pace, with
 // the recorded counter ids and automatic heartbeats.
 type PlanConfig struct {
-	// Speed scales the pace: 2 plays twice as fast, 0.5 at half speed. 0 means 1.
+	// Speed scales the pace: 2 plays twice as fast, 0.5 at half speed. 0 means 1. Due times are the
+	// recorded offsets divided by it exactly, rounded up to the nanosecond (duration.go); a speed that
+	// puts a record beyond the longest schedule (about 292 years) is refused by NewPlan.
 	Speed float64
 	// MaxRate caps the rate over all sockets, in records per second: a record is due at least
 	// 1/MaxRate after the one before it. 0: no cap.
@@ -220,16 +222,16 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 		index[k] = newIndex[v]
 	}
 
-	// The window.
+	// The window, on the observed clock (saturated: a bound beyond the int64 range admits everything).
 	if len(rec.Records) > 0 {
-		p.WindowStartMs = rec.Records[0].ObservedMs + cfg.StartAt.Milliseconds()
+		p.WindowStartMs, _ = addMs(rec.Records[0].ObservedMs, cfg.StartAt.Milliseconds())
 		if !cfg.StartTime.IsZero() {
 			p.WindowStartMs = cfg.StartTime.UnixMilli()
 		}
 	}
-	endMs := int64(math.MaxInt64)
+	endMs, bounded := int64(0), false // the window ends before endMs when bounded
 	if cfg.Duration > 0 {
-		endMs = p.WindowStartMs + cfg.Duration.Milliseconds()
+		endMs, bounded = addMs(p.WindowStartMs, cfg.Duration.Milliseconds())
 	}
 
 	var (
@@ -238,9 +240,16 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 		arena   []byte
 		spacing time.Duration
 		prevDue time.Duration
+		bad     = invalid.Reporter(ErrInvalidPlan)
 	)
+	// Exact durations (duration.go): recorded milliseconds and nanoseconds at the speed, the cap's spacing.
+	perMs, perNs := perFactor(time.Millisecond, cfg.Speed), perFactor(1, cfg.Speed)
 	if cfg.MaxRate > 0 {
-		spacing = time.Duration(float64(time.Second) / cfg.MaxRate)
+		var ok bool
+		if spacing, ok = perFactor(time.Second, cfg.MaxRate).ceilMul(1); !ok {
+			return nil, bad("max rate %v: one record every %s, beyond the %s a schedule can span", cfg.MaxRate,
+				years(float64(time.Second)/cfg.MaxRate), years(float64(maxSpan)))
+		}
 	}
 	skip := func(s *Socket, r *Record, reason string, err error) {
 		p.Skipped[reason]++
@@ -253,7 +262,7 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 		r := &rec.Records[i]
 		si := index[sockKey{r.Producer, r.DPRank}]
 		s := &p.Sockets[si]
-		if r.ObservedMs < p.WindowStartMs || r.ObservedMs >= endMs {
+		if r.ObservedMs < p.WindowStartMs || bounded && r.ObservedMs >= endMs {
 			skip(s, r, SkipOutsideWindow, nil)
 			continue
 		}
@@ -275,9 +284,20 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 		arena = append(arena, pl.bytes...)
 		pl.bytes = arena[at:len(arena):len(arena)]
 
-		due := time.Duration(float64(time.Duration(r.ObservedMs-p.WindowStartMs)*time.Millisecond) / cfg.Speed)
+		off := offsetMs(r.ObservedMs, p.WindowStartMs)
+		due, ok := perMs.ceilMul(off)
+		if !ok {
+			return nil, bad("speed %v: the record observed %s after the window's start (%s) would be due %s into the replay, "+
+				"beyond the %s a schedule can span: raise the speed or narrow the window", cfg.Speed, fmtMsExact(off), s.Label(),
+				years(float64(off)*float64(time.Millisecond)/cfg.Speed), years(float64(maxSpan)))
+		}
 		if len(p.Steps) > 0 {
-			due = max(due, prevDue+spacing)
+			capped, ok := addSpan(prevDue, spacing)
+			if !ok {
+				return nil, bad("max rate %v: record %d of the window (%s) would be due beyond the %s a schedule can span",
+					cfg.MaxRate, len(p.Steps)+1, s.Label(), years(float64(maxSpan)))
+			}
+			due = max(due, capped)
 		}
 		prevDue = due
 		if s.Records == 0 {
@@ -292,26 +312,42 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 		}
 		p.Steps = append(p.Steps, Step{Due: due, Socket: int32(si), Record: int32(i), counter: r.CounterID, payload: pl})
 	}
-	p.Period = p.period(spacing)
+	p.Period = p.period(spacing, perNs)
+	if n := len(p.Steps); n > 0 && cfg.Loops > 1 {
+		// The last pass's last record must be due within the span too.
+		last := p.Steps[n-1].Due
+		if p.Period > (maxSpan-last)/time.Duration(cfg.Loops-1) {
+			return nil, bad("loops %d: passes of %s each would end beyond the %s a schedule can span",
+				cfg.Loops, years(float64(p.Period)), years(float64(maxSpan)))
+		}
+	}
 	return p, nil
 }
 
 // period is a pass's length: the window's length at the plan's speed when --duration cut it, else the
-// last due time plus one mean gap, so the seam between passes looks like any other gap.
-func (p *Plan) period(spacing time.Duration) time.Duration {
+// last due time plus one mean gap, so the seam between passes looks like any other gap. A period beyond
+// the longest span is maxSpan: a second pass that far off never starts (see pacer.run), and a single
+// pass does not need it.
+func (p *Plan) period(spacing time.Duration, perNs *ratio) time.Duration {
 	n := len(p.Steps)
 	if n == 0 {
 		return 0
 	}
 	last := p.Steps[n-1].Due
-	if d := p.Config.Duration; d > 0 {
-		return max(time.Duration(float64(d)/p.Config.Speed), last+max(spacing, 1))
+	sat := func(d time.Duration, ok bool) time.Duration {
+		if !ok {
+			return maxSpan
+		}
+		return d
 	}
-	gap := time.Duration(float64(time.Second) / p.Config.Speed)
+	if d := p.Config.Duration; d > 0 {
+		return max(sat(perNs.ceilMul(uint64(d))), sat(addSpan(last, max(spacing, 1))))
+	}
+	gap := sat(perNs.ceilMul(uint64(time.Second)))
 	if n > 1 {
 		gap = last / time.Duration(n-1)
 	}
-	return last + max(gap, spacing, 1)
+	return sat(addSpan(last, max(gap, spacing, 1)))
 }
 
 // ErrUnknownWorker is returned by NewPlan for a worker map naming a worker id no record has (a typo

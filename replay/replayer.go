@@ -162,7 +162,11 @@ func (r *Replayer) Run(ctx context.Context) (*Report, error) {
 	cerr := r.target.close()
 	ferr := r.rep.finish(passes, err != nil)
 	rep := r.rep.report(r.cfg.Target)
-	log.Info("replay finished", "replayed", rep.Overall.Replayed, "failed", rep.Overall.Failed, "passes", passes,
+	for _, rr := range rep.NoSubscriber() {
+		log.Error("replay socket had no subscriber: what it sent then was not delivered", "rank", rr.Rank, "endpoint", rr.Endpoint,
+			"records", rr.Undelivered, "heartbeats", rr.HeartbeatsUndelivered)
+	}
+	log.Info("replay finished", "replayed", rep.Overall.Replayed, "undelivered", rep.Overall.Undelivered, "failed", rep.Overall.Failed, "passes", passes,
 		"interrupted", err != nil, "lateness_p99_ms", rep.Overall.Lateness.P99Ms)
 	return rep, errors.Join(cerr, ferr)
 }

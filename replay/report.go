@@ -14,8 +14,9 @@ import (
 	"time"
 )
 
-// The faithfulness report: per socket (producer/rank) and overall, what was replayed, skipped and
-// failed, how late each send was against its schedule, and the achieved against the scheduled rate.
+// The faithfulness report: per socket (producer/rank) and overall, what was replayed, undelivered
+// (sent on a ZMQ socket that had no subscriber: libzmq dropped it), skipped and failed, how late each
+// send was against its schedule, and the achieved against the scheduled rate.
 // Lateness is measured on the replay's monotonic clock: the time the send was handed to the target
 // (libzmq, or the NATS client) minus its due time. It is never negative: nothing is sent early.
 
@@ -30,6 +31,8 @@ type event struct {
 	// due and sent are offsets from the replay's start.
 	due, sent time.Duration
 	err       error
+	// undelivered: the target took it, but no subscriber was there to receive it (ZMQ).
+	undelivered bool
 }
 
 // lagWarnAfter is the lateness at which the replay says, once, that it is behind its schedule.
@@ -60,15 +63,15 @@ type reporter struct {
 
 // sockStats accumulates one socket's (or every socket's) events.
 type sockStats struct {
-	replayed, failed           int
-	heartbeats, heartbeatFails int
-	failures                   map[string]int
-	lateness                   latencyHist
-	lateSum                    time.Duration
-	lateMax                    time.Duration
-	firstDue, lastDue          time.Duration
-	firstSent, lastSent        time.Duration
-	sends                      int
+	replayed, failed, undelivered        int
+	heartbeats, heartbeatFails, hbUnsent int
+	failures                             map[string]int
+	lateness                             latencyHist
+	lateSum                              time.Duration
+	lateMax                              time.Duration
+	firstDue, lastDue                    time.Duration
+	firstSent, lastSent                  time.Duration
+	sends                                int
 }
 
 func newReporter(p *Plan, describe func(int) string, progress io.Writer, every int, csvOut io.Writer) *reporter {
@@ -104,13 +107,16 @@ func (s *sockStats) add(ev *event, late time.Duration) {
 	s.lateness.add(late)
 	s.lateSum += late
 	s.lateMax = max(s.lateMax, late)
-	if ev.err != nil {
+	switch {
+	case ev.err != nil:
 		s.failed++
 		if s.failures == nil {
 			s.failures = map[string]int{}
 		}
 		s.failures[ev.err.Error()]++
-	} else {
+	case ev.undelivered:
+		s.undelivered++
+	default:
 		s.replayed++
 	}
 }
@@ -129,8 +135,10 @@ func (s *sockStats) merge(o *sockStats) {
 	s.sends += o.sends
 	s.replayed += o.replayed
 	s.failed += o.failed
+	s.undelivered += o.undelivered
 	s.heartbeats += o.heartbeats
 	s.heartbeatFails += o.heartbeatFails
+	s.hbUnsent += o.hbUnsent
 	for k, v := range o.failures {
 		if s.failures == nil {
 			s.failures = map[string]int{}
@@ -153,7 +161,7 @@ func (r *reporter) record(ev *event) {
 	if late > r.lateMax {
 		r.lateMax = late
 	}
-	if ev.err != nil {
+	if ev.err != nil || ev.undelivered {
 		r.failed++
 	}
 	if !r.warned && late >= lagWarnAfter && r.progress != nil {
@@ -187,9 +195,12 @@ func (r *reporter) writeCSV(ev *event, late time.Duration) {
 	b = append(b, ',')
 	b = strconv.AppendFloat(b, ms(late), 'f', 3, 64)
 	b = append(b, ',')
-	if ev.err != nil {
+	switch {
+	case ev.err != nil:
 		b = appendCSVField(b, "failed: "+ev.err.Error())
-	} else {
+	case ev.undelivered:
+		b = append(b, "undelivered: no subscriber"...)
+	default:
 		b = append(b, "sent"...)
 	}
 	b = append(b, '\n')
@@ -211,15 +222,18 @@ func (r *reporter) progressLine(due, late time.Duration) {
 	if r.total > 0 {
 		of = fmt.Sprintf("/%d (%.0f%%)", r.total, 100*float64(r.n)/float64(r.total))
 	}
-	fmt.Fprintf(r.progress, "replay: %d%s records, schedule +%s, lateness now %s (max %s), failed %d\n",
+	fmt.Fprintf(r.progress, "replay: %d%s records, schedule +%s, lateness now %s (max %s), not delivered %d\n",
 		r.n, of, due.Round(time.Millisecond), late.Round(time.Microsecond), r.lateMax.Round(time.Microsecond), r.failed)
 }
 
 // heartbeat takes one heartbeat send on socket s.
-func (r *reporter) heartbeat(s int, err error) {
-	if err != nil {
+func (r *reporter) heartbeat(s int, undelivered bool, err error) {
+	switch {
+	case err != nil:
 		r.sockets[s].heartbeatFails++
-	} else {
+	case undelivered:
+		r.sockets[s].hbUnsent++
+	default:
 		r.sockets[s].heartbeats++
 	}
 }
@@ -264,15 +278,21 @@ type RankReport struct {
 	DPRank   int64  `json:"dp_rank"`
 	// Endpoint is where it was sent (the bound ZMQ endpoint, or the stream subject's publisher).
 	Endpoint string `json:"endpoint,omitempty"`
-	Replayed int    `json:"replayed"`
+	// Replayed counts records delivered: taken by the target with a subscriber there (ZMQ) or acked
+	// (stream).
+	Replayed int `json:"replayed"`
+	// Undelivered counts records sent while the ZMQ socket had no subscriber: libzmq dropped them.
+	// A rank with Undelivered > 0 is a socket that had no subscriber.
+	Undelivered int `json:"undelivered"`
 	// Failed counts sends the target refused (with the reasons in Failures).
 	Failed   int            `json:"failed"`
 	Failures map[string]int `json:"failures,omitempty"`
 	// Skipped counts this rank's records not sent, by reason.
-	Skipped          map[string]int `json:"skipped"`
-	Heartbeats       int            `json:"heartbeats"`
-	HeartbeatsFailed int            `json:"heartbeats_failed"`
-	Lateness         Lateness       `json:"lateness"`
+	Skipped               map[string]int `json:"skipped"`
+	Heartbeats            int            `json:"heartbeats"`
+	HeartbeatsUndelivered int            `json:"heartbeats_undelivered"`
+	HeartbeatsFailed      int            `json:"heartbeats_failed"`
+	Lateness              Lateness       `json:"lateness"`
 	// Scheduled and actual span (first to last send) and the rates over them.
 	ScheduledDurationS float64 `json:"scheduled_duration_s"`
 	ActualDurationS    float64 `json:"actual_duration_s"`
@@ -323,8 +343,8 @@ func copyCounts(m map[string]int) map[string]int {
 }
 
 func (s *sockStats) rankReport(label string) RankReport {
-	rr := RankReport{Rank: label, Replayed: s.replayed, Failed: s.failed, Failures: s.failures,
-		Heartbeats: s.heartbeats, HeartbeatsFailed: s.heartbeatFails}
+	rr := RankReport{Rank: label, Replayed: s.replayed, Undelivered: s.undelivered, Failed: s.failed, Failures: s.failures,
+		Heartbeats: s.heartbeats, HeartbeatsUndelivered: s.hbUnsent, HeartbeatsFailed: s.heartbeatFails}
 	if s.sends > 0 {
 		rr.Lateness = Lateness{
 			MeanMs: ms(s.lateSum) / float64(s.sends),
@@ -359,19 +379,23 @@ func (rep *Report) WriteText(w io.Writer) error {
 	if rep.Interrupted {
 		state = "interrupted"
 	}
-	fmt.Fprintf(w, "replay %s (--to %s, speed %g, counter ids %s, %d pass(es)): %d replayed, %d failed, %d skipped, %d heartbeats\n",
-		state, rep.Target, rep.Speed, rep.CounterIDs, rep.Passes, o.Replayed, o.Failed, sumCounts(rep.Skipped), o.Heartbeats)
+	fmt.Fprintf(w, "replay %s (--to %s, speed %g, counter ids %s, %d pass(es)): %d replayed, %d undelivered, %d failed, %d skipped, %d heartbeats\n",
+		state, rep.Target, rep.Speed, rep.CounterIDs, rep.Passes, o.Replayed, o.Undelivered, o.Failed, sumCounts(rep.Skipped), o.Heartbeats)
 	fmt.Fprintf(w, "schedule %s at %.1f/s, sent over %s at %.1f/s; lateness mean %s p50 %s p90 %s p99 %s max %s\n",
 		fmtSeconds(o.ScheduledDurationS), o.ScheduledRatePerS, fmtSeconds(o.ActualDurationS), o.AchievedRatePerS,
 		fmtMs(o.Lateness.MeanMs), fmtMs(o.Lateness.P50Ms), fmtMs(o.Lateness.P90Ms), fmtMs(o.Lateness.P99Ms), fmtMs(o.Lateness.MaxMs))
 	if o.Lateness.MaxMs >= float64(lagWarnAfter)/float64(time.Millisecond) {
 		fmt.Fprintf(w, "LAGGED: sends were up to %s behind schedule (this host could not keep the pace)\n", fmtMs(o.Lateness.MaxMs))
 	}
+	if n := rep.NoSubscriber(); len(n) > 0 {
+		fmt.Fprintf(w, "NOT DELIVERED: %d records and %d heartbeats were sent while their socket had no subscriber; libzmq dropped them (%d of %d sockets)\n",
+			o.Undelivered, o.HeartbeatsUndelivered, len(n), len(rep.Ranks))
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "rank\tendpoint\treplayed\tskipped\tfailed\theartbeats\tlate mean\tp50\tp90\tp99\tmax\trate/s\tscheduled/s\t")
+	fmt.Fprintln(tw, "rank\tendpoint\treplayed\tundelivered\tskipped\tfailed\theartbeats\tlate mean\tp50\tp90\tp99\tmax\trate/s\tscheduled/s\t")
 	row := func(r *RankReport) {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t\n", r.Rank, r.Endpoint, r.Replayed, sumCounts(r.Skipped),
-			r.Failed, r.Heartbeats, fmtMs(r.Lateness.MeanMs), fmtMs(r.Lateness.P50Ms), fmtMs(r.Lateness.P90Ms),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t\n", r.Rank, r.Endpoint, r.Replayed, r.Undelivered,
+			sumCounts(r.Skipped), r.Failed, r.Heartbeats, fmtMs(r.Lateness.MeanMs), fmtMs(r.Lateness.P50Ms), fmtMs(r.Lateness.P90Ms),
 			fmtMs(r.Lateness.P99Ms), fmtMs(r.Lateness.MaxMs), r.AchievedRatePerS, r.ScheduledRatePerS)
 	}
 	for i := range rep.Ranks {
@@ -380,6 +404,9 @@ func (rep *Report) WriteText(w io.Writer) error {
 	row(o)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, r := range rep.NoSubscriber() {
+		fmt.Fprintf(w, "no subscriber: %s (%s): %d records and %d heartbeats not delivered\n", r.Rank, r.Endpoint, r.Undelivered, r.HeartbeatsUndelivered)
 	}
 	for _, k := range sortedKeys(rep.Skipped) {
 		fmt.Fprintf(w, "skipped %s: %d\n", k, rep.Skipped[k])
@@ -394,6 +421,18 @@ func (rep *Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(w, "damaged: %s\n", d)
 	}
 	return nil
+}
+
+// NoSubscriber lists the ranks whose socket had no subscriber for some of its sends: what they sent
+// then was not delivered.
+func (rep *Report) NoSubscriber() []*RankReport {
+	var out []*RankReport
+	for i := range rep.Ranks {
+		if r := &rep.Ranks[i]; r.Undelivered > 0 || r.HeartbeatsUndelivered > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 func sumCounts(m map[string]int) int {

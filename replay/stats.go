@@ -17,11 +17,16 @@ import (
 // Shape describes the timing of a recording or of one pass of a plan.
 type Shape struct {
 	Records int `json:"records"`
-	// DurationS spans the first to the last record, in seconds.
-	DurationS float64 `json:"duration_s"`
+	// DurationS spans the first to the last record, in seconds; DurationMs is the same span in whole
+	// milliseconds, exact (a recording's observed times are integer milliseconds of any range).
+	DurationS  float64 `json:"duration_s"`
+	DurationMs uint64  `json:"duration_ms"`
 	// RatePerS is Records over the duration (0 when it is 0).
 	RatePerS float64     `json:"rate_per_s"`
 	Ranks    []RankShape `json:"ranks"`
+	// span is the duration in ticks of unit (exact), for the text.
+	span uint64
+	unit time.Duration
 }
 
 // RankShape describes one (producer, dp_rank).
@@ -38,7 +43,8 @@ type RankShape struct {
 	InterArrivalP99Ms float64 `json:"inter_arrival_p99_ms"`
 }
 
-// DescribeRecording returns the shape of rec as recorded (observed_at_unix_ms).
+// DescribeRecording returns the shape of rec as recorded (observed_at_unix_ms). Offsets are exact
+// integer milliseconds whatever the observed times (0 and 2^63-1 in one recording included).
 func DescribeRecording(rec *Recording) Shape {
 	var ranks []rankTimes
 	index := map[string]int{}
@@ -56,12 +62,16 @@ func DescribeRecording(rec *Recording) Shape {
 			index[key] = j
 			ranks = append(ranks, rankTimes{producer: r.Producer, rank: r.DPRank})
 		}
-		ranks[j].at = append(ranks[j].at, time.Duration(r.ObservedMs-first)*time.Millisecond)
+		ranks[j].at = append(ranks[j].at, offsetMs(r.ObservedMs, first)) // records are in observed order
 		if r.Heartbeat {
 			ranks[j].heartbeats++
 		}
 	}
-	return shape(ranks, time.Duration(last-first)*time.Millisecond, len(rec.Records))
+	var span uint64
+	if len(rec.Records) > 0 {
+		span = offsetMs(last, first)
+	}
+	return shape(ranks, span, time.Millisecond, len(rec.Records))
 }
 
 // Shape returns the shape of one pass of p (due times, at the plan's speed and rate cap).
@@ -72,7 +82,7 @@ func (p *Plan) Shape() Shape {
 	}
 	var last time.Duration
 	for _, st := range p.Steps {
-		ranks[st.Socket].at = append(ranks[st.Socket].at, st.Due)
+		ranks[st.Socket].at = append(ranks[st.Socket].at, uint64(st.Due))
 		if p.Recording.Records[st.Record].Heartbeat {
 			ranks[st.Socket].heartbeats++
 		}
@@ -88,20 +98,23 @@ func (p *Plan) Shape() Shape {
 	if len(p.Steps) > 0 {
 		d = last - p.Steps[0].Due
 	}
-	return shape(used, d, len(p.Steps))
+	return shape(used, uint64(d), time.Nanosecond, len(p.Steps))
 }
 
+// rankTimes are one rank's times, in ticks of the shape's unit, non-decreasing.
 type rankTimes struct {
 	producer   string
 	rank       int64
-	at         []time.Duration
+	at         []uint64
 	heartbeats int
 }
 
-func shape(ranks []rankTimes, d time.Duration, n int) Shape {
-	s := Shape{Records: n, DurationS: d.Seconds(), Ranks: []RankShape{}}
-	if d > 0 {
-		s.RatePerS = float64(n) / d.Seconds()
+// shape describes ranks over a span of span ticks of unit (a millisecond or a nanosecond).
+func shape(ranks []rankTimes, span uint64, unit time.Duration, n int) Shape {
+	seconds := float64(span) / float64(time.Second/unit) // one correctly rounded division
+	s := Shape{Records: n, DurationS: seconds, DurationMs: span / uint64(time.Millisecond/unit), Ranks: []RankShape{}, span: span, unit: unit}
+	if span > 0 {
+		s.RatePerS = float64(n) / seconds
 	}
 	slices.SortFunc(ranks, func(a, b rankTimes) int {
 		if c := strings.Compare(a.producer, b.producer); c != 0 {
@@ -109,19 +122,20 @@ func shape(ranks []rankTimes, d time.Duration, n int) Shape {
 		}
 		return int(min(max(a.rank-b.rank, -1), 1))
 	})
+	toMs := float64(unit) / float64(time.Millisecond)
 	for _, r := range ranks {
 		rs := RankShape{Producer: r.producer, DPRank: r.rank, Records: len(r.at), Heartbeats: r.heartbeats}
-		if d > 0 {
-			rs.RatePerS = float64(len(r.at)) / d.Seconds()
+		if span > 0 {
+			rs.RatePerS = float64(len(r.at)) / seconds
 		}
 		if len(r.at) > 1 {
-			gaps := make([]time.Duration, len(r.at)-1)
+			gaps := make([]uint64, len(r.at)-1)
 			for i := 1; i < len(r.at); i++ {
 				gaps[i-1] = r.at[i] - r.at[i-1]
 			}
 			slices.Sort(gaps)
-			rs.InterArrivalP50Ms = ms(nearestRank(gaps, 0.50))
-			rs.InterArrivalP99Ms = ms(nearestRank(gaps, 0.99))
+			rs.InterArrivalP50Ms = float64(nearestRank(gaps, 0.50)) * toMs
+			rs.InterArrivalP99Ms = float64(nearestRank(gaps, 0.99)) * toMs
 		}
 		s.Ranks = append(s.Ranks, rs)
 	}
@@ -129,7 +143,7 @@ func shape(ranks []rankTimes, d time.Duration, n int) Shape {
 }
 
 // nearestRank returns the q-quantile of sorted (nearest-rank method), 0 for none.
-func nearestRank(sorted []time.Duration, q float64) time.Duration {
+func nearestRank[T time.Duration | uint64](sorted []T, q float64) T {
 	if len(sorted) == 0 {
 		return 0
 	}
@@ -142,7 +156,11 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // WriteText writes s as a table headed by title.
 func (s Shape) WriteText(w io.Writer, title string) error {
-	fmt.Fprintf(w, "%s: %d records over %s (%.1f/s)\n", title, s.Records, fmtSeconds(s.DurationS), s.RatePerS)
+	over := fmtSeconds(s.DurationS)
+	if s.unit == time.Millisecond {
+		over = fmtMsExact(s.span)
+	}
+	fmt.Fprintf(w, "%s: %d records over %s (%.1f/s)\n", title, s.Records, over, s.RatePerS)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "producer/rank\trecords\theartbeats\trate/s\tinter-arrival p50\tp99\t")
 	for _, r := range s.Ranks {

@@ -161,7 +161,7 @@ func (t *streamTarget) collect() {
 			}
 		}
 		if in.hb {
-			t.rep.heartbeat(in.s, err)
+			t.rep.heartbeat(in.s, false, err)
 			continue
 		}
 		in.ev.err = err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pebbe/zmq4"
 
+	"github.com/fpmbus/fpmbus/internal/fdbudget"
 	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/producer"
 )
@@ -20,6 +21,14 @@ import (
 // The ZMQ target: one PUB socket per (producer, rank), exactly Dynamo's publisher on the wire
 // (producer.Sender: three frames, empty topic, 8-byte big-endian sequence, msgpack payload, sent
 // without blocking), bound where an unmodified Dynamo consumer or `fpmbus bridge` expects a worker.
+//
+// libzmq drops a message silently when no subscriber is connected, so each socket counts its
+// subscribers (an XPUB with a monitor, producer.WithSubscriberCount: the same on the wire) and every
+// send made while a socket had none is reported undelivered, not replayed. Before the first record the
+// target waits until every socket has WaitSubscribers subscribers, under one deadline for all; the
+// command waits for one by default. The descriptors the sockets need are checked against the
+// process's limit before the first is opened (internal/fdbudget): libzmq aborts the process when it
+// runs out while binding.
 
 // OnFull says what a send refused by libzmq (EAGAIN) does. Without ZMQConfig.NoDrop a PUB socket never
 // refuses: libzmq drops for a slow subscriber silently, as it does for Dynamo.
@@ -56,8 +65,10 @@ type ZMQConfig struct {
 	// StartDelay is waited after binding, before the first send, so subscribers that connect meanwhile
 	// miss nothing (ZMQ's slow joiner).
 	StartDelay time.Duration
-	// WaitSubscribers, when > 0, makes each socket an XPUB (the same on the wire) and waits until that
-	// many subscribers joined each one (at most WaitTimeout, default 30 s) before StartDelay.
+	// WaitSubscribers, when > 0, waits until every socket has that many subscribers (at most
+	// WaitTimeout for all of them, default 30 s; then the replay fails naming the sockets short of
+	// them, having sent nothing) before StartDelay. 0 sends without waiting: records sent while a
+	// socket has no subscriber are reported undelivered.
 	WaitSubscribers int
 	WaitTimeout     time.Duration
 }
@@ -179,12 +190,22 @@ func zmqEndpoint(host string, port int) string {
 	return "tcp://" + host + ":" + strconv.Itoa(port)
 }
 
+// subscriberRecheck is how long a socket's count of subscribers, once above zero, is trusted before it is
+// read again (reading it costs two libzmq calls, each a system call: read before every send it would
+// cut the replay's highest rate by three quarters). libzmq itself applies what happened to its
+// connections about once a millisecond while a socket sends, so a subscriber that left is noticed as
+// soon as libzmq stops sending to it. A socket without subscribers is read before every send: the
+// first send after a subscriber joined counts as delivered.
+const subscriberRecheck = time.Millisecond
+
 // zmqTarget owns one producer.Sender per active socket. Every method runs on the pacer's goroutine.
 type zmqTarget struct {
 	cfg       ZMQConfig
 	endpoints []string
 	zctx      *zmq4.Context
 	senders   []*producer.Sender // nil for an inactive socket
+	subs      []int              // each socket's subscribers, as last read
+	readAt    []time.Time        // when
 	rep       *reporter
 }
 
@@ -208,20 +229,26 @@ func (t *zmqTarget) describe(s int) string { return t.endpoints[s] }
 
 // open binds every active socket, waits for subscribers and the start delay.
 func (t *zmqTarget) open(ctx context.Context, p *Plan) error {
+	var active []int
+	for i := range p.Sockets {
+		if p.Sockets[i].Active() {
+			active = append(active, i)
+		}
+	}
+	per := producer.DescriptorsPerSocketCounted + max(t.cfg.WaitSubscribers, 1) // and its subscribers' connections
+	if err := fdbudget.Check(fmt.Sprintf("%d PUB sockets (one per producer and rank of the recording, each with %d subscriber(s))",
+		len(active), max(t.cfg.WaitSubscribers, 1)), len(active)*per); err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
 	zctx, err := zmq4.NewContext()
 	if err != nil {
 		return fmt.Errorf("replay: new zmq context: %w", err)
 	}
 	t.zctx = zctx
 	t.senders = make([]*producer.Sender, len(p.Sockets))
-	opts := []producer.SenderOption{producer.WithLinger(t.cfg.Linger), producer.WithNoDrop(t.cfg.NoDrop)}
-	if t.cfg.WaitSubscribers > 0 {
-		opts = append(opts, producer.WithSubscriberCount())
-	}
-	for i := range p.Sockets {
-		if !p.Sockets[i].Active() {
-			continue
-		}
+	t.subs, t.readAt = make([]int, len(p.Sockets)), make([]time.Time, len(p.Sockets))
+	opts := []producer.SenderOption{producer.WithLinger(t.cfg.Linger), producer.WithNoDrop(t.cfg.NoDrop), producer.WithSubscriberCount()}
+	for _, i := range active {
 		s, err := producer.NewSender(zctx, t.endpoints[i], t.cfg.SendHWM, opts...)
 		if err != nil {
 			return fmt.Errorf("replay: %s: %w", p.Sockets[i].Label(), err)
@@ -229,13 +256,15 @@ func (t *zmqTarget) open(ctx context.Context, p *Plan) error {
 		t.senders[i] = s
 	}
 	if n := t.cfg.WaitSubscribers; n > 0 {
-		for _, s := range t.senders {
-			if s == nil {
-				continue
+		senders, labels := make([]*producer.Sender, len(active)), make([]string, len(active))
+		for k, i := range active {
+			senders[k], labels[k] = t.senders[i], p.Sockets[i].Label()
+		}
+		if err := producer.AwaitSubscribers(ctx, senders, labels, n, t.cfg.WaitTimeout); err != nil {
+			if errors.Is(err, producer.ErrNoSubscribers) {
+				return fmt.Errorf("replay: nothing sent: %w (start the subscribers first, or --wait-subscribers 0 to send regardless: what no subscriber receives is reported undelivered)", err)
 			}
-			if err := s.WaitSubscribers(n, t.cfg.WaitTimeout); err != nil {
-				return err
-			}
+			return err
 		}
 	}
 	if d := t.cfg.StartDelay; d > 0 {
@@ -250,21 +279,35 @@ func (t *zmqTarget) open(ctx context.Context, p *Plan) error {
 	return nil
 }
 
-// send sends one record and reports it; it returns whether libzmq took the message.
+// send sends one record and reports it: replayed, undelivered (libzmq took it, but the socket had no
+// subscriber) or failed; it returns whether libzmq took the message.
 func (t *zmqTarget) send(ctx context.Context, ev *event, payload []byte) bool {
-	ev.err = t.sendFrames(ctx, int(ev.socket), ev.seq, payload)
+	ev.undelivered, ev.err = t.sendFrames(ctx, int(ev.socket), ev.seq, payload)
 	t.rep.record(ev)
 	return ev.err == nil
 }
 
 func (t *zmqTarget) heartbeat(ctx context.Context, s int, seq uint64, payload []byte) bool {
-	err := t.sendFrames(ctx, s, seq, payload)
-	t.rep.heartbeat(s, err)
+	undelivered, err := t.sendFrames(ctx, s, seq, payload)
+	t.rep.heartbeat(s, undelivered, err)
 	return err == nil
 }
 
-func (t *zmqTarget) sendFrames(ctx context.Context, s int, seq uint64, payload []byte) error {
+// sendFrames sends one message on socket s; undelivered says the socket had no subscriber when it was
+// sent (as libzmq had reported its subscribers just before, see subscriberRecheck), so that libzmq
+// dropped it.
+func (t *zmqTarget) sendFrames(ctx context.Context, s int, seq uint64, payload []byte) (undelivered bool, err error) {
 	snd := t.senders[s]
+	if now := time.Now(); t.subs[s] == 0 || now.Sub(t.readAt[s]) >= subscriberRecheck {
+		if t.subs[s], err = snd.Subscribers(); err != nil {
+			return false, err
+		}
+		t.readAt[s] = now
+	}
+	return t.subs[s] == 0, t.sendOnce(ctx, snd, seq, payload)
+}
+
+func (t *zmqTarget) sendOnce(ctx context.Context, snd *producer.Sender, seq uint64, payload []byte) error {
 	for spins := 0; ; spins++ {
 		err := snd.Send(seq, payload)
 		if !errors.Is(err, producer.ErrDropped) || t.cfg.OnFull != OnFullWait {

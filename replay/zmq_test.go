@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -186,7 +187,8 @@ func TestZMQReplayStopsWhenItsContextEnds(t *testing.T) {
 	}()
 	start := time.Now()
 	rep, err := r.Run(ctx)
-	if err != nil || !rep.Interrupted || rep.Overall.Replayed != 1 || time.Since(start) > 5*time.Second {
+	// Nobody subscribed: the one record sent is reported undelivered, not replayed.
+	if err != nil || !rep.Interrupted || rep.Overall.Replayed != 0 || rep.Overall.Undelivered != 1 || time.Since(start) > 5*time.Second {
 		t.Fatalf("err %v, report %+v after %v", err, rep, time.Since(start))
 	}
 	if _, err := r.Run(t.Context()); !errors.Is(err, ErrAlreadyRun) {
@@ -220,4 +222,70 @@ func TestZMQReplayBindErrorNamesTheRank(t *testing.T) {
 	if !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), "w/0") || !strings.Contains(err.Error(), strconv.Itoa(port)) {
 		t.Fatalf("got %v", err)
 	}
+}
+
+// signalWriter closes first when the first line is written to it (a progress line per record).
+type signalWriter struct {
+	first chan struct{}
+	once  sync.Once
+}
+
+func (w *signalWriter) Write(b []byte) (int, error) {
+	w.once.Do(func() { close(w.first) })
+	return len(b), nil
+}
+
+// What a socket sends while it has no subscriber is not delivered (libzmq drops it) and the report
+// says so per rank: a socket nobody subscribes to has every record undelivered; on one whose
+// subscriber joins after the first record, the first is undelivered and what the subscriber received
+// is what the report calls replayed (give or take the one record sent as it joined).
+func TestZMQReplayReportsWhatNoSubscriberReceived(t *testing.T) {
+	var ls []line
+	for i := range 12 {
+		off := int64(i * 10)
+		if i >= 3 {
+			off = 500 + int64(i*10) // half a second, for the subscriber to join in
+		}
+		for rank := range 2 {
+			ls = append(ls, line{producer: "w", observed: t0 + off, fpm: fpmJSON(t, "w", rank, int64(i))})
+		}
+	}
+	plan, err := NewPlan(recordingOf(t, ls...), PlanConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := producertest.FreeBasePort(t, "", 2)
+	progress := &signalWriter{first: make(chan struct{})}
+	r, err := New(plan, Config{ZMQ: ZMQConfig{BasePort: base}}, WithProgress(progress, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	received := make(chan []got, 1)
+	go func() {
+		<-progress.first // rank 0's first record has been sent, with no subscriber
+		sub := producertest.NewSubscriber(t, "tcp://127.0.0.1:"+strconv.Itoa(base), 0)
+		received <- <-collect(t, sub, 12)
+	}()
+	rep := runReplay(t, r)
+	gs := <-received
+	r0, r1 := rep.Ranks[0], rep.Ranks[1]
+	if r1.Replayed != 0 || r1.Undelivered != 12 || r0.Undelivered < 1 || r0.Replayed+r0.Undelivered != 12 ||
+		rep.Overall.Undelivered != r0.Undelivered+12 || rep.Overall.Replayed != r0.Replayed {
+		t.Fatalf("report: rank 0 %+v, rank 1 %+v, overall %+v", r0, r1, rep.Overall)
+	}
+	if len(gs) < r0.Replayed || len(gs) > r0.Replayed+1 {
+		t.Fatalf("the subscriber received %d, the report says %d replayed on its socket", len(gs), r0.Replayed)
+	}
+	if ns := rep.NoSubscriber(); len(ns) != 2 || ns[1].Rank != "w/1" {
+		t.Fatalf("sockets without a subscriber %+v", ns)
+	}
+	var text strings.Builder
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	want := "no subscriber: w/1 (tcp://127.0.0.1:" + strconv.Itoa(base+1) + "): 12 records and 0 heartbeats not delivered"
+	if !strings.Contains(text.String(), want) || !strings.Contains(text.String(), "NOT DELIVERED") {
+		t.Fatalf("report text lacks %q:\n%s", want, text.String())
+	}
+	t.Logf("rank 0: %d undelivered before the subscriber joined, %d replayed, %d received", r0.Undelivered, r0.Replayed, len(gs))
 }

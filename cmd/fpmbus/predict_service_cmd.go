@@ -27,29 +27,50 @@ const predictPrefix = "predict-"
 // predictOptions holds the flags of `fpmbus predict-service`, shared with `fpmbus up` (there with the
 // prefix "predict-"). Both are new in `up`, so no unprefixed alias is registered.
 type predictOptions struct {
-	queueGroup      string
-	requireComplete bool
+	prefix                              string
+	queueGroup                          string
+	requireComplete                     bool
+	workers, queueSize, maxRequestBytes int
 }
 
 func predictFlags(fs *flag.FlagSet, prefix string) *predictOptions {
-	o := &predictOptions{}
+	o := &predictOptions{prefix: prefix}
 	fs.StringVar(&o.queueGroup, prefixedName(prefix, "queue-group"), service.DefaultQueueGroup,
 		"queue group of the service's endpoints: every instance in it shares the requests")
 	fs.BoolVar(&o.requireComplete, prefixedName(prefix, "require-complete"), false,
 		"refuse cells whose campaign is not complete (every frozen cell sealed); a query can also ask for it")
+	fs.IntVar(&o.workers, prefixedName(prefix, "workers"), service.DefaultWorkers(),
+		"requests answered at once (default: the CPUs the process may use)")
+	fs.IntVar(&o.queueSize, prefixedName(prefix, "queue-size"), service.DefaultQueueSize,
+		"requests waiting for a worker; one that finds the queue full is answered at once with a busy error (503)")
+	fs.IntVar(&o.maxRequestBytes, prefixedName(prefix, "max-request-bytes"), service.DefaultMaxRequestBytes,
+		"largest request body; a larger one is refused unread (413)")
 	return o
 }
 
-func (o *predictOptions) config() service.Config {
-	return service.Config{QueueGroup: o.queueGroup, RequireComplete: o.requireComplete}
+func (o *predictOptions) config() (service.Config, error) {
+	c := service.Config{QueueGroup: o.queueGroup, RequireComplete: o.requireComplete, Workers: o.workers,
+		QueueSize: o.queueSize, MaxRequestBytes: o.maxRequestBytes}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"workers", o.workers}, {"queue-size", o.queueSize}, {"max-request-bytes", o.maxRequestBytes}} {
+		if f.v < 1 {
+			return c, fmt.Errorf("%w: --%s %d: want at least 1", errUsage, prefixedName(o.prefix, f.name), f.v)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return c, nil
 }
 
 func runPredictService(ctx context.Context, args []string) error {
-	fs := newFlagSet("predict-service", "predict-service [--server URL] [--queue-group NAME] [--require-complete]")
+	fs := newFlagSet("predict-service", "predict-service [--server URL] [--queue-group NAME] [--require-complete] [--workers N] [--queue-size N] [--max-request-bytes N]")
 	conn := connFlags(fs, "predict-service")
 	scfg := streamFlags(fs)
 	o := predictFlags(fs, "")
-	cfg, err := parseStage(fs, args, scfg, func() (service.Config, error) { return o.config(), nil })
+	cfg, err := parseStage(fs, args, scfg, o.config)
 	if err != nil {
 		return err
 	}

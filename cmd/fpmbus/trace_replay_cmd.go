@@ -180,10 +180,32 @@ func runTraceReplay(ctx context.Context, args []string) error {
 			err = errors.Join(err, werr)
 		}
 	}
+	werr := report.WriteText
 	if *asJSON {
-		return errors.Join(err, report.WriteJSON(os.Stdout))
+		werr = report.WriteJSON
 	}
-	return errors.Join(err, report.WriteText(os.Stdout))
+	return errors.Join(err, werr(os.Stdout), notDelivered(report))
+}
+
+// exitNotDelivered is the exit status of a replay that ran but did not deliver every record it sent:
+// some went out on a ZMQ socket without a subscriber (libzmq dropped them) or were refused.
+const exitNotDelivered = 3
+
+type notDeliveredError struct{ undelivered, failed, sockets int }
+
+func (e *notDeliveredError) Error() string {
+	return fmt.Sprintf("not every record was delivered: %d sent while their socket had no subscriber (%d sockets, named in the report), %d failed",
+		e.undelivered, e.sockets, e.failed)
+}
+func (e *notDeliveredError) ExitCode() int { return exitNotDelivered }
+
+// notDelivered is the error of a report with records sent but not delivered (nil when there are none).
+func notDelivered(rep *replay.Report) error {
+	o := &rep.Overall
+	if o.Undelivered == 0 && o.Failed == 0 {
+		return nil
+	}
+	return &notDeliveredError{undelivered: o.Undelivered, failed: o.Failed, sockets: len(rep.NoSubscriber())}
 }
 
 // envSource names variable v when it is set (so errors about its value blame it), else "".

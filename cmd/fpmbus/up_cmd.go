@@ -196,7 +196,9 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	r.sealOpts = o.seal
-	r.predict = o.predict.config()
+	if r.predict, err = o.predict.config(); err != nil {
+		return nil, err
+	}
 	tcfg, err := o.trace.config()
 	if err == nil {
 		err = trace.ProbeOutput(tcfg.OutputPath)
@@ -211,7 +213,9 @@ func (o *upOptions) plan() (*upRun, error) {
 			return nil, fmt.Errorf("%w: --demo binds its own ports; use --fpm-port/--dp-size, not --zmq-endpoint", errUsage)
 		}
 		if demoTrace != nil {
-			demoTrace.zmq = replay.ZMQConfig{Host: o.bridge.flags.ZMQHost(), BasePort: r.bridge.BasePort, StartDelay: demoStartDelay}
+			// Every socket waits for the bridge's subscription: what libzmq sends before it joins is lost.
+			demoTrace.zmq = replay.ZMQConfig{Host: o.bridge.flags.ZMQHost(), BasePort: r.bridge.BasePort, StartDelay: demoStartDelay,
+				WaitSubscribers: 1}
 			r.demoTrace = demoTrace
 			return r, nil
 		}
@@ -286,6 +290,10 @@ func runUp(ctx context.Context, args []string) error {
 	// Every address up listens on is free before anything starts: a taken one is named at once, not
 	// retried as a crash loop.
 	if err := r.checkPorts(*o.metricsAddr); err != nil {
+		return err
+	}
+	// ... and the file descriptors its sockets need (libzmq aborts the process when it runs out).
+	if err := r.checkSockets(); err != nil {
 		return err
 	}
 	// Once every setting is checked and the directory is ours: a missing --auth-token-file is written now.

@@ -20,6 +20,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/fdbudget"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/producer"
@@ -357,7 +358,7 @@ func (r *upRun) bridgeComponent() *rungroup.Component {
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
-			return rungroup.Instance{Run: b.Run, Ready: b.Ready(), LogAttrs: []any{"endpoints", endpointURLs(cfg)}}, nil
+			return rungroup.Instance{Run: permanentBudget(b.Run), Ready: b.Ready(), LogAttrs: []any{"endpoints", endpointURLs(cfg)}}, nil
 		},
 	}
 }
@@ -378,7 +379,7 @@ func (r *upRun) publishComponent() *rungroup.Component {
 				if err != nil {
 					return rungroup.Instance{}, rungroup.Permanent(err)
 				}
-				run := func(ctx context.Context) error { _, err := rp.Run(ctx); return err }
+				run := permanentBudget(func(ctx context.Context) error { _, err := rp.Run(ctx); return err })
 				return rungroup.Instance{Run: run, Ready: rp.Ready(), LogAttrs: []any{"replay", len(t.plan.Steps), "ranks", len(t.plan.Sockets)}}, nil
 			},
 		}
@@ -394,6 +395,9 @@ func (r *upRun) publishComponent() *rungroup.Component {
 				// A port another process holds stays held through any number of restarts.
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: --demo: %v", errUsage, be))
 			}
+			if errors.Is(err, fdbudget.ErrExceeded) {
+				return rungroup.Instance{}, rungroup.Permanent(err)
+			}
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
@@ -401,6 +405,44 @@ func (r *upRun) publishComponent() *rungroup.Component {
 				LogAttrs: []any{"ranks", r.demo.DPSize, "rate", r.demo.Rate, "worker_id", r.demo.WorkerID}}, nil
 		},
 	}
+}
+
+// permanentBudget makes a component that cannot open its sockets for want of file descriptors give up
+// at once: no restart raises the limit.
+func permanentBudget(run func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		err := run(ctx)
+		if errors.Is(err, fdbudget.ErrExceeded) {
+			return rungroup.Permanent(err)
+		}
+		return err
+	}
+}
+
+// checkSockets checks, before anything starts, that the descriptor limit leaves room for every ZMQ
+// socket of the run: the bridge's, and the demo's (the components check again when they open them,
+// counting what the server and the consumers hold by then).
+func (r *upRun) checkSockets() error {
+	subs := len(r.bridge.Endpoints)
+	need, what := subs*bridge.DescriptorsPerEndpoint, fmt.Sprintf("%d SUB sockets of the bridge", subs)
+	switch {
+	case r.demoTrace != nil:
+		pubs := 0
+		for i := range r.demoTrace.plan.Sockets {
+			if r.demoTrace.plan.Sockets[i].Active() {
+				pubs++
+			}
+		}
+		need += pubs * (producer.DescriptorsPerSocketCounted + 1)
+		what += fmt.Sprintf(" and %d PUB sockets of --demo-trace", pubs)
+	case r.demo != nil:
+		need += r.demo.DPSize * (producer.DescriptorsPerSocket + 1)
+		what += fmt.Sprintf(" and %d PUB sockets of --demo", r.demo.DPSize)
+	}
+	if err := fdbudget.Check(what, need); err != nil {
+		return fmt.Errorf("%w (--dp-size)", err)
+	}
+	return nil
 }
 
 // componentRegistry registers one component's metrics on the process registry. Each incarnation gets

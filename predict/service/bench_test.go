@@ -1,13 +1,18 @@
 package service
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
+	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/fpmbus/fpmbus/predict"
@@ -127,4 +132,159 @@ func p99(ds []time.Duration) float64 {
 	slices.Sort(s)
 	i := (len(s)*99 + 99) / 100 // nearest rank
 	return float64(s[min(i, len(s))-1].Microseconds())
+}
+
+// serveUntil runs a Service on its own connection and returns the function that stops it.
+func serveUntil(b *testing.B, env *streamstest.Env, kv jetstream.KeyValue, cfg Config) (stop func()) {
+	b.Helper()
+	nc, err := nats.Connect(env.Server.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := New(cfg, nc, kv, WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	select {
+	case <-s.Ready():
+	case err := <-done:
+		b.Fatalf("service stopped before ready: %v", err)
+	}
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Errorf("service run: %v", err)
+		}
+		nc.Close()
+	}
+}
+
+// BenchmarkPredictUnderFlood measures good requests' latency with the service idle and while 16
+// clients flood it with 1.5 MB arrays (11,000 queries: refused), in rounds that alternate the two so
+// that both see the same machine, and reports the flooded p50 and p99 as ratios of the idle ones
+// (goal: p99 within 5x). The flood comes as fast as it is answered, or paced at 32 requests per
+// second (each client every 500 ms): the same offered load for every service. A bare echo micro service on its own connection is measured alongside, idle
+// and flooded alike: what the server and the machine give any request while the flood's bytes go
+// through them. Two predict services are measured in the same run: the service as configured by
+// default (a worker pool, the size checked before parsing), and one worker with no size limit, which
+// parses every flood request before refusing it, one at a time: what the service did before.
+// Each phase lasts 3 s (at least 100 good requests), two rounds per service and flood.
+// Run: go test ./predict/service -run '^$' -bench PredictUnderFlood -benchtime 1x
+func BenchmarkPredictUnderFlood(b *testing.B) {
+	env := streamstest.Start(b)
+	kv := bucket(b, env)
+	echoConn, err := nats.Connect(env.Server.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer echoConn.Close()
+	echo, err := micro.AddService(echoConn, micro.Config{Name: "echo", Version: "1.0.0",
+		Endpoint: &micro.EndpointConfig{Subject: "bench.echo", Handler: micro.HandlerFunc(func(r micro.Request) { _ = r.Respond(r.Data()) })}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = echo.Stop() }()
+	flood := array(benchQuery, 11_000)
+	const floodClients, phase, rounds = 16, 3 * time.Second, 2
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		// every is how often each flood client sends (0: as soon as its last request was answered).
+		every time.Duration
+	}{
+		{"pool-and-size-check/flood-as-fast-as-answered", Config{}, 0},
+		{"pool-and-size-check/flood-of-32-per-s", Config{}, 500 * time.Millisecond},
+		{"one-worker-parsing-everything/flood-of-32-per-s", Config{Workers: 1, QueueSize: 4096, MaxRequestBytes: 8 << 20}, 500 * time.Millisecond},
+		{"one-worker-parsing-everything/flood-as-fast-as-answered", Config{Workers: 1, QueueSize: 4096, MaxRequestBytes: 8 << 20}, 0},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			stop := serveUntil(b, env, kv, c.cfg)
+			defer stop()
+			good, err := nats.Connect(env.Server.ClientURL())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer good.Close()
+			// measure sends good requests one after the other for a phase (and at least 100 of them).
+			measure := func(subject string) []time.Duration {
+				var lat []time.Duration
+				for end := time.Now().Add(phase); time.Now().Before(end) || len(lat) < 100; {
+					t0 := time.Now()
+					m, err := good.Request(subject, benchQuery, 30*time.Second)
+					if err != nil || m.Header.Get(micro.ErrorCodeHeader) != "" {
+						b.Fatalf("good request on %s: %v %v", subject, err, m)
+					}
+					lat = append(lat, time.Since(t0))
+				}
+				return lat
+			}
+			var floods atomic.Int64
+			startFlood := func() (stop func()) {
+				quit := make(chan struct{})
+				var wg sync.WaitGroup
+				for range floodClients {
+					nc, err := nats.Connect(env.Server.ClientURL())
+					if err != nil {
+						b.Fatal(err)
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						defer nc.Close()
+						tick := time.NewTicker(max(c.every, time.Nanosecond))
+						defer tick.Stop()
+						for {
+							if m, err := nc.Request(SubjectPredict, flood, 60*time.Second); err == nil && m.Header.Get(micro.ErrorCodeHeader) != "" {
+								floods.Add(1)
+							}
+							select {
+							case <-quit:
+								return
+							default:
+							}
+							if c.every > 0 {
+								select {
+								case <-quit:
+									return
+								case <-tick.C:
+								}
+							}
+						}
+					}()
+				}
+				return func() { close(quit); wg.Wait() }
+			}
+			var idle, flooded, echoIdle, echoFlooded []time.Duration
+			var floodTime time.Duration
+			for b.Loop() {
+				for range rounds {
+					idle = append(idle, measure(SubjectPredict)...)
+					echoIdle = append(echoIdle, measure("bench.echo")...)
+					stopFlood := startFlood()
+					t0 := time.Now()
+					flooded = append(flooded, measure(SubjectPredict)...)
+					echoFlooded = append(echoFlooded, measure("bench.echo")...)
+					floodTime += time.Since(t0)
+					stopFlood()
+				}
+			}
+			q := func(ds []time.Duration, p float64) float64 {
+				s := slices.Clone(ds)
+				slices.Sort(s)
+				return float64(s[min(int(math.Ceil(p*float64(len(s))))-1, len(s)-1)].Microseconds()) / 1000
+			}
+			b.ReportMetric(q(idle, 0.5), "idle-p50-ms")
+			b.ReportMetric(q(idle, 0.99), "idle-p99-ms")
+			b.ReportMetric(q(flooded, 0.5), "flood-p50-ms")
+			b.ReportMetric(q(flooded, 0.99), "flood-p99-ms")
+			b.ReportMetric(q(flooded, 0.5)/q(idle, 0.5), "p50-flood/idle")
+			b.ReportMetric(q(flooded, 0.99)/q(idle, 0.99), "p99-flood/idle")
+			b.ReportMetric(q(echoIdle, 0.99), "echo-idle-p99-ms")
+			b.ReportMetric(q(echoFlooded, 0.99), "echo-flood-p99-ms")
+			b.ReportMetric(float64(floods.Load())/floodTime.Seconds(), "flood-refused/s")
+		})
+	}
 }

@@ -6,7 +6,22 @@
 // # Subjects
 //
 //	fpmpredict.predict   one query (JSON object) -> one answer; a JSON array of queries -> an array of answers
-//	fpmpredict.cells     anything -> {"revision", "cells"}: every loaded cell, valid or corrupt
+//	fpmpredict.cells     empty or {"after": KEY} -> {"revision", "cells", "next"}: the loaded cells, valid
+//	                     or corrupt, in key order, as many as one reply holds
+//
+// Files: service.go (Service, Config, Run, the endpoints' answers), pool.go (admission: the size check
+// and the bounded queue of the worker pool), reply.go (replies that fit the max payload, error
+// replies), stats.go (the endpoint data of `nats micro stats`), catalog.go (the watched bucket).
+//
+// # Limits
+//
+//   - Every request gets one reply, and it fits the connection's max payload: an answer (or array of
+//     answers) that would not is replaced by a 413 error naming how to split the request; every error
+//     text is bounded (predict.Bounded), whatever the input it quotes.
+//   - A request over Config.MaxRequestBytes is refused before it is parsed or queued.
+//   - Requests are answered by Config.Workers goroutines from a queue of Config.QueueSize; a request
+//     finding the queue full is told at once that the service is busy (503). Nothing grows with the
+//     number of requests: not goroutines, not memory (at most QueueSize requests wait).
 //
 // The service's subjects are under their own root, fpmpredict.>, outside every stream's subjects. A
 // request on a subject a stream captures is stored by JetStream like any publish: under fpm.> the

@@ -2,11 +2,14 @@ package service
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/predict"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -27,8 +31,12 @@ const (
 	SubjectPredict    = SubjectRoot + ".predict"
 	SubjectCells      = SubjectRoot + ".cells"
 	DefaultQueueGroup = "fpm-predict"
-	// MaxBatch bounds the queries of one array request.
+	// MaxBatch bounds the queries of one array request (their answers must also fit one reply).
 	MaxBatch = 10000
+	// DefaultQueueSize is Config.QueueSize's default.
+	DefaultQueueSize = 64
+	// DefaultMaxRequestBytes is Config.MaxRequestBytes's default.
+	DefaultMaxRequestBytes = 1 << 20
 )
 
 // ErrInvalidConfig wraps every configuration error.
@@ -40,6 +48,45 @@ type Config struct {
 	QueueGroup string
 	// RequireComplete refuses cells whose campaign is not complete (predict.Options).
 	RequireComplete bool
+	// Workers is how many requests are answered at once (default DefaultWorkers()).
+	Workers int
+	// QueueSize bounds the requests waiting for a worker (default DefaultQueueSize); a request that
+	// finds the queue full is answered at once with a busy error (503).
+	QueueSize int
+	// MaxRequestBytes bounds a request's body (default DefaultMaxRequestBytes); a larger one is
+	// refused unread (413), before it takes a place in the queue.
+	MaxRequestBytes int
+}
+
+// DefaultWorkers is Config.Workers's default: one per CPU the process may use (GOMAXPROCS).
+func DefaultWorkers() int { return runtime.GOMAXPROCS(0) }
+
+func (c Config) withDefaults() Config {
+	c.QueueGroup = cmp.Or(c.QueueGroup, DefaultQueueGroup)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers())
+	c.QueueSize = cmp.Or(c.QueueSize, DefaultQueueSize)
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, DefaultMaxRequestBytes)
+	return c
+}
+
+// Validate reports whether c, with its defaults, is usable; errors wrap ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	bad := invalid.Reporter(ErrInvalidConfig)
+	for _, ch := range c.QueueGroup {
+		if ch == ' ' || ch == '>' || ch == '*' || ch == '\t' {
+			return bad("queue group %q: no spaces or wildcards", c.QueueGroup)
+		}
+	}
+	switch {
+	case c.Workers < 1:
+		return bad("workers %d: want at least 1", c.Workers)
+	case c.QueueSize < 1:
+		return bad("queue size %d: want at least 1", c.QueueSize)
+	case c.MaxRequestBytes < 1:
+		return bad("max request bytes %d: want at least 1", c.MaxRequestBytes)
+	}
+	return nil
 }
 
 // Option configures a Service beyond its Config; an invalid option makes New fail.
@@ -68,6 +115,7 @@ type Service struct {
 	ready   chan struct{}
 	svc     atomic.Pointer[micro.Service]
 	counts  *counters
+	pool    *pool
 }
 
 // New returns a service answering from kv (the FPM_DATASETS bucket) on nc. It does not close nc.
@@ -75,14 +123,10 @@ func New(cfg Config, nc *nats.Conn, kv jetstream.KeyValue, opts ...Option) (*Ser
 	if nc == nil || kv == nil {
 		return nil, fmt.Errorf("%w: a connection and the bucket are required", ErrInvalidConfig)
 	}
-	if cfg.QueueGroup == "" {
-		cfg.QueueGroup = DefaultQueueGroup
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	for _, c := range cfg.QueueGroup {
-		if c == ' ' || c == '>' || c == '*' || c == '\t' {
-			return nil, fmt.Errorf("%w: queue group %q: no spaces or wildcards", ErrInvalidConfig, cfg.QueueGroup)
-		}
-	}
+	cfg = cfg.withDefaults()
 	s := &Service{nc: nc, kv: kv, cfg: cfg, log: slog.Default(), ready: make(chan struct{}), counts: newCounters()}
 	for _, o := range opts {
 		if err := o(s); err != nil {
@@ -107,9 +151,10 @@ func (s *Service) Micro() micro.Service {
 	return nil
 }
 
-// Run loads the bucket, registers the micro service and its endpoints, and serves until ctx ends;
-// then it stops the service (its subscriptions drain: requests being handled are answered) and the
-// watch, and returns nil. A failed watch stops the service and is returned.
+// Run loads the bucket, starts the workers, registers the micro service and its endpoints, and
+// serves until ctx ends; then it stops the service (its subscriptions drain: requests being handled
+// and queued are answered) and the watch, and returns nil. A failed watch stops the service and is
+// returned.
 func (s *Service) Run(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -125,8 +170,10 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	snap := s.catalog.Snapshot()
 	s.log.Info("FPM_DATASETS loaded", "cells", len(snap.Cells()), "revision", snap.Revision())
+	s.pool = startPool(s.cfg.Workers, s.cfg.QueueSize)
 	svc, err := s.register()
 	if err != nil {
+		s.pool.stop()
 		cancel()
 		<-watchErr
 		return err
@@ -134,6 +181,7 @@ func (s *Service) Run(ctx context.Context) error {
 	// Ready means the server has the subscriptions: a request sent by anyone after Ready finds them.
 	if err := s.nc.FlushTimeout(10 * time.Second); err != nil {
 		_ = svc.Stop()
+		s.pool.stop()
 		cancel()
 		<-watchErr
 		return fmt.Errorf("service: flush subscriptions: %w", err)
@@ -146,6 +194,8 @@ func (s *Service) Run(ctx context.Context) error {
 	case runErr = <-watchErr:
 		watchErr = nil
 	}
+	// Requests still arriving while the subscriptions drain are answered on their delivery goroutine.
+	s.pool.stop()
 	stopErr := svc.Stop()
 	cancel()
 	if watchErr != nil {
@@ -156,7 +206,8 @@ func (s *Service) Run(ctx context.Context) error {
 
 func (s *Service) register() (micro.Service, error) {
 	meta := map[string]string{"bucket": streams.BucketDatasets, "source": predict.Source,
-		"require_complete": fmt.Sprint(s.cfg.RequireComplete)}
+		"require_complete": fmt.Sprint(s.cfg.RequireComplete), "workers": strconv.Itoa(s.cfg.Workers),
+		"queue_size": strconv.Itoa(s.cfg.QueueSize), "max_request_bytes": strconv.Itoa(s.cfg.MaxRequestBytes)}
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name:         Name,
 		Version:      Version,
@@ -165,7 +216,7 @@ func (s *Service) register() (micro.Service, error) {
 		QueueGroup:   s.cfg.QueueGroup,
 		StatsHandler: s.endpointStats,
 		ErrorHandler: func(_ micro.Service, e *micro.NATSError) {
-			s.log.Warn("predict service subscription error", "subject", e.Subject, "error", e.Description)
+			s.log.Warn("predict service subscription error", "subject", e.Subject, "error", predict.Bounded(e.Description))
 		},
 	})
 	if err != nil {
@@ -173,12 +224,12 @@ func (s *Service) register() (micro.Service, error) {
 	}
 	for _, ep := range []struct {
 		name, subject, doc string
-		h                  micro.HandlerFunc
+		h                  func(*request)
 	}{
 		{"predict", SubjectPredict, "query in, answer out (JSON); an array in, an array out", s.handlePredict},
-		{"cells", SubjectCells, "the loaded cells and the bucket revision", s.handleCells},
+		{"cells", SubjectCells, `the loaded cells and the bucket revision, as many as one reply holds; {"after": KEY} continues`, s.handleCells},
 	} {
-		if err := svc.AddEndpoint(ep.name, ep.h, micro.WithEndpointSubject(ep.subject),
+		if err := svc.AddEndpoint(ep.name, s.admit(ep.h), micro.WithEndpointSubject(ep.subject),
 			micro.WithEndpointMetadata(map[string]string{"description": ep.doc, "format": "application/json"})); err != nil {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("service: add endpoint %s: %w", ep.name, err)
@@ -188,141 +239,140 @@ func (s *Service) register() (micro.Service, error) {
 }
 
 // handlePredict answers a query object, or an array of them. A request that is not a query (bad JSON,
-// unknown fields) gets the refused answer as its body and a service error (code 400), so it counts
-// in the endpoint's errors; a refusal of a well-formed query is an answer, not an error.
-func (s *Service) handlePredict(req micro.Request) {
+// unknown fields) gets the refused answer as its body and a service error (code 400); a refusal of a
+// well-formed query is an answer, not an error. The reply fits the connection's max payload: an
+// array whose answers do not is refused (413) naming how many of its queries fit one reply.
+func (s *Service) handlePredict(r *request) {
 	snap := s.catalog.Snapshot()
 	opts := predict.Options{RequireComplete: s.cfg.RequireComplete}
-	data := bytes.TrimSpace(req.Data())
+	data := bytes.TrimSpace(r.data)
 	if len(data) > 0 && data[0] == '[' {
 		var raws []json.RawMessage
 		if err := json.Unmarshal(data, &raws); err != nil || len(raws) > MaxBatch {
 			if err == nil {
 				err = fmt.Errorf("%d queries, at most %d per request", len(raws), MaxBatch)
 			}
-			s.respondInvalid(req, err)
+			s.replyInvalid(r, err)
 			return
 		}
-		answers := make([]predict.Answer, len(raws))
-		for i, raw := range raws {
-			answers[i] = s.answer(snap, raw, opts)
-		}
-		s.respond(req, answers)
+		s.replyAnswers(r, snap, raws, opts)
 		return
 	}
 	q, err := predict.DecodeQuery(data)
 	if err != nil {
-		s.respondInvalid(req, err)
+		s.replyInvalid(r, err)
 		return
 	}
 	a := snap.Predict(q, opts)
-	s.counts.count(&a)
-	s.respond(req, a)
-}
-
-func (s *Service) answer(snap *predict.Snapshot, raw []byte, opts predict.Options) predict.Answer {
-	q, err := predict.DecodeQuery(raw)
-	a := predict.InvalidQuery(err)
-	if err == nil {
-		a = snap.Predict(q, opts)
-	}
-	s.counts.count(&a)
-	return a
-}
-
-func (s *Service) respondInvalid(req micro.Request, err error) {
-	a := predict.InvalidQuery(err)
-	s.counts.count(&a)
-	body, _ := json.Marshal(a)
-	_ = req.Error("400", "invalid query: "+err.Error(), body)
-}
-
-func (s *Service) respond(req micro.Request, v any) {
-	body, err := json.Marshal(v)
+	body, err := json.Marshal(a)
 	if err != nil {
-		_ = req.Error("500", "encode answer: "+err.Error(), nil)
+		s.replyError(r, codeInternal, "encode answer: "+err.Error(), nil)
 		return
 	}
-	if err := req.Respond(body); err != nil {
-		s.log.Warn("predict service could not respond", "error", err)
+	if room := s.room(); len(body) > room {
+		fit := 0
+		s.replyTooLarge(r, &ErrorReply{Error: fmt.Sprintf("the answer is %d bytes, over the %d a reply holds (the connection's max payload less headers): "+
+			"shorten what it echoes of the query (id, identity)", len(body), room), ReplyBytes: len(body), MaxReplyBytes: room, Queries: 1, FitQueries: &fit})
+		return
 	}
+	s.counts.count(&a)
+	s.reply(r, body, nil)
 }
 
-// CellsReply is the body of a reply on SubjectCells.
+// replyAnswers answers an array of queries in one array, encoded answer by answer so that a reply
+// that would not fit is known, and refused, as soon as it outgrows the room.
+func (s *Service) replyAnswers(r *request, snap *predict.Snapshot, raws []json.RawMessage, opts predict.Options) {
+	room := s.room()
+	body := make([]byte, 0, min(room, 64<<10))
+	body = append(body, '[')
+	answers := make([]predict.Answer, 0, len(raws))
+	for i, raw := range raws {
+		q, err := predict.DecodeQuery(raw)
+		a := predict.InvalidQuery(err)
+		if err == nil {
+			a = snap.Predict(q, opts)
+		}
+		b, err := json.Marshal(a)
+		if err != nil {
+			s.replyError(r, codeInternal, "encode answer: "+err.Error(), nil)
+			return
+		}
+		if len(body)+1+len(b)+1 > room {
+			fit := i
+			msg := fmt.Sprintf("the answers to %d queries do not fit one reply of %d bytes (the connection's max payload less headers): "+
+				"the first %d do; send at most %d queries per request", len(raws), room, i, i)
+			if i == 0 {
+				msg = fmt.Sprintf("the answer to the first of %d queries alone is %d bytes, over the %d a reply holds: shorten what it echoes of the query (id, identity)",
+					len(raws), len(b), room)
+			}
+			s.replyTooLarge(r, &ErrorReply{Error: msg, ReplyBytes: len(body) + 1 + len(b) + 1, MaxReplyBytes: room, Queries: len(raws), FitQueries: &fit})
+			return
+		}
+		if i > 0 {
+			body = append(body, ',')
+		}
+		body = append(body, b...)
+		answers = append(answers, a)
+	}
+	body = append(body, ']')
+	for i := range answers {
+		s.counts.count(&answers[i])
+	}
+	s.reply(r, body, nil)
+}
+
+// CellsReply is the body of a reply on SubjectCells: the loaded cells in key order from the first
+// (or the first after the request's "after"), as many as one reply holds; Next, when set, is the
+// "after" that continues the list.
 type CellsReply struct {
 	Revision uint64                `json:"revision"`
 	Cells    []predict.CellSummary `json:"cells"`
+	Next     string                `json:"next,omitempty"`
 }
 
-func (s *Service) handleCells(req micro.Request) {
+// CellsRequest is the body of a request on SubjectCells (an empty body: from the first cell).
+type CellsRequest struct {
+	After string `json:"after,omitempty"`
+}
+
+func (s *Service) handleCells(r *request) {
+	var cr CellsRequest
+	if data := bytes.TrimSpace(r.data); len(data) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cr); err != nil {
+			s.replyError(r, codeInvalid, predict.Bounded(`invalid cells request: want an empty body or {"after": KEY}: `+err.Error()), nil)
+			return
+		}
+	}
 	snap := s.catalog.Snapshot()
-	s.respond(req, CellsReply{Revision: snap.Revision(), Cells: snap.Summaries()})
-}
-
-// EndpointData is the endpoint-specific part of `nats micro stats`: the bucket served and the answers
-// given by status and refusal reason since the start.
-type EndpointData struct {
-	Revision     uint64           `json:"revision"`
-	Cells        int              `json:"cells"`
-	CorruptCells int              `json:"corrupt_cells"`
-	Answers      map[string]int64 `json:"answers,omitempty"`
-	Refusals     map[string]int64 `json:"refusals,omitempty"`
-}
-
-func (s *Service) endpointStats(e *micro.Endpoint) any {
-	snap := s.catalog.Snapshot()
-	d := EndpointData{Revision: snap.Revision()}
-	for _, c := range snap.Cells() {
-		d.Cells++
-		if !c.Valid() {
-			d.CorruptCells++
+	room := s.room()
+	out := CellsReply{Revision: snap.Revision(), Cells: []predict.CellSummary{}}
+	head, _ := json.Marshal(out)
+	size := len(head)
+	for _, c := range snap.Summaries() {
+		if c.Key <= cr.After {
+			continue
 		}
-	}
-	if e.Subject == SubjectPredict {
-		d.Answers, d.Refusals = s.counts.snapshot()
-	}
-	return d
-}
-
-// counters count answers by status and refusal reason, without a lock on the request path.
-type counters struct {
-	status map[string]*atomic.Int64
-	reason map[predict.Reason]*atomic.Int64
-}
-
-func newCounters() *counters {
-	c := &counters{status: map[string]*atomic.Int64{}, reason: map[predict.Reason]*atomic.Int64{}}
-	for _, st := range []string{predict.StatusMeasured, predict.StatusInterpolated, predict.StatusComposed, predict.StatusRefused} {
-		c.status[st] = new(atomic.Int64)
-	}
-	for _, r := range predict.Reasons {
-		c.reason[r] = new(atomic.Int64)
-	}
-	return c
-}
-
-func (c *counters) count(a *predict.Answer) {
-	if n := c.status[a.Status]; n != nil {
-		n.Add(1)
-	}
-	if a.Refusal != nil {
-		if n := c.reason[a.Refusal.Reason]; n != nil {
-			n.Add(1)
+		b, _ := json.Marshal(c)
+		if len(b) > room/2 { // a summary that would crowd out every other (an identity of megabytes)
+			c = predict.CellSummary{Key: c.Key, Revision: c.Revision, Valid: c.Valid, PrefillRows: c.PrefillRows, DecodeRows: c.DecodeRows,
+				Problems: []string{fmt.Sprintf("summary of %d bytes cut to its key and counts", len(b))}}
+			b, _ = json.Marshal(c)
 		}
-	}
-}
-
-func (c *counters) snapshot() (map[string]int64, map[string]int64) {
-	st, rs := map[string]int64{}, map[string]int64{}
-	for k, v := range c.status {
-		if n := v.Load(); n > 0 {
-			st[k] = n
+		key, _ := json.Marshal(c.Key)
+		// With room for "next" naming this cell, in case the one after it does not fit.
+		if size+1+len(b)+len(`,"next":`)+len(key) > room && len(out.Cells) > 0 {
+			out.Next = out.Cells[len(out.Cells)-1].Key
+			break
 		}
+		size += 1 + len(b)
+		out.Cells = append(out.Cells, c)
 	}
-	for k, v := range c.reason {
-		if n := v.Load(); n > 0 {
-			rs[string(k)] = n
-		}
+	body, err := json.Marshal(out)
+	if err != nil {
+		s.replyError(r, codeInternal, "encode cells: "+err.Error(), nil)
+		return
 	}
-	return st, rs
+	s.reply(r, body, nil)
 }

@@ -119,7 +119,7 @@ func serve(t testing.TB, env *streamstest.Env, kv jetstream.KeyValue, cfg Config
 	return s
 }
 
-func request(t testing.TB, nc *nats.Conn, subject string, body []byte) *nats.Msg {
+func ask(t testing.TB, nc *nats.Conn, subject string, body []byte) *nats.Msg {
 	t.Helper()
 	m, err := nc.Request(subject, body, 5*time.Second)
 	if err != nil {
@@ -156,11 +156,11 @@ func TestServiceAnswersAsTheEstimator(t *testing.T) {
 		}
 		b, _ := json.Marshal(local.Predict(q, predict.Options{}))
 		want = append(want, b)
-		if got := request(t, env.NC, SubjectPredict, line).Data; !bytes.Equal(got, b) {
+		if got := ask(t, env.NC, SubjectPredict, line).Data; !bytes.Equal(got, b) {
 			t.Fatalf("service answered\n%s\nthe estimator\n%s", got, b)
 		}
 	}
-	m := request(t, env.NC, SubjectPredict, append(append([]byte("["), bytes.Join(queries, []byte(","))...), ']'))
+	m := ask(t, env.NC, SubjectPredict, append(append([]byte("["), bytes.Join(queries, []byte(","))...), ']'))
 	var batch []json.RawMessage
 	if err := json.Unmarshal(m.Data, &batch); err != nil || len(batch) != len(want) {
 		t.Fatalf("batch reply: %v %s", err, m.Data)
@@ -198,7 +198,7 @@ func TestServicePicksUpNewSealsWithoutRestart(t *testing.T) {
 	cell.Finish()
 	body, _ := json.Marshal(schemas.SealedCell{SchemaVersion: 1, Key: cell.Key, Identity: id, Provenance: cell.Provenance, Rows: cell.Rows, AttemptID: "a", Source: "test"})
 	q, _ := json.Marshal(predict.Query{Identity: &id, Step: predict.Step{NumDecodeRequests: 4, SumDecodeKVTokens: 4096}})
-	ask := func() predict.Answer { return decodeAnswer(t, request(t, env.NC, SubjectPredict, q).Data) }
+	ask := func() predict.Answer { return decodeAnswer(t, ask(t, env.NC, SubjectPredict, q).Data) }
 	if a := ask(); a.Refusal == nil || a.Refusal.Reason != predict.ReasonUnknownIdentity {
 		t.Fatalf("before the seal: %+v", a)
 	}
@@ -284,17 +284,17 @@ func TestServiceSubjectsAreOutsideEveryStream(t *testing.T) {
 	}
 	before := counts()
 	for range 20 {
-		a := decodeAnswer(t, request(t, env.NC, SubjectPredict, []byte(`{"key":"cell.00","step":{"num_decode_requests":1,"sum_decode_kv_tokens":1}}`)).Data)
+		a := decodeAnswer(t, ask(t, env.NC, SubjectPredict, []byte(`{"key":"cell.00","step":{"num_decode_requests":1,"sum_decode_kv_tokens":1}}`)).Data)
 		if a.Status != predict.StatusRefused || a.Source != predict.Source {
 			t.Fatalf("%+v", a)
 		}
-		request(t, env.NC, SubjectCells, nil)
+		ask(t, env.NC, SubjectCells, nil)
 	}
 	if after := counts(); !equalCounts(before, after) {
 		t.Fatalf("a stream stored requests: before %v, after %v", before, after)
 	}
 	// Under fpm.> a "request" is an FPM publish: stored, and acknowledged by the stream.
-	m := request(t, env.NC, streams.FPMRoot+".predict", []byte(`{}`))
+	m := ask(t, env.NC, streams.FPMRoot+".predict", []byte(`{}`))
 	var ack jetstream.PubAck
 	if err := json.Unmarshal(m.Data, &ack); err != nil || ack.Stream != streams.StreamFPM {
 		t.Fatalf("fpm.predict reply %s", m.Data)
@@ -325,7 +325,7 @@ func TestServiceQueueGroupScaleOut(t *testing.T) {
 	const n = 200
 	q := []byte(`{"key":"cell.dd6313e84d8da0d10727b99d29115107816b35076f2fdb26d0e3215ed337bb06","step":{"num_decode_requests":8,"sum_decode_kv_tokens":20480}}`)
 	for range n {
-		if a := decodeAnswer(t, request(t, env.NC, SubjectPredict, q).Data); a.Status != predict.StatusInterpolated || *a.LatencyMS != 9.5 {
+		if a := decodeAnswer(t, ask(t, env.NC, SubjectPredict, q).Data); a.Status != predict.StatusInterpolated || *a.LatencyMS != 9.5 {
 			t.Fatalf("%+v", a)
 		}
 	}
@@ -388,24 +388,28 @@ func TestServiceInvalidRequestIsAServiceError(t *testing.T) {
 	kv := bucket(t, env)
 	s := serve(t, env, kv, Config{})
 	for _, body := range []string{`{"key":`, `{"key":"cell.x","step":{},"extra":1}`, `[{"key":1}`} {
-		m := request(t, env.NC, SubjectPredict, []byte(body))
+		m := ask(t, env.NC, SubjectPredict, []byte(body))
 		a := decodeAnswer(t, m.Data)
 		if m.Header.Get(micro.ErrorCodeHeader) != "400" || a.Refusal == nil || a.Refusal.Reason != predict.ReasonInvalidQuery || a.LatencyMS != nil {
 			t.Fatalf("%s: header %v answer %+v", body, m.Header, a)
 		}
 	}
-	m := request(t, env.NC, SubjectPredict, []byte(`{"key":"cell.x","step":{"num_decode_requests":1,"sum_decode_kv_tokens":1}}`))
+	m := ask(t, env.NC, SubjectPredict, []byte(`{"key":"cell.x","step":{"num_decode_requests":1,"sum_decode_kv_tokens":1}}`))
 	if m.Header.Get(micro.ErrorCodeHeader) != "" {
 		t.Fatalf("a refusal was sent as an error: %v", m.Header)
 	}
 	for _, e := range s.Micro().Stats().Endpoints {
-		if e.Subject == SubjectPredict && (e.NumErrors != 3 || e.NumRequests != 4) {
-			t.Fatalf("stats %+v", e)
+		var d EndpointData
+		if err := json.Unmarshal(e.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		if e.Subject == SubjectPredict && (d.Errors[codeInvalid] != 3 || len(d.Errors) != 1 || e.NumRequests != 4) {
+			t.Fatalf("stats %+v, data %+v", e, d)
 		}
 	}
 	// The cells endpoint lists the loaded cells.
 	var cr CellsReply
-	if err := json.Unmarshal(request(t, env.NC, SubjectCells, nil).Data, &cr); err != nil || len(cr.Cells) != 4 || cr.Revision != 6 {
+	if err := json.Unmarshal(ask(t, env.NC, SubjectCells, nil).Data, &cr); err != nil || len(cr.Cells) != 4 || cr.Revision != 6 {
 		t.Fatalf("cells reply %+v: %v", cr, err)
 	}
 }
