@@ -54,8 +54,11 @@ const (
 
 // chaosSuiteOps are the classes the suite's short runs draw from: those the pipeline passes today.
 // A class joins when the fix for what the checker finds with it has landed (`task chaos OPS=<class>`
-// shows what it finds).
-const chaosSuiteOps = "pub-stop,pub-kill,backfill,kill9-bridge,restart-bridge,kill9-gaps,pause-gaps,restart-gaps"
+// shows what it finds). Not yet: the faults that cut the bridge off its publishers or its server for a
+// while (kill9/pause/restart of the server or of up, pause-bridge, pub-nowait, disk-fill) and
+// redundant-bridge, which can hide a publisher restart from the bridge or make two bridges disagree on
+// a run; and `task chaos` runs them all.
+const chaosSuiteOps = "pub-stop,pub-kill,pub-rerun,replay,replay-nowait,backfill,backfill-rerun,second-up,second-trace,kill9-bridge,restart-bridge,kill9-trace,pause-trace,restart-trace,kill9-gaps,pause-gaps,restart-gaps"
 
 func TestChaos(t *testing.T) {
 	t.Parallel()
