@@ -279,22 +279,41 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// One process per data directory, for its whole life: its server's store, its member id and its
-	// traces' member id are this directory's (upMemberID). A second `up` on it is refused, naming the
-	// first; the lock of one that was killed is free and taken over.
-	own, err := ownDataDir(o.dataDir)
-	if err != nil {
+	// Before anything starts or is written, what up needs that another process may hold or the system
+	// may lack: its data directory (one process per directory, for its whole life: its server's store,
+	// its member id and its traces' member id are this directory's, upMemberID; the lock of one that was
+	// killed is free and taken over), the file descriptors its sockets need (libzmq aborts the process
+	// when it runs out) and every address it listens on (a taken one is named at once, not retried as
+	// a crash loop). A refusal leaves no trace: a directory that does not exist yet, which nobody can
+	// hold, is created by taking its lock only once the rest has been checked; one that exists is
+	// checked first, so that a second up on it is told so rather than that its addresses are taken.
+	var own *fsutil.Lock
+	defer func() {
+		if own != nil {
+			_ = own.Unlock()
+		}
+	}()
+	takeDir := func() (err error) {
+		own, err = ownDataDir(o.dataDir)
 		return err
 	}
-	defer func() { _ = own.Unlock() }()
-	// Every address up listens on is free before anything starts: a taken one is named at once, not
-	// retried as a crash loop.
+	_, statErr := os.Lstat(o.dataDir)
+	exists := statErr == nil
+	if exists {
+		if err := takeDir(); err != nil {
+			return err
+		}
+	}
+	if err := r.checkSockets(); err != nil {
+		return err
+	}
 	if err := r.checkPorts(*o.metricsAddr); err != nil {
 		return err
 	}
-	// ... and the file descriptors its sockets need (libzmq aborts the process when it runs out).
-	if err := r.checkSockets(); err != nil {
-		return err
+	if !exists {
+		if err := takeDir(); err != nil {
+			return err
+		}
 	}
 	// Once every setting is checked and the directory is ours: a missing --auth-token-file is written now.
 	if err := r.server.writeToken(); err != nil {
