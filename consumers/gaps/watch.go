@@ -106,12 +106,7 @@ func (w *PublisherWatch) Publishers(ctx context.Context) ([]PublisherStatus, err
 			ps.LastSeen = time.UnixMilli(st.LastSeenMs)
 		}
 		ps.Flowing = ps.State == ConditionLive && now.Sub(ps.LastSeen) <= w.staleAfter
-		if n := len(p.samples); n > 1 {
-			a, b := p.samples[0], p.samples[n-1]
-			if sec := b.t.Sub(a.t).Seconds(); sec > 0 && b.messages >= a.messages {
-				ps.Rate = float64(b.messages-a.messages) / sec
-			}
-		}
+		ps.Rate = p.rate(now)
 		out = append(out, ps)
 	}
 	return out, nil
@@ -239,11 +234,26 @@ func (w *PublisherWatch) apply(k streams.Key, e jetstream.KeyValueEntry) {
 	p.st = st
 	t := e.Created()
 	p.samples = append(p.samples, rateSample{t: t, messages: st.Counters.Messages})
+	// Keep the newest sample older than the window as the rate's base.
 	cut := 0
-	for cut < len(p.samples)-2 && t.Sub(p.samples[cut].t) > rateWindow {
+	for cut < len(p.samples)-2 && t.Sub(p.samples[cut+1].t) > rateWindow {
 		cut++
 	}
 	p.samples = p.samples[cut:]
+}
+
+// rate is the FPMs per second from its oldest kept checkpoint to now: a publisher that went silent
+// (no checkpoint since) decays towards 0 instead of showing its last burst.
+func (p *watched) rate(now time.Time) float64 {
+	if len(p.samples) < 2 {
+		return 0
+	}
+	a, b := p.samples[0], p.samples[len(p.samples)-1]
+	sec := now.Sub(a.t).Seconds()
+	if sec <= 0 || b.messages < a.messages {
+		return 0
+	}
+	return float64(b.messages-a.messages) / max(sec, b.t.Sub(a.t).Seconds())
 }
 
 // Close stops the watch.

@@ -69,3 +69,26 @@ func TestPublisherWatchFollowsTheCheckpoints(t *testing.T) {
 		t.Fatalf("on the new connection: %v %+v", err, ps)
 	}
 }
+
+// A publisher's rate is over its checkpoints up to now: a silent one decays instead of showing its
+// last burst for ever.
+func TestPublisherRateDecaysWhenSilent(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_800_000_000, 0)
+	p := &watched{samples: []rateSample{{t0, 100}, {t0.Add(10 * time.Second), 1100}}}
+	for name, tc := range map[string]struct {
+		at   time.Duration
+		want float64
+	}{
+		"at the last checkpoint": {10 * time.Second, 100},
+		"10 s later, silent":     {20 * time.Second, 50},
+		"a clock behind":         {5 * time.Second, 100},
+	} {
+		if got := p.rate(t0.Add(tc.at)); got != tc.want {
+			t.Errorf("%s: rate %v, want %v", name, got, tc.want)
+		}
+	}
+	if got := (&watched{samples: []rateSample{{t0, 5}}}).rate(t0); got != 0 {
+		t.Errorf("one checkpoint: rate %v, want 0", got)
+	}
+}

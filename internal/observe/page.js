@@ -26,7 +26,11 @@
     if (Array.isArray(c)) { c.forEach(function (x) { add(e, x); }); return; }
     e.appendChild(typeof c === "object" ? c : document.createTextNode(String(c)));
   }
-  function td(v, cls, attrs) { var a = attrs || {}; a.cls = cls; return el("td", a, v); }
+  function td(v, cls, attrs) { // the class first, as the server renders it
+    var a = { cls: cls };
+    for (var k in attrs || {}) a[k] = attrs[k];
+    return el("td", a, v);
+  }
   function num(f) {
     f = +f || 0;
     if (f >= 1e9) return (f / 1e9).toFixed(2) + "G";

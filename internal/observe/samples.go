@@ -200,8 +200,16 @@ type window struct {
 	samples []*sample
 }
 
+// minSpacing is the closest two samples of the window are kept: a newer one replaces the newest
+// (requests gather too, and may come often).
+const minSpacing = 250 * time.Millisecond
+
 func (w *window) add(s *sample, keep time.Duration) {
-	w.samples = append(w.samples, s)
+	if n := len(w.samples); n > 1 && s.t.Sub(w.samples[n-1].t) < minSpacing {
+		w.samples[n-1] = s
+	} else {
+		w.samples = append(w.samples, s)
+	}
 	cut := 0
 	for cut < len(w.samples)-1 && s.t.Sub(w.samples[cut].t) > keep {
 		cut++

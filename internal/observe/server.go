@@ -184,8 +184,18 @@ func (s *Server) sampleNow() {
 	s.mu.Unlock()
 }
 
-// rater is the window as it stands.
+// fresh bounds how old the newest sample may be when a request reads the window: an older one is
+// replaced by a new gathering, so a request sees what was registered or counted since.
+const fresh = 500 * time.Millisecond
+
+// rater is the window as it stands, with a sample at most fresh old.
 func (s *Server) rater() rater {
+	s.mu.Lock()
+	newest, _ := s.win.span()
+	s.mu.Unlock()
+	if newest == nil || s.o.now().Sub(newest.t) >= fresh {
+		s.sampleNow()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, old := s.win.span()
@@ -279,8 +289,9 @@ func serveAsset(body []byte, contentType string) http.HandlerFunc {
 	}
 }
 
-// Status builds the status for query q.
+// Status builds the status for query q, from a gathering made for it.
 func (s *Server) Status(ctx context.Context, q Query) *Status {
+	s.sampleNow()
 	r := s.rater()
 	js := s.jetStream(ctx)
 	st := &Status{Schema: Schema, Process: s.o.Process, Time: s.o.now().UTC(), Started: s.started.UTC(),
