@@ -13,16 +13,15 @@ import (
 // Process is the health of a standalone command's one component (fpmbus bridge, trace, gaps, merge,
 // seal, predict-service), reported as `up` reports each of its components: starting until the
 // component is ready, ready while it runs, degraded while its NATS connection is not connected (it
-// reconnects on its own; nothing is acknowledged meanwhile), stopped once it returned (failed with its
-// error). Its methods may be called from any goroutine.
+// reconnects on its own; nothing is acknowledged meanwhile). The process's server stops with the
+// component, so no later state is served. Its methods may be called from any goroutine.
 type Process struct {
 	name string
 
-	mu      sync.Mutex
-	state   rungroup.State
-	since   time.Time
-	lastErr string
-	nc      *nats.Conn
+	mu    sync.Mutex
+	state rungroup.State
+	since time.Time
+	nc    *nats.Conn
 }
 
 // NewProcess returns the health of component name, starting.
@@ -37,27 +36,13 @@ func (p *Process) SetConn(nc *nats.Conn) {
 	p.mu.Unlock()
 }
 
-func (p *Process) set(s rungroup.State, err error) {
+// Ready marks the component ready.
+func (p *Process) Ready() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.state != s {
-		p.state, p.since = s, time.Now()
+	if p.state != rungroup.StateReady {
+		p.state, p.since = rungroup.StateReady, time.Now()
 	}
-	if err != nil {
-		p.lastErr = err.Error()
-	}
-}
-
-// Ready marks the component ready.
-func (p *Process) Ready() { p.set(rungroup.StateReady, nil) }
-
-// Stopped marks the component stopped, or failed with err.
-func (p *Process) Stopped(err error) {
-	if err != nil {
-		p.set(rungroup.StateFailed, err)
-		return
-	}
-	p.set(rungroup.StateStopped, nil)
 }
 
 // Follow marks the component ready once ready is closed, unless done is closed first.
@@ -74,7 +59,7 @@ func (p *Process) Follow(ready, done <-chan struct{}) {
 // Components is the one component's status (Options.Components).
 func (p *Process) Components() []rungroup.Status {
 	p.mu.Lock()
-	st := rungroup.Status{Name: p.name, State: p.state, Since: p.since, LastError: p.lastErr}
+	st := rungroup.Status{Name: p.name, State: p.state, Since: p.since}
 	nc := p.nc
 	p.mu.Unlock()
 	if st.State == rungroup.StateReady && nc != nil {

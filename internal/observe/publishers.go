@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // Query selects and orders the publishers of the status: the page's URL parameters and /status.json's
@@ -230,9 +229,4 @@ func arrange(group string, rows []Publisher, err error, q Query) *Publishers {
 	}
 	out.Shown = len(out.Groups)
 	return out
-}
-
-// flowing reports whether a live publisher was heard from within staleAfter of now.
-func flowing(state string, lastSeen, now time.Time, staleAfter time.Duration) bool {
-	return state == "live" && now.Sub(lastSeen) <= staleAfter
 }

@@ -225,6 +225,22 @@ func (w *window) span() (now, old *sample) {
 	return w.samples[len(w.samples)-1], w.samples[0]
 }
 
+// within returns the newest sample and the base of a span of d before it: the newest sample at least d
+// older, else the oldest (nil, nil before the first).
+func (w *window) within(d time.Duration) (now, old *sample) {
+	if len(w.samples) == 0 {
+		return nil, nil
+	}
+	now, old = w.samples[len(w.samples)-1], w.samples[0]
+	for _, s := range w.samples {
+		if now.t.Sub(s.t) < d {
+			break
+		}
+		old = s
+	}
+	return now, old
+}
+
 // rater computes rates and increases between the newest sample and the oldest of the window.
 type rater struct {
 	now, old *sample

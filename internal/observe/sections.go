@@ -151,7 +151,7 @@ func (s *Server) durability(_ context.Context, js *JetStream) *Durability {
 }
 
 // limitFaults are the reasons, by component, that a ready component is behind one of its limits over
-// the window.
+// r (the last HealthWindow).
 func (s *Server) limitFaults(r rater, js *JetStream) map[string][]string {
 	out := map[string][]string{}
 	if r.now == nil {

@@ -21,6 +21,9 @@ import (
 const (
 	DefaultSampleInterval = 2 * time.Second
 	DefaultWindow         = 30 * time.Second
+	// DefaultHealthWindow is how far back the limit checks look: a component stays degraded this long
+	// after it was last behind a limit.
+	DefaultHealthWindow = 10 * time.Second
 	// jetStreamEvery bounds how often the server is asked for consumer and stream infos.
 	jetStreamEvery = 3 * time.Second
 	// sourceTimeout bounds one read of a source (JetStream, the publishers' state).
@@ -53,7 +56,9 @@ type Options struct {
 	// checks look at. Defaults DefaultSampleInterval and DefaultWindow.
 	SampleInterval time.Duration
 	Window         time.Duration
-	Logger         *slog.Logger
+	// HealthWindow is how far back the limit checks look (default DefaultHealthWindow, at most Window).
+	HealthWindow time.Duration
+	Logger       *slog.Logger
 	// now is the clock (tests).
 	now func() time.Time
 }
@@ -108,6 +113,9 @@ func New(o Options) *Server {
 	}
 	if o.Window <= 0 {
 		o.Window = DefaultWindow
+	}
+	if o.HealthWindow <= 0 {
+		o.HealthWindow = min(DefaultHealthWindow, o.Window)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -202,6 +210,14 @@ func (s *Server) rater() rater {
 	return rater{now: now, old: old}
 }
 
+// healthRater is the last HealthWindow of the window.
+func (s *Server) healthRater() rater {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, old := s.win.within(s.o.HealthWindow)
+	return rater{now: now, old: old}
+}
+
 // jetStream returns JetStream's view, read at most every jetStreamEvery (nil without a source).
 func (s *Server) jetStream(ctx context.Context) *JetStream {
 	if s.o.JetStream == nil {
@@ -233,9 +249,9 @@ func (s *Server) jetStream(ctx context.Context) *JetStream {
 
 // health is every component's status with the limit checks applied: a ready component behind one of
 // its limits is degraded, with the reasons.
-func (s *Server) health(r rater, js *JetStream) []rungroup.Status {
+func (s *Server) health(js *JetStream) []rungroup.Status {
 	cs := s.o.Components()
-	faults := s.limitFaults(r, js)
+	faults := s.limitFaults(s.healthRater(), js)
 	for i := range cs {
 		if reasons := faults[cs[i].Name]; len(reasons) > 0 && cs[i].State == rungroup.StateReady {
 			cs[i].State = rungroup.StateDegraded
@@ -246,7 +262,8 @@ func (s *Server) health(r rater, js *JetStream) []rungroup.Status {
 }
 
 func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
-	rep, code := rungroup.Report(s.health(s.rater(), s.jetStreamCached()))
+	s.rater() // a sample at most fresh old
+	rep, code := rungroup.Report(s.health(s.jetStreamCached()))
 	rungroup.WriteReport(w, rep, code)
 }
 
@@ -296,7 +313,7 @@ func (s *Server) Status(ctx context.Context, q Query) *Status {
 	js := s.jetStream(ctx)
 	st := &Status{Schema: Schema, Process: s.o.Process, Time: s.o.now().UTC(), Started: s.started.UTC(),
 		WindowSeconds: r.seconds()}
-	st.Components = s.health(r, js)
+	st.Components = s.health(js)
 	rep, _ := rungroup.Report(st.Components)
 	st.Health = rep.Status
 	st.JetStream = js
