@@ -7,7 +7,8 @@
 //
 //   - its Prometheus registry (Options.Gatherer): the bridge's, the consumers', the merger's, the
 //     sealer's, the predict service's and the store's collectors, whichever are registered. A
-//     sampler gathers it every SampleInterval and keeps Window of samples, from which rates, latency
+//     sampler gathers it every SampleInterval, and every request that reads it gathers it when the
+//     last gathering is a second old; Window of samples are kept, from which rates, latency
 //     quantiles and the limit checks below are computed;
 //   - its health (Options.Components): `fpmbus up`'s run group, or a standalone command's Process;
 //   - JetStream's own view of the durable consumers and the streams' policy (Options.JetStream), read

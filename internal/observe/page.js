@@ -259,6 +259,7 @@
 
   function refresh() {
     clearTimeout(timer);
+    var began = Date.now();
     fetch("/status.json" + location.search, { cache: "no-store" }).then(function (r) {
       if (!r.ok) throw new Error("status.json: HTTP " + r.status);
       return r.json();
@@ -266,7 +267,10 @@
       var up = document.getElementById("updated");
       up.textContent = "not updated: " + err.message;
       up.className = "error";
-    }).then(function () { timer = setTimeout(refresh, every); });
+    }).then(function () {
+      // A status that takes long to build (thousands of ranks, a loaded host) is asked for less often.
+      timer = setTimeout(refresh, Math.max(every, 10 * (Date.now() - began)));
+    });
   }
 
   function navigate(href) {
