@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/producer/producertest"
@@ -164,4 +167,65 @@ func TestStatusPageInChromiumShowsAPublisherThatDropsSequences(t *testing.T) {
 		t.Fatalf("filtered: %+v", rows)
 	}
 	screenshot(t, base+"?sort=missing&desc=1", "status-page.png", 1400, 1500)
+}
+
+// thousandRanks is a fleet of 125 workers × 8 ranks for the page: two ranks with gaps, one stale.
+type thousandRanks struct{ now time.Time }
+
+func (thousandRanks) Group() string { return "fpm-gaps" }
+
+func (f thousandRanks) Publishers(context.Context) ([]observe.Publisher, error) {
+	var out []observe.Publisher
+	for w := range 125 {
+		for r := range 8 {
+			p := observe.Publisher{Namespace: "dynamo", Component: "backend", WorkerID: fmt.Sprintf("worker-%03d", w), DPRank: r,
+				State: "live", Flowing: true, Rate: 100, LastSeen: f.now, Messages: 90_000, Gaps: map[string]uint64{}, Missing: map[string]uint64{}}
+			switch {
+			case w == 42 && r == 5:
+				p.Gaps["zmq_drop"], p.Missing["zmq_drop"], p.GapsTotal, p.MissingTotal = 3, 120, 3, 120
+			case w == 77 && r == 1:
+				p.Gaps["bridge_drop"], p.Missing["bridge_drop"], p.GapsTotal, p.MissingTotal = 1, 9, 1, 9
+			case w == 100 && r == 7:
+				p.State, p.Flowing, p.Rate = "stale", false, 0
+			}
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// 1,000 ranks stay readable in a real browser: the summary says how many flow and how many have
+// gaps; sorted by missing FPMs the two workers with gaps come first and open, the others closed; 50
+// workers a page with a link to the next; a filter in the URL narrows it to one worker.
+func TestStatusPageInChromiumAtAThousandRanks(t *testing.T) {
+	t.Parallel()
+	srv := observe.New(observe.Options{Process: "up", Gatherer: prometheus.NewRegistry(), Publishers: thousandRanks{time.Now()}})
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+
+	dom := pageDOM(t, ts.URL+"/?sort=missing&desc=1", 3000)
+	rows := pageRows(dom)
+	if attr(dom, "body", "data-render") != "script" || len(rows) != 50*8 {
+		t.Fatalf("render %q, %d rows: want the script's, 50 workers of 8", attr(dom, "body", "data-render"), len(rows))
+	}
+	if rows[0].key != "dynamo/backend/worker-042/5" || rows[0].byCause["zmq_drop"] != "120" || rows[8].key != "dynamo/backend/worker-077/1" {
+		t.Fatalf("sorted by missing: first %+v, ninth %+v", rows[0], rows[8])
+	}
+	open := regexp.MustCompile(`<details class="group" data-worker="([^"]+)" open="">`).FindAllStringSubmatch(dom, -1)
+	if len(open) != 2 || open[0][1] != "dynamo/backend/worker-042" || strings.Count(dom, `<details class="group"`) != 50 {
+		t.Fatalf("open groups %v of %d: want the two with gaps", open, strings.Count(dom, `<details class="group"`))
+	}
+	for id, want := range map[string]string{"sum-total": "1000", "sum-flowing": "999 flowing", "sum-gaps": "2 with gaps", "sum-stale": "1 stale"} {
+		if got := textOf(dom, id); got != want {
+			t.Fatalf("summary %s: %q, want %q", id, got, want)
+		}
+	}
+	if !strings.Contains(dom, `id="next"`) || !strings.Contains(dom, "showing 1–50") {
+		t.Fatal("no next page")
+	}
+	dom = pageDOM(t, ts.URL+"/?q=worker-100&state=notflowing", 3000)
+	if rows := pageRows(dom); len(rows) != 1 || rows[0].key != "dynamo/backend/worker-100/7" || rows[0].state != "stale" {
+		t.Fatalf("filtered to the silent rank: %+v", rows)
+	}
+	screenshot(t, ts.URL+"/?sort=missing&desc=1", "status-page-1000-ranks.png", 1400, 1000)
 }

@@ -197,6 +197,7 @@
 
   function publishers(p, now, form) {
     var q = p.query;
+    q.offset = q.offset || 0; // omitted when 0
     var heads = [["key", "rank"], ["state", "state"], ["rate", "rate"], ["last_seen", "last seen"], ["messages", "FPMs"], ["gaps", "gaps"], ["missing", "missing"]]
       .concat(p.causes.map(function (c) { return [c, c]; }));
     var matched = document.getElementById("matched");
