@@ -95,7 +95,7 @@ func runBridge(ctx context.Context, args []string) error {
 	}
 	done := make(chan struct{})
 	defer close(done)
-	so := standaloneStatus("bridge", "bridge", reg, nc, b.Ready(), done, nil)
+	so := standaloneStatus("bridge", "bridge", reg, nc, b.Ready(), done, nil, true)
 	so.Bridge = &observe.BridgeRef{Component: "bridge", Ranks: len(cfg.Endpoints), MaxBuffer: cfg.MaxBuffer, MaxInFlight: cfg.MaxInFlight}
 	stop, err := serveStatus(*metricsAddr, so)
 	if err != nil {

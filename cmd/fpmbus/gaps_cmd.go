@@ -119,7 +119,8 @@ func runGaps(ctx context.Context, args []string) error {
 	defer close(done)
 	watch := gaps.NewPublisherWatch(func() jetstream.JetStream { return js }, cfg)
 	defer watch.Close()
-	so := standaloneStatus("gaps", "gap detector", reg, nc, d.Ready(), done, &observe.ConsumerRef{Label: gaps.ConsumerName, Group: cfg.Group})
+	so := standaloneStatus("gaps", "gap detector", reg, nc, d.Ready(), done,
+		&observe.ConsumerRef{Label: gaps.ConsumerName, Group: cfg.Group, Durables: durablesOf(cfg.PartitionConfig())}, true)
 	so.Publishers = gapsPublishers{watch}
 	stop, err := serveStatus(*metricsAddr, so)
 	if err != nil {

@@ -148,7 +148,7 @@ func runMerge(ctx context.Context, args []string) error {
 	done := make(chan struct{})
 	defer close(done)
 	stop, err := serveStatus(*metricsAddr, standaloneStatus("merge", "benchmark merger", reg, nc, c.Ready(), done,
-		&observe.ConsumerRef{Label: merge.ConsumerName, Group: cfg.Durable}))
+		&observe.ConsumerRef{Label: merge.ConsumerName, Group: cfg.Durable, Durables: durablesOf(c.Group())}, true))
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/streams"
@@ -55,14 +56,16 @@ func serveStatus(addr string, o observe.Options) (stop func(), err error) {
 }
 
 // standaloneStatus is the status of a standalone command's one component on connection nc: its
-// health (starting until ready, degraded while nc reconnects), JetStream's view through nc, and
-// the consumer it runs (nil: none). done ends the wait for ready.
-func standaloneStatus(process, component string, reg prometheus.Gatherer, nc *nats.Conn, ready, done <-chan struct{}, consumer *observe.ConsumerRef) observe.Options {
+// health (starting until ready, degraded while nc reconnects), JetStream's view through nc (what the
+// component's least-privileged user may read: the streams' infos and its own consumers'; none with
+// readJS false, for a user that may read neither), and the consumer it runs (nil: none). done ends
+// the wait for ready.
+func standaloneStatus(process, component string, reg prometheus.Gatherer, nc *nats.Conn, ready, done <-chan struct{}, consumer *observe.ConsumerRef, readJS bool) observe.Options {
 	p := observe.NewProcess(component)
 	p.SetConn(nc)
 	p.Follow(ready, done)
 	o := observe.Options{Process: process, Gatherer: reg, Components: p.Components}
-	if js, err := jetstream.New(nc); err == nil {
+	if js, err := jetstream.New(nc); err == nil && readJS {
 		o.JetStream = func() jetstream.JetStream { return js }
 	}
 	if consumer != nil {
@@ -70,6 +73,15 @@ func standaloneStatus(process, component string, reg prometheus.Gatherer, nc *na
 		o.Consumers = []observe.ConsumerRef{*consumer}
 	}
 	return o
+}
+
+// durablesOf names a consumer group's JetStream consumers, one per partition.
+func durablesOf(g durable.GroupConfig) []observe.Durable {
+	var out []observe.Durable
+	for p := range max(g.Partitions, 1) {
+		out = append(out, observe.Durable{Stream: g.ConsumerStreamOf(p), Name: g.ConsumerName(p)})
+	}
+	return out
 }
 
 // gapsPublishers shows a gap detector group's per-publisher state (gaps.PublisherWatch) on the status page.

@@ -94,7 +94,8 @@ func runPredictService(ctx context.Context, args []string) error {
 	}
 	done := make(chan struct{})
 	defer close(done)
-	stop, err := serveStatus(*metricsAddr, standaloneStatus("predict-service", "predict service", reg, nc, s.Ready(), done, nil))
+	// The predict user may read FPM_DATASETS only: no JetStream view.
+	stop, err := serveStatus(*metricsAddr, standaloneStatus("predict-service", "predict service", reg, nc, s.Ready(), done, nil, false))
 	if err != nil {
 		return err
 	}

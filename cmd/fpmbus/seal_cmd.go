@@ -135,7 +135,7 @@ func runSeal(ctx context.Context, args []string) error {
 	done := make(chan struct{})
 	defer close(done)
 	stop, err := serveStatus(*metricsAddr, standaloneStatus("seal", "dataset sealer", reg, nc, c.Ready(), done,
-		&observe.ConsumerRef{Label: seal.ConsumerName, Group: cfg.Durable}))
+		&observe.ConsumerRef{Label: seal.ConsumerName, Group: cfg.Durable, Durables: durablesOf(cfg.Group())}, true))
 	if err != nil {
 		return err
 	}

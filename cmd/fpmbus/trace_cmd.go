@@ -179,8 +179,11 @@ func runTrace(ctx context.Context, args []string) error {
 	}
 	done := make(chan struct{})
 	defer close(done)
-	stop, err := serveStatus(*metricsAddr, standaloneStatus("trace", "trace writer", reg, nc, w.Ready(), done,
-		&observe.ConsumerRef{Label: trace.ConsumerName, Group: cfg.Group}))
+	ref := &observe.ConsumerRef{Label: trace.ConsumerName, Group: cfg.Group}
+	if gc, err := cfg.PartitionConfig(); err == nil {
+		ref.Durables = durablesOf(gc)
+	}
+	stop, err := serveStatus(*metricsAddr, standaloneStatus("trace", "trace writer", reg, nc, w.Ready(), done, ref, true))
 	if err != nil {
 		return err
 	}

@@ -145,9 +145,9 @@ func (r *upRun) components() []rungroup.Component {
 // health, JetStream's view and the gap detector's publishers, through the current connection.
 func (r *upRun) statusOptions(reg prometheus.Gatherer, g *rungroup.Group, watch *gaps.PublisherWatch) observe.Options {
 	o := observe.Options{Process: "up", Gatherer: reg, Components: g.Status, Publishers: gapsPublishers{watch},
-		JetStream: func() jetstream.JetStream { _, js := r.link(); return js },
-		Sync:      r.server.server.EffectiveSync().String(),
-		Bridge:    &observe.BridgeRef{Component: stageBridge, Ranks: len(r.bridge.Endpoints), MaxBuffer: r.bridge.MaxBuffer, MaxInFlight: r.bridge.MaxInFlight},
+		JetStream: func() jetstream.JetStream { _, js := r.link(); return js }, ListJetStream: true,
+		Sync:   r.server.server.EffectiveSync().String(),
+		Bridge: &observe.BridgeRef{Component: stageBridge, Ranks: len(r.bridge.Endpoints), MaxBuffer: r.bridge.MaxBuffer, MaxInFlight: r.bridge.MaxInFlight},
 		Consumers: []observe.ConsumerRef{
 			{Label: gaps.ConsumerName, Component: stageGaps, Group: r.gaps.Group},
 			{Label: merge.ConsumerName, Component: stageMerge, Group: r.merge.Durable},

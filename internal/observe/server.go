@@ -46,6 +46,11 @@ type Options struct {
 	// JetStream returns the connection's JetStream (nil while there is none, as while `up`'s
 	// connection restarts): consumer infos and the streams' policy are read from it.
 	JetStream func() jetstream.JetStream
+	// ListJetStream lists every stream and durable consumer of fpmbus (`up`, whose components may do
+	// anything). Without it only what a least-privileged user of the component may read is read: the
+	// infos of FPM, FPM_EVENTS and FPM_BENCH and of the component's own consumers (ConsumerRef.Durables),
+	// so that no status request is a permissions violation on the server.
+	ListJetStream bool
 	// Publishers is the gap detector's per-publisher state.
 	Publishers PublisherSource
 	// Sync is the embedded server's fsync policy (fpmbus up), "" elsewhere.
@@ -82,7 +87,12 @@ type ConsumerRef struct {
 	Component string
 	// Group names its JetStream consumers: Group, or Group-<p> for partition p.
 	Group string
+	// Durables are its JetStream consumers, read by name without ListJetStream.
+	Durables []Durable
 }
+
+// Durable is one JetStream consumer by stream and name.
+type Durable struct{ Stream, Name string }
 
 // PublisherSource is the gap detector's per-publisher state.
 type PublisherSource interface {
@@ -240,7 +250,11 @@ func (s *Server) jetStream(ctx context.Context) *JetStream {
 		view = &JetStream{Error: "no connection to the server now", Read: s.o.now()}
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, sourceTimeout)
-		view = readJetStream(rctx, js, s.o.Consumers)
+		if s.o.ListJetStream {
+			view = listJetStream(rctx, js, s.o.Consumers)
+		} else {
+			view = ownJetStream(rctx, js, s.o.Consumers)
+		}
 		cancel()
 		view.Read = s.o.now()
 	}
