@@ -57,16 +57,21 @@ func TestOpsPermissionsEveryComponentAsItsOwnUser(t *testing.T) {
 
 	// Ranks 0 and 1 publish FPMs, rank 2 one payload that does not decode (a dead letter).
 	base := producertest.FreeBasePort(t, "", 3)
-	bridge := srv.start(t, "bridge", "bridge", "bridge", "--fpm-port", strconv.Itoa(base), "--dp-size", "3")
+	// Each serves its status (--metrics-addr), read below: what it reads for it is within its user's rights.
+	status := map[string]string{}
+	for _, c := range []string{"bridge", "trace", "gaps", "merge", "seal", "predict-service"} {
+		status[c] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	}
+	bridge := srv.start(t, "bridge", "bridge", "bridge", "--fpm-port", strconv.Itoa(base), "--dp-size", "3", "--metrics-addr", status["bridge"])
 	traceOut := filepath.Join(dir, "trace", "fpm")
 	components := []*proc{
 		bridge,
-		srv.start(t, "trace", "trace", "trace", "--trace-mode", "full", "--trace-output", traceOut),
-		srv.start(t, "gaps", "gaps", "gaps", "--stale-after", "1h", "--marker-grace", "1s"),
+		srv.start(t, "trace", "trace", "trace", "--trace-mode", "full", "--trace-output", traceOut, "--metrics-addr", status["trace"]),
+		srv.start(t, "gaps", "gaps", "gaps", "--stale-after", "1h", "--marker-grace", "1s", "--metrics-addr", status["gaps"]),
 		// --inline-max 1 KiB: the merged artefact goes through the object store FPM_BENCH_OBJECTS.
-		srv.start(t, "merge", "merge", "merge", "--bench-output", filepath.Join(dir, "merged_{run_id}.json"), "--inline-max", "1024"),
-		srv.start(t, "seal", "seal", "seal"),
-		srv.start(t, "predict", "predict", "predict-service"),
+		srv.start(t, "merge", "merge", "merge", "--bench-output", filepath.Join(dir, "merged_{run_id}.json"), "--inline-max", "1024", "--metrics-addr", status["merge"]),
+		srv.start(t, "seal", "seal", "seal", "--metrics-addr", status["seal"]),
+		srv.start(t, "predict", "predict", "predict-service", "--metrics-addr", status["predict-service"]),
 	}
 	bridge.waitOutput("bridge ready", 30*time.Second)
 	for _, p := range components[1:] {
@@ -144,6 +149,26 @@ func TestOpsPermissionsEveryComponentAsItsOwnUser(t *testing.T) {
 	})
 	if n := len(streamsMessages(t, op.js, streams.StreamEvents, streams.GapEventWildcard)); n != 1 {
 		t.Fatalf("%d gap events, want 1", n)
+	}
+	// Every status, read as the component's own user: healthy, its consumer and streams' policy read,
+	// and the gap detector's page shows the gap from its state bucket.
+	for name, addr := range status {
+		eventually(t, 30*time.Second, func() error {
+			st, err := getStatus(addr, "")
+			switch {
+			case err != nil:
+				return err
+			case st.Health != "ok":
+				return fmt.Errorf("%s: health %s: %+v", name, st.Health, st.Components)
+			case st.JetStream != nil && (st.JetStream.Error != "" || len(st.Durability.Streams) != 3):
+				return fmt.Errorf("%s: JetStream %+v, streams %+v", name, st.JetStream, st.Durability)
+			case name != "bridge" && name != "predict-service" && (st.JetStream == nil || len(st.JetStream.Consumers) != 1):
+				return fmt.Errorf("%s: its consumer is not read: %+v", name, st.JetStream)
+			case name == "gaps" && (st.Publishers == nil || st.Publishers.Error != "" || st.Publishers.Summary.WithGaps != 1 || st.Publishers.Totals["zmq_drop"] != 1):
+				return fmt.Errorf("gaps: publishers %+v", st.Publishers)
+			}
+			return nil
+		})
 	}
 	// Counted from the streams instead of the state: the same gap.
 	var since gaps.Report

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -92,7 +93,11 @@ func runBridge(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	stop, err := serveMetrics(*metricsAddr, reg, nil)
+	done := make(chan struct{})
+	defer close(done)
+	so := standaloneStatus("bridge", "bridge", reg, nc, b.Ready(), done, nil, true)
+	so.Bridge = &observe.BridgeRef{Component: "bridge", Ranks: len(cfg.Endpoints), MaxBuffer: cfg.MaxBuffer, MaxInFlight: cfg.MaxInFlight}
+	stop, err := serveStatus(*metricsAddr, so)
 	if err != nil {
 		return err
 	}

@@ -9,8 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/observe"
 )
 
 func init() {
@@ -112,7 +115,14 @@ func runGaps(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	stop, err := serveMetrics(*metricsAddr, reg, nil)
+	done := make(chan struct{})
+	defer close(done)
+	watch := gaps.NewPublisherWatch(func() jetstream.JetStream { return js }, cfg)
+	defer watch.Close()
+	so := standaloneStatus("gaps", "gap detector", reg, nc, d.Ready(), done,
+		&observe.ConsumerRef{Label: gaps.ConsumerName, Group: cfg.Group, Durables: durablesOf(cfg.PartitionConfig())}, true)
+	so.Publishers = gapsPublishers{watch}
+	stop, err := serveStatus(*metricsAddr, so)
 	if err != nil {
 		return err
 	}

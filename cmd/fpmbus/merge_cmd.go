@@ -11,6 +11,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -128,6 +129,7 @@ func runMerge(ctx context.Context, args []string) error {
 	conn := connFlags(fs, "merge")
 	scfg := streamFlags(fs)
 	o := mergeFlags(fs, "")
+	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9467")
 	cfg, err := parseStage(fs, args, scfg, o.config)
 	if err != nil {
 		return err
@@ -138,10 +140,19 @@ func runMerge(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	c, err := merge.New(cfg, js, o.options()...)
+	reg := newProcessRegistry()
+	c, err := merge.New(cfg, js, append(o.options(), merge.WithRegisterer(reg))...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	done := make(chan struct{})
+	defer close(done)
+	stop, err := serveStatus(*metricsAddr, standaloneStatus("merge", "benchmark merger", reg, nc, c.Ready(), done,
+		&observe.ConsumerRef{Label: merge.ConsumerName, Group: cfg.Durable, Durables: durablesOf(c.Group())}, true))
+	if err != nil {
+		return err
+	}
+	defer stop()
 	rctx, finish := watchConn(ctx, nc)
 	return finish(c.Run(rctx))
 }

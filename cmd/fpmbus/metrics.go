@@ -2,25 +2,26 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
-	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// metricsAddrFlag registers --metrics-addr, the process's own flag (not a component's): where /metrics
-// (and in `up` /healthz) are served.
+// metricsAddrFlag registers --metrics-addr, the process's own flag (not a component's): where
+// /metrics, /healthz, /status.json and the status page / are served (internal/observe).
 func metricsAddrFlag(fs *flag.FlagSet, example string) *string {
-	return fs.String("metrics-addr", "", "serve Prometheus /metrics on this address, e.g. "+example+" (empty: off)")
+	return fs.String("metrics-addr", "", "serve Prometheus /metrics, /healthz, /status.json and the status page / on this address, e.g. "+example+" (empty: off)")
 }
 
 // newProcessRegistry returns a registry with the Go runtime and process collectors.
@@ -30,12 +31,12 @@ func newProcessRegistry() *prometheus.Registry {
 	return reg
 }
 
-// serveMetrics serves g on addr at /metrics, and health at /healthz when it is not nil, until stop is
-// called. It returns once the listener is open, so a bad address is reported at start, as a usage error
-// naming --metrics-addr. The endpoints have no authentication: an address beyond loopback is served,
-// with one warning naming it (a Prometheus on another host needs it, and a firewall decides). An empty
-// addr (--metrics-addr unset) serves nothing, and stop does nothing.
-func serveMetrics(addr string, g prometheus.Gatherer, health http.Handler) (stop func(), err error) {
+// serveStatus serves o on addr (observe.Server: /metrics, /healthz, /status.json, /) until stop is
+// called. It returns once the listener is open, so a bad address is reported at start, as a usage
+// error naming --metrics-addr. The endpoints have no authentication: an address beyond loopback is
+// served, with one warning naming it (a Prometheus on another host needs it, and a firewall decides).
+// An empty addr (--metrics-addr unset) serves nothing, and stop does nothing.
+func serveStatus(addr string, o observe.Options) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -44,25 +45,65 @@ func serveMetrics(addr string, g prometheus.Gatherer, health http.Handler) (stop
 		return nil, fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, addr, err)
 	}
 	if host, _, _ := net.SplitHostPort(addr); !streams.IsLoopbackHost(host) {
-		slog.Warn("--metrics-addr is reachable beyond this host and has no authentication: anyone who reaches it reads the metrics (and /healthz)", "addr", addr)
+		slog.Warn("--metrics-addr is reachable beyond this host and has no authentication: anyone who reaches it reads the metrics, /healthz and the status page", "addr", addr)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-	if health != nil {
-		mux.Handle("/healthz", health)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			slog.Error("metrics server", "error", err)
+	srv := observe.New(o)
+	srv.Start(ln)
+	return srv.Stop, nil
+}
+
+// standaloneStatus is the status of a standalone command's one component on connection nc: its
+// health (starting until ready, degraded while nc reconnects), JetStream's view through nc (what the
+// component's least-privileged user may read: the streams' infos and its own consumers'; none with
+// readJS false, for a user that may read neither), and the consumer it runs (nil: none). done ends
+// the wait for ready.
+func standaloneStatus(process, component string, reg prometheus.Gatherer, nc *nats.Conn, ready, done <-chan struct{}, consumer *observe.ConsumerRef, readJS bool) observe.Options {
+	p := observe.NewProcess(component)
+	p.SetConn(nc)
+	p.Follow(ready, done)
+	o := observe.Options{Process: process, Gatherer: reg, Components: p.Components}
+	if js, err := jetstream.New(nc); err == nil && readJS {
+		o.JetStream = func() jetstream.JetStream { return js }
+	}
+	if consumer != nil {
+		consumer.Component = component
+		o.Consumers = []observe.ConsumerRef{*consumer}
+	}
+	return o
+}
+
+// durablesOf names a consumer group's JetStream consumers, one per partition.
+func durablesOf(g durable.GroupConfig) []observe.Durable {
+	var out []observe.Durable
+	for p := range max(g.Partitions, 1) {
+		out = append(out, observe.Durable{Stream: g.ConsumerStreamOf(p), Name: g.ConsumerName(p)})
+	}
+	return out
+}
+
+// gapsPublishers shows a gap detector group's per-publisher state (gaps.PublisherWatch) on the status page.
+type gapsPublishers struct{ w *gaps.PublisherWatch }
+
+func (g gapsPublishers) Group() string { return g.w.Group() }
+
+func (g gapsPublishers) Publishers(ctx context.Context) ([]observe.Publisher, error) {
+	ps, err := g.w.Publishers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]observe.Publisher, len(ps))
+	for i, p := range ps {
+		o := observe.Publisher{Namespace: p.Key.Namespace, Component: p.Key.Component, WorkerID: p.Key.WorkerID, DPRank: p.Key.DPRank,
+			State: p.State, Flowing: p.Flowing, Rate: p.Rate, LastSeen: p.LastSeen, Messages: p.Messages, PendingGaps: p.PendingGaps,
+			Restarts: p.Restarts, Gaps: map[string]uint64{}, Missing: map[string]uint64{}}
+		for _, c := range gaps.Causes {
+			o.Gaps[c], o.Missing[c] = p.Gaps.Get(c), p.Missing.Get(c)
 		}
-	}()
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	}, nil
+		o.GapsTotal, o.MissingTotal = p.Gaps.Total(), p.Missing.Total()
+		out[i] = o
+	}
+	return out, nil
 }

@@ -70,6 +70,7 @@ func runPredictService(ctx context.Context, args []string) error {
 	conn := connFlags(fs, "predict-service")
 	scfg := streamFlags(fs)
 	o := predictFlags(fs, "")
+	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9469")
 	cfg, err := parseStage(fs, args, scfg, o.config)
 	if err != nil {
 		return err
@@ -86,10 +87,19 @@ func runPredictService(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	s, err := service.New(cfg, nc, kv)
+	reg := newProcessRegistry()
+	s, err := service.New(cfg, nc, kv, service.WithRegisterer(reg))
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	done := make(chan struct{})
+	defer close(done)
+	// The predict user may read FPM_DATASETS only: no JetStream view.
+	stop, err := serveStatus(*metricsAddr, standaloneStatus("predict-service", "predict service", reg, nc, s.Ready(), done, nil, false))
+	if err != nil {
+		return err
+	}
+	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- s.Run(ctx) }()
 	select {
@@ -103,6 +113,7 @@ func runPredictService(ctx context.Context, args []string) error {
 }
 
 func (r *upRun) predictComponent() *rungroup.Component {
+	creg := &componentRegistry{reg: r.reg}
 	return &rungroup.Component{
 		StopTimeout: 15 * time.Second,
 		Start: func(ctx context.Context) (rungroup.Instance, error) {
@@ -111,7 +122,7 @@ func (r *upRun) predictComponent() *rungroup.Component {
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
-			s, err := service.New(r.predict, nc, kv)
+			s, err := service.New(r.predict, nc, kv, service.WithRegisterer(creg.renew()))
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -116,6 +117,7 @@ func runSeal(ctx context.Context, args []string) error {
 	conn := connFlags(fs, "seal")
 	scfg := streamFlags(fs)
 	o := sealFlags(fs, "")
+	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9468")
 	cfg, err := parseStage(fs, args, scfg, func() (seal.ConsumerConfig, error) { return o.consumerConfig(*scfg) })
 	if err != nil {
 		return err
@@ -125,10 +127,19 @@ func runSeal(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	c, err := seal.NewConsumer(cfg, js, o.consumerOptions(s)...)
+	reg := newProcessRegistry()
+	c, err := seal.NewConsumer(cfg, js, append(o.consumerOptions(s), seal.WithRegisterer(reg))...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	done := make(chan struct{})
+	defer close(done)
+	stop, err := serveStatus(*metricsAddr, standaloneStatus("seal", "dataset sealer", reg, nc, c.Ready(), done,
+		&observe.ConsumerRef{Label: seal.ConsumerName, Group: cfg.Durable, Durables: durablesOf(cfg.Group())}, true))
+	if err != nil {
+		return err
+	}
+	defer stop()
 	rctx, finish := watchConn(ctx, nc)
 	return finish(c.Run(rctx))
 }

@@ -9,10 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/observe"
 )
 
 func init() {
@@ -146,6 +145,7 @@ func runTrace(ctx context.Context, args []string) error {
 	scfg := streamFlags(fs)
 	topts := traceFlags(fs, "")
 	gopts := traceGroupFlags(fs)
+	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9466")
 	var member string
 	cfg, err := parseStage(fs, args, scfg, func() (trace.Config, error) {
 		cfg, err := topts.config()
@@ -161,7 +161,8 @@ func runTrace(ctx context.Context, args []string) error {
 	if err := trace.ProbeOutput(cfg.OutputPath); err != nil {
 		return err
 	}
-	cfg.Registerer = prometheus.DefaultRegisterer
+	reg := newProcessRegistry()
+	cfg.Registerer = reg
 
 	nc, js, err := connectAndApply(ctx, conn, scfg)
 	if err != nil {
@@ -176,6 +177,17 @@ func runTrace(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	done := make(chan struct{})
+	defer close(done)
+	ref := &observe.ConsumerRef{Label: trace.ConsumerName, Group: cfg.Group}
+	if gc, err := cfg.PartitionConfig(); err == nil {
+		ref.Durables = durablesOf(gc)
+	}
+	stop, err := serveStatus(*metricsAddr, standaloneStatus("trace", "trace writer", reg, nc, w.Ready(), done, ref, true))
+	if err != nil {
+		return err
+	}
+	defer stop()
 	rctx, finish := watchConn(ctx, nc)
 	// Run waits until the server has applied its last acks, so closing afterwards loses none.
 	err = finish(w.Run(rctx))

@@ -18,6 +18,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
@@ -87,7 +90,7 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	fs.BoolVar(&o.demo, "demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
 	fs.StringVar(&o.demoTrace, "demo-trace", "", "with --demo: replay these trace segments instead of synthetic load (comma-separated files, directories, globs or output prefixes; looped until stopped, counter ids renumbered; --dp-size defaults to the ranks they hold)")
 	flagGroup(fs, "supervision and health")
-	o.metricsAddr = metricsAddrFlag(fs, "127.0.0.1:9464; /healthz is served there too")
+	o.metricsAddr = metricsAddrFlag(fs, "127.0.0.1:9464")
 	d := rungroup.DefaultPolicy()
 	fs.IntVar(&o.restartLimit, "restart-limit", d.MaxRestarts, "restarts a failing component may take within --restart-window; one more failure stops everything and exits 1")
 	fs.DurationVar(&o.restartWindow, "restart-window", d.Window, "the sliding window --restart-limit counts in")
@@ -116,8 +119,8 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 }
 
 // plan checks every setting and returns the run; a bad one is a usage error naming its flag or
-// variable. An invalid trace setting or an unwritable trace output disables only the trace writer, with
-// one warning, as Dynamo does.
+// variable. An invalid trace setting or an unwritable trace output disables only the trace writer, as
+// Dynamo does; the run group lists it disabled with the reason (logged as an error, /healthz degraded).
 func (o *upOptions) plan() (*upRun, error) {
 	_, port, err := net.SplitHostPort(o.listen)
 	if p, perr := strconv.Atoi(port); err != nil || perr != nil || p < 0 || p > 65535 {
@@ -204,7 +207,8 @@ func (o *upOptions) plan() (*upRun, error) {
 		err = trace.ProbeOutput(tcfg.OutputPath)
 	}
 	if err != nil {
-		slog.Warn("trace writer disabled; the bridge and other consumers run on", "reason", err)
+		// The run group lists it disabled (an error-level log, /healthz degraded with the reason).
+		r.traceDisabled = strings.TrimPrefix(err.Error(), errUsage.Error()+": ") + "; the bridge and the other consumers run on without it"
 	} else {
 		r.trace = &tcfg
 	}
@@ -328,7 +332,10 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	stop, err := serveMetrics(*o.metricsAddr, reg, g)
+	// The status page reads the gap detector's state only while someone looks (gaps.PublisherWatch).
+	watch := gaps.NewPublisherWatch(func() jetstream.JetStream { _, js := r.link(); return js }, r.gaps)
+	defer watch.Close()
+	stop, err := serveStatus(*o.metricsAddr, r.statusOptions(reg, g, watch))
 	if err != nil {
 		return err
 	}

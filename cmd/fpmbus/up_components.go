@@ -21,6 +21,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/fdbudget"
+	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/producer"
@@ -36,8 +37,8 @@ type upStage struct {
 	ready string   // when it counts as ready (README)
 	stop  string   // what stopping it does (README)
 	needs []string // components it is built on: their restart restarts it
-	// build returns the component for this run, or nil when the run does not include it (the trace
-	// writer disabled by an invalid setting, the demo publishers without --demo).
+	// build returns the component for this run (Disabled: the trace writer with an invalid setting), or
+	// nil when the run does not include it (the demo publishers without --demo).
 	build func(r *upRun) *rungroup.Component
 }
 
@@ -100,9 +101,11 @@ type upRun struct {
 	scfg     streams.Config
 	reg      prometheus.Registerer
 	policy   rungroup.Policy
-	trace    *trace.Config // nil: the trace writer is disabled
-	gaps     gaps.Config
-	merge    merge.Config
+	trace    *trace.Config // nil: the trace writer is disabled, for traceDisabled
+	// traceDisabled is why the trace writer does not run (an invalid setting, an unwritable output).
+	traceDisabled string
+	gaps          gaps.Config
+	merge         merge.Config
 	// mergeOpts are the merger's options from the flags (logger, member id).
 	mergeOpts []merge.Option
 	seal      seal.ConsumerConfig
@@ -136,6 +139,24 @@ func (r *upRun) components() []rungroup.Component {
 		cs = append(cs, *c)
 	}
 	return cs
+}
+
+// statusOptions is what `up`'s --metrics-addr serves: the whole process's registry, the run group's
+// health, JetStream's view and the gap detector's publishers, through the current connection.
+func (r *upRun) statusOptions(reg prometheus.Gatherer, g *rungroup.Group, watch *gaps.PublisherWatch) observe.Options {
+	o := observe.Options{Process: "up", Gatherer: reg, Components: g.Status, Publishers: gapsPublishers{watch},
+		JetStream: func() jetstream.JetStream { _, js := r.link(); return js }, ListJetStream: true,
+		Sync:   r.server.server.EffectiveSync().String(),
+		Bridge: &observe.BridgeRef{Component: stageBridge, Ranks: len(r.bridge.Endpoints), MaxBuffer: r.bridge.MaxBuffer, MaxInFlight: r.bridge.MaxInFlight},
+		Consumers: []observe.ConsumerRef{
+			{Label: gaps.ConsumerName, Component: stageGaps, Group: r.gaps.Group},
+			{Label: merge.ConsumerName, Component: stageMerge, Group: r.merge.Durable},
+			{Label: seal.ConsumerName, Component: stageSeal, Group: r.seal.Durable},
+		}}
+	if r.trace != nil {
+		o.Consumers = append(o.Consumers, observe.ConsumerRef{Label: trace.ConsumerName, Component: stageTrace, Group: r.trace.Group})
+	}
+	return o
 }
 
 // link returns the connection current components are built on.
@@ -255,7 +276,7 @@ func (r *upRun) connComponent() *rungroup.Component {
 
 func (r *upRun) traceComponent() *rungroup.Component {
 	if r.trace == nil {
-		return nil
+		return &rungroup.Component{Disabled: r.traceDisabled}
 	}
 	creg := &componentRegistry{reg: r.reg}
 	segs := trace.NewProcessSegments() // a restarted incarnation continues its producers' segments

@@ -2,6 +2,8 @@ package gaps
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // metrics are the detector's Prometheus metrics (all prefixed fpmbus_gaps_).
@@ -53,10 +55,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		commit: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fpmbus_gaps_commit_seconds",
 			Help: "One checkpoint: state writes, event publishes and acks.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
 	}
+	// Every series exists from the start (at zero), so a dashboard's expression has data before the
+	// first event of its kind.
 	for _, c := range Causes {
 		m.events.WithLabelValues(c)
 		m.missing.WithLabelValues(c)
+		m.delay.WithLabelValues(c)
 	}
+	for _, t := range []string{TypeStale, TypeResumed} {
+		m.stateEvents.WithLabelValues(t)
+	}
+	m.invalid.WithLabelValues(streams.StreamFPM)
+	m.invalid.WithLabelValues(streams.StreamEvents)
 	if reg == nil {
 		return m, nil
 	}

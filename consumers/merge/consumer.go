@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
@@ -111,6 +112,8 @@ type stage struct {
 	log                      *slog.Logger
 	now                      func() time.Time
 	onEvent                  func(Event)
+	// outcomes counts the outcome events published (fpmbus_merge_runs_total).
+	outcomes *prometheus.CounterVec
 
 	bench, events jetstream.Stream
 	runs          map[string]*pendingRun
@@ -161,6 +164,11 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
 	m.Forget = m.forget
+	runs, err := registerRuns(o.Registerer, newRunsTotal())
+	if err != nil {
+		return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConfig, err)
+	}
+	m.outcomes = runs
 	st, err := durable.NewStage(cfg.RunnerConfig(ConsumerName, m.group, tickInterval), js, m, o.Settings, ErrInvalidConfig)
 	if err != nil {
 		return nil, err
@@ -587,6 +595,7 @@ func (c *stage) publishEvent(ctx context.Context, subject, msgID string, ev Even
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("merge: publish %s event: %w", ev.Event, err)
 	}
+	c.outcomes.WithLabelValues(ev.Event).Inc()
 	if c.onEvent != nil {
 		c.onEvent(ev)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
@@ -293,7 +294,8 @@ func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	dir := t.TempDir()
-	r := startConsumer(t, env, Config{Output: filepath.Join(dir, "m_"+RunIDPlaceholder+".json")})
+	reg := prometheus.NewRegistry()
+	r := startConsumer(t, env, Config{Output: filepath.Join(dir, "m_"+RunIDPlaceholder+".json")}, WithRegisterer(reg))
 	docs := ruleBase.build()
 	setPath(&docs[1], v("FLASHINFER"), "engine", "attention", "backend_requested")
 	files := defaultFiles(docs)
@@ -322,6 +324,27 @@ func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 	if err := json.Unmarshal(msgs[0].Data(), &body); err != nil || body.Rule != RuleEngineMismatch {
 		t.Fatalf("event body %s (%v)", msgs[0].Data(), err)
 	}
+	if got := runsByOutcome(t, reg); got[EventRejected] != 1 || got[EventMerged] != 0 || len(got) != 4 {
+		t.Fatalf("fpmbus_merge_runs_total: %v, want one bench_rejected", got)
+	}
+}
+
+// runsByOutcome reads fpmbus_merge_runs_total from reg.
+func runsByOutcome(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "fpmbus_merge_runs_total" {
+			for _, m := range mf.GetMetric() {
+				out[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
 }
 
 func TestBenchBrokerReportsIncompleteRun(t *testing.T) {

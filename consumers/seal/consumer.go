@@ -433,6 +433,19 @@ func (s *sealStage) reject(m *durable.Msg, runID string, reason error) {
 }
 
 func (s *sealStage) outcome(runID string, rep *Report, err error) {
+	switch {
+	case err == nil:
+		s.metrics.runs.WithLabelValues(outcomeSealed).Inc()
+	case errors.Is(err, ErrConflict), errors.Is(err, ErrPartial), errors.Is(err, ErrIncomplete):
+		s.metrics.runs.WithLabelValues(outcomePartial).Inc()
+	default:
+		s.metrics.runs.WithLabelValues(outcomeRejected).Inc()
+	}
+	if rep != nil {
+		for _, c := range rep.Cells {
+			s.metrics.cells.WithLabelValues(c.State).Inc()
+		}
+	}
 	if s.onOutcome != nil {
 		s.onOutcome(runID, rep, err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
@@ -230,7 +231,8 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 	}
 	outcomes := make(chan res, 4)
 	g := ConsumerConfig{HoldingConfig: durable.HoldingConfig{AckWait: 2 * time.Second}}
-	startSealer(t, env, g, WithOutcomeHook(func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }))
+	reg := prometheus.NewRegistry()
+	startSealer(t, env, g, WithOutcomeHook(func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }), WithRegisterer(reg))
 	ack := publishMergedBody(t, env.JS, runID, doc)
 	cons := sealerConsumer(t, env)
 	waitFor(t, "the artefact delivered", 10*time.Second, func() bool { return consumerInfo(t, cons).Delivered.Consumer == 1 })
@@ -260,6 +262,28 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 	if dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName)); len(dl) != 0 {
 		t.Fatalf("%d dead letters", len(dl))
 	}
+	if runs, cells := gatheredBy(t, reg, "fpmbus_seal_runs_total"), gatheredBy(t, reg, "fpmbus_seal_cells_total"); runs[outcomeSealed] != 1 || runs[outcomeRejected] != 0 ||
+		cells[Sealed.String()] != 1 || len(runs) != 3 || len(cells) != 5 {
+		t.Fatalf("fpmbus_seal_runs_total %v, fpmbus_seal_cells_total %v: want one run and one cell sealed", runs, cells)
+	}
+}
+
+// gatheredBy reads the counter family name from reg by its one label's value.
+func gatheredBy(t *testing.T, reg *prometheus.Registry, name string) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				out[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
 }
 
 // An unknown seal outcome (the bucket gone) holds the artefact and retries it on a tick; once the

@@ -17,7 +17,21 @@ type metrics struct {
 	// tamperedCells and tamperedCampaigns count the keys the last audit found revisions of that no
 	// fpmbus writer stores; unprotected is 1 while FPM_DATASETS lacks its protection.
 	tamperedCells, tamperedCampaigns, unprotected prometheus.Gauge
+	// runs counts merged artefacts with a final outcome, by outcome (runOutcomes); cells the cells of
+	// their reports, by state (sealed, already_sealed, conflict, rejected, missing).
+	runs, cells *prometheus.CounterVec
 }
+
+// Outcomes of a merged artefact in fpmbus_seal_runs_total.
+const (
+	outcomeSealed   = "sealed"   // every cell sealed (or sealed before by the same run)
+	outcomePartial  = "partial"  // settled, some cells not sealed: a conflict, a partial or incomplete campaign
+	outcomeRejected = "rejected" // dead-lettered: it can never be sealed
+)
+
+var runOutcomes = []string{outcomeSealed, outcomePartial, outcomeRejected}
+
+var cellStates = []string{Sealed.String(), AlreadySealed.String(), Conflict.String(), StateRejected, StateMissing}
 
 func newMetrics() *metrics {
 	return &metrics{
@@ -41,6 +55,14 @@ func newMetrics() *metrics {
 			Name: "fpmbus_seal_tampered_campaigns",
 			Help: "Campaign records the sealer's last audit found revisions of that do not follow the record (ignored by every reader).",
 		}),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fpmbus_seal_runs_total",
+			Help: "Merged artefacts with a final outcome, by outcome: sealed, partial (settled with cells not sealed: a conflict, a partial or incomplete campaign), rejected (dead-lettered).",
+		}, []string{"outcome"}),
+		cells: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fpmbus_seal_cells_total",
+			Help: "Cells in the reports of those outcomes, by state: sealed, already_sealed, conflict, rejected, missing.",
+		}, []string{"state"}),
 		unprotected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fpmbus_seal_bucket_unprotected",
 			Help: "1 while FPM_DATASETS lacks its protection (deny delete and purge, no rollups, discard new per key) and the sealer could not add it: run `fpmbus streams apply` as the operator.",
@@ -50,7 +72,13 @@ func newMetrics() *metrics {
 
 func (m *metrics) register(r prometheus.Registerer) error {
 	var errs []error
-	for _, c := range []prometheus.Collector{m.missing, m.replaced, m.refusals, m.tamperedCells, m.tamperedCampaigns, m.unprotected} {
+	for _, o := range runOutcomes {
+		m.runs.WithLabelValues(o)
+	}
+	for _, st := range cellStates {
+		m.cells.WithLabelValues(st)
+	}
+	for _, c := range []prometheus.Collector{m.missing, m.replaced, m.refusals, m.tamperedCells, m.tamperedCampaigns, m.unprotected, m.runs, m.cells} {
 		if err := r.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -17,6 +17,9 @@
 //     full disk under a server): Status and the health report show it StateDegraded with the fault
 //     as its Reason, /healthz answers 503, and the group restarts nothing for it. The incarnation
 //     handles the fault itself (and fails, to be restarted, only if it cannot).
+//   - A component listed Disabled (a setting it refuses that the process runs on without) is never
+//     started: Status lists it StateDisabled with the reason, logged once at error level when Run
+//     starts, and /healthz answers 503 "degraded" for as long as the process runs without it.
 //   - Stopping an incarnation cancels its context and waits for its Run to return, at most the
 //     component's StopTimeout; one that overruns is logged and abandoned, so no component can hold the
 //     process.

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Status is one component's entry in Group.Status and in the health report.
@@ -16,7 +18,8 @@ type Status struct {
 	Restarts int `json:"restarts"`
 	// LastError is the component's last failure (kept after it recovered); empty if it never failed.
 	LastError string `json:"last_error,omitempty"`
-	// Reason is, while State is StateDegraded, the fault its Health reports.
+	// Reason is, while State is StateDegraded, the fault its Health reports; while it is
+	// StateDisabled, why it does not run.
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -28,6 +31,9 @@ func (g *Group) Status() []Status {
 	checks := make([]func() error, len(g.units))
 	for i, u := range g.units {
 		out[i] = Status{Name: u.Name, State: u.state, Since: u.since, Restarts: u.restarts, LastError: u.lastErr}
+		if u.state == StateDisabled {
+			out[i].Reason = u.Disabled
+		}
 		checks[i] = u.health
 	}
 	g.mu.Unlock()
@@ -42,7 +48,7 @@ func (g *Group) Status() []Status {
 	return out
 }
 
-// Healthy reports whether every component is ready and none degraded.
+// Healthy reports whether every component is ready and none degraded or disabled.
 func (g *Group) Healthy() bool {
 	for _, s := range g.Status() {
 		if s.State != StateReady {
@@ -52,24 +58,24 @@ func (g *Group) Healthy() bool {
 	return true
 }
 
-// healthReport is the JSON body of ServeHTTP.
-type healthReport struct {
-	// Status is "ok" when every component is ready; "degraded" when every one runs but some are
-	// degraded; else "unavailable".
+// HealthReport is the JSON body of /healthz.
+type HealthReport struct {
+	// Status is "ok" when every component is ready; "degraded" when every one runs or is disabled
+	// but some are degraded or disabled; else "unavailable" (one is starting, restarting, failed or
+	// stopped).
 	Status     string   `json:"status"`
 	Components []Status `json:"components"`
 }
 
-// ServeHTTP serves the health report as JSON: every component's status, in list order. The status code
-// is 200 only when every component is ready, 503 otherwise (degraded, starting, restarting, failed,
-// stopped).
-func (g *Group) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	rep := healthReport{Status: "ok", Components: g.Status()}
+// Report is the health report of components, with its HTTP status code: 200 only when every
+// component is ready, 503 otherwise.
+func Report(components []Status) (HealthReport, int) {
+	rep := HealthReport{Status: "ok", Components: components}
 	code := http.StatusOK
-	for _, s := range rep.Components {
+	for _, s := range components {
 		switch s.State {
 		case StateReady:
-		case StateDegraded:
+		case StateDegraded, StateDisabled:
 			if rep.Status == "ok" {
 				rep.Status, code = "degraded", http.StatusServiceUnavailable
 			}
@@ -77,6 +83,11 @@ func (g *Group) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 			rep.Status, code = "unavailable", http.StatusServiceUnavailable
 		}
 	}
+	return rep, code
+}
+
+// WriteReport writes rep as indented JSON with code.
+func WriteReport(w http.ResponseWriter, rep HealthReport, code int) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
@@ -84,4 +95,32 @@ func (g *Group) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false) // reasons quote nats-server, whose stream names read "$G > FPM"
 	_ = enc.Encode(rep)
+}
+
+// ServeHTTP serves the health report as JSON (Report): every component's status, in list order.
+func (g *Group) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	rep, code := Report(g.Status())
+	WriteReport(w, rep, code)
+}
+
+// stateCollector is fpmbus_component_state: one series per component and state, 1 for the state
+// Status reports.
+type stateCollector struct{ g *Group }
+
+var stateDesc = prometheus.NewDesc("fpmbus_component_state",
+	"1 for the state a component of the run group is in (starting, ready, degraded, restarting, failed, stopped, disabled), 0 for the others.",
+	[]string{"component", "state"}, nil)
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- stateDesc }
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.g.Status() {
+		for _, st := range States {
+			v := 0.0
+			if s.State == st {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, s.Name, string(st))
+		}
+	}
 }

@@ -51,7 +51,14 @@ const (
 	// waiting out (a full disk under a server). It is not restarted for it: a restart would not help.
 	// Status reports it in place of StateReady; the group itself keeps the component as ready.
 	StateDegraded State = "degraded"
+	// StateDisabled: the component is part of the process but was not started, for its Reason (a
+	// setting it refuses that the process runs on without, as Dynamo does for its trace writer). The
+	// process is not healthy while one is disabled: what it should do is not done.
+	StateDisabled State = "disabled"
 )
+
+// States lists every State, for metrics that have one series per state.
+var States = []State{StateStarting, StateReady, StateDegraded, StateRestarting, StateFailed, StateStopped, StateDisabled}
 
 // Instance is one incarnation of a component, built by Component.Start.
 type Instance struct {
@@ -91,6 +98,10 @@ type Component struct {
 	StopTimeout time.Duration
 	// Restart says how failures are retried.
 	Restart Policy
+	// Disabled, when set, is why the component does not run in this process: it is listed in Status
+	// as StateDisabled with Disabled as its Reason and never started (Start may be nil). No component
+	// may need a disabled one.
+	Disabled string
 }
 
 // Policy is a component's restart policy.
@@ -138,8 +149,9 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithRegisterer registers the group's metrics on r: fpmbus_component_restarts_total{component} and
-// fpmbus_component_ready{component} (1 while ready, else 0).
+// WithRegisterer registers the group's metrics on r: fpmbus_component_restarts_total{component},
+// fpmbus_component_ready{component} (1 while ready, else 0) and fpmbus_component_state{component,
+// state} (1 for the state Status reports, degraded and disabled included; 0 for the others).
 func WithRegisterer(r prometheus.Registerer) Option {
 	return func(g *Group) { g.reg = r }
 }
@@ -204,7 +216,7 @@ func New(components []Component, opts ...Option) (*Group, error) {
 			return nil, fmt.Errorf("%w: component %d has no name", ErrInvalidGroup, i)
 		case byName[c.Name] != nil:
 			return nil, fmt.Errorf("%w: component %q listed twice", ErrInvalidGroup, c.Name)
-		case c.Start == nil:
+		case c.Start == nil && c.Disabled == "":
 			return nil, fmt.Errorf("%w: component %q has no Start", ErrInvalidGroup, c.Name)
 		case c.Restart.MaxRestarts < 0:
 			return nil, fmt.Errorf("%w: component %q: max restarts %d is negative", ErrInvalidGroup, c.Name, c.Restart.MaxRestarts)
@@ -225,10 +237,16 @@ func New(components []Component, opts ...Option) (*Group, error) {
 			c.Restart.Window = DefaultWindow
 		}
 		u := &unit{Component: c, state: StateStarting, since: now}
+		if c.Disabled != "" {
+			u.state = StateDisabled
+		}
 		for _, n := range c.Needs {
 			need := byName[n]
 			if need == nil {
 				return nil, fmt.Errorf("%w: component %q needs %q, which is not listed before it", ErrInvalidGroup, c.Name, n)
+			}
+			if need.Disabled != "" {
+				return nil, fmt.Errorf("%w: component %q needs %q, which is disabled", ErrInvalidGroup, c.Name, n)
 			}
 			u.needs = append(u.needs, need)
 		}
@@ -260,7 +278,7 @@ func New(components []Component, opts ...Option) (*Group, error) {
 			Name: "fpmbus_component_ready",
 			Help: "1 while a supervised component is ready, else 0.",
 		}, []string{"component"})
-		for _, c := range []prometheus.Collector{g.restarts, g.ready} {
+		for _, c := range []prometheus.Collector{g.restarts, g.ready, stateCollector{g}} {
 			if err := g.reg.Register(c); err != nil {
 				return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidGroup, err)
 			}
@@ -282,6 +300,10 @@ func (g *Group) Run(ctx context.Context) error {
 	}
 	defer close(g.closed)
 	for _, u := range g.units {
+		if u.Disabled != "" {
+			g.log.Error(u.Name+" disabled: not started", "reason", u.Disabled)
+			continue
+		}
 		if err := g.bringUp(ctx, u, nil); err != nil {
 			return g.shutdown(ctx, err)
 		}
@@ -513,6 +535,9 @@ func (g *Group) shutdown(ctx context.Context, cause error) error {
 	}
 	for i := len(g.units) - 1; i >= 0; i-- {
 		u := g.units[i]
+		if u.Disabled != "" {
+			continue // never started: it stays listed as disabled
+		}
 		state := StateStopped
 		g.mu.Lock()
 		if u.state == StateFailed {

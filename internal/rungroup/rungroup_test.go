@@ -198,18 +198,18 @@ func waitState(t *testing.T, g *Group, name string, s State) {
 	t.Fatalf("%s never reached state %s: %+v", name, s, g.Status())
 }
 
-func health(t *testing.T, g *Group) (int, healthReport) {
+func health(t *testing.T, g *Group) (int, HealthReport) {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	g.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
-	var rep healthReport
+	var rep HealthReport
 	if err := json.Unmarshal(rec.Body.Bytes(), &rep); err != nil {
 		t.Fatalf("health body %q: %v", rec.Body.String(), err)
 	}
 	return rec.Code, rep
 }
 
-func states(rep healthReport) map[string]State {
+func states(rep HealthReport) map[string]State {
 	m := map[string]State{}
 	for _, c := range rep.Components {
 		m[c.Name] = c.State
@@ -395,6 +395,55 @@ func TestGroupReportsADegradedComponentWithoutRestartingIt(t *testing.T) {
 	}
 }
 
+// A disabled component is never started, yet listed in its place: /healthz is not ok (degraded, 503)
+// with the reason, fpmbus_component_state says disabled, and the group stops without touching it.
+func TestGroupListsADisabledComponentAndIsNotHealthy(t *testing.T) {
+	j := &journal{}
+	a, c := newFake(j, "a", true), newFake(j, "c", true)
+	const why = `trace writer disabled: --trace-mode "ful" (DYN_FPM_MODE): want sampled or full`
+	reg := prometheus.NewRegistry()
+	g, err := New([]Component{a.component(), {Name: "b", Disabled: why}, c.component()}, WithLogger(quietLogger()), WithRegisterer(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, _, _ := runGroup(t, g)
+	waitState(t, g, "c", StateReady)
+	code, rep := health(t, g)
+	if code != http.StatusServiceUnavailable || rep.Status != "degraded" || len(rep.Components) != 3 ||
+		rep.Components[1].State != StateDisabled || rep.Components[1].Reason != why || g.Healthy() {
+		t.Fatalf("with a disabled component: %d %+v", code, rep)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "fpmbus_component_state" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			lv := map[string]string{}
+			for _, l := range m.GetLabel() {
+				lv[l.GetName()] = l.GetValue()
+			}
+			got[lv["component"]+"/"+lv["state"]] = m.GetGauge().GetValue()
+		}
+	}
+	if got["b/disabled"] != 1 || got["b/ready"] != 0 || got["a/ready"] != 1 || got["c/disabled"] != 0 || len(got) != 3*len(States) {
+		t.Fatalf("fpmbus_component_state: %v", got)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := states(healthReportOf(g)); st["b"] != StateDisabled || st["a"] != StateStopped {
+		t.Fatalf("after stop: %v", st)
+	}
+	if n := a.startCount() + c.startCount(); n != 2 {
+		t.Fatalf("%d starts, want 2", n)
+	}
+}
+
 func TestGroupGivesUpOnAComponentThatCannotRecover(t *testing.T) {
 	boom := errors.New("boom")
 	for name, tc := range map[string]struct {
@@ -508,7 +557,7 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, component string) fl
 	return 0
 }
 
-func healthReportOf(g *Group) healthReport { return healthReport{Components: g.Status()} }
+func healthReportOf(g *Group) HealthReport { return HealthReport{Components: g.Status()} }
 
 func TestGroupForgivesFailuresOlderThanTheWindow(t *testing.T) {
 	j := &journal{}
@@ -595,6 +644,7 @@ func TestNewRefusesABadList(t *testing.T) {
 		"no start":       {[]Component{{Name: "a"}}, "no Start"},
 		"need later":     {[]Component{{Name: "a", Start: start, Needs: []string{"b"}}, {Name: "b", Start: start}}, "not listed before"},
 		"negative limit": {[]Component{{Name: "a", Start: start, Restart: Policy{MaxRestarts: -1}}}, "negative"},
+		"need disabled":  {[]Component{{Name: "a", Disabled: "bad mode"}, {Name: "b", Start: start, Needs: []string{"a"}}}, "which is disabled"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := New(tc.comps)

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/predict"
@@ -116,6 +117,7 @@ type Service struct {
 	svc     atomic.Pointer[micro.Service]
 	counts  *counters
 	pool    *pool
+	reg     prometheus.Registerer // WithRegisterer; nil: no metrics
 }
 
 // New returns a service answering from kv (the FPM_DATASETS bucket) on nc. It does not close nc.
@@ -134,6 +136,11 @@ func New(cfg Config, nc *nats.Conn, kv jetstream.KeyValue, opts ...Option) (*Ser
 		}
 	}
 	s.catalog = NewCatalog(s.log)
+	if s.reg != nil {
+		if err := s.reg.Register(collector{s}); err != nil {
+			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConfig, err)
+		}
+	}
 	return s, nil
 }
 

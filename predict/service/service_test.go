@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/fpmbus/fpmbus/predict"
@@ -89,13 +90,13 @@ func bucket(t testing.TB, env *streamstest.Env) jetstream.KeyValue {
 }
 
 // serve runs a Service on its own connection until the test ends.
-func serve(t testing.TB, env *streamstest.Env, kv jetstream.KeyValue, cfg Config) *Service {
+func serve(t testing.TB, env *streamstest.Env, kv jetstream.KeyValue, cfg Config, opts ...Option) *Service {
 	t.Helper()
 	nc, err := nats.Connect(env.Server.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(cfg, nc, kv, WithLogger(slog.New(slog.DiscardHandler)))
+	s, err := New(cfg, nc, kv, append([]Option{WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +387,8 @@ func TestServiceQueueGroupScaleOut(t *testing.T) {
 func TestServiceInvalidRequestIsAServiceError(t *testing.T) {
 	env := streamstest.Start(t)
 	kv := bucket(t, env)
-	s := serve(t, env, kv, Config{})
+	reg := prometheus.NewRegistry()
+	s := serve(t, env, kv, Config{}, WithRegisterer(reg))
 	for _, body := range []string{`{"key":`, `{"key":"cell.x","step":{},"extra":1}`, `[{"key":1}`} {
 		m := ask(t, env.NC, SubjectPredict, []byte(body))
 		a := decodeAnswer(t, m.Data)
@@ -406,6 +408,27 @@ func TestServiceInvalidRequestIsAServiceError(t *testing.T) {
 		if e.Subject == SubjectPredict && (d.Errors[codeInvalid] != 3 || len(d.Errors) != 1 || e.NumRequests != 4) {
 			t.Fatalf("stats %+v, data %+v", e, d)
 		}
+	}
+	// /metrics counts the same: 3 errors 400 (each with its refused answer), 4 refusals by reason, the
+	// bucket's cells (labels in name order: code before endpoint).
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, l := range m.GetLabel() {
+				name += "/" + l.GetValue()
+			}
+			got[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	if got["fpmbus_predict_errors_total/400/"+SubjectPredict] != 3 || got["fpmbus_predict_errors_total/503/"+SubjectPredict] != 0 ||
+		got["fpmbus_predict_answers_total/"+predict.StatusRefused] != 4 || got["fpmbus_predict_refusals_total/"+string(predict.ReasonInvalidQuery)] != 3 || got["fpmbus_predict_cells"] != 4 || got["fpmbus_predict_corrupt_cells"] != 1 ||
+		got["fpmbus_predict_revision"] != 6 {
+		t.Fatalf("metrics %v", got)
 	}
 	// The cells endpoint lists the loaded cells.
 	var cr CellsReply
