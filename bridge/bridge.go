@@ -63,6 +63,11 @@ type Bridge struct {
 	decoders    []schemas.Decoder // per endpoint, owned by that endpoint's reader goroutine
 	ready       chan struct{}
 	started     atomic.Bool
+
+	// sessions holds, per endpoint, the connection its reader delivers messages from now (a number
+	// from sessionSeq, new at every connect: socket.go), so epochs can tell a reconnect.
+	sessions   []atomic.Uint64
+	sessionSeq atomic.Uint64
 }
 
 // New returns a bridge for cfg that publishes over nc. nc belongs to the caller, who creates it with
@@ -87,6 +92,7 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Bridge, error) {
 		epochs:      newEpochs(),
 		ready:       make(chan struct{}),
 		rankWarned:  make([]atomic.Bool, len(cfg.Endpoints)),
+		sessions:    make([]atomic.Uint64, len(cfg.Endpoints)),
 		decoders:    make([]schemas.Decoder, len(cfg.Endpoints)),
 		lineReserve: lineReserve(nc),
 		keyRoom:     keyRoomFor(cfg.Namespace, cfg.Component),

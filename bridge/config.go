@@ -217,6 +217,9 @@ type options struct {
 	onAck    func(it *item, at time.Time) // called by the publisher goroutine for each acked FPM; at = ack time
 	hold     <-chan struct{}              // the publisher takes nothing from the buffer until it is closed
 	singles  bool                         // no group commit: every FPM published on its own (benchmarks)
+	// readerHold is called by each reader at the top of every loop (tests: a reader stalled, as a
+	// stopped process's is).
+	readerHold func(slot int)
 }
 
 // WithClock replaces time.Now for receive timestamps and epochs.
@@ -242,6 +245,11 @@ func withHold(hold <-chan struct{}) Option {
 // withoutGroupCommit publishes every FPM on its own (benchmarks: the one-by-one baseline).
 func withoutGroupCommit() Option {
 	return func(o *options) { o.singles = true }
+}
+
+// withReaderHold calls hold from every reader at the top of each loop, with its endpoint's slot.
+func withReaderHold(hold func(slot int)) Option {
+	return func(o *options) { o.readerHold = hold }
 }
 
 // withAckHook calls f on the publisher goroutine for every acked FPM (tests and benchmarks).

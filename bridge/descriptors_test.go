@@ -37,12 +37,15 @@ func TestEndpointDescriptorCost(t *testing.T) {
 		fd    *os.File
 	}
 	open := func(i int) opened {
-		sock, err := openSocket(zctx, pubs[i].Endpoint(), 1000, 1<<20)
+		sock, err := newSubSocket(zctx, pubs[i].Endpoint(), 1000, 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
 		w, err := watchSession(zctx, sock, 1000+i)
 		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sock.Connect(pubs[i].Endpoint()); err != nil {
 			t.Fatal(err)
 		}
 		f, _, err := pollFile(sock)

@@ -61,11 +61,15 @@
 //     runs, whose epochs differ (strictly increasing per publisher in FPM_BRIDGE_RUNS), even when their
 //     bytes agree (a recording replayed twice, a deterministic publisher restarted, idle heartbeats).
 //     No FPM gets two ids: every subscriber receives the same bytes, so the digest is the same, and the
-//     epoch is agreed before the run's first publication (runs.go: the record's epoch is adopted by
-//     every bridge that saw the restart, and by a starting bridge when another bridge is live). Where
-//     the agreement cannot hold (the bucket unreachable, a live bridge lagging more than liveProbe) each
-//     bridge stores its own copy of that run, never fewer, and the detector sees a new epoch without a
-//     sequence regression, which it reads as a bridge restart, never a publisher restart.
+//     epoch is agreed before the run's first publication (runs.go: a bridge adopts the epoch of a run
+//     another bridge recorded or stored when a message it received in its own run shows the run is
+//     that one, and records a new run otherwise). Where the agreement cannot hold (the bucket
+//     unreachable, a live bridge lagging more than liveProbe: runs.go states the limits) each bridge
+//     stores its own copy of that run, never fewer.
+//   - A publisher restart is never filed under the old run: the sequence going back shows it, and a
+//     reconnect (the only thing a PUB subscriber sees of a restart whose new run is already past the
+//     old run's last number) starts a new run too (epoch.go, socket.go), marked Fpm-Run-Start so the
+//     gap detector names the new run's first numbers.
 //   - Fpm-Epoch is the agreed epoch too, so the stream two bridges filled reads, for the gap
 //     detector, like one bridge's.
 //   - An acknowledged FPM the stream loses is noticed, not silently counted as stored. JetStream acks

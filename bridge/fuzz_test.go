@@ -55,7 +55,7 @@ func FuzzParseFrames(f *testing.F) {
 func offlineBridge(maxPayload int) *Bridge {
 	cfg := Config{Endpoints: []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 3}}, MaxPayload: maxPayload, BridgeID: "fuzz", Logger: testLogger()}.withDefaults()
 	b := &Bridge{cfg: cfg, log: cfg.Logger, endpoints: cfg.Endpoints, buf: newBuffer(10, 1<<20), epochs: newEpochs(),
-		rankWarned: make([]atomic.Bool, 1), decoders: make([]schemas.Decoder, 1),
+		rankWarned: make([]atomic.Bool, 1), decoders: make([]schemas.Decoder, 1), sessions: make([]atomic.Uint64, 1),
 		lineReserve: lineReserve(nil), keyRoom: keyRoomFor(cfg.Namespace, cfg.Component)}
 	b.pub = newPublisher(b)
 	b.metrics = newMetrics(func() float64 { return 0 }, func() float64 { return 0 }, func() float64 { return 0 })

@@ -115,7 +115,8 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic, payload []byte, seq ui
 	ep := &b.endpoints[slot]
 	key := streams.Key{Namespace: b.cfg.Namespace, Component: b.cfg.Component, WorkerID: f.WorkerID, DPRank: int(f.DPRank)}
 	recvMs := recv.UnixMilli()
-	run, _ := b.epochs.observe(key, seq, recvMs)
+	digest := streams.PayloadDigest(payload)
+	run, _ := b.epochs.observe(key, seq, recvMs, digest, slot, b.sessions[slot].Load())
 	seqStr := strconv.FormatUint(seq, 10)
 
 	mismatch := f.CounterID < 0 || uint64(f.CounterID) != seq
@@ -134,7 +135,6 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic, payload []byte, seq ui
 	hb := newHeaders(n)
 	// The id and Fpm-Epoch carry the run's local epoch until the publisher stamps the agreed one
 	// (runs.go), so that the size checked here is the size published.
-	digest := streams.PayloadDigest(payload)
 	localStr := strconv.FormatInt(run.local, 10)
 	hb.set(streams.HeaderMsgID, streams.FPMMsgID(key, seq, digest, run.local))
 	hb.set(streams.HeaderSeq, seqStr)

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,29 +19,65 @@ import (
 //
 // Redundant bridges each receive every message of a publisher (ZMQ PUB sends to every subscriber) and
 // publish it; JetStream keeps the first copy of each message id. For the stream to read as if one
-// bridge had published it, every bridge must tag a run with the same epoch. The first bridge to see a
-// run writes it to streams.BucketBridgeRuns (one record per publisher key: the newest run) with a
-// compare-and-set; the others adopt it. When the publisher goroutine meets a run not yet agreed (before
-// publishing its first FPM or a drop marker of it), it resolves it:
+// bridge had published it, every bridge must tag a run with the same epoch. Each bridge notices runs
+// on its own (epoch.go: its first message of a key, the sequence going back, a reconnect), and before
+// it publishes anything of a run (its first FPM or a drop marker of it) the publisher goroutine
+// resolves the run's epoch against streams.BucketBridgeRuns, which keeps per publisher its recent runs
+// (streams.RunRecord: epoch, the first message the recording bridge received, how the run began).
 //
-//   - The bridge saw the sequence go back (a publisher restart): if the record is of a restart and
-//     holds an epoch newer than the previous run's, another bridge saw this restart first and the
-//     bridge adopts it (a newer record of a starting bridge that saw no live bridge is not a restart);
-//     otherwise it writes the new run (epoch: its receive time of the run's first message, raised above
-//     the record's), at the revision it read.
-//   - The bridge's first run of the key since it started (a bridge start or restart): with no record
-//     it creates one. With a record, it adopts the record's epoch if another bridge is live on the
-//     publisher: the newest FPM of the key in the stream was received (Fpm-Received-At-Ms) after this
-//     bridge started. It looks for that until liveProbe after it received the run's first message.
-//     With no live bridge it writes a new run, as a lone bridge restarting always did (the publisher
-//     may have restarted while no bridge ran).
-//   - A compare-and-set that fails means another bridge wrote the record between the read and the
-//     write, seeing the same run (it is live): the bridge adopts what it wrote, if newer than the
-//     previous run for a restart.
+// A run is identified by its messages, never by which record a bridge happened to read: a bridge
+// adopts an epoch only with evidence that the run is its own, a message it received in this run (the
+// same number, the same payload digest, received within evidenceTolerance of the other bridge's
+// receive time). In order:
 //
-// Epochs of a publisher therefore strictly increase in the bucket, and since the epoch is part of every
-// FPM's message id (streams.FPMMsgID), two publisher runs are stored as two runs even when their bytes
-// agree, while the bridges that agreed on a run store each of its FPMs once.
+//  1. The stream: an FPM of the key (the newest, or one of the first stored since the run's first
+//     message; read from the stream's leader) is one this bridge received in the run: its epoch is
+//     the run's. For a reconnect or a resume that epoch may be the previous run's: another bridge
+//     kept its connection and goes on storing the run (the connection broke, the publisher did not
+//     restart). For a restart it must be newer than the previous run's.
+//  2. The record: a recorded run newer than the previous one began with a message this bridge
+//     received in the run (both bridges connected before it was sent): that run is this one.
+//  3. Otherwise another bridge may still show its evidence: its FPMs appear, or it records the run.
+//     The bridge looks again every liveProbeEvery until liveProbe after it received the run's first
+//     message when the run is its first of the key (a live bridge's FPMs show), a reconnect (a bridge
+//     that kept its connection records nothing: only its FPMs show the run goes on), or a restart or
+//     a resume while another bridge has recorded a run newer than the previous one (perhaps this one,
+//     seen first by a bridge that connected earlier, so this bridge never received its first message,
+//     or recorded anew by a bridge that started while this one was stopped; its FPMs will show it). A
+//     restart nobody else recorded is written at once.
+//  4. Nothing shows: a resumed run is the previous one going on (its connection did: the publisher
+//     did not restart). Any other run is new: the bridge adds it to the record with a compare-and-set
+//     at the revision it read (a conflict means another bridge wrote meanwhile: it looks again). Its
+//     epoch is its local epoch (its receive time of the run's first message), raised above the
+//     previous run's and every recorded run that began before this one ended here, and kept below the
+//     recorded runs that began after it ended (this bridge lags the others and resolves a run they have
+//     gone past), so a publisher's epochs increase with its runs whatever order the bridges resolve
+//     them in.
+//
+// Why every interleaving of two bridges ends on one epoch, while both see the run and the lag between
+// them is within liveProbe: whichever resolves first finds no evidence and records the run (possibly
+// after waiting); the other, whether it reads before, during or after that write, either received the
+// recorded first message (2), or sees the first bridge's FPMs of messages it received too (1: the
+// first bridge publishes right after recording), or loses the compare-and-set and looks again. It
+// never adopts a record it read before waiting: the epoch it adopts is the one its evidence carries,
+// read after the wait. A bridge that lags by several runs finds each of its runs by its own messages
+// (the record keeps streams.MaxRecordedRuns runs), never takes the newest run for an older one, and
+// places a run nobody recorded between the runs around it. A bridge started while the publisher was
+// down (its first run of the key is the others' restart) waits for the live bridge's evidence instead
+// of keeping the previous run's record. A reconnect seen by one bridge only is resolved by the other
+// bridge's FPMs: the run goes on under its epoch, stored once. A bridge that was stopped (SIGSTOP, or
+// starved: its reader notices, epoch.go's runResume) while another started and recorded the run anew
+// re-agrees when it runs again and takes that epoch from the other's FPMs, from that run's first
+// message on (what it received before is the previous run's, as the bridges then stored it).
+//
+// How the agreed run began (streams.RunStart*: restart, reconnect, or none for a bridge's first run)
+// goes with its epoch as header Fpm-Run-Start on every FPM of the run, the strongest of what the
+// recording bridge and this bridge saw (a reconnect the other saw as a restart is a restart), so the
+// gap detector classifies a run's start alike whichever bridge's copy it reads first.
+//
+// Epochs of a publisher therefore increase with its runs in the bucket, and since the epoch is part of
+// every FPM's message id (streams.FPMMsgID), two publisher runs are stored as two runs even when their
+// bytes agree, while the bridges that agreed on a run store each of its FPMs once.
 //
 // A bridge's first run of a key after it starts never re-stores what it stored before it stopped: ZMQ
 // PUB delivers a message only to the subscribers connected when it is sent, so a restarted bridge
@@ -55,23 +93,43 @@ import (
 // their own epoch, so each stores its own copy of every FPM of that run (never fewer: nothing is lost),
 // and the gap detector reads the interleaved epochs as bridge restarts.
 //
-// Limits of the rule, stated, each ending in the same doubling of one run, never in a loss: a
-// publisher restart within milliseconds of a bridge start, before the live bridge's record is written,
-// makes the starting bridge adopt the old run (its idle heartbeats at the old run's sequences within
-// the duplicate window are then taken for the old run's; its busy FPMs differ by their payload); a live
-// bridge whose publishing lags by more than liveProbe, or whose clock is behind this one's by more than
-// the time to its next FPM, is not seen as live (a new epoch, as for a bridge restart, and that run is
-// stored by both bridges).
+// Limits of the rule, stated. Each ends in one run stored under two epochs (each bridge's copy, never
+// fewer), not in a loss, except the last:
+//
+//   - A live bridge whose publishing lags more than liveProbe behind this one's first message of a run
+//     while its reader runs (its broker connection slow or away) shows nothing in time: a bridge
+//     starting or reconnecting writes a new epoch, as a bridge that is alone must, and the lagging
+//     bridge, which saw no new run, keeps its own. (A bridge lagging more than the stream's duplicate
+//     window, 30 s, stores its own copies whatever the epochs.)
+//   - Evidence needs the same message at about the same time: bridges whose clocks differ by more than
+//     evidenceTolerance never find it (new epochs), and two runs whose FPMs at one number are the same
+//     bytes received within evidenceTolerance of each other (idle heartbeats or a deterministic
+//     publisher, restarted and run again in less than that) can be taken for one.
+//   - A bridge that missed a whole run the other recorded (disconnected or stopped throughout it) and
+//     whose evidence for its next run does not show in time records that run after the missed one,
+//     under its own epoch.
+//   - A bridge that lags so far that a whole run reaches the stream after the next run's first FPMs
+//     has its run placed between them; the gap detector, which reads the stream in order, takes those
+//     FPMs for late copies of an older run (counted as duplicates), not for a run of their own.
+//   - The agreed Fpm-Run-Start is the recording bridge's knowledge: when a bridge started (no run
+//     start) records a run a lagging bridge saw as a restart, the detector may read the restart as the
+//     run going on, and the new run's first numbers it never received are not named.
 
 const (
 	// runAgreeTimeout bounds one run's resolution.
 	runAgreeTimeout = 3 * time.Second
-	// liveProbe is how long a starting bridge looks for another live bridge's FPMs of a key.
+	// liveProbe is how long after receiving a run's first message a bridge looks for another bridge's
+	// evidence that the run is one it recorded or goes on storing.
 	liveProbe = 500 * time.Millisecond
 	// liveProbeEvery is the interval between two looks.
 	liveProbeEvery = 25 * time.Millisecond
 	// runCASAttempts bounds the compare-and-set loop (each failure means another bridge wrote).
 	runCASAttempts = 5
+	// evidenceTolerance is how far apart two bridges' receive times of one message may be for them to
+	// take it for the same message (clock offset, scheduling). Two runs whose FPMs at one number are the
+	// same bytes (idle heartbeats, a deterministic publisher restarted) that close together cannot be
+	// told apart by it: that takes a run, with the restart after it, shorter than this.
+	evidenceTolerance = 500 * time.Millisecond
 )
 
 // openRunBucket opens (creating when missing) the agreed runs bucket. Without it the bridge tags runs
@@ -100,78 +158,312 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 		return r.agreed, nil
 	}
 	var prev int64
+	prevStart, prevHdr := runStart, []string(nil)
 	if r.prev != nil {
 		var err error
 		if prev, err = b.runEpoch(r.prev); err != nil {
 			return 0, err
 		}
+		prevStart, prevHdr = r.prev.start, r.prev.startHdr
 	}
-	e, err := b.agreeRun(r, prev)
+	e, start, err := b.agreeRun(r, prev, prevStart)
 	if err != nil {
 		if b.runsKV != nil && !b.nc.IsConnected() {
 			return 0, errRunNotAgreed
 		}
-		e = max(r.local, prev+1)
+		e, start = max(r.local, prev+1), strongest(r.kind, runStart)
+		if r.kind == runResume {
+			e, start = prev, prevStart // the run goes on: its connection did
+		}
 		b.log.Error("publisher run not agreed with other bridges; using this bridge's epoch: a redundant bridge stores its own copy of the run",
 			"key", r.key.String(),
 			"epoch", e, "first_seq", r.firstSeq, "error", err)
 	}
-	r.agreed, r.agreedStr, r.prev = e, strconv.FormatInt(e, 10), nil
+	r.agreed, r.agreedStr, r.start, r.prev = e, strconv.FormatInt(e, 10), start, nil
+	if start != runStart {
+		r.startHdr = []string{start.String()}
+	}
+	if r.split > r.firstSeq {
+		r.before, r.beforeStr, r.beforeHdr = prev, strconv.FormatInt(prev, 10), prevHdr
+	} else {
+		r.split = 0
+	}
 	return e, nil
 }
 
-// agreeRun resolves r's epoch through the bucket; prev is the previous run's epoch (0 if none).
-func (b *Bridge) agreeRun(r *run, prev int64) (int64, error) {
+// agreeRun resolves r's epoch, and how the agreed run began, through the bucket and the stream; prev
+// is the previous run's agreed epoch (0 if none) and prevStart how it began.
+func (b *Bridge) agreeRun(r *run, prev int64, prevStart runKind) (int64, runKind, error) {
+	return b.agreeRunWith(r, prev, prevStart, nil)
+}
+
+// agreeRunWith is agreeRun calling afterRead, when set, after each read of the record (tests: another
+// bridge acting between this bridge's read and its decision).
+func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead func(*run)) (int64, runKind, error) {
 	if b.runsKV == nil {
-		return 0, errors.New("bucket " + streams.BucketBridgeRuns + " not open")
+		return 0, 0, errors.New("bucket " + streams.BucketBridgeRuns + " not open")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), runAgreeTimeout)
 	defer cancel()
 	key := streams.BridgeRunKey(r.key)
-	lostRace := false
-	for range runCASAttempts {
+	// The wait ends liveProbe after the run's first message (the bridge's clock), so the publishers a
+	// bridge meets at once share one wait and a lagging bridge does not wait at all.
+	left := min(max(liveProbe-b.now().Sub(time.UnixMilli(r.local)), 0), liveProbe)
+	deadline := time.Now().Add(left)
+	waits := 0
+	for conflicts := 0; conflicts < runCASAttempts; {
 		rec, rev, err := b.readRun(ctx, key)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
-		if rec != nil && rec.Epoch > 0 {
-			switch {
-			case r.restarted || prev != 0:
-				if rec.Epoch > prev && (rec.Restart || lostRace) {
-					return rec.Epoch, nil // another bridge saw this restart first
-				}
-			case lostRace:
-				return rec.Epoch, nil
-			default:
-				live, err := b.otherBridgeLive(ctx, r)
-				if err != nil {
-					return 0, err
-				}
-				if live {
-					return rec.Epoch, nil
-				}
+		if afterRead != nil {
+			afterRead(r)
+		}
+		var entries []streams.RunEntry
+		if rec != nil {
+			entries = rec.Entries()
+		}
+		// 1. The newest FPM of the key in the stream is one this bridge received in r: its epoch is r's.
+		if e, start, ok, err := b.storedEvidence(ctx, r, prev); err != nil {
+			return 0, 0, err
+		} else if ok {
+			if e == prev {
+				b.logRun(r, e, "goes on: another bridge's FPMs of it are ones this bridge received", waits)
+				return e, prevStart, nil // the run goes on (a reconnect that was no restart, a resume)
 			}
+			b.logRun(r, e, "another bridge's FPMs of it are ones this bridge received", waits)
+			b.splitResumed(r, e, entries)
+			return e, strongest(start, r.kind), nil
 		}
-		next := max(r.local, prev+1)
-		if rec != nil && next <= rec.Epoch {
-			next = rec.Epoch + 1
+		// 2. A recorded run began with a message this bridge received in r: it is r.
+		if e, ok := b.recordedEvidence(r, entries, prev); ok {
+			b.logRun(r, e.Epoch, "recorded by "+e.Bridge+" with a first message this bridge received", waits)
+			b.splitResumed(r, e.Epoch, entries)
+			return e.Epoch, strongest(parseRunKind(e.Start), r.kind), nil
 		}
-		body, _ := json.Marshal(streams.RunRecord{Key: r.key, Epoch: next, FirstSeq: r.firstSeq, Bridge: b.cfg.BridgeID,
-			Restart: r.restarted})
+		// 3. Another bridge may still show its evidence: wait for it, until the deadline.
+		if b.mayWait(r, entries, prev) && time.Now().Add(liveProbeEvery).Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return 0, 0, ctx.Err()
+			case <-time.After(liveProbeEvery):
+			}
+			waits++
+			continue
+		}
+		// 4. A new run, placed among the recorded ones by when it began; a resumed run is the previous
+		// one going on (its connection did), which no other bridge showed otherwise.
+		if r.kind == runResume {
+			b.logRun(r, prev, "goes on: no other bridge recorded it anew", waits)
+			return prev, prevStart, nil
+		}
+		if rec == nil {
+			rec = &streams.RunRecord{Key: r.key}
+		}
+		epoch := b.placeEpoch(r, entries, prev)
+		rec.Key = r.key
+		rec.Add(streams.RunEntry{Epoch: epoch, FirstSeq: r.firstSeq, FirstDigest: r.firstDigest, FirstReceivedAtMs: r.firstRecvMs(),
+			Start: r.kind.String(), Bridge: b.cfg.BridgeID})
+		body, _ := json.Marshal(rec)
 		if rev == 0 {
 			_, err = b.runsKV.Create(ctx, key, body)
 		} else {
 			_, err = b.runsKV.Update(ctx, key, body, rev)
 		}
 		if err == nil {
-			return next, nil
+			b.logRun(r, epoch, "new: no other bridge showed it", waits)
+			return epoch, r.kind, nil
 		}
 		if !casConflict(err) {
-			return 0, fmt.Errorf("bridge: write run of %s: %w", r.key, err)
+			return 0, 0, fmt.Errorf("bridge: write run of %s: %w", r.key, err)
 		}
-		lostRace = true
+		conflicts++ // another bridge wrote meanwhile: look again
 	}
-	return 0, fmt.Errorf("bridge: run of %s: %d compare-and-set conflicts", r.key, runCASAttempts)
+	return 0, 0, fmt.Errorf("bridge: run of %s: %d compare-and-set conflicts", r.key, runCASAttempts)
+}
+
+// splitResumed: a resumed run r (its connection went on: the publisher did not restart) that takes
+// epoch, a run another bridge recorded while this one was stalled, takes it only from that run's first
+// message on; what this bridge received before it is the previous run's, under its epoch, as the
+// bridges that stored it then did.
+func (b *Bridge) splitResumed(r *run, epoch int64, entries []streams.RunEntry) {
+	if r.kind != runResume {
+		return
+	}
+	for _, e := range entries {
+		if e.Epoch == epoch && e.FirstSeq > r.firstSeq {
+			r.split = e.FirstSeq
+		}
+	}
+}
+
+// logRun says how r's epoch was agreed (one line per publisher run: restarts, reconnects and a
+// bridge's start are rare), with how long it waited for evidence.
+func (b *Bridge) logRun(r *run, epoch int64, how string, waits int) {
+	b.log.Info("publisher run agreed", "key", r.key.String(), "epoch", epoch, "first_seq", r.firstSeq,
+		"seen_as", r.kind.describe(), "how", how, "waited", time.Duration(waits)*liveProbeEvery)
+}
+
+// firstRecvMs is when the bridge received r's first message.
+func (r *run) firstRecvMs() int64 {
+	if len(r.first) > 0 {
+		return r.first[0].recvMs
+	}
+	return r.local
+}
+
+// sameMessage reports whether this bridge received message seq with payload digest in r at about
+// recvMs (another bridge's receive time of it).
+func (b *Bridge) sameMessage(r *run, seq uint64, digest string, recvMs int64) bool {
+	if digest == "" {
+		return false
+	}
+	at, ok := b.epochs.received(r, seq, digest)
+	if !ok {
+		return false
+	}
+	d := at - recvMs
+	return d <= evidenceTolerance.Milliseconds() && -d <= evidenceTolerance.Milliseconds()
+}
+
+// storedEvidence looks in the stream for an FPM of r's key that this bridge received in r (same
+// number, same bytes, received at about the same time by the bridge that stored it) and reports its
+// epoch, with how its run began (its Fpm-Run-Start). It reads the newest FPM of the key (another bridge
+// publishing live), then the FPMs stored from r's first message on, up to evidenceScan of them (another
+// bridge that stored r's first messages, while this bridge resolves a run of which it received only a
+// few before a later run began). Reads are from the stream's leader. A restart's run must be newer
+// than the previous one; any other run may be the previous one going on.
+func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (int64, runKind, bool, error) {
+	stream := b.fpmStreamOf(r.key)
+	m, err := streams.LastMsgFromLeader(ctx, b.js, stream, r.subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 0, 0, false, nil
+	case err != nil:
+		return 0, 0, false, err
+	}
+	if e, k, ok := b.evidenceIn(m, r, prev); ok {
+		return e, k, true, nil
+	}
+	ev := b.epochs.evidence(r)
+	last := m.Sequence
+	m, err = streams.NextMsgFromLeaderAt(ctx, b.js, stream, r.subject, time.UnixMilli(r.firstRecvMs()).Add(-evidenceScanSkew))
+	for i := 0; i < evidenceScan && err == nil && m.Sequence < last; i++ {
+		if e, k, ok := b.evidenceIn(m, r, prev); ok {
+			return e, k, true, nil
+		}
+		if at, perr := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64); perr == nil && at > ev.lastMs+evidenceTolerance.Milliseconds() {
+			break // received after r's latest message here: nothing further can be r's yet
+		}
+		m, err = streams.NextMsgFromLeader(ctx, b.js, stream, r.subject, m.Sequence+1)
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, 0, false, err
+	}
+	return 0, 0, false, nil
+}
+
+// evidenceScan bounds the FPMs storedEvidence reads from a run's first message on, and it begins
+// evidenceScanSkew before this bridge received that message (another bridge stored its copy when it
+// received it, or later).
+const (
+	evidenceScan     = 16
+	evidenceScanSkew = 50 * time.Millisecond
+)
+
+// evidenceIn reports m's epoch if m is an FPM this bridge received in r (see storedEvidence).
+func (b *Bridge) evidenceIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int64, runKind, bool) {
+	epoch, err1 := strconv.ParseInt(m.Header.Get(streams.HeaderEpoch), 10, 64)
+	seq, err2 := strconv.ParseUint(m.Header.Get(streams.HeaderSeq), 10, 64)
+	at, err3 := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || epoch <= 0 || epoch < prev || (r.kind == runRestart && epoch == prev) {
+		return 0, 0, false
+	}
+	if !b.sameMessage(r, seq, msgIDDigest(m.Header.Get(streams.HeaderMsgID)), at) {
+		return 0, 0, false
+	}
+	return epoch, parseRunKind(m.Header.Get(streams.HeaderRunStart)), true
+}
+
+// msgIDDigest is the payload digest in an FPM's message id (streams.FPMMsgID: <key>:<seq>:<digest>:e<epoch>),
+// "" if the id is not of that form.
+func msgIDDigest(id string) string {
+	i := strings.LastIndexByte(id, ':')
+	if i < 0 || !strings.HasPrefix(id[i:], ":e") {
+		return ""
+	}
+	j := strings.LastIndexByte(id[:i], ':')
+	if j < 0 {
+		return ""
+	}
+	return id[j+1 : i]
+}
+
+// recordedEvidence returns the recorded run, newer than the previous one, whose first message (as the
+// bridge that recorded it received it) this bridge received in r at about the same time.
+func (b *Bridge) recordedEvidence(r *run, entries []streams.RunEntry, prev int64) (streams.RunEntry, bool) {
+	for i := len(entries) - 1; i >= 0; i-- {
+		e := entries[i]
+		if e.Epoch > prev && b.sameMessage(r, e.FirstSeq, e.FirstDigest, e.FirstReceivedAtMs) {
+			return e, true
+		}
+	}
+	return streams.RunEntry{}, false
+}
+
+// mayWait reports whether another bridge may still show that r is a run it recorded or goes on
+// storing: some bridge recorded the publisher, and r is a bridge's first run of it (a live bridge's
+// FPMs show), a reconnect (a bridge that kept its connection records nothing: only its FPMs show the
+// run goes on), or a restart or a resume while another bridge recorded a run newer than the previous
+// one (perhaps r, seen first by a bridge that connected earlier, or recorded anew by a bridge that
+// started while this one was stalled, whose FPMs show it).
+func (b *Bridge) mayWait(r *run, entries []streams.RunEntry, prev int64) bool {
+	if len(entries) == 0 {
+		return false
+	}
+	if r.kind == runStart || r.kind == runReconnect {
+		return true
+	}
+	for _, e := range entries {
+		if e.Epoch > prev && e.Bridge != b.cfg.BridgeID {
+			return true
+		}
+	}
+	return false
+}
+
+// placeEpoch chooses the epoch of a new run r: its local epoch, raised above the previous run's and
+// every recorded run that began before r ended here, and kept below those that began after (this
+// bridge is resolving runs the others have gone past), so a publisher's epochs increase with its runs.
+func (b *Bridge) placeEpoch(r *run, entries []streams.RunEntry, prev int64) int64 {
+	ev := b.epochs.evidence(r)
+	lower, upper, newest := prev, int64(math.MaxInt64), prev
+	for _, e := range entries {
+		newest = max(newest, e.Epoch)
+		if e.Epoch <= prev {
+			continue
+		}
+		began := e.FirstReceivedAtMs
+		if began == 0 {
+			began = e.Epoch
+		}
+		if ev.ended && began > ev.lastMs {
+			upper = min(upper, e.Epoch)
+		} else {
+			lower = max(lower, e.Epoch)
+		}
+	}
+	next := max(r.local, lower+1)
+	switch {
+	case next < upper:
+	case lower+1 < upper:
+		next = lower + 1
+	default:
+		next = newest + 1
+		b.log.Error("no epoch left between the runs recorded before and after a publisher run; it is recorded after them: the gap detector reads its FPMs as late copies",
+			"key", r.key.String(), "first_seq", r.firstSeq, "epoch", next)
+	}
+	return next
 }
 
 // readRun reads key's record and revision; nil when there is none.
@@ -191,37 +483,6 @@ func (b *Bridge) readRun(ctx context.Context, key string) (*streams.RunRecord, u
 	return &rec, e.Revision(), nil
 }
 
-// otherBridgeLive reports whether another bridge publishes r's key: the newest FPM of the key stored
-// was received after this bridge started. It looks until liveProbe after this bridge received the
-// run's first message, so the publishers a starting bridge meets at once share one wait.
-func (b *Bridge) otherBridgeLive(ctx context.Context, r *run) (bool, error) {
-	deadline := time.Now().Add(liveProbe)
-	if d := time.UnixMilli(r.local).Add(liveProbe); d.Before(deadline) {
-		deadline = d
-	}
-	for {
-		last, err := streams.LastMsgFromLeader(ctx, b.js, b.fpmStreamOf(r.key), r.subject)
-		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-		case err != nil:
-			return false, err
-		default:
-			at, perr := strconv.ParseInt(last.Header.Get(streams.HeaderReceivedAt), 10, 64)
-			if perr == nil && at >= b.startMs {
-				return true, nil
-			}
-		}
-		if !time.Now().Add(liveProbeEvery).Before(deadline) {
-			return false, nil
-		}
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(liveProbeEvery):
-		}
-	}
-}
-
 // casConflict reports whether a KV create or update failed because the key changed meanwhile.
 func casConflict(err error) bool {
 	if errors.Is(err, jetstream.ErrKeyExists) {
@@ -239,13 +500,20 @@ func (b *Bridge) stamp(it *item) error {
 	if it.agreed != 0 || it.run == nil {
 		return nil
 	}
-	e, err := b.runEpoch(it.run)
-	if err != nil {
+	if _, err := b.runEpoch(it.run); err != nil {
 		return err
 	}
+	e, str, h := it.run.epochFor(it.seq)
 	it.agreed = e
-	it.m.Header[streams.HeaderEpoch][0] = it.run.agreedStr
+	it.m.Header[streams.HeaderEpoch][0] = str
 	it.m.Header[streams.HeaderMsgID][0] = streams.FPMMsgID(it.key, it.seq, it.digest, e)
+	if h != nil {
+		// Checked against the server's limit like the rest (limits.go): a header added to an FPM that
+		// fit only without it is left off, and the gap detector reads that copy as the run going on.
+		if m := b.pub.serverMax.Load(); m <= 0 || int64(encodedSize(it.msg)+len(streams.HeaderRunStart)+len(h[0])+4) <= m {
+			it.m.Header[streams.HeaderRunStart] = h
+		}
+	}
 	return nil
 }
 
@@ -254,8 +522,8 @@ func (b *Bridge) stamp(it *item) error {
 // once the broker is back, so that is rare). Publisher goroutine.
 func (b *Bridge) dropRangeEpoch(r *dropRange) int64 {
 	if r.run != nil {
-		if e, err := b.runEpoch(r.run); err == nil {
-			r.epoch = e
+		if _, err := b.runEpoch(r.run); err == nil {
+			r.epoch, _, _ = r.run.epochFor(r.first)
 		}
 	}
 	return r.epoch

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -12,8 +13,14 @@ import (
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
-// The agreement rules of runs.go against a real bucket: when a bridge adopts the recorded run and when
-// it writes a new one.
+// dg is the payload digest of the message named s in these tests.
+func dg(s string) string { return streams.PayloadDigest([]byte(s)) }
+
+// The agreement rule of runs.go against a real bucket and a real stream, one interleaving of two
+// bridges per case: this bridge resolves one run while "the other bridge" (the test, writing what
+// that bridge would) has recorded runs and stored FPMs before this bridge read the record, or does so
+// between this bridge's read and its decision. The other bridge's evidence is a message both bridges
+// received: the same number and bytes at about the same time.
 func TestAgreeRun(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
@@ -22,62 +29,289 @@ func TestAgreeRun(t *testing.T) {
 	if b.runsKV == nil {
 		t.Fatal("runs bucket not open")
 	}
-	start := b.startMs
-	type stored struct{ receivedAtMs int64 } // the newest FPM of the key in the stream
+	// t0 is the time of this bridge's run under test; a lagging case moves it into the past.
+	now := time.Now().UnixMilli()
+	const (
+		pEpoch = 1_000_000 // the previous run, agreed by both bridges long ago
+		other  = "other-bridge"
+	)
+	// msg is message i of the run under test as every bridge received it (digest d<i>).
+	type msg struct {
+		seq    uint64
+		digest string
+		recvMs int64
+	}
+	type stored struct {
+		msg
+		epoch int64
+		start string // its Fpm-Run-Start
+	}
+	type want struct {
+		epoch   int64  // 0: the epoch this bridge wrote (checked against the record)
+		start   string // Fpm-Run-Start of the agreed run
+		written bool   // this bridge added a run to the record
+		reads   int    // record reads: 1 means it decided without waiting (0: not checked)
+		below   int64  // a written epoch must lie below this (0: no bound)
+	}
 	for name, tc := range map[string]struct {
-		rec       *streams.RunRecord // the record before; nil: none
-		stored    *stored
-		restarted bool
-		prev      int64 // the previous run's agreed epoch (restarted)
-		local     int64
-		want      int64
-		written   bool // the bridge wrote the record (else adopted it)
+		kind    runKind // of the run under test (a first run has no previous one)
+		t0      int64   // this bridge's receive time of the run's first message
+		ended   bool    // a later run began on this bridge (it resolves an old run)
+		more    uint64  // messages this bridge received after the first three, 1 ms apart
+		runs    []streams.RunEntry
+		earlier []stored // stored before stored, which is the newest
+		stored  *stored
+		between func(k streams.Key, first msg) ([]streams.RunEntry, *stored) // the other bridge, between read and decision
+		want    want
 	}{
-		"first bridge ever":                       {local: start + 5, want: start + 5, written: true},
-		"starting alone: a new epoch":             {rec: &streams.RunRecord{Epoch: start + 50}, stored: &stored{start - 1000}, local: start + 5, want: start + 51, written: true},
-		"starting alone, nothing stored":          {rec: &streams.RunRecord{Epoch: start - 50}, local: start + 5, want: start + 5, written: true},
-		"starting while another bridge is live":   {rec: &streams.RunRecord{Epoch: start - 50}, stored: &stored{start + 1}, local: start + 5, want: start - 50},
-		"restart the other bridge recorded first": {rec: &streams.RunRecord{Epoch: start + 3, Restart: true}, restarted: true, prev: start - 50, local: start + 5, want: start + 3},
-		"restart seen first":                      {rec: &streams.RunRecord{Epoch: start - 50, Restart: true}, restarted: true, prev: start - 50, local: start + 5, want: start + 5, written: true},
-		"restart after a starting bridge's epoch": {rec: &streams.RunRecord{Epoch: start + 3}, restarted: true, prev: start - 50, local: start + 2, want: start + 4, written: true},
+		"first bridge ever": {
+			kind: runStart, t0: now,
+			want: want{written: true, reads: 1},
+		},
+		"starting alone: nothing of the run stored": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, FirstSeq: 0, Bridge: other}},
+			stored: &stored{msg{900, "old", pEpoch + 5000}, pEpoch, ""},
+			want:   want{written: true},
+		},
+		"starting while another bridge is live": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &stored{msg{7, "d7", now + 20}, pEpoch, ""},
+			want:   want{epoch: pEpoch, reads: 1},
+		},
+		// The N1 race: a bridge started while the publisher was down reads the previous run's record; the
+		// live bridge records the restart and stores its first FPMs before the starting bridge decides.
+		"starting while the publisher was down: the restart recorded during the probe": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &stored{msg{900, "old", pEpoch + 5000}, pEpoch, ""},
+			between: func(k streams.Key, first msg) ([]streams.RunEntry, *stored) {
+				return []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+						{Epoch: now - 3, FirstSeq: first.seq, FirstDigest: dg(first.digest), FirstReceivedAtMs: first.recvMs - 3, Start: "restart", Bridge: other}},
+					&stored{msg{first.seq + 1, "d8", first.recvMs + 41}, now - 3, "restart"}
+			},
+			want: want{epoch: now - 3, start: "restart"},
+		},
+		"the restart recorded first by the other bridge": {
+			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now + 2, FirstSeq: 7, FirstDigest: dg("d7"), FirstReceivedAtMs: now + 2, Start: "restart", Bridge: other}},
+			want: want{epoch: now + 2, start: "restart", reads: 1},
+		},
+		"the restart seen first": {
+			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: "test-bridge"}},
+			want: want{written: true, start: "restart", reads: 1},
+		},
+		// Both read the same record and write: this bridge's write conflicts, and the run the other
+		// wrote began with a message this bridge received.
+		"both saw the restart at once": {
+			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			between: func(k streams.Key, first msg) ([]streams.RunEntry, *stored) {
+				return []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+					{Epoch: now + 1, FirstSeq: first.seq, FirstDigest: dg(first.digest), FirstReceivedAtMs: first.recvMs + 1, Start: "reconnect", Bridge: other}}, nil
+			},
+			want: want{epoch: now + 1, start: "restart"},
+		},
+		"the restart recorded by a bridge that connected earlier: its FPMs show it": {
+			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 80, FirstSeq: 1, FirstDigest: dg("d1"), FirstReceivedAtMs: now - 80, Start: "restart", Bridge: other}},
+			stored: &stored{msg{8, "d8", now + 40}, now - 80, "restart"},
+			want:   want{epoch: now - 80, start: "restart", reads: 1},
+		},
+		// The N1 persistence: a bridge lagging behind resolves a restart after the other bridge recorded
+		// it and the next one; it must take its own run, not the newest.
+		"lagging: the run and the next one recorded": {
+			kind: runRestart, t0: now - 20_000, ended: true, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 20_000, FirstSeq: 7, FirstDigest: dg("d7"), FirstReceivedAtMs: now - 20_000, Start: "restart", Bridge: other},
+				{Epoch: now - 5_000, FirstSeq: 0, FirstDigest: dg("d0"), FirstReceivedAtMs: now - 5_000, Start: "restart", Bridge: other}},
+			stored: &stored{msg{30, "n30", now - 3_500}, now - 5_000, "restart"},
+			want:   want{epoch: now - 20_000, start: "restart", reads: 1},
+		},
+		// Lagging, with only the next run recorded (it began after this run ended here): a new run between.
+		"lagging: only the next run recorded": {
+			kind: runRestart, t0: now - 20_000, ended: true, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 5_000, FirstSeq: 0, FirstDigest: dg("d0"), FirstReceivedAtMs: now - 5_000, Start: "restart", Bridge: other}},
+			want: want{written: true, start: "restart", reads: 1, below: now - 5_000},
+		},
+		"a reconnect the other bridge saw no restart in": {
+			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &stored{msg{8, "d8", now + 30}, pEpoch, ""},
+			want:   want{epoch: pEpoch, start: "", reads: 1},
+		},
+		"a reconnect alone": {
+			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: "test-bridge"}},
+			stored: &stored{msg{900, "old", pEpoch + 5000}, pEpoch, ""},
+			want:   want{written: true, start: "reconnect"},
+		},
+		"a reconnect the other bridge recorded as a restart": {
+			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 100, FirstSeq: 2, FirstDigest: dg("d2"), FirstReceivedAtMs: now - 100, Start: "restart", Bridge: other}},
+			stored: &stored{msg{7, "d7", now + 10}, now - 100, "restart"},
+			want:   want{epoch: now - 100, start: "restart", reads: 1},
+		},
+		// This bridge was stopped (SIGSTOP) while the other started and, seeing none of its FPMs,
+		// recorded the run anew: once running again it takes the other's epoch from its FPMs.
+		"a resume after another bridge recorded the run anew": {
+			kind: runResume, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: "test-bridge"},
+				{Epoch: now - 2000, FirstSeq: 3, FirstDigest: dg("x3"), FirstReceivedAtMs: now - 2000, Bridge: other}},
+			stored: &stored{msg{8, "d8", now + 25}, now - 2000, ""},
+			want:   want{epoch: now - 2000, start: "", reads: 1},
+		},
+		"a resume alone: the run goes on": {
+			kind: runResume, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: "test-bridge"}},
+			want: want{epoch: pEpoch, start: "", reads: 1},
+		},
+		// The newest FPM is of a later run; the other bridge's copies of this run's first messages, stored
+		// earlier, show it (this bridge lags, or its run ended after a few messages).
+		"the other bridge's copies of the run's first messages, behind newer ones": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}, {Epoch: now - 40, Bridge: other}},
+			earlier: []stored{{msg{900, "old", now - 5000}, pEpoch, ""}, {msg{8, "d8", now + 15}, now - 40, ""}, {msg{9, "d9", now + 35}, now - 40, ""}},
+			stored:  &stored{msg{0, "next", now + 900}, now + 880, "restart"},
+			want:    want{epoch: now - 40, reads: 1},
+		},
+		// This bridge resolves its first run late (its publisher started after its reader had received
+		// 600 messages), and the other bridge's publishing lags its own reader: the newest FPM stored is
+		// one this bridge received 400 messages ago.
+		"resolved late, the other bridge lagging behind this one's reader": {
+			kind: runStart, t0: now - 2000, more: 600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &stored{msg{210, "d210", now - 2000 + 60 + 200}, pEpoch, ""},
+			want:   want{epoch: pEpoch, reads: 1},
+		},
+		// Same bytes at the same number, but received long before: an earlier run's heartbeat.
+		"the same bytes an earlier run stored are no evidence": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &stored{msg{7, "d7", now - 3000}, pEpoch, ""},
+			want:   want{written: true},
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: name, DPRank: 0}
-			if tc.rec != nil {
-				tc.rec.Key = k
-				body, _ := json.Marshal(tc.rec)
+			put := func(runs []streams.RunEntry) {
+				if runs == nil {
+					return
+				}
+				rec := streams.RunRecord{Key: k}
+				for _, e := range runs {
+					rec.Add(e)
+				}
+				body, _ := json.Marshal(rec)
 				if _, err := b.runsKV.Put(ctx, streams.BridgeRunKey(k), body); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if tc.stored != nil {
+			store := func(s *stored) {
+				if s == nil {
+					return
+				}
 				m := nats.NewMsg(streams.FPMSubject(k))
-				m.Header.Set(streams.HeaderReceivedAt, strconv.FormatInt(tc.stored.receivedAtMs, 10))
+				m.Header.Set(streams.HeaderMsgID, streams.FPMMsgID(k, s.seq, dg(s.digest), s.epoch))
+				m.Header.Set(streams.HeaderSeq, strconv.FormatUint(s.seq, 10))
+				m.Header.Set(streams.HeaderEpoch, strconv.FormatInt(s.epoch, 10))
+				m.Header.Set(streams.HeaderReceivedAt, strconv.FormatInt(s.recvMs, 10))
+				m.Header.Set(streams.HeaderBridge, other)
+				if s.start != "" {
+					m.Header.Set(streams.HeaderRunStart, s.start)
+				}
 				m.Data = []byte(`{}`)
 				if _, err := env.JS.PublishMsg(ctx, m); err != nil {
 					t.Fatal(err)
 				}
 			}
-			r := newRun(k, tc.local, 7, nil)
-			r.restarted = tc.restarted
-			got, err := b.agreeRun(r, tc.prev)
+			put(tc.runs)
+			for _, s := range tc.earlier {
+				store(&s)
+			}
+			store(tc.stored)
+
+			// The run under test, as this bridge's reader saw it: messages 7, 8, 9 (digests d7, d8, d9),
+			// 20 ms apart, after a previous run of the key (a restart goes back, a reconnect comes on a new
+			// connection); ended: a later run began.
+			e := b.epochs
+			var prev *run
+			if tc.kind != runStart {
+				prev, _ = e.observe(k, 5, tc.t0-1000, dg("p5"), 0, 1<<32|1)
+				prev.agreed, prev.agreedStr = pEpoch, strconv.FormatInt(pEpoch, 10)
+			}
+			first := msg{7, "d7", tc.t0}
+			session, firstSeq := uint64(2<<32|2), uint64(7) // a new connection
+			if tc.kind == runResume {
+				session = 1<<32 | 2 // the same connection, a new session
+			}
+			if tc.kind == runRestart {
+				first, firstSeq = msg{3, "d3", tc.t0}, 3 // below the previous run's 5
+			}
+			r, _ := e.observe(k, firstSeq, tc.t0, dg(first.digest), 0, session)
+			for i, q := range []uint64{firstSeq + 1, firstSeq + 2} {
+				e.observe(k, q, tc.t0+20*int64(i+1), dg("d"+strconv.FormatUint(q, 10)), 0, session)
+			}
+			if tc.kind == runRestart {
+				// The other bridge's messages 7, 8 are this run's too.
+				for i, q := range []uint64{7, 8} {
+					e.observe(k, q, tc.t0+40+int64(i), dg("d"+strconv.FormatUint(q, 10)), 0, session)
+				}
+			}
+			for i := range tc.more {
+				q := firstSeq + 3 + i
+				e.observe(k, q, tc.t0+60+int64(i), dg("d"+strconv.FormatUint(q, 10)), 0, session)
+			}
+			if tc.ended {
+				e.observe(k, 0, tc.t0+9000, dg("next0"), 0, 3<<32|3)
+			}
+			if r.kind != tc.kind {
+				t.Fatalf("run kind %v, want %v", r.kind, tc.kind)
+			}
+			reads := 0
+			hook := func(rr *run) {
+				if rr != r {
+					return
+				}
+				reads++
+				if reads == 1 && tc.between != nil {
+					runs, s := tc.between(k, first)
+					put(runs)
+					store(s)
+				}
+			}
+			prevEpoch, prevStart := int64(0), runStart
+			if prev != nil {
+				prevEpoch = pEpoch
+			}
+			got, start, err := b.agreeRunWith(r, prevEpoch, prevStart, hook)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != tc.want {
-				t.Fatalf("epoch %d, want %d (start %d)", got, tc.want, start)
-			}
-			e, err := b.runsKV.Get(ctx, streams.BridgeRunKey(k))
+			entry, err := b.runsKV.Get(ctx, streams.BridgeRunKey(k))
 			if err != nil {
 				t.Fatal(err)
 			}
 			var rec streams.RunRecord
-			if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			if err := json.Unmarshal(entry.Value(), &rec); err != nil {
 				t.Fatal(err)
 			}
-			if rec.Epoch != tc.want || (rec.Bridge == "test-bridge") != tc.written || (tc.written && rec.Restart != tc.restarted) {
-				t.Fatalf("record %+v after agreeing on %d (written: %v)", rec, tc.want, tc.written)
+			var mine *streams.RunEntry
+			for i, re := range rec.Entries() {
+				if re.Bridge == "test-bridge" && re.Epoch == got && re.FirstReceivedAtMs != 0 {
+					mine = &rec.Entries()[i]
+				}
+				if i > 0 && re.Epoch <= rec.Entries()[i-1].Epoch {
+					t.Fatalf("record epochs do not increase: %+v", rec)
+				}
+			}
+			switch {
+			case tc.want.written && (mine == nil || mine.FirstSeq != firstSeq || mine.FirstDigest != dg(first.digest) || mine.FirstReceivedAtMs != tc.t0 || mine.Start != tc.kind.String()):
+				t.Fatalf("epoch %d: this bridge's run is not recorded as it saw it: %+v", got, rec)
+			case !tc.want.written && got != tc.want.epoch:
+				t.Fatalf("epoch %d, want %d (record %+v)", got, tc.want.epoch, rec)
+			case !tc.want.written && mine != nil:
+				t.Fatalf("adopted %d but recorded a run of its own: %+v", got, rec)
+			case tc.want.written && tc.want.below != 0 && (got >= tc.want.below || got <= pEpoch):
+				t.Fatalf("epoch %d: want it between the previous run's %d and the next one's %d", got, pEpoch, tc.want.below)
+			}
+			if start.String() != tc.want.start {
+				t.Fatalf("agreed run start %q, want %q", start, tc.want.start)
+			}
+			t.Logf("epoch %d start %q after %d reads", got, start, reads)
+			if tc.want.reads != 0 && reads != tc.want.reads {
+				t.Fatalf("%d record reads, want %d", reads, tc.want.reads)
 			}
 		})
 	}

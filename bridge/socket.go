@@ -13,13 +13,40 @@ import (
 // Socket settings. The receive high-water mark is Config.MaxBuffer (100000 by default), large so a
 // burst is held by ZMQ rather than dropped before the bridge can count it, and bounded by the same flag
 // as the bridge's own buffer; the largest frame libzmq reads is Config.MaxPayload (ZMQ_MAXMSGSIZE, see
-// monitor.go). The reconnect interval starts small so a restarted publisher is found quickly, and backs
-// off to 5 s while it is gone.
+// monitor.go).
+//
+// Connections. A PUB/SUB subscriber cannot see a publisher restart except by the sequence going back,
+// and it goes back only when the old run sent more numbers than the new one had sent by the time the
+// subscriber was connected again. What the subscriber does see is its TCP connection to the PUB ending
+// and a new one beginning: a restarted publisher is a new process with a new socket, so every restart
+// is such a reconnect (a connection can also break without a restart). So the reader owns its
+// connections, and numbers them (Bridge.sessions): libzmq's own reconnection is pushed out of reach
+// (ZMQ_RECONNECT_IVL zmqReconnectIvl, no backoff), and the reader reconnects itself (monitor.go): after
+// a connection ended it first drains everything libzmq received on it, then connects again under a
+// new session number, so every message is attributed to the connection it came on, exactly, whatever
+// the timing (libzmq receives nothing on the endpoint between the two). It connects again at once after
+// a connection that completed its handshake ends, and every socketReconnectIvl while attempts fail: a
+// restarted publisher is found within about that, so the new run's first numbers lost before the
+// bridge was subscribed again are few (libzmq's default backoff, which grew to 5 s, lost its first
+// seconds), and whatever is lost is named: epochs start a new run on a reconnect (epoch.go). The reader
+// also notices when it was not running for readerStall (its process stopped, or starved): a new session
+// on the same connection, after which its runs re-agree their epochs (runs.go).
 const (
-	socketReconnectIvl    = 100 * time.Millisecond
-	socketReconnectIvlMax = 5 * time.Second
+	// socketReconnectIvl is how long the reader waits before it tries to connect again after an attempt
+	// failed (or a connection ended before its handshake).
+	socketReconnectIvl = 100 * time.Millisecond
+	// zmqReconnectIvl is libzmq's own reconnect interval: so long that only the reader reconnects.
+	zmqReconnectIvl = time.Hour
 	// socketPoll is how long one receive waits before the reader checks whether it must stop.
 	socketPoll = 100 * time.Millisecond
+	// socketConnectStuck is how long an attempt to connect may go without an answer (neither
+	// connected nor failed) before the reader makes a new one: the safety net should a monitor event
+	// be lost.
+	socketConnectStuck = 5 * time.Second
+	// readerStall is how long the reader may go without running before it takes itself for stalled
+	// (see resumeSession): half of liveProbe, so a stall long enough for a starting bridge to give up
+	// waiting for this one's FPMs is always noticed.
+	readerStall = liveProbe / 2
 )
 
 // DescriptorsPerEndpoint is what one endpoint's reader holds (for internal/fdbudget): the SUB
@@ -35,6 +62,10 @@ type reader struct {
 	watcher *sessionWatch // the socket's monitor; nil if it could not be set up
 	quit    chan struct{}
 	done    chan struct{}
+	// conn and sess number the reader's connections and its sessions on them (a stall starts a new
+	// session on the same connection); Bridge.sessions holds both for epochs.
+	conn, sess uint32
+	lastTick   time.Time
 }
 
 // startReader starts the reader of endpoint slot on zctx and waits until its socket is connected
@@ -50,14 +81,42 @@ func (b *Bridge) startReader(zctx *zmq.Context, slot int) (*reader, error) {
 	return r, nil
 }
 
+// newConnection numbers the connection the reader is about to make: every message received from now
+// on came on it (or on a later one).
+func (r *reader) newConnection() {
+	r.conn++
+	r.sess++
+	r.b.sessions[r.slot].Store(uint64(r.conn)<<32 | uint64(r.sess))
+}
+
+// resumeSession notes that the reader was stalled (the process stopped, or starved) on a connection
+// that goes on: the publisher did not restart, but another bridge may have started meanwhile and,
+// seeing nothing of this one, recorded the run under an epoch of its own; epochs then start a run
+// that re-agrees its epoch (runResume), taking the other bridge's if its FPMs show it.
+func (r *reader) resumeSession() {
+	r.sess++
+	r.b.sessions[r.slot].Store(uint64(r.conn)<<32 | uint64(r.sess))
+}
+
+// tick marks that the reader is running; a gap since the last tick longer than readerStall means it
+// was not (resumeSession). The loops tick after every wait and before every receive, so the gap
+// between two ticks is at most socketPoll while the reader runs.
+func (r *reader) tick() {
+	now := time.Now()
+	if !r.lastTick.IsZero() && now.Sub(r.lastTick) > readerStall {
+		r.resumeSession()
+	}
+	r.lastTick = now
+}
+
 func (r *reader) stop() {
 	close(r.quit)
 	<-r.done
 }
 
-// openSocket creates and connects the SUB socket of endpoint url, holding at most rcvhwm messages and
-// reading no frame over maxMsg bytes.
-func openSocket(zctx *zmq.Context, url string, rcvhwm, maxMsg int) (*zmq.Socket, error) {
+// newSubSocket creates the SUB socket of endpoint url, not connected yet, holding at most rcvhwm
+// messages and reading no frame over maxMsg bytes.
+func newSubSocket(zctx *zmq.Context, url string, rcvhwm, maxMsg int) (*zmq.Socket, error) {
 	sock, err := zctx.NewSocket(zmq.SUB)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: zmq socket for %s: %w", url, err)
@@ -69,8 +128,8 @@ func openSocket(zctx *zmq.Context, url string, rcvhwm, maxMsg int) (*zmq.Socket,
 		{"linger", sock.SetLinger(0)},
 		{"rcvhwm", sock.SetRcvhwm(rcvhwm)},
 		{"maxmsgsize", sock.SetMaxmsgsize(int64(maxMsg))},
-		{"reconnect_ivl", sock.SetReconnectIvl(socketReconnectIvl)},
-		{"reconnect_ivl_max", sock.SetReconnectIvlMax(socketReconnectIvlMax)},
+		{"reconnect_ivl", sock.SetReconnectIvl(zmqReconnectIvl)},
+		{"reconnect_ivl_max", sock.SetReconnectIvlMax(0)},
 		{"rcvtimeo", sock.SetRcvtimeo(socketPoll)},
 		{"subscribe", sock.SetSubscribe("")},
 	} {
@@ -78,10 +137,6 @@ func openSocket(zctx *zmq.Context, url string, rcvhwm, maxMsg int) (*zmq.Socket,
 			sock.Close()
 			return nil, fmt.Errorf("bridge: zmq %s on %s: %w", set.name, url, set.err)
 		}
-	}
-	if err := sock.Connect(url); err != nil {
-		sock.Close()
-		return nil, fmt.Errorf("bridge: zmq connect %s: %w", url, err)
 	}
 	return sock, nil
 }
@@ -91,12 +146,22 @@ func openSocket(zctx *zmq.Context, url string, rcvhwm, maxMsg int) (*zmq.Socket,
 func (r *reader) run(zctx *zmq.Context, setup chan<- error) {
 	defer close(r.done)
 	url := r.b.endpoints[r.slot].URL
-	sock, err := openSocket(zctx, url, r.b.cfg.MaxBuffer, r.b.cfg.MaxPayload)
+	sock, err := newSubSocket(zctx, url, r.b.cfg.MaxBuffer, r.b.cfg.MaxPayload)
 	if err == nil {
-		// Without the monitor a lost session would go unnoticed for good: refuse to run blind.
+		// Without the monitor a lost session would go unnoticed for good, and no failed attempt would
+		// be tried again: refuse to run blind. It is watching before the first attempt is made.
 		if r.watcher, err = watchSession(zctx, sock, r.slot); err != nil {
 			sock.Close()
 			err = fmt.Errorf("bridge: zmq %s: %w", url, err)
+		}
+	}
+	if err == nil {
+		r.newConnection()
+		r.watcher.attemptAt = time.Now()
+		if err = sock.Connect(url); err != nil {
+			sock.Close()
+			r.watcher.close()
+			err = fmt.Errorf("bridge: zmq connect %s: %w", url, err)
 		}
 	}
 	setup <- err
@@ -160,6 +225,9 @@ func pollFile(sock *zmq.Socket) (*os.File, syscall.RawConn, error) {
 func (r *reader) pollLoop(sock *zmq.Socket, f *os.File, rc syscall.RawConn, st *readState) {
 	url := r.b.endpoints[r.slot].URL
 	for !r.stopped() {
+		if r.b.opts.readerHold != nil {
+			r.b.opts.readerHold(r.slot)
+		}
 		var ready bool
 		var evErr error
 		_ = f.SetReadDeadline(time.Now().Add(socketPoll))
@@ -172,6 +240,7 @@ func (r *reader) pollLoop(sock *zmq.Socket, f *os.File, rc syscall.RawConn, st *
 			ready = ev&zmq.POLLIN != 0
 			return ready
 		})
+		r.tick()
 		r.watch(sock, st, false)
 		switch {
 		case evErr != nil:
@@ -195,8 +264,12 @@ func (r *reader) drain(sock *zmq.Socket, st *readState) {
 	for {
 		var err error
 		for len(st.batch) < recvBatch && st.batchBytes < recvBatchBytes {
+			r.tick()
 			if st.frames, err = recvMultipart(sock, zmq.DONTWAIT, st.frames); err != nil {
 				break
+			}
+			if r.watcher != nil {
+				r.watcher.received = true
 			}
 			st.add(r.b.receive(r.slot, st.frames))
 		}
@@ -234,9 +307,13 @@ func (r *reader) pause() {
 func (r *reader) blockingLoop(sock *zmq.Socket, st *readState) {
 	url := r.b.endpoints[r.slot].URL
 	for !r.stopped() {
+		if r.b.opts.readerHold != nil {
+			r.b.opts.readerHold(r.slot)
+		}
 		r.watch(sock, st, false)
 		var err error
 		st.frames, err = recvMultipart(sock, 0, st.frames)
+		r.tick()
 		if err != nil {
 			switch zmq.AsErrno(err) {
 			case zmq.Errno(syscall.EAGAIN), zmq.Errno(syscall.EINTR):
@@ -247,6 +324,9 @@ func (r *reader) blockingLoop(sock *zmq.Socket, st *readState) {
 			r.b.log.Error("zmq receive failed", "endpoint", url, "error", err)
 			r.pause()
 			continue
+		}
+		if r.watcher != nil {
+			r.watcher.received = true
 		}
 		st.add(r.b.receive(r.slot, st.frames))
 		r.drain(sock, st)

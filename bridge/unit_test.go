@@ -3,6 +3,7 @@ package bridge
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -179,37 +180,73 @@ func TestEpochs(t *testing.T) {
 	steps := []struct {
 		seq      uint64
 		now      int64
+		session  uint64
 		epoch    int64
 		newEpoch bool
+		kind     runKind
 	}{
-		{seq: 5, now: 1000, epoch: 1000, newEpoch: true}, // first message seen: a new run
-		{seq: 6, now: 1001, epoch: 1000},
-		{seq: 9, now: 1002, epoch: 1000},                 // a gap is not a restart
-		{seq: 0, now: 1002, epoch: 1002, newEpoch: true}, // restart
-		{seq: 0, now: 1002, epoch: 1003, newEpoch: true}, // restart in the same ms: still strictly increasing
-		{seq: 1, now: 900, epoch: 1003},                  // clock went back: the epoch does not
-		{seq: 1, now: 900, epoch: 1004, newEpoch: true},  // a repeated sequence is a restart too
+		{seq: 5, now: 1000, session: 1<<32 | 1, epoch: 1000, newEpoch: true, kind: runStart}, // first message seen: a new run
+		{seq: 6, now: 1001, session: 1<<32 | 1, epoch: 1000},
+		{seq: 9, now: 1002, session: 1<<32 | 1, epoch: 1000},                                      // a gap is not a restart
+		{seq: 0, now: 1002, session: 1<<32 | 1, epoch: 1002, newEpoch: true, kind: runRestart},    // restart
+		{seq: 0, now: 1002, session: 1<<32 | 1, epoch: 1003, newEpoch: true, kind: runRestart},    // restart in the same ms: still strictly increasing
+		{seq: 1, now: 900, session: 1<<32 | 1, epoch: 1003},                                       // clock went back: the epoch does not
+		{seq: 1, now: 900, session: 1<<32 | 1, epoch: 1004, newEpoch: true, kind: runRestart},     // a repeated sequence is a restart too
+		{seq: 40, now: 1100, session: 2<<32 | 2, epoch: 1100, newEpoch: true, kind: runReconnect}, // a new connection, further on: perhaps a new run
+		{seq: 41, now: 1101, session: 2<<32 | 2, epoch: 1100},
+		{seq: 42, now: 1102, session: 2<<32 | 3, epoch: 1102, newEpoch: true, kind: runResume},    // after a stall, on the same connection
+		{seq: 44, now: 1103, session: 2<<32 | 5, epoch: 1103, newEpoch: true, kind: runResume},    // two stalls in between
+		{seq: 45, now: 1104, session: 4<<32 | 6, epoch: 1104, newEpoch: true, kind: runReconnect}, // a stall and a reconnect in between: a reconnect
+		{seq: 3, now: 1200, session: 5<<32 | 7, epoch: 1200, newEpoch: true, kind: runRestart},    // a new connection, back: a restart
 	}
+	d := streams.PayloadDigest([]byte("d"))
+	var prev *run
 	for i, s := range steps {
-		r, isNew := e.observe(k, s.seq, s.now)
+		r, isNew := e.observe(k, s.seq, s.now, d, 0, s.session)
 		epoch := r.local
-		if epoch != s.epoch || isNew != s.newEpoch {
-			t.Fatalf("step %d (seq %d at %d): got epoch %d new %v, want %d %v", i, s.seq, s.now, epoch, isNew, s.epoch, s.newEpoch)
+		if epoch != s.epoch || isNew != s.newEpoch || (isNew && r.kind != s.kind) {
+			t.Fatalf("step %d (seq %d at %d, session %d): got epoch %d new %v kind %v, want %d %v %v", i, s.seq, s.now, s.session, epoch, isNew, r.kind, s.epoch, s.newEpoch, s.kind)
 		}
+		if isNew && prev != nil && (!prev.ended || r.prev != prev) {
+			t.Fatalf("step %d: the run before is not ended and linked: %+v", i, r)
+		}
+		prev = r
+	}
+	if at, ok := e.received(prev, 3, d); !ok || at != 1200 {
+		t.Fatalf("the run keeps its first message: %d %v", at, ok)
+	}
+	if _, ok := e.received(prev, 4, d); ok {
+		t.Fatal("the run keeps a message it never received")
 	}
 	other := k
 	other.DPRank = 1
-	if r, isNew := e.observe(other, 3, 2000); r.local != 2000 || !isNew {
+	if r, isNew := e.observe(other, 3, 2000, d, 0, 5<<32|7); r.local != 2000 || !isNew || r.kind != runStart {
 		t.Fatalf("a second key has its own epoch: got %d %v", r.local, isNew)
 	}
 	// The cached strings agree with streams.
 	odd := streams.Key{Namespace: "a.b", Component: "c d", WorkerID: "", DPRank: 12}
-	r, _ := e.observe(odd, 0, 5000)
-	if r.subject != streams.FPMSubject(odd) || r.rankStr != "12" || r.local != 5000 || r.restarted {
+	r, _ := e.observe(odd, 0, 5000, d, 0, 1)
+	if r.subject != streams.FPMSubject(odd) || r.rankStr != "12" || r.local != 5000 || r.kind != runStart {
 		t.Fatalf("run %+v", r)
 	}
-	if r2, _ := e.observe(odd, 0, 5000); !r2.restarted || r2.prev != r || r2.firstSeq != 0 {
+	if r2, _ := e.observe(odd, 0, 5000, d, 0, 1); r2.kind != runRestart || r2.prev != r || r2.firstSeq != 0 {
 		t.Fatalf("restarted run %+v", r2)
+	}
+	// The same key from another endpoint: a connection of its own.
+	if r3, _ := e.observe(odd, 1, 5001, d, 1, 1); r3.kind != runReconnect {
+		t.Fatalf("the key from another endpoint: %+v", r3)
+	}
+	// A run keeps its first runFirst messages and its last runRecent.
+	long := streams.Key{Namespace: "n", Component: "c", WorkerID: "long", DPRank: 0}
+	var lr *run
+	n := uint64(runFirst + 3*runRecent)
+	for q := range n {
+		lr, _ = e.observe(long, q, 7000+int64(q), streams.PayloadDigest([]byte(fmt.Sprint(q))), 0, 1)
+	}
+	for q, want := range map[uint64]bool{0: true, runFirst - 1: true, runFirst: false, n - runRecent - 1: false, n - runRecent: true, n - 1: true} {
+		if _, ok := e.received(lr, q, streams.PayloadDigest([]byte(fmt.Sprint(q)))); ok != want {
+			t.Errorf("message %d kept: %v, want %v", q, ok, want)
+		}
 	}
 }
 

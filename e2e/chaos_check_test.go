@@ -7,7 +7,10 @@ package e2e
 //   - sent = stored once + named: every message a run sent is in FPM exactly once, or named missing by
 //     a gap event, a drop marker or a dead letter of its run; the messages a run sent after the last one
 //     anything accounts for are an unknowable tail only when the run was killed or ended while ingest
-//     was impaired;
+//     was impaired; and a run's first numbers up to the last one stored of the run before are an
+//     unknowable head only when the run began while no bridge that had seen the publisher ran (the
+//     stated limit of bridge/epoch.go: a bridge's first run of a publisher is taken for the run
+//     before going on, so a restart it never saw is named only above the old run's last number);
 //   - nothing is stored that no run sent, and no gap event names a stored message or a number twice;
 //   - stored = traced once (full mode): every stored message has exactly one line in the live trace,
 //     and every backfill output holds its range of the stream exactly once;
@@ -40,6 +43,7 @@ type chaosObserved struct {
 	shape     chaosShape
 	runs      []*chaosRun
 	faults    []chaosFault
+	bridges   []chaosBridgeSpan
 	seconds   []*chaosSecond
 	notes     []string
 	exits     []string
@@ -133,7 +137,7 @@ var chaosViolationKinds = map[string]string{
 
 // chaosKeyFigures are the checker's own figures for one publisher key, over all its runs.
 type chaosKeyFigures struct {
-	runs, sent, stored, duplicates, named, tails, lost, phantoms int
+	runs, sent, stored, duplicates, named, tails, heads, lost, phantoms int
 }
 
 // chaosResult is the checker's verdict.
@@ -179,6 +183,12 @@ type naming struct {
 }
 
 func (n naming) covers(q uint64) bool { return n.lo <= q && q <= n.hi }
+
+// runKey is one publisher key's messages of one run.
+type runKey struct {
+	r *chaosRun
+	k streams.Key
+}
 
 // chaosCheck judges o.
 func chaosCheck(o *chaosObserved) *chaosResult {
@@ -232,10 +242,6 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 
 	// Stored messages, attributed to the run that sent them: among the runs whose record has these
 	// bytes at this number, the one live when the bridge received it, unless it has its copy already.
-	type runKey struct {
-		r *chaosRun
-		k streams.Key
-	}
 	count := map[runKey]map[uint64]int{}
 	epochs := map[runKey]map[int64]bool{}
 	stored := slices.Clone(o.stored)
@@ -323,11 +329,12 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 	missingOf := map[streams.Key]int{}
 	for _, k := range keys {
 		f := fig(k)
-		for _, r := range runsOf[k] {
+		for i, r := range runsOf[k] {
 			rk := runKey{r, k}
 			var dups, falseGaps, twice, unaccounted []uint64
 			var dupDetail, falseIDs []string
 			maxAcc, anyAcc := uint64(0), false
+			headTo, head := headExcuse(o, k, runsOf[k][:i], r, count)
 			seqs := slices.Sorted(maps.Keys(r.sent[k]))
 			for _, q := range seqs {
 				c := count[rk][q]
@@ -363,6 +370,9 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 				case named:
 					f.named++
 					missingOf[k]++
+				case head && q <= headTo:
+					f.heads++
+					continue
 				default:
 					unaccounted = append(unaccounted, q)
 					continue
@@ -614,6 +624,34 @@ func elsewhere(ns []naming, seqs []uint64, r *chaosRun, k streams.Key, applies f
 	return "; named only under other runs' epochs by " + strings.Join(ids[:min(len(ids), 4)], ", ")
 }
 
+// headExcuse reports whether r's first numbers up to headTo are unknowable: r began while no bridge
+// process that had stored anything of k was running (none ran, or each had only just started), and
+// headTo is the last number stored of the runs before (earlier, oldest first). The first bridge to
+// receive r then takes it for its first run of k and the run before going on (bridge/epoch.go): it
+// names the numbers above that last one, and those up to it cannot be told from the old run's.
+func headExcuse(o *chaosObserved, k streams.Key, earlier []*chaosRun, r *chaosRun, count map[runKey]map[uint64]int) (headTo uint64, ok bool) {
+	for i := len(earlier) - 1; i >= 0 && !ok; i-- {
+		for q := range count[runKey{earlier[i], k}] {
+			headTo, ok = max(headTo, q), true
+		}
+	}
+	if !ok {
+		return 0, false
+	}
+	at := r.start.UnixMilli()
+	for _, s := range o.bridges {
+		if s.start.After(r.start) || (!s.end.IsZero() && s.end.Before(r.start)) {
+			continue
+		}
+		for _, m := range o.stored {
+			if m.key == k && m.recvMs >= s.start.UnixMilli() && m.recvMs < at && (m.bridge == s.id || s.id == "" && m.bridge != "chaos-b2") {
+				return 0, false // a bridge that knew the publisher ran when r began: it saw the restart
+			}
+		}
+	}
+	return headTo, true
+}
+
 // tailExcuse says why r's last messages may be lost unknowably ("" if nothing does): it was killed, or
 // it ended while ingest was impaired (nothing after its last accounted message could say it existed).
 func tailExcuse(o *chaosObserved, r *chaosRun) string {
@@ -639,10 +677,10 @@ func maxSeq(m map[uint64]sentFPM) (uint64, bool) {
 // means.
 func (res *chaosResult) describe() string {
 	var b strings.Builder
-	b.WriteString("per key: runs, sent, stored (distinct), duplicate copies, named missing, unknowable tail, lost, phantom\n")
+	b.WriteString("per key: runs, sent, stored (distinct), duplicate copies, named missing, unknowable tail, unknowable head, lost, phantom\n")
 	for _, k := range slices.SortedFunc(maps.Keys(res.figures), func(a, b streams.Key) int { return strings.Compare(a.String(), b.String()) }) {
 		f := res.figures[k]
-		fmt.Fprintf(&b, "  %-40s runs %d sent %d stored %d dup %d named %d tail %d lost %d phantom %d\n", k, f.runs, f.sent, f.stored, f.duplicates, f.named, f.tails, f.lost, f.phantoms)
+		fmt.Fprintf(&b, "  %-40s runs %d sent %d stored %d dup %d named %d tail %d head %d lost %d phantom %d\n", k, f.runs, f.sent, f.stored, f.duplicates, f.named, f.tails, f.heads, f.lost, f.phantoms)
 	}
 	if len(res.violations) == 0 {
 		b.WriteString("no violations\n")

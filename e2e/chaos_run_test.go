@@ -137,6 +137,13 @@ type chaosFault struct {
 	start, end time.Time
 }
 
+// chaosBridgeSpan is when one bridge process ran (an incarnation of the bridge, of `fpmbus up`, or a
+// redundant bridge): which bridges could have seen a publisher run begin.
+type chaosBridgeSpan struct {
+	id         string // its --bridge-id; "" for `fpmbus up`'s own (any id but a redundant bridge's)
+	start, end time.Time
+}
+
 type healthSample struct {
 	at   time.Time
 	code int
@@ -170,6 +177,8 @@ type chaosEnv struct {
 	bridge2 *proc
 	// bridge2Stopping is the last redundant bridge sent SIGTERM, until it exits.
 	bridge2Stopping *proc
+	spanMu          sync.Mutex
+	spans           []*chaosBridgeSpan // every bridge process, with its end once it exited
 	faults          []chaosFault
 	open            map[string]time.Time // faults not healed yet, by what
 	log             []string             // the steps as executed, with their actual times
@@ -300,6 +309,26 @@ func (e *chaosEnv) startComp(c *chaosComp) {
 	c.cur = start(e.t, "chaos "+c.name, c.bin, c.args()...)
 	c.runs = append(c.runs, c.cur)
 	c.down, c.paused, c.restartAt = false, false, time.Time{}
+	switch c.name {
+	case "bridge":
+		e.trackBridge("chaos-b1", c.cur)
+	case "up":
+		e.trackBridge("", c.cur)
+	}
+}
+
+// trackBridge records when bridge process p (bridge id) runs.
+func (e *chaosEnv) trackBridge(id string, p *proc) {
+	s := &chaosBridgeSpan{id: id, start: time.Now()}
+	e.spanMu.Lock()
+	e.spans = append(e.spans, s)
+	e.spanMu.Unlock()
+	go func() {
+		<-p.done
+		e.spanMu.Lock()
+		s.end = time.Now()
+		e.spanMu.Unlock()
+	}()
 }
 
 // supervise is the service manager's turn: a component whose run ended by itself is started again
@@ -458,6 +487,7 @@ func (e *chaosEnv) step(st chaosStep) {
 				return
 			}
 			e.bridge2 = start(e.t, "chaos bridge2", fpmbusBin, e.bridgeArgs("chaos-b2")...)
+			e.trackBridge("chaos-b2", e.bridge2)
 		}
 	case actBridge2Stop:
 		e.stopBridge2()
@@ -889,6 +919,11 @@ func (e *chaosEnv) gapsReport() (*gaps.Report, error) {
 // trace writer pointed elsewhere, so that its server answers verify's reads).
 func (e *chaosEnv) collect() *chaosObserved {
 	o := &chaosObserved{shape: e.s.Shape, runs: e.runs, faults: e.faults, seconds: e.seconds, notes: e.notes, settleErr: strings.Join(e.settled, "; ")}
+	e.spanMu.Lock()
+	for _, s := range e.spans {
+		o.bridges = append(o.bridges, *s)
+	}
+	e.spanMu.Unlock()
 	for what, at := range e.open {
 		o.faults = append(o.faults, chaosFault{what, at, time.Now()})
 	}

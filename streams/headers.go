@@ -33,6 +33,12 @@ const (
 	// HeaderTopic carries a non-empty ZMQ topic frame (Dynamo sends an empty one, so it is normally
 	// absent).
 	HeaderTopic = "Fpm-Topic"
+	// HeaderRunStart says how the publisher run (HeaderEpoch) began, as the bridges agreed: RunStartRestart
+	// (the sequence went back) or RunStartReconnect (the bridge's connection to the publisher ended and
+	// a new one began with the sequence further on: the publisher may have restarted meanwhile). Absent
+	// for a bridge's first run of a publisher, which it takes for the run before going on. On every FPM
+	// of such a run, so the gap detector finds it on whichever copy it reads first.
+	HeaderRunStart = "Fpm-Run-Start"
 )
 
 // Headers of events on FPM_EVENTS (drop markers, gap events, benchmark outcomes).

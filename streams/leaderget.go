@@ -34,6 +34,16 @@ func NextMsgFromLeader(ctx context.Context, js jetstream.JetStream, stream, subj
 	}{from, subject})
 }
 
+// NextMsgFromLeaderAt reads the first message on subject of stream stored at or after time at (the
+// server's clock), from the stream's leader (see LastMsgFromLeader). It returns
+// jetstream.ErrMsgNotFound when there is none.
+func NextMsgFromLeaderAt(ctx context.Context, js jetstream.JetStream, stream, subject string, at time.Time) (*jetstream.RawStreamMsg, error) {
+	return leaderGet(ctx, js, stream, subject, struct {
+		StartTime time.Time `json:"start_time"`
+		NextFor   string    `json:"next_by_subj"`
+	}{at.UTC(), subject})
+}
+
 // leaderGet sends the message get request req for subject to stream's leader.
 func leaderGet(ctx context.Context, js jetstream.JetStream, stream, subject string, request any) (*jetstream.RawStreamMsg, error) {
 	prefix := js.Options().APIPrefix

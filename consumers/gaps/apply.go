@@ -150,8 +150,9 @@ func (d *Detector) applyMarker(e *entry, body []byte, seq uint64, subject string
 	d.metrics.markers.Inc()
 }
 
-// observation reads an FPM's sequence, epoch, observed time and bridge from its headers (Fpm-Seq,
-// Fpm-Epoch, Fpm-Received-At-Ms, Fpm-Bridge) and whether its body is a heartbeat. Without
+// observation reads an FPM's sequence, epoch, observed time, bridge and how its run began from its
+// headers (Fpm-Seq, Fpm-Epoch, Fpm-Received-At-Ms, Fpm-Bridge, Fpm-Run-Start) and whether its body is
+// a heartbeat. Without
 // Fpm-Seq the payload's counter_id is used; without Fpm-Received-At-Ms the stream time.
 func observation(h map[string][]string, body []byte, streamSeq uint64, stored time.Time) (Observation, error) {
 	get := func(k string) string {
@@ -190,6 +191,7 @@ func observation(h map[string][]string, body []byte, streamSeq uint64, stored ti
 		o.ObservedAtMs = v
 	}
 	o.SeqMismatch = get(streams.HeaderSeqMismatch) != ""
+	o.RunStart = get(streams.HeaderRunStart)
 	o.Heartbeat = isHeartbeat(body)
 	return o, nil
 }

@@ -229,6 +229,41 @@ func TestPipelinePublisherRestart(t *testing.T) {
 	equal(t, 1.0, h.metric("fpmbus_gaps_events_total", "cause", CausePublisherRestart))
 }
 
+// TestPipelineReconnectFurtherOn: the publisher restarts and its new run had sent more numbers by the
+// time the bridge was connected again than the old run sent in all, so the sequence never goes back.
+// The bridge saw its connection end and a new one begin and starts a new run; the detector names
+// every number of the new run before the first received (cause reconnect, under the new run's epoch)
+// instead of a jump in the old run that would leave the new run's first numbers unnamed.
+func TestPipelineReconnectFurtherOn(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
+	endpoint := pub.Endpoint()
+	pl := startPipelineBridge(t, env, endpoint, nil)
+	pub.WaitSubscribed()
+	h := startDetector(t, env.Server.ClientURL(), testConfig())
+	pub.SendN(10, time.Millisecond)
+	pl.waitAccounted(10)
+	pub.Close()
+
+	pub2 := producertest.NewScripted(t, endpoint, 0, false, "w", 0)
+	for range 25 {
+		pub2.Skip() // sent before the bridge was connected again
+	}
+	pub2.WaitSubscribed()
+	pub2.SendN(15, time.Millisecond)
+	pl.waitAccounted(25)
+
+	k := key("w", 0)
+	by := waitEvents(t, env.JS, 1, 20*time.Second)
+	match(t, k, by[k], want{TypeGap, CauseReconnect, 0, 24, 25, -1})
+	e := by[k][0]
+	check(t, e.Evidence.OldRun.LastSeq == 9 && *e.Evidence.NewRunFirstSeq == 25 && e.Before.Epoch < e.After.Epoch && e.Epoch == e.After.Epoch,
+		"reconnect event %+v", e)
+	equal(t, pub.Sent()+pub2.Sent(), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
+	equal(t, 25.0, h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseReconnect))
+}
+
 // TestPipelineSilentPublisher: a publisher that stops sending, heartbeats included, is stale after
 // --stale-after; when it sends again (without restarting) a resumed event closes the period.
 func TestPipelineSilentPublisher(t *testing.T) {

@@ -11,6 +11,9 @@
 //	zmq_drop           the bridge received a jump and no marker covered it within --marker-grace
 //	publisher_restart  the sequence went back under a new bridge epoch; the event says how far the
 //	                   old run got (its missing numbers are the new run's first ones that never came)
+//	reconnect          a new bridge epoch began on a new connection with the sequence further on
+//	                   (Fpm-Run-Start: reconnect): the publisher may have restarted unseen, so the
+//	                   new run's numbers before the first received are named, as for a restart
 //	stale              the publisher was silent past --stale-after and came back further on
 //	late_start         the first message seen of a publisher is above 0: the numbers before it were
 //	                   sent before the bridge was subscribed

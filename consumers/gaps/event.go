@@ -29,6 +29,15 @@ const (
 	// CausePublisherRestart: the sequence went back; the publisher started a new run. The event says
 	// how far the old run got; its missing numbers are the new run's first ones that never arrived.
 	CausePublisherRestart = "publisher_restart"
+	// CauseReconnect: the bridge's connection to the publisher ended and a new one began, and the
+	// sequence went on forward under a new bridge epoch (header Fpm-Run-Start: reconnect). A PUB
+	// subscriber sees a publisher restart only as such a reconnect when the new run had sent more
+	// numbers by the time the bridge was connected again than the old run had in all, so the run is
+	// taken for a new one whose first numbers (0 up to the first received) never arrived: never a loss
+	// left unnamed. If only the connection broke (the publisher did not restart), the numbers named
+	// up to the old run's last were stored under the old epoch: named though stored, the price of
+	// never guessing continuity. The event says how far the old run got, like a publisher_restart.
+	CauseReconnect = "reconnect"
 	// CauseLateStart: the first numbers of a publisher's run never reached the bridge because it was
 	// not subscribed yet (the publisher started before the bridge, or the bridge connected late): the
 	// numbers before the first one of the first run the detector sees (when that is above 0). A
@@ -40,7 +49,7 @@ const (
 )
 
 // Causes lists every cause, in report order.
-var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, CauseStale, CauseLateStart}
+var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, CauseReconnect, CauseStale, CauseLateStart}
 
 // Point is one FPM around a gap (streams.GapPoint, the wire type of every gap event).
 type Point = streams.GapPoint
@@ -72,7 +81,8 @@ type RunSummary struct {
 	Messages    uint64 `json:"messages"`
 	StartedAtMs int64  `json:"started_at_ms"`
 	LastAtMs    int64  `json:"last_at_ms"`
-	// ByRestart: the run began with a publisher restart (not with the first message ever seen).
+	// ByRestart: the run began with a publisher restart, or a reconnect taken for one (not with the
+	// first message ever seen).
 	ByRestart bool `json:"by_restart"`
 }
 
@@ -91,9 +101,10 @@ type Evidence struct {
 	BridgeChanged bool `json:"bridge_changed,omitempty"`
 	// AfterStale: the gap ends a stale period (the publisher had been silent for StaleAfter).
 	AfterStale bool `json:"after_stale,omitempty"`
-	// OldRun is how far the previous run got (publisher_restart).
+	// OldRun is how far the previous run got (publisher_restart, reconnect).
 	OldRun *RunSummary `json:"old_run,omitempty"`
-	// NewRunFirstSeq is the first sequence number received from the new run (publisher_restart).
+	// NewRunFirstSeq is the first sequence number received from the new run (publisher_restart,
+	// reconnect).
 	NewRunFirstSeq *uint64 `json:"new_run_first_seq,omitempty"`
 	// SilentMs is how long nothing was heard before the publisher came back (observed times).
 	SilentMs int64 `json:"silent_ms,omitempty"`

@@ -161,7 +161,7 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 		case TypeGap:
 			p.Gaps.add(e.Cause, 1)
 			p.Missing.add(e.Cause, e.Missing)
-			if e.Cause == CausePublisherRestart {
+			if e.Cause == CausePublisherRestart || e.Cause == CauseReconnect {
 				p.Restarts++
 			}
 		case TypeStale:
@@ -359,7 +359,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	} else {
 		fmt.Fprintf(tw, "group %s, since the detector first saw each publisher\n", r.Group)
 	}
-	fmt.Fprintln(tw, "NAMESPACE\tCOMPONENT\tWORKER\tRANK\tSTATE\tMESSAGES\tHEARTBEATS\tGAPS\tBRIDGE_DROP\tZMQ_DROP\tRESTART\tSTALE\tLATE_START\tLOST_AFTER_ACK\tMISSING\tLOSS%\tLAST_SEQ\tLAST_SEEN")
+	fmt.Fprintln(tw, "NAMESPACE\tCOMPONENT\tWORKER\tRANK\tSTATE\tMESSAGES\tHEARTBEATS\tGAPS\tBRIDGE_DROP\tZMQ_DROP\tRESTART\tRECONNECT\tSTALE\tLATE_START\tLOST_AFTER_ACK\tMISSING\tLOSS%\tLAST_SEQ\tLAST_SEEN")
 	for _, p := range r.Publishers {
 		worker := p.Key.WorkerID
 		if worker == "" {
@@ -370,9 +370,9 @@ func (r *Report) WriteText(w io.Writer) error {
 			last = time.UnixMilli(p.LastSeenMs).UTC().Format(time.RFC3339)
 		}
 		gap := func(c string) string { return fmt.Sprintf("%d/%d", p.Gaps.Get(c), p.Missing.Get(c)) }
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%.3f\t%d\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%.3f\t%d\t%s\n",
 			p.Key.Namespace, p.Key.Component, worker, p.Key.DPRank, p.State, p.Messages, p.Heartbeats, p.GapsTotal,
-			gap(CauseBridgeDrop), gap(CauseZMQDrop), gap(CausePublisherRestart), gap(CauseStale), gap(CauseLateStart),
+			gap(CauseBridgeDrop), gap(CauseZMQDrop), gap(CausePublisherRestart), gap(CauseReconnect), gap(CauseStale), gap(CauseLateStart),
 			p.LostAfterAckGaps, p.LostAfterAckMissing, p.MissingTotal, p.LossPercent, p.LastSeq, last)
 	}
 	fmt.Fprintln(tw, "(cause columns: gaps/missing messages)")

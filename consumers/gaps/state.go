@@ -57,6 +57,10 @@ type Pending struct {
 	// first numbers of a new run) or start (the numbers before the first one the detector saw of a
 	// publisher).
 	Kind string `json:"kind"`
+	// Reconnect (kind restart): the new run was not seen to go back, it began on a new connection of
+	// the bridge (Fpm-Run-Start: reconnect) further on: cause reconnect, unless a late message of the
+	// run at or below the old run's last shows the sequence did go back (then publisher_restart).
+	Reconnect bool `json:"reconnect,omitempty"`
 	// Ranges are the missing numbers (sorted, disjoint, inclusive); late messages punch holes.
 	Ranges [][2]uint64 `json:"ranges"`
 	Before Point       `json:"before"` // zero for kind start
@@ -93,6 +97,7 @@ type CauseCounts struct {
 	BridgeDrop       uint64 `json:"bridge_drop"`
 	ZMQDrop          uint64 `json:"zmq_drop"`
 	PublisherRestart uint64 `json:"publisher_restart"`
+	Reconnect        uint64 `json:"reconnect"`
 	Stale            uint64 `json:"stale"`
 	LateStart        uint64 `json:"late_start"`
 }
@@ -105,6 +110,8 @@ func (c *CauseCounts) ptr(cause string) *uint64 {
 		return &c.ZMQDrop
 	case CausePublisherRestart:
 		return &c.PublisherRestart
+	case CauseReconnect:
+		return &c.Reconnect
 	case CauseStale:
 		return &c.Stale
 	case CauseLateStart:
@@ -129,7 +136,7 @@ func (c *CauseCounts) add(cause string, n uint64) {
 
 // Total is the sum over the causes.
 func (c CauseCounts) Total() uint64 {
-	return c.BridgeDrop + c.ZMQDrop + c.PublisherRestart + c.Stale + c.LateStart
+	return c.BridgeDrop + c.ZMQDrop + c.PublisherRestart + c.Reconnect + c.Stale + c.LateStart
 }
 
 // Counters are a publisher's cumulative counts since the detector first saw it.

@@ -27,6 +27,9 @@ type Observation struct {
 	Heartbeat bool
 	// SeqMismatch: the bridge flagged counter_id != sequence frame.
 	SeqMismatch bool
+	// RunStart (Fpm-Run-Start) is how the bridges saw the message's run begin: streams.RunStartRestart,
+	// streams.RunStartReconnect, or "" (a bridge's first run of the publisher: the run before going on).
+	RunStart string
 }
 
 func (o *Observation) point() Point {
@@ -48,7 +51,10 @@ type rules struct {
 //     received anything of the run (held as Pending like a gap; late_start unless markers cover them).
 //   - seq > last: the run goes on; numbers skipped in between are a gap (held as Pending until drop
 //     markers cover it or the marker grace passes). A new bridge epoch here is a restarted bridge, not
-//     a restarted publisher.
+//     a restarted publisher, unless the bridges say the run began with a restart or a reconnect
+//     (Fpm-Run-Start): then it is a new run whose numbers before the first one received never
+//     arrived, cause publisher_restart or reconnect (a reconnect is a restart the bridge could not see
+//     as one: the sequence did not go back).
 //   - seq <= last under an epoch newer than any of the run: the bridge saw the sequence go back, so
 //     the publisher restarted.
 //   - seq <= last otherwise, or any seq under an epoch older than the run's first: a late message (fills
@@ -116,7 +122,9 @@ func (t *tracker) observe(o *Observation) {
 		t.goStale()
 	}
 	stale := st.Stale
-	if advance {
+	// A new epoch the bridges say began a new run: a restart whatever the sequence did.
+	newRun := !advance || o.Epoch > st.MaxEpoch && (o.RunStart == streams.RunStartRestart || o.RunStart == streams.RunStartReconnect)
+	if !newRun {
 		if o.Seq > st.Last.Seq+1 {
 			kind := kindJump
 			if stale != nil {
@@ -133,12 +141,12 @@ func (t *tracker) observe(o *Observation) {
 		st.Run.LastSeq, st.Run.LastEpoch, st.Run.LastAtMs = o.Seq, o.Epoch, o.ObservedAtMs
 		st.MaxEpoch = max(st.MaxEpoch, o.Epoch)
 	} else {
-		t.restart(o, stale != nil, silentMs)
+		t.restart(o, stale != nil, silentMs, advance && o.RunStart != streams.RunStartRestart)
 	}
 	t.count(o)
 	st.LastSeenMs = max(st.LastSeenMs, o.ObservedAtMs)
 	if stale != nil {
-		t.resume(o, stale, !advance)
+		t.resume(o, stale, newRun, advance && newRun && o.RunStart != streams.RunStartRestart)
 	}
 	if len(st.Markers) > 0 {
 		t.prune()
@@ -164,8 +172,10 @@ func (t *tracker) startRun(o *Observation, byRestart bool) {
 
 // restart ends the current run at o, the first message of a new one. The new run's numbers below
 // o.Seq that never arrived are held like a gap (markers may cover some); the publisher_restart event
-// is emitted when they are classified (at once when o.Seq is 0).
-func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64) {
+// is emitted when they are classified (at once when o.Seq is 0). reconnect: the sequence did not go
+// back, the bridges took the run for a new one because it began on a new connection (cause
+// reconnect).
+func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64, reconnect bool) {
 	st := t.st
 	old := st.Run
 	before := st.Last
@@ -173,7 +183,7 @@ func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64) {
 	st.Counters.Restarts++
 	p := Pending{
 		Kind: kindRestart, Before: before, After: o.point(), RevealedMs: o.StoredMs,
-		EpochLo: o.Epoch, EpochHi: o.Epoch, OldRun: &old, AfterStale: afterStale, SilentMs: silentMs,
+		EpochLo: o.Epoch, EpochHi: o.Epoch, OldRun: &old, AfterStale: afterStale, SilentMs: silentMs, Reconnect: reconnect,
 	}
 	if o.Seq > 0 {
 		p.Ranges = [][2]uint64{{0, o.Seq - 1}}
@@ -207,14 +217,18 @@ func (t *tracker) markStale() bool {
 	return true
 }
 
-func (t *tracker) resume(o *Observation, stale *Point, restarted bool) {
+func (t *tracker) resume(o *Observation, stale *Point, restarted, reconnect bool) {
 	st := t.st
 	st.Stale = nil
 	after := o.point()
 	silent := o.ObservedAtMs - stale.ObservedAtMs
 	sum := fmt.Sprintf("heard again after %v of silence at seq %d (last was %d); the publisher did not restart",
 		time.Duration(silent)*time.Millisecond, o.Seq, stale.Seq)
-	if restarted {
+	switch {
+	case reconnect:
+		sum = fmt.Sprintf("heard again after %v of silence at seq %d (last was %d) on a new connection of the bridge; the publisher may have restarted meanwhile (see the reconnect gap)",
+			time.Duration(silent)*time.Millisecond, o.Seq, stale.Seq)
+	case restarted:
 		sum = fmt.Sprintf("heard again after %v of silence at seq %d (last was %d); the publisher restarted meanwhile",
 			time.Duration(silent)*time.Millisecond, o.Seq, stale.Seq)
 	}
@@ -252,6 +266,9 @@ func (t *tracker) fill(o *Observation) bool {
 				repl = append(repl, [2]uint64{o.Seq + 1, r[1]})
 			}
 			p.Ranges = slices.Replace(p.Ranges, j, j+1, repl...)
+			if p.Kind == kindRestart && p.Reconnect && o.Seq <= p.Before.Seq {
+				p.Reconnect = false // a copy from a bridge that saw the sequence go back: a restart for certain
+			}
 			if len(p.Ranges) == 0 && p.Kind != kindRestart {
 				t.st.Pending = slices.Delete(t.st.Pending, i, i+1)
 			} else {
@@ -408,13 +425,24 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 		ev := base
 		ev.OldRun = p.OldRun
 		ev.NewRunFirstSeq = u64p(p.After.Seq)
-		ev.Summary = fmt.Sprintf("the sequence went back from %d to %d under a new bridge epoch: the publisher restarted; the old run got to seq %d (%d messages from seq %d)",
-			p.Before.Seq, p.After.Seq, p.OldRun.LastSeq, p.OldRun.Messages, p.OldRun.FirstSeq)
+		cause := CausePublisherRestart
+		switch {
+		case p.Reconnect:
+			cause = CauseReconnect
+			ev.Summary = fmt.Sprintf("the bridge's connection to the publisher ended and a new one began, and the sequence went on from %d to %d under a new bridge epoch: the publisher may have restarted while the bridge was disconnected (its new run's first numbers were sent before the bridge was connected again), so they are named missing; if only the connection broke, the old run's numbers up to %d named here were stored under epoch %d; the old run got to seq %d (%d messages from seq %d)",
+				p.Before.Seq, p.After.Seq, p.Before.Seq, p.Before.Epoch, p.OldRun.LastSeq, p.OldRun.Messages, p.OldRun.FirstSeq)
+		case p.After.Seq > p.Before.Seq:
+			ev.Summary = fmt.Sprintf("the bridges saw the publisher restart (its sequence went back) before seq %d, which came after %d under a new bridge epoch; the old run got to seq %d (%d messages from seq %d)",
+				p.After.Seq, p.Before.Seq, p.OldRun.LastSeq, p.OldRun.Messages, p.OldRun.FirstSeq)
+		default:
+			ev.Summary = fmt.Sprintf("the sequence went back from %d to %d under a new bridge epoch: the publisher restarted; the old run got to seq %d (%d messages from seq %d)",
+				p.Before.Seq, p.After.Seq, p.OldRun.LastSeq, p.OldRun.Messages, p.OldRun.FirstSeq)
+		}
 		if missing > 0 {
 			ev.Summary += fmt.Sprintf("; %d of the new run's first %d messages never arrived", missing, p.After.Seq)
 		}
 		e := &Event{GapEventFields: streams.GapEventFields{Type: TypeGap, ID: streams.RestartMsgID(t.key, p.After.Epoch),
-			Cause: CausePublisherRestart, Epoch: p.After.Epoch, Missing: missing, Before: &p.Before}, After: &p.After, Evidence: ev}
+			Cause: cause, Epoch: p.After.Epoch, Missing: missing, Before: &p.Before}, After: &p.After, Evidence: ev}
 		if len(ranges) > 0 {
 			e.FirstMissing, e.LastMissing = u64p(ranges[0][0]), u64p(ranges[len(ranges)-1][1])
 			if len(ranges) > 1 {

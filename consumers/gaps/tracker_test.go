@@ -20,6 +20,8 @@ type script struct {
 	st        *State
 	streamSeq uint64
 	nowMs     int64 // stream time of the next message
+	// runStart is the Fpm-Run-Start the bridges stamp per epoch (absent: a bridge's first run).
+	runStart map[int64]string
 }
 
 func newScript(t testing.TB) *script {
@@ -31,7 +33,8 @@ func newScript(t testing.TB) *script {
 func (s *script) fpm(seq uint64, epoch, atMs int64) {
 	s.streamSeq++
 	s.nowMs = max(s.nowMs, atMs)
-	s.tr.observe(&Observation{StreamSeq: s.streamSeq, StoredMs: s.nowMs, Seq: seq, ObservedAtMs: atMs, Epoch: epoch, Bridge: "b"})
+	s.tr.observe(&Observation{StreamSeq: s.streamSeq, StoredMs: s.nowMs, Seq: seq, ObservedAtMs: atMs, Epoch: epoch, Bridge: "b",
+		RunStart: s.runStart[epoch]})
 }
 
 // run applies seqs first..last, one per 100 ms from atMs.
@@ -175,6 +178,77 @@ func TestTrackerScenarios(t *testing.T) {
 				{Type: TypeGap, Cause: CausePublisherRestart, First: -1, Last: -1, OldRunLast: 99, BridgeChange: true},
 				func() evSummary { e := gapS(CauseBridgeDrop, 0, 2); e.MarkerCount = 1; e.BridgeChange = true; return e }(),
 			},
+		},
+		// A run the bridge began on a new connection, further on than the old run's last: the publisher
+		// may have restarted while the bridge was disconnected. Every number before the first received
+		// is named, under the new epoch (a guess of continuity would have named 10-24 only, and under
+		// the old run's account).
+		"a reconnect further on is a new run of unknown start": {
+			play: func(s *script) {
+				s.runStart = map[int64]string{2: streams.RunStartReconnect}
+				at := s.run(0, 9, 1, 1000)
+				s.run(25, 30, 2, at+300)
+				check(s.t, len(s.st.Outbox) == 0, "held for the grace")
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				check(s.t, s.st.Run.ByRestart && s.st.Run.FirstSeq == 25, "run %+v", s.st.Run)
+			},
+			want: []evSummary{{Type: TypeGap, Cause: CauseReconnect, First: 0, Last: 24, Missing: 25, OldRunLast: 9, BridgeChange: true}},
+		},
+		// A redundant bridge that saw the sequence go back stores the new run's first numbers later: they
+		// fill the gap and show the restart is one.
+		"a reconnect whose first numbers another bridge stored later is a publisher restart": {
+			play: func(s *script) {
+				s.runStart = map[int64]string{2: streams.RunStartReconnect}
+				at := s.run(0, 9, 1, 1000)
+				at = s.run(25, 30, 2, at+300)
+				s.run(4, 24, 2, at)
+				s.tr.expire(s.nowMs + 10_000)
+			},
+			want: []evSummary{{Type: TypeGap, Cause: CausePublisherRestart, First: 0, Last: 3, Missing: 4, OldRunLast: 9, BridgeChange: true}},
+		},
+		"a restart the bridges saw, read first from a copy further on": {
+			play: func(s *script) {
+				s.runStart = map[int64]string{2: streams.RunStartRestart}
+				at := s.run(0, 9, 1, 1000)
+				s.run(25, 30, 2, at+300)
+				s.tr.expire(s.nowMs + 10_000)
+			},
+			want: []evSummary{{Type: TypeGap, Cause: CausePublisherRestart, First: 0, Last: 24, Missing: 25, OldRunLast: 9, BridgeChange: true}},
+		},
+		"a reconnect that goes back is a publisher restart": {
+			play: func(s *script) {
+				s.runStart = map[int64]string{2: streams.RunStartReconnect}
+				at := s.run(0, 99, 1, 1000)
+				s.run(0, 10, 2, at+500)
+			},
+			want: []evSummary{{Type: TypeGap, Cause: CausePublisherRestart, First: -1, Last: -1, OldRunLast: 99, BridgeChange: true}},
+		},
+		"a reconnect after silence: resumed says the publisher may have restarted": {
+			play: func(s *script) {
+				s.runStart = map[int64]string{2: streams.RunStartReconnect}
+				at := s.run(0, 9, 1, 1000)
+				s.tr.markStale()
+				s.run(40, 41, 2, at+8000)
+				s.tr.expire(s.nowMs + 10_000)
+				ev := s.st.Outbox
+				check(s.t, len(ev) == 3 && ev[1].Type == TypeResumed && strings.Contains(ev[1].Evidence.Summary, "may have restarted"), "events %+v", ev)
+			},
+			want: []evSummary{{Type: TypeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
+				{Type: TypeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &tru, OldRunLast: -1, BridgeChange: true},
+				{Type: TypeGap, Cause: CauseReconnect, First: 0, Last: 39, Missing: 40, OldRunLast: 9, BridgeChange: true}},
+		},
+		"the same reconnect's run-start on later FPMs of the epoch is no new restart": {
+			play: func(s *script) {
+				s.runStart = map[int64]string{2: streams.RunStartReconnect}
+				at := s.run(0, 9, 1, 1000)
+				at = s.run(25, 30, 2, at+300)
+				s.run(32, 40, 2, at)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+			},
+			want: []evSummary{{Type: TypeGap, Cause: CauseReconnect, First: 0, Last: 24, Missing: 25, OldRunLast: 9, BridgeChange: true},
+				func() evSummary { e := gapS(CauseZMQDrop, 31, 31); return e }()},
 		},
 		"a new bridge epoch without a regression is not a restart": {
 			play: func(s *script) {
