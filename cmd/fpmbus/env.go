@@ -200,11 +200,13 @@ func checkPort(raw string) (string, error) {
 	return strconv.Itoa(n), nil
 }
 
-// checkPositive admits integers from 1 to limit.
+// checkPositive admits integers from 1 to limit, written as Dynamo's config reads its numbers
+// (trace.ParsePositive, with an optional '+'). The trace writer's flags parse with the same function,
+// so a DYN_FPM_* variable and its flag accept the same text.
 func checkPositive(limit int64) func(string) (string, error) {
 	return func(raw string) (string, error) {
-		n, err := strconv.ParseInt(strings.TrimSpace(raw), 10, 64)
-		if err != nil || n < 1 || n > limit {
+		n, err := trace.ParsePositive(raw)
+		if err != nil || n > limit {
 			return "", fmt.Errorf("want a positive integer (at most %d)", limit)
 		}
 		return strconv.FormatInt(n, 10), nil

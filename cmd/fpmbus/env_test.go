@@ -3,9 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
+	"io"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/fpmbus/fpmbus/consumers/trace"
 )
 
 // run runs fpmbus in-process and returns its exit status and what it printed on stderr and as help.
@@ -129,20 +134,109 @@ func TestEnvironmentDynamoTraceVariableSetButEmpty(t *testing.T) {
 				}
 			})
 		}
-		if name == "DYN_FPM_OUTPUT_PATH" {
-			continue // planUp gives --trace-output, which overrides the variable
-		}
 		t.Run(name+"/up", func(t *testing.T) {
 			t.Setenv(name, "")
-			r, err := planUp(t)
+			plan := planUp
+			if name == "DYN_FPM_OUTPUT_PATH" {
+				plan = planUpWithoutTraceOutput // planUp's --trace-output would override the variable
+			}
+			r, err := plan(t)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if r.trace != nil {
 				t.Fatalf("up plans a trace writer with %s set but empty: %+v", name, *r.trace)
 			}
+			if !strings.Contains(r.traceDisabled, name) {
+				t.Fatalf("the trace writer is disabled for %q, which does not name %s", r.traceDisabled, name)
+			}
 		})
 	}
+}
+
+// planUpWithoutTraceOutput plans up as planUp does, but leaves --trace-output to its variable.
+func planUpWithoutTraceOutput(t *testing.T, args ...string) (*upRun, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o := upFlags(fs)
+	if err := fs.Parse(append([]string{"--data-dir", filepath.Join(t.TempDir(), "data")}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	return o.plan()
+}
+
+// Dynamo reads its numeric trace variables with Rust's unsigned parse after trimming: an optional '+',
+// digits, nothing else. The variable and the flag it is the default of accept the same text, in
+// `trace` and in `up`.
+func TestDynamoTraceNumbersFlagAndVariableAgree(t *testing.T) {
+	type setting struct {
+		env, flag, upFlag string
+		got               func(trace.Config) int64
+	}
+	settings := []setting{
+		{trace.EnvSampleInterval, "sample-interval", "trace-sample-interval", func(c trace.Config) int64 { return c.SampleInterval.Milliseconds() }},
+		{trace.EnvRollBytes, "roll-bytes", "trace-roll-bytes", func(c trace.Config) int64 { return c.RollBytes }},
+		{trace.EnvMaxSegments, "max-segments", "trace-max-segments", func(c trace.Config) int64 { return int64(c.MaxSegments) }},
+	}
+	values := map[string]int64{ // 0: refused
+		"7": 7, "+7": 7, " +7 ": 7, "007": 7,
+		"-7": 0, "": 0, "   ": 0, "+": 0, "+ 7": 0, "7 7": 0, "++7": 0, "+-7": 0, "0": 0, "+0": 0, "7.0": 0,
+	}
+	for _, s := range settings {
+		for value, want := range values {
+			name := s.env + "=" + strconv.Quote(value)
+			t.Run(name+"/trace", func(t *testing.T) {
+				fromFlag, flagErr := traceConfigFrom(t, "--"+s.flag, value)
+				t.Setenv(s.env, value)
+				fromEnv, envErr := traceConfigFrom(t)
+				for how, c := range map[string]struct {
+					cfg trace.Config
+					err error
+				}{"--" + s.flag: {fromFlag, flagErr}, s.env: {fromEnv, envErr}} {
+					if want == 0 && c.err == nil {
+						t.Errorf("%s %q accepted (%d), want refused", how, value, s.got(c.cfg))
+					}
+					if want != 0 && (c.err != nil || s.got(c.cfg) != want) {
+						t.Errorf("%s %q: %d, %v; want %d", how, value, s.got(c.cfg), c.err, want)
+					}
+				}
+			})
+			t.Run(name+"/up", func(t *testing.T) {
+				viaFlag, err := planUp(t, "--"+s.upFlag+"="+value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Setenv(s.env, value)
+				viaEnv, err := planUp(t)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for how, r := range map[string]*upRun{"--" + s.upFlag: viaFlag, s.env: viaEnv} {
+					switch {
+					case want == 0 && r.trace != nil:
+						t.Errorf("%s %q: up plans a trace writer, want it disabled", how, value)
+					case want != 0 && r.trace == nil:
+						t.Errorf("%s %q: up disables the trace writer: %s", how, value, r.traceDisabled)
+					case want != 0 && s.got(*r.trace) != want:
+						t.Errorf("%s %q: %d, want %d", how, value, s.got(*r.trace), want)
+					}
+				}
+			})
+		}
+	}
+}
+
+// traceConfigFrom is the trace writer's configuration from the environment and args.
+func traceConfigFrom(t *testing.T, args ...string) (trace.Config, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o := traceFlags(fs, "")
+	if err := fs.Parse(append([]string{"--trace-output", filepath.Join(t.TempDir(), "fpm")}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	return o.config()
 }
 
 // DYN_FPM_HEARTBEAT_INTERVAL_MS, the Rust publisher's idle heartbeat override, is the default of

@@ -44,10 +44,7 @@ func MergedPathFor(base string, dpStart int) string {
 // BasePathOf returns the configured output path a rank file was named from: <stem>_dpN<ext> ->
 // <stem><ext>; a name without the suffix is rank 0's, the base path itself.
 func BasePathOf(rankPath string) string {
-	stem, ext := splitExt(rankPath)
-	if m := dpSuffix.FindStringSubmatch(stem); m != nil {
-		stem = strings.TrimSuffix(stem, m[0])
-	}
+	stem, ext, _ := splitRankPath(rankPath)
 	return stem + ext
 }
 
@@ -69,13 +66,23 @@ var dpSuffix = regexp.MustCompile(`_dp(\d+)$`)
 // RankFromPath returns N for a "<stem>_dpN<ext>" file name, or -1 (rank unknown: the document's dp.rank
 // is used). Dynamo names rank 0's file without a suffix, so a name without one is not assumed to be rank 0.
 func RankFromPath(path string) int {
-	stem := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	_, _, rank := splitRankPath(path)
+	return rank
+}
+
+// splitRankPath undoes Dynamo's rank file naming, <stem>_dpN<ext> from the configured path's
+// os.path.splitext: it returns that stem and ext and N, or the path's own split and -1 when the name
+// has no such suffix. RankFromPath and BasePathOf both read names through it, so a file is never given
+// a rank by one and the base path of rank 0 by the other (".b_dp1" has no extension: it is rank 1 of
+// ".b", not a file named by its extension).
+func splitRankPath(path string) (stem, ext string, rank int) {
+	stem, ext = splitExt(path)
 	if m := dpSuffix.FindStringSubmatch(stem); m != nil {
 		if n, err := strconv.Atoi(m[1]); err == nil {
-			return n
+			return strings.TrimSuffix(stem, m[0]), ext, n
 		}
 	}
-	return -1
+	return stem, ext, -1
 }
 
 // RunIDPlaceholder in an output path template is replaced by the run id (percent-encoded as a subject

@@ -134,6 +134,36 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 	}
 }
 
+// A rank file's name is read one way for its rank and for its base path: split as os.path.splitext
+// splits the configured path (a dot file's leading dots start no extension), then the _dpN suffix.
+func TestRankFileNamesSplitAsPython(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		path string
+		rank int
+		base string
+	}{
+		{".b_dp1", 1, ".b"},
+		{"/data/.b_dp1", 1, "/data/.b"},
+		{"/data/..b_dp2", 2, "/data/..b"},
+		{"/data/.b_dp3.json", 3, "/data/.b.json"},
+		{"/data/.b", -1, "/data/.b"},
+		{"/data/.b_dp", -1, "/data/.b_dp"},
+		{"/data/out.tar_dp1.gz", 1, "/data/out.tar.gz"},
+		{"/data/b_dp1.", 1, "/data/b."},
+		{"/data/b_dp1.tar.gz", -1, "/data/b_dp1.tar.gz"},
+		{"/data/b_dp99999999999999999999.json", -1, "/data/b_dp99999999999999999999.json"},
+		{"/data/run_dp1.d/bench.json", -1, "/data/run_dp1.d/bench.json"},
+	} {
+		if got := RankFromPath(c.path); got != c.rank {
+			t.Errorf("RankFromPath(%s) = %d, want %d", c.path, got, c.rank)
+		}
+		if got := BasePathOf(c.path); got != c.base {
+			t.Errorf("BasePathOf(%s) = %s, want %s", c.path, got, c.base)
+		}
+	}
+}
+
 // A symbolic link (or other non-regular file) planted where the merger writes its artefact or sidecar,
 // or removes a stale sidecar, is refused, naming it; it is neither written through nor replaced.
 func TestBenchWriteResultRefusesNonRegularFiles(t *testing.T) {

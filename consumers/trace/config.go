@@ -145,11 +145,13 @@ func ParseMode(s string) (string, error) {
 	return "", fmt.Errorf("%w: mode %q: want sampled or full", ErrInvalidConfig, s)
 }
 
-// ParsePositive parses a positive decimal integer as Dynamo does (trimmed; no sign, no fraction, no
-// zero).
+// ParsePositive parses a positive decimal integer as Dynamo does: its config trims the value and parses
+// it with Rust's str::parse for an unsigned integer, which takes an optional leading '+' and nothing
+// else (no '-', no inner space, no fraction, no underscore), and then refuses zero. Values above the
+// largest int64 are refused too, as Go durations and sizes cannot hold them.
 func ParsePositive(s string) (int64, error) {
 	s = strings.TrimSpace(s)
-	n, err := strconv.ParseUint(s, 10, 63)
+	n, err := strconv.ParseUint(strings.TrimPrefix(s, "+"), 10, 63)
 	if err != nil || n == 0 {
 		return 0, fmt.Errorf("%w: %q is not a positive integer", ErrInvalidConfig, s)
 	}

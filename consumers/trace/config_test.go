@@ -18,7 +18,8 @@ func TestDefaultConfigIsDynamos(t *testing.T) {
 }
 
 // The values of Dynamo's variables parse as Dynamo parses them: trimmed, the mode case-insensitive,
-// numbers positive decimal integers only (the empty string is none of them).
+// numbers positive decimal integers with an optional '+', as Rust parses an unsigned integer (the
+// empty string is none of them).
 func TestParseDynamoValues(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{" FULL ": "full", "Sampled": "sampled", "": "", "everything": "", "ful": ""} {
@@ -28,7 +29,9 @@ func TestParseDynamoValues(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]int64{"250": 250, " 9 ": 9, "9223372036854775807": 1<<63 - 1,
-		"": 0, "   ": 0, "0": 0, "-5": 0, "+5": 0, "1.5": 0, "5s": 0, "four": 0, "9223372036854775808": 0} {
+		"+5": 5, " +5\t": 5, "007": 7, "+007": 7,
+		"": 0, "   ": 0, "\t\n": 0, "0": 0, "+0": 0, "-0": 0, "-5": 0, "+": 0, "++5": 0, "+-5": 0, "-+5": 0,
+		"+ 5": 0, "5 5": 0, "1_000": 0, "0x10": 0, "1.5": 0, "5s": 0, "four": 0, "9223372036854775808": 0} {
 		got, err := ParsePositive(in)
 		if got != want || (want == 0) != errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("ParsePositive(%q) = %d, %v; want %d", in, got, err, want)

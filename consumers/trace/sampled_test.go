@@ -318,16 +318,83 @@ func TestSampledModeGolden(t *testing.T) {
 	}
 	h.tick(2 * time.Second) // wall-clock fallback for the keys left idle
 	h.stop()
+	golden.Check(t, filepath.Join("testdata", "sampled_trace.golden.jsonl"), goldenLines(t, cfg, "4192", "conn_7", "unknown"), *update)
+}
+
+// goldenLines returns the decoded lines of the given producers' segment 0, each producer's under a
+// "# <segment file name>" line.
+func goldenLines(t *testing.T, cfg Config, producers ...string) []byte {
+	t.Helper()
 	out := outputLines(t, cfg.OutputPath)
 	var got bytes.Buffer
-	for _, p := range []string{"4192", "conn_7", "unknown"} {
+	for _, p := range producers {
 		fmt.Fprintf(&got, "# %s\n", filepath.Base(SegmentPath(SegmentPrefix(cfg.OutputPath, p), 0)))
 		for _, l := range out[p] {
 			got.Write(l)
 			got.WriteByte('\n')
 		}
 	}
-	golden.Check(t, filepath.Join("testdata", "sampled_trace.golden.jsonl"), got.Bytes(), *update)
+	return got.Bytes()
+}
+
+// The exact lines of sampled mode's per-interval rules, each scenario in its own golden file: the
+// summary (rank/counter@observed, as TestSampledModeFakeClock writes it) says what the golden file
+// must show, so that regenerating it cannot quietly accept a broken rule.
+func TestSampledModeRulesGolden(t *testing.T) {
+	t.Parallel()
+	const base = 1_782_777_600_000 // a multiple of the 500 ms interval
+	type msg struct{ rank, counter, at int64 }
+	for _, tc := range []struct {
+		golden string
+		msgs   []msg
+		tickAt int // a flush tick after this many messages
+		want   []string
+	}{{
+		// A key gets at most one line per interval [k*500, (k+1)*500) of observed_at: the newest of it.
+		// Rank 0's interval [1000, 1500) ends when 4@1500 arrives; 5@1300, late for it, gets no second
+		// line, and 6@1600 supersedes 4@1500 in [1500, 2000). Rank 1's [1000, 1500) ends with 3@2100.
+		golden: "sampled_one_line_per_interval",
+		msgs: []msg{
+			{0, 1, 1050}, {0, 2, 1200}, {0, 3, 1490}, {1, 1, 1100}, {1, 2, 1499},
+			{0, 4, 1500}, {0, 5, 1300}, {0, 6, 1600}, {1, 3, 2100},
+		},
+		tickAt: 8,
+		want:   []string{"0/3@1490", "1/2@1499", "0/6@1600", "1/3@2100"},
+	}, {
+		// An arrival repeating the last counter written for its key is ignored, so the newer pending
+		// sample is still written: 10@1700 leaves 11@1600 pending, 11@2200 leaves 12@2100, and 12@2600,
+		// alone in [2500, 3000), gets no line there. The same counter on another key is no repeat:
+		// rank 1's 10@1800 is written.
+		golden: "sampled_repeated_counter",
+		msgs: []msg{
+			{0, 10, 1100}, {0, 11, 1600}, {0, 10, 1700}, {1, 10, 1800},
+			{0, 12, 2100}, {0, 11, 2200}, {0, 12, 2600}, {0, 13, 3100},
+		},
+		tickAt: 3,
+		want:   []string{"0/10@1100", "0/11@1600", "1/10@1800", "0/12@2100", "0/13@3100"},
+	}} {
+		t.Run(tc.golden, func(t *testing.T) {
+			t.Parallel()
+			cfg := sampledConfig(t)
+			cfg.SampleInterval = 500 * time.Millisecond
+			h := newHarness(t, cfg)
+			for i, m := range tc.msgs {
+				h.send(testFPM{key: streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w", DPRank: int(m.rank)},
+					counter: m.counter, receivedMs: base + m.at})
+				if i+1 == tc.tickAt {
+					h.tick(10 * time.Millisecond)
+				}
+			}
+			h.stop()
+			if got := h.lines(base); strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Fatalf("lines %v, want %v", got, tc.want)
+			}
+			if u := h.unacked(); len(u) != 0 {
+				t.Fatalf("unacked after stop: %v", u)
+			}
+			golden.Check(t, filepath.Join("testdata", tc.golden+".golden.jsonl"), goldenLines(t, cfg, "w"), *update)
+		})
+	}
 }
 
 // Releasing a partition (its writer's graceful end) writes its producers' pending samples, makes
