@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"strings"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
@@ -28,6 +27,9 @@ import (
 //     an empty spool is removed. A bridge killed before its stop leaves the spool as it found it: its
 //     markers are published again by the next run, and their Nats-Msg-Id (derived from the range)
 //     makes JetStream store each once within the duplicate window.
+//   - The spool is read, rewritten and removed only as a regular file (internal/fsutil): a symbolic
+//     link, named pipe or directory under its name is refused with an error naming it, and never read,
+//     written through or removed; the bridge runs on without it.
 //   - A spool line that is not a valid drop marker (a damaged file) is reported and skipped; it never
 //     stops the bridge. When the spool cannot be written (the same full disk), each marker is in the
 //     error log (`drop marker could not be stored`), the last place it survives.
@@ -64,8 +66,14 @@ func (b *Bridge) loadMarkerSpool() []*item {
 	if path == "" {
 		return nil
 	}
-	data, err := os.ReadFile(path)
+	// The spool is read before the publisher starts: a named pipe under its name would hold the bridge
+	// there, and a symbolic link would publish someone else's file as drop markers. Both are refused.
+	data, _, err := fsutil.ReadRegular(path)
 	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if errors.Is(err, fsutil.ErrNotRegular) {
+		b.log.Error("drop marker spool refused: it is not a regular file, so nothing is read from it, and it is left as it is", "spool", path, "error", err)
 		return nil
 	}
 	if err != nil {
@@ -108,7 +116,7 @@ func (b *Bridge) spoolStored(it *item) {
 	if len(b.spooled) > 0 {
 		return
 	}
-	if err := os.Remove(b.cfg.MarkerSpool); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := fsutil.RemoveRegular(b.cfg.MarkerSpool); err != nil {
 		b.log.Error("drop marker spool: cannot remove the spool of markers now stored; they will be published again", "spool", b.cfg.MarkerSpool, "error", err)
 		return
 	}
@@ -123,7 +131,11 @@ func (b *Bridge) writeMarkerSpool(unstored []*item) {
 		return
 	}
 	if len(unstored) == 0 {
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		err := fsutil.RemoveRegular(path)
+		switch {
+		case errors.Is(err, fsutil.ErrNotRegular):
+			b.log.Error("drop marker spool refused: it is not a regular file, and it is left as it is", "spool", path, "error", err)
+		case err != nil:
 			b.log.Error("drop marker spool: cannot remove the spool of markers now stored; they will be published again", "spool", path, "error", err)
 		}
 		return

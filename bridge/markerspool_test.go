@@ -1,10 +1,13 @@
 package bridge
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,6 +85,77 @@ func TestUnstoredDropMarkersAreSpooledAndPublishedByTheNextRun(t *testing.T) {
 	}
 	if _, err := os.Stat(spool); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a stop with every marker stored left a spool: %v", err)
+	}
+}
+
+// The marker spool in a data directory someone else may write into: whatever is planted under its
+// name is refused at start, naming it, without waiting on a named pipe or publishing the file a link
+// points to as drop markers; the stop neither writes through it nor removes it.
+func TestMarkerSpoolRefusesAPlantedFile(t *testing.T) {
+	t.Parallel()
+	m := streams.DropMarker{Type: streams.DropMarkerEvent, Key: fpmKey("w", 0), Epoch: 5, FirstSeq: 3, LastSeq: 9, Count: 7, Reason: ReasonShutdown, Bridge: "b"}
+	markers := append(bytes.Clone(m.Msg().Data), '\n')
+	for name, tc := range map[string]struct {
+		plant func(spool, elsewhere string) error
+		want  string
+	}{
+		"a symbolic link to a file of drop markers": {
+			plant: func(spool, elsewhere string) error {
+				if err := os.WriteFile(elsewhere, markers, 0o600); err != nil {
+					return err
+				}
+				return os.Symlink(elsewhere, spool)
+			},
+			want: "is a symbolic link to",
+		},
+		"a named pipe": {
+			plant: func(spool, _ string) error { return syscall.Mkfifo(spool, 0o600) },
+			want:  "is a named pipe",
+		},
+		"a directory": {
+			plant: func(spool, _ string) error { return os.Mkdir(spool, 0o700) },
+			want:  "is a directory",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			spool := filepath.Join(t.TempDir(), "bridge-drop-markers.jsonl")
+			elsewhere := filepath.Join(t.TempDir(), "elsewhere.jsonl")
+			if err := tc.plant(spool, elsewhere); err != nil {
+				t.Fatal(err)
+			}
+			before, beforeErr := os.ReadFile(elsewhere)
+			var logged bytes.Buffer
+			b := &Bridge{cfg: Config{MarkerSpool: spool}, log: slog.New(slog.NewTextHandler(&logged, nil))}
+			loaded := make(chan []*item, 1)
+			go func() { loaded <- b.loadMarkerSpool() }()
+			select {
+			case items := <-loaded:
+				if len(items) != 0 {
+					t.Fatalf("%d drop markers loaded through %s", len(items), spool)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the bridge's start waits on what was planted at %s", spool)
+			}
+			if want := spool + " " + tc.want; !strings.Contains(logged.String(), "drop marker spool refused") || !strings.Contains(logged.String(), want) {
+				t.Fatalf("log at start, want the spool refused naming %q:\n%s", want, logged.String())
+			}
+
+			for _, unstored := range [][]*item{{spooledMarkerItem(m)}, nil} { // a stop with markers to spool, then one without
+				logged.Reset()
+				b.writeMarkerSpool(unstored)
+				if !strings.Contains(logged.String(), spool+" "+tc.want) {
+					t.Fatalf("log at a stop with %d markers unstored, want the spool refused naming it:\n%s", len(unstored), logged.String())
+				}
+				after, afterErr := os.ReadFile(elsewhere)
+				if !bytes.Equal(after, before) || (afterErr == nil) != (beforeErr == nil) {
+					t.Fatalf("%s changed through %s: %q (%v), was %q (%v)", elsewhere, spool, after, afterErr, before, beforeErr)
+				}
+				if fi, err := os.Lstat(spool); err != nil || fi.Mode().IsRegular() {
+					t.Fatalf("what was planted at %s was replaced or removed: %v, %v", spool, fi, err)
+				}
+			}
+		})
 	}
 }
 

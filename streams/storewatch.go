@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 )
 
 // The store watch of the embedded server: whether its JetStream store can take writes, said where a user
@@ -245,8 +247,12 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 	}
 	// The filesystem has room: restart JetStream if the store takes a write.
 	if err := w.probe(); err != nil {
-		w.set(log, now, StoreWriteError, fmt.Sprintf("JetStream store %s (filesystem at %s, %d bytes available) refuses writes: %s; a probe write failed: %v",
-			w.dir, w.mount, free, strings.Join(faults, "; "), err), free, false)
+		why := fmt.Sprintf("a probe write failed: %v", err)
+		if errors.Is(err, fsutil.ErrNotRegular) {
+			why = fmt.Sprintf("the probe file is refused: %v; JetStream is not restarted until it is removed", err)
+		}
+		w.set(log, now, StoreWriteError, fmt.Sprintf("JetStream store %s (filesystem at %s, %d bytes available) refuses writes: %s; %s",
+			w.dir, w.mount, free, strings.Join(faults, "; "), why), free, false)
 		return nil
 	}
 	if now.Before(w.restartAt) {
@@ -335,10 +341,13 @@ func (w *storeWatch) lost() string {
 // close releases the store directory.
 func (w *storeWatch) close() { _ = w.held.Close() }
 
-// probe writes, syncs and removes a small file next to the store.
+// probe writes, syncs and removes a small file next to the store. The data directory may be shared
+// with other users (an edge directory under /tmp), so a symbolic link or named pipe planted under the
+// probe's name is refused (*fsutil.NotRegularError, naming it) and left as it is, never written
+// through: the probe then fails, and the store's status says why.
 func (w *storeWatch) probe() error {
 	path := filepath.Join(w.probeDir, storeProbeName)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := fsutil.CreateRegular(path, 0o600)
 	if err != nil {
 		return err
 	}
@@ -349,7 +358,7 @@ func (w *storeWatch) probe() error {
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if rerr := os.Remove(path); err == nil && rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+	if rerr := fsutil.RemoveRegular(path); err == nil && rerr != nil {
 		err = rerr
 	}
 	return err

@@ -1,12 +1,14 @@
 package streams_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -227,5 +229,88 @@ func TestWatchStoreIgnoresAFaultSeenOnce(t *testing.T) {
 	}
 	if err := pub(1); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The data directory may be shared (an edge directory under /tmp): whatever is planted under the
+// store probe's name is refused, never written through or waited on, and left as it is; the status
+// names it and says JetStream waits for its removal, and once it is gone JetStream is restarted.
+func TestWatchStoreProbeRefusesAPlantedFile(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		plant func(probe, elsewhere string) error
+		want  string
+	}{
+		"a symbolic link to a file elsewhere": {
+			plant: func(probe, elsewhere string) error {
+				if err := os.WriteFile(elsewhere, []byte("precious"), 0o600); err != nil {
+					return err
+				}
+				return os.Symlink(elsewhere, probe)
+			},
+			want: "is a symbolic link to",
+		},
+		"a symbolic link to nothing yet": {
+			plant: func(probe, elsewhere string) error { return os.Symlink(elsewhere, probe) },
+			want:  "is a symbolic link to",
+		},
+		"a named pipe": {
+			plant: func(probe, _ string) error { return syscall.Mkfifo(probe, 0o600) },
+			want:  "is a named pipe",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			storeDir := filepath.Join(t.TempDir(), "data", "jetstream")
+			srv, js, _ := watchedServer(t, storeDir)
+			probe := filepath.Join(storeDir, ".fpmbus-store-probe")
+			elsewhere := filepath.Join(t.TempDir(), "elsewhere")
+			if err := tc.plant(probe, elsewhere); err != nil {
+				t.Fatal(err)
+			}
+			before, beforeErr := os.ReadFile(elsewhere)
+			if err := srv.NATS().ShutdownJetStream(); err != nil { // a store fault the watch probes before it restarts
+				t.Fatal(err)
+			}
+			check := func() {
+				t.Helper()
+				done := make(chan error, 1)
+				go func() { done <- srv.CheckStore() }()
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatal(err)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("the store check waits on what was planted at %s", probe)
+				}
+			}
+			for range 2 { // a fault counts once two checks in a row report it
+				check()
+			}
+			st := srv.StoreStatus()
+			if st.State != streams.StoreWriteError || st.Recoveries != 0 || srv.NATS().JetStreamEnabled() ||
+				!strings.Contains(st.Reason, probe+" "+tc.want) || !strings.Contains(st.Reason, "not restarted until it is removed") {
+				t.Fatalf("status with %s planted at the probe: %+v", name, st)
+			}
+			after, afterErr := os.ReadFile(elsewhere)
+			if !bytes.Equal(after, before) || (afterErr == nil) != (beforeErr == nil) {
+				t.Fatalf("%s changed through the probe's name: %q (%v), was %q (%v)", elsewhere, after, afterErr, before, beforeErr)
+			}
+			if fi, err := os.Lstat(probe); err != nil || fi.Mode().IsRegular() {
+				t.Fatalf("what was planted at %s was replaced: %v, %v", probe, fi, err)
+			}
+
+			if err := os.Remove(probe); err != nil {
+				t.Fatal(err)
+			}
+			check()
+			if st := srv.StoreStatus(); st.State != streams.StoreOK || st.Recoveries != 1 || !srv.NATS().JetStreamEnabled() {
+				t.Fatalf("after the planted file was removed: %+v", st)
+			}
+			if _, err := js.Stream(context.Background(), "S"); err != nil {
+				t.Fatalf("stream S after the restart: %v", err)
+			}
+		})
 	}
 }

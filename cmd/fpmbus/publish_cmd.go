@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/producer"
 )
 
@@ -104,8 +105,14 @@ type sentLog struct {
 	err  error
 }
 
+// openSentLog opens the log for appending, creating it if missing. It is often a file in a shared
+// directory (/tmp), so a symbolic link or named pipe under its name is refused, never written through:
+// the flag's value is then unusable, as a bad value of any flag is (exit 2).
 func openSentLog(path string) (*sentLog, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	f, err := fsutil.AppendRegular(path, os.O_CREATE, 0o644)
+	if errors.Is(err, fsutil.ErrNotRegular) {
+		return nil, fmt.Errorf("%w: --sent-log: %v", errUsage, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("--sent-log: %w", err)
 	}

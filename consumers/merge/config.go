@@ -59,7 +59,9 @@ type Config struct {
 	RankTimeout time.Duration
 	// Output is the merged artefact path; RunIDPlaceholder is replaced by the run id [DefaultOutputTemplate].
 	Output string
-	// SpoolDir holds rank bodies fetched from the object store while a run merges [<tmp>/fpmbus-merge].
+	// SpoolDir holds rank bodies fetched from the object store while a run merges [<tmp>/fpmbus-merge],
+	// each run's in a directory of its own; both must be directories, not symbolic links to one (made
+	// mode 0700 when missing).
 	SpoolDir string
 	// InlineMax is the largest body the consumer publishes inline (merged artefact, sidecar) [streams.DefaultBenchInlineMax].
 	InlineMax int

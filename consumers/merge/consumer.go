@@ -485,7 +485,12 @@ func (c *stage) sweep(ctx context.Context) {
 // mergeRun merges a run whose ranks are all held. A rejection is final; any other error is retried.
 func (c *stage) mergeRun(ctx context.Context, run *pendingRun) error {
 	spool := filepath.Join(c.cfg.SpoolDir, streams.EncodeToken(run.runID))
-	defer os.RemoveAll(spool)
+	spooled := false // the run's spool directory is made and checked: only then is it removed after the merge
+	defer func() {
+		if spooled {
+			removeSpool(spool)
+		}
+	}()
 	var files []RankFile
 	for _, r := range slices.Sorted(maps.Keys(run.ranks)) {
 		h := run.ranks[r]
@@ -497,6 +502,12 @@ func (c *stage) mergeRun(ctx context.Context, run *pendingRun) error {
 			}
 			rf.Data = h.data
 		} else {
+			if !spooled {
+				if err := ensureSpool(c.cfg.SpoolDir, spool); err != nil {
+					return err
+				}
+				spooled = true
+			}
 			path := filepath.Join(spool, strconv.Itoa(r)+".json")
 			if err := c.fetchToFile(ctx, h, path); err != nil {
 				// A body that does not match its digest, or whose object is gone, can never be merged.
@@ -505,7 +516,10 @@ func (c *stage) mergeRun(ctx context.Context, run *pendingRun) error {
 				}
 				return err
 			}
-			rf.Load = func() ([]byte, error) { return os.ReadFile(path) }
+			rf.Load = func() ([]byte, error) {
+				data, _, err := fsutil.ReadRegular(path)
+				return data, err
+			}
 		}
 		files = append(files, rf)
 	}
@@ -645,10 +659,30 @@ func (c *stage) refreshSidecar(ctx context.Context, runID string, pc *ProbeConte
 	return c.publishSidecar(ctx, runID, pc.WorkerProbePath)
 }
 
-func (c *stage) fetchToFile(ctx context.Context, h *heldRank, path string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
+// ensureSpool makes the spool directory and a run's directory in it, or checks the ones there: each
+// must be a directory itself, not a symbolic link to one. The spool's default is under /tmp, where
+// anyone may plant a link under its name: rank bodies would be written wherever it points, and the
+// removal after the merge would remove only the link. Directories made here are the merger's alone.
+func ensureSpool(spoolDir, runDir string) error {
+	if err := fsutil.EnsureDir(spoolDir, 0o700); err != nil {
+		return fmt.Errorf("merge: spool directory: %w", err)
 	}
+	if err := fsutil.EnsureDir(runDir, 0o700); err != nil {
+		return fmt.Errorf("merge: spool directory of the run: %w", err)
+	}
+	return nil
+}
+
+// removeSpool removes a run's spool directory and the rank bodies in it. os.RemoveAll follows no
+// symbolic link inside it; one swapped in for the directory itself since ensureSpool checked it is
+// not the merger's and is left as it is.
+func removeSpool(dir string) {
+	if fi, err := os.Lstat(dir); err == nil && fi.IsDir() {
+		_ = os.RemoveAll(dir)
+	}
+}
+
+func (c *stage) fetchToFile(ctx context.Context, h *heldRank, path string) error {
 	f, err := fsutil.CreateRegular(path, 0o644) // never through a link planted in the spool directory
 	if err != nil {
 		return err

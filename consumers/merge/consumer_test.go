@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -648,6 +650,96 @@ func TestBenchBrokerPoisonRanks(t *testing.T) {
 			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 				t.Fatalf("a poison message wrote %d files", len(entries))
 			}
+		})
+	}
+}
+
+// lockedLog collects what a consumer logs from its own goroutine.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// The spool's default is under /tmp, where anyone may plant a symbolic link under the name of the
+// spool directory or of a run's directory in it: the merger writes no rank body through it, says
+// which path it refuses, and leaves the link as it is; once the link is gone the run merges, in a
+// spool directory that is the merger's alone, removed after the merge.
+func TestBenchBrokerSpoolRefusesAPlantedLink(t *testing.T) {
+	t.Parallel()
+	spec := runSpec{runID: "spool-run", grid: "g", size: 2, points: 2, raw: 2, protocol: true, exec: true, engine: true}
+	for name, tc := range map[string]struct {
+		linked   func(spoolDir string) string // the path a link is planted at
+		madeHere bool                         // the merger makes the spool directory itself
+	}{
+		"the spool directory": {
+			linked:   func(spoolDir string) string { return spoolDir },
+			madeHere: true,
+		},
+		"the run's directory in the spool": {
+			linked: func(spoolDir string) string { return filepath.Join(spoolDir, streams.EncodeToken(spec.runID)) },
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			env := streamstest.Start(t)
+			ctx := context.Background()
+			store := streams.NewBenchStore(env.JS, 1, streams.DefaultConfig()) // every body through the object store
+			spoolDir := filepath.Join(t.TempDir(), "fpmbus-merge")
+			if !tc.madeHere {
+				if err := os.Mkdir(spoolDir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
+			link, elsewhere := tc.linked(spoolDir), t.TempDir()
+			if err := os.Symlink(elsewhere, link); err != nil {
+				t.Fatal(err)
+			}
+			var logged lockedLog
+			out := filepath.Join(t.TempDir(), "m_"+RunIDPlaceholder+".json")
+			r := startConsumer(t, env, Config{Output: out, SpoolDir: spoolDir}, WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+			for _, rf := range spec.rankFiles() {
+				if _, _, err := publishRank(ctx, store, rf.Path, rf.Data); err != nil {
+					t.Fatal(err)
+				}
+			}
+			refusal := link + " is a symbolic link to " + elsewhere
+			waitFor(t, "the spool refused, naming "+link, 20*time.Second, func() bool {
+				return strings.Contains(logged.String(), refusal)
+			})
+			r.quiet(t, 100*time.Millisecond)
+			if entries, err := os.ReadDir(elsewhere); err != nil || len(entries) != 0 {
+				t.Fatalf("rank bodies written through the link at %s into %s: %v, %v", link, elsewhere, entries, err)
+			}
+			if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+				t.Fatalf("the link planted at %s was replaced or removed: %v, %v", link, fi, err)
+			}
+
+			if err := os.Remove(link); err != nil {
+				t.Fatal(err)
+			}
+			if ev := r.next(t, EventMerged); ev.RunID != spec.runID || len(ev.SourceRanks) != spec.size {
+				t.Fatalf("merged event %+v", ev)
+			}
+			fi, err := os.Lstat(spoolDir)
+			if err != nil || !fi.IsDir() || (tc.madeHere && fi.Mode().Perm() != 0o700) {
+				t.Fatalf("spool directory %s after the merge: %v, %v (made here: %v, want mode 0700)", spoolDir, fi, err, tc.madeHere)
+			}
+			waitFor(t, "the run's spool removed after the merge", 10*time.Second, func() bool { // the event comes first
+				entries, err := os.ReadDir(spoolDir)
+				return err == nil && len(entries) == 0
+			})
 		})
 	}
 }

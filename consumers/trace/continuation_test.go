@@ -1,11 +1,14 @@
 package trace
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -133,6 +136,89 @@ func TestSegmentWriterContinuesOnlyAnUnchangedNewestSegment(t *testing.T) {
 	touch(t, SegmentPath(prefix, 2))
 	if _, ok := next(st); ok {
 		t.Fatal("a segment below the newest was continued")
+	}
+}
+
+// A segment swapped for something else between the writer's look at it (continueFrom) and its first
+// write is not continued through it: nothing is appended to the file a symbolic link points to, the
+// reopen does not wait for a reader of a named pipe, what was swapped in stays as it is, and the writer
+// starts a new segment.
+func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
+	t.Parallel()
+	for name, swap := range map[string]func(seg, elsewhere string) error{
+		"a symbolic link to the segment moved elsewhere": func(seg, elsewhere string) error {
+			if err := os.Rename(seg, elsewhere); err != nil {
+				return err
+			}
+			return os.Symlink(elsewhere, seg)
+		},
+		"a named pipe": func(seg, _ string) error {
+			if err := os.Remove(seg); err != nil {
+				return err
+			}
+			return syscall.Mkfifo(seg, 0o644)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			prefix := filepath.Join(t.TempDir(), "fpm.w")
+			first, err := NewSegmentWriter(prefix, 1<<20, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range []string{"a", "b"} {
+				if err := first.Append([]byte(l)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := first.Close(); err != nil {
+				t.Fatal(err)
+			}
+			st, _ := first.state()
+			second, err := NewSegmentWriter(prefix, 1<<20, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !second.continueFrom(st) {
+				t.Fatal("an unchanged newest segment was not continued")
+			}
+			seg := SegmentPath(prefix, st.index)
+			written, err := os.ReadFile(seg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			elsewhere := filepath.Join(t.TempDir(), "elsewhere.jsonl.gz")
+			if err := swap(seg, elsewhere); err != nil {
+				t.Fatal(err)
+			}
+
+			done := make(chan error, 1)
+			go func() {
+				if err := second.Append([]byte("c")); err != nil {
+					done <- err
+					return
+				}
+				done <- second.Close()
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the writer's first write waits on what was swapped in at %s", seg)
+			}
+
+			if got, err := os.ReadFile(elsewhere); err == nil && !bytes.Equal(got, written) {
+				t.Fatalf("%s changed through the link at %s: %d bytes, the writer left %d", elsewhere, seg, len(got), len(written))
+			}
+			if fi, err := os.Lstat(seg); err != nil || fi.Mode().IsRegular() {
+				t.Fatalf("what was swapped in at %s was replaced: %v, %v", seg, fi, err)
+			}
+			if got := segmentLines(t, SegmentPath(prefix, st.index+1)); strings.Join(got, " ") != "c" {
+				t.Fatalf("the new segment holds %v, want [c]", got)
+			}
+		})
 	}
 }
 

@@ -26,18 +26,18 @@ func createFile(path string) (file, error) {
 }
 
 // openAppend opens the existing segment at path for appending (a writer continuing the segment this
-// process wrote last: SegmentWriter.continueFrom) and returns its size.
+// process wrote last: SegmentWriter.continueFrom) and returns its size. continueFrom looked at the
+// segment earlier; what is at its name now may be something else, so the file is opened without
+// following a symbolic link and checked on the opened file: a link or named pipe swapped in since is
+// refused (*fsutil.NotRegularError), never appended to, and the writer starts a new segment instead.
 func openAppend(path string) (file, int64, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	f, err := fsutil.AppendRegular(path, 0, 0)
 	if err != nil {
 		return nil, 0, err
 	}
 	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() {
+	if err != nil {
 		f.Close()
-		if err == nil {
-			err = fmt.Errorf("segment %s is not a regular file", path)
-		}
 		return nil, 0, err
 	}
 	return f, fi.Size(), nil

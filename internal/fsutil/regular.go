@@ -9,14 +9,15 @@ import (
 	"path/filepath"
 )
 
-// Files fpmbus creates, replaces, reads to rewrite, or removes are regular files it names itself, in
-// directories it may share with other users (a trace output under /tmp, a spool directory). A symbolic
-// link planted under such a name would make a write land in the file it points to, anywhere the process
-// may write, and a named pipe would block a read forever. So every such operation goes through the
-// functions below, which never follow a symbolic link in the last element of the path (O_NOFOLLOW, or
-// O_EXCL, which fails on any existing entry, a dangling link included) and refuse anything that is not a
-// regular file with a *NotRegularError naming the path and what is there. Directories above the last
-// element are followed as the operating system resolves them: they are the operator's to choose.
+// Files fpmbus creates, replaces, appends to, reads to rewrite, or removes are regular files it names
+// itself, in directories it may share with other users (a trace output under /tmp, a spool directory).
+// A symbolic link planted under such a name would make a write land in the file it points to, anywhere
+// the process may write, and a named pipe would block a read forever. So every such operation goes
+// through the functions below, which never follow a symbolic link in the last element of the path
+// (O_NOFOLLOW, or O_EXCL, which fails on any existing entry, a dangling link included) and refuse
+// anything that is not a regular file with a *NotRegularError naming the path and what is there.
+// Directories above the last element are followed as the operating system resolves them: they are the
+// operator's to choose.
 
 // ErrNotRegular is wrapped by every *NotRegularError.
 var ErrNotRegular = errors.New("fsutil: not a regular file")
@@ -148,6 +149,14 @@ func CreateRegular(path string, perm fs.FileMode) (*os.File, error) {
 		return nil, err // refused before O_TRUNC could touch anything
 	}
 	return openNoFollow(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, perm)
+}
+
+// AppendRegular opens the regular file path for appending (O_WRONLY|O_APPEND plus flag: os.O_CREATE
+// creates a missing one with perm); a symbolic link, named pipe, directory or device there is refused
+// (*NotRegularError) and left as it is, never written through. The check is made on the file it
+// opened, so nothing swapped in under the name after an earlier look at it is appended to either.
+func AppendRegular(path string, flag int, perm fs.FileMode) (*os.File, error) {
+	return openNoFollow(path, os.O_WRONLY|os.O_APPEND|flag, perm)
 }
 
 // RemoveRegular removes the regular file path; a missing one is not an error, anything but a regular

@@ -85,6 +85,22 @@ func TestNothingIsWrittenThroughAPlantedFile(t *testing.T) {
 			}
 			return err
 		}},
+		"AppendRegular: created if missing": {"sent.jsonl", func(dir string) error {
+			f, err := AppendRegular(filepath.Join(dir, "sent.jsonl"), os.O_CREATE, 0o644)
+			if err == nil {
+				_, err = f.WriteString("new")
+				f.Close()
+			}
+			return err
+		}},
+		"AppendRegular: existing only": {"seg.000002.jsonl.gz", func(dir string) error {
+			f, err := AppendRegular(filepath.Join(dir, "seg.000002.jsonl.gz"), 0, 0)
+			if err == nil {
+				_, err = f.WriteString("new")
+				f.Close()
+			}
+			return err
+		}},
 		"RemoveRegular": {"sidecar.json", func(dir string) error { return RemoveRegular(filepath.Join(dir, "sidecar.json")) }},
 		"CreateExclusive": {"seg.000001.jsonl.gz", func(dir string) error {
 			f, err := CreateExclusive(filepath.Join(dir, "seg.000001.jsonl.gz"), os.O_WRONLY, 0o644)
@@ -134,8 +150,22 @@ func TestRegularFilesAreHandled(t *testing.T) {
 	if _, err := CreateExclusive(p, os.O_WRONLY, 0o644); !errors.Is(err, os.ErrExist) || errors.Is(err, ErrNotRegular) {
 		t.Fatalf("exclusive create over a regular file: %v, want ErrExist only", err)
 	}
+	a, err := AppendRegular(p, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(a, "er"); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if b, _, err := ReadRegular(p); err != nil || string(b) != "newer" {
+		t.Fatalf("after appending: %q %v", b, err)
+	}
 	if err := RemoveRegular(p); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := AppendRegular(p, 0, 0); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("appending to a missing file without os.O_CREATE: %v, want ErrNotExist", err)
 	}
 	if err := RemoveRegular(p); err != nil {
 		t.Fatalf("removing a missing file: %v", err)
