@@ -210,6 +210,9 @@ func TestTraceWriterKill9AtRandomMomentsExactlyOnce(t *testing.T) {
 		kills, midRun, repaired, recoveries, maxFound, len(files), len(lines))
 }
 
+// reclaimedRe matches the partitions a member released for its dead incarnation, when there are some.
+var reclaimedRe = regexp.MustCompile(`partitions="?\[\d`)
+
 // lineIDs reads the lines of the segments matching pattern, in file order (names sort by producer,
 // then index), and returns their identities "<observed_at_unix_ms> <fpm>"; a segment being written
 // (a torn last member) is read up to its last whole member.
@@ -264,9 +267,10 @@ func streamIDs(t *testing.T, js jetstream.JetStream, upTo uint64) (map[string]ui
 
 // `fpmbus up --demo` is killed (SIGKILL) mid-stream, while its trace writer holds messages it received
 // but has not acknowledged, and started again on the same data directory (its trace writer is the same
-// group member: `up` derives the id from the data directory). Every message the stream held at the kill
-// has its line within 10 s of the restart; the producer's lines are in stream order, none twice, and
-// they are exactly the stream's first messages.
+// group member: `up` derives the id from the data directory). The restarted trace writer recognises its
+// dead incarnation and releases the partitions it held at once, rather than waiting PinnedTTL for them;
+// every message the stream held at the kill gets its line; the producer's lines are in stream order,
+// none twice, and they are exactly the stream's first messages.
 func TestTraceUpKill9RestartWritesInFlightInOrder(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -313,12 +317,22 @@ func TestTraceUpKill9RestartWritesInFlightInOrder(t *testing.T) {
 		if missing == 0 {
 			break
 		}
-		if time.Since(restarted) > 10*time.Second {
+		if time.Since(restarted) > 60*time.Second {
 			t.Fatalf("%d of the %d messages stored before the restart have no line %v after it", missing, len(atKill), time.Since(restarted).Round(time.Millisecond))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("every line of the %d messages stored before the kill written %v after the restart", len(atKill), time.Since(restarted).Round(time.Millisecond))
+	// How the restarted trace writer got its partitions back: it found its dead incarnation's key and
+	// released the partitions that key lists, which a takeover after PinnedTTL would not have logged.
+	reclaimed := false
+	for _, l := range strings.Split(second.Output(), "\n") {
+		reclaimed = reclaimed || strings.Contains(l, "previous incarnation of this member found") &&
+			strings.Contains(l, "group="+trace.DefaultGroup+" ") && reclaimedRe.MatchString(l)
+	}
+	if !reclaimed {
+		t.Fatalf("the restarted trace writer did not release its dead incarnation's partitions:\n%s", second.Output())
+	}
 
 	time.Sleep(2 * time.Second) // traffic after the restart
 	if err := second.signal(syscall.SIGTERM, 60*time.Second); err != nil {

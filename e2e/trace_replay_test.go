@@ -207,13 +207,16 @@ func TestTraceReplayRoundTrip(t *testing.T) {
 					minDelay, maxDelay = math.Min(minDelay, d), math.Max(maxDelay, d)
 				}
 			}
-			spread := maxDelay - minDelay
-			if spread > 50 {
-				t.Fatalf("the second bridge's receive delay varied by %.1f ms: the host is too busy to compare timings", spread)
-			}
 			// One inter-arrival time may deviate by the replay's worst lateness (a late send shortens
 			// the gap after it and lengthens the one before), the spread of the receive delay, and 2 ms
-			// of millisecond rounding in the two traces.
+			// of millisecond rounding in the two traces. Both are measured in this run: a busy host
+			// widens the tolerance by exactly the disturbance it caused, rather than failing the test.
+			spread := maxDelay - minDelay
+			// Nothing is received before the replay reports sending it: the receive delay is never
+			// negative, but for the second trace's whole milliseconds (up to 1 ms), with a margin.
+			if minDelay < -3 {
+				t.Errorf("a record was observed %.1f ms before the replay reports sending it", -minDelay)
+			}
 			tol := s.Overall.Lateness.MaxMs + spread + 2
 			worst := 0.0
 			for rank, wl := range want {

@@ -1,6 +1,7 @@
 package producer_test
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"sync"
@@ -92,4 +93,48 @@ func drain(b *testing.B, ep string) (stop func()) {
 	}()
 	var once sync.Once
 	return func() { once.Do(func() { close(quit); <-done }) }
+}
+
+// BenchmarkPublisherHeartbeatInterval measures what TestPublisherHeartbeats leaves to timing: how soon
+// after each interval an idle rank's heartbeat reaches a subscriber on the same host. One rank
+// publishes one FPM and then idles, heartbeating every 20 ms; each iteration receives one heartbeat.
+// Reports the mean gap between heartbeats and the most one gap exceeded the interval.
+func BenchmarkPublisherHeartbeatInterval(b *testing.B) {
+	const interval = 20 * time.Millisecond
+	p, err := producer.New(producer.Config{Host: "127.0.0.1", BasePort: producertest.FreeBasePort(b, "127.0.0.1", 1), DPSize: 1,
+		WorkerID: "bench", Count: 1, IdleAfterCount: true, HeartbeatInterval: interval, WaitSubscribers: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	sub := producertest.NewSubscriber(b, p.Endpoints()[0], 0)
+	ctx, cancel := context.WithCancel(b.Context())
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-errc; err != nil {
+			b.Error(err)
+		}
+	}()
+	if _, err := sub.Recv(10 * time.Second); err != nil { // the FPM
+		b.Fatal(err)
+	}
+	last := time.Now()
+	var sum, late time.Duration
+	for b.Loop() {
+		m, err := sub.Recv(10 * time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		now := time.Now()
+		if f, err := schemas.DecodeFPM(m.Payload()); err != nil || !f.IsHeartbeat() {
+			b.Fatalf("seq %d: not a heartbeat (%v)", m.Seq, err)
+		}
+		sum += now.Sub(last)
+		late = max(late, now.Sub(last)-interval)
+		last = now
+	}
+	b.ReportMetric(float64(sum)/float64(b.N)/float64(time.Millisecond), "gap_ms")
+	b.ReportMetric(float64(late)/float64(time.Millisecond), "late_max_ms")
 }

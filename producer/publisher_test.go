@@ -110,6 +110,10 @@ func TestPublisherFrameFormat(t *testing.T) {
 	}
 }
 
+// TestPublisherHeartbeats: an idle rank heartbeats after every interval without a publish, on the
+// sequence it shares with FPMs. The k-th heartbeat cannot leave before StartDelay + k intervals (the
+// interval restarts at each send, and the rank's sender starts after StartDelay), so none arrives
+// earlier; how soon after that they come is timing, BenchmarkPublisherHeartbeatInterval measures it.
 func TestPublisherHeartbeats(t *testing.T) {
 	const interval = 100 * time.Millisecond
 	p, subs := newPublisher(t, producer.Config{
@@ -127,7 +131,8 @@ func TestPublisherHeartbeats(t *testing.T) {
 		}
 	}
 	const heartbeats = 5
-	for want := uint64(3); want < 3+heartbeats; want++ {
+	for k := range heartbeats {
+		want := uint64(3 + k)
 		seq, f := sub.RecvFPM(t, recvTimeout)
 		if seq != want {
 			t.Fatalf("heartbeat seq %d, want %d (the sequence is shared with FPMs)", seq, want)
@@ -135,10 +140,9 @@ func TestPublisherHeartbeats(t *testing.T) {
 		if !f.IsHeartbeat() || f.WallTime != 0 || f.Version != 1 || f.WorkerID != "hb" || f.DPRank != 0 || f.CounterID != int64(seq) {
 			t.Fatalf("seq %d: not an all-zero heartbeat: %+v", seq, f)
 		}
-	}
-	// The k-th heartbeat cannot leave before StartDelay + k intervals; scheduling delays only add to that.
-	if elapsed, least := time.Since(started), startDelay+heartbeats*interval; elapsed < least || elapsed > least+3*time.Second {
-		t.Errorf("%d heartbeats took %v after Run, want a little over %v", heartbeats, elapsed, least)
+		if elapsed, least := time.Since(started), startDelay+time.Duration(k+1)*interval; elapsed < least {
+			t.Errorf("heartbeat %d arrived %v after Run, before %v", k+1, elapsed, least)
+		}
 	}
 	cancel()
 	if err := wait(); err != nil {

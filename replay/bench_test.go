@@ -2,6 +2,7 @@ package replay
 
 import (
 	"encoding/binary"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/pebbe/zmq4"
 
 	"github.com/fpmbus/fpmbus/producer/producertest"
+	"github.com/fpmbus/fpmbus/schemas"
 )
 
 // drain subscribes to endpoint and reads everything until stop is closed; done is closed after.
@@ -167,4 +169,66 @@ func BenchmarkLateness10kPerSecond8Ranks(b *testing.B) {
 	b.ReportMetric(p50/k, "p50_ms")
 	b.ReportMetric(p99/k, "p99_ms")
 	b.ReportMetric(maxLate, "max_ms")
+}
+
+// BenchmarkZMQArrivalLateness: what the ZMQ tests leave to timing, measured where a consumer sees it.
+// A sampled recording of one rank, 100 records 5 ms apart then a second's silence, replayed with
+// 100 ms heartbeats to a subscriber on the same host. Reports how late records arrive against their
+// due time (p50, p99, max over every iteration's records), how late each heartbeat arrives after the
+// message before it plus the interval (max), and the heartbeats that filled the silence (9 when every
+// wake-up is on time).
+func BenchmarkZMQArrivalLateness(b *testing.B) {
+	const (
+		records  = 100
+		every    = 5 // ms
+		interval = 100 * time.Millisecond
+		silence  = 1000 // ms
+	)
+	var ls []line
+	for i := range records {
+		ls = append(ls, line{producer: "bench", mode: schemas.CaptureSampled, observed: t0 + int64(i*every), fpm: fpmJSON(b, "bench", 0, int64(i))})
+	}
+	ls = append(ls, line{producer: "bench", mode: schemas.CaptureSampled, observed: t0 + int64((records-1)*every+silence), fpm: fpmJSON(b, "bench", 0, records)})
+	plan, err := NewPlan(recordingOf(b, ls...), PlanConfig{HeartbeatInterval: interval})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var late []time.Duration
+	var hbLateMax time.Duration
+	heartbeats := 0
+	for b.Loop() {
+		base := producertest.FreeBasePort(b, "", 1)
+		r, err := New(plan, Config{ZMQ: ZMQConfig{BasePort: base, WaitSubscribers: 1, Linger: -1}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sub := producertest.NewSubscriber(b, "tcp://127.0.0.1:"+strconv.Itoa(base), 0)
+		out := collectUntil(b, sub, func(gs []got) bool { return len(gs) > records && !gs[len(gs)-1].fpm.IsHeartbeat() })
+		rep, err := r.Run(b.Context())
+		if err != nil {
+			b.Fatal(err)
+		}
+		gs := <-out
+		if len(gs) < records+1 {
+			b.Fatalf("received %d messages, want at least %d", len(gs), records+1)
+		}
+		for i := range gs {
+			g := &gs[i]
+			at := g.at.Sub(rep.StartedAt)
+			if i < records {
+				late = append(late, at-time.Duration(i*every)*time.Millisecond)
+			} else if g.fpm.IsHeartbeat() {
+				heartbeats++
+				hbLateMax = max(hbLateMax, g.at.Sub(gs[i-1].at)-interval)
+			} else {
+				late = append(late, at-time.Duration((records-1)*every+silence)*time.Millisecond)
+			}
+		}
+	}
+	slices.Sort(late)
+	b.ReportMetric(ms(nearestRank(late, 0.50)), "arrival_p50_ms")
+	b.ReportMetric(ms(nearestRank(late, 0.99)), "arrival_p99_ms")
+	b.ReportMetric(ms(nearestRank(late, 1)), "arrival_max_ms")
+	b.ReportMetric(ms(hbLateMax), "heartbeat_late_max_ms")
+	b.ReportMetric(float64(heartbeats)/float64(b.N), "heartbeats/silence")
 }

@@ -264,8 +264,10 @@ func TestPipelineReconnectFurtherOn(t *testing.T) {
 	equal(t, 25.0, h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseReconnect))
 }
 
-// TestPipelineSilentPublisher: a publisher that stops sending, heartbeats included, is stale after
-// --stale-after; when it sends again (without restarting) a resumed event closes the period.
+// TestPipelineSilentPublisher: a publisher that stops sending, heartbeats included, is stale once the
+// detector has heard nothing from it for --stale-after; when it sends again (without restarting) a
+// resumed event closes the period, with the silence measured in the publisher's observed times. The
+// detector's clock is a skewedClock: the silence is the test moving it.
 func TestPipelineSilentPublisher(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
@@ -273,12 +275,15 @@ func TestPipelineSilentPublisher(t *testing.T) {
 	pl := startPipelineBridge(t, env, pub.Endpoint(), nil)
 	pub.WaitSubscribed()
 	cfg := testConfig()
-	cfg.StaleAfter = 500 * time.Millisecond
-	h := startDetector(t, env.Server.ClientURL(), cfg)
+	cfg.StaleAfter = time.Hour
+	clock := &skewedClock{}
+	h := startDetector(t, env.Server.ClientURL(), cfg, WithClock(clock.now))
 	for i := range 6 {
 		pub.Send(i%3 == 2) // busy passes and heartbeats
-		time.Sleep(50 * time.Millisecond)
 	}
+	pl.waitAccounted(6)
+	waitApplied(t, h, 6)
+	clock.advance(cfg.StaleAfter)
 	k := key("w", 0)
 	by := waitEvents(t, env.JS, 1, 10*time.Second)
 	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1})
@@ -288,7 +293,7 @@ func TestPipelineSilentPublisher(t *testing.T) {
 	by = waitFirstEvents(t, env.JS, 2, 10*time.Second)
 	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeResumed, CauseStale, -1, -1, 0, 0})
 	e := by[k][1]
-	check(t, e.Before.Seq == 5 && e.After.Seq == 6 && e.Evidence.SilentMs >= 500, "resumed %+v", e)
+	check(t, e.Before.Seq == 5 && e.After.Seq == 6 && e.Evidence.SilentMs == e.After.ObservedAtMs-e.Before.ObservedAtMs, "resumed %+v", e)
 	equal(t, uint64(9), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
 	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
 	equal(t, 2.0, h.metric("fpmbus_gaps_heartbeats_total"))

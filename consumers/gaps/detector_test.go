@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,25 +149,56 @@ func TestDetectorClassifiesScriptedStreams(t *testing.T) {
 	equal(t, 0, len(st.Outbox))
 }
 
-// TestDetectorStaleAndResumed: a publisher that goes silent is reported stale by the wall clock, a
-// later message closes the period (resumed, no restart), a second silence ends with a restart.
+// skewedClock is the detector's clock in the tests of silent publishers: the wall clock plus what the
+// test added. With StaleAfter far beyond any pause a busy host makes, a publisher goes stale when the
+// test moves the clock past StaleAfter, and only then, whatever the pace of the messages before.
+type skewedClock struct{ skew atomic.Int64 }
+
+func (c *skewedClock) now() time.Time { return time.Now().Add(time.Duration(c.skew.Load())) }
+
+// advance moves the clock d ahead.
+func (c *skewedClock) advance(d time.Duration) { c.skew.Add(int64(d)) }
+
+// waitApplied waits until the detector has applied n FPMs: it heard the last of them before the test
+// moves its clock.
+func waitApplied(t testing.TB, h *harness, n int) {
+	t.Helper()
+	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if got := h.metric("fpmbus_gaps_messages_total"); got != float64(n) {
+			return fmt.Errorf("%v of %d FPMs applied", got, n)
+		}
+		return nil
+	})
+}
+
+// TestDetectorStaleAndResumed: a publisher that goes silent is reported stale by the detector's clock
+// once it has heard nothing for StaleAfter, a later message closes the period (resumed, no restart), a
+// second silence ends with a restart. The clock is a skewedClock: each silence is the test moving it.
 func TestDetectorStaleAndResumed(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig()
-	cfg.StaleAfter = 400 * time.Millisecond
-	h := startDetector(t, env.Server.ClientURL(), cfg)
+	cfg.StaleAfter = time.Hour
+	clock := &skewedClock{}
+	h := startDetector(t, env.Server.ClientURL(), cfg, WithClock(clock.now))
 	k := key("silent", 0)
 	now := func() int64 { return time.Now().UnixMilli() }
 	e1 := now()
 	publishAll(t, env.JS, fpms(k, 0, 4, e1, now())...)
+	waitApplied(t, h, 5)
+	if evs := storedEvents(t, env.JS); len(evs) != 0 {
+		t.Fatalf("events before the publisher fell silent: %v", summarizeAll(evs))
+	}
+	clock.advance(cfg.StaleAfter)
 	by := waitEvents(t, env.JS, 1, 10*time.Second)
 	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1})
-	check(t, by[k][0].Before.Seq == 4 && by[k][0].StaleAfterMs == 400, "stale event %+v", by[k][0])
+	check(t, by[k][0].Before.Seq == 4 && by[k][0].StaleAfterMs == cfg.StaleAfter.Milliseconds(), "stale event %+v", by[k][0])
 	equal(t, 1.0, h.metric("fpmbus_gaps_stale_publishers"))
 
 	publishAll(t, env.JS, fpms(k, 5, 6, e1, now())...)
+	waitApplied(t, h, 7)
 	// Resumed, then silent again: stale a second time.
+	clock.advance(cfg.StaleAfter)
 	by = waitFirstEvents(t, env.JS, 3, 10*time.Second)
 	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeResumed, CauseStale, -1, -1, 0, 0},
 		want{TypeStale, CauseStale, -1, -1, 0, -1})

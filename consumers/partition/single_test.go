@@ -15,7 +15,8 @@ import (
 )
 
 // With Partitions = 1 the group consumes the stream itself (no partition stream, no copy): one member
-// owns everything, a second one stands by and takes over when the first stops.
+// owns everything, a second one stands by and takes over when the first stops, right after the first
+// released it (not once PinnedTTL passed), with nothing delivered twice.
 func TestSinglePartitionGroupFailsOverToStandby(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
@@ -37,14 +38,16 @@ func TestSinglePartitionGroupFailsOverToStandby(t *testing.T) {
 	if _, err := env.JS.Stream(ctx, "FPM_PART_single"); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("a single-partition group made a partition stream: %v", err)
 	}
+	owners := watchOwners(t, env, cfg)
 	if err := a.m.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := publishFrom(ctx, env.JS, 4, 250, 250, 0); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, 2*cfg.PinnedTTL, "b to take over", func() bool { return rec.total.Load() == 2000 })
-	t.Logf("standby took over and caught up %v after the stop", took)
+	took := waitFor(t, 30*time.Second, "b to take over", func() bool { return rec.total.Load() == 2000 })
+	t.Logf("standby took over and caught up %v after the stop (PinnedTTL %v)", took, cfg.PinnedTTL)
+	owners.takenAfterRelease(t, 0, "a")
 	rec.check(4, 500)
 	if d := rec.deliveries.Load(); d != 2000 {
 		t.Fatalf("deliveries %d for 2000 messages", d)
@@ -125,10 +128,15 @@ func TestHandlerErrorStopsMemberAndHandsOver(t *testing.T) {
 	if err := <-aDone; !errors.Is(err, boom) {
 		t.Fatalf("Consume returned %v, want the handler's error", err)
 	}
+	// Handed on, not left to expire: by the time Consume returned, a had released its record, so the
+	// next member takes the partition at its first look.
+	if owner, _, _, err := a.readOwner(ctx, 0); err != nil || owner == nil || owner.Member != "a" || !owner.Released {
+		t.Fatalf("owner record after the handler failed: %+v (%v), want released by a", owner, err)
+	}
 	failed := time.Now()
 	rec := newRecorder(t, cfg)
 	startMember(t, env, cfg, "b", rec)
-	took := waitFor(t, cfg.PinnedTTL, "b to process all three", func() bool { return rec.total.Load() == 3 })
+	took := waitFor(t, 30*time.Second, "b to process all three", func() bool { return rec.total.Load() == 3 })
 	t.Logf("b took over %v after a failed (%v since the failure)", took, time.Since(failed))
 	rec.check(1, 3)
 }
@@ -173,12 +181,14 @@ func TestConsumeContextCancelLeaves(t *testing.T) {
 }
 
 // The owner crashes holding every message unacked and nothing new arrives: the server would redeliver
-// them only once AckWait (30 s here) expired. The standby takes the partition over in about PinnedTTL
-// and its reset makes them deliverable at once.
+// them only once AckWait expired, and AckWait is far longer here than the test waits. The standby
+// takes the partition over in about PinnedTTL and its reset makes them deliverable at once: that the
+// standby gets them at all shows it.
 func TestCrashOnIdleStreamTakesOverBeforeAckWait(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig("idle", 1)
+	cfg.AckWait = time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ncA, jsA := connect(t, env)
@@ -216,12 +226,8 @@ func TestCrashOnIdleStreamTakesOverBeforeAckWait(t *testing.T) {
 	}
 	ncA.Close()
 	<-aDone
-	crashed := time.Now()
-	took := waitFor(t, 3*cfg.PinnedTTL, "b to process the crashed member's messages", func() bool { return rec.total.Load() == 10 })
+	took := waitFor(t, 45*time.Second, "b to process the crashed member's messages", func() bool { return rec.total.Load() == 10 })
 	t.Logf("%s processed them %v after the crash (PinnedTTL %v, AckWait %v)", standby, took, cfg.PinnedTTL, cfg.AckWait)
-	if time.Since(crashed) > cfg.AckWait/2 {
-		t.Fatal("took over only after AckWait")
-	}
 	rec.check(2, 5)
 }
 
