@@ -84,7 +84,7 @@ func runBridge(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	nc, closeConn, edgeFailed, err := bridgeConn(ctx, conn, ecfg, *scfg)
+	nc, closeConn, edge, err := bridgeConn(ctx, conn, ecfg, *scfg)
 	if err != nil {
 		return err
 	}
@@ -93,9 +93,20 @@ func runBridge(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	var edgeFailed <-chan error // nil without an edge: never
+	var checks []func() error
+	if edge != nil {
+		// The edge's own disk is the bridge's store, as the embedded server's is `up`'s: a full one
+		// degrades the bridge (the store watch restarts JetStream once there is room; restarting the
+		// bridge would not free it), and its state is in fpmbus_store_* and the status's store.
+		edgeFailed = edge.Failed()
+		store := edge.Server().StoreStatus
+		registerStoreMetrics(reg, store)
+		checks = append(checks, func() error { return store().Err() })
+	}
 	done := make(chan struct{})
 	defer close(done)
-	so := standaloneStatus("bridge", "bridge", reg, nc, b.Ready(), done, nil, true)
+	so := standaloneStatus("bridge", "bridge", reg, nc, b.Ready(), done, nil, true, checks...)
 	so.Bridge = &observe.BridgeRef{Component: "bridge", Ranks: len(cfg.Endpoints), MaxBuffer: cfg.MaxBuffer, MaxInFlight: cfg.MaxInFlight}
 	stop, err := serveStatus(*metricsAddr, so)
 	if err != nil {
@@ -109,7 +120,7 @@ func runBridge(ctx context.Context, args []string) error {
 	defer refuse(nil)
 	go func() {
 		select {
-		case err := <-edgeFailed: // nil without an edge: never
+		case err := <-edgeFailed:
 			refuse(err)
 		case <-rctx.Done():
 		}
@@ -135,9 +146,9 @@ func runBridge(ctx context.Context, args []string) error {
 
 // bridgeConn connects the bridge: to --server, or with --edge-dir to its node-local edge server (see
 // bridge.Edge), which it starts. The bridge applies the streams itself, retrying while the broker is
-// away: connect only. closeConn closes the connection (and shuts the edge server down). failed is the
-// edge's Failed (nil without an edge).
-func bridgeConn(ctx context.Context, conn *connOptions, ecfg streams.EdgeConfig, scfg streams.Config) (*nats.Conn, func(), <-chan error, error) {
+// away: connect only. closeConn closes the connection (and shuts the edge server down). edge is the
+// edge server (nil without --edge-dir).
+func bridgeConn(ctx context.Context, conn *connOptions, ecfg streams.EdgeConfig, scfg streams.Config) (*nats.Conn, func(), *bridge.Edge, error) {
 	if ecfg.StoreDir == "" {
 		nc, _, err := connectAndApply(ctx, conn, nil)
 		if err != nil {
@@ -160,5 +171,5 @@ func bridgeConn(ctx context.Context, conn *connOptions, ecfg streams.EdgeConfig,
 		if err := edge.Close(sctx); err != nil {
 			slog.Warn("edge server shutdown", "err", err)
 		}
-	}, edge.Failed(), nil
+	}, edge, nil
 }

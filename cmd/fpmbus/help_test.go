@@ -2,10 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/fpmbus/fpmbus/internal/freeport"
 )
 
 // `up -h` lists its flags by component, in the order a person sets them up, without the deprecated
@@ -129,6 +134,26 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// `fpmbus --version` (and -version), as most tools take it, is `fpmbus version`.
+func TestVersionFlagIsTheVersionCommand(t *testing.T) {
+	for _, flag := range []string{"--version", "-version"} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdout := os.Stdout
+		os.Stdout = w
+		code, out := run(t, flag)
+		os.Stdout = stdout
+		w.Close()
+		printed, _ := io.ReadAll(r)
+		r.Close()
+		if code != 0 || !strings.HasPrefix(string(printed), "fpmbus ") || !strings.Contains(string(printed), "nats-server ") {
+			t.Errorf("fpmbus %s: exit %d, printed %q:\n%s", flag, code, printed, out)
+		}
+	}
+}
+
 // A malformed server URL is refused before any connection attempt, naming where it came from: a
 // missing ':' after the scheme used to be looked up in DNS as a host named "nats".
 func TestMalformedServerURLIsRefusedAtOnce(t *testing.T) {
@@ -155,5 +180,32 @@ func TestReadOnlyCommandsWaitBriefly(t *testing.T) {
 		if _, out := run(t, args...); !regexp.MustCompile(`-connect-timeout duration\n.*\(default 30s\)`).MatchString(out) {
 			t.Errorf("%v: --connect-timeout does not default to 30s:\n%s", args, out)
 		}
+	}
+}
+
+// `streams apply --dry-run` only reads: with no server there, it gives up after the short wait of the
+// commands that only read, naming the server, rather than the half minute of a deployment step.
+func TestStreamsApplyDryRunWaitsBriefly(t *testing.T) {
+	isolateNATSEnv(t)
+	url := "nats://127.0.0.1:" + strconv.Itoa(freeport.Ports(t, 1)[0]) // nothing listens there
+	type result struct {
+		code int
+		out  string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, out := run(t, "streams", "apply", "--dry-run", "--server", url)
+		done <- result{code, out}
+	}()
+	select {
+	case r := <-done:
+		if r.code != 1 || !strings.Contains(r.out, url) {
+			t.Fatalf("exit %d, want 1 naming %s:\n%s", r.code, url, r.out)
+		}
+	case <-time.After(20 * time.Second): // the short wait is 5 s; the long one 30 s
+		t.Fatal("streams apply --dry-run still waits for a missing server after 20 s")
+	}
+	if _, out := run(t, "streams", "apply", "-h"); !strings.Contains(out, "waits 5s for the server") {
+		t.Errorf("-h does not say how long --dry-run waits:\n%s", out)
 	}
 }

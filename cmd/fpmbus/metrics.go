@@ -56,13 +56,17 @@ func serveStatus(addr string, o observe.Options) (stop func(), err error) {
 }
 
 // standaloneStatus is the status of a standalone command's one component on connection nc: its
-// health (starting until ready, degraded while nc reconnects), JetStream's view through nc (what the
-// component's least-privileged user may read: the streams' infos and its own consumers'; none with
-// readJS false, for a user that may read neither), and the consumer it runs (nil: none). done ends
-// the wait for ready.
-func standaloneStatus(process, component string, reg prometheus.Gatherer, nc *nats.Conn, ready, done <-chan struct{}, consumer *observe.ConsumerRef, readJS bool) observe.Options {
+// health (starting until ready, degraded while nc reconnects or a check reports a fault), JetStream's
+// view through nc (what the component's least-privileged user may read: the streams' infos and its own
+// consumers'; none with readJS false, for a user that may read neither), and the consumer it runs
+// (nil: none). done ends the wait for ready. The health is exported as fpmbus_component_* by the
+// status server, as `up`'s run group is.
+func standaloneStatus(process, component string, reg prometheus.Gatherer, nc *nats.Conn, ready, done <-chan struct{}, consumer *observe.ConsumerRef, readJS bool, checks ...func() error) observe.Options {
 	p := observe.NewProcess(component)
 	p.SetConn(nc)
+	for _, check := range checks {
+		p.Check(check)
+	}
 	p.Follow(ready, done)
 	o := observe.Options{Process: process, Gatherer: reg, Components: p.Components}
 	if js, err := jetstream.New(nc); err == nil && readJS {

@@ -3,11 +3,17 @@ package main
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // captureProgress sends the progress of the commands run in t to a buffer.
@@ -75,6 +81,69 @@ func TestLongOperationsShowProgress(t *testing.T) {
 			t.Fatalf("exit %d:\n%s", code, o)
 		}
 	})
+}
+
+// `datasets publish` and `datasets ls` over many cells show their progress as the other long
+// operations do: lines ending at 100% of the cells published and of the revisions read; none with
+// --progress none.
+func TestDatasetsShowProgress(t *testing.T) {
+	env := streamstest.Start(t)
+	url := env.Server.ClientURL()
+	const cells = 12
+	ds := schemas.Dataset{SchemaVersion: schemas.DatasetSchemaVersion, Kind: schemas.DatasetKind, RunID: "progress-run"}
+	for i := range cells {
+		c := schemas.Cell{Identity: schemas.CellIdentity{SchemaVersion: schemas.DatasetSchemaVersion, Model: fmt.Sprintf("m/%02d", i),
+			Hardware: "H200-SXM", Backend: "vllm", BackendVersion: "0.29.0", Quantization: "fp8", KVCacheDType: "auto",
+			Parallelism:       schemas.Parallelism{TP: 4, PP: 1, DP: 1, MoETP: 4, MoEEP: 1, CP: 1},
+			BackendSelections: map[string]string{"attention_backend": "auto"}, ProfileName: "default", ProfileVersion: "1",
+			SettingsDigest: strings.Repeat("ab", 32)},
+			Provenance: schemas.Provenance{RunID: ds.RunID, GridDigest: "g", ArtefactDigest: strings.Repeat("0f", 32)},
+			Rows:       []schemas.Row{{Phase: schemas.PhaseDecode, NumDecodeRequests: 8, SumDecodeKVTokens: 4096, LatencyMS: 10}}}
+		c.Finish()
+		ds.Cells = append(ds.Cells, c)
+	}
+	body, err := json.Marshal(ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "dataset.json")
+	if err := os.WriteFile(file, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0) // the report and the listing: not what is tested
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = devNull
+	t.Cleanup(func() { os.Stdout = stdout; devNull.Close() })
+
+	out := captureProgress(t)
+	if code, o := run(t, "datasets", "publish", "--server", url, "--progress", "lines", file); code != 0 {
+		t.Fatalf("datasets publish: exit %d:\n%s", code, o)
+	}
+	if want := fmt.Sprintf("datasets publish: %d/%d cells (100%%)", cells, cells); !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(want) + `$`).MatchString(out.String()) {
+		t.Fatalf("datasets publish: no line %q in:\n%s", want, out)
+	}
+
+	out.Reset()
+	if code, o := run(t, "datasets", "ls", "--server", url, "--progress", "lines"); code != 0 {
+		t.Fatalf("datasets ls: exit %d:\n%s", code, o)
+	}
+	// Every cell and the campaign the publication recorded: at least one revision each.
+	m := regexp.MustCompile(`(?m)^datasets ls: reading revisions: ([0-9]+)/([0-9]+) revisions \(100%\)$`).FindStringSubmatch(out.String())
+	if m == nil || m[1] != m[2] {
+		t.Fatalf("datasets ls: no line at 100%% in:\n%s", out)
+	}
+	if n, _ := strconv.Atoi(m[1]); n < cells+1 {
+		t.Fatalf("datasets ls read %d revisions, want at least the %d cells and the campaign", n, cells)
+	}
+
+	out.Reset()
+	if code, o := run(t, "datasets", "ls", "--server", url, "--progress", "none"); code != 0 || out.Len() != 0 {
+		t.Fatalf("datasets ls --progress none: exit %d, progress %q:\n%s", code, out, o)
+	}
 }
 
 // writeGzip writes text, gzipped, to path.

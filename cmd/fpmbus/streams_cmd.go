@@ -48,10 +48,15 @@ func runStreams(ctx context.Context, args []string) error {
 		conn := connFlags(fs, "streams")
 		cfg := streamFlags(fs)
 		env := fpmShardsFlag(fs, cfg)
-		dryRun := fs.Bool("dry-run", false, "print what would change and change nothing")
+		dryRun := fs.Bool("dry-run", false, "print what would change and change nothing (it only reads: it waits "+readOnlyConnTimeout.String()+" for the server unless --connect-timeout is given)")
 		force := fs.Bool("force", false, "also apply changes that can delete stored messages (lower limits, fewer replicas, another storage type)")
 		if err := parseStreamFlags(fs, args[1:], env, cfg); err != nil {
 			return err
+		}
+		if *dryRun && !flagGiven(fs, "connect-timeout") {
+			// A dry run only reads, for a person waiting on its answer, as `datasets ls` does: a
+			// missing server is said in seconds, not after the half minute a deployment step waits.
+			conn.connectTimeout = readOnlyConnTimeout
 		}
 		nc, js, err := connectAndApply(ctx, conn, nil) // the plan applies the streams
 		if err != nil {

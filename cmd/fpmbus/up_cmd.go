@@ -328,7 +328,7 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	reg := newProcessRegistry()
 	r.reg = reg
-	g, err := rungroup.New(r.components(), rungroup.WithLogger(slog.Default()), rungroup.WithRegisterer(reg))
+	g, err := rungroup.New(r.components(), rungroup.WithLogger(slog.Default()))
 	if err != nil {
 		return err
 	}

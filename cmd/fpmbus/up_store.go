@@ -14,6 +14,7 @@ import (
 // The embedded server's store, as `fpmbus up` reports it: the server component's Health (a full disk or
 // a write error degrades it in /healthz, naming the store and its filesystem; a lost store fails it) and
 // the fpmbus_store_* metrics below, read from the current server's store watch (streams.WatchStore).
+// The edge bridge (`fpmbus bridge --edge-dir`) reports its node-local server's store the same way.
 
 // storeStatus returns the current embedded server's store status (StoreOK before it started).
 func (r *upRun) storeStatus() streams.StoreStatus {

@@ -16,9 +16,11 @@
 //   - the gap detector's per-publisher state (Options.Publishers), read only while someone looks.
 //
 // Health is honest: a component that is ready but behind one of its limits is reported degraded with
-// the reason, in /healthz and in the status (the bridge dropping FPMs for a full buffer or losing dead
-// letters, a consumer whose stream removed messages before it read them, or one holding as many
-// unacknowledged messages as its max_ack_pending allows), besides what the component reports itself.
+// the reason (the bridge dropping FPMs for a full buffer or losing dead letters, a consumer whose stream
+// removed messages before it read them, or one holding as many unacknowledged messages as its
+// max_ack_pending allows), besides what the component reports itself. It is reported in /healthz, in
+// the status, and in /metrics as fpmbus_component_*, under the same names for `up`'s run group and a
+// standalone command's one component.
 //
 // Ownership: the sampler goroutine owns the sample history; handlers read it under a mutex. Nothing the
 // handlers do blocks the component they observe: sources are read with timeouts and cached.

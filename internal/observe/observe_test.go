@@ -3,6 +3,7 @@ package observe
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
 	"github.com/fpmbus/fpmbus/internal/rungroup"
@@ -287,5 +289,133 @@ func TestPageUsesNoOutsideAssets(t *testing.T) {
 	}
 	if code, _ := get(t, s.Handler(), "/nothing"); code != http.StatusNotFound {
 		t.Errorf("/nothing: %d", code)
+	}
+}
+
+// metricLines is /metrics as one line per series ("name{labels} value").
+func metricLines(t *testing.T, h http.Handler) map[string]bool {
+	t.Helper()
+	code, body := get(t, h, "/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d\n%s", code, body)
+	}
+	out := map[string]bool{}
+	for _, l := range strings.Split(body, "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			out[l] = true
+		}
+	}
+	return out
+}
+
+// A standalone command's one component is exported as `up`'s are, under the same names, with the
+// health /healthz serves: a bridge dropping FPMs for a full buffer is degraded in
+// fpmbus_component_state (it still runs: fpmbus_component_ready stays 1), and ready again a window later.
+func TestStandaloneComponentStateIsExportedWithItsLimits(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := newBridgeMetrics(reg)
+	clk := &clock{t: time.Unix(1_800_000_000, 0)}
+	p := NewProcess("bridge")
+	p.Ready()
+	s := New(Options{Process: "bridge", Gatherer: reg, now: clk.now, Window: 10 * time.Second, SampleInterval: time.Second,
+		Components: p.Components, Bridge: &BridgeRef{Component: "bridge", MaxBuffer: 100}})
+	h := s.Handler()
+	clk.add(time.Second)
+	m.received.WithLabelValues("0").Add(100)
+	s.sampleNow()
+	want := func(when string, lines ...string) {
+		t.Helper()
+		got := metricLines(t, h)
+		for _, l := range lines {
+			if !got[l] {
+				t.Errorf("%s: /metrics lacks %q", when, l)
+			}
+		}
+	}
+	want("ready", `fpmbus_component_state{component="bridge",state="ready"} 1`, `fpmbus_component_state{component="bridge",state="degraded"} 0`,
+		`fpmbus_component_ready{component="bridge"} 1`, `fpmbus_component_restarts_total{component="bridge"} 0`,
+		`fpmbus_bridge_received_total{rank="0"} 100`)
+
+	m.dropped.WithLabelValues("1", "buffer_full").Add(7)
+	clk.add(time.Second) // the scrape's own gathering is the sample that shows the drops
+	want("behind its buffer", `fpmbus_component_state{component="bridge",state="degraded"} 1`, `fpmbus_component_state{component="bridge",state="ready"} 0`,
+		`fpmbus_component_ready{component="bridge"} 1`)
+
+	for i := 0; i < 12; i++ { // a window without a drop
+		clk.add(time.Second)
+		s.sampleNow()
+	}
+	want("a window later", `fpmbus_component_state{component="bridge",state="ready"} 1`, `fpmbus_component_state{component="bridge",state="degraded"} 0`)
+
+	// A fault the component reports itself (the edge bridge's full store disk) degrades it the same way.
+	full := errors.New("disk full: the filesystem at /edge holding the JetStream store /edge/jetstream has 0 bytes available")
+	p.Check(func() error { return full })
+	want("its store full", `fpmbus_component_state{component="bridge",state="degraded"} 1`)
+	var rep rungroup.HealthReport
+	if code := getJSON(t, h, "/healthz", &rep); code != http.StatusServiceUnavailable || rep.Components[0].Reason != full.Error() {
+		t.Fatalf("/healthz with the store full: %d %+v", code, rep)
+	}
+}
+
+// `up`'s run group is exported from the same health: a disabled component, restarts, and a consumer
+// behind its stream's limits.
+func TestRunGroupComponentStateIsExportedWithItsLimits(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	lost := prometheus.NewCounter(prometheus.CounterOpts{Name: "fpmbus_consumer_retention_lost_total", ConstLabels: prometheus.Labels{"consumer": "gaps"}})
+	reg.MustRegister(lost)
+	clk := &clock{t: time.Unix(1_800_000_000, 0)}
+	comps := []rungroup.Status{{Name: "gap detector", State: rungroup.StateReady, Restarts: 2},
+		{Name: "trace writer", State: rungroup.StateDisabled, Reason: "bad setting"}}
+	s := New(Options{Process: "up", Gatherer: reg, now: clk.now, Components: func() []rungroup.Status { return append([]rungroup.Status(nil), comps...) },
+		Consumers: []ConsumerRef{{Label: "gaps", Component: "gap detector", Group: "fpm-gaps"}}})
+	lost.Add(3)
+	clk.add(2 * time.Second)
+	got := metricLines(t, s.Handler())
+	for _, l := range []string{`fpmbus_component_state{component="gap detector",state="degraded"} 1`, `fpmbus_component_ready{component="gap detector"} 1`,
+		`fpmbus_component_restarts_total{component="gap detector"} 2`, `fpmbus_component_state{component="trace writer",state="disabled"} 1`,
+		`fpmbus_component_ready{component="trace writer"} 0`, `fpmbus_component_state{component="trace writer",state="ready"} 0`} {
+		if !got[l] {
+			t.Errorf("/metrics lacks %q", l)
+		}
+	}
+}
+
+// countingGatherer counts the gatherings of a registry.
+type countingGatherer struct {
+	prometheus.Gatherer
+	mu sync.Mutex
+	n  int
+}
+
+func (c *countingGatherer) Gather() ([]*dto.MetricFamily, error) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return c.Gatherer.Gather()
+}
+
+func (c *countingGatherer) count() int { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
+
+// A status request reuses a reading younger than a second: pages polling together gather once.
+func TestStatusReusesAReadingYoungerThanASecond(t *testing.T) {
+	t.Parallel()
+	g := &countingGatherer{Gatherer: prometheus.NewRegistry()}
+	clk := &clock{t: time.Unix(1_800_000_000, 0)}
+	s := New(Options{Process: "trace", Gatherer: g, now: clk.now})
+	base := g.count() // New's first reading
+	for range 3 {
+		s.Status(context.Background(), Query{})
+		get(t, s.Handler(), "/status.json")
+	}
+	if n := g.count() - base; n != 0 {
+		t.Fatalf("%d gatherings for 6 requests within a second of the last reading, want 0", n)
+	}
+	clk.add(time.Second)
+	s.Status(context.Background(), Query{})
+	s.Status(context.Background(), Query{})
+	if n := g.count() - base; n != 1 {
+		t.Fatalf("%d gatherings for 2 requests a second after the last reading, want 1", n)
 	}
 }

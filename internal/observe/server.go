@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 )
@@ -143,7 +144,12 @@ func New(o Options) *Server {
 		}
 	}
 	s := &Server{o: o, mux: http.NewServeMux(), started: o.now(), quit: make(chan struct{})}
-	s.mux.Handle("/metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
+	// /metrics is the registry plus the components' health (components.go). The registry's gathering
+	// for a scrape is kept as a sample, so a scrape costs one gathering and the health it exports is
+	// judged on what it serves.
+	health := prometheus.NewRegistry()
+	health.MustRegister(componentCollector{s})
+	s.mux.Handle("/metrics", promhttp.HandlerFor(prometheus.Gatherers{prometheus.GathererFunc(s.gatherSample), health}, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/healthz", s.serveHealth)
 	s.mux.HandleFunc("/status.json", s.serveStatus)
 	s.mux.HandleFunc("/status.js", serveAsset(pageJS, "text/javascript; charset=utf-8"))
@@ -194,15 +200,22 @@ func (s *Server) Stop() {
 
 // sampleNow gathers the registry into the window.
 func (s *Server) sampleNow() {
+	if mfs, err := s.gatherSample(); err != nil && len(mfs) == 0 {
+		s.o.Logger.Warn("status: gathering the metrics failed", "error", err)
+	}
+}
+
+// gatherSample gathers the registry, adds what it gathered to the window, and returns it.
+func (s *Server) gatherSample() ([]*dto.MetricFamily, error) {
 	mfs, err := s.o.Gatherer.Gather()
 	if err != nil && len(mfs) == 0 {
-		s.o.Logger.Warn("status: gathering the metrics failed", "error", err)
-		return
+		return nil, err
 	}
 	smp := newSample(s.o.now(), mfs)
 	s.mu.Lock()
 	s.win.add(smp, s.o.Window)
 	s.mu.Unlock()
+	return mfs, err
 }
 
 // fresh bounds how old the newest sample may be when a request reads the window: an older one is
@@ -323,9 +336,10 @@ func serveAsset(body []byte, contentType string) http.HandlerFunc {
 	}
 }
 
-// Status builds the status for query q, from a gathering made for it.
+// Status builds the status for query q, from a gathering at most a second old (made for it when the
+// last one is older): a page polling every 2 s, or several open at once, do not gather the registry
+// more than once a second between them.
 func (s *Server) Status(ctx context.Context, q Query) *Status {
-	s.sampleNow()
 	r := s.rater()
 	js := s.jetStream(ctx)
 	st := &Status{Schema: Schema, Process: s.o.Process, Time: s.o.now().UTC(), Started: s.started.UTC(),

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Status is one component's entry in Group.Status and in the health report.
@@ -101,26 +99,4 @@ func WriteReport(w http.ResponseWriter, rep HealthReport, code int) {
 func (g *Group) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	rep, code := Report(g.Status())
 	WriteReport(w, rep, code)
-}
-
-// stateCollector is fpmbus_component_state: one series per component and state, 1 for the state
-// Status reports.
-type stateCollector struct{ g *Group }
-
-var stateDesc = prometheus.NewDesc("fpmbus_component_state",
-	"1 for the state a component of the run group is in (starting, ready, degraded, restarting, failed, stopped, disabled), 0 for the others.",
-	[]string{"component", "state"}, nil)
-
-func (c stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- stateDesc }
-
-func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, s := range c.g.Status() {
-		for _, st := range States {
-			v := 0.0
-			if s.State == st {
-				v = 1
-			}
-			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, v, s.Name, string(st))
-		}
-	}
 }

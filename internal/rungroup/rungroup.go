@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Defaults of Component and Policy fields left zero.
@@ -149,23 +148,13 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithRegisterer registers the group's metrics on r: fpmbus_component_restarts_total{component},
-// fpmbus_component_ready{component} (1 while ready, else 0) and fpmbus_component_state{component,
-// state} (1 for the state Status reports, degraded and disabled included; 0 for the others).
-func WithRegisterer(r prometheus.Registerer) Option {
-	return func(g *Group) { g.reg = r }
-}
-
 // Group runs a list of components. Create it with New, run it with Run.
 type Group struct {
-	units    []*unit
-	log      *slog.Logger
-	reg      prometheus.Registerer
-	restarts *prometheus.CounterVec
-	ready    *prometheus.GaugeVec
-	running  atomic.Bool
-	exits    chan exit
-	closed   chan struct{} // closed when Run returns: incarnations stop reporting exits
+	units   []*unit
+	log     *slog.Logger
+	running atomic.Bool
+	exits   chan exit
+	closed  chan struct{} // closed when Run returns: incarnations stop reporting exits
 
 	mu sync.Mutex // guards every unit's snapshot fields
 }
@@ -202,7 +191,9 @@ type exit struct {
 	inc *incarnation
 }
 
-// New checks the components and returns a group for them. Options: WithLogger, WithRegisterer.
+// New checks the components and returns a group for them. Options: WithLogger. The group's state is
+// exported as metrics by whoever serves its Status (internal/observe: fpmbus_component_*), as a
+// standalone command's one component is.
 func New(components []Component, opts ...Option) (*Group, error) {
 	g := &Group{log: slog.Default(), exits: make(chan exit), closed: make(chan struct{})}
 	for _, o := range opts {
@@ -267,25 +258,6 @@ func New(components []Component, opts ...Option) (*Group, error) {
 					break
 				}
 			}
-		}
-	}
-	if g.reg != nil {
-		g.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fpmbus_component_restarts_total",
-			Help: "Restarts of a supervised component (after its own failure or one of a component it needs).",
-		}, []string{"component"})
-		g.ready = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "fpmbus_component_ready",
-			Help: "1 while a supervised component is ready, else 0.",
-		}, []string{"component"})
-		for _, c := range []prometheus.Collector{g.restarts, g.ready, stateCollector{g}} {
-			if err := g.reg.Register(c); err != nil {
-				return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidGroup, err)
-			}
-		}
-		for _, u := range g.units {
-			g.restarts.WithLabelValues(u.Name)
-			g.ready.WithLabelValues(u.Name).Set(0)
 		}
 	}
 	return g, nil
@@ -562,9 +534,6 @@ func (g *Group) countRestart(u *unit) {
 	g.mu.Lock()
 	u.restarts++
 	g.mu.Unlock()
-	if g.restarts != nil {
-		g.restarts.WithLabelValues(u.Name).Inc()
-	}
 }
 
 func (g *Group) setState(u *unit, s State, err error) {
@@ -583,12 +552,5 @@ func (g *Group) setStateLocked(u *unit, s State, err error) {
 	u.state = s
 	if err != nil {
 		u.lastErr = err.Error()
-	}
-	if g.ready != nil {
-		v := 0.0
-		if s == StateReady {
-			v = 1
-		}
-		g.ready.WithLabelValues(u.Name).Set(v)
 	}
 }

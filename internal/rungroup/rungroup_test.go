@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
 
@@ -257,10 +256,9 @@ func TestGroupRestartsAFailedComponentAndWhatNeedsItWithItsNewResource(t *testin
 	j := &journal{}
 	conn, user, loner := newFake(j, "conn", true), newFake(j, "user", true), newFake(j, "loner", true)
 	user.resource = conn.startCount // the "connection" a user gets is the conn incarnation current at its start
-	reg := prometheus.NewRegistry()
 	cc, uc, lc := conn.component(), user.component(), loner.component()
 	uc.Needs = []string{"conn"}
-	g, err := New([]Component{cc, uc, lc}, WithLogger(quietLogger()), WithRegisterer(reg))
+	g, err := New([]Component{cc, uc, lc}, WithLogger(quietLogger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,8 +285,12 @@ func TestGroupRestartsAFailedComponentAndWhatNeedsItWithItsNewResource(t *testin
 	if code, _ := health(t, g); code != http.StatusOK {
 		t.Fatalf("after recovery: health %d", code)
 	}
-	for name, want := range map[string]float64{"conn": 1, "user": 1, "loner": 0} {
-		if got := gathered(t, reg, "fpmbus_component_restarts_total", name); got != want {
+	restarts := map[string]int{}
+	for _, s := range g.Status() {
+		restarts[s.Name] = s.Restarts
+	}
+	for name, want := range map[string]int{"conn": 1, "user": 1, "loner": 0} {
+		if got := restarts[name]; got != want {
 			t.Errorf("restarts of %s = %v, want %v", name, got, want)
 		}
 	}
@@ -396,13 +398,12 @@ func TestGroupReportsADegradedComponentWithoutRestartingIt(t *testing.T) {
 }
 
 // A disabled component is never started, yet listed in its place: /healthz is not ok (degraded, 503)
-// with the reason, fpmbus_component_state says disabled, and the group stops without touching it.
+// with the reason, and the group stops without touching it.
 func TestGroupListsADisabledComponentAndIsNotHealthy(t *testing.T) {
 	j := &journal{}
 	a, c := newFake(j, "a", true), newFake(j, "c", true)
 	const why = `trace writer disabled: --trace-mode "ful" (DYN_FPM_MODE): want sampled or full`
-	reg := prometheus.NewRegistry()
-	g, err := New([]Component{a.component(), {Name: "b", Disabled: why}, c.component()}, WithLogger(quietLogger()), WithRegisterer(reg))
+	g, err := New([]Component{a.component(), {Name: "b", Disabled: why}, c.component()}, WithLogger(quietLogger()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,26 +413,6 @@ func TestGroupListsADisabledComponentAndIsNotHealthy(t *testing.T) {
 	if code != http.StatusServiceUnavailable || rep.Status != "degraded" || len(rep.Components) != 3 ||
 		rep.Components[1].State != StateDisabled || rep.Components[1].Reason != why || g.Healthy() {
 		t.Fatalf("with a disabled component: %d %+v", code, rep)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != "fpmbus_component_state" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			lv := map[string]string{}
-			for _, l := range m.GetLabel() {
-				lv[l.GetName()] = l.GetValue()
-			}
-			got[lv["component"]+"/"+lv["state"]] = m.GetGauge().GetValue()
-		}
-	}
-	if got["b/disabled"] != 1 || got["b/ready"] != 0 || got["a/ready"] != 1 || got["c/disabled"] != 0 || len(got) != 3*len(States) {
-		t.Fatalf("fpmbus_component_state: %v", got)
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -529,32 +510,6 @@ func TestGroupGivesUpOnAComponentThatCannotRecover(t *testing.T) {
 			}
 		})
 	}
-}
-
-// gathered reads metric name{component=component} from the registry.
-func gathered(t *testing.T, reg *prometheus.Registry, name, component string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "component" && l.GetValue() == component {
-					if m.Counter != nil {
-						return m.Counter.GetValue()
-					}
-					return m.Gauge.GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("%s{component=%q} not gathered", name, component)
-	return 0
 }
 
 func healthReportOf(g *Group) HealthReport { return HealthReport{Components: g.Status()} }
