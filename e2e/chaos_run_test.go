@@ -158,14 +158,17 @@ type chaosEnv struct {
 	diskOK   bool
 	diskNote string
 	filler   string
-	url      string
-	listen   string
-	basePort int
-	metrics  string // up: /metrics and /healthz; split: the bridge's /metrics
-	traceOut string
-	dataDir  string // up's --data-dir, or nats-server's store_dir
-	conf     string // split: nats-server's configuration
-	streamMB int64
+	// serverStale: the split shape's nats-server had a full disk that has room again and is still to
+	// be restarted, as its operator would (restartStaleServer).
+	serverStale bool
+	url         string
+	listen      string
+	basePort    int
+	metrics     string // up: /metrics and /healthz; split: the bridge's /metrics
+	traceOut    string
+	dataDir     string // up's --data-dir, or nats-server's store_dir
+	conf        string // split: nats-server's configuration
+	streamMB    int64
 
 	comps   map[string]*chaosComp
 	slots   [chaosPubSlots]*chaosRun
@@ -455,6 +458,9 @@ func (e *chaosEnv) step(st chaosStep) {
 			c.paused = false
 		}
 		e.faultClose(st.Comp)
+		if st.Comp == "server" {
+			e.restartStaleServer()
+		}
 	case actTerm:
 		c := e.comps[st.Comp]
 		if ingest(st.Comp) {
@@ -473,6 +479,9 @@ func (e *chaosEnv) step(st chaosStep) {
 		c := e.comps[st.Comp]
 		if !c.running() {
 			e.startComp(c)
+			if st.Comp == "server" {
+				e.serverStale = false // a start loads every stream
+			}
 		}
 		c.down = false
 		e.faultClose(st.Comp)
@@ -749,6 +758,36 @@ func (e *chaosEnv) diskFree() {
 	}
 	e.filler = ""
 	e.faultClose("disk")
+	if e.s.Shape == shapeSplit {
+		e.serverStale = true
+		e.restartStaleServer()
+	}
+}
+
+// restartStaleServer does what ops/README.md tells the operator of a separate nats-server to do once
+// its full disk has room again: restart it. nats-server refuses every write to a stream after the
+// stream's first write error until the stream is loaded again (fpmbus up does that in its own process;
+// a separate server needs a restart), so without it the pipeline would wait forever. A paused or
+// stopped server is restarted when it runs again (a start loads every stream anyway).
+func (e *chaosEnv) restartStaleServer() {
+	c := e.comps["server"]
+	if !e.serverStale || c == nil || c.paused {
+		return
+	}
+	e.serverStale = false
+	if !c.running() {
+		return
+	}
+	e.faultOpen("server")
+	_ = c.cur.cmd.Process.Signal(syscall.SIGTERM)
+	if !e.waitExit(c.cur, chaosStopWait) {
+		e.note("server did not exit within %v of SIGTERM: killed", chaosStopWait)
+		_ = c.cur.cmd.Process.Kill()
+		e.waitExit(c.cur, 10*time.Second)
+	}
+	e.startComp(c)
+	e.faultClose("server")
+	e.logf("operator: nats-server restarted once its disk had room (its streams refuse writes after a write error until loaded again)")
 }
 
 // settle heals every fault, lets the publishers' last messages through a pipeline back in order,
@@ -767,6 +806,7 @@ func (e *chaosEnv) settle() {
 		c.down = false
 		e.faultClose(name)
 	}
+	e.restartStaleServer()
 	e.stopBridge2()
 	e.secondStop()
 	for _, p := range []*proc{e.bridge2Stopping} {

@@ -33,7 +33,8 @@ const (
 
 // ConsumerLoss is the body of a loss event: stream sequences First..Last (Count messages) were removed
 // from Stream before Consumer read them; with cause LossPruned, Count lines Consumer wrote were removed
-// with its output file Segment (of Producer, observed from FirstObservedMs to LastObservedMs).
+// with its output file Segment (of Producer; FirstObservedMs and LastObservedMs are the earliest and
+// latest observation times of its lines, which the stream may have stored in another order).
 type ConsumerLoss struct {
 	Event      string `json:"event"` // ConsumerLossEvent
 	Cause      string `json:"cause"` // LossRetention, LossDeleted or LossPruned

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
@@ -51,11 +52,16 @@ type Consumer struct {
 	keys    subjectKeys // loop only
 
 	// Loop only (the runner's goroutine).
-	start    time.Time       // lines' timestamps count from the consumer's start, in every partition
-	writers  map[int]*writer // by owned partition
-	own      *owner          // every writer's prefixes (owner.go)
-	repaired bool            // the whole output was repaired at the first takeover (one partition)
-	failed   error           // a flush failed between two calls: returned by the next one
+	start      time.Time       // lines' timestamps count from the consumer's start, in every partition
+	writers    map[int]*writer // by owned partition
+	own        *owner          // every writer's prefixes (owner.go)
+	unrepaired unrepaired      // producers whose repair was refused, every writer's (unrepaired.go)
+	repaired   bool            // the whole output was repaired at the first takeover (one partition)
+	failed     error           // a flush failed between two calls: returned by the next one
+	// unstoredLosses are pruned segments' loss events the server did not store, published again from
+	// lossRetryAt on (group.go, retryLosses).
+	unstoredLosses []*nats.Msg
+	lossRetryAt    time.Time
 }
 
 var (
@@ -149,7 +155,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := replaceIncompatibleConsumers(ctx, c.js, c.group, c.log); err != nil {
 		return err
 	}
-	c.own = newOwner(me, c.log)
+	c.own, c.unrepaired = newOwner(me, c.log), unrepaired{}
 	defer c.own.releaseAll() // what a writer the runner did not end still holds
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() { // hands completed flushes to the runner's loop; owned by Run
@@ -218,7 +224,7 @@ func (c *Consumer) Assigned(_ context.Context, p int) error {
 		old.abort()
 	}
 	w := newWriter(c.cfg, c.set, c.log.With("partition", p), c.metrics, c.start, c.notifyFlushed)
-	w.own, w.rejectHeld = c.own, true
+	w.own, w.rejectHeld, w.unrepaired = c.own, true, c.unrepaired
 	if c.cfg.Partitions == 1 && !c.repaired {
 		// Only what this instance owns is repaired: a producer another process holds is its
 		// owner's to repair (its messages are rejected until it lets go).
@@ -226,8 +232,17 @@ func (c *Consumer) Assigned(_ context.Context, p int) error {
 		for _, r := range refused {
 			c.log.Info("trace writer: a producer under the output is owned by another process: not repaired", "err", r)
 		}
-		if err == nil {
-			_, err = repairPrefixes(claimed, c.log)
+		for _, prefix := range claimed {
+			if err != nil {
+				break
+			}
+			// A repair refused for one producer (something not fpmbus's under its temporary
+			// file's name) refuses that producer alone (unrepaired.go).
+			if _, rerr := repairPrefixes([]string{prefix}, c.log); rerr != nil && repairRefused(rerr) {
+				c.unrepaired.refuse(prefix, rerr, c.log)
+			} else {
+				err = rerr
+			}
 		}
 		if err != nil {
 			w.abort()
@@ -276,11 +291,13 @@ func (c *Consumer) Handle(_ context.Context, batch []*durable.Msg) error {
 
 // Tick runs every FlushInterval: sampled mode writes the samples whose interval is over, and every
 // writer hands its buffered lines to its flusher.
-func (c *Consumer) Tick(context.Context, time.Time) error {
+func (c *Consumer) Tick(ctx context.Context, _ time.Time) error {
 	if c.failed != nil {
 		return c.failed
 	}
+	c.retryLosses(ctx, false)
 	c.own.retry()
+	c.unrepaired.retry()
 	for p, w := range c.writers {
 		if w.sampler != nil {
 			if err := w.sampler.emitDue(w, c.set.Clock()); err != nil {
@@ -319,11 +336,14 @@ func (c *Consumer) Lost(p int) {
 	}
 }
 
-// Close runs after every partition was released or lost: nothing is left to write.
-func (c *Consumer) Close(context.Context) error {
+// Close runs after every partition was released or lost: nothing is left to write. Loss events the
+// server has not stored yet get one more try within ctx.
+func (c *Consumer) Close(ctx context.Context) error {
 	for p, w := range c.writers {
 		w.abort()
 		delete(c.writers, p)
 	}
+	c.retryLosses(ctx, true)
+	c.dropUnstoredLosses()
 	return nil
 }

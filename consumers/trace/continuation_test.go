@@ -33,7 +33,9 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, obs := range []int64{100, 101, 102} {
+	// Observation times out of stream order (a bridge's backlog stored after newer FPMs): the segment
+	// is named by its earliest and latest, not by its first and last lines'.
+	for _, obs := range []int64{101, 100, 102} {
 		if err := earlier.Append(traceLineAt(t, obs)); err != nil {
 			t.Fatal(err)
 		}
@@ -63,6 +65,30 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 		{Segment: SegmentPath(prefix, 0), Index: 0, Lines: 3, FirstObservedMs: 100, LastObservedMs: 102},
 		{Segment: SegmentPath(prefix, 1), Index: 1, Lines: 1, FirstSeq: 11, LastSeq: 11, FirstObservedMs: 200, LastObservedMs: 200},
 	}
+	if !slices.Equal(pruned, want) {
+		t.Fatalf("pruned %+v, want %+v", pruned, want)
+	}
+
+	// The same for lines this writer counted as it wrote them.
+	prefix = filepath.Join(t.TempDir(), "fpm.w")
+	w, err = NewSegmentWriter(prefix, 3*int64(len(line)), 1) // two lines per segment (a third would pass the roll), one kept
+	if err != nil {
+		t.Fatal(err)
+	}
+	pruned = nil
+	for i, obs := range []int64{300, 250, 400} {
+		if err := w.appendRecord(traceLineAt(t, obs), uint64(21+i), obs); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		pruned = append(pruned, w.takePruned()...)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want = []PrunedSegment{{Segment: SegmentPath(prefix, 0), Index: 0, Lines: 2, FirstSeq: 21, LastSeq: 22, FirstObservedMs: 250, LastObservedMs: 300}}
 	if !slices.Equal(pruned, want) {
 		t.Fatalf("pruned %+v, want %+v", pruned, want)
 	}

@@ -173,15 +173,23 @@ func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, p
 	return nil
 }
 
-// pruneEventTimeout bounds the publication of one pruned segment's loss event.
-const pruneEventTimeout = 5 * time.Second
+// pruneEventTimeout bounds the publication of one pruned segment's loss event; a loss event that was
+// not stored is published again every lossRetryEvery (a second at most each time) until it is.
+const (
+	pruneEventTimeout = 5 * time.Second
+	lossRetryEvery    = 5 * time.Second
+	lossRetryTimeout  = time.Second
+)
 
 // publishPruned reports a segment that retention (--max-segments) removed from partition p's producers
 // as a loss event on fpmevents.loss.trace (streams.ConsumerLoss, cause pruned: the segment, its
 // producer, its line count, the stream sequences of its lines where known, their observation times),
-// which `fpmbus gaps report` counts. An event that cannot be stored is still in the error-level log
-// line and the metrics (writer.reportPruned). Called on the runner's loop; prunes are rare (one per
-// roll beyond the limit), so the publication waits for its acknowledgement there.
+// which `fpmbus gaps report` counts. Segments are pruned whether or not the server answers (Dynamo's
+// rule), so an event the server did not store (down, paused, its disk full) is kept and published
+// again by Tick until it is (retryLosses: its message id makes a repeat of a stored one a duplicate);
+// meanwhile, and for one still unstored when the writer stops, the error-level log lines and the
+// metrics (writer.reportPruned) count it. Called on the runner's loop; prunes are rare (one per roll
+// beyond the limit), so the publication waits for its acknowledgement there.
 func (c *Consumer) publishPruned(p int, ps PrunedSegment) {
 	if ps.Lines == 0 {
 		return // nothing was lost
@@ -204,9 +212,43 @@ func (c *Consumer) publishPruned(p int, ps PrunedSegment) {
 	ctx, cancel := context.WithTimeout(context.Background(), pruneEventTimeout)
 	defer cancel()
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
-		c.log.Error("trace writer: pruned segment's loss event not stored; the log line above and fpmbus_trace_pruned_lines_total still count it",
+		c.log.Error("trace writer: pruned segment's loss event not stored yet; published again until it is (the log line above and fpmbus_trace_pruned_lines_total count it meanwhile)",
 			"segment", ps.Segment, "lines", ps.Lines, "err", err)
+		c.unstoredLosses = append(c.unstoredLosses, msg)
+		c.lossRetryAt = c.set.Clock().Add(lossRetryEvery)
 	}
+}
+
+// retryLosses publishes again the loss events the server did not store, oldest first, once
+// lossRetryEvery has passed since the last try (or at once when force), stopping at the first that
+// fails again (the server is still away). Loop only.
+func (c *Consumer) retryLosses(ctx context.Context, force bool) {
+	if len(c.unstoredLosses) == 0 || !force && c.set.Clock().Before(c.lossRetryAt) {
+		return
+	}
+	for len(c.unstoredLosses) > 0 {
+		msg := c.unstoredLosses[0]
+		pctx, cancel := context.WithTimeout(ctx, lossRetryTimeout)
+		_, err := c.js.PublishMsg(pctx, msg)
+		cancel()
+		if err != nil {
+			c.lossRetryAt = c.set.Clock().Add(lossRetryEvery)
+			return
+		}
+		c.log.Info("trace writer: pruned segment's loss event stored", "event", string(msg.Data))
+		c.unstoredLosses[0] = nil
+		c.unstoredLosses = c.unstoredLosses[1:]
+	}
+}
+
+// dropUnstoredLosses logs, at error level and in full, the loss events still not stored when the
+// writer stops: the log is then the only place that names those lines.
+func (c *Consumer) dropUnstoredLosses() {
+	for _, msg := range c.unstoredLosses {
+		c.log.Error("trace writer: stopping with a pruned segment's loss event the server never stored; gaps report will not count it",
+			"event", string(msg.Data))
+	}
+	c.unstoredLosses = nil
 }
 
 // lossStream is the stream whose sequences partition p's records carry (Msg.StreamSeq): FPM, or with

@@ -2,6 +2,7 @@ package trace
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -638,5 +639,66 @@ func TestConsumerDeclaredOtherwiseIsReplacedAfterItsAckFloor(t *testing.T) {
 			}
 			checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
 		})
+	}
+}
+
+// failingPublisher refuses every publication while down, as a server that is away, paused or whose
+// disk is full does.
+type failingPublisher struct {
+	jetstream.JetStream
+	down bool
+}
+
+func (f *failingPublisher) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	if f.down {
+		return nil, nats.ErrTimeout
+	}
+	return f.JetStream.PublishMsg(ctx, msg, opts...)
+}
+
+// A pruned segment's loss event the server did not store is published again until it is, once, so
+// that gaps report counts the pruned lines whenever the server was away at the prune.
+func TestPrunedSegmentLossEventIsStoredOnceTheServerTakesIt(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	ctx := context.Background()
+	if _, err := streams.Ensure(ctx, env.JS, streams.DefaultConfig(), nil); err != nil {
+		t.Fatal(err)
+	}
+	js := &failingPublisher{JetStream: env.JS, down: true}
+	c, err := New(testConfig(t), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := PrunedSegment{Segment: "/traces/fpm.w.000003.jsonl.gz", Index: 3, Producer: "w", Lines: 7, FirstSeq: 11, LastSeq: 17,
+		FirstObservedMs: 1_782_777_600_000, LastObservedMs: 1_782_777_600_900}
+	c.publishPruned(0, ps)
+	c.retryLosses(ctx, true) // still down: kept
+	if n := len(streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName))); n != 0 {
+		t.Fatalf("%d loss events stored while the server refused them", n)
+	}
+	js.down = false
+	c.retryLosses(ctx, false) // not due yet
+	if len(c.unstoredLosses) != 1 {
+		t.Fatalf("%d loss events waiting, want 1 until the retry is due", len(c.unstoredLosses))
+	}
+	c.retryLosses(ctx, true)
+	c.retryLosses(ctx, true)
+	var got []streams.ConsumerLoss
+	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName)) {
+		var l streams.ConsumerLoss
+		if err := json.Unmarshal(m.Data(), &l); err != nil {
+			t.Fatal(err)
+		}
+		l.DetectedAt = 0
+		got = append(got, l)
+	}
+	want := []streams.ConsumerLoss{{Event: streams.ConsumerLossEvent, Cause: streams.LossPruned, Consumer: ConsumerName, Stream: streams.StreamFPM,
+		First: 11, Last: 17, Count: 7, Segment: ps.Segment, Producer: "w", FirstObservedMs: ps.FirstObservedMs, LastObservedMs: ps.LastObservedMs}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("loss events\n got %+v\nwant %+v", got, want)
+	}
+	if len(c.unstoredLosses) != 0 {
+		t.Fatalf("%d loss events still waiting after they were stored", len(c.unstoredLosses))
 	}
 }

@@ -105,27 +105,44 @@ type chunk struct {
 	tally segmentTally
 }
 
-// segmentTally is what a writer wrote into one segment: lines, and the stream sequences and
-// observation times of their records (seqs zero when not known); on the file side also the bytes
-// written (whole members).
+// segmentTally is what a writer wrote into one segment: lines, the stream sequences of their records
+// (zero when not known) and the earliest and latest of their observation times; on the file side also
+// the bytes written (whole members).
+//
+// Lines are written in stream order, so the first and last sequences bound them; observation times do
+// not follow stream order (a bridge's buffered backlog, a redundant bridge's copies and a replay reach
+// the stream after FPMs observed later), so the tally keeps their minimum and maximum: a loss event
+// naming the segment's lines by observation time then covers every one of them.
 type segmentTally struct {
-	lines                   int
-	firstSeq, lastSeq       uint64
-	firstObserved, lastObsv int64
-	size                    int64
+	lines                    int
+	firstSeq, lastSeq        uint64
+	minObserved, maxObserved int64
+	size                     int64
 }
 
 // add counts one line of a record at stream sequence seq (0: not known) observed at observed (< 0:
 // not known).
 func (t *segmentTally) add(seq uint64, observed int64) {
 	if t.lines == 0 {
-		t.firstSeq, t.firstObserved = seq, observed
+		t.firstSeq, t.minObserved, t.maxObserved = seq, observed, observed
 	}
 	t.lines++
-	t.lastSeq, t.lastObsv = seq, observed
+	t.lastSeq = seq
+	t.observe(observed)
 	if seq == 0 {
 		t.firstSeq = 0 // a line of unknown sequence: the range is not known
 	}
+}
+
+// observe widens the tally's observation times to include observed (< 0: not known, ignored).
+func (t *segmentTally) observe(observed int64) {
+	if observed < 0 {
+		return
+	}
+	if t.minObserved < 0 || observed < t.minObserved {
+		t.minObserved = observed
+	}
+	t.maxObserved = max(t.maxObserved, observed)
 }
 
 // merge adds the tally u of later lines.
@@ -143,7 +160,9 @@ func (t *segmentTally) merge(u segmentTally) {
 		t.firstSeq = 0
 	}
 	t.lines += u.lines
-	t.lastSeq, t.lastObsv = u.lastSeq, u.lastObsv
+	t.lastSeq = u.lastSeq
+	t.observe(u.minObserved)
+	t.observe(u.maxObserved)
 }
 
 // batch is what detach hands to the file side: the chunks to write, in order, and the line count they
@@ -536,8 +555,8 @@ type PrunedSegment struct {
 	Lines   int
 	Damaged bool
 	// FirstSeq..LastSeq are the stream sequences of its lines' messages when this writer wrote every
-	// line (and knew them), else 0. FirstObservedMs and LastObservedMs are its first and last lines'
-	// observed_at_unix_ms (-1: none).
+	// line (and knew them), else 0. FirstObservedMs and LastObservedMs are the earliest and latest
+	// observed_at_unix_ms of its lines (-1: none), which need not be its first and last lines'.
 	FirstSeq, LastSeq               uint64
 	FirstObservedMs, LastObservedMs int64
 }
@@ -583,28 +602,22 @@ func (w *SegmentWriter) prune(active uint64) {
 func (w *SegmentWriter) held(s Segment) PrunedSegment {
 	ps := PrunedSegment{Segment: s.Path, Index: s.Index, FirstObservedMs: -1, LastObservedMs: -1}
 	if t := w.tallies[s.Index]; t != nil && t.lines > 0 && fileSizeIs(s.Path, t.size) {
-		ps.Lines, ps.FirstSeq, ps.LastSeq, ps.FirstObservedMs, ps.LastObservedMs = t.lines, t.firstSeq, t.lastSeq, t.firstObserved, t.lastObsv
+		ps.Lines, ps.FirstSeq, ps.LastSeq, ps.FirstObservedMs, ps.LastObservedMs = t.lines, t.firstSeq, t.lastSeq, t.minObserved, t.maxObserved
 		if ps.FirstSeq == 0 {
 			ps.LastSeq = 0
 		}
 		return ps
 	}
-	var last []byte
 	err := ReadSegment(s.Path, func(line []byte) error {
-		if ps.Lines == 0 {
-			if l, err := schemas.ParseTraceLine(line); err == nil {
-				ps.FirstObservedMs = l.Event.ObservedAtUnixMs
+		if l, err := schemas.ParseTraceLine(line); err == nil {
+			if o := l.Event.ObservedAtUnixMs; ps.FirstObservedMs < 0 || o < ps.FirstObservedMs {
+				ps.FirstObservedMs = o
 			}
+			ps.LastObservedMs = max(ps.LastObservedMs, l.Event.ObservedAtUnixMs)
 		}
 		ps.Lines++
-		last = append(last[:0], line...)
 		return nil
 	})
-	if ps.Lines > 0 {
-		if l, err := schemas.ParseTraceLine(last); err == nil {
-			ps.LastObservedMs = l.Event.ObservedAtUnixMs
-		}
-	}
 	if err != nil {
 		ps.Damaged = true
 		w.logger.Warn("trace prune: the segment could not be read to its end; its lines are counted up to the damage", "segment", s.Path, "err", err)
