@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
@@ -249,8 +250,10 @@ func TestTraceVerifyRepairDoesNoHarm(t *testing.T) {
 }
 
 // The trace writer's start-up repair cuts a torn tail through "<segment>.repair.tmp". A symbolic link
-// planted under that name is refused: the writer does not start (exit 1, naming it), writes nothing
-// through it, and leaves the segment a regular file.
+// planted under that name is refused and concerns that producer alone, as a lock file that cannot be
+// had does: the writer starts and keeps running, writes nothing through the link, leaves the torn
+// segment as it is (a regular file), and rejects that producer's messages (dead letters naming the
+// link) while the other producer's are written.
 func TestTraceWriterStartupRepairRefusesAPlantedTemporaryFile(t *testing.T) {
 	t.Parallel()
 	const total = 2000
@@ -278,11 +281,35 @@ func TestTraceWriterStartupRepairRefusesAPlantedTemporaryFile(t *testing.T) {
 	if err := os.WriteFile(victim, []byte("precious"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(victim, newest+".repair.tmp"); err != nil {
+	link := newest + ".repair.tmp"
+	if err := os.Symlink(victim, link); err != nil {
 		t.Fatal(err)
 	}
-	text, err := run(t, 60*time.Second, fpmbusBin, "trace", "--server", env.Server.ClientURL(), "--trace-mode", "full",
-		"--trace-output", out, "--group", "startup")
+	// observed are the observed_at_unix_ms of a producer's lines (retention may have pruned old ones).
+	observed := func(producer string) map[int64]bool {
+		t.Helper()
+		segs, err := trace.ListSegments(trace.SegmentPrefix(out, producer))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[int64]bool{}
+		for _, s := range segs {
+			if err := trace.ReadSegment(s.Path, func(l []byte) error {
+				tl, err := schemas.ParseTraceLine(l)
+				if err == nil {
+					seen[tl.Event.ObservedAtUnixMs] = true
+				}
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return seen
+	}
+
+	// 100 more messages of each producer, to the writer started over the planted link.
+	fillFPMOffset(t, env.JS, total, 200, 2, 2, 1_782_777_600_000)
+	w := traceUntilAcked(t, env, out, "startup", total+200)
 	if b, _ := os.ReadFile(victim); string(b) != "precious" {
 		t.Fatalf("the start-up repair wrote through the planted link: the file it points to holds %d bytes", len(b))
 	}
@@ -292,7 +319,25 @@ func TestTraceWriterStartupRepairRefusesAPlantedTemporaryFile(t *testing.T) {
 	if got, _ := os.ReadFile(newest); !bytes.Equal(got, torn) {
 		t.Fatal("the torn segment was changed")
 	}
-	if code := exitCode(err); code != 1 || !strings.Contains(text, newest+".repair.tmp") {
-		t.Fatalf("writer with a planted link: exit %d, want 1 naming it:\n%s", code, text)
+	dl := streamsMessages(t, env.JS, streams.StreamEvents, streams.ConsumerDeadLetterSubject("trace"))
+	if len(dl) != 100 {
+		t.Fatalf("%d dead letters, want the 100 new messages of kw0", len(dl))
+	}
+	for _, m := range dl {
+		if subj := m.Headers().Get(streams.HeaderSubject); !strings.Contains(subj, ".kw0.") || !strings.Contains(m.Headers().Get(streams.HeaderError), link) {
+			t.Fatalf("dead letter of %s: reason %q, want kw0's naming %s", subj, m.Headers().Get(streams.HeaderError), link)
+		}
+	}
+	kw1 := observed("kw1")
+	for i := total; i < total+200; i++ {
+		if i%4 >= 2 && !kw1[1_782_777_600_000+int64(i)] { // fillFPM: kw1's messages, received at start + i
+			t.Fatalf("kw1's message %d has no line: the other producer must go on", i)
+		}
+	}
+	if !strings.Contains(w.Output(), "cannot be repaired") || !strings.Contains(w.Output(), link) {
+		t.Fatalf("the writer does not log the refused producer naming the link:\n%s", w.Output())
+	}
+	if err := w.signal(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("the writer did not keep running and stop cleanly: %v\n%s", err, w.Output())
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -105,8 +106,17 @@ func fixtureEntries(t testing.TB) []fixtureEntry {
 		UpdatedAtUnixMS: 1767225600000, Cells: []schemas.CampaignCell{
 			{Key: cellB.Key, State: schemas.CellSealed, RunID: "run-b", DatasetDigest: cellB.Provenance.DatasetDigest},
 			{Key: "cell." + strings.Repeat("0", 64), State: schemas.CellMissing, Reason: "latency_invalid"}}}
+	// Each campaign record as the sealer writes it: its frozen plan (every cell pending), then the
+	// record the seals made of it.
+	frozen := func(c schemas.Campaign) schemas.Campaign {
+		c.State, c.Cells = schemas.CampaignOpen, slices.Clone(c.Cells)
+		for i := range c.Cells {
+			c.Cells[i] = schemas.CampaignCell{Key: c.Cells[i].Key, State: schemas.CellPending}
+		}
+		return c
+	}
 	var out []fixtureEntry
-	for i, v := range []any{cellA, cellB, cellC, cellD, complete, partial} {
+	for i, v := range []any{cellA, cellB, cellC, cellD, frozen(complete), complete, frozen(partial), partial} {
 		b, err := json.Marshal(v)
 		if err != nil {
 			t.Fatal(err)

@@ -412,7 +412,7 @@ func TestRefusesIncompleteCampaign(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := refused(t, ask(), ReasonIncompleteCampaign)
-			if r.Campaign == nil || r.Campaign.ID != "camp-partial" || r.Campaign.State != schemas.CampaignPartial || len(r.Campaign.Missing) != 1 || r.Campaign.Revision != 6 {
+			if r.Campaign == nil || r.Campaign.ID != "camp-partial" || r.Campaign.State != schemas.CampaignPartial || len(r.Campaign.Missing) != 1 || r.Campaign.Revision != 8 {
 				t.Fatalf("campaign %+v", r.Campaign)
 			}
 		})

@@ -1,7 +1,6 @@
 package predict
 
 import (
-	"fmt"
 	"sort"
 	"strings"
 
@@ -23,8 +22,10 @@ type Update struct {
 type Snapshot struct {
 	cells     map[string]*Cell
 	campaigns map[string]*Campaign
-	revision  uint64
-	ignored   []Ignored
+	// keys are the histories read so far (schemas.KeyHistory), by key: values, copied on Apply.
+	keys     map[string]schemas.KeyHistory
+	revision uint64
+	ignored  []Ignored
 }
 
 // Ignored is an update Apply did not take: a revision no fpmbus writer stores (tampering).
@@ -35,15 +36,17 @@ type Ignored struct {
 }
 
 // Apply returns the snapshot with updates applied in order; they are a key's history in stream order
-// (a watch with history), and Apply reads it as every reader of FPM_DATASETS does (schemas'
-// dataset_history.go): a cell is its key's first revision, and a later one (an overwrite, a delete
-// marker) is ignored; a campaign record is its frozen plan and each revision that legitimately
-// follows it (schemas.NextCampaign), and any other is ignored. What it ignored is the new snapshot's
-// Ignored. An update of a key at the revision already loaded changes nothing and re-parses nothing (a
-// re-watch replays keys). Keys that are neither cells nor campaign records are ignored. s itself is
-// unchanged.
+// (a watch with history), and Apply reads it as every reader of FPM_DATASETS does, with the one fold
+// of them all (schemas.KeyHistory): a cell is its key's first revision that is a seal, and every other
+// revision (a delete marker or junk before it, an overwrite or a delete marker after it) is ignored; a
+// campaign record is its first frozen plan and each revision that legitimately follows it
+// (schemas.NextCampaign), and any other is ignored. What it ignored is the new snapshot's Ignored. A
+// key that holds no record yet loads as unusable (a corrupt cell, an unreadable campaign) until its
+// record comes. An update of a key at or before a revision already applied changes nothing and
+// re-parses nothing (a re-watch replays keys). Keys that are neither cells nor campaign records are
+// ignored. s itself is unchanged.
 func (s *Snapshot) Apply(updates ...Update) *Snapshot {
-	n := &Snapshot{cells: map[string]*Cell{}, campaigns: map[string]*Campaign{}}
+	n := &Snapshot{cells: map[string]*Cell{}, campaigns: map[string]*Campaign{}, keys: map[string]schemas.KeyHistory{}}
 	if s != nil {
 		for k, c := range s.cells {
 			n.cells[k] = c
@@ -51,62 +54,67 @@ func (s *Snapshot) Apply(updates ...Update) *Snapshot {
 		for k, c := range s.campaigns {
 			n.campaigns[k] = c
 		}
+		for k, h := range s.keys {
+			n.keys[k] = h
+		}
 		n.revision = s.revision
-	}
-	ignore := func(u Update, why string) {
-		n.ignored = append(n.ignored, Ignored{Key: u.Key, Revision: u.Revision, Reason: why})
 	}
 	for _, u := range updates {
 		n.revision = max(n.revision, u.Revision)
-		switch {
-		case strings.HasPrefix(u.Key, schemas.CellKeyPrefix):
-			old := n.cells[u.Key]
-			switch {
-			case old != nil && old.Revision == u.Revision:
-			case old != nil:
-				ignore(u, fmt.Sprintf("a revision after the sealed value (revision %d), which stands", old.Revision))
-			case u.Deleted:
-				c := &Cell{Key: u.Key, Revision: u.Revision}
-				c.addProblem(schemas.RuleSchema, "the key's first revision is a delete marker, not a sealed value")
-				n.cells[u.Key] = c
-			default:
-				n.cells[u.Key] = LoadCell(u.Key, u.Revision, u.Value)
-			}
-		case strings.HasPrefix(u.Key, schemas.CampaignKeyPrefix):
-			id := strings.TrimPrefix(u.Key, schemas.CampaignKeyPrefix)
-			old := n.campaigns[id]
-			if old != nil && old.Revision == u.Revision {
-				continue
-			}
-			var cur *schemas.Campaign
-			if old != nil {
-				if old.Value == nil || old.Problem != "" {
-					ignore(u, "the record has no legitimate first revision")
-					continue
-				}
-				cur = old.Value
-			}
-			if old == nil {
-				// The first revision is the record's start (require_complete reads its state; the
-				// sealer's audit reports one that is not a frozen plan).
-				if u.Deleted {
-					n.campaigns[id] = &Campaign{ID: id, Revision: u.Revision, Problem: "the campaign record's first revision is a delete marker"}
-				} else {
-					n.campaigns[id] = LoadCampaign(id, u.Revision, u.Value)
-				}
-				continue
-			}
-			next, err := schemas.NextCampaign(cur, u.Value, u.Deleted)
-			if err != nil {
-				ignore(u, err.Error())
-				continue
-			}
-			c := LoadCampaign(id, u.Revision, u.Value)
-			c.Value = next
-			n.campaigns[id] = c
+		cell := strings.HasPrefix(u.Key, schemas.CellKeyPrefix)
+		if !cell && !strings.HasPrefix(u.Key, schemas.CampaignKeyPrefix) {
+			continue
 		}
+		h, seen := n.keys[u.Key]
+		if !seen {
+			h.Key = u.Key
+		}
+		if seen && u.Revision <= h.Last {
+			continue
+		}
+		err := h.Add(u.Revision, u.Value, u.Deleted)
+		if h.Cell != nil && h.Cell.Rows != nil {
+			c := *h.Cell // the fold needs only to know the key is sealed; the loaded Cell holds the rows
+			c.Rows = nil
+			h.Cell = &c
+		}
+		n.keys[u.Key] = h
+		if err != nil {
+			n.ignored = append(n.ignored, Ignored{Key: u.Key, Revision: u.Revision, Reason: err.Error()})
+			if h.Revision == 0 {
+				n.unusable(u, h.NoRecord)
+			}
+			continue
+		}
+		if cell {
+			n.cells[u.Key] = LoadCell(u.Key, u.Revision, u.Value)
+			continue
+		}
+		id := strings.TrimPrefix(u.Key, schemas.CampaignKeyPrefix)
+		c := LoadCampaign(id, u.Revision, u.Value)
+		c.Value, c.Problem = h.Campaign, ""
+		n.campaigns[id] = c
 	}
 	return n
+}
+
+// unusable loads key u.Key, which holds no record yet (why), as its last revision u: a cell that
+// refuses every query, or a campaign record that is never complete.
+func (n *Snapshot) unusable(u Update, why string) {
+	if strings.HasPrefix(u.Key, schemas.CellKeyPrefix) {
+		c := &Cell{Key: u.Key, Revision: u.Revision}
+		if !u.Deleted {
+			c = LoadCell(u.Key, u.Revision, u.Value) // what is wrong with it, in the rules' terms
+		}
+		c.addProblem(schemas.RuleSchema, "no revision of the key is a sealed value: "+why)
+		c.prefill, c.decode = nil, nil
+		sort.Strings(c.Problems)
+		sort.Strings(c.Rules)
+		n.cells[u.Key] = c
+		return
+	}
+	id := strings.TrimPrefix(u.Key, schemas.CampaignKeyPrefix)
+	n.campaigns[id] = &Campaign{ID: id, Revision: u.Revision, Problem: "no revision of the campaign record is its frozen plan: " + why}
 }
 
 // Ignored are the updates the Apply that made s did not take (tampering), in order.

@@ -36,3 +36,49 @@ func TestSnapshotCachesByRevision(t *testing.T) {
 		t.Fatalf("%+v", a)
 	}
 }
+
+// Apply folds a key's history as the sealer does (schemas.KeyHistory): a delete marker and junk stored
+// under a cell key before its seal make it an unusable cell (every query refused as corrupt) and are
+// listed as ignored; the seal that follows them is the cell, and answers. A campaign record stored
+// before its frozen plan, even a complete one, is no record: require_complete refuses until the plan
+// and its successors come.
+func TestSnapshotTakesTheFirstSealAfterJunk(t *testing.T) {
+	us := readFixture(t, fixturePath)
+	fixtureEntries(t)
+	var seal, plan, complete Update
+	for _, u := range us {
+		switch {
+		case u.Key == keyA:
+			seal = u
+		case u.Key == "campaign.camp-complete" && plan.Key == "":
+			plan = u
+		case u.Key == "campaign.camp-complete":
+			complete = u
+		}
+	}
+	q := Query{Key: keyA, Step: prefillStep(1, 128, 0)}
+	poisoned := (*Snapshot)(nil).Apply(Update{Key: keyA, Revision: 1, Deleted: true}, Update{Key: keyA, Revision: 2, Value: []byte(`{"forged":true}`)},
+		Update{Key: plan.Key, Revision: 3, Value: complete.Value})
+	if a := poisoned.Predict(q, Options{}); a.Refusal == nil || a.Refusal.Reason != ReasonCorruptCell {
+		t.Fatalf("before the seal: %+v, want the cell refused as corrupt", a)
+	}
+	if len(poisoned.Ignored()) != 3 {
+		t.Fatalf("ignored %+v, want the delete marker, the junk and the campaign record before its plan", poisoned.Ignored())
+	}
+	seal.Revision, plan.Revision, complete.Revision = 4, 5, 6
+	sealed := poisoned.Apply(seal)
+	a := sealed.Predict(q, Options{})
+	if a.Status != StatusMeasured || a.Cell == nil || a.Cell.Revision != 4 {
+		t.Fatalf("after the seal: %+v, want the sealed cell of revision 4", a)
+	}
+	if r := sealed.Predict(q, Options{RequireComplete: true}).Refusal; r == nil || r.Reason != ReasonIncompleteCampaign || r.Campaign.State != "unreadable" {
+		t.Fatalf("a complete record stored before the plan counted: %+v", r)
+	}
+	done := sealed.Apply(plan, complete)
+	if a := done.Predict(q, Options{RequireComplete: true}); a.Status != StatusMeasured {
+		t.Fatalf("after the plan and its successor: %+v", a)
+	}
+	if len(done.Ignored()) != 0 || done.Cell(keyA).Revision != 4 {
+		t.Fatalf("ignored %+v, cell %+v", done.Ignored(), done.Cell(keyA))
+	}
+}

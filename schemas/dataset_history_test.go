@@ -99,3 +99,60 @@ func FuzzNextCampaign(f *testing.F) {
 		}
 	})
 }
+
+// A cell key's history: a delete marker, a value that does not decode and a value that is no seal of
+// the key, stored before anyone sealed it, seal nothing (the key holds no record, and says why); the
+// first seal after them is the cell, and every revision after it is ignored, a valid-looking one too.
+// A campaign key's history: what comes before its first frozen plan (junk, a record of another
+// campaign, a record that is not a plan) is ignored, and the plan starts the record.
+func TestKeyHistoryTakesTheFirstSealAndTheFirstPlan(t *testing.T) {
+	t.Parallel()
+	const key = "cell.k"
+	seal := func(run string) []byte {
+		b, _ := json.Marshal(SealedCell{SchemaVersion: DatasetSchemaVersion, Key: key, AttemptID: "a-" + run,
+			Provenance: Provenance{RunID: run, DatasetDigest: "d-" + run}})
+		return b
+	}
+	h := KeyHistory{Key: key}
+	for i, junk := range []struct {
+		value   []byte
+		deleted bool
+	}{
+		{nil, true},
+		{[]byte("forged"), false},
+		{[]byte(`null`), false},
+		{[]byte(`{"key":"cell.other","schema_version":1,"attempt_id":"x","provenance":{"run_id":"r","dataset_digest":"d"}}`), false},
+		{[]byte(`{"key":"cell.k","schema_version":1}`), false},
+	} {
+		if err := h.Add(uint64(i+1), junk.value, junk.deleted); !errors.Is(err, ErrTampered) || h.Cell != nil || h.Revision != 0 || h.NoRecord == "" {
+			t.Fatalf("revision %d before the seal: %v, history %+v", i+1, err, h)
+		}
+	}
+	if err := h.Add(6, seal("honest"), false); err != nil || h.Cell == nil || h.Cell.Provenance.RunID != "honest" || h.Revision != 6 || h.NoRecord != "" {
+		t.Fatalf("the first seal: %v, history %+v", err, h)
+	}
+	for rev, v := range map[uint64][]byte{7: seal("forged"), 8: nil} {
+		if err := h.Add(rev, v, v == nil); !errors.Is(err, ErrTampered) || h.Cell.Provenance.RunID != "honest" || h.Revision != 6 || h.Last != rev {
+			t.Fatalf("revision %d after the seal: %v, history %+v", rev, err, h)
+		}
+	}
+
+	enc := func(c Campaign) []byte { b, _ := json.Marshal(c); return b }
+	plan := Campaign{SchemaVersion: DatasetSchemaVersion, CampaignID: "c1", PlanDigest: "p1", State: CampaignOpen,
+		Cells: []CampaignCell{{Key: "cell.a", State: CellPending}}}
+	other, done := plan, plan
+	other.CampaignID = "c2"
+	done.State, done.Cells = CampaignComplete, []CampaignCell{{Key: "cell.a", State: CellSealed, RunID: "r", DatasetDigest: "d"}}
+	c := KeyHistory{Key: CampaignKeyPrefix + "c1"}
+	for i, v := range [][]byte{[]byte("forged"), enc(other), enc(done)} {
+		if err := c.Add(uint64(i+1), v, false); !errors.Is(err, ErrTampered) || c.Campaign != nil || c.NoRecord == "" {
+			t.Fatalf("campaign revision %d before the plan: %v, history %+v", i+1, err, c)
+		}
+	}
+	if err := c.Add(4, enc(plan), false); err != nil || c.Campaign == nil || c.Revision != 4 {
+		t.Fatalf("the plan: %v, history %+v", err, c)
+	}
+	if err := c.Add(5, enc(done), false); err != nil || c.Campaign.State != CampaignComplete || c.Revision != 5 {
+		t.Fatalf("the plan's successor: %v, history %+v", err, c)
+	}
+}

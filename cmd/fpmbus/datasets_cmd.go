@@ -252,8 +252,9 @@ func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
 		return err
 	}
 	defer closeConn()
-	// The whole history, as every reader reads it: a cell is its first revision, a campaign its
-	// legitimate revisions; what else a key holds is counted as ignored (tampering).
+	// The whole history, as every reader reads it (schemas.KeyHistory): a cell is its first revision
+	// that is a seal, a campaign its first frozen plan and the revisions that legitimately follow; what
+	// else a key holds is counted as ignored (tampering).
 	meter := newProgressMeter(show, progressOut, "datasets ls: reading revisions", "revisions")
 	listing, err := seal.ListProgress(ctx, kv, func(read, total uint64) { meter.update(read, total, "") })
 	meter.finish()
@@ -267,15 +268,15 @@ func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
 	for _, e := range listing {
 		ignored := ""
 		if len(e.Ignored) > 0 {
-			ignored = fmt.Sprintf("%d later revision(s): tampering", len(e.Ignored))
+			ignored = fmt.Sprintf("%d revision(s) ignored: tampering", len(e.Ignored))
 		}
 		switch {
 		case e.Problem != "":
 			if *asJSON {
-				_ = json.NewEncoder(w).Encode(map[string]any{"key": e.Key, "state": "corrupt", "revision": e.Revision, "problem": e.Problem, "ignored_revisions": e.Ignored})
+				_ = json.NewEncoder(w).Encode(map[string]any{"key": e.Key, "state": "no_record", "revision": e.Revision, "problem": e.Problem, "ignored_revisions": e.Ignored})
 				continue
 			}
-			fmt.Fprintf(tw, "%s\tcorrupt\t%d\t\t\t\t\t%s\t%s\n", e.Key, e.Revision, e.Problem, ignored)
+			fmt.Fprintf(tw, "%s\tno record\t%d\t\t\t\t\t%s\t%s\n", e.Key, e.Revision, e.Problem, ignored)
 		case e.Campaign != nil:
 			c := e.Campaign
 			if *asJSON {
@@ -323,8 +324,9 @@ func withDatasetKey(ctx context.Context, action string, args []string, do func(k
 	return err
 }
 
-// datasetsGet prints key's record as every reader reads it (a cell's first revision, a campaign's
-// legitimate revisions) as JSON, with the revisions ignored as tampering.
+// datasetsGet prints key's record as every reader reads it (a cell's first revision that is a seal, a
+// campaign's first frozen plan and its legitimate successors) as JSON, with the revisions ignored as
+// tampering.
 func datasetsGet(ctx context.Context, kv jetstream.KeyValue, key, arg string, w io.Writer) error {
 	e, err := seal.Read(ctx, kv, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -334,7 +336,7 @@ func datasetsGet(ctx context.Context, kv jetstream.KeyValue, key, arg string, w 
 		return err
 	}
 	if e.Problem != "" {
-		return fmt.Errorf("%s: corrupt: %s", arg, e.Problem)
+		return fmt.Errorf("%s: not sealed (state missing): its %d revision(s) are tampering, none a sealed value or frozen plan: %s", arg, len(e.Ignored), e.Problem)
 	}
 	var v any = e.Cell
 	state := "sealed"
@@ -346,7 +348,7 @@ func datasetsGet(ctx context.Context, kv jetstream.KeyValue, key, arg string, w 
 }
 
 // datasetsHistory prints every revision of key, one line each; STATE says which revisions readers
-// take (a cell's first; a campaign's legitimate ones) and which they ignore as tampering.
+// take (a cell's seal; a campaign's plan and legitimate successors) and which they ignore as tampering.
 func datasetsHistory(ctx context.Context, kv jetstream.KeyValue, key string, w io.Writer) error {
 	hist, err := kv.History(ctx, key)
 	if err != nil {

@@ -48,7 +48,7 @@ func predictEnv(t *testing.T) (url string, entries map[string]json.RawMessage) {
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := kv.Create(ctx, e.Key, e.Value); err != nil {
+		if _, err := kv.Put(ctx, e.Key, e.Value); err != nil { // a campaign record's revisions in order
 			t.Fatal(err)
 		}
 		entries[e.Key] = e.Value

@@ -21,9 +21,9 @@ var ErrPlanMismatch = errors.New("seal: campaign record belongs to a different p
 func CampaignKey(id string) string { return schemas.CampaignKeyPrefix + id }
 
 // GetCampaign reads a campaign record and the revision a write must expect: its history folded
-// (revisions.go: the frozen plan and each revision that legitimately follows; tampered ones are
-// skipped). jetstream.ErrKeyNotFound when it has none, an ErrCorrupt error when its first revision is
-// not a frozen plan.
+// (revisions.go: the first frozen plan and each revision that legitimately follows; tampered ones are
+// skipped). jetstream.ErrKeyNotFound when it has none: no revision, or none that is a frozen plan of
+// the campaign (the revision returned is then the key's last, on which the plan is written).
 func GetCampaign(ctx context.Context, kv jetstream.KeyValue, id string) (*schemas.Campaign, uint64, error) {
 	return getCampaign(ctx, bucketHistory(kv), id)
 }
@@ -33,11 +33,11 @@ func getCampaign(ctx context.Context, h history, id string) (*schemas.Campaign, 
 	if err != nil {
 		return nil, 0, err
 	}
-	c, rev, _, err := campaignOf(CampaignKey(id), revs)
-	if err == nil && c == nil {
-		err = jetstream.ErrKeyNotFound
+	f := foldAll(CampaignKey(id), revs)
+	if f.h.Campaign == nil {
+		return nil, f.h.Last, jetstream.ErrKeyNotFound
 	}
-	return c, rev, err
+	return f.h.Campaign, f.h.Last, nil
 }
 
 // isKeyTaken reports a write refused because the key already has a revision (or another than the one
@@ -46,9 +46,10 @@ func isKeyTaken(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }
 
-// FreezePlan creates the campaign record of plan (every cell pending) on a key that never had a
-// revision. An existing record of the same plan is kept as it is; one of another plan is
-// ErrPlanMismatch.
+// FreezePlan creates the campaign record of plan (every cell pending) on a key that holds no record:
+// one that never had a revision, or whose revisions are none a frozen plan of the campaign (tampering,
+// which the plan goes on top of). An existing record of the same plan is kept as it is; one of another
+// plan is ErrPlanMismatch.
 func FreezePlan(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetPlan) (*schemas.Campaign, error) {
 	return freezePlan(ctx, bucketHistory(kv), plan)
 }
@@ -57,24 +58,32 @@ func freezePlan(ctx context.Context, h history, plan *schemas.DatasetPlan) (*sch
 	c := plan.NewCampaign()
 	c.UpdatedAtUnixMS = time.Now().UnixMilli()
 	body, _ := json.Marshal(c)
-	_, err := h.kv.Update(ctx, CampaignKey(plan.CampaignID), body, 0)
-	if err == nil {
-		return c, nil
+	last := uint64(0)
+	for try := 0; try < 50; try++ {
+		_, err := h.kv.Update(ctx, CampaignKey(plan.CampaignID), body, last)
+		if err == nil {
+			return c, nil
+		}
+		if errors.Is(err, nats.ErrMaxPayload) {
+			return nil, tooLarge(err, "campaign record "+CampaignKey(plan.CampaignID), len(body))
+		}
+		if !isKeyTaken(err) {
+			return nil, fmt.Errorf("seal: freeze campaign %s: %w", plan.CampaignID, err)
+		}
+		old, rev, err := getCampaign(ctx, h, plan.CampaignID)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			last = rev // revisions but no plan: the plan goes on top of them
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if old.PlanDigest != c.PlanDigest {
+			return nil, fmt.Errorf("%w: campaign %s has plan %s, this plan is %s", ErrPlanMismatch, plan.CampaignID, old.PlanDigest, c.PlanDigest)
+		}
+		return old, nil
 	}
-	if errors.Is(err, nats.ErrMaxPayload) {
-		return nil, tooLarge(err, "campaign record "+CampaignKey(plan.CampaignID), len(body))
-	}
-	if !isKeyTaken(err) {
-		return nil, fmt.Errorf("seal: freeze campaign %s: %w", plan.CampaignID, err)
-	}
-	old, _, err := getCampaign(ctx, h, plan.CampaignID)
-	if err != nil {
-		return nil, err
-	}
-	if old.PlanDigest != c.PlanDigest {
-		return nil, fmt.Errorf("%w: campaign %s has plan %s, this plan is %s", ErrPlanMismatch, plan.CampaignID, old.PlanDigest, c.PlanDigest)
-	}
-	return old, nil
+	return nil, fmt.Errorf("seal: freeze campaign %s: too many concurrent writers", plan.CampaignID)
 }
 
 // UpdateCampaign applies fn to the current record and writes it with Update on the key's last

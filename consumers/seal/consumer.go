@@ -382,9 +382,9 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		m.Reject(fmt.Errorf("%w: the run's dataset fails validation: %v", ErrNotSealable, err))
 		log.Error("run's dataset rejected: not sealed", "error", err)
 		return false
-	case errors.Is(err, ErrTooLarge), errors.Is(err, ErrPlanMismatch), errors.Is(err, ErrCorrupt):
+	case errors.Is(err, ErrTooLarge), errors.Is(err, ErrPlanMismatch):
 		// A cell or campaign record the server can never store, a campaign id whose record froze
-		// another plan, a campaign record whose first revision is not a frozen plan: no retry changes it.
+		// another plan: no retry changes it.
 		s.outcome(h.runID, rep, err)
 		m.Reject(fmt.Errorf("%w: %v", ErrNotSealable, err))
 		log.Error("run can never be sealed", "error", err)
@@ -492,7 +492,7 @@ func (s *sealStage) audit(ctx context.Context) {
 			Summary: fmt.Sprintf("%s revision %d (%s): %s", t.Key, t.Revision, t.Op, t.Reason)})
 	}
 	for _, key := range rep.CorruptCampaigns {
-		s.log.Error("campaign record does not decode: the seals it names cannot be checked", "key", key)
+		s.log.Error("campaign key holds no frozen plan, only revisions no fpmbus writer stores: it names no seal to check", "key", key)
 	}
 	for _, f := range rep.Findings {
 		ev := &streams.DatasetEvent{Schema: streams.DatasetEventSchema, Type: streams.DatasetCellMissing, Cell: f.Cell,

@@ -4,8 +4,9 @@
 //
 // # Keys and values
 //
-//	cell.<sha256 of the canonical cell identity>   schemas.SealedCell, written once on a key that never had a
-//	                                              revision; the sealed value is the key's first revision
+//	cell.<sha256 of the canonical cell identity>   schemas.SealedCell, written once on a key that holds no
+//	                                              seal; the sealed value is the key's first revision that
+//	                                              is a seal (schemas.SealedValue)
 //	campaign.<id>                                 schemas.Campaign (the frozen plan and each cell's state),
 //	                                              frozen the same way, then only with Update on the key's
 //	                                              last revision; read as its legitimate revisions
@@ -20,14 +21,16 @@
 // # First writer wins, without a lock
 //
 // Sealer.Seal writes with "expected last subject sequence 0" (kv.Update at revision 0, not kv.Create,
-// which would also write over a delete marker). It wins or loses atomically on the stream's
-// last-subject-sequence check.
-// A loss (errors.Is(err, jetstream.ErrKeyExists)) reads the value: the same attempt (run id and dataset
-// digest) is an idempotent success (AlreadySealed), anything else a *ConflictError naming both the sealed
-// and the refused attempt; the sealed value is never touched. Any other error (timeout, leader change,
-// no responders) leaves the outcome unknown: the key is read back, and the unique attempt id stored in
-// the value says whether the lost-ack Create was ours (Sealed, Settled) or someone else's; if the key is
-// absent the Create is retried. The campaign record is changed only by UpdateCampaign: read, apply,
+// which would also write over a delete marker stored after a seal). It wins or loses atomically on the
+// stream's last-subject-sequence check.
+// A loss (errors.Is(err, jetstream.ErrKeyExists)) reads the key's history: the same attempt (run id and
+// dataset digest) is an idempotent success (AlreadySealed), anything else a *ConflictError naming both
+// the sealed and the refused attempt; the sealed value is never touched. A key whose revisions are none
+// a seal (a delete marker or junk a leaked or buggy credential stored before anyone sealed it) is not
+// sealed: the seal is written again, on that key's last revision, and is the cell. Any other error
+// (timeout, leader change, no responders) leaves the outcome unknown: the key is read back, and the
+// unique attempt id stored in the value says whether the lost-ack write was ours (Sealed, Settled) or
+// someone else's; if the key holds no seal the write is retried. The campaign record is changed only by UpdateCampaign: read, apply,
 // Update(expected revision), re-read and re-apply on a revision conflict.
 //
 // # Sealed history that nothing rewrites
@@ -35,10 +38,11 @@
 // The bucket is protected (streams.DatasetsBucket: no message delete, no purge, no rollup, discard
 // new per key; created so, or protected at start and by `fpmbus streams apply`, keeping what it
 // holds), so every revision stays. A credential that may write the bucket, the sealer's own included,
-// can still store an overwrite or a delete marker as a later revision: every reader (this package's
-// Get, Read, List, the sealer itself, predict's catalog, `fpmbus datasets`) takes a cell's first
-// revision as its sealed value and a campaign record as the revisions that legitimately follow its
-// frozen plan (schemas.NextCampaign), and the audit at start reports every other revision (revisions.go,
+// can still store an overwrite or a delete marker as a later revision, or junk before the seal: every
+// reader (this package's Get, Read, List, the sealer itself, predict's catalog, `fpmbus datasets`)
+// folds a key's history with schemas.KeyHistory, which takes a cell's first revision that is a seal as
+// its sealed value and a campaign record as its first frozen plan and the revisions that legitimately
+// follow it (schemas.NextCampaign), and the audit at start reports every other revision (revisions.go,
 // lost.go: a cell_tampered or campaign_tampered event, gauges fpmbus_seal_tampered_cells and
 // fpmbus_seal_tampered_campaigns, an error log). Only the removal of the whole bucket loses sealed
 // cells.

@@ -44,28 +44,26 @@ type RecordedSeal struct {
 }
 
 // RecordedSeals reads every campaign record (its history folded: revisions.go) and returns, per cell
-// key, the seals they name, and the keys of the records whose first revision is not a frozen plan
-// (they name nothing the sealer can use).
+// key, the seals they name, and the campaign keys that hold no frozen plan (only revisions no fpmbus
+// writer stores: they name nothing the sealer can use).
 func (s *Sealer) RecordedSeals(ctx context.Context) (map[string][]RecordedSeal, []string, error) {
 	out, corrupt, _, err := s.recordedSeals(ctx)
 	return out, corrupt, err
 }
 
-// recordedSeals is RecordedSeals and the campaign revisions its fold skipped as tampering.
+// recordedSeals is RecordedSeals and the campaign revisions its fold ignored as tampering.
 func (s *Sealer) recordedSeals(ctx context.Context) (map[string][]RecordedSeal, []string, []Tampered, error) {
 	out := map[string][]RecordedSeal{}
 	var corrupt []string
 	var tampered []Tampered
 	err := s.campaigns(ctx, func(key string, revs []Revision) {
-		c, _, skipped, err := campaignOf(key, revs)
-		if err != nil {
+		e := foldAll(key, revs).entry()
+		tampered = append(tampered, e.Ignored...)
+		c := e.Campaign
+		if c == nil {
 			corrupt = append(corrupt, key)
 			return
 		}
-		for i := range skipped {
-			skipped[i].CampaignID = c.CampaignID
-		}
-		tampered = append(tampered, skipped...)
 		for _, cc := range c.Cells {
 			if cc.State == schemas.CellSealed {
 				out[cc.Key] = append(out[cc.Key], RecordedSeal{Cell: cc.Key, CampaignID: c.CampaignID, RunID: cc.RunID, DatasetDigest: cc.DatasetDigest})
@@ -150,16 +148,16 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// readValue reads key's sealed value, its first revision; found is false when the key never had one.
-// A first revision that is a delete marker is returned as found, empty (it decodes as nothing).
-func (s *Sealer) readValue(ctx context.Context, key string) (value []byte, found bool, err error) {
+// holdsSeal reports whether key holds a sealed value (a revision that is a seal, revisions.go): a key
+// whose revisions are none a seal (it lost its seal, or only ever held junk) does not.
+func (s *Sealer) holdsSeal(ctx context.Context, key string) (bool, error) {
 	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	r, err := s.history().first(octx, key)
-	if err != nil || r == nil {
-		return nil, false, err
+	kh, err := s.history().sealed(octx, key)
+	if err != nil {
+		return false, err
 	}
-	return r.Value, true, nil
+	return kh.Cell != nil, nil
 }
 
 // untilAvailable runs f, each call within the sealer's operation timeout, again while the cluster
@@ -184,7 +182,7 @@ func (s *Sealer) untilAvailable(ctx context.Context, f func(context.Context) err
 // AuditFinding is a recorded seal the bucket does not hold as recorded.
 type AuditFinding struct {
 	RecordedSeal
-	// Missing: the bucket holds no value for the cell, or one that does not decode (Reason says which).
+	// Missing: the bucket holds no value for the cell, or no revision that is a seal (Reason says which).
 	// Otherwise the cell is held by another run: Found names it.
 	Missing bool   `json:"missing"`
 	Reason  string `json:"reason"`
@@ -196,11 +194,11 @@ type AuditReport struct {
 	// Checked counts the recorded seals checked (one per campaign naming a cell).
 	Checked  int
 	Findings []AuditFinding
-	// CorruptCampaigns are the campaign records whose first revision is not a frozen plan: the seals
-	// they name are unknown.
+	// CorruptCampaigns are the campaign keys that hold no frozen plan, only revisions no fpmbus writer
+	// stores: the seals they would name are unknown.
 	CorruptCampaigns []string
-	// Tampered are the revisions stored after a cell's sealed value and the campaign revisions that do
-	// not follow their record, in key and revision order.
+	// Tampered are the revisions of cell keys that are no seal or follow the seal, and the campaign
+	// revisions that are no frozen plan or do not follow their record, in key and revision order.
 	Tampered []Tampered
 }
 
@@ -227,9 +225,9 @@ func (r *AuditReport) Missing() int {
 	return n
 }
 
-// Audit checks every seal the campaign records name against the bucket (the cell's first revision),
-// and reports every revision no fpmbus writer stores: one after a cell's sealed value, a campaign
-// revision that does not follow its record.
+// Audit checks every seal the campaign records name against the bucket (the cell's sealed value), and
+// reports every revision no fpmbus writer stores: one of a cell key that is no seal (a delete marker,
+// junk) or follows its seal, a campaign revision that is no frozen plan or does not follow its record.
 func (s *Sealer) Audit(ctx context.Context) (*AuditReport, error) {
 	recorded, corrupt, tampered, err := s.recordedSeals(ctx)
 	if err != nil {
@@ -243,6 +241,9 @@ func (s *Sealer) Audit(ctx context.Context) (*AuditReport, error) {
 	}
 	h := s.history()
 	for _, key := range sortedKeys(cells) {
+		// A key with one revision holds a seal or nothing yet; reading every sealed cell at each start
+		// would cost a read per cell for nothing. A revision that is no seal is reported once another
+		// revision (the seal that goes on top of it) follows.
 		if cells[key] < 2 {
 			continue
 		}
@@ -250,33 +251,23 @@ func (s *Sealer) Audit(ctx context.Context) (*AuditReport, error) {
 		if err != nil {
 			return nil, fmt.Errorf("seal: audit %s: %w", key, err)
 		}
-		campaign := ""
-		if len(revs) > 0 {
-			if v, err := sealedValue(key, &revs[0]); err == nil {
-				campaign = v.CampaignID
-			}
-		}
-		for _, r := range revs[min(1, len(revs)):] {
-			rep.Tampered = append(rep.Tampered, Tampered{Key: key, CampaignID: campaign, Revision: r.Revision, Op: r.OpName(),
-				Reason: fmt.Sprintf("a %s stored after the sealed value (revision %d); the sealed value stands", r.OpName(), revs[0].Revision)})
-		}
+		rep.Tampered = append(rep.Tampered, foldAll(key, revs).entry().Ignored...)
 	}
 	rep.Tampered = append(rep.Tampered, tampered...)
 	for _, key := range keys {
-		r, err := h.first(ctx, key)
+		kh, err := h.sealed(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("seal: audit %s: %w", key, err)
+		}
 		var v schemas.SealedCell
 		reason := ""
 		switch {
-		case err != nil:
-			return nil, fmt.Errorf("seal: audit %s: %w", key, err)
-		case r == nil:
+		case kh.Last == 0:
 			reason = "no value in " + s.kv.Bucket()
+		case kh.Cell == nil:
+			reason = "no sealed value in " + s.kv.Bucket() + ": " + kh.NoRecord
 		default:
-			if sv, err := sealedValue(key, r); err != nil {
-				reason = err.Error()
-			} else {
-				v = *sv
-			}
+			v = *kh.Cell
 		}
 		for _, rs := range recorded[key] {
 			rep.Checked++
@@ -305,7 +296,7 @@ func (s *Sealer) guardMissing(ctx context.Context, c *schemas.Cell, recorded []R
 	if other == nil {
 		return nil, nil
 	}
-	_, found, err := s.readValue(ctx, c.Key)
+	found, err := s.holdsSeal(ctx, c.Key)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("seal: read %s: %w", c.Key, err)

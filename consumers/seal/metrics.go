@@ -49,11 +49,11 @@ func newMetrics() *metrics {
 		}),
 		tamperedCells: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fpmbus_seal_tampered_cells",
-			Help: "Sealed cells the sealer's last audit found later revisions of (overwrites, delete markers): ignored by every reader, the first revision stands.",
+			Help: "Cell keys the sealer's last audit found revisions of that are no seal or follow the seal (junk, overwrites, delete markers): ignored by every reader, the sealed value stands.",
 		}),
 		tamperedCampaigns: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fpmbus_seal_tampered_campaigns",
-			Help: "Campaign records the sealer's last audit found revisions of that do not follow the record (ignored by every reader).",
+			Help: "Campaign records the sealer's last audit found revisions of that are no frozen plan or do not follow the record (ignored by every reader).",
 		}),
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fpmbus_seal_runs_total",

@@ -2,7 +2,6 @@ package seal
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"strings"
 	"time"
@@ -12,67 +11,23 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// Entry is one FPM_DATASETS key as every reader reads it (revisions.go): a cell is its first
-// revision, a campaign record its legitimate revisions; the other revisions are Ignored.
+// Entry is one FPM_DATASETS key as every reader reads it (schemas.KeyHistory): a cell is its first
+// revision that is a seal, a campaign record its first frozen plan and the revisions that legitimately
+// follow; the other revisions are Ignored.
 type Entry struct {
 	Key string
-	// Revision is the revision read: a cell's first, a campaign record's last legitimate one.
+	// Revision is the revision read: a cell's seal, a campaign record's last legitimate one; while the
+	// key holds no record, its last revision.
 	Revision uint64
 	Created  time.Time
 	Cell     *schemas.SealedCell // a cell key's sealed value
 	Campaign *schemas.Campaign   // a campaign key's record
-	// Problem says why the key holds no usable record (a first revision that is a marker, does not
-	// decode, or is not a frozen plan); Cell and Campaign are nil then.
+	// Problem says why the key holds no record (none of its revisions is a seal, or a frozen plan of
+	// the campaign: the last one says why); Cell and Campaign are nil then. The key is not sealed: the
+	// next honest seal or plan goes on top of those revisions and is the record.
 	Problem string
 	// Ignored are the key's revisions no fpmbus writer stores (tampering), oldest first.
 	Ignored []Tampered
-}
-
-// fold reads one key's revisions in order into its Entry.
-type fold struct {
-	e      Entry
-	seen   bool
-	noRows bool // drop a cell's rows (listings)
-}
-
-func (f *fold) add(r Revision) {
-	key := f.e.Key
-	switch {
-	case !f.seen:
-		f.seen = true
-		f.e.Revision, f.e.Created = r.Revision, r.Created
-		if strings.HasPrefix(key, schemas.CampaignKeyPrefix) {
-			c, err := schemas.NextCampaign(nil, r.Value, r.Deleted())
-			if err != nil {
-				f.e.Problem = "campaign record's first revision: " + err.Error()
-				return
-			}
-			f.e.Campaign = c
-			return
-		}
-		v, err := sealedValue(key, &r)
-		if err != nil {
-			f.e.Problem = err.Error()
-			return
-		}
-		if f.noRows {
-			v.Rows = nil
-		}
-		f.e.Cell = v
-	case f.e.Campaign != nil:
-		next, err := schemas.NextCampaign(f.e.Campaign, r.Value, r.Deleted())
-		if err != nil {
-			f.e.Ignored = append(f.e.Ignored, Tampered{Key: key, CampaignID: f.e.Campaign.CampaignID, Revision: r.Revision, Op: r.OpName(), Reason: err.Error()})
-			return
-		}
-		f.e.Campaign, f.e.Revision, f.e.Created = next, r.Revision, r.Created
-	default:
-		why := fmt.Sprintf("a %s stored after the sealed value (revision %d), which stands", r.OpName(), f.e.Revision)
-		if f.e.Problem != "" {
-			why = "a " + r.OpName() + " stored after a first revision that is no record"
-		}
-		f.e.Ignored = append(f.e.Ignored, Tampered{Key: key, Revision: r.Revision, Op: r.OpName(), Reason: why})
-	}
 }
 
 // Read reads key as every reader does (Entry); jetstream.ErrKeyNotFound when it never had a revision.
@@ -84,11 +39,7 @@ func Read(ctx context.Context, kv jetstream.KeyValue, key string) (*Entry, error
 	if len(revs) == 0 {
 		return nil, jetstream.ErrKeyNotFound
 	}
-	f := fold{e: Entry{Key: key}}
-	for _, r := range revs {
-		f.add(r)
-	}
-	return &f.e, nil
+	return foldAll(key, revs).entry(), nil
 }
 
 // List reads every cell and campaign key of the bucket as Read does, in key order, with one watch of
@@ -132,14 +83,14 @@ func ListProgress(ctx context.Context, kv jetstream.KeyValue, progress func(read
 		}
 		f := folds[k]
 		if f == nil {
-			f = &fold{e: Entry{Key: k}, noRows: true}
+			f = newFold(k, true)
 			folds[k] = f
 		}
 		f.add(Revision{Revision: e.Revision(), Op: e.Operation(), Value: e.Value(), Created: e.Created()})
 	}
 	out := make([]Entry, 0, len(folds))
 	for _, f := range folds {
-		out = append(out, f.e)
+		out = append(out, *f.entry())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil

@@ -2,9 +2,8 @@ package seal
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,17 +16,22 @@ import (
 //
 // FPM_DATASETS keeps every revision of every key (streams.DatasetsBucket), and a leaked or buggy
 // credential that may write the bucket can still add revisions: an overwrite of a sealed cell, a
-// delete marker, a rewritten campaign record. So nothing here reads a key's latest value:
+// delete marker, a rewritten campaign record, or junk stored under a key before anyone sealed it. So
+// nothing here reads a key's latest value; every reader folds its history with schemas.KeyHistory:
 //
-//   - a sealed cell is its key's first revision (Get, Sealer.sealed); a later revision is tampering,
-//     which the audit reports (lost.go) and every reader ignores;
-//   - a campaign record is its history folded by schemas.NextCampaign: the frozen plan, then each
-//     revision that legitimately follows; tampered ones are skipped (and reported by the audit), and
-//     the next honest write goes on top of them (compare-and-set on the key's last revision).
+//   - a sealed cell is its key's first revision that is a seal (schemas.SealedValue); a delete marker
+//     or junk before it seals nothing, every revision after it is tampering: the audit reports them
+//     (lost.go) and every reader ignores them;
+//   - a campaign record is its first frozen plan followed by each revision that legitimately follows
+//     (schemas.NextCampaign); the others are skipped (and reported by the audit), and the next honest
+//     write goes on top of them (compare-and-set on the key's last revision).
 //
-// A seal is a write with "expected last subject sequence 0" (kv.Update at revision 0): it succeeds
-// only on a key that never had a revision. nats.go's kv.Create would also write over a delete marker,
-// and a delete marker stored by someone else must never let a second value in.
+// A seal is a compare-and-set write on the key's last revision: 0 (kv.Update at revision 0, "only on
+// a key that never had a revision") for a new key, or the last of revisions none of which is a seal.
+// Whoever stores the first seal wins; any write that lands between the read and the write makes the
+// write fail, and the sealer reads again. nats.go's kv.Create would write over a delete marker without
+// looking at what came before it, and a delete marker stored after a seal must never let a second
+// value in.
 
 // Revision is one stored revision of an FPM_DATASETS key.
 type Revision struct {
@@ -69,25 +73,34 @@ func bucketHistory(kv jetstream.KeyValue) history { return history{kv: kv} }
 
 func (h history) subject(key string) string { return "$KV." + h.kv.Bucket() + "." + key }
 
-// first returns key's first revision, or nil when the key never had one.
-func (h history) first(ctx context.Context, key string) (*Revision, error) {
+// sealed reads key's revisions, oldest first, up to its sealed value, and returns them folded: Cell
+// is nil when no revision is a seal (Last is then the key's last revision, 0 when it never had one).
+func (h history) sealed(ctx context.Context, key string) (*schemas.KeyHistory, error) {
+	kh := &schemas.KeyHistory{Key: key}
 	if h.js == nil {
-		w, err := h.kv.WatchFiltered(ctx, []string{key}, jetstream.IncludeHistory())
+		revs, err := h.all(ctx, key)
 		if err != nil {
 			return nil, err
 		}
-		defer func() { _ = w.Stop() }()
-		select {
-		case e := <-w.Updates():
-			if e == nil {
-				return nil, nil
+		for _, r := range revs {
+			_ = kh.Add(r.Revision, r.Value, r.Deleted()) // one that is no seal is read past
+			if kh.Cell != nil {
+				break
 			}
-			return &Revision{Revision: e.Revision(), Op: e.Operation(), Value: e.Value(), Created: e.Created()}, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
 		}
+		return kh, nil
 	}
-	return h.leaderNext(ctx, key, 0)
+	for from := uint64(0); ; {
+		r, err := h.leaderNext(ctx, key, from)
+		if err != nil || r == nil {
+			return kh, err
+		}
+		_ = kh.Add(r.Revision, r.Value, r.Deleted()) // one that is no seal is read past
+		if kh.Cell != nil {
+			return kh, nil
+		}
+		from = r.Revision + 1
+	}
 }
 
 // all returns every revision of key, oldest first (none: nil).
@@ -140,48 +153,65 @@ func (h history) leaderNext(ctx context.Context, key string, from uint64) (*Revi
 	return r, nil
 }
 
-// sealedValue decodes a cell's first revision: the sealed cell, or why the key holds none (a first
-// revision that is a marker, or a value that does not decode: the cell is unusable, and it can never
-// be sealed again since its key has a revision).
-func sealedValue(key string, r *Revision) (*schemas.SealedCell, error) {
-	if r.Deleted() {
-		return nil, fmt.Errorf("%w: the first revision of %s (%d) is a delete marker, not a sealed value", ErrCorrupt, key, r.Revision)
-	}
-	var v schemas.SealedCell
-	if err := json.Unmarshal(r.Value, &v); err != nil {
-		return nil, fmt.Errorf("%w: sealed value of %s (revision %d) does not decode: %v", ErrCorrupt, key, r.Revision, err)
-	}
-	return &v, nil
+// fold reads one key's revisions, oldest first, into the Entry every reader reads (schemas.KeyHistory),
+// collecting what it ignores.
+type fold struct {
+	h      schemas.KeyHistory
+	e      Entry
+	noRows bool // drop a cell's rows (listings)
 }
 
-// ErrCorrupt: a key's sealed value (its first revision) or campaign record cannot be used.
-var ErrCorrupt = errors.New("seal: FPM_DATASETS record is corrupt")
-
-// campaignOf folds a campaign record's revisions (schemas.NextCampaign). It returns the record, the
-// revision the next write must expect (the key's last, tampered or not), and the revisions skipped as
-// tampering with why; the record is nil when the key has no revision, and ErrCorrupt when its first
-// revision is not a frozen plan.
-func campaignOf(key string, revs []Revision) (*schemas.Campaign, uint64, []Tampered, error) {
-	var cur *schemas.Campaign
-	var skipped []Tampered
-	for i, r := range revs {
-		next, err := schemas.NextCampaign(cur, r.Value, r.Deleted())
-		if err != nil && i == 0 {
-			return nil, r.Revision, nil, fmt.Errorf("%w: campaign record %s: %v", ErrCorrupt, key, err)
-		}
-		if err != nil {
-			skipped = append(skipped, Tampered{Key: key, Revision: r.Revision, Op: r.OpName(), Reason: err.Error()})
-		}
-		cur = next
-	}
-	if len(revs) == 0 {
-		return nil, 0, nil, nil
-	}
-	return cur, revs[len(revs)-1].Revision, skipped, nil
+func newFold(key string, noRows bool) *fold {
+	return &fold{h: schemas.KeyHistory{Key: key}, e: Entry{Key: key}, noRows: noRows}
 }
 
-// Tampered is a revision of an FPM_DATASETS key that no fpmbus writer stores: a later revision of a
-// sealed cell, or a campaign revision that does not follow the record (schemas.CheckSuccessor).
+func (f *fold) add(r Revision) {
+	err := f.h.Add(r.Revision, r.Value, r.Deleted())
+	if err != nil {
+		f.e.Ignored = append(f.e.Ignored, Tampered{Key: f.e.Key, Revision: r.Revision, Op: r.OpName(), Reason: err.Error()})
+	}
+	switch {
+	case err == nil:
+		f.e.Revision, f.e.Created, f.e.Problem = r.Revision, r.Created, ""
+		if f.noRows && f.h.Cell != nil && f.h.Cell.Rows != nil {
+			c := *f.h.Cell // the fold needs only to know the key is sealed: a listing holds no rows
+			c.Rows = nil
+			f.h.Cell = &c
+		}
+		f.e.Cell, f.e.Campaign = f.h.Cell, f.h.Campaign
+	case f.h.Revision == 0: // no record yet: the latest revision says why
+		f.e.Revision, f.e.Created, f.e.Problem = r.Revision, r.Created, f.h.NoRecord
+	}
+}
+
+// entry is the key's Entry, each ignored revision naming the campaign concerned: a campaign record's,
+// or the one that sealed the cell (none while the cell is not sealed).
+func (f *fold) entry() *Entry {
+	id := ""
+	switch {
+	case f.h.Cell != nil:
+		id = f.h.Cell.CampaignID
+	case strings.HasPrefix(f.e.Key, schemas.CampaignKeyPrefix):
+		id = strings.TrimPrefix(f.e.Key, schemas.CampaignKeyPrefix) // a record's campaign is its key's
+	}
+	for i := range f.e.Ignored {
+		f.e.Ignored[i].CampaignID = id
+	}
+	return &f.e
+}
+
+// foldAll folds revs, a key's revisions oldest first.
+func foldAll(key string, revs []Revision) *fold {
+	f := newFold(key, false)
+	for _, r := range revs {
+		f.add(r)
+	}
+	return f
+}
+
+// Tampered is a revision of an FPM_DATASETS key that no fpmbus writer stores: a revision of a cell key
+// that is no seal or comes after its seal, a campaign revision before its frozen plan or that does not
+// follow the record (schemas.CheckSuccessor).
 type Tampered struct {
 	Key string `json:"key"`
 	// CampaignID is the campaign whose record it is, or whose campaign sealed the cell ("" unknown).

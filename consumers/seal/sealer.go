@@ -216,11 +216,13 @@ func (s *Sealer) Seal(ctx context.Context, c *schemas.Cell, campaignID string) (
 
 // SealAttempt publishes c with the given attempt id.
 //
-// Create wins or loses atomically. On ErrKeyExists the value is read: the same attempt is AlreadySealed
-// (or Sealed, when the value carries our attempt id: our earlier Create won but its ack was lost), a
-// different one is a Conflict. Any other error (timeout, leader election, no responders) leaves the
-// outcome unknown: the key is read back and, if still absent, Create is retried. The sealed value is
-// never modified.
+// The write (compare-and-set on the key's last revision, revisions.go) wins or loses atomically. When
+// the key holds revisions the seal is read: the same attempt is AlreadySealed (or Sealed, when the
+// value carries our attempt id: our earlier write won but its ack was lost), a different one is a
+// Conflict; revisions none of which is a seal (a delete marker, junk) seal nothing, and the write is
+// made again on top of the last of them. Any other error (timeout, leader election, no responders)
+// leaves the outcome unknown: the key is read back and, if still not sealed, the write is retried.
+// The sealed value is never modified.
 func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, attemptID string) (Outcome, error) {
 	val := schemas.SealedCell{
 		SchemaVersion: schemas.DatasetSchemaVersion, Key: c.Key, Identity: c.Identity, Provenance: c.Provenance,
@@ -233,13 +235,14 @@ func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, a
 	pause := s.backoff
 	var lastErr error
 	unknown := false
+	expect := uint64(0) // the key's last revision, none of them a seal: 0 for a key that never had one
 	for try := 0; try < s.retries; try++ {
 		if err := ctx.Err(); err != nil {
 			return Outcome{}, fmt.Errorf("seal %s: %w", c.Key, err)
 		}
 		if unknown {
 			// Settle an unknown outcome by reading the key back.
-			out, found, err := s.readBack(ctx, c, attemptID)
+			out, found, last, err := s.readBack(ctx, c, attemptID)
 			if err == nil && found {
 				out.Settled = true
 				return s.finish(out, c, attemptID)
@@ -249,9 +252,10 @@ func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, a
 				sleep(ctx, &pause)
 				continue
 			}
+			expect = last
 		}
 		octx, cancel := context.WithTimeout(ctx, s.opTimeout)
-		rev, err := s.kv.Update(octx, c.Key, body, 0) // only on a key that never had a revision (revisions.go)
+		rev, err := s.kv.Update(octx, c.Key, body, expect) // only on the revisions read, none a seal (revisions.go)
 		cancel()
 		if err == nil {
 			return Outcome{Key: c.Key, Result: Sealed, Revision: rev, Value: &val, Settled: unknown}, nil
@@ -260,10 +264,17 @@ func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, a
 			return Outcome{}, tooLarge(err, "sealed cell "+c.Key, len(body))
 		}
 		if isKeyTaken(err) {
-			out, found, rerr := s.readBack(ctx, c, attemptID)
+			out, found, last, rerr := s.readBack(ctx, c, attemptID)
 			if rerr == nil && found {
 				out.Settled = unknown
 				return s.finish(out, c, attemptID)
+			}
+			if rerr == nil {
+				// The key holds revisions none of which is a seal (a delete marker, junk): they seal
+				// nothing, and the seal goes on top of the last of them (compare-and-set, so a seal
+				// stored meanwhile still wins).
+				expect = last
+				continue
 			}
 			lastErr = fmt.Errorf("read back after lost create: %v", rerr)
 		} else {
@@ -284,25 +295,21 @@ func (s *Sealer) finish(out Outcome, c *schemas.Cell, attemptID string) (Outcome
 	return out, nil
 }
 
-// readBack reads the sealed value of key c.Key (its first revision); found is false when the key
-// never had a revision. A first revision that is no sealed value (tampering) is a Conflict with
-// nobody's attempt: the key can never be sealed.
-func (s *Sealer) readBack(ctx context.Context, c *schemas.Cell, attemptID string) (Outcome, bool, error) {
+// readBack reads the sealed value of key c.Key (its first revision that is a seal, revisions.go);
+// found is false when no revision of the key is a seal, and last is then the key's last revision (0
+// when it never had one), which the next seal must expect.
+func (s *Sealer) readBack(ctx context.Context, c *schemas.Cell, attemptID string) (out Outcome, found bool, last uint64, err error) {
 	octx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	r, err := s.history().first(octx, c.Key)
+	kh, err := s.history().sealed(octx, c.Key)
 	if err != nil {
-		return Outcome{}, false, err
+		return Outcome{}, false, 0, err
 	}
-	if r == nil {
-		return Outcome{}, false, nil
+	if kh.Cell == nil {
+		return Outcome{}, false, kh.Last, nil
 	}
-	v, err := sealedValue(c.Key, r)
-	if err != nil {
-		v = &schemas.SealedCell{Key: c.Key, Source: err.Error()}
-	}
-	rev := r.Revision
-	out := Outcome{Key: c.Key, Revision: rev, Value: v}
+	v := kh.Cell
+	out = Outcome{Key: c.Key, Revision: kh.Revision, Value: v}
 	switch {
 	case v.AttemptID == attemptID:
 		out.Result = Sealed
@@ -311,7 +318,7 @@ func (s *Sealer) readBack(ctx context.Context, c *schemas.Cell, attemptID string
 	default:
 		out.Result = Conflict
 	}
-	return out, true, nil
+	return out, true, kh.Last, nil
 }
 
 func sleep(ctx context.Context, pause *time.Duration) {
@@ -326,17 +333,16 @@ func sleep(ctx context.Context, pause *time.Duration) {
 	}
 }
 
-// Get reads a sealed cell: its key's first revision (revisions.go), whatever was written after it, and
-// that revision. jetstream.ErrKeyNotFound when the key never had one; an ErrCorrupt error when the
-// first revision is a delete marker or does not decode.
+// Get reads a sealed cell: its key's first revision that is a seal (revisions.go), whatever was
+// written before or after it, and that revision. jetstream.ErrKeyNotFound when no revision of the key
+// is a seal (it never had one, or only delete markers and junk: the cell is not sealed).
 func Get(ctx context.Context, kv jetstream.KeyValue, key string) (*schemas.SealedCell, uint64, error) {
-	r, err := bucketHistory(kv).first(ctx, key)
+	kh, err := bucketHistory(kv).sealed(ctx, key)
 	if err != nil {
 		return nil, 0, err
 	}
-	if r == nil {
+	if kh.Cell == nil {
 		return nil, 0, jetstream.ErrKeyNotFound
 	}
-	v, err := sealedValue(key, r)
-	return v, r.Revision, err
+	return kh.Cell, kh.Revision, nil
 }

@@ -71,11 +71,9 @@ func TestTamperingCannotDisplaceASealedCell(t *testing.T) {
 	for name, sl := range map[string]*Sealer{"through the bucket": mustSealer(t, kv), "from the leader": s} {
 		got, grev, err := Get(ctx, kv, key)
 		if name == "from the leader" {
-			var r *Revision
-			r, err = sl.history().first(ctx, key)
-			if err == nil {
-				got, err = sealedValue(key, r)
-				grev = r.Revision
+			var kh *schemas.KeyHistory
+			if kh, err = sl.history().sealed(ctx, key); err == nil {
+				got, grev = kh.Cell, kh.Revision
 			}
 		}
 		if err != nil || grev != rev || got.Provenance.RunID != "run-A" || got.AttemptID != sealed.AttemptID {
@@ -141,5 +139,83 @@ func TestConsumerProtectsAnEarlierBucketAtStart(t *testing.T) {
 	}
 	if v := gaugeValue(t, reg, "fpmbus_seal_bucket_unprotected"); v != 0 {
 		t.Fatalf("fpmbus_seal_bucket_unprotected %v", v)
+	}
+}
+
+// A credential that may write FPM_DATASETS (the sealer's own, leaked or buggy) stores a delete marker
+// and junk as the first revisions of cell keys nobody sealed yet, and junk as the first revision of
+// the campaign record: none of them is a seal or a frozen plan, so none takes the cell or the record.
+// The honest publication that follows seals both cells and freezes its plan on top of them; every
+// reader reads the honest seals (the bucket, the leader, the listing), the audit reports each junk
+// revision as tampering, and a later run is a conflict with the honest one.
+func TestJunkStoredBeforeTheSealCannotPreemptIt(t *testing.T) {
+	t.Parallel()
+	env, kv := singleNode(t)
+	ctx := context.Background()
+	dsA := testDataset("run-A", testCell(1, "run-A", 1, 4), testCell(2, "run-A", 1, 4))
+	deleted, junk, campaign := dsA.Cells[0].Key, dsA.Cells[1].Key, CampaignKey(CampaignIDFor(dsA))
+	if err := kv.Delete(ctx, deleted); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, junk, []byte(`{"forged":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, campaign, []byte(`not a campaign`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{deleted, junk} {
+		if _, _, err := Get(ctx, kv, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("%s before the seal: %v, want not sealed", key, err)
+		}
+	}
+
+	s, _ := New(kv, WithSource("test"), WithJetStream(env.JS))
+	rep, err := s.PublishDataset(ctx, dsA, PublishOptions{})
+	if err != nil {
+		t.Fatalf("the honest publication after the junk: %v", err)
+	}
+	for _, c := range rep.Cells {
+		if c.State != Sealed.String() {
+			t.Fatalf("cell %s: %s, want sealed", c.Key, c.State)
+		}
+	}
+	for name, sl := range map[string]*Sealer{"through the bucket": mustSealer(t, kv), "from the leader": s} {
+		for _, key := range []string{deleted, junk} {
+			kh, err := sl.history().sealed(ctx, key)
+			if err != nil || kh.Cell == nil || kh.Cell.Provenance.RunID != "run-A" || kh.Revision <= 3 {
+				t.Fatalf("%s: %s reads as %+v (%v), want run-A's seal after the junk", name, key, kh, err)
+			}
+		}
+		c, _, err := getCampaign(ctx, sl.history(), CampaignIDFor(dsA))
+		if err != nil || c.State != schemas.CampaignComplete {
+			t.Fatalf("%s: the campaign record reads as %+v (%v)", name, c, err)
+		}
+		audit, err := sl.Audit(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(audit.Findings) != 0 || len(audit.CorruptCampaigns) != 0 || len(audit.Tampered) != 3 {
+			t.Fatalf("%s: audit %+v, want no finding and the three junk revisions as tampering", name, audit)
+		}
+		want := map[string]string{deleted: "DEL", junk: "PUT", campaign: "PUT"}
+		for _, got := range audit.Tampered {
+			if got.Op != want[got.Key] || got.CampaignID != CampaignIDFor(dsA) {
+				t.Fatalf("%s: tampered revision %+v, want %v", name, got, want)
+			}
+			delete(want, got.Key)
+		}
+	}
+	entries, err := List(ctx, kv)
+	if err != nil || len(entries) != 3 {
+		t.Fatalf("listing: %+v (%v)", entries, err)
+	}
+	for _, e := range entries {
+		if e.Problem != "" || len(e.Ignored) != 1 || (e.Cell == nil) == (e.Campaign == nil) {
+			t.Fatalf("listed %s: %+v, want its record and one ignored revision", e.Key, e)
+		}
+	}
+	var ce *ConflictError
+	if _, err := s.PublishDataset(ctx, testDataset("run-B", testCell(1, "run-B", 2, 4)), PublishOptions{}); !errors.As(err, &ce) || ce.Sealed.RunID != "run-A" {
+		t.Fatalf("run-B: %v, want a conflict with run-A", err)
 	}
 }

@@ -26,6 +26,8 @@
 //	repair.go         ReadSegment, CorruptError and the explicit torn-tail Repair
 //	owner.go          one owner per producer prefix: Dynamo's <prefix>.000000.jsonl.lock, held while
 //	                  a writer, a repair or a backfill may touch the prefix's files
+//	unrepaired.go     a producer whose newest segment cannot be repaired (something not fpmbus's under
+//	                  the repair's temporary file) is refused alone, and repaired once it can be
 //	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer;
 //	                  where an unfinished backfill resumes
 //	backfill_existing.go what a backfill's output holds already: no line written twice
@@ -127,7 +129,9 @@
 //   - Each owned partition has its own writer: Assigned starts it (with a takeover recovery),
 //     Release ends it gracefully (sampled: pending samples written; flushed, fsynced, done, files
 //     closed, prefixes let go), Lost drops it without writing more. With P = 1 the first takeover also
-//     owns every producer of the output and repairs the newest segment of each it owns.
+//     owns every producer of the output and repairs the newest segment of each it owns; a producer
+//     whose repair is refused (unrepaired.go) has its messages rejected until it can be repaired, the
+//     others go on.
 //   - The output directory must be shared by all instances (same --trace-output on one host, or a
 //     shared file system with exclusive create, fsync and flock): a new owner continues a producer's
 //     series at the next free segment index. A writer owns a producer's prefix (owner.go: Dynamo's

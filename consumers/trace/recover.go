@@ -169,6 +169,9 @@ func (t *takeover) load(prefix string, stored time.Time) (*seqState, error) {
 	for i := len(segs) - 1; i >= 0; i-- {
 		if segs[i].Regular {
 			if _, err := Repair(segs[i].Path, w.log); err != nil {
+				if repairRefused(err) && w.unrepaired != nil { // this producer alone (unrepaired.go)
+					return nil, &messageError{w.unrepaired.refuse(prefix, err, w.log)}
+				}
 				return nil, fmt.Errorf("trace: takeover: %w", err)
 			}
 			break

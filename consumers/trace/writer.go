@@ -48,6 +48,9 @@ type writer struct {
 	own        *owner
 	claims     map[string]bool
 	rejectHeld bool
+	// unrepaired are the producers whose repair was refused (unrepaired.go), shared by the writers of
+	// a Consumer; nil: none are (a backfill, whose repair refuses it as a whole).
+	unrepaired unrepaired
 
 	linesWritten uint64 // totals of this writer
 }
@@ -104,6 +107,9 @@ func (w *writer) reportRetry(sw *SegmentWriter, err error, wait time.Duration) {
 // handle turns one record into a line (or a pending sample). A redelivered message whose line an
 // earlier owner already made durable is done at once, without a line.
 func (w *writer) handle(r *record) error {
+	if err := w.repairRefusedProducer(r); err != nil {
+		return err
+	}
 	if w.takeover != nil {
 		written, err := w.takeover.written(r)
 		if err != nil {

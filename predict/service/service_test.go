@@ -82,7 +82,7 @@ func bucket(t testing.TB, env *streamstest.Env) jetstream.KeyValue {
 		t.Fatal(err)
 	}
 	for _, e := range fixtureEntries(t) {
-		if _, err := kv.Create(ctx, e.Key, e.Value); err != nil {
+		if _, err := kv.Put(ctx, e.Key, e.Value); err != nil { // a campaign record's revisions in order
 			t.Fatal(err)
 		}
 	}
@@ -427,12 +427,12 @@ func TestServiceInvalidRequestIsAServiceError(t *testing.T) {
 	}
 	if got["fpmbus_predict_errors_total/400/"+SubjectPredict] != 3 || got["fpmbus_predict_errors_total/503/"+SubjectPredict] != 0 ||
 		got["fpmbus_predict_answers_total/"+predict.StatusRefused] != 4 || got["fpmbus_predict_refusals_total/"+string(predict.ReasonInvalidQuery)] != 3 || got["fpmbus_predict_cells"] != 4 || got["fpmbus_predict_corrupt_cells"] != 1 ||
-		got["fpmbus_predict_revision"] != 6 {
+		got["fpmbus_predict_revision"] != 8 {
 		t.Fatalf("metrics %v", got)
 	}
 	// The cells endpoint lists the loaded cells.
 	var cr CellsReply
-	if err := json.Unmarshal(ask(t, env.NC, SubjectCells, nil).Data, &cr); err != nil || len(cr.Cells) != 4 || cr.Revision != 6 {
+	if err := json.Unmarshal(ask(t, env.NC, SubjectCells, nil).Data, &cr); err != nil || len(cr.Cells) != 4 || cr.Revision != 8 {
 		t.Fatalf("cells reply %+v: %v", cr, err)
 	}
 }
