@@ -35,6 +35,12 @@ type State struct {
 	// FirstSeenMs and LastSeenMs are the oldest and newest observed time of any FPM of the publisher.
 	FirstSeenMs int64 `json:"first_seen_ms"`
 	LastSeenMs  int64 `json:"last_seen_ms"`
+	// Epochs says, per bridge epoch (oldest first, at most maxEpochs), which numbers were stored or
+	// named missing under it, so a late message is a duplicate only when its number was already
+	// counted or named under its own epoch (see tracker.late). EpochsFloor is the newest epoch of
+	// those dropped: nothing is known of an epoch at or below it any more.
+	Epochs      []EpochSeen `json:"epochs,omitempty"`
+	EpochsFloor int64       `json:"epochs_floor,omitempty"`
 	// Pending are revealed gaps whose cause is not known yet (waiting for a drop marker).
 	Pending []Pending `json:"pending,omitempty"`
 	// Markers are drop markers that may still explain a pending or future gap.
@@ -76,6 +82,17 @@ type Pending struct {
 	// AfterStale: the gap ends a stale period (kind resume, or a restart while stale).
 	AfterStale bool  `json:"after_stale,omitempty"`
 	SilentMs   int64 `json:"silent_ms,omitempty"`
+}
+
+// EpochSeen is what the tracker knows of one bridge epoch's numbers.
+type EpochSeen struct {
+	Epoch int64 `json:"epoch"`
+	// Seen are the numbers counted as messages, or named missing by a gap event, under the epoch
+	// (sorted, disjoint, inclusive; at most maxSeenRanges, the closest ones merged beyond that).
+	Seen [][2]uint64 `json:"seen"`
+	// RunLast, when set, is the last message of a run a restart ended, under this epoch: a late
+	// message of the epoch past it goes on with that run.
+	RunLast *Point `json:"run_last,omitempty"`
 }
 
 // heldMarker is a drop marker kept in State; Used once it covered part of a gap.
@@ -144,8 +161,11 @@ type Counters struct {
 	// Messages counts distinct FPMs (duplicates excluded), Heartbeats the idle heartbeats among them.
 	Messages   uint64 `json:"messages"`
 	Heartbeats uint64 `json:"heartbeats"`
-	// Duplicates are FPMs whose sequence number was already seen; OutOfOrder are FPMs that arrived
-	// after a later one and filled a pending gap. Neither is a gap.
+	// Duplicates are FPMs whose sequence number was already counted, or named missing, under their
+	// epoch (an FPM stored again, or a copy stored after a gap event named it); OutOfOrder are FPMs
+	// that arrived after a later one and filled a pending gap. Neither is a gap. Messages counts each
+	// number once per epoch: the stream holds an FPM once per epoch, so Messages is what it holds of
+	// the publisher, less the duplicates.
 	Duplicates uint64 `json:"duplicates"`
 	OutOfOrder uint64 `json:"out_of_order"`
 	// SeqMismatch counts FPMs the bridge flagged with Fpm-Seq-Mismatch (counter_id != sequence frame).

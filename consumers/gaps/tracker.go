@@ -1,7 +1,9 @@
 package gaps
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -57,8 +59,13 @@ type rules struct {
 //     as one: the sequence did not go back).
 //   - seq <= last under an epoch newer than any of the run: the bridge saw the sequence go back, so
 //     the publisher restarted.
-//   - seq <= last otherwise, or any seq under an epoch older than the run's first: a late message (fills
-//     a pending gap: out of order) or a duplicate.
+//   - seq <= last otherwise, or any seq under an epoch older than the run's first: a late message. It
+//     fills a pending gap (out of order), or it is a duplicate when its number was already counted or
+//     named missing under its own epoch (State.Epochs), or else it is a message all the same: the
+//     stream holds each FPM once per epoch, not in sequence order (an ended run's last FPMs stored
+//     after the next run began, redundant bridges' copies under their own epochs interleaved; see
+//     late). Past the last number of a run a restart ended, under its last epoch, the run goes on, and
+//     the numbers it skipped are a gap of that run.
 //
 // Pending gaps are independent of the run: a restart starts a new one and leaves the old run's
 // pending gaps (their epochs, their revealed times) to be classified like any other.
@@ -111,6 +118,8 @@ func (t *tracker) observe(o *Observation) {
 			if o.Epoch >= st.Run.FirstEpoch && o.Seq < st.Run.FirstSeq && !st.Run.ByRestart {
 				st.Run.FirstSeq = o.Seq // before the first number seen of the first run
 			}
+		case t.late(o):
+			// Neither counted nor named under its own epoch yet: a message, counted by late.
 		default:
 			// Seen already, or reported missing by a gap classified before it came.
 			st.Counters.Duplicates++
@@ -155,10 +164,144 @@ func (t *tracker) observe(o *Observation) {
 
 func (t *tracker) count(o *Observation) {
 	t.st.Counters.Messages++
-	t.st.Run.Messages++
+	if o.Epoch >= t.st.Run.FirstEpoch {
+		t.st.Run.Messages++ // a late message of an older run is not the current run's
+	}
 	if o.Heartbeat {
 		t.st.Counters.Heartbeats++
 	}
+	t.seen(o.Epoch, o.Seq, o.Seq)
+}
+
+// Bounds of State.Epochs: the epochs kept, and the ranges of numbers kept per epoch.
+const (
+	maxEpochs     = 32
+	maxSeenRanges = 64
+)
+
+// late applies a late message (see observe) that filled no pending gap, and reports whether it is a
+// message: its number was neither counted nor named missing under its epoch yet. The stream holds each
+// FPM once per epoch (the epoch is part of its message id), but not in the order the publisher sent
+// them: a bridge that stalled (a full disk, a broker it could not reach, a pause) stores the last FPMs
+// it received of a run after the next run's first ones, and redundant bridges that could not agree on
+// a run's epoch each store their own copy of it, the older epoch's possibly after the newer one's,
+// interleaved with it. None of these is a duplicate. A number past the last one of a run a restart
+// ended, under that run's last epoch, goes on with that run: a number it skipped is a gap of that run,
+// like any jump. Nothing else is named here: the numbers a late epoch's copy lacks may be in the other
+// bridge's copy, under its epoch.
+func (t *tracker) late(o *Observation) bool {
+	st := t.st
+	i := t.epoch(o.Epoch, false)
+	if i < 0 {
+		if o.Epoch <= st.EpochsFloor {
+			return false // forgotten: taken for a copy of what was seen, as nothing tells otherwise
+		}
+		t.count(o) // the first FPM seen of its epoch
+		return true
+	}
+	e := &st.Epochs[i]
+	if rangesHold(e.Seen, o.Seq) {
+		return false
+	}
+	var hole *Pending
+	if last := e.RunLast; last != nil && o.Seq > last.Seq {
+		if o.Seq > last.Seq+1 {
+			hole = &Pending{Kind: kindJump, Ranges: [][2]uint64{{last.Seq + 1, o.Seq - 1}}, Before: *last, After: o.point(),
+				RevealedMs: o.StoredMs, EpochLo: o.Epoch, EpochHi: o.Epoch}
+		}
+		p := o.point()
+		e.RunLast = &p
+	}
+	t.count(o)
+	if hole != nil {
+		t.reveal(*hole)
+	}
+	return true
+}
+
+// endRun marks the current run's last message in State.Epochs as a restart ends the run.
+func (t *tracker) endRun() {
+	if i := t.epoch(t.st.Last.Epoch, true); i >= 0 {
+		last := t.st.Last
+		t.st.Epochs[i].RunLast = &last
+	}
+}
+
+// epoch returns the index of epoch's entry in State.Epochs, or -1; with create, a missing entry is
+// added unless the epoch is at or below EpochsFloor.
+func (t *tracker) epoch(epoch int64, create bool) int {
+	st := t.st
+	if n := len(st.Epochs); n > 0 && st.Epochs[n-1].Epoch == epoch {
+		return n - 1 // the current epoch, nearly always
+	}
+	i, found := slices.BinarySearchFunc(st.Epochs, epoch, func(e EpochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
+	switch {
+	case found:
+		return i
+	case !create || epoch <= st.EpochsFloor:
+		return -1
+	}
+	st.Epochs = slices.Insert(st.Epochs, i, EpochSeen{Epoch: epoch})
+	if over := len(st.Epochs) - maxEpochs; over > 0 {
+		st.EpochsFloor = max(st.EpochsFloor, st.Epochs[over-1].Epoch)
+		st.Epochs = slices.Delete(st.Epochs, 0, over)
+		if i -= over; i < 0 {
+			return -1
+		}
+	}
+	return i
+}
+
+// seen records lo..hi as counted or named under epoch.
+func (t *tracker) seen(epoch int64, lo, hi uint64) {
+	if i := t.epoch(epoch, true); i >= 0 {
+		t.st.Epochs[i].Seen = addRange(t.st.Epochs[i].Seen, lo, hi)
+	}
+}
+
+// rangesHold reports whether sorted disjoint ranges rs hold q.
+func rangesHold(rs [][2]uint64, q uint64) bool {
+	_, found := slices.BinarySearchFunc(rs, q, func(r [2]uint64, q uint64) int {
+		switch {
+		case r[1] < q:
+			return -1
+		case r[0] > q:
+			return 1
+		}
+		return 0
+	})
+	return found
+}
+
+// addRange adds lo..hi to sorted disjoint ranges rs, merging what overlaps or touches; beyond
+// maxSeenRanges the two ranges closest to each other are merged (the numbers between them taken for
+// seen: a late message of one is then a duplicate, never counted twice).
+func addRange(rs [][2]uint64, lo, hi uint64) [][2]uint64 {
+	if n := len(rs); n > 0 && lo >= rs[n-1][0] && (rs[n-1][1] == math.MaxUint64 || lo <= rs[n-1][1]+1) {
+		rs[n-1][1] = max(rs[n-1][1], hi) // the sequence going on, nearly always
+		return rs
+	}
+	i, _ := slices.BinarySearchFunc(rs, lo, func(r [2]uint64, lo uint64) int { return cmp.Compare(r[0], lo) })
+	rs = slices.Insert(rs, i, [2]uint64{lo, hi})
+	out := rs[:0]
+	for _, r := range rs {
+		if n := len(out); n > 0 && (out[n-1][1] == math.MaxUint64 || r[0] <= out[n-1][1]+1) {
+			out[n-1][1] = max(out[n-1][1], r[1])
+			continue
+		}
+		out = append(out, r)
+	}
+	for len(out) > maxSeenRanges {
+		j := 0
+		for k := 1; k+1 < len(out); k++ {
+			if out[k+1][0]-out[k][1] < out[j+1][0]-out[j][1] {
+				j = k
+			}
+		}
+		out[j][1] = out[j+1][1]
+		out = slices.Delete(out, j+1, j+2)
+	}
+	return out
 }
 
 func (t *tracker) startRun(o *Observation, byRestart bool) {
@@ -179,6 +322,7 @@ func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64, recon
 	st := t.st
 	old := st.Run
 	before := st.Last
+	t.endRun()
 	t.startRun(o, true)
 	st.Counters.Restarts++
 	p := Pending{
@@ -402,6 +546,15 @@ func (t *tracker) tryResolve(i int, force bool) bool {
 }
 
 func (t *tracker) emitPending(p *Pending, segs []segment) {
+	for _, s := range segs {
+		// Named missing under the gap's epochs: a copy stored later is not counted again.
+		t.seen(p.After.Epoch, s.first, s.last)
+		for i := range t.st.Epochs {
+			if e := t.st.Epochs[i].Epoch; e >= p.EpochLo && e <= p.EpochHi && e != p.After.Epoch {
+				t.st.Epochs[i].Seen = addRange(t.st.Epochs[i].Seen, s.first, s.last)
+			}
+		}
+	}
 	before := &p.Before
 	if p.Kind == kindStart {
 		before = nil // nothing of the run came before the gap

@@ -652,6 +652,81 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"late_start@1:0-49"},
 		},
+		// A bridge that stalled (full disk, paused) stores the last FPMs it received of a run after the
+		// next run's first ones: the stream holds each once, so each is a message, none a duplicate.
+		"an ended run's last numbers stored after the next run began are messages": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 18, 1, t0)
+				s.fpm(1, 2, at+1_000) // the restart, then a copy of its seq 0 from the other bridge
+				s.fpm(0, 2, at+950)
+				after := s.run(2, 35, 2, at+1_050)
+				step()
+				s.run(19, 32, 1, at) // the old run's tail, received before the restart, stored now
+				step()
+				s.run(36, 40, 2, after)
+				s.run(30, 32, 1, at) // a copy of numbers seen under their epoch: duplicates
+				step()
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(19+36+14+5), s.st.Counters.Messages)
+				equal(s.t, uint64(3), s.st.Counters.Duplicates)
+			},
+			want: []string{"publisher_restart@2"},
+		},
+		"a hole in an ended run's tail stored late is a gap of that run": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 18, 1, t0)
+				s.run(0, 5, 2, at+1_000)
+				step()
+				s.run(21, 22, 1, at+200)
+				step()
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(19+6+2), s.st.Counters.Messages)
+			},
+			want: []string{"publisher_restart@2", "zmq_drop@1:19-20"},
+		},
+		// Redundant bridges that could not agree on a run's epoch each store their own copy of it. Here
+		// the bridge with the older epoch stalled and stored its copy, out of order, after the other's
+		// and after the grace of the restart it revealed: every FPM of its copy is stored once under
+		// its epoch, a message.
+		"a redundant bridge's own copy of a run under an older epoch, stored late and out of order": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 76, 1, t0)     // the run before (epoch 1)
+				s.run(30, 133, 3, at+1_500)   // bridge B's copy of the new run: it saw it from seq 30
+				s.tr.expire(s.nowMs + 10_000) // the restart's first numbers are named before A's copy comes
+				step()
+				s.run(239, 298, 2, at+12_000) // bridge A's copy, epoch 2: its newest held FPMs first,
+				s.fpm(77, 1, at)              // the old run's last one,
+				s.run(0, 238, 2, at+100)      // then the ones it held longer,
+				s.run(299, 302, 2, at+15_000) // then the rest
+				step()
+				s.fpm(240, 2, at+12_050) // and a copy of one already stored under its epoch
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(78+104+303), s.st.Counters.Messages)
+				equal(s.t, uint64(1), s.st.Counters.Duplicates)
+			},
+			want: []string{"publisher_restart@3:0-29"},
+		},
+		// Bridge B, started while a new run was live, takes it for the run before going on (no
+		// Fpm-Run-Start); bridge A, stalled, stores the old run's copies under the old epoch after B's
+		// first one, then the new run's under B's epoch. A number seen under one epoch is not a
+		// duplicate of the same number under the other: the stream holds both.
+		"two bridges' epochs interleaved in what reads as one run: each epoch's numbers counted once": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 16, 1, t0) // bridge A, the old run
+				s.fpm(30, 3, at+1_300)    // bridge B's first: the run going on, 17-29 pending
+				step()
+				s.run(17, 40, 1, at) // bridge A's late copies of the old run: fill 17-29, then go on
+				step()
+				s.run(31, 45, 3, at+1_400) // bridge B goes on under its epoch
+				s.run(0, 29, 3, at+100)    // bridge A's copies of the new run, under the epoch it adopted
+				step()
+				s.fpm(35, 3, at+1_800) // a copy of one stored under its epoch already
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(17+1+24+15+30), s.st.Counters.Messages)
+				equal(s.t, uint64(1), s.st.Counters.Duplicates)
+				equal(s.t, uint64(13), s.st.Counters.OutOfOrder)
+			},
+		},
 	}
 	for name, tc := range tests {
 		for _, reload := range []bool{false, true} {

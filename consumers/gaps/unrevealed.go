@@ -17,7 +17,8 @@ import (
 // FPM of the run reveals them they fall below it, into the gap event that names them.
 //
 // A marker's run is found by its epoch: the publisher's current run (State.Run, up to State.MaxEpoch),
-// a run a restart ended (the old_run of a publisher_restart event), or no run the detector saw any FPM
+// a run a restart ended (the old_run of a publisher_restart event, gone further if its last FPMs
+// were stored after the next run began: State.Epochs' RunLast), or no run the detector saw any FPM
 // of (every number of it dropped; counted whole). A marker older than every run the detector knows
 // predates it and is left out (the first run's numbers before its first FPM are a late_start gap).
 // Overlapping markers (redundant bridges dropping the same numbers) count once.
@@ -26,6 +27,21 @@ import (
 type endedRun struct {
 	firstEpoch, lastEpoch int64
 	lastSeq               uint64
+}
+
+// lateRunLast is how far run r got with its numbers stored after the next run began (State.Epochs'
+// RunLast: the event's old_run says how far it had got when it ended), 0 if no further.
+func lateRunLast(st *State, r endedRun) uint64 {
+	var last uint64
+	if st == nil {
+		return 0
+	}
+	for _, e := range st.Epochs {
+		if e.RunLast != nil && e.Epoch >= r.firstEpoch && e.Epoch <= r.lastEpoch && e.RunLast.Seq < math.MaxUint64 {
+			last = max(last, e.RunLast.Seq)
+		}
+	}
+	return last
 }
 
 // dropUnrevealed returns how many numbers the markers of one publisher name that no gap event names
@@ -68,7 +84,7 @@ func dropUnrevealed(markers []streams.DropMarker, st *State, ended []endedRun) u
 					continue
 				}
 				rk = runKey{ended[i].firstEpoch, true}
-				first = max(first, ended[i].lastSeq+1)
+				first = max(first, ended[i].lastSeq+1, lateRunLast(st, ended[i])+1)
 			case oldest >= 0 && m.Epoch < oldest:
 				continue // before anything the detector saw
 			default:

@@ -19,6 +19,8 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 	// The current run began at epoch e2 and has got to 99.
 	cur := &State{Started: true, Run: RunSummary{FirstEpoch: e2, LastEpoch: e2}, MaxEpoch: e2, Last: Point{Seq: 99, Epoch: e2}}
 	ended := []endedRun{{firstEpoch: e1, lastEpoch: e1 + 5, lastSeq: 49}} // a restart ended e1's run at 49
+	lateTail := &State{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
+		Epochs: []EpochSeen{{Epoch: e1 + 5, Seen: [][2]uint64{{0, 54}}, RunLast: &Point{Seq: 54, Epoch: e1 + 5}}}}
 	for name, tc := range map[string]struct {
 		markers []streams.DropMarker
 		st      *State
@@ -37,6 +39,8 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 		"older than every run known":              {markers: []streams.DropMarker{mk(e1-1, 0, 4)}, st: cur, ended: ended, want: 0},
 		"a publisher nothing was ever stored of":  {markers: []streams.DropMarker{mk(e1, 0, 9), mk(e1, 5, 14)}, want: 15},
 		"same numbers of two runs count for both": {markers: []streams.DropMarker{mk(e2, 100, 109), mk(e3, 100, 109)}, st: cur, want: 20},
+		// e1's run got to 54 with FPMs stored after the next run began (its old_run says 49).
+		"an ended run's tail, past its last FPMs stored late": {markers: []streams.DropMarker{mk(e1+3, 40, 59)}, st: lateTail, ended: ended, want: 5},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
