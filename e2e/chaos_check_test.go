@@ -241,7 +241,9 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 	}
 
 	// Stored messages, attributed to the run that sent them: among the runs whose record has these
-	// bytes at this number, the one live when the bridge received it, unless it has its copy already.
+	// bytes at this number and that had started when the bridge received it, the one live then, unless
+	// it has its copy already. (Runs of identical bytes are common: a run rerun with its seed, a
+	// replayed recording; a later run cannot have sent what was received before it began.)
 	count := map[runKey]map[uint64]int{}
 	epochs := map[runKey]map[int64]bool{}
 	stored := slices.Clone(o.stored)
@@ -250,7 +252,7 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 	for _, m := range stored {
 		var cands []*chaosRun
 		for _, r := range runsOf[m.key] {
-			if s, ok := r.sent[m.key][m.seq]; ok && bytes.Equal(s.json, m.body) {
+			if s, ok := r.sent[m.key][m.seq]; ok && bytes.Equal(s.json, m.body) && r.start.UnixMilli() <= m.recvMs {
 				cands = append(cands, r)
 			}
 		}

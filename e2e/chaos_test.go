@@ -283,6 +283,17 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 	cases["stored twice"] = plant{observe([]*chaosRun{r0}, append(dupStored, dup), nil, report(11, 0)), []string{"duplicate"}, "seqs 3"}
 	r1 := run(1, 10, true)
 	cases["a second run of identical bytes deduplicated away"] = plant{observe([]*chaosRun{r0, r1}, storeRun(r0, e0), nil, report(10, 0)), []string{"lost", "report"}, "seqs 0-9"}
+	// A copy of run 0's seq 3 stored twice (two bridges that did not agree on its epoch), the second
+	// received before run 1, of identical bytes, began: run 0's duplicate, not a message of run 1.
+	// The second copy reaches the stream before run 1's own FPMs.
+	twice := storeRun(r0, e0)
+	early := twice[3]
+	early.epoch, early.recvMs = e0+1, r1.start.UnixMilli()-1
+	twice = append(append(twice, early), storeRun(r1, r1.start.UnixMilli()+1)...)
+	for i := range twice {
+		twice[i].streamSeq = uint64(i + 1)
+	}
+	cases["a copy received before a run of identical bytes began is not that run's"] = plant{observe([]*chaosRun{r0, r1}, twice, nil, report(21, 0)), []string{"duplicate"}, "publish run 0"}
 	other := append(storeRun(r0, e0), chaosStored{key: key, seq: 3, epoch: e0, recvMs: e0 + 50, producer: "w", body: []byte(`{"other":1}`)})
 	cases["nobody sent it"] = plant{observe([]*chaosRun{r0}, other, nil, report(11, 0)), []string{"phantom"}, "seq 3"}
 	for name, c := range cases {
