@@ -17,6 +17,11 @@ import (
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
+// publishPatiently lets an asynchronous publish wait for the server as long as a loaded machine needs:
+// nats.go's default gives up after 200 ms when its window of publishes in flight is full ("stalled with
+// too many outstanding async published messages").
+var publishPatiently = jetstream.WithStallWait(30 * time.Second)
+
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // emptyServer is a running server without fpmbus's streams.
@@ -47,7 +52,7 @@ func operatorStream(t *testing.T, env *streamstest.Env, n int, change func(*jets
 	k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w1", DPRank: 0}
 	body := []byte(`{"version":1,"worker_id":"w1","dp_rank":0,"counter_id":0,"wall_time":1782777600.5,"num_prefill_requests":3}`)
 	for i := range n {
-		if _, err := env.JS.PublishAsync(streams.FPMSubject(k), body, jetstream.WithMsgID(streams.MsgID(k, int64(i), 0))); err != nil {
+		if _, err := env.JS.PublishAsync(streams.FPMSubject(k), body, jetstream.WithMsgID(streams.MsgID(k, int64(i), 0)), publishPatiently); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -21,6 +21,11 @@ import (
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
+// publishPatiently lets an asynchronous publish wait for the server as long as a loaded machine needs:
+// nats.go's default gives up after 200 ms when its window of publishes in flight is full ("stalled with
+// too many outstanding async published messages").
+var publishPatiently = jetstream.WithStallWait(30 * time.Second)
+
 func testLogger() *slog.Logger {
 	if os.Getenv("FPMBUS_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -52,7 +57,7 @@ func publish(t testing.TB, js jetstream.JetStream, from, n, keys int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := from; i < from+n; i++ {
-		if _, err := js.PublishAsync(subjectOf(i%keys), []byte(strconv.Itoa(i))); err != nil {
+		if _, err := js.PublishAsync(subjectOf(i%keys), []byte(strconv.Itoa(i)), publishPatiently); err != nil {
 			t.Fatal(err)
 		}
 	}

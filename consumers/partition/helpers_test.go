@@ -20,6 +20,11 @@ import (
 	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
+// publishPatiently lets an asynchronous publish wait for the server as long as a loaded machine needs:
+// nats.go's default gives up after 200 ms when its window of publishes in flight is full ("stalled with
+// too many outstanding async published messages").
+var publishPatiently = jetstream.WithStallWait(30 * time.Second)
+
 // testLogger logs to stderr with FPMBUS_TEST_LOG=1, else nowhere.
 func testLogger() *slog.Logger {
 	if os.Getenv("FPMBUS_TEST_LOG") != "" {
@@ -72,7 +77,7 @@ func publishFrom(ctx context.Context, js jetstream.JetStream, keys, from, perKey
 	n := 0
 	for i := range perKey {
 		for k := range keys {
-			if _, err := js.PublishAsync(keySubject(k), []byte(strconv.Itoa(from+i))); err != nil {
+			if _, err := js.PublishAsync(keySubject(k), []byte(strconv.Itoa(from+i)), publishPatiently); err != nil {
 				return err
 			}
 			if n++; n%chunk == 0 {

@@ -23,7 +23,7 @@ func publishToShards(ctx context.Context, js jetstream.JetStream, n, keys, from,
 			if err != nil {
 				return err
 			}
-			if _, err := js.PublishAsync(streams.ShardIngestSubject(key, n), []byte(strconv.Itoa(from+i))); err != nil {
+			if _, err := js.PublishAsync(streams.ShardIngestSubject(key, n), []byte(strconv.Itoa(from+i)), publishPatiently); err != nil {
 				return err
 			}
 		}
