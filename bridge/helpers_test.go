@@ -33,10 +33,12 @@ func TestMain(m *testing.M) {
 	}
 	// nats-server registers a stream in its account only after its file store is set up, so a stream
 	// the bridge (re)creates while a test shuts the server down is never stopped: its store's state
-	// flusher and the access-time ticker it holds stay behind. That is the server's shutdown race, not
-	// the bridge's; any other goroutine of a server left running is still a leak.
+	// flusher, its message blocks' flush loops and the access-time ticker it holds stay behind. That is
+	// the server's shutdown race, not the bridge's; any other goroutine of a server left running is
+	// still a leak.
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).flushStreamStateLoop"),
+		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*msgBlock).flushLoop"),
 		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server/ats.Register.func1"))
 }
 
