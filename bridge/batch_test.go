@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -138,13 +139,21 @@ func TestServerKilledMidAtomicBatch(t *testing.T) {
 			}
 		}
 	}()
-	// Kill while batches are in flight: some acknowledged, FPMs in batches awaiting their ack.
-	checkFor(t, 30*time.Second, time.Millisecond, func() error {
+	// Kill while batches are in flight: some acknowledged, FPMs in batches awaiting their ack. The
+	// server is frozen first (SIGSTOP) so that what is in flight then stays in flight until the kill,
+	// however slowly a loaded machine gets from the check to the kill; if nothing was in flight at the
+	// freeze, it is thawed and caught again.
+	checkFor(t, 60*time.Second, time.Millisecond, func() error {
 		mu.Lock()
 		acked := len(ackedAt)
 		mu.Unlock()
 		if c := counterValue(h.b.metrics.batches); c < 3 || acked < minBatch || h.b.pub.inBatchesN.Load() < minBatch {
 			return fmt.Errorf("%v batches sent, %d FPMs in batches in flight: %s", c, h.b.pub.inBatchesN.Load(), fmtStats(h.b.Stats()))
+		}
+		node.signal(syscall.SIGSTOP)
+		if h.b.pub.inBatchesN.Load() == 0 {
+			node.signal(syscall.SIGCONT)
+			return errors.New("every batch was acknowledged before the server froze")
 		}
 		return nil
 	})
@@ -283,6 +292,15 @@ func startNode(t testing.TB, cfg nodeConfig) *node {
 }
 
 // kill9 SIGKILLs the process and waits until it is gone.
+// signal sends sig to the node's process while it runs.
+func (n *node) signal(sig syscall.Signal) {
+	select {
+	case <-n.done:
+	default:
+		_ = n.cmd.Process.Signal(sig)
+	}
+}
+
 func (n *node) kill9() {
 	select {
 	case <-n.done:

@@ -252,8 +252,12 @@ func messages(t testing.TB, js jetstream.JetStream, stream, filter string) []sto
 	if st.Msgs == 0 {
 		return nil
 	}
+	// Each read has its own deadline: tens of thousands of them one after the other outlast any single
+	// one on a loaded machine.
 	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
-		m, err := s.GetMsg(ctx, seq)
+		gctx, gcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		m, err := s.GetMsg(gctx, seq)
+		gcancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
