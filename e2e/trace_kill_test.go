@@ -255,8 +255,12 @@ func streamIDs(t *testing.T, js jetstream.JetStream, upTo uint64) (map[string]ui
 		upTo = s.CachedInfo().State.LastSeq
 	}
 	out := map[string]uint64{}
+	// Each read has its own deadline: thousands of them one after the other outlast any single one on a
+	// loaded machine.
 	for seq := uint64(1); seq <= upTo; seq++ {
-		m, err := s.GetMsg(ctx, seq)
+		gctx, gcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		m, err := s.GetMsg(gctx, seq)
+		gcancel()
 		if err != nil {
 			t.Fatalf("stream %s sequence %d: %v", streams.StreamFPM, seq, err)
 		}
