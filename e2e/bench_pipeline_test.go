@@ -64,9 +64,12 @@ func TestBenchPublishMergeAndSealThroughUp(t *testing.T) {
 	if err := json.Unmarshal(raw, &doc); err != nil || doc.ArtifactType != "merged" || doc.RunID == "" {
 		t.Fatalf("merged artefact %s: %v %+v", merged, err, doc)
 	}
-	if _, err := os.Stat(doc.WorkerProbePath); err != nil {
-		t.Fatalf("worker-probe sidecar: %v", err)
-	}
+	// The merger writes the merged artefact first and its sidecar after it (so that a sidecar never sits
+	// next to another run's merged artefact): the sidecar may follow a moment later.
+	eventually(t, 30*time.Second, func() error {
+		_, err := os.Stat(doc.WorkerProbePath)
+		return err
+	})
 
 	// The sealer seals the run's cells; the nats CLI sees them in the bucket.
 	var cells []string

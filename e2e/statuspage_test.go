@@ -112,6 +112,9 @@ func TestStatusPageInChromiumShowsAPublisherThatDropsSequences(t *testing.T) {
 		if p == nil || p.Summary.Total != 2 || p.Summary.WithGaps != 1 || p.Totals["zmq_drop"] != 5 || p.Matched != 2 {
 			return fmt.Errorf("publishers %+v", p)
 		}
+		if st.Bridge == nil || st.Bridge.Received < 40 {
+			return fmt.Errorf("bridge %+v", st.Bridge)
+		}
 		return nil
 	})
 
