@@ -18,7 +18,7 @@ import (
 var ErrAlreadyRunning = errors.New("gaps: detector already running")
 
 // ConsumerName names the detector in the durable runner: metrics label consumer="gaps", dead letters
-// on fpmevents.rejected.gaps.
+// on fpmevents.deadletter.consumer.gaps.
 const ConsumerName = "gaps"
 
 // handBatch is the most FPMs the runner hands to Handle at once.

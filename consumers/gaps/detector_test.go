@@ -525,7 +525,7 @@ func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 }
 
 // TestDetectorRejectsUnusableFPMs: an FPM whose subject names no publisher and one whose Fpm-Seq is
-// not a number can never be applied. Each is dead-lettered on fpmevents.rejected.gaps with where it was
+// not a number can never be applied. Each is dead-lettered on fpmevents.deadletter.consumer.gaps with where it was
 // stored and why, and holds nothing up: everything is acked, the publisher's own messages are applied,
 // and the number the unusable FPM carried is reported missing like any lost one.
 func TestDetectorRejectsUnusableFPMs(t *testing.T) {

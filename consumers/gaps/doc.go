@@ -65,7 +65,7 @@
 //     messages in delivery order, the last of each done prefix standing for the rest, so a message
 //     waiting for its checkpoint holds back the acks of every later one of its partition. An FPM that
 //     can never be applied (its subject names no publisher, its sequence headers do not parse) is
-//     rejected (Msg.Reject): the runner dead-letters it on fpmevents.rejected.gaps and it is done; its
+//     rejected (Msg.Reject): the runner dead-letters it on fpmevents.deadletter.consumer.gaps and it is done; its
 //     number, if it had one, is reported missing like any lost one. A publisher is called stale only
 //     when FPM holds nothing of it after its last applied message (a direct get, after the re-read if
 //     a takeover left one to do).

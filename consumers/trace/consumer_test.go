@@ -222,7 +222,7 @@ func TestGracefulStopFlushesAndAcks(t *testing.T) {
 	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
 }
 
-// An invalid message is dead-lettered (fpmevents.rejected.trace) with the reason, counted, and never
+// An invalid message is dead-lettered (fpmevents.deadletter.consumer.trace) with the reason, counted, and never
 // holds up the others.
 func TestInvalidMessagesAreDeadLetteredAndCounted(t *testing.T) {
 	t.Parallel()

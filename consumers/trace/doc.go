@@ -69,7 +69,7 @@
 //     file (another writer owns the producer) is not retried: the instance fails.
 //   - One message never stalls the writer: a message that can never be written — an invalid subject
 //     or body, a file name its file system refuses, a producer id other than its worker_id with
-//     P > 1 — is rejected (dead letter on fpmevents.rejected.trace naming the reason) and the others go
+//     P > 1 — is rejected (dead letter on fpmevents.deadletter.consumer.trace naming the reason) and the others go
 //     on. Producer ids too long for a file name get a shortened name (segment.go). A full disk is not
 //     such an error: it concerns every producer and is retried.
 //   - A segment is opened only at a roll or at a writer's start (Dynamo's rule). A process's first

@@ -21,7 +21,7 @@ import (
 )
 
 // ConsumerName names the trace writer in the runner's metrics (consumer="trace"), its dead letters
-// (fpmevents.rejected.trace) and its loss events (fpmevents.loss.trace).
+// (fpmevents.deadletter.consumer.trace) and its loss events (fpmevents.loss.trace).
 const ConsumerName = "trace"
 
 // ErrGroupUnsupported is the reason a message is rejected when, with more than one partition, its

@@ -30,7 +30,7 @@ func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
 		written: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fpmbus_trace_written_total",
 			Help: "Trace lines written and fsynced (their messages then acknowledged), by capture mode."}, []string{"mode"}),
 		invalid: counter("fpmbus_trace_invalid_total",
-			"FPM messages not written because their subject or body is invalid (dead-lettered on fpmevents.rejected.trace, not redelivered)."),
+			"FPM messages not written because their subject or body is invalid (dead-lettered on fpmevents.deadletter.consumer.trace, not redelivered)."),
 		rolled: counter("fpmbus_trace_segments_rolled_total",
 			"Trace segments finished because the next line would exceed the roll size."),
 		flush: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fpmbus_trace_flush_seconds",

@@ -26,7 +26,7 @@ import (
 // line read has its message at or below that. Each message is filed under its producer and line
 // identity exactly as the writer files it (parseRecord with the writer's --producer-id, --filter):
 // messages the writer could never write (invalid ones, and those it dead-lettered on
-// fpmevents.rejected.trace) have no line and are left out.
+// fpmevents.deadletter.consumer.trace) have no line and are left out.
 //
 // A full-mode producer's lines are in stream order, so its matched lines must have increasing stream
 // sequences (else FindingOrder, and nothing of that producer is restored: where a message belongs would
