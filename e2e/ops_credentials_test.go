@@ -201,18 +201,8 @@ func TestOpsSealedHistoryOutlivesTheSealersCredentialOnTheRealNatsServer(t *test
 	if h := srv.run(t, "reader", "datasets", "history", cell); strings.Count(h, "ignored (tampering") != 2 || !strings.Contains(h, orig.AttemptID) {
 		t.Fatalf("datasets history does not mark the two later revisions:\n%s", h)
 	}
-	pred := srv.start(t, "predict", "predict", "predict-service")
-	pred.waitOutput("predict service ready", 30*time.Second)
 	row := orig.Rows[len(orig.Rows)-1]
-	step, _ := json.Marshal(row)
-	var stepMap map[string]any
-	_ = json.Unmarshal(step, &stepMap)
-	delete(stepMap, "latency_ms")
-	query, _ := json.Marshal(map[string]any{"key": cell, "step": stepMap})
-	var a predict.Answer
-	if err := json.Unmarshal([]byte(srv.nats(t, "reader", "req", "--raw", "fpmpredict.predict", string(query))), &a); err != nil {
-		t.Fatal(err)
-	}
+	a, pred := predictSealedRow(t, srv, cell, row)
 	meta, err := revs[0].Metadata()
 	if err != nil {
 		t.Fatal(err)
@@ -378,18 +368,8 @@ func TestOpsJunkStoredBeforeTheSealCannotPreemptItOnTheRealNatsServer(t *testing
 	if h := srv.run(t, "reader", "datasets", "history", cell); strings.Count(h, "ignored (tampering") != 2 || !strings.Contains(h, orig.AttemptID) {
 		t.Fatalf("datasets history does not mark the two revisions before the seal:\n%s", h)
 	}
-	pred := srv.start(t, "predict", "predict", "predict-service")
-	pred.waitOutput("predict service ready", 30*time.Second)
 	row := orig.Rows[len(orig.Rows)-1]
-	step, _ := json.Marshal(row)
-	var stepMap map[string]any
-	_ = json.Unmarshal(step, &stepMap)
-	delete(stepMap, "latency_ms")
-	query, _ := json.Marshal(map[string]any{"key": cell, "step": stepMap})
-	var a predict.Answer
-	if err := json.Unmarshal([]byte(srv.nats(t, "reader", "req", "--raw", "fpmpredict.predict", string(query))), &a); err != nil {
-		t.Fatal(err)
-	}
+	a, pred := predictSealedRow(t, srv, cell, row)
 	if a.Status != predict.StatusMeasured || a.LatencyMS == nil || *a.LatencyMS != row.LatencyMS || a.Cell == nil || a.Cell.Revision != meta.Sequence.Stream {
 		t.Fatalf("prediction %+v, want the sealed row's %v ms from revision %d", a, row.LatencyMS, meta.Sequence.Stream)
 	}
@@ -775,4 +755,23 @@ func TestOpsEveryCredentialIsRefusedWhatItCouldDestroyOrForgeOnTheRealNatsServer
 			}
 		})
 	}
+}
+
+// predictSealedRow starts the predict service as its own user and asks it, as the reader, for the
+// latency of row's step in cell (the row's own latency left out of the query); it returns the answer
+// and the service's process.
+func predictSealedRow(t *testing.T, srv *opsServer, cell string, row schemas.Row) (predict.Answer, *proc) {
+	t.Helper()
+	pred := srv.start(t, "predict", "predict", "predict-service")
+	pred.waitOutput("predict service ready", 30*time.Second)
+	step, _ := json.Marshal(row)
+	var stepMap map[string]any
+	_ = json.Unmarshal(step, &stepMap)
+	delete(stepMap, "latency_ms")
+	query, _ := json.Marshal(map[string]any{"key": cell, "step": stepMap})
+	var a predict.Answer
+	if err := json.Unmarshal([]byte(srv.nats(t, "reader", "req", "--raw", "fpmpredict.predict", string(query))), &a); err != nil {
+		t.Fatal(err)
+	}
+	return a, pred
 }
