@@ -320,6 +320,7 @@ func (t *tracker) startRun(o *Observation, byRestart bool) {
 // reconnect).
 func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64, reconnect bool) {
 	st := t.st
+	t.markedTail(o)
 	old := st.Run
 	before := st.Last
 	t.endRun()
@@ -333,6 +334,84 @@ func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64, recon
 		p.Ranges = [][2]uint64{{0, o.Seq - 1}}
 	}
 	t.reveal(p)
+}
+
+// markedTail extends the run a restart at o ends by the numbers drop markers name beyond its last
+// FPM here: its last FPMs were dropped (a full store, a bridge stopped before it could store them),
+// and nothing stored of it comes after them, so only the markers say how far the run got. The
+// numbers up to the markers' last are revealed as a gap like any jump: those the markers cover
+// named as the bridge's drops, those between the last FPM and the markers (sent while no bridge was
+// subscribed, a bridge restart) named as lost before the bridge. A marker of the run's epochs may
+// begin at or below its last FPM (counted from the number after it); one of a later epoch, a bridge
+// that started meanwhile, only when it goes on from it, as an FPM of that epoch would (a marker that
+// begins lower is a run of its own, counted from the marker alone, see unrevealed.go).
+func (t *tracker) markedTail(o *Observation) {
+	st := t.st
+	if st.Last.Seq == math.MaxUint64 {
+		return
+	}
+	var tail *heldMarker
+	for i := range st.Markers {
+		m := &st.Markers[i]
+		if m.Epoch < st.Run.FirstEpoch || m.Epoch >= o.Epoch || m.LastSeq <= st.Last.Seq ||
+			m.Epoch > st.MaxEpoch && m.FirstSeq <= st.Last.Seq {
+			continue
+		}
+		if tail == nil || m.LastSeq > tail.LastSeq {
+			tail = m
+		}
+	}
+	if tail == nil {
+		return
+	}
+	after := t.revealMarkedTail(st.Last, tail, o.StoredMs)
+	st.Last = after
+	st.Run.LastSeq, st.Run.LastEpoch = tail.LastSeq, max(st.Run.LastEpoch, tail.Epoch)
+	st.MaxEpoch = max(st.MaxEpoch, tail.Epoch)
+}
+
+// markedEndedTail is markedTail for a marker applied after the restart that ended its run (markers
+// are read beside the FPMs, and a bridge that stopped while the store refused writes publishes them
+// when it is back): the run is found by the marker's epoch, the newest seen at or before it, when
+// that is where a restart ended a run (State.Epochs' RunLast).
+func (t *tracker) markedEndedTail(m *heldMarker) {
+	st := t.st
+	if !st.Started || m.Epoch >= st.Run.FirstEpoch {
+		return // the current run's: a later FPM reveals it, or the report counts it (unrevealed.go)
+	}
+	i, found := slices.BinarySearchFunc(st.Epochs, m.Epoch, func(e EpochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
+	if !found {
+		i--
+	}
+	if i < 0 {
+		return
+	}
+	e := &st.Epochs[i]
+	last := e.RunLast
+	if last == nil || last.Seq == math.MaxUint64 || m.LastSeq <= last.Seq || e.Epoch < m.Epoch && m.FirstSeq <= last.Seq {
+		return
+	}
+	after := t.revealMarkedTail(*last, m, m.LastReceivedAtMs)
+	// The run now ends at the marker's last number, under its own epoch's entry as well, so that a late
+	// FPM past it and the report (unrevealed.go) go on from there.
+	e.RunLast = &Point{Seq: after.Seq, ObservedAtMs: after.ObservedAtMs, Epoch: last.Epoch, Bridge: last.Bridge}
+	if e.Epoch != m.Epoch {
+		if j := t.epoch(m.Epoch, true); j >= 0 {
+			st.Epochs[j].RunLast = &after
+		}
+	}
+}
+
+// revealMarkedTail reveals a run's numbers after before up to marker m's last as a gap, and returns
+// the marker's point: where the run got to.
+func (t *tracker) revealMarkedTail(before Point, m *heldMarker, revealedMs int64) Point {
+	after := Point{Seq: m.LastSeq, ObservedAtMs: m.LastReceivedAtMs, Epoch: m.Epoch, Bridge: m.Bridge}
+	t.reveal(Pending{
+		Kind: kindJump, Ranges: [][2]uint64{{before.Seq + 1, m.LastSeq}},
+		Before: before, After: after, RevealedMs: revealedMs,
+		EpochLo: min(before.Epoch, m.Epoch), EpochHi: max(before.Epoch, m.Epoch),
+	})
+	return after
 }
 
 // goStale emits the stale event of the silence after st.Last. Its content depends only on the state,
@@ -431,6 +510,7 @@ func (t *tracker) addMarker(m streams.DropMarker, eventsSeq uint64) {
 	st.MarkerSeq = eventsSeq
 	st.Counters.Markers++
 	st.Markers = append(st.Markers, heldMarker{DropMarker: m})
+	t.markedEndedTail(&st.Markers[len(st.Markers)-1])
 	for i := 0; i < len(st.Pending); {
 		if !t.tryResolve(i, false) {
 			i++

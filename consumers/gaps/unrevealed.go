@@ -44,6 +44,19 @@ func lateRunLast(st *State, r endedRun) uint64 {
 	return last
 }
 
+// runLastAt is where a run a restart ended got to under epoch (State.Epochs' RunLast), when it did.
+func runLastAt(st *State, epoch int64) (uint64, bool) {
+	if st == nil {
+		return 0, false
+	}
+	for _, e := range st.Epochs {
+		if e.Epoch == epoch && e.RunLast != nil && e.RunLast.Seq < math.MaxUint64 {
+			return e.RunLast.Seq, true
+		}
+	}
+	return 0, false
+}
+
 // dropUnrevealed returns how many numbers the markers of one publisher name that no gap event names
 // (see above); st is the detector's state of the publisher, nil when it never saw an FPM of it.
 func dropUnrevealed(markers []streams.DropMarker, st *State, ended []endedRun) uint64 {
@@ -89,6 +102,9 @@ func dropUnrevealed(markers []streams.DropMarker, st *State, ended []endedRun) u
 				continue // before anything the detector saw
 			default:
 				rk = runKey{m.Epoch, false}
+				if last, ok := runLastAt(st, m.Epoch); ok {
+					first = max(first, last+1) // a restart's run went on to it: the gap event names it
+				}
 			}
 		}
 		if first <= m.LastSeq {

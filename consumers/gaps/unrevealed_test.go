@@ -94,3 +94,44 @@ func TestReportCountsDropsAfterTheLastFPMOfARun(t *testing.T) {
 	equal(t, CauseCounts{BridgeDrop: 5, ZMQDrop: 5}, p.Missing)
 	equal(t, uint64(10), p.MissingTotal)
 }
+
+// TestRestartAfterDroppedTailNamesTheNumbersBeforeTheMarker: a bridge was killed after FPM 9 of a run,
+// a new bridge (epoch e2) received 15-19 and stopped before it could store them (its drop marker is
+// stored), then the publisher restarted. The markers say the old run got to 19: 15-19 are the bridge's
+// drops and 10-14, sent while no bridge was subscribed, are named too (never counted nowhere), each
+// number once.
+func TestRestartAfterDroppedTailNamesTheNumbersBeforeTheMarker(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	t0 := time.Now().UnixMilli()
+	e1, e2, e3 := t0, t0+1000, t0+2000
+	k := key("killedtail", 0)
+	publishAll(t, env.JS, fpms(k, 0, 9, e1, e1)...)
+	publishAll(t, env.JS, markerMsg(k, e2, 15, 19, "shutdown"))
+	publishAll(t, env.JS, fpms(k, 0, 4, e3, e3)...)
+	h := startDetector(t, env.Server.ClientURL(), testConfig())
+	waitEvents(t, env.JS, 3, 10*time.Second) // the restart, and the old run's tail in two causes
+	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	check(t, h.stop() == nil, "stop")
+
+	named := map[uint64]int{}
+	for _, e := range storedEvents(t, env.JS) {
+		if e.Type != TypeGap || e.FirstMissing == nil || e.Cause == CausePublisherRestart {
+			continue
+		}
+		for q := *e.FirstMissing; q <= *e.LastMissing; q++ {
+			named[q]++
+		}
+	}
+	for q := uint64(10); q <= 19; q++ {
+		equal(t, 1, named[q])
+	}
+	equal(t, 10, len(named))
+	rep, err := BuildReport(context.Background(), env.JS, ReportConfig{})
+	check(t, err == nil, "report: %v", err)
+	equal(t, 1, len(rep.Publishers))
+	p := rep.Publishers[0]
+	equal(t, uint64(0), p.DroppedUnrevealed)
+	equal(t, CauseCounts{BridgeDrop: 5, ZMQDrop: 5}, p.Missing)
+	equal(t, uint64(10), p.MissingTotal)
+}
