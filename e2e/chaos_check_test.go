@@ -173,6 +173,10 @@ func seqRanges(seqs []uint64) string {
 	return b.String()
 }
 
+// sentBeforeReceivedSlackMs: a publisher writes a message's send time down around its send, so the
+// bridge (same host, same clock) may stamp its receive a moment before that.
+const sentBeforeReceivedSlackMs = 20
+
 // naming is a range of numbers an event names missing.
 type naming struct {
 	epoch  int64
@@ -241,9 +245,10 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 	}
 
 	// Stored messages, attributed to the run that sent them: among the runs whose record has these
-	// bytes at this number and that had started when the bridge received it, the one live then, unless
+	// bytes at this number and that had sent it when the bridge received it, the one live then, unless
 	// it has its copy already. (Runs of identical bytes are common: a run rerun with its seed, a
-	// replayed recording; a later run cannot have sent what was received before it began.)
+	// replayed recording; a later run cannot have sent what was received before it began, nor before
+	// it sent that number: a bridge that lags receives the old run's last numbers after the rerun began.)
 	count := map[runKey]map[uint64]int{}
 	epochs := map[runKey]map[int64]bool{}
 	stored := slices.Clone(o.stored)
@@ -252,7 +257,8 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 	for _, m := range stored {
 		var cands []*chaosRun
 		for _, r := range runsOf[m.key] {
-			if s, ok := r.sent[m.key][m.seq]; ok && bytes.Equal(s.json, m.body) && r.start.UnixMilli() <= m.recvMs {
+			if s, ok := r.sent[m.key][m.seq]; ok && bytes.Equal(s.json, m.body) && r.start.UnixMilli() <= m.recvMs &&
+				(s.sentAtMs == 0 || s.sentAtMs <= m.recvMs+sentBeforeReceivedSlackMs) {
 				cands = append(cands, r)
 			}
 		}

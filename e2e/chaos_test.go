@@ -294,6 +294,22 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 		twice[i].streamSeq = uint64(i + 1)
 	}
 	cases["a copy received before a run of identical bytes began is not that run's"] = plant{observe([]*chaosRun{r0, r1}, twice, nil, report(21, 0)), []string{"duplicate"}, "publish run 0"}
+	// Run 0's last number reaches a lagging bridge after run 1, of identical bytes, began but long before
+	// run 1 sent that number: it is run 0's, and run 0's epoch (under which a gap event names its first
+	// numbers) is not run 1's, whose own first numbers are stored.
+	lagging := storeRun(r0, e0, 0, 1, 2)
+	lagging[len(lagging)-1].recvMs = r1.start.UnixMilli() + 1
+	late := run(1, 10, true)
+	for q, s := range late.sent[key] {
+		s.sentAtMs += 5000
+		late.sent[key][q] = s
+	}
+	lateStored := storeRun(late, late.start.UnixMilli()+5001)
+	for i := range lateStored {
+		lateStored[i].recvMs += 5000
+	}
+	cases["a lagging bridge's copy received before a run of identical bytes sent it is not that run's"] = plant{
+		observe([]*chaosRun{r0, late}, append(lagging, lateStored...), []gaps.Event{gap(e0, 0, 2)}, report(17, 3)), nil, ""}
 	other := append(storeRun(r0, e0), chaosStored{key: key, seq: 3, epoch: e0, recvMs: e0 + 50, producer: "w", body: []byte(`{"other":1}`)})
 	cases["nobody sent it"] = plant{observe([]*chaosRun{r0}, other, nil, report(11, 0)), []string{"phantom"}, "seq 3"}
 	for name, c := range cases {
