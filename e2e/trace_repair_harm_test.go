@@ -15,6 +15,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // traceUntilAcked runs `fpmbus trace` on out (full mode, small segments, group) until it has acked
@@ -70,13 +71,13 @@ func TestTraceVerifyRepairNextToALiveWriterIsRefused(t *testing.T) {
 	fillFPM(t, env.JS, first, 2, 2, 1_782_777_600_000)
 	out := filepath.Join(t.TempDir(), "fpm")
 	p := traceUntilAcked(t, env, out, "live", first, "--max-segments", "1000")
-	prefix := trace.SegmentPrefix(out, "kw0")
-	segs, err := trace.ListSegments(prefix)
+	prefix := tracefile.SegmentPrefix(out, "kw0")
+	segs, err := tracefile.ListSegments(prefix)
 	if err != nil || len(segs) < 3 {
 		t.Fatalf("segments of kw0: %v, %v", segs, err)
 	}
 	active := segs[len(segs)-1]
-	foreign := trace.SegmentPath(prefix, active.Index+50)
+	foreign := tracefile.SegmentPath(prefix, active.Index+50)
 	data, err := os.ReadFile(segs[0].Path)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +154,7 @@ func TestTraceVerifyRepairDoesNoHarm(t *testing.T) {
 	if err := p.signal(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	segs, err := trace.ListSegments(trace.SegmentPrefix(filepath.Join(src, "fpm"), "kw0"))
+	segs, err := tracefile.ListSegments(tracefile.SegmentPrefix(filepath.Join(src, "fpm"), "kw0"))
 	if err != nil || len(segs) != 4 || segs[0].Index == 0 {
 		t.Fatalf("kw0's segments after pruning: %+v, %v", segs, err)
 	}
@@ -264,7 +265,7 @@ func TestTraceWriterStartupRepairRefusesAPlantedTemporaryFile(t *testing.T) {
 	if err := p.signal(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	segs, err := trace.ListSegments(trace.SegmentPrefix(out, "kw0"))
+	segs, err := tracefile.ListSegments(tracefile.SegmentPrefix(out, "kw0"))
 	if err != nil || len(segs) == 0 {
 		t.Fatalf("segments: %v %v", segs, err)
 	}
@@ -288,7 +289,7 @@ func TestTraceWriterStartupRepairRefusesAPlantedTemporaryFile(t *testing.T) {
 	// observed are the observed_at_unix_ms of a producer's lines (retention may have pruned old ones).
 	observed := func(producer string) map[int64]bool {
 		t.Helper()
-		segs, err := trace.ListSegments(trace.SegmentPrefix(out, producer))
+		segs, err := tracefile.ListSegments(tracefile.SegmentPrefix(out, producer))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // runSplit runs a command to completion and returns its stdout alone (stderr is shown on failure) and
@@ -151,7 +152,7 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 		pristine[f] = data
 	}
 	seg := func(producer string, i uint64) string {
-		s := trace.SegmentPath(trace.SegmentPrefix(output, producer), i)
+		s := tracefile.SegmentPath(tracefile.SegmentPrefix(output, producer), i)
 		if _, ok := pristine[s]; !ok {
 			t.Fatalf("no segment %s among %d files: %v", s, len(pristine), files)
 		}
@@ -355,9 +356,9 @@ func TestTraceVerifyRemovesAMessageTracedTwice(t *testing.T) {
 		"--roll-bytes", "60000", "--max-segments", "1000", "--start-seq", "1", "--progress", "none"); err != nil {
 		t.Fatalf("backfill: %v\n%s", err, out)
 	}
-	prefix := trace.SegmentPrefix(output, "kw0")
-	first, second := trace.SegmentPath(prefix, 0), trace.SegmentPath(prefix, 1)
-	if _, err := os.Stat(trace.SegmentPath(prefix, 2)); err != nil {
+	prefix := tracefile.SegmentPrefix(output, "kw0")
+	first, second := tracefile.SegmentPath(prefix, 0), tracefile.SegmentPath(prefix, 1)
+	if _, err := os.Stat(tracefile.SegmentPath(prefix, 2)); err != nil {
 		t.Fatalf("want at least three segments of kw0, so that segment 1 is sealed: %v", err)
 	}
 	original := mustRead(t, second)

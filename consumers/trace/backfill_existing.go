@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // What a backfill finds already written. A backfill may run over an output that holds lines of the
@@ -71,7 +72,7 @@ func (x *existingLines) producer(prefix string, r *record) (*existingProducer, e
 // written reports whether full-mode record r has its line on disk already; that line then accounts for
 // r and no other message.
 func (x *existingLines) written(r *record) (bool, error) {
-	prefix := SegmentPrefix(x.w.cfg.OutputPath, r.producer)
+	prefix := tracefile.SegmentPrefix(x.w.cfg.OutputPath, r.producer)
 	ep, err := x.producer(prefix, r)
 	if err != nil {
 		return false, err
@@ -129,7 +130,7 @@ func (x *existingLines) load(prefix string, stored time.Time) (*existingProducer
 	if sampling {
 		ep.samples = map[sampleKey][]existingSample{}
 	}
-	segs, err := ListSegments(prefix)
+	segs, err := tracefile.ListSegments(prefix)
 	if err != nil {
 		return nil, fmt.Errorf("trace: backfill: %w", err)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
+	"os"
 )
 
 // testFPM is one message as the bridge publishes it.
@@ -230,13 +232,13 @@ func waitHanded(t testing.TB, reg *prometheus.Registry, n int) {
 // order.
 func outputLines(t testing.TB, outputPath string) map[string][][]byte {
 	t.Helper()
-	producers, err := Producers(outputPath)
+	producers, err := tracefile.Producers(outputPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string][][]byte{}
 	for _, p := range producers {
-		segs, err := ListSegments(OutputBase(outputPath) + "." + p)
+		segs, err := tracefile.ListSegments(tracefile.OutputBase(outputPath) + "." + p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,4 +259,11 @@ func outputLines(t testing.TB, outputPath string) map[string][][]byte {
 func deadLetters(t testing.TB, js jetstream.JetStream) []jetstream.Msg {
 	t.Helper()
 	return streamstest.Messages(t, js, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
+}
+
+func touch(t *testing.T, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

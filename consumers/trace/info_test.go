@@ -12,6 +12,7 @@ import (
 	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // writeTrace writes fs as a writer would (producer from the Fpm-Producer header, else worker_id) under
@@ -26,7 +27,7 @@ func writeTrace(t *testing.T, out, mode string, roll int64, flushEvery int, fs [
 		if err != nil {
 			t.Fatal(err)
 		}
-		prefix := SegmentPrefix(out, r.producer)
+		prefix := tracefile.SegmentPrefix(out, r.producer)
 		if sws[prefix] == nil {
 			if sws[prefix], err = NewSegmentWriter(prefix, roll, 1000); err != nil {
 				t.Fatal(err)
@@ -84,7 +85,7 @@ func TestInfo(t *testing.T) {
 				out := filepath.Join(dir, "dynamo-fpm")
 				writeTrace(t, out, schemas.CaptureFull, 8<<10, 5, fs)
 				// Cut the second segment of 4192 in its last member, as a crash leaves it.
-				p := SegmentPath(SegmentPrefix(out, "4192"), 1)
+				p := tracefile.SegmentPath(tracefile.SegmentPrefix(out, "4192"), 1)
 				data, err := os.ReadFile(p)
 				if err != nil {
 					t.Fatal(err)
@@ -118,7 +119,7 @@ func TestInfo(t *testing.T) {
 				good := validLine("full")
 				bad := strings.Replace(good, `"capture_mode":"full"`, `"capture_mode":"bogus"`, 1)
 				extra := strings.Replace(good, `"timestamp":0,`, `"timestamp":0,"x":1,`, 1)
-				p := SegmentPath(filepath.Join(dir, "t.4192"), 0)
+				p := tracefile.SegmentPath(filepath.Join(dir, "t.4192"), 0)
 				if err := os.WriteFile(p, gzipOf(t, good+"\n"+bad+"\n"+extra+"\n"), 0o644); err != nil {
 					t.Fatal(err)
 				}
@@ -146,7 +147,7 @@ func TestInfo(t *testing.T) {
 		},
 		"a gzip file of other JSON": {
 			setup: func(t *testing.T, dir string) []string {
-				p := SegmentPath(filepath.Join(dir, "t.x"), 0)
+				p := tracefile.SegmentPath(filepath.Join(dir, "t.x"), 0)
 				if err := os.WriteFile(p, gzipOf(t, validLine("full")+"\n{\"level\":\"info\",\"msg\":\"hello\"}\n"), 0o644); err != nil {
 					t.Fatal(err)
 				}
@@ -177,7 +178,7 @@ func TestInfo(t *testing.T) {
 		},
 		"an empty segment": {
 			setup: func(t *testing.T, dir string) []string {
-				p := SegmentPath(filepath.Join(dir, "t.w"), 3)
+				p := tracefile.SegmentPath(filepath.Join(dir, "t.w"), 3)
 				if err := os.WriteFile(p, nil, 0o644); err != nil {
 					t.Fatal(err)
 				}

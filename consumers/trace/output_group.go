@@ -15,6 +15,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Which consumer group writes a trace output. The prefix locks (owner.go) keep two live processes from
@@ -36,7 +37,9 @@ var ErrOutputOwned = errors.New("trace: the trace output belongs to another cons
 const outputGroupSuffix = ".fpmbus-group.json"
 
 // OutputGroupPath is the file recording which group writes outputPath.
-func OutputGroupPath(outputPath string) string { return OutputBase(outputPath) + outputGroupSuffix }
+func OutputGroupPath(outputPath string) string {
+	return tracefile.OutputBase(outputPath) + outputGroupSuffix
+}
 
 // outputGroup is the record.
 type outputGroup struct {

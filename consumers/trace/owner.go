@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Ownership of a producer's segments. Every process that writes, repairs, rewrites or prunes the
@@ -209,13 +210,13 @@ func (o *owner) prefixes() []string {
 // takeOutput owns every producer with segments under outputPath, and returns the prefixes taken and
 // the refusals, in prefix order.
 func (o *owner) takeOutput(outputPath string) (taken []string, refused []error, err error) {
-	producers, err := Producers(outputPath)
+	producers, err := tracefile.Producers(outputPath)
 	if err != nil {
 		return nil, nil, err
 	}
 	prefixes := make([]string, 0, len(producers))
 	for _, p := range producers {
-		prefixes = append(prefixes, OutputBase(outputPath)+"."+p)
+		prefixes = append(prefixes, tracefile.OutputBase(outputPath)+"."+p)
 	}
 	sort.Strings(prefixes)
 	for _, p := range prefixes {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 func writerHolder(group string) fsutil.Holder {
@@ -109,7 +110,7 @@ func TestBackfillIsRefusedWhileAWriterOwnsTheOutput(t *testing.T) {
 	waitConsumed(t, env.JS, cfg.Group)
 	files := func(output string) map[string]int64 {
 		out := map[string]int64{}
-		matches, _ := filepath.Glob(OutputBase(output) + ".*" + SegmentSuffix)
+		matches, _ := filepath.Glob(tracefile.OutputBase(output) + ".*" + tracefile.SegmentSuffix)
 		for _, m := range matches {
 			fi, err := os.Stat(m)
 			if err != nil {

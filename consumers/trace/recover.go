@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Takeover recovery. A message is done only after its line is fsynced, but its acknowledgement may
@@ -131,7 +132,7 @@ func (t *takeover) written(r *record) (bool, error) {
 	}
 	st := t.byID[r.producer]
 	if st == nil {
-		prefix := SegmentPrefix(t.w.cfg.OutputPath, r.producer)
+		prefix := tracefile.SegmentPrefix(t.w.cfg.OutputPath, r.producer)
 		if st = t.byPrefix[prefix]; st == nil {
 			var err error
 			if st, err = t.load(prefix, r.stored); err != nil {
@@ -162,7 +163,7 @@ func (t *takeover) load(prefix string, stored time.Time) (*seqState, error) {
 	if err := removeRepairLeftovers(prefix, w.log); err != nil {
 		return nil, fmt.Errorf("trace: takeover: %w", err)
 	}
-	segs, err := ListSegments(prefix)
+	segs, err := tracefile.ListSegments(prefix)
 	if err != nil {
 		return nil, fmt.Errorf("trace: takeover: %w", err)
 	}
@@ -177,7 +178,7 @@ func (t *takeover) load(prefix string, stored time.Time) (*seqState, error) {
 			break
 		}
 	}
-	if segs, err = ListSegments(prefix); err != nil {
+	if segs, err = tracefile.ListSegments(prefix); err != nil {
 		return nil, fmt.Errorf("trace: takeover: %w", err)
 	}
 	st := &seqState{prefix: prefix, ids: map[lineIdentity]int{}, sampled: w.sampler != nil}

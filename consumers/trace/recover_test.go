@@ -15,6 +15,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // pullUnacked takes n messages from the writer group's partition consumer without acking them, as a
@@ -43,7 +44,7 @@ func writeLines(t *testing.T, cfg Config, msgs []jetstream.Msg) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		prefix := SegmentPrefix(cfg.OutputPath, r.producer)
+		prefix := tracefile.SegmentPrefix(cfg.OutputPath, r.producer)
 		sw := sws[prefix]
 		if sw == nil {
 			if sw, err = NewSegmentWriter(prefix, cfg.RollBytes, cfg.MaxSegments); err != nil {

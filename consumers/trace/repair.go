@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
-	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Reading and repairing segments. A segment is a sequence of complete gzip members, each holding whole
@@ -160,13 +160,13 @@ const repairTmpSuffix = ".repair.tmp"
 // own every producer (owner.go); the trace writer and backfill repair only the prefixes they own
 // (repairPrefixes).
 func RepairOutput(outputPath string, logger *slog.Logger) ([]RepairResult, error) {
-	producers, err := Producers(outputPath)
+	producers, err := tracefile.Producers(outputPath)
 	if err != nil {
 		return nil, err
 	}
 	prefixes := make([]string, len(producers))
 	for i, p := range producers {
-		prefixes[i] = OutputBase(outputPath) + "." + p
+		prefixes[i] = tracefile.OutputBase(outputPath) + "." + p
 	}
 	return repairPrefixes(prefixes, logger)
 }
@@ -178,7 +178,7 @@ func repairPrefixes(prefixes []string, logger *slog.Logger) ([]RepairResult, err
 		if err := removeRepairLeftovers(prefix, logger); err != nil {
 			return out, err
 		}
-		segs, err := ListSegments(prefix)
+		segs, err := tracefile.ListSegments(prefix)
 		if err != nil {
 			return out, err
 		}
@@ -219,7 +219,7 @@ func removeLeftovers(prefix, suffix string, logger *slog.Logger) error {
 		if !ok {
 			continue
 		}
-		if _, ok := schemas.TraceSegmentIndex(base, seg); !ok || !e.Type().IsRegular() {
+		if _, ok := tracefile.SegmentIndex(base, seg); !ok || !e.Type().IsRegular() {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

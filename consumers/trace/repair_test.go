@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/gzip"
+
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // member returns one gzip member holding s.
@@ -186,7 +188,7 @@ func TestRepairCases(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			path := SegmentPath(filepath.Join(dir, "t.w"), 0)
+			path := tracefile.SegmentPath(filepath.Join(dir, "t.w"), 0)
 			if err := os.WriteFile(path, tc.data(t), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -218,7 +220,7 @@ func TestRepairOutputRepairsNewestOfEachProducer(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "trace.jsonl.gz")
-	a, b := SegmentPrefix(out, "a"), SegmentPrefix(out, "b")
+	a, b := tracefile.SegmentPrefix(out, "a"), tracefile.SegmentPrefix(out, "b")
 	torn := member(t, "x\n")
 	torn = torn[:len(torn)-2]
 	write := func(p string, data []byte) {
@@ -226,26 +228,26 @@ func TestRepairOutputRepairsNewestOfEachProducer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write(SegmentPath(a, 0), torn) // old: not the newest, left alone
-	write(SegmentPath(a, 1), append(member(t, "a1\n"), torn...))
-	write(SegmentPath(b, 5), member(t, "b5\n"))
-	write(SegmentPath(a, 1)+repairTmpSuffix, []byte("leftover"))
+	write(tracefile.SegmentPath(a, 0), torn) // old: not the newest, left alone
+	write(tracefile.SegmentPath(a, 1), append(member(t, "a1\n"), torn...))
+	write(tracefile.SegmentPath(b, 5), member(t, "b5\n"))
+	write(tracefile.SegmentPath(a, 1)+repairTmpSuffix, []byte("leftover"))
 	write(filepath.Join(dir, "unrelated.repair.tmp"), []byte("keep"))
 
 	res, err := RepairOutput(out, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 2 || !res[0].Repaired || res[0].Segment != SegmentPath(a, 1) || res[1].Repaired {
+	if len(res) != 2 || !res[0].Repaired || res[0].Segment != tracefile.SegmentPath(a, 1) || res[1].Repaired {
 		t.Fatalf("results %+v", res)
 	}
-	if got := segmentLines(t, SegmentPath(a, 1)); !slices.Equal(got, []string{"a1"}) {
+	if got := segmentLines(t, tracefile.SegmentPath(a, 1)); !slices.Equal(got, []string{"a1"}) {
 		t.Fatalf("a/1 = %q", got)
 	}
-	if got, _ := os.ReadFile(SegmentPath(a, 0)); !bytes.Equal(got, torn) {
+	if got, _ := os.ReadFile(tracefile.SegmentPath(a, 0)); !bytes.Equal(got, torn) {
 		t.Fatal("an older segment was modified")
 	}
-	if _, err := os.Stat(SegmentPath(a, 1) + repairTmpSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(tracefile.SegmentPath(a, 1) + repairTmpSuffix); !os.IsNotExist(err) {
 		t.Fatal("repair leftover not removed")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "unrelated.repair.tmp")); err != nil {

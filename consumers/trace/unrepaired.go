@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Producers whose newest segment cannot be repaired.
@@ -58,7 +59,7 @@ func (w *writer) repairRefusedProducer(r *record) error {
 	if len(w.unrepaired) == 0 {
 		return nil
 	}
-	prefix := SegmentPrefix(w.cfg.OutputPath, r.producer)
+	prefix := tracefile.SegmentPrefix(w.cfg.OutputPath, r.producer)
 	ref := w.unrepaired[prefix]
 	switch {
 	case ref == nil:

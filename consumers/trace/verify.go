@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Verify checks a trace output (`fpmbus trace verify`) and, asked to, heals it from the stream.
@@ -361,7 +362,7 @@ type idLines struct {
 
 // vsegment is one segment: the file as read, what the check found, and its repair plan.
 type vsegment struct {
-	Segment
+	tracefile.Segment
 	fi        os.FileInfo
 	chk       *segmentCheck
 	firstLine int // its lines are p.lines[firstLine : firstLine+len(chk.lines)]
@@ -375,7 +376,7 @@ type vsegment struct {
 
 // read reads and checks every segment of every producer under the output.
 func (v *verifier) read() error {
-	names, err := Producers(v.cfg.OutputPath)
+	names, err := tracefile.Producers(v.cfg.OutputPath)
 	if err != nil {
 		return err
 	}
@@ -383,10 +384,10 @@ func (v *verifier) read() error {
 		return fmt.Errorf("%w under %s", ErrNoSegments, v.cfg.OutputPath)
 	}
 	// The segments first, for the total the progress counts bytes against.
-	segsOf := make([][]Segment, len(names))
+	segsOf := make([][]tracefile.Segment, len(names))
 	var total, done uint64
 	for i, name := range names {
-		segs, err := ListSegments(OutputBase(v.cfg.OutputPath) + "." + name)
+		segs, err := tracefile.ListSegments(tracefile.OutputBase(v.cfg.OutputPath) + "." + name)
 		if err != nil {
 			return err
 		}
@@ -399,7 +400,7 @@ func (v *verifier) read() error {
 	}
 	v.progress("read", 0, total)
 	for ni, name := range names {
-		p := &vproducer{name: name, prefix: OutputBase(v.cfg.OutputPath) + "." + name, ids: map[lineIdentity]*idLines{}, lastLine: -1}
+		p := &vproducer{name: name, prefix: tracefile.OutputBase(v.cfg.OutputPath) + "." + name, ids: map[lineIdentity]*idLines{}, lastLine: -1}
 		segs := segsOf[ni]
 		newest := -1
 		for i, s := range segs {
@@ -463,7 +464,7 @@ func (v *verifier) read() error {
 
 // notRegularSegment is the vsegment of an entry with a segment's name that is not a regular file:
 // one damaged region, with no lines, and its finding (FindingNotRegular).
-func notRegularSegment(s Segment, firstLine int) *vsegment {
+func notRegularSegment(s tracefile.Segment, firstLine int) *vsegment {
 	reason := "not a regular file"
 	if _, err := fsutil.CheckRegular(s.Path); err != nil {
 		reason = err.Error()

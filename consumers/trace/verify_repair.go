@@ -10,6 +10,7 @@ import (
 	"github.com/klauspost/compress/gzip"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Rewriting a segment from the stream (Verify with Repair). The new file keeps every intact member byte
@@ -231,7 +232,7 @@ func (v *verifier) sealed(p *vproducer, s *vsegment) error {
 	if v.cfg.IncludeActive {
 		return nil
 	}
-	segs, err := ListSegments(p.prefix)
+	segs, err := tracefile.ListSegments(p.prefix)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Matching a trace output to stream FPM. The stream is read once, in order, with an ordered consumer
@@ -173,7 +174,7 @@ func (v *verifier) take(raw jetstream.Msg, md *jetstream.MsgMetadata, keys subje
 			return
 		}
 	}
-	prefix := SegmentPrefix(v.cfg.OutputPath, r.producer)
+	prefix := tracefile.SegmentPrefix(v.cfg.OutputPath, r.producer)
 	p := v.byPrefix[prefix]
 	if p == nil {
 		return

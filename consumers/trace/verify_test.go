@@ -23,6 +23,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // verifyOutput is a trace output written by the real writer, kept as bytes so that every scenario
@@ -58,7 +59,7 @@ func writeVerifyOutput(t *testing.T, js jetstream.JetStream, n int, clock func()
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), SegmentSuffix) {
+		if !strings.HasSuffix(e.Name(), tracefile.SegmentSuffix) {
 			continue // the producers' lock files (owner.go)
 		}
 		data, err := os.ReadFile(filepath.Join(filepath.Dir(cfg.OutputPath), e.Name()))
@@ -84,7 +85,7 @@ func (o verifyOutput) copyTo(t *testing.T) string {
 
 // segmentName is the file name of segment index of producer.
 func (o verifyOutput) segmentName(producer string, index uint64) string {
-	return filepath.Base(SegmentPath(OutputBase(o.base)+"."+producer, index))
+	return filepath.Base(tracefile.SegmentPath(tracefile.OutputBase(o.base)+"."+producer, index))
 }
 
 // blocks returns the intact blocks (the writer's gzip members) of a segment's bytes.
@@ -632,7 +633,7 @@ func TestVerifyRenameRule(t *testing.T) {
 	prefix := filepath.Join(dir, "fpm.w")
 	write := func(i uint64, data string) os.FileInfo {
 		t.Helper()
-		p := SegmentPath(prefix, i)
+		p := tracefile.SegmentPath(prefix, i)
 		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -646,7 +647,7 @@ func TestVerifyRenameRule(t *testing.T) {
 	write(1, "one")
 	p := &vproducer{prefix: prefix}
 	seg := func(i uint64, fi os.FileInfo) *vsegment {
-		return &vsegment{Segment: Segment{Index: i, Path: SegmentPath(prefix, i), Regular: true}, fi: fi}
+		return &vsegment{Segment: tracefile.Segment{Index: i, Path: tracefile.SegmentPath(prefix, i), Regular: true}, fi: fi}
 	}
 	v := &verifier{}
 	if err := v.sealed(p, seg(0, fi0)); err != nil {
@@ -654,7 +655,7 @@ func TestVerifyRenameRule(t *testing.T) {
 	}
 	for name, tc := range map[string]func() *vsegment{
 		"the newest segment": func() *vsegment {
-			fi, _ := os.Stat(SegmentPath(prefix, 1))
+			fi, _ := os.Stat(tracefile.SegmentPath(prefix, 1))
 			return seg(1, fi)
 		},
 		"changed since it was read": func() *vsegment {
@@ -691,7 +692,7 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	cfg.RollBytes, cfg.BufferSize, cfg.MaxSegments, cfg.MaxAckPending = 20_000, 4_000, 1000, 24
 	r := startWriter(t, cfg, env.JS)
 	waitConsumed(t, env.JS, cfg.Group)
-	seg := SegmentPath(SegmentPrefix(cfg.OutputPath, "w0"), 2)
+	seg := tracefile.SegmentPath(tracefile.SegmentPrefix(cfg.OutputPath, "w0"), 2)
 	data, err := os.ReadFile(seg)
 	if err != nil {
 		t.Fatal(err)
@@ -704,7 +705,7 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	_, err = Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
 	var held *fsutil.HeldError
 	if !errors.Is(err, ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" ||
-		!strings.Contains(err.Error(), PrefixLockPath(SegmentPrefix(cfg.OutputPath, "w0"))) {
+		!strings.Contains(err.Error(), PrefixLockPath(tracefile.SegmentPrefix(cfg.OutputPath, "w0"))) {
 		t.Fatalf("repair next to the running writer: %v, want it refused naming the writer and its lock", err)
 	}
 	if got, _ := os.ReadFile(seg); !bytes.Equal(got, data) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // writer turns the records of one ordered stream of messages — an owned partition's (Consumer) or a
@@ -124,7 +125,7 @@ func (w *writer) handle(r *record) error {
 	if w.existing != nil {
 		if w.sampler != nil {
 			// Read the producer's files before its first sample: emit consults them.
-			if _, err := w.existing.producer(SegmentPrefix(w.cfg.OutputPath, r.producer), r); err != nil {
+			if _, err := w.existing.producer(tracefile.SegmentPrefix(w.cfg.OutputPath, r.producer), r); err != nil {
 				return err
 			}
 		} else if written, err := w.existing.written(r); err != nil || written {
@@ -176,7 +177,7 @@ func (w *writer) producerFor(id string) (*producer, error) {
 	if p, ok := w.producers[id]; ok {
 		return p, nil
 	}
-	prefix := SegmentPrefix(w.cfg.OutputPath, id)
+	prefix := tracefile.SegmentPrefix(w.cfg.OutputPath, id)
 	p, ok := w.bySegment[prefix]
 	if !ok {
 		if err := w.claim(prefix); err != nil {
@@ -194,7 +195,7 @@ func (w *writer) producerFor(id string) (*producer, error) {
 		sw.onRoll = w.m.rolled.Inc
 		if st, ok := w.segs.take(prefix); ok && !sw.continueFrom(st) {
 			w.log.Info("trace writer: the segment this process wrote last for the producer changed since (another writer wrote it); a new segment is started",
-				"prefix", prefix, "segment", SegmentPath(prefix, st.index), "next", sw.Path())
+				"prefix", prefix, "segment", tracefile.SegmentPath(prefix, st.index), "next", sw.Path())
 		}
 		p = &producer{sw: sw}
 		w.bySegment[prefix] = p
@@ -223,12 +224,12 @@ func (w *writer) claim(prefix string) error {
 // before the repair of their newest segments) and returns the prefixes claimed and those another
 // process owns.
 func (w *writer) claimOutput() (claimed []string, refused []error, err error) {
-	producers, err := Producers(w.cfg.OutputPath)
+	producers, err := tracefile.Producers(w.cfg.OutputPath)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, p := range producers {
-		prefix := OutputBase(w.cfg.OutputPath) + "." + p
+		prefix := tracefile.OutputBase(w.cfg.OutputPath) + "." + p
 		if err := w.claim(prefix); err != nil {
 			if !refusesProducer(err) {
 				return claimed, refused, err
@@ -394,7 +395,7 @@ func (w *writer) leave() {
 // onPrune (the Consumer's loss event; a backfill's result).
 func (w *writer) reportPruned(sw *SegmentWriter, pruned []PrunedSegment) {
 	for _, ps := range pruned {
-		ps.Producer = strings.TrimPrefix(filepath.Base(sw.Prefix()), filepath.Base(OutputBase(w.cfg.OutputPath))+".")
+		ps.Producer = strings.TrimPrefix(filepath.Base(sw.Prefix()), filepath.Base(tracefile.OutputBase(w.cfg.OutputPath))+".")
 		w.m.pruned.Inc()
 		w.m.prunedLines.Add(float64(ps.Lines))
 		w.log.Error("trace segment pruned by --max-segments: its lines are no longer in the trace", "segment", ps.Segment,
