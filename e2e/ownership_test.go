@@ -69,7 +69,7 @@ func TestTraceWriterAndDynamosOwnWriterRefuseEachOther(t *testing.T) {
 	env := streamstest.Start(t)
 	out := filepath.Join(t.TempDir(), "fpm")
 	kw0, kw1 := tracefile.SegmentPrefix(out, "kw0"), tracefile.SegmentPrefix(out, "kw1")
-	worker := locktest.Start(t, trace.PrefixLockPath(kw0), locktest.DynamoShared)
+	worker := locktest.Start(t, tracefile.PrefixLockPath(kw0), locktest.DynamoShared)
 	if !worker.Held {
 		t.Fatalf("Dynamo-style holder: %s", worker.Refused)
 	}
@@ -92,11 +92,11 @@ func TestTraceWriterAndDynamosOwnWriterRefuseEachOther(t *testing.T) {
 	if len(dl) != half/2 {
 		t.Fatalf("%d dead letters, want the held producer's %d", len(dl), half/2)
 	}
-	if reason := dl[0].Headers().Get(streams.HeaderError); !strings.Contains(reason, trace.PrefixLockPath(kw0)) ||
+	if reason := dl[0].Headers().Get(streams.HeaderError); !strings.Contains(reason, tracefile.PrefixLockPath(kw0)) ||
 		!strings.Contains(reason, fmt.Sprintf("pid %d", worker.PID())) {
 		t.Fatalf("dead letter reason %q: want the lock and its holder (pid %d)", reason, worker.PID())
 	}
-	if d := locktest.Start(t, trace.PrefixLockPath(kw1), locktest.DynamoShared); d.Held || !strings.Contains(d.Refused, syscall.EWOULDBLOCK.Error()) {
+	if d := locktest.Start(t, tracefile.PrefixLockPath(kw1), locktest.DynamoShared); d.Held || !strings.Contains(d.Refused, syscall.EWOULDBLOCK.Error()) {
 		t.Fatalf("a Dynamo-style writer on the prefix fpmbus writes: held %v, %q", d.Held, d.Refused)
 	}
 	worker.Release()

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -97,7 +96,7 @@ func TestTraceVerifyRepairNextToALiveWriterIsRefused(t *testing.T) {
 	before, _ := os.Stat(active.Path)
 
 	outText, err := run(t, 120*time.Second, fpmbusBin, "trace", "verify", "--repair", "--server", env.Server.ClientURL(), out)
-	if code := exitCode(err); code != 1 || !strings.Contains(outText, trace.PrefixLockPath(prefix)) ||
+	if code := exitCode(err); code != 1 || !strings.Contains(outText, tracefile.PrefixLockPath(prefix)) ||
 		!strings.Contains(outText, fmt.Sprintf("pid %d", p.cmd.Process.Pid)) || !strings.Contains(outText, "trace writer") {
 		t.Fatalf("verify --repair next to the writer (pid %d): exit %d, want 1 naming it and its lock:\n%s", p.cmd.Process.Pid, code, outText)
 	}
@@ -193,7 +192,7 @@ func TestTraceVerifyRepairDoesNoHarm(t *testing.T) {
 			t.Fatalf("%d lines after the repair, %d before: the link's lines were restored next to it", n, pristine)
 		}
 		fs := rep.findings(path)
-		if code != 1 || len(fs) != 1 || fs[0].Kind != trace.FindingNotRegular || rep.Repaired != 0 {
+		if code != 1 || len(fs) != 1 || fs[0].Kind != tracefile.FindingNotRegular || rep.Repaired != 0 {
 			t.Fatalf("exit %d, findings of the link %+v, repaired %d", code, fs, rep.Repaired)
 		}
 	})
@@ -209,7 +208,7 @@ func TestTraceVerifyRepairDoesNoHarm(t *testing.T) {
 		flipByte(t, path, int64(m[1]-8)) // the first member's CRC-32: its lines still read
 		rep, code, _ := verify(t, filepath.Join(dir, "fpm"))
 		fs := rep.findings(path)
-		if code != 0 || len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != trace.HealRestored || len(fs[0].Heal.Unconfirmed) != 0 {
+		if code != 0 || len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != tracefile.HealRestored || len(fs[0].Heal.Unconfirmed) != 0 {
 			t.Fatalf("exit %d, findings %+v", code, fs)
 		}
 		got, err := os.ReadFile(path)
@@ -295,7 +294,7 @@ func TestTraceWriterStartupRepairRefusesAPlantedTemporaryFile(t *testing.T) {
 		}
 		seen := map[int64]bool{}
 		for _, s := range segs {
-			if err := trace.ReadSegment(s.Path, func(l []byte) error {
+			if err := tracefile.ReadSegment(s.Path, func(l []byte) error {
 				tl, err := schemas.ParseTraceLine(l)
 				if err == nil {
 					seen[tl.Event.ObservedAtUnixMs] = true

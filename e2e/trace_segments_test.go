@@ -49,7 +49,7 @@ func checkFullLines(t *testing.T, seqs map[string]uint64, out string, from, to u
 	seen := map[uint64]int{}
 	last := map[string]uint64{}
 	for _, f := range files {
-		err := trace.ReadSegment(f, func(line []byte) error {
+		err := tracefile.ReadSegment(f, func(line []byte) error {
 			l, err := schemas.ParseTraceLine(line)
 			if err != nil {
 				return err

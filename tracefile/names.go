@@ -3,12 +3,14 @@ package tracefile
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // The file names of a dynamo.fpm.trace.v1 trace, as Dynamo's writer gives them (lib/llm/src/fpm_trace/
@@ -252,4 +254,11 @@ func Producers(outputPath string) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// NameRefused reports a file-system error that concerns one producer's file name and that retrying
+// cannot fix: the name is too long (SegmentPrefix keeps names within NAME_MAX, so only a file system
+// with a lower limit says so). Its messages are rejected; the other producers go on.
+func NameRefused(err error) bool {
+	return errors.Is(err, syscall.ENAMETOOLONG)
 }

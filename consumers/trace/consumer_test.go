@@ -518,7 +518,7 @@ func TestLongProducerIDsAreWritten(t *testing.T) {
 			t.Fatalf("producer %d (%d characters): counters %v in file order", j, len([]rune(id)), counters)
 		}
 	}
-	rep, err := Info([]string{filepath.Dir(cfg.OutputPath)})
+	rep, err := tracefile.Info([]string{filepath.Dir(cfg.OutputPath)})
 	if err != nil {
 		t.Fatal(err)
 	}

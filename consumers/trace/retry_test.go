@@ -87,8 +87,8 @@ func readableLines(t *testing.T, outputPath string) int {
 			t.Fatal(err)
 		}
 		for _, s := range segs {
-			err := ReadSegment(s.Path, func([]byte) error { n++; return nil })
-			var ce *CorruptError
+			err := tracefile.ReadSegment(s.Path, func([]byte) error { n++; return nil })
+			var ce *tracefile.CorruptError
 			if err != nil && !errors.As(err, &ce) && !errors.Is(err, os.ErrNotExist) {
 				t.Fatal(err)
 			}

@@ -61,7 +61,7 @@ func (h *harness) send(f testFPM) *ackMsg {
 	h.seq++
 	m := f.msg(h.t)
 	am := &ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}, seq: h.seq}
-	r, err := parseRecord(am, msgMeta{seq: h.seq, stored: time.UnixMilli(1_782_777_600_000)}, h.cfg.ProducerID, nil)
+	r, err := parseRecord(am, tracefile.MsgMeta{Seq: h.seq, Stored: time.UnixMilli(1_782_777_600_000)}, h.cfg.ProducerID, nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}

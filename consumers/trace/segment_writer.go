@@ -18,12 +18,6 @@ import (
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
-// DefaultCompressionLevel is the gzip level of new members: klauspost's level 1 (BestSpeed). Dynamo
-// uses flate2's default (6); on trace lines, which repeat their keys, level 1 costs about 15-20% more
-// disk (~20 instead of ~17 bytes per 700-byte line) and compresses about twice as fast, which keeps the
-// writer close to the consumer's ack-only rate. WithCompressionLevel chooses another.
-const DefaultCompressionLevel = 1
-
 // ErrWriterClosed is returned by a SegmentWriter used after Close.
 var ErrWriterClosed = errors.New("trace: segment writer closed")
 
@@ -177,7 +171,7 @@ type batch struct {
 // rollBytes and maxSegments must be positive. The directory is created if missing; no file is
 // created until the first Flush with data.
 func NewSegmentWriter(prefix string, rollBytes int64, maxSegments int) (*SegmentWriter, error) {
-	return newSegmentWriter(prefix, rollBytes, maxSegments, DefaultCompressionLevel, nil)
+	return newSegmentWriter(prefix, rollBytes, maxSegments, tracefile.DefaultCompressionLevel, nil)
 }
 
 func newSegmentWriter(prefix string, rollBytes int64, maxSegments, level int, logger *slog.Logger) (*SegmentWriter, error) {
@@ -384,7 +378,7 @@ func (w *SegmentWriter) writeBatchRetry(b batch, stop <-chan struct{}, bo backof
 			return nil
 		}
 		chunks = chunks[n:]
-		if bo == nil || errors.Is(err, os.ErrExist) || nameRefused(err) {
+		if bo == nil || errors.Is(err, os.ErrExist) || tracefile.NameRefused(err) {
 			return err
 		}
 		for {
@@ -609,7 +603,7 @@ func (w *SegmentWriter) held(s tracefile.Segment) PrunedSegment {
 		}
 		return ps
 	}
-	err := ReadSegment(s.Path, func(line []byte) error {
+	err := tracefile.ReadSegment(s.Path, func(line []byte) error {
 		if l, err := schemas.ParseTraceLine(line); err == nil {
 			if o := l.Event.ObservedAtUnixMs; ps.FirstObservedMs < 0 || o < ps.FirstObservedMs {
 				ps.FirstObservedMs = o

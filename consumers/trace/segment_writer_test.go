@@ -21,7 +21,7 @@ import (
 func segmentLines(t *testing.T, path string) []string {
 	t.Helper()
 	var out []string
-	if err := ReadSegment(path, func(l []byte) error {
+	if err := tracefile.ReadSegment(path, func(l []byte) error {
 		out = append(out, string(l))
 		return nil
 	}); err != nil {
@@ -360,7 +360,7 @@ func TestSegmentWriterFaults(t *testing.T) {
 			if closed != 1 {
 				t.Fatalf("file closed %d times, want 1", closed)
 			}
-			if _, err := Repair(tracefile.SegmentPath(prefix, 0), nil); err != nil {
+			if _, err := tracefile.Repair(tracefile.SegmentPath(prefix, 0), nil); err != nil {
 				t.Fatal(err)
 			}
 			var n int

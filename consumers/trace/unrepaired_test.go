@@ -64,7 +64,7 @@ func TestStartupRepairRefusedByAPlantedTemporaryFileRefusesOnlyItsProducer(t *te
 	if err := os.WriteFile(victim, []byte("precious"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	link := newest + repairTmpSuffix
+	link := newest + tracefile.RepairTmpSuffix
 	if err := os.Symlink(victim, link); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestStartupRepairRefusedByAPlantedTemporaryFileRefusesOnlyItsProducer(t *te
 	if n := len(deadLetters(t, env.JS)); n != 20 {
 		t.Fatalf("%d dead letters after the link was removed, want still 20", n)
 	}
-	if res, err := Repair(newest, nil); err != nil || res.Repaired {
+	if res, err := tracefile.Repair(newest, nil); err != nil || res.Repaired {
 		t.Fatalf("w0's torn segment was not repaired: %+v %v", res, err)
 	}
 	lines := map[string]map[int64]bool{"w0": observed(t, tracefile.SegmentPrefix(cfg.OutputPath, "w0")), "w1": observed(t, tracefile.SegmentPrefix(cfg.OutputPath, "w1"))}
@@ -133,7 +133,7 @@ func observed(t *testing.T, prefix string) map[int64]bool {
 	}
 	out := map[int64]bool{}
 	for _, s := range segs {
-		if err := ReadSegment(s.Path, func(l []byte) error {
+		if err := tracefile.ReadSegment(s.Path, func(l []byte) error {
 			tl, err := schemas.ParseTraceLine(l)
 			if err == nil {
 				out[tl.Event.ObservedAtUnixMs] = true

@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"bytes"
@@ -14,52 +14,27 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/gzip"
-
-	"github.com/fpmbus/fpmbus/tracefile"
 )
 
-// member returns one gzip member holding s.
-func member(t testing.TB, s string) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
-	if _, err := zw.Write([]byte(s)); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
-}
-
-// threeMembers writes a segment with three flushes and returns its path and the member end offsets.
+// threeMembers writes a segment of three gzip members of 50 lines each (as three flushes of the trace
+// writer leave it) and returns its path and the member end offsets.
 func threeMembers(t *testing.T) (string, []int64) {
 	t.Helper()
-	prefix := filepath.Join(t.TempDir(), "t.w")
-	w, err := NewSegmentWriter(prefix, 1<<20, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path := SegmentPath(filepath.Join(t.TempDir(), "t.w"), 0)
+	var data []byte
 	var ends []int64
 	for m := range 3 {
+		var lines strings.Builder
 		for i := range 50 {
-			if err := w.Append(fmt.Appendf(nil, `{"member":%d,"line":%d,"pad":"%s"}`, m, i, strings.Repeat("x", i))); err != nil {
-				t.Fatal(err)
-			}
+			fmt.Fprintf(&lines, `{"member":%d,"line":%d,"pad":"%s"}`+"\n", m, i, strings.Repeat("x", i))
 		}
-		if err := w.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		fi, err := os.Stat(w.Path())
-		if err != nil {
-			t.Fatal(err)
-		}
-		ends = append(ends, fi.Size())
+		data = append(data, member(t, lines.String())...)
+		ends = append(ends, int64(len(data)))
 	}
-	if err := w.Close(); err != nil {
+	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return w.Path(), ends
+	return path, ends
 }
 
 func TestReadSegmentTruncated(t *testing.T) {
@@ -131,7 +106,7 @@ func TestRepairCutsTornTail(t *testing.T) {
 	if len(lines) != 100 || !strings.HasPrefix(lines[99], `{"member":1,"line":49`) {
 		t.Fatalf("lines after repair: %d, last %q", len(lines), lines[len(lines)-1])
 	}
-	if _, err := os.Stat(path + repairTmpSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(path + RepairTmpSuffix); !os.IsNotExist(err) {
 		t.Fatalf("repair temp file left: %v", err)
 	}
 	// Repairing a sound segment changes nothing.
@@ -188,7 +163,7 @@ func TestRepairCases(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			path := tracefile.SegmentPath(filepath.Join(dir, "t.w"), 0)
+			path := SegmentPath(filepath.Join(dir, "t.w"), 0)
 			if err := os.WriteFile(path, tc.data(t), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -220,7 +195,7 @@ func TestRepairOutputRepairsNewestOfEachProducer(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "trace.jsonl.gz")
-	a, b := tracefile.SegmentPrefix(out, "a"), tracefile.SegmentPrefix(out, "b")
+	a, b := SegmentPrefix(out, "a"), SegmentPrefix(out, "b")
 	torn := member(t, "x\n")
 	torn = torn[:len(torn)-2]
 	write := func(p string, data []byte) {
@@ -228,26 +203,26 @@ func TestRepairOutputRepairsNewestOfEachProducer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write(tracefile.SegmentPath(a, 0), torn) // old: not the newest, left alone
-	write(tracefile.SegmentPath(a, 1), append(member(t, "a1\n"), torn...))
-	write(tracefile.SegmentPath(b, 5), member(t, "b5\n"))
-	write(tracefile.SegmentPath(a, 1)+repairTmpSuffix, []byte("leftover"))
+	write(SegmentPath(a, 0), torn) // old: not the newest, left alone
+	write(SegmentPath(a, 1), append(member(t, "a1\n"), torn...))
+	write(SegmentPath(b, 5), member(t, "b5\n"))
+	write(SegmentPath(a, 1)+RepairTmpSuffix, []byte("leftover"))
 	write(filepath.Join(dir, "unrelated.repair.tmp"), []byte("keep"))
 
 	res, err := RepairOutput(out, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 2 || !res[0].Repaired || res[0].Segment != tracefile.SegmentPath(a, 1) || res[1].Repaired {
+	if len(res) != 2 || !res[0].Repaired || res[0].Segment != SegmentPath(a, 1) || res[1].Repaired {
 		t.Fatalf("results %+v", res)
 	}
-	if got := segmentLines(t, tracefile.SegmentPath(a, 1)); !slices.Equal(got, []string{"a1"}) {
+	if got := segmentLines(t, SegmentPath(a, 1)); !slices.Equal(got, []string{"a1"}) {
 		t.Fatalf("a/1 = %q", got)
 	}
-	if got, _ := os.ReadFile(tracefile.SegmentPath(a, 0)); !bytes.Equal(got, torn) {
+	if got, _ := os.ReadFile(SegmentPath(a, 0)); !bytes.Equal(got, torn) {
 		t.Fatal("an older segment was modified")
 	}
-	if _, err := os.Stat(tracefile.SegmentPath(a, 1) + repairTmpSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(SegmentPath(a, 1) + RepairTmpSuffix); !os.IsNotExist(err) {
 		t.Fatal("repair leftover not removed")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "unrelated.repair.tmp")); err != nil {

@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"bytes"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Info reads trace segments (`fpmbus trace info`): per producer its segments, and per key (namespace,
@@ -189,16 +188,16 @@ func infoFiles(paths []string) ([]infoFile, error) {
 			found = append(found, p)
 			continue
 		}
-		segs, err := tracefile.SegmentFilesIn(p)
+		segs, err := SegmentFilesIn(p)
 		if err != nil {
 			return nil, fmt.Errorf("trace info: %w", err)
 		}
 		found = append(found, segs...)
 	}
 	var out []infoFile
-	for _, path := range tracefile.ReadOrder(found) {
+	for _, path := range ReadOrder(found) {
 		f := infoFile{path: path, prefix: path, producer: filepath.Base(path), index: -1}
-		if prefix, idx, ok := tracefile.ParseSegmentPath(path); ok {
+		if prefix, idx, ok := ParseSegmentPath(path); ok {
 			f.prefix, f.index = prefix, int64(idx)
 			f.producer = filepath.Base(f.prefix)
 			if d := strings.LastIndexByte(f.producer, '.'); d >= 0 {
