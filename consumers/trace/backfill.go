@@ -488,9 +488,3 @@ func (m *backfillMsg) Reject(error) {
 
 // skip: not a message the writer can take (invalid): it has no line, for good.
 func (m *backfillMsg) skip() { delete(m.t.pending, m) }
-
-// replayMsg is a replayed message: nothing to settle.
-type replayMsg struct{ jetstream.Msg }
-
-func (replayMsg) Done()        {}
-func (replayMsg) Reject(error) {}

@@ -258,3 +258,11 @@ func member(t testing.TB, s string) []byte {
 	}
 	return b.Bytes()
 }
+
+// newSettings applies opts to the defaults, as New does after its checks (the harnesses build a writer
+// without a server).
+func newSettings(opts []Option) (settings, error) {
+	s := defaultSettings()
+	err := durable.ApplyOptions(&s, ErrInvalidConfig, opts)
+	return s, err
+}

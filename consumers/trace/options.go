@@ -42,12 +42,6 @@ func defaultSettings() settings {
 	}
 }
 
-func newSettings(opts []Option) (settings, error) {
-	s := defaultSettings()
-	err := durable.ApplyOptions(&s, ErrInvalidConfig, opts)
-	return s, err
-}
-
 // prepare checks what New and Backfill both take, in this order: cfg, js and the options, and returns
 // the settings.
 func prepare(cfg Config, js jetstream.JetStream, opts []Option) (settings, error) {

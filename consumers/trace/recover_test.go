@@ -369,3 +369,9 @@ func TestSeqState(t *testing.T) {
 		})
 	}
 }
+
+// replayMsg is a replayed message: nothing to settle.
+type replayMsg struct{ jetstream.Msg }
+
+func (replayMsg) Done()        {}
+func (replayMsg) Reject(error) {}
