@@ -1,10 +1,9 @@
 package tracefile
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
-
-	"github.com/fpmbus/fpmbus/consumers/durable"
 )
 
 // DefaultCompressionLevel is the gzip level of new members: klauspost's level 1 (BestSpeed). Dynamo
@@ -22,24 +21,35 @@ func CheckCompressionLevel(level int) error {
 	return nil
 }
 
-// Option configures Verify beyond VerifyConfig. Every option checks its value.
+// Option configures Verify beyond VerifyConfig. Every option checks its value; Verify wraps
+// ErrInvalidConfig around a refusal.
 type Option func(*settings) error
 
-// settings are what the options set; defaultSettings holds every default.
+// settings are what the options set.
 type settings struct {
-	durable.Settings
-	level int
+	logger *slog.Logger
+	level  int
 }
 
 func newSettings(opts []Option) (settings, error) {
-	s := settings{Settings: durable.DefaultSettings(), level: DefaultCompressionLevel}
-	err := durable.ApplyOptions(&s, ErrInvalidConfig, opts)
-	return s, err
+	s := settings{logger: slog.Default(), level: DefaultCompressionLevel}
+	for _, o := range opts {
+		if err := o(&s); err != nil {
+			return s, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	return s, nil
 }
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option {
-	return func(s *settings) error { return durable.WithLogger(l)(&s.Settings) }
+	return func(s *settings) error {
+		if l == nil {
+			return errors.New("nil logger")
+		}
+		s.logger = l
+		return nil
+	}
 }
 
 // WithCompressionLevel sets the gzip level of the members a repair writes (CheckCompressionLevel;

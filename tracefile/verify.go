@@ -286,7 +286,7 @@ func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts 
 			return nil, err
 		}
 	}
-	v := &verifier{cfg: cfg, set: set, log: set.Logger, keys: newKeyTable(), byPrefix: map[string]*vproducer{}}
+	v := &verifier{cfg: cfg, set: set, log: set.logger, keys: newKeyTable(), byPrefix: map[string]*vproducer{}}
 	if cfg.Repair {
 		// A repair owns every producer before it reads (owner.go): refused while a writer, another
 		// repair or a backfill holds any of them, so it never rewrites a file a live writer holds.

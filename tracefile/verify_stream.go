@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -65,7 +64,8 @@ func refuseShards(ctx context.Context, js jetstream.JetStream) error {
 }
 
 // WriterName names the trace writer (consumers/trace) in the durable runner: its metrics label, and
-// its dead letters on durable.RejectedSubject(WriterName) = fpmevents.deadletter.consumer.trace,
+// its dead letters on streams.ConsumerDeadLetterSubject(WriterName) =
+// fpmevents.deadletter.consumer.trace (the runner's durable.RejectedSubject),
 // which Verify reads (messages the writer never wrote).
 const WriterName = "trace"
 
@@ -218,7 +218,7 @@ func writerRejects(ctx context.Context, js jetstream.JetStream) (map[string]int,
 	if err != nil {
 		return nil, fmt.Errorf("trace: verify: stream %s: %w", streams.StreamEvents, err)
 	}
-	subject := durable.RejectedSubject(WriterName)
+	subject := streams.ConsumerDeadLetterSubject(WriterName)
 	n, err := streams.CountPending(ctx, s, subject, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil || n == 0 {
 		return nil, err
