@@ -16,11 +16,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // capture records every well-formed FPM a real ZMQ SUB socket receives from one rank: seq → canonical
@@ -163,7 +163,7 @@ func traceLines(t testing.TB, pattern string) []*schemas.TraceLine {
 	}
 	var out []*schemas.TraceLine
 	for _, f := range files {
-		err := trace.ReadSegment(f, func(line []byte) error {
+		err := tracefile.ReadSegment(f, func(line []byte) error {
 			l, err := schemas.ParseTraceLine(line)
 			if err != nil {
 				return err

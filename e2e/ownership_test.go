@@ -15,6 +15,7 @@ import (
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // A second `fpmbus up` on a data directory in use is refused at start (exit 1), naming the first
@@ -67,8 +68,8 @@ func TestTraceWriterAndDynamosOwnWriterRefuseEachOther(t *testing.T) {
 	const half, startMs = 400, 1_782_777_600_000
 	env := streamstest.Start(t)
 	out := filepath.Join(t.TempDir(), "fpm")
-	kw0, kw1 := trace.SegmentPrefix(out, "kw0"), trace.SegmentPrefix(out, "kw1")
-	worker := locktest.Start(t, trace.PrefixLockPath(kw0), locktest.DynamoShared)
+	kw0, kw1 := tracefile.SegmentPrefix(out, "kw0"), tracefile.SegmentPrefix(out, "kw1")
+	worker := locktest.Start(t, tracefile.PrefixLockPath(kw0), locktest.DynamoShared)
 	if !worker.Held {
 		t.Fatalf("Dynamo-style holder: %s", worker.Refused)
 	}
@@ -81,21 +82,21 @@ func TestTraceWriterAndDynamosOwnWriterRefuseEachOther(t *testing.T) {
 		}
 		return nil
 	})
-	if segs, _ := trace.ListSegments(kw0); len(segs) != 0 {
+	if segs, _ := tracefile.ListSegments(kw0); len(segs) != 0 {
 		t.Fatalf("fpmbus wrote %d segments of a prefix the worker holds", len(segs))
 	}
-	if segs, _ := trace.ListSegments(kw1); len(segs) == 0 {
+	if segs, _ := tracefile.ListSegments(kw1); len(segs) == 0 {
 		t.Fatal("the other producer was not written")
 	}
 	dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(trace.ConsumerName))
 	if len(dl) != half/2 {
 		t.Fatalf("%d dead letters, want the held producer's %d", len(dl), half/2)
 	}
-	if reason := dl[0].Headers().Get(streams.HeaderError); !strings.Contains(reason, trace.PrefixLockPath(kw0)) ||
+	if reason := dl[0].Headers().Get(streams.HeaderError); !strings.Contains(reason, tracefile.PrefixLockPath(kw0)) ||
 		!strings.Contains(reason, fmt.Sprintf("pid %d", worker.PID())) {
 		t.Fatalf("dead letter reason %q: want the lock and its holder (pid %d)", reason, worker.PID())
 	}
-	if d := locktest.Start(t, trace.PrefixLockPath(kw1), locktest.DynamoShared); d.Held || !strings.Contains(d.Refused, syscall.EWOULDBLOCK.Error()) {
+	if d := locktest.Start(t, tracefile.PrefixLockPath(kw1), locktest.DynamoShared); d.Held || !strings.Contains(d.Refused, syscall.EWOULDBLOCK.Error()) {
 		t.Fatalf("a Dynamo-style writer on the prefix fpmbus writes: held %v, %q", d.Held, d.Refused)
 	}
 	worker.Release()
@@ -114,7 +115,7 @@ func TestTraceWriterAndDynamosOwnWriterRefuseEachOther(t *testing.T) {
 			}
 			return nil
 		})
-		segs, _ := trace.ListSegments(kw0)
+		segs, _ := tracefile.ListSegments(kw0)
 		written = len(segs) > 0
 	}
 	if err := p.signal(syscall.SIGTERM, 30*time.Second); err != nil {

@@ -10,16 +10,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // sameEvents fails unless the segments under out and under want hold the same events per producer,
 // in the same order.
 func sameEvents(t *testing.T, out, want string) {
 	t.Helper()
-	got, ref := eventsByProducer(t, out+".*"+trace.SegmentSuffix), eventsByProducer(t, want+".*"+trace.SegmentSuffix)
+	got, ref := eventsByProducer(t, out+".*"+tracefile.SegmentSuffix), eventsByProducer(t, want+".*"+tracefile.SegmentSuffix)
 	if len(got) != len(ref) || len(ref) == 0 {
 		t.Fatalf("producers: %d, want %d", len(got), len(ref))
 	}

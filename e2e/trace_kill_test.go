@@ -23,6 +23,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // fillFPM publishes n FPMs straight into stream FPM, as the bridge publishes them (subject, canonical
@@ -225,7 +226,7 @@ func lineIDs(t *testing.T, pattern string) []string {
 	sort.Strings(files)
 	var out []string
 	for _, f := range files {
-		err := trace.ReadSegment(f, func(line []byte) error {
+		err := tracefile.ReadSegment(f, func(line []byte) error {
 			l, err := schemas.ParseTraceLine(line)
 			if err != nil {
 				return err
@@ -233,7 +234,7 @@ func lineIDs(t *testing.T, pattern string) []string {
 			out = append(out, strconv.FormatInt(l.Event.ObservedAtUnixMs, 10)+" "+string(l.Event.FPM))
 			return nil
 		})
-		var ce *trace.CorruptError
+		var ce *tracefile.CorruptError
 		if err != nil && !errors.As(err, &ce) && !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("%s: %v", f, err)
 		}

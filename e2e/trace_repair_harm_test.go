@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // traceUntilAcked runs `fpmbus trace` on out (full mode, small segments, group) until it has acked
@@ -70,13 +70,13 @@ func TestTraceVerifyRepairNextToALiveWriterIsRefused(t *testing.T) {
 	fillFPM(t, env.JS, first, 2, 2, 1_782_777_600_000)
 	out := filepath.Join(t.TempDir(), "fpm")
 	p := traceUntilAcked(t, env, out, "live", first, "--max-segments", "1000")
-	prefix := trace.SegmentPrefix(out, "kw0")
-	segs, err := trace.ListSegments(prefix)
+	prefix := tracefile.SegmentPrefix(out, "kw0")
+	segs, err := tracefile.ListSegments(prefix)
 	if err != nil || len(segs) < 3 {
 		t.Fatalf("segments of kw0: %v, %v", segs, err)
 	}
 	active := segs[len(segs)-1]
-	foreign := trace.SegmentPath(prefix, active.Index+50)
+	foreign := tracefile.SegmentPath(prefix, active.Index+50)
 	data, err := os.ReadFile(segs[0].Path)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +96,7 @@ func TestTraceVerifyRepairNextToALiveWriterIsRefused(t *testing.T) {
 	before, _ := os.Stat(active.Path)
 
 	outText, err := run(t, 120*time.Second, fpmbusBin, "trace", "verify", "--repair", "--server", env.Server.ClientURL(), out)
-	if code := exitCode(err); code != 1 || !strings.Contains(outText, trace.PrefixLockPath(prefix)) ||
+	if code := exitCode(err); code != 1 || !strings.Contains(outText, tracefile.PrefixLockPath(prefix)) ||
 		!strings.Contains(outText, fmt.Sprintf("pid %d", p.cmd.Process.Pid)) || !strings.Contains(outText, "trace writer") {
 		t.Fatalf("verify --repair next to the writer (pid %d): exit %d, want 1 naming it and its lock:\n%s", p.cmd.Process.Pid, code, outText)
 	}
@@ -153,7 +153,7 @@ func TestTraceVerifyRepairDoesNoHarm(t *testing.T) {
 	if err := p.signal(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	segs, err := trace.ListSegments(trace.SegmentPrefix(filepath.Join(src, "fpm"), "kw0"))
+	segs, err := tracefile.ListSegments(tracefile.SegmentPrefix(filepath.Join(src, "fpm"), "kw0"))
 	if err != nil || len(segs) != 4 || segs[0].Index == 0 {
 		t.Fatalf("kw0's segments after pruning: %+v, %v", segs, err)
 	}
@@ -192,7 +192,7 @@ func TestTraceVerifyRepairDoesNoHarm(t *testing.T) {
 			t.Fatalf("%d lines after the repair, %d before: the link's lines were restored next to it", n, pristine)
 		}
 		fs := rep.findings(path)
-		if code != 1 || len(fs) != 1 || fs[0].Kind != trace.FindingNotRegular || rep.Repaired != 0 {
+		if code != 1 || len(fs) != 1 || fs[0].Kind != tracefile.FindingNotRegular || rep.Repaired != 0 {
 			t.Fatalf("exit %d, findings of the link %+v, repaired %d", code, fs, rep.Repaired)
 		}
 	})
@@ -208,7 +208,7 @@ func TestTraceVerifyRepairDoesNoHarm(t *testing.T) {
 		flipByte(t, path, int64(m[1]-8)) // the first member's CRC-32: its lines still read
 		rep, code, _ := verify(t, filepath.Join(dir, "fpm"))
 		fs := rep.findings(path)
-		if code != 0 || len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != trace.HealRestored || len(fs[0].Heal.Unconfirmed) != 0 {
+		if code != 0 || len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != tracefile.HealRestored || len(fs[0].Heal.Unconfirmed) != 0 {
 			t.Fatalf("exit %d, findings %+v", code, fs)
 		}
 		got, err := os.ReadFile(path)
@@ -264,7 +264,7 @@ func TestTraceWriterStartupRepairRefusesAPlantedTemporaryFile(t *testing.T) {
 	if err := p.signal(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	segs, err := trace.ListSegments(trace.SegmentPrefix(out, "kw0"))
+	segs, err := tracefile.ListSegments(tracefile.SegmentPrefix(out, "kw0"))
 	if err != nil || len(segs) == 0 {
 		t.Fatalf("segments: %v %v", segs, err)
 	}
@@ -288,13 +288,13 @@ func TestTraceWriterStartupRepairRefusesAPlantedTemporaryFile(t *testing.T) {
 	// observed are the observed_at_unix_ms of a producer's lines (retention may have pruned old ones).
 	observed := func(producer string) map[int64]bool {
 		t.Helper()
-		segs, err := trace.ListSegments(trace.SegmentPrefix(out, producer))
+		segs, err := tracefile.ListSegments(tracefile.SegmentPrefix(out, producer))
 		if err != nil {
 			t.Fatal(err)
 		}
 		seen := map[int64]bool{}
 		for _, s := range segs {
-			if err := trace.ReadSegment(s.Path, func(l []byte) error {
+			if err := tracefile.ReadSegment(s.Path, func(l []byte) error {
 				tl, err := schemas.ParseTraceLine(l)
 				if err == nil {
 					seen[tl.Event.ObservedAtUnixMs] = true

@@ -19,6 +19,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // streamSeqs returns the stream sequence of every FPM message by its line identity
@@ -40,7 +41,7 @@ func streamSeqs(t *testing.T, js jetstream.JetStream) map[string]uint64 {
 // stream messages with sequences from..to, each once, and in stream order per producer.
 func checkFullLines(t *testing.T, seqs map[string]uint64, out string, from, to uint64) {
 	t.Helper()
-	files, err := filepath.Glob(out + ".*" + trace.SegmentSuffix)
+	files, err := filepath.Glob(out + ".*" + tracefile.SegmentSuffix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func checkFullLines(t *testing.T, seqs map[string]uint64, out string, from, to u
 	seen := map[uint64]int{}
 	last := map[string]uint64{}
 	for _, f := range files {
-		err := trace.ReadSegment(f, func(line []byte) error {
+		err := tracefile.ReadSegment(f, func(line []byte) error {
 			l, err := schemas.ParseTraceLine(line)
 			if err != nil {
 				return err
@@ -111,7 +112,7 @@ func TestTraceWriterPartitionRetakenOpensNoSegment(t *testing.T) {
 	if err := p.signal(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatalf("trace writer: %v", err)
 	}
-	files, _ := filepath.Glob(out + ".*" + trace.SegmentSuffix)
+	files, _ := filepath.Glob(out + ".*" + tracefile.SegmentSuffix)
 	sort.Strings(files)
 	if len(files) != 2 {
 		t.Fatalf("segments %v, want one per producer (kw0, kw1): the retaken partition opened new ones", files)
@@ -139,7 +140,7 @@ func TestTraceSegmentPruningIsALossEvent(t *testing.T) {
 	fillFPM(t, js, total, 2, 2, 1_782_777_600_000)
 	eventually(t, 60*time.Second, func() error { return consumerAcked(js, streams.StreamFPM, trace.DefaultGroup) })
 
-	kept := len(traceLines(t, out+".*"+trace.SegmentSuffix))
+	kept := len(traceLines(t, out+".*"+tracefile.SegmentSuffix))
 	if kept >= total {
 		t.Fatalf("%d lines kept of %d: nothing was pruned", kept, total)
 	}

@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // runSplit runs a command to completion and returns its stdout alone (stderr is shown on failure) and
@@ -84,10 +84,10 @@ func memberStarts(t *testing.T, data []byte) []int {
 type verifyJSON struct {
 	Producers []struct {
 		Segments []struct {
-			Path     string          `json:"path"`
-			Active   bool            `json:"active"`
-			Repaired bool            `json:"repaired"`
-			Findings []trace.Finding `json:"findings"`
+			Path     string              `json:"path"`
+			Active   bool                `json:"active"`
+			Repaired bool                `json:"repaired"`
+			Findings []tracefile.Finding `json:"findings"`
 		} `json:"segments"`
 	} `json:"producers"`
 	Damaged   int `json:"damaged"`
@@ -95,7 +95,7 @@ type verifyJSON struct {
 	Remaining int `json:"remaining"`
 }
 
-func (v verifyJSON) findings(path string) []trace.Finding {
+func (v verifyJSON) findings(path string) []tracefile.Finding {
 	for _, p := range v.Producers {
 		for _, s := range p.Segments {
 			if s.Path == path {
@@ -151,7 +151,7 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 		pristine[f] = data
 	}
 	seg := func(producer string, i uint64) string {
-		s := trace.SegmentPath(trace.SegmentPrefix(output, producer), i)
+		s := tracefile.SegmentPath(tracefile.SegmentPrefix(output, producer), i)
 		if _, ok := pristine[s]; !ok {
 			t.Fatalf("no segment %s among %d files: %v", s, len(pristine), files)
 		}
@@ -195,7 +195,7 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 1 {
 		t.Fatalf("verify --json: exit %d, %v\n%s", code, err, out)
 	}
-	for path, kind := range map[string]string{flipped: trace.FindingGzip, truncated: trace.FindingTruncated, crc: trace.FindingGzip, cut: trace.FindingTruncated} {
+	for path, kind := range map[string]string{flipped: tracefile.FindingGzip, truncated: tracefile.FindingTruncated, crc: tracefile.FindingGzip, cut: tracefile.FindingTruncated} {
 		fs := rep.findings(path)
 		if len(fs) != 1 || fs[0].Kind != kind || fs[0].Offset <= 0 || fs[0].End <= fs[0].Offset {
 			t.Fatalf("%s: findings %+v, want one %s with its byte range", path, fs, kind)
@@ -210,7 +210,7 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 	}
 	for _, path := range []string{flipped, truncated, crc, cut} {
 		fs := rep.findings(path)
-		if len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != trace.HealRestored || fs[0].Heal.Lines == 0 {
+		if len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != tracefile.HealRestored || fs[0].Heal.Lines == 0 {
 			t.Fatalf("%s: %+v", path, fs)
 		}
 		h := fs[0].Heal
@@ -290,7 +290,7 @@ func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 		t.Fatalf("verify --repair after a purge: exit %d, %v\n%s", code, err, out)
 	}
 	fs := rep.findings(purged)
-	if len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != trace.HealIncomplete {
+	if len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != tracefile.HealIncomplete {
 		t.Fatalf("%s after a purge: %+v", purged, fs)
 	}
 	if !bytes.Equal(mustRead(t, purged), damaged) {
@@ -355,9 +355,9 @@ func TestTraceVerifyRemovesAMessageTracedTwice(t *testing.T) {
 		"--roll-bytes", "60000", "--max-segments", "1000", "--start-seq", "1", "--progress", "none"); err != nil {
 		t.Fatalf("backfill: %v\n%s", err, out)
 	}
-	prefix := trace.SegmentPrefix(output, "kw0")
-	first, second := trace.SegmentPath(prefix, 0), trace.SegmentPath(prefix, 1)
-	if _, err := os.Stat(trace.SegmentPath(prefix, 2)); err != nil {
+	prefix := tracefile.SegmentPrefix(output, "kw0")
+	first, second := tracefile.SegmentPath(prefix, 0), tracefile.SegmentPath(prefix, 1)
+	if _, err := os.Stat(tracefile.SegmentPath(prefix, 2)); err != nil {
 		t.Fatalf("want at least three segments of kw0, so that segment 1 is sealed: %v", err)
 	}
 	original := mustRead(t, second)
@@ -383,7 +383,7 @@ func TestTraceVerifyRemovesAMessageTracedTwice(t *testing.T) {
 		t.Fatalf("verify --stream: exit %d, %v\n%s", code, err, out)
 	}
 	fs := rep.findings(second)
-	if len(fs) != 1 || fs[0].Kind != trace.FindingDuplicate || fs[0].Line != wantLines || !strings.Contains(fs[0].Reason, "line 10 of "+first) {
+	if len(fs) != 1 || fs[0].Kind != tracefile.FindingDuplicate || fs[0].Line != wantLines || !strings.Contains(fs[0].Reason, "line 10 of "+first) {
 		t.Fatalf("%s: findings %+v, want one duplicate at line %d naming line 10 of %s", second, fs, wantLines, first)
 	}
 	if !bytes.Equal(mustRead(t, second), planted) {
@@ -395,7 +395,7 @@ func TestTraceVerifyRemovesAMessageTracedTwice(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || rep.Repaired != 1 || rep.Remaining != 0 {
 		t.Fatalf("verify --repair: exit %d, %v\n%s", code, err, out)
 	}
-	if fs := rep.findings(second); len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != trace.HealRestored {
+	if fs := rep.findings(second); len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != tracefile.HealRestored {
 		t.Fatalf("%s after the repair: %+v", second, fs)
 	}
 	got, want := segmentLines(t, mustRead(t, second)), segmentLines(t, original)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // The trace source: Dynamo's dynamo.fpm.trace.v1 gzip JSONL segments, as Dynamo's writer and `fpmbus
@@ -26,7 +27,7 @@ var (
 )
 
 // segmentSuffix ends every segment file name.
-const segmentSuffix = schemas.TraceSegmentSuffix
+const segmentSuffix = tracefile.SegmentSuffix
 
 // ResolveSegments turns what a user names into the segment files to read, in read order (by producer
 // prefix, then segment index). Each path is
@@ -45,7 +46,7 @@ func ResolveSegments(paths []string) ([]string, error) {
 		fi, err := os.Stat(p)
 		switch {
 		case err == nil && fi.IsDir():
-			found, err := schemas.TraceSegmentFilesIn(p)
+			found, err := tracefile.SegmentFilesIn(p)
 			if err != nil {
 				return nil, fmt.Errorf("replay: %w", err)
 			}
@@ -76,23 +77,23 @@ func ResolveSegments(paths []string) ([]string, error) {
 				return nil, perr
 			}
 			if len(matches) == 0 {
-				return nil, fmt.Errorf("%w: %s is no file, directory or glob, and no segment is named %s.[<producer>.]<index:06>%s", ErrNoSegments, p, schemas.TraceOutputBase(p), segmentSuffix)
+				return nil, fmt.Errorf("%w: %s is no file, directory or glob, and no segment is named %s.[<producer>.]<index:06>%s", ErrNoSegments, p, tracefile.OutputBase(p), segmentSuffix)
 			}
 			files = append(files, matches...)
 		default:
 			return nil, fmt.Errorf("replay: %w", err)
 		}
 	}
-	return schemas.TraceReadOrder(files), nil
+	return tracefile.ReadOrder(files), nil
 }
 
 // prefixSegments lists the regular-file segments under p taken as an output prefix (those of every
 // producer, <base>.<producer>.<index:06>.jsonl.gz) and as a producer prefix (<base>.<index:06>.jsonl.gz),
-// by the trace format's naming rule (schemas.TraceSegmentIndex), so other files in the directory are
+// by the trace format's naming rule (tracefile.SegmentIndex), so other files in the directory are
 // never claimed.
 func prefixSegments(p string) ([]string, error) {
-	base := schemas.TraceOutputBase(p)
-	producers, err := schemas.TraceProducers(p)
+	base := tracefile.OutputBase(p)
+	producers, err := tracefile.Producers(p)
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
@@ -102,7 +103,7 @@ func prefixSegments(p string) ([]string, error) {
 	}
 	var out []string
 	for _, prefix := range prefixes {
-		segs, err := schemas.ListTraceSegments(prefix)
+		segs, err := tracefile.ListSegments(prefix)
 		if err != nil {
 			return nil, fmt.Errorf("replay: %w", err)
 		}

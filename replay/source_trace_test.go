@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // A user names segments the way they have them: a directory, files, a glob, Dynamo's output path, or
@@ -72,7 +73,7 @@ func TestResolveSegmentsAcceptsEveryWayOfNamingThem(t *testing.T) {
 }
 
 // Which files a prefix claims and in what order they are read follow the trace format's naming rule
-// (schemas.TraceSegmentIndex): any u64 index, ordered by value, and nothing that is not exactly a
+// (tracefile.SegmentIndex): any u64 index, ordered by value, and nothing that is not exactly a
 // segment's name.
 func TestResolveSegmentsByTheTraceNamingRule(t *testing.T) {
 	longID := strings.Repeat("worker/", 60)
@@ -108,9 +109,9 @@ func TestResolveSegmentsByTheTraceNamingRule(t *testing.T) {
 			want:  []string{"fpm.a.000000.jsonl.gz"},
 		},
 		"a long id's shortened producer name": {
-			files: []string{filepath.Base(schemas.TraceSegmentPath(schemas.TraceSegmentPrefix("fpm", longID), 1)), filepath.Base(schemas.TraceSegmentPath(schemas.TraceSegmentPrefix("fpm", longID), 0))},
+			files: []string{filepath.Base(tracefile.SegmentPath(tracefile.SegmentPrefix("fpm", longID), 1)), filepath.Base(tracefile.SegmentPath(tracefile.SegmentPrefix("fpm", longID), 0))},
 			paths: []string{"fpm"},
-			want:  []string{filepath.Base(schemas.TraceSegmentPath(schemas.TraceSegmentPrefix("fpm", longID), 0)), filepath.Base(schemas.TraceSegmentPath(schemas.TraceSegmentPrefix("fpm", longID), 1))},
+			want:  []string{filepath.Base(tracefile.SegmentPath(tracefile.SegmentPrefix("fpm", longID), 0)), filepath.Base(tracefile.SegmentPath(tracefile.SegmentPrefix("fpm", longID), 1))},
 		},
 		"a named file that is not a segment reads before its prefix's segments": {
 			files: []string{"fpm.a.000001.jsonl.gz", "fpm.a.000000.jsonl.gz", "fpm.a"},

@@ -1,6 +1,6 @@
 // Package schemas holds the Go types and JSON Schema documents of every wire and file format fpmbus
 // reads or writes: Dynamo's ForwardPassMetrics (msgpack on ZMQ, canonical JSON on NATS) and the
-// dynamo.fpm.trace.v1 trace line and file names.
+// dynamo.fpm.trace.v1 trace line.
 //
 // Invariants: a *FPM returned by DecodeFPM or ParseFPMJSON (or filled by Decoder or AppendDecodeFPM) has
 // passed the FPM rules (see validate.go; FPM.Validate checks the typed fields by the same rules), and its
@@ -12,9 +12,8 @@
 // same tree), validate.go (the FPM rules), canonical_json.go (the canonical JSON writer and serde_json
 // float/string formatting), decode.go (DecodeFPM, ParseFPMJSON), fastpath.go (their one-pass fast paths
 // for the common shape, and the allocation-free Decoder and AppendDecodeFPM), msgpack_encode.go
-// (msgspec-identical encoder), trace.go (the trace line), trace_files.go (the trace's file names: which
-// files are whose segments, in which order; shared by the trace writer and replay), jsonschema.go (the
-// embedded JSON Schema documents), errors.go.
+// (msgspec-identical encoder), trace.go (the trace line; the trace's files, their names and read order
+// are tracefile's), jsonschema.go (the embedded JSON Schema documents), errors.go.
 package schemas
 
 // FPMVersion is the only ForwardPassMetrics version Dynamo accepts.

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/replay"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // runTraceInfo is `fpmbus trace info [--json] FILE|DIR…`: per producer and key, what the segments hold
@@ -33,7 +33,7 @@ func runTraceInfo(_ context.Context, args []string) error {
 	if len(paths) == 0 {
 		return fmt.Errorf("%w: name at least one segment file or directory", errUsage)
 	}
-	rep, err := trace.Info(paths)
+	rep, err := tracefile.Info(paths)
 	if err != nil {
 		return err
 	}
@@ -44,7 +44,7 @@ func runTraceInfo(_ context.Context, args []string) error {
 	shape := replay.DescribeRecording(rec)
 	if *asJSON {
 		err = writeJSON(os.Stdout, struct {
-			*trace.InfoReport
+			*tracefile.InfoReport
 			Recorded replay.Shape `json:"recorded"`
 		}{rep, shape})
 	} else if err = rep.WriteText(os.Stdout); err == nil {

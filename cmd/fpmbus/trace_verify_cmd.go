@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // verifyPhases names what each phase of a verify counts, for its progress display.
@@ -46,11 +47,11 @@ func runTraceVerify(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := trace.VerifyConfig{OutputPath: paths[0], IncludeActive: *includeActive, FilterSubject: *filter, ProducerID: *producerID, Repair: *repair}
+	cfg := tracefile.VerifyConfig{OutputPath: paths[0], IncludeActive: *includeActive, FilterSubject: *filter, ProducerID: *producerID, Repair: *repair}
 	// One meter per phase: the segment files (bytes), the stream (messages), the repairs (segments).
 	meters := map[string]*progressMeter{}
 	phase := ""
-	cfg.Progress = func(p trace.VerifyProgress) {
+	cfg.Progress = func(p tracefile.VerifyProgress) {
 		if p.Phase != phase {
 			if m := meters[phase]; m != nil {
 				m.finish()
@@ -75,9 +76,9 @@ func runTraceVerify(ctx context.Context, args []string) error {
 		defer nc.Close()
 		js = j
 	}
-	rep, err := trace.Verify(ctx, cfg, js, trace.WithLogger(slog.Default()))
+	rep, err := tracefile.Verify(ctx, cfg, js, tracefile.WithLogger(slog.Default()))
 	if err != nil {
-		if errors.Is(err, trace.ErrInvalidConfig) {
+		if errors.Is(err, tracefile.ErrInvalidConfig) {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 		return err

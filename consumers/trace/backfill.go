@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Backfill: replay a range of stream FPM into trace segments through the live writer's own code path
@@ -130,12 +131,12 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 	// The output's files are this backfill's from here on: the ownership of its producers' prefixes
 	// (the live writer, verify --repair and backfill exclude one another) is taken before the repair
 	// below reads or rewrites anything.
-	own, err := ownOutput(cfg.OutputPath, "trace backfill", log)
+	own, err := tracefile.OwnOutput(cfg.OutputPath, "trace backfill", log)
 	if err != nil {
 		return res, err
 	}
-	defer own.releaseAll()
-	if _, err := repairPrefixes(own.prefixes(), log); err != nil {
+	defer own.ReleaseAll()
+	if _, err := tracefile.RepairPrefixes(own.Prefixes(), log); err != nil {
 		return res, fmt.Errorf("trace: backfill: repair output: %w", err)
 	}
 	m, err := newMetrics(cfg.Registerer, cfg.Mode)
@@ -304,7 +305,7 @@ func backfillRange(ctx context.Context, parts []rangePart, rng BackfillRange, w 
 		readers = append(readers, r)
 	}
 	flushed := time.Now()
-	keys := subjectKeys{}
+	keys := tracefile.SubjectKeys{}
 	for {
 		var next *partReader
 		for _, r := range readers {
@@ -322,7 +323,7 @@ func backfillRange(ctx context.Context, parts []rangePart, rng BackfillRange, w 
 		}
 		res.LastSeq = md.Sequence.Stream
 		report(false)
-		meta := msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}
+		meta := tracefile.MsgMeta{Seq: md.Sequence.Stream, Stored: md.Timestamp}
 		d := tr.hand(raw, meta)
 		r, err := parseRecord(d, meta, w.cfg.ProducerID, keys)
 		if err != nil {
@@ -391,11 +392,11 @@ func rangeCount(ctx context.Context, s jetstream.Stream, filter string, start je
 type backfillTracker struct {
 	shards   bool
 	pending  map[*backfillMsg]struct{}
-	last     msgMeta // the last message handed
+	last     tracefile.MsgMeta // the last message handed
 	handed   uint64
 	doneN    uint64
 	rejected uint64
-	open     msgMeta // sampled mode, once cut: the first message of an interval whose sample is not written
+	open     tracefile.MsgMeta // sampled mode, once cut: the first message of an interval whose sample is not written
 	hasOpen  bool
 }
 
@@ -404,7 +405,7 @@ func newBackfillTracker(shards bool) *backfillTracker {
 }
 
 // hand registers raw as handed to the writer.
-func (t *backfillTracker) hand(raw jetstream.Msg, md msgMeta) *backfillMsg {
+func (t *backfillTracker) hand(raw jetstream.Msg, md tracefile.MsgMeta) *backfillMsg {
 	m := &backfillMsg{Msg: raw, md: md, t: t}
 	t.pending[m] = struct{}{}
 	t.last = md
@@ -414,11 +415,11 @@ func (t *backfillTracker) hand(raw jetstream.Msg, md msgMeta) *backfillMsg {
 
 // before orders messages as the backfill handed them: by stored time across shards, by sequence on
 // one stream.
-func (t *backfillTracker) before(a, b msgMeta) bool {
-	if t.shards && !a.stored.Equal(b.stored) {
-		return a.stored.Before(b.stored)
+func (t *backfillTracker) before(a, b tracefile.MsgMeta) bool {
+	if t.shards && !a.Stored.Equal(b.Stored) {
+		return a.Stored.Before(b.Stored)
 	}
-	return a.seq < b.seq
+	return a.Seq < b.Seq
 }
 
 // cut records, before an unfinished backfill writes what it can (or gives up), the first message of
@@ -451,13 +452,13 @@ func (t *backfillTracker) resume(rng BackfillRange) *BackfillResume {
 	}
 	switch {
 	case ok && t.shards:
-		r.Since = first.stored
+		r.Since = first.Stored
 	case ok:
-		r.Seq = first.seq
+		r.Seq = first.Seq
 	case t.shards:
-		r.Since = t.last.stored // what was handed at that very time is recognised as written
+		r.Since = t.last.Stored // what was handed at that very time is recognised as written
 	default:
-		r.Seq = t.last.seq + 1
+		r.Seq = t.last.Seq + 1
 	}
 	return r
 }
@@ -465,7 +466,7 @@ func (t *backfillTracker) resume(rng BackfillRange) *BackfillResume {
 // backfillMsg is a message a backfill handed to its writer.
 type backfillMsg struct {
 	jetstream.Msg
-	md msgMeta
+	md tracefile.MsgMeta
 	t  *backfillTracker
 }
 
@@ -487,9 +488,3 @@ func (m *backfillMsg) Reject(error) {
 
 // skip: not a message the writer can take (invalid): it has no line, for good.
 func (m *backfillMsg) skip() { delete(m.t.pending, m) }
-
-// replayMsg is a replayed message: nothing to settle.
-type replayMsg struct{ jetstream.Msg }
-
-func (replayMsg) Done()        {}
-func (replayMsg) Reject(error) {}

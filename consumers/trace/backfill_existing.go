@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // What a backfill finds already written. A backfill may run over an output that holds lines of the
@@ -17,8 +18,8 @@ import (
 // sequence: they stay Dynamo-identical), so the rule is decided from the lines on disk alone:
 //
 //   - Full mode: a message is not written when its line is in the producer's files: a line with its
-//     identity (recover.go: the producer's files, observed_at_unix_ms and a hash of namespace,
-//     component, producer_id and the fpm object, which is the message body verbatim). Two messages with
+//     identity (tracefile.LineIdentity: the producer's files, observed_at_unix_ms and a hash of
+//     namespace, component, producer_id and the fpm object, which is the message body verbatim). Two messages with
 //     one identity have byte-identical lines, so the rule counts: n such lines on disk account for n
 //     messages, and a further one is written.
 //   - Sampled mode: one line per key (namespace, component, producer_id, worker_id, dp_rank) and
@@ -42,7 +43,7 @@ type existingLines struct {
 
 // existingProducer is what one producer's files held when the backfill first wrote to it.
 type existingProducer struct {
-	ids     map[lineIdentity]int
+	ids     map[tracefile.LineIdentity]int
 	samples map[sampleKey][]existingSample // sampled lines per key, by interval ascending
 }
 
@@ -60,7 +61,7 @@ func (x *existingLines) producer(prefix string, r *record) (*existingProducer, e
 	if ep := x.byPrefix[prefix]; ep != nil {
 		return ep, nil
 	}
-	ep, err := x.load(prefix, r.stored)
+	ep, err := x.load(prefix, r.Stored)
 	if err != nil {
 		return nil, err
 	}
@@ -71,12 +72,12 @@ func (x *existingLines) producer(prefix string, r *record) (*existingProducer, e
 // written reports whether full-mode record r has its line on disk already; that line then accounts for
 // r and no other message.
 func (x *existingLines) written(r *record) (bool, error) {
-	prefix := SegmentPrefix(x.w.cfg.OutputPath, r.producer)
+	prefix := tracefile.SegmentPrefix(x.w.cfg.OutputPath, r.Producer)
 	ep, err := x.producer(prefix, r)
 	if err != nil {
 		return false, err
 	}
-	id := identityOf(prefix, r.key.Namespace, r.key.Component, r.producer, r.observed, r.body)
+	id := tracefile.IdentityOf(prefix, r.Key.Namespace, r.Key.Component, r.Producer, r.Observed, r.Body)
 	if n := ep.ids[id]; n > 0 {
 		if n == 1 {
 			delete(ep.ids, id)
@@ -101,9 +102,9 @@ func (x *existingLines) sampled(prefix string, k sampleKey, iv int64, r *record)
 		x.found++
 		return ss[i].counter, true
 	}
-	if ep.ids[identityOf(prefix, r.key.Namespace, r.key.Component, r.producer, r.observed, r.body)] > 0 {
+	if ep.ids[tracefile.IdentityOf(prefix, r.Key.Namespace, r.Key.Component, r.Producer, r.Observed, r.Body)] > 0 {
 		x.found++
-		return r.fpm.counterID, true
+		return r.FPM.CounterID, true
 	}
 	return 0, false
 }
@@ -124,12 +125,12 @@ func (x *existingLines) before(prefix string, k sampleKey, iv int64) (existingSa
 
 // load reads the lines of prefix's segments that can belong to messages stored at or after stored.
 func (x *existingLines) load(prefix string, stored time.Time) (*existingProducer, error) {
-	ep := &existingProducer{ids: map[lineIdentity]int{}}
+	ep := &existingProducer{ids: map[tracefile.LineIdentity]int{}}
 	sampling := x.w.sampler != nil
 	if sampling {
 		ep.samples = map[sampleKey][]existingSample{}
 	}
-	segs, err := ListSegments(prefix)
+	segs, err := tracefile.ListSegments(prefix)
 	if err != nil {
 		return nil, fmt.Errorf("trace: backfill: %w", err)
 	}
@@ -143,18 +144,18 @@ func (x *existingLines) load(prefix string, stored time.Time) (*existingProducer
 		if err != nil {
 			return nil, fmt.Errorf("trace: backfill: %w", err)
 		}
-		if !stored.IsZero() && fi.ModTime().Before(stored.Add(-recoverySlack)) {
+		if !stored.IsZero() && fi.ModTime().Before(stored.Add(-tracefile.RecoverySlack)) {
 			break // written before the range's first message of the producer was stored
 		}
 		read++
-		err = ReadSegment(s.Path, func(line []byte) error {
+		err = tracefile.ReadSegment(s.Path, func(line []byte) error {
 			tl, err := schemas.ParseTraceLine(line)
 			if err != nil {
 				return nil // not a line a writer wrote; verify and info report it
 			}
 			lines++
 			e := &tl.Event
-			ep.ids[identityOf(prefix, e.Source.Namespace, e.Source.Component, e.Source.ProducerID, e.ObservedAtUnixMs, e.FPM)]++
+			ep.ids[tracefile.IdentityOf(prefix, e.Source.Namespace, e.Source.Component, e.Source.ProducerID, e.ObservedAtUnixMs, e.FPM)]++
 			if !sampling || e.CaptureMode != schemas.CaptureSampled {
 				return nil
 			}
@@ -166,7 +167,7 @@ func (x *existingLines) load(prefix string, stored time.Time) (*existingProducer
 			ep.samples[k] = append(ep.samples[k], existingSample{interval: e.ObservedAtUnixMs / x.w.sampler.intervalMs, observed: e.ObservedAtUnixMs, counter: f.CounterID})
 			return nil
 		})
-		var ce *CorruptError
+		var ce *tracefile.CorruptError
 		if err != nil && !errors.As(err, &ce) {
 			return nil, fmt.Errorf("trace: backfill: %w", err)
 		}

@@ -5,16 +5,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // events returns, per producer, the "event" objects of its lines in file order (the bytes between
@@ -226,4 +231,47 @@ func keysOf2(m map[string][]string) string {
 		out[k] = len(v)
 	}
 	return fmt.Sprint(out)
+}
+
+// A backfill owns every producer of its output before it repairs or writes anything: into an output a
+// running writer holds it is refused, naming the writer, and nothing there changes; into another output
+// it runs.
+func TestBackfillIsRefusedWhileAWriterOwnsTheOutput(t *testing.T) {
+	t.Parallel()
+	env := streamstest.Start(t)
+	msgs, _ := manyFPMs(t, testKeys(4), 400, 1_782_777_600_000)
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	r := startWriter(t, cfg, env.JS)
+	waitConsumed(t, env.JS, cfg.Group)
+	files := func(output string) map[string]int64 {
+		out := map[string]int64{}
+		matches, _ := filepath.Glob(tracefile.OutputBase(output) + ".*" + tracefile.SegmentSuffix)
+		for _, m := range matches {
+			fi, err := os.Stat(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[m] = fi.Size()
+		}
+		return out
+	}
+	before := files(cfg.OutputPath)
+	_, err := Backfill(context.Background(), cfg, env.JS, BackfillRange{}, nil, WithLogger(testLogger(t)))
+	var held *fsutil.HeldError
+	if !errors.Is(err, tracefile.ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" || !strings.Contains(err.Error(), "trace backfill") {
+		t.Fatalf("backfill into the writer's output: %v, want it refused naming the writer", err)
+	}
+	if after := files(cfg.OutputPath); !maps.Equal(before, after) {
+		t.Fatalf("the refused backfill changed the writer's files: %v, then %v", before, after)
+	}
+	other := cfg
+	other.OutputPath = filepath.Join(t.TempDir(), "backfill", "fpm")
+	res, err := Backfill(context.Background(), other, env.JS, BackfillRange{}, nil, WithLogger(testLogger(t)))
+	if err != nil || res.Lines != uint64(len(msgs)) {
+		t.Fatalf("backfill into another output: %+v, %v", res, err)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
 }

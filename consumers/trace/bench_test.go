@@ -18,6 +18,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // BenchmarkTraceWriterVsBareConsumer consumes the same pre-published FPMs (16 ranks of 8 workers),
@@ -170,11 +171,11 @@ func BenchmarkWriterPerRecord(b *testing.B) {
 			cfg.Mode = "full"
 			cfg.OutputPath = filepath.Join(b.TempDir(), "dynamo-fpm")
 			w := benchWriter(b, cfg, WithCompressionLevel(level))
-			keys := subjectKeys{}
+			keys := tracefile.SubjectKeys{}
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				m := fakes[i%len(fakes)]
-				r, err := parseRecord(m, msgMeta{}, "", keys)
+				r, err := parseRecord(m, tracefile.MsgMeta{}, "", keys)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -213,7 +214,7 @@ func BenchmarkCheckFPM(b *testing.B) {
 	b.Run("checkFPM", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := checkFPM(body); err != nil {
+			if _, err := tracefile.CheckFPM(body); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -247,7 +248,7 @@ func BenchmarkSampledMemoryPerKey(b *testing.B) {
 		w := benchWriter(b, cfg)
 		b.StartTimer()
 		for _, m := range msgs {
-			r, err := parseRecord(m, msgMeta{seq: m.seq}, "", nil)
+			r, err := parseRecord(m, tracefile.MsgMeta{Seq: m.seq}, "", nil)
 			if err != nil {
 				b.Fatal(err)
 			}

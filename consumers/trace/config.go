@@ -14,6 +14,7 @@ import (
 	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // The Dynamo variables the trace writer reads; their meaning and defaults are Dynamo's
@@ -166,9 +167,9 @@ func (c Config) Validate() error {
 		return bad("mode %q (%s, --trace-mode): want sampled or full", c.Mode, EnvMode)
 	case strings.TrimSpace(c.OutputPath) == "":
 		return bad("output path %q (%s, --trace-output): blank", c.OutputPath, EnvOutputPath)
-	case len(filepath.Base(OutputBase(c.OutputPath))) > maxOutputBaseName:
+	case len(filepath.Base(tracefile.OutputBase(c.OutputPath))) > tracefile.MaxOutputBaseName:
 		return bad("output path %q (%s, --trace-output): its file name part %q is %d bytes; segment names (<name>.<producer>.<index>%s) need it to be at most %d",
-			c.OutputPath, EnvOutputPath, filepath.Base(OutputBase(c.OutputPath)), len(filepath.Base(OutputBase(c.OutputPath))), SegmentSuffix, maxOutputBaseName)
+			c.OutputPath, EnvOutputPath, filepath.Base(tracefile.OutputBase(c.OutputPath)), len(filepath.Base(tracefile.OutputBase(c.OutputPath))), tracefile.SegmentSuffix, tracefile.MaxOutputBaseName)
 	case c.SampleInterval < time.Millisecond || c.SampleInterval%time.Millisecond != 0:
 		return bad("sample interval %v (%s, --sample-interval): want a positive whole number of milliseconds", c.SampleInterval, EnvSampleInterval)
 	case c.RollBytes <= 0:

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 func TestDefaultConfigIsDynamos(t *testing.T) {
@@ -59,13 +61,15 @@ func TestConfigValidate(t *testing.T) {
 			c.FlushInterval = 100 * time.Millisecond
 		}, "ack wait"},
 		"producer id, 2 partitions": {func(c *Config) { c.ProducerID = "p"; c.Partitions = 2 }, "--producer-id"},
-		"output name too long":      {func(c *Config) { c.OutputPath = "/tmp/" + strings.Repeat("n", maxOutputBaseName+1) + ".jsonl.gz" }, "--trace-output"},
-		"filter outside FPM":        {func(c *Config) { c.FilterSubject = "fpmevents.>" }, "--filter"},
-		"flush interval":            {func(c *Config) { c.FlushInterval = 0 }, "flush interval"},
-		"buffer size":               {func(c *Config) { c.BufferSize = 0 }, "buffer size"},
-		"stop timeout":              {func(c *Config) { c.StopTimeout = 0 }, "stop timeout"},
-		"max ack pending":           {func(c *Config) { c.MaxAckPending = 1 }, "max ack pending"},
-		"ack wait below interval":   {func(c *Config) { c.AckWait = 5 * time.Second }, "ack wait"},
+		"output name too long": {func(c *Config) {
+			c.OutputPath = "/tmp/" + strings.Repeat("n", tracefile.MaxOutputBaseName+1) + ".jsonl.gz"
+		}, "--trace-output"},
+		"filter outside FPM":      {func(c *Config) { c.FilterSubject = "fpmevents.>" }, "--filter"},
+		"flush interval":          {func(c *Config) { c.FlushInterval = 0 }, "flush interval"},
+		"buffer size":             {func(c *Config) { c.BufferSize = 0 }, "buffer size"},
+		"stop timeout":            {func(c *Config) { c.StopTimeout = 0 }, "stop timeout"},
+		"max ack pending":         {func(c *Config) { c.MaxAckPending = 1 }, "max ack pending"},
+		"ack wait below interval": {func(c *Config) { c.AckWait = 5 * time.Second }, "ack wait"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := DefaultConfig()

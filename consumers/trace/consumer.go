@@ -14,6 +14,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // ErrAlreadyRunning is returned by a second call of Consumer.Run.
@@ -49,15 +50,15 @@ type Consumer struct {
 
 	// deliver presents a runner message to the writer (tests make acknowledgements go missing).
 	deliver func(*durable.Msg) delivery
-	keys    subjectKeys // loop only
+	keys    tracefile.SubjectKeys // loop only
 
 	// Loop only (the runner's goroutine).
-	start      time.Time       // lines' timestamps count from the consumer's start, in every partition
-	writers    map[int]*writer // by owned partition
-	own        *owner          // every writer's prefixes (owner.go)
-	unrepaired unrepaired      // producers whose repair was refused, every writer's (unrepaired.go)
-	repaired   bool            // the whole output was repaired at the first takeover (one partition)
-	failed     error           // a flush failed between two calls: returned by the next one
+	start      time.Time        // lines' timestamps count from the consumer's start, in every partition
+	writers    map[int]*writer  // by owned partition
+	own        *tracefile.Owner // every writer's prefixes (tracefile/owner.go)
+	unrepaired unrepaired       // producers whose repair was refused, every writer's (unrepaired.go)
+	repaired   bool             // the whole output was repaired at the first takeover (one partition)
+	failed     error            // a flush failed between two calls: returned by the next one
 	// unstoredLosses are pruned segments' loss events the server did not store, published again from
 	// lossRetryAt on (group.go, retryLosses).
 	unstoredLosses []*nats.Msg
@@ -105,7 +106,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 		flushed: make(chan struct{}, 1),
 		segs:    set.segs,
 		deliver: func(m *durable.Msg) delivery { return m },
-		keys:    subjectKeys{},
+		keys:    tracefile.SubjectKeys{},
 		writers: map[int]*writer{},
 	}
 	if c.segs == nil {
@@ -155,8 +156,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := replaceIncompatibleConsumers(ctx, c.js, c.group, c.log); err != nil {
 		return err
 	}
-	c.own, c.unrepaired = newOwner(me, c.log), unrepaired{}
-	defer c.own.releaseAll() // what a writer the runner did not end still holds
+	c.own, c.unrepaired = tracefile.NewOwner(me, c.log), unrepaired{}
+	defer c.own.ReleaseAll() // what a writer the runner did not end still holds
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() { // hands completed flushes to the runner's loop; owned by Run
 		defer close(stopped)
@@ -185,7 +186,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // groupIdentity names the consumer group in the prefix locks' records: its name on its deployment (the
 // cluster's name, or the single server's id), so that a writer of a group of the same name on another
-// server, which shares nothing with this one, is never taken for a member (owner.go).
+// server, which shares nothing with this one, is never taken for a member (tracefile/owner.go).
 func groupIdentity(group string, js jetstream.JetStream) string {
 	nc := js.Conn()
 	if nc == nil {
@@ -238,7 +239,7 @@ func (c *Consumer) Assigned(_ context.Context, p int) error {
 			}
 			// A repair refused for one producer (something not fpmbus's under its temporary
 			// file's name) refuses that producer alone (unrepaired.go).
-			if _, rerr := repairPrefixes([]string{prefix}, c.log); rerr != nil && repairRefused(rerr) {
+			if _, rerr := tracefile.RepairPrefixes([]string{prefix}, c.log); rerr != nil && repairRefused(rerr) {
 				c.unrepaired.refuse(prefix, rerr, c.log)
 			} else {
 				err = rerr
@@ -272,7 +273,7 @@ func (c *Consumer) Handle(_ context.Context, batch []*durable.Msg) error {
 			return fmt.Errorf("trace: message of partition %d, which was not assigned", m.Partition)
 		}
 		d := c.deliver(m)
-		r, err := parseRecord(d, msgMeta{seq: m.StreamSeq, stored: m.Stored}, c.cfg.ProducerID, c.keys)
+		r, err := parseRecord(d, tracefile.MsgMeta{Seq: m.StreamSeq, Stored: m.Stored}, c.cfg.ProducerID, c.keys)
 		if err != nil {
 			c.metrics.invalid.Inc()
 			d.Reject(fmt.Errorf("fpmbus trace: %w", err))
@@ -296,7 +297,7 @@ func (c *Consumer) Tick(ctx context.Context, _ time.Time) error {
 		return c.failed
 	}
 	c.retryLosses(ctx, false)
-	c.own.retry()
+	c.own.Retry()
 	c.unrepaired.retry()
 	for p, w := range c.writers {
 		if w.sampler != nil {

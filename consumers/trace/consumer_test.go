@@ -25,6 +25,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -42,7 +43,7 @@ func checkExactlyOnce(t *testing.T, out map[string][][]byte, published []testFPM
 	t.Helper()
 	want := map[lineID]testFPM{}
 	for _, f := range published {
-		want[lineID{SanitizeProducerID(f.key.WorkerID), f.key.WorkerID, int64(f.key.DPRank), f.counter}] = f
+		want[lineID{tracefile.SanitizeProducerID(f.key.WorkerID), f.key.WorkerID, int64(f.key.DPRank), f.counter}] = f
 	}
 	seen := map[lineID]bool{}
 	total := 0
@@ -150,7 +151,7 @@ func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
 	// A restart writes nothing twice and never touches the old segments; new messages go to new ones.
 	sizes := map[string]int64{}
 	for _, p := range []string{"w0", "w1"} {
-		segs, _ := ListSegments(OutputBase(cfg.OutputPath) + "." + p)
+		segs, _ := tracefile.ListSegments(tracefile.OutputBase(cfg.OutputPath) + "." + p)
 		for _, s := range segs {
 			fi, _ := os.Stat(s.Path)
 			sizes[s.Path] = fi.Size()
@@ -371,7 +372,7 @@ func TestFullModeGolden(t *testing.T) {
 	out := outputLines(t, cfg.OutputPath)
 	var got bytes.Buffer
 	for _, p := range []string{"4192", "conn_7", "unknown"} {
-		fmt.Fprintf(&got, "# %s\n", filepath.Base(SegmentPath(SegmentPrefix(cfg.OutputPath, p), 0)))
+		fmt.Fprintf(&got, "# %s\n", filepath.Base(tracefile.SegmentPath(tracefile.SegmentPrefix(cfg.OutputPath, p), 0)))
 		for _, l := range out[p] {
 			got.Write(l)
 			got.WriteByte('\n')
@@ -494,8 +495,8 @@ func TestLongProducerIDsAreWritten(t *testing.T) {
 		}
 	}
 	for j, id := range ids {
-		prefix := SegmentPrefix(cfg.OutputPath, id)
-		if fits := len(SanitizeProducerID(id)) <= 233; fits != (filepath.Base(prefix) == "trace."+SanitizeProducerID(id)) {
+		prefix := tracefile.SegmentPrefix(cfg.OutputPath, id)
+		if fits := len(tracefile.SanitizeProducerID(id)) <= 233; fits != (filepath.Base(prefix) == "trace."+tracefile.SanitizeProducerID(id)) {
 			t.Fatalf("producer %d (%d characters): file name %s", j, len([]rune(id)), filepath.Base(prefix))
 		}
 		var counters []int64
@@ -517,7 +518,7 @@ func TestLongProducerIDsAreWritten(t *testing.T) {
 			t.Fatalf("producer %d (%d characters): counters %v in file order", j, len([]rune(id)), counters)
 		}
 	}
-	rep, err := Info([]string{filepath.Dir(cfg.OutputPath)})
+	rep, err := tracefile.Info([]string{filepath.Dir(cfg.OutputPath)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // traceLineAt is a valid trace line observed at observed.
@@ -62,8 +63,8 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []PrunedSegment{
-		{Segment: SegmentPath(prefix, 0), Index: 0, Lines: 3, FirstObservedMs: 100, LastObservedMs: 102},
-		{Segment: SegmentPath(prefix, 1), Index: 1, Lines: 1, FirstSeq: 11, LastSeq: 11, FirstObservedMs: 200, LastObservedMs: 200},
+		{Segment: tracefile.SegmentPath(prefix, 0), Index: 0, Lines: 3, FirstObservedMs: 100, LastObservedMs: 102},
+		{Segment: tracefile.SegmentPath(prefix, 1), Index: 1, Lines: 1, FirstSeq: 11, LastSeq: 11, FirstObservedMs: 200, LastObservedMs: 200},
 	}
 	if !slices.Equal(pruned, want) {
 		t.Fatalf("pruned %+v, want %+v", pruned, want)
@@ -88,7 +89,7 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	want = []PrunedSegment{{Segment: SegmentPath(prefix, 0), Index: 0, Lines: 2, FirstSeq: 21, LastSeq: 22, FirstObservedMs: 250, LastObservedMs: 300}}
+	want = []PrunedSegment{{Segment: tracefile.SegmentPath(prefix, 0), Index: 0, Lines: 2, FirstSeq: 21, LastSeq: 22, FirstObservedMs: 250, LastObservedMs: 300}}
 	if !slices.Equal(pruned, want) {
 		t.Fatalf("pruned %+v, want %+v", pruned, want)
 	}
@@ -146,7 +147,7 @@ func TestSegmentWriterContinuesOnlyAnUnchangedNewestSegment(t *testing.T) {
 	if !ok {
 		t.Fatal("not continued")
 	}
-	other, err := os.OpenFile(SegmentPath(prefix, 0), os.O_WRONLY|os.O_APPEND, 0)
+	other, err := os.OpenFile(tracefile.SegmentPath(prefix, 0), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestSegmentWriterContinuesOnlyAnUnchangedNewestSegment(t *testing.T) {
 
 	// Not the newest any more (another writer started segment 2): not continued.
 	st, _ = third.state()
-	touch(t, SegmentPath(prefix, 2))
+	touch(t, tracefile.SegmentPath(prefix, 2))
 	if _, ok := next(st); ok {
 		t.Fatal("a segment below the newest was continued")
 	}
@@ -208,7 +209,7 @@ func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
 			if !second.continueFrom(st) {
 				t.Fatal("an unchanged newest segment was not continued")
 			}
-			seg := SegmentPath(prefix, st.index)
+			seg := tracefile.SegmentPath(prefix, st.index)
 			written, err := os.ReadFile(seg)
 			if err != nil {
 				t.Fatal(err)
@@ -241,7 +242,7 @@ func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
 			if fi, err := os.Lstat(seg); err != nil || fi.Mode().IsRegular() {
 				t.Fatalf("what was swapped in at %s was replaced: %v, %v", seg, fi, err)
 			}
-			if got := segmentLines(t, SegmentPath(prefix, st.index+1)); strings.Join(got, " ") != "c" {
+			if got := segmentLines(t, tracefile.SegmentPath(prefix, st.index+1)); strings.Join(got, " ") != "c" {
 				t.Fatalf("the new segment holds %v, want [c]", got)
 			}
 		})
@@ -258,7 +259,7 @@ func TestConsumersSharingProcessSegmentsContinueTheSegments(t *testing.T) {
 	msgs, published := manyFPMs(t, testKeys(2), 400, 1_782_777_600_000)
 	segments := func() int {
 		t.Helper()
-		segs, err := ListSegments(SegmentPrefix(cfg.OutputPath, "w0"))
+		segs, err := tracefile.ListSegments(tracefile.SegmentPrefix(cfg.OutputPath, "w0"))
 		if err != nil {
 			t.Fatal(err)
 		}

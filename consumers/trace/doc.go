@@ -1,8 +1,8 @@
 // Package trace is the trace writer: a durable consumer of the FPM stream (a consumers/durable
 // Consumer) that writes Dynamo-identical dynamo.fpm.trace.v1 gzip JSONL segments, one series of
-// segments per producer, plus the tools around those files: Backfill (replay a range of the stream
-// through the same code path), Info (describe segments) and Verify (check an output, and heal its
-// damaged segments from the stream).
+// segments per producer, and Backfill, which replays a range of the stream through the same writer.
+// The trace file format and the offline tools over it (segment naming, reading, the torn-tail repair,
+// prefix ownership, `trace info`, `trace verify`) are tracefile's; the writer writes by its rules.
 //
 // One FPM travels through these files:
 //
@@ -13,30 +13,22 @@
 //	writer.go         writer: one owned partition's producers and the messages waiting to be done
 //	writer_full.go    full mode: every valid message becomes one line
 //	writer_sampled.go sampled mode: newest message per key per event-time interval
-//	line.go           message (subject, headers, canonical JSON body) -> trace line bytes
+//	line.go           record: a message checked into a tracefile.Record (its line), and its delivery
 //	flush.go          flusher: compresses, writes and fsyncs off the loop (retrying a failed write
 //	                  with backoff); the completed flush marks its messages done
 //	recover.go        takeover recovery: the lines an earlier owner wrote for redelivered messages
+//	                  (found by tracefile's line identity)
 //	seqstate.go       per producer, which redelivered messages to skip
 //	segment_writer.go SegmentWriter: one producer's segments, one gzip member per flush, roll, prune
 //	                  (recording what a pruned segment held), cutting a failed write back
 //	continuation.go   ProcessSegments: a later writer of a producer in this process continues its
 //	                  segment instead of opening one
-//	segment.go        the writer's names for the trace format's segment naming and discovery (schemas)
-//	repair.go         ReadSegment, CorruptError and the explicit torn-tail Repair
-//	owner.go          one owner per producer prefix: Dynamo's <prefix>.000000.jsonl.lock, held while
-//	                  a writer, a repair or a backfill may touch the prefix's files
 //	unrepaired.go     a producer whose newest segment cannot be repaired (something not fpmbus's under
 //	                  the repair's temporary file) is refused alone, and repaired once it can be
 //	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer;
 //	                  where an unfinished backfill resumes
 //	backfill_existing.go what a backfill's output holds already: no line written twice
-//	info.go           Info: per producer and key, what segments hold; damage and violations
-//	verify.go         Verify: check every segment of an output, match it to the stream, repair
-//	verify_scan.go    checkSegment: members, resynchronising past damage; lines; timestamp order
-//	verify_stream.go  lines matched to stream FPM by line identity; what the stream can restore
-//	verify_repair.go  the rewrite of a damaged segment, and the rename rule next to a running writer
-//	verify_report.go  the report, as text and JSON
+//	output_group.go   which consumer group writes an output
 //	fileutil.go       the file interface (fault injection) and the write probe (directory fsync and
 //	                  atomic replacement are internal/fsutil's)
 //	config.go         Config (DYN_FPM_* variables) and its validation
@@ -70,8 +62,8 @@
 //   - One message never stalls the writer: a message that can never be written — an invalid subject
 //     or body, a file name its file system refuses, a producer id other than its worker_id with
 //     P > 1 — is rejected (dead letter on fpmevents.deadletter.consumer.trace naming the reason) and the others go
-//     on. Producer ids too long for a file name get a shortened name (segment.go). A full disk is not
-//     such an error: it concerns every producer and is retried.
+//     on. Producer ids too long for a file name get a shortened name (tracefile/names.go). A full
+//     disk is not such an error: it concerns every producer and is retried.
 //   - A segment is opened only at a roll or at a writer's start (Dynamo's rule). A process's first
 //     writer of a producer, and one that follows another process's, starts at the highest index plus
 //     one, after the takeover repaired a torn tail off the newest segment (or removed it, if a crash
@@ -86,7 +78,7 @@
 //     times), fpmbus_trace_segments_pruned_total and fpmbus_trace_pruned_lines_total, and a loss event
 //     on fpmevents.loss.trace (cause pruned) that `fpmbus gaps report` counts.
 //   - Lines are never split across segments; a segment holds whole gzip members only, except for a
-//     torn last member after a crash, which Repair removes.
+//     torn last member after a crash, which tracefile.Repair removes.
 //   - Time in an event (observed_at_unix_ms) comes from the message (the bridge's receive time), not
 //     from the writer's clock; only the outer timestamp is writer-relative (from the consumer's
 //     start), as in Dynamo. Sampled intervals are aligned to event time, so a backfill of a range
@@ -134,8 +126,8 @@
 //     others go on.
 //   - The output directory must be shared by all instances (same --trace-output on one host, or a
 //     shared file system with exclusive create, fsync and flock): a new owner continues a producer's
-//     series at the next free segment index. A writer owns a producer's prefix (owner.go: Dynamo's
-//     lock file) before it writes or repairs it, so a writer of another group, a worker's own Dynamo
+//     series at the next free segment index. A writer owns a producer's prefix (tracefile.Owner:
+//     Dynamo's lock file) before it writes or repairs it, so a writer of another group, a worker's own Dynamo
 //     writer, verify --repair and backfill refuse each other; a member of the same group that lost
 //     the partition while frozen still holds the lock, which its successor borrows. Segments are
 //     created with O_EXCL (never through a symbolic link), so two writers never share a file even

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // file is what a SegmentWriter needs from a segment file. *os.File implements it; tests inject short
@@ -46,11 +47,11 @@ func openAppend(path string) (file, int64, error) {
 // ProbeOutput creates, fsyncs and removes a file in the directory of outputPath, creating the
 // directory first. It turns an unwritable output path into one clear error at start.
 func ProbeOutput(outputPath string) error {
-	dir := filepath.Dir(OutputBase(outputPath))
+	dir := filepath.Dir(tracefile.OutputBase(outputPath))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("trace: create output directory %s: %w", dir, err)
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(OutputBase(outputPath))+".write-probe-*")
+	f, err := os.CreateTemp(dir, "."+filepath.Base(tracefile.OutputBase(outputPath))+".write-probe-*")
 	if err != nil {
 		return fmt.Errorf("trace: output directory %s is not writable: %w", dir, err)
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Flushing: the writer hands batches of buffered lines to the flusher goroutine, which compresses each
@@ -201,7 +203,7 @@ func (w *writer) completeFlush(res flushResult) error {
 	var failed error
 	written := 0
 	for _, j := range res.jobs {
-		if j.err != nil && nameRefused(j.err) && !j.p.sw.closed {
+		if j.err != nil && tracefile.NameRefused(j.err) && !j.p.sw.closed {
 			w.dropProducer(j.p, j.err)
 			continue
 		}

@@ -18,11 +18,13 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // ConsumerName names the trace writer in the runner's metrics (consumer="trace"), its dead letters
-// (fpmevents.deadletter.consumer.trace) and its loss events (fpmevents.loss.trace).
-const ConsumerName = "trace"
+// (fpmevents.deadletter.consumer.trace, which `fpmbus trace verify` reads) and its loss events
+// (fpmevents.loss.trace). tracefile holds it, for that verify.
+const ConsumerName = tracefile.WriterName
 
 // ErrGroupUnsupported is the reason a message is rejected when, with more than one partition, its
 // producer id (Fpm-Producer header) is not its worker_id, the partition key: its file could get two

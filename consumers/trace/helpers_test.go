@@ -1,15 +1,18 @@
 package trace
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/gzip"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +21,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // testFPM is one message as the bridge publishes it.
@@ -31,36 +35,11 @@ type testFPM struct {
 
 // body returns the canonical JSON body, made by the schemas codec from a msgpack payload.
 func (f testFPM) body(t testing.TB) []byte {
-	t.Helper()
-	m := &schemas.FPM{Version: 1, WorkerID: f.key.WorkerID, DPRank: int64(f.key.DPRank), CounterID: f.counter}
-	if !f.heartbeat {
-		m.WallTime = 0.025 + float64(f.counter%7)/1000
-		m.Scheduled = schemas.ScheduledRequests{NumPrefillRequests: 2, SumPrefillTokens: 256 + f.counter%100, VarPrefillLength: 1.5, SumPrefillKVTokens: 64, NumDecodeRequests: 3, SumDecodeKVTokens: 1024 + f.counter}
-		m.Queued = schemas.QueuedRequests{NumPrefillRequests: 1, SumPrefillTokens: 128}
-	}
-	d, err := schemas.DecodeFPM(schemas.EncodeMsgpack(m))
-	if err != nil {
-		t.Fatalf("test FPM: %v", err)
-	}
-	return d.JSON
+	return streamstest.FPMBody(t, f.key, f.counter, f.heartbeat)
 }
 
 func (f testFPM) msg(t testing.TB) *nats.Msg {
-	m := nats.NewMsg(streams.FPMSubject(f.key))
-	m.Data = f.body(t)
-	m.Header.Set(streams.HeaderMsgID, streams.MsgID(f.key, 1, uint64(f.counter)))
-	m.Header.Set(streams.HeaderSeq, strconv.FormatInt(f.counter, 10))
-	m.Header.Set(streams.HeaderNamespace, f.key.Namespace)
-	m.Header.Set(streams.HeaderComponent, f.key.Component)
-	m.Header.Set(streams.HeaderWorkerID, f.key.WorkerID)
-	m.Header.Set(streams.HeaderDPRank, strconv.Itoa(f.key.DPRank))
-	if f.receivedMs != 0 {
-		m.Header.Set(streams.HeaderReceivedAt, strconv.FormatInt(f.receivedMs, 10))
-	}
-	if f.producer != "" {
-		m.Header.Set(streams.HeaderProducer, f.producer)
-	}
-	return m
+	return streamstest.FPMMsg(t, f.key, f.counter, f.receivedMs, f.producer, f.heartbeat)
 }
 
 // publish publishes msgs to the FPM stream (asynchronously, then waits for every ack).
@@ -230,19 +209,19 @@ func waitHanded(t testing.TB, reg *prometheus.Registry, n int) {
 // order.
 func outputLines(t testing.TB, outputPath string) map[string][][]byte {
 	t.Helper()
-	producers, err := Producers(outputPath)
+	producers, err := tracefile.Producers(outputPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[string][][]byte{}
 	for _, p := range producers {
-		segs, err := ListSegments(OutputBase(outputPath) + "." + p)
+		segs, err := tracefile.ListSegments(tracefile.OutputBase(outputPath) + "." + p)
 		if err != nil {
 			t.Fatal(err)
 		}
 		sort.Slice(segs, func(i, j int) bool { return segs[i].Index < segs[j].Index })
 		for _, s := range segs {
-			if err := ReadSegment(s.Path, func(l []byte) error {
+			if err := tracefile.ReadSegment(s.Path, func(l []byte) error {
 				out[p] = append(out[p], append([]byte(nil), l...))
 				return nil
 			}); err != nil {
@@ -257,4 +236,33 @@ func outputLines(t testing.TB, outputPath string) map[string][][]byte {
 func deadLetters(t testing.TB, js jetstream.JetStream) []jetstream.Msg {
 	t.Helper()
 	return streamstest.Messages(t, js, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
+}
+
+func touch(t *testing.T, path string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// member returns one gzip member holding s.
+func member(t testing.TB, s string) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	if _, err := zw.Write([]byte(s)); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// newSettings applies opts to the defaults, as New does after its checks (the harnesses build a writer
+// without a server).
+func newSettings(opts []Option) (settings, error) {
+	s := defaultSettings()
+	err := durable.ApplyOptions(&s, ErrInvalidConfig, opts)
+	return s, err
 }

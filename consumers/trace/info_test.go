@@ -12,6 +12,7 @@ import (
 	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // writeTrace writes fs as a writer would (producer from the Fpm-Producer header, else worker_id) under
@@ -22,17 +23,17 @@ func writeTrace(t *testing.T, out, mode string, roll int64, flushEvery int, fs [
 	for i, f := range fs {
 		m := f.msg(t)
 		am := &ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}, seq: uint64(i + 1)}
-		r, err := parseRecord(am, msgMeta{seq: am.seq, stored: time.UnixMilli(1_782_777_600_000)}, "", nil)
+		r, err := parseRecord(am, tracefile.MsgMeta{Seq: am.seq, Stored: time.UnixMilli(1_782_777_600_000)}, "", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		prefix := SegmentPrefix(out, r.producer)
+		prefix := tracefile.SegmentPrefix(out, r.Producer)
 		if sws[prefix] == nil {
 			if sws[prefix], err = NewSegmentWriter(prefix, roll, 1000); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := sws[prefix].Append(appendLine(nil, &r, int64(i)*250, mode)); err != nil {
+		if err := sws[prefix].Append(tracefile.AppendLine(nil, &r.Record, int64(i)*250, mode)); err != nil {
 			t.Fatal(err)
 		}
 		if (i+1)%flushEvery == 0 {
@@ -67,8 +68,8 @@ func TestInfo(t *testing.T) {
 	fs = append(fs, testFPM{key: b, counter: 3, receivedMs: base + 2000}) // a duplicate, going back
 	validLine := func(mode string) string {
 		var buf bytes.Buffer
-		r, _ := parseRecord(&ackMsg{fakeMsg: fakeMsg{subject: streams.FPMSubject(a), data: fs[0].body(t), hdr: fs[0].msg(t).Header}}, msgMeta{}, "", nil)
-		buf.Write(appendLine(nil, &r, 0, mode))
+		r, _ := parseRecord(&ackMsg{fakeMsg: fakeMsg{subject: streams.FPMSubject(a), data: fs[0].body(t), hdr: fs[0].msg(t).Header}}, tracefile.MsgMeta{}, "", nil)
+		buf.Write(tracefile.AppendLine(nil, &r.Record, 0, mode))
 		return buf.String()
 	}
 
@@ -77,14 +78,14 @@ func TestInfo(t *testing.T) {
 		wantErr error
 		errHas  []string // the error names the file (and line)
 		golden  string   // testdata/<golden>.txt and .json
-		check   func(t *testing.T, r *InfoReport)
+		check   func(t *testing.T, r *tracefile.InfoReport)
 	}{
 		"a full trace over rolled segments, with gaps, heartbeats and damage": {
 			setup: func(t *testing.T, dir string) []string {
 				out := filepath.Join(dir, "dynamo-fpm")
 				writeTrace(t, out, schemas.CaptureFull, 8<<10, 5, fs)
 				// Cut the second segment of 4192 in its last member, as a crash leaves it.
-				p := SegmentPath(SegmentPrefix(out, "4192"), 1)
+				p := tracefile.SegmentPath(tracefile.SegmentPrefix(out, "4192"), 1)
 				data, err := os.ReadFile(p)
 				if err != nil {
 					t.Fatal(err)
@@ -100,7 +101,7 @@ func TestInfo(t *testing.T) {
 				return []string{"."}
 			},
 			golden: "info_full",
-			check: func(t *testing.T, r *InfoReport) {
+			check: func(t *testing.T, r *tracefile.InfoReport) {
 				if len(r.Damaged) != 1 || !strings.HasSuffix(r.Damaged[0].Segment, ".4192.000001.jsonl.gz") || r.Damaged[0].Offset == 0 {
 					t.Fatalf("damaged %+v", r.Damaged)
 				}
@@ -118,13 +119,13 @@ func TestInfo(t *testing.T) {
 				good := validLine("full")
 				bad := strings.Replace(good, `"capture_mode":"full"`, `"capture_mode":"bogus"`, 1)
 				extra := strings.Replace(good, `"timestamp":0,`, `"timestamp":0,"x":1,`, 1)
-				p := SegmentPath(filepath.Join(dir, "t.4192"), 0)
+				p := tracefile.SegmentPath(filepath.Join(dir, "t.4192"), 0)
 				if err := os.WriteFile(p, gzipOf(t, good+"\n"+bad+"\n"+extra+"\n"), 0o644); err != nil {
 					t.Fatal(err)
 				}
 				return []string{p}
 			},
-			check: func(t *testing.T, r *InfoReport) {
+			check: func(t *testing.T, r *tracefile.InfoReport) {
 				p := r.Producers[0]
 				if p.Lines != 3 || p.Violations != 2 || p.Keys[0].Lines != 1 || p.Keys[0].Violations != 2 {
 					t.Fatalf("lines %d violations %d keys %+v", p.Lines, p.Violations, p.Keys[0])
@@ -142,17 +143,17 @@ func TestInfo(t *testing.T) {
 				}
 				return []string{p}
 			},
-			wantErr: ErrNotGzip, errHas: []string{"notes.jsonl.gz"},
+			wantErr: tracefile.ErrNotGzip, errHas: []string{"notes.jsonl.gz"},
 		},
 		"a gzip file of other JSON": {
 			setup: func(t *testing.T, dir string) []string {
-				p := SegmentPath(filepath.Join(dir, "t.x"), 0)
+				p := tracefile.SegmentPath(filepath.Join(dir, "t.x"), 0)
 				if err := os.WriteFile(p, gzipOf(t, validLine("full")+"\n{\"level\":\"info\",\"msg\":\"hello\"}\n"), 0o644); err != nil {
 					t.Fatal(err)
 				}
 				return []string{p}
 			},
-			wantErr: ErrNotTrace, errHas: []string{"t.x.000000.jsonl.gz:2:"},
+			wantErr: tracefile.ErrNotTrace, errHas: []string{"t.x.000000.jsonl.gz:2:"},
 		},
 		"a gzip file of text": {
 			setup: func(t *testing.T, dir string) []string {
@@ -162,7 +163,7 @@ func TestInfo(t *testing.T) {
 				}
 				return []string{p}
 			},
-			wantErr: ErrNotTrace, errHas: []string{"log.jsonl.gz:1:"},
+			wantErr: tracefile.ErrNotTrace, errHas: []string{"log.jsonl.gz:1:"},
 		},
 		"another schema": {
 			setup: func(t *testing.T, dir string) []string {
@@ -173,17 +174,17 @@ func TestInfo(t *testing.T) {
 				}
 				return []string{p}
 			},
-			wantErr: ErrNotTrace, errHas: []string{"kv.jsonl.gz:1:", "dynamo.kv.trace.v1"},
+			wantErr: tracefile.ErrNotTrace, errHas: []string{"kv.jsonl.gz:1:", "dynamo.kv.trace.v1"},
 		},
 		"an empty segment": {
 			setup: func(t *testing.T, dir string) []string {
-				p := SegmentPath(filepath.Join(dir, "t.w"), 3)
+				p := tracefile.SegmentPath(filepath.Join(dir, "t.w"), 3)
 				if err := os.WriteFile(p, nil, 0o644); err != nil {
 					t.Fatal(err)
 				}
 				return []string{p}
 			},
-			check: func(t *testing.T, r *InfoReport) {
+			check: func(t *testing.T, r *tracefile.InfoReport) {
 				if len(r.Producers) != 1 || r.Producers[0].Lines != 0 || r.Producers[0].Segments[0].Index != 3 || len(r.Damaged) != 0 {
 					t.Fatalf("report %+v", r.Producers[0])
 				}
@@ -191,7 +192,7 @@ func TestInfo(t *testing.T) {
 		},
 		"a directory without segments": {
 			setup:   func(t *testing.T, dir string) []string { return []string{dir} },
-			wantErr: ErrNoSegments,
+			wantErr: tracefile.ErrNoSegments,
 		},
 		"a missing file": {
 			setup:   func(t *testing.T, dir string) []string { return []string{filepath.Join(dir, "nope.jsonl.gz")} },
@@ -202,7 +203,7 @@ func TestInfo(t *testing.T) {
 			dir := t.TempDir()
 			t.Chdir(dir)
 			paths := tc.setup(t, ".")
-			r, err := Info(paths)
+			r, err := tracefile.Info(paths)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("Info = %v, want %v", err, tc.wantErr)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Write retry defaults (see WithWriteRetry).
@@ -35,16 +36,10 @@ type settings struct {
 func defaultSettings() settings {
 	return settings{
 		Settings: durable.DefaultSettings(),
-		level:    DefaultCompressionLevel,
+		level:    tracefile.DefaultCompressionLevel,
 		retry:    retryPolicy(DefaultRetryInitial, DefaultRetryMax),
 		open:     createFile,
 	}
-}
-
-func newSettings(opts []Option) (settings, error) {
-	s := defaultSettings()
-	err := durable.ApplyOptions(&s, ErrInvalidConfig, opts)
-	return s, err
 }
 
 // prepare checks what New and Backfill both take, in this order: cfg, js and the options, and returns
@@ -66,11 +61,11 @@ func WithLogger(l *slog.Logger) Option { return shared(durable.WithLogger(l)) }
 func WithClock(now func() time.Time) Option { return shared(durable.WithClock(now)) }
 
 // WithCompressionLevel sets the gzip level of new members (1 fastest … 9 smallest; default
-// DefaultCompressionLevel).
+// tracefile.DefaultCompressionLevel).
 func WithCompressionLevel(level int) Option {
 	return func(s *settings) error {
-		if level < 1 || level > 9 {
-			return fmt.Errorf("gzip level %d: want 1 to 9", level)
+		if err := tracefile.CheckCompressionLevel(level); err != nil {
+			return err
 		}
 		s.level = level
 		return nil

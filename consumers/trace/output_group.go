@@ -15,10 +15,11 @@ import (
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
-// Which consumer group writes a trace output. The prefix locks (owner.go) keep two live processes from
-// writing one producer's files at once; they say nothing about a writer of another consumer group
+// Which consumer group writes a trace output. The prefix locks (tracefile.Owner) keep two live
+// processes from writing one producer's files at once; they say nothing about a writer of another consumer group
 // that starts while the output's writer is down (stopped, restarting, killed). Such a group has its own
 // position in the stream, from its beginning: it would write every line of the stream again into the
 // same files, and the first group, back, would then be refused its producers. So an output belongs to
@@ -36,7 +37,9 @@ var ErrOutputOwned = errors.New("trace: the trace output belongs to another cons
 const outputGroupSuffix = ".fpmbus-group.json"
 
 // OutputGroupPath is the file recording which group writes outputPath.
-func OutputGroupPath(outputPath string) string { return OutputBase(outputPath) + outputGroupSuffix }
+func OutputGroupPath(outputPath string) string {
+	return tracefile.OutputBase(outputPath) + outputGroupSuffix
+}
 
 // outputGroup is the record.
 type outputGroup struct {

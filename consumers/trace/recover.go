@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"os"
 	"slices"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Takeover recovery. A message is done only after its line is fsynced, but its acknowledgement may
@@ -25,46 +25,17 @@ import (
 // the lines of the producer's segments that can hold such a line; seqState then skips the redelivered
 // messages whose lines are among them.
 //
-// A line is matched by identity, since a line carries nothing fpmbus-specific (it must stay
-// Dynamo-identical): its producer's segment prefix, observed_at_unix_ms, and a 64-bit hash of
-// namespace, component, producer_id and the fpm object's bytes (the fpm object carries worker_id,
-// dp_rank and counter_id, and is the message body verbatim). Two stream messages with the same
-// identity are byte-identical lines; each line found accounts for one of them.
+// A line is matched by its identity (tracefile.LineIdentity: prefix, observed_at_unix_ms and a hash of
+// namespace, component, producer_id and the fpm object), since a line carries nothing fpmbus-specific.
 //
 // Only segments that can hold such a line are read: newest first, stopping at the first segment last
-// modified more than recoverySlack before the producer's first redelivered message was stored (a line
+// modified more than tracefile.RecoverySlack before the producer's first redelivered message was stored (a line
 // is written after its message is delivered). Lines in segments already pruned by MaxSegments cannot
 // be found: those messages are written again, into the retained window.
 //
 // In sampled mode the same segments also seed the sampler with each key's last written line (its
 // interval and counter_id), so that a redelivered message of an interval that already has its line is
 // treated as late, not written as a second sample of that interval.
-
-// recoverySlack tolerates clock skew between the server (stream timestamps) and this host (mtimes).
-const recoverySlack = time.Minute
-
-// identitySeed hashes line identities; it only has to be stable within one process.
-var identitySeed = maphash.MakeSeed()
-
-// lineIdentity identifies a trace line (see above).
-type lineIdentity struct {
-	prefix   string
-	observed int64
-	sum      uint64
-}
-
-func identityOf(prefix, namespace, component, producer string, observed int64, fpm []byte) lineIdentity {
-	var h maphash.Hash
-	h.SetSeed(identitySeed)
-	h.WriteString(namespace)
-	h.WriteByte(0)
-	h.WriteString(component)
-	h.WriteByte(0)
-	h.WriteString(producer)
-	h.WriteByte(0)
-	h.Write(fpm)
-	return lineIdentity{prefix: prefix, observed: observed, sum: h.Sum64()}
-}
 
 // RecoveryResult says what the takeovers of a Consumer found, summed over its partitions and
 // producers.
@@ -124,22 +95,22 @@ func newTakeover(w *writer, partitions int, totals *recoveryTotals) *takeover {
 // written reports whether r's line is already on disk. A message the group cannot write safely is a
 // *messageError.
 func (t *takeover) written(r *record) (bool, error) {
-	if t.checkWorker && r.producer != r.key.WorkerID {
+	if t.checkWorker && r.Producer != r.Key.WorkerID {
 		return false, &messageError{fmt.Errorf("%w: message %s has producer id %q (Fpm-Producer header), not its worker_id %q: with --partitions > 1 "+
 			"its file could get two writers; run the bridges without --producer-id, or use --partitions 1",
-			ErrGroupUnsupported, r.d.Subject(), r.producer, r.key.WorkerID)}
+			ErrGroupUnsupported, r.d.Subject(), r.Producer, r.Key.WorkerID)}
 	}
-	st := t.byID[r.producer]
+	st := t.byID[r.Producer]
 	if st == nil {
-		prefix := SegmentPrefix(t.w.cfg.OutputPath, r.producer)
+		prefix := tracefile.SegmentPrefix(t.w.cfg.OutputPath, r.Producer)
 		if st = t.byPrefix[prefix]; st == nil {
 			var err error
-			if st, err = t.load(prefix, r.stored); err != nil {
+			if st, err = t.load(prefix, r.Stored); err != nil {
 				return false, err
 			}
 			t.byPrefix[prefix] = st
 		}
-		t.byID[r.producer] = st
+		t.byID[r.Producer] = st
 	}
 	if !st.checking() {
 		return false, nil
@@ -159,16 +130,16 @@ func (t *takeover) written(r *record) (bool, error) {
 // messages stored at or after stored.
 func (t *takeover) load(prefix string, stored time.Time) (*seqState, error) {
 	w := t.w
-	if err := removeRepairLeftovers(prefix, w.log); err != nil {
+	if err := tracefile.RemoveRepairLeftovers(prefix, w.log); err != nil {
 		return nil, fmt.Errorf("trace: takeover: %w", err)
 	}
-	segs, err := ListSegments(prefix)
+	segs, err := tracefile.ListSegments(prefix)
 	if err != nil {
 		return nil, fmt.Errorf("trace: takeover: %w", err)
 	}
 	for i := len(segs) - 1; i >= 0; i-- {
 		if segs[i].Regular {
-			if _, err := Repair(segs[i].Path, w.log); err != nil {
+			if _, err := tracefile.Repair(segs[i].Path, w.log); err != nil {
 				if repairRefused(err) && w.unrepaired != nil { // this producer alone (unrepaired.go)
 					return nil, &messageError{w.unrepaired.refuse(prefix, err, w.log)}
 				}
@@ -177,10 +148,10 @@ func (t *takeover) load(prefix string, stored time.Time) (*seqState, error) {
 			break
 		}
 	}
-	if segs, err = ListSegments(prefix); err != nil {
+	if segs, err = tracefile.ListSegments(prefix); err != nil {
 		return nil, fmt.Errorf("trace: takeover: %w", err)
 	}
-	st := &seqState{prefix: prefix, ids: map[lineIdentity]int{}, sampled: w.sampler != nil}
+	st := &seqState{prefix: prefix, ids: map[tracefile.LineIdentity]int{}, sampled: w.sampler != nil}
 	res := RecoveryResult{Producers: 1}
 	seeds := map[sampleKey]recoverSeed{}
 	for i := len(segs) - 1; i >= 0; i-- {
@@ -195,11 +166,11 @@ func (t *takeover) load(prefix string, stored time.Time) (*seqState, error) {
 		if fi.ModTime().After(st.lastWrite) {
 			st.lastWrite = fi.ModTime()
 		}
-		if !stored.IsZero() && fi.ModTime().Before(stored.Add(-recoverySlack)) {
+		if !stored.IsZero() && fi.ModTime().Before(stored.Add(-tracefile.RecoverySlack)) {
 			break // written before the first redelivered message was stored
 		}
 		res.SegmentsRead++
-		n, err := w.readLineIdentities(s.Path, prefix, seeds, func(id lineIdentity) { st.ids[id]++ })
+		n, err := w.readLineIdentities(s.Path, prefix, seeds, func(id tracefile.LineIdentity) { st.ids[id]++ })
 		res.LinesRead += n
 		if err != nil {
 			return nil, fmt.Errorf("trace: takeover: %w", err)
@@ -226,17 +197,17 @@ func sortSampleKeys(ks []sampleKey) {
 // sampling, records in seeds the newest sample of each key it holds (seeds already present — from newer
 // segments, read first — are kept). A torn tail ends the read without error: repair reports it. It
 // returns the lines read.
-func (w *writer) readLineIdentities(path, prefix string, seeds map[sampleKey]recoverSeed, onID func(lineIdentity)) (int, error) {
+func (w *writer) readLineIdentities(path, prefix string, seeds map[sampleKey]recoverSeed, onID func(tracefile.LineIdentity)) (int, error) {
 	lines := 0
 	segSeeds := map[sampleKey]recoverSeed{}
-	err := ReadSegment(path, func(line []byte) error {
+	err := tracefile.ReadSegment(path, func(line []byte) error {
 		lines++
 		tl, err := schemas.ParseTraceLine(line)
 		if err != nil {
 			return nil // not a line this writer wrote; info reports it
 		}
 		e := &tl.Event
-		onID(identityOf(prefix, e.Source.Namespace, e.Source.Component, e.Source.ProducerID, e.ObservedAtUnixMs, e.FPM))
+		onID(tracefile.IdentityOf(prefix, e.Source.Namespace, e.Source.Component, e.Source.ProducerID, e.ObservedAtUnixMs, e.FPM))
 		if w.sampler != nil {
 			if f, err := schemas.ParseFPMJSON(e.FPM); err == nil {
 				k := sampleKey{namespace: e.Source.Namespace, component: e.Source.Component,
@@ -246,7 +217,7 @@ func (w *writer) readLineIdentities(path, prefix string, seeds map[sampleKey]rec
 		}
 		return nil
 	})
-	var ce *CorruptError
+	var ce *tracefile.CorruptError
 	if err != nil && !errors.As(err, &ce) {
 		return lines, err
 	}

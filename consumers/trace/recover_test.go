@@ -15,6 +15,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // pullUnacked takes n messages from the writer group's partition consumer without acking them, as a
@@ -39,11 +40,11 @@ func writeLines(t *testing.T, cfg Config, msgs []jetstream.Msg) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := parseRecord(replayMsg{m}, msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}, cfg.ProducerID, nil)
+		r, err := parseRecord(replayMsg{m}, tracefile.MsgMeta{Seq: md.Sequence.Stream, Stored: md.Timestamp}, cfg.ProducerID, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		prefix := SegmentPrefix(cfg.OutputPath, r.producer)
+		prefix := tracefile.SegmentPrefix(cfg.OutputPath, r.Producer)
 		sw := sws[prefix]
 		if sw == nil {
 			if sw, err = NewSegmentWriter(prefix, cfg.RollBytes, cfg.MaxSegments); err != nil {
@@ -51,7 +52,7 @@ func writeLines(t *testing.T, cfg Config, msgs []jetstream.Msg) {
 			}
 			sws[prefix] = sw
 		}
-		if err := sw.Append(appendLine(nil, &r, 0, cfg.Mode)); err != nil {
+		if err := sw.Append(tracefile.AppendLine(nil, &r.Record, 0, cfg.Mode)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -306,8 +307,8 @@ func TestSeqState(t *testing.T) {
 	const prefix = "/out/fpm.w"
 	lastWrite := time.Unix(1_782_777_600, 0)
 	msg := func(seq uint64, observed int64, stored time.Time) *record {
-		return &record{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: "w"}, producer: "w",
-			body: []byte(fmt.Sprint(`{"counter_id":`, observed, `}`)), observed: observed, seq: seq, stored: stored}
+		return &record{Record: tracefile.Record{Key: streams.Key{Namespace: "ns", Component: "c", WorkerID: "w"}, Producer: "w",
+			Body: []byte(fmt.Sprint(`{"counter_id":`, observed, `}`)), Observed: observed, Seq: seq, Stored: stored}}
 	}
 	before := lastWrite.Add(-time.Second)
 	for name, tc := range map[string]struct {
@@ -346,20 +347,20 @@ func TestSeqState(t *testing.T) {
 		"sampled: a message stored after the last write ends the check": {
 			sampled: true,
 			lines:   []int64{12, 15},
-			msgs:    []*record{msg(1, 12, before), msg(2, 14, lastWrite.Add(recoverySlack+time.Second)), msg(3, 15, before)},
+			msgs:    []*record{msg(1, 12, before), msg(2, 14, lastWrite.Add(tracefile.RecoverySlack+time.Second)), msg(3, 15, before)},
 			skipped: []bool{true, false, false},
 			last:    1, ended: true,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			st := &seqState{prefix: prefix, ids: map[lineIdentity]int{}, sampled: tc.sampled, lastWrite: lastWrite}
+			st := &seqState{prefix: prefix, ids: map[tracefile.LineIdentity]int{}, sampled: tc.sampled, lastWrite: lastWrite}
 			for _, o := range tc.lines {
 				r := msg(0, o, time.Time{})
-				st.ids[identityOf(prefix, "ns", "c", "w", o, r.body)]++
+				st.ids[tracefile.IdentityOf(prefix, "ns", "c", "w", o, r.Body)]++
 			}
 			for i, r := range tc.msgs {
 				if got := st.written(r); got != tc.skipped[i] {
-					t.Fatalf("message %d (seq %d): skipped %v, want %v", i, r.seq, got, tc.skipped[i])
+					t.Fatalf("message %d (seq %d): skipped %v, want %v", i, r.Seq, got, tc.skipped[i])
 				}
 			}
 			if st.last != tc.last || st.checking() == tc.ended {
@@ -368,3 +369,9 @@ func TestSeqState(t *testing.T) {
 		})
 	}
 }
+
+// replayMsg is a replayed message: nothing to settle.
+type replayMsg struct{ jetstream.Msg }
+
+func (replayMsg) Done()        {}
+func (replayMsg) Reject(error) {}

@@ -14,6 +14,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // disk is a switchable fault: while a kind is on, every operation of that kind on every segment file
@@ -75,19 +76,19 @@ func (f *switchFile) Truncate(n int64) error {
 // readableLines counts the lines readable in every segment under outputPath, stopping at a torn tail.
 func readableLines(t *testing.T, outputPath string) int {
 	t.Helper()
-	producers, err := Producers(outputPath)
+	producers, err := tracefile.Producers(outputPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
 	for _, p := range producers {
-		segs, err := ListSegments(OutputBase(outputPath) + "." + p)
+		segs, err := tracefile.ListSegments(tracefile.OutputBase(outputPath) + "." + p)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range segs {
-			err := ReadSegment(s.Path, func([]byte) error { n++; return nil })
-			var ce *CorruptError
+			err := tracefile.ReadSegment(s.Path, func([]byte) error { n++; return nil })
+			var ce *tracefile.CorruptError
 			if err != nil && !errors.As(err, &ce) && !errors.Is(err, os.ErrNotExist) {
 				t.Fatal(err)
 			}
@@ -273,7 +274,7 @@ func TestWriteBatchRetryCutsBackAndWritesTheSameSegment(t *testing.T) {
 		}
 		b := w.detach()
 		err := w.writeBatchRetry(b, nil, retryPolicy(time.Millisecond, time.Millisecond)(), func(*SegmentWriter, error, time.Duration) {
-			sizeAtRetry = fileSize(t, SegmentPath(prefix, 0))
+			sizeAtRetry = fileSize(t, tracefile.SegmentPath(prefix, 0))
 			d.heal() // the next attempt succeeds
 		})
 		return w.complete(b, err)
@@ -281,7 +282,7 @@ func TestWriteBatchRetryCutsBackAndWritesTheSameSegment(t *testing.T) {
 	if err := appendFlush("a", "b"); err != nil {
 		t.Fatal(err)
 	}
-	size0 := fileSize(t, SegmentPath(prefix, 0))
+	size0 := fileSize(t, tracefile.SegmentPath(prefix, 0))
 	d.failWrite.Store(true)
 	if err := appendFlush("c", "d"); err != nil {
 		t.Fatal(err)

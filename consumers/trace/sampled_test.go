@@ -12,6 +12,7 @@ import (
 	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // ackMsg is a message of the fake consumer: it records whether it was said done (or rejected).
@@ -60,7 +61,7 @@ func (h *harness) send(f testFPM) *ackMsg {
 	h.seq++
 	m := f.msg(h.t)
 	am := &ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}, seq: h.seq}
-	r, err := parseRecord(am, msgMeta{seq: h.seq, stored: time.UnixMilli(1_782_777_600_000)}, h.cfg.ProducerID, nil)
+	r, err := parseRecord(am, tracefile.MsgMeta{Seq: h.seq, Stored: time.UnixMilli(1_782_777_600_000)}, h.cfg.ProducerID, nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -328,7 +329,7 @@ func goldenLines(t *testing.T, cfg Config, producers ...string) []byte {
 	out := outputLines(t, cfg.OutputPath)
 	var got bytes.Buffer
 	for _, p := range producers {
-		fmt.Fprintf(&got, "# %s\n", filepath.Base(SegmentPath(SegmentPrefix(cfg.OutputPath, p), 0)))
+		fmt.Fprintf(&got, "# %s\n", filepath.Base(tracefile.SegmentPath(tracefile.SegmentPrefix(cfg.OutputPath, p), 0)))
 		for _, l := range out[p] {
 			got.Write(l)
 			got.WriteByte('\n')
@@ -437,14 +438,14 @@ func TestReleaseHandsProducersBack(t *testing.T) {
 			if mode == schemas.CaptureSampled {
 				want = 1 // the newest of the interval
 			}
-			if got := len(prefixLines(t, SegmentPrefix(cfg.OutputPath, "w0"))[0]); got != want {
+			if got := len(prefixLines(t, tracefile.SegmentPrefix(cfg.OutputPath, "w0"))[0]); got != want {
 				t.Fatalf("w0 segment 0: %d lines, want %d", got, want)
 			}
 			again := newHarness(t, cfg) // w0's partition taken again
 			again.send(testFPM{key: w0, counter: 99, receivedMs: base + 5000})
 			again.stop()
 			p1.stop()
-			segs := prefixLines(t, SegmentPrefix(cfg.OutputPath, "w0"))
+			segs := prefixLines(t, tracefile.SegmentPrefix(cfg.OutputPath, "w0"))
 			if len(segs) != 2 || len(segs[1]) != 1 {
 				t.Fatalf("w0 segments after a new message: %v", segs)
 			}

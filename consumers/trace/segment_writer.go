@@ -15,13 +15,8 @@ import (
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
-
-// DefaultCompressionLevel is the gzip level of new members: klauspost's level 1 (BestSpeed). Dynamo
-// uses flate2's default (6); on trace lines, which repeat their keys, level 1 costs about 15-20% more
-// disk (~20 instead of ~17 bytes per 700-byte line) and compresses about twice as fast, which keeps the
-// writer close to the consumer's ack-only rate. WithCompressionLevel chooses another.
-const DefaultCompressionLevel = 1
 
 // ErrWriterClosed is returned by a SegmentWriter used after Close.
 var ErrWriterClosed = errors.New("trace: segment writer closed")
@@ -176,7 +171,7 @@ type batch struct {
 // rollBytes and maxSegments must be positive. The directory is created if missing; no file is
 // created until the first Flush with data.
 func NewSegmentWriter(prefix string, rollBytes int64, maxSegments int) (*SegmentWriter, error) {
-	return newSegmentWriter(prefix, rollBytes, maxSegments, DefaultCompressionLevel, nil)
+	return newSegmentWriter(prefix, rollBytes, maxSegments, tracefile.DefaultCompressionLevel, nil)
 }
 
 func newSegmentWriter(prefix string, rollBytes int64, maxSegments, level int, logger *slog.Logger) (*SegmentWriter, error) {
@@ -189,7 +184,7 @@ func newSegmentWriter(prefix string, rollBytes int64, maxSegments, level int, lo
 	if err := os.MkdirAll(filepath.Dir(prefix), 0o755); err != nil {
 		return nil, fmt.Errorf("create trace directory: %w", err)
 	}
-	next, err := NextSegmentIndex(prefix)
+	next, err := tracefile.NextSegmentIndex(prefix)
 	if err != nil {
 		return nil, err
 	}
@@ -216,7 +211,7 @@ func (w *SegmentWriter) Prefix() string { return w.prefix }
 // Path is the file of the segment the next line goes to (it may not exist yet). After a failed write
 // the files are numbered higher (see SegmentWriter); Path then names the segment the line would have
 // gone to.
-func (w *SegmentWriter) Path() string { return SegmentPath(w.prefix, w.index) }
+func (w *SegmentWriter) Path() string { return tracefile.SegmentPath(w.prefix, w.index) }
 
 // Buffered is the number of uncompressed bytes waiting for Flush.
 func (w *SegmentWriter) Buffered() int {
@@ -378,12 +373,12 @@ func (w *SegmentWriter) writeBatchRetry(b batch, stop <-chan struct{}, bo backof
 		n, err := w.writeChunks(chunks)
 		if err == nil {
 			if retried {
-				w.logger.Info("trace segment write succeeded after retrying", "segment", SegmentPath(w.prefix, w.fIndex))
+				w.logger.Info("trace segment write succeeded after retrying", "segment", tracefile.SegmentPath(w.prefix, w.fIndex))
 			}
 			return nil
 		}
 		chunks = chunks[n:]
-		if bo == nil || errors.Is(err, os.ErrExist) || nameRefused(err) {
+		if bo == nil || errors.Is(err, os.ErrExist) || tracefile.NameRefused(err) {
 			return err
 		}
 		for {
@@ -418,7 +413,7 @@ func (w *SegmentWriter) cutBack() error {
 	if w.f == nil {
 		return nil // the failure was creating or opening the file: nothing to cut
 	}
-	path := SegmentPath(w.prefix, w.fIndex)
+	path := tracefile.SegmentPath(w.prefix, w.fIndex)
 	if err := w.f.Truncate(w.fSize); err != nil {
 		return fmt.Errorf("cut segment %s back to byte %d: %w", path, w.fSize, err)
 	}
@@ -432,7 +427,7 @@ func (w *SegmentWriter) cutBack() error {
 
 func (w *SegmentWriter) writeChunk(c chunk) error {
 	idx := c.index + w.shift
-	path := SegmentPath(w.prefix, idx)
+	path := tracefile.SegmentPath(w.prefix, idx)
 	w.zbuf.Reset()
 	w.zw.Reset(&w.zbuf)
 	if _, err := w.zw.Write(c.data); err != nil {
@@ -446,14 +441,14 @@ func (w *SegmentWriter) writeChunk(c chunk) error {
 		f := w.f
 		w.f = nil
 		if err := f.Close(); err != nil {
-			w.logger.Warn("trace segment close", "segment", SegmentPath(w.prefix, w.fIndex), "err", err)
+			w.logger.Warn("trace segment close", "segment", tracefile.SegmentPath(w.prefix, w.fIndex), "err", err)
 		}
 	}
 	if w.f == nil {
 		if err := w.openSegment(idx); err != nil {
 			return err
 		}
-		idx, path = w.fIndex, SegmentPath(w.prefix, w.fIndex)
+		idx, path = w.fIndex, tracefile.SegmentPath(w.prefix, w.fIndex)
 	}
 	member := w.zbuf.Bytes()
 	if n, err := w.f.Write(member); err != nil || n != len(member) {
@@ -493,7 +488,7 @@ func (w *SegmentWriter) openSegment(idx uint64) error {
 	c := w.cont
 	w.cont = nil // continued now, or rolled past before any write into it
 	if c != nil && c.index == idx {
-		path := SegmentPath(w.prefix, idx)
+		path := tracefile.SegmentPath(w.prefix, idx)
 		f, size, err := w.reopen(path)
 		if err == nil && size == c.size {
 			w.f, w.fIndex, w.fSize, w.fBytes, w.fDirSynced = f, idx, size, c.bytes, true
@@ -508,17 +503,17 @@ func (w *SegmentWriter) openSegment(idx uint64) error {
 			_ = f.Close()
 			err = fmt.Errorf("it holds %d bytes, not the %d the previous writer left", size, c.size)
 		}
-		next, nerr := NextSegmentIndex(w.prefix)
+		next, nerr := tracefile.NextSegmentIndex(w.prefix)
 		if nerr != nil {
 			return fmt.Errorf("segment %s changed since this process wrote it (%v): %w", path, err, nerr)
 		}
 		moved := max(next, idx+1)
 		w.shift += moved - idx
 		w.logger.Info("trace segment not continued: it changed since this process wrote it; a new segment is started",
-			"segment", path, "reason", err, "next", SegmentPath(w.prefix, moved))
+			"segment", path, "reason", err, "next", tracefile.SegmentPath(w.prefix, moved))
 		idx = moved
 	}
-	path := SegmentPath(w.prefix, idx)
+	path := tracefile.SegmentPath(w.prefix, idx)
 	f, err := w.open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -565,7 +560,7 @@ type PrunedSegment struct {
 // just created) included, and records what each held (prunedFile: the trace writer reports every one
 // as a loss). A failure to remove is logged, not returned: the segment stays, nothing is lost.
 func (w *SegmentWriter) prune(active uint64) {
-	segs, err := ListSegments(w.prefix)
+	segs, err := tracefile.ListSegments(w.prefix)
 	if err != nil {
 		w.logger.Warn("trace prune: list segments", "prefix", w.prefix, "err", err)
 		return
@@ -599,7 +594,7 @@ func (w *SegmentWriter) prune(active uint64) {
 }
 
 // held says what segment s holds: as this writer wrote it, or read from the file.
-func (w *SegmentWriter) held(s Segment) PrunedSegment {
+func (w *SegmentWriter) held(s tracefile.Segment) PrunedSegment {
 	ps := PrunedSegment{Segment: s.Path, Index: s.Index, FirstObservedMs: -1, LastObservedMs: -1}
 	if t := w.tallies[s.Index]; t != nil && t.lines > 0 && fileSizeIs(s.Path, t.size) {
 		ps.Lines, ps.FirstSeq, ps.LastSeq, ps.FirstObservedMs, ps.LastObservedMs = t.lines, t.firstSeq, t.lastSeq, t.minObserved, t.maxObserved
@@ -608,7 +603,7 @@ func (w *SegmentWriter) held(s Segment) PrunedSegment {
 		}
 		return ps
 	}
-	err := ReadSegment(s.Path, func(line []byte) error {
+	err := tracefile.ReadSegment(s.Path, func(line []byte) error {
 		if l, err := schemas.ParseTraceLine(line); err == nil {
 			if o := l.Event.ObservedAtUnixMs; ps.FirstObservedMs < 0 || o < ps.FirstObservedMs {
 				ps.FirstObservedMs = o
@@ -676,11 +671,11 @@ func (w *SegmentWriter) state() (segmentState, bool) {
 // left the producer's segment, if that is still the producer's newest segment and holds st.size
 // bytes; it reports whether it does. The file is checked again when it is opened (openSegment).
 func (w *SegmentWriter) continueFrom(st segmentState) bool {
-	next, err := NextSegmentIndex(w.prefix)
+	next, err := tracefile.NextSegmentIndex(w.prefix)
 	if err != nil || next != st.index+1 {
 		return false
 	}
-	fi, err := os.Lstat(SegmentPath(w.prefix, st.index))
+	fi, err := os.Lstat(tracefile.SegmentPath(w.prefix, st.index))
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != st.size {
 		return false
 	}
@@ -705,7 +700,7 @@ func (w *SegmentWriter) Close() error {
 func (w *SegmentWriter) closeFile() {
 	if w.f != nil {
 		if cerr := w.f.Close(); cerr != nil {
-			_ = w.fail(fmt.Errorf("close segment %s: %w", SegmentPath(w.prefix, w.fIndex), cerr))
+			_ = w.fail(fmt.Errorf("close segment %s: %w", tracefile.SegmentPath(w.prefix, w.fIndex), cerr))
 		}
 		w.f = nil
 	}

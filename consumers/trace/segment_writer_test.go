@@ -13,13 +13,15 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/gzip"
+
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // segmentLines returns the lines of one segment file.
 func segmentLines(t *testing.T, path string) []string {
 	t.Helper()
 	var out []string
-	if err := ReadSegment(path, func(l []byte) error {
+	if err := tracefile.ReadSegment(path, func(l []byte) error {
 		out = append(out, string(l))
 		return nil
 	}); err != nil {
@@ -31,7 +33,7 @@ func segmentLines(t *testing.T, path string) []string {
 // prefixLines returns the lines of every segment of prefix, by index.
 func prefixLines(t *testing.T, prefix string) map[uint64][]string {
 	t.Helper()
-	segs, err := ListSegments(prefix)
+	segs, err := tracefile.ListSegments(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,10 +162,10 @@ func TestSegmentWriterOneMemberPerFlush(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	if n := memberCount(t, SegmentPath(prefix, 0)); n != 3 {
+	if n := memberCount(t, tracefile.SegmentPath(prefix, 0)); n != 3 {
 		t.Fatalf("members = %d, want 3", n)
 	}
-	if got := len(segmentLines(t, SegmentPath(prefix, 0))); got != 30 {
+	if got := len(segmentLines(t, tracefile.SegmentPath(prefix, 0))); got != 30 {
 		t.Fatalf("lines = %d, want 30", got)
 	}
 	if err := w.Append([]byte("x")); !errors.Is(err, ErrWriterClosed) {
@@ -188,15 +190,15 @@ func TestSegmentWriterPrune(t *testing.T) {
 		touch(t, filepath.Join(dir, n))
 	}
 	// Left by an earlier run, with a hole: the writer starts at 4.
-	touch(t, SegmentPath(prefix, 0))
-	touch(t, SegmentPath(prefix, 3))
+	touch(t, tracefile.SegmentPath(prefix, 0))
+	touch(t, tracefile.SegmentPath(prefix, 3))
 
 	w, err := NewSegmentWriter(prefix, 4, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	exists := func() []uint64 {
-		segs, err := ListSegments(prefix)
+		segs, err := tracefile.ListSegments(prefix)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +241,7 @@ func TestSegmentWriterPrune(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := SegmentPath(prefix, 8); w2.Path() != want {
+	if want := tracefile.SegmentPath(prefix, 8); w2.Path() != want {
 		t.Fatalf("restart path %s, want %s", w2.Path(), want)
 	}
 	if err := w2.Close(); err != nil {
@@ -255,15 +257,15 @@ func TestSegmentWriterRefusesAnExistingSegment(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another writer created segment 0 after this one chose it: two writers own the producer.
-	touch(t, SegmentPath(prefix, 0))
+	touch(t, tracefile.SegmentPath(prefix, 0))
 	if err := w.Append([]byte("a")); err != nil {
 		t.Fatal(err)
 	}
 	err = w.Flush()
-	if !errors.Is(err, os.ErrExist) || !strings.Contains(err.Error(), SegmentPath(prefix, 0)) {
+	if !errors.Is(err, os.ErrExist) || !strings.Contains(err.Error(), tracefile.SegmentPath(prefix, 0)) {
 		t.Fatalf("Flush = %v, want ErrExist naming the segment", err)
 	}
-	if got, _ := os.ReadFile(SegmentPath(prefix, 0)); string(got) != "x" {
+	if got, _ := os.ReadFile(tracefile.SegmentPath(prefix, 0)); string(got) != "x" {
 		t.Fatalf("existing segment 0 was modified: %q", got)
 	}
 	if err := w.Close(); err == nil {
@@ -340,7 +342,7 @@ func TestSegmentWriterFaults(t *testing.T) {
 			if !errors.Is(err1, tc.want) {
 				t.Fatalf("error = %v, want %v", err1, tc.want)
 			}
-			if !strings.Contains(err1.Error(), SegmentPath(prefix, 0)) {
+			if !strings.Contains(err1.Error(), tracefile.SegmentPath(prefix, 0)) {
 				t.Fatalf("error %q does not name the segment", err1)
 			}
 			if err := w.Append([]byte("x")); err != err1 {
@@ -358,12 +360,12 @@ func TestSegmentWriterFaults(t *testing.T) {
 			if closed != 1 {
 				t.Fatalf("file closed %d times, want 1", closed)
 			}
-			if _, err := Repair(SegmentPath(prefix, 0), nil); err != nil {
+			if _, err := tracefile.Repair(tracefile.SegmentPath(prefix, 0), nil); err != nil {
 				t.Fatal(err)
 			}
 			var n int
-			if _, err := os.Stat(SegmentPath(prefix, 0)); err == nil {
-				n = len(segmentLines(t, SegmentPath(prefix, 0)))
+			if _, err := os.Stat(tracefile.SegmentPath(prefix, 0)); err == nil {
+				n = len(segmentLines(t, tracefile.SegmentPath(prefix, 0)))
 			}
 			if tc.failSync {
 				return // what reached the page cache is readable; durability is what failed

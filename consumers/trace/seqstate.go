@@ -1,6 +1,10 @@
 package trace
 
-import "time"
+import (
+	"time"
+
+	"github.com/fpmbus/fpmbus/tracefile"
+)
 
 // seqState is one producer's dedup after a takeover: which of its redelivered messages already have
 // their line in its files. The partition consumer is reset to its ack floor when a writer takes it
@@ -9,7 +13,7 @@ import "time"
 // server (a crash between the fsync and the ack, a connection cut). An owner writes a producer's
 // messages in stream order and says none done before its line is durable, so in full mode those
 // lines are exactly a prefix of the producer's redelivered messages: the check skips messages while
-// their line identity (recover.go) is among the lines read, and the first one that is not ends it.
+// their line identity (tracefile/identity.go) is among the lines read, and the first one that is not ends it.
 // Every message skipped is therefore at or below the last stream sequence found written (last), and
 // every later one is written.
 //
@@ -20,7 +24,7 @@ import "time"
 // write (less recoverySlack for clock skew): nothing stored later can have a line.
 type seqState struct {
 	prefix    string
-	ids       map[lineIdentity]int // lines read and not matched yet; nil once the check is over
+	ids       map[tracefile.LineIdentity]int // lines read and not matched yet; nil once the check is over
 	sampled   bool
 	lastWrite time.Time // modification time of the producer's newest segment
 	last      uint64    // last stream sequence found written
@@ -33,21 +37,21 @@ func (s *seqState) written(r *record) bool {
 	if s.ids == nil {
 		return false
 	}
-	id := identityOf(s.prefix, r.key.Namespace, r.key.Component, r.producer, r.observed, r.body)
+	id := tracefile.IdentityOf(s.prefix, r.Key.Namespace, r.Key.Component, r.Producer, r.Observed, r.Body)
 	if n := s.ids[id]; n > 0 {
 		if n == 1 {
 			delete(s.ids, id)
 		} else {
 			s.ids[id] = n - 1
 		}
-		s.last = max(s.last, r.seq)
+		s.last = max(s.last, r.Seq)
 		s.skipped++
 		if len(s.ids) == 0 {
 			s.ids = nil
 		}
 		return true
 	}
-	if !s.sampled || r.stored.After(s.lastWrite.Add(recoverySlack)) {
+	if !s.sampled || r.Stored.After(s.lastWrite.Add(tracefile.RecoverySlack)) {
 		s.ids = nil
 	}
 	return false

@@ -17,6 +17,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // publishInOrder publishes msgs one at a time, each after the previous one's ack, so that their
@@ -346,14 +347,14 @@ func TestVerifyAgainstShardsIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	vc := VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}
-	rep, err := Verify(ctx, vc, nil, WithLogger(testLogger(t)))
+	vc := tracefile.VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}
+	rep, err := tracefile.Verify(ctx, vc, nil, tracefile.WithLogger(testLogger(t)))
 	if err != nil || rep.Remaining != 0 {
 		t.Fatalf("the files alone: %v, %d findings remain", err, rep.Remaining)
 	}
 	for name, repair := range map[string]bool{"stream": false, "repair": true} {
 		vc.Repair = repair
-		if _, err := Verify(ctx, vc, env.JS, WithLogger(testLogger(t))); !errors.Is(err, ErrStreamSharded) {
+		if _, err := tracefile.Verify(ctx, vc, env.JS, tracefile.WithLogger(testLogger(t))); !errors.Is(err, tracefile.ErrStreamSharded) {
 			t.Fatalf("%s over shards: %v, want ErrStreamSharded", name, err)
 		}
 	}

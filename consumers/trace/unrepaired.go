@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Producers whose newest segment cannot be repaired.
@@ -14,7 +15,7 @@ import (
 // temporary file <segment>.repair.tmp. Anything under that name that is not a regular file (a symbolic
 // link planted into another directory, a FIFO) is refused, never written through
 // (fsutil.ErrNotRegular), and it concerns that producer alone, as a lock file that cannot be had does
-// (owner.go): the producer's newest segment stays as it is, and its messages are rejected
+// (tracefile/owner.go): the producer's newest segment stays as it is, and its messages are rejected
 // (dead-lettered, naming the file) rather than written after a tail nobody cut; the other producers go
 // on. The repair is tried again at the producer's first message after each Tick (every flush
 // interval), so the producer goes on as soon as what was planted is removed, without a restart.
@@ -58,7 +59,7 @@ func (w *writer) repairRefusedProducer(r *record) error {
 	if len(w.unrepaired) == 0 {
 		return nil
 	}
-	prefix := SegmentPrefix(w.cfg.OutputPath, r.producer)
+	prefix := tracefile.SegmentPrefix(w.cfg.OutputPath, r.Producer)
 	ref := w.unrepaired[prefix]
 	switch {
 	case ref == nil:
@@ -68,13 +69,13 @@ func (w *writer) repairRefusedProducer(r *record) error {
 	}
 	ref.tried = true
 	if err := w.claim(prefix); err != nil { // the repair needs the producer owned
-		if w.rejectHeld && refusesProducer(err) {
-			w.own.rejecting(prefix, err)
+		if w.rejectHeld && tracefile.RefusesProducer(err) {
+			w.own.Rejecting(prefix, err)
 			return &messageError{err}
 		}
 		return err
 	}
-	if _, err := repairPrefixes([]string{prefix}, w.log); err != nil {
+	if _, err := tracefile.RepairPrefixes([]string{prefix}, w.log); err != nil {
 		if !repairRefused(err) {
 			return err
 		}

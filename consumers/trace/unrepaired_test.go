@@ -11,6 +11,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // A symbolic link planted as the start-up repair's temporary file of one producer's torn segment
@@ -46,7 +47,7 @@ func TestStartupRepairRefusedByAPlantedTemporaryFileRefusesOnlyItsProducer(t *te
 
 	// A crash inside the last member of w0's newest segment, and a link planted under the name its
 	// repair writes.
-	segs, err := ListSegments(SegmentPrefix(cfg.OutputPath, "w0"))
+	segs, err := tracefile.ListSegments(tracefile.SegmentPrefix(cfg.OutputPath, "w0"))
 	if err != nil || len(segs) == 0 {
 		t.Fatalf("w0's segments: %v %v", segs, err)
 	}
@@ -63,7 +64,7 @@ func TestStartupRepairRefusedByAPlantedTemporaryFileRefusesOnlyItsProducer(t *te
 	if err := os.WriteFile(victim, []byte("precious"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	link := newest + repairTmpSuffix
+	link := newest + tracefile.RepairTmpSuffix
 	if err := os.Symlink(victim, link); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestStartupRepairRefusedByAPlantedTemporaryFileRefusesOnlyItsProducer(t *te
 			t.Fatalf("dead letter of %s: reason %q, want w0's naming %s", s, m.Headers().Get(streams.HeaderError), link)
 		}
 	}
-	w1 := observed(t, SegmentPrefix(cfg.OutputPath, "w1"))
+	w1 := observed(t, tracefile.SegmentPrefix(cfg.OutputPath, "w1"))
 	for _, f := range fs2 {
 		if f.key.WorkerID == "w1" && !w1[f.receivedMs] {
 			t.Fatalf("w1's message observed at %d has no line", f.receivedMs)
@@ -107,10 +108,10 @@ func TestStartupRepairRefusedByAPlantedTemporaryFileRefusesOnlyItsProducer(t *te
 	if n := len(deadLetters(t, env.JS)); n != 20 {
 		t.Fatalf("%d dead letters after the link was removed, want still 20", n)
 	}
-	if res, err := Repair(newest, nil); err != nil || res.Repaired {
+	if res, err := tracefile.Repair(newest, nil); err != nil || res.Repaired {
 		t.Fatalf("w0's torn segment was not repaired: %+v %v", res, err)
 	}
-	lines := map[string]map[int64]bool{"w0": observed(t, SegmentPrefix(cfg.OutputPath, "w0")), "w1": observed(t, SegmentPrefix(cfg.OutputPath, "w1"))}
+	lines := map[string]map[int64]bool{"w0": observed(t, tracefile.SegmentPrefix(cfg.OutputPath, "w0")), "w1": observed(t, tracefile.SegmentPrefix(cfg.OutputPath, "w1"))}
 	for _, f := range fs2 {
 		if f.key.WorkerID == "w0" && lines["w0"][f.receivedMs] {
 			t.Fatalf("w0's rejected message observed at %d has a line", f.receivedMs)
@@ -126,13 +127,13 @@ func TestStartupRepairRefusedByAPlantedTemporaryFileRefusesOnlyItsProducer(t *te
 // observed reads every segment of prefix: the observed_at_unix_ms of its lines.
 func observed(t *testing.T, prefix string) map[int64]bool {
 	t.Helper()
-	segs, err := ListSegments(prefix)
+	segs, err := tracefile.ListSegments(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[int64]bool{}
 	for _, s := range segs {
-		if err := ReadSegment(s.Path, func(l []byte) error {
+		if err := tracefile.ReadSegment(s.Path, func(l []byte) error {
 			tl, err := schemas.ParseTraceLine(l)
 			if err == nil {
 				out[tl.Event.ObservedAtUnixMs] = true

@@ -23,6 +23,7 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // verifyOutput is a trace output written by the real writer, kept as bytes so that every scenario
@@ -58,7 +59,7 @@ func writeVerifyOutput(t *testing.T, js jetstream.JetStream, n int, clock func()
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), SegmentSuffix) {
+		if !strings.HasSuffix(e.Name(), tracefile.SegmentSuffix) {
 			continue // the producers' lock files (owner.go)
 		}
 		data, err := os.ReadFile(filepath.Join(filepath.Dir(cfg.OutputPath), e.Name()))
@@ -84,22 +85,42 @@ func (o verifyOutput) copyTo(t *testing.T) string {
 
 // segmentName is the file name of segment index of producer.
 func (o verifyOutput) segmentName(producer string, index uint64) string {
-	return filepath.Base(SegmentPath(OutputBase(o.base)+"."+producer, index))
+	return filepath.Base(tracefile.SegmentPath(tracefile.OutputBase(o.base)+"."+producer, index))
 }
+
+// piece is a byte range of a segment's bytes (tracefile.Pieces): an intact block, normally one of the
+// writer's gzip members, or a damaged region; n is its lines.
+type piece struct {
+	off, end int64
+	damaged  bool
+	n        int
+}
+
+// pieces cuts a segment's bytes as Verify does (tracefile.Pieces).
+func pieces(data []byte) []piece {
+	var out []piece
+	for _, p := range tracefile.Pieces(data) {
+		out = append(out, piece{off: p.Offset, end: p.End, damaged: p.Damaged, n: p.Lines})
+	}
+	return out
+}
+
+// gzipTrailerLen is a gzip member's trailer: CRC-32 and size of the uncompressed data.
+const gzipTrailerLen = 8
 
 // blocks returns the intact blocks (the writer's gzip members) of a segment's bytes.
 func blocks(t *testing.T, data []byte) []piece {
 	t.Helper()
-	chk := checkSegment("x", "x", data, newKeyTable())
-	for _, pc := range chk.pieces {
+	pcs := pieces(data)
+	for _, pc := range pcs {
 		if pc.damaged {
-			t.Fatalf("pristine segment damaged: %+v", chk.findings)
+			t.Fatalf("pristine segment damaged: %+v", pcs)
 		}
 	}
-	if len(chk.pieces) < 4 {
-		t.Fatalf("segment has %d members, want at least 4", len(chk.pieces))
+	if len(pcs) < 4 {
+		t.Fatalf("segment has %d members, want at least 4", len(pcs))
 	}
-	return chk.pieces
+	return pcs
 }
 
 // gunzip decompresses every member of data (the standard library's reader, not fpmbus's).
@@ -117,7 +138,7 @@ func gunzip(t *testing.T, data []byte) []byte {
 }
 
 // findingsOf returns the findings of the segment named name.
-func findingsOf(t *testing.T, rep *VerifyReport, name string) (*VerifySegment, []Finding) {
+func findingsOf(t *testing.T, rep *tracefile.VerifyReport, name string) (*tracefile.VerifySegment, []tracefile.Finding) {
 	t.Helper()
 	for _, p := range rep.Producers {
 		for _, s := range p.Segments {
@@ -130,7 +151,7 @@ func findingsOf(t *testing.T, rep *VerifyReport, name string) (*VerifySegment, [
 	return nil, nil
 }
 
-func kinds(fs []Finding) []string {
+func kinds(fs []tracefile.Finding) []string {
 	var out []string
 	for _, f := range fs {
 		out = append(out, f.Kind)
@@ -171,20 +192,20 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				data[b.off+(b.end-b.off)/2] ^= 0xff
 				return data
 			},
-			offline: []string{FindingGzip}, exact: true, verified: true,
+			offline: []string{tracefile.FindingGzip}, exact: true, verified: true,
 		},
 		"truncated inside a member": {
 			damage: func(t *testing.T, data []byte) []byte {
 				b := blocks(t, data)[1]
 				return data[:b.off+(b.end-b.off)/3]
 			},
-			offline: []string{FindingTruncated},
+			offline: []string{tracefile.FindingTruncated},
 		},
 		"truncated at a member boundary": {
 			damage: func(t *testing.T, data []byte) []byte {
 				return data[:blocks(t, data)[2].off]
 			},
-			stream: []string{FindingMissing},
+			stream: []string{tracefile.FindingMissing},
 		},
 		"a member's header destroyed": {
 			damage: func(t *testing.T, data []byte) []byte {
@@ -192,7 +213,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				data[b.off] = 0
 				return data
 			},
-			offline: []string{FindingGzip}, exact: true, verified: true,
+			offline: []string{tracefile.FindingGzip}, exact: true, verified: true,
 		},
 		"a member's CRC-32 flipped": {
 			damage: func(t *testing.T, data []byte) []byte {
@@ -200,17 +221,17 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				data[b.end-gzipTrailerLen] ^= 0x01
 				return data
 			},
-			offline: []string{FindingGzip}, exact: true,
+			offline: []string{tracefile.FindingGzip}, exact: true,
 		},
 		"garbage appended": {
 			damage: func(t *testing.T, data []byte) []byte {
 				return append(data, []byte("\x1f\x8b\x08 not a member at all")...)
 			},
-			offline: []string{FindingGzip}, exact: true,
+			offline: []string{tracefile.FindingGzip}, exact: true,
 		},
 		"emptied": {
 			damage:  func(t *testing.T, data []byte) []byte { return data[:0] },
-			offline: []string{FindingTruncated},
+			offline: []string{tracefile.FindingTruncated},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -221,7 +242,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The files alone.
-			rep, err := Verify(ctx, VerifyConfig{OutputPath: output}, nil, WithLogger(testLogger(t)))
+			rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output}, nil, tracefile.WithLogger(testLogger(t)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -229,14 +250,14 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				t.Fatalf("offline findings %v (remaining %d), want %v: %+v", kinds(fs), rep.Remaining, tc.offline, fs)
 			}
 			for _, f := range rep.Producers[0].Segments[1].Findings {
-				if f.Kind == FindingGzip || f.Kind == FindingTruncated {
+				if f.Kind == tracefile.FindingGzip || f.Kind == tracefile.FindingTruncated {
 					if f.Offset < 0 || f.End > int64(len(out)) || f.End < f.Offset {
 						t.Fatalf("damage at bytes %d..%d of a %d-byte file", f.Offset, f.End, len(out))
 					}
 				}
 			}
 			// With the stream, as a dry run: restorable, nothing written.
-			rep, err = Verify(ctx, VerifyConfig{OutputPath: output}, env.JS, WithLogger(testLogger(t)))
+			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output}, env.JS, tracefile.WithLogger(testLogger(t)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -246,7 +267,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				t.Fatalf("findings with the stream %v (remaining %d), want %v: %+v", kinds(fs), rep.Remaining, want, fs)
 			}
 			for _, f := range fs {
-				if f.Heal == nil || f.Heal.Status != HealRestorable {
+				if f.Heal == nil || f.Heal.Status != tracefile.HealRestorable {
 					t.Fatalf("finding %+v: heal %+v, want restorable", f, f.Heal)
 				}
 			}
@@ -254,7 +275,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				t.Fatal("a verify without --repair changed the segment")
 			}
 			// Repair.
-			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -266,7 +287,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 			for _, f := range fs {
 				h := f.Heal
 				restored += h.Lines
-				if h.Status != HealRestored || h.TimestampsExact+h.TimestampsEstimated != h.Lines ||
+				if h.Status != tracefile.HealRestored || h.TimestampsExact+h.TimestampsEstimated != h.Lines ||
 					tc.exact && h.TimestampsEstimated != 0 || tc.verified != h.Verified {
 					t.Fatalf("heal %+v (exact %v, verified %v)", h, tc.exact, tc.verified)
 				}
@@ -288,10 +309,10 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 					t.Fatalf("%s: restored content differs from the original (%d and %d bytes)", fname, len(a), len(b))
 				}
 			}
-			if fi, err := os.Stat(path + verifyTmpSuffix); err == nil {
+			if fi, err := os.Stat(path + tracefile.VerifyTmpSuffix); err == nil {
 				t.Fatalf("temporary file left: %v", fi.Name())
 			}
-			rep, err = Verify(ctx, VerifyConfig{OutputPath: output}, env.JS, WithLogger(testLogger(t)))
+			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output}, env.JS, tracefile.WithLogger(testLogger(t)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -306,9 +327,9 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 func countLines(t *testing.T, data []byte) int {
 	t.Helper()
 	n := 0
-	for _, l := range checkSegment("x", "x", data, newKeyTable()).lines {
-		if !l.salvaged {
-			n++
+	for _, pc := range pieces(data) {
+		if !pc.damaged {
+			n += pc.n
 		}
 	}
 	return n
@@ -332,12 +353,12 @@ func TestVerifyEstimatesLostTimestamps(t *testing.T) {
 	if err := os.WriteFile(path, orig.files[seg][:b.off+(b.end-b.off)/2], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, fs := findingsOf(t, rep, seg)
-	if !s.Repaired || len(fs) != 1 || fs[0].Kind != FindingTruncated || fs[0].Heal.Status != HealRestored {
+	if !s.Repaired || len(fs) != 1 || fs[0].Kind != tracefile.FindingTruncated || fs[0].Heal.Status != tracefile.HealRestored {
 		t.Fatalf("segment %+v: %+v", s, fs)
 	}
 	h := fs[0].Heal
@@ -425,7 +446,7 @@ func TestVerifyReportsWhatTheStreamNoLongerHolds(t *testing.T) {
 	if err := s.Purge(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,7 +462,7 @@ func TestVerifyReportsWhatTheStreamNoLongerHolds(t *testing.T) {
 			t.Fatalf("%s was changed although the stream holds none of its lost lines", name)
 		}
 		sg, fs := findingsOf(t, rep, name)
-		if sg.Repaired || len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != HealIncomplete {
+		if sg.Repaired || len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != tracefile.HealIncomplete {
 			t.Fatalf("%s: %+v", name, fs)
 		}
 		// The lines lost = the original lines minus those still read whole.
@@ -480,7 +501,7 @@ func TestVerifyReportsWhatTheStreamNoLongerHolds(t *testing.T) {
 func gunzipIntact(t *testing.T, data []byte) []byte {
 	t.Helper()
 	var out []byte
-	for _, pc := range checkSegment("x", "x", data, newKeyTable()).pieces {
+	for _, pc := range pieces(data) {
 		if !pc.damaged {
 			out = append(out, gunzip(t, data[pc.off:pc.end])...)
 		}
@@ -510,20 +531,20 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 			damage: func(data []byte, b []piece) []byte {
 				return slices.Concat(data[:b[2].off], member(t, "{\"msg\":\"a log line\"}\n"), data[b[2].off:])
 			},
-			kind: FindingLine, count: func([]piece) int { return 1 }, offline: true,
+			kind: tracefile.FindingLine, count: func([]piece) int { return 1 }, offline: true,
 		},
 		"two members swapped": {
 			damage: func(data []byte, b []piece) []byte {
 				out := slices.Concat(data[:b[1].off], data[b[2].off:b[2].end], data[b[1].off:b[1].end], data[b[2].end:])
 				return out
 			},
-			kind: FindingOrder, count: func(b []piece) int { return b[1].n },
+			kind: tracefile.FindingOrder, count: func(b []piece) int { return b[1].n },
 		},
 		"a member repeated": {
 			damage: func(data []byte, b []piece) []byte {
 				return slices.Concat(data[:b[2].end], data[b[1].off:b[1].end], data[b[2].end:])
 			},
-			kind: FindingDuplicate, count: func(b []piece) int { return b[1].n }, removed: true,
+			kind: tracefile.FindingDuplicate, count: func(b []piece) int { return b[1].n }, removed: true,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -534,14 +555,14 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 			if err := os.WriteFile(path, damaged, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Verify(ctx, VerifyConfig{OutputPath: output}, nil, WithLogger(testLogger(t)))
+			rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output}, nil, tracefile.WithLogger(testLogger(t)))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if tc.offline != (rep.Damaged != 0) {
 				t.Fatalf("the files alone (whole members, one frozen clock) show %d findings", rep.Damaged)
 			}
-			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -550,7 +571,7 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 				t.Fatalf("findings %v (remaining %d, repaired %v), want %d of %s", kinds(fs), rep.Remaining, s.Repaired, tc.count(b), tc.kind)
 			}
 			for _, f := range fs {
-				if f.Kind != tc.kind || f.Line == 0 || tc.removed && (f.Heal == nil || f.Heal.Status != HealRestored) {
+				if f.Kind != tc.kind || f.Line == 0 || tc.removed && (f.Heal == nil || f.Heal.Status != tracefile.HealRestored) {
 					t.Fatalf("finding %+v, want %s", f, tc.kind)
 				}
 			}
@@ -564,7 +585,7 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 				}
 				return
 			}
-			if tc.kind == FindingLine {
+			if tc.kind == tracefile.FindingLine {
 				if want := b[0].n + b[1].n + 1; fs[0].Line != want || fs[0].Offset != b[2].off {
 					t.Fatalf("bad line reported at line %d, member at byte %d; it is line %d, at byte %d", fs[0].Line, fs[0].Offset, want, b[2].off)
 				}
@@ -599,7 +620,7 @@ func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,7 +630,7 @@ func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 	if got, _ := os.ReadFile(path); !bytes.Equal(got, damaged) {
 		t.Fatal("the active segment was rewritten")
 	}
-	rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true, IncludeActive: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true, IncludeActive: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,59 +643,6 @@ func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 	}
 	if !bytes.Equal(gunzip(t, got), gunzip(t, orig.files[newest])) {
 		t.Fatal("the active segment's content differs after the repair")
-	}
-}
-
-// A repair renames only over the file it read, and only over a sealed segment.
-func TestVerifyRenameRule(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	prefix := filepath.Join(dir, "fpm.w")
-	write := func(i uint64, data string) os.FileInfo {
-		t.Helper()
-		p := SegmentPath(prefix, i)
-		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		fi, err := os.Stat(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fi
-	}
-	fi0 := write(0, "zero")
-	write(1, "one")
-	p := &vproducer{prefix: prefix}
-	seg := func(i uint64, fi os.FileInfo) *vsegment {
-		return &vsegment{Segment: Segment{Index: i, Path: SegmentPath(prefix, i), Regular: true}, fi: fi}
-	}
-	v := &verifier{}
-	if err := v.sealed(p, seg(0, fi0)); err != nil {
-		t.Fatalf("sealed, unchanged segment: %v", err)
-	}
-	for name, tc := range map[string]func() *vsegment{
-		"the newest segment": func() *vsegment {
-			fi, _ := os.Stat(SegmentPath(prefix, 1))
-			return seg(1, fi)
-		},
-		"changed since it was read": func() *vsegment {
-			s := seg(0, fi0)
-			write(0, "zero, rewritten")
-			return s
-		},
-		"removed since it was read": func() *vsegment {
-			s := seg(0, fi0)
-			if err := os.Remove(s.Path); err != nil {
-				t.Fatal(err)
-			}
-			return s
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			if err := v.sealed(p, tc()); !errors.Is(err, ErrSegmentChanged) {
-				t.Fatalf("got %v, want ErrSegmentChanged", err)
-			}
-		})
 	}
 }
 
@@ -691,7 +659,7 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	cfg.RollBytes, cfg.BufferSize, cfg.MaxSegments, cfg.MaxAckPending = 20_000, 4_000, 1000, 24
 	r := startWriter(t, cfg, env.JS)
 	waitConsumed(t, env.JS, cfg.Group)
-	seg := SegmentPath(SegmentPrefix(cfg.OutputPath, "w0"), 2)
+	seg := tracefile.SegmentPath(tracefile.SegmentPrefix(cfg.OutputPath, "w0"), 2)
 	data, err := os.ReadFile(seg)
 	if err != nil {
 		t.Fatal(err)
@@ -701,10 +669,10 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	if err := os.WriteFile(seg, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	_, err = tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 	var held *fsutil.HeldError
-	if !errors.Is(err, ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" ||
-		!strings.Contains(err.Error(), PrefixLockPath(SegmentPrefix(cfg.OutputPath, "w0"))) {
+	if !errors.Is(err, tracefile.ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" ||
+		!strings.Contains(err.Error(), tracefile.PrefixLockPath(tracefile.SegmentPrefix(cfg.OutputPath, "w0"))) {
 		t.Fatalf("repair next to the running writer: %v, want it refused naming the writer and its lock", err)
 	}
 	if got, _ := os.ReadFile(seg); !bytes.Equal(got, data) {
@@ -715,7 +683,7 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -744,23 +712,23 @@ func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
 	})
 	seg := orig.segmentName("w0", 1)
 	data := bytes.Clone(orig.files[seg])
-	chk := checkSegment("x", "x", data, newKeyTable())
-	if len(chk.pieces) < 2 {
-		t.Fatalf("segment has %d members, want 2 or more", len(chk.pieces))
+	pcs := pieces(data)
+	if len(pcs) < 2 {
+		t.Fatalf("segment has %d members, want 2 or more", len(pcs))
 	}
-	b := chk.pieces[len(chk.pieces)/2]
+	b := pcs[len(pcs)/2]
 	data[b.off+(b.end-b.off)/2] ^= 0xff
 	output := orig.copyTo(t)
 	path := filepath.Join(filepath.Dir(output), seg)
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, fs := findingsOf(t, rep, seg)
-	if len(fs) != 1 || fs[0].Kind != FindingGzip || fs[0].Heal == nil || fs[0].Heal.Status != HealUnknown || s.Repaired || rep.Remaining != 1 {
+	if len(fs) != 1 || fs[0].Kind != tracefile.FindingGzip || fs[0].Heal == nil || fs[0].Heal.Status != tracefile.HealUnknown || s.Repaired || rep.Remaining != 1 {
 		t.Fatalf("sampled damage: %+v, heal %+v", fs, fs[0].Heal)
 	}
 	if got, _ := os.ReadFile(path); !bytes.Equal(got, data) {
@@ -803,16 +771,16 @@ func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := checkFPM(tl.Event.FPM)
+		f, err := tracefile.CheckFPM(tl.Event.FPM)
 		if err != nil {
 			t.Fatal(err)
 		}
-		order = append(order, fmt.Sprintf("%d/%d", f.dpRank, f.counterID))
+		order = append(order, fmt.Sprintf("%d/%d", f.DPRank, f.CounterID))
 	}
 	if got := strings.Join(order, " "); !strings.HasPrefix(got, "0/1 1/1") {
 		t.Fatalf("lines (dp_rank/counter_id) %s: want b's first sample before a's", got)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -860,7 +828,7 @@ func TestVerifyReportsANonRegularSegmentAndRestoresNothingAroundIt(t *testing.T)
 				t.Fatal(err)
 			}
 			plant(t, path, orig.files[seg])
-			rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -873,7 +841,7 @@ func TestVerifyReportsANonRegularSegmentAndRestoresNothingAroundIt(t *testing.T)
 				}
 			}
 			_, fs := findingsOf(t, rep, seg)
-			if len(fs) != 1 || fs[0].Kind != FindingNotRegular || fs[0].Heal == nil || fs[0].Heal.Status != HealUnknown || !strings.Contains(fs[0].Reason, path) {
+			if len(fs) != 1 || fs[0].Kind != tracefile.FindingNotRegular || fs[0].Heal == nil || fs[0].Heal.Status != tracefile.HealUnknown || !strings.Contains(fs[0].Reason, path) {
 				t.Fatalf("findings of %s: %+v", seg, fs)
 			}
 			if rep.Damaged != 1 || rep.Repaired != 0 || rep.Remaining != 1 {
@@ -904,12 +872,12 @@ func TestVerifyHealsTheOldestSegmentAfterPruning(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, seg), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s, fs := findingsOf(t, rep, seg)
-	if len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != HealRestored || len(fs[0].Heal.Unconfirmed) != 0 || !s.Repaired {
+	if len(fs) != 1 || fs[0].Heal == nil || fs[0].Heal.Status != tracefile.HealRestored || len(fs[0].Heal.Unconfirmed) != 0 || !s.Repaired {
 		t.Fatalf("damage at the start of the oldest segment: %+v, heal %+v", fs, fs[0].Heal)
 	}
 	got, err := os.ReadFile(filepath.Join(dir, seg))

@@ -7,10 +7,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/fpmbus/fpmbus/schemas"
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // writer turns the records of one ordered stream of messages — an owned partition's (Consumer) or a
@@ -40,12 +40,12 @@ type writer struct {
 	// onPrune, if set, is told of every segment retention removed, after the writer reported it.
 	onPrune func(PrunedSegment)
 
-	// own owns the producers' prefixes (owner.go): a producer's SegmentWriter is made only once its
+	// own owns the producers' prefixes (tracefile/owner.go): a producer's SegmentWriter is made only once its
 	// prefix is owned, and claims, the prefixes this writer took, are given up when it ends. nil: no
 	// ownership is taken (tests that drive a writer alone). rejectHeld: a prefix another process owns
 	// rejects that producer's messages, and the others go on (the live writer); else it ends the
 	// writer (a backfill).
-	own        *owner
+	own        *tracefile.Owner
 	claims     map[string]bool
 	rejectHeld bool
 	// unrepaired are the producers whose repair was refused (unrepaired.go), shared by the writers of
@@ -124,7 +124,7 @@ func (w *writer) handle(r *record) error {
 	if w.existing != nil {
 		if w.sampler != nil {
 			// Read the producer's files before its first sample: emit consults them.
-			if _, err := w.existing.producer(SegmentPrefix(w.cfg.OutputPath, r.producer), r); err != nil {
+			if _, err := w.existing.producer(tracefile.SegmentPrefix(w.cfg.OutputPath, r.Producer), r); err != nil {
 				return err
 			}
 		} else if written, err := w.existing.written(r); err != nil || written {
@@ -143,8 +143,8 @@ func (w *writer) handle(r *record) error {
 // write appends r's line to p's segments.
 func (w *writer) write(p *producer, r *record) error {
 	ts := max(w.set.Clock().Sub(w.start).Milliseconds(), 0)
-	w.lineBuf = appendLine(w.lineBuf[:0], r, ts, w.cfg.Mode)
-	if err := p.sw.appendRecord(w.lineBuf, r.seq, r.observed); err != nil {
+	w.lineBuf = tracefile.AppendLine(w.lineBuf[:0], &r.Record, ts, w.cfg.Mode)
+	if err := p.sw.appendRecord(w.lineBuf, r.Seq, r.Observed); err != nil {
 		return err
 	}
 	p.lines++
@@ -176,12 +176,12 @@ func (w *writer) producerFor(id string) (*producer, error) {
 	if p, ok := w.producers[id]; ok {
 		return p, nil
 	}
-	prefix := SegmentPrefix(w.cfg.OutputPath, id)
+	prefix := tracefile.SegmentPrefix(w.cfg.OutputPath, id)
 	p, ok := w.bySegment[prefix]
 	if !ok {
 		if err := w.claim(prefix); err != nil {
-			if w.rejectHeld && refusesProducer(err) {
-				w.own.rejecting(prefix, err)
+			if w.rejectHeld && tracefile.RefusesProducer(err) {
+				w.own.Rejecting(prefix, err)
 				return nil, &messageError{err}
 			}
 			return nil, err
@@ -194,7 +194,7 @@ func (w *writer) producerFor(id string) (*producer, error) {
 		sw.onRoll = w.m.rolled.Inc
 		if st, ok := w.segs.take(prefix); ok && !sw.continueFrom(st) {
 			w.log.Info("trace writer: the segment this process wrote last for the producer changed since (another writer wrote it); a new segment is started",
-				"prefix", prefix, "segment", SegmentPath(prefix, st.index), "next", sw.Path())
+				"prefix", prefix, "segment", tracefile.SegmentPath(prefix, st.index), "next", sw.Path())
 		}
 		p = &producer{sw: sw}
 		w.bySegment[prefix] = p
@@ -209,7 +209,7 @@ func (w *writer) claim(prefix string) error {
 	if w.own == nil || w.claims[prefix] {
 		return nil
 	}
-	if err := w.own.take(prefix); err != nil {
+	if err := w.own.Take(prefix); err != nil {
 		return err
 	}
 	if w.claims == nil {
@@ -223,14 +223,14 @@ func (w *writer) claim(prefix string) error {
 // before the repair of their newest segments) and returns the prefixes claimed and those another
 // process owns.
 func (w *writer) claimOutput() (claimed []string, refused []error, err error) {
-	producers, err := Producers(w.cfg.OutputPath)
+	producers, err := tracefile.Producers(w.cfg.OutputPath)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, p := range producers {
-		prefix := OutputBase(w.cfg.OutputPath) + "." + p
+		prefix := tracefile.OutputBase(w.cfg.OutputPath) + "." + p
 		if err := w.claim(prefix); err != nil {
-			if !refusesProducer(err) {
+			if !tracefile.RefusesProducer(err) {
 				return claimed, refused, err
 			}
 			refused = append(refused, err)
@@ -244,7 +244,7 @@ func (w *writer) claimOutput() (claimed []string, refused []error, err error) {
 // releaseClaims gives up the prefixes this writer owns; its files are closed.
 func (w *writer) releaseClaims() {
 	for p := range w.claims {
-		w.own.release(p)
+		w.own.Release(p)
 	}
 	w.claims = nil
 }
@@ -274,13 +274,6 @@ func (p *producer) markDone() int {
 	return i
 }
 
-// nameRefused reports a file-system error that concerns one producer's file name and that retrying
-// cannot fix: the name is too long (SegmentPrefix keeps names within NAME_MAX, so only a file system
-// with a lower limit says so). Its messages are rejected; the other producers go on.
-func nameRefused(err error) bool {
-	return errors.Is(err, syscall.ENAMETOOLONG)
-}
-
 // dropProducer gives p up after its file refused its name (nameRefused): every message waiting for
 // one of its lines, or pending as a sample of it, is rejected with reason; its file is closed; a later
 // message of the producer starts over (and is rejected again if the name is refused again).
@@ -301,7 +294,7 @@ func (w *writer) dropProducer(p *producer, reason error) {
 	p.sw.closed = true
 	if w.claims[p.sw.Prefix()] {
 		delete(w.claims, p.sw.Prefix())
-		w.own.release(p.sw.Prefix())
+		w.own.Release(p.sw.Prefix())
 	}
 	delete(w.bySegment, p.sw.Prefix())
 	for id, q := range w.producers {
@@ -394,7 +387,7 @@ func (w *writer) leave() {
 // onPrune (the Consumer's loss event; a backfill's result).
 func (w *writer) reportPruned(sw *SegmentWriter, pruned []PrunedSegment) {
 	for _, ps := range pruned {
-		ps.Producer = strings.TrimPrefix(filepath.Base(sw.Prefix()), filepath.Base(OutputBase(w.cfg.OutputPath))+".")
+		ps.Producer = strings.TrimPrefix(filepath.Base(sw.Prefix()), filepath.Base(tracefile.OutputBase(w.cfg.OutputPath))+".")
 		w.m.pruned.Inc()
 		w.m.prunedLines.Add(float64(ps.Lines))
 		w.log.Error("trace segment pruned by --max-segments: its lines are no longer in the trace", "segment", ps.Segment,

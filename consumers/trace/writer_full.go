@@ -5,7 +5,7 @@ package trace
 
 // handleFull writes r's line and queues its Done behind that line.
 func (w *writer) handleFull(r *record) error {
-	p, err := w.producerFor(r.producer)
+	p, err := w.producerFor(r.Producer)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // Sampled mode (DYN_FPM_MODE=sampled), as Dynamo samples, with intervals aligned to event time so that
@@ -65,7 +67,7 @@ type sample struct {
 	rec       record
 	interval  int64
 	heldSince time.Time
-	opened    msgMeta
+	opened    tracefile.MsgMeta
 	// last decided interval (its line written or to be written)
 	emitted      bool
 	lastInterval int64
@@ -81,7 +83,7 @@ type decision struct {
 	e        *sample
 	rec      record
 	interval int64
-	opened   msgMeta
+	opened   tracefile.MsgMeta
 }
 
 func newSampler(interval, hold time.Duration) *sampler {
@@ -106,8 +108,8 @@ func (s *sampler) seed(k sampleKey, sd recoverSeed) {
 // add takes r as the newest pending message of its key, or queues its Done.
 func (s *sampler) add(w *writer, r *record) error {
 	k := sampleKey{
-		namespace: r.key.Namespace, component: r.key.Component, producer: r.producer,
-		workerID: r.fpm.workerID, dpRank: r.fpm.dpRank,
+		namespace: r.Key.Namespace, component: r.Key.Component, producer: r.Producer,
+		workerID: r.FPM.WorkerID, dpRank: r.FPM.DPRank,
 	}
 	e, ok := s.keys[k]
 	if !ok {
@@ -116,23 +118,23 @@ func (s *sampler) add(w *writer, r *record) error {
 		s.order = append(s.order, e)
 	}
 	if e.p == nil {
-		p, err := w.producerFor(r.producer)
+		p, err := w.producerFor(r.Producer)
 		if err != nil {
 			return err
 		}
 		e.p = p
 	}
-	s.watermark = max(s.watermark, r.observed)
-	iv := r.observed / s.intervalMs
+	s.watermark = max(s.watermark, r.Observed)
+	iv := r.Observed / s.intervalMs
 	if e.has && iv > e.interval {
 		if err := s.decide(w, e); err != nil {
 			return err
 		}
 	}
 	switch {
-	case e.written && r.fpm.counterID == e.lastCounter: // a repeat of the last counter: ignored
+	case e.written && r.FPM.CounterID == e.lastCounter: // a repeat of the last counter: ignored
 		return w.doneAfterFlush(e.p, r)
-	case e.has && r.observed >= e.rec.observed: // newer in the same interval: replaces the pending one
+	case e.has && r.Observed >= e.rec.Observed: // newer in the same interval: replaces the pending one
 		old := e.rec
 		e.rec = *r
 		return w.doneAfterFlush(e.p, &old)
@@ -142,7 +144,7 @@ func (s *sampler) add(w *writer, r *record) error {
 		return w.doneAfterFlush(e.p, r)
 	}
 	e.has, e.rec, e.interval, e.heldSince = true, *r, iv, w.set.Clock()
-	e.opened = msgMeta{seq: r.seq, stored: r.stored}
+	e.opened = tracefile.MsgMeta{Seq: r.Seq, Stored: r.Stored}
 	return nil
 }
 
@@ -224,11 +226,11 @@ func (s *sampler) decide(w *writer, e *sample) error {
 			return w.doneAfterFlush(e.p, &r)
 		}
 	}
-	if e.written && r.fpm.counterID == e.lastCounter {
+	if e.written && r.FPM.CounterID == e.lastCounter {
 		return w.doneAfterFlush(e.p, &r)
 	}
 	s.decided = append(s.decided, decision{e: e, rec: r, interval: e.interval, opened: opened})
-	e.written, e.lastCounter, e.writtenInterval = true, r.fpm.counterID, e.interval
+	e.written, e.lastCounter, e.writtenInterval = true, r.FPM.CounterID, e.interval
 	return nil
 }
 
@@ -256,7 +258,7 @@ func (s *sampler) writeDecided(w *writer) error {
 
 // openSince returns the first message (stream sequence and time; the earliest by before) of the
 // intervals whose samples are not written yet, still open or decided; ok is false when there is none.
-func (s *sampler) openSince(before func(a, b msgMeta) bool) (first msgMeta, ok bool) {
+func (s *sampler) openSince(before func(a, b tracefile.MsgMeta) bool) (first tracefile.MsgMeta, ok bool) {
 	for _, e := range s.order {
 		if e.has && (!ok || before(e.opened, first)) {
 			first, ok = e.opened, true

@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"bytes"
@@ -35,8 +35,8 @@ import (
 // ErrSegmentChanged), and, unless IncludeActive, only over a segment below the producer's newest
 // regular segment, checked again just before the rename.
 
-// verifyTmpSuffix names a repair's temporary file (fsutil.TempPath).
-const verifyTmpSuffix = ".verify.tmp"
+// VerifyTmpSuffix names a verify repair's temporary file (fsutil.TempPath).
+const VerifyTmpSuffix = ".verify.tmp"
 
 // edit is one change to a segment: a damaged region replaced (piece >= 0), lines inserted after an
 // intact line (after >= 0, an index in vproducer.lines) or an intact line removed (remove >= 0, an
@@ -63,7 +63,7 @@ func (v *verifier) repair() error {
 	}
 	v.progress("repair", 0, total)
 	for _, p := range v.producers {
-		if err := removeLeftovers(p.prefix, verifyTmpSuffix, v.log); err != nil {
+		if err := removeLeftovers(p.prefix, VerifyTmpSuffix, v.log); err != nil {
 			return fmt.Errorf("trace: verify: %w", err)
 		}
 		for _, s := range p.segs {
@@ -206,7 +206,7 @@ func (v *verifier) rewrite(p *vproducer, s *vsegment) error {
 		return fsutil.SyncDir(filepath.Dir(s.Path))
 	}
 	mtime := s.fi.ModTime()
-	tmp := s.Path + verifyTmpSuffix
+	tmp := s.Path + VerifyTmpSuffix
 	return fsutil.WriteAtomic(s.Path, s.fi.Mode().Perm(), func(w io.Writer) error {
 		if _, err := w.Write(out.Bytes()); err != nil {
 			return err

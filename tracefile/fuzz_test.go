@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"bytes"
@@ -82,15 +82,15 @@ func FuzzCheckFPM(f *testing.F) {
 			if werr != nil {
 				t.Fatalf("fast path accepted a body ParseFPMJSON rejects (%v): %q", werr, body)
 			}
-			if id.workerID != want.WorkerID || id.dpRank != want.DPRank || id.counterID != want.CounterID {
+			if id.WorkerID != want.WorkerID || id.DPRank != want.DPRank || id.CounterID != want.CounterID {
 				t.Fatalf("fast path read %+v, ParseFPMJSON %q/%d/%d: %q", id, want.WorkerID, want.DPRank, want.CounterID, body)
 			}
 		}
-		id, err := checkFPM(body)
+		id, err := CheckFPM(body)
 		if (err == nil) != (werr == nil) {
 			t.Fatalf("checkFPM error %v, ParseFPMJSON error %v: %q", err, werr, body)
 		}
-		if err == nil && (id.workerID != want.WorkerID || id.dpRank != want.DPRank || id.counterID != want.CounterID) {
+		if err == nil && (id.WorkerID != want.WorkerID || id.DPRank != want.DPRank || id.CounterID != want.CounterID) {
 			t.Fatalf("checkFPM read %+v: %q", id, body)
 		}
 	})
@@ -106,7 +106,7 @@ func TestFastPathTakesTheCanonicalBodies(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			b := tf.body(t)
 			id, ok := fastFPM(b)
-			if !ok || id.workerID != tf.key.WorkerID || id.dpRank != int64(tf.key.DPRank) || id.counterID != tf.counter {
+			if !ok || id.WorkerID != tf.key.WorkerID || id.DPRank != int64(tf.key.DPRank) || id.CounterID != tf.counter {
 				t.Fatalf("fastFPM = %+v, %v for %s", id, ok, b)
 			}
 		})
@@ -119,11 +119,11 @@ func TestFastPathTakesTheCanonicalBodies(t *testing.T) {
 func FuzzInfo(f *testing.F) {
 	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w"}
 	m := testFPM{key: k, counter: 1, receivedMs: 1000}.msg(f)
-	r, err := parseRecord(&ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}}, msgMeta{}, "", nil)
+	r, err := ParseRecord(&fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}, MsgMeta{}, "", nil)
 	if err != nil {
 		f.Fatal(err)
 	}
-	line := string(appendLine(nil, &r, 0, schemas.CaptureFull))
+	line := string(AppendLine(nil, &r, 0, schemas.CaptureFull))
 	f.Add(append(member(f, line+"\n"), member(f, line+"\n"+line+"\n")...))
 	f.Add(member(f, strings.Replace(line, "full", "bogus", 1)+"\n"))
 	f.Add(member(f, "{\"a\":1}\n"))

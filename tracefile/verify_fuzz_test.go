@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"bytes"
@@ -22,11 +22,11 @@ func FuzzCheckSegment(f *testing.F) {
 	var lines []string
 	for i := range 4 {
 		m := testFPM{key: k, counter: int64(i), receivedMs: 1000 + int64(i)}.msg(f)
-		r, err := parseRecord(&ackMsg{fakeMsg: fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}}, msgMeta{}, "", nil)
+		r, err := ParseRecord(&fakeMsg{subject: m.Subject, data: m.Data, hdr: m.Header}, MsgMeta{}, "", nil)
 		if err != nil {
 			f.Fatal(err)
 		}
-		lines = append(lines, string(appendLine(nil, &r, int64(i), schemas.CaptureFull))+"\n")
+		lines = append(lines, string(AppendLine(nil, &r, int64(i), schemas.CaptureFull))+"\n")
 	}
 	seg := append(append(member(f, lines[0]+lines[1]), member(f, lines[2])...), member(f, lines[3])...)
 	f.Add(seg)

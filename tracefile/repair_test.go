@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"bytes"
@@ -16,48 +16,25 @@ import (
 	"github.com/klauspost/compress/gzip"
 )
 
-// member returns one gzip member holding s.
-func member(t testing.TB, s string) []byte {
-	t.Helper()
-	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
-	if _, err := zw.Write([]byte(s)); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes()
-}
-
-// threeMembers writes a segment with three flushes and returns its path and the member end offsets.
+// threeMembers writes a segment of three gzip members of 50 lines each (as three flushes of the trace
+// writer leave it) and returns its path and the member end offsets.
 func threeMembers(t *testing.T) (string, []int64) {
 	t.Helper()
-	prefix := filepath.Join(t.TempDir(), "t.w")
-	w, err := NewSegmentWriter(prefix, 1<<20, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path := SegmentPath(filepath.Join(t.TempDir(), "t.w"), 0)
+	var data []byte
 	var ends []int64
 	for m := range 3 {
+		var lines strings.Builder
 		for i := range 50 {
-			if err := w.Append(fmt.Appendf(nil, `{"member":%d,"line":%d,"pad":"%s"}`, m, i, strings.Repeat("x", i))); err != nil {
-				t.Fatal(err)
-			}
+			fmt.Fprintf(&lines, `{"member":%d,"line":%d,"pad":"%s"}`+"\n", m, i, strings.Repeat("x", i))
 		}
-		if err := w.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		fi, err := os.Stat(w.Path())
-		if err != nil {
-			t.Fatal(err)
-		}
-		ends = append(ends, fi.Size())
+		data = append(data, member(t, lines.String())...)
+		ends = append(ends, int64(len(data)))
 	}
-	if err := w.Close(); err != nil {
+	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return w.Path(), ends
+	return path, ends
 }
 
 func TestReadSegmentTruncated(t *testing.T) {
@@ -129,7 +106,7 @@ func TestRepairCutsTornTail(t *testing.T) {
 	if len(lines) != 100 || !strings.HasPrefix(lines[99], `{"member":1,"line":49`) {
 		t.Fatalf("lines after repair: %d, last %q", len(lines), lines[len(lines)-1])
 	}
-	if _, err := os.Stat(path + repairTmpSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(path + RepairTmpSuffix); !os.IsNotExist(err) {
 		t.Fatalf("repair temp file left: %v", err)
 	}
 	// Repairing a sound segment changes nothing.
@@ -229,7 +206,7 @@ func TestRepairOutputRepairsNewestOfEachProducer(t *testing.T) {
 	write(SegmentPath(a, 0), torn) // old: not the newest, left alone
 	write(SegmentPath(a, 1), append(member(t, "a1\n"), torn...))
 	write(SegmentPath(b, 5), member(t, "b5\n"))
-	write(SegmentPath(a, 1)+repairTmpSuffix, []byte("leftover"))
+	write(SegmentPath(a, 1)+RepairTmpSuffix, []byte("leftover"))
 	write(filepath.Join(dir, "unrelated.repair.tmp"), []byte("keep"))
 
 	res, err := RepairOutput(out, nil)
@@ -245,7 +222,7 @@ func TestRepairOutputRepairsNewestOfEachProducer(t *testing.T) {
 	if got, _ := os.ReadFile(SegmentPath(a, 0)); !bytes.Equal(got, torn) {
 		t.Fatal("an older segment was modified")
 	}
-	if _, err := os.Stat(SegmentPath(a, 1) + repairTmpSuffix); !os.IsNotExist(err) {
+	if _, err := os.Stat(SegmentPath(a, 1) + RepairTmpSuffix); !os.IsNotExist(err) {
 		t.Fatal("repair leftover not removed")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "unrelated.repair.tmp")); err != nil {

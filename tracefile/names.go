@@ -1,41 +1,43 @@
-package schemas
+package tracefile
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // The file names of a dynamo.fpm.trace.v1 trace, as Dynamo's writer gives them (lib/llm/src/fpm_trace/
 // sink.rs producer_output_path and lib/llm/src/telemetry/jsonl_gz.rs segment_path):
 //
 //	output base = the output path without a trailing ".jsonl.gz" or ".jsonl"
-//	prefix      = output base + "." + TraceProducerFileName(id)
+//	prefix      = output base + "." + ProducerFileName(id)
 //	segment     = prefix + "." + %06d(index) + ".jsonl.gz", index a uint64
 //
 // This is the one copy of the rule: the trace writer names, lists, prunes and repairs its files by it,
 // and replay resolves what a user names by it, so that each reads every file the other (or Dynamo)
 // writes.
 //
-// TraceProducerFileName is Dynamo's SanitizeProducerID(id) whenever the segment's file name fits the
+// ProducerFileName is Dynamo's SanitizeProducerID(id) whenever the segment's file name fits the
 // file system's limit (NAME_MAX, 255 bytes for the whole name, index and suffix included, the index at
 // its six-digit width). A longer name would make every write of the producer fail (ENAMETOOLONG); it
 // is cut to fit and ends with "-" and 16 hex digits of the SHA-256 of the full, unsanitized id, so that
 // long ids that share their beginning keep distinct files and a producer's name never changes. The
 // lines still carry the full id (event.source.producer_id).
 //
-// A file is segment i of a prefix only if its name is exactly TraceSegmentPath(prefix, i): at least six
+// A file is segment i of a prefix only if its name is exactly SegmentPath(prefix, i): at least six
 // digits, no leading zero beyond the %06d padding, any uint64 (Dynamo's index is a u64, so up to 20
 // digits). So "worker1" never claims "worker10"'s files, "0000001" is nobody's index, and ".tmp" or
 // ".bak" siblings are never touched.
 
-// TraceSegmentSuffix ends every trace segment's file name.
-const TraceSegmentSuffix = ".jsonl.gz"
+// SegmentSuffix ends every trace segment's file name.
+const SegmentSuffix = ".jsonl.gz"
 
 // SanitizeProducerID maps a producer id to the form used in file names: every character that is not
 // an ASCII letter, digit, '-' or '_' becomes '_' (one '_' per character, not per byte); an empty id
@@ -77,31 +79,31 @@ const nameMax = 255
 
 // segmentNameExtra is what a segment's file name adds to the output base name and the producer name:
 // the two dots, the six-digit index and the suffix.
-const segmentNameExtra = len(".") + len(".000000") + len(TraceSegmentSuffix)
+const segmentNameExtra = len(".") + len(".000000") + len(SegmentSuffix)
 
 // producerHashLen is the length of the "-<16 hex digits>" that ends a shortened producer name.
 const producerHashLen = 1 + 16
 
-// MaxTraceOutputBaseName is the longest output base name (the output path's last element without its
+// MaxOutputBaseName is the longest output base name (the output path's last element without its
 // .jsonl[.gz]) that leaves room for a shortened producer name of at least 8 characters.
-const MaxTraceOutputBaseName = nameMax - segmentNameExtra - producerHashLen - 8
+const MaxOutputBaseName = nameMax - segmentNameExtra - producerHashLen - 8
 
-// TraceProducerFileName is the producer part of the segment file names of producer id under
+// ProducerFileName is the producer part of the segment file names of producer id under
 // outputPath: SanitizeProducerID(id) when the segment names fit NAME_MAX, else the sanitized id cut to
 // fit and followed by "-" and the first 16 hex digits of the SHA-256 of id (see above).
-func TraceProducerFileName(outputPath, id string) string {
+func ProducerFileName(outputPath, id string) string {
 	name := SanitizeProducerID(id)
-	budget := nameMax - segmentNameExtra - len(filepath.Base(TraceOutputBase(outputPath)))
+	budget := nameMax - segmentNameExtra - len(filepath.Base(OutputBase(outputPath)))
 	if len(name) <= budget {
 		return name
 	}
 	sum := sha256.Sum256([]byte(id))
-	keep := max(budget-producerHashLen, 0) // an output base within MaxTraceOutputBaseName keeps it at 8 or more
+	keep := max(budget-producerHashLen, 0) // an output base within MaxOutputBaseName keeps it at 8 or more
 	return name[:keep] + "-" + hex.EncodeToString(sum[:8])
 }
 
-// TraceOutputBase strips a trailing ".jsonl.gz" or ".jsonl" from Dynamo's output path.
-func TraceOutputBase(outputPath string) string {
+// OutputBase strips a trailing ".jsonl.gz" or ".jsonl" from Dynamo's output path.
+func OutputBase(outputPath string) string {
 	if s, ok := strings.CutSuffix(outputPath, ".jsonl.gz"); ok {
 		return s
 	}
@@ -111,24 +113,24 @@ func TraceOutputBase(outputPath string) string {
 	return outputPath
 }
 
-// TraceSegmentPrefix is the prefix of one producer's segments under outputPath.
-func TraceSegmentPrefix(outputPath, producerID string) string {
-	return TraceOutputBase(outputPath) + "." + TraceProducerFileName(outputPath, producerID)
+// SegmentPrefix is the prefix of one producer's segments under outputPath.
+func SegmentPrefix(outputPath, producerID string) string {
+	return OutputBase(outputPath) + "." + ProducerFileName(outputPath, producerID)
 }
 
-// TraceSegmentPath is the file of segment index under prefix.
-func TraceSegmentPath(prefix string, index uint64) string {
-	return fmt.Sprintf("%s.%06d%s", prefix, index, TraceSegmentSuffix)
+// SegmentPath is the file of segment index under prefix.
+func SegmentPath(prefix string, index uint64) string {
+	return fmt.Sprintf("%s.%06d%s", prefix, index, SegmentSuffix)
 }
 
-// TraceSegmentIndex returns i when name is exactly the file name of segment i of base (a prefix's last
+// SegmentIndex returns i when name is exactly the file name of segment i of base (a prefix's last
 // path element): base + "." + at least six digits + ".jsonl.gz", formatted as %06d formats i.
-func TraceSegmentIndex(base, name string) (uint64, bool) {
+func SegmentIndex(base, name string) (uint64, bool) {
 	rest, ok := strings.CutPrefix(name, base+".")
 	if !ok {
 		return 0, false
 	}
-	digits, ok := strings.CutSuffix(rest, TraceSegmentSuffix)
+	digits, ok := strings.CutSuffix(rest, SegmentSuffix)
 	if !ok || len(digits) < 6 {
 		return 0, false
 	}
@@ -141,19 +143,19 @@ func TraceSegmentIndex(base, name string) (uint64, bool) {
 	if err != nil {
 		return 0, false
 	}
-	// "0000001" parses as 1 but is not TraceSegmentPath(prefix, 1): nobody's segment.
+	// "0000001" parses as 1 but is not SegmentPath(prefix, 1): nobody's segment.
 	if fmt.Sprintf("%06d", idx) != digits {
 		return 0, false
 	}
 	return idx, true
 }
 
-// ParseTraceSegmentPath splits the path of a segment into its prefix and index: path is
-// TraceSegmentPath(prefix, index) for a prefix whose last element is not empty. ok is false for any
+// ParseSegmentPath splits the path of a segment into its prefix and index: path is
+// SegmentPath(prefix, index) for a prefix whose last element is not empty. ok is false for any
 // other path.
-func ParseTraceSegmentPath(path string) (prefix string, index uint64, ok bool) {
+func ParseSegmentPath(path string) (prefix string, index uint64, ok bool) {
 	dir, name := filepath.Split(path)
-	stem, ok := strings.CutSuffix(name, TraceSegmentSuffix)
+	stem, ok := strings.CutSuffix(name, SegmentSuffix)
 	if !ok {
 		return "", 0, false
 	}
@@ -161,15 +163,15 @@ func ParseTraceSegmentPath(path string) (prefix string, index uint64, ok bool) {
 	if dot <= 0 {
 		return "", 0, false
 	}
-	index, ok = TraceSegmentIndex(stem[:dot], name)
+	index, ok = SegmentIndex(stem[:dot], name)
 	if !ok {
 		return "", 0, false
 	}
 	return dir + stem[:dot], index, true
 }
 
-// TraceSegment is one segment file found on disk.
-type TraceSegment struct {
+// Segment is one segment file found on disk.
+type Segment struct {
 	Index uint64
 	Path  string
 	// Regular is false for a directory or other non-file that happens to have a segment's name: it
@@ -177,20 +179,20 @@ type TraceSegment struct {
 	Regular bool
 }
 
-// ListTraceSegments returns the segments of prefix, oldest (lowest index) first. A missing directory
+// ListSegments returns the segments of prefix, oldest (lowest index) first. A missing directory
 // means no segments.
-func ListTraceSegments(prefix string) ([]TraceSegment, error) {
+func ListSegments(prefix string) ([]Segment, error) {
 	dir, base, entries, err := listDir(prefix)
 	if err != nil {
 		return nil, fmt.Errorf("list segments of %s: %w", prefix, err)
 	}
-	var out []TraceSegment
+	var out []Segment
 	for _, e := range entries {
-		idx, ok := TraceSegmentIndex(base, e.Name())
+		idx, ok := SegmentIndex(base, e.Name())
 		if !ok {
 			continue
 		}
-		out = append(out, TraceSegment{Index: idx, Path: filepath.Join(dir, e.Name()), Regular: e.Type().IsRegular()})
+		out = append(out, Segment{Index: idx, Path: filepath.Join(dir, e.Name()), Regular: e.Type().IsRegular()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
 	return out, nil
@@ -210,10 +212,10 @@ func listDir(path string) (dir, base string, entries []os.DirEntry, err error) {
 	return dir, base, entries, err
 }
 
-// NextTraceSegmentIndex is the index a new writer of prefix starts at: the highest existing index + 1
+// NextSegmentIndex is the index a new writer of prefix starts at: the highest existing index + 1
 // (holes are not filled), or 0.
-func NextTraceSegmentIndex(prefix string) (uint64, error) {
-	segs, err := ListTraceSegments(prefix)
+func NextSegmentIndex(prefix string) (uint64, error) {
+	segs, err := ListSegments(prefix)
 	if err != nil {
 		return 0, err
 	}
@@ -227,17 +229,17 @@ func NextTraceSegmentIndex(prefix string) (uint64, error) {
 	return last + 1, nil
 }
 
-// TraceProducers returns the producer file names (TraceProducerFileName) that have segments under
+// Producers returns the producer file names (ProducerFileName) that have segments under
 // outputPath, sorted. A name counts only if its producer part is a sanitized id (letters, digits, '-',
 // '_'), so another writer's files that share the directory are not claimed.
-func TraceProducers(outputPath string) ([]string, error) {
-	_, base, entries, err := listDir(TraceOutputBase(outputPath))
+func Producers(outputPath string) ([]string, error) {
+	_, base, entries, err := listDir(OutputBase(outputPath))
 	if err != nil {
 		return nil, fmt.Errorf("list producers under %s: %w", outputPath, err)
 	}
 	seen := map[string]bool{}
 	for _, e := range entries {
-		prefix, _, ok := ParseTraceSegmentPath(e.Name())
+		prefix, _, ok := ParseSegmentPath(e.Name())
 		if !ok {
 			continue
 		}
@@ -252,4 +254,11 @@ func TraceProducers(outputPath string) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// NameRefused reports a file-system error that concerns one producer's file name and that retrying
+// cannot fix: the name is too long (SegmentPrefix keeps names within NAME_MAX, so only a file system
+// with a lower limit says so). Its messages are rejected; the other producers go on.
+func NameRefused(err error) bool {
+	return errors.Is(err, syscall.ENAMETOOLONG)
 }

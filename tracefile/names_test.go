@@ -1,4 +1,4 @@
-package schemas
+package tracefile
 
 import (
 	"crypto/sha256"
@@ -51,8 +51,8 @@ func TestTraceSegmentPrefixAndPath(t *testing.T) {
 		"producer with dots in it": {"/d/t", "a.b", "/d/t.a_b"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if got := TraceSegmentPrefix(tc.path, tc.producer); got != tc.prefix {
-				t.Fatalf("TraceSegmentPrefix(%q, %q) = %q, want %q", tc.path, tc.producer, got, tc.prefix)
+			if got := SegmentPrefix(tc.path, tc.producer); got != tc.prefix {
+				t.Fatalf("SegmentPrefix(%q, %q) = %q, want %q", tc.path, tc.producer, got, tc.prefix)
 			}
 		})
 	}
@@ -67,8 +67,8 @@ func TestTraceSegmentPrefixAndPath(t *testing.T) {
 		"the largest index (20 digits)": {"t.w", ^uint64(0), "t.w.18446744073709551615.jsonl.gz"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if got := TraceSegmentPath(tc.prefix, tc.index); got != tc.want {
-				t.Fatalf("TraceSegmentPath(%q, %d) = %q, want %q", tc.prefix, tc.index, got, tc.want)
+			if got := SegmentPath(tc.prefix, tc.index); got != tc.want {
+				t.Fatalf("SegmentPath(%q, %d) = %q, want %q", tc.prefix, tc.index, got, tc.want)
 			}
 		})
 	}
@@ -97,30 +97,30 @@ func TestTraceProducerFileName(t *testing.T) {
 		"234 characters sanitizing alike stay apart": {strings.Repeat("ü", 234), hashed(strings.Repeat("ü", 234))},
 	} {
 		t.Run(name, func(t *testing.T) {
-			got := TraceProducerFileName(out, tc.id)
+			got := ProducerFileName(out, tc.id)
 			if got != tc.want {
-				t.Fatalf("TraceProducerFileName(%d-byte id) = %q, want %q", len(tc.id), got, tc.want)
+				t.Fatalf("ProducerFileName(%d-byte id) = %q, want %q", len(tc.id), got, tc.want)
 			}
-			seg := filepath.Base(TraceSegmentPath(TraceSegmentPrefix(out, tc.id), 999999))
+			seg := filepath.Base(SegmentPath(SegmentPrefix(out, tc.id), 999999))
 			if len(seg) > 255 {
 				t.Fatalf("segment name of %d bytes: %s", len(seg), seg)
 			}
 			if !isSanitizedProducerID(got) {
-				t.Fatalf("%q is not a file name TraceProducers recognises", got)
+				t.Fatalf("%q is not a file name Producers recognises", got)
 			}
 		})
 	}
-	if TraceProducerFileName(out, long300a) == TraceProducerFileName(out, long300b) ||
-		TraceProducerFileName(out, strings.Repeat("é", 234)) == TraceProducerFileName(out, strings.Repeat("ü", 234)) {
+	if ProducerFileName(out, long300a) == ProducerFileName(out, long300b) ||
+		ProducerFileName(out, strings.Repeat("é", 234)) == ProducerFileName(out, strings.Repeat("ü", 234)) {
 		t.Fatal("long ids that share their sanitized beginning share a file")
 	}
 	// The budget is the output base name's: a longer base leaves less.
-	if got := TraceProducerFileName("/d/"+strings.Repeat("b", 100), strings.Repeat("w", 200)); len(got) != 255-17-100 {
+	if got := ProducerFileName("/d/"+strings.Repeat("b", 100), strings.Repeat("w", 200)); len(got) != 255-17-100 {
 		t.Fatalf("with a 100-byte base: a %d-byte producer name, want %d", len(got), 255-17-100)
 	}
 	// The longest output base name leaves 8 characters of the id before its hash.
-	base := "/d/" + strings.Repeat("b", MaxTraceOutputBaseName)
-	if got := TraceProducerFileName(base, strings.Repeat("w", 300)); got[:9] != "wwwwwwww-" || len(got) != 8+17 {
+	base := "/d/" + strings.Repeat("b", MaxOutputBaseName)
+	if got := ProducerFileName(base, strings.Repeat("w", 300)); got[:9] != "wwwwwwww-" || len(got) != 8+17 {
 		t.Fatalf("with the longest base: producer name %q", got)
 	}
 }
@@ -155,12 +155,12 @@ func TestTraceSegmentIndex(t *testing.T) {
 		"an empty base":                       {"", ".000003.jsonl.gz", 3, true},
 	} {
 		t.Run(name, func(t *testing.T) {
-			got, ok := TraceSegmentIndex(tc.base, tc.file)
+			got, ok := SegmentIndex(tc.base, tc.file)
 			if got != tc.want || ok != tc.ok {
-				t.Fatalf("TraceSegmentIndex(%q, %q) = %d, %v; want %d, %v", tc.base, tc.file, got, ok, tc.want, tc.ok)
+				t.Fatalf("SegmentIndex(%q, %q) = %d, %v; want %d, %v", tc.base, tc.file, got, ok, tc.want, tc.ok)
 			}
-			if ok && TraceSegmentPath(tc.base, got) != tc.file {
-				t.Fatalf("TraceSegmentPath(%q, %d) = %q, not the name it was read from", tc.base, got, TraceSegmentPath(tc.base, got))
+			if ok && SegmentPath(tc.base, got) != tc.file {
+				t.Fatalf("SegmentPath(%q, %d) = %q, not the name it was read from", tc.base, got, SegmentPath(tc.base, got))
 			}
 		})
 	}
@@ -187,12 +187,12 @@ func TestParseTraceSegmentPath(t *testing.T) {
 		"no index":                         {"/d/f.w.jsonl.gz", "", 0, false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			prefix, index, ok := ParseTraceSegmentPath(tc.path)
+			prefix, index, ok := ParseSegmentPath(tc.path)
 			if prefix != tc.prefix || index != tc.index || ok != tc.ok {
-				t.Fatalf("ParseTraceSegmentPath(%q) = %q, %d, %v; want %q, %d, %v", tc.path, prefix, index, ok, tc.prefix, tc.index, tc.ok)
+				t.Fatalf("ParseSegmentPath(%q) = %q, %d, %v; want %q, %d, %v", tc.path, prefix, index, ok, tc.prefix, tc.index, tc.ok)
 			}
-			if ok && TraceSegmentPath(prefix, index) != tc.path {
-				t.Fatalf("TraceSegmentPath(%q, %d) != %q", prefix, index, tc.path)
+			if ok && SegmentPath(prefix, index) != tc.path {
+				t.Fatalf("SegmentPath(%q, %d) != %q", prefix, index, tc.path)
 			}
 		})
 	}
@@ -206,7 +206,7 @@ func touch(t *testing.T, path string) {
 }
 
 // A directory shared with other producers and other files: a prefix claims exactly its own segments,
-// a directory with a segment's name occupies its index, and TraceProducers names only producers whose
+// a directory with a segment's name occupies its index, and Producers names only producers whose
 // segments are there.
 func TestListTraceSegmentsMatchesExactNamesOnly(t *testing.T) {
 	dir := t.TempDir()
@@ -236,7 +236,7 @@ func TestListTraceSegmentsMatchesExactNamesOnly(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, "trace.worker1.000011.jsonl.gz"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	segs, err := ListTraceSegments(prefix)
+	segs, err := ListSegments(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,23 +246,23 @@ func TestListTraceSegmentsMatchesExactNamesOnly(t *testing.T) {
 		if s.Regular != (s.Index != 11) {
 			t.Errorf("segment %d: Regular = %v", s.Index, s.Regular)
 		}
-		if s.Path != TraceSegmentPath(prefix, s.Index) {
+		if s.Path != SegmentPath(prefix, s.Index) {
 			t.Errorf("segment %d: Path = %s", s.Index, s.Path)
 		}
 	}
 	if want := []uint64{0, 7, 11, 1000000, 10000000000000000000}; !slices.Equal(got, want) {
 		t.Fatalf("indexes = %v, want %v", got, want)
 	}
-	next, err := NextTraceSegmentIndex(prefix)
+	next, err := NextSegmentIndex(prefix)
 	if err != nil || next != 10000000000000000001 {
-		t.Fatalf("NextTraceSegmentIndex = %d, %v; want 10000000000000000001", next, err)
+		t.Fatalf("NextSegmentIndex = %d, %v; want 10000000000000000001", next, err)
 	}
-	producers, err := TraceProducers(filepath.Join(dir, "trace.jsonl.gz"))
+	producers, err := Producers(filepath.Join(dir, "trace.jsonl.gz"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"worker1", "worker10"}; !slices.Equal(producers, want) {
-		t.Fatalf("TraceProducers = %v, want %v", producers, want)
+		t.Fatalf("Producers = %v, want %v", producers, want)
 	}
 }
 
@@ -287,15 +287,15 @@ func TestTraceProducers(t *testing.T) {
 			for _, n := range tc.existing {
 				touch(t, filepath.Join(dir, n))
 			}
-			got, err := TraceProducers(filepath.Join(dir, tc.output))
+			got, err := Producers(filepath.Join(dir, tc.output))
 			if err != nil || !slices.Equal(got, tc.want) {
-				t.Fatalf("TraceProducers = %q, %v; want %q", got, err, tc.want)
+				t.Fatalf("Producers = %q, %v; want %q", got, err, tc.want)
 			}
 		})
 	}
-	got, err := TraceProducers(filepath.Join(t.TempDir(), "missing", "t"))
+	got, err := Producers(filepath.Join(t.TempDir(), "missing", "t"))
 	if err != nil || len(got) != 0 {
-		t.Fatalf("missing directory: TraceProducers = %q, %v; want none", got, err)
+		t.Fatalf("missing directory: Producers = %q, %v; want none", got, err)
 	}
 }
 
@@ -320,20 +320,20 @@ func TestNextTraceSegmentIndex(t *testing.T) {
 			for _, n := range tc.existing {
 				touch(t, filepath.Join(dir, n))
 			}
-			got, err := NextTraceSegmentIndex(filepath.Join(dir, "t.w"))
+			got, err := NextSegmentIndex(filepath.Join(dir, "t.w"))
 			if err != nil || got != tc.want {
-				t.Fatalf("NextTraceSegmentIndex = %d, %v; want %d", got, err, tc.want)
+				t.Fatalf("NextSegmentIndex = %d, %v; want %d", got, err, tc.want)
 			}
 		})
 	}
-	got, err := NextTraceSegmentIndex(filepath.Join(t.TempDir(), "missing", "t.w"))
+	got, err := NextSegmentIndex(filepath.Join(t.TempDir(), "missing", "t.w"))
 	if err != nil || got != 0 {
-		t.Fatalf("missing directory: NextTraceSegmentIndex = %d, %v; want 0, nil", got, err)
+		t.Fatalf("missing directory: NextSegmentIndex = %d, %v; want 0, nil", got, err)
 	}
 	// The largest index leaves none above it: an error naming the prefix, never a wrap to 0.
 	dir := t.TempDir()
-	touch(t, TraceSegmentPath(filepath.Join(dir, "t.w"), ^uint64(0)))
-	if got, err := NextTraceSegmentIndex(filepath.Join(dir, "t.w")); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "t.w")) ||
+	touch(t, SegmentPath(filepath.Join(dir, "t.w"), ^uint64(0)))
+	if got, err := NextSegmentIndex(filepath.Join(dir, "t.w")); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "t.w")) ||
 		!strings.Contains(err.Error(), strconv.FormatUint(^uint64(0), 10)) {
 		t.Fatalf("after the largest index: %d, %v; want an error naming the prefix", got, err)
 	}

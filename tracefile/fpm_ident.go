@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"strconv"
@@ -17,23 +17,23 @@ import (
 // worker_id, integers >= 0 that fit an int64, finite numbers >= 0, valid UTF-8, no duplicate key).
 // FuzzCheckFPM checks that against ParseFPMJSON.
 
-// fpmIdent is what the writer keeps of a valid FPM body.
-type fpmIdent struct {
-	workerID  string
-	dpRank    int64
-	counterID int64
+// FPMIdent is what the writer (and Verify) keeps of a valid FPM body.
+type FPMIdent struct {
+	WorkerID  string
+	DPRank    int64
+	CounterID int64
 }
 
-// checkFPM validates body by the rules of schemas.ParseFPMJSON and returns its identity.
-func checkFPM(body []byte) (fpmIdent, error) {
+// CheckFPM validates body by the rules of schemas.ParseFPMJSON and returns its identity.
+func CheckFPM(body []byte) (FPMIdent, error) {
 	if id, ok := fastFPM(body); ok {
 		return id, nil
 	}
 	f, err := schemas.ParseFPMJSON(body)
 	if err != nil {
-		return fpmIdent{}, err
+		return FPMIdent{}, err
 	}
-	return fpmIdent{workerID: f.WorkerID, dpRank: f.DPRank, counterID: f.CounterID}, nil
+	return FPMIdent{WorkerID: f.WorkerID, DPRank: f.DPRank, CounterID: f.CounterID}, nil
 }
 
 // templatePart is one piece of fpmTemplate: literal text, then a value of kind.
@@ -87,7 +87,7 @@ func buildTemplate(layout []schemas.FPMField) []templatePart {
 const maxFastDigits = 18
 
 // fastFPM matches body against fpmTemplate; ok is false for anything else.
-func fastFPM(body []byte) (id fpmIdent, ok bool) {
+func fastFPM(body []byte) (id FPMIdent, ok bool) {
 	p := 0
 	ints := 0
 	for _, t := range fpmTemplate {
@@ -101,7 +101,7 @@ func fastFPM(body []byte) (id fpmIdent, ok bool) {
 			for p < len(body) && body[p] >= 0x20 && body[p] < 0x7f && body[p] != '"' && body[p] != '\\' {
 				p++
 			}
-			id.workerID = string(body[start:p])
+			id.WorkerID = string(body[start:p])
 		case 'i', 'f':
 			v, n := fastUint(body[p:])
 			if n == 0 {
@@ -124,9 +124,9 @@ func fastFPM(body []byte) (id fpmIdent, ok bool) {
 			}
 			switch ints {
 			case 0:
-				id.dpRank = v
+				id.DPRank = v
 			case 1:
-				id.counterID = v
+				id.CounterID = v
 			}
 			ints++
 		}

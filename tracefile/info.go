@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"bytes"
@@ -188,16 +188,16 @@ func infoFiles(paths []string) ([]infoFile, error) {
 			found = append(found, p)
 			continue
 		}
-		segs, err := schemas.TraceSegmentFilesIn(p)
+		segs, err := SegmentFilesIn(p)
 		if err != nil {
 			return nil, fmt.Errorf("trace info: %w", err)
 		}
 		found = append(found, segs...)
 	}
 	var out []infoFile
-	for _, path := range schemas.TraceReadOrder(found) {
+	for _, path := range ReadOrder(found) {
 		f := infoFile{path: path, prefix: path, producer: filepath.Base(path), index: -1}
-		if prefix, idx, ok := schemas.ParseTraceSegmentPath(path); ok {
+		if prefix, idx, ok := ParseSegmentPath(path); ok {
 			f.prefix, f.index = prefix, int64(idx)
 			f.producer = filepath.Base(f.prefix)
 			if d := strings.LastIndexByte(f.producer, '.'); d >= 0 {

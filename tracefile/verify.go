@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"cmp"
@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Verify checks a trace output (`fpmbus trace verify`) and, asked to, heals it from the stream.
@@ -25,7 +26,7 @@ import (
 // every line that can be read is read.
 //
 // With a JetStream (verify_stream.go) each line is also matched to its message in stream FPM by the
-// trace writer's line identity (recover.go: the producer's files, observed_at_unix_ms and a hash of
+// trace writer's line identity (identity.go: the producer's files, observed_at_unix_ms and a hash of
 // namespace, component, producer_id and the fpm object, which is the message body verbatim). That
 // checks the order the writer guarantees — per producer, lines in stream order — finds lines written
 // twice for one message and, in full mode, messages whose line is missing although the lines around it
@@ -34,7 +35,7 @@ import (
 //
 // With Repair (verify_repair.go) a damaged segment is rewritten from the stream: intact members byte for
 // byte, each damaged region replaced by one gzip member holding its lines rebuilt from their messages
-// (the line bytes the writer would write: line.go), missing lines inserted where they belong, copies
+// (the line bytes the writer would write: record.go), missing lines inserted where they belong, copies
 // of a line written twice for one message removed. What the
 // stream no longer holds is reported (which keys and counter_ids, between which lines and stream
 // sequences), never guessed, and bytes that cannot be replaced are kept as they are.
@@ -99,6 +100,9 @@ const (
 	HealUnknown = "unknown"
 )
 
+// ErrInvalidConfig: Verify was given an incomplete VerifyConfig or an invalid Option.
+var ErrInvalidConfig = errors.New("trace: invalid configuration")
+
 // ErrSegmentChanged is the reason a segment is not rewritten: it changed, or became a producer's
 // newest, after Verify read it.
 var ErrSegmentChanged = errors.New("trace: segment changed since it was verified")
@@ -112,7 +116,8 @@ type VerifyConfig struct {
 	// may be appending to: only while no writer writes the output.
 	IncludeActive bool
 	// FilterSubject and ProducerID are the writer's (--filter, --producer-id): with a JetStream, the
-	// stream's messages are filed under producers as the writer filed them. Default filter: fpm.>.
+	// stream's messages are filed under producers as the writer filed them. Default filter: fpm.>
+	// (streams.FPMWildcard, the writer's default).
 	FilterSubject string
 	ProducerID    string
 	// Repair rewrites damaged segments from the stream (a JetStream is required).
@@ -267,7 +272,7 @@ func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts 
 		return nil, fmt.Errorf("%w: verify: no output path", ErrInvalidConfig)
 	}
 	if cfg.FilterSubject == "" {
-		cfg.FilterSubject = DefaultFilterSubject
+		cfg.FilterSubject = streams.FPMWildcard
 	}
 	if cfg.Repair && js == nil {
 		return nil, fmt.Errorf("%w: verify: repairing needs the stream", ErrInvalidConfig)
@@ -281,15 +286,15 @@ func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts 
 			return nil, err
 		}
 	}
-	v := &verifier{cfg: cfg, set: set, log: set.Logger, keys: newKeyTable(), byPrefix: map[string]*vproducer{}}
+	v := &verifier{cfg: cfg, set: set, log: set.logger, keys: newKeyTable(), byPrefix: map[string]*vproducer{}}
 	if cfg.Repair {
 		// A repair owns every producer before it reads (owner.go): refused while a writer, another
 		// repair or a backfill holds any of them, so it never rewrites a file a live writer holds.
-		own, err := ownOutput(cfg.OutputPath, "trace verify --repair", v.log)
+		own, err := OwnOutput(cfg.OutputPath, "trace verify --repair", v.log)
 		if err != nil {
 			return nil, err
 		}
-		defer own.releaseAll()
+		defer own.ReleaseAll()
 	}
 	if err := v.read(); err != nil {
 		return nil, err
@@ -328,11 +333,11 @@ type vproducer struct {
 	name, prefix string
 	segs         []*vsegment
 	lines        []vline // every line read, in file order (segments oldest first)
-	ids          map[lineIdentity]*idLines
+	ids          map[LineIdentity]*idLines
 	// head is the identity of the producer's first line when it was read from damaged bytes (the
 	// oldest segment's first member damaged, the segments before it pruned): confirmed by the stream
 	// (headSeq, its message), it says where the damaged region's lines begin (verify_stream.go).
-	head    *lineIdentity
+	head    *LineIdentity
 	headSeq uint64
 	// Stream matching (verify_stream.go).
 	started, done bool        // a line was matched; the last line was matched
@@ -399,7 +404,7 @@ func (v *verifier) read() error {
 	}
 	v.progress("read", 0, total)
 	for ni, name := range names {
-		p := &vproducer{name: name, prefix: OutputBase(v.cfg.OutputPath) + "." + name, ids: map[lineIdentity]*idLines{}, lastLine: -1}
+		p := &vproducer{name: name, prefix: OutputBase(v.cfg.OutputPath) + "." + name, ids: map[LineIdentity]*idLines{}, lastLine: -1}
 		segs := segsOf[ni]
 		newest := -1
 		for i, s := range segs {

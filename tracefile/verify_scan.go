@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"bytes"
@@ -61,6 +61,26 @@ type piece struct {
 	trailer []byte
 }
 
+// Piece is a byte range of a segment's bytes as Verify cuts them (see above): an intact block (normally
+// one gzip member, one writer flush) or a damaged region. Lines are an intact block's lines, or the
+// whole lines salvaged from a damaged region.
+type Piece struct {
+	Offset, End int64
+	Damaged     bool
+	Lines       int
+}
+
+// Pieces cuts data, the bytes of a segment, into its pieces, in file order, as Verify does: past
+// damage, the next intact member is found.
+func Pieces(data []byte) []Piece {
+	c := checkSegment("", "", data, newKeyTable())
+	out := make([]Piece, len(c.pieces))
+	for i, pc := range c.pieces {
+		out[i] = Piece{Offset: pc.off, End: pc.end, Damaged: pc.damaged, Lines: pc.n}
+	}
+	return out
+}
+
 // checkedLine is one line read from a segment.
 type checkedLine struct {
 	piece  int
@@ -73,7 +93,7 @@ type checkedLine struct {
 	key      int32 // in the keyTable
 	ts       int64
 	counter  int64
-	id       lineIdentity
+	id       LineIdentity
 	raw      []byte // salvaged lines only: the bytes, to compare with the line restored from the stream
 }
 
@@ -84,16 +104,16 @@ func (l *checkedLine) parse(line []byte, prefix string, keys *keyTable) error {
 		return err
 	}
 	e := &tl.Event
-	f, err := checkFPM(e.FPM)
+	f, err := CheckFPM(e.FPM)
 	if err != nil { // ParseTraceLine checked the fpm object already
 		return err
 	}
 	l.valid = true
 	l.full = e.CaptureMode == schemas.CaptureFull
-	l.key = keys.index(keyID{e.Source.Namespace, e.Source.Component, e.Source.ProducerID, f.workerID, f.dpRank})
+	l.key = keys.index(keyID{e.Source.Namespace, e.Source.Component, e.Source.ProducerID, f.WorkerID, f.DPRank})
 	l.ts = tl.Timestamp
-	l.counter = f.counterID
-	l.id = identityOf(prefix, e.Source.Namespace, e.Source.Component, e.Source.ProducerID, e.ObservedAtUnixMs, e.FPM)
+	l.counter = f.CounterID
+	l.id = IdentityOf(prefix, e.Source.Namespace, e.Source.Component, e.Source.ProducerID, e.ObservedAtUnixMs, e.FPM)
 	return nil
 }
 

@@ -1,4 +1,4 @@
-package schemas
+package tracefile
 
 import (
 	"cmp"
@@ -11,27 +11,27 @@ import (
 // What a reader of a trace (`fpmbus trace info`, replay) is given is a list of files and directories;
 // it reads them in the order their lines were written. Both readers take that order from here.
 
-// TraceSegmentFilesIn returns the regular files of directory dir whose names end with
-// TraceSegmentSuffix, in directory order; the error of a directory that cannot be read is os.ReadDir's.
-func TraceSegmentFilesIn(dir string) ([]string, error) {
+// SegmentFilesIn returns the regular files of directory dir whose names end with
+// SegmentSuffix, in directory order; the error of a directory that cannot be read is os.ReadDir's.
+func SegmentFilesIn(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for _, e := range entries {
-		if e.Type().IsRegular() && strings.HasSuffix(e.Name(), TraceSegmentSuffix) {
+		if e.Type().IsRegular() && strings.HasSuffix(e.Name(), SegmentSuffix) {
 			out = append(out, filepath.Join(dir, e.Name()))
 		}
 	}
 	return out, nil
 }
 
-// TraceReadOrder returns paths without repeats (the first of each kept), in read order: by producer
-// prefix (ParseTraceSegmentPath; a path that is not a segment's is its own prefix), a name that is not
+// ReadOrder returns paths without repeats (the first of each kept), in read order: by producer
+// prefix (ParseSegmentPath; a path that is not a segment's is its own prefix), a name that is not
 // a segment's before the segments of its prefix, then by segment index. Paths that tie keep their
 // order.
-func TraceReadOrder(paths []string) []string {
+func ReadOrder(paths []string) []string {
 	type named struct {
 		path, prefix string
 		index        uint64
@@ -45,7 +45,7 @@ func TraceReadOrder(paths []string) []string {
 		}
 		seen[p] = true
 		f := named{path: p, prefix: p}
-		if prefix, index, ok := ParseTraceSegmentPath(p); ok {
+		if prefix, index, ok := ParseSegmentPath(p); ok {
 			f.prefix, f.index, f.segment = prefix, index, true
 		}
 		files = append(files, f)

@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"errors"
@@ -23,7 +23,7 @@ import (
 // with SIGKILL, so its successor takes it at once and logs the dead owner's record.
 //
 // Who owns what:
-//   - The trace writer (Consumer) owns a producer's prefix from its first message in an owned
+//   - The trace writer (consumers/trace.Consumer) owns a producer's prefix from its first message in an owned
 //     partition until the partition is released or lost (every writer of the process shares one
 //     owner, so two partitions whose producer ids sanitize alike share the lock). With one partition
 //     it also owns, at its first takeover, every producer already under the output while it repairs
@@ -60,16 +60,16 @@ func PrefixLockPath(prefix string) string {
 	return prefix + prefixLockSuffix
 }
 
-// owner is the prefixes one process part (a trace writer, a repair, a backfill) owns.
-type owner struct {
+// Owner is the prefixes one process part (a trace writer, a repair, a backfill) owns.
+type Owner struct {
 	me fsutil.Holder
-	// group is a trace writer's consumer group, on its deployment (groupIdentity): a holder of the
-	// same group is borrowed from (see above). "" for the tools, which never borrow.
+	// group is a trace writer's consumer group, on its deployment (the writer's groupIdentity): a
+	// holder of the same group is borrowed from (see above). "" for the tools, which never borrow.
 	group string
 	log   *slog.Logger
 	held  map[string]*ownedPrefix
-	// refused are the prefixes refused since the last retry (Consumer.Tick): their messages are
-	// rejected without another look at the lock file until then.
+	// refused are the prefixes refused since the last Retry (the trace writer's Consumer.Tick): their
+	// messages are rejected without another look at the lock file until then.
 	refused map[string]error
 	// logged are the prefixes whose refusal was logged: once, until they are owned.
 	logged map[string]bool
@@ -81,13 +81,14 @@ type ownedPrefix struct {
 	refs int
 }
 
-func newOwner(me fsutil.Holder, log *slog.Logger) *owner {
-	return &owner{me: me, group: me.Group, log: log, held: map[string]*ownedPrefix{}, refused: map[string]error{}, logged: map[string]bool{}}
+// NewOwner is the owner of nothing yet, as me (its lock records; me.Group set for a trace writer).
+func NewOwner(me fsutil.Holder, log *slog.Logger) *Owner {
+	return &Owner{me: me, group: me.Group, log: log, held: map[string]*ownedPrefix{}, refused: map[string]error{}, logged: map[string]bool{}}
 }
 
-// take owns prefix (once more, when it is owned already). The error of a prefix another process holds
+// Take owns prefix (once more, when it is owned already). The error of a prefix another process holds
 // wraps ErrPrefixHeld and the *fsutil.HeldError naming the holder; any other is the lock file's.
-func (o *owner) take(prefix string) error {
+func (o *Owner) Take(prefix string) error {
 	if op := o.held[prefix]; op != nil {
 		op.refs++
 		return nil
@@ -117,7 +118,7 @@ func (o *owner) take(prefix string) error {
 		err = fmt.Errorf("%w (%s): %w: a producer's segments have one owner at a time", ErrPrefixHeld, prefix, held)
 		o.refused[prefix] = err
 		return err
-	case refusesProducer(err):
+	case RefusesProducer(err):
 		err = fmt.Errorf("trace: prefix %s: %w", prefix, err)
 		o.refused[prefix] = err
 		return err
@@ -126,17 +127,17 @@ func (o *owner) take(prefix string) error {
 	}
 }
 
-// refusesProducer reports an error of take that concerns one producer alone: its prefix is another
+// RefusesProducer reports an error of Take that concerns one producer alone: its prefix is another
 // process's, or its lock file cannot be had (a symbolic link or other non-regular file planted under
 // its name, a file this user may not open, a name its file system refuses). That producer is refused;
 // the others go on.
-func refusesProducer(err error) bool {
-	return errors.Is(err, ErrPrefixHeld) || errors.Is(err, fsutil.ErrNotRegular) || errors.Is(err, fs.ErrPermission) || nameRefused(err)
+func RefusesProducer(err error) bool {
+	return errors.Is(err, ErrPrefixHeld) || errors.Is(err, fsutil.ErrNotRegular) || errors.Is(err, fs.ErrPermission) || NameRefused(err)
 }
 
-// rejecting logs, once until the prefix is owned, that a producer's messages are rejected because
-// another process owns its prefix (err, from take).
-func (o *owner) rejecting(prefix string, err error) {
+// Rejecting logs, once until the prefix is owned, that a producer's messages are rejected because
+// another process owns its prefix (err, from Take).
+func (o *Owner) Rejecting(prefix string, err error) {
 	if o.logged[prefix] {
 		return
 	}
@@ -145,8 +146,8 @@ func (o *owner) rejecting(prefix string, err error) {
 		"prefix", prefix, "err", err)
 }
 
-// release gives up one ownership of prefix; the lock goes with the last.
-func (o *owner) release(prefix string) {
+// Release gives up one ownership of prefix; the lock goes with the last.
+func (o *Owner) Release(prefix string) {
 	op := o.held[prefix]
 	if op == nil {
 		return
@@ -162,20 +163,20 @@ func (o *owner) release(prefix string) {
 	}
 }
 
-// releaseAll gives up every prefix.
-func (o *owner) releaseAll() {
+// ReleaseAll gives up every prefix.
+func (o *Owner) ReleaseAll() {
 	if o == nil {
 		return
 	}
 	for p, op := range o.held {
 		op.refs = 1
-		o.release(p)
+		o.Release(p)
 	}
 }
 
-// retry takes the locks of borrowed prefixes that have become free, and lets refused prefixes be
+// Retry takes the locks of borrowed prefixes that have become free, and lets refused prefixes be
 // tried again at their next message.
-func (o *owner) retry() {
+func (o *Owner) Retry() {
 	if o == nil {
 		return
 	}
@@ -193,11 +194,11 @@ func (o *owner) retry() {
 	}
 }
 
-// owns reports whether prefix is owned (held or borrowed).
-func (o *owner) owns(prefix string) bool { return o.held[prefix] != nil }
+// Owns reports whether prefix is owned (held or borrowed).
+func (o *Owner) Owns(prefix string) bool { return o.held[prefix] != nil }
 
-// prefixes are the prefixes owned (held or borrowed), sorted.
-func (o *owner) prefixes() []string {
+// Prefixes are the prefixes owned (held or borrowed), sorted.
+func (o *Owner) Prefixes() []string {
 	out := make([]string, 0, len(o.held))
 	for p := range o.held {
 		out = append(out, p)
@@ -206,9 +207,9 @@ func (o *owner) prefixes() []string {
 	return out
 }
 
-// takeOutput owns every producer with segments under outputPath, and returns the prefixes taken and
+// TakeOutput owns every producer with segments under outputPath, and returns the prefixes taken and
 // the refusals, in prefix order.
-func (o *owner) takeOutput(outputPath string) (taken []string, refused []error, err error) {
+func (o *Owner) TakeOutput(outputPath string) (taken []string, refused []error, err error) {
 	producers, err := Producers(outputPath)
 	if err != nil {
 		return nil, nil, err
@@ -219,7 +220,7 @@ func (o *owner) takeOutput(outputPath string) (taken []string, refused []error, 
 	}
 	sort.Strings(prefixes)
 	for _, p := range prefixes {
-		if err := o.take(p); err != nil {
+		if err := o.Take(p); err != nil {
 			if !errors.Is(err, ErrPrefixHeld) {
 				return taken, refused, err
 			}
@@ -231,17 +232,17 @@ func (o *owner) takeOutput(outputPath string) (taken []string, refused []error, 
 	return taken, refused, nil
 }
 
-// ownOutput is a tool's ownership (role: "trace verify --repair", "trace backfill") of every producer
+// OwnOutput is a tool's ownership (role: "trace verify --repair", "trace backfill") of every producer
 // under outputPath: refused as a whole, naming every holder, when another process holds any of them.
-// The caller ends it with releaseAll.
-func ownOutput(outputPath, role string, log *slog.Logger) (*owner, error) {
-	o := newOwner(fsutil.Self(role), log)
-	_, refused, err := o.takeOutput(outputPath)
+// The caller ends it with ReleaseAll.
+func OwnOutput(outputPath, role string, log *slog.Logger) (*Owner, error) {
+	o := NewOwner(fsutil.Self(role), log)
+	_, refused, err := o.TakeOutput(outputPath)
 	if err == nil && len(refused) > 0 {
 		err = fmt.Errorf("%s of %s refused, nothing read or written: %w", role, outputPath, errors.Join(refused...))
 	}
 	if err != nil {
-		o.releaseAll()
+		o.ReleaseAll()
 		return nil, err
 	}
 	return o, nil

@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"fmt"
@@ -10,11 +10,10 @@ import (
 	"strings"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
-	"github.com/fpmbus/fpmbus/schemas"
 )
 
 // Reading and repairing segments. A segment is a sequence of complete gzip members, each holding whole
-// lines (SegmentWriter writes one member per flush and acks nothing before the member is fsynced). A
+// lines (the trace writer's SegmentWriter writes one member per flush and acks nothing before the member is fsynced). A
 // kill -9 can leave the newest segment with a torn last member: Repair, run explicitly at startup,
 // cuts it off. Because no message in a torn member was ever acked, JetStream redelivers all of them
 // and they are written again: nothing is lost and nothing is written twice.
@@ -141,7 +140,7 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 		if err := fsutil.SyncDir(filepath.Dir(path)); err != nil {
 			return res, fmt.Errorf("repair segment %s: sync directory: %w", path, err)
 		}
-	} else if err := fsutil.WriteFileAtomic(path, data[:scan.Good], 0o644, fsutil.TempPath(path+repairTmpSuffix)); err != nil {
+	} else if err := fsutil.WriteFileAtomic(path, data[:scan.Good], 0o644, fsutil.TempPath(path+RepairTmpSuffix)); err != nil {
 		return res, fmt.Errorf("repair segment %s: %w", path, err)
 	}
 	logger.Warn("trace segment repaired: torn tail cut",
@@ -150,15 +149,15 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 	return res, nil
 }
 
-// repairTmpSuffix names the temporary file of a repair (fsutil.TempPath), so that RepairOutput finds
+// RepairTmpSuffix names the temporary file of a repair (fsutil.TempPath), so that RepairOutput finds
 // and removes what a crash during Repair left behind.
-const repairTmpSuffix = ".repair.tmp"
+const RepairTmpSuffix = ".repair.tmp"
 
 // RepairOutput is the startup repair step: for every producer with segments under outputPath it
 // removes leftover ".repair.tmp" files of that producer and repairs the newest segment (only the
 // newest can be torn: a segment is finished, fsynced, before the next one is started). The caller must
 // own every producer (owner.go); the trace writer and backfill repair only the prefixes they own
-// (repairPrefixes).
+// (RepairPrefixes).
 func RepairOutput(outputPath string, logger *slog.Logger) ([]RepairResult, error) {
 	producers, err := Producers(outputPath)
 	if err != nil {
@@ -168,14 +167,14 @@ func RepairOutput(outputPath string, logger *slog.Logger) ([]RepairResult, error
 	for i, p := range producers {
 		prefixes[i] = OutputBase(outputPath) + "." + p
 	}
-	return repairPrefixes(prefixes, logger)
+	return RepairPrefixes(prefixes, logger)
 }
 
-// repairPrefixes is RepairOutput for the producers of prefixes.
-func repairPrefixes(prefixes []string, logger *slog.Logger) ([]RepairResult, error) {
+// RepairPrefixes is RepairOutput for the producers of prefixes.
+func RepairPrefixes(prefixes []string, logger *slog.Logger) ([]RepairResult, error) {
 	var out []RepairResult
 	for _, prefix := range prefixes {
-		if err := removeRepairLeftovers(prefix, logger); err != nil {
+		if err := RemoveRepairLeftovers(prefix, logger); err != nil {
 			return out, err
 		}
 		segs, err := ListSegments(prefix)
@@ -197,9 +196,9 @@ func repairPrefixes(prefixes []string, logger *slog.Logger) ([]RepairResult, err
 	return out, nil
 }
 
-// removeRepairLeftovers deletes "<segment>.repair.tmp" files of prefix left by a crash during Repair.
-func removeRepairLeftovers(prefix string, logger *slog.Logger) error {
-	return removeLeftovers(prefix, repairTmpSuffix, logger)
+// RemoveRepairLeftovers deletes "<segment>.repair.tmp" files of prefix left by a crash during Repair.
+func RemoveRepairLeftovers(prefix string, logger *slog.Logger) error {
+	return removeLeftovers(prefix, RepairTmpSuffix, logger)
 }
 
 // removeLeftovers deletes the regular files "<segment><suffix>" of prefix's segments: the temporary
@@ -219,7 +218,7 @@ func removeLeftovers(prefix, suffix string, logger *slog.Logger) error {
 		if !ok {
 			continue
 		}
-		if _, ok := schemas.TraceSegmentIndex(base, seg); !ok || !e.Type().IsRegular() {
+		if _, ok := SegmentIndex(base, seg); !ok || !e.Type().IsRegular() {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

@@ -1,4 +1,4 @@
-package schemas
+package tracefile
 
 import (
 	"os"
@@ -27,8 +27,8 @@ func TestTraceReadOrder(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if got := TraceReadOrder(tc.in); !slices.Equal(got, tc.want) {
-				t.Errorf("TraceReadOrder(%q) = %q, want %q", tc.in, got, tc.want)
+			if got := ReadOrder(tc.in); !slices.Equal(got, tc.want) {
+				t.Errorf("ReadOrder(%q) = %q, want %q", tc.in, got, tc.want)
 			}
 		})
 	}
@@ -44,15 +44,15 @@ func TestTraceSegmentFilesIn(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, "sub.jsonl.gz"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	got, err := TraceSegmentFilesIn(dir)
+	got, err := SegmentFilesIn(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []string{filepath.Join(dir, "o.a.000000.jsonl.gz"), filepath.Join(dir, "o.a.000001.jsonl.gz")}
 	if !slices.Equal(got, want) {
-		t.Errorf("TraceSegmentFilesIn = %q, want %q", got, want)
+		t.Errorf("SegmentFilesIn = %q, want %q", got, want)
 	}
-	if _, err := TraceSegmentFilesIn(filepath.Join(dir, "missing")); !os.IsNotExist(err) {
+	if _, err := SegmentFilesIn(filepath.Join(dir, "missing")); !os.IsNotExist(err) {
 		t.Errorf("missing directory: %v, want a not-exist error", err)
 	}
 }

@@ -1,4 +1,4 @@
-package trace
+package tracefile
 
 import (
 	"bytes"
@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -24,7 +23,7 @@ import (
 // observation of any line less recoverySlack (a message is stored after its bridge received it, up to
 // clock skew) to the stream's last message when the read starts; the files are read first, so every
 // line read has its message at or below that. Each message is filed under its producer and line
-// identity exactly as the writer files it (parseRecord with the writer's --producer-id, --filter):
+// identity exactly as the writer files it (ParseRecord with the writer's --producer-id, --filter):
 // messages the writer could never write (invalid ones, and those it dead-lettered on
 // fpmevents.deadletter.consumer.trace) have no line and are left out.
 //
@@ -64,10 +63,16 @@ func refuseShards(ctx context.Context, js jetstream.JetStream) error {
 	return nil
 }
 
+// WriterName names the trace writer (consumers/trace) in the durable runner: its metrics label, and
+// its dead letters on streams.ConsumerDeadLetterSubject(WriterName) =
+// fpmevents.deadletter.consumer.trace (the runner's durable.RejectedSubject),
+// which Verify reads (messages the writer never wrote).
+const WriterName = "trace"
+
 // candidate is a stream message without a line: what is needed to rebuild its line.
 type candidate struct {
 	seq uint64
-	rec record // d is nil; body is a copy
+	rec Record // Body is a copy
 }
 
 // scanIdleWait ends a stream read that gets nothing for this long (messages removed while it reads).
@@ -102,7 +107,7 @@ func (v *verifier) matchStream(ctx context.Context, js jetstream.JetStream) erro
 	}
 	cc := jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy}
 	if earliest >= 0 {
-		since := time.UnixMilli(earliest).Add(-recoverySlack)
+		since := time.UnixMilli(earliest).Add(-RecoverySlack)
 		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
 	}
 	pending, err := streams.CountPending(ctx, s, v.cfg.FilterSubject, cc)
@@ -124,7 +129,7 @@ func (v *verifier) matchStream(ctx context.Context, js jetstream.JetStream) erro
 	defer it.Stop()
 	unblock := context.AfterFunc(ctx, it.Stop)
 	defer unblock()
-	keys := subjectKeys{}
+	keys := SubjectKeys{}
 	read := 0
 	for {
 		raw, err := it.Next(jetstream.NextMaxWait(scanIdleWait))
@@ -162,8 +167,8 @@ func (v *verifier) matchStream(ctx context.Context, js jetstream.JetStream) erro
 }
 
 // take files one stream message: its line's stream sequence, or a candidate.
-func (v *verifier) take(raw jetstream.Msg, md *jetstream.MsgMetadata, keys subjectKeys, dead map[string]int) {
-	r, err := parseRecord(replayMsg{raw}, msgMeta{seq: md.Sequence.Stream, stored: md.Timestamp}, v.cfg.ProducerID, keys)
+func (v *verifier) take(raw jetstream.Msg, md *jetstream.MsgMetadata, keys SubjectKeys, dead map[string]int) {
+	r, err := ParseRecord(raw, MsgMeta{Seq: md.Sequence.Stream, Stored: md.Timestamp}, v.cfg.ProducerID, keys)
 	if err != nil {
 		return // the writer rejects it: it never has a line
 	}
@@ -173,18 +178,18 @@ func (v *verifier) take(raw jetstream.Msg, md *jetstream.MsgMetadata, keys subje
 			return
 		}
 	}
-	prefix := SegmentPrefix(v.cfg.OutputPath, r.producer)
+	prefix := SegmentPrefix(v.cfg.OutputPath, r.Producer)
 	p := v.byPrefix[prefix]
 	if p == nil {
 		return
 	}
-	id := identityOf(prefix, r.key.Namespace, r.key.Component, r.producer, r.observed, r.body)
+	id := IdentityOf(prefix, r.Key.Namespace, r.Key.Component, r.Producer, r.Observed, r.Body)
 	if e := p.ids[id]; e != nil {
 		e.seen++
 		if e.next < len(e.lines) {
 			li := e.lines[e.next]
 			e.next++
-			p.lines[li].seq = r.seq
+			p.lines[li].seq = r.Seq
 			p.started = true
 			p.done = p.done || li == p.lastLine
 			return
@@ -192,15 +197,15 @@ func (v *verifier) take(raw jetstream.Msg, md *jetstream.MsgMetadata, keys subje
 	}
 	if !p.started && p.head != nil && id == *p.head {
 		// The first line, read from damaged bytes, is confirmed: the damaged region's lines begin here.
-		p.started, p.headSeq = true, r.seq
+		p.started, p.headSeq = true, r.Seq
 	}
 	// Only messages between the first and the last line can be missing lines; later ones are the
 	// writer's backlog.
-	if !p.started || p.done || r.observed > p.maxObserved+recoverySlack.Milliseconds() {
+	if !p.started || p.done || r.Observed > p.maxObserved+RecoverySlack.Milliseconds() {
 		return
 	}
-	r.d, r.body = nil, bytes.Clone(r.body)
-	p.cands = append(p.cands, candidate{seq: r.seq, rec: r})
+	r.Body = bytes.Clone(r.Body)
+	p.cands = append(p.cands, candidate{seq: r.Seq, rec: r})
 }
 
 // writerRejects counts the trace writer's dead letters by subject and body: those messages never got a
@@ -213,7 +218,7 @@ func writerRejects(ctx context.Context, js jetstream.JetStream) (map[string]int,
 	if err != nil {
 		return nil, fmt.Errorf("trace: verify: stream %s: %w", streams.StreamEvents, err)
 	}
-	subject := durable.RejectedSubject(ConsumerName)
+	subject := streams.ConsumerDeadLetterSubject(WriterName)
 	n, err := streams.CountPending(ctx, s, subject, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
 	if err != nil || n == 0 {
 		return nil, err
@@ -508,8 +513,8 @@ func (v *verifier) heldAround(p *vproducer, groups map[span][]candidate, prev, n
 }
 
 // lookupKey is the keyTable index of a message's key, or -1.
-func (v *verifier) lookupKey(r *record) int32 {
-	if i, ok := v.keys.ids[keyID{r.key.Namespace, r.key.Component, r.producer, r.fpm.workerID, r.fpm.dpRank}]; ok {
+func (v *verifier) lookupKey(r *Record) int32 {
+	if i, ok := v.keys.ids[keyID{r.Key.Namespace, r.Key.Component, r.Producer, r.FPM.WorkerID, r.FPM.DPRank}]; ok {
 		return i
 	}
 	return -1
@@ -549,7 +554,7 @@ func (v *verifier) missing(p *vproducer, prev, next int, held []candidate) []Mis
 	}
 	for _, c := range held {
 		if k := v.lookupKey(&c.rec); k >= 0 {
-			covered[k] = append(covered[k], c.rec.fpm.counterID)
+			covered[k] = append(covered[k], c.rec.FPM.CounterID)
 		}
 	}
 	var keys []int32
@@ -603,9 +608,9 @@ func (v *verifier) missing(p *vproducer, prev, next int, held []candidate) []Mis
 
 // unconfirmed lists the valid lines read from damaged bytes that no held message confirms.
 func (v *verifier) unconfirmed(p *vproducer, salvaged []vline, held []candidate) []LineID {
-	ids := map[lineIdentity]int{}
+	ids := map[LineIdentity]int{}
 	for _, c := range held {
-		ids[identityOf(p.prefix, c.rec.key.Namespace, c.rec.key.Component, c.rec.producer, c.rec.observed, c.rec.body)]++
+		ids[IdentityOf(p.prefix, c.rec.Key.Namespace, c.rec.Key.Component, c.rec.Producer, c.rec.Observed, c.rec.Body)]++
 	}
 	var out []LineID
 	for i := range salvaged {
@@ -644,7 +649,7 @@ func (v *verifier) rebuild(p *vproducer, seg, prev, next int, cands []candidate,
 			break
 		}
 	}
-	read := map[lineIdentity][]*vline{}
+	read := map[LineIdentity][]*vline{}
 	for i := range salvaged {
 		if l := &salvaged[i]; l.valid {
 			read[l.id] = append(read[l.id], l)
@@ -654,12 +659,12 @@ func (v *verifier) rebuild(p *vproducer, seg, prev, next int, cands []candidate,
 	var content, buf []byte
 	for i := range cands {
 		c := &cands[i]
-		id := identityOf(p.prefix, c.rec.key.Namespace, c.rec.key.Component, c.rec.producer, c.rec.observed, c.rec.body)
+		id := IdentityOf(p.prefix, c.rec.Key.Namespace, c.rec.Key.Component, c.rec.Producer, c.rec.Observed, c.rec.Body)
 		ts, exact := int64(-1), false
 		if rs := read[id]; len(rs) > 0 {
 			s := rs[0]
 			read[id] = rs[1:]
-			buf = appendLine(buf[:0], &c.rec, s.ts, schemas.CaptureFull)
+			buf = AppendLine(buf[:0], &c.rec, s.ts, schemas.CaptureFull)
 			if bytes.Equal(buf, s.raw) && s.ts >= max(known, last) && (hi < 0 || s.ts <= hi) {
 				ts, exact, known = s.ts, true, s.ts
 			}
@@ -684,7 +689,7 @@ func (v *verifier) rebuild(p *vproducer, seg, prev, next int, cands []candidate,
 		} else {
 			h.TimestampsEstimated++
 		}
-		content = appendLine(content, &c.rec, ts, schemas.CaptureFull)
+		content = AppendLine(content, &c.rec, ts, schemas.CaptureFull)
 		content = append(content, '\n')
 	}
 	h.Lines = len(cands)
