@@ -52,6 +52,10 @@ type Bridge struct {
 	// Run before the publisher starts; startMs is when Run started (Unix ms, the bridge's clock).
 	runsKV  jetstream.KeyValue
 	startMs int64
+	// runsUnanswered: a run's agreement was held for runHold while the bucket did not answer and then
+	// given up; later runs take their local epoch at once until the bucket answers again (runs.go).
+	// Publisher goroutine.
+	runsUnanswered bool
 	// fpmShards is the server's FPM shard count (shards.go), set by Run before the publisher starts.
 	fpmShards int
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/internal/invalid"
@@ -220,6 +221,14 @@ type options struct {
 	// readerHold is called by each reader at the top of every loop (tests: a reader stalled, as a
 	// stopped process's is).
 	readerHold func(slot int)
+	// runsBucket wraps the agreed runs bucket once opened (tests: a bucket that does not answer).
+	runsBucket func(jetstream.KeyValue) jetstream.KeyValue
+}
+
+// withRunsBucket wraps the agreed runs bucket in wrap once it is opened (tests: faults injected into
+// the bucket alone, the FPM stream untouched).
+func withRunsBucket(wrap func(jetstream.KeyValue) jetstream.KeyValue) Option {
+	return func(o *options) { o.runsBucket = wrap }
 }
 
 // WithClock replaces time.Now for receive timestamps and epochs.

@@ -3,6 +3,7 @@ package bridge
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -163,11 +164,12 @@ type run struct {
 	ended  bool            // a later run of the key began on this bridge
 
 	// Publisher goroutine only.
-	prev      *run     // the run before, until this one is agreed (its epoch bounds this one's)
-	agreed    int64    // the agreed epoch; 0 until resolved
-	agreedStr string   // agreed in decimal
-	start     runKind  // how the agreed run began (header Fpm-Run-Start), once agreed
-	startHdr  []string // Fpm-Run-Start's value for start, nil for runStart (shared by the run's FPMs)
+	prev      *run      // the run before, until this one is agreed (its epoch bounds this one's)
+	heldSince time.Time // when its agreement first failed because the bucket did not answer (runs.go)
+	agreed    int64     // the agreed epoch; 0 until resolved
+	agreedStr string    // agreed in decimal
+	start     runKind   // how the agreed run began (header Fpm-Run-Start), once agreed
+	startHdr  []string  // Fpm-Run-Start's value for start, nil for runStart (shared by the run's FPMs)
 	// A resumed run whose agreed epoch is a run another bridge recorded while this one was stalled,
 	// from its first message split on: the run's FPMs below split are the previous run's (its epoch
 	// before, header beforeHdr), which that bridge had not joined yet.

@@ -86,12 +86,18 @@ import (
 // Whether it adopts the live bridge's epoch or writes a new one therefore changes only how the gap
 // detector reads the restart, not what is stored.
 //
-// While the connection is down the run's FPMs wait like any publish. When the bucket cannot be opened
-// or answered otherwise (no permission, runAgreeTimeout), the bridge uses its local epoch (its receive
-// time of the run's first message, strictly increasing per key) and logs it at error level: a lone
-// bridge still stores every run once and tells runs apart, but redundant bridges each tag the run with
-// their own epoch, so each stores its own copy of every FPM of that run (never fewer: nothing is lost),
-// and the gap detector reads the interleaved epochs as bridge restarts.
+// While the connection is down the run's FPMs wait like any publish. While the bucket does not answer
+// (a request times out or finds no responder: the server restarting, its store refusing writes on a
+// full disk, a leader election; streams.Unavailable), they wait too, up to runHold from the first
+// failure: the FPM stream is nearly always on the same server and disk, so they could not be stored
+// meanwhile either, and an epoch of its own would make each redundant bridge store its own copy of the
+// run. When the bucket cannot be opened, refuses otherwise (no permission), or has not answered for
+// runHold, the bridge uses its local epoch (its receive time of the run's first message, strictly
+// increasing per key) and logs it at error level; after a hold that ran out, later runs do so at once
+// until the bucket answers again, so that a bucket that stays away never holds every run start for
+// runHold. A lone bridge still stores every run once and tells runs apart, but redundant bridges each
+// tag the run with their own epoch, so each stores its own copy of every FPM of that run (never fewer:
+// nothing is lost), and the gap detector reads the interleaved epochs as bridge restarts.
 //
 // Limits of the rule, stated. Each ends in one run stored under two epochs (each bridge's copy, never
 // fewer), not in a loss, except the last:
@@ -123,6 +129,10 @@ const (
 	liveProbe = 500 * time.Millisecond
 	// liveProbeEvery is the interval between two looks.
 	liveProbeEvery = 25 * time.Millisecond
+	// runHold is how long a run's FPMs wait for the bucket to answer before the run takes its local
+	// epoch: longer than a server restart or a short full-disk episode, below the stream's duplicate
+	// window, and short enough that the bridge's buffer rides it out at a node's rate.
+	runHold = 10 * time.Second
 	// runCASAttempts bounds the compare-and-set loop (each failure means another bridge wrote).
 	runCASAttempts = 5
 	// evidenceTolerance is how far apart two bridges' receive times of one message may be for them to
@@ -143,12 +153,19 @@ func (b *Bridge) openRunBucket(ctx context.Context) {
 		}
 		return
 	}
+	if b.opts.runsBucket != nil {
+		kv = b.opts.runsBucket(kv)
+	}
 	b.runsKV = kv
 }
 
 // errRunNotAgreed: a run's epoch could not be agreed because the broker is away; the FPM waits for it
 // like for any publish (the publisher's recovery retries it once the connection is back).
 var errRunNotAgreed = errors.New("bridge: publisher run not agreed yet: not connected")
+
+// errRunHeld: a run's epoch could not be agreed because the bucket does not answer; the FPM waits for
+// it like for any publish, up to runHold.
+var errRunHeld = errors.New("bridge: publisher run not agreed yet: bucket " + streams.BucketBridgeRuns + " does not answer")
 
 // runEpoch returns r's agreed epoch, resolving it (and the runs before it) first. While the connection
 // is down it returns errRunNotAgreed and resolves nothing; any other failure makes the bridge use its
@@ -167,9 +184,14 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 		prevStart, prevHdr = r.prev.start, r.prev.startHdr
 	}
 	e, start, err := b.agreeRun(r, prev, prevStart)
-	if err != nil {
+	if err == nil {
+		b.runsUnanswered = false
+	} else {
 		if b.runsKV != nil && !b.nc.IsConnected() {
 			return 0, errRunNotAgreed
+		}
+		if b.holdRun(r, err) {
+			return 0, errRunHeld
 		}
 		e, start = max(r.local, prev+1), strongest(r.kind, runStart)
 		if r.kind == runResume {
@@ -189,6 +211,26 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 		r.split = 0
 	}
 	return e, nil
+}
+
+// holdRun reports whether r's FPMs wait for the bucket after err (see runHold), and says so once per
+// run and when the hold runs out.
+func (b *Bridge) holdRun(r *run, err error) bool {
+	if b.runsKV == nil || b.runsUnanswered || !streams.Unavailable(err) || b.pub != nil && b.pub.final {
+		return false // at stop the FPMs are stored now or never: under the local epoch
+	}
+	now := b.now()
+	if r.heldSince.IsZero() {
+		r.heldSince = now
+		b.log.Warn("publisher run not agreed yet: its FPMs wait for the bucket to answer",
+			"bucket", streams.BucketBridgeRuns, "key", r.key.String(), "first_seq", r.firstSeq, "hold", runHold, "error", err)
+		return true
+	}
+	if now.Sub(r.heldSince) < runHold {
+		return true
+	}
+	b.runsUnanswered = true
+	return false
 }
 
 // agreeRun resolves r's epoch, and how the agreed run began, through the bucket and the stream; prev
