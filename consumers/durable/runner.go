@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/partition"
-	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 )
 
 // apiTimeout bounds one JetStream API call made by the runner itself.
@@ -416,7 +416,7 @@ func (r *Runner) retry(ctx context.Context, s *session, what string, f func() er
 	wait := 100 * time.Millisecond
 	for {
 		err := f()
-		if err == nil || errors.Is(err, streams.ErrRefused) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		if err == nil || errors.Is(err, natsconn.ErrRefused) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 			s.lost.Load() || ctx.Err() != nil || !r.now().Add(wait).Before(deadline) {
 			return err
 		}

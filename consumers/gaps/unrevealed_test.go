@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
@@ -55,7 +55,7 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 // are counted once.
 func TestReportCountsDropsAfterTheLastFPMOfARun(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	start := time.Now()
 	t0 := start.UnixMilli()
 	k := key("tail", 0)

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -108,7 +109,7 @@ type stage struct {
 	js                       jetstream.JetStream
 	cfg                      Config
 	group                    durable.GroupConfig
-	store                    *streams.BenchStore
+	store                    *benchstore.BenchStore
 	log                      *slog.Logger
 	now                      func() time.Time
 	onEvent                  func(Event)
@@ -160,7 +161,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 	m := &stage{
 		js: js, cfg: cfg, group: cfg.Group(), log: o.Logger.With("component", "merge", "group", cfg.Durable),
 		now: o.Clock, onEvent: o.onEvent,
-		store: streams.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
+		store: benchstore.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
 	m.Forget = m.forget
@@ -511,7 +512,7 @@ func (c *stage) mergeRun(ctx context.Context, run *pendingRun) error {
 			path := filepath.Join(spool, strconv.Itoa(r)+".json")
 			if err := c.fetchToFile(ctx, h, path); err != nil {
 				// A body that does not match its digest, or whose object is gone, can never be merged.
-				if errors.Is(err, streams.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
+				if errors.Is(err, benchstore.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
 					return c.reject(ctx, run, &RejectError{RunID: run.runID, Rank: intp(r), Rule: RuleMalformedJSON, File: h.file, Detail: err.Error()})
 				}
 				return err
@@ -617,7 +618,7 @@ func (c *stage) publishEvent(ctx context.Context, subject, msgID string, ev Even
 }
 
 func (c *stage) publishMerged(ctx context.Context, run *pendingRun, res *Result, digest string) error {
-	m := streams.BenchMerged{RunID: run.runID, Path: res.MergedPath, Digest: digest, RankDigests: map[int]string{}}
+	m := benchstore.BenchMerged{RunID: run.runID, Path: res.MergedPath, Digest: digest, RankDigests: map[int]string{}}
 	for r, h := range run.ranks {
 		m.RankDigests[r] = h.digest
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -174,7 +175,7 @@ type sealStage struct {
 	cfg       ConsumerConfig
 	log       *slog.Logger
 	now       func() time.Time
-	store     *streams.BenchStore
+	store     *benchstore.BenchStore
 	sealer    *Sealer
 	onOutcome func(runID string, rep *Report, err error)
 	bench     jetstream.Stream
@@ -204,7 +205,7 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 		who = host + "-" + strconv.Itoa(os.Getpid())
 	}
 	s := &sealStage{js: js, cfg: cfg, log: o.Logger.With("component", "seal", "group", cfg.Durable), now: o.Clock,
-		store: streams.NewBenchStore(js, 0, cfg.Streams), sealer: o.sealer, onOutcome: o.onOutcome, metrics: newMetrics(), who: who}
+		store: benchstore.NewBenchStore(js, 0, cfg.Streams), sealer: o.sealer, onOutcome: o.onOutcome, metrics: newMetrics(), who: who}
 	if o.Registerer != nil {
 		if err := s.metrics.register(o.Registerer); err != nil {
 			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConsumerConfig, err)
@@ -404,7 +405,7 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 // true when the body can never be read: it does not match its digest, or its object is gone.
 func (s *sealStage) fetch(ctx context.Context, m *durable.Msg) (body []byte, final bool, err error) {
 	body, err = s.store.Fetch(ctx, m.Headers(), m.Data())
-	if errors.Is(err, streams.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
+	if errors.Is(err, benchstore.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, true, fmt.Errorf("%w: %v", ErrNotSealable, err)
 	}
 	return body, false, err

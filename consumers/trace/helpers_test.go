@@ -15,9 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // testFPM is one message as the bridge publishes it.
@@ -256,5 +256,5 @@ func outputLines(t testing.TB, outputPath string) map[string][][]byte {
 // deadLetters returns the trace writer's dead letters, in the order they were stored.
 func deadLetters(t testing.TB, js jetstream.JetStream) []jetstream.Msg {
 	t.Helper()
-	return streamstest.Messages(t, js, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
+	return natsservertest.Messages(t, js, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
 func writerHolder(group string) fsutil.Holder {
@@ -101,7 +101,7 @@ func TestPrefixLockPath(t *testing.T) {
 // it runs.
 func TestBackfillIsRefusedWhileAWriterOwnsTheOutput(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	msgs, _ := manyFPMs(t, testKeys(4), 400, 1_782_777_600_000)
 	publish(t, env.JS, msgs)
 	cfg := testConfig(t)
