@@ -18,6 +18,16 @@ import (
 // inbox prefix, a SOCKS proxy, inline JWT and seed, nsc:// or op:// references, the Windows certificate
 // store) is refused rather than half applied: connecting elsewhere, or as someone else, than the
 // context says would be worse than not connecting.
+//
+// Why fpmbus reads the file itself rather than through jsm.go's natscontext package (v0.5.1 resolves
+// against this module's nats.go and nats-server without changing them): that package finds ~ and
+// ~/.config from the account's passwd entry (user.Current), not from $HOME as the rest of fpmbus and
+// its tests do; it gives a context without a URL nats://127.0.0.1:4222 instead of leaving the URL
+// to the --server flag; it runs the nsc binary while loading a context that names an nsc lookup, where
+// fpmbus refuses it before anything runs; and it resolves env:// and file:// secrets only inside the
+// nats.Options it builds, while fpmbus needs the values in a ConnConfig (validated, and named when the
+// server refuses them). Using it would change what a context resolves to, and it would bring
+// jsm.go's own dependencies into the binary for a JSON file of a dozen fields.
 
 // ErrNATSContext is wrapped by every error LoadNATSContext returns.
 var ErrNATSContext = errors.New("streams: nats context")
