@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -141,7 +143,7 @@ type pendingRun struct {
 	ranks     map[int]*heldRank
 	conflicts map[string]bool // "<rank>:<digest>" already reported
 	retryAt   time.Time
-	backoff   time.Duration
+	waits     backoff.BackOff // nil until the first failed merge
 }
 
 type doneRun struct {
@@ -415,9 +417,12 @@ func (c *stage) tryMerge(ctx context.Context, run *pendingRun) {
 			return
 		}
 	}
-	run.backoff = min(max(run.backoff*2, time.Second), time.Minute)
-	run.retryAt = c.now().Add(run.backoff)
-	c.log.Warn("merging the run failed; retrying", "run_id", run.runID, "retry_in", run.backoff, "error", err)
+	if run.waits == nil {
+		run.waits = retrywait.Doubling(time.Second, time.Minute)
+	}
+	wait := run.waits.NextBackOff()
+	run.retryAt = c.now().Add(wait)
+	c.log.Warn("merging the run failed; retrying", "run_id", run.runID, "retry_in", wait, "error", err)
 }
 
 // caughtUp reports whether partition p's consumer has handed this instance everything it has: nothing

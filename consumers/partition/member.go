@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -160,7 +161,9 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Optio
 	m.key = cfg.Stream + "." + cfg.Group + "." + m.id
 	m.log = m.log.With("group", cfg.Group, "stream", cfg.Stream, "member", m.id)
 	deadline := time.Now().Add(joinRetryFor)
-	for wait := minRetryWait; ; wait = min(2*wait, maxRetryWait) {
+	waits := retrywait.Doubling(minRetryWait, maxRetryWait)
+	for {
+		wait := waits.NextBackOff()
 		err := m.setUp(ctx)
 		if err == nil {
 			return m, nil

@@ -14,11 +14,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/benchstore"
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -190,7 +192,7 @@ type heldSeal struct {
 	runID   string
 	checked bool // the body was read and is a merged artefact
 	retryAt time.Time
-	backoff time.Duration
+	waits   backoff.BackOff // nil until the first retry
 }
 
 // NewConsumer checks cfg and opts and returns a sealer consumer; Run starts it.
@@ -310,9 +312,12 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 	}
 	log := s.log.With("run_id", h.runID, "subject", m.Subject(), "stream_seq", m.StreamSeq)
 	retry := func(why string, err error) bool {
-		h.backoff = min(max(h.backoff*2, retryFirst), retryMax)
-		h.retryAt = s.now().Add(h.backoff)
-		log.Warn(why+"; retrying", "retry_in", h.backoff, "error", err)
+		if h.waits == nil {
+			h.waits = retrywait.Doubling(retryFirst, retryMax)
+		}
+		wait := h.waits.NextBackOff()
+		h.retryAt = s.now().Add(wait)
+		log.Warn(why+"; retrying", "retry_in", wait, "error", err)
 		return true
 	}
 	// read fetches the body; when it cannot (ok false) m was rejected or is held for a retry, as held says.

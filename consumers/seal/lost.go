@@ -165,7 +165,7 @@ func (s *Sealer) holdsSeal(ctx context.Context, key string) (bool, error) {
 // elected exactly when an audit of what they still hold matters. It tries at most the sealer's
 // retries, with its backoff.
 func (s *Sealer) untilAvailable(ctx context.Context, f func(context.Context) error) error {
-	pause := s.backoff
+	pauses := s.pauses()
 	var err error
 	for try := 0; try < s.retries; try++ {
 		octx, cancel := context.WithTimeout(ctx, s.opTimeout)
@@ -174,7 +174,7 @@ func (s *Sealer) untilAvailable(ctx context.Context, f func(context.Context) err
 		if err == nil || !natsconn.Unavailable(err) || ctx.Err() != nil {
 			return err
 		}
-		sleep(ctx, &pause)
+		sleep(ctx, pauses)
 	}
 	return err
 }

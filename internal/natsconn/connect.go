@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 )
 
 // How a component connects. The first connection is made within ConnectTimeout, attempt after attempt
@@ -227,7 +228,7 @@ func ConnectContext(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
 		return nil, &ConnConfigError{Field: "URL", Err: err}
 	}
 	deadline := time.Now().Add(timeout)
-	wait := 100 * time.Millisecond
+	waits := retrywait.Doubling(100*time.Millisecond, 2*time.Second)
 	for attempt := 1; ; attempt++ {
 		dialer := &recordingDialer{d: net.Dialer{Timeout: min(attemptTimeout, timeout)}}
 		attemptOpts := opts
@@ -259,9 +260,8 @@ func ConnectContext(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
 		case <-ctx.Done():
 			ce.Detail = "interrupted while waiting"
 			return nil, ce
-		case <-time.After(min(wait, remaining)):
+		case <-time.After(min(waits.NextBackOff(), remaining)):
 		}
-		wait = min(2*wait, 2*time.Second)
 	}
 }
 

@@ -12,9 +12,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 )
 
 // The store watch of the embedded server: whether its JetStream store can take writes, said where a user
@@ -143,11 +145,11 @@ type storeWatch struct {
 
 	// owned by WatchStore's goroutine
 	logged time.Time // when the current fault was last logged
-	// restartAt is the earliest time of the next JetStream restart and restartWait the wait after it:
+	// restartAt is the earliest time of the next JetStream restart and restartWaits the waits after it:
 	// a fault that a restart does not clear (a stream nats-server cannot load) is retried ever more
 	// rarely, up to storeRestartMaxWait, instead of every second. A healthy check starts over.
-	restartAt   time.Time
-	restartWait time.Duration
+	restartAt    time.Time
+	restartWaits backoff.BackOff
 	// seen are the faults nats-server reported at the previous check. Only a fault reported twice in
 	// a row counts: a stream being created (or deleted) has its directory on disk a moment before (or
 	// after) it is loaded, which nats-server's health check reports as a stream it could not load.
@@ -169,7 +171,8 @@ func newStoreWatch(ns *server.Server, probeDir string) (*storeWatch, error) {
 		held.Close()
 		return nil, fmt.Errorf("streams: JetStream store %s: %w", jc.StoreDir, err)
 	}
-	w := &storeWatch{dir: jc.StoreDir, probeDir: probeDir, held: held, dev: dev, ino: ino, mount: mountPoint(jc.StoreDir, dev), jsConfig: *jc}
+	w := &storeWatch{dir: jc.StoreDir, probeDir: probeDir, held: held, dev: dev, ino: ino, mount: mountPoint(jc.StoreDir, dev), jsConfig: *jc,
+		restartWaits: retrywait.Doubling(storeRestartFirstWait, storeRestartMaxWait)}
 	w.status = StoreStatus{State: StoreOK, Dir: w.dir, Mount: w.mount, Since: time.Now(), Faults: map[StoreState]uint64{}}
 	w.status.FreeBytes, _ = freeBytes(w.dir)
 	return w, nil
@@ -232,7 +235,8 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 	switch {
 	case len(faults) == 0 && !full:
 		if len(reported) == 0 { // healthy: the next fault is restarted at once
-			w.restartAt, w.restartWait = time.Time{}, 0
+			w.restartAt = time.Time{}
+			w.restartWaits.Reset()
 		}
 		w.set(log, now, StoreOK, "", free, false)
 		return nil
@@ -260,8 +264,7 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 			w.dir, w.mount, strings.Join(faults, "; "), w.restartAt.UTC().Format(time.RFC3339)), free, false)
 		return nil
 	}
-	w.restartWait = min(max(2*w.restartWait, storeRestartFirstWait), storeRestartMaxWait)
-	w.restartAt = now.Add(w.restartWait)
+	w.restartAt = now.Add(w.restartWaits.NextBackOff())
 	w.seen = nil // a restarted JetStream's faults are new ones
 	if err := s.restartJetStream(); err != nil {
 		w.set(log, now, StoreWriteError, fmt.Sprintf("JetStream store %s (filesystem at %s) takes writes again but JetStream did not restart: %v (after: %s)",
