@@ -22,7 +22,7 @@ import (
 // FPM (a central stream sources an edge's FPM whole, and a shard may hold only its own workers).
 var ErrEdgeShards = errors.New("bridge: the edge topology needs one central stream FPM")
 
-// Edge is the node-local JetStream of the edge topology (see streams/edge.go): an embedded server in a
+// Edge is the node-local JetStream of the edge topology (see internal/edgenode): an embedded server in a
 // JetStream domain of its own, a leaf node of the central server. The bridge publishes to it over Conn
 // as it would to any server, so its buffer, ack accounting and drop markers are unchanged; the central
 // FPM and FPM_EVENTS streams source the edge's streams.
