@@ -51,7 +51,7 @@ func TestEdgeConfigValidate(t *testing.T) {
 // The shipped central configuration loads with nats-server's own loader and has what the edges need:
 // a JetStream domain equal to the bridge's default central domain and a leafnode listener.
 func TestCentralLeafConfLoads(t *testing.T) {
-	o, err := natsserver.LoadServerConfig("../ops/nats/central-leaf.conf")
+	o, err := natsserver.LoadServerConfig("../../ops/nats/central-leaf.conf")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,11 +95,11 @@ func TestServerOptionsPingBound(t *testing.T) {
 // The shipped nats-server configurations close a frozen client as soon as the embedded server does.
 func TestShippedServerConfigsPingBound(t *testing.T) {
 	t.Parallel()
-	confs, err := filepath.Glob("../ops/nats/*.conf")
+	confs, err := filepath.Glob("../../ops/nats/*.conf")
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodes, _ := filepath.Glob("../ops/nats/cluster/*.conf")
+	nodes, _ := filepath.Glob("../../ops/nats/cluster/*.conf")
 	n := 0
 	for _, path := range append(confs, nodes...) {
 		if filepath.Base(path) == "permissions.conf" { // included by the others, not a server's
