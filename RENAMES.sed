@@ -10,6 +10,11 @@
 #   github.com/fpmbus/fpmbus/internal/natsserver/natsservertest  (package natsservertest, was streams/streamstest)
 #   github.com/fpmbus/fpmbus/internal/benchstore                 (package benchstore)
 #   github.com/fpmbus/fpmbus/internal/edgenode                   (package edgenode)
+#   github.com/fpmbus/fpmbus/internal/retrywait                  (package retrywait, new: retrywait.Doubling)
+#
+# Not a rename: natsconn.ConnConfig.InProcess is a *natsserver.Server (was *streams.Server), and the
+# server hands nats.go its in-process connections itself (natsserver.Server.InProcessConn).
+# Tests that read ../ops/nats/ from streams/ read ../../ops/nats/ from internal/natsserver and internal/edgenode.
 s/\bstreams\.DefaultConnectTimeout\b/natsconn.DefaultConnectTimeout/g
 s/\bstreams\.ErrAuth\b/natsconn.ErrAuth/g
 s/\bstreams\.ErrTLS\b/natsconn.ErrTLS/g
