@@ -18,8 +18,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // A backlog is committed in atomic batches: every FPM is stored once, in order, and each one's ack
@@ -27,7 +29,7 @@ import (
 func TestBacklogIsCommittedInAtomicBatches(t *testing.T) {
 	t.Parallel()
 	const n = 5000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	var mu sync.Mutex
 	ackedAt := map[uint64]uint64{} // seq -> stream seq of its ack
@@ -78,7 +80,7 @@ func TestBacklogIsCommittedInAtomicBatches(t *testing.T) {
 func TestBatchRefusedForStoredIdsIsRepublishedOneByOne(t *testing.T) {
 	t.Parallel()
 	const n = 3000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	hold := make(chan struct{})
 	a := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) { c.BridgeID = "bridge-a" })
@@ -116,12 +118,12 @@ func TestBatchRefusedForStoredIdsIsRepublishedOneByOne(t *testing.T) {
 func TestServerKilledMidAtomicBatch(t *testing.T) {
 	t.Parallel()
 	const n = 40000
-	cfg := nodeConfig{Store: t.TempDir(), Port: streamstest.FreePort(t)}
+	cfg := nodeConfig{Store: t.TempDir(), Port: natsservertest.FreePort(t)}
 	node := startNode(t, cfg)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	var mu sync.Mutex
 	ackedAt := map[uint64]uint64{}
-	h := startBridgeAt(t, streams.ConnConfig{URL: node.url}, []Endpoint{{URL: pub.URL, DPRank: 0}},
+	h := startBridgeAt(t, natsconn.ConnConfig{URL: node.url}, []Endpoint{{URL: pub.URL, DPRank: 0}},
 		func(c *Config) { c.AckTimeout = 2 * time.Second },
 		withAckHook(func(it *item, _ time.Time) {
 			mu.Lock()
@@ -172,7 +174,7 @@ func TestServerKilledMidAtomicBatch(t *testing.T) {
 	if got := counterValue(h.b.metrics.batchesFailed); got < 1 {
 		t.Fatalf("no batch was in flight at the kill (%v failed)", got)
 	}
-	nc, err := streams.Connect(streams.ConnConfig{URL: node.url, Name: "check"})
+	nc, err := natsconn.Connect(natsconn.ConnConfig{URL: node.url, Name: "check"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +228,7 @@ type nodeConfig struct {
 	Port  int    `json:"port"`
 }
 
-// runNode runs the server nodeEnv describes (streams.StartServer: the embedded server of `fpmbus up`,
+// runNode runs the server nodeEnv describes (natsserver.StartServer: the embedded server of `fpmbus up`,
 // sync_interval always) until SIGTERM or SIGKILL, printing "READY <url>" once it accepts clients.
 func runNode() {
 	var c nodeConfig
@@ -234,7 +236,7 @@ func runNode() {
 		fmt.Fprintln(os.Stderr, "node config:", err)
 		os.Exit(2)
 	}
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:" + strconv.Itoa(c.Port), StoreDir: c.Store})
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:" + strconv.Itoa(c.Port), StoreDir: c.Store})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -316,7 +318,7 @@ func (n *node) kill9() {
 func TestAtomicPublishTurnedOffFallsBackToOneByOne(t *testing.T) {
 	t.Parallel()
 	const n = 2000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	hold := make(chan struct{})
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, nil, withHold(hold))

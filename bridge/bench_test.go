@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // benchN is the number of FPMs per benchmark iteration (FPMBUS_BENCH_N overrides it).
@@ -38,7 +38,7 @@ func benchN(def int) int {
 // (FPMBUS_BENCH_ONLY=raw or =bridge runs one side, for profiling; FPMBUS_BENCH_N sets N.)
 func BenchmarkBridgeVsRawPublish(b *testing.B) {
 	n := benchN(50000)
-	env := streamstest.Start(b)
+	env := natsservertest.Start(b)
 	pls := make([][]byte, n)
 	for i := range pls {
 		pls[i] = payload("bench", 0, uint64(i))
@@ -122,7 +122,7 @@ func benchRaw(b *testing.B, js jetstream.JetStream, pls [][]byte, worker string)
 
 // benchBridge sends every payload over ZMQ to a fresh bridge and waits until all are acknowledged.
 // It returns the wall time and the process CPU time of the timed part.
-func benchBridge(b *testing.B, env *streamstest.Env, pls [][]byte, iter int, opts ...Option) (wall, cpu time.Duration) {
+func benchBridge(b *testing.B, env *natsservertest.Env, pls [][]byte, iter int, opts ...Option) (wall, cpu time.Duration) {
 	pub := newTestPub(b, "tcp://127.0.0.1:*")
 	defer pub.Close()
 	h := startBridge(b, env, []Endpoint{{URL: pub.URL}}, func(c *Config) {
@@ -163,7 +163,7 @@ func benchBridge(b *testing.B, env *streamstest.Env, pls [][]byte, iter int, opt
 func BenchmarkBridgeLatency(b *testing.B) {
 	const rate, perTick = 10000, 10
 	n := benchN(30000)
-	env := streamstest.Start(b)
+	env := natsservertest.Start(b)
 	sent := make([]time.Time, n)
 	acked := make([]time.Time, n)
 	var nAcked atomic.Int64

@@ -75,7 +75,7 @@ type Bridge struct {
 }
 
 // New returns a bridge for cfg that publishes over nc. nc belongs to the caller, who creates it with
-// streams.Connect (infinite reconnects and no reconnect buffer, so publishes fail fast while the broker
+// natsconn.Connect (infinite reconnects and no reconnect buffer, so publishes fail fast while the broker
 // is away and the bridge's own buffer, with exact drop accounting, takes over) and closes it after Run
 // has returned; the bridge never closes or drains it. New registers the bridge's metrics on
 // cfg.Registerer when it is set. Options (for tests): WithClock, WithProcPath.

@@ -13,9 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // fpmKey is the key of testFPM(worker, rank, _) under the default namespace and component.
@@ -35,7 +35,7 @@ func hdrUint(t testing.TB, m storedMsg, name string) uint64 {
 func TestHappyPathTwoRanks(t *testing.T) {
 	t.Parallel()
 	const perRank = 2000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	// One worker id needs percent-encoding in the subject.
 	workers := []string{"worker-a", "node.1/gpu:0"}
 	pubs := []*testPub{newTestPub(t, "tcp://127.0.0.1:*"), newTestPub(t, "tcp://127.0.0.1:*")}
@@ -288,7 +288,7 @@ func TestBadInputIsDeadLettered(t *testing.T) {
 
 func TestSeqMismatchIsStoredAndFlagged(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, nil)
 	pub.waitSubscribed()
@@ -337,7 +337,7 @@ func TestPublisherRestartKeepsBothRuns(t *testing.T) {
 	}
 	for name, payloads := range map[string]func(run int) func(uint64) []byte{"busy FPMs": busy, "idle heartbeats": idle} {
 		t.Run(name, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			pub := newTestPub(t, "tcp://127.0.0.1:*")
 			h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, nil)
 			pub.waitSubscribed()
@@ -423,7 +423,7 @@ func (s *sender) stop() uint64 {
 func TestBrokerOutageDropsWithExactAccounting(t *testing.T) {
 	t.Parallel()
 	const maxBuffer = 500
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	addr, store := listenAddr(t, env.Server), env.StoreDir
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) {
@@ -446,7 +446,7 @@ func TestBrokerOutageDropsWithExactAccounting(t *testing.T) {
 	watch(time.Second)
 	env.Stop() // the broker goes away
 	watch(2500 * time.Millisecond)
-	env2 := streamstest.StartAt(t, addr, store)
+	env2 := natsservertest.StartAt(t, addr, store)
 	watch(1500 * time.Millisecond)
 	sent := snd.stop()
 
@@ -519,7 +519,7 @@ func TestBrokerOutageDropsWithExactAccounting(t *testing.T) {
 func TestGracefulStopPublishesTheBuffer(t *testing.T) {
 	t.Parallel()
 	const n = 300
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	addr, store := listenAddr(t, env.Server), env.StoreDir
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) { c.StopTimeout = 20 * time.Second })
@@ -535,7 +535,7 @@ func TestGracefulStopPublishesTheBuffer(t *testing.T) {
 	stopped := make(chan error, 1)
 	go func() { stopped <- h.stop() }()
 	time.Sleep(300 * time.Millisecond) // the stop has begun; the broker comes back during it
-	env2 := streamstest.StartAt(t, addr, store)
+	env2 := natsservertest.StartAt(t, addr, store)
 	select {
 	case err := <-stopped:
 		if err != nil {
@@ -556,7 +556,7 @@ func TestGracefulStopPublishesTheBuffer(t *testing.T) {
 func TestStopTimeoutReportsShutdownDrops(t *testing.T) {
 	t.Parallel()
 	const n = 50
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) { c.StopTimeout = 500 * time.Millisecond })
 	pub.waitSubscribed()
@@ -587,7 +587,7 @@ func TestRunTwiceAndNewErrors(t *testing.T) {
 	if _, err := New(Config{}, nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("nil conn: %v", err)
 	}
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	if _, err := New(Config{}, env.NC); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("empty config: %v", err)
 	}
@@ -607,7 +607,7 @@ func TestRunTwiceAndNewErrors(t *testing.T) {
 
 func TestBadEndpointFailsRun(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	nc := env.NC
 	b, err := New(Config{Endpoints: []Endpoint{{URL: "bogus://nowhere"}}, Logger: testLogger()}, nc)
 	if err != nil {
@@ -623,7 +623,7 @@ func TestBadEndpointFailsRun(t *testing.T) {
 func TestStopTimeoutPublishesShutdownMarkers(t *testing.T) {
 	t.Parallel()
 	const n, maxInFlight = 20000, 1
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	// One publish in flight at a time makes the backlog drain slowly; the stop gives it 1 ms.
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) {

@@ -73,7 +73,7 @@
 //   - Fpm-Epoch is the agreed epoch too, so the stream two bridges filled reads, for the gap
 //     detector, like one bridge's.
 //   - An acknowledged FPM the stream loses is noticed, not silently counted as stored. JetStream acks
-//     once a message is written, not once it is on disk (streams.SyncPolicy), and a damaged block
+//     once a message is written, not once it is on disk (natsserver.SyncPolicy), and a damaged block
 //     file is cut when the server starts. The bridge remembers per publisher key what it saw
 //     acknowledged (ack records, written every second to KV FPM_BRIDGE_ACKS: per run the first and
 //     last sequence and stream sequence acked, the count, and the sequence ranges never acked inside).

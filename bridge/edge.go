@@ -11,7 +11,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/edgenode"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -19,7 +22,7 @@ import (
 // FPM (a central stream sources an edge's FPM whole, and a shard may hold only its own workers).
 var ErrEdgeShards = errors.New("bridge: the edge topology needs one central stream FPM")
 
-// Edge is the node-local JetStream of the edge topology (see streams/edge.go): an embedded server in a
+// Edge is the node-local JetStream of the edge topology (see internal/edgenode): an embedded server in a
 // JetStream domain of its own, a leaf node of the central server. The bridge publishes to it over Conn
 // as it would to any server, so its buffer, ack accounting and drop markers are unchanged; the central
 // FPM and FPM_EVENTS streams source the edge's streams.
@@ -32,14 +35,14 @@ var ErrEdgeShards = errors.New("bridge: the edge topology needs one central stre
 // and the central stream catches up once the source is there. Removing an edge for good is the operator's step
 // (README: "Edge topology").
 type Edge struct {
-	cfg    streams.EdgeConfig
+	cfg    edgenode.EdgeConfig
 	lock   *fsutil.Lock // the store directory's ownership: one edge server per directory
-	srv    *streams.Server
+	srv    *natsserver.Server
 	nc     *nats.Conn
 	log    *slog.Logger
 	scfg   streams.Config
 	srcd   chan struct{}
-	failed chan error // the reason the edge cannot go on (ErrEdgeShards, streams.ErrStoreLost), once
+	failed chan error // the reason the edge cannot go on (ErrEdgeShards, natsserver.ErrStoreLost), once
 	cancel context.CancelFunc
 	done   chan struct{}
 	// watched is closed when the store watch has returned: the edge's own disk filling is ridden out
@@ -53,7 +56,7 @@ type Edge struct {
 // ErrEdgeShards if the central server turns out to have FPM shards). scfg defines the streams
 // the edge creates on the central server if they are missing there (the bridge's own Ensure creates
 // them at the edge). Close stops it all; the store stays on disk.
-func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger) (*Edge, error) {
+func StartEdge(cfg edgenode.EdgeConfig, scfg streams.Config, logger *slog.Logger) (*Edge, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
@@ -76,12 +79,12 @@ func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger)
 	if lock.Previous != nil {
 		logger.Warn("edge directory taken over from an owner that ended without releasing it (killed?)", "dir", cfg.StoreDir, "previous_owner", lock.Previous.String())
 	}
-	srv, err := streams.StartServer(sc)
+	srv, err := natsserver.StartServer(sc)
 	if err != nil {
 		_ = lock.Unlock()
 		return nil, fmt.Errorf("bridge: edge server %s: %w", cfg.Domain(), err)
 	}
-	nc, err := streams.Connect(streams.ConnConfig{InProcess: srv, Name: "fpmbus-bridge-edge", Logger: logger})
+	nc, err := natsconn.Connect(natsconn.ConnConfig{InProcess: srv, Name: "fpmbus-bridge-edge", Logger: logger})
 	if err != nil {
 		_ = srv.Shutdown(context.Background())
 		_ = lock.Unlock()
@@ -96,7 +99,7 @@ func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger)
 	}()
 	go func() {
 		defer close(e.watched)
-		if err := srv.WatchStore(ctx, streams.StoreWatchConfig{Logger: e.log}); err != nil {
+		if err := srv.WatchStore(ctx, natsserver.StoreWatchConfig{Logger: e.log}); err != nil {
 			select {
 			case e.failed <- err:
 			default:
@@ -110,14 +113,14 @@ func StartEdge(cfg streams.EdgeConfig, scfg streams.Config, logger *slog.Logger)
 func (e *Edge) Conn() *nats.Conn { return e.nc }
 
 // Server is the edge's embedded server.
-func (e *Edge) Server() *streams.Server { return e.srv }
+func (e *Edge) Server() *natsserver.Server { return e.srv }
 
 // Sourced is closed once the central streams source this edge.
 func (e *Edge) Sourced() <-chan struct{} { return e.srcd }
 
 // Failed receives, once, why the edge cannot go on: the central streams can never source it
 // (ErrEdgeShards; the edge stops declaring then, what it stored stays on its disk), or its store was
-// deleted under it (streams.ErrStoreLost; its JetStream is shut down).
+// deleted under it (natsserver.ErrStoreLost; its JetStream is shut down).
 func (e *Edge) Failed() <-chan error { return e.failed }
 
 // Close stops declaring, closes Conn and shuts the edge server down (its store stays). Call it after
@@ -192,7 +195,7 @@ func (e *Edge) declareConsumers(ctx context.Context, local jetstream.JetStream) 
 	if _, err := streams.Ensure(ctx, local, e.scfg, e.log); err != nil {
 		return fmt.Errorf("edge streams: %w", err)
 	}
-	return streams.EnsureEdgeSourceConsumers(ctx, local, e.cfg.Domain())
+	return edgenode.EnsureEdgeSourceConsumers(ctx, local, e.cfg.Domain())
 }
 
 func (e *Edge) declareOnce(ctx context.Context, central jetstream.JetStream) error {
@@ -212,7 +215,7 @@ func (e *Edge) declareOnce(ctx context.Context, central jetstream.JetStream) err
 		}
 		return err
 	}
-	res, err := streams.AddEdgeSources(ctx, central, e.cfg.Domain())
+	res, err := edgenode.AddEdgeSources(ctx, central, e.cfg.Domain())
 	if err != nil {
 		return err
 	}
@@ -221,7 +224,7 @@ func (e *Edge) declareOnce(ctx context.Context, central jetstream.JetStream) err
 	if len(res.NotDurable) > 0 {
 		e.log.Warn("edge: central streams source this edge without its durable source consumer; left as they are "+
 			"(replacing them would store the edge's FPMs twice), but catching up after an outage can wait 30 s and more",
-			"streams", res.NotDurable, "consumer", streams.EdgeSourceConsumer)
+			"streams", res.NotDurable, "consumer", edgenode.EdgeSourceConsumer)
 	}
 	return nil
 }

@@ -6,14 +6,15 @@ import (
 	"os"
 	"strings"
 
-	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/internal/edgenode"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 )
 
 // EdgeFlags are the flags of the edge topology (see Edge): --edge-dir turns it on.
 type EdgeFlags struct {
-	cfg  streams.EdgeConfig
+	cfg  edgenode.EdgeConfig
 	fs   *flag.FlagSet
-	sync streams.SyncPolicy
+	sync natsserver.SyncPolicy
 }
 
 // RegisterEdgeFlags defines --edge-dir, --edge-remote, --edge-node, --edge-listen,
@@ -23,10 +24,10 @@ func RegisterEdgeFlags(fs *flag.FlagSet) *EdgeFlags {
 	fs.StringVar(&f.cfg.StoreDir, "edge-dir", "", "edge topology: publish to a node-local JetStream storing in this directory, a leaf node of --edge-remote")
 	fs.StringVar(&f.cfg.Remotes, "edge-remote", "", "the central server's leafnode URL(s), nats-leaf://host:7422 (comma-separated)")
 	fs.StringVar(&f.cfg.Node, "edge-node", "", "this node's name; its JetStream domain is edge-<node> (default: the hostname)")
-	fs.StringVar(&f.cfg.Listen, "edge-listen", streams.DefaultEdgeListen, "client address of the node-local server (for the nats CLI on the node)")
-	fs.StringVar(&f.cfg.CentralDomain, "edge-central-domain", streams.DefaultCentralDomain, "the central server's JetStream domain")
+	fs.StringVar(&f.cfg.Listen, "edge-listen", edgenode.DefaultEdgeListen, "client address of the node-local server (for the nats CLI on the node)")
+	fs.StringVar(&f.cfg.CentralDomain, "edge-central-domain", edgenode.DefaultCentralDomain, "the central server's JetStream domain")
 	fs.StringVar(&f.cfg.Credentials, "edge-creds", "", ".creds file the leaf node presents to the central server")
-	f.sync = streams.DefaultSync
+	f.sync = natsserver.DefaultSync
 	fs.Var(&f.sync, "edge-sync", "fsync policy of the node-local server: always or an interval such as 1s")
 	fs.BoolVar(&f.cfg.Logging, "edge-log", false, "log the node-local server's own lines to stderr")
 	return f
@@ -37,7 +38,7 @@ func (f *EdgeFlags) Enabled() bool { return f.cfg.StoreDir != "" }
 
 // Config returns the edge configuration once fs is parsed: the node name defaults to the hostname.
 // An edge flag without --edge-dir, or a setting that cannot work, is an ErrInvalidConfig error.
-func (f *EdgeFlags) Config() (streams.EdgeConfig, error) {
+func (f *EdgeFlags) Config() (edgenode.EdgeConfig, error) {
 	if !f.Enabled() {
 		var stray string
 		f.fs.Visit(func(fl *flag.Flag) {
@@ -46,9 +47,9 @@ func (f *EdgeFlags) Config() (streams.EdgeConfig, error) {
 			}
 		})
 		if stray != "" {
-			return streams.EdgeConfig{}, fmt.Errorf("%w: --%s needs --edge-dir", ErrInvalidConfig, stray)
+			return edgenode.EdgeConfig{}, fmt.Errorf("%w: --%s needs --edge-dir", ErrInvalidConfig, stray)
 		}
-		return streams.EdgeConfig{}, nil
+		return edgenode.EdgeConfig{}, nil
 	}
 	c := f.cfg
 	c.Sync = f.sync

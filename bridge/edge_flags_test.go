@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/internal/edgenode"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 )
 
 func TestEdgeFlags(t *testing.T) {
@@ -19,19 +20,19 @@ func TestEdgeFlags(t *testing.T) {
 		args    []string
 		enabled bool
 		bad     string // substring of the error; "" = valid
-		check   func(*testing.T, streams.EdgeConfig)
+		check   func(*testing.T, edgenode.EdgeConfig)
 	}{
 		"off":                          {args: nil},
 		"edge flag without --edge-dir": {args: []string{"--edge-remote", "nats-leaf://c:7422"}, bad: "--edge-remote needs --edge-dir"},
 		"defaults": {args: []string{"--edge-dir", "/d", "--edge-remote", "nats-leaf://c:7422"}, enabled: true,
-			check: func(t *testing.T, c streams.EdgeConfig) {
-				if c.Node != nodeName(host) || c.Listen != streams.DefaultEdgeListen || c.CentralDomainOrDefault() != "central" || c.Sync != streams.DefaultSync {
+			check: func(t *testing.T, c edgenode.EdgeConfig) {
+				if c.Node != nodeName(host) || c.Listen != edgenode.DefaultEdgeListen || c.CentralDomainOrDefault() != "central" || c.Sync != natsserver.DefaultSync {
 					t.Fatalf("config %+v", c)
 				}
 			}},
 		"all set": {args: []string{"--edge-dir", "/d", "--edge-remote", "nats-leaf://c:7422", "--edge-node", "gpu7",
 			"--edge-listen", "127.0.0.1:0", "--edge-central-domain", "hub", "--edge-sync", "2s"}, enabled: true,
-			check: func(t *testing.T, c streams.EdgeConfig) {
+			check: func(t *testing.T, c edgenode.EdgeConfig) {
 				if c.Domain() != "edge-gpu7" || c.CentralDomainOrDefault() != "hub" || c.Sync.Interval != 2*time.Second || c.Listen != "127.0.0.1:0" {
 					t.Fatalf("config %+v", c)
 				}

@@ -17,11 +17,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/edgenode"
 	"github.com/fpmbus/fpmbus/internal/freeport"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/internal/smalldisk"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // Figures of the edge outage test: the outage an edge must ride out, at a fleet-node's FPM rate.
@@ -50,7 +52,7 @@ type centralServer struct {
 	listen   string
 	leafAddr string
 	store    string
-	srv      *streams.Server
+	srv      *natsserver.Server
 }
 
 func newCentral(t testing.TB) *centralServer {
@@ -64,10 +66,10 @@ func (c *centralServer) start() {
 	c.t.Helper()
 	host, port, _ := net.SplitHostPort(c.leafAddr)
 	p, _ := strconv.Atoi(port)
-	base := &server.Options{JetStreamDomain: streams.DefaultCentralDomain,
+	base := &server.Options{JetStreamDomain: edgenode.DefaultCentralDomain,
 		LeafNode: server.LeafNodeOpts{Host: host, Port: p}}
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: c.listen, StoreDir: c.store, Name: "central",
-		Base: base, Sync: streams.SyncPolicy{Interval: time.Second}})
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: c.listen, StoreDir: c.store, Name: "central",
+		Base: base, Sync: natsserver.SyncPolicy{Interval: time.Second}})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -136,10 +138,10 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("rides out a 60 s outage")
 	}
-	t.Cleanup(func() { streamstest.WaitSourceSetups(t, 40*time.Second) }) // runs after the servers stopped
+	t.Cleanup(func() { natsservertest.WaitSourceSetups(t, 40*time.Second) }) // runs after the servers stopped
 	central := newCentral(t)
-	edge, err := StartEdge(streams.EdgeConfig{Node: "node1", StoreDir: t.TempDir(), Remotes: "nats-leaf://" + central.leafAddr,
-		Listen: "127.0.0.1:0", Sync: streams.SyncPolicy{Interval: time.Second}}, streams.Config{}, testLogger())
+	edge, err := StartEdge(edgenode.EdgeConfig{Node: "node1", StoreDir: t.TempDir(), Remotes: "nats-leaf://" + central.leafAddr,
+		Listen: "127.0.0.1:0", Sync: natsserver.SyncPolicy{Interval: time.Second}}, streams.Config{}, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +232,7 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 
 	// The central stream catches up: it holds as many FPMs as were sent. The central server asks for
 	// its source again 5 s after its first request, which it sent before the leaf reconnected and
-	// which therefore went unanswered (the source is durable, see streams.EdgeSourceConsumer); the
+	// which therefore went unanswered (the source is durable, see edgenode.EdgeSourceConsumer); the
 	// backlog then drains at the central server's store rate.
 	cnc, err := nats.Connect(central.srv.ClientURL())
 	if err != nil {
@@ -360,8 +362,8 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 func TestEdgeDirectoryHasOneOwner(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	cfg := func(node string) streams.EdgeConfig {
-		return streams.EdgeConfig{Node: node, StoreDir: dir, Remotes: "nats-leaf://127.0.0.1:" + strconv.Itoa(freeport.Ports(t, 1)[0]), Listen: "127.0.0.1:0"}
+	cfg := func(node string) edgenode.EdgeConfig {
+		return edgenode.EdgeConfig{Node: node, StoreDir: dir, Remotes: "nats-leaf://127.0.0.1:" + strconv.Itoa(freeport.Ports(t, 1)[0]), Listen: "127.0.0.1:0"}
 	}
 	first, err := StartEdge(cfg("node1"), streams.Config{}, testLogger())
 	if err != nil {
@@ -390,7 +392,7 @@ func TestEdgeRidesOutItsFullDisk(t *testing.T) {
 	t.Parallel()
 	central := newCentral(t)
 	mnt := smalldisk.Mount(t, 32<<20)
-	edge, err := StartEdge(streams.EdgeConfig{Node: "full", StoreDir: filepath.Join(mnt, "edge"), Remotes: "nats-leaf://" + central.leafAddr,
+	edge, err := StartEdge(edgenode.EdgeConfig{Node: "full", StoreDir: filepath.Join(mnt, "edge"), Remotes: "nats-leaf://" + central.leafAddr,
 		Listen: "127.0.0.1:0"}, streams.Config{}, testLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -424,14 +426,14 @@ func TestEdgeRidesOutItsFullDisk(t *testing.T) {
 		}
 	}
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if st := edge.Server().StoreStatus(); st.State != streams.StoreDiskFull {
+		if st := edge.Server().StoreStatus(); st.State != natsserver.StoreDiskFull {
 			return fmt.Errorf("store %+v, want disk_full", st)
 		}
 		return nil
 	})
 	free()
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if st := edge.Server().StoreStatus(); st.State != streams.StoreOK || st.Recoveries != 1 {
+		if st := edge.Server().StoreStatus(); st.State != natsserver.StoreOK || st.Recoveries != 1 {
 			return fmt.Errorf("store %+v, want ok after one restart", st)
 		}
 		return nil

@@ -21,10 +21,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 func TestMain(m *testing.M) {
@@ -130,7 +131,7 @@ func payload(worker string, rank int, seq uint64) []byte {
 	return schemas.EncodeMsgpack(testFPM(worker, rank, seq))
 }
 
-// harness is one bridge on a real embedded JetStream server, over its own streams.Connect connection.
+// harness is one bridge on a real embedded JetStream server, over its own natsconn.Connect connection.
 type harness struct {
 	t      testing.TB
 	nc     *nats.Conn
@@ -140,16 +141,16 @@ type harness struct {
 }
 
 // startBridge starts a bridge for endpoints on env, with cfg adjusted by mutate. Cleanup stops it.
-func startBridge(t testing.TB, env *streamstest.Env, endpoints []Endpoint, mutate func(*Config), opts ...Option) *harness {
+func startBridge(t testing.TB, env *natsservertest.Env, endpoints []Endpoint, mutate func(*Config), opts ...Option) *harness {
 	t.Helper()
-	return startBridgeAt(t, streams.ConnConfig{URL: env.Server.ClientURL()}, endpoints, mutate, opts...)
+	return startBridgeAt(t, natsconn.ConnConfig{URL: env.Server.ClientURL()}, endpoints, mutate, opts...)
 }
 
 // startBridgeAt is startBridge on the server conn names (with its credentials, if any).
-func startBridgeAt(t testing.TB, conn streams.ConnConfig, endpoints []Endpoint, mutate func(*Config), opts ...Option) *harness {
+func startBridgeAt(t testing.TB, conn natsconn.ConnConfig, endpoints []Endpoint, mutate func(*Config), opts ...Option) *harness {
 	t.Helper()
 	conn.Name = "bridge-test"
-	nc, err := streams.Connect(conn)
+	nc, err := natsconn.Connect(conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +222,7 @@ func fmtStats(s Stats) string {
 }
 
 // listenAddr returns host:port of a running server (to restart it at the same address).
-func listenAddr(t testing.TB, s *streams.Server) string {
+func listenAddr(t testing.TB, s *natsserver.Server) string {
 	t.Helper()
 	u, err := url.Parse(s.ClientURL())
 	if err != nil {

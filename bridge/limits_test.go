@@ -15,18 +15,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // startEnvMaxPayload runs the embedded server with a max_payload of n bytes, fpmbus's streams applied.
-func startEnvMaxPayload(t testing.TB, n int32) *streamstest.Env {
+func startEnvMaxPayload(t testing.TB, n int32) *natsservertest.Env {
 	t.Helper()
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), MaxPayload: n})
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), MaxPayload: n})
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := &streamstest.Env{Server: srv}
+	env := &natsservertest.Env{Server: srv}
 	t.Cleanup(env.Stop)
 	if env.NC, err = nats.Connect(srv.ClientURL()); err != nil {
 		t.Fatal(err)
@@ -42,7 +44,7 @@ func startEnvMaxPayload(t testing.TB, n int32) *streamstest.Env {
 	return env
 }
 
-// rawServer is a nats-server with settings streams.StartServer does not expose (a max_control_line,
+// rawServer is a nats-server with settings natsserver.StartServer does not expose (a max_control_line,
 // users with permissions). js is an unrestricted client on it.
 type rawServer struct {
 	url string
@@ -93,7 +95,7 @@ func startRawServer(t testing.TB, configure func(*server.Options)) rawServer {
 func TestOversizedFrameIsRefusedUnread(t *testing.T) {
 	t.Parallel()
 	const maxPayload, refusals = 64 << 10, 3
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pubs := []*testPub{newTestPub(t, "tcp://127.0.0.1:*"), newTestPub(t, "tcp://127.0.0.1:*")}
 	reg := prometheus.NewRegistry()
 	h := startBridge(t, env, []Endpoint{{URL: pubs[0].URL, DPRank: 0}, {URL: pubs[1].URL, DPRank: 1}}, func(c *Config) {
@@ -164,7 +166,7 @@ func TestWorkerIDTooLongForControlLine(t *testing.T) {
 				}
 			})
 			pub := newTestPub(t, "tcp://127.0.0.1:*")
-			h := startBridgeAt(t, streams.ConnConfig{URL: srv.url}, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) {
+			h := startBridgeAt(t, natsconn.ConnConfig{URL: srv.url}, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) {
 				c.MaxControlLine = tc.bridgeLine
 			})
 			pub.waitSubscribed()
@@ -243,7 +245,7 @@ func TestFPMFailingAloneIsDeadLettered(t *testing.T) {
 		}
 	})
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
-	h := startBridgeAt(t, streams.ConnConfig{URL: srv.url, User: bridgeUser, Pass: bridgePass}, []Endpoint{{URL: pub.URL, DPRank: 0}},
+	h := startBridgeAt(t, natsconn.ConnConfig{URL: srv.url, User: bridgeUser, Pass: bridgePass}, []Endpoint{{URL: pub.URL, DPRank: 0}},
 		func(c *Config) { c.AckTimeout = 300 * time.Millisecond })
 	pub.waitSubscribed()
 	seq := uint64(0)

@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // lostEvents returns the lost_after_ack events stored on FPM_EVENTS.
@@ -81,7 +81,7 @@ func deleteNewest(t testing.TB, js jetstream.JetStream, k streams.Key, n int) []
 
 // sendAcked sends seqs of worker over a fresh bridge on env and waits until every one is acknowledged;
 // the bridge keeps running. It returns the harness and the run's epoch.
-func sendAcked(t *testing.T, env *streamstest.Env, worker, bridgeID string, seqs []uint64) *harness {
+func sendAcked(t *testing.T, env *natsservertest.Env, worker, bridgeID string, seqs []uint64) *harness {
 	t.Helper()
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL}}, func(c *Config) { c.BridgeID = bridgeID })
@@ -162,7 +162,7 @@ func TestLostAfterAckReportedAtStart(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			k := fpmKey("w", 0)
 			// Another publisher's FPM first: the stream's head is not this publisher's.
 			if _, err := env.JS.Publish(context.Background(), streams.FPMSubject(fpmKey("other", 0)), []byte(`{}`)); err != nil {
@@ -228,7 +228,7 @@ func TestLostAfterAckReportedAtStart(t *testing.T) {
 // before it publishes again, and reports them; FPMs sent afterwards are stored as usual.
 func TestLostAfterAckReportedAfterReconnect(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	addr, store := listenAddr(t, env.Server), env.StoreDir
 	k := fpmKey("w", 0)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
@@ -243,7 +243,7 @@ func TestLostAfterAckReportedAfterReconnect(t *testing.T) {
 		t.Fatalf("deleted %v", lost)
 	}
 	env.Stop()
-	env2 := streamstest.StartAt(t, addr, store)
+	env2 := natsservertest.StartAt(t, addr, store)
 
 	var evs []streams.LostAfterAck
 	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {

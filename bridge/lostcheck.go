@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -65,14 +66,14 @@ func (b *Bridge) openAckBucket(ctx context.Context) (jetstream.KeyValue, error) 
 
 // openBucket opens (creating when missing) one of the bridge's own KV buckets within startCheckTimeout.
 // A user whose permissions do not cover the bucket gets no answer at all from the server, so a refusal
-// ends the wait at once and is the error returned (wrapping streams.ErrRefused).
+// ends the wait at once and is the error returned (wrapping natsconn.ErrRefused).
 func (b *Bridge) openBucket(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	ctx, cancel := context.WithTimeout(ctx, startCheckTimeout)
 	defer cancel()
-	ctx, stop := streams.RefusalContext(ctx, b.js.Conn())
+	ctx, stop := natsconn.RefusalContext(ctx, b.js.Conn())
 	defer stop()
 	kv, err := streams.EnsureKeyValue(ctx, b.js, cfg)
-	if cause := context.Cause(ctx); err != nil && errors.Is(cause, streams.ErrRefused) {
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, natsconn.ErrRefused) {
 		err = cause
 	}
 	return kv, err
@@ -217,7 +218,7 @@ func (b *Bridge) checkRecord(ctx context.Context, rec *ackRecord, bounds streamB
 	bounds = bounds.forKey(rec.Key)
 	octx, cancel := context.WithTimeout(ctx, checkOpTimeout)
 	// From the stream's leader: a replica still catching up would report a loss that is not one.
-	last, err := streams.LastMsgFromLeader(octx, b.js, b.fpmStreamOf(rec.Key), streams.FPMSubject(rec.Key))
+	last, err := natsconn.LastMsgFromLeader(octx, b.js, b.fpmStreamOf(rec.Key), streams.FPMSubject(rec.Key))
 	cancel()
 	var stored *jetstream.RawStreamMsg
 	switch {

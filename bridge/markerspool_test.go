@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // The broker is away for the whole of a stop that runs out of time: the shutdown drop markers cannot
@@ -22,7 +22,7 @@ func TestUnstoredDropMarkersAreSpooledAndPublishedByTheNextRun(t *testing.T) {
 	t.Parallel()
 	const n = 50
 	spool := filepath.Join(t.TempDir(), "spool", "markers.jsonl")
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	addr, store := listenAddr(t, env.Server), env.StoreDir
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	withSpool := func(c *Config) { c.StopTimeout = 500 * time.Millisecond; c.MarkerSpool = spool }
@@ -55,7 +55,7 @@ func TestUnstoredDropMarkersAreSpooledAndPublishedByTheNextRun(t *testing.T) {
 		t.Fatalf("spool holds %d markers for %d FPMs (errors %v), want %d FPMs", len(spooled), count, errs, n)
 	}
 
-	env2 := streamstest.StartAt(t, addr, store)
+	env2 := natsservertest.StartAt(t, addr, store)
 	h2 := startBridge(t, env2, []Endpoint{{URL: pub.URL, DPRank: 0}}, withSpool)
 	var stored []streams.DropMarker
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/internal/freeport"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // A publisher restarts while the bridge is connected, and its new run's first number the bridge
@@ -25,7 +25,7 @@ func TestReconnectFurtherOnStartsARun(t *testing.T) {
 	t.Parallel()
 	const burst, newN = 3000, 40
 	const newFirst = burst + 500
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	// Linger: closing waits until the burst has left for the bridge.
 	pub, err := producer.NewSender(nil, "tcp://127.0.0.1:*", -1, producer.WithSubscriberCount(), producer.WithLinger(10*time.Second))
 	if err != nil {
@@ -162,7 +162,7 @@ func (p *tcpProxy) hold() {
 // the run's epoch and the stream holds every FPM once, under one epoch.
 func TestReconnectSeenByOneBridgeKeepsTheRun(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	proxy := newTCPProxy(t, pub.URL[len("tcp://"):])
 	a := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) { c.BridgeID = "bridge-a" })
@@ -218,7 +218,7 @@ func TestReconnectSeenByOneBridgeKeepsTheRun(t *testing.T) {
 // FPM once instead of two copies of the rest of the run.
 func TestStalledBridgeTakesTheRunAnotherRecordedMeanwhile(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	var mu sync.Mutex
 	held, release := false, make(chan struct{})
@@ -303,7 +303,7 @@ func TestStalledBridgeTakesTheRunAnotherRecordedMeanwhile(t *testing.T) {
 // recorded, though it never received that run's first messages.
 func TestStalledBridgeTakesTheRestartAnotherRecordedMeanwhile(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	url := pub.URL
 	var mu sync.Mutex

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // Two bridges on one publisher store every FPM once, busy ones and heartbeats, under one epoch per
@@ -16,7 +16,7 @@ import (
 func TestRedundantBridgesStoreEveryFPMOnce(t *testing.T) {
 	t.Parallel()
 	const n = 400
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	var hs []*harness
 	for _, id := range []string{"bridge-a", "bridge-b"} {
@@ -98,7 +98,7 @@ func TestTwoRunsOfIdenticalBytesAreBothStored(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			pub := newTestPub(t, "tcp://127.0.0.1:*")
 			var hs []*harness
 			for _, id := range bridges {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -88,7 +89,7 @@ import (
 //
 // While the connection is down the run's FPMs wait like any publish. While the bucket does not answer
 // (a request times out or finds no responder: the server restarting, its store refusing writes on a
-// full disk, a leader election; streams.Unavailable), they wait too, up to runHold from the first
+// full disk, a leader election; natsconn.Unavailable), they wait too, up to runHold from the first
 // failure: the FPM stream is nearly always on the same server and disk, so they could not be stored
 // meanwhile either, and an epoch of its own would make each redundant bridge store its own copy of the
 // run. When the bucket cannot be opened, refuses otherwise (no permission), or has not answered for
@@ -147,7 +148,7 @@ const (
 func (b *Bridge) openRunBucket(ctx context.Context) {
 	kv, err := b.openBucket(ctx, b.cfg.Streams.BridgeRunsBucket())
 	if err != nil {
-		if !errors.Is(err, context.Canceled) || errors.Is(err, streams.ErrRefused) {
+		if !errors.Is(err, context.Canceled) || errors.Is(err, natsconn.ErrRefused) {
 			b.log.Error("agreed runs unavailable: redundant bridges each store their own copy of every FPM and disagree on epochs",
 				"bucket", streams.BucketBridgeRuns, "error", err)
 		}
@@ -216,7 +217,7 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 // holdRun reports whether r's FPMs wait for the bucket after err (see runHold), and says so once per
 // run and when the hold runs out.
 func (b *Bridge) holdRun(r *run, err error) bool {
-	if b.runsKV == nil || b.runsUnanswered || !streams.Unavailable(err) || b.pub != nil && b.pub.final {
+	if b.runsKV == nil || b.runsUnanswered || !natsconn.Unavailable(err) || b.pub != nil && b.pub.final {
 		return false // at stop the FPMs are stored now or never: under the local epoch
 	}
 	now := b.now()
@@ -377,7 +378,7 @@ func (b *Bridge) sameMessage(r *run, seq uint64, digest string, recvMs int64) bo
 // than the previous one; any other run may be the previous one going on.
 func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (int64, runKind, bool, error) {
 	stream := b.fpmStreamOf(r.key)
-	m, err := streams.LastMsgFromLeader(ctx, b.js, stream, r.subject)
+	m, err := natsconn.LastMsgFromLeader(ctx, b.js, stream, r.subject)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return 0, 0, false, nil
@@ -389,7 +390,7 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (int64,
 	}
 	ev := b.epochs.evidence(r)
 	last := m.Sequence
-	m, err = streams.NextMsgFromLeaderAt(ctx, b.js, stream, r.subject, time.UnixMilli(r.firstRecvMs()).Add(-evidenceScanSkew))
+	m, err = natsconn.NextMsgFromLeaderAt(ctx, b.js, stream, r.subject, time.UnixMilli(r.firstRecvMs()).Add(-evidenceScanSkew))
 	for i := 0; i < evidenceScan && err == nil && m.Sequence < last; i++ {
 		if e, k, ok := b.evidenceIn(m, r, prev); ok {
 			return e, k, true, nil
@@ -397,7 +398,7 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (int64,
 		if at, perr := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64); perr == nil && at > ev.lastMs+evidenceTolerance.Milliseconds() {
 			break // received after r's latest message here: nothing further can be r's yet
 		}
-		m, err = streams.NextMsgFromLeader(ctx, b.js, stream, r.subject, m.Sequence+1)
+		m, err = natsconn.NextMsgFromLeader(ctx, b.js, stream, r.subject, m.Sequence+1)
 	}
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, 0, false, err

@@ -12,8 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // silentBucket is the agreed runs bucket as a server that does not answer sees it: while down, every
@@ -69,7 +69,7 @@ func TestRunWaitsForTheRunsBucketToAnswer(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			var mu sync.Mutex
 			skew := time.Duration(0)
 			clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return time.Now().Add(skew) }

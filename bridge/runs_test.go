@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // dg is the payload digest of the message named s in these tests.
@@ -23,7 +23,7 @@ func dg(s string) string { return streams.PayloadDigest([]byte(s)) }
 // received: the same number and bytes at about the same time.
 func TestAgreeRun(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	h := startBridge(t, env, []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 0}}, nil)
 	b := h.b
 	if b.runsKV == nil {

@@ -13,9 +13,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/edgenode"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // shardWorkers returns, for each rank r < n, a worker id whose key (worker, r) lives in shard r of n:
@@ -42,7 +44,7 @@ func shardWorkers(n int) []string {
 func TestShardedIngestOverZMQ(t *testing.T) {
 	t.Parallel()
 	const n, perRank = 3, 300
-	env := streamstest.StartShards(t, n)
+	env := natsservertest.StartShards(t, n)
 	ctx := t.Context()
 	sub, err := env.NC.SubscribeSync(streams.FPMWildcard)
 	if err != nil {
@@ -165,7 +167,7 @@ func TestShardedIngestOverZMQ(t *testing.T) {
 // source of the edge, and an edge declared with shards is refused at start.
 func TestEdgeRefusesCentralShards(t *testing.T) {
 	t.Parallel()
-	t.Cleanup(func() { streamstest.WaitSourceSetups(t, 40*time.Second) })
+	t.Cleanup(func() { natsservertest.WaitSourceSetups(t, 40*time.Second) })
 	const n = 3
 	central := newCentral(t)
 	cnc, err := nats.Connect(central.srv.ClientURL())
@@ -184,8 +186,8 @@ func TestEdgeRefusesCentralShards(t *testing.T) {
 	if _, err := streams.Ensure(ctx, cjs, scfg, testLogger()); err != nil {
 		t.Fatal(err)
 	}
-	ecfg := streams.EdgeConfig{Node: "node1", StoreDir: t.TempDir(), Remotes: "nats-leaf://" + central.leafAddr,
-		Listen: "127.0.0.1:0", Sync: streams.SyncPolicy{Interval: time.Second}}
+	ecfg := edgenode.EdgeConfig{Node: "node1", StoreDir: t.TempDir(), Remotes: "nats-leaf://" + central.leafAddr,
+		Listen: "127.0.0.1:0", Sync: natsserver.SyncPolicy{Interval: time.Second}}
 	if _, err := StartEdge(ecfg, scfg, testLogger()); !errors.Is(err, ErrEdgeShards) {
 		t.Fatalf("an edge declared with %d shards: %v, want ErrEdgeShards", n, err)
 	}

@@ -14,8 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // BenchmarkBridgeSyncPolicy measures what fsync-before-ack costs the bridge: the same bridge, end to
@@ -52,12 +53,12 @@ func BenchmarkBridgeSyncPolicy(b *testing.B) {
 	}
 	policies := []struct {
 		name string
-		sync streams.SyncPolicy
+		sync natsserver.SyncPolicy
 	}{
-		{"always", streams.SyncAlways},
-		{"default", streams.SyncPolicy{Interval: streams.ServerDefaultSyncInterval}},
+		{"always", natsserver.SyncAlways},
+		{"default", natsserver.SyncPolicy{Interval: natsserver.ServerDefaultSyncInterval}},
 	}
-	envs := make([]*streamstest.Env, len(policies))
+	envs := make([]*natsservertest.Env, len(policies))
 	for i, p := range policies {
 		envs[i] = startSyncServer(b, p.sync)
 	}
@@ -155,16 +156,16 @@ func diskAppendRates(b *testing.B, dir string) (one, group float64) {
 	return rate(1), rate(100)
 }
 
-// startSyncServer is streamstest.Start with a sync policy: an embedded server on loopback, its store in
+// startSyncServer is natsservertest.Start with a sync policy: an embedded server on loopback, its store in
 // a fresh temporary directory, fpmbus's streams applied.
-func startSyncServer(b *testing.B, p streams.SyncPolicy) *streamstest.Env {
+func startSyncServer(b *testing.B, p natsserver.SyncPolicy) *natsservertest.Env {
 	b.Helper()
 	dir := b.TempDir()
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: dir, Sync: p})
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: dir, Sync: p})
 	if err != nil {
 		b.Fatal(err)
 	}
-	env := &streamstest.Env{Server: srv, StoreDir: dir}
+	env := &natsservertest.Env{Server: srv, StoreDir: dir}
 	b.Cleanup(env.Stop)
 	if env.NC, err = nats.Connect(srv.ClientURL()); err != nil {
 		b.Fatal(err)
@@ -182,7 +183,7 @@ func startSyncServer(b *testing.B, p streams.SyncPolicy) *streamstest.Env {
 
 // pacedReceiveToAck sends n FPMs at rate per second (in bursts every millisecond) through a fresh
 // bridge on env and returns each one's receive-to-ack time.
-func pacedReceiveToAck(b *testing.B, env *streamstest.Env, n, rate int, worker string) []time.Duration {
+func pacedReceiveToAck(b *testing.B, env *natsservertest.Env, n, rate int, worker string) []time.Duration {
 	b.Helper()
 	out := make([]time.Duration, n)
 	var acked atomic.Int64

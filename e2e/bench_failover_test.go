@@ -20,9 +20,10 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 const (
@@ -134,7 +135,7 @@ func perPartition(runs map[string]int, p int, per int) int {
 // outcome event; every rank message is acknowledged, none dead-lettered.
 func TestBenchMergeFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	work := t.TempDir()
 	runs := failoverRuns(t, "failover-merge-", 6)
@@ -196,7 +197,7 @@ func TestBenchMergeFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
 
 	eventually(t, 40*time.Second, func() error {
 		for run := range runs {
-			if n := len(streamstest.Messages(t, env.JS, streams.StreamEvents, streams.BenchOutcomeSubject(run))); n != 1 {
+			if n := len(natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.BenchOutcomeSubject(run))); n != 1 {
 				return fmt.Errorf("run %s: %d outcome events", run, n)
 			}
 		}
@@ -225,15 +226,15 @@ func TestBenchMergeFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
 		if b, err := os.ReadFile(merged[0]); err != nil || json.Unmarshal(b, &doc) != nil || doc.RunID != run || doc.ArtifactType != "merged" {
 			t.Fatalf("merged artefact %s: %v %+v", merged[0], err, doc)
 		}
-		if n := len(streamstest.Messages(t, env.JS, streams.StreamBench, streams.BenchMergedSubject(run))); n != 1 {
+		if n := len(natsservertest.Messages(t, env.JS, streams.StreamBench, streams.BenchMergedSubject(run))); n != 1 {
 			t.Fatalf("run %s: %d merged messages", run, n)
 		}
-		ev := streamstest.Messages(t, env.JS, streams.StreamEvents, streams.BenchOutcomeSubject(run))
+		ev := natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.BenchOutcomeSubject(run))
 		if len(ev) != 1 || ev[0].Headers().Get(streams.HeaderEventType) != merge.EventMerged {
 			t.Fatalf("run %s: outcome events %d (%v)", run, len(ev), ev)
 		}
 	}
-	if dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(merge.ConsumerName)); len(dl) != 0 {
+	if dl := natsservertest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(merge.ConsumerName)); len(dl) != 0 {
 		t.Fatalf("%d dead letters", len(dl))
 	}
 }
@@ -244,7 +245,7 @@ func TestBenchMergeFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
 // length 1), every merged message is acknowledged, none dead-lettered.
 func TestBenchSealFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	ctx := context.Background()
 	runs := failoverRuns(t, "failover-seal-", 6)
@@ -281,7 +282,7 @@ func TestBenchSealFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
 	publishProfile := func(run string) {
 		t.Helper()
 		body := fmt.Sprintf(`{"schema_version":1,"name":"e2e-%s","version":"1","hardware":"H200-SXM","settings":{"clocks":"locked"}}`, run)
-		if _, err := streams.PublishProfile(ctx, env.JS, run, []byte(body)); err != nil {
+		if _, err := benchstore.PublishProfile(ctx, env.JS, run, []byte(body)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -358,7 +359,7 @@ func TestBenchSealFailoverThreeProcessesOneKilledOneStopped(t *testing.T) {
 	if len(cells) != len(runs) {
 		t.Fatalf("%d cells for %d runs", len(cells), len(runs))
 	}
-	if dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(seal.ConsumerName)); len(dl) != 0 {
+	if dl := natsservertest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(seal.ConsumerName)); len(dl) != 0 {
 		t.Fatalf("%d dead letters", len(dl))
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -217,13 +218,13 @@ func TestPoisonRunIDIsRefusedAtPublishAndRejectedByTheMerger(t *testing.T) {
 		t.Fatalf("FPM_BENCH holds %d messages after the refused publish", n)
 	}
 
-	store := streams.NewBenchStore(js, 0, streams.DefaultConfig())
+	store := benchstore.NewBenchStore(js, 0, streams.DefaultConfig())
 	for r, f := range ranks {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := store.PublishRank(t.Context(), streams.BenchRankArtefact{RunID: runID, Rank: r, DPSize: 4, File: f}, data); err != nil {
+		if _, err := store.PublishRank(t.Context(), benchstore.BenchRankArtefact{RunID: runID, Rank: r, DPSize: 4, File: f}, data); err != nil {
 			t.Fatal(err)
 		}
 	}

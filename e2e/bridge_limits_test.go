@@ -10,11 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // rawPublisher is a Dynamo-shaped PUB socket (an XPUB, identical on the wire) that sends any frames.
@@ -91,7 +92,7 @@ func metricsOf(t *testing.T, addr string) map[string][]metricSample {
 func TestBridgeDeadLettersOverlongWorkerIDsAndKeepsPublishing(t *testing.T) {
 	t.Parallel()
 	const n, bad = 300, 4100
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	base := producertest.FreeBasePort(t, "127.0.0.1", 3)
 	metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	mixed := newRawPublisher(t, base)
@@ -167,7 +168,7 @@ func TestBridgeDeadLettersOverlongWorkerIDsAndKeepsPublishing(t *testing.T) {
 		}
 	}
 	subjectLen := len(streams.DropMarkerSubject(streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: long, DPRank: 0}))
-	dls := streamstest.Messages(t, env.JS, streams.StreamEvents, streams.DeadLetterWildcard)
+	dls := natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.DeadLetterWildcard)
 	if len(dls) != len(badSeqs) {
 		t.Fatalf("%d dead letters, want one per bad FPM (%d)", len(dls), len(badSeqs))
 	}
@@ -263,10 +264,10 @@ func waitQuiet(t *testing.T, addr string, d time.Duration) map[string][]metricSa
 func TestBridgePeakMemoryWithinTheDocumentedBound(t *testing.T) {
 	t.Run("200k burst", func(t *testing.T) {
 		const burst = 200_000
-		env := streamstest.Start(t)
+		env := natsservertest.Start(t)
 		base := producertest.FreeBasePort(t, "127.0.0.1", 1)
 		metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		f := memFlags{ranks: 1, maxBuffer: 20_000, maxBufferBytes: 16 << 20, maxPayload: 4096, serverMax: streams.DefaultMaxPayload}
+		f := memFlags{ranks: 1, maxBuffer: 20_000, maxBufferBytes: 16 << 20, maxPayload: 4096, serverMax: natsserver.DefaultMaxPayload}
 		pub := newRawPublisher(t, base)
 		bridge := startBridge(t, "bridge", env.Server.ClientURL(), base, 1, append(f.args(), "--metrics-addr", metrics)...)
 		pub.waitSubscribed()
@@ -291,11 +292,11 @@ func TestBridgePeakMemoryWithinTheDocumentedBound(t *testing.T) {
 		}
 	})
 	t.Run("oversized frames", func(t *testing.T) {
-		env := streamstest.Start(t)
+		env := natsservertest.Start(t)
 		base := producertest.FreeBasePort(t, "127.0.0.1", 1)
 		metrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		// The buffer holds the 100 FPMs sent after the refusals even when a loaded host stalls publishing.
-		f := memFlags{ranks: 1, maxBuffer: 256, maxBufferBytes: 8 << 20, maxPayload: 1 << 20, serverMax: streams.DefaultMaxPayload}
+		f := memFlags{ranks: 1, maxBuffer: 256, maxBufferBytes: 8 << 20, maxPayload: 1 << 20, serverMax: natsserver.DefaultMaxPayload}
 		pub := newRawPublisher(t, base)
 		bridge := startBridge(t, "bridge", env.Server.ClientURL(), base, 1,
 			"--max-buffer", strconv.FormatInt(f.maxBuffer, 10), "--max-buffer-bytes", strconv.FormatInt(f.maxBufferBytes, 10), "--metrics-addr", metrics)
@@ -326,7 +327,7 @@ func TestBridgePeakMemoryWithinTheDocumentedBound(t *testing.T) {
 		if got := sumSamples(m, "fpmbus_bridge_oversized_frames_total", "rank", "0"); got != 31 {
 			t.Fatalf("oversized_frames{rank=0} = %v, want 31", got)
 		}
-		dls := streamstest.Messages(t, env.JS, streams.StreamEvents, streams.DeadLetterWildcard)
+		dls := natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.DeadLetterWildcard)
 		if len(dls) != 31 {
 			t.Fatalf("%d dead letters, want 31", len(dls))
 		}

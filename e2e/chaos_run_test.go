@@ -1149,7 +1149,7 @@ func readStored(js jetstream.JetStream) ([]chaosStored, error) {
 	return out, nil
 }
 
-// chaosFetch reads every message of stream on filter with an ordered consumer, as streamstest.Messages
+// chaosFetch reads every message of stream on filter with an ordered consumer, as natsservertest.Messages
 // does, but returns an error instead of failing the test: a server that stopped answering is a
 // finding of the run.
 func chaosFetch(js jetstream.JetStream, stream, filter string) ([]jetstream.Msg, error) {

@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // publishedLastSeq parses `fpmbus publish`'s exit stats: rank → last sequence number sent.
@@ -293,7 +293,7 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 					// Where the named number and its neighbours sit in the stream, to tell a late store from a
 					// misread.
 					j, _ := json.Marshal(e)
-					for _, m := range streamstest.Messages(t, js, streams.StreamFPM, streams.FPMSubject(e.Key)) {
+					for _, m := range natsservertest.Messages(t, js, streams.StreamFPM, streams.FPMSubject(e.Key)) {
 						sq := m.Headers().Get(streams.HeaderSeq)
 						if sq == strconv.FormatUint(q, 10) || sq == strconv.FormatUint(e.After.Seq, 10) || sq == strconv.FormatUint(e.Before.Seq, 10) {
 							md, _ := m.Metadata()
@@ -337,7 +337,7 @@ func TestClusterUnderFaultsStreamTracesAndGapsAgree(t *testing.T) {
 			names := js.StreamNames(t.Context())
 			for sn := range names.Name() {
 				if strings.HasPrefix(sn, streams.StreamFPM+"_PART_") {
-					for _, m := range streamstest.Messages(t, js, sn, ">") {
+					for _, m := range natsservertest.Messages(t, js, sn, ">") {
 						if string(m.Data()) == body {
 							md, _ := m.Metadata()
 							t.Logf("in %s at %d: %v", sn, md.Sequence.Stream, m.Headers())

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // startBridge runs `fpmbus bridge` against an external server.
@@ -63,7 +63,7 @@ func TestPublisherRestartNothingLostToDedup(t *testing.T) {
 // stays once, and the new bridge only publishes what it receives after it connects.
 func TestBridgeKill9RestartNoDuplicates(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	base := producertest.FreeBasePort(t, "", 2)
 	b1 := startBridge(t, "bridge 1", url, base, 2)
@@ -114,7 +114,7 @@ type dropMarker struct {
 func TestBrokerOutageDropsAreCountedAndMarkedExactly(t *testing.T) {
 	t.Parallel()
 	const perRank, maxBuffer = 6000, 300
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	listen := env.Server.NATS().Addr().String()
 	url := env.Server.ClientURL()
 	store := env.StoreDir
@@ -125,7 +125,7 @@ func TestBrokerOutageDropsAreCountedAndMarkedExactly(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	env.Stop()
 	time.Sleep(4 * time.Second)
-	env = streamstest.StartAt(t, listen, store)
+	env = natsservertest.StartAt(t, listen, store)
 	if err := pub.wait(60 * time.Second); err != nil {
 		t.Fatalf("publisher: %v", err)
 	}
@@ -147,7 +147,7 @@ func TestBrokerOutageDropsAreCountedAndMarkedExactly(t *testing.T) {
 	}
 	dropped := map[uint64]bool{}
 	var markers []dropMarker
-	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
+	for _, m := range natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
 		var dm dropMarker
 		if err := json.Unmarshal(m.Data(), &dm); err != nil {
 			t.Fatalf("drop marker %s: %v", m.Data(), err)

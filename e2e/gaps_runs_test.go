@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // These tests follow publisher runs (epochs) end to end: scripted Dynamo publishers in the test
@@ -74,7 +74,7 @@ func pacedRun(pubs []*rankPublisher, n int, rate float64, skip func(uint64) bool
 // repullMarkers makes the server look for the next drop marker of the detector's marker consumer
 // now, as the consumer's own pull requests do when they expire (every 30 s) or after a reconnect: a
 // pull request that waits 200 ms. No marker may be stored (it would be delivered here).
-func repullMarkers(t *testing.T, env *streamstest.Env) {
+func repullMarkers(t *testing.T, env *natsservertest.Env) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -139,7 +139,7 @@ func TestGapDetectorSkipsAcrossPublisherRestart(t *testing.T) {
 		markerGrace = time.Second
 	)
 	skip := func(q uint64) bool { return q%skipEvery == skipEvery-1 }
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	base := producertest.FreeBasePort(t, "127.0.0.1", ranks)
 	var pubs []*rankPublisher
@@ -251,7 +251,7 @@ func TestGapDetectorLateStart(t *testing.T) {
 		rate            = 1000.0
 		beforeTheBridge = 1000
 	)
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	base := producertest.FreeBasePort(t, "127.0.0.1", 1)
 	pub := newRankPublisher(t, base, 0, worker, false)

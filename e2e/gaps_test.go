@@ -17,9 +17,9 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // These tests run the gap detector end to end: scripted Dynamo publishers in the test process (real
@@ -101,7 +101,7 @@ func markedSeqs(t *testing.T, js jetstream.JetStream) map[streams.Key][]uint64 {
 	t.Helper()
 	out := map[streams.Key][]uint64{}
 	seen := map[streams.Key]map[uint64]bool{}
-	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.DropMarkerWildcard) {
+	for _, m := range natsservertest.Messages(t, js, streams.StreamEvents, streams.DropMarkerWildcard) {
 		dm, err := streams.ParseDropMarker(m.Data())
 		if err != nil {
 			t.Fatalf("drop marker %s: %v", m.Data(), err)
@@ -125,7 +125,7 @@ func markedSeqs(t *testing.T, js jetstream.JetStream) map[streams.Key][]uint64 {
 func gapEvents(t *testing.T, js jetstream.JetStream) []gaps.Event {
 	t.Helper()
 	var out []gaps.Event
-	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.GapEventWildcard) {
+	for _, m := range natsservertest.Messages(t, js, streams.StreamEvents, streams.GapEventWildcard) {
 		var e gaps.Event
 		if err := json.Unmarshal(m.Data(), &e); err != nil {
 			t.Fatalf("gap event %s: %v", m.Data(), err)
@@ -358,7 +358,7 @@ func loggedGapIDs(p *proc) []string {
 func TestGapDetectorKilledMidGapOverZMQ(t *testing.T) {
 	t.Parallel()
 	const worker, grace = "e2e-gap-kill", 5 * time.Second
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	listen, store := env.Server.NATS().Addr().String(), env.StoreDir
 	base := producertest.FreeBasePort(t, "127.0.0.1", 2)
@@ -448,7 +448,7 @@ func TestGapDetectorKilledMidGapOverZMQ(t *testing.T) {
 	env.Stop()
 	outagePub.SendN(300, 2*time.Millisecond) // 50 buffered, the rest dropped
 	_ = d2.signal(syscall.SIGKILL, 10*time.Second)
-	env = streamstest.StartAt(t, listen, store)
+	env = natsservertest.StartAt(t, listen, store)
 	eventually(t, 30*time.Second, func() error {
 		m, err := scrapeSamples(bridgeMetrics)
 		if err != nil {
@@ -528,7 +528,7 @@ func TestTwoGapDetectorsOverZMQ(t *testing.T) {
 		t.Fatal("no worker id spreads the bursting ranks over three partitions")
 	}
 
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	base := producertest.FreeBasePort(t, "127.0.0.1", ranks)
 	var pubs, bursting []*rankPublisher

@@ -16,10 +16,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -110,7 +110,7 @@ type storedFPM struct {
 func storedFPMs(t testing.TB, js jetstream.JetStream, filter string) []storedFPM {
 	t.Helper()
 	var out []storedFPM
-	for _, m := range streamstest.Messages(t, js, streams.StreamFPM, filter) {
+	for _, m := range natsservertest.Messages(t, js, streams.StreamFPM, filter) {
 		k, err := streams.ParseFPMSubject(m.Subject())
 		if err != nil {
 			t.Fatalf("stored subject: %v", err)

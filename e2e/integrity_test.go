@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // One `fpmbus up` (full trace mode, every component) takes hostile and careless input in its stride:
@@ -58,7 +58,7 @@ func TestUpTakesHostileInputInItsStride(t *testing.T) {
 	js := jsClient(t, up.url)
 	waitStreamCount(t, js, streams.StreamFPM, stored, 60*time.Second)
 
-	bridgeDL := streamstest.Messages(t, js, streams.StreamEvents, streams.DeadLetterSubject("dynamo", "backend", 0))
+	bridgeDL := natsservertest.Messages(t, js, streams.StreamEvents, streams.DeadLetterSubject("dynamo", "backend", 0))
 	if len(bridgeDL) != n/10 {
 		t.Fatalf("%d bridge dead letters, want %d (one per 4,100-character worker_id)", len(bridgeDL), n/10)
 	}
@@ -74,13 +74,13 @@ func TestUpTakesHostileInputInItsStride(t *testing.T) {
 	}
 	sealDL := streams.ConsumerDeadLetterSubject("seal")
 	eventually(t, 30*time.Second, func() error {
-		if got := len(streamstest.Messages(t, js, streams.StreamEvents, sealDL)); got != 1 {
+		if got := len(natsservertest.Messages(t, js, streams.StreamEvents, sealDL)); got != 1 {
 			return fmt.Errorf("%d dead letters on %s, want 1", got, sealDL)
 		}
 		return nil
 	})
 	time.Sleep(6 * time.Second) // longer than the old 5 s redelivery of a garbage artefact
-	dls := streamstest.Messages(t, js, streams.StreamEvents, sealDL)
+	dls := natsservertest.Messages(t, js, streams.StreamEvents, sealDL)
 	if len(dls) != 1 {
 		t.Fatalf("%d dead letters on %s after 6 s, want still 1", len(dls), sealDL)
 	}

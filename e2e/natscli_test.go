@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -91,7 +92,7 @@ func TestNatsCLISubAndStreamView(t *testing.T) {
 func TestStreamsShowFeedsNatsStreamAdd(t *testing.T) {
 	t.Parallel()
 	requireNATS(t)
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // `DYN_FPM_MODE=ful fpmbus up`: the trace writer cannot run, the rest runs on (Dynamo's rule), and
@@ -59,7 +59,7 @@ func TestUpListsADisabledTraceWriterAsDegraded(t *testing.T) {
 // is honest: with the server gone each reports its component degraded, naming the NATS connection.
 func TestEveryLongRunningCommandServesMetricsHealthAndStatus(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	dir := t.TempDir()
 	base := producertest.FreeBasePort(t, "", 1)

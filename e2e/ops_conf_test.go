@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 )
 
 // The shipped server configurations (ops/nats) prepared for a test: copied to a temporary directory as
@@ -146,11 +146,11 @@ func startOpsSingle(t *testing.T) *opsServer {
 	t.Helper()
 	store := t.TempDir()
 	conf, url, passwords := opsSingleConf(t, store)
-	base, err := streams.LoadServerConfig(conf)
+	base, err := natsserver.LoadServerConfig(conf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := streams.StartServer(streams.ServerConfig{StoreDir: store, Base: base})
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{StoreDir: store, Base: base})
 	if err != nil {
 		t.Fatal(err)
 	}

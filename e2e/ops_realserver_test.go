@@ -19,6 +19,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -263,7 +264,7 @@ func TestOpsClusterOnTheRealNatsServer(t *testing.T) {
 func TestOpsClusterNodesHaveTheSingleNodeUsers(t *testing.T) {
 	t.Parallel()
 	single, _, _ := opsSingleConf(t, t.TempDir())
-	want, err := streams.LoadServerConfig(single)
+	want, err := natsserver.LoadServerConfig(single)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +281,7 @@ func TestOpsClusterNodesHaveTheSingleNodeUsers(t *testing.T) {
 		t.Fatalf("single.conf has %d users, permissions.conf %d", len(wantUsers), len(opsRoles))
 	}
 	for _, conf := range confs {
-		o, err := streams.LoadServerConfig(conf)
+		o, err := natsserver.LoadServerConfig(conf)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,9 +12,9 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/fsutil/locktest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -66,7 +66,7 @@ func TestSecondUpOnADataDirIsRefused(t *testing.T) {
 func TestTraceWriterAndDynamosOwnWriterRefuseEachOther(t *testing.T) {
 	t.Parallel()
 	const half, startMs = 400, 1_782_777_600_000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	out := filepath.Join(t.TempDir(), "fpm")
 	kw0, kw1 := tracefile.SegmentPrefix(out, "kw0"), tracefile.SegmentPrefix(out, "kw1")
 	worker := locktest.Start(t, tracefile.PrefixLockPath(kw0), locktest.DynamoShared)
@@ -88,7 +88,7 @@ func TestTraceWriterAndDynamosOwnWriterRefuseEachOther(t *testing.T) {
 	if segs, _ := tracefile.ListSegments(kw1); len(segs) == 0 {
 		t.Fatal("the other producer was not written")
 	}
-	dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(trace.ConsumerName))
+	dl := natsservertest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(trace.ConsumerName))
 	if len(dl) != half/2 {
 		t.Fatalf("%d dead letters, want the held producer's %d", len(dl), half/2)
 	}
@@ -126,7 +126,7 @@ func TestTraceWriterAndDynamosOwnWriterRefuseEachOther(t *testing.T) {
 	for _, f := range files {
 		lines += len(traceLines(t, f))
 	}
-	if rejected := len(streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(trace.ConsumerName))); lines+rejected != total/2 {
+	if rejected := len(natsservertest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(trace.ConsumerName))); lines+rejected != total/2 {
 		t.Fatalf("producer kw0 after the worker let go: %d lines and %d rejected of %d", lines, rejected, total/2)
 	}
 }

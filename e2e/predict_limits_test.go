@@ -18,10 +18,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/predict"
 	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // Through `fpmbus predict-service`: every request gets a reply that fits the server's max payload
@@ -31,7 +31,7 @@ import (
 // neither got any reply. A pool flag of 0 is refused (exit 2).
 func TestPredictServiceRepliesToTheLargestRequests(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	nc, err := nats.Connect(env.Server.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +118,7 @@ func TestPredictServiceRepliesToTheLargestRequests(t *testing.T) {
 // TestBusyServiceRepliesAtOnce covers the busy reply.
 func TestPredictServiceAnswersGoodQueriesThroughAFloodOfOversizedOnes(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	const maxRequestBytes = 64 << 10
 

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // sentRe matches a rank's line of `fpmbus publish`'s final report.
@@ -57,7 +57,7 @@ func (b *redundantBridge) waitReceiving(t *testing.T, ranks int) {
 func TestRedundantBridgesKilledInTurnStoreEveryFPMOnce(t *testing.T) {
 	t.Parallel()
 	const ranks, busy, kills = 4, 3000, 10
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	base := producertest.FreeBasePort(t, "", ranks)
 	gapsMetrics := fmt.Sprintf("127.0.0.1:%d", freePort(t))

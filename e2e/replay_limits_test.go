@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // writeRecording writes a full trace segment of producer to dir: one FPM per observed time, on rank
@@ -203,7 +203,7 @@ func TestZMQSocketsCheckTheDescriptorBudget(t *testing.T) {
 	dir := t.TempDir()
 	rec := writeRecording(t, filepath.Join(dir, "wide"), "w", 3000, obs)
 	small := writeRecording(t, filepath.Join(dir, "small"), "w", 20, obs[:20])
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	for name, args := range map[string][]string{
 		"trace replay": {"trace", "replay", rec, "--fpm-port", "30000", "--progress-every", "0"},
 		"publish":      {"publish", "--dp-size", "3000", "--fpm-port", "30000", "--count", "1"},

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // Loss to retention is counted, through the real binaries: `fpmbus trace` reads 400 FPMs and stops;
@@ -20,7 +20,7 @@ import (
 // report --json` shows the loss.
 func TestTraceWriterReportsRetentionLossThroughTheBinary(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	ctx := context.Background()
 	out := filepath.Join(t.TempDir(), "trace", "fpm")
@@ -51,7 +51,7 @@ func TestTraceWriterReportsRetentionLossThroughTheBinary(t *testing.T) {
 		t.Fatalf("trace writer exit: %v", err)
 	}
 	var losses []streams.ConsumerLoss
-	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject("trace")) {
+	for _, m := range natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject("trace")) {
 		var l streams.ConsumerLoss
 		if err := json.Unmarshal(m.Data(), &l); err != nil {
 			t.Fatal(err)

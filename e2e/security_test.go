@@ -17,9 +17,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // Security through the real binary: the embedded server of `fpmbus up` with authentication and TLS,
@@ -98,7 +100,7 @@ func wantFailure(t *testing.T, r runResult, code int, want ...string) {
 func TestUpServerConfigClientsNameWhyTheyCannotConnect(t *testing.T) {
 	t.Parallel()
 	const adminPW, readerPW = "admin-Secret-1", "reader-Secret-2"
-	pki := streamstest.NewPKI(t)
+	pki := natsservertest.NewPKI(t)
 	conf := writeTemp(t, "nats.conf", fmt.Sprintf(`
 accounts {
   FPMBUS: { jetstream: enabled, users: [ {user: admin, password: %s}, {user: reader, password: %s} ] }
@@ -240,11 +242,11 @@ func TestSecretsNeverReachTheOutput(t *testing.T) {
 	t.Parallel()
 	const pw, tok, wrongPW = "pw-Secret-7", "tok-Secret-8", "wrong-Secret-9"
 	conf := writeTemp(t, "nats.conf", "authorization { users: [ {user: bridge, password: "+pw+"} ] }\n")
-	base, err := streams.LoadServerConfig(conf)
+	base, err := natsserver.LoadServerConfig(conf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), Base: base})
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), Base: base})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +280,7 @@ func TestSecretsNeverReachTheOutput(t *testing.T) {
 		t.Fatalf("bridge exit: %v", err)
 	}
 	noSecrets(t, "the bridge's log", b.Output())
-	if !strings.Contains(b.Output(), "bridge:"+streams.Redacted+"@") {
+	if !strings.Contains(b.Output(), "bridge:"+natsconn.Redacted+"@") {
 		t.Fatalf("the bridge's log does not show the server URL redacted:\n%s", b.Output())
 	}
 
@@ -295,13 +297,13 @@ func TestBridgeStopsWhenTheServerRefusesItsCredentialsLater(t *testing.T) {
 	t.Parallel()
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	store := t.TempDir()
-	startServer := func(password string) *streams.Server {
+	startServer := func(password string) *natsserver.Server {
 		conf := writeTemp(t, "nats.conf", "authorization { users: [ {user: bridge, password: "+password+"} ] }\n")
-		base, err := streams.LoadServerConfig(conf)
+		base, err := natsserver.LoadServerConfig(conf)
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv, err := streams.StartServer(streams.ServerConfig{Listen: listen, StoreDir: store, Base: base})
+		srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: listen, StoreDir: store, Base: base})
 		if err != nil {
 			t.Fatal(err)
 		}

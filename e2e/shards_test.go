@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // shardWorkers are n worker ids, worker i in shard i of n: two ranks each, the test's publishers then
@@ -78,7 +78,7 @@ func TestUpWithThreeShards(t *testing.T) {
 			}
 			return nil
 		})
-		for _, m := range streamstest.Messages(t, js, name, ">") {
+		for _, m := range natsservertest.Messages(t, js, name, ">") {
 			k, err := streams.ParseFPMSubject(m.Subject())
 			if err != nil || streams.ShardOf(k, shards) != i {
 				t.Fatalf("%s holds %s (%v)", name, m.Subject(), err)
@@ -195,7 +195,7 @@ func TestUpWithThreeShards(t *testing.T) {
 	}
 	for i := range shards {
 		replayed := map[string]bool{}
-		for _, m := range streamstest.Messages(t, js, streams.ShardStreamName(i), "fpm.replay.>") {
+		for _, m := range natsservertest.Messages(t, js, streams.ShardStreamName(i), "fpm.replay.>") {
 			k, err := streams.ParseFPMSubject(m.Subject())
 			if err != nil || k.WorkerID != workers[i] {
 				t.Fatalf("%s holds replayed %s (%v), want only worker %s", streams.ShardStreamName(i), m.Subject(), err, workers[i])

@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/internal/smalldisk"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // These tests take the disk away from `fpmbus up`'s embedded JetStream server while FPMs flow: a real
@@ -294,7 +294,7 @@ func accountFor(t *testing.T, js jetstream.JetStream, url string, key streams.Ke
 func dropMarkers(t *testing.T, js jetstream.JetStream, k streams.Key) []streams.DropMarker {
 	t.Helper()
 	var out []streams.DropMarker
-	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.DropMarkerSubject(k)) {
+	for _, m := range natsservertest.Messages(t, js, streams.StreamEvents, streams.DropMarkerSubject(k)) {
 		dm, err := streams.ParseDropMarker(m.Data())
 		if err != nil {
 			t.Fatalf("drop marker %s: %v", m.Data(), err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -24,7 +25,7 @@ import (
 func TestStreamSettingsBelongToTheOperator(t *testing.T) {
 	t.Parallel()
 	const stored = 5000
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -37,7 +37,7 @@ func sameEvents(t *testing.T, out, want string) {
 func TestTraceBackfillRerunWritesNoLineTwice(t *testing.T) {
 	t.Parallel()
 	const total = 4000 // 4 keys, observed 1 ms apart: 1,000 messages per sampled interval of 1 s
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	fillFPM(t, env.JS, total, 2, 2, 1_782_777_600_000)
 	waitStreamCount(t, env.JS, streams.StreamFPM, total, 30*time.Second)
@@ -87,7 +87,7 @@ var backfillDoneRE = regexp.MustCompile(`\((\d+)/(\d+),`)
 func TestTraceBackfillInterruptedResumesExactly(t *testing.T) {
 	t.Parallel()
 	const total = 120_000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	fillFPM(t, env.JS, total, 2, 2, 1_782_777_600_000)
 	waitStreamCount(t, env.JS, streams.StreamFPM, total, 60*time.Second)

@@ -19,10 +19,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -104,7 +104,7 @@ func TestTraceWriterKill9AtRandomMomentsExactlyOnce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 0x6b696c6c))
 	t.Logf("seed %d", seed)
 
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	fillFPM(t, env.JS, total, 4, 2, 1_782_777_600_000)
 	waitStreamCount(t, env.JS, streams.StreamFPM, total, 30*time.Second)
@@ -344,7 +344,7 @@ func TestTraceUpKill9RestartWritesInFlightInOrder(t *testing.T) {
 		t.Fatalf("fpmbus up: %v", err)
 	}
 	// The store as the stopped run left it, read through a server of the test's own.
-	stored := streamstest.StartAt(t, "127.0.0.1:0", filepath.Join(dir, "data", "jetstream"))
+	stored := natsservertest.StartAt(t, "127.0.0.1:0", filepath.Join(dir, "data", "jetstream"))
 	bySeq, _ := streamIDs(t, stored.JS, 0)
 	// One bridge across the restart: `up` names its bridge after its data directory, so the gap
 	// detector reads the restart as the same bridge's new epoch, not as a second bridge.

@@ -11,15 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // traceUntilAcked runs `fpmbus trace` on out (full mode, small segments, group) until it has acked
 // total messages, and returns it running.
-func traceUntilAcked(t *testing.T, env *streamstest.Env, out, group string, total uint64, extra ...string) *proc {
+func traceUntilAcked(t *testing.T, env *natsservertest.Env, out, group string, total uint64, extra ...string) *proc {
 	t.Helper()
 	args := append([]string{"trace", "--server", env.Server.ClientURL(), "--trace-mode", "full", "--trace-output", out,
 		"--group", group, "--roll-bytes", "60000", "--trace-max-ack-pending", "40", "--trace-flush-interval", "50ms"}, extra...)
@@ -28,7 +28,7 @@ func traceUntilAcked(t *testing.T, env *streamstest.Env, out, group string, tota
 	return p
 }
 
-func waitAcked(t *testing.T, env *streamstest.Env, group string, total uint64) {
+func waitAcked(t *testing.T, env *natsservertest.Env, group string, total uint64) {
 	t.Helper()
 	eventually(t, 60*time.Second, func() error {
 		if _, floor, _ := consumerState(t, env.JS, group, total); floor != total {
@@ -66,7 +66,7 @@ func flipByte(t *testing.T, path string, off int64) {
 func TestTraceVerifyRepairNextToALiveWriterIsRefused(t *testing.T) {
 	t.Parallel()
 	const first, more = 4000, 2000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	fillFPM(t, env.JS, first, 2, 2, 1_782_777_600_000)
 	out := filepath.Join(t.TempDir(), "fpm")
 	p := traceUntilAcked(t, env, out, "live", first, "--max-segments", "1000")
@@ -144,7 +144,7 @@ func copySegments(t *testing.T, dir string) string {
 func TestTraceVerifyRepairDoesNoHarm(t *testing.T) {
 	t.Parallel()
 	const total = 4000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	fillFPM(t, env.JS, total, 2, 2, 1_782_777_600_000)
 	waitStreamCount(t, env.JS, streams.StreamFPM, total, 30*time.Second)
@@ -257,7 +257,7 @@ func TestTraceVerifyRepairDoesNoHarm(t *testing.T) {
 func TestTraceWriterStartupRepairRefusesAPlantedTemporaryFile(t *testing.T) {
 	t.Parallel()
 	const total = 2000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	fillFPM(t, env.JS, total, 2, 2, 1_782_777_600_000)
 	out := filepath.Join(t.TempDir(), "fpm")
 	p := traceUntilAcked(t, env, out, "startup", total)

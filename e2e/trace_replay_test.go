@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // replaySummary is what the tests read of `trace replay --summary-json`.
@@ -298,7 +298,7 @@ func TestUpDemoTraceReplaysARecording(t *testing.T) {
 		t.Fatalf("fpmbus up: %v", err)
 	}
 	// Read what was stored from the stopped pipeline's store.
-	env := streamstest.StartAt(t, "127.0.0.1:0", filepath.Join(dir, "data", "jetstream"))
+	env := natsservertest.StartAt(t, "127.0.0.1:0", filepath.Join(dir, "data", "jetstream"))
 	got := storedFPMs(t, env.JS, ">")
 	if len(got) < 2*ranks*perRank+ranks {
 		t.Fatalf("stored %d", len(got))

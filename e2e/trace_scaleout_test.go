@@ -12,9 +12,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // groupDone reports whether every partition consumer of group (P partitions, on FPM_PART_<group>) has
@@ -48,7 +49,7 @@ func groupDone(js jetstream.JetStream, group string, parts int, total uint64) er
 func TestTraceScaleOutThreeProcessesOneStoppedOneKilled(t *testing.T) {
 	t.Parallel()
 	const total, parts, group = 30_000, 6, "scale"
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	out := filepath.Join(t.TempDir(), "trace", "fpm")
 	args := []string{"trace", "--server", url, "--trace-mode", "full", "--trace-output", out,
@@ -121,13 +122,13 @@ func checkTraceOnce(t *testing.T, js jetstream.JetStream, out string, total int)
 // A trace writer frozen (SIGSTOP: a hung host, a paused VM) while it owns partitions keeps its
 // connection open, and the server does not move a partition's subject while it has a subscriber. The
 // server closes the connection once the frozen process has not answered its pings for about 30 s
-// (streams.DefaultPingInterval, DefaultMaxPingsOut; nats-server's defaults take about 6 min), and the
+// (natsserver.DefaultPingInterval, DefaultMaxPingsOut; nats-server's defaults take about 6 min), and the
 // other writer then takes the partitions over and writes every message once, in order. The frozen
 // writer never resumes.
 func TestTraceWriterFrozenOwnerIsTakenOver(t *testing.T) {
 	t.Parallel()
 	const half, parts, group = 3_000, 2, "frozen"
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	out := filepath.Join(t.TempDir(), "trace", "fpm")
 	args := []string{"trace", "--server", env.Server.ClientURL(), "--trace-mode", "full", "--trace-output", out,
 		"--group", group, "--partitions", strconv.Itoa(parts), "--pinned-ttl", "3s", "--trace-flush-interval", "100ms"}
@@ -151,7 +152,7 @@ func TestTraceWriterFrozenOwnerIsTakenOver(t *testing.T) {
 	fillFPMOffset(t, env.JS, half, half, 10, 2, 1_782_777_600_000)
 	eventually(t, 90*time.Second, func() error { return groupDone(env.JS, group, parts, 2*half) })
 	took := time.Since(stoppedAt)
-	if bound := time.Duration(streams.DefaultMaxPingsOut+1)*streams.DefaultPingInterval + 20*time.Second; took > bound {
+	if bound := time.Duration(natsserver.DefaultMaxPingsOut+1)*natsserver.DefaultPingInterval + 20*time.Second; took > bound {
 		t.Errorf("the frozen writer's partitions were written %v after it froze, past %v", took, bound)
 	}
 	_ = frozen.signal(syscall.SIGKILL, 10*time.Second)

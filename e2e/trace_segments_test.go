@@ -16,9 +16,9 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/freeport"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -27,7 +27,7 @@ import (
 func streamSeqs(t *testing.T, js jetstream.JetStream) map[string]uint64 {
 	t.Helper()
 	out := map[string]uint64{}
-	for _, m := range streamstest.Messages(t, js, streams.StreamFPM, ">") {
+	for _, m := range natsservertest.Messages(t, js, streams.StreamFPM, ">") {
 		md, err := m.Metadata()
 		if err != nil {
 			t.Fatal(err)
@@ -90,7 +90,7 @@ func TestTraceWriterPartitionRetakenOpensNoSegment(t *testing.T) {
 	const half = 2000
 	listen := fmt.Sprintf("127.0.0.1:%d", freeport.Block(t, "", 1))
 	store := t.TempDir()
-	env := streamstest.StartAt(t, listen, store)
+	env := natsservertest.StartAt(t, listen, store)
 	url := env.Server.ClientURL()
 	out := filepath.Join(t.TempDir(), "trace", "fpm")
 	fillFPMOffset(t, env.JS, 0, half, 2, 2, 1_782_777_600_000)
@@ -101,7 +101,7 @@ func TestTraceWriterPartitionRetakenOpensNoSegment(t *testing.T) {
 	gained := strings.Count(p.Output(), `msg="partition acquired"`)
 
 	env.Stop()
-	env = streamstest.StartAt(t, listen, store)
+	env = natsservertest.StartAt(t, listen, store)
 	fillFPMOffset(t, env.JS, half, half, 2, 2, 1_782_777_600_000)
 	eventually(t, 60*time.Second, func() error {
 		if n := strings.Count(p.Output(), `msg="partition acquired"`); n <= gained {
@@ -148,7 +148,7 @@ func TestTraceSegmentPruningIsALossEvent(t *testing.T) {
 	var events uint64
 	eventually(t, 30*time.Second, func() error {
 		events = 0
-		for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.ConsumerLossSubject(trace.ConsumerName)) {
+		for _, m := range natsservertest.Messages(t, js, streams.StreamEvents, streams.ConsumerLossSubject(trace.ConsumerName)) {
 			var l streams.ConsumerLoss
 			if err := json.Unmarshal(m.Data(), &l); err != nil {
 				return err

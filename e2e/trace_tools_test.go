@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // eventsByProducer reads the segments matching pattern and returns, per producer_id, the "event"
@@ -39,7 +39,7 @@ func eventsByProducer(t *testing.T, pattern string) map[string][]string {
 func TestTraceBackfillAndInfoCommands(t *testing.T) {
 	t.Parallel()
 	const total = 6000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	fillFPM(t, env.JS, total, 2, 2, 1_782_777_600_000)
 	waitStreamCount(t, env.JS, streams.StreamFPM, total, 30*time.Second)

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -116,7 +116,7 @@ func (v verifyJSON) findings(path string) []tracefile.Finding {
 func TestTraceVerifyRepairsFromTheStream(t *testing.T) {
 	t.Parallel()
 	const total = 4000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	fillFPM(t, env.JS, total, 2, 2, 1_782_777_600_000)
 	waitStreamCount(t, env.JS, streams.StreamFPM, total, 30*time.Second)
@@ -346,7 +346,7 @@ func parseLine(t *testing.T, line []byte) *schemas.TraceLine {
 func TestTraceVerifyRemovesAMessageTracedTwice(t *testing.T) {
 	t.Parallel()
 	const total = 3000
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	fillFPM(t, env.JS, total, 2, 2, 1_782_777_600_000)
 	waitStreamCount(t, env.JS, streams.StreamFPM, total, 30*time.Second)

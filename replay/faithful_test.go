@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // slowLink is a real TCP proxy in front of a server that delays every chunk by delay in each
@@ -120,7 +120,7 @@ func TestReportedLatenessMatchesWhatTheTargetMeasured(t *testing.T) {
 		// unless the wall clock is stepped), written to the microsecond.
 		clocks = time.Millisecond
 	)
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	link := newSlowLink(t, env.Server.ClientURL()[len("nats://"):], delay)
 	nc, err := nats.Connect(link.url(), nats.DontRandomize(), nats.NoReconnect())
 	if err != nil {
@@ -153,7 +153,7 @@ func TestReportedLatenessMatchesWhatTheTargetMeasured(t *testing.T) {
 		t.Fatalf("the slow link did not hold the replay back: %+v", rep.Overall.Lateness)
 	}
 
-	stored := streamstest.Messages(t, env.JS, streams.StreamFPM, "fpm.replay.>")
+	stored := natsservertest.Messages(t, env.JS, streams.StreamFPM, "fpm.replay.>")
 	if len(stored) != n {
 		t.Fatalf("stored %d, want %d", len(stored), n)
 	}

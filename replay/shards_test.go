@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // shardWorkers are four workers that spread over every one of 3 shards.
@@ -22,7 +22,7 @@ func storedBodies(t *testing.T, js jetstream.JetStream, names ...string) map[str
 	t.Helper()
 	out := map[string][][]byte{}
 	for _, name := range names {
-		for _, m := range streamstest.Messages(t, js, name, ">") {
+		for _, m := range natsservertest.Messages(t, js, name, ">") {
 			out[m.Subject()] = append(out[m.Subject()], m.Data())
 		}
 	}
@@ -42,7 +42,7 @@ func TestStreamTargetOverShards(t *testing.T) {
 			}
 		}
 	}
-	replayTo := func(env *streamstest.Env) {
+	replayTo := func(env *natsservertest.Env) {
 		plan, err := NewPlan(recordingOf(t, ls...), PlanConfig{})
 		if err != nil {
 			t.Fatal(err)
@@ -55,7 +55,7 @@ func TestStreamTargetOverShards(t *testing.T) {
 			t.Fatalf("report %+v", rep.Overall)
 		}
 	}
-	one, sharded := streamstest.Start(t), streamstest.StartShards(t, shards)
+	one, sharded := natsservertest.Start(t), natsservertest.StartShards(t, shards)
 	replayTo(one)
 	replayTo(sharded)
 	want := storedBodies(t, one.JS, streams.StreamFPM)
@@ -94,7 +94,7 @@ func TestStreamTargetOverShards(t *testing.T) {
 // is numbered on its own).
 func TestReadStreamAcrossShards(t *testing.T) {
 	const shards = 3
-	one, sharded := streamstest.Start(t), streamstest.StartShards(t, shards)
+	one, sharded := natsservertest.Start(t), natsservertest.StartShards(t, shards)
 	var msgs []streams.FPMMessage
 	for i := range 15 {
 		for _, w := range shardWorkers {
@@ -122,7 +122,7 @@ func TestReadStreamAcrossShards(t *testing.T) {
 	storedAt := func(js jetstream.JetStream, n, i int) time.Time {
 		var stamps []time.Time
 		for _, name := range streams.FPMStreamNames(n) {
-			for _, m := range streamstest.Messages(t, js, name, ">") {
+			for _, m := range natsservertest.Messages(t, js, name, ">") {
 				md, err := m.Metadata()
 				if err != nil {
 					t.Fatal(err)

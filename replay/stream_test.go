@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // bridgeHeaders are the headers the bridge sets on every FPM (bridge/message.go fpmItem), the flagged
@@ -22,7 +22,7 @@ var bridgeHeaders = []string{streams.HeaderMsgID, streams.HeaderSeq, streams.Hea
 // namespace: the recorded fpm as the body, the bridge's headers, sequences from 0 per rank, receive
 // times from the replay's clock, a mismatch between counter_id and sequence flagged as the bridge flags it.
 func TestStreamTargetStoresWhatABridgeWould(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	var ls []line
 	for i := range 10 {
 		for rank := range 2 {
@@ -43,7 +43,7 @@ func TestStreamTargetStoresWhatABridgeWould(t *testing.T) {
 	if rep.Overall.Replayed != 20 || rep.Overall.Failed != 0 {
 		t.Fatalf("report %+v", rep.Overall)
 	}
-	msgs := streamstest.Messages(t, env.JS, streams.StreamFPM, ">")
+	msgs := natsservertest.Messages(t, env.JS, streams.StreamFPM, ">")
 	if len(msgs) != 20 {
 		t.Fatalf("stored %d, want 20", len(msgs))
 	}
@@ -76,7 +76,7 @@ func TestStreamTargetStoresWhatABridgeWould(t *testing.T) {
 
 // publishFPMs stores n FPMs per rank on stream FPM as the bridge does, receive times 2 ms apart from
 // recv0; one body in the middle is not an FPM.
-func publishFPMs(t *testing.T, env *streamstest.Env, n int, recv0 int64) {
+func publishFPMs(t *testing.T, env *natsservertest.Env, n int, recv0 int64) {
 	t.Helper()
 	for i := range n {
 		for rank := range 2 {
@@ -97,7 +97,7 @@ func publishFPMs(t *testing.T, env *streamstest.Env, n int, recv0 int64) {
 // A range of stream FPM is read as a full trace of it would read: observed times from the bridge's
 // receive time, producers from Fpm-Producer, the stream's order; a body that is no FPM is counted.
 func TestReadStreamRange(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	publishFPMs(t, env, 20, t0)
 	cases := map[string]struct {
 		rng   StreamRange

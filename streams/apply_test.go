@@ -11,14 +11,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestApplyIsIdempotentAndDefinesStreams(t *testing.T) {
-	env := streamstest.Start(t) // applies once
+	env := natsservertest.Start(t) // applies once
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cfg := streams.DefaultConfig()
@@ -59,7 +59,7 @@ func TestApplyRejectsBadConfig(t *testing.T) {
 }
 
 func TestDedupWithinWindowAndServerRestartKeepsData(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w1", DPRank: 1}
@@ -75,8 +75,8 @@ func TestDedupWithinWindowAndServerRestartKeepsData(t *testing.T) {
 	listen := env.Server.NATS().Addr().String()
 	store := env.StoreDir
 	env.Stop()
-	env2 := streamstest.StartAt(t, listen, store)
-	msgs := streamstest.Messages(t, env2.JS, streams.StreamFPM, "fpm.*.*.*.1")
+	env2 := natsservertest.StartAt(t, listen, store)
+	msgs := natsservertest.Messages(t, env2.JS, streams.StreamFPM, "fpm.*.*.*.1")
 	if len(msgs) != 1 || msgs[0].Subject() != "fpm.dynamo.backend.w1.1" {
 		t.Fatalf("after restart got %d messages", len(msgs))
 	}
@@ -86,7 +86,7 @@ func TestDedupWithinWindowAndServerRestartKeepsData(t *testing.T) {
 // keeps its limits and messages, and not even a missing stream is created.
 func TestPlanRefusesDestructiveChangesUnlessForced(t *testing.T) {
 	const stored = 7599
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := t.Context()
 	before := operatorStream(t, env, stored, func(sc *jetstream.StreamConfig) {
 		sc.MaxBytes, sc.MaxAge = 2_000_000, time.Hour
@@ -159,7 +159,7 @@ func TestPlanRefusesDestructiveChangesUnlessForced(t *testing.T) {
 
 // Changes that delete nothing are applied without force.
 func TestPlanAppliesSafeChanges(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := t.Context()
 	operatorStream(t, env, 100, func(sc *jetstream.StreamConfig) {
 		sc.MaxBytes, sc.MaxAge, sc.Duplicates, sc.Discard = 2_000_000, time.Hour, 10*time.Second, jetstream.DiscardOld
@@ -182,7 +182,7 @@ func TestPlanAppliesSafeChanges(t *testing.T) {
 // FPM_EVENTS is bounded in bytes as well as age: a flood of dead letters (each up to max_payload of raw
 // input) can not fill the disk; the oldest events go first.
 func TestEventsStreamIsBoundedInBytes(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	events := func() jetstream.StreamInfo {

@@ -7,14 +7,14 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // A component's bucket settings create a missing bucket and never change an existing one: a shorter
 // TTL or smaller size from a component's flags would delete what the bucket holds.
 func TestEnsureKeyValueKeepsExistingBucket(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := t.Context()
 	mine := jetstream.KeyValueConfig{Bucket: "STATE", History: 1, Storage: jetstream.FileStorage, Replicas: 1}
 	kv, err := streams.EnsureKeyValue(ctx, env.JS, mine)
@@ -47,7 +47,7 @@ func TestEnsureKeyValueKeepsExistingBucket(t *testing.T) {
 }
 
 func TestEnsureObjectStoreKeepsExistingBucket(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := t.Context()
 	obs, err := streams.EnsureObjectStore(ctx, env.JS, jetstream.ObjectStoreConfig{Bucket: "BODIES", TTL: 90 * 24 * time.Hour})
 	if err != nil {

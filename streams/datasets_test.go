@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // A bucket of an earlier deployment (as nats.go creates one: history 64, rollups allowed) gets the
@@ -19,7 +19,7 @@ import (
 // writes than the old history held, and a second plan has nothing to change.
 func TestApplyProtectsAnExistingDatasetsBucketKeepingItsCells(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	old, err := env.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: streams.BucketDatasets, History: 64})
@@ -91,7 +91,7 @@ func TestApplyProtectsAnExistingDatasetsBucketKeepingItsCells(t *testing.T) {
 // A missing bucket is created protected; one that exists is opened as it is.
 func TestEnsureDatasetsCreatesTheBucketProtected(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv, err := streams.EnsureDatasets(ctx, env.JS, streams.DefaultConfig())
@@ -119,7 +119,7 @@ func TestEnsureDatasetsCreatesTheBucketProtected(t *testing.T) {
 // timeout and the bucket is left as it is.
 func TestProtectDatasetsAddsWhatAnEarlierBucketLacks(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	old, err := env.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: streams.BucketDatasets, History: 64})

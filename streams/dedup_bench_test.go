@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // heapAfterGC is the live heap of this process (the embedded server's included) after a collection.
@@ -40,7 +40,7 @@ func BenchmarkDedupWindowMemory(b *testing.B) {
 	}
 	body := make([]byte, 700) // about an FPM's canonical JSON
 	for b.Loop() {
-		env := streamstest.Start(b)
+		env := natsservertest.Start(b)
 		js, err := jetstream.New(env.NC, jetstream.WithPublishAsyncMaxPending(4096))
 		if err != nil {
 			b.Fatal(err)

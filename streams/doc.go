@@ -1,31 +1,36 @@
-// Package streams is fpmbus's wire contract, declared as code, one type per thing: the subject scheme,
-// every header name, every message id, the messages that more than one stage reads or writes, and the
-// JetStream resources they live in. A pipeline stage (the bridge, each consumer) never imports another
-// stage: what one publishes and another reads is defined here, once.
+// Package streams is fpmbus's wire contract and nothing else, declared as code, one type per thing:
+// the subject scheme, every header name, every message id, the messages that more than one stage
+// reads or writes, and the JetStream resources they live in (streams, buckets, their names and
+// settings). A pipeline stage (the bridge, each consumer) never imports another stage: what one
+// publishes and another reads is defined here, once.
 //
 //	subjects.go    Key, token encoding, FPM / drop / gap / dead-letter subjects and their parsers
+//	names.go       ValidName: the bytes a name may hold to be a subject token as it is
 //	headers.go     every header name (Nats-Msg-Id, Fpm-*, Fpm-Bench-*)
 //	msgid.go       every Nats-Msg-Id format (FPMs, drop markers, dead letters, gap events, bench)
+//	fpm_message.go FPMMessage: one FPM's message, subject, headers and body
 //	dropmarker.go  DropMarker: the bridge's drop marker, its message and ParseDropMarker (fuzzed)
 //	gapevent.go    GapEventFields and GapPoint: what every gap event carries, the gap detector's or the
 //	               bridge's (lostafterack.go: LostAfterAck, the acknowledged FPMs the stream lost)
 //	deadletter.go  DeadLetter: input a stage can never process, from a bridge socket or a consumer
 //	consumerloss.go ConsumerLoss: messages a stream removed before a durable consumer read them
-//	bench.go       benchmark subjects, kinds, PublishProfile and PublishBench (`fpmbus bench publish`)
-//	objectstore.go BenchStore: artefact bodies inline on FPM_BENCH or in FPM_BENCH_OBJECTS, verified
-//	config.go, apply.go   the streams (FPM, FPM_EVENTS, FPM_BENCH), Ensure, Apply and Plan
-//	connect.go     ConnConfig and Connect: the first connection within a timeout, its failure named
-//	               (ErrAuth, ErrTLS, ErrUnreachable), connection events logged, OnClosed
-//	redact.go      RedactURL: the only way a server URL reaches a log line or an error
-//	natscontext.go LoadNATSContext: the nats CLI's context files
-//	server.go, inprocess.go   the embedded server of `fpmbus up` (a nats-server configuration file, a
-//	               token, TLS; Authenticates, ListensOnLoopback) and its in-process connections
+//	bridgekv.go, runrecord.go   the bridge's KV buckets: acknowledged FPMs, publisher runs agreed on
+//	datasets.go, datasetevent.go   KV FPM_DATASETS (sealed cells, protected) and its events
+//	bench.go       benchmark subjects, kinds and rank digests; benchlimits.go: run ids, artefact sizes
+//	shards.go, fpm_range.go   FPM shard streams and ingest subjects; a range of FPMs over them
+//	config.go, ensure.go, diff.go, apply.go, placement.go, buckets.go   the streams (FPM, FPM_EVENTS,
+//	               FPM_BENCH) and buckets: their settings, Ensure, Diff, Plan and Apply
+//
+// What is not here: connecting to a server (internal/natsconn), the embedded server and its store
+// watch (internal/natsserver), moving bench artefact bodies (internal/benchstore) and the edge
+// topology (internal/edgenode). They import this package; it imports none of them.
 //
 // Every component calls Ensure at start, so streams exist before anything publishes or consumes:
 // Ensure creates a missing stream from the component's flags and uses an existing one as it is
 // (warning about each setting that differs). Stream settings belong to the operator: only Plan
 // (`fpmbus streams apply`) changes an existing stream, and it refuses a change that can delete stored
-// messages unless forced.
+// messages unless forced. That rule is why Ensure and Plan stay beside the settings they apply
+// although they call a server: a stage that created streams its own way would break the contract.
 //
 // Subjects (every <token> is percent-encoded with EncodeToken):
 //

@@ -13,8 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // publishPatiently lets an asynchronous publish wait for the server as long as a loaded machine needs:
@@ -25,9 +25,9 @@ var publishPatiently = jetstream.WithStallWait(30 * time.Second)
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // emptyServer is a running server without fpmbus's streams.
-func emptyServer(t *testing.T) *streamstest.Env {
+func emptyServer(t *testing.T) *natsservertest.Env {
 	t.Helper()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	for _, sc := range streams.DefaultConfig().All() {
 		if err := env.JS.DeleteStream(t.Context(), sc.Name); err != nil {
 			t.Fatalf("delete %s: %v", sc.Name, err)
@@ -38,7 +38,7 @@ func emptyServer(t *testing.T) *streamstest.Env {
 
 // operatorStream creates stream FPM as an operator would (`nats stream add`): fpmbus's definition
 // with the operator's changes, then stores n FPM-sized messages on it.
-func operatorStream(t *testing.T, env *streamstest.Env, n int, change func(*jetstream.StreamConfig)) jetstream.StreamConfig {
+func operatorStream(t *testing.T, env *natsservertest.Env, n int, change func(*jetstream.StreamConfig)) jetstream.StreamConfig {
 	t.Helper()
 	ctx := t.Context()
 	if err := env.JS.DeleteStream(ctx, streams.StreamFPM); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -132,7 +132,7 @@ func TestEnsureKeepsOperatorsStream(t *testing.T) {
 			},
 		},
 	}
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			before := operatorStream(t, env, stored, func(sc *jetstream.StreamConfig) { sc.MaxBytes, sc.MaxAge = 2_000_000, time.Hour })
@@ -180,7 +180,7 @@ func TestEnsureRefusesStreamItCannotUse(t *testing.T) {
 		"no direct get":            {change: func(sc *jetstream.StreamConfig) { sc.AllowDirect = false }, usable: true},
 		"message count limit only": {change: func(sc *jetstream.StreamConfig) { sc.MaxMsgs, sc.MaxBytes = 1000, -1 }, usable: true},
 	}
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			before := operatorStream(t, env, 10, tc.change)
@@ -242,15 +242,15 @@ func TestEnsureRejectsBadConfig(t *testing.T) {
 // turned on by a component's start and by `streams apply` without --force, keeping every message.
 func TestAtomicPublishIsAnAdditiveChange(t *testing.T) {
 	t.Parallel()
-	for name, start := range map[string]func(context.Context, *streamstest.Env, streams.Config) error{
-		"component start": func(ctx context.Context, env *streamstest.Env, c streams.Config) error {
+	for name, start := range map[string]func(context.Context, *natsservertest.Env, streams.Config) error{
+		"component start": func(ctx context.Context, env *natsservertest.Env, c streams.Config) error {
 			r, err := streams.Ensure(ctx, env.JS, c, quiet)
 			if err == nil && !reflect.DeepEqual(r.Updated, r.Atomic) {
 				err = errors.New("updated " + strings.Join(r.Updated, ",") + ", atomic " + strings.Join(r.Atomic, ","))
 			}
 			return err
 		},
-		"streams apply": func(ctx context.Context, env *streamstest.Env, c streams.Config) error {
+		"streams apply": func(ctx context.Context, env *natsservertest.Env, c streams.Config) error {
 			p, err := streams.NewPlan(ctx, env.JS, c)
 			if err != nil {
 				return err

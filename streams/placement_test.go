@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // unplaced is a server that refuses the first refusals stream creations as a cluster does while it
@@ -45,7 +45,7 @@ func TestStreamCreationWaitsForPlacement(t *testing.T) {
 	} {
 		for _, how := range []string{"apply", "ensure"} {
 			t.Run(name+", "+how, func(t *testing.T) {
-				env := streamstest.StartAt(t, "127.0.0.1:0", t.TempDir())
+				env := natsservertest.StartAt(t, "127.0.0.1:0", t.TempDir())
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				if err := env.JS.DeleteStream(ctx, streams.StreamFPM); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"reflect"
 	"sort"
@@ -17,8 +18,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // ShardOf is the server's {{partition(n,3)}} transform of the FPM subject (the worker_id token), the
@@ -71,7 +73,7 @@ func TestShardOfGolden(t *testing.T) {
 // A sharded FPM is stored under its fpm. subject in its shard, deduplicated by its id, and republished
 // on its fpm. subject for core subscribers.
 func TestShardStreamStoresFPMSubject(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	const n = 3
@@ -129,8 +131,8 @@ func startCluster(b *testing.B) []string {
 	var urls []string
 	for i, p := range ports {
 		base := &server.Options{Cluster: server.ClusterOpts{Name: "fpmbus-bench", Host: "127.0.0.1", Port: p}, Routes: routes}
-		srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: b.TempDir(),
-			Name: "n" + strconv.Itoa(i+1), Base: base, Sync: streams.SyncPolicy{Interval: 10 * time.Second}})
+		srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: b.TempDir(),
+			Name: "n" + strconv.Itoa(i+1), Base: base, Sync: natsserver.SyncPolicy{Interval: 10 * time.Second}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -354,4 +356,14 @@ func streamNames(t *testing.T, js jetstream.JetStream) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

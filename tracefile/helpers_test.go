@@ -8,8 +8,8 @@ import (
 	"github.com/klauspost/compress/gzip"
 	"github.com/nats-io/nats.go"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // member returns one gzip member holding s.
@@ -31,7 +31,7 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-// testFPM is a valid FPM of key, and its message as the bridge publishes it (streamstest).
+// testFPM is a valid FPM of key, and its message as the bridge publishes it (natsservertest).
 type testFPM struct {
 	key        streams.Key
 	counter    int64
@@ -40,11 +40,11 @@ type testFPM struct {
 }
 
 func (f testFPM) body(t testing.TB) []byte {
-	return streamstest.FPMBody(t, f.key, f.counter, f.heartbeat)
+	return natsservertest.FPMBody(t, f.key, f.counter, f.heartbeat)
 }
 
 func (f testFPM) msg(t testing.TB) *nats.Msg {
-	return streamstest.FPMMsg(t, f.key, f.counter, f.receivedMs, "", f.heartbeat)
+	return natsservertest.FPMMsg(t, f.key, f.counter, f.receivedMs, "", f.heartbeat)
 }
 
 // fakeMsg is a Message without a server.

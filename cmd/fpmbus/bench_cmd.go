@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -288,7 +289,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	var probes benchStringList
 	fs.Var(&probes, "probe", "worker-probe replies to publish for the run; repeatable")
 	runID := fs.String("run-id", "", "run of the --probe replies (default: the replies' own run_id, else the rank files' run)")
-	inlineMax := fs.Int("inline-max", streams.DefaultBenchInlineMax, "largest body sent inline; larger ones go to the object store "+streams.BenchObjectBucket)
+	inlineMax := fs.Int("inline-max", benchstore.DefaultBenchInlineMax, "largest body sent inline; larger ones go to the object store "+streams.BenchObjectBucket)
 	profile := fs.String("profile", "", "collection profile (JSON) of the run, published on fpmbench.profile.<run> before the ranks so the sealer can derive cell identities")
 	maxSize := maxArtefactFlag(fs)
 	files, err := parseInterleaved(fs, args)
@@ -311,7 +312,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	}
 	// Every rank is checked before anything is published; streams.PublishBench reads the files again to
 	// publish them (one artefact in memory at a time) and refuses one that changed in between.
-	var pub streams.BenchPublication
+	var pub benchstore.BenchPublication
 	var points []int
 	for _, f := range files {
 		abs, err := filepath.Abs(f)
@@ -322,8 +323,8 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		if err != nil {
 			return err
 		}
-		pub.Ranks = append(pub.Ranks, streams.BenchRank{Path: f, Digest: schemas.SHA256Hex(data),
-			BenchRankArtefact: streams.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: abs}})
+		pub.Ranks = append(pub.Ranks, benchstore.BenchRank{Path: f, Digest: schemas.SHA256Hex(data),
+			BenchRankArtefact: benchstore.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: abs}})
 		points = append(points, sum.Points)
 	}
 	probeRun := *runID
@@ -335,7 +336,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 			return err
 		}
 		abs, _ := filepath.Abs(p)
-		pub.Probes = append(pub.Probes, streams.BenchProbe{Path: p, File: abs})
+		pub.Probes = append(pub.Probes, benchstore.BenchProbe{Path: p, File: abs})
 	}
 	pub.MaxSize = *maxSize
 	pub.ProbeRun = func(file string, data []byte) (string, error) {
@@ -359,7 +360,7 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		}
 	}
 	profiled := false
-	err = streams.NewBenchStore(js, *inlineMax, *cfg).PublishBench(ctx, pub, func(p streams.BenchPublished) {
+	err = benchstore.NewBenchStore(js, *inlineMax, *cfg).PublishBench(ctx, pub, func(p benchstore.BenchPublished) {
 		switch {
 		case p.Profile:
 			profiled = true

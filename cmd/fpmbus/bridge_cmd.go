@@ -12,6 +12,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/internal/edgenode"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -126,7 +129,7 @@ func runBridge(ctx context.Context, args []string) error {
 		}
 	}()
 	finish := func(err error) error {
-		if cause := context.Cause(rctx); errors.Is(cause, bridge.ErrEdgeShards) || errors.Is(cause, streams.ErrStoreLost) {
+		if cause := context.Cause(rctx); errors.Is(cause, bridge.ErrEdgeShards) || errors.Is(cause, natsserver.ErrStoreLost) {
 			return cause
 		}
 		return finishConn(err)
@@ -135,7 +138,7 @@ func runBridge(ctx context.Context, args []string) error {
 	go func() { runErr <- b.Run(rctx) }()
 	select {
 	case <-b.Ready():
-		slog.Info("bridge ready", "endpoints", endpointURLs(cfg), "server", streams.RedactURL(nc.ConnectedUrl()),
+		slog.Info("bridge ready", "endpoints", endpointURLs(cfg), "server", natsconn.RedactURL(nc.ConnectedUrl()),
 			"subjects", streams.FPMRoot+"."+streams.EncodeToken(cfg.Namespace)+"."+streams.EncodeToken(cfg.Component)+".>",
 			"metrics", *metricsAddr)
 	case err := <-runErr:
@@ -148,7 +151,7 @@ func runBridge(ctx context.Context, args []string) error {
 // bridge.Edge), which it starts. The bridge applies the streams itself, retrying while the broker is
 // away: connect only. closeConn closes the connection (and shuts the edge server down). edge is the
 // edge server (nil without --edge-dir).
-func bridgeConn(ctx context.Context, conn *connOptions, ecfg streams.EdgeConfig, scfg streams.Config) (*nats.Conn, func(), *bridge.Edge, error) {
+func bridgeConn(ctx context.Context, conn *connOptions, ecfg edgenode.EdgeConfig, scfg streams.Config) (*nats.Conn, func(), *bridge.Edge, error) {
 	if ecfg.StoreDir == "" {
 		nc, _, err := connectAndApply(ctx, conn, nil)
 		if err != nil {

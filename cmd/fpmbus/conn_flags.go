@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -18,7 +20,7 @@ import (
 // (same variables, --nkey, --tls-first, --context). Where a setting comes from, highest first: its flag,
 // its variable, the nats CLI context named by --context (NATS_CONTEXT), the built-in default. A secret
 // (--password, --token, user info in --server) is never shown: -h says only that it is set and from
-// which variable, and URLs are logged redacted (streams.RedactURL). Every file the flags name is
+// which variable, and URLs are logged redacted (natsconn.RedactURL). Every file the flags name is
 // loaded before the first connection attempt; a wrong one exits 2 naming the flag or variable.
 
 // connOptions holds the connection flags of one command.
@@ -42,7 +44,7 @@ type connOptions struct {
 
 // connFlags registers the connection flags; name names the connection (fpmbus-<name>).
 func connFlags(fs *flag.FlagSet, name string) *connOptions {
-	return connFlagsWaiting(fs, name, streams.DefaultConnectTimeout)
+	return connFlagsWaiting(fs, name, natsconn.DefaultConnectTimeout)
 }
 
 // readOnlyConnTimeout is the default --connect-timeout of the commands that only read (a report, a
@@ -81,13 +83,13 @@ func credentialFlags(fs *flag.FlagSet, name string) *connOptions {
 
 // credentials returns the checked credentials of flags registered by credentialFlags; a bad value is a
 // usage error naming its flag or variable.
-func (o *connOptions) credentials() (streams.ConnConfig, error) {
-	c := streams.ConnConfig{Name: "fpmbus-" + o.name, Logger: slog.Default(),
+func (o *connOptions) credentials() (natsconn.ConnConfig, error) {
+	c := natsconn.ConnConfig{Name: "fpmbus-" + o.name, Logger: slog.Default(),
 		Creds: o.creds, NKey: o.nkey, User: o.user, Pass: o.password, Token: o.token}
 	check := c
-	check.URL = "nats://" + streams.DefaultListen // Validate wants one; the in-process connection has none
+	check.URL = "nats://" + natsserver.DefaultListen // Validate wants one; the in-process connection has none
 	if err := check.Validate(); err != nil {
-		var ce *streams.ConnConfigError
+		var ce *natsconn.ConnConfigError
 		if errors.As(err, &ce) {
 			return c, fmt.Errorf("%w: %s: %v", errUsage, o.source(fieldFlags[ce.Field], false, ""), ce.Err)
 		}
@@ -154,7 +156,7 @@ func (u *urlValue) String() string {
 	if u == nil || u.v == nil {
 		return ""
 	}
-	return streams.RedactURL(*u.v)
+	return natsconn.RedactURL(*u.v)
 }
 
 func (u *urlValue) Set(v string) error { *u.v = v; return nil }
@@ -172,16 +174,16 @@ func (o *connOptions) source(name string, fromContext bool, ctxPath string) stri
 	return "--" + name
 }
 
-// fieldFlags maps a streams.ConnConfig field to the flag that sets it.
+// fieldFlags maps a natsconn.ConnConfig field to the flag that sets it.
 var fieldFlags = map[string]string{
 	"URL": "server", "Creds": "creds", "NKey": "nkey", "User": "user", "Pass": "password",
 	"TLSCA": "tls-ca", "TLSCert": "tls-cert", "TLSKey": "tls-key", "ConnectTimeout": "connect-timeout",
 }
 
-// config resolves flags, variables and context into a checked streams.ConnConfig; a bad value is a
+// config resolves flags, variables and context into a checked natsconn.ConnConfig; a bad value is a
 // usage error naming its flag, variable or context.
-func (o *connOptions) config() (streams.ConnConfig, error) {
-	c := streams.ConnConfig{Name: "fpmbus-" + o.name, ConnectTimeout: o.connectTimeout, Logger: slog.Default(),
+func (o *connOptions) config() (natsconn.ConnConfig, error) {
+	c := natsconn.ConnConfig{Name: "fpmbus-" + o.name, ConnectTimeout: o.connectTimeout, Logger: slog.Default(),
 		URL: o.url, Creds: o.creds, NKey: o.nkey, User: o.user, Pass: o.password, Token: o.token,
 		TLSCA: o.tlsCA, TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSFirst: o.tlsFirst}
 	if o.connectTimeout <= 0 {
@@ -190,7 +192,7 @@ func (o *connOptions) config() (streams.ConnConfig, error) {
 	fromContext := map[string]bool{}
 	ctxPath := ""
 	if o.context != "" {
-		nctx, err := streams.LoadNATSContext(o.context)
+		nctx, err := natsconn.LoadNATSContext(o.context)
 		if err != nil {
 			return c, fmt.Errorf("%w: %s: %v", errUsage, o.source("context", false, ""), err)
 		}
@@ -214,7 +216,7 @@ func (o *connOptions) config() (streams.ConnConfig, error) {
 		}
 	}
 	if err := c.Validate(); err != nil {
-		var ce *streams.ConnConfigError
+		var ce *natsconn.ConnConfigError
 		if errors.As(err, &ce) {
 			name := fieldFlags[ce.Field]
 			return c, fmt.Errorf("%w: %s: %v", errUsage, o.source(name, fromContext[name], ctxPath), ce.Err)
@@ -227,11 +229,11 @@ func (o *connOptions) config() (streams.ConnConfig, error) {
 // connectHint says which flags to check for a connection that failed for the reason err gives.
 func connectHint(err error, credentialFlags string) string {
 	switch {
-	case errors.Is(err, streams.ErrAuth):
+	case errors.Is(err, natsconn.ErrAuth):
 		return "check the credentials: " + credentialFlags
-	case errors.Is(err, streams.ErrTLS):
+	case errors.Is(err, natsconn.ErrTLS):
 		return "check the TLS settings: --tls-ca (NATS_CA), --tls-cert/--tls-key (NATS_CERT/NATS_KEY), --tls-first"
-	case errors.Is(err, streams.ErrUnreachable):
+	case errors.Is(err, natsconn.ErrUnreachable):
 		return "check --server (NATS_URL) and that the server runs; --connect-timeout waits longer"
 	}
 	return ""
@@ -254,8 +256,8 @@ func connectAndApply(ctx context.Context, conn *connOptions, scfg *streams.Confi
 
 // connectConfigAndApply is connectAndApply on a resolved configuration; a failed connection says which
 // flags to check (credentialFlags for refused credentials).
-func connectConfigAndApply(ctx context.Context, cfg streams.ConnConfig, scfg *streams.Config, credentialFlags string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := streams.ConnectContext(ctx, cfg)
+func connectConfigAndApply(ctx context.Context, cfg natsconn.ConnConfig, scfg *streams.Config, credentialFlags string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := natsconn.ConnectContext(ctx, cfg)
 	if err != nil {
 		if hint := connectHint(err, credentialFlags); hint != "" {
 			return nil, nil, fmt.Errorf("%w; %s", err, hint)
@@ -289,7 +291,7 @@ var errConnClosed = errors.New("nats connection closed for good")
 // view of it. A component never runs on, retrying forever, on a connection that cannot come back.
 func watchConn(ctx context.Context, nc *nats.Conn) (context.Context, func(runErr error) error) {
 	cctx, cancel := context.WithCancelCause(ctx)
-	streams.OnClosed(nc, func(cause error) {
+	natsconn.OnClosed(nc, func(cause error) {
 		if cause == nil {
 			cause = nats.ErrConnectionClosed
 		}

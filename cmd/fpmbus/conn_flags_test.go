@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
 // parseConn registers the connection flags on a fresh FlagSet, parses args and resolves them.
-func parseConn(t *testing.T, args ...string) (streams.ConnConfig, error) {
+func parseConn(t *testing.T, args ...string) (natsconn.ConnConfig, error) {
 	t.Helper()
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -55,7 +55,7 @@ func saveContext(t *testing.T, configDir, name, body string) string {
 // overrides it, a flag overrides both.
 func TestConnectionContextPrecedence(t *testing.T) {
 	cfgDir := isolateNATSEnv(t)
-	pki := streamstest.NewPKI(t)
+	pki := natsservertest.NewPKI(t)
 	saveContext(t, cfgDir, "lab", `{
   "url": "nats://ctx-host:4222",
   "user": "ctx-user",
@@ -68,28 +68,28 @@ func TestConnectionContextPrecedence(t *testing.T) {
 	for name, tc := range map[string]struct {
 		env  map[string]string
 		args []string
-		want streams.ConnConfig
+		want natsconn.ConnConfig
 	}{
 		"context alone": {
 			args: []string{"--context", "lab"},
-			want: streams.ConnConfig{URL: "nats://ctx-host:4222", User: "ctx-user", Pass: "ctx-pass", TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey, TLSFirst: true},
+			want: natsconn.ConnConfig{URL: "nats://ctx-host:4222", User: "ctx-user", Pass: "ctx-pass", TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey, TLSFirst: true},
 		},
 		"NATS_CONTEXT names it": {
 			env:  map[string]string{"NATS_CONTEXT": "lab"},
-			want: streams.ConnConfig{URL: "nats://ctx-host:4222", User: "ctx-user", Pass: "ctx-pass", TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey, TLSFirst: true},
+			want: natsconn.ConnConfig{URL: "nats://ctx-host:4222", User: "ctx-user", Pass: "ctx-pass", TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey, TLSFirst: true},
 		},
 		"a variable overrides the context": {
 			env:  map[string]string{"NATS_CONTEXT": "lab", "NATS_URL": "nats://env-host:4222", "NATS_USER": "env-user", "NATS_PASSWORD": "env-pass"},
-			want: streams.ConnConfig{URL: "nats://env-host:4222", User: "env-user", Pass: "env-pass", TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey, TLSFirst: true},
+			want: natsconn.ConnConfig{URL: "nats://env-host:4222", User: "env-user", Pass: "env-pass", TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey, TLSFirst: true},
 		},
 		"a flag overrides variable and context": {
 			env:  map[string]string{"NATS_URL": "nats://env-host:4222"},
 			args: []string{"--context", "lab", "--server", "nats://flag-host:4222", "--password", "flag-pass", "--tls-first=false"},
-			want: streams.ConnConfig{URL: "nats://flag-host:4222", User: "ctx-user", Pass: "flag-pass", TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey},
+			want: natsconn.ConnConfig{URL: "nats://flag-host:4222", User: "ctx-user", Pass: "flag-pass", TLSCA: pki.CA, TLSCert: pki.ClientCert, TLSKey: pki.ClientKey},
 		},
 		"no context": {
 			args: []string{"--user", "u"},
-			want: streams.ConnConfig{URL: "nats://127.0.0.1:4222", User: "u"},
+			want: natsconn.ConnConfig{URL: "nats://127.0.0.1:4222", User: "u"},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -112,7 +112,7 @@ func TestConnectionContextPrecedence(t *testing.T) {
 // the context it came from.
 func TestConnectionFlagsBadValuesExit2(t *testing.T) {
 	cfgDir := isolateNATSEnv(t)
-	pki := streamstest.NewPKI(t)
+	pki := natsservertest.NewPKI(t)
 	missing := filepath.Join(t.TempDir(), "missing.pem")
 	ctxPath := saveContext(t, cfgDir, "broken", `{"url": "nats://h:4222", "creds": "`+missing+`"}`)
 	saveContext(t, cfgDir, "domain", `{"url": "nats://h:4222", "jetstream_domain": "hub"}`)

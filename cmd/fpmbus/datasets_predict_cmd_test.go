@@ -16,16 +16,16 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/predict"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // predictEnv is an embedded server whose FPM_DATASETS holds the estimator's fixture bucket.
 func predictEnv(t *testing.T) (url string, entries map[string]json.RawMessage) {
 	t.Helper()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv, err := env.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: streams.BucketDatasets, History: 64})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -58,7 +59,7 @@ func mergeFlags(fs *flag.FlagSet, prefix string) *mergeOptions {
 	fs.StringVar(&o.spoolDir, cf.name("spool-dir"), "", "where rank bodies from the object store are staged while a run merges (default <tmp>/fpmbus-merge)")
 	fs.DurationVar(&o.ackWait, cf.name("merge-ack-wait"), merge.DefaultAckWait, "ack wait of the partition consumers (held ranks are kept alive with in-progress acks)")
 	fs.IntVar(&o.maxDeliveries, cf.name("merge-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 10)")
-	fs.IntVar(&o.inlineMax, cf.name("inline-max"), streams.DefaultBenchInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
+	fs.IntVar(&o.inlineMax, cf.name("inline-max"), benchstore.DefaultBenchInlineMax, "largest merged artefact or sidecar published inline; larger ones go to the object store")
 	fs.Int64Var(&o.maxArtefact, cf.name("merge-max-artefact-size"), streams.DefaultBenchMaxArtefact,
 		"largest rank artefact or probe replies body read, in bytes; a rank whose "+streams.HeaderBenchSize+" is larger rejects its run (rule artefact_size) unread")
 	cf.done()

@@ -14,8 +14,8 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/observe"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 // metricsAddrFlag registers --metrics-addr, the process's own flag (not a component's): where
@@ -44,7 +44,7 @@ func serveStatus(addr string, o observe.Options) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, addr, err)
 	}
-	if host, _, _ := net.SplitHostPort(addr); !streams.IsLoopbackHost(host) {
+	if host, _, _ := net.SplitHostPort(addr); !natsserver.IsLoopbackHost(host) {
 		slog.Warn("--metrics-addr is reachable beyond this host and has no authentication: anyone who reaches it reads the metrics, /healthz and the status page", "addr", addr)
 	}
 	if o.Logger == nil {

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // captureProgress sends the progress of the commands run in t to a buffer.
@@ -87,7 +87,7 @@ func TestLongOperationsShowProgress(t *testing.T) {
 // operations do: lines ending at 100% of the cells published and of the revisions read; none with
 // --progress none.
 func TestDatasetsShowProgress(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	url := env.Server.ClientURL()
 	const cells = 12
 	ds := schemas.Dataset{SchemaVersion: schemas.DatasetSchemaVersion, Kind: schemas.DatasetKind, RunID: "progress-run"}

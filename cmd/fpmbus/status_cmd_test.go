@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/internal/freeport"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/internal/smalldisk"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // syncBuffer is a buffer a running command writes to while the test reads it.
@@ -113,7 +113,7 @@ func eventuallyServes(t *testing.T, addr, what string, check func(code int, heal
 // A standalone command exports its component's state under the names `up` exports its run group's,
 // so the dashboard's component panels read a systemd deployment as they read `up`.
 func TestStandaloneBridgeExportsItsComponentState(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ports := freeport.Ports(t, 2)
 	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
 	stop := startCommand(t, "bridge", "--server", env.Server.ClientURL(), "--zmq-host", "127.0.0.1", "--fpm-port", strconv.Itoa(ports[1]),

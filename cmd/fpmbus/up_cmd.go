@@ -23,6 +23,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/replay"
@@ -58,7 +59,7 @@ type upOptions struct {
 	dataDir       string
 	server        *upServerOptions
 	creds         *connOptions // the components' credentials on the embedded server
-	sync          streams.SyncPolicy
+	sync          natsserver.SyncPolicy
 	demo          bool
 	demoTrace     string
 	metricsAddr   *string
@@ -80,11 +81,11 @@ type upOptions struct {
 func upFlags(fs *flag.FlagSet) *upOptions {
 	o := &upOptions{fs: fs}
 	flagGroup(fs, "embedded server")
-	fs.StringVar(&o.listen, "listen", streams.DefaultListen, "client address of the embedded JetStream server (loopback by default; beyond loopback only with authentication, or --insecure); overrides --server-config's")
+	fs.StringVar(&o.listen, "listen", natsserver.DefaultListen, "client address of the embedded JetStream server (loopback by default; beyond loopback only with authentication, or --insecure); overrides --server-config's")
 	fs.StringVar(&o.dataDir, "data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
 	o.server = upServerFlags(fs)
 	inFlagGroup(fs, "credentials the components present to the embedded server", func() { o.creds = credentialFlags(fs, "up") })
-	o.sync = streams.DefaultSync
+	o.sync = natsserver.DefaultSync
 	fs.Var(&o.sync, "sync", "when the embedded server fsyncs: always (before every ack) or a DURATION (background, e.g. 2m: a power cut loses what was acked since; the sealed datasets too)")
 	flagGroup(fs, "demo publishers (--demo)")
 	fs.BoolVar(&o.demo, "demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
@@ -349,7 +350,7 @@ func runUp(ctx context.Context, args []string) error {
 	defer abort(nil)
 	r.abort = abort
 	err = g.Run(ctx)
-	if cause := context.Cause(ctx); errors.Is(cause, streams.ErrStoreLost) {
+	if cause := context.Cause(ctx); errors.Is(cause, natsserver.ErrStoreLost) {
 		return fmt.Errorf("stopped: %w", cause)
 	}
 	if errors.Is(err, rungroup.ErrGaveUp) {

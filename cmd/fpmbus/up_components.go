@@ -21,6 +21,8 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/fdbudget"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/predict/service"
@@ -121,7 +123,7 @@ type upRun struct {
 	abort context.CancelCauseFunc
 
 	mu        sync.Mutex // guards srv, the link and connected: replaced by their components' restarts
-	srv       *streams.Server
+	srv       *natsserver.Server
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	connected bool // the components have connected once: their credentials were accepted
@@ -171,9 +173,9 @@ func (r *upRun) serverComponent() *rungroup.Component {
 	return &rungroup.Component{
 		StopTimeout: 35 * time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
-			srv, err := streams.StartServer(r.server.server)
+			srv, err := natsserver.StartServer(r.server.server)
 			if err != nil {
-				if errors.Is(err, streams.ErrListen) {
+				if errors.Is(err, natsserver.ErrListen) {
 					// Restarting would find the address as taken as now: stop, naming it.
 					return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 				}
@@ -192,7 +194,7 @@ func (r *upRun) serverComponent() *rungroup.Component {
 					go func() { srv.NATS().WaitForShutdown(); close(down) }()
 					wctx, stopWatch := context.WithCancel(ctx)
 					watched := make(chan error, 1)
-					go func() { watched <- srv.WatchStore(wctx, streams.StoreWatchConfig{Logger: slog.Default()}) }()
+					go func() { watched <- srv.WatchStore(wctx, natsserver.StoreWatchConfig{Logger: slog.Default()}) }()
 					select {
 					case <-down:
 						stopWatch()
@@ -236,13 +238,13 @@ func (r *upRun) connComponent() *rungroup.Component {
 			if err != nil {
 				// Credentials refused at the first start will be refused at every restart: stop now,
 				// saying which. Refused later (expired), they follow the restart policy.
-				if !connectedOnce && errors.Is(err, streams.ErrAuth) {
+				if !connectedOnce && errors.Is(err, natsconn.ErrAuth) {
 					return rungroup.Instance{}, rungroup.Permanent(err)
 				}
 				return rungroup.Instance{}, r.storeTooSmall(err)
 			}
 			closed := make(chan error, 1)
-			streams.OnClosed(nc, func(cause error) { closed <- cause })
+			natsconn.OnClosed(nc, func(cause error) { closed <- cause })
 			r.mu.Lock()
 			r.nc, r.js, r.connected = nc, js, true
 			r.mu.Unlock()

@@ -6,7 +6,7 @@ import (
 	"net"
 	"strconv"
 
-	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 )
 
 // `fpmbus up` binds its addresses' ports before it starts anything: the embedded server's (--listen, or
@@ -15,7 +15,7 @@ import (
 // the address, the system's reason ("address already in use") and, when /proc tells, the process
 // holding it, never a component restarted until the restart limit; --metrics-addr too, before the data
 // directory is created. The components refuse a bind failure at a later restart the same way
-// (streams.ErrListen, producer.BindError: Permanent).
+// (natsserver.ErrListen, producer.BindError: Permanent).
 
 // checkPorts checks every address r will bind, and metricsAddr ("" when not served).
 func (r *upRun) checkPorts(metricsAddr string) error {
@@ -28,8 +28,8 @@ func (r *upRun) checkPorts(metricsAddr string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	if err := streams.CheckListen(opts); err != nil {
-		if le, ok := errors.AsType[*streams.ListenError](err); ok && le.Listener == "client" {
+	if err := natsserver.CheckListen(opts); err != nil {
+		if le, ok := errors.AsType[*natsserver.ListenError](err); ok && le.Listener == "client" {
 			return fmt.Errorf("%w: %s: %v", errUsage, r.server.from, err)
 		}
 		return fmt.Errorf("%w: --server-config: %v", errUsage, err)
@@ -67,7 +67,7 @@ func bindable(addr string) error {
 	}
 	if _, p, serr := net.SplitHostPort(addr); serr == nil {
 		if port, perr := strconv.Atoi(p); perr == nil && port > 0 {
-			if h := streams.PortHolder(port); h != "" {
+			if h := natsserver.PortHolder(port); h != "" {
 				return fmt.Errorf("%w; held by %s", err, h)
 			}
 		}

@@ -15,7 +15,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
-	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 )
 
 // The embedded server of `fpmbus up`, secure by default. Without flags it listens on loopback and
@@ -50,12 +51,12 @@ func upServerFlags(fs *flag.FlagSet) *upServerOptions {
 
 // upServer is the checked embedded server of one run and how the components authenticate to it.
 type upServer struct {
-	server    streams.ServerConfig
-	listen    string             // the client address, for the start log line
-	from      string             // what sets the server's addresses: "--listen", or "--server-config FILE"
-	auth      string             // how clients authenticate, for logs
-	conn      streams.ConnConfig // the components' credentials
-	tokenPath string             // --auth-token-file to create, with token
+	server    natsserver.ServerConfig
+	listen    string              // the client address, for the start log line
+	from      string              // what sets the server's addresses: "--listen", or "--server-config FILE"
+	auth      string              // how clients authenticate, for logs
+	conn      natsconn.ConnConfig // the components' credentials
+	tokenPath string              // --auth-token-file to create, with token
 	token     string
 }
 
@@ -65,7 +66,7 @@ const upCredentialFlags = "the components' credentials on the embedded server: -
 // plan checks the server flags and returns the server to run; a bad value is a usage error naming its
 // flag. Nothing is written: writeToken creates a missing token file once every setting is checked.
 func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, creds *connOptions) (*upServer, error) {
-	s := &upServer{server: streams.ServerConfig{StoreDir: storeDir, TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSClientCA: o.tlsClientCA}}
+	s := &upServer{server: natsserver.ServerConfig{StoreDir: storeDir, TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSClientCA: o.tlsClientCA}}
 	listenFlag := flagGiven(fset, "listen")
 	if o.configFile == "" || listenFlag {
 		s.server.Listen = listen
@@ -73,7 +74,7 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 	var base *server.Options
 	if o.configFile != "" {
 		var err error
-		if base, err = streams.LoadServerConfig(o.configFile); err != nil {
+		if base, err = natsserver.LoadServerConfig(o.configFile); err != nil {
 			return nil, fmt.Errorf("%w: --server-config: %v", errUsage, err)
 		}
 		s.server.Base = base
@@ -87,7 +88,7 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 		return nil, fmt.Errorf("%w: --server-tls-ca %s needs --server-tls-cert and --server-tls-key", errUsage, o.tlsClientCA)
 	case o.tlsCert != "" && base != nil && base.TLSConfig != nil:
 		return nil, fmt.Errorf("%w: --server-tls-cert and --server-config %s, which configures TLS already: use one", errUsage, o.configFile)
-	case o.authTokenFile != "" && base != nil && (streams.Authenticates(base) || base.NoAuthUser != ""):
+	case o.authTokenFile != "" && base != nil && (natsserver.Authenticates(base) || base.NoAuthUser != ""):
 		return nil, fmt.Errorf("%w: --auth-token-file and --server-config %s, which sets authentication already: use one", errUsage, o.configFile)
 	}
 	var err error
@@ -106,7 +107,7 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 			s.tokenPath, s.token = o.authTokenFile, rand.Text() // 128 random bits, base32: nothing a shell or a URL mangles
 		}
 		s.server.AuthToken = s.token
-		s.conn = streams.ConnConfig{Name: "fpmbus-up", Logger: slog.Default(), Token: s.token}
+		s.conn = natsconn.ConnConfig{Name: "fpmbus-up", Logger: slog.Default(), Token: s.token}
 		s.auth = "token from " + o.authTokenFile
 	default:
 		if s.conn, err = creds.credentials(); err != nil {
@@ -136,16 +137,16 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 	if opts.TLSConfig != nil {
 		s.auth += ", TLS"
 	}
-	if !streams.ListensOnLoopback(opts) {
+	if !natsserver.ListensOnLoopback(opts) {
 		where := "--listen " + s.listen
 		if !listenFlag && o.configFile != "" {
 			where = fmt.Sprintf("--server-config %s listens on %s", o.configFile, s.listen)
 		}
 		switch {
-		case !streams.Authenticates(opts) && !o.insecure:
+		case !natsserver.Authenticates(opts) && !o.insecure:
 			return nil, fmt.Errorf("%w: %s: beyond loopback the embedded server needs authentication (--auth-token-file FILE, "+
 				"or --server-config FILE with users), or --insecure to let anyone who reaches it read and write every stream", errUsage, where)
-		case !streams.Authenticates(opts):
+		case !natsserver.Authenticates(opts):
 			slog.Warn("--insecure: the embedded server listens beyond loopback without authentication; anyone who reaches it can read and write every stream", "listen", s.listen)
 		case opts.TLSConfig == nil:
 			slog.Warn("the embedded server listens beyond loopback without TLS: credentials and FPMs cross the network in clear (--server-tls-cert/--server-tls-key)", "listen", s.listen)

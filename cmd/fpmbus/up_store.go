@@ -7,8 +7,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 // The embedded server's store, as `fpmbus up` reports it: the server component's Health (a full disk or
@@ -17,22 +17,22 @@ import (
 // The edge bridge (`fpmbus bridge --edge-dir`) reports its node-local server's store the same way.
 
 // storeStatus returns the current embedded server's store status (StoreOK before it started).
-func (r *upRun) storeStatus() streams.StoreStatus {
+func (r *upRun) storeStatus() natsserver.StoreStatus {
 	r.mu.Lock()
 	srv := r.srv
 	r.mu.Unlock()
 	if srv == nil {
-		return streams.StoreStatus{State: streams.StoreOK}
+		return natsserver.StoreStatus{State: natsserver.StoreOK}
 	}
 	return srv.StoreStatus()
 }
 
 // storeFaultStates are the labels of fpmbus_store_faults_total.
-var storeFaultStates = []streams.StoreState{streams.StoreDiskFull, streams.StoreWriteError, streams.StoreLost}
+var storeFaultStates = []natsserver.StoreState{natsserver.StoreDiskFull, natsserver.StoreWriteError, natsserver.StoreLost}
 
 // registerStoreMetrics registers the store metrics on reg (nothing when reg is nil). Counters are of the
 // current server; a restarted server counts from zero, as a restarted process would.
-func registerStoreMetrics(reg prometheus.Registerer, status func() streams.StoreStatus) {
+func registerStoreMetrics(reg prometheus.Registerer, status func() natsserver.StoreStatus) {
 	if reg == nil {
 		return
 	}
@@ -41,7 +41,7 @@ func registerStoreMetrics(reg prometheus.Registerer, status func() streams.Store
 			Name: "fpmbus_store_ok",
 			Help: "1 while the embedded server's JetStream store takes writes; 0 while its disk is full, it refuses writes after a write error, or it was lost.",
 		}, func() float64 {
-			if status().State == streams.StoreOK {
+			if status().State == natsserver.StoreOK {
 				return 1
 			}
 			return 0

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/fpmbus/fpmbus/bridge"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
 // `fpmbus up` refuses a bad setting before it starts anything, exit 2, naming the flag at fault.
@@ -117,7 +117,7 @@ func writeFile(t *testing.T, name, body string) string {
 // with the token of --auth-token-file or the credential flags.
 func TestUpServerSecuritySettings(t *testing.T) {
 	isolateNATSEnv(t)
-	pki := streamstest.NewPKI(t)
+	pki := natsservertest.NewPKI(t)
 	users := "authorization { users: [ {user: admin, password: adminpw} ] }\n"
 	for name, tc := range map[string]struct {
 		args []string

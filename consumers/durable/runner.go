@@ -12,7 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/partition"
-	"github.com/fpmbus/fpmbus/streams"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 )
 
 // apiTimeout bounds one JetStream API call made by the runner itself.
@@ -413,10 +414,11 @@ const gainRetryFor = 30 * time.Second
 // this user a subject (retrying cannot help then). It returns f's last error.
 func (r *Runner) retry(ctx context.Context, s *session, what string, f func() error) error {
 	deadline := r.now().Add(gainRetryFor)
-	wait := 100 * time.Millisecond
+	waits := retrywait.Doubling(100*time.Millisecond, 2*time.Second)
 	for {
+		wait := waits.NextBackOff()
 		err := f()
-		if err == nil || errors.Is(err, streams.ErrRefused) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		if err == nil || errors.Is(err, natsconn.ErrRefused) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
 			s.lost.Load() || ctx.Err() != nil || !r.now().Add(wait).Before(deadline) {
 			return err
 		}
@@ -426,7 +428,6 @@ func (r *Runner) retry(ctx context.Context, s *session, what string, f func() er
 		case <-ctx.Done():
 			return err
 		}
-		wait = min(2*wait, 2*time.Second)
 	}
 }
 

@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // publishPatiently lets an asynchronous publish wait for the server as long as a loaded machine needs:
@@ -33,7 +33,7 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func connect(t testing.TB, env *streamstest.Env) jetstream.JetStream {
+func connect(t testing.TB, env *natsservertest.Env) jetstream.JetStream {
 	t.Helper()
 	nc, err := nats.Connect(env.Server.ClientURL(), nats.Name(t.Name()))
 	if err != nil {
@@ -246,7 +246,7 @@ func TestRunnerAcksOnlyWhatIsDone(t *testing.T) {
 		{"cumulative_four_partitions", true, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			js := connect(t, env)
 			publish(t, js, 0, 3000, 16)
 			rec := newRecorder()
@@ -286,7 +286,7 @@ func TestRunnerAcksOnlyWhatIsDone(t *testing.T) {
 // A message held longer than the ack wait is kept alive with in-progress acks: never redelivered.
 func TestRunnerKeepsHeldMessagesAlive(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	js := connect(t, env)
 	publish(t, js, 0, 10, 2)
 	rec := newRecorder()
@@ -316,7 +316,7 @@ func TestRunnerKeepsHeldMessagesAlive(t *testing.T) {
 }
 
 func deadLetters(t testing.TB, js jetstream.JetStream, name string) []jetstream.Msg {
-	return streamstest.Messages(t, js, streams.StreamEvents, RejectedSubject(name))
+	return natsservertest.Messages(t, js, streams.StreamEvents, RejectedSubject(name))
 }
 
 // A message the stage rejects is dead-lettered with where it came from and why, and never holds up
@@ -325,7 +325,7 @@ func TestRunnerRejectDeadLetters(t *testing.T) {
 	t.Parallel()
 	for _, cumulative := range []bool{true, false} {
 		t.Run(fmt.Sprintf("cumulative=%v", cumulative), func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			js := connect(t, env)
 			publish(t, js, 0, 100, 4)
 			rec := newRecorder()
@@ -363,7 +363,7 @@ func TestRunnerRejectDeadLetters(t *testing.T) {
 // without reaching the stage again; the messages after it flow.
 func TestRunnerDeliveryLimit(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	js := connect(t, env)
 	publish(t, js, 0, 20, 2)
 	g := groupConfig("poison", 1, true)
@@ -444,7 +444,7 @@ func TestRunnerReportsRetentionLoss(t *testing.T) {
 }
 
 func testRetentionLoss(t *testing.T, cumulative bool) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	js := connect(t, env)
 	publish(t, js, 0, 30, 3)
 	g := groupConfig("ret", 1, cumulative)
@@ -478,7 +478,7 @@ func testRetentionLoss(t *testing.T, cumulative bool) {
 		t.Fatal(err)
 	}
 	var got []streams.ConsumerLoss
-	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.ConsumerLossSubject("ret")) {
+	for _, m := range natsservertest.Messages(t, js, streams.StreamEvents, streams.ConsumerLossSubject("ret")) {
 		var l streams.ConsumerLoss
 		if err := json.Unmarshal(m.Data(), &l); err != nil {
 			t.Fatal(err)
@@ -521,7 +521,7 @@ func TestConfigValidate(t *testing.T) {
 // the partition is taken over from the same ack floor: the held message is never dead-lettered.
 func TestRunnerGracefulStopsAreNotACrashLoop(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	js := connect(t, env)
 	publish(t, js, 0, 5, 1)
 	g := groupConfig("calm", 1, false)

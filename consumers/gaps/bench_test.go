@@ -13,8 +13,8 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/durable/durabletest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // BenchmarkDetectorVsAckOnly consumes the same pre-published FPMs (16 ranks of 8 workers, one gap
@@ -43,7 +43,7 @@ import (
 // side and round (durabletest). The push side runs faster than bare on one host (no pull requests to serve): partition ownership costs nothing on the delivery path.
 func BenchmarkDetectorVsAckOnly(b *testing.B) {
 	n := durabletest.Records(200_000)
-	env := streamstest.Start(b)
+	env := natsservertest.Start(b)
 	var keys []streams.Key
 	for w := range 8 {
 		for r := range 16 {
@@ -135,7 +135,7 @@ func benchBare(b *testing.B, url string, cfg Config, n int, pushed bool) durable
 // received from FPM_EVENTS: for bridge drops whose marker is already stored, for publisher
 // restarts, and for ZMQ drops (which wait for the marker grace, here 200 ms; reported without it).
 func BenchmarkGapEventDelay(b *testing.B) {
-	env := streamstest.Start(b)
+	env := natsservertest.Start(b)
 	cfg := DefaultConfig()
 	cfg.StaleAfter = time.Hour
 	cfg.MarkerGrace = 200 * time.Millisecond

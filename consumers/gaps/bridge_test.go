@@ -10,9 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // These tests run the real pipeline: a Dynamo-like ZMQ publisher (libzmq XPUB, so a test can wait
@@ -21,16 +22,16 @@ import (
 // pipeline is a bridge on env for one publisher endpoint.
 type pipeline struct {
 	t      testing.TB
-	env    *streamstest.Env
+	env    *natsservertest.Env
 	b      *bridge.Bridge
 	nc     *nats.Conn
 	cancel context.CancelFunc
 	done   chan error
 }
 
-func startPipelineBridge(t testing.TB, env *streamstest.Env, endpoint string, mutate func(*bridge.Config)) *pipeline {
+func startPipelineBridge(t testing.TB, env *natsservertest.Env, endpoint string, mutate func(*bridge.Config)) *pipeline {
 	t.Helper()
-	nc, err := streams.Connect(streams.ConnConfig{URL: env.Server.ClientURL(), Name: "gaps-test-bridge"})
+	nc, err := natsconn.Connect(natsconn.ConnConfig{URL: env.Server.ClientURL(), Name: "gaps-test-bridge"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func checkRanges(t testing.TB, k streams.Key, evs []Event, cause string, want []
 // each run of them is one zmq_drop event.
 func TestPipelineZMQDrop(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 1, true, "w", 0)
 	pl := startPipelineBridge(t, env, pub.Endpoint(), nil)
 	pub.WaitSubscribed()
@@ -141,7 +142,7 @@ func TestPipelineZMQDrop(t *testing.T) {
 // every dropped run is one bridge_drop event citing its markers.
 func TestPipelineBrokerOutage(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	u, _ := url.Parse(env.Server.ClientURL())
 	addr, store := u.Host, env.StoreDir
 	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
@@ -163,7 +164,7 @@ func TestPipelineBrokerOutage(t *testing.T) {
 	})
 	env.Stop()
 	pub.SendN(300, 2*time.Millisecond) // 50 are buffered, the rest dropped
-	env2 := streamstest.StartAt(t, addr, store)
+	env2 := natsservertest.StartAt(t, addr, store)
 	time.Sleep(1500 * time.Millisecond) // the bridge reconnects and publishes buffer and markers
 	pub.SendN(10, 5*time.Millisecond)
 	sent := pub.Sent()
@@ -174,7 +175,7 @@ func TestPipelineBrokerOutage(t *testing.T) {
 	var dropped []uint64
 	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		dropped = dropped[:0]
-		for _, m := range streamstest.Messages(t, env2.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
+		for _, m := range natsservertest.Messages(t, env2.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
 			dm, err := streams.ParseDropMarker(m.Data())
 			if err != nil {
 				return err
@@ -204,7 +205,7 @@ func TestPipelineBrokerOutage(t *testing.T) {
 // publisher_restart event saying how far the old run got.
 func TestPipelinePublisherRestart(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
 	endpoint := pub.Endpoint()
 	pl := startPipelineBridge(t, env, endpoint, nil)
@@ -236,7 +237,7 @@ func TestPipelinePublisherRestart(t *testing.T) {
 // instead of a jump in the old run that would leave the new run's first numbers unnamed.
 func TestPipelineReconnectFurtherOn(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
 	endpoint := pub.Endpoint()
 	pl := startPipelineBridge(t, env, endpoint, nil)
@@ -270,7 +271,7 @@ func TestPipelineReconnectFurtherOn(t *testing.T) {
 // detector's clock is a skewedClock: the silence is the test moving it.
 func TestPipelineSilentPublisher(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	pub := producertest.NewScripted(t, "tcp://127.0.0.1:*", 0, false, "w", 0)
 	pl := startPipelineBridge(t, env, pub.Endpoint(), nil)
 	pub.WaitSubscribed()

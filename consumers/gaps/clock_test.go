@@ -6,8 +6,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // TestDetectorReadingABacklogWaitsForLateFPMs: numbers of a gap stored after the FPM that revealed it
@@ -17,7 +17,7 @@ import (
 // one never stored is reported, once, and delivered + missing equals sent.
 func TestDetectorReadingABacklogWaitsForLateFPMs(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig()
 	cfg.MarkerGrace = time.Second
 	// Two messages unacked at a time: the partition is read in small steps, so the clock checks run

@@ -16,8 +16,8 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/durable/durabletest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 func key(worker string, rank int) streams.Key {
@@ -74,7 +74,7 @@ func match(t testing.TB, k streams.Key, got []Event, ws ...want) {
 // restart) and checks every event, and that delivered + reported missing == sent.
 func TestDetectorClassifiesScriptedStreams(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	t0 := time.Now().UnixMilli()
 	kb, kz, kr, kd, kn := key("bridge", 0), key("zmq", 1), key("restart", 0), key("dup", 0), key("newbridge", 2)
 	var msgs []*nats.Msg
@@ -176,7 +176,7 @@ func waitApplied(t testing.TB, h *harness, n int) {
 // second silence ends with a restart. The clock is a skewedClock: each silence is the test moving it.
 func TestDetectorStaleAndResumed(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig()
 	cfg.StaleAfter = time.Hour
 	clock := &skewedClock{}
@@ -216,7 +216,7 @@ func TestDetectorStaleAndResumed(t *testing.T) {
 // reports each exactly once, and nothing else, although everything unacked is redelivered.
 func TestDetectorKilledMidGap(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig()
 	cfg.MarkerGrace = 3 * time.Second
 	k := key("crash", 0)
@@ -254,7 +254,7 @@ func TestDetectorKilledMidGap(t *testing.T) {
 // storing all of them; the next one stores exactly the missing ones.
 func TestDetectorPublishesACheckpointedOutbox(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
 	cfg := testConfig()
 	k := key("outbox", 0)
@@ -265,7 +265,7 @@ func TestDetectorPublishesACheckpointedOutbox(t *testing.T) {
 	// What the dead detector had applied: both gaps classified, the first event stored.
 	st := &State{V: stateVersion, Key: k}
 	tr := &tracker{key: k, st: st, r: cfg.rules()}
-	for i, m := range streamstest.Messages(t, env.JS, streams.StreamFPM, ">") {
+	for i, m := range natsservertest.Messages(t, env.JS, streams.StreamFPM, ">") {
 		meta, _ := m.Metadata()
 		o, err := observation(m.Headers(), m.Data(), meta.Sequence.Stream, meta.Timestamp)
 		check(t, err == nil, "observation %d: %v", i, err)
@@ -307,7 +307,7 @@ func TestDetectorPublishesACheckpointedOutbox(t *testing.T) {
 // delivered + reported missing == sent.
 func TestScaleOutStopJoinAndCrashReportEveryGapOnce(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig()
 	cfg.Partitions = 4
 	var keys []streams.Key
@@ -410,7 +410,7 @@ func TestScaleOutStopJoinAndCrashReportEveryGapOnce(t *testing.T) {
 // TestReport builds the report from the state bucket and, with --since, from the streams.
 func TestReport(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	start := time.Now()
 	t0 := start.UnixMilli()
 	kz, kr := key("zmq", 0), key("restart", 1)
@@ -453,7 +453,7 @@ func TestReport(t *testing.T) {
 // that stays silent.
 func TestDetectorRereadsWhatItAckedPastItsCheckpoint(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig()
 	cfg.CheckpointInterval = time.Hour
 	cfg.StaleAfter = 2 * time.Second
@@ -490,7 +490,7 @@ func TestDetectorRereadsWhatItAckedPastItsCheckpoint(t *testing.T) {
 // not reported again, the new one is, and delivered + missing == sent.
 func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
 	cfg := testConfig()
 	k := key("upgrade", 0)
@@ -530,7 +530,7 @@ func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 // and the number the unusable FPM carried is reported missing like any lost one.
 func TestDetectorRejectsUnusableFPMs(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	k := key("rejects", 0)
 	t0 := time.Now().UnixMilli()
 	badSubject := fpmMsg(k, 0, t0, t0, false, "test-bridge")
@@ -551,7 +551,7 @@ func TestDetectorRejectsUnusableFPMs(t *testing.T) {
 	equal(t, 2.0, h.metric("fpmbus_gaps_invalid_total", "stream", streams.StreamFPM))
 	equal(t, 9.0, h.metric("fpmbus_gaps_messages_total"))
 
-	dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
+	dl := natsservertest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
 	equal(t, 2, len(dl), "dead letters")
 	for i, want := range []struct {
 		subject, seq, reason string
@@ -575,7 +575,7 @@ func TestDetectorRejectsUnusableFPMs(t *testing.T) {
 // read those FPMs from the stream and report the gap once its grace passed.
 func TestIdleTakeoverReportsPendingGaps(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig()
 	cfg.MarkerGrace = 2 * time.Second
 	k := key("idle-takeover", 0)

@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // equal fails t when got != want (reflect.DeepEqual).
@@ -239,7 +239,7 @@ func fpms(k streams.Key, first, last uint64, epoch, atMs int64) []*nats.Msg {
 func storedEvents(t testing.TB, js jetstream.JetStream) []Event {
 	t.Helper()
 	var out []Event
-	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.GapEventWildcard) {
+	for _, m := range natsservertest.Messages(t, js, streams.StreamEvents, streams.GapEventWildcard) {
 		var e Event
 		if err := json.Unmarshal(m.Data(), &e); err != nil {
 			t.Fatalf("event %s: %v", m.Data(), err)
@@ -315,7 +315,7 @@ func missingOf(evs []Event) uint64 {
 func delivered(t testing.TB, js jetstream.JetStream, k streams.Key) uint64 {
 	t.Helper()
 	seen := map[string]bool{}
-	for _, m := range streamstest.Messages(t, js, streams.StreamFPM, streams.FPMSubject(k)) {
+	for _, m := range natsservertest.Messages(t, js, streams.StreamFPM, streams.FPMSubject(k)) {
 		seen[m.Headers().Get(streams.HeaderMsgID)] = true
 	}
 	return uint64(len(seen))

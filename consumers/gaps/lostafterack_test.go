@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // TestReportCountsLostAfterAck: the bridge's lost_after_ack event (streams.LostAfterAck, published on
@@ -15,7 +15,7 @@ import (
 // --since, next to the detector's own causes.
 func TestReportCountsLostAfterAck(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	start := time.Now()
 	t0 := start.UnixMilli()
 	k := key("lost", 0)

@@ -9,14 +9,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // repullMarkers makes the server look for the next drop marker of the detector's marker consumer
 // now, as the consumer's own pull requests do when they expire (every 30 s) or after a reconnect: a
 // pull request that waits 200 ms for a marker (none may be stored: it would be delivered here).
-func repullMarkers(t testing.TB, env *streamstest.Env, cfg Config) {
+func repullMarkers(t testing.TB, env *natsservertest.Env, cfg Config) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -40,7 +40,7 @@ func repullMarkers(t testing.TB, env *streamstest.Env, cfg Config) {
 // grace has passed, in every run of the publisher (a restart in between).
 func TestDetectorClassifiesAfterItsMarkerConsumerMovedOn(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig()
 	t0 := time.Now().UnixMilli()
 	k := key("moved-on", 0)
@@ -67,7 +67,7 @@ func TestDetectorClassifiesAfterItsMarkerConsumerMovedOn(t *testing.T) {
 // had sent 1310 messages) has a late_start gap of 0-1309, counted in the report's loss.
 func TestDetectorReportsALateStart(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	start := time.Now()
 	t0 := start.UnixMilli()
 	k := key("late", 0)

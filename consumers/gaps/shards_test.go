@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // toShards routes msgs as a bridge does with n shards: each to its key's shard ingest subject.
@@ -36,7 +36,7 @@ func toShards(t testing.TB, n int, msgs []*nats.Msg) []*nats.Msg {
 func TestDetectorOverThreeShards(t *testing.T) {
 	t.Parallel()
 	const n = 3
-	env := streamstest.StartShards(t, n)
+	env := natsservertest.StartShards(t, n)
 	t0 := time.Now().UnixMilli()
 	kb, kz, kr, kd, kn := key("bridge", 0), key("zmq", 1), key("restart", 0), key("dup", 0), key("newbridge", 2)
 	kz4 := key("zmq", 4) // kz's worker, another rank
@@ -107,7 +107,7 @@ func TestDetectorOverThreeShards(t *testing.T) {
 	sent := map[streams.Key]uint64{kb: 31, kz: 26, kr: 50, kd: 11, kn: 20, kz4: 11}
 	for k, want := range sent {
 		seen := map[string]bool{}
-		for _, m := range streamstest.Messages(t, env.JS, streams.FPMStreamOf(k, n), streams.FPMSubject(k)) {
+		for _, m := range natsservertest.Messages(t, env.JS, streams.FPMStreamOf(k, n), streams.FPMSubject(k)) {
 			seen[m.Headers().Get(streams.HeaderMsgID)] = true
 		}
 		d := uint64(len(seen))
@@ -144,7 +144,7 @@ func TestDetectorOverThreeShards(t *testing.T) {
 func TestStoreReadsEachPublishersShard(t *testing.T) {
 	t.Parallel()
 	const n = 3
-	env := streamstest.StartShards(t, n)
+	env := natsservertest.StartShards(t, n)
 	t0 := time.Now().UnixMilli()
 	cfg := testConfig()
 	cfg.FPMShards = n

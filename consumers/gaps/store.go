@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -86,7 +87,7 @@ func decodeState(raw *jetstream.RawStreamMsg) (State, error) {
 func (s *stateStore) lastState(k streams.Key) (*jetstream.RawStreamMsg, error) {
 	ctx, cancel := s.ioCtx()
 	defer cancel()
-	return streams.LastMsgFromLeader(ctx, s.js, "KV_"+s.cfg.StateBucket, s.kvSubject(k))
+	return natsconn.LastMsgFromLeader(ctx, s.js, "KV_"+s.cfg.StateBucket, s.kvSubject(k))
 }
 
 // scanStates calls fn with the last entry of every publisher of the group in the bucket.

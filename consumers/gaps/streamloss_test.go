@@ -8,8 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // The durable consumers' loss events (messages a stream removed before they were read, and trace lines
@@ -17,7 +17,7 @@ import (
 // text; a pruned segment whose stream sequences the writer did not know leaves the bounds alone.
 func TestReportIncludesStreamLosses(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	for _, l := range []streams.ConsumerLoss{
 		{Event: "loss", Cause: streams.LossRetention, Consumer: "trace", Stream: streams.StreamFPM, First: 31, Last: 50, Count: 20},
 		{Event: "loss", Cause: streams.LossRetention, Consumer: "trace", Stream: streams.StreamFPM, First: 101, Last: 110, Count: 10},

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
@@ -55,7 +55,7 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 // are counted once.
 func TestReportCountsDropsAfterTheLastFPMOfARun(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	start := time.Now()
 	t0 := start.UnixMilli()
 	k := key("tail", 0)
@@ -102,7 +102,7 @@ func TestReportCountsDropsAfterTheLastFPMOfARun(t *testing.T) {
 // number once.
 func TestRestartAfterDroppedTailNamesTheNumbersBeforeTheMarker(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	t0 := time.Now().UnixMilli()
 	e1, e2, e3 := t0, t0+1000, t0+2000
 	k := key("killedtail", 0)

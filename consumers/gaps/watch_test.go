@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // A status page's watch of the state bucket: before any detector ran it names the missing bucket;
@@ -19,7 +19,7 @@ import (
 // follows a replaced connection.
 func TestPublisherWatchFollowsTheCheckpoints(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	var js jetstream.JetStream = env.JS
 	cfg := testConfig()
 	w := NewPublisherWatch(func() jetstream.JetStream { return js }, cfg)

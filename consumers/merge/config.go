@@ -63,7 +63,7 @@ type Config struct {
 	// each run's in a directory of its own; both must be directories, not symbolic links to one (made
 	// mode 0700 when missing).
 	SpoolDir string
-	// InlineMax is the largest body the consumer publishes inline (merged artefact, sidecar) [streams.DefaultBenchInlineMax].
+	// InlineMax is the largest body the consumer publishes inline (merged artefact, sidecar) [benchstore.DefaultBenchInlineMax].
 	InlineMax int
 	// MaxArtefactSize is the largest rank artefact or probe replies body the consumer reads; a rank
 	// whose Fpm-Bench-Size is larger rejects its run (RuleArtefactSize) without being fetched

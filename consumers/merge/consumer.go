@@ -15,12 +15,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -108,7 +111,7 @@ type stage struct {
 	js                       jetstream.JetStream
 	cfg                      Config
 	group                    durable.GroupConfig
-	store                    *streams.BenchStore
+	store                    *benchstore.BenchStore
 	log                      *slog.Logger
 	now                      func() time.Time
 	onEvent                  func(Event)
@@ -140,7 +143,7 @@ type pendingRun struct {
 	ranks     map[int]*heldRank
 	conflicts map[string]bool // "<rank>:<digest>" already reported
 	retryAt   time.Time
-	backoff   time.Duration
+	waits     backoff.BackOff // nil until the first failed merge
 }
 
 type doneRun struct {
@@ -160,7 +163,7 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 	m := &stage{
 		js: js, cfg: cfg, group: cfg.Group(), log: o.Logger.With("component", "merge", "group", cfg.Durable),
 		now: o.Clock, onEvent: o.onEvent,
-		store: streams.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
+		store: benchstore.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
 	m.Forget = m.forget
@@ -414,9 +417,12 @@ func (c *stage) tryMerge(ctx context.Context, run *pendingRun) {
 			return
 		}
 	}
-	run.backoff = min(max(run.backoff*2, time.Second), time.Minute)
-	run.retryAt = c.now().Add(run.backoff)
-	c.log.Warn("merging the run failed; retrying", "run_id", run.runID, "retry_in", run.backoff, "error", err)
+	if run.waits == nil {
+		run.waits = retrywait.Doubling(time.Second, time.Minute)
+	}
+	wait := run.waits.NextBackOff()
+	run.retryAt = c.now().Add(wait)
+	c.log.Warn("merging the run failed; retrying", "run_id", run.runID, "retry_in", wait, "error", err)
 }
 
 // caughtUp reports whether partition p's consumer has handed this instance everything it has: nothing
@@ -511,7 +517,7 @@ func (c *stage) mergeRun(ctx context.Context, run *pendingRun) error {
 			path := filepath.Join(spool, strconv.Itoa(r)+".json")
 			if err := c.fetchToFile(ctx, h, path); err != nil {
 				// A body that does not match its digest, or whose object is gone, can never be merged.
-				if errors.Is(err, streams.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
+				if errors.Is(err, benchstore.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
 					return c.reject(ctx, run, &RejectError{RunID: run.runID, Rank: intp(r), Rule: RuleMalformedJSON, File: h.file, Detail: err.Error()})
 				}
 				return err
@@ -617,7 +623,7 @@ func (c *stage) publishEvent(ctx context.Context, subject, msgID string, ev Even
 }
 
 func (c *stage) publishMerged(ctx context.Context, run *pendingRun, res *Result, digest string) error {
-	m := streams.BenchMerged{RunID: run.runID, Path: res.MergedPath, Digest: digest, RankDigests: map[int]string{}}
+	m := benchstore.BenchMerged{RunID: run.runID, Path: res.MergedPath, Digest: digest, RankDigests: map[int]string{}}
 	for r, h := range run.ranks {
 		m.RankDigests[r] = h.digest
 	}

@@ -20,9 +20,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 func TestMain(m *testing.M) {
@@ -42,7 +43,7 @@ type running struct {
 	cancel context.CancelFunc
 }
 
-func startConsumer(t *testing.T, env *streamstest.Env, cfg Config, opts ...Option) *running {
+func startConsumer(t *testing.T, env *natsservertest.Env, cfg Config, opts ...Option) *running {
 	t.Helper()
 	r := &running{events: make(chan Event, 64), errc: make(chan error, 1)}
 	if cfg.Output == "" {
@@ -121,15 +122,15 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func count(t *testing.T, env *streamstest.Env, stream, subject string) int {
+func count(t *testing.T, env *natsservertest.Env, stream, subject string) int {
 	t.Helper()
-	return len(streamstest.Messages(t, env.JS, stream, subject))
+	return len(natsservertest.Messages(t, env.JS, stream, subject))
 }
 
 // publishRaw re-publishes a rank with a fresh message id, as a re-publication after the duplicate window
 // would arrive: the message the store published for these bytes (same headers, inline body or object),
 // stored again under msgID.
-func publishRaw(t *testing.T, env *streamstest.Env, file string, data []byte, msgID string) {
+func publishRaw(t *testing.T, env *natsservertest.Env, file string, data []byte, msgID string) {
 	t.Helper()
 	ctx := context.Background()
 	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data}, 0)
@@ -158,17 +159,17 @@ func publishRaw(t *testing.T, env *streamstest.Env, file string, data []byte, ms
 }
 
 // publishRank validates a rank artefact and publishes it, as `fpmbus bench publish` does.
-func publishRank(ctx context.Context, store *streams.BenchStore, file string, data []byte) (RankSummary, *jetstream.PubAck, error) {
+func publishRank(ctx context.Context, store *benchstore.BenchStore, file string, data []byte) (RankSummary, *jetstream.PubAck, error) {
 	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data}, 0)
 	if err != nil {
 		return RankSummary{}, nil, err
 	}
-	ack, err := store.PublishRank(ctx, streams.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: file}, data)
+	ack, err := store.PublishRank(ctx, benchstore.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: file}, data)
 	return sum, ack, err
 }
 
 // publishProbe checks worker-probe replies and publishes them, as `fpmbus bench publish --probe` does.
-func publishProbe(ctx context.Context, store *streams.BenchStore, runID, file string, data []byte) (*jetstream.PubAck, string, error) {
+func publishProbe(ctx context.Context, store *benchstore.BenchStore, runID, file string, data []byte) (*jetstream.PubAck, string, error) {
 	run, err := ProbeRun(runID, file, data)
 	if err != nil {
 		return nil, "", err
@@ -179,9 +180,9 @@ func publishProbe(ctx context.Context, store *streams.BenchStore, runID, file st
 
 func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
-	store := streams.NewBenchStore(env.JS, 4096, streams.DefaultConfig()) // 60 KB rank files go through the object store
+	store := benchstore.NewBenchStore(env.JS, 4096, streams.DefaultConfig()) // 60 KB rank files go through the object store
 	ranks, _ := loadGoldenInputs(t, goldenDir("protocol_4rank"))
 	probeData, err := os.ReadFile(filepath.Join(goldenDir("protocol_4rank"), "probe.json"))
 	if err != nil {
@@ -241,7 +242,7 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	if err != nil || !bytes.Equal(side, schemas.AppendBenchJSON(nil, want.Sidecar)) {
 		t.Fatalf("sidecar differs from the offline one (%v)", err)
 	}
-	msgs := streamstest.Messages(t, env.JS, streams.StreamBench, streams.BenchMergedSubject(runID))
+	msgs := natsservertest.Messages(t, env.JS, streams.StreamBench, streams.BenchMergedSubject(runID))
 	if len(msgs) != 1 || msgs[0].Headers().Get(streams.HeaderBenchObject) == "" {
 		t.Fatalf("%d merged messages (want 1, body in the object store)", len(msgs))
 	}
@@ -292,9 +293,9 @@ func mustProbes(t *testing.T, data []byte) []ProbeReplies {
 
 func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
-	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
+	store := benchstore.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	dir := t.TempDir()
 	reg := prometheus.NewRegistry()
 	r := startConsumer(t, env, Config{Output: filepath.Join(dir, "m_"+RunIDPlaceholder+".json")}, WithRegisterer(reg))
@@ -318,7 +319,7 @@ func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 	if n := count(t, env, streams.StreamBench, streams.BenchMergedSubject(ruleBase.runID)); n != 0 {
 		t.Fatalf("%d merged messages for a rejected run", n)
 	}
-	msgs := streamstest.Messages(t, env.JS, streams.StreamEvents, streams.BenchOutcomeSubject(ruleBase.runID))
+	msgs := natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.BenchOutcomeSubject(ruleBase.runID))
 	if len(msgs) != 1 || msgs[0].Headers().Get(streams.HeaderEventType) != EventRejected {
 		t.Fatalf("%d outcome events", len(msgs))
 	}
@@ -351,9 +352,9 @@ func runsByOutcome(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 
 func TestBenchBrokerReportsIncompleteRun(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
-	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
+	store := benchstore.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	r := startConsumer(t, env, Config{RankTimeout: 700 * time.Millisecond})
 	spec := runSpec{runID: "incomplete-run", grid: "g", size: 4, points: 2}
 	files := spec.rankFiles()
@@ -375,9 +376,9 @@ func TestBenchBrokerReportsIncompleteRun(t *testing.T) {
 
 func TestBenchBrokerLateProbeRewritesSidecar(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
-	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
+	store := benchstore.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	out := filepath.Join(t.TempDir(), "r_"+RunIDPlaceholder+"_merged.json")
 	r := startConsumer(t, env, Config{Output: out})
 	spec := runSpec{runID: "late-probe", grid: "g", size: 2, points: 2, raw: 2, protocol: true, exec: true, engine: true}
@@ -425,9 +426,9 @@ func readSidecar(t *testing.T, path string) schemas.WorkerProbeSidecar {
 // exactly once, by the owner of its partition.
 func TestBenchBrokerTwoPartitions(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
-	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
+	store := benchstore.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	dir := t.TempDir()
 	p0 := startConsumer(t, env, Config{HoldingConfig: durable.HoldingConfig{Partitions: 2}, Output: filepath.Join(dir, "p0_"+RunIDPlaceholder+".json")}, WithMemberID("m0"))
 	p1 := startConsumer(t, env, Config{HoldingConfig: durable.HoldingConfig{Partitions: 2}, Output: filepath.Join(dir, "p1_"+RunIDPlaceholder+".json")}, WithMemberID("m1"))
@@ -535,9 +536,9 @@ func equalInts(a, b []int) bool {
 // merges the run when the remaining ranks arrive.
 func TestBenchBrokerResumesAfterRestart(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
-	store := streams.NewBenchStore(env.JS, 0, streams.DefaultConfig())
+	store := benchstore.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	out := filepath.Join(t.TempDir(), "r_"+RunIDPlaceholder+"_merged.json")
 	spec := runSpec{runID: "restart-run", grid: "g", size: 4, points: 2, raw: 2, protocol: true, exec: true, engine: true}
 	files := spec.rankFiles()
@@ -593,7 +594,7 @@ func TestBenchBrokerPoisonRanks(t *testing.T) {
 				streams.HeaderBenchSize: strconv.Itoa(len(garbage))}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			ctx := context.Background()
 			dir := t.TempDir()
 			r := startConsumer(t, env, Config{Output: filepath.Join(dir, "m_"+RunIDPlaceholder+".json")})
@@ -622,7 +623,7 @@ func TestBenchBrokerPoisonRanks(t *testing.T) {
 			}
 			time.Sleep(time.Second) // a redelivery would come now: none may
 			r.quiet(t, 100*time.Millisecond)
-			dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
+			dl := natsservertest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
 			if !tc.deadLetter {
 				if len(dl) != 0 {
 					t.Fatalf("%d dead letters for a run rejected by a merge rule", len(dl))
@@ -693,9 +694,9 @@ func TestBenchBrokerSpoolRefusesAPlantedLink(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			ctx := context.Background()
-			store := streams.NewBenchStore(env.JS, 1, streams.DefaultConfig()) // every body through the object store
+			store := benchstore.NewBenchStore(env.JS, 1, streams.DefaultConfig()) // every body through the object store
 			spoolDir := filepath.Join(t.TempDir(), "fpmbus-merge")
 			if !tc.madeHere {
 				if err := os.Mkdir(spoolDir, 0o700); err != nil {

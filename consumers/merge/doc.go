@@ -13,12 +13,12 @@
 //   - WriteResult (write.go): the files, so that a sidecar never sits next to another run's merged
 //     artefact: remove a sidecar left by an earlier run, write the merged artefact atomically (temp file,
 //     fsync, rename, directory fsync), then the sidecar.
-//   - streams.BenchStore: bodies on FPM_BENCH, inline up to 1 MiB, otherwise in the object store
+//   - benchstore.BenchStore: bodies on FPM_BENCH, inline up to 1 MiB, otherwise in the object store
 //     FPM_BENCH_OBJECTS behind a small manifest message. The subjects, headers, message ids and the
 //     store are the wire contract, in streams/ (bench.go, objectstore.go), shared with the sealer.
 //   - Consumer (consumer.go): the durable merger behind `fpmbus merge` and `fpmbus up`.
 //   - `fpmbus bench merge` runs Merge + WriteResult offline; `fpmbus bench publish` runs ValidateRank
-//     and ProbeRun (publish.go), then streams.BenchStore.PublishBench.
+//     and ProbeRun (publish.go), then benchstore.BenchStore.PublishBench.
 //
 // # How a merge reads a run
 //

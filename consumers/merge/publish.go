@@ -6,7 +6,7 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// What `fpmbus bench publish` checks before it publishes (streams.BenchStore.PublishBench): each rank
+// What `fpmbus bench publish` checks before it publishes (benchstore.BenchStore.PublishBench): each rank
 // artefact on its own (ValidateRank) and the run of each worker-probe replies file (ProbeRun). The wire
 // side (subjects, headers, ids, the object store) is streams'.
 

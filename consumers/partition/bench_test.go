@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // Throughput of one member acking every message, against a plain durable pull consumer doing the same
@@ -166,9 +166,9 @@ func throughput(tb testing.TB, variant string, n int) float64 {
 }
 
 // benchEnv starts a server and publishes n ~600-byte messages over 64 keys.
-func benchEnv(tb testing.TB, n int) (*streamstest.Env, jetstream.JetStream) {
+func benchEnv(tb testing.TB, n int) (*natsservertest.Env, jetstream.JetStream) {
 	tb.Helper()
-	env := streamstest.Start(tb)
+	env := natsservertest.Start(tb)
 	_, js := connect(tb, env)
 	pad := make([]byte, 400)
 	for i := range pad {

@@ -8,8 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // createRetrying retries create until the cluster answers (a restarted node, a new meta leader).
@@ -29,7 +29,7 @@ func createRetrying(t testing.TB, what string, create func(ctx context.Context) 
 // member started during a cluster's election must, rather than failing and exiting.
 func TestJoinWaitsForTheClusterToAnswer(t *testing.T) {
 	t.Parallel()
-	c := streamstest.StartCluster(t)
+	c := natsservertest.StartCluster(t)
 	_, js := c.Connect(0)
 	cfg := testConfig("join-quorum", 2)
 	createRetrying(t, "the R3 stream", func(ctx context.Context) error {
@@ -81,12 +81,12 @@ func TestJoinWaitsForTheClusterToAnswer(t *testing.T) {
 // joins afterwards is seen and gets its share, and every message is handled once, in order.
 func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
 	t.Parallel()
-	c := streamstest.StartCluster(t)
+	c := natsservertest.StartCluster(t)
 	_, js := c.Connect(0)
 	cfg := testConfig("bucket-outage", 2)
 	// The stream and its partition copy on n1, the members bucket on n2 alone.
 	createRetrying(t, "the stream on n1", func(ctx context.Context) error {
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Placement: streamstest.OnNode(0)})
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Placement: natsservertest.OnNode(0)})
 		return err
 	})
 	createRetrying(t, "the partition stream on n1", func(ctx context.Context) error {
@@ -95,13 +95,13 @@ func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
 			return err
 		}
 		sc := cfg.partitionStreamConfig(src.CachedInfo())
-		sc.Placement = streamstest.OnNode(0)
+		sc.Placement = natsservertest.OnNode(0)
 		_, err = js.CreateStream(ctx, sc)
 		return err
 	})
 	createRetrying(t, "the members bucket on n2", func(ctx context.Context) error {
 		_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: MembersBucket, History: 1, TTL: membersBucketTTL,
-			Storage: jetstream.FileStorage, Placement: streamstest.OnNode(1)})
+			Storage: jetstream.FileStorage, Placement: natsservertest.OnNode(1)})
 		return err
 	})
 
@@ -160,7 +160,7 @@ func TestMembersSurviveAnOutageOfTheMembersBucket(t *testing.T) {
 // there, so that a member joining afterwards is seen and gets its share.
 func TestMembersWatchIsReopenedAfterItEnds(t *testing.T) {
 	t.Parallel()
-	c := streamstest.StartCluster(t)
+	c := natsservertest.StartCluster(t)
 	_, js := c.Connect(0)
 	cfg := testConfig("watch-ends", 2)
 	createRetrying(t, "the stream", func(ctx context.Context) error {
@@ -238,11 +238,11 @@ func streamLeader(js jetstream.JetStream, name string) string {
 // stream is back every message reaches the handler.
 func TestMembersMoveThePartitionStreamLeaderWhenItsSourceStalls(t *testing.T) {
 	t.Parallel()
-	c := streamstest.StartCluster(t)
+	c := natsservertest.StartCluster(t)
 	_, js := c.Connect(0)
 	cfg := testConfig("source-stall", 2)
 	createRetrying(t, "the stream on n2", func(ctx context.Context) error {
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Placement: streamstest.OnNode(1)})
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Stream, Subjects: []string{streams.FPMRoot + ".>"}, Placement: natsservertest.OnNode(1)})
 		return err
 	})
 	createRetrying(t, "the R3 partition stream", func(ctx context.Context) error {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -132,7 +132,7 @@ func equalAssign(a, b map[string][]int) bool {
 // working: the server cannot change a push consumer's idle heartbeat, so the declared one is kept.
 func TestJoinAgainWithAnotherPinnedTTL(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg := testConfig("ttl-change", 2)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
 const (
@@ -30,7 +30,7 @@ type ownerLog struct {
 }
 
 // watchOwners starts an ownerLog of cfg's group on env; it returns once the current records are in.
-func watchOwners(t *testing.T, env *streamstest.Env, cfg Config) *ownerLog {
+func watchOwners(t *testing.T, env *natsservertest.Env, cfg Config) *ownerLog {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -129,7 +129,7 @@ func ackMode(cumulative bool) string {
 }
 
 func testGracefulStop(t *testing.T, cumulative bool) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("trace", 16)
 	cfg.CumulativeAcks = cumulative
 	rec := newRecorder(t, cfg)
@@ -219,7 +219,7 @@ func TestGroupCrashRedeliversToNewOwner(t *testing.T) {
 }
 
 func testCrash(t *testing.T, cumulative bool) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("gaps", 16)
 	cfg.CumulativeAcks = cumulative
 	rec := newRecorder(t, cfg)

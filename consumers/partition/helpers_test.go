@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // publishPatiently lets an asynchronous publish wait for the server as long as a loaded machine needs:
@@ -46,7 +46,7 @@ func testConfig(group string, partitions int) Config {
 }
 
 // connect opens a client connection of its own (one per simulated instance).
-func connect(t testing.TB, env *streamstest.Env) (*nats.Conn, jetstream.JetStream) {
+func connect(t testing.TB, env *natsservertest.Env) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := nats.Connect(env.Server.ClientURL(), nats.Name(t.Name()))
 	if err != nil {
@@ -267,14 +267,14 @@ type running struct {
 	done chan error
 }
 
-func startMember(t testing.TB, env *streamstest.Env, cfg Config, id string, rec *recorder) *running {
+func startMember(t testing.TB, env *natsservertest.Env, cfg Config, id string, rec *recorder) *running {
 	t.Helper()
 	nc, js := connect(t, env)
 	return startMemberWith(t, nc, js, cfg, id, rec)
 }
 
 // startMemberOn starts a member connected to node i of c.
-func startMemberOn(t testing.TB, c *streamstest.Cluster, i int, cfg Config, id string, rec *recorder) *running {
+func startMemberOn(t testing.TB, c *natsservertest.Cluster, i int, cfg Config, id string, rec *recorder) *running {
 	t.Helper()
 	nc, js := c.Connect(i)
 	return startMemberWith(t, nc, js, cfg, id, rec)

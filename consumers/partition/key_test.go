@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // The key -> partition map is part of the contract (documented in the package comment): FNV-1a 32 of
@@ -61,7 +61,7 @@ func TestPartitionOfGolden(t *testing.T) {
 // whole-subject key (filter ending in '>') and two filters sharing one key (bench runs).
 func TestPartitionOfMatchesServerTransform(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	whole := FPMConfig("whole")

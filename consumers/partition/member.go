@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -62,7 +64,7 @@ const (
 	maxRetryWait = 2 * time.Second
 )
 
-// Server error codes nats.go names only in its legacy API (the transient ones: streams.Unavailable).
+// Server error codes nats.go names only in its legacy API (the transient ones: natsconn.Unavailable).
 const (
 	// errCodeSubjectBound: a push consumer's deliver subject cannot move while it has a subscriber
 	// (the server reports it as "consumer name already in use").
@@ -159,12 +161,14 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Optio
 	m.key = cfg.Stream + "." + cfg.Group + "." + m.id
 	m.log = m.log.With("group", cfg.Group, "stream", cfg.Stream, "member", m.id)
 	deadline := time.Now().Add(joinRetryFor)
-	for wait := minRetryWait; ; wait = min(2*wait, maxRetryWait) {
+	waits := retrywait.Doubling(minRetryWait, maxRetryWait)
+	for {
+		wait := waits.NextBackOff()
 		err := m.setUp(ctx)
 		if err == nil {
 			return m, nil
 		}
-		if !streams.Unavailable(err) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+		if !natsconn.Unavailable(err) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
 			return nil, err
 		}
 		m.log.Warn("partition: join: the server cannot answer yet; retrying", "err", err, "retry_in", wait)
@@ -353,14 +357,14 @@ func (m *Member) Consume(ctx context.Context, h Handler) error {
 	// (its stream electing a leader) the member goes on with what it knows, and the watch is opened
 	// again until it is.
 	if _, err := m.heartbeat(hardCtx); err != nil {
-		if !streams.Unavailable(err) {
+		if !natsconn.Unavailable(err) {
 			return fmt.Errorf("partition: announce member %s: %w", m.id, err)
 		}
 		m.log.Warn("partition: members bucket not answering; announcing again at the next heartbeat", "err", err)
 	}
 	prefix := m.cfg.Stream + "." + m.cfg.Group + "."
 	mw := newMembersWatch(m.kv, prefix, m.id, max(m.cfg.PinnedTTL/2, time.Second), m.log)
-	if err := mw.open(hardCtx); err != nil && !streams.Unavailable(err) {
+	if err := mw.open(hardCtx); err != nil && !natsconn.Unavailable(err) {
 		return fmt.Errorf("partition: watch members: %w", err)
 	}
 	defer mw.stop()

@@ -9,7 +9,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 )
 
 // view is a member's picture of the group's live members, fed by the members bucket's watcher. A
@@ -117,10 +120,10 @@ type membersWatch struct {
 	w       jetstream.KeyWatcher // nil while none is open
 	initial bool                 // w is still sending the current values (before its nil marker)
 	// failedAt is when opening began to fail (zero: the last attempt succeeded); retryAt when to try
-	// again, wait the backoff.
+	// again, waits the backoff.
 	failedAt time.Time
 	retryAt  time.Time
-	wait     time.Duration
+	waits    backoff.BackOff
 	// seenRev is the newest revision of the member's own key delivered by the watch; unseenSince is
 	// when a newer put was first noticed undelivered (zero: none).
 	seenRev     uint64
@@ -128,7 +131,8 @@ type membersWatch struct {
 }
 
 func newMembersWatch(kv jetstream.KeyValue, prefix, self string, stall time.Duration, log *slog.Logger) *membersWatch {
-	return &membersWatch{kv: kv, filter: prefix + "*", prefix: prefix, self: self, stall: stall, log: log}
+	return &membersWatch{kv: kv, filter: prefix + "*", prefix: prefix, self: self, stall: stall, log: log,
+		waits: retrywait.Doubling(minRetryWait, maxRetryWait)}
 }
 
 // open starts a watch of the group's keys; on failure the next attempt is due after a backoff.
@@ -139,13 +143,14 @@ func (mw *membersWatch) open(ctx context.Context) error {
 		if mw.failedAt.IsZero() {
 			mw.failedAt = now
 		}
-		mw.wait = min(max(2*mw.wait, minRetryWait), maxRetryWait)
-		mw.retryAt = now.Add(mw.wait)
-		mw.log.Warn("partition: members watch not opened; retrying", "err", err, "retry_in", mw.wait)
+		wait := mw.waits.NextBackOff()
+		mw.retryAt = now.Add(wait)
+		mw.log.Warn("partition: members watch not opened; retrying", "err", err, "retry_in", wait)
 		return err
 	}
 	mw.w, mw.initial, mw.unseenSince = w, true, time.Time{}
-	mw.failedAt, mw.wait = time.Time{}, 0
+	mw.failedAt = time.Time{}
+	mw.waits.Reset()
 	return nil
 }
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
 // The server restarts under a running group (pins and connections are lost, consumers and streams
@@ -15,7 +15,7 @@ import (
 // message once, in order.
 func TestGroupSurvivesServerRestart(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("restart", 4)
 	rec := newRecorder(t, cfg)
 	rec.ackEvery = 50 * time.Millisecond
@@ -33,7 +33,7 @@ func TestGroupSurvivesServerRestart(t *testing.T) {
 	listen, store := env.Server.NATS().Addr().String(), env.StoreDir
 	env.Stop()
 	time.Sleep(500 * time.Millisecond)
-	env2 := streamstest.StartAt(t, listen, store)
+	env2 := natsservertest.StartAt(t, listen, store)
 	if err := publishFrom(ctx, env2.JS, keys, 100, 100, time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestRestartedMemberReclaimsItsPartitionsAtOnce(t *testing.T) {
 	t.Parallel()
 	for name, partitions := range map[string]int{"one partition": 1, "four partitions": 4} {
 		t.Run(name, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			cfg := testConfig("reclaim", partitions)
 			cfg.PinnedTTL = MaxPinnedTTL // a takeover by recognition needs none of it
 			rec := newRecorder(t, cfg)

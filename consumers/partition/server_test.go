@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
 // TestServerPushConsumerBehaviour records, on the real embedded server, the facts the ownership
@@ -26,7 +26,7 @@ import (
 //     order, with consecutive delivery numbers.
 func TestServerPushConsumerBehaviour(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := env.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "EXP", Subjects: []string{"exp.>"}}); err != nil {

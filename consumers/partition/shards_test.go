@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // publishToShards is publishFrom as a bridge publishes with n shards: each key to its shard's
@@ -56,7 +56,7 @@ func TestGroupOverShards(t *testing.T) {
 		"three partitions by publisher":                            {partitions: 3},
 	} {
 		t.Run(name, func(t *testing.T) {
-			env := streamstest.StartShards(t, shards)
+			env := natsservertest.StartShards(t, shards)
 			cfg := testConfig("g", tc.partitions)
 			cfg.Shards = shards
 			if tc.workerKey {

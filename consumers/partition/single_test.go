@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // With Partitions = 1 the group consumes the stream itself (no partition stream, no copy): one member
@@ -19,7 +19,7 @@ import (
 // released it (not once PinnedTTL passed), with nothing delivered twice.
 func TestSinglePartitionGroupFailsOverToStandby(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("single", 1)
 	rec := newRecorder(t, cfg)
 	a := startMember(t, env, cfg, "a", rec)
@@ -57,7 +57,7 @@ func TestSinglePartitionGroupFailsOverToStandby(t *testing.T) {
 // A group's partitioning cannot change under it: Join refuses, Delete removes it.
 func TestJoinRefusesOtherPartitioning(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c16 := testConfig("g", 16)
@@ -103,7 +103,7 @@ func TestJoinRefusesOtherPartitioning(t *testing.T) {
 // after PinnedTTL; the next owner gets the unacked message again.
 func TestHandlerErrorStopsMemberAndHandsOver(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("failing", 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -144,7 +144,7 @@ func TestHandlerErrorStopsMemberAndHandsOver(t *testing.T) {
 // Cancelling Consume's context leaves the group gracefully, like Stop.
 func TestConsumeContextCancelLeaves(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("ctx", 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -186,7 +186,7 @@ func TestConsumeContextCancelLeaves(t *testing.T) {
 // standby gets them at all shows it.
 func TestCrashOnIdleStreamTakesOverBeforeAckWait(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("idle", 1)
 	cfg.AckWait = time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -246,7 +246,7 @@ func standbyFor(owner string) string {
 // delivered again.
 func TestCrashOnIdleAckedPartitionIsTakenOver(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("idle-acked", 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -319,7 +319,7 @@ func TestCrashOnIdleAckedPartitionIsTakenOver(t *testing.T) {
 // partition moves as soon as the stray subscriber leaves, and every message is processed once.
 func TestStraySubscriberOnADeadOwnersSubjectDelaysTheMoveOnly(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("stray-sub", 1)
 	cfg.ReleaseTimeout = cfg.PinnedTTL
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -367,7 +367,7 @@ func TestStraySubscriberOnADeadOwnersSubjectDelaysTheMoveOnly(t *testing.T) {
 // take it only once the record has gone stale (the claimer died before subscribing).
 func TestFreshClaimWithoutSubscriberIsLeftAlone(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig("fresh-claim", 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

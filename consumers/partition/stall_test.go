@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
 // An owner that dies (SIGKILL, a cut connection) or unsubscribes with a flow-control request in flight
@@ -25,7 +25,7 @@ func TestTakeoverAnswersAFlowControlStallLeftByTheDeadOwner(t *testing.T) {
 			name = "released owner"
 		}
 		t.Run(name, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			cfg := testConfig("fc-stall", 1)
 			cfg.MaxAckPending = 20000
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

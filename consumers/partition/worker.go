@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 )
 
 // worker runs one partition assigned to its member: it stands by until the partition has no live
@@ -66,11 +68,10 @@ func fatal(err error) bool {
 
 func (w *worker) run(h Handler) error {
 	defer w.relCancel()
-	backoff := 100 * time.Millisecond
+	waits := retrywait.Doubling(100*time.Millisecond, 2*time.Second)
 	retry := func(what string, err error) {
 		w.m.log.Debug("partition: retrying", "partition", w.p, "op", what, "err", err)
-		w.sleep(backoff)
-		backoff = min(backoff*2, 2*time.Second)
+		w.sleep(waits.NextBackOff())
 	}
 	for !w.released() {
 		st, err := w.look()
@@ -81,7 +82,7 @@ func (w *worker) run(h Handler) error {
 			retry("look", err)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		waits.Reset()
 		if !w.mayTake(st, time.Now()) {
 			w.sleep(w.m.cfg.standbyPoll())
 			continue

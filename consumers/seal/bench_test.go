@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 var benchCell atomic.Int64
@@ -57,7 +57,7 @@ func benchSeal(b *testing.B, n int, connect func(i int) *nats.Conn) {
 
 func BenchmarkSeal(b *testing.B) {
 	b.Run("single-node", func(b *testing.B) {
-		env := streamstest.Start(b)
+		env := natsservertest.Start(b)
 		if _, err := OpenBucket(context.Background(), env.JS, streams.DefaultConfig()); err != nil {
 			b.Fatal(err)
 		}

@@ -8,16 +8,16 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
-// cluster is a 3-node in-process cluster (streamstest.Cluster) with the R3 bucket FPM_DATASETS.
-type cluster struct{ *streamstest.Cluster }
+// cluster is a 3-node in-process cluster (natsservertest.Cluster) with the R3 bucket FPM_DATASETS.
+type cluster struct{ *natsservertest.Cluster }
 
 func startCluster(t testing.TB) *cluster {
 	t.Helper()
-	c := &cluster{streamstest.StartCluster(t)}
+	c := &cluster{natsservertest.StartCluster(t)}
 	_, js := c.Connect(0)
 	deadline := time.Now().Add(30 * time.Second)
 	for {

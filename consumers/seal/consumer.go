@@ -14,10 +14,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -174,7 +177,7 @@ type sealStage struct {
 	cfg       ConsumerConfig
 	log       *slog.Logger
 	now       func() time.Time
-	store     *streams.BenchStore
+	store     *benchstore.BenchStore
 	sealer    *Sealer
 	onOutcome func(runID string, rep *Report, err error)
 	bench     jetstream.Stream
@@ -189,7 +192,7 @@ type heldSeal struct {
 	runID   string
 	checked bool // the body was read and is a merged artefact
 	retryAt time.Time
-	backoff time.Duration
+	waits   backoff.BackOff // nil until the first retry
 }
 
 // NewConsumer checks cfg and opts and returns a sealer consumer; Run starts it.
@@ -204,7 +207,7 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 		who = host + "-" + strconv.Itoa(os.Getpid())
 	}
 	s := &sealStage{js: js, cfg: cfg, log: o.Logger.With("component", "seal", "group", cfg.Durable), now: o.Clock,
-		store: streams.NewBenchStore(js, 0, cfg.Streams), sealer: o.sealer, onOutcome: o.onOutcome, metrics: newMetrics(), who: who}
+		store: benchstore.NewBenchStore(js, 0, cfg.Streams), sealer: o.sealer, onOutcome: o.onOutcome, metrics: newMetrics(), who: who}
 	if o.Registerer != nil {
 		if err := s.metrics.register(o.Registerer); err != nil {
 			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConsumerConfig, err)
@@ -309,9 +312,12 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 	}
 	log := s.log.With("run_id", h.runID, "subject", m.Subject(), "stream_seq", m.StreamSeq)
 	retry := func(why string, err error) bool {
-		h.backoff = min(max(h.backoff*2, retryFirst), retryMax)
-		h.retryAt = s.now().Add(h.backoff)
-		log.Warn(why+"; retrying", "retry_in", h.backoff, "error", err)
+		if h.waits == nil {
+			h.waits = retrywait.Doubling(retryFirst, retryMax)
+		}
+		wait := h.waits.NextBackOff()
+		h.retryAt = s.now().Add(wait)
+		log.Warn(why+"; retrying", "retry_in", wait, "error", err)
 		return true
 	}
 	// read fetches the body; when it cannot (ok false) m was rejected or is held for a retry, as held says.
@@ -404,7 +410,7 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 // true when the body can never be read: it does not match its digest, or its object is gone.
 func (s *sealStage) fetch(ctx context.Context, m *durable.Msg) (body []byte, final bool, err error) {
 	body, err = s.store.Fetch(ctx, m.Headers(), m.Data())
-	if errors.Is(err, streams.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
+	if errors.Is(err, benchstore.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, true, fmt.Errorf("%w: %v", ErrNotSealable, err)
 	}
 	return body, false, err

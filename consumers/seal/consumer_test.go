@@ -16,9 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/benchstore"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // runningSealer is a sealer consumer under test.
@@ -35,7 +36,7 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func startSealer(t *testing.T, env *streamstest.Env, cfg ConsumerConfig, opts ...ConsumerOption) *runningSealer {
+func startSealer(t *testing.T, env *natsservertest.Env, cfg ConsumerConfig, opts ...ConsumerOption) *runningSealer {
 	t.Helper()
 	if cfg.PinnedTTL == 0 {
 		cfg.PinnedTTL = durable.MinPinnedTTL
@@ -82,7 +83,7 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	}
 }
 
-func sealerConsumer(t *testing.T, env *streamstest.Env) jetstream.PushConsumer {
+func sealerConsumer(t *testing.T, env *natsservertest.Env) jetstream.PushConsumer {
 	t.Helper()
 	c, err := env.JS.PushConsumer(context.Background(), streams.StreamBench, DefaultDurable)
 	if err != nil {
@@ -173,7 +174,7 @@ func TestConsumerRejectsUnsealableArtefacts(t *testing.T) {
 			env, kv := singleNode(t)
 			if tc.profile {
 				profile, _ := json.Marshal(testProfile)
-				if _, err := streams.PublishProfile(context.Background(), env.JS, "run4", profile); err != nil {
+				if _, err := benchstore.PublishProfile(context.Background(), env.JS, "run4", profile); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -202,7 +203,7 @@ func TestConsumerRejectsUnsealableArtefacts(t *testing.T) {
 			if ci := consumerInfo(t, cons); ci.Delivered.Consumer != 1 || ci.NumRedelivered != 0 {
 				t.Fatalf("delivered %d times (%d redelivered), want once", ci.Delivered.Consumer, ci.NumRedelivered)
 			}
-			dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
+			dl := natsservertest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
 			if len(dl) != 1 {
 				t.Fatalf("%d dead letters, want 1", len(dl))
 			}
@@ -244,7 +245,7 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 		t.Fatalf("sealed without a profile: %v", ks)
 	}
 	profile, _ := json.Marshal(testProfile)
-	if _, err := streams.PublishProfile(context.Background(), env.JS, runID, profile); err != nil {
+	if _, err := benchstore.PublishProfile(context.Background(), env.JS, runID, profile); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -259,7 +260,7 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 		ci := consumerInfo(t, cons)
 		return ci.AckFloor.Stream == ack.Sequence && ci.NumAckPending == 0
 	})
-	if dl := streamstest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName)); len(dl) != 0 {
+	if dl := natsservertest.Messages(t, env.JS, streams.StreamEvents, durable.RejectedSubject(ConsumerName)); len(dl) != 0 {
 		t.Fatalf("%d dead letters", len(dl))
 	}
 	if runs, cells := gatheredBy(t, reg, "fpmbus_seal_runs_total"), gatheredBy(t, reg, "fpmbus_seal_cells_total"); runs[outcomeSealed] != 1 || runs[outcomeRejected] != 0 ||
@@ -294,7 +295,7 @@ func TestConsumerRetriesUnknownOutcome(t *testing.T) {
 	ctx := context.Background()
 	doc, runID := goldenRun(t)
 	profile, _ := json.Marshal(testProfile)
-	if _, err := streams.PublishProfile(ctx, env.JS, runID, profile); err != nil {
+	if _, err := benchstore.PublishProfile(ctx, env.JS, runID, profile); err != nil {
 		t.Fatal(err)
 	}
 	if err := env.JS.DeleteKeyValue(ctx, streams.BucketDatasets); err != nil {
@@ -354,7 +355,7 @@ func r0(t *testing.T, kv jetstream.KeyValue) string {
 
 func TestConsumerConfigValidate(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	for name, cfg := range map[string]ConsumerConfig{
 		"partitions":   {HoldingConfig: durable.HoldingConfig{Partitions: -1}},
 		"ack wait":     {HoldingConfig: durable.HoldingConfig{AckWait: time.Millisecond}},

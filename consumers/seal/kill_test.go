@@ -20,9 +20,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // Kill -9 of JetStream nodes, for real: each node is a process of its own (this test binary re-run
@@ -34,7 +36,7 @@ const nodeEnv = "FPMBUS_SEAL_TEST_NODE"
 
 // nodeConfig is one node. Conf names a shipped cluster configuration (ops/nats/cluster/n<i>.conf),
 // whose name, sync policy and limits are kept and whose addresses and store are replaced by the test's;
-// without Conf the node is fpmbus's embedded server (streams.StartServer, the one `fpmbus up` runs).
+// without Conf the node is fpmbus's embedded server (natsserver.StartServer, the one `fpmbus up` runs).
 type nodeConfig struct {
 	Conf        string   `json:"conf,omitempty"`
 	Store       string   `json:"store"`
@@ -53,7 +55,7 @@ func runNode() {
 	}
 	var ns *server.Server
 	if c.Conf == "" {
-		srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:" + strconv.Itoa(c.Port), StoreDir: c.Store})
+		srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:" + strconv.Itoa(c.Port), StoreDir: c.Store})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -245,7 +247,7 @@ func (f *killFixture) check(t *testing.T, js jetstream.JetStream, kv jetstream.K
 	leaderGet := func(key string, v any) error {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		m, err := streams.LastMsgFromLeader(ctx, js, "KV_"+streams.BucketDatasets, "$KV."+streams.BucketDatasets+"."+key)
+		m, err := natsconn.LastMsgFromLeader(ctx, js, "KV_"+streams.BucketDatasets, "$KV."+streams.BucketDatasets+"."+key)
 		if err != nil {
 			return err
 		}
@@ -283,7 +285,7 @@ func (f *killFixture) check(t *testing.T, js jetstream.JetStream, kv jetstream.K
 // holds every one of them.
 func TestKill9EmbeddedServerKeepsWhatItAcknowledged(t *testing.T) {
 	t.Parallel()
-	cfg := nodeConfig{Store: t.TempDir(), Port: streamstest.FreePort(t)}
+	cfg := nodeConfig{Store: t.TempDir(), Port: natsservertest.FreePort(t)}
 	n := startNode(t, cfg)
 	js, kv := killTestClient(t, n.url, 1)
 	f := storeFixture(t, js, kv)
@@ -306,7 +308,7 @@ func startKillCluster(t *testing.T) *killCluster {
 	dir := t.TempDir()
 	c := &killCluster{nodes: make([]*node, 3)}
 	var routes []string
-	ports := streamstest.FreePorts(t, 6)
+	ports := natsservertest.FreePorts(t, 6)
 	for i := range 3 {
 		c.cfgs = append(c.cfgs, nodeConfig{Conf: fmt.Sprintf("../../ops/nats/cluster/n%d.conf", i+1), Store: filepath.Join(dir, fmt.Sprintf("n%d", i+1)),
 			Port: ports[2*i], ClusterPort: ports[2*i+1]})
@@ -344,7 +346,7 @@ func (c *killCluster) waitBucketLeader(t *testing.T, key string) {
 	eventually(t, 3*time.Minute, "the bucket's leader answers", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err := streams.LastMsgFromLeader(ctx, c.js, "KV_"+streams.BucketDatasets, "$KV."+streams.BucketDatasets+"."+key)
+		_, err := natsconn.LastMsgFromLeader(ctx, c.js, "KV_"+streams.BucketDatasets, "$KV."+streams.BucketDatasets+"."+key)
 		return err
 	})
 	t.Logf("the bucket's leader answered %v after the restart", time.Since(start).Round(100*time.Millisecond))

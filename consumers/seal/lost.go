@@ -9,14 +9,14 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Sealed cells that vanish.
 //
 // First writer wins rests on kv.Create failing for a key that holds a value. JetStream acknowledges a
-// write before it is on disk unless the server syncs always (streams.SyncPolicy), and a damaged block
+// write before it is on disk unless the server syncs always (natsserver.SyncPolicy), and a damaged block
 // file loses messages when the server starts, so a sealed cell can vanish; its key would then take
 // any run's Create, and a later, different run would win a cell another run had sealed. The campaign
 // records (campaign.<id>, written after the seals) name every sealed cell with its run and dataset
@@ -79,7 +79,7 @@ func (s *Sealer) recordedSeals(ctx context.Context) (map[string][]RecordedSeal, 
 // Reads that conclude "lost" from an absence go to the bucket stream's leader when the sealer has a
 // JetStream context (WithJetStream; the consumer always gives it one): a direct get or a watch may be
 // answered by a replica still catching up after a restart, which does not hold what the leader holds
-// (streams.LastMsgFromLeader). Without one (a Sealer made from the bucket alone) they go through the
+// (natsconn.LastMsgFromLeader). Without one (a Sealer made from the bucket alone) they go through the
 // bucket.
 
 // campaigns passes every campaign record's key and revisions to f, in key order.
@@ -161,20 +161,20 @@ func (s *Sealer) holdsSeal(ctx context.Context, key string) (bool, error) {
 }
 
 // untilAvailable runs f, each call within the sealer's operation timeout, again while the cluster
-// cannot answer for the moment (streams.Unavailable): right after nodes restart, a leader is being
+// cannot answer for the moment (natsconn.Unavailable): right after nodes restart, a leader is being
 // elected exactly when an audit of what they still hold matters. It tries at most the sealer's
 // retries, with its backoff.
 func (s *Sealer) untilAvailable(ctx context.Context, f func(context.Context) error) error {
-	pause := s.backoff
+	pauses := s.pauses()
 	var err error
 	for try := 0; try < s.retries; try++ {
 		octx, cancel := context.WithTimeout(ctx, s.opTimeout)
 		err = f(octx)
 		cancel()
-		if err == nil || !streams.Unavailable(err) || ctx.Err() != nil {
+		if err == nil || !natsconn.Unavailable(err) || ctx.Err() != nil {
 			return err
 		}
-		sleep(ctx, &pause)
+		sleep(ctx, pauses)
 	}
 	return err
 }

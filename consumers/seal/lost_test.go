@@ -14,9 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/benchstore"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // loseKey removes key's value from the bucket's stream behind the sealer's back, leaving no delete
@@ -30,7 +32,7 @@ func loseKey(t testing.TB, js jetstream.JetStream, kv jetstream.KeyValue, key st
 	defer cancel()
 	lost := "$KV." + streams.BucketDatasets + "." + key
 	var keep []*nats.Msg
-	for _, m := range streamstest.Messages(t, js, "KV_"+streams.BucketDatasets, ">") {
+	for _, m := range natsservertest.Messages(t, js, "KV_"+streams.BucketDatasets, ">") {
 		if m.Subject() != lost {
 			keep = append(keep, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
 		}
@@ -60,7 +62,7 @@ func loseKey(t testing.TB, js jetstream.JetStream, kv jetstream.KeyValue, key st
 func datasetEvents(t testing.TB, js jetstream.JetStream) []streams.DatasetEvent {
 	t.Helper()
 	var out []streams.DatasetEvent
-	for _, m := range streamstest.Messages(t, js, streams.StreamEvents, streams.DatasetEventWildcard) {
+	for _, m := range natsservertest.Messages(t, js, streams.StreamEvents, streams.DatasetEventWildcard) {
 		var ev streams.DatasetEvent
 		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			t.Fatal(err)
@@ -184,7 +186,7 @@ func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
 			return nil
 		}
 	}
-	if _, err := streams.PublishProfile(ctx, env.JS, runA, profile); err != nil {
+	if _, err := benchstore.PublishProfile(ctx, env.JS, runA, profile); err != nil {
 		t.Fatal(err)
 	}
 	publishMergedBody(t, env.JS, runA, doc)
@@ -225,7 +227,7 @@ func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
 	// A different run measuring the same cell.
 	runB := runA + "-b"
 	docB := bytes.ReplaceAll(doc, []byte(runA), []byte(runB))
-	if _, err := streams.PublishProfile(ctx, env.JS, runB, profile); err != nil {
+	if _, err := benchstore.PublishProfile(ctx, env.JS, runB, profile); err != nil {
 		t.Fatal(err)
 	}
 	publishMergedBody(t, env.JS, runB, docB)
@@ -252,7 +254,7 @@ func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
 // the sealer's retries, and give up at once on anything else.
 func TestLeaderReadsWaitOutAnUnavailableCluster(t *testing.T) {
 	t.Parallel()
-	unavailable := &jetstream.APIError{Code: 503, ErrorCode: streams.ErrCodeJetStreamUnavailable, Description: "JetStream system temporarily unavailable"}
+	unavailable := &jetstream.APIError{Code: 503, ErrorCode: natsconn.ErrCodeJetStreamUnavailable, Description: "JetStream system temporarily unavailable"}
 	notFound := &jetstream.APIError{Code: 404, ErrorCode: jetstream.JSErrCodeStreamNotFound}
 	tests := map[string]struct {
 		fail      int   // calls that fail before one succeeds

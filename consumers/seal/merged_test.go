@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -88,7 +89,7 @@ func TestConsumerSealsMergedArtefacts(t *testing.T) {
 	}
 	_ = json.Unmarshal(doc, &hdr)
 	profile, _ := json.Marshal(testProfile)
-	if _, err := streams.PublishProfile(ctx, env.JS, hdr.RunID, profile); err != nil {
+	if _, err := benchstore.PublishProfile(ctx, env.JS, hdr.RunID, profile); err != nil {
 		t.Fatal(err)
 	}
 	publishMerged := func() {

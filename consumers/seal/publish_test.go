@@ -9,14 +9,14 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
-func singleNode(t *testing.T) (*streamstest.Env, jetstream.KeyValue) {
+func singleNode(t *testing.T) (*natsservertest.Env, jetstream.KeyValue) {
 	t.Helper()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv, err := OpenBucket(ctx, env.JS, streams.DefaultConfig())

@@ -8,8 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 // Reading sealed history.
@@ -134,7 +134,7 @@ func (h history) all(ctx context.Context, key string) ([]Revision, error) {
 func (h history) leaderNext(ctx context.Context, key string, from uint64) (*Revision, error) {
 	var m *jetstream.RawStreamMsg
 	err := h.retry(ctx, func(ctx context.Context) (err error) {
-		m, err = streams.NextMsgFromLeader(ctx, h.js, "KV_"+h.kv.Bucket(), h.subject(key), from)
+		m, err = natsconn.NextMsgFromLeader(ctx, h.js, "KV_"+h.kv.Bucket(), h.subject(key), from)
 		return err
 	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {

@@ -10,9 +10,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/retrywait"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -232,7 +234,7 @@ func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, a
 	if err != nil {
 		return Outcome{}, fmt.Errorf("seal: encode %s: %w", c.Key, err)
 	}
-	pause := s.backoff
+	pauses := s.pauses()
 	var lastErr error
 	unknown := false
 	expect := uint64(0) // the key's last revision, none of them a seal: 0 for a key that never had one
@@ -249,7 +251,7 @@ func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, a
 			}
 			if err != nil {
 				lastErr = err
-				sleep(ctx, &pause)
+				sleep(ctx, pauses)
 				continue
 			}
 			expect = last
@@ -281,7 +283,7 @@ func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, a
 			lastErr = err
 		}
 		unknown = true
-		sleep(ctx, &pause)
+		sleep(ctx, pauses)
 	}
 	return Outcome{}, fmt.Errorf("%w: %s: %v", ErrUnsettled, c.Key, lastErr)
 }
@@ -321,15 +323,16 @@ func (s *Sealer) readBack(ctx context.Context, c *schemas.Cell, attemptID string
 	return out, true, kh.Last, nil
 }
 
-func sleep(ctx context.Context, pause *time.Duration) {
-	t := time.NewTimer(*pause)
+// pauses are the waits between two tries of one operation: the sealer's backoff, doubling up to 2 s.
+func (s *Sealer) pauses() backoff.BackOff { return retrywait.Doubling(s.backoff, 2*time.Second) }
+
+// sleep waits the next of pauses, or until ctx ends.
+func sleep(ctx context.Context, pauses backoff.BackOff) {
+	t := time.NewTimer(pauses.NextBackOff())
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 	case <-t.C:
-	}
-	if *pause *= 2; *pause > 2*time.Second {
-		*pause = 2 * time.Second
 	}
 }
 

@@ -9,9 +9,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // A credential that may write FPM_DATASETS (the sealer's own) tries to rewrite sealed history: the
@@ -118,7 +118,7 @@ func mustSealer(t *testing.T, kv jetstream.KeyValue) *Sealer {
 // (rollups allowed, 64 revisions a key), keeping what it holds, and reports it protected (gauge 0).
 func TestConsumerProtectsAnEarlierBucketAtStart(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
 	old, err := env.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: streams.BucketDatasets, History: 64})
 	if err != nil {

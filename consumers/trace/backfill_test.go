@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -59,7 +59,7 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 		step  = 10                // ms between observations
 		ivlMs = 2000
 	)
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	keys := testKeys(4)
 	var fs []testFPM
 	for i := range n {
@@ -71,7 +71,7 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 	}
 	publish(t, env.JS, msgs)
 	stamps := map[uint64]time.Time{} // stream sequence -> stream timestamp
-	for _, m := range streamstest.Messages(t, env.JS, streams.StreamFPM, ">") {
+	for _, m := range natsservertest.Messages(t, env.JS, streams.StreamFPM, ">") {
 		md, err := m.Metadata()
 		if err != nil {
 			t.Fatal(err)
@@ -181,7 +181,7 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 
 func TestBackfillRanges(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	msgs, _ := manyFPMs(t, testKeys(2), 20, 1_782_777_600_000)
 	publish(t, env.JS, msgs)
 	now := time.Now()
@@ -238,7 +238,7 @@ func keysOf2(m map[string][]string) string {
 // it runs.
 func TestBackfillIsRefusedWhileAWriterOwnsTheOutput(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	msgs, _ := manyFPMs(t, testKeys(4), 400, 1_782_777_600_000)
 	publish(t, env.JS, msgs)
 	cfg := testConfig(t)

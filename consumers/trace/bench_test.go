@@ -15,9 +15,9 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/durable/durabletest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -47,7 +47,7 @@ import (
 // FPMBUS_BENCH_TRACE=1 logs every round.
 func BenchmarkTraceWriterVsBareConsumer(b *testing.B) {
 	n := durabletest.Records(200_000)
-	env := streamstest.Start(b)
+	env := natsservertest.Start(b)
 	msgs, _ := manyFPMs(b, testKeys(16), n, 1_782_777_600_000)
 	publish(b, env.JS, msgs)
 	b.ResetTimer()

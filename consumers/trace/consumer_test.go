@@ -22,9 +22,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/fpmbus/fpmbus/internal/golden"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -86,7 +86,7 @@ func checkExactlyOnce(t *testing.T, out map[string][][]byte, published []testFPM
 
 func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	const n = 5000
 	msgs, published := manyFPMs(t, testKeys(4), n, 1_782_777_600_000)
 	publish(t, env.JS, msgs)
@@ -182,7 +182,7 @@ func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
 
 func TestGracefulStopFlushesAndAcks(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	msgs, published := manyFPMs(t, testKeys(2), 300, 1_782_777_600_000)
 	publish(t, env.JS, msgs)
 	cfg := testConfig(t)
@@ -227,7 +227,7 @@ func TestGracefulStopFlushesAndAcks(t *testing.T) {
 // holds up the others.
 func TestInvalidMessagesAreDeadLetteredAndCounted(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	good := testFPM{key: streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}, counter: 1, receivedMs: 1000}
 	badBody := good.msg(t)
 	badBody.Data = []byte(`{"version":2}`)
@@ -270,7 +270,7 @@ func TestInvalidMessagesAreDeadLetteredAndCounted(t *testing.T) {
 
 func TestProducerIDAndObservedAt(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "4192", DPRank: 0}
 	msgs := []*nats.Msg{
 		testFPM{key: k, counter: 1, receivedMs: 1111, producer: "worker/a:b"}.msg(t),
@@ -343,7 +343,7 @@ func keysOf(m map[string][][]byte) map[string]int {
 
 func TestFullModeGolden(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	a := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "4192", DPRank: 0}
 	b := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "4192", DPRank: 1}
 	c := streams.Key{Namespace: "team \"x\"", Component: "prefill", WorkerID: "", DPRank: 0}
@@ -383,7 +383,7 @@ func TestFullModeGolden(t *testing.T) {
 
 func TestSampledMode(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	const base = 1_782_777_600_000 // a multiple of the interval
 	a := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}
 	b := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 1}
@@ -450,7 +450,7 @@ func TestSampledMode(t *testing.T) {
 // exceeds 255 bytes, nothing is rejected or stalled, and `trace info` groups each producer's segments.
 func TestLongProducerIDsAreWritten(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ids := []string{
 		"w0",
 		strings.Repeat("p", 233),       // the longest that keeps Dynamo's name (output base "trace")
@@ -568,7 +568,7 @@ func checkExactlyOnceByProducer(t *testing.T, published []testFPM, outputPath st
 // everything is acknowledged; nothing is retried forever.
 func TestRefusedFileNameRejectsOnlyItsProducer(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	var msgs []*nats.Msg
 	var ok []testFPM
 	for i := range 20 {
@@ -624,7 +624,7 @@ func TestRefusedFileNameRejectsOnlyItsProducer(t *testing.T) {
 // comes back: a loss event with the exact range and count, the rest written.
 func TestRetentionLossIsReported(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	msgs, first := manyFPMs(t, testKeys(2), 30, 1_782_777_600_000)
 	publish(t, env.JS, msgs)
 	cfg := testConfig(t)
@@ -655,7 +655,7 @@ func TestRetentionLossIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	var losses []streams.ConsumerLoss
-	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName)) {
+	for _, m := range natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName)) {
 		var l streams.ConsumerLoss
 		if err := json.Unmarshal(m.Data(), &l); err != nil {
 			t.Fatal(err)

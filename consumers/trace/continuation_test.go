@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -254,7 +254,7 @@ func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
 // writer of its own starts a new one, as at a process start.
 func TestConsumersSharingProcessSegmentsContinueTheSegments(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig(t)
 	msgs, published := manyFPMs(t, testKeys(2), 400, 1_782_777_600_000)
 	segments := func() int {

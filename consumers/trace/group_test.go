@@ -16,9 +16,9 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/durable/durabletest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // ownership records which instance has a segment file of each producer open, and every time two
@@ -85,7 +85,7 @@ type groupInstance struct {
 	done   chan error
 }
 
-func startGroupInstance(t *testing.T, env *streamstest.Env, cfg Config, name string, o *ownership) *groupInstance {
+func startGroupInstance(t *testing.T, env *natsservertest.Env, cfg Config, name string, o *ownership) *groupInstance {
 	t.Helper()
 	nc, err := nats.Connect(env.Server.ClientURL(), nats.Name(name))
 	if err != nil {
@@ -211,7 +211,7 @@ func TestGroupScaleOutThreeInstancesOneStoppedOneKilled(t *testing.T) {
 }
 
 func testGroupScaleOut(t *testing.T, mode string) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	keys := testKeys(20) // 10 producers (w0..w9), 2 ranks each
 	const n = 24000
 	msgs, published := manyFPMs(t, keys, n, 1_782_777_600_000)
@@ -391,7 +391,7 @@ func TestGroupTakeoverSkipsLinesOfPreviousOwner(t *testing.T) {
 }
 
 func testGroupTakeover(t *testing.T, mode string) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	msgs, published := manyFPMs(t, testKeys(6), 3000, 1_782_777_600_000)
 	cfg := testConfig(t)
 	cfg.Mode = mode
@@ -556,7 +556,7 @@ func checkGroupOutput(t *testing.T, out map[string][][]byte, published []testFPM
 // reason), and the others are written.
 func TestGroupRejectsAProducerOtherThanItsWorker(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	var msgs []*nats.Msg
 	var good []testFPM
 	for i := range 40 {
@@ -611,7 +611,7 @@ func TestConsumerDeclaredOtherwiseIsReplacedAfterItsAckFloor(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			msgs, published := manyFPMs(t, testKeys(2), 150, 1_782_777_600_000)
 			publish(t, env.JS, msgs)
 			cfg := testConfig(t)
@@ -660,7 +660,7 @@ func (f *failingPublisher) PublishMsg(ctx context.Context, msg *nats.Msg, opts .
 // that gaps report counts the pruned lines whenever the server was away at the prune.
 func TestPrunedSegmentLossEventIsStoredOnceTheServerTakesIt(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	ctx := context.Background()
 	if _, err := streams.Ensure(ctx, env.JS, streams.DefaultConfig(), nil); err != nil {
 		t.Fatal(err)
@@ -674,7 +674,7 @@ func TestPrunedSegmentLossEventIsStoredOnceTheServerTakesIt(t *testing.T) {
 		FirstObservedMs: 1_782_777_600_000, LastObservedMs: 1_782_777_600_900}
 	c.publishPruned(0, ps)
 	c.retryLosses(ctx, true) // still down: kept
-	if n := len(streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName))); n != 0 {
+	if n := len(natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName))); n != 0 {
 		t.Fatalf("%d loss events stored while the server refused them", n)
 	}
 	js.down = false
@@ -685,7 +685,7 @@ func TestPrunedSegmentLossEventIsStoredOnceTheServerTakesIt(t *testing.T) {
 	c.retryLosses(ctx, true)
 	c.retryLosses(ctx, true)
 	var got []streams.ConsumerLoss
-	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName)) {
+	for _, m := range natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName)) {
 		var l streams.ConsumerLoss
 		if err := json.Unmarshal(m.Data(), &l); err != nil {
 			t.Fatal(err)

@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -35,11 +35,11 @@ type testFPM struct {
 
 // body returns the canonical JSON body, made by the schemas codec from a msgpack payload.
 func (f testFPM) body(t testing.TB) []byte {
-	return streamstest.FPMBody(t, f.key, f.counter, f.heartbeat)
+	return natsservertest.FPMBody(t, f.key, f.counter, f.heartbeat)
 }
 
 func (f testFPM) msg(t testing.TB) *nats.Msg {
-	return streamstest.FPMMsg(t, f.key, f.counter, f.receivedMs, f.producer, f.heartbeat)
+	return natsservertest.FPMMsg(t, f.key, f.counter, f.receivedMs, f.producer, f.heartbeat)
 }
 
 // publish publishes msgs to the FPM stream (asynchronously, then waits for every ack).
@@ -235,7 +235,7 @@ func outputLines(t testing.TB, outputPath string) map[string][][]byte {
 // deadLetters returns the trace writer's dead letters, in the order they were stored.
 func deadLetters(t testing.TB, js jetstream.JetStream) []jetstream.Msg {
 	t.Helper()
-	return streamstest.Messages(t, js, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
+	return natsservertest.Messages(t, js, streams.StreamEvents, durable.RejectedSubject(ConsumerName))
 }
 
 func touch(t *testing.T, path string) {

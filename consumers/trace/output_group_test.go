@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fpmbus/fpmbus/streams/streamstest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
 // A trace output is one consumer group's: the first writer records its group; a writer of another
@@ -17,7 +17,7 @@ import (
 // the record, even while no writer of the first group runs; the first group's writers keep it.
 func TestOutputBelongsToOneGroup(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig(t)
 	cfg.Group = "first"
 	r := startWriter(t, cfg, env.JS)
@@ -29,7 +29,7 @@ func TestOutputBelongsToOneGroup(t *testing.T) {
 	if err != nil || !strings.Contains(string(body), `"group": "first"`) {
 		t.Fatalf("record %s: %q, %v", rec, body, err)
 	}
-	run := func(cfg Config, env *streamstest.Env) error {
+	run := func(cfg Config, env *natsservertest.Env) error {
 		w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithMemberID("m-"+cfg.Group))
 		if err != nil {
 			t.Fatal(err)
@@ -59,7 +59,7 @@ func TestOutputBelongsToOneGroup(t *testing.T) {
 	if err := run(cfg, env); err != nil {
 		t.Fatalf("the first group again: %v", err)
 	}
-	elsewhere := streamstest.Start(t) // the same group name on another deployment's stream
+	elsewhere := natsservertest.Start(t) // the same group name on another deployment's stream
 	if err := run(cfg, elsewhere); !errors.Is(err, ErrOutputOwned) {
 		t.Fatalf("the same group on another stream: %v, want ErrOutputOwned", err)
 	}

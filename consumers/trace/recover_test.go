@@ -12,9 +12,9 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/durable/durabletest"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -78,7 +78,7 @@ func TestRecoverySkipsLinesWrittenBeforeTheCrash(t *testing.T) {
 		"crash before any fsync":              {n: 300, pulled: 300, written: 0, roll: 1 << 20, flushes: 1},
 	} {
 		t.Run(name, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			msgs, published := manyFPMs(t, testKeys(4), tc.n, 1_782_777_600_000)
 			publish(t, env.JS, msgs)
 			cfg := testConfig(t)
@@ -115,7 +115,7 @@ func TestRecoverySkipsLinesWrittenBeforeTheCrash(t *testing.T) {
 // seeded with that line, treats the rest of interval 0 as late instead of writing a second sample.
 func TestRecoverySeedsTheSampler(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	const base = 1_782_777_600_000
 	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}
 	var msgs []*nats.Msg
@@ -190,7 +190,7 @@ func TestLostAcksInRunAreNotWrittenTwice(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
 		t.Run(mode, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			const n, base = 700, 1_782_777_600_000
 			msgs, published := manyFPMs(t, testKeys(2), n, base)
 			publish(t, env.JS, msgs)

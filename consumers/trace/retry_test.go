@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -97,7 +97,7 @@ func readableLines(t *testing.T, outputPath string) int {
 	return n
 }
 
-func consumerInfo(t *testing.T, env *streamstest.Env, durable string) (ackFloor, ackPending uint64) {
+func consumerInfo(t *testing.T, env *natsservertest.Env, durable string) (ackFloor, ackPending uint64) {
 	t.Helper()
 	c, err := env.JS.PushConsumer(context.Background(), streams.StreamFPM, durable)
 	if err != nil {
@@ -126,7 +126,7 @@ func TestWriteFailuresAreRetriedWithoutLossOrDuplicate(t *testing.T) {
 		"an outage longer than the ack wait": {fail: func(d *disk) { d.failWrite.Store(true) }, ackWait: time.Second},
 	} {
 		t.Run(name, func(t *testing.T) {
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			cfg := testConfig(t)
 			cfg.RollBytes = 64 << 10 // new segments (creates) during the outage
 			cfg.MaxSegments = 1000
@@ -190,7 +190,7 @@ func TestWriteFailuresAreRetriedWithoutLossOrDuplicate(t *testing.T) {
 // held is acked, and the next run (disk back) writes those messages exactly once.
 func TestStopWhileDiskFullLeavesMessagesUnacked(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig(t)
 	cfg.StopTimeout = 300 * time.Millisecond
 	d := &disk{}
@@ -230,7 +230,7 @@ func TestStopWhileDiskFullLeavesMessagesUnacked(t *testing.T) {
 // nothing is acknowledged.
 func TestSegmentOwnedByAnotherWriterFailsRun(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	cfg := testConfig(t)
 	w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithWriteRetry(time.Millisecond, 10*time.Millisecond))
 	if err != nil {

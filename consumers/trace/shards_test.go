@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -48,7 +48,7 @@ func TestBackfillAcrossShardsIsTheSingleStreams(t *testing.T) {
 		step   = 10
 		ivlMs  = 1000
 	)
-	one, sharded := streamstest.Start(t), streamstest.StartShards(t, shards)
+	one, sharded := natsservertest.Start(t), natsservertest.StartShards(t, shards)
 	keys := testKeys(8) // workers w0 … w3 with two ranks each
 	inShard := map[int]bool{}
 	for _, k := range keys {
@@ -69,7 +69,7 @@ func TestBackfillAcrossShardsIsTheSingleStreams(t *testing.T) {
 	publishInOrder(t, sharded.JS, toShards)
 	var stamps []time.Time // stored times on the shards, in publication order
 	for i := range shards {
-		for _, m := range streamstest.Messages(t, sharded.JS, streams.ShardStreamName(i), ">") {
+		for _, m := range natsservertest.Messages(t, sharded.JS, streams.ShardStreamName(i), ">") {
 			md, err := m.Metadata()
 			if err != nil {
 				t.Fatal(err)
@@ -231,7 +231,7 @@ func noPartitionStream(t testing.TB, js jetstream.JetStream) {
 func TestRetentionLossIsReportedPerShard(t *testing.T) {
 	t.Parallel()
 	const shards = 3
-	env := streamstest.StartShards(t, shards)
+	env := natsservertest.StartShards(t, shards)
 	keys := testKeys(8) // workers w0 … w3, every shard used
 	toShards := func(msgs []*nats.Msg) []*nats.Msg {
 		for _, m := range msgs {
@@ -301,7 +301,7 @@ func TestRetentionLossIsReportedPerShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	var losses []streams.ConsumerLoss
-	for _, m := range streamstest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName)) {
+	for _, m := range natsservertest.Messages(t, env.JS, streams.StreamEvents, streams.ConsumerLossSubject(ConsumerName)) {
 		var l streams.ConsumerLoss
 		if err := json.Unmarshal(m.Data(), &l); err != nil {
 			t.Fatal(err)
@@ -324,7 +324,7 @@ func TestRetentionLossIsReportedPerShard(t *testing.T) {
 func TestVerifyAgainstShardsIsRefused(t *testing.T) {
 	t.Parallel()
 	const shards = 3
-	env := streamstest.StartShards(t, shards)
+	env := natsservertest.StartShards(t, shards)
 	msgs, _ := manyFPMs(t, testKeys(8), 40, 1_782_777_600_000)
 	for _, m := range msgs {
 		k, err := streams.ParseFPMSubject(m.Subject)
@@ -366,7 +366,7 @@ func TestVerifyAgainstShardsIsRefused(t *testing.T) {
 func TestModeChangeOverShardsReplacesEveryShardsConsumer(t *testing.T) {
 	t.Parallel()
 	const shards = 3
-	env := streamstest.StartShards(t, shards)
+	env := natsservertest.StartShards(t, shards)
 	msgs, published := manyFPMs(t, testKeys(8), 80, 1_782_777_600_000)
 	for _, m := range msgs {
 		k, err := streams.ParseFPMSubject(m.Subject)

@@ -8,9 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -22,7 +22,7 @@ import (
 // written again, without a restart.
 func TestStartupRepairRefusedByAPlantedTemporaryFileRefusesOnlyItsProducer(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	keys := testKeys(4) // producers w0 and w1, two ranks each
 	batch := func(n int, counterFrom int64, startMs int64) ([]*nats.Msg, []testFPM) {
 		_, fs := manyFPMs(t, keys, n, startMs)

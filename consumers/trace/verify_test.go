@@ -20,9 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -165,7 +165,7 @@ func kinds(fs []tracefile.Finding) []string {
 // restored content is byte-identical (TestVerifyEstimatesLostTimestamps covers a running clock).
 func TestVerifyRepairsFromTheStream(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 	orig := writeVerifyOutput(t, env.JS, 1200, func() time.Time { return frozen })
 	seg1 := orig.segmentName("w0", 1)
@@ -344,7 +344,7 @@ func splitLines(content []byte) [][]byte {
 // line before it in the segment: never after the original, and counted as estimated.
 func TestVerifyEstimatesLostTimestamps(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	orig := writeVerifyOutput(t, env.JS, 1200, nil)
 	seg := orig.segmentName("w1", 2)
 	output := orig.copyTo(t)
@@ -422,7 +422,7 @@ func lineKeys(t *testing.T, lines [][]byte) []string {
 // read from the damaged bytes that nothing confirms — and the damaged bytes are kept.
 func TestVerifyReportsWhatTheStreamNoLongerHolds(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 	orig := writeVerifyOutput(t, env.JS, 1200, func() time.Time { return frozen })
 	output := orig.copyTo(t)
@@ -515,7 +515,7 @@ func gunzipIntact(t *testing.T, data []byte) []byte {
 // removes the copy, leaving exactly what was written before.
 func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 	orig := writeVerifyOutput(t, env.JS, 600, func() time.Time { return frozen })
 	seg := orig.segmentName("w0", 1)
@@ -600,7 +600,7 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 // The newest segment of a producer is a running writer's: reported on and repaired only when asked.
 func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	frozen := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 	orig := writeVerifyOutput(t, env.JS, 600, func() time.Time { return frozen })
 	var newest string
@@ -651,7 +651,7 @@ func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 // exactly one line, in stream order.
 func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	keys := testKeys(4)
 	msgs, fs := manyFPMs(t, keys, 2400, 1_782_777_600_000)
 	publish(t, env.JS, msgs[:1200])
@@ -706,7 +706,7 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 // had lines cannot be told from the stream, so damage is reported and nothing is rewritten.
 func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	orig := writeVerifyOutput(t, env.JS, 2400, nil, func(c *Config) {
 		c.Mode, c.SampleInterval, c.RollBytes = schemas.CaptureSampled, 5*time.Millisecond, 12_000
 	})
@@ -741,7 +741,7 @@ func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
 // older. Matched to the stream, such a trace is intact.
 func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	const base = 1_782_777_600_000 // a multiple of the interval
 	a := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 1}
 	b := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w", DPRank: 0}
@@ -802,7 +802,7 @@ func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
 // would hold them twice with the link's target.
 func TestVerifyReportsANonRegularSegmentAndRestoresNothingAroundIt(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	orig := writeVerifyOutput(t, env.JS, 1200, nil)
 	for name, plant := range map[string]func(t *testing.T, path string, data []byte){
 		"a symbolic link to a copy elsewhere": func(t *testing.T, path string, data []byte) {
@@ -856,7 +856,7 @@ func TestVerifyReportsANonRegularSegmentAndRestoresNothingAroundIt(t *testing.T)
 // in the stream, says where its lines begin, and the stream restores every one of them.
 func TestVerifyHealsTheOldestSegmentAfterPruning(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	orig := writeVerifyOutput(t, env.JS, 1200, nil)
 	output := orig.copyTo(t)
 	dir := filepath.Dir(output)

@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/predict"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // benchQuery is an interpolated decode step of the fixture's model-a cell (two grid points).
@@ -31,7 +31,7 @@ var sink predict.Answer
 // machine. The round-trip entries report rates and p99s; their ns/op covers 4 echo and 4 predict
 // requests per client share. Run: go test ./predict/service -run '^$' -bench Predict -benchtime 2s
 func BenchmarkPredict(b *testing.B) {
-	env := streamstest.Start(b)
+	env := natsservertest.Start(b)
 	kv := bucket(b, env)
 	svc := serve(b, env, kv, Config{})
 	echoConn, err := nats.Connect(env.Server.ClientURL())
@@ -135,7 +135,7 @@ func p99(ds []time.Duration) float64 {
 }
 
 // serveUntil runs a Service on its own connection and returns the function that stops it.
-func serveUntil(b *testing.B, env *streamstest.Env, kv jetstream.KeyValue, cfg Config) (stop func()) {
+func serveUntil(b *testing.B, env *natsservertest.Env, kv jetstream.KeyValue, cfg Config) (stop func()) {
 	b.Helper()
 	nc, err := nats.Connect(env.Server.ClientURL())
 	if err != nil {
@@ -174,7 +174,7 @@ func serveUntil(b *testing.B, env *streamstest.Env, kv jetstream.KeyValue, cfg C
 // Each phase lasts 3 s (at least 100 good requests), two rounds per service and flood.
 // Run: go test ./predict/service -run '^$' -bench PredictUnderFlood -benchtime 1x
 func BenchmarkPredictUnderFlood(b *testing.B) {
-	env := streamstest.Start(b)
+	env := natsservertest.Start(b)
 	kv := bucket(b, env)
 	echoConn, err := nats.Connect(env.Server.ClientURL())
 	if err != nil {

@@ -13,17 +13,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/predict"
 	"github.com/fpmbus/fpmbus/schemas"
-	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 // startWithMaxPayload runs an embedded server whose max_payload is maxPayload, with a client on it.
-func startWithMaxPayload(t testing.TB, maxPayload int32) *streamstest.Env {
+func startWithMaxPayload(t testing.TB, maxPayload int32) *natsservertest.Env {
 	t.Helper()
-	srv, err := streams.StartServer(streams.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), MaxPayload: maxPayload,
-		Sync: streams.SyncPolicy{Interval: streams.ServerDefaultSyncInterval}})
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: t.TempDir(), MaxPayload: maxPayload,
+		Sync: natsserver.SyncPolicy{Interval: natsserver.ServerDefaultSyncInterval}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func startWithMaxPayload(t testing.TB, maxPayload int32) *streamstest.Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := &streamstest.Env{Server: srv, NC: nc, JS: js}
+	env := &natsservertest.Env{Server: srv, NC: nc, JS: js}
 	t.Cleanup(env.Stop)
 	return env
 }
@@ -166,7 +166,7 @@ func TestTheLargestRequestsGetReplies(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			env := streamstest.Start(t)
+			env := natsservertest.Start(t)
 			serve(t, env, bucket(t, env), Config{MaxRequestBytes: tc.limit})
 			for what, c := range map[string]struct {
 				body []byte
@@ -187,7 +187,7 @@ func TestTheLargestRequestsGetReplies(t *testing.T) {
 // reply.
 func TestBusyServiceRepliesAtOnce(t *testing.T) {
 	t.Parallel()
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	kv := bucket(t, env)
 	s := serve(t, env, kv, Config{Workers: 1, QueueSize: 1, MaxRequestBytes: 4 << 20})
 	heavy := array(benchQuery, 5000) // some milliseconds of work each

@@ -21,10 +21,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/predict"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
-	"github.com/fpmbus/fpmbus/streams/streamstest"
 )
 
 func TestMain(m *testing.M) {
@@ -73,7 +73,7 @@ func fixtureEntries(t testing.TB) []fixtureEntry {
 }
 
 // bucket creates FPM_DATASETS on env's server holding the fixture entries.
-func bucket(t testing.TB, env *streamstest.Env) jetstream.KeyValue {
+func bucket(t testing.TB, env *natsservertest.Env) jetstream.KeyValue {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -90,7 +90,7 @@ func bucket(t testing.TB, env *streamstest.Env) jetstream.KeyValue {
 }
 
 // serve runs a Service on its own connection until the test ends.
-func serve(t testing.TB, env *streamstest.Env, kv jetstream.KeyValue, cfg Config, opts ...Option) *Service {
+func serve(t testing.TB, env *natsservertest.Env, kv jetstream.KeyValue, cfg Config, opts ...Option) *Service {
 	t.Helper()
 	nc, err := nats.Connect(env.Server.ClientURL())
 	if err != nil {
@@ -141,7 +141,7 @@ func decodeAnswer(t testing.TB, b []byte) predict.Answer {
 // The service's answers are the estimator's, byte for byte: each golden query asked alone, and all of
 // them in one array request.
 func TestServiceAnswersAsTheEstimator(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	kv := bucket(t, env)
 	serve(t, env, kv, Config{})
 	local, err := Load(context.Background(), kv)
@@ -188,7 +188,7 @@ func TestServiceAnswersAsTheEstimator(t *testing.T) {
 // afterwards (a delete marker, another value) is tampering: the service applies it and still answers
 // from the sealed value, the key's first revision.
 func TestServicePicksUpNewSealsWithoutRestart(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	kv := bucket(t, env)
 	s := serve(t, env, kv, Config{})
 	id := schemas.CellIdentity{SchemaVersion: 1, Model: "late/model", Hardware: "B200", Backend: "vllm", BackendVersion: "0.29.0",
@@ -253,7 +253,7 @@ func waitFor(t testing.TB, f func() error) {
 // bucket's): requests are never stored, and no consumer of FPM ever sees one. The contrast shows why:
 // a request on fpm.predict is stored in FPM and answered by JetStream's publish acknowledgement.
 func TestServiceSubjectsAreOutsideEveryStream(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	kv := bucket(t, env)
 	serve(t, env, kv, Config{})
 	ctx := context.Background()
@@ -320,7 +320,7 @@ func equalCounts(a, b map[string]uint64) bool {
 // Two instances in one queue group share the requests; discovery ($SRV.INFO) sees both, and each
 // endpoint's stats count its own requests.
 func TestServiceQueueGroupScaleOut(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	kv := bucket(t, env)
 	a, b := serve(t, env, kv, Config{}), serve(t, env, kv, Config{})
 	const n = 200
@@ -385,7 +385,7 @@ func TestServiceQueueGroupScaleOut(t *testing.T) {
 // Input that is not a query is a service error (400) whose body is the refused answer; a refusal of a
 // well-formed query is an answer, not an error.
 func TestServiceInvalidRequestIsAServiceError(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	kv := bucket(t, env)
 	reg := prometheus.NewRegistry()
 	s := serve(t, env, kv, Config{}, WithRegisterer(reg))
@@ -438,7 +438,7 @@ func TestServiceInvalidRequestIsAServiceError(t *testing.T) {
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
-	env := streamstest.Start(t)
+	env := natsservertest.Start(t)
 	kv := bucket(t, env)
 	for name, mk := range map[string]func() (*Service, error){
 		"queue group with a space": func() (*Service, error) { return New(Config{QueueGroup: "a b"}, env.NC, kv) },
