@@ -533,7 +533,18 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 		}
 	}
 
-	// /healthz: ok once everything healed; not ok at some point of a full disk that cost FPMs.
+	// /healthz: ok once everything healed; not ok at some point of a full disk that cost FPMs. An FPM
+	// sent while `up` itself was stopped or restarting is lost to that (its gap names it), whatever the
+	// disk did, and /healthz is answered by whichever incarnation is up: only FPMs the full disk alone
+	// can have cost count here.
+	otherFault := func(ms int64) bool {
+		for _, f := range o.faults {
+			if f.what != "disk" && ingest(f.what) && ms >= f.start.UnixMilli() && ms < f.end.UnixMilli() {
+				return true
+			}
+		}
+		return false
+	}
 	if o.shape == shapeUp {
 		for _, fw := range o.faults {
 			if fw.what != "disk" {
@@ -543,7 +554,7 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 			for _, r := range o.runs {
 				for k, sent := range r.sent {
 					for q, s := range sent {
-						if s.sentAtMs >= fw.start.UnixMilli() && s.sentAtMs < fw.end.UnixMilli() && count[runKey{r, k}][q] == 0 {
+						if s.sentAtMs >= fw.start.UnixMilli() && s.sentAtMs < fw.end.UnixMilli() && count[runKey{r, k}][q] == 0 && !otherFault(s.sentAtMs) {
 							lostDuring++
 						}
 					}

@@ -379,6 +379,17 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 
 	// The trace outputs, the tools and the second owner.
 	st := storeRun(r0, e0)
+	// diskCost: with fpmbus up, the disk was full while seqs 5-6 were sent, and they were not stored
+	// (named by a gap event); every /healthz answer then was 200.
+	diskCost := func(o *chaosObserved) {
+		o.shape, o.finalHealth = shapeUp, 200
+		o.stored = slices.Delete(o.stored, 5, 7)
+		o.outputs[0].lines = traced(o.stored)
+		o.gapEvents = []gaps.Event{gap(e0, 5, 6)}
+		o.report = report(8, 2)
+		o.faults = []chaosFault{{"disk", t0, t0.Add(time.Second)}}
+		o.health = []healthSample{{t0.Add(500 * time.Millisecond), 200}}
+	}
 	for name, c := range map[string]struct {
 		edit func(o *chaosObserved)
 		want string
@@ -399,6 +410,13 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 		}, "trace-duplicate,verify"},
 		"report undercounts":    {func(o *chaosObserved) { o.report = report(7, 0) }, "report"},
 		"healthz after healing": {func(o *chaosObserved) { o.shape, o.finalHealth = shapeUp, 503 }, "healthz"},
+		"a full disk cost FPMs, /healthz said ok throughout": {func(o *chaosObserved) {
+			diskCost(o)
+		}, "healthz"},
+		"FPMs lost while up restarted during a full disk: the restart's": {func(o *chaosObserved) {
+			diskCost(o)
+			o.faults = append(o.faults, chaosFault{"up", t0, t0.Add(time.Second)})
+		}, ""},
 		"a second owner runs": {func(o *chaosObserved) {
 			o.seconds = []*chaosSecond{{at: t0, status: "still running 8s after it started"}}
 		}, "second-instance"},
@@ -532,6 +550,16 @@ func dumpChaos(t *testing.T, dir string, s *chaosSchedule, e *chaosEnv, o *chaos
 					fmt.Fprintf(w, "  %s %d bytes\n", filepath.Base(f), st.Size())
 				}
 			}
+		}
+	})
+	write("health.txt", func(w io.Writer) {
+		fmt.Fprintln(w, "fault windows (what start end):")
+		for _, f := range o.faults {
+			fmt.Fprintf(w, "  %s %s %s\n", f.what, f.start.Format("15:04:05.000"), f.end.Format("15:04:05.000"))
+		}
+		fmt.Fprintln(w, "/healthz answers (time code; 0: no answer):")
+		for _, h := range o.health {
+			fmt.Fprintf(w, "  %s %d\n", h.at.Format("15:04:05.000"), h.code)
 		}
 	})
 	write("report.json", func(w io.Writer) {
