@@ -57,6 +57,41 @@ func runLastAt(st *State, epoch int64) (uint64, bool) {
 	return 0, false
 }
 
+// sameRunTolerance is how far apart two bridges' epochs of one publisher run may be: each is its
+// bridge's receive time of the run's first message (the bridge's own evidenceTolerance).
+const sameRunTolerance = 500
+
+// minusSeenNear returns lo..hi without the numbers st counted or named under an epoch within
+// sameRunTolerance of epoch, other than epoch itself.
+func minusSeenNear(st *State, epoch int64, lo, hi uint64) [][2]uint64 {
+	out := [][2]uint64{{lo, hi}}
+	if st == nil {
+		return out
+	}
+	for _, e := range st.Epochs {
+		if e.Epoch == epoch || e.Epoch < epoch-sameRunTolerance || e.Epoch > epoch+sameRunTolerance {
+			continue
+		}
+		for _, s := range e.Seen {
+			var next [][2]uint64
+			for _, r := range out {
+				if s[1] < r[0] || s[0] > r[1] {
+					next = append(next, r)
+					continue
+				}
+				if s[0] > r[0] {
+					next = append(next, [2]uint64{r[0], s[0] - 1})
+				}
+				if s[1] < r[1] {
+					next = append(next, [2]uint64{s[1] + 1, r[1]})
+				}
+			}
+			out = next
+		}
+	}
+	return out
+}
+
 // dropUnrevealed returns how many numbers the markers of one publisher name that no gap event names
 // (see above); st is the detector's state of the publisher, nil when it never saw an FPM of it.
 func dropUnrevealed(markers []streams.DropMarker, st *State, ended []endedRun) uint64 {
@@ -107,12 +142,23 @@ func dropUnrevealed(markers []streams.DropMarker, st *State, ended []endedRun) u
 				}
 			}
 		}
-		if first <= m.LastSeq {
-			above[rk] = append(above[rk], [2]uint64{first, m.LastSeq})
+		if first > m.LastSeq {
+			continue
 		}
+		if rk.seen {
+			above[rk] = append(above[rk], [2]uint64{first, m.LastSeq})
+			continue
+		}
+		// A run the detector saw no FPM of under the marker's epoch may be one another bridge stored under
+		// its own epoch (redundant bridges that could not agree on it): its numbers stored there are not
+		// missing.
+		above[rk] = append(above[rk], minusSeenNear(st, m.Epoch, first, m.LastSeq)...)
 	}
 	var n uint64
 	for _, rs := range above {
+		if len(rs) == 0 {
+			continue
+		}
 		slices.SortFunc(rs, func(a, b [2]uint64) int {
 			switch {
 			case a[0] < b[0]:

@@ -21,24 +21,29 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 	ended := []endedRun{{firstEpoch: e1, lastEpoch: e1 + 5, lastSeq: 49}} // a restart ended e1's run at 49
 	lateTail := &State{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
 		Epochs: []EpochSeen{{Epoch: e1 + 5, Seen: [][2]uint64{{0, 54}}, RunLast: &Point{Seq: 54, Epoch: e1 + 5}}}}
+	// Another bridge stored numbers 0-5 of a run under its own epoch, 200 ms from the marker's (the two
+	// bridges did not agree on the run); an epoch 600 ms away is another run.
+	otherBridge := &State{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
+		Epochs: []EpochSeen{{Epoch: e3 + 200, Seen: [][2]uint64{{0, 5}}}, {Epoch: e3 + 600, Seen: [][2]uint64{{6, 7}}}}}
 	for name, tc := range map[string]struct {
 		markers []streams.DropMarker
 		st      *State
 		ended   []endedRun
 		want    uint64
 	}{
-		"none":                                    {st: cur, want: 0},
-		"below the last number seen: a gap's":     {markers: []streams.DropMarker{mk(e2, 10, 20)}, st: cur, want: 0},
-		"after the last number seen":              {markers: []streams.DropMarker{mk(e2, 100, 149)}, st: cur, want: 50},
-		"across the last number seen":             {markers: []streams.DropMarker{mk(e2, 90, 109)}, st: cur, want: 10},
-		"overlapping markers count once":          {markers: []streams.DropMarker{mk(e2, 100, 149), mk(e2, 120, 159), mk(e2, 160, 160)}, st: cur, want: 61},
-		"a newer epoch nothing was seen of":       {markers: []streams.DropMarker{mk(e3, 0, 9)}, st: cur, want: 10},
-		"an ended run's tail":                     {markers: []streams.DropMarker{mk(e1+3, 40, 59)}, st: cur, ended: ended, want: 10},
-		"an ended run's numbers it had got past":  {markers: []streams.DropMarker{mk(e1, 0, 49)}, st: cur, ended: ended, want: 0},
-		"a run between known ones, never seen":    {markers: []streams.DropMarker{mk(e1+500, 0, 4)}, st: cur, ended: ended, want: 5},
-		"older than every run known":              {markers: []streams.DropMarker{mk(e1-1, 0, 4)}, st: cur, ended: ended, want: 0},
-		"a publisher nothing was ever stored of":  {markers: []streams.DropMarker{mk(e1, 0, 9), mk(e1, 5, 14)}, want: 15},
-		"same numbers of two runs count for both": {markers: []streams.DropMarker{mk(e2, 100, 109), mk(e3, 100, 109)}, st: cur, want: 20},
+		"none":                                            {st: cur, want: 0},
+		"below the last number seen: a gap's":             {markers: []streams.DropMarker{mk(e2, 10, 20)}, st: cur, want: 0},
+		"after the last number seen":                      {markers: []streams.DropMarker{mk(e2, 100, 149)}, st: cur, want: 50},
+		"across the last number seen":                     {markers: []streams.DropMarker{mk(e2, 90, 109)}, st: cur, want: 10},
+		"overlapping markers count once":                  {markers: []streams.DropMarker{mk(e2, 100, 149), mk(e2, 120, 159), mk(e2, 160, 160)}, st: cur, want: 61},
+		"a newer epoch nothing was seen of":               {markers: []streams.DropMarker{mk(e3, 0, 9)}, st: cur, want: 10},
+		"an ended run's tail":                             {markers: []streams.DropMarker{mk(e1+3, 40, 59)}, st: cur, ended: ended, want: 10},
+		"an ended run's numbers it had got past":          {markers: []streams.DropMarker{mk(e1, 0, 49)}, st: cur, ended: ended, want: 0},
+		"a run between known ones, never seen":            {markers: []streams.DropMarker{mk(e1+500, 0, 4)}, st: cur, ended: ended, want: 5},
+		"older than every run known":                      {markers: []streams.DropMarker{mk(e1-1, 0, 4)}, st: cur, ended: ended, want: 0},
+		"a publisher nothing was ever stored of":          {markers: []streams.DropMarker{mk(e1, 0, 9), mk(e1, 5, 14)}, want: 15},
+		"same numbers of two runs count for both":         {markers: []streams.DropMarker{mk(e2, 100, 109), mk(e3, 100, 109)}, st: cur, want: 20},
+		"a run another bridge stored under its own epoch": {markers: []streams.DropMarker{mk(e3, 0, 9)}, st: otherBridge, want: 4},
 		// e1's run got to 54 with FPMs stored after the next run began (its old_run says 49).
 		"an ended run's tail, past its last FPMs stored late": {markers: []streams.DropMarker{mk(e1+3, 40, 59)}, st: lateTail, ended: ended, want: 5},
 	} {
