@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -111,7 +110,7 @@ func runGaps(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	d, err := gaps.New(cfg, js, gaps.WithLogger(slog.Default()))
+	d, err := gaps.New(cfg, js)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -116,12 +116,8 @@ func (o *mergeOptions) config() (merge.Config, error) {
 }
 
 // options are the merger's options for the flags.
-func (o *mergeOptions) options() []merge.Option {
-	opts := []merge.Option{merge.WithLogger(slog.Default())}
-	if o.memberID != "" {
-		opts = append(opts, merge.WithMemberID(o.memberID))
-	}
-	return opts
+func (o *mergeOptions) options() []durable.Option {
+	return memberOptions(o.memberID)
 }
 
 func runMerge(ctx context.Context, args []string) error {
@@ -135,13 +131,14 @@ func runMerge(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Streams = scfg
+	reg := newProcessRegistry()
+	cfg.Registerer = reg
 	nc, js, err := connectAndApply(ctx, conn, scfg)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	reg := newProcessRegistry()
-	c, err := merge.New(cfg, js, append(o.options(), merge.WithRegisterer(reg))...)
+	c, err := merge.New(cfg, js, o.options()...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -58,32 +57,28 @@ func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
 }
 
 // consumerConfig is the sealer consumer's config for the flags and the streams.
-func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.ConsumerConfig, error) {
+func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.Config, error) {
 	name := func(n string) string { return flagName(o.prefix, n) }
 	switch {
 	case o.partitions < 1 || o.partitions > durable.MaxPartitions:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("seal-partitions"), o.partitions, durable.MaxPartitions)
+		return seal.Config{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("seal-partitions"), o.partitions, durable.MaxPartitions)
 	case o.pinnedTTL < durable.MinPinnedTTL || o.pinnedTTL > durable.MaxPinnedTTL:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("seal-pinned-ttl"), o.pinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
+		return seal.Config{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("seal-pinned-ttl"), o.pinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
 	case o.maxDeliveries < 0:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, name("seal-max-deliveries"), o.maxDeliveries)
+		return seal.Config{}, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, name("seal-max-deliveries"), o.maxDeliveries)
 	case o.maxArtefact < 1:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("seal-max-artefact-size"), o.maxArtefact)
+		return seal.Config{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("seal-max-artefact-size"), o.maxArtefact)
 	}
-	return seal.ConsumerConfig{
+	return seal.Config{
 		HoldingConfig: durable.HoldingConfig{Durable: o.durable, Partitions: o.partitions, PinnedTTL: o.pinnedTTL,
 			AckWait: o.ackWait, MaxDeliveries: o.maxDeliveries},
 		AllowPartial: o.allowPartial, ProfileWait: o.profileWait, Streams: scfg, MaxArtefactSize: o.maxArtefact,
 	}, nil
 }
 
-// consumerOptions are the sealer consumer's options for the flags; s seals.
-func (o *sealOptions) consumerOptions(s *seal.Sealer) []seal.ConsumerOption {
-	opts := []seal.ConsumerOption{seal.WithLogger(slog.Default()), seal.WithSealer(s)}
-	if o.memberID != "" {
-		opts = append(opts, seal.WithMemberID(o.memberID))
-	}
-	return opts
+// consumerOptions are the sealer consumer's options for the flags.
+func (o *sealOptions) consumerOptions() []durable.Option {
+	return memberOptions(o.memberID)
 }
 
 // openSealer connects, creates FPM_DATASETS idempotently and returns a sealer on it, and the connection,
@@ -104,7 +99,7 @@ func openSealer(ctx context.Context, conn *connOptions, scfg *streams.Config, so
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	s, err := seal.New(kv, seal.WithSource(source))
+	s, err := seal.NewSealer(kv, seal.WithSource(source))
 	if err != nil {
 		nc.Close()
 		return nil, nil, nil, err
@@ -118,7 +113,7 @@ func runSeal(ctx context.Context, args []string) error {
 	scfg := streamFlags(fs)
 	o := sealFlags(fs, "")
 	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9468")
-	cfg, err := parseStage(fs, args, scfg, func() (seal.ConsumerConfig, error) { return o.consumerConfig(*scfg) })
+	cfg, err := parseStage(fs, args, scfg, func() (seal.Config, error) { return o.consumerConfig(*scfg) })
 	if err != nil {
 		return err
 	}
@@ -128,7 +123,8 @@ func runSeal(ctx context.Context, args []string) error {
 	}
 	defer nc.Close()
 	reg := newProcessRegistry()
-	c, err := seal.NewConsumer(cfg, js, append(o.consumerOptions(s), seal.WithRegisterer(reg))...)
+	cfg.Sealer, cfg.Registerer = s, reg
+	c, err := seal.New(cfg, js, o.consumerOptions()...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -67,7 +66,7 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 	rep := newProgressMeter(show, progressOut, "backfill", "messages")
 	res, err := trace.Backfill(ctx, cfg, js, rng, func(bp trace.BackfillProgress) {
 		rep.update(bp.Done, bp.Total, fmt.Sprintf("stream sequence %d", bp.Seq))
-	}, trace.WithLogger(slog.Default()))
+	})
 	rep.finish()
 	if err != nil && res.Resume == nil {
 		if errors.Is(err, trace.ErrBadRange) || errors.Is(err, trace.ErrInvalidConfig) {

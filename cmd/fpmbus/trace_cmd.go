@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -169,11 +168,7 @@ func runTrace(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	opts := []trace.Option{trace.WithLogger(slog.Default())}
-	if member != "" {
-		opts = append(opts, trace.WithMemberID(member))
-	}
-	w, err := trace.New(cfg, js, opts...)
+	w, err := trace.New(cfg, js, memberOptions(member)...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

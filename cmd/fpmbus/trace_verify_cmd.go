@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -75,7 +74,7 @@ func runTraceVerify(ctx context.Context, args []string) error {
 		defer nc.Close()
 		js = j
 	}
-	rep, err := trace.Verify(ctx, cfg, js, trace.WithLogger(slog.Default()))
+	rep, err := trace.Verify(ctx, cfg, js)
 	if err != nil {
 		if errors.Is(err, trace.ErrInvalidConfig) {
 			return fmt.Errorf("%w: %v", errUsage, err)

@@ -122,7 +122,7 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 			cfg.OutputPath = filepath.Join(t.TempDir(), "backfill", "fpm")
 			var last BackfillProgress
 			calls := 0
-			res, err := Backfill(context.Background(), cfg, env.JS, tc.rng, func(p BackfillProgress) { last = p; calls++ }, WithLogger(testLogger(t)))
+			res, err := Backfill(context.Background(), logTo(cfg, testLogger(t)), env.JS, tc.rng, func(p BackfillProgress) { last = p; calls++ })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -196,7 +196,7 @@ func TestBackfillRanges(t *testing.T) {
 			cfg := testConfig(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			res, err := Backfill(ctx, cfg, env.JS, tc.rng, nil, WithLogger(testLogger(t)))
+			res, err := Backfill(ctx, logTo(cfg, testLogger(t)), env.JS, tc.rng, nil)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tc.wantErr)

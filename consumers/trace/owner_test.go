@@ -120,7 +120,7 @@ func TestBackfillIsRefusedWhileAWriterOwnsTheOutput(t *testing.T) {
 		return out
 	}
 	before := files(cfg.OutputPath)
-	_, err := Backfill(context.Background(), cfg, env.JS, BackfillRange{}, nil, WithLogger(testLogger(t)))
+	_, err := Backfill(context.Background(), logTo(cfg, testLogger(t)), env.JS, BackfillRange{}, nil)
 	var held *fsutil.HeldError
 	if !errors.Is(err, ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" || !strings.Contains(err.Error(), "trace backfill") {
 		t.Fatalf("backfill into the writer's output: %v, want it refused naming the writer", err)
@@ -130,7 +130,7 @@ func TestBackfillIsRefusedWhileAWriterOwnsTheOutput(t *testing.T) {
 	}
 	other := cfg
 	other.OutputPath = filepath.Join(t.TempDir(), "backfill", "fpm")
-	res, err := Backfill(context.Background(), other, env.JS, BackfillRange{}, nil, WithLogger(testLogger(t)))
+	res, err := Backfill(context.Background(), logTo(other, testLogger(t)), env.JS, BackfillRange{}, nil)
 	if err != nil || res.Lines != uint64(len(msgs)) {
 		t.Fatalf("backfill into another output: %+v, %v", res, err)
 	}

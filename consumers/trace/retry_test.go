@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/streams/streamstest"
@@ -131,7 +132,7 @@ func TestWriteFailuresAreRetriedWithoutLossOrDuplicate(t *testing.T) {
 			cfg.MaxSegments = 1000
 			cfg.AckWait = tc.ackWait
 			d := &disk{}
-			w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithWriteRetry(time.Millisecond, 20*time.Millisecond))
+			w, err := New(logTo(retrying(cfg, time.Millisecond, 20*time.Millisecond), testLogger(t)), env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -193,7 +194,7 @@ func TestStopWhileDiskFullLeavesMessagesUnacked(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.StopTimeout = 300 * time.Millisecond
 	d := &disk{}
-	w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithWriteRetry(time.Millisecond, 10*time.Millisecond), WithMemberID("test-"+cfg.Group))
+	w, err := New(logTo(retrying(cfg, time.Millisecond, 10*time.Millisecond), testLogger(t)), env.JS, durable.WithMemberID("test-"+cfg.Group))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +232,7 @@ func TestSegmentOwnedByAnotherWriterFailsRun(t *testing.T) {
 	t.Parallel()
 	env := streamstest.Start(t)
 	cfg := testConfig(t)
-	w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithWriteRetry(time.Millisecond, 10*time.Millisecond))
+	w, err := New(logTo(retrying(cfg, time.Millisecond, 10*time.Millisecond), testLogger(t)), env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}

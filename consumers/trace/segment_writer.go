@@ -20,7 +20,7 @@ import (
 // DefaultCompressionLevel is the gzip level of new members: klauspost's level 1 (BestSpeed). Dynamo
 // uses flate2's default (6); on trace lines, which repeat their keys, level 1 costs about 15-20% more
 // disk (~20 instead of ~17 bytes per 700-byte line) and compresses about twice as fast, which keeps the
-// writer close to the consumer's ack-only rate. WithCompressionLevel chooses another.
+// writer close to the consumer's ack-only rate. Config.CompressionLevel chooses another.
 const DefaultCompressionLevel = 1
 
 // ErrWriterClosed is returned by a SegmentWriter used after Close.

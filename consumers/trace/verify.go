@@ -120,6 +120,10 @@ type VerifyConfig struct {
 	// Progress, when set, is called as Verify goes (from Verify's goroutine): reading the segment
 	// files (bytes), then the stream (messages), then rewriting damaged segments (segments).
 	Progress func(VerifyProgress)
+	// CompressionLevel is the gzip level of the members a repair writes (0: DefaultCompressionLevel).
+	CompressionLevel int
+	// Logger [slog.Default()].
+	Logger *slog.Logger
 }
 
 // VerifyProgress is how far one phase of a Verify is.
@@ -260,9 +264,8 @@ type LineID struct {
 
 // Verify checks the segments of cfg.OutputPath (see above). js may be nil: then the files alone are
 // checked. A damaged segment is a finding, not an error; the error is for what prevents the check (no
-// segments, an unreadable file, the stream unreachable). Options: WithLogger, WithCompressionLevel (of
-// the members a repair writes).
-func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts ...Option) (*VerifyReport, error) {
+// segments, an unreadable file, the stream unreachable).
+func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream) (*VerifyReport, error) {
 	if cfg.OutputPath == "" {
 		return nil, fmt.Errorf("%w: verify: no output path", ErrInvalidConfig)
 	}
@@ -272,10 +275,14 @@ func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts 
 	if cfg.Repair && js == nil {
 		return nil, fmt.Errorf("%w: verify: repairing needs the stream", ErrInvalidConfig)
 	}
-	set, err := newSettings(opts)
+	if cfg.CompressionLevel != 0 && (cfg.CompressionLevel < 1 || cfg.CompressionLevel > 9) {
+		return nil, fmt.Errorf("%w: gzip level %d: want 1 to 9", ErrInvalidConfig, cfg.CompressionLevel)
+	}
+	set, err := newSettings(nil)
 	if err != nil {
 		return nil, err
 	}
+	set = set.configured(Config{Logger: cfg.Logger, CompressionLevel: cfg.CompressionLevel})
 	if js != nil {
 		if err := refuseShards(ctx, js); err != nil {
 			return nil, err

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -43,9 +44,9 @@ func writeVerifyOutput(t *testing.T, js jetstream.JetStream, n int, clock func()
 		c(&cfg)
 	}
 	cfg.RollBytes, cfg.BufferSize, cfg.MaxSegments, cfg.MaxAckPending = 20_000, 4_000, 1000, 24
-	opts := []Option{}
+	opts := []durable.Option{}
 	if clock != nil {
-		opts = append(opts, WithClock(clock))
+		opts = append(opts, durable.WithClock(clock))
 	}
 	r := startWriter(t, cfg, js, opts...)
 	waitConsumed(t, js, cfg.Group)
@@ -221,7 +222,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The files alone.
-			rep, err := Verify(ctx, VerifyConfig{OutputPath: output}, nil, WithLogger(testLogger(t)))
+			rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Logger: testLogger(t)}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -236,7 +237,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				}
 			}
 			// With the stream, as a dry run: restorable, nothing written.
-			rep, err = Verify(ctx, VerifyConfig{OutputPath: output}, env.JS, WithLogger(testLogger(t)))
+			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -254,7 +255,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				t.Fatal("a verify without --repair changed the segment")
 			}
 			// Repair.
-			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -291,7 +292,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 			if fi, err := os.Stat(path + verifyTmpSuffix); err == nil {
 				t.Fatalf("temporary file left: %v", fi.Name())
 			}
-			rep, err = Verify(ctx, VerifyConfig{OutputPath: output}, env.JS, WithLogger(testLogger(t)))
+			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -332,7 +333,7 @@ func TestVerifyEstimatesLostTimestamps(t *testing.T) {
 	if err := os.WriteFile(path, orig.files[seg][:b.off+(b.end-b.off)/2], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +426,7 @@ func TestVerifyReportsWhatTheStreamNoLongerHolds(t *testing.T) {
 	if err := s.Purge(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -534,14 +535,14 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 			if err := os.WriteFile(path, damaged, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			rep, err := Verify(ctx, VerifyConfig{OutputPath: output}, nil, WithLogger(testLogger(t)))
+			rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Logger: testLogger(t)}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if tc.offline != (rep.Damaged != 0) {
 				t.Fatalf("the files alone (whole members, one frozen clock) show %d findings", rep.Damaged)
 			}
-			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -599,7 +600,7 @@ func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := Verify(ctx, VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,7 +610,7 @@ func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 	if got, _ := os.ReadFile(path); !bytes.Equal(got, damaged) {
 		t.Fatal("the active segment was rewritten")
 	}
-	rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true, IncludeActive: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err = Verify(ctx, VerifyConfig{OutputPath: output, Repair: true, IncludeActive: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -701,7 +702,7 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	if err := os.WriteFile(seg, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	_, err = Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true, Logger: testLogger(t)}, env.JS)
 	var held *fsutil.HeldError
 	if !errors.Is(err, ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" ||
 		!strings.Contains(err.Error(), PrefixLockPath(SegmentPrefix(cfg.OutputPath, "w0"))) {
@@ -715,7 +716,7 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -755,7 +756,7 @@ func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -812,7 +813,7 @@ func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
 	if got := strings.Join(order, " "); !strings.HasPrefix(got, "0/1 1/1") {
 		t.Fatalf("lines (dp_rank/counter_id) %s: want b's first sample before a's", got)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -860,7 +861,7 @@ func TestVerifyReportsANonRegularSegmentAndRestoresNothingAroundIt(t *testing.T)
 				t.Fatal(err)
 			}
 			plant(t, path, orig.files[seg])
-			rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+			rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -904,7 +905,7 @@ func TestVerifyHealsTheOldestSegmentAfterPruning(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, seg), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true}, env.JS, WithLogger(testLogger(t)))
+	rep, err := Verify(context.Background(), VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
