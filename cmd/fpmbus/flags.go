@@ -200,3 +200,12 @@ func memberOptions(id string) []durable.Option {
 	}
 	return []durable.Option{durable.WithMemberID(id)}
 }
+
+// usageError is err as a usage error (exit status 2) when it wraps the component's invalid sentinel:
+// a component's Flags.Config refused a flag's value.
+func usageError(err, invalid error) error {
+	if errors.Is(err, invalid) {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return err
+}

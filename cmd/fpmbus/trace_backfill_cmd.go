@@ -26,7 +26,7 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 	fs := newFlagSet("trace backfill", traceBackfillSynopsis)
 	conn := connFlags(fs, "trace-backfill")
 	topts, cf := traceOutputFlags(fs, "")
-	cf.done()
+	cf.Done()
 	since := fs.String("since", "", "replay messages stored at or after this time")
 	until := fs.String("until", "", "replay messages stored at or before this time")
 	startSeq := fs.Uint64("start-seq", 0, "first stream sequence to replay")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/observe"
 )
 
@@ -49,36 +50,36 @@ type traceOptions struct {
 func traceFlags(fs *flag.FlagSet, prefix string) *traceOptions {
 	o, cf := traceOutputFlags(fs, prefix)
 	d := trace.DefaultConfig()
-	fs.StringVar(&o.group, cf.name("group"), d.Group, "consumer group: instances with the same name share the producers (consumer <group> on FPM with one partition); split work otherwise with disjoint "+flagName(prefix, "filter")+" and names")
-	fs.DurationVar(&o.stopTimeout, cf.name("stop-timeout"), d.StopTimeout, "on interrupt, how long to keep writing what was already received")
-	fs.DurationVar(&o.flushInterval, cf.name("trace-flush-interval"), d.FlushInterval, "longest a received FPM waits before its line is fsynced and the message acked")
-	fs.IntVar(&o.maxAckPending, cf.name("trace-max-ack-pending"), d.MaxAckPending, "messages the trace consumer may hold unacked (a flush starts at a quarter of it)")
-	fs.DurationVar(&o.ackWait, cf.name("trace-ack-wait"), 0, "ack wait of the trace consumer: an unacked message is redelivered after it (0: automatic, at least 60s)")
-	fs.IntVar(&o.maxDeliveries, cf.name("trace-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 5)")
-	cf.done()
+	fs.StringVar(&o.group, cf.Name("group"), d.Group, "consumer group: instances with the same name share the producers (consumer <group> on FPM with one partition); split work otherwise with disjoint "+flagprefix.Flag(prefix, "filter")+" and names")
+	fs.DurationVar(&o.stopTimeout, cf.Name("stop-timeout"), d.StopTimeout, "on interrupt, how long to keep writing what was already received")
+	fs.DurationVar(&o.flushInterval, cf.Name("trace-flush-interval"), d.FlushInterval, "longest a received FPM waits before its line is fsynced and the message acked")
+	fs.IntVar(&o.maxAckPending, cf.Name("trace-max-ack-pending"), d.MaxAckPending, "messages the trace consumer may hold unacked (a flush starts at a quarter of it)")
+	fs.DurationVar(&o.ackWait, cf.Name("trace-ack-wait"), 0, "ack wait of the trace consumer: an unacked message is redelivered after it (0: automatic, at least 60s)")
+	fs.IntVar(&o.maxDeliveries, cf.Name("trace-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 5)")
+	cf.Done()
 	return o
 }
 
 // traceOutputFlags registers what shapes the trace files (mode, path, interval, rolling, retention,
 // producer id, filter), shared by the writer and `trace backfill`; the other options keep their
-// defaults. The caller registers its further flags with cf and calls cf.done().
-func traceOutputFlags(fs *flag.FlagSet, prefix string) (*traceOptions, *componentFlags) {
+// defaults. The caller registers its further flags with cf and calls cf.Done().
+func traceOutputFlags(fs *flag.FlagSet, prefix string) (*traceOptions, *flagprefix.Component) {
 	d := trace.DefaultConfig()
 	o := &traceOptions{prefix: prefix, env: newEnvDefaults(fs), group: d.Group, stopTimeout: d.StopTimeout, flushInterval: d.FlushInterval, maxAckPending: d.MaxAckPending}
-	cf := newComponentFlags(fs, prefix)
-	env := func(flag, name, def string) string { return o.env.text(prefixedName(prefix, flag), name, def) }
-	fs.StringVar(&o.mode, cf.name("trace-mode"), env("trace-mode", trace.EnvMode, d.Mode), "capture mode: sampled (newest FPM per key per interval) or full (every FPM) (env "+trace.EnvMode+")")
-	fs.StringVar(&o.output, cf.name("trace-output"), env("trace-output", trace.EnvOutputPath, d.OutputPath), "output path; files are <path without .jsonl[.gz]>.<producer>.<index:06>.jsonl.gz (env "+trace.EnvOutputPath+")")
-	fs.StringVar(&o.sampleInterval, cf.name("sample-interval"), env("sample-interval", trace.EnvSampleInterval, fmt.Sprint(d.SampleInterval.Milliseconds())), "sampled mode interval in milliseconds, a positive integer (env "+trace.EnvSampleInterval+")")
-	fs.StringVar(&o.rollBytes, cf.name("roll-bytes"), env("roll-bytes", trace.EnvRollBytes, fmt.Sprint(d.RollBytes)), "start a new segment before it exceeds this many uncompressed bytes (env "+trace.EnvRollBytes+")")
-	fs.StringVar(&o.maxSegments, cf.name("max-segments"), env("max-segments", trace.EnvMaxSegments, fmt.Sprint(d.MaxSegments)), "segments kept per producer, the active one included (env "+trace.EnvMaxSegments+")")
-	fs.StringVar(&o.producerID, cf.name("producer-id"), "", "file every FPM under this producer id (default: the message's Fpm-Producer header, else its worker_id)")
-	fs.StringVar(&o.filter, cf.name("filter"), d.FilterSubject, "FPM subjects to trace, e.g. fpm.dynamo.backend.>")
+	cf := flagprefix.On(fs, prefix)
+	env := func(flag, name, def string) string { return o.env.text(flagprefix.Name(prefix, flag), name, def) }
+	fs.StringVar(&o.mode, cf.Name("trace-mode"), env("trace-mode", trace.EnvMode, d.Mode), "capture mode: sampled (newest FPM per key per interval) or full (every FPM) (env "+trace.EnvMode+")")
+	fs.StringVar(&o.output, cf.Name("trace-output"), env("trace-output", trace.EnvOutputPath, d.OutputPath), "output path; files are <path without .jsonl[.gz]>.<producer>.<index:06>.jsonl.gz (env "+trace.EnvOutputPath+")")
+	fs.StringVar(&o.sampleInterval, cf.Name("sample-interval"), env("sample-interval", trace.EnvSampleInterval, fmt.Sprint(d.SampleInterval.Milliseconds())), "sampled mode interval in milliseconds, a positive integer (env "+trace.EnvSampleInterval+")")
+	fs.StringVar(&o.rollBytes, cf.Name("roll-bytes"), env("roll-bytes", trace.EnvRollBytes, fmt.Sprint(d.RollBytes)), "start a new segment before it exceeds this many uncompressed bytes (env "+trace.EnvRollBytes+")")
+	fs.StringVar(&o.maxSegments, cf.Name("max-segments"), env("max-segments", trace.EnvMaxSegments, fmt.Sprint(d.MaxSegments)), "segments kept per producer, the active one included (env "+trace.EnvMaxSegments+")")
+	fs.StringVar(&o.producerID, cf.Name("producer-id"), "", "file every FPM under this producer id (default: the message's Fpm-Producer header, else its worker_id)")
+	fs.StringVar(&o.filter, cf.Name("filter"), d.FilterSubject, "FPM subjects to trace, e.g. fpm.dynamo.backend.>")
 	return o, cf
 }
 
 // flag is the registered name of the trace flag standalone-named n, for messages.
-func (o *traceOptions) flag(n string) string { return flagName(o.prefix, n) }
+func (o *traceOptions) flag(n string) string { return flagprefix.Flag(o.prefix, n) }
 
 // config turns the flags into a validated trace.Config; a bad value is a usage error naming the flag,
 // its variable and the value.
