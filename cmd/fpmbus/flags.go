@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -190,15 +189,6 @@ func storageFromFlag(s string) (jetstream.StorageType, error) {
 		return jetstream.MemoryStorage, nil
 	}
 	return 0, fmt.Errorf("%w: --storage %q: want file or memory", errUsage, s)
-}
-
-// memberOptions names this instance in its consumer group when the member id flag was given (empty:
-// the group's default, <host>-<pid>-<random>).
-func memberOptions(id string) []durable.Option {
-	if id == "" {
-		return nil
-	}
-	return []durable.Option{durable.WithMemberID(id)}
 }
 
 // usageError is err as a usage error (exit status 2) when it wraps the component's invalid sentinel:

@@ -25,8 +25,8 @@ const traceBackfillSynopsis = "trace backfill [--server URL] (--since T [--until
 func runTraceBackfill(ctx context.Context, args []string) error {
 	fs := newFlagSet("trace backfill", traceBackfillSynopsis)
 	conn := connFlags(fs, "trace-backfill")
-	topts, cf := traceOutputFlags(fs, "")
-	cf.Done()
+	topts := traceOutputFlags(fs, "")
+	topts.flags.Done()
 	since := fs.String("since", "", "replay messages stored at or after this time")
 	until := fs.String("until", "", "replay messages stored at or before this time")
 	startSeq := fs.Uint64("start-seq", 0, "first stream sequence to replay")

@@ -57,11 +57,11 @@ func (f *HoldingFlags) Check(h HoldingConfig, sentinel error) error {
 	name := func(n string) string { return f.cf.Flag(f.stage + "-" + n) }
 	switch {
 	case h.Partitions < 1 || h.Partitions > MaxPartitions:
-		return fmt.Errorf("%w: %s %d: want 1 to %d", sentinel, name("partitions"), h.Partitions, MaxPartitions)
+		return flagprefix.Invalid(sentinel, "%s %d: want 1 to %d", name("partitions"), h.Partitions, MaxPartitions)
 	case h.PinnedTTL < MinPinnedTTL || h.PinnedTTL > MaxPinnedTTL:
-		return fmt.Errorf("%w: %s %v: want %v to %v", sentinel, name("pinned-ttl"), h.PinnedTTL, MinPinnedTTL, MaxPinnedTTL)
+		return flagprefix.Invalid(sentinel, "%s %v: want %v to %v", name("pinned-ttl"), h.PinnedTTL, MinPinnedTTL, MaxPinnedTTL)
 	case h.MaxDeliveries < 0:
-		return fmt.Errorf("%w: %s %d: want 0 (the default) or more", sentinel, name("max-deliveries"), h.MaxDeliveries)
+		return flagprefix.Invalid(sentinel, "%s %d: want 0 (the default) or more", name("max-deliveries"), h.MaxDeliveries)
 	}
 	return nil
 }

@@ -48,16 +48,16 @@ func (f *Flags) Config() (Config, error) {
 	c := *f.cfg
 	switch {
 	case c.PinnedTTL < durable.MinPinnedTTL || c.PinnedTTL > durable.MaxPinnedTTL:
-		return c, fmt.Errorf("%w: %s %v: want %v to %v", ErrInvalidConfig, f.cf.Flag("gaps-pinned-ttl"), c.PinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
+		return c, flagprefix.Invalid(ErrInvalidConfig, "%s %v: want %v to %v", f.cf.Flag("gaps-pinned-ttl"), c.PinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
 	}
 	if err := c.Validate(); err != nil {
 		return c, err
 	}
 	if err := c.PartitionConfig().Validate(); err != nil {
-		return c, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return c, flagprefix.Invalid(ErrInvalidConfig, "%v", err)
 	}
 	if c.MaxDeliveries < 0 {
-		return c, fmt.Errorf("%w: %s %d: want 0 (the default) or more", ErrInvalidConfig, f.cf.Flag("gaps-max-deliveries"), c.MaxDeliveries)
+		return c, flagprefix.Invalid(ErrInvalidConfig, "%s %d: want 0 (the default) or more", f.cf.Flag("gaps-max-deliveries"), c.MaxDeliveries)
 	}
 	return c, nil
 }

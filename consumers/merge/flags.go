@@ -2,7 +2,6 @@ package merge
 
 import (
 	"flag"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -72,7 +71,7 @@ func (f *Flags) Config() (Config, error) {
 		pi, err1 := strconv.Atoi(i)
 		pn, err2 := strconv.Atoi(n)
 		if !ok || err1 != nil || err2 != nil || pn < 1 || pi < 0 || pi >= pn {
-			return Config{}, fmt.Errorf("%w: %s %q: want I/N with 0 <= I < N", ErrInvalidConfig, name("merge-partition"), f.partition)
+			return Config{}, flagprefix.Invalid(ErrInvalidConfig, "%s %q: want I/N with 0 <= I < N", name("merge-partition"), f.partition)
 		}
 		if f.given(f.cf.Name("merge-partitions")) {
 			slog.Warn(name("merge-partition") + " is deprecated and ignored: " + name("merge-partitions") + " is given")
@@ -86,16 +85,16 @@ func (f *Flags) Config() (Config, error) {
 	case err != nil:
 		return Config{}, err
 	case c.RankTimeout <= 0:
-		return Config{}, fmt.Errorf("%w: %s %v must be positive", ErrInvalidConfig, name("rank-timeout"), c.RankTimeout)
+		return Config{}, flagprefix.Invalid(ErrInvalidConfig, "%s %v must be positive", name("rank-timeout"), c.RankTimeout)
 	case !strings.Contains(c.Output, RunIDPlaceholder):
-		return Config{}, fmt.Errorf("%w: %s %q must contain %s: the merger writes one artefact per run", ErrInvalidConfig, name("bench-output"), c.Output, RunIDPlaceholder)
+		return Config{}, flagprefix.Invalid(ErrInvalidConfig, "%s %q must contain %s: the merger writes one artefact per run", name("bench-output"), c.Output, RunIDPlaceholder)
 	case c.InlineMax < 1:
-		return Config{}, fmt.Errorf("%w: %s %d must be positive", ErrInvalidConfig, name("inline-max"), c.InlineMax)
+		return Config{}, flagprefix.Invalid(ErrInvalidConfig, "%s %d must be positive", name("inline-max"), c.InlineMax)
 	case c.MaxArtefactSize < 1:
-		return Config{}, fmt.Errorf("%w: %s %d must be positive", ErrInvalidConfig, name("merge-max-artefact-size"), c.MaxArtefactSize)
+		return Config{}, flagprefix.Invalid(ErrInvalidConfig, "%s %d must be positive", name("merge-max-artefact-size"), c.MaxArtefactSize)
 	}
 	if err := CheckOutputTemplate(c.Output); err != nil {
-		return Config{}, fmt.Errorf("%w: %s: %v", ErrInvalidConfig, name("bench-output"), err)
+		return Config{}, flagprefix.Invalid(ErrInvalidConfig, "%s: %v", name("bench-output"), err)
 	}
 	return c, nil
 }

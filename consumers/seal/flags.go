@@ -2,7 +2,6 @@ package seal
 
 import (
 	"flag"
-	"fmt"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
@@ -51,7 +50,7 @@ func (f *Flags) Config(scfg streams.Config) (Config, error) {
 		return Config{}, err
 	}
 	if c.MaxArtefactSize < 1 {
-		return Config{}, fmt.Errorf("%w: %s %d must be positive", ErrInvalidConfig, f.cf.Flag("seal-max-artefact-size"), c.MaxArtefactSize)
+		return Config{}, flagprefix.Invalid(ErrInvalidConfig, "%s %d must be positive", f.cf.Flag("seal-max-artefact-size"), c.MaxArtefactSize)
 	}
 	c.Streams = scfg
 	return c, nil

@@ -25,6 +25,7 @@ package flagprefix
 
 import (
 	"flag"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -119,3 +120,18 @@ func (a *Alias) Set(v string) error {
 }
 
 func (a *Alias) IsBoolFlag() bool { return a != nil && a.isBool }
+
+// Invalid is a flag value a component's Flags.Config refuses: its message names the flag and the value
+// (formatted from format and args) and nothing else, since the command reports it as a usage error,
+// and it wraps the component's sentinel (its ErrInvalidConfig), so that errors.Is finds it.
+func Invalid(sentinel error, format string, args ...any) error {
+	return &invalidFlag{sentinel: sentinel, msg: fmt.Sprintf(format, args...)}
+}
+
+type invalidFlag struct {
+	sentinel error
+	msg      string
+}
+
+func (e *invalidFlag) Error() string { return e.msg }
+func (e *invalidFlag) Unwrap() error { return e.sentinel }
