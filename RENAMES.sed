@@ -31,4 +31,22 @@ s/\b\(seal\|merge\|gaps\|trace\)\.WithClock\b/durable.WithClock/g
 #   no longer aliases of partition.Config / partition.Filter; durable.FPMGroup defaults to Partitions 0
 #   (one per FPM shard, resolved by durable.New), durable.BenchGroup to 1.
 #   durable.ApplyOptions(sentinel, opts) (Settings, error); durable.CheckStage(check, js, sentinel, opts) (Settings, error).
-# New import paths: none.
+# Flags next to their configs (cmd/fpmbus, package main): the prefix rule moved to internal/flagprefix.
+s/\bprefixedName(/flagprefix.Name(/g
+s/\([^.A-Za-z_]\)flagName(/\1flagprefix.Flag(/g
+s/\bdeprecateUnprefixed(/flagprefix.DeprecateUnprefixed(/g
+s/\bnewComponentFlags(/flagprefix.On(/g
+s/\*componentFlags\b/*flagprefix.Component/g
+s/\bcf\.name(/cf.Name(/g
+s/\bcf\.done()/cf.Done()/g
+s/\baliasFlag\b/flagprefix.Alias/g
+s/\btracePrefix\b/flagprefix.Trace/g
+s/\bgapsPrefix\b/flagprefix.Gaps/g
+s/\bmergePrefix\b/flagprefix.Merge/g
+s/\bsealPrefix\b/flagprefix.Seal/g
+# cmd/fpmbus: traceOutputFlags(fs, p) now returns only *traceOptions (call .flags.Done() after adding flags);
+#   traceGroupFlags/traceGroupOptions are gone (trace.Flags.RegisterGroupFlags, .Options());
+#   memberOptions is gone (merge/seal/trace Flags.Options()); the consumers' flags are
+#   gaps/merge/seal/trace Config.RegisterFlags + Flags.Config; durable.HoldingConfig.RegisterFlags for
+#   the holding stages' group flags; usageError(err, pkg.ErrInvalidConfig) maps a refused flag value to errUsage.
+# New import paths: github.com/fpmbus/fpmbus/internal/flagprefix

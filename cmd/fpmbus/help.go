@@ -46,7 +46,7 @@ func inFlagGroup(fs *flag.FlagSet, title string, register func()) {
 }
 
 // isDeprecatedAlias reports whether f is a deprecated name: an old name kept for `fpmbus up`
-// (flagprefix.go), or a flag whose usage says it is deprecated.
+// (internal/flagprefix), or a flag whose usage says it is deprecated.
 func isDeprecatedAlias(f *flag.Flag) bool {
 	_, ok := f.Value.(*flagprefix.Alias)
 	return ok || strings.HasPrefix(f.Usage, "deprecated")
