@@ -50,3 +50,6 @@ s/\bsealPrefix\b/flagprefix.Seal/g
 #   gaps/merge/seal/trace Config.RegisterFlags + Flags.Config; durable.HoldingConfig.RegisterFlags for
 #   the holding stages' group flags; usageError(err, pkg.ErrInvalidConfig) maps a refused flag value to errUsage.
 # New import paths: github.com/fpmbus/fpmbus/internal/flagprefix
+# cmd/fpmbus trace replay: the dry-run printing moved to the replay package.
+s/\bwritePlan(/replay.WritePlan(/g
+s/\bwriteDamage(\([^,]*\), \([^)]*\))/\2.WriteDamage(\1)/g
