@@ -53,3 +53,7 @@ s/\bsealPrefix\b/flagprefix.Seal/g
 # cmd/fpmbus trace replay: the dry-run printing moved to the replay package.
 s/\bwritePlan(/replay.WritePlan(/g
 s/\bwriteDamage(\([^,]*\), \([^)]*\))/\2.WriteDamage(\1)/g
+# cmd/fpmbus datasets: the printing of the sealer's reports moved to the seal package.
+s/\bprintReport(\([^,]*\), \([^)]*\))/_ = \2.WriteText(\1)/g
+s/\bdatasetsHistory(/seal.WriteHistory(/g
+s/\([^.A-Za-z_]\)short(/\1seal.ShortDigest(/g
