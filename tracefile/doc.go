@@ -22,7 +22,8 @@
 //	verify_stream.go  lines matched to stream FPM by identity; what the stream can restore
 //	verify_repair.go  the rewrite of a damaged segment, and the rename rule next to a running writer
 //	verify_report.go  the report, as text and JSON
-//	options.go    Verify's options; the gzip level of the members fpmbus writes
+//	options.go    Verify's settings (VerifyConfig's logger and gzip level); the gzip level of the
+//	              members fpmbus writes
 //
 // Invariants:
 //   - One naming rule: a file is segment i of a prefix only if its name is exactly SegmentPath(prefix,

@@ -100,7 +100,7 @@ const (
 	HealUnknown = "unknown"
 )
 
-// ErrInvalidConfig: Verify was given an incomplete VerifyConfig or an invalid Option.
+// ErrInvalidConfig: Verify was given an incomplete or invalid VerifyConfig.
 var ErrInvalidConfig = errors.New("trace: invalid configuration")
 
 // ErrSegmentChanged is the reason a segment is not rewritten: it changed, or became a producer's
@@ -125,6 +125,10 @@ type VerifyConfig struct {
 	// Progress, when set, is called as Verify goes (from Verify's goroutine): reading the segment
 	// files (bytes), then the stream (messages), then rewriting damaged segments (segments).
 	Progress func(VerifyProgress)
+	// CompressionLevel is the gzip level of the members a repair writes (0: DefaultCompressionLevel).
+	CompressionLevel int
+	// Logger [slog.Default()].
+	Logger *slog.Logger
 }
 
 // VerifyProgress is how far one phase of a Verify is.
@@ -265,9 +269,8 @@ type LineID struct {
 
 // Verify checks the segments of cfg.OutputPath (see above). js may be nil: then the files alone are
 // checked. A damaged segment is a finding, not an error; the error is for what prevents the check (no
-// segments, an unreadable file, the stream unreachable). Options: WithLogger, WithCompressionLevel (of
-// the members a repair writes).
-func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts ...Option) (*VerifyReport, error) {
+// segments, an unreadable file, the stream unreachable).
+func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream) (*VerifyReport, error) {
 	if cfg.OutputPath == "" {
 		return nil, fmt.Errorf("%w: verify: no output path", ErrInvalidConfig)
 	}
@@ -277,7 +280,7 @@ func Verify(ctx context.Context, cfg VerifyConfig, js jetstream.JetStream, opts 
 	if cfg.Repair && js == nil {
 		return nil, fmt.Errorf("%w: verify: repairing needs the stream", ErrInvalidConfig)
 	}
-	set, err := newSettings(opts)
+	set, err := newSettings(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -52,10 +52,7 @@ func (o *bridgeOptions) config() (bridge.Config, error) {
 		return bridge.Config{}, err
 	}
 	c, err := o.flags.Config()
-	if errors.Is(err, bridge.ErrInvalidConfig) {
-		return c, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	return c, err
+	return c, usageError(err, bridge.ErrInvalidConfig)
 }
 
 // endpointURLs lists the bridge's endpoints for its ready log line.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -60,7 +58,7 @@ func runDatasets(ctx context.Context, args []string) error {
 		})
 	case "history":
 		return withDatasetKey(ctx, "history", args[1:], func(kv jetstream.KeyValue, key, _ string) error {
-			return datasetsHistory(ctx, kv, key, out)
+			return seal.WriteHistory(ctx, kv, key, out)
 		})
 	case "predict":
 		return runDatasetsPredict(ctx, args[1:], out)
@@ -157,38 +155,9 @@ func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
 			return err
 		}
 	} else {
-		printReport(w, rep)
+		_ = rep.WriteText(w)
 	}
 	return perr
-}
-
-func printReport(w io.Writer, rep *seal.Report) {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "run %s  campaign %s (%s)\n", rep.RunID, rep.CampaignID, rep.Campaign)
-	fmt.Fprintln(tw, "KEY\tSTATE\tSOURCE\tRUN\tDATASET DIGEST\tIDENTITY\tREASON")
-	for _, c := range rep.Cells {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.Key, c.State, c.Source, c.RunID, short(c.DatasetDigest), identityText(c.Identity), c.Reason)
-	}
-	tw.Flush()
-	for _, r := range rep.Rejections {
-		fmt.Fprintf(w, "rejected: %v\n", r)
-	}
-}
-
-func short(d string) string {
-	if len(d) > 16 {
-		return d[:16]
-	}
-	return d
-}
-
-func identityText(id *schemas.CellIdentity) string {
-	if id == nil {
-		return ""
-	}
-	p := id.Parallelism
-	return fmt.Sprintf("%s %s %s %s %s tp%d pp%d dp%d ep%d profile %s@%s settings %s", id.Model, id.Hardware, id.Backend,
-		id.BackendVersion, id.Quantization, p.TP, p.PP, p.DP, p.MoEEP, id.ProfileName, id.ProfileVersion, short(id.SettingsDigest))
 }
 
 func runDatasetsCoverage(ctx context.Context, args []string, w io.Writer) error {
@@ -217,23 +186,7 @@ func runDatasetsCoverage(ctx context.Context, args []string, w io.Writer) error 
 	if *asJSON {
 		return writeJSON(w, rep)
 	}
-	fmt.Fprintf(w, "campaign %s: %s — %d covered, %d partial, %d missing; estimated %.2f GPU-hours to collect",
-		rep.CampaignID, rep.State, rep.Covered, rep.Partial, rep.Missing, rep.EstimatedGPUHours)
-	if rep.BudgetGPUHours > 0 {
-		fmt.Fprintf(w, " (budget %.2f%s)", rep.BudgetGPUHours, map[bool]string{true: ", OVER BUDGET: confirm before collecting"}[rep.OverBudget])
-	}
-	fmt.Fprintln(w)
-	if len(rep.UnsupportedSettings) > 0 {
-		fmt.Fprintf(w, "unsupported settings: %s\n", strings.Join(rep.UnsupportedSettings, ", "))
-	}
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tSTATE\tROWS\tGPU-H\tSOURCE\tRUN\tDATASET DIGEST\tIDENTITY")
-	for _, c := range rep.Cells {
-		id := c.Identity
-		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%.2f\t%s\t%s\t%s\t%s\n", c.Key, c.State, c.Rows, c.ExpectedRows, c.EstimatedGPUHours,
-			c.Source, c.RunID, short(c.DatasetDigest), identityText(&id))
-	}
-	return tw.Flush()
+	return rep.WriteText(w)
 }
 
 func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
@@ -261,42 +214,7 @@ func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	if !*asJSON {
-		fmt.Fprintln(tw, "KEY\tSTATE\tREV\tSOURCE\tRUN\tDATASET DIGEST\tROWS\tIDENTITY\tIGNORED")
-	}
-	for _, e := range listing {
-		ignored := ""
-		if len(e.Ignored) > 0 {
-			ignored = fmt.Sprintf("%d revision(s) ignored: tampering", len(e.Ignored))
-		}
-		switch {
-		case e.Problem != "":
-			if *asJSON {
-				_ = json.NewEncoder(w).Encode(map[string]any{"key": e.Key, "state": "no_record", "revision": e.Revision, "problem": e.Problem, "ignored_revisions": e.Ignored})
-				continue
-			}
-			fmt.Fprintf(tw, "%s\tno record\t%d\t\t\t\t\t%s\t%s\n", e.Key, e.Revision, e.Problem, ignored)
-		case e.Campaign != nil:
-			c := e.Campaign
-			if *asJSON {
-				_ = json.NewEncoder(w).Encode(map[string]any{"key": e.Key, "revision": e.Revision, "campaign": c, "ignored_revisions": e.Ignored})
-				continue
-			}
-			fmt.Fprintf(tw, "%s\tcampaign %s\t%d\t\t\t\t%d cells\tplan %s\t%s\n", e.Key, c.State, e.Revision, len(c.Cells), short(c.PlanDigest), ignored)
-		default:
-			v := e.Cell
-			if *asJSON {
-				_ = json.NewEncoder(w).Encode(map[string]any{"key": e.Key, "state": "sealed", "revision": e.Revision, "source": v.Source,
-					"run_id": v.Provenance.RunID, "dataset_digest": v.Provenance.DatasetDigest, "row_count": v.Provenance.RowCount, "identity": v.Identity,
-					"ignored_revisions": e.Ignored})
-				continue
-			}
-			fmt.Fprintf(tw, "%s\tsealed\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Key, e.Revision, v.Source, v.Provenance.RunID, short(v.Provenance.DatasetDigest),
-				v.Provenance.RowCount, identityText(&v.Identity), ignored)
-		}
-	}
-	return tw.Flush()
+	return seal.WriteListing(w, listing, *asJSON)
 }
 
 // keyArg accepts a full key, or a campaign id.
@@ -345,43 +263,4 @@ func datasetsGet(ctx context.Context, kv jetstream.KeyValue, key, arg string, w 
 	}
 	return writeJSON(w, map[string]any{"key": e.Key, "state": state, "revision": e.Revision, "created": e.Created, "value": v,
 		"ignored_revisions": e.Ignored})
-}
-
-// datasetsHistory prints every revision of key, one line each; STATE says which revisions readers
-// take (a cell's seal; a campaign's plan and legitimate successors) and which they ignore as tampering.
-func datasetsHistory(ctx context.Context, kv jetstream.KeyValue, key string, w io.Writer) error {
-	hist, err := kv.History(ctx, key)
-	if err != nil {
-		return err
-	}
-	e, err := seal.Read(ctx, kv, key)
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return err
-	}
-	ignored := map[uint64]string{}
-	if e != nil {
-		for _, t := range e.Ignored {
-			ignored[t.Revision] = t.Reason
-		}
-	}
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "REV\tCREATED\tOP\tSTATE\tSOURCE\tRUN\tDATASET DIGEST\tATTEMPT")
-	for _, h := range hist {
-		var v struct {
-			State      string             `json:"state"`
-			Source     string             `json:"source"`
-			AttemptID  string             `json:"attempt_id"`
-			Provenance schemas.Provenance `json:"provenance"`
-		}
-		_ = json.Unmarshal(h.Value(), &v)
-		if v.State == "" && v.AttemptID != "" {
-			v.State = "sealed"
-		}
-		if why, ok := ignored[h.Revision()]; ok {
-			v.State = "ignored (tampering: " + why + ")"
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.Revision(), h.Created().UTC().Format("2006-01-02T15:04:05.000Z"),
-			h.Operation(), v.State, v.Source, v.Provenance.RunID, short(v.Provenance.DatasetDigest), v.AttemptID)
-	}
-	return tw.Flush()
 }

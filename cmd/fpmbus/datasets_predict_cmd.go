@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/predict"
 	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/schemas"
@@ -209,12 +210,12 @@ func printAnswers(w io.Writer, in []predictInput, answers []predict.Answer) erro
 			lat = fmt.Sprintf("%.4g", *a.LatencyMS)
 		}
 		if a.Cell != nil {
-			cell = short(strings.TrimPrefix(a.Cell.Key, schemas.CellKeyPrefix))
+			cell = seal.ShortDigest(strings.TrimPrefix(a.Cell.Key, schemas.CellKeyPrefix))
 			if a.Cell.Revision > 0 {
 				rev = fmt.Sprint(a.Cell.Revision)
 			}
 			if a.Cell.DatasetDigest != "" {
-				digest = short(a.Cell.DatasetDigest)
+				digest = seal.ShortDigest(a.Cell.DatasetDigest)
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", in[i].label, stepText(a.Query.Step), a.Status, lat, cell, rev, digest, fromText(&a))

@@ -190,3 +190,12 @@ func storageFromFlag(s string) (jetstream.StorageType, error) {
 	}
 	return 0, fmt.Errorf("%w: --storage %q: want file or memory", errUsage, s)
 }
+
+// usageError is err as a usage error (exit status 2) when it wraps the component's invalid sentinel:
+// a component's Flags.Config refused a flag's value.
+func usageError(err, invalid error) error {
+	if errors.Is(err, invalid) {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return err
+}

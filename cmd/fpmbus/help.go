@@ -7,6 +7,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 )
 
 // How a command presents its flags to a person: -h lists them in groups, one per component or concern,
@@ -45,9 +47,9 @@ func inFlagGroup(fs *flag.FlagSet, title string, register func()) {
 }
 
 // isDeprecatedAlias reports whether f is a deprecated name: an old name kept for `fpmbus up`
-// (flagprefix.go), or a flag whose usage says it is deprecated.
+// (internal/flagprefix), or a flag whose usage says it is deprecated.
 func isDeprecatedAlias(f *flag.Flag) bool {
-	_, ok := f.Value.(*aliasFlag)
+	_, ok := f.Value.(*flagprefix.Alias)
 	return ok || strings.HasPrefix(f.Usage, "deprecated")
 }
 

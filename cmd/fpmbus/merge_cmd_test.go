@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 )
 
 // --merge-partition I/N is a deprecated alias: it sets the partition count N unless
@@ -24,7 +26,7 @@ func TestMergeDeprecatedPartitionFlag(t *testing.T) {
 		"partitions":                      {args: []string{"--merge-partitions", "4"}, want: 4},
 		"deprecated I/N sets N":           {args: []string{"--merge-partition", "1/3"}, want: 3},
 		"explicit partitions win":         {args: []string{"--merge-partitions", "2", "--merge-partition", "1/3"}, want: 2},
-		"deprecated in up":                {prefix: mergePrefix, args: []string{"--merge-partition", "0/5"}, want: 5},
+		"deprecated in up":                {prefix: flagprefix.Merge, args: []string{"--merge-partition", "0/5"}, want: 5},
 		"malformed deprecated value":      {args: []string{"--merge-partition", "x"}, err: true},
 		"index out of range":              {args: []string{"--merge-partition", "3/3"}, err: true},
 		"zero partitions":                 {args: []string{"--merge-partitions", "0"}, err: true},

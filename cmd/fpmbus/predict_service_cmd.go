@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/streams"
@@ -35,15 +36,15 @@ type predictOptions struct {
 
 func predictFlags(fs *flag.FlagSet, prefix string) *predictOptions {
 	o := &predictOptions{prefix: prefix}
-	fs.StringVar(&o.queueGroup, prefixedName(prefix, "queue-group"), service.DefaultQueueGroup,
+	fs.StringVar(&o.queueGroup, flagprefix.Name(prefix, "queue-group"), service.DefaultQueueGroup,
 		"queue group of the service's endpoints: every instance in it shares the requests")
-	fs.BoolVar(&o.requireComplete, prefixedName(prefix, "require-complete"), false,
+	fs.BoolVar(&o.requireComplete, flagprefix.Name(prefix, "require-complete"), false,
 		"refuse cells whose campaign is not complete (every frozen cell sealed); a query can also ask for it")
-	fs.IntVar(&o.workers, prefixedName(prefix, "workers"), service.DefaultWorkers(),
+	fs.IntVar(&o.workers, flagprefix.Name(prefix, "workers"), service.DefaultWorkers(),
 		"requests answered at once (default: the CPUs the process may use)")
-	fs.IntVar(&o.queueSize, prefixedName(prefix, "queue-size"), service.DefaultQueueSize,
+	fs.IntVar(&o.queueSize, flagprefix.Name(prefix, "queue-size"), service.DefaultQueueSize,
 		"requests waiting for a worker; one that finds the queue full is answered at once with a busy error (503)")
-	fs.IntVar(&o.maxRequestBytes, prefixedName(prefix, "max-request-bytes"), service.DefaultMaxRequestBytes,
+	fs.IntVar(&o.maxRequestBytes, flagprefix.Name(prefix, "max-request-bytes"), service.DefaultMaxRequestBytes,
 		"largest request body; a larger one is refused unread (413)")
 	return o
 }
@@ -56,7 +57,7 @@ func (o *predictOptions) config() (service.Config, error) {
 		v    int
 	}{{"workers", o.workers}, {"queue-size", o.queueSize}, {"max-request-bytes", o.maxRequestBytes}} {
 		if f.v < 1 {
-			return c, fmt.Errorf("%w: --%s %d: want at least 1", errUsage, prefixedName(o.prefix, f.name), f.v)
+			return c, fmt.Errorf("%w: --%s %d: want at least 1", errUsage, flagprefix.Name(o.prefix, f.name), f.v)
 		}
 	}
 	if err := c.Validate(); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,67 +23,25 @@ func init() {
 	})
 }
 
-// sealOptions holds the flags of `fpmbus seal`, shared with `fpmbus up` (where they carry the prefix
-// "seal-", see flagprefix.go).
+// sealOptions are the sealer's flags (consumers/seal/flags.go), shared with `fpmbus up` (where they
+// carry the prefix "seal-").
 type sealOptions struct {
-	prefix        string
-	allowPartial  bool
-	durable       string
-	partitions    int
-	pinnedTTL     time.Duration
-	memberID      string
-	profileWait   time.Duration
-	ackWait       time.Duration
-	maxDeliveries int
-	maxArtefact   int64
+	flags *seal.Flags
 }
 
 func sealFlags(fs *flag.FlagSet, prefix string) *sealOptions {
-	o := &sealOptions{prefix: prefix}
-	cf := newComponentFlags(fs, prefix)
-	fs.BoolVar(&o.allowPartial, cf.name("allow-partial"), false, "seal the valid cells of a run even when some of its cells are rejected (the campaign stays partial)")
-	fs.StringVar(&o.durable, cf.name("seal-durable"), seal.DefaultDurable, "the sealer's group: durable consumer name on FPM_BENCH (<name>-<p> on FPM_BENCH_PART_<name> with N > 1 partitions)")
-	fs.IntVar(&o.partitions, cf.name("seal-partitions"), seal.DefaultPartitions, "partitions of the runs shared by the instances of "+flagName(prefix, "seal-durable")+
-		" (fixed for the group's life; 1: one active sealer, the other instances hot standbys)")
-	fs.DurationVar(&o.pinnedTTL, cf.name("seal-pinned-ttl"), seal.DefaultPinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance takes them over (%v to %v)", durable.MinPinnedTTL, durable.MaxPinnedTTL))
-	fs.StringVar(&o.memberID, cf.name("seal-member-id"), "", "this instance's name in its group (default <host>-<pid>-<random>)")
-	fs.DurationVar(&o.profileWait, cf.name("profile-wait"), seal.DefaultProfileWait, "how long a merged artefact waits for its run's collection profile (fpmbench.profile.<run>) before it is refused")
-	fs.DurationVar(&o.ackWait, cf.name("seal-ack-wait"), seal.DefaultAckWait, "ack wait of the partition consumers (held artefacts are kept alive with in-progress acks)")
-	fs.IntVar(&o.maxDeliveries, cf.name("seal-max-deliveries"), 0, "a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: 10)")
-	fs.Int64Var(&o.maxArtefact, cf.name("seal-max-artefact-size"), streams.DefaultBenchMaxArtefact,
-		"largest merged artefact read, in bytes; one whose "+streams.HeaderBenchSize+" is larger is dead-lettered unread")
-	cf.done()
-	return o
+	return &sealOptions{flags: (&seal.Config{}).RegisterFlags(fs, prefix)}
 }
 
-// consumerConfig is the sealer consumer's config for the flags and the streams.
-func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.ConsumerConfig, error) {
-	name := func(n string) string { return flagName(o.prefix, n) }
-	switch {
-	case o.partitions < 1 || o.partitions > durable.MaxPartitions:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 1 to %d", errUsage, name("seal-partitions"), o.partitions, durable.MaxPartitions)
-	case o.pinnedTTL < durable.MinPinnedTTL || o.pinnedTTL > durable.MaxPinnedTTL:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %v: want %v to %v", errUsage, name("seal-pinned-ttl"), o.pinnedTTL, durable.MinPinnedTTL, durable.MaxPinnedTTL)
-	case o.maxDeliveries < 0:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d: want 0 (the default) or more", errUsage, name("seal-max-deliveries"), o.maxDeliveries)
-	case o.maxArtefact < 1:
-		return seal.ConsumerConfig{}, fmt.Errorf("%w: %s %d must be positive", errUsage, name("seal-max-artefact-size"), o.maxArtefact)
-	}
-	return seal.ConsumerConfig{
-		HoldingConfig: durable.HoldingConfig{Durable: o.durable, Partitions: o.partitions, PinnedTTL: o.pinnedTTL,
-			AckWait: o.ackWait, MaxDeliveries: o.maxDeliveries},
-		AllowPartial: o.allowPartial, ProfileWait: o.profileWait, Streams: scfg, MaxArtefactSize: o.maxArtefact,
-	}, nil
+// consumerConfig is the sealer consumer's config for the flags and the streams; a bad value is a usage
+// error naming the flag.
+func (o *sealOptions) consumerConfig(scfg streams.Config) (seal.Config, error) {
+	c, err := o.flags.Config(scfg)
+	return c, usageError(err, seal.ErrInvalidConfig)
 }
 
-// consumerOptions are the sealer consumer's options for the flags; s seals.
-func (o *sealOptions) consumerOptions(s *seal.Sealer) []seal.ConsumerOption {
-	opts := []seal.ConsumerOption{seal.WithLogger(slog.Default()), seal.WithSealer(s)}
-	if o.memberID != "" {
-		opts = append(opts, seal.WithMemberID(o.memberID))
-	}
-	return opts
-}
+// consumerOptions are the sealer consumer's options for the flags.
+func (o *sealOptions) consumerOptions() []durable.Option { return o.flags.Options() }
 
 // openSealer connects, creates FPM_DATASETS idempotently and returns a sealer on it, and the connection,
 // which the caller closes.
@@ -104,7 +61,7 @@ func openSealer(ctx context.Context, conn *connOptions, scfg *streams.Config, so
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	s, err := seal.New(kv, seal.WithSource(source))
+	s, err := seal.NewSealer(kv, seal.WithSource(source))
 	if err != nil {
 		nc.Close()
 		return nil, nil, nil, err
@@ -118,7 +75,7 @@ func runSeal(ctx context.Context, args []string) error {
 	scfg := streamFlags(fs)
 	o := sealFlags(fs, "")
 	metricsAddr := metricsAddrFlag(fs, "127.0.0.1:9468")
-	cfg, err := parseStage(fs, args, scfg, func() (seal.ConsumerConfig, error) { return o.consumerConfig(*scfg) })
+	cfg, err := parseStage(fs, args, scfg, func() (seal.Config, error) { return o.consumerConfig(*scfg) })
 	if err != nil {
 		return err
 	}
@@ -128,7 +85,8 @@ func runSeal(ctx context.Context, args []string) error {
 	}
 	defer nc.Close()
 	reg := newProcessRegistry()
-	c, err := seal.NewConsumer(cfg, js, append(o.consumerOptions(s), seal.WithRegisterer(reg))...)
+	cfg.Sealer, cfg.Registerer = s, reg
+	c, err := seal.New(cfg, js, o.consumerOptions()...)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -26,8 +25,8 @@ const traceBackfillSynopsis = "trace backfill [--server URL] (--since T [--until
 func runTraceBackfill(ctx context.Context, args []string) error {
 	fs := newFlagSet("trace backfill", traceBackfillSynopsis)
 	conn := connFlags(fs, "trace-backfill")
-	topts, cf := traceOutputFlags(fs, "")
-	cf.done()
+	topts := traceOutputFlags(fs, "")
+	topts.flags.Done()
 	since := fs.String("since", "", "replay messages stored at or after this time")
 	until := fs.String("until", "", "replay messages stored at or before this time")
 	startSeq := fs.Uint64("start-seq", 0, "first stream sequence to replay")
@@ -67,7 +66,7 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 	rep := newProgressMeter(show, progressOut, "backfill", "messages")
 	res, err := trace.Backfill(ctx, cfg, js, rng, func(bp trace.BackfillProgress) {
 		rep.update(bp.Done, bp.Total, fmt.Sprintf("stream sequence %d", bp.Seq))
-	}, trace.WithLogger(slog.Default()))
+	})
 	rep.finish()
 	if err != nil && res.Resume == nil {
 		if errors.Is(err, trace.ErrBadRange) || errors.Is(err, trace.ErrInvalidConfig) {

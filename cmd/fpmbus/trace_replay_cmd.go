@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -132,7 +130,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		if err := shape.WriteText(os.Stdout, "recorded"); err != nil {
 			return err
 		}
-		return writeDamage(os.Stdout, rec)
+		return rec.WriteDamage(os.Stdout)
 	}
 
 	plan, err := replay.NewPlan(rec, pcfg)
@@ -163,7 +161,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if *dryRun {
-		return writePlan(os.Stdout, plan, r, *asJSON)
+		return replay.WritePlan(os.Stdout, plan, r, *asJSON)
 	}
 
 	report, err := r.Run(ctx)
@@ -229,84 +227,4 @@ func writeJSONFile(path string, rep *replay.Report) error {
 		return fmt.Errorf("--summary-json: %w", err)
 	}
 	return nil
-}
-
-func writeDamage(w io.Writer, rec *replay.Recording) error {
-	for _, d := range rec.Damaged {
-		if _, err := fmt.Fprintf(w, "damaged: %s\n", d); err != nil {
-			return err
-		}
-	}
-	if rec.Invalid > 0 {
-		_, err := fmt.Fprintf(w, "invalid records skipped: %d (first: %s)\n", rec.Invalid, rec.InvalidExamples[0])
-		return err
-	}
-	return nil
-}
-
-// planView is the --dry-run --json document.
-type planView struct {
-	Plan     replay.Shape      `json:"plan"`
-	Speed    float64           `json:"speed"`
-	MaxRate  float64           `json:"max_rate,omitempty"`
-	Passes   int               `json:"passes"`
-	PeriodS  float64           `json:"period_s"`
-	Sockets  []planSocket      `json:"sockets"`
-	Skipped  map[string]int    `json:"skipped"`
-	Examples []string          `json:"skipped_examples,omitempty"`
-	Damaged  []replay.Damage   `json:"damaged,omitempty"`
-	Workers  map[string]string `json:"map_worker,omitempty"`
-}
-
-type planSocket struct {
-	Rank       string `json:"rank"`
-	To         string `json:"to"`
-	Records    int    `json:"records"`
-	Heartbeats bool   `json:"heartbeats"`
-}
-
-func writePlan(w io.Writer, p *replay.Plan, r *replay.Replayer, asJSON bool) error {
-	v := planView{Plan: p.Shape(), Speed: p.Config.Speed, MaxRate: p.Config.MaxRate, Passes: p.Config.Loops, PeriodS: p.Period.Seconds(),
-		Skipped: p.Skipped, Examples: p.Examples, Damaged: p.Recording.Damaged, Workers: p.Config.MapWorker}
-	for i := range p.Sockets {
-		s := &p.Sockets[i]
-		to := r.Endpoint(i)
-		if !s.Active() {
-			to = "(nothing in the window)"
-		}
-		v.Sockets = append(v.Sockets, planSocket{Rank: s.Label(), To: to, Records: s.Records, Heartbeats: s.Heartbeats})
-	}
-	if asJSON {
-		return writeJSON(w, v)
-	}
-	passes := fmt.Sprint(v.Passes)
-	if v.Passes < 0 {
-		passes = "until interrupted"
-	}
-	title := fmt.Sprintf("plan at speed %g (passes: %s, each %.3fs)", v.Speed, passes, v.PeriodS)
-	if v.MaxRate > 0 {
-		title += fmt.Sprintf(", at most %g/s", v.MaxRate)
-	}
-	if err := v.Plan.WriteText(w, title); err != nil {
-		return err
-	}
-	var b strings.Builder
-	for _, s := range v.Sockets {
-		hb := ""
-		if s.Heartbeats {
-			hb = ", heartbeats"
-		}
-		fmt.Fprintf(&b, "  %s -> %s (%d records%s)\n", s.Rank, s.To, s.Records, hb)
-	}
-	for k, n := range v.Skipped {
-		fmt.Fprintf(&b, "skipped %s: %d\n", k, n)
-	}
-	for _, e := range v.Examples {
-		fmt.Fprintf(&b, "  %s\n", e)
-	}
-	for _, d := range v.Damaged {
-		fmt.Fprintf(&b, "damaged: %s\n", d)
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -76,7 +75,7 @@ func runTraceVerify(ctx context.Context, args []string) error {
 		defer nc.Close()
 		js = j
 	}
-	rep, err := tracefile.Verify(ctx, cfg, js, tracefile.WithLogger(slog.Default()))
+	rep, err := tracefile.Verify(ctx, cfg, js)
 	if err != nil {
 		if errors.Is(err, tracefile.ErrInvalidConfig) {
 			return fmt.Errorf("%w: %v", errUsage, err)

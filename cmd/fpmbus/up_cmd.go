@@ -22,6 +22,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
@@ -104,13 +105,13 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	flagGroup(fs, "bridge (ZMQ to JetStream)")
 	o.bridge = bridgeFlags(fs)
 	flagGroup(fs, "trace writer")
-	o.trace = traceFlags(fs, tracePrefix)
+	o.trace = traceFlags(fs, flagprefix.Trace)
 	flagGroup(fs, "gap detector")
-	o.gaps = gapsFlags(fs, gapsPrefix)
+	o.gaps = gapsFlags(fs, flagprefix.Gaps)
 	flagGroup(fs, "benchmark merger")
-	o.merge = mergeFlags(fs, mergePrefix)
+	o.merge = mergeFlags(fs, flagprefix.Merge)
 	flagGroup(fs, "dataset sealer")
-	o.seal = sealFlags(fs, sealPrefix)
+	o.seal = sealFlags(fs, flagprefix.Seal)
 	flagGroup(fs, "predict service")
 	o.predict = predictFlags(fs, predictPrefix)
 	flagGroup(fs, "demo publishers (--demo)")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -108,9 +107,9 @@ type upRun struct {
 	traceDisabled string
 	gaps          gaps.Config
 	merge         merge.Config
-	// mergeOpts are the merger's options from the flags (logger, member id).
-	mergeOpts []merge.Option
-	seal      seal.ConsumerConfig
+	// mergeOpts are the merger's options from the flags (member id).
+	mergeOpts []durable.Option
+	seal      seal.Config
 	// sealOpts are the sealer's flags (member id).
 	sealOpts *sealOptions
 	predict  service.Config
@@ -287,8 +286,8 @@ func (r *upRun) traceComponent() *rungroup.Component {
 		Start: func(context.Context) (rungroup.Instance, error) {
 			_, js := r.link()
 			cfg := *r.trace
-			cfg.Registerer = creg.renew()
-			w, err := trace.New(cfg, js, trace.WithLogger(slog.Default()), trace.WithMemberID(r.memberID), trace.WithProcessSegments(segs))
+			cfg.Registerer, cfg.Segments = creg.renew(), segs
+			w, err := trace.New(cfg, js, durable.WithMemberID(r.memberID))
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
@@ -306,7 +305,7 @@ func (r *upRun) gapsComponent() *rungroup.Component {
 			_, js := r.link()
 			cfg := r.gaps
 			cfg.Registerer = creg.renew()
-			d, err := gaps.New(cfg, js, gaps.WithLogger(slog.Default()))
+			d, err := gaps.New(cfg, js)
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
@@ -326,8 +325,9 @@ func (r *upRun) mergeComponent() *rungroup.Component {
 		StopTimeout: stop + 10*time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			_, js := r.link()
-			opts := append(slices.Clone(r.mergeOpts), merge.WithRegisterer(creg.renew()))
-			m, err := merge.New(r.merge, js, opts...)
+			cfg := r.merge
+			cfg.Registerer = creg.renew()
+			m, err := merge.New(cfg, js, r.mergeOpts...)
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 			}
@@ -351,16 +351,17 @@ func (r *upRun) sealComponent() *rungroup.Component {
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
-			s, err := seal.New(kv, seal.WithSource("fpmbus up"))
+			s, err := seal.NewSealer(kv, seal.WithSource("fpmbus up"))
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
-			opts := []seal.ConsumerOption{seal.WithLogger(slog.Default()), seal.WithSealer(s)}
+			var opts []durable.Option
 			if r.sealOpts != nil {
-				opts = r.sealOpts.consumerOptions(s)
+				opts = r.sealOpts.consumerOptions()
 			}
-			opts = append(opts, seal.WithRegisterer(creg.renew()))
-			c, err := seal.NewConsumer(r.seal, js, opts...)
+			cfg := r.seal
+			cfg.Sealer, cfg.Registerer = s, creg.renew()
+			c, err := seal.New(cfg, js, opts...)
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 			}

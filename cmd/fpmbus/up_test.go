@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
@@ -52,10 +53,10 @@ func TestUpFlagNamesFollowThePrefixRule(t *testing.T) {
 	bridgeOwn := flag.NewFlagSet("bridge", flag.ContinueOnError)
 	(&bridge.Config{}).RegisterFlags(bridgeOwn, "")
 	for prefix, register := range map[string]func(fs *flag.FlagSet){
-		tracePrefix: func(fs *flag.FlagSet) { traceFlags(fs, "") },
-		gapsPrefix:  func(fs *flag.FlagSet) { gapsFlags(fs, "") },
-		mergePrefix: func(fs *flag.FlagSet) { mergeFlags(fs, "") },
-		sealPrefix:  func(fs *flag.FlagSet) { sealFlags(fs, "") },
+		flagprefix.Trace: func(fs *flag.FlagSet) { traceFlags(fs, "") },
+		flagprefix.Gaps:  func(fs *flag.FlagSet) { gapsFlags(fs, "") },
+		flagprefix.Merge: func(fs *flag.FlagSet) { mergeFlags(fs, "") },
+		flagprefix.Seal:  func(fs *flag.FlagSet) { sealFlags(fs, "") },
 	} {
 		standalone := flag.NewFlagSet(prefix, flag.ContinueOnError)
 		register(standalone)
@@ -72,7 +73,7 @@ func TestUpFlagNamesFollowThePrefixRule(t *testing.T) {
 				t.Errorf("up has no --%s (deprecated alias or the bridge's)", f.Name)
 				return
 			}
-			_, isAlias := old.Value.(*aliasFlag)
+			_, isAlias := old.Value.(*flagprefix.Alias)
 			switch {
 			case bridgeOwn.Lookup(f.Name) != nil && isAlias:
 				t.Errorf("--%s is the bridge's in up, not an alias of --%s", f.Name, name)

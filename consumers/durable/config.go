@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
-	"github.com/fpmbus/fpmbus/consumers/partition"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -39,8 +41,9 @@ type Config struct {
 	// "trace". Letters, digits, '-' and '_'.
 	Name string
 	// Group is the partition group the runner is a member of: stream, group name, partitions,
-	// filters and the consumer settings of every partition (AckWait, CumulativeAcks, ...).
-	Group partition.Config
+	// filters and the consumer settings of every partition (AckWait, CumulativeAcks, ...). Partitions
+	// 0: one per shard of the stream, resolved by New.
+	Group GroupConfig
 	// TickInterval is how often Consumer.Tick runs (0: never).
 	TickInterval time.Duration
 	// MaxDeliveries: a message delivered more often is dead-lettered instead of handled
@@ -57,12 +60,19 @@ type Config struct {
 	// a session starts with a reset to the ack floor, after which the server delivers every stored
 	// message above it in order, acknowledged out of order before or not.
 	DetectRetentionLoss bool
+	// Logger receives the runner's logs, labelled consumer=Name [slog.Default()].
+	Logger *slog.Logger
+	// Registerer receives the runner's metrics (fpmbus_consumer_*{consumer=Name}) [nil: none].
+	Registerer prometheus.Registerer
 }
 
 func (c Config) withDefaults() Config {
 	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
 	c.StopTimeout = cmp.Or(c.StopTimeout, DefaultStopTimeout)
 	c.Batch = cmp.Or(c.Batch, DefaultBatch)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	return c
 }
 
@@ -70,7 +80,7 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	bad := invalid.Reporter(ErrInvalidConfig)
-	if !streams.ValidName(c.Name, partition.MaxNameLen) {
+	if !streams.ValidName(c.Name, MaxGroupNameLen) {
 		return bad("name %q: want 1-64 letters, digits, '-' and '_'", c.Name)
 	}
 	if err := c.Group.Validate(); err != nil {

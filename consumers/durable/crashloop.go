@@ -35,14 +35,14 @@ type attempts struct {
 }
 
 func (r *Runner) attemptsKey(p int) string {
-	return r.cfg.Group.ConsumerStream() + "." + r.cfg.Group.Group + "." + strconv.Itoa(p)
+	return r.group.ConsumerStream() + "." + r.group.Group + "." + strconv.Itoa(p)
 }
 
 func (r *Runner) attemptsBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	kv, err := r.js.KeyValue(ctx, AttemptsBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		replicas := 1
-		if st, serr := r.js.Stream(ctx, r.cfg.Group.SourceStreams()[0]); serr == nil {
+		if st, serr := r.js.Stream(ctx, r.group.SourceStreams()[0]); serr == nil {
 			replicas = st.CachedInfo().Config.Replicas
 		}
 		kv, err = r.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{

@@ -2,6 +2,20 @@
 // detector, benchmark merger, dataset sealer) is an implementation of Consumer run by a Runner, and
 // the Runner owns everything that is not specific to a stage.
 //
+// # Writing a stage
+//
+// A stage is a Consumer (below) and a constructor of one shape, the one every shipped stage has:
+//
+//	func New(cfg Config, js jetstream.JetStream, opts ...durable.Option) (*Stage, error)
+//
+// Its Config holds everything an operator configures, its own knobs (hooks, shared state) and, as in
+// every fpmbus component, its Logger and Prometheus Registerer; the options are this package's
+// (WithMemberID, WithClock), the same for every stage. The constructor checks cfg, js and the options
+// with CheckStage, builds its group (a GroupConfig: FPMGroup or BenchGroup, then what the stage
+// changes) and its Runner with New(Config{Name, Group, ..., Logger, Registerer}, js, consumer, opts...),
+// and shows the runner's Ready, Owned and Run as its own. The package example is a whole fifth
+// consumer in about thirty lines.
+//
 // # What a stage provides (Consumer)
 //
 //   - Handle: process a batch of one partition's messages, in stream order. For each message the stage
@@ -14,7 +28,8 @@
 //   - Close: a final flush with a deadline, after every partition has been released.
 //   - Optionally (PartitionObserver): Assigned when a partition is taken, Release when it is handed on
 //     gracefully (make everything of it durable and call Done), Lost when it is lost abruptly (forget it
-//     without writing: another instance may own it already).
+//     without writing: another instance may own it already). A stage that writes nothing at a handover
+//     embeds ForgetOnHandover.
 //
 // Every method of a Consumer is called from one goroutine, the runner's loop, so a stage needs no
 // locks for the state these calls share. Work a stage does on its own goroutines comes back to the
@@ -22,11 +37,14 @@
 //
 // # What the runner owns
 //
-//   - Scale-out and failover: every runner is a member of a consumers/partition group (P = 1: one
-//     active instance and hot standbys on the stream itself; P > 1: partitions spread over the
-//     instances). Ownership, ordered takeover, graceful handover and crash failover are that package's;
-//     stages name their group through this package (GroupConfig, Filter, FPMGroup, BenchGroup) and
-//     never import consumers/partition.
+//   - Scale-out and failover: every runner is a member of a partition group (GroupConfig, documented
+//     here; the runner drives consumers/partition, which a stage never imports). Each partition has one
+//     owner at a time and hot standbys; ownership, ordered takeover, graceful handover and crash
+//     failover (after PinnedTTL) are the runner's. With Partitions 0 (FPMGroup's default) New gives the
+//     group one partition per shard of its stream, asking the server how many FPM shards there are, so
+//     that every partition reads its shard (or the one stream FPM) directly and nothing is copied; a
+//     stage asks for another count only when it needs one (a partition stream <Stream>_PART_<Group>
+//     then copies what the filters select).
 //   - Acks: a message is acknowledged only after its Done. With cumulative acks (the group's AckAll
 //     policy) the runner acks, per partition session, the last message of the prefix that is done: one
 //     ack covers many messages. Otherwise it acks each done message. A message held longer than a third
@@ -39,16 +57,11 @@
 //     removed before they were read (its deliveries jump over stream sequences) and reports the exact
 //     range and count: a log line, a metric and a loss event on FPM_EVENTS with cause "retention".
 //   - Metrics common to every consumer: delivered, acked, redelivered, terminated, lost to retention,
-//     lag (messages still pending on the server) and processing time, labelled by consumer.
-//   - The options every stage takes (Settings: logger, registerer, member id, clock): a stage offers
-//     WithLogger, WithMemberID, ... as its own by wrapping the ones here, so each value is checked in
-//     one place, and hands them to its Runner with Inherit (NewStageRunner builds a stage's Runner so;
-//     NewStage wraps it in a Stage, which a stage's exported type embeds for Ready, Owned and Run).
-//     Every stage's constructor starts with CheckStage: its configuration, a JetStream, its options.
-//     A stage that holds messages until something else arrives takes its group's settings as a
+//     lag (messages still pending on the server) and processing time, labelled by consumer, registered
+//     with Config.Registerer.
+//   - A stage that holds messages until something else arrives takes its group's settings as a
 //     HoldingConfig (defaults, checks, group and runner config; crash loops bounded by
-//     HoldingMaxDeliveries). A stage that writes nothing at a handover embeds ForgetOnHandover as its
-//     PartitionObserver.
+//     HoldingMaxDeliveries).
 //   - Readiness (Ready) and the stop sequence: stop fetching, let the stage drain and make durable what
 //     it holds (Release per partition), ack, Close with the deadline; what is still not done is left
 //     unacked and the partition consumer is reset, so the next owner gets it at once and in order.

@@ -40,7 +40,7 @@ func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason error) {
 		Frames:     [][]byte{m.raw.Data()},
 		ReceivedAt: m.received,
 		MaxPayload: r.js.Conn().MaxPayload(),
-		Source: &streams.MessageSource{Consumer: r.cfg.Name, Stream: r.cfg.Group.Stream, StreamSeq: m.StreamSeq,
+		Source: &streams.MessageSource{Consumer: r.cfg.Name, Stream: r.group.Stream, StreamSeq: m.StreamSeq,
 			Subject: m.Subject()},
 	}).Msg()
 	dl.Header.Set(streams.HeaderDelivered, strconv.FormatUint(m.Delivered, 10))
@@ -54,10 +54,10 @@ func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason error) {
 		s.mu.Unlock()
 		return
 	}
-	r.log.Warn("message dead-lettered", "subject", m.Subject(), "stream", r.cfg.Group.Stream,
+	r.log.Warn("message dead-lettered", "subject", m.Subject(), "stream", r.group.Stream,
 		"stream_seq", m.StreamSeq, "delivered", m.Delivered, "reason", reason, "dead_letter", dl.Subject)
 	r.m.terminated.Inc()
-	if !r.cfg.Group.CumulativeAcks {
+	if !r.group.CumulativeAcks {
 		_ = m.raw.TermWithReason(truncate(reason.Error(), 256))
 	}
 	s.terminated(m.idx)

@@ -29,7 +29,7 @@ func (r *Runner) checkRetention(ctx context.Context, s *session, seq uint64) {
 func (r *Runner) reportLoss(ctx context.Context, p int, first, last uint64) {
 	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	stream := r.cfg.Group.ConsumerStreamOf(p)
+	stream := r.group.ConsumerStreamOf(p)
 	firstKept := uint64(0)
 	if st, err := r.js.Stream(cctx, stream); err == nil {
 		firstKept = st.CachedInfo().State.FirstSeq

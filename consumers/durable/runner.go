@@ -30,6 +30,7 @@ type Runner struct {
 	js       jetstream.JetStream
 	c        Consumer
 	obs      PartitionObserver // nil when the stage keeps no per-partition state
+	group    partition.Config  // cfg.Group as the partition package takes it; defaults filled once joined
 	log      *slog.Logger
 	reg      prometheus.Registerer
 	memberID string
@@ -70,13 +71,20 @@ type item struct {
 	msgs []jetstream.Msg
 }
 
-// New checks cfg and returns a Runner for c on js. Nothing is declared on the server before Run.
+// New checks cfg and returns a Runner for c on js. A group with Partitions 0 gets one per shard of its
+// stream: on stream FPM New asks the server how many shards it has (Shards, when not set). Nothing is
+// declared on the server before Run.
 func New(cfg Config, js jetstream.JetStream, c Consumer, opts ...Option) (*Runner, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	if js == nil || c == nil {
 		return nil, fmt.Errorf("%w: nil JetStream or consumer", ErrInvalidConfig)
+	}
+	g, err := cfg.Group.resolve(js)
+	if err != nil {
+		return nil, fmt.Errorf("durable: %s: FPM shards: %w", cfg.Name, err)
+	}
+	cfg.Group = g
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	r := &Runner{
 		cfg:      cfg.withDefaults(),
@@ -90,11 +98,12 @@ func New(cfg Config, js jetstream.JetStream, c Consumer, opts ...Option) (*Runne
 		sessions: map[int]*session{},
 	}
 	r.obs, _ = c.(PartitionObserver)
-	set := DefaultSettings()
-	if err := ApplyOptions(&set, ErrInvalidConfig, opts); err != nil {
+	set, err := ApplyOptions(ErrInvalidConfig, opts)
+	if err != nil {
 		return nil, err
 	}
-	r.log, r.reg, r.memberID, r.now = set.Logger.With("consumer", cfg.Name), set.Registerer, set.MemberID, set.Clock
+	r.group = r.cfg.Group.partition()
+	r.log, r.reg, r.memberID, r.now = r.cfg.Logger.With("consumer", cfg.Name), cfg.Registerer, set.MemberID, time.Now
 	r.m = newMetrics(cfg.Name)
 	return r, nil
 }
@@ -141,13 +150,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.memberID != "" {
 		popts = append(popts, partition.WithMemberID(r.memberID))
 	}
-	member, err := partition.Join(ctx, r.js, r.cfg.Group, popts...)
+	member, err := partition.Join(ctx, r.js, r.group, popts...)
 	if err != nil {
-		return fmt.Errorf("durable: %s: join group %s: %w", r.cfg.Name, r.cfg.Group.Group, err)
+		return fmt.Errorf("durable: %s: join group %s: %w", r.cfg.Name, r.group.Group, err)
 	}
 	r.member.Store(member)
-	r.cfg.Group = member.Config() // defaults filled in
-	r.readsOwnStream = r.cfg.Group.ConsumerStream() == r.cfg.Group.Stream
+	r.group = member.Config() // defaults filled in
+	r.readsOwnStream = r.group.ConsumerStream() == r.group.Stream
 	if r.reg != nil {
 		for _, c := range r.m.collectors() {
 			if err := r.reg.Register(c); err != nil {
@@ -159,8 +168,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	consumed := make(chan error, 1)
 	go func() { consumed <- member.Consume(context.Background(), r.handle) }()
 	close(r.ready)
-	r.log.Info("consumer running", "group", r.cfg.Group.Group, "stream", r.cfg.Group.Stream,
-		"partitions", r.cfg.Group.Partitions, "member", member.ID())
+	r.log.Info("consumer running", "group", r.group.Group, "stream", r.group.Stream,
+		"partitions", r.group.Partitions, "member", member.ID())
 
 	loopCtx, cancelLoop := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelLoop()
@@ -170,7 +179,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		defer t.Stop()
 		tick = t.C
 	}
-	keepAlive := time.NewTicker(max(r.cfg.Group.AckWait/6, 100*time.Millisecond))
+	keepAlive := time.NewTicker(max(r.group.AckWait/6, 100*time.Millisecond))
 	defer keepAlive.Stop()
 
 	stopping := false
@@ -386,7 +395,7 @@ func (r *Runner) apply(ctx context.Context, it item) error {
 		}
 		s.releasing = true
 		if r.obs != nil {
-			rctx, cancel := context.WithTimeout(ctx, r.cfg.Group.ReleaseTimeout)
+			rctx, cancel := context.WithTimeout(ctx, r.group.ReleaseTimeout)
 			err := r.obs.Release(rctx, s.p)
 			cancel()
 			if err != nil {
@@ -525,7 +534,7 @@ func (r *Runner) handle1(ctx context.Context, s *session, batch []*Msg) error {
 func (r *Runner) ackFloor(ctx context.Context, p int) (uint64, error) {
 	cctx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	c, err := r.js.PushConsumer(cctx, r.cfg.Group.ConsumerStreamOf(p), r.cfg.Group.ConsumerName(p))
+	c, err := r.js.PushConsumer(cctx, r.group.ConsumerStreamOf(p), r.group.ConsumerName(p))
 	if err != nil {
 		return 0, err
 	}
@@ -546,7 +555,7 @@ func (r *Runner) settleSession(ctx context.Context, s *session) {
 	for _, rj := range s.takeRejects() {
 		r.deadLetter(ctx, rj.m, rj.reason)
 	}
-	for _, m := range s.ackable(r.cfg.Group.CumulativeAcks) {
+	for _, m := range s.ackable(r.group.CumulativeAcks) {
 		if err := m.raw.Ack(); err != nil {
 			r.log.Debug("ack failed; the message will be redelivered and skipped", "partition", s.p, "err", err)
 		}
@@ -561,7 +570,7 @@ func (r *Runner) settleSession(ctx context.Context, s *session) {
 // a message a stage holds on purpose (a merger's rank waiting for its run) is not redelivered.
 func (r *Runner) keepAlive() {
 	now := r.now()
-	cutoff := now.Add(-r.cfg.Group.AckWait / 3)
+	cutoff := now.Add(-r.group.AckWait / 3)
 	for _, s := range r.sessions {
 		if s.lost.Load() {
 			continue

@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -68,10 +67,10 @@ func publish(t testing.TB, js jetstream.JetStream, from, n, keys int) {
 	}
 }
 
-func groupConfig(group string, partitions int, cumulative bool) partition.Config {
-	c := partition.FPMConfig(group)
+func groupConfig(group string, partitions int, cumulative bool) GroupConfig {
+	c := FPMGroup(group)
 	c.Partitions = partitions
-	c.PinnedTTL = partition.MinPinnedTTL
+	c.PinnedTTL = MinPinnedTTL
 	c.AckWait = 30 * time.Second
 	c.MaxAckPending = 2000
 	c.Batch = 500
@@ -186,7 +185,9 @@ type running struct {
 
 func start(t testing.TB, cfg Config, js jetstream.JetStream, c Consumer, opts ...Option) *running {
 	t.Helper()
-	opts = append([]Option{WithLogger(testLogger())}, opts...)
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger()
+	}
 	r, err := New(cfg, js, c, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +220,7 @@ func (rr *running) stop(t testing.TB) error {
 	}
 }
 
-func consumerInfo(t testing.TB, js jetstream.JetStream, g partition.Config, p int) *jetstream.ConsumerInfo {
+func consumerInfo(t testing.TB, js jetstream.JetStream, g GroupConfig, p int) *jetstream.ConsumerInfo {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -379,7 +380,8 @@ func TestRunnerDeliveryLimit(t *testing.T) {
 	for attempts < 6 {
 		rec = newRecorder()
 		rec.failFn = crash
-		r, err := New(cfg, js, rec, WithLogger(testLogger()))
+		cfg.Logger = testLogger()
+		r, err := New(cfg, js, rec)
 		if err != nil {
 			t.Fatal(err)
 		}

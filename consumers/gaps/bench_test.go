@@ -101,7 +101,8 @@ func connect(b *testing.B, url string) (*nats.Conn, jetstream.JetStream) {
 func benchDetector(b *testing.B, url string, cfg Config, n int) durabletest.Result {
 	nc, js := connect(b, url)
 	defer nc.Close()
-	d, err := New(cfg, js, WithLogger(testLogger()))
+	cfg.Logger = testLogger()
+	d, err := New(cfg, js)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -114,8 +115,8 @@ func benchRunner(b *testing.B, url string, cfg Config, n int) durabletest.Result
 	nc, js := connect(b, url)
 	defer nc.Close()
 	rc := cfg.runnerConfig()
-	rc.Name = "bench"
-	r, err := durable.New(rc, js, durabletest.DoneAtOnce{}, durable.WithLogger(testLogger()))
+	rc.Name, rc.Logger = "bench", testLogger()
+	r, err := durable.New(rc, js, durabletest.DoneAtOnce{})
 	if err != nil {
 		b.Fatal(err)
 	}

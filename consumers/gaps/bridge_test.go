@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fpmbus/fpmbus/bridge"
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/producer/producertest"
@@ -278,7 +279,7 @@ func TestPipelineSilentPublisher(t *testing.T) {
 	cfg := testConfig()
 	cfg.StaleAfter = time.Hour
 	clock := &skewedClock{}
-	h := startDetector(t, env.Server.ClientURL(), cfg, WithClock(clock.now))
+	h := startDetector(t, env.Server.ClientURL(), cfg, durable.WithClock(clock.now))
 	for i := range 6 {
 		pub.Send(i%3 == 2) // busy passes and heartbeats
 	}

@@ -84,8 +84,10 @@ type Config struct {
 	// StateReplicas and StateStorage of the state bucket (default: one replica, file storage).
 	StateReplicas int
 	StateStorage  jetstream.StorageType
-	// Registerer receives the detector's metrics; nil registers none.
+	// Registerer receives the detector's metrics and its runner's; nil registers none.
 	Registerer prometheus.Registerer
+	// Logger receives the detector's logs and its runner's [slog.Default()].
+	Logger *slog.Logger
 }
 
 // DefaultConfig returns the defaults: all FPM subjects, stale after 5 s, a 10 s marker grace, one
@@ -235,17 +237,3 @@ func (c Config) tick() time.Duration {
 	d := min(c.StaleAfter, max(c.MarkerGrace, time.Millisecond)) / 5
 	return min(max(d, 20*time.Millisecond), time.Second)
 }
-
-// Option configures a Detector beyond Config. The options are the ones every durable stage takes
-// (consumers/durable's, which check the values); the registerer is Config.Registerer.
-type Option func(*durable.Settings) error
-
-// WithLogger sets the logger of the detector and its runner (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return Option(durable.WithLogger(l)) }
-
-// WithClock sets the wall clock used only for when to check (stale publishers, commit pacing); event
-// content never comes from it.
-func WithClock(now func() time.Time) Option { return Option(durable.WithClock(now)) }
-
-// WithMemberID names the detector in its partition group (default <hostname>-<pid>-<random>).
-func WithMemberID(id string) Option { return Option(durable.WithMemberID(id)) }

@@ -1,6 +1,7 @@
 package gaps
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,7 +37,7 @@ const handBatch = 256
 type Detector struct {
 	cfg     Config
 	js      jetstream.JetStream
-	logger  *slog.Logger     // durable.Settings.Logger
+	logger  *slog.Logger     // Config.Logger
 	now     func() time.Time // durable.Settings.Clock
 	metrics *metrics
 	rules   rules
@@ -88,10 +89,11 @@ var (
 )
 
 // New checks cfg and returns a Detector on js. Nothing is created on the server until Run; the
-// streams must exist (streams.Apply). Options: WithLogger, WithClock, WithMemberID.
-func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) {
-	set := durable.DefaultSettings()
-	if err := durable.CheckStage(cfg.Validate, js, &set, ErrInvalidConfig, opts); err != nil {
+// streams must exist (streams.Apply). Options: durable.WithMemberID, durable.WithClock (the wall clock
+// used only for when to check: stale publishers, commit pacing; event content never comes from it).
+func New(cfg Config, js jetstream.JetStream, opts ...durable.Option) (*Detector, error) {
+	set, err := durable.CheckStage(cfg.Validate, js, ErrInvalidConfig, opts)
+	if err != nil {
 		return nil, err
 	}
 	if cfg.FPMShards == 0 {
@@ -115,8 +117,10 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Detector, error) 
 		orphans:   map[streams.Key][]*durable.Msg{},
 		subjects:  map[string]*subjectKey{},
 	}
-	d.logger, d.now, set.Registerer = set.Logger, set.Clock, cfg.Registerer
-	r, err := durable.New(cfg.runnerConfig(), js, d, durable.Inherit(set))
+	d.logger, d.now = cmp.Or(cfg.Logger, slog.Default()), set.Clock
+	rc := cfg.runnerConfig()
+	rc.Logger, rc.Registerer = d.logger, cfg.Registerer
+	r, err := durable.New(rc, js, d, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}

@@ -180,7 +180,7 @@ func TestDetectorStaleAndResumed(t *testing.T) {
 	cfg := testConfig()
 	cfg.StaleAfter = time.Hour
 	clock := &skewedClock{}
-	h := startDetector(t, env.Server.ClientURL(), cfg, WithClock(clock.now))
+	h := startDetector(t, env.Server.ClientURL(), cfg, durable.WithClock(clock.now))
 	k := key("silent", 0)
 	now := func() int64 { return time.Now().UnixMilli() }
 	e1 := now()
@@ -319,7 +319,7 @@ func TestScaleOutStopJoinAndCrashReportEveryGapOnce(t *testing.T) {
 	}
 	check(t, len(parts) >= 3, "publishers spread over the partitions: %v", parts)
 	url := env.Server.ClientURL()
-	start := func(id string) *harness { return startDetector(t, url, cfg, WithMemberID(id)) }
+	start := func(id string) *harness { return startDetector(t, url, cfg, durable.WithMemberID(id)) }
 	owners := func(hs ...*harness) error {
 		n := 0
 		for _, h := range hs {

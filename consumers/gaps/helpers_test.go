@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -83,7 +84,7 @@ func testLogger() *slog.Logger {
 }
 
 // startDetector starts a detector with cfg on a new connection to url.
-func startDetector(t testing.TB, url string, cfg Config, opts ...Option) *harness {
+func startDetector(t testing.TB, url string, cfg Config, opts ...durable.Option) *harness {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
@@ -94,8 +95,8 @@ func startDetector(t testing.TB, url string, cfg Config, opts ...Option) *harnes
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	cfg.Registerer = reg
-	d, err := New(cfg, js, append([]Option{WithLogger(testLogger())}, opts...)...)
+	cfg.Registerer, cfg.Logger = reg, testLogger()
+	d, err := New(cfg, js, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

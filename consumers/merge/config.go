@@ -71,6 +71,12 @@ type Config struct {
 	MaxArtefactSize int64
 	// Streams are applied at start and give the object bucket's settings [streams.DefaultConfig()].
 	Streams *streams.Config
+	// EventHook, when set, is called on the consumer's loop with every event the consumer has published.
+	EventHook func(Event)
+	// Registerer receives the merger's metrics and its runner's; nil registers none.
+	Registerer prometheus.Registerer
+	// Logger receives the merger's logs and its runner's [slog.Default()].
+	Logger *slog.Logger
 }
 
 func (c *Config) fill() error {
@@ -82,6 +88,7 @@ func (c *Config) fill() error {
 	c.Output = cmp.Or(c.Output, DefaultOutputTemplate)
 	c.SpoolDir = cmp.Or(c.SpoolDir, filepath.Join(os.TempDir(), "fpmbus-merge"))
 	c.MaxArtefactSize = cmp.Or(c.MaxArtefactSize, streams.DefaultBenchMaxArtefact)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	if c.Streams == nil {
 		sc := streams.DefaultConfig()
 		c.Streams = &sc
@@ -138,39 +145,4 @@ func CheckOutputTemplate(template string) error {
 // replies always share a partition and one owner.
 func (c Config) Group() durable.GroupConfig {
 	return c.HoldingConfig.Group(maxAckPending, batch, streams.BenchRankRoot+".*.*", streams.BenchProbeRoot+".*")
-}
-
-// Option configures a Consumer beyond Config. WithLogger, WithClock, WithMemberID and WithRegisterer
-// are the options every durable stage takes (consumers/durable's, which check the values).
-type Option func(*options) error
-
-type options struct {
-	durable.Settings
-	onEvent func(Event)
-}
-
-// shared makes one of the options every durable stage takes a merger's option.
-func shared(o durable.Option) Option { return func(s *options) error { return o(&s.Settings) } }
-
-// WithLogger sets the logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return shared(durable.WithLogger(l)) }
-
-// WithClock sets the clock of rank timeouts and retries (default time.Now).
-func WithClock(now func() time.Time) Option { return shared(durable.WithClock(now)) }
-
-// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
-func WithMemberID(id string) Option { return shared(durable.WithMemberID(id)) }
-
-// WithRegisterer registers the runner's consumer metrics (default: not registered).
-func WithRegisterer(reg prometheus.Registerer) Option { return shared(durable.WithRegisterer(reg)) }
-
-// WithEventHook calls fn, on the consumer's loop, with every event the consumer has published.
-func WithEventHook(fn func(Event)) Option {
-	return func(o *options) error {
-		if fn == nil {
-			return errors.New("nil event hook")
-		}
-		o.onEvent = fn
-		return nil
-	}
 }

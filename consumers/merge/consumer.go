@@ -99,8 +99,8 @@ type Event struct {
 //     letter, never delivered again. A run whose artefacts break a merge rule gets one bench_rejected
 //     outcome and its messages are done.
 type Consumer struct {
-	durable.Stage // Ready, Owned; Run ends with its Run
-	m             *stage
+	runner *durable.Runner
+	m      *stage
 }
 
 var _ durable.PartitionObserver = (*stage)(nil)
@@ -155,29 +155,39 @@ type doneRun struct {
 
 // New checks cfg and opts and returns a merger; Run starts it. Nothing is declared on the server
 // before Run.
-func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) {
-	o := options{Settings: durable.DefaultSettings()}
-	if err := durable.CheckStage(cfg.fill, js, &o, ErrInvalidConfig, opts); err != nil {
+// Options: durable.WithMemberID, durable.WithClock (rank timeouts and retries).
+func New(cfg Config, js jetstream.JetStream, opts ...durable.Option) (*Consumer, error) {
+	set, err := durable.CheckStage(cfg.fill, js, ErrInvalidConfig, opts)
+	if err != nil {
 		return nil, err
 	}
 	m := &stage{
-		js: js, cfg: cfg, group: cfg.Group(), log: o.Logger.With("component", "merge", "group", cfg.Durable),
-		now: o.Clock, onEvent: o.onEvent,
+		js: js, cfg: cfg, group: cfg.Group(), log: cfg.Logger.With("component", "merge", "group", cfg.Durable),
+		now: set.Clock, onEvent: cfg.EventHook,
 		store: benchstore.NewBenchStore(js, cfg.InlineMax, *cfg.Streams),
 		runs:  map[string]*pendingRun{}, done: map[string]*doneRun{},
 	}
 	m.Forget = m.forget
-	runs, err := registerRuns(o.Registerer, newRunsTotal())
+	runs, err := registerRuns(cfg.Registerer, newRunsTotal())
 	if err != nil {
 		return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConfig, err)
 	}
 	m.outcomes = runs
-	st, err := durable.NewStage(cfg.RunnerConfig(ConsumerName, m.group, tickInterval), js, m, o.Settings, ErrInvalidConfig)
+	rc := cfg.RunnerConfig(ConsumerName, m.group, tickInterval)
+	rc.Logger, rc.Registerer = cfg.Logger.With("component", ConsumerName), cfg.Registerer
+	r, err := durable.New(rc, js, m, opts...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
-	return &Consumer{Stage: st, m: m}, nil
+	return &Consumer{runner: r, m: m}, nil
 }
+
+// Ready is closed once Run has prepared the streams and the object store, joined the group and is
+// taking partitions. It is never closed if Run fails before that; wait for Run's result as well.
+func (c *Consumer) Ready() <-chan struct{} { return c.runner.Ready() }
+
+// Owned lists the partitions this instance owns now.
+func (c *Consumer) Owned() []int { return c.runner.Owned() }
 
 // Group is the partition group the merger is a member of (defaults filled in).
 func (c *Consumer) Group() durable.GroupConfig { return c.m.group }
@@ -201,7 +211,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("merge: stream %s: %w", streams.StreamEvents, err)
 	}
 	m.log.Info("merger starting", "partitions", m.group.Partitions, "output", m.cfg.Output, "rank_timeout", m.cfg.RankTimeout)
-	return c.Stage.Run(ctx)
+	return c.runner.Run(ctx)
 }
 
 // Handle folds a batch of one partition's messages.

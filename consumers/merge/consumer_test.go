@@ -43,7 +43,7 @@ type running struct {
 	cancel context.CancelFunc
 }
 
-func startConsumer(t *testing.T, env *natsservertest.Env, cfg Config, opts ...Option) *running {
+func startConsumer(t *testing.T, env *natsservertest.Env, cfg Config, opts ...durable.Option) *running {
 	t.Helper()
 	r := &running{events: make(chan Event, 64), errc: make(chan error, 1)}
 	if cfg.Output == "" {
@@ -56,8 +56,10 @@ func startConsumer(t *testing.T, env *natsservertest.Env, cfg Config, opts ...Op
 		cfg.PinnedTTL = durable.MinPinnedTTL
 	}
 	cfg.InlineMax = 4096
-	opts = append([]Option{WithEventHook(func(ev Event) { r.events <- ev }),
-		WithLogger(slog.New(slog.NewTextHandler(testWriter{t}, nil)))}, opts...)
+	cfg.EventHook = func(ev Event) { r.events <- ev }
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	}
 	c, err := New(cfg, env.JS, opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -298,7 +300,7 @@ func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 	store := benchstore.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	dir := t.TempDir()
 	reg := prometheus.NewRegistry()
-	r := startConsumer(t, env, Config{Output: filepath.Join(dir, "m_"+RunIDPlaceholder+".json")}, WithRegisterer(reg))
+	r := startConsumer(t, env, Config{Output: filepath.Join(dir, "m_"+RunIDPlaceholder+".json"), Registerer: reg})
 	docs := ruleBase.build()
 	setPath(&docs[1], v("FLASHINFER"), "engine", "attention", "backend_requested")
 	files := defaultFiles(docs)
@@ -430,8 +432,8 @@ func TestBenchBrokerTwoPartitions(t *testing.T) {
 	ctx := context.Background()
 	store := benchstore.NewBenchStore(env.JS, 0, streams.DefaultConfig())
 	dir := t.TempDir()
-	p0 := startConsumer(t, env, Config{HoldingConfig: durable.HoldingConfig{Partitions: 2}, Output: filepath.Join(dir, "p0_"+RunIDPlaceholder+".json")}, WithMemberID("m0"))
-	p1 := startConsumer(t, env, Config{HoldingConfig: durable.HoldingConfig{Partitions: 2}, Output: filepath.Join(dir, "p1_"+RunIDPlaceholder+".json")}, WithMemberID("m1"))
+	p0 := startConsumer(t, env, Config{HoldingConfig: durable.HoldingConfig{Partitions: 2}, Output: filepath.Join(dir, "p0_"+RunIDPlaceholder+".json")}, durable.WithMemberID("m0"))
+	p1 := startConsumer(t, env, Config{HoldingConfig: durable.HoldingConfig{Partitions: 2}, Output: filepath.Join(dir, "p1_"+RunIDPlaceholder+".json")}, durable.WithMemberID("m1"))
 	// A partition gets an owner once it has a message: probe replies of a run in each partition
 	// (done at once, the run being open) make the group settle before the runs are published.
 	group := p0.c.Group()
@@ -504,8 +506,8 @@ func TestBenchBrokerTwoPartitions(t *testing.T) {
 			t.Fatalf("config %+v accepted: %v", cfg, err)
 		}
 	}
-	if _, err := New(Config{}, env.JS, WithLogger(nil)); !errors.Is(err, ErrInvalidConfig) {
-		t.Fatalf("nil logger accepted: %v", err)
+	if _, err := New(Config{}, env.JS, durable.WithClock(nil)); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("nil clock accepted: %v", err)
 	}
 }
 
@@ -709,7 +711,7 @@ func TestBenchBrokerSpoolRefusesAPlantedLink(t *testing.T) {
 			}
 			var logged lockedLog
 			out := filepath.Join(t.TempDir(), "m_"+RunIDPlaceholder+".json")
-			r := startConsumer(t, env, Config{Output: out, SpoolDir: spoolDir}, WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+			r := startConsumer(t, env, Config{Output: out, SpoolDir: spoolDir, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 			for _, rf := range spec.rankFiles() {
 				if _, _, err := publishRank(ctx, store, rf.Path, rf.Data); err != nil {
 					t.Fatal(err)

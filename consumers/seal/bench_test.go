@@ -27,7 +27,7 @@ func benchSeal(b *testing.B, n int, connect func(i int) *nats.Conn) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		sealers[i], _ = New(kv)
+		sealers[i], _ = NewSealer(kv)
 	}
 	base := int(benchCell.Add(int64(b.N)+1)) - b.N
 	var next atomic.Int64

@@ -25,7 +25,7 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// Defaults of ConsumerConfig.
+// Defaults of Config.
 const (
 	DefaultDurable     = "fpmbus-seal"
 	DefaultPartitions  = durable.DefaultHoldingPartitions
@@ -50,15 +50,15 @@ const (
 	batch                = 16
 )
 
-// ErrInvalidConsumerConfig wraps every ConsumerConfig or ConsumerOption problem.
-var ErrInvalidConsumerConfig = errors.New("seal: invalid consumer config")
+// ErrInvalidConfig wraps every Config or option problem of a Consumer.
+var ErrInvalidConfig = errors.New("seal: invalid consumer config")
 
 // ErrNoProfile is the reason a merged artefact is rejected when its run's collection profile did not
-// arrive within ConsumerConfig.ProfileWait, or is not a valid profile.
+// arrive within Config.ProfileWait, or is not a valid profile.
 var ErrNoProfile = errors.New("seal: no valid collection profile for the run")
 
-// ConsumerConfig configures the durable sealer. Zero values take the defaults noted.
-type ConsumerConfig struct {
+// Config configures the durable sealer. Zero values take the defaults noted.
+type Config struct {
 	// HoldingConfig is the sealer's partition group (durable.HoldingConfig): its name (Durable,
 	// DefaultDurable), the partitions of the runs (keyed by the run of fpmbench.merged.<run>), pinned
 	// TTL, ack wait (held messages are kept alive by the runner), stop timeout and crash-loop bound.
@@ -72,88 +72,45 @@ type ConsumerConfig struct {
 	// MaxArtefactSize is the largest merged artefact read; one whose Fpm-Bench-Size is larger is
 	// rejected unread [streams.DefaultBenchMaxArtefact].
 	MaxArtefactSize int64
+	// Sealer seals the cells [a Sealer with source "fpmbus seal" on FPM_DATASETS, created
+	// idempotently by Run with the bucket settings of Streams].
+	Sealer *Sealer
+	// OutcomeHook, when set, is called on the consumer's loop with each merged artefact's final
+	// outcome: its run, the report (nil when nothing was published) and the error.
+	OutcomeHook func(runID string, rep *Report, err error)
+	// Registerer receives the sealer's metrics and its runner's; nil registers none.
+	Registerer prometheus.Registerer
+	// Logger receives the sealer's logs and its runner's [slog.Default()].
+	Logger *slog.Logger
 }
 
-func (c *ConsumerConfig) fill() error {
-	if err := c.HoldingConfig.Fill(DefaultDurable, ErrInvalidConsumerConfig); err != nil {
+func (c *Config) fill() error {
+	if err := c.HoldingConfig.Fill(DefaultDurable, ErrInvalidConfig); err != nil {
 		return err
 	}
 	c.ProfileWait = cmp.Or(c.ProfileWait, DefaultProfileWait)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	c.MaxArtefactSize = cmp.Or(c.MaxArtefactSize, streams.DefaultBenchMaxArtefact)
 	if c.MaxArtefactSize < 0 {
-		return fmt.Errorf("%w: max artefact size %d must be positive", ErrInvalidConsumerConfig, c.MaxArtefactSize)
+		return fmt.Errorf("%w: max artefact size %d must be positive", ErrInvalidConfig, c.MaxArtefactSize)
 	}
 	if c.Streams.Replicas == 0 {
 		c.Streams = streams.DefaultConfig()
 	}
 	if c.ProfileWait < 0 {
-		return fmt.Errorf("%w: profile wait %v must be >= 0", ErrInvalidConsumerConfig, c.ProfileWait)
+		return fmt.Errorf("%w: profile wait %v must be >= 0", ErrInvalidConfig, c.ProfileWait)
 	}
 	return nil
 }
 
 // Group is the partition group of the sealer: FPM_BENCH's merged artefacts fpmbench.merged.<run>,
 // keyed by the run token.
-func (c ConsumerConfig) Group() durable.GroupConfig {
+func (c Config) Group() durable.GroupConfig {
 	return c.HoldingConfig.Group(maxAckPending, batch, streams.BenchMergedRoot+".*")
 }
 
-// ConsumerOption configures a Consumer beyond ConsumerConfig. WithLogger, WithMemberID,
-// WithRegisterer and WithClock are the options every durable stage takes (consumers/durable's, which
-// check the values).
-type ConsumerOption func(*consumerOptions) error
-
-type consumerOptions struct {
-	durable.Settings
-	sealer    *Sealer
-	onOutcome func(runID string, rep *Report, err error)
-}
-
-// shared makes one of the options every durable stage takes a sealer consumer's option.
-func shared(o durable.Option) ConsumerOption {
-	return func(s *consumerOptions) error { return o(&s.Settings) }
-}
-
-// WithLogger sets the consumer's logger (default slog.Default()).
-func WithLogger(l *slog.Logger) ConsumerOption { return shared(durable.WithLogger(l)) }
-
-// WithMemberID names this instance in its group (default <host>-<pid>-<random>).
-func WithMemberID(id string) ConsumerOption { return shared(durable.WithMemberID(id)) }
-
-// WithRegisterer registers the runner's consumer metrics (default: not registered).
-func WithRegisterer(reg prometheus.Registerer) ConsumerOption {
-	return shared(durable.WithRegisterer(reg))
-}
-
-// WithClock sets the clock of the profile wait and the retries (default time.Now).
-func WithClock(now func() time.Time) ConsumerOption { return shared(durable.WithClock(now)) }
-
-// WithSealer seals with s (default: a Sealer with source "fpmbus seal" on FPM_DATASETS, created
-// idempotently by Run with the bucket settings of ConsumerConfig.Streams).
-func WithSealer(s *Sealer) ConsumerOption {
-	return func(o *consumerOptions) error {
-		if s == nil {
-			return errors.New("nil sealer")
-		}
-		o.sealer = s
-		return nil
-	}
-}
-
-// WithOutcomeHook calls fn, on the consumer's loop, with each merged artefact's final outcome: its
-// run, the report (nil when nothing was published) and the error.
-func WithOutcomeHook(fn func(runID string, rep *Report, err error)) ConsumerOption {
-	return func(o *consumerOptions) error {
-		if fn == nil {
-			return errors.New("nil outcome hook")
-		}
-		o.onOutcome = fn
-		return nil
-	}
-}
-
 // Consumer is the durable sealer behind `fpmbus seal` and `fpmbus up`: a durable.Consumer run by a
-// durable.Runner in the partition group ConsumerConfig.Group. It reads merged artefacts from
+// durable.Runner in the partition group Config.Group. It reads merged artefacts from
 // fpmbench.merged.<run>, builds the run's cell from the artefact and the run's collection profile, and
 // publishes it with PublishDataset. First-writer-wins rests on the bucket's compare-and-set alone, so
 // a takeover (or two sealers racing on one run) never seals a cell twice. A message is:
@@ -167,14 +124,14 @@ func WithOutcomeHook(fn func(runID string, rep *Report, err error)) ConsumerOpti
 //     a body that is not a merged artefact or does not match its digest, an artefact without an
 //     identity, a dataset that fails validation, no valid profile within ProfileWait.
 type Consumer struct {
-	durable.Stage // Ready, Owned; Run ends with its Run
-	s             *sealStage
+	runner *durable.Runner
+	s      *sealStage
 }
 
 // sealStage is the durable.Consumer. Every method runs on the runner's loop goroutine.
 type sealStage struct {
 	js        jetstream.JetStream
-	cfg       ConsumerConfig
+	cfg       Config
 	log       *slog.Logger
 	now       func() time.Time
 	store     *benchstore.BenchStore
@@ -195,10 +152,11 @@ type heldSeal struct {
 	waits   backoff.BackOff // nil until the first retry
 }
 
-// NewConsumer checks cfg and opts and returns a sealer consumer; Run starts it.
-func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOption) (*Consumer, error) {
-	o := consumerOptions{Settings: durable.DefaultSettings()}
-	if err := durable.CheckStage(cfg.fill, js, &o, ErrInvalidConsumerConfig, opts); err != nil {
+// New checks cfg and opts and returns a sealer consumer; Run starts it.
+// Options: durable.WithMemberID, durable.WithClock (the profile wait and the retries).
+func New(cfg Config, js jetstream.JetStream, opts ...durable.Option) (*Consumer, error) {
+	o, err := durable.CheckStage(cfg.fill, js, ErrInvalidConfig, opts)
+	if err != nil {
 		return nil, err
 	}
 	who := o.MemberID
@@ -206,19 +164,28 @@ func NewConsumer(cfg ConsumerConfig, js jetstream.JetStream, opts ...ConsumerOpt
 		host, _ := os.Hostname()
 		who = host + "-" + strconv.Itoa(os.Getpid())
 	}
-	s := &sealStage{js: js, cfg: cfg, log: o.Logger.With("component", "seal", "group", cfg.Durable), now: o.Clock,
-		store: benchstore.NewBenchStore(js, 0, cfg.Streams), sealer: o.sealer, onOutcome: o.onOutcome, metrics: newMetrics(), who: who}
-	if o.Registerer != nil {
-		if err := s.metrics.register(o.Registerer); err != nil {
-			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConsumerConfig, err)
+	s := &sealStage{js: js, cfg: cfg, log: cfg.Logger.With("component", "seal", "group", cfg.Durable), now: o.Clock,
+		store: benchstore.NewBenchStore(js, 0, cfg.Streams), sealer: cfg.Sealer, onOutcome: cfg.OutcomeHook, metrics: newMetrics(), who: who}
+	if cfg.Registerer != nil {
+		if err := s.metrics.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConfig, err)
 		}
 	}
-	st, err := durable.NewStage(cfg.RunnerConfig(ConsumerName, cfg.Group(), tickInterval), js, s, o.Settings, ErrInvalidConsumerConfig)
+	rc := cfg.RunnerConfig(ConsumerName, cfg.Group(), tickInterval)
+	rc.Logger, rc.Registerer = cfg.Logger.With("component", ConsumerName), cfg.Registerer
+	r, err := durable.New(rc, js, s, opts...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
-	return &Consumer{Stage: st, s: s}, nil
+	return &Consumer{runner: r, s: s}, nil
 }
+
+// Ready is closed once Run has prepared the streams and the bucket, joined the group and is taking
+// partitions. It is never closed if Run fails before that; wait for Run's result as well.
+func (c *Consumer) Ready() <-chan struct{} { return c.runner.Ready() }
+
+// Owned lists the partitions this instance owns now.
+func (c *Consumer) Owned() []int { return c.runner.Owned() }
 
 // Run ensures the streams and the bucket exist, joins the group and seals until ctx ends, then stops
 // gracefully (held messages go, unacked, to the next owner at once). It returns nil after a requested
@@ -233,7 +200,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if s.sealer, err = New(kv, WithSource("fpmbus seal")); err != nil {
+		if s.sealer, err = NewSealer(kv, WithSource("fpmbus seal")); err != nil {
 			return err
 		}
 	}
@@ -245,7 +212,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	s.audit(ctx)
 	s.log.Info("sealer starting", "partitions", s.cfg.Partitions, "allow_partial", s.cfg.AllowPartial)
-	return c.Stage.Run(ctx)
+	return c.runner.Run(ctx)
 }
 
 // Handle seals a batch of one partition's merged artefacts, holding those that must wait.

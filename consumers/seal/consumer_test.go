@@ -36,12 +36,15 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func startSealer(t *testing.T, env *natsservertest.Env, cfg ConsumerConfig, opts ...ConsumerOption) *runningSealer {
+func startSealer(t *testing.T, env *natsservertest.Env, cfg Config, opts ...durable.Option) *runningSealer {
 	t.Helper()
 	if cfg.PinnedTTL == 0 {
 		cfg.PinnedTTL = durable.MinPinnedTTL
 	}
-	c, err := NewConsumer(cfg, env.JS, append([]ConsumerOption{WithLogger(testLogger(t))}, opts...)...)
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	c, err := New(cfg, env.JS, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +182,7 @@ func TestConsumerRejectsUnsealableArtefacts(t *testing.T) {
 				}
 			}
 			outcomes := make(chan error, 4)
-			startSealer(t, env, ConsumerConfig{}, WithOutcomeHook(func(_ string, _ *Report, err error) { outcomes <- err }))
+			startSealer(t, env, Config{OutcomeHook: func(_ string, _ *Report, err error) { outcomes <- err }})
 			ack, body := tc.publish(env.JS)
 			select {
 			case err := <-outcomes:
@@ -231,9 +234,10 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 		err error
 	}
 	outcomes := make(chan res, 4)
-	g := ConsumerConfig{HoldingConfig: durable.HoldingConfig{AckWait: 2 * time.Second}}
+	g := Config{HoldingConfig: durable.HoldingConfig{AckWait: 2 * time.Second}}
 	reg := prometheus.NewRegistry()
-	startSealer(t, env, g, WithOutcomeHook(func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }), WithRegisterer(reg))
+	g.OutcomeHook, g.Registerer = func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }, reg
+	startSealer(t, env, g)
 	ack := publishMergedBody(t, env.JS, runID, doc)
 	cons := sealerConsumer(t, env)
 	waitFor(t, "the artefact delivered", 10*time.Second, func() bool { return consumerInfo(t, cons).Delivered.Consumer == 1 })
@@ -301,7 +305,7 @@ func TestConsumerRetriesUnknownOutcome(t *testing.T) {
 	if err := env.JS.DeleteKeyValue(ctx, streams.BucketDatasets); err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(kv, WithSource("fpmbus seal"), WithRetries(1, 10*time.Millisecond), WithOpTimeout(time.Second))
+	s, err := NewSealer(kv, WithSource("fpmbus seal"), WithRetries(1, 10*time.Millisecond), WithOpTimeout(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +314,7 @@ func TestConsumerRetriesUnknownOutcome(t *testing.T) {
 		err error
 	}
 	outcomes := make(chan res, 4)
-	startSealer(t, env, ConsumerConfig{}, WithSealer(s), WithOutcomeHook(func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }))
+	startSealer(t, env, Config{Sealer: s, OutcomeHook: func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }})
 	publishMergedBody(t, env.JS, runID, doc)
 	cons := sealerConsumer(t, env)
 	waitFor(t, "the artefact delivered", 10*time.Second, func() bool { return consumerInfo(t, cons).Delivered.Consumer == 1 })
@@ -356,18 +360,18 @@ func r0(t *testing.T, kv jetstream.KeyValue) string {
 func TestConsumerConfigValidate(t *testing.T) {
 	t.Parallel()
 	env := natsservertest.Start(t)
-	for name, cfg := range map[string]ConsumerConfig{
+	for name, cfg := range map[string]Config{
 		"partitions":   {HoldingConfig: durable.HoldingConfig{Partitions: -1}},
 		"ack wait":     {HoldingConfig: durable.HoldingConfig{AckWait: time.Millisecond}},
 		"profile wait": {ProfileWait: -time.Second},
 		"pinned ttl":   {HoldingConfig: durable.HoldingConfig{PinnedTTL: time.Millisecond}},
 		"group name":   {HoldingConfig: durable.HoldingConfig{Durable: "a.b"}},
 	} {
-		if _, err := NewConsumer(cfg, env.JS); !errors.Is(err, ErrInvalidConsumerConfig) {
-			t.Errorf("%s: got %v, want ErrInvalidConsumerConfig", name, err)
+		if _, err := New(cfg, env.JS); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := NewConsumer(ConsumerConfig{}, env.JS, WithLogger(nil)); !errors.Is(err, ErrInvalidConsumerConfig) {
-		t.Errorf("nil logger: %v", err)
+	if _, err := New(Config{}, env.JS, durable.WithClock(nil)); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("nil clock: %v", err)
 	}
 }

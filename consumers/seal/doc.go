@@ -74,7 +74,7 @@
 // inline or in FPM_BENCH_OBJECTS, via benchstore.BenchStore), takes the run's collection profile from the
 // last message on fpmbench.profile.<run> (published by `fpmbus bench publish --profile FILE`; see
 // benchstore.PublishProfile), builds the cell with FromMerged and publishes it. It is a durable.Consumer
-// in a consumers/partition group keyed by the run (ConsumerConfig.Group): one instance at a time
+// in a consumers/partition group keyed by the run (Config.Group): one instance at a time
 // handles a run's merged artefact, and a takeover redelivers what was not done. Its only state is the
 // bucket, whose compare-and-set keeps every cell sealed once whoever seals it. A merged artefact whose
 // profile has not arrived, or whose seal outcome is unknown, is held and checked again on the runner's

@@ -217,7 +217,7 @@ func storeFixture(t *testing.T, js jetstream.JetStream, kv jetstream.KeyValue) *
 		cells = append(cells, testCell(i, "run-A", 1, 4))
 	}
 	f.ds = testDataset("run-A", cells...)
-	s, _ := New(kv, WithSource("before-kill"))
+	s, _ := NewSealer(kv, WithSource("before-kill"))
 	if _, err := s.PublishDataset(ctx, f.ds, PublishOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +263,7 @@ func (f *killFixture) check(t *testing.T, js jetstream.JetStream, kv jetstream.K
 	if err := leaderGet(CampaignKey(CampaignIDFor(f.ds)), &camp); err != nil || camp.State != schemas.CampaignComplete {
 		t.Fatalf("campaign record after the restart: %+v %v", camp, err)
 	}
-	s, _ := New(kv, WithSource("after-kill"), WithJetStream(js))
+	s, _ := NewSealer(kv, WithSource("after-kill"), WithJetStream(js))
 	rep, err := s.Audit(ctx)
 	if err != nil || rep.Checked != len(f.ds.Cells) || len(rep.Findings) != 0 {
 		t.Fatalf("audit after the restart: %+v %v", rep, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
@@ -103,7 +104,7 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 	env, kv := singleNode(t)
 	ctx := context.Background()
 	// The first sealer reads from the bucket stream's leader, the second through the bucket.
-	first, _ := New(kv, WithSource("first"), WithJetStream(env.JS))
+	first, _ := NewSealer(kv, WithSource("first"), WithJetStream(env.JS))
 	dsA := testDataset("run-A", testCell(0, "run-A", 1, 4), testCell(1, "run-A", 1, 4))
 	if _, err := first.PublishDataset(ctx, dsA, PublishOptions{}); err != nil {
 		t.Fatal(err)
@@ -112,7 +113,7 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 	lost := dsA.Cells[0]
 	loseKey(t, env.JS, kv, lost.Key)
 
-	second, _ := New(kv, WithSource("second"))
+	second, _ := NewSealer(kv, WithSource("second"))
 	for _, s := range []*Sealer{first, second} {
 		rep, err := s.Audit(ctx)
 		if err != nil {
@@ -176,7 +177,7 @@ func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
 	doc, runA := goldenRun(t)
 	profile, _ := json.Marshal(testProfile)
 	outcomes := make(chan error, 4)
-	hook := WithOutcomeHook(func(_ string, _ *Report, err error) { outcomes <- err })
+	hook := func(_ string, _ *Report, err error) { outcomes <- err }
 	outcome := func() error {
 		select {
 		case err := <-outcomes:
@@ -190,8 +191,8 @@ func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishMergedBody(t, env.JS, runA, doc)
-	s, _ := New(kv, WithSource("fpmbus seal"))
-	rc := startSealer(t, env, ConsumerConfig{}, WithSealer(s), hook)
+	s, _ := NewSealer(kv, WithSource("fpmbus seal"))
+	rc := startSealer(t, env, Config{Sealer: s, OutcomeHook: hook})
 	if err := outcome(); err != nil {
 		t.Fatalf("run %s: %v", runA, err)
 	}
@@ -211,7 +212,7 @@ func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
 	loseKey(t, env.JS, kv, cell)
 
 	reg := prometheus.NewRegistry()
-	startSealer(t, env, ConsumerConfig{}, WithSealer(s), hook, WithRegisterer(reg), WithMemberID("sealer-2"))
+	startSealer(t, env, Config{Sealer: s, OutcomeHook: hook, Registerer: reg}, durable.WithMemberID("sealer-2"))
 	evs := datasetEvents(t, env.JS)
 	if len(evs) != 1 {
 		t.Fatalf("dataset events %+v, want one cell_missing", evs)

@@ -110,8 +110,8 @@ func TestConsumerSealsMergedArtefacts(t *testing.T) {
 		err error
 	}
 	outcomes := make(chan res, 4)
-	s, _ := New(kv, WithSource("fpmbus seal"))
-	rc := startSealer(t, env, ConsumerConfig{}, WithSealer(s), WithOutcomeHook(func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }))
+	s, _ := NewSealer(kv, WithSource("fpmbus seal"))
+	rc := startSealer(t, env, Config{Sealer: s, OutcomeHook: func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }})
 	want := []string{Sealed.String(), AlreadySealed.String()}
 	for i := range 2 {
 		select {

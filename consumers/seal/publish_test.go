@@ -43,7 +43,7 @@ func TestPublishIdempotentAndConflict(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
 	ctx := context.Background()
-	s, _ := New(kv, WithSource("test"))
+	s, _ := NewSealer(kv, WithSource("test"))
 	ds := testDataset("run-A", testCell(1, "run-A", 1, 4), testCell(2, "run-A", 1, 4))
 	rep, err := s.PublishDataset(ctx, ds, PublishOptions{})
 	if err != nil {
@@ -86,7 +86,7 @@ func TestPublishIdempotentAndConflict(t *testing.T) {
 func TestPublishRejectsBeforeAnyWrite(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
-	s, _ := New(kv)
+	s, _ := NewSealer(kv)
 	bad := testCell(2, "run-A", 1, 4)
 	bad.Rows[1].LatencyMS = -1
 	bad.Finish()
@@ -103,7 +103,7 @@ func TestPublishRejectsBeforeAnyWrite(t *testing.T) {
 func TestPublishIncompleteWithoutAllowPartialWritesNothing(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
-	s, _ := New(kv)
+	s, _ := NewSealer(kv)
 	plan := &schemas.DatasetPlan{SchemaVersion: 1, CampaignID: "camp-1", Cells: []schemas.PlanCell{
 		{Identity: testIdentity(1), ExpectedRows: 4, EstimatedGPUHours: 1}, {Identity: testIdentity(2), ExpectedRows: 4, EstimatedGPUHours: 1}}}
 	_, err := s.PublishDataset(context.Background(), testDataset("run-A", testCell(1, "run-A", 1, 4)), PublishOptions{Plan: plan})
@@ -119,7 +119,7 @@ func TestPartialPublication(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
 	ctx := context.Background()
-	s, _ := New(kv)
+	s, _ := NewSealer(kv)
 	plan := &schemas.DatasetPlan{SchemaVersion: 1, CampaignID: "camp-1", Cells: []schemas.PlanCell{
 		{Identity: testIdentity(1), ExpectedRows: 4, EstimatedGPUHours: 1},
 		{Identity: testIdentity(2), ExpectedRows: 4, EstimatedGPUHours: 2},
@@ -209,7 +209,7 @@ func TestCoverageReport(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
 	ctx := context.Background()
-	s, _ := New(kv, WithSource("fpmbus datasets publish"))
+	s, _ := NewSealer(kv, WithSource("fpmbus datasets publish"))
 	if _, err := s.PublishDataset(ctx, testDataset("run-A", testCell(1, "run-A", 1, 4), testCell(2, "run-A", 1, 2)), PublishOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -265,14 +265,14 @@ func (k *lostAckKV) Update(ctx context.Context, key string, value []byte, revisi
 func TestUnknownOutcomeSettledByReadBack(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
-	s, _ := New(&lostAckKV{KeyValue: kv, lost: 1}, WithRetries(5, time.Millisecond))
+	s, _ := NewSealer(&lostAckKV{KeyValue: kv, lost: 1}, WithRetries(5, time.Millisecond))
 	c := testCell(1, "run-A", 1, 4)
 	out, err := s.Seal(context.Background(), &c, "")
 	if err != nil || out.Result != Sealed || !out.Settled {
 		t.Fatalf("want Sealed settled by read-back, got %+v %v", out, err)
 	}
 	// A different sealer whose ack was lost after someone else won sees a conflict, not a win.
-	s2, _ := New(&lostAckKV{KeyValue: kv, lost: 1}, WithRetries(5, time.Millisecond))
+	s2, _ := NewSealer(&lostAckKV{KeyValue: kv, lost: 1}, WithRetries(5, time.Millisecond))
 	c2 := testCell(1, "run-B", 3, 4)
 	if _, err := s2.Seal(context.Background(), &c2, ""); !errors.Is(err, ErrConflict) {
 		t.Fatalf("want conflict, got %v", err)
@@ -285,7 +285,7 @@ func TestUnknownOutcomeSettledByReadBack(t *testing.T) {
 func TestPublishOfACellOverMaxPayloadIsFinal(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
-	s, _ := New(kv, WithSource("test"), WithRetries(20, time.Second))
+	s, _ := NewSealer(kv, WithSource("test"), WithRetries(20, time.Second))
 	ds := testDataset("run-big", testCell(1, "run-big", 1, 100_000))
 	_, err := s.PublishDataset(context.Background(), ds, PublishOptions{})
 	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), ds.Cells[0].Key) {
@@ -302,7 +302,7 @@ func TestPublishAndListReportProgress(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
 	ctx := context.Background()
-	s, _ := New(kv, WithSource("test"))
+	s, _ := NewSealer(kv, WithSource("test"))
 	var cells []schemas.Cell
 	for i := range 20 {
 		cells = append(cells, testCell(i+1, "run-P", 1, 4))

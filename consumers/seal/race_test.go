@@ -59,7 +59,7 @@ func runRace(t *testing.T, connect func(i int) jetstream.JetStream, disrupt func
 				t.Errorf("sealer %d: bucket: %v", s, err)
 				return
 			}
-			sl, err := New(kv, WithSource(fmt.Sprintf("sealer-%d", s)), WithOpTimeout(2*time.Second), WithRetries(60, 50*time.Millisecond))
+			sl, err := NewSealer(kv, WithSource(fmt.Sprintf("sealer-%d", s)), WithOpTimeout(2*time.Second), WithRetries(60, 50*time.Millisecond))
 			if err != nil {
 				t.Error(err)
 				return

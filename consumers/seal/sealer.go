@@ -190,8 +190,8 @@ func Protect(ctx context.Context, js jetstream.JetStream, log *slog.Logger) ([]s
 	return streams.ProtectDatasets(ctx, js, 5*time.Second, log)
 }
 
-// New returns a Sealer on kv. Options: WithSource, WithJetStream, WithRetries, WithOpTimeout.
-func New(kv jetstream.KeyValue, opts ...Option) (*Sealer, error) {
+// NewSealer returns a Sealer on kv. Options: WithSource, WithJetStream, WithRetries, WithOpTimeout.
+func NewSealer(kv jetstream.KeyValue, opts ...Option) (*Sealer, error) {
 	s := &Sealer{kv: kv, source: "fpmbus", retries: 20, backoff: 100 * time.Millisecond, opTimeout: 5 * time.Second, now: time.Now}
 	for _, o := range opts {
 		if err := o(s); err != nil {

@@ -23,7 +23,7 @@ func TestTamperingCannotDisplaceASealedCell(t *testing.T) {
 	t.Parallel()
 	env, kv := singleNode(t)
 	ctx := context.Background()
-	s, _ := New(kv, WithSource("test"), WithJetStream(env.JS))
+	s, _ := NewSealer(kv, WithSource("test"), WithJetStream(env.JS))
 	dsA := testDataset("run-A", testCell(1, "run-A", 1, 4))
 	if _, err := s.PublishDataset(ctx, dsA, PublishOptions{}); err != nil {
 		t.Fatal(err)
@@ -107,7 +107,7 @@ func TestTamperingCannotDisplaceASealedCell(t *testing.T) {
 
 func mustSealer(t *testing.T, kv jetstream.KeyValue) *Sealer {
 	t.Helper()
-	s, err := New(kv, WithSource("test"))
+	s, err := NewSealer(kv, WithSource("test"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestConsumerProtectsAnEarlierBucketAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	startSealer(t, env, ConsumerConfig{}, WithRegisterer(reg))
+	startSealer(t, env, Config{Registerer: reg})
 	s, err := env.JS.Stream(ctx, streams.DatasetsStream)
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +169,7 @@ func TestJunkStoredBeforeTheSealCannotPreemptIt(t *testing.T) {
 		}
 	}
 
-	s, _ := New(kv, WithSource("test"), WithJetStream(env.JS))
+	s, _ := NewSealer(kv, WithSource("test"), WithJetStream(env.JS))
 	rep, err := s.PublishDataset(ctx, dsA, PublishOptions{})
 	if err != nil {
 		t.Fatalf("the honest publication after the junk: %v", err)

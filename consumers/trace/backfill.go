@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
@@ -114,8 +115,8 @@ type BackfillResume struct {
 // MaxAckPending sizes the pull batches and flushes. When ctx ends first, the lines of what was read
 // are written (in sampled mode those of the intervals read to their end), Backfill returns ctx's
 // error and the result says where to resume (BackfillResult.Resume), as it does after any other error
-// once the range is being read. Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry.
-func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng BackfillRange, progress func(BackfillProgress), opts ...Option) (BackfillResult, error) {
+// once the range is being read. Options: durable.WithClock.
+func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng BackfillRange, progress func(BackfillProgress), opts ...durable.Option) (BackfillResult, error) {
 	var res BackfillResult
 	set, err := prepare(cfg, js, opts)
 	if err != nil {

@@ -127,7 +127,7 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 			cfg.OutputPath = filepath.Join(t.TempDir(), "backfill", "fpm")
 			var last BackfillProgress
 			calls := 0
-			res, err := Backfill(context.Background(), cfg, env.JS, tc.rng, func(p BackfillProgress) { last = p; calls++ }, WithLogger(testLogger(t)))
+			res, err := Backfill(context.Background(), logTo(cfg, testLogger(t)), env.JS, tc.rng, func(p BackfillProgress) { last = p; calls++ })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -201,7 +201,7 @@ func TestBackfillRanges(t *testing.T) {
 			cfg := testConfig(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			res, err := Backfill(ctx, cfg, env.JS, tc.rng, nil, WithLogger(testLogger(t)))
+			res, err := Backfill(ctx, logTo(cfg, testLogger(t)), env.JS, tc.rng, nil)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tc.wantErr)
@@ -257,7 +257,7 @@ func TestBackfillIsRefusedWhileAWriterOwnsTheOutput(t *testing.T) {
 		return out
 	}
 	before := files(cfg.OutputPath)
-	_, err := Backfill(context.Background(), cfg, env.JS, BackfillRange{}, nil, WithLogger(testLogger(t)))
+	_, err := Backfill(context.Background(), logTo(cfg, testLogger(t)), env.JS, BackfillRange{}, nil)
 	var held *fsutil.HeldError
 	if !errors.Is(err, tracefile.ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" || !strings.Contains(err.Error(), "trace backfill") {
 		t.Fatalf("backfill into the writer's output: %v, want it refused naming the writer", err)
@@ -267,7 +267,7 @@ func TestBackfillIsRefusedWhileAWriterOwnsTheOutput(t *testing.T) {
 	}
 	other := cfg
 	other.OutputPath = filepath.Join(t.TempDir(), "backfill", "fpm")
-	res, err := Backfill(context.Background(), other, env.JS, BackfillRange{}, nil, WithLogger(testLogger(t)))
+	res, err := Backfill(context.Background(), logTo(other, testLogger(t)), env.JS, BackfillRange{}, nil)
 	if err != nil || res.Lines != uint64(len(msgs)) {
 		t.Fatalf("backfill into another output: %+v, %v", res, err)
 	}

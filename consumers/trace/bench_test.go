@@ -82,11 +82,11 @@ func benchConfig(b *testing.B, name string) Config {
 // compressed bytes it wrote.
 func benchFull(b *testing.B, js jetstream.JetStream, name string, n int) (durabletest.Result, int64) {
 	cfg := benchConfig(b, name)
-	opts := []Option{WithLogger(slog.New(slog.DiscardHandler))}
+	cfg.Logger = slog.New(slog.DiscardHandler)
 	if l, err := strconv.Atoi(os.Getenv("FPMBUS_BENCH_LEVEL")); err == nil {
-		opts = append(opts, WithCompressionLevel(l))
+		cfg.CompressionLevel = l
 	}
-	w, err := New(cfg, js, opts...)
+	w, err := New(cfg, js)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func benchRunner(b *testing.B, js jetstream.JetStream, name string, n int) durab
 	}
 	rc := cfg.runnerConfig(pc) // the writer's runner settings
 	rc.Name = "bench"
-	r, err := durable.New(rc, js, durabletest.DoneAtOnce{}, durable.WithLogger(slog.New(slog.DiscardHandler)))
+	r, err := durable.New(rc, js, durabletest.DoneAtOnce{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -144,11 +144,12 @@ func (m *fakeMsg) Done()                {}
 func (m *fakeMsg) Reject(error)         {}
 
 // benchWriter is a full- or sampled-mode writer without a server, for the CPU benchmarks.
-func benchWriter(b *testing.B, cfg Config, opts ...Option) *writer {
-	set, err := newSettings(append([]Option{WithLogger(slog.New(slog.DiscardHandler))}, opts...))
+func benchWriter(b *testing.B, cfg Config) *writer {
+	set, err := newSettings(nil)
 	if err != nil {
 		b.Fatal(err)
 	}
+	set = set.configured(logTo(cfg, slog.New(slog.DiscardHandler)))
 	m, err := newMetrics(nil, cfg.Mode)
 	if err != nil {
 		b.Fatal(err)
@@ -170,7 +171,8 @@ func BenchmarkWriterPerRecord(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.Mode = "full"
 			cfg.OutputPath = filepath.Join(b.TempDir(), "dynamo-fpm")
-			w := benchWriter(b, cfg, WithCompressionLevel(level))
+			cfg.CompressionLevel = level
+			w := benchWriter(b, cfg)
 			keys := tracefile.SubjectKeys{}
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {

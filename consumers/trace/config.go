@@ -3,6 +3,7 @@ package trace
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -94,7 +95,7 @@ type Config struct {
 	FPMShards int
 	// PinnedTTL bounds crash failover to another instance (--pinned-ttl): how long an instance that
 	// stopped pulling keeps its partitions. A restarted instance with the same member id
-	// (WithMemberID) takes its partitions back at once.
+	// (durable.WithMemberID) takes its partitions back at once.
 	PinnedTTL time.Duration
 	// FlushInterval bounds how long a received message waits before its line is durable and acked.
 	FlushInterval time.Duration
@@ -110,9 +111,25 @@ type Config struct {
 	// AckWait of the partition consumers; 0 = automatic (DefaultAckWait, or in sampled mode at least
 	// twice SampleInterval + FlushInterval, since a message may wait a whole interval for its line).
 	AckWait time.Duration
+	// CompressionLevel is the gzip level of new members: 1 fastest … 9 smallest (0:
+	// tracefile.DefaultCompressionLevel).
+	CompressionLevel int
+	// RetryInitial and RetryMax are the backoff of a failed segment write (disk full, I/O error,
+	// unwritable directory): exponential from RetryInitial to at most RetryMax, with jitter, retried
+	// until it succeeds or the partition is released (0: DefaultRetryInitial, DefaultRetryMax).
+	RetryInitial time.Duration
+	RetryMax     time.Duration
+	// Segments, when set, is shared among the Consumers that succeed one another in this process on
+	// one output (the incarnations of a component its supervisor restarts): a producer's segment is
+	// then continued across them as within one Consumer (see ProcessSegments), instead of each
+	// incarnation starting a new segment. nil: a ProcessSegments of the Consumer's own. A Backfill
+	// ignores it.
+	Segments *ProcessSegments
 	// Registerer receives the writer's metrics and its runner's (fpmbus_consumer_*{consumer="trace"});
 	// nil registers none.
 	Registerer prometheus.Registerer
+	// Logger receives the writer's logs and its runner's [slog.Default()].
+	Logger *slog.Logger
 }
 
 // DefaultConfig returns Dynamo's defaults (sampled mode, /tmp/dynamo-fpm, 5 s, 256 MiB, 4 segments)
@@ -192,12 +209,19 @@ func (c Config) Validate() error {
 		return bad("stop timeout %v: want a positive duration", c.StopTimeout)
 	case c.MaxAckPending < 2:
 		return bad("max ack pending %d: want at least 2", c.MaxAckPending)
+	case c.CompressionLevel != 0 && (c.CompressionLevel < 1 || c.CompressionLevel > 9):
+		return bad("gzip level %d: want 1 to 9", c.CompressionLevel)
+	case c.RetryInitial < 0 || c.RetryMax < 0:
+		return bad("write retry %v..%v: want 0 < initial <= max", c.RetryInitial, c.RetryMax)
 	case c.AckWait < 0:
 		return bad("ack wait %v: want 0 (automatic) or a positive duration", c.AckWait)
 	case c.AckWait > 0 && c.AckWait < time.Second:
 		return bad("ack wait %v: want at least 1s", c.AckWait)
 	case c.AckWait > 0 && c.AckWait <= c.holdBound():
 		return bad("ack wait %v: must exceed %v, the longest a message waits for its line (flush interval, plus the sample interval in sampled mode)", c.AckWait, c.holdBound())
+	}
+	if initial, maxWait := c.retryBounds(); maxWait < initial {
+		return bad("write retry %v..%v: want 0 < initial <= max", initial, maxWait)
 	}
 	if _, err := c.PartitionConfig(); err != nil {
 		return err

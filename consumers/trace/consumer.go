@@ -71,13 +71,13 @@ var (
 )
 
 // New checks cfg and returns a Consumer on js. Nothing is created on the server or on disk until Run.
-// Options: WithLogger, WithClock, WithCompressionLevel, WithWriteRetry, WithMemberID.
-func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) {
+// Options: durable.WithMemberID, durable.WithClock (the lines' writer-relative "timestamp" and the
+// sampled mode's wall-clock fallback).
+func New(cfg Config, js jetstream.JetStream, opts ...durable.Option) (*Consumer, error) {
 	set, err := prepare(cfg, js, opts)
 	if err != nil {
 		return nil, err
 	}
-	set.Registerer = cfg.Registerer // the runner's metrics go where the writer's go
 	if cfg.FPMShards == 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		n, err := streams.FPMShardsOf(ctx, js)
@@ -112,7 +112,9 @@ func New(cfg Config, js jetstream.JetStream, opts ...Option) (*Consumer, error) 
 	if c.segs == nil {
 		c.segs = NewProcessSegments()
 	}
-	if c.runner, err = durable.New(cfg.runnerConfig(pc), js, c, durable.Inherit(set.Settings)); err != nil {
+	rc := cfg.runnerConfig(pc)
+	rc.Logger, rc.Registerer = set.Logger, cfg.Registerer // the runner's metrics go where the writer's go
+	if c.runner, err = durable.New(rc, js, c, opts...); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
 	return c, nil
@@ -135,7 +137,7 @@ func (c *Consumer) Recovery() RecoveryResult { return c.totals.get() }
 //
 // Before joining, Run probes that the output directory is writable and replaces consumers of the group
 // that this configuration cannot use (see replaceIncompatibleConsumers). A failed write is retried
-// with backoff (WithWriteRetry) while nothing more is acknowledged; an error that retrying cannot fix
+// with backoff (Config.RetryInitial, RetryMax) while nothing more is acknowledged; an error that retrying cannot fix
 // (another writer owns a segment, the server is gone) ends Run with that error, the partitions going
 // to other members.
 func (c *Consumer) Run(ctx context.Context) error {

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
@@ -364,7 +365,7 @@ func TestFullModeGolden(t *testing.T) {
 	start := time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 	ticks := 0
 	clock := func() time.Time { ticks++; return start.Add(time.Duration(ticks-1) * 250 * time.Millisecond) }
-	r := startWriter(t, cfg, env.JS, WithClock(clock))
+	r := startWriter(t, cfg, env.JS, durable.WithClock(clock))
 	waitConsumed(t, env.JS, cfg.Group)
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
@@ -584,7 +585,7 @@ func TestRefusedFileNameRejectsOnlyItsProducer(t *testing.T) {
 	}
 	publish(t, env.JS, msgs)
 	cfg := testConfig(t)
-	w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithMemberID("names"), WithWriteRetry(time.Millisecond, 10*time.Millisecond))
+	w, err := New(logTo(retrying(cfg, time.Millisecond, 10*time.Millisecond), testLogger(t)), env.JS, durable.WithMemberID("names"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import "sync"
 // ProcessSegments is where this process's trace writers left their producers' segments, by segment
 // prefix: a writer that ends (a partition lost or released, a Consumer stopped) puts each producer's
 // segment here, and the next writer of that producer in the process takes it and continues it. A
-// Consumer has its own unless WithProcessSegments shares one among Consumers that succeed one another
+// Consumer has its own unless Config.Segments shares one among Consumers that succeed one another
 // in the process (the incarnations of a restarted component). Safe for concurrent use.
 type ProcessSegments struct {
 	mu   sync.Mutex

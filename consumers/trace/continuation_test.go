@@ -266,25 +266,27 @@ func TestConsumersSharingProcessSegmentsContinueTheSegments(t *testing.T) {
 		return len(segs)
 	}
 	segs := NewProcessSegments()
-	runOnce := func(from, to int, opts ...Option) {
+	runOnce := func(from, to int, shared *ProcessSegments) {
 		t.Helper()
 		publish(t, env.JS, msgs[from:to])
-		r := startWriter(t, cfg, env.JS, opts...)
+		cfg := cfg
+		cfg.Segments = shared
+		r := startWriter(t, cfg, env.JS)
 		waitConsumed(t, env.JS, cfg.Group)
 		if err := r.stop(); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
 	}
-	runOnce(0, 100, WithProcessSegments(segs))
-	runOnce(100, 200, WithProcessSegments(segs))
+	runOnce(0, 100, segs)
+	runOnce(100, 200, segs)
 	if n := segments(); n != 1 {
 		t.Fatalf("%d segments after two incarnations sharing the process's segments, want 1", n)
 	}
-	runOnce(200, 300) // a writer of its own: a writer's start
+	runOnce(200, 300, nil) // a writer of its own: a writer's start
 	if n := segments(); n != 2 {
 		t.Fatalf("%d segments after a writer's start, want 2", n)
 	}
-	runOnce(300, 400, WithProcessSegments(segs)) // what segs holds is not the newest segment any more
+	runOnce(300, 400, segs) // what segs holds is not the newest segment any more
 	if n := segments(); n != 3 {
 		t.Fatalf("%d segments, want 3: the segment another writer left behind is not continued", n)
 	}

@@ -32,7 +32,8 @@
 //	fileutil.go       the file interface (fault injection) and the write probe (directory fsync and
 //	                  atomic replacement are internal/fsutil's)
 //	config.go         Config (DYN_FPM_* variables) and its validation
-//	options.go        Option: logger, clock, gzip level, write retry, member id
+//	flags.go          the writer's flags next to its Config (Config.RegisterFlags, Flags.Config)
+//	options.go        settings: durable's options (member id, clock) and Config's logger, gzip level, write retry
 //	metrics.go        Prometheus metrics (the runner adds fpmbus_consumer_*{consumer="trace"})
 //
 // Invariants:
@@ -98,7 +99,7 @@
 //     itself, one instance writes, the others are hot standbys. P > 1 (--partitions): every FPM
 //     message is stored twice (FPM and FPM_PART_<group>, same limits) and the server does the extra
 //     work of P filtered consumers: use it when one writer cannot keep up. P is fixed for the group's
-//     life (partition.ErrGroupMismatch otherwise).
+//     life (durable.ErrGroupMismatch otherwise).
 //   - With n FPM shards (streams.ShardOf keys them by worker_id, as this group) the default P is n
 //     (Partitions 0): partition p is shard p, consumer <group>-<p> on FPM_<p>, nothing is copied, and
 //     a worker's ranks, all in its shard, reach its file in the shard's order. Another P reads
@@ -133,7 +134,7 @@
 //     created with O_EXCL (never through a symbolic link), so two writers never share a file even
 //     then.
 //   - Crash failover to another instance waits PinnedTTL (--pinned-ttl, default 10 s); a restarted
-//     instance with a stable member id (WithMemberID; `fpmbus up` derives one from its host and data
+//     instance with a stable member id (durable.WithMemberID; `fpmbus up` derives one from its host and data
 //     directory) takes its partitions back at once. A graceful handover takes the partition's flush
 //     plus a few round trips.
 package trace

@@ -96,7 +96,7 @@ func startGroupInstance(t *testing.T, env *natsservertest.Env, cfg Config, name 
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := New(cfg, js, WithLogger(testLogger(t).With("instance", name)), WithMemberID(name))
+	w, err := New(logTo(cfg, testLogger(t).With("instance", name)), js, durable.WithMemberID(name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,7 +413,7 @@ func testGroupTakeover(t *testing.T, mode string) {
 	}
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	lossy, err := New(cfg, js, WithLogger(testLogger(t).With("instance", "lossy")), WithMemberID("lossy"))
+	lossy, err := New(logTo(cfg, testLogger(t).With("instance", "lossy")), js, durable.WithMemberID("lossy"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,9 +109,9 @@ type running struct {
 // startWriter runs a writer with cfg. Its member id is derived from the group: a writer started again
 // in the same test is the same instance restarted (and takes its partition back at once); two
 // writers of one group never run at once through it.
-func startWriter(t testing.TB, cfg Config, js jetstream.JetStream, opts ...Option) *running {
+func startWriter(t testing.TB, cfg Config, js jetstream.JetStream, opts ...durable.Option) *running {
 	t.Helper()
-	w, err := New(cfg, js, append([]Option{WithLogger(testLogger(t)), WithMemberID("test-" + cfg.Group)}, opts...)...)
+	w, err := New(logTo(cfg, testLogger(t)), js, append([]durable.Option{durable.WithMemberID("test-" + cfg.Group)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,10 +259,14 @@ func member(t testing.TB, s string) []byte {
 	return b.Bytes()
 }
 
-// newSettings applies opts to the defaults, as New does after its checks (the harnesses build a writer
-// without a server).
-func newSettings(opts []Option) (settings, error) {
-	s := defaultSettings()
-	err := durable.ApplyOptions(&s, ErrInvalidConfig, opts)
-	return s, err
+// logTo is cfg with its logs (the writer's and its runner's) going to l.
+func logTo(cfg Config, l *slog.Logger) Config {
+	cfg.Logger = l
+	return cfg
+}
+
+// retrying is cfg retrying a failed write from initial to at most maxWait.
+func retrying(cfg Config, initial, maxWait time.Duration) Config {
+	cfg.RetryInitial, cfg.RetryMax = initial, maxWait
+	return cfg
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 )
 
@@ -30,7 +31,7 @@ func TestOutputBelongsToOneGroup(t *testing.T) {
 		t.Fatalf("record %s: %q, %v", rec, body, err)
 	}
 	run := func(cfg Config, env *natsservertest.Env) error {
-		w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithMemberID("m-"+cfg.Group))
+		w, err := New(logTo(cfg, testLogger(t)), env.JS, durable.WithMemberID("m-"+cfg.Group))
 		if err != nil {
 			t.Fatal(err)
 		}

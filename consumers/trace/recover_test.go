@@ -206,7 +206,7 @@ func TestLostAcksInRunAreNotWrittenTwice(t *testing.T) {
 			cfg := testConfig(t)
 			cfg.Mode = mode
 			cfg.SampleInterval = 100 * time.Millisecond
-			w, err := New(cfg, js, WithLogger(testLogger(t)), WithMemberID("lossy"))
+			w, err := New(logTo(cfg, testLogger(t)), js, durable.WithMemberID("lossy"))
 			if err != nil {
 				t.Fatal(err)
 			}

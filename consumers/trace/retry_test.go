@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -132,7 +133,7 @@ func TestWriteFailuresAreRetriedWithoutLossOrDuplicate(t *testing.T) {
 			cfg.MaxSegments = 1000
 			cfg.AckWait = tc.ackWait
 			d := &disk{}
-			w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithWriteRetry(time.Millisecond, 20*time.Millisecond))
+			w, err := New(logTo(retrying(cfg, time.Millisecond, 20*time.Millisecond), testLogger(t)), env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,7 +195,7 @@ func TestStopWhileDiskFullLeavesMessagesUnacked(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.StopTimeout = 300 * time.Millisecond
 	d := &disk{}
-	w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithWriteRetry(time.Millisecond, 10*time.Millisecond), WithMemberID("test-"+cfg.Group))
+	w, err := New(logTo(retrying(cfg, time.Millisecond, 10*time.Millisecond), testLogger(t)), env.JS, durable.WithMemberID("test-"+cfg.Group))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +233,7 @@ func TestSegmentOwnedByAnotherWriterFailsRun(t *testing.T) {
 	t.Parallel()
 	env := natsservertest.Start(t)
 	cfg := testConfig(t)
-	w, err := New(cfg, env.JS, WithLogger(testLogger(t)), WithWriteRetry(time.Millisecond, 10*time.Millisecond))
+	w, err := New(logTo(retrying(cfg, time.Millisecond, 10*time.Millisecond), testLogger(t)), env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}

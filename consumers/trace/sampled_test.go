@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/golden"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
@@ -42,10 +43,11 @@ var harnessStart = time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC)
 func newHarness(t *testing.T, cfg Config) *harness {
 	t.Helper()
 	h := &harness{t: t, cfg: cfg, now: harnessStart}
-	set, err := newSettings([]Option{WithLogger(slog.New(slog.DiscardHandler)), WithClock(func() time.Time { return h.now })})
+	set, err := newSettings([]durable.Option{durable.WithClock(func() time.Time { return h.now })})
 	if err != nil {
 		t.Fatal(err)
 	}
+	set = set.configured(logTo(cfg, slog.New(slog.DiscardHandler)))
 	m, err := newMetrics(nil, cfg.Mode)
 	if err != nil {
 		t.Fatal(err)

@@ -87,7 +87,7 @@ func TestBackfillAcrossShardsIsTheSingleStreams(t *testing.T) {
 		cfg.Mode = mode
 		cfg.SampleInterval = ivlMs * time.Millisecond
 		cfg.OutputPath = filepath.Join(t.TempDir(), "backfill", "fpm")
-		res, err := Backfill(context.Background(), cfg, js, rng, nil, WithLogger(testLogger(t)))
+		res, err := Backfill(context.Background(), logTo(cfg, testLogger(t)), js, rng, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -347,14 +347,14 @@ func TestVerifyAgainstShardsIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	vc := tracefile.VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}
-	rep, err := tracefile.Verify(ctx, vc, nil, tracefile.WithLogger(testLogger(t)))
+	vc := tracefile.VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true, Logger: testLogger(t)}
+	rep, err := tracefile.Verify(ctx, vc, nil)
 	if err != nil || rep.Remaining != 0 {
 		t.Fatalf("the files alone: %v, %d findings remain", err, rep.Remaining)
 	}
 	for name, repair := range map[string]bool{"stream": false, "repair": true} {
 		vc.Repair = repair
-		if _, err := tracefile.Verify(ctx, vc, env.JS, tracefile.WithLogger(testLogger(t))); !errors.Is(err, tracefile.ErrStreamSharded) {
+		if _, err := tracefile.Verify(ctx, vc, env.JS); !errors.Is(err, tracefile.ErrStreamSharded) {
 			t.Fatalf("%s over shards: %v, want ErrStreamSharded", name, err)
 		}
 	}

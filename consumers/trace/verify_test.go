@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/schemas"
@@ -44,9 +45,9 @@ func writeVerifyOutput(t *testing.T, js jetstream.JetStream, n int, clock func()
 		c(&cfg)
 	}
 	cfg.RollBytes, cfg.BufferSize, cfg.MaxSegments, cfg.MaxAckPending = 20_000, 4_000, 1000, 24
-	opts := []Option{}
+	opts := []durable.Option{}
 	if clock != nil {
-		opts = append(opts, WithClock(clock))
+		opts = append(opts, durable.WithClock(clock))
 	}
 	r := startWriter(t, cfg, js, opts...)
 	waitConsumed(t, js, cfg.Group)
@@ -242,7 +243,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The files alone.
-			rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output}, nil, tracefile.WithLogger(testLogger(t)))
+			rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Logger: testLogger(t)}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -257,7 +258,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				}
 			}
 			// With the stream, as a dry run: restorable, nothing written.
-			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output}, env.JS, tracefile.WithLogger(testLogger(t)))
+			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -275,7 +276,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 				t.Fatal("a verify without --repair changed the segment")
 			}
 			// Repair.
-			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -312,7 +313,7 @@ func TestVerifyRepairsFromTheStream(t *testing.T) {
 			if fi, err := os.Stat(path + tracefile.VerifyTmpSuffix); err == nil {
 				t.Fatalf("temporary file left: %v", fi.Name())
 			}
-			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output}, env.JS, tracefile.WithLogger(testLogger(t)))
+			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -353,7 +354,7 @@ func TestVerifyEstimatesLostTimestamps(t *testing.T) {
 	if err := os.WriteFile(path, orig.files[seg][:b.off+(b.end-b.off)/2], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +447,7 @@ func TestVerifyReportsWhatTheStreamNoLongerHolds(t *testing.T) {
 	if err := s.Purge(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,14 +556,14 @@ func TestVerifyFindsOrderAndDuplicates(t *testing.T) {
 			if err := os.WriteFile(path, damaged, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output}, nil, tracefile.WithLogger(testLogger(t)))
+			rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Logger: testLogger(t)}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if tc.offline != (rep.Damaged != 0) {
 				t.Fatalf("the files alone (whole members, one frozen clock) show %d findings", rep.Damaged)
 			}
-			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+			rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -620,7 +621,7 @@ func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -630,7 +631,7 @@ func TestVerifyLeavesTheActiveSegmentAlone(t *testing.T) {
 	if got, _ := os.ReadFile(path); !bytes.Equal(got, damaged) {
 		t.Fatal("the active segment was rewritten")
 	}
-	rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true, IncludeActive: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+	rep, err = tracefile.Verify(ctx, tracefile.VerifyConfig{OutputPath: output, Repair: true, IncludeActive: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -669,7 +670,7 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	if err := os.WriteFile(seg, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err = tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+	_, err = tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: cfg.OutputPath, Repair: true, Logger: testLogger(t)}, env.JS)
 	var held *fsutil.HeldError
 	if !errors.Is(err, tracefile.ErrPrefixHeld) || !errors.As(err, &held) || held.Holder == nil || held.Holder.Role != "trace writer" ||
 		!strings.Contains(err.Error(), tracefile.PrefixLockPath(tracefile.SegmentPrefix(cfg.OutputPath, "w0"))) {
@@ -683,7 +684,7 @@ func TestVerifyRepairIsRefusedWhileTheWriterRuns(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: cfg.OutputPath, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: cfg.OutputPath, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -723,7 +724,7 @@ func TestVerifyDoesNotGuessSampledLines(t *testing.T) {
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -780,7 +781,7 @@ func TestVerifySampledLinesAcrossKeysNeedNotFollowTheStream(t *testing.T) {
 	if got := strings.Join(order, " "); !strings.HasPrefix(got, "0/1 1/1") {
 		t.Fatalf("lines (dp_rank/counter_id) %s: want b's first sample before a's", got)
 	}
-	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: cfg.OutputPath, IncludeActive: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -828,7 +829,7 @@ func TestVerifyReportsANonRegularSegmentAndRestoresNothingAroundIt(t *testing.T)
 				t.Fatal(err)
 			}
 			plant(t, path, orig.files[seg])
-			rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+			rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -872,7 +873,7 @@ func TestVerifyHealsTheOldestSegmentAfterPruning(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, seg), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true}, env.JS, tracefile.WithLogger(testLogger(t)))
+	rep, err := tracefile.Verify(context.Background(), tracefile.VerifyConfig{OutputPath: output, Repair: true, Logger: testLogger(t)}, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
