@@ -35,9 +35,12 @@ import (
 //     message; read from the stream's leader) is one this bridge received in the run: its epoch is
 //     the run's. For a reconnect or a resume that epoch may be the previous run's: another bridge
 //     kept its connection and goes on storing the run (the connection broke, the publisher did not
-//     restart). For a restart it must be newer than the previous run's.
+//     restart). For a restart it must be newer than the previous run's. Or the newest FPM is another
+//     bridge's copy of the number just before this run's first, received shortly before it
+//     (continuedIn: the other bridge stored the run up to where this one joined it).
 //  2. The record: a recorded run newer than the previous one began with a message this bridge
-//     received in the run (both bridges connected before it was sent): that run is this one.
+//     received in the run (both bridges connected before it was sent), or with the number just before
+//     this run's first, received just before it: that run is this one.
 //  3. Otherwise another bridge may still show its evidence: its FPMs appear, or it records the run.
 //     The bridge looks again every liveProbeEvery until liveProbe after it received the run's first
 //     message when the run is its first of the key (a live bridge's FPMs show), a reconnect (a bridge
@@ -108,6 +111,12 @@ import (
 //     starting or reconnecting writes a new epoch, as a bridge that is alone must, and the lagging
 //     bridge, which saw no new run, keeps its own. (A bridge lagging more than the stream's duplicate
 //     window, 30 s, stores its own copies whatever the epochs.)
+//   - Where the bridges share no message of a run (this one joined it after the other stopped storing
+//     it, or a moment after the other recorded its first message), the numbers show it: the other's
+//     newest FPM is the number just before this one's first, received at most continuationWindow
+//     earlier, or its recorded run began with that number within evidenceTolerance. A publisher that
+//     restarted in between and whose new run this bridge joined at exactly that next number would be
+//     taken for the run going on (its restart unseen by the gap detector).
 //   - Evidence needs the same message at about the same time: bridges whose clocks differ by more than
 //     evidenceTolerance never find it (new epochs), and two runs whose FPMs at one number are the same
 //     bytes received within evidenceTolerance of each other (idle heartbeats or a deterministic
@@ -136,6 +145,10 @@ const (
 	runHold = 10 * time.Second
 	// runCASAttempts bounds the compare-and-set loop (each failure means another bridge wrote).
 	runCASAttempts = 5
+	// continuationWindow is how long before this bridge's first message of a run another bridge's copy
+	// of the number just before it may have been received for the run to be taken as the one that
+	// bridge stored (continuedIn): a bridge stopped or reconnecting for a few seconds.
+	continuationWindow = 5 * time.Second
 	// evidenceTolerance is how far apart two bridges' receive times of one message may be for them to
 	// take it for the same message (clock offset, scheduling). Two runs whose FPMs at one number are the
 	// same bytes (idle heartbeats, a deterministic publisher restarted) that close together cannot be
@@ -388,6 +401,9 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (int64,
 	if e, k, ok := b.evidenceIn(m, r, prev); ok {
 		return e, k, true, nil
 	}
+	if e, k, ok := b.continuedIn(m, r, prev); ok {
+		return e, k, true, nil
+	}
 	ev := b.epochs.evidence(r)
 	last := m.Sequence
 	m, err = natsconn.NextMsgFromLeaderAt(ctx, b.js, stream, r.subject, time.UnixMilli(r.firstRecvMs()).Add(-evidenceScanSkew))
@@ -428,6 +444,30 @@ func (b *Bridge) evidenceIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int6
 	return epoch, parseRunKind(m.Header.Get(streams.HeaderRunStart)), true
 }
 
+// continuedIn reports m's epoch if m, the newest FPM of r's key, is another bridge's copy of the
+// number just before r's first message, received before it and at most continuationWindow before:
+// that bridge stored the run up to where this one joined it (this bridge missed the run's first
+// messages: it was stopped, or connected late, and the other stopped storing before this one began),
+// so the two share no message to show it. Not for a bridge's first run after it starts: that one
+// takes the run of a live bridge by the messages both received, and otherwise begins an epoch of its
+// own (which changes only how the gap detector reads the start, see above). A publisher restart
+// between the two whose new run this
+// bridge joined at exactly the next number would be taken for the run going on: a coincidence of
+// numbers within the window, which the limits below state.
+func (b *Bridge) continuedIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int64, runKind, bool) {
+	epoch, err1 := strconv.ParseInt(m.Header.Get(streams.HeaderEpoch), 10, 64)
+	seq, err2 := strconv.ParseUint(m.Header.Get(streams.HeaderSeq), 10, 64)
+	at, err3 := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64)
+	if r.kind == runStart || err1 != nil || err2 != nil || err3 != nil || epoch <= 0 || epoch < prev || (r.kind == runRestart && epoch == prev) ||
+		m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID || seq+1 != r.firstSeq {
+		return 0, 0, false
+	}
+	if d := r.firstRecvMs() - at; d < -evidenceTolerance.Milliseconds() || d > continuationWindow.Milliseconds() {
+		return 0, 0, false
+	}
+	return epoch, parseRunKind(m.Header.Get(streams.HeaderRunStart)), true
+}
+
 // msgIDDigest is the payload digest in an FPM's message id (streams.FPMMsgID: <key>:<seq>:<digest>:e<epoch>),
 // "" if the id is not of that form.
 func msgIDDigest(id string) string {
@@ -448,6 +488,15 @@ func (b *Bridge) recordedEvidence(r *run, entries []streams.RunEntry, prev int64
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]
 		if e.Epoch > prev && b.sameMessage(r, e.FirstSeq, e.FirstDigest, e.FirstReceivedAtMs) {
+			return e, true
+		}
+	}
+	// The recorded run began with the number just before this run's first, received just before it:
+	// the recording bridge's first message is one this bridge missed (it connected a moment later).
+	for i := len(entries) - 1; i >= 0; i-- {
+		e := entries[i]
+		if d := r.firstRecvMs() - e.FirstReceivedAtMs; e.Epoch > prev && e.Bridge != b.cfg.BridgeID &&
+			e.FirstSeq+1 == r.firstSeq && d >= 0 && d <= evidenceTolerance.Milliseconds() {
 			return e, true
 		}
 	}

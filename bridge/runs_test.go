@@ -174,6 +174,28 @@ func TestAgreeRun(t *testing.T) {
 			stored: &stored{msg{210, "d210", now - 2000 + 60 + 200}, pEpoch, ""},
 			want:   want{epoch: pEpoch, reads: 1},
 		},
+		// This bridge was stopped while the publisher restarted and the other bridge stored the new run's
+		// first numbers, then stopped; this one joins the run at the next number: they share no message.
+		"a restart the other bridge stored up to the number before this bridge's first": {
+			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 1500, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 1500, Start: "restart", Bridge: other}},
+			stored: &stored{msg{2, "x2", now - 1400}, now - 1500, "restart"},
+			want:   want{epoch: now - 1500, start: "restart", reads: 1},
+		},
+		// The other bridge recorded the restart from the number just before this bridge's first message
+		// (this one connected a moment later), and none of its FPMs is stored yet.
+		"a restart the other bridge recorded from the number before this bridge's first": {
+			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 50, FirstSeq: 2, FirstDigest: dg("x2"), FirstReceivedAtMs: now - 50, Start: "restart", Bridge: other}},
+			want: want{epoch: now - 50, start: "restart", reads: 1},
+		},
+		// The number just before, but received a minute before: another run's.
+		"the number before this bridge's first, received long before, is no evidence": {
+			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 61_000, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 61_000, Start: "restart", Bridge: other}},
+			stored: &stored{msg{2, "x2", now - 60_000}, now - 61_000, "restart"},
+			want:   want{written: true, start: "restart"},
+		},
 		// Same bytes at the same number, but received long before: an earlier run's heartbeat.
 		"the same bytes an earlier run stored are no evidence": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
