@@ -303,8 +303,10 @@ func (e *chaosEnv) upArgs(listen, metrics string) []string {
 }
 
 func (e *chaosEnv) bridgeArgs(id string, extra ...string) []string {
+	// Each bridge keeps the drop markers it could not store before a stop in its own spool, as the
+	// shipped unit does (ops/systemd/fpmbus.env.example), off the disk that fills.
 	args := []string{"bridge", "--server", e.url, "--fpm-port", strconv.Itoa(e.basePort), "--dp-size", strconv.Itoa(chaosPorts),
-		"--bridge-id", id}
+		"--bridge-id", id, "--marker-spool", filepath.Join(e.dir, id+"-drop-markers.jsonl")}
 	return append(append(args, e.streamFlags()...), extra...)
 }
 
