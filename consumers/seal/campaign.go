@@ -14,8 +14,8 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// ErrPlanMismatch: a campaign record exists for the id but for a different frozen plan.
-var ErrPlanMismatch = errors.New("seal: campaign record belongs to a different plan")
+// errPlanMismatch: a campaign record exists for the id but for a different frozen plan.
+var errPlanMismatch = errors.New("seal: campaign record belongs to a different plan")
 
 // CampaignKey is the FPM_DATASETS key of campaign id's record.
 func CampaignKey(id string) string { return schemas.CampaignKeyPrefix + id }
@@ -49,7 +49,7 @@ func isKeyTaken(err error) bool {
 // FreezePlan creates the campaign record of plan (every cell pending) on a key that holds no record:
 // one that never had a revision, or whose revisions are none a frozen plan of the campaign (tampering,
 // which the plan goes on top of). An existing record of the same plan is kept as it is; one of another
-// plan is ErrPlanMismatch.
+// plan is errPlanMismatch.
 func FreezePlan(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetPlan) (*schemas.Campaign, error) {
 	return freezePlan(ctx, bucketHistory(kv), plan)
 }
@@ -79,7 +79,7 @@ func freezePlan(ctx context.Context, h history, plan *schemas.DatasetPlan) (*sch
 			return nil, err
 		}
 		if old.PlanDigest != c.PlanDigest {
-			return nil, fmt.Errorf("%w: campaign %s has plan %s, this plan is %s", ErrPlanMismatch, plan.CampaignID, old.PlanDigest, c.PlanDigest)
+			return nil, fmt.Errorf("%w: campaign %s has plan %s, this plan is %s", errPlanMismatch, plan.CampaignID, old.PlanDigest, c.PlanDigest)
 		}
 		return old, nil
 	}

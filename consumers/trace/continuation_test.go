@@ -49,7 +49,7 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pruned []PrunedSegment
+	var pruned []prunedSegment
 	for i, obs := range []int64{200, 201, 202} {
 		if err := w.appendRecord(traceLineAt(t, obs), uint64(11+i), obs); err != nil {
 			t.Fatal(err)
@@ -62,7 +62,7 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	want := []PrunedSegment{
+	want := []prunedSegment{
 		{Segment: tracefile.SegmentPath(prefix, 0), Index: 0, Lines: 3, FirstObservedMs: 100, LastObservedMs: 102},
 		{Segment: tracefile.SegmentPath(prefix, 1), Index: 1, Lines: 1, FirstSeq: 11, LastSeq: 11, FirstObservedMs: 200, LastObservedMs: 200},
 	}
@@ -89,7 +89,7 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	want = []PrunedSegment{{Segment: tracefile.SegmentPath(prefix, 0), Index: 0, Lines: 2, FirstSeq: 21, LastSeq: 22, FirstObservedMs: 250, LastObservedMs: 300}}
+	want = []prunedSegment{{Segment: tracefile.SegmentPath(prefix, 0), Index: 0, Lines: 2, FirstSeq: 21, LastSeq: 22, FirstObservedMs: 250, LastObservedMs: 300}}
 	if !slices.Equal(pruned, want) {
 		t.Fatalf("pruned %+v, want %+v", pruned, want)
 	}
@@ -250,7 +250,7 @@ func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
 }
 
 // Writers that succeed one another in a process on one output (the incarnations of a component its
-// supervisor restarts) share ProcessSegments: the second continues each producer's segment, where a
+// supervisor restarts) share processSegments: the second continues each producer's segment, where a
 // writer of its own starts a new one, as at a process start.
 func TestConsumersSharingProcessSegmentsContinueTheSegments(t *testing.T) {
 	t.Parallel()
@@ -266,7 +266,7 @@ func TestConsumersSharingProcessSegmentsContinueTheSegments(t *testing.T) {
 		return len(segs)
 	}
 	segs := NewProcessSegments()
-	runOnce := func(from, to int, shared *ProcessSegments) {
+	runOnce := func(from, to int, shared *processSegments) {
 		t.Helper()
 		publish(t, env.JS, msgs[from:to])
 		cfg := cfg

@@ -168,7 +168,7 @@ func TestSegmentWriterOneMemberPerFlush(t *testing.T) {
 	if got := len(segmentLines(t, tracefile.SegmentPath(prefix, 0))); got != 30 {
 		t.Fatalf("lines = %d, want 30", got)
 	}
-	if err := w.Append([]byte("x")); !errors.Is(err, ErrWriterClosed) {
+	if err := w.Append([]byte("x")); !errors.Is(err, errWriterClosed) {
 		t.Fatalf("Append after Close = %v, want ErrWriterClosed", err)
 	}
 }
