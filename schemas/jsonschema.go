@@ -17,19 +17,19 @@ import (
 //go:embed jsonschema/*.json
 var FS embed.FS
 
-// Names of the schema documents in FS, for CompileSchema.
+// Names of the schema documents in FS, for compileSchema.
 const (
-	FPMSchemaFile       = "fpm.schema.json"
-	TraceLineSchemaFile = "trace-line.schema.json"
+	fpmSchemaFile       = "fpm.schema.json"
+	traceLineSchemaFile = "trace-line.schema.json"
 )
 
 // schemaBaseURL is the base of the documents' $id values.
 const schemaBaseURL = "https://github.com/fpmbus/fpmbus/schemas/jsonschema/"
 
-// CompileSchema compiles the schema document name (FPMSchemaFile or TraceLineSchemaFile) with every
+// compileSchema compiles the schema document name (fpmSchemaFile or traceLineSchemaFile) with every
 // document of FS available to $ref, and without network access. Validate documents with
 // Schema.Validate on a value from jsonschema.UnmarshalJSON (which keeps numbers exact).
-func CompileSchema(name string) (*jsonschema.Schema, error) {
+func compileSchema(name string) (*jsonschema.Schema, error) {
 	c := jsonschema.NewCompiler()
 	entries, err := fs.ReadDir(FS, "jsonschema")
 	if err != nil {

@@ -202,7 +202,7 @@ func checkSegment(path, prefix string, data []byte, keys *keyTable) *segmentChec
 		pos = end
 	}
 	if len(s.out) > 0 {
-		s.region(int64(len(data)), s.out, FindingTornLine, ErrTornLine.Error(), data[len(data)-gzipTrailerLen:])
+		s.region(int64(len(data)), s.out, findingTornLine, errTornLine.Error(), data[len(data)-gzipTrailerLen:])
 	}
 	return s.c
 }
@@ -262,7 +262,7 @@ func (s *segmentScanner) region(end int64, content []byte, kind, reason string, 
 // decodeMember decodes the gzip member at the start of data, appending its content to dst, and
 // returns dst and the member's length in bytes. On an error dst holds what the reader produced
 // before it. Content over maxMemberBytes in dst (a member, with the content since the last line
-// boundary) is an error (ErrMemberTooLarge), as for ReadSegment.
+// boundary) is an error (errMemberTooLarge), as for ReadSegment.
 func decodeMember(zr *gzip.Reader, data, dst []byte) ([]byte, int, error) {
 	br := bytes.NewReader(data) // an io.ByteReader: the reader takes exactly the member's bytes
 	if err := zr.Reset(br); err != nil {
@@ -276,7 +276,7 @@ func decodeMember(zr *gzip.Reader, data, dst []byte) ([]byte, int, error) {
 		k, err := zr.Read(dst[len(dst):cap(dst)])
 		dst = dst[:len(dst)+k]
 		if len(dst) > maxMemberBytes {
-			return dst, len(data) - br.Len(), fmt.Errorf("%w (over %d bytes)", ErrMemberTooLarge, maxMemberBytes)
+			return dst, len(data) - br.Len(), fmt.Errorf("%w (over %d bytes)", errMemberTooLarge, maxMemberBytes)
 		}
 		if err == io.EOF {
 			return dst, len(data) - br.Len(), nil
