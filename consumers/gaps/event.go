@@ -54,8 +54,8 @@ var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, caus
 // point is one FPM around a gap (streams.GapPoint, the wire type of every gap event).
 type point = streams.GapPoint
 
-// MarkerRef is a drop marker cited as evidence.
-type MarkerRef struct {
+// citedMarker is a drop marker cited as evidence.
+type citedMarker struct {
 	FirstSeq          uint64 `json:"first_seq"`
 	LastSeq           uint64 `json:"last_seq"`
 	Count             uint64 `json:"count"`
@@ -67,8 +67,8 @@ type MarkerRef struct {
 }
 
 // markerRef cites m as evidence.
-func markerRef(m *streams.DropMarker) MarkerRef {
-	return MarkerRef{FirstSeq: m.FirstSeq, LastSeq: m.LastSeq, Count: m.Count, Reason: m.Reason, Bridge: m.Bridge,
+func markerRef(m *streams.DropMarker) citedMarker {
+	return citedMarker{FirstSeq: m.FirstSeq, LastSeq: m.LastSeq, Count: m.Count, Reason: m.Reason, Bridge: m.Bridge,
 		Epoch: m.Epoch, FirstReceivedAtMs: m.FirstReceivedAtMs, LastReceivedAtMs: m.LastReceivedAtMs}
 }
 
@@ -91,7 +91,7 @@ type evidence struct {
 	// Summary is one human-readable sentence.
 	Summary string `json:"summary"`
 	// Markers are the drop markers covering a bridge_drop range.
-	Markers []MarkerRef `json:"markers,omitempty"`
+	Markers []citedMarker `json:"markers,omitempty"`
 	// MarkerGraceMs: how long (stream time on FPM_EVENTS) the detector waited for a drop marker.
 	MarkerGraceMs int64 `json:"marker_grace_ms,omitempty"`
 	// EpochChanged: the messages before and after the gap carry different bridge epochs; with

@@ -13,8 +13,8 @@ import (
 // maxMarkers bounds the drop markers kept per publisher; the oldest go first.
 const maxMarkers = 1024
 
-// Observation is one FPM as the tracker sees it.
-type Observation struct {
+// fpmObservation is one FPM as the tracker sees it.
+type fpmObservation struct {
 	// StreamSeq is the message's FPM stream sequence; StoredMs its stream timestamp (Unix ms).
 	StreamSeq uint64
 	StoredMs  int64
@@ -34,7 +34,7 @@ type Observation struct {
 	RunStart string
 }
 
-func (o *Observation) point() point {
+func (o *fpmObservation) point() point {
 	return point{Seq: o.Seq, ObservedAtMs: o.ObservedAtMs, Epoch: o.Epoch, Bridge: o.Bridge}
 }
 
@@ -80,7 +80,7 @@ type tracker struct {
 }
 
 // observe applies one FPM. The caller has checked that o.StreamSeq > st.StreamSeq.
-func (t *tracker) observe(o *Observation) {
+func (t *tracker) observe(o *fpmObservation) {
 	st := t.st
 	st.StreamSeq = o.StreamSeq
 	if !st.Started || o.Seq != st.Last.Seq+1 || o.Epoch < st.Run.FirstEpoch || st.Stale != nil ||
@@ -162,7 +162,7 @@ func (t *tracker) observe(o *Observation) {
 	}
 }
 
-func (t *tracker) count(o *Observation) {
+func (t *tracker) count(o *fpmObservation) {
 	t.st.Counters.Messages++
 	if o.Epoch >= t.st.Run.FirstEpoch {
 		t.st.Run.Messages++ // a late message of an older run is not the current run's
@@ -189,7 +189,7 @@ const (
 // ended, under that run's last epoch, goes on with that run: a number it skipped is a gap of that run,
 // like any jump. Nothing else is named here: the numbers a late epoch's copy lacks may be in the other
 // bridge's copy, under its epoch.
-func (t *tracker) late(o *Observation) bool {
+func (t *tracker) late(o *fpmObservation) bool {
 	st := t.st
 	i := t.epoch(o.Epoch, false)
 	if i < 0 {
@@ -304,7 +304,7 @@ func addRange(rs [][2]uint64, lo, hi uint64) [][2]uint64 {
 	return out
 }
 
-func (t *tracker) startRun(o *Observation, byRestart bool) {
+func (t *tracker) startRun(o *fpmObservation, byRestart bool) {
 	t.st.Run = runSummary{
 		FirstSeq: o.Seq, LastSeq: o.Seq, FirstEpoch: o.Epoch, LastEpoch: o.Epoch,
 		StartedAtMs: o.ObservedAtMs, LastAtMs: o.ObservedAtMs, ByRestart: byRestart,
@@ -318,7 +318,7 @@ func (t *tracker) startRun(o *Observation, byRestart bool) {
 // is emitted when they are classified (at once when o.Seq is 0). reconnect: the sequence did not go
 // back, the bridges took the run for a new one because it began on a new connection (cause
 // reconnect).
-func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64, reconnect bool) {
+func (t *tracker) restart(o *fpmObservation, afterStale bool, silentMs int64, reconnect bool) {
 	st := t.st
 	t.markedTail(o)
 	old := st.Run
@@ -345,7 +345,7 @@ func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64, recon
 // begin at or below its last FPM (counted from the number after it); one of a later epoch, a bridge
 // that started meanwhile, only when it goes on from it, as an FPM of that epoch would (a marker that
 // begins lower is a run of its own, counted from the marker alone, see unrevealed.go).
-func (t *tracker) markedTail(o *Observation) {
+func (t *tracker) markedTail(o *fpmObservation) {
 	st := t.st
 	if st.Last.Seq == math.MaxUint64 {
 		return
@@ -440,7 +440,7 @@ func (t *tracker) markStale() bool {
 	return true
 }
 
-func (t *tracker) resume(o *Observation, stale *point, restarted, reconnect bool) {
+func (t *tracker) resume(o *fpmObservation, stale *point, restarted, reconnect bool) {
 	st := t.st
 	st.Stale = nil
 	after := o.point()
@@ -471,7 +471,7 @@ func (t *tracker) reveal(p pending) {
 }
 
 // fill removes a late message's number from the pending gap holding it.
-func (t *tracker) fill(o *Observation) bool {
+func (t *tracker) fill(o *fpmObservation) bool {
 	for i := range t.st.Pending {
 		p := &t.st.Pending[i]
 		if o.Epoch < p.EpochLo || o.Epoch > p.EpochHi {

@@ -33,7 +33,7 @@ func newScript(t testing.TB) *script {
 func (s *script) fpm(seq uint64, epoch, atMs int64) {
 	s.streamSeq++
 	s.nowMs = max(s.nowMs, atMs)
-	s.tr.observe(&Observation{StreamSeq: s.streamSeq, StoredMs: s.nowMs, Seq: seq, ObservedAtMs: atMs, Epoch: epoch, Bridge: "b",
+	s.tr.observe(&fpmObservation{StreamSeq: s.streamSeq, StoredMs: s.nowMs, Seq: seq, ObservedAtMs: atMs, Epoch: epoch, Bridge: "b",
 		RunStart: s.runStart[epoch]})
 }
 

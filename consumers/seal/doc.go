@@ -30,7 +30,7 @@
 // sealed: the seal is written again, on that key's last revision, and is the cell. Any other error
 // (timeout, leader change, no responders) leaves the outcome unknown: the key is read back, and the
 // unique attempt id stored in the value says whether the lost-ack write was ours (Sealed, Settled) or
-// someone else's; if the key holds no seal the write is retried. The campaign record is changed only by UpdateCampaign: read, apply,
+// someone else's; if the key holds no seal the write is retried. The campaign record is changed only by updateCampaignKV: read, apply,
 // Update(expected revision), re-read and re-apply on a revision conflict.
 //
 // # Sealed history that nothing rewrites

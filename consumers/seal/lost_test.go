@@ -145,7 +145,7 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 	if _, err := kv.Get(ctx, lost.Key); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("the refused run took the key: %v", err)
 	}
-	campB, _, err := GetCampaign(ctx, kv, CampaignIDFor(testDataset("run-B")))
+	campB, _, err := getCampaignKV(ctx, kv, CampaignIDFor(testDataset("run-B")))
 	if err != nil || len(campB.Cells) != 1 || campB.Cells[0].State != schemas.CellConflict {
 		t.Fatalf("campaign of run-B: %+v %v", campB, err)
 	}

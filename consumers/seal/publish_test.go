@@ -139,7 +139,7 @@ func TestPartialPublication(t *testing.T) {
 	if rep.Campaign != schemas.CampaignPartial {
 		t.Fatalf("campaign state %s", rep.Campaign)
 	}
-	camp, _, err := GetCampaign(ctx, kv, "camp-1")
+	camp, _, err := getCampaignKV(ctx, kv, "camp-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,14 +178,14 @@ func TestCampaignUpdateRetriesOnConflict(t *testing.T) {
 	for i := range 20 {
 		plan.Cells = append(plan.Cells, schemas.PlanCell{Identity: testIdentity(i), ExpectedRows: 1})
 	}
-	if _, err := FreezePlan(ctx, kv, plan); err != nil {
+	if _, err := freezePlanKV(ctx, kv, plan); err != nil {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 20)
 	for i := range 20 {
 		go func() {
 			k := testIdentity(i).Key()
-			_, err := RecordCells(ctx, kv, "camp-2", map[string]schemas.CampaignCell{k: {Key: k, State: schemas.CellSealed}})
+			_, err := recordCellsKV(ctx, kv, "camp-2", map[string]schemas.CampaignCell{k: {Key: k, State: schemas.CellSealed}})
 			errc <- err
 		}()
 	}
@@ -194,13 +194,13 @@ func TestCampaignUpdateRetriesOnConflict(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	camp, _, _ := GetCampaign(ctx, kv, "camp-2")
+	camp, _, _ := getCampaignKV(ctx, kv, "camp-2")
 	if camp.State != schemas.CampaignComplete {
 		t.Fatalf("lost updates: %+v", camp)
 	}
 	other := *plan
 	other.Cells = plan.Cells[:1]
-	if _, err := FreezePlan(ctx, kv, &other); !errors.Is(err, errPlanMismatch) {
+	if _, err := freezePlanKV(ctx, kv, &other); !errors.Is(err, errPlanMismatch) {
 		t.Fatalf("want ErrPlanMismatch, got %v", err)
 	}
 }

@@ -58,7 +58,7 @@ func TestTamperingCannotDisplaceASealedCell(t *testing.T) {
 	if err := kv.Delete(ctx, key); err != nil {
 		t.Fatal(err)
 	}
-	c, _, err := GetCampaign(ctx, kv, CampaignIDFor(dsA))
+	c, _, err := getCampaignKV(ctx, kv, CampaignIDFor(dsA))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func traceLineAt(t *testing.T, observed int64) []byte {
 func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "fpm.w")
-	earlier, err := NewSegmentWriter(prefix, 1<<20, 10)
+	earlier, err := newDefaultSegmentWriter(prefix, 1<<20, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 		t.Fatal(err)
 	}
 	line := traceLineAt(t, 200)
-	w, err := NewSegmentWriter(prefix, int64(len(line))+1, 2) // one line per segment, two kept
+	w, err := newDefaultSegmentWriter(prefix, int64(len(line))+1, 2) // one line per segment, two kept
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 
 	// The same for lines this writer counted as it wrote them.
 	prefix = filepath.Join(t.TempDir(), "fpm.w")
-	w, err = NewSegmentWriter(prefix, 3*int64(len(line)), 1) // two lines per segment (a third would pass the roll), one kept
+	w, err = newDefaultSegmentWriter(prefix, 3*int64(len(line)), 1) // two lines per segment (a third would pass the roll), one kept
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestSegmentWriterContinuesOnlyAnUnchangedNewestSegment(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	first, err := NewSegmentWriter(prefix, 1<<20, 100)
+	first, err := newDefaultSegmentWriter(prefix, 1<<20, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestSegmentWriterContinuesOnlyAnUnchangedNewestSegment(t *testing.T) {
 	}
 	next := func(st segmentState) (*SegmentWriter, bool) {
 		t.Helper()
-		w, err := NewSegmentWriter(prefix, 1<<20, 100)
+		w, err := newDefaultSegmentWriter(prefix, 1<<20, 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			prefix := filepath.Join(t.TempDir(), "fpm.w")
-			first, err := NewSegmentWriter(prefix, 1<<20, 100)
+			first, err := newDefaultSegmentWriter(prefix, 1<<20, 100)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -202,7 +202,7 @@ func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
 				t.Fatal(err)
 			}
 			st, _ := first.state()
-			second, err := NewSegmentWriter(prefix, 1<<20, 100)
+			second, err := newDefaultSegmentWriter(prefix, 1<<20, 100)
 			if err != nil {
 				t.Fatal(err)
 			}

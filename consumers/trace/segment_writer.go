@@ -167,10 +167,10 @@ type batch struct {
 	upTo   uint64
 }
 
-// NewSegmentWriter returns a writer for prefix (see SegmentPrefix) that starts at the next free index.
+// newDefaultSegmentWriter returns a writer for prefix (see SegmentPrefix) that starts at the next free index.
 // rollBytes and maxSegments must be positive. The directory is created if missing; no file is
 // created until the first Flush with data.
-func NewSegmentWriter(prefix string, rollBytes int64, maxSegments int) (*SegmentWriter, error) {
+func newDefaultSegmentWriter(prefix string, rollBytes int64, maxSegments int) (*SegmentWriter, error) {
 	return newSegmentWriter(prefix, rollBytes, maxSegments, tracefile.DefaultCompressionLevel, nil)
 }
 
