@@ -79,7 +79,7 @@ func DecodeQuery(b []byte) (Query, error) {
 	dec.DisallowUnknownFields()
 	var q Query
 	if err := dec.Decode(&q); err != nil {
-		return Query{}, BoundedError(fmt.Errorf("decode query: %w", err))
+		return Query{}, boundedErr(fmt.Errorf("decode query: %w", err))
 	}
 	if dec.More() {
 		return Query{}, fmt.Errorf("decode query: trailing data after the query object")

@@ -8,7 +8,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-// JSON Schema documents (draft 2020-12, in FS under jsonschema/) of the benchmark formats. The structural
+// JSON Schema documents (draft 2020-12, in schemaFS under jsonschema/) of the benchmark formats. The structural
 // parts of the merge rules are expressed there; rules that relate fields (status consistency, coverage
 // arithmetic, identical blocks across ranks, timing sums) are fpmbus's merger's job.
 const (

@@ -458,5 +458,5 @@ func SortRows(rows []Row) {
 	})
 }
 
-// datasetSchemaFile is the JSON Schema document of the dataset file in FS.
+// datasetSchemaFile is the JSON Schema document of the dataset file in schemaFS.
 const datasetSchemaFile = "dataset-file.schema.json"

@@ -119,7 +119,7 @@ func TestCompileSchemaUnknownName(t *testing.T) {
 
 func TestFSHoldsTheSchemas(t *testing.T) {
 	for _, name := range []string{fpmSchemaFile, traceLineSchemaFile} {
-		b, err := FS.ReadFile("jsonschema/" + name)
+		b, err := schemaFS.ReadFile("jsonschema/" + name)
 		if err != nil {
 			t.Fatalf("FS: %v", err)
 		}

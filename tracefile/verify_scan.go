@@ -61,10 +61,10 @@ type piece struct {
 	trailer []byte
 }
 
-// Piece is a byte range of a segment's bytes as Verify cuts them (see above): an intact block (normally
+// segmentPiece is a byte range of a segment's bytes as Verify cuts them (see above): an intact block (normally
 // one gzip member, one writer flush) or a damaged region. Lines are an intact block's lines, or the
 // whole lines salvaged from a damaged region.
-type Piece struct {
+type segmentPiece struct {
 	Offset, End int64
 	Damaged     bool
 	Lines       int
@@ -72,11 +72,11 @@ type Piece struct {
 
 // Pieces cuts data, the bytes of a segment, into its pieces, in file order, as Verify does: past
 // damage, the next intact member is found.
-func Pieces(data []byte) []Piece {
+func Pieces(data []byte) []segmentPiece {
 	c := checkSegment("", "", data, newKeyTable())
-	out := make([]Piece, len(c.pieces))
+	out := make([]segmentPiece, len(c.pieces))
 	for i, pc := range c.pieces {
-		out[i] = Piece{Offset: pc.off, End: pc.end, Damaged: pc.damaged, Lines: pc.n}
+		out[i] = segmentPiece{Offset: pc.off, End: pc.end, Damaged: pc.damaged, Lines: pc.n}
 	}
 	return out
 }

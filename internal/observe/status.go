@@ -94,16 +94,16 @@ type bridge struct {
 	InFlight    float64 `json:"in_flight"`
 	MaxInFlight int     `json:"max_in_flight,omitempty"`
 	// PublishLatency is receive-to-ack time over the window (all time when nothing was acked in it).
-	PublishLatency Quantiles `json:"publish_latency_seconds"`
-	Batches        uint64    `json:"batches"`
-	BatchesFailed  uint64    `json:"batches_failed"`
+	PublishLatency latencyQuantiles `json:"publish_latency_seconds"`
+	Batches        uint64           `json:"batches"`
+	BatchesFailed  uint64           `json:"batches_failed"`
 	// LossyRanks are the ranks with a drop, an invalid multipart or a dead letter, most first (at most
 	// 100).
 	LossyRanks []bridgeRank `json:"lossy_ranks"`
 }
 
-// Quantiles of a latency, in seconds (bucket upper bounds: an estimate at most one bucket high).
-type Quantiles struct {
+// latencyQuantiles are the quantiles of a latency, in seconds (bucket upper bounds: an estimate at most one bucket high).
+type latencyQuantiles struct {
 	P50   float64 `json:"p50"`
 	P90   float64 `json:"p90"`
 	P99   float64 `json:"p99"`
