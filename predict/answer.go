@@ -36,7 +36,7 @@ type Answer struct {
 	// decode_baseline for a mixed step.
 	Parts       []part       `json:"parts,omitempty"`
 	Composition *composition `json:"composition,omitempty"`
-	Refusal     *Refusal     `json:"refusal,omitempty"`
+	Refusal     *refusal     `json:"refusal,omitempty"`
 }
 
 // Refused reports whether the answer carries no number.
@@ -124,8 +124,8 @@ const (
 var Reasons = []Reason{ReasonInvalidQuery, reasonUnsupportedFeature, reasonWrongIdentity, ReasonUnknownIdentity,
 	reasonCorruptCell, ReasonIncompleteCampaign, ReasonOutOfDomain}
 
-// Refusal is a structured reason for not answering.
-type Refusal struct {
+// refusal is a structured reason for not answering.
+type refusal struct {
 	Reason   Reason           `json:"reason"`
 	Detail   string           `json:"detail"`
 	Domain   *domainViolation `json:"domain,omitempty"`
@@ -203,7 +203,7 @@ func newAnswer(q Query) Answer {
 	return Answer{Query: q, Source: Source, Bucket: streams.BucketDatasets}
 }
 
-func (a Answer) refuse(r *Refusal) Answer {
+func (a Answer) refuse(r *refusal) Answer {
 	r.Detail = Bounded(r.Detail)
 	a.Status, a.LatencyMS, a.Parts, a.Composition, a.Refusal = StatusRefused, nil, nil, nil, r
 	return a

@@ -107,7 +107,7 @@ func (c *cell) surface(phase string) *surface {
 	return c.decode
 }
 
-func (c *cell) corruptRefusal() *Refusal {
-	return &Refusal{Reason: reasonCorruptCell, Rules: c.Rules,
+func (c *cell) corruptRefusal() *refusal {
+	return &refusal{Reason: reasonCorruptCell, Rules: c.Rules,
 		Detail: fmt.Sprintf("sealed cell %s (revision %d) fails validation and is not used: %s", c.Key, c.Revision, strings.Join(c.Problems, "; "))}
 }

@@ -29,11 +29,11 @@ func (c *cell) composeMixed(a Answer, st Step) Answer {
 	raw := stepRow(st)
 	pre, d := c.evaluate(rolePrefill, PhasePrefill, rawCoords(PhasePrefill, raw))
 	if d != nil {
-		return a.refuse(&Refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
+		return a.refuse(&refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
 	}
 	dec, d := c.evaluate(roleDecode, PhaseDecode, rawCoords(PhaseDecode, raw))
 	if d != nil {
-		return a.refuse(&Refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
+		return a.refuse(&refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
 	}
 	n := float64(st.NumDecodeRequests)
 	floor, v := c.decode.lowerEdge(n)
@@ -44,7 +44,7 @@ func (c *cell) composeMixed(a Answer, st Step) Answer {
 		d = c.decode.domain(roleDecodeBaseline, v, []float64{n, 0}, nil)
 	}
 	if d != nil {
-		return a.refuse(&Refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
+		return a.refuse(&refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
 	}
 	comp := &composition{Formula: formulaMixed, PrefillMS: pre.LatencyMS, DecodeMS: dec.LatencyMS, DecodeBaselineMS: base.LatencyMS}
 	comp.DecodeMarginalMS = dec.LatencyMS - base.LatencyMS

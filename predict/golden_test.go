@@ -44,7 +44,7 @@ func answered(t *testing.T, s *Snapshot, a Answer, status string) float64 {
 }
 
 // refused fails unless a is a refusal for reason, without a number.
-func refused(t *testing.T, a Answer, reason Reason) *Refusal {
+func refused(t *testing.T, a Answer, reason Reason) *refusal {
 	t.Helper()
 	if !a.Refused() || a.Refusal == nil || a.Refusal.Reason != reason {
 		t.Fatalf("want a %s refusal, got status %q refusal %+v", reason, a.Status, a.Refusal)

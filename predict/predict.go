@@ -20,9 +20,9 @@ type Options struct {
 // campaigns are required (incomplete_campaign), the domain of every surface evaluation
 // (out_of_domain). Otherwise the answer carries the latency.
 func (s *Snapshot) Predict(q Query, o Options) Answer {
-	refusal := q.normalize()
+	invalid := q.normalize()
 	a := newAnswer(q)
-	if refusal != nil {
+	if invalid != nil {
 		// The query is refused before its deployment is checked; still name the cell it asks for when
 		// there is one, so that every answer that can carry its cell does.
 		if c := s.Cell(q.Key); c != nil && (q.Identity == nil || q.Identity.Key() == q.Key) {
@@ -32,24 +32,24 @@ func (s *Snapshot) Predict(q Query, o Options) Answer {
 				a.Cell = c.Ref()
 			}
 		}
-		return a.refuse(refusal)
+		return a.refuse(invalid)
 	}
 	key := q.Key
 	if q.Identity != nil {
 		if why := checkIdentity(*q.Identity); why != "" {
-			return a.refuse(&Refusal{Reason: reasonWrongIdentity, Detail: "the identity is not a valid cell identity: " + why})
+			return a.refuse(&refusal{Reason: reasonWrongIdentity, Detail: "the identity is not a valid cell identity: " + why})
 		}
 		key = q.Identity.Key()
 		if q.Key != "" && q.Key != key {
-			return a.refuse(&Refusal{Reason: reasonWrongIdentity,
+			return a.refuse(&refusal{Reason: reasonWrongIdentity,
 				Detail: fmt.Sprintf("key %s is not the identity's key %s", q.Key, key)})
 		}
 	} else if !strings.HasPrefix(key, schemas.CellKeyPrefix) {
-		return a.refuse(&Refusal{Reason: reasonWrongIdentity, Detail: fmt.Sprintf("key %q is not a cell key (%s<sha256>)", key, schemas.CellKeyPrefix)})
+		return a.refuse(&refusal{Reason: reasonWrongIdentity, Detail: fmt.Sprintf("key %q is not a cell key (%s<sha256>)", key, schemas.CellKeyPrefix)})
 	}
 	cell := s.Cell(key)
 	if cell == nil {
-		r := &Refusal{Reason: ReasonUnknownIdentity, Detail: fmt.Sprintf("nothing is sealed under %s", key)}
+		r := &refusal{Reason: ReasonUnknownIdentity, Detail: fmt.Sprintf("nothing is sealed under %s", key)}
 		if q.Identity != nil {
 			r.Closest = s.closest(*q.Identity)
 			if len(r.Closest) > 0 {
@@ -73,7 +73,7 @@ func (s *Snapshot) Predict(q Query, o Options) Answer {
 	case PhasePrefill, PhaseDecode:
 		p, d := cell.evaluate(st.Phase, st.Phase, rawCoords(st.Phase, stepRow(st)))
 		if d != nil {
-			return a.refuse(&Refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
+			return a.refuse(&refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
 		}
 		a.Status, a.Parts = p.Status, []part{*p}
 		a.LatencyMS = &p.LatencyMS
@@ -82,14 +82,14 @@ func (s *Snapshot) Predict(q Query, o Options) Answer {
 	return cell.composeMixed(a, st)
 }
 
-func (s *Snapshot) campaignRefusal(cell *cell) *Refusal {
+func (s *Snapshot) campaignRefusal(cell *cell) *refusal {
 	id := cell.Value.CampaignID
 	if id == "" {
-		return &Refusal{Reason: ReasonIncompleteCampaign, Detail: fmt.Sprintf("cell %s was sealed outside any campaign: its completeness is unknown", cell.Key)}
+		return &refusal{Reason: ReasonIncompleteCampaign, Detail: fmt.Sprintf("cell %s was sealed outside any campaign: its completeness is unknown", cell.Key)}
 	}
 	c := s.Campaign(id)
 	if c == nil {
-		return &Refusal{Reason: ReasonIncompleteCampaign, Campaign: &campaignState{ID: id, State: "absent"},
+		return &refusal{Reason: ReasonIncompleteCampaign, Campaign: &campaignState{ID: id, State: "absent"},
 			Detail: fmt.Sprintf("campaign %s of cell %s has no record in the bucket", id, cell.Key)}
 	}
 	if st := c.completeness(); st != nil {
@@ -97,7 +97,7 @@ func (s *Snapshot) campaignRefusal(cell *cell) *Refusal {
 		if c.Problem != "" {
 			d = fmt.Sprintf("campaign %s: %s", id, c.Problem)
 		}
-		return &Refusal{Reason: ReasonIncompleteCampaign, Campaign: st, Detail: d}
+		return &refusal{Reason: ReasonIncompleteCampaign, Campaign: st, Detail: d}
 	}
 	return nil
 }

@@ -89,7 +89,7 @@ func DecodeQuery(b []byte) (Query, error) {
 
 // normalize infers an empty phase, defaults the identity's schema version (as plans do), and returns
 // the refusal of a query that cannot be asked: nil when it is well formed.
-func (q *Query) normalize() *Refusal {
+func (q *Query) normalize() *refusal {
 	q.Phase()
 	if q.Identity != nil && q.Identity.SchemaVersion == 0 {
 		id := *q.Identity
@@ -105,7 +105,7 @@ func (q *Query) normalize() *Refusal {
 		return invalid("the step sets no coordinate")
 	case PhasePrefill, PhaseDecode, phaseMixed:
 	default:
-		return &Refusal{Reason: reasonUnsupportedFeature, Features: []string{"phase:" + s.Phase},
+		return &refusal{Reason: reasonUnsupportedFeature, Features: []string{"phase:" + s.Phase},
 			Detail: fmt.Sprintf("phase %q: the estimator models prefill, decode and mixed steps", s.Phase)}
 	}
 	for name, v := range map[string]int64{"num_prefill_requests": s.NumPrefillRequests, "sum_prefill_tokens": s.SumPrefillTokens,
@@ -146,7 +146,7 @@ func (q *Query) normalize() *Refusal {
 		}
 	}
 	if len(unsupported) > 0 {
-		return &Refusal{Reason: reasonUnsupportedFeature, Features: unsupported,
+		return &refusal{Reason: reasonUnsupportedFeature, Features: unsupported,
 			Detail: fmt.Sprintf("the sealed surfaces measure plain prefill and decode forward passes only; not %s",
 				strings.Join(unsupported, ", "))}
 	}
@@ -168,4 +168,4 @@ func (q *Query) Phase() string {
 	return q.Step.Phase
 }
 
-func invalid(detail string) *Refusal { return &Refusal{Reason: ReasonInvalidQuery, Detail: detail} }
+func invalid(detail string) *refusal { return &refusal{Reason: ReasonInvalidQuery, Detail: detail} }
