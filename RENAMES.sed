@@ -468,3 +468,4 @@ s/\btracefile\.RepairResult\b/tracefile.repairResult/g
 s/\btracefile\.SegmentIndex\b/tracefile.segmentIndex/g
 s/\btracefile\.SegmentInfo\b/tracefile.segmentInfo/g
 s/\btracefile\.VerifyProducer\b/tracefile.verifyProducer/g
+s/\bseal\.Sealed\b/seal.sealed/g

@@ -254,7 +254,7 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 	}
 	select {
 	case r := <-outcomes:
-		if r.err != nil || len(r.rep.Cells) != 1 || r.rep.Cells[0].State != Sealed.String() {
+		if r.err != nil || len(r.rep.Cells) != 1 || r.rep.Cells[0].State != sealed.String() {
 			t.Fatalf("outcome %+v %v", r.rep, r.err)
 		}
 	case <-time.After(10 * time.Second):
@@ -268,7 +268,7 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 		t.Fatalf("%d dead letters", len(dl))
 	}
 	if runs, cells := gatheredBy(t, reg, "fpmbus_seal_runs_total"), gatheredBy(t, reg, "fpmbus_seal_cells_total"); runs[outcomeSealed] != 1 || runs[outcomeRejected] != 0 ||
-		cells[Sealed.String()] != 1 || len(runs) != 3 || len(cells) != 5 {
+		cells[sealed.String()] != 1 || len(runs) != 3 || len(cells) != 5 {
 		t.Fatalf("fpmbus_seal_runs_total %v, fpmbus_seal_cells_total %v: want one run and one cell sealed", runs, cells)
 	}
 }
@@ -332,7 +332,7 @@ func TestConsumerRetriesUnknownOutcome(t *testing.T) {
 	}
 	select {
 	case r := <-outcomes:
-		if r.err != nil || len(r.rep.Cells) != 1 || r.rep.Cells[0].State != Sealed.String() {
+		if r.err != nil || len(r.rep.Cells) != 1 || r.rep.Cells[0].State != sealed.String() {
 			t.Fatalf("outcome %+v %v", r.rep, r.err)
 		}
 	case <-time.After(20 * time.Second):

@@ -29,7 +29,7 @@
 // a seal (a delete marker or junk a leaked or buggy credential stored before anyone sealed it) is not
 // sealed: the seal is written again, on that key's last revision, and is the cell. Any other error
 // (timeout, leader change, no responders) leaves the outcome unknown: the key is read back, and the
-// unique attempt id stored in the value says whether the lost-ack write was ours (Sealed, Settled) or
+// unique attempt id stored in the value says whether the lost-ack write was ours (sealed, Settled) or
 // someone else's; if the key holds no seal the write is retried. The campaign record is changed only by updateCampaignKV: read, apply,
 // Update(expected revision), re-read and re-apply on a revision conflict.
 //

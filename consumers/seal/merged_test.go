@@ -112,7 +112,7 @@ func TestConsumerSealsMergedArtefacts(t *testing.T) {
 	outcomes := make(chan res, 4)
 	s, _ := NewSealer(kv, WithSource("fpmbus seal"))
 	rc := startSealer(t, env, Config{Sealer: s, OutcomeHook: func(_ string, rep *report, err error) { outcomes <- res{rep, err} }})
-	want := []string{Sealed.String(), alreadySealed.String()}
+	want := []string{sealed.String(), alreadySealed.String()}
 	for i := range 2 {
 		select {
 		case r := <-outcomes:

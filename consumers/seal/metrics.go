@@ -31,7 +31,7 @@ const (
 
 var runOutcomes = []string{outcomeSealed, outcomePartial, outcomeRejected}
 
-var cellStates = []string{Sealed.String(), alreadySealed.String(), conflict.String(), stateRejected, stateMissing}
+var cellStates = []string{sealed.String(), alreadySealed.String(), conflict.String(), stateRejected, stateMissing}
 
 func newMetrics() *metrics {
 	return &metrics{

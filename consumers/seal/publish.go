@@ -269,7 +269,7 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	// Every planned cell gets a state; rejected and absent ones are missing.
 	record := map[string]schemas.CampaignCell{}
 	var missing []string
-	sealed := 0
+	sealedCells := 0
 	for i, c := range ds.Cells {
 		if rs := rejected[ds.CellLabel(i)]; len(rs) > 0 {
 			reasons := make([]string, len(rs))
@@ -290,9 +290,9 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 		}
 		cc := schemas.CampaignCell{Key: key, RunID: cr.RunID, DatasetDigest: cr.DatasetDigest, Reason: cr.Reason}
 		switch cr.State {
-		case Sealed.String(), alreadySealed.String():
+		case sealed.String(), alreadySealed.String():
 			cc.State = schemas.CellSealed
-			sealed++
+			sealedCells++
 		case conflict.String():
 			cc.State = schemas.CellConflict
 		default:
@@ -307,10 +307,10 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	}
 	rep.Campaign = camp.State
 	// What is missing is the campaign's view: a cell sealed by an earlier run of it is not missing.
-	missing, sealed = nil, 0
+	missing, sealedCells = nil, 0
 	for _, cc := range camp.Cells {
 		if cc.State == schemas.CellSealed {
-			sealed++
+			sealedCells++
 		} else if cc.State == schemas.CellMissing || cc.State == schemas.CellPending {
 			missing = append(missing, cc.Key)
 		}
@@ -326,7 +326,7 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 		return rep, &conflictsError{Conflicts: conflicts}
 	case len(missing) > 0:
 		sort.Strings(missing)
-		return rep, &partialError{CampaignID: plan.CampaignID, Sealed: sealed, Missing: missing}
+		return rep, &partialError{CampaignID: plan.CampaignID, Sealed: sealedCells, Missing: missing}
 	}
 	return rep, nil
 }

@@ -268,7 +268,7 @@ func TestUnknownOutcomeSettledByReadBack(t *testing.T) {
 	s, _ := NewSealer(&lostAckKV{KeyValue: kv, lost: 1}, withRetries(5, time.Millisecond))
 	c := testCell(1, "run-A", 1, 4)
 	out, err := s.Seal(context.Background(), &c, "")
-	if err != nil || out.Result != Sealed || !out.Settled {
+	if err != nil || out.Result != sealed || !out.Settled {
 		t.Fatalf("want Sealed settled by read-back, got %+v %v", out, err)
 	}
 	// A different sealer whose ack was lost after someone else won sees a conflict, not a win.

@@ -104,9 +104,9 @@ func runRace(t *testing.T, connect func(i int) jetstream.JetStream, disrupt func
 				settled++
 			}
 			switch {
-			case r.err == nil && r.out.Result == Sealed:
+			case r.err == nil && r.out.Result == sealed:
 				winners++
-				counts[Sealed]++
+				counts[sealed]++
 				// No acknowledged seal is lost: the stored value is this sealer's.
 				if val.AttemptID != r.attemptID {
 					t.Errorf("%s: sealer %d was told it won, but the value has attempt %s", key, r.sealer, val.AttemptID)
@@ -141,7 +141,7 @@ func runRace(t *testing.T, connect func(i int) jetstream.JetStream, disrupt func
 		}
 	}
 	t.Logf("outcomes: sealed %d, idempotent %d, conflict %d; %d settled by reading back after an unknown outcome",
-		counts[Sealed], counts[alreadySealed], counts[conflict], settled)
+		counts[sealed], counts[alreadySealed], counts[conflict], settled)
 	if counts[alreadySealed] == 0 || counts[conflict] == 0 {
 		t.Errorf("the race exercised too little: %v", counts)
 	}

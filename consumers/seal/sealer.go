@@ -76,8 +76,8 @@ func (e *conflictError) Is(target error) bool { return e.Missing && target == Er
 type result int
 
 const (
-	// Sealed: this call's Create won (possibly found out by reading the key back after a lost ack).
-	Sealed result = iota + 1
+	// sealed: this call's Create won (possibly found out by reading the key back after a lost ack).
+	sealed result = iota + 1
 	// alreadySealed: the same attempt (run id and dataset digest) was sealed before: idempotent success.
 	alreadySealed
 	// conflict: a different attempt was sealed first; err is a *conflictError.
@@ -86,7 +86,7 @@ const (
 
 func (r result) String() string {
 	switch r {
-	case Sealed:
+	case sealed:
 		return "sealed"
 	case alreadySealed:
 		return "already_sealed"
@@ -219,7 +219,7 @@ func (s *Sealer) Seal(ctx context.Context, c *schemas.Cell, campaignID string) (
 // SealAttempt publishes c with the given attempt id.
 //
 // The write (compare-and-set on the key's last revision, revisions.go) wins or loses atomically. When
-// the key holds revisions the seal is read: the same attempt is alreadySealed (or Sealed, when the
+// the key holds revisions the seal is read: the same attempt is alreadySealed (or sealed, when the
 // value carries our attempt id: our earlier write won but its ack was lost), a different one is a
 // Conflict; revisions none of which is a seal (a delete marker, junk) seal nothing, and the write is
 // made again on top of the last of them. Any other error (timeout, leader election, no responders)
@@ -260,7 +260,7 @@ func (s *Sealer) SealAttempt(ctx context.Context, c *schemas.Cell, campaignID, a
 		rev, err := s.kv.Update(octx, c.Key, body, expect) // only on the revisions read, none a seal (revisions.go)
 		cancel()
 		if err == nil {
-			return outcome{Key: c.Key, Result: Sealed, Revision: rev, Value: &val, Settled: unknown}, nil
+			return outcome{Key: c.Key, Result: sealed, Revision: rev, Value: &val, Settled: unknown}, nil
 		}
 		if errors.Is(err, nats.ErrMaxPayload) {
 			return outcome{}, tooLarge(err, "sealed cell "+c.Key, len(body))
@@ -314,7 +314,7 @@ func (s *Sealer) readBack(ctx context.Context, c *schemas.Cell, attemptID string
 	out = outcome{Key: c.Key, Revision: kh.Revision, Value: v}
 	switch {
 	case v.AttemptID == attemptID:
-		out.Result = Sealed
+		out.Result = sealed
 	case v.SameAttempt(c):
 		out.Result = alreadySealed
 	default:

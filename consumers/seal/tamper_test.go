@@ -175,7 +175,7 @@ func TestJunkStoredBeforeTheSealCannotPreemptIt(t *testing.T) {
 		t.Fatalf("the honest publication after the junk: %v", err)
 	}
 	for _, c := range rep.Cells {
-		if c.State != Sealed.String() {
+		if c.State != sealed.String() {
 			t.Fatalf("cell %s: %s, want sealed", c.Key, c.State)
 		}
 	}
