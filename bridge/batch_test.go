@@ -44,9 +44,9 @@ func TestBacklogIsCommittedInAtomicBatches(t *testing.T) {
 	for seq := uint64(0); seq < n; seq++ {
 		pub.send(seq, payload("w", 0, seq))
 	}
-	h.waitStats(30*time.Second, "the backlog received", func(s Stats) bool { return s.Ranks[0].Received == n })
+	h.waitStats(30*time.Second, "the backlog received", func(s stats) bool { return s.Ranks[0].Received == n })
 	close(hold) // the whole backlog is queued: the publisher takes it in batches
-	h.waitStats(30*time.Second, "every FPM acknowledged", func(s Stats) bool { return s.Ranks[0].Published == n })
+	h.waitStats(30*time.Second, "every FPM acknowledged", func(s stats) bool { return s.Ranks[0].Published == n })
 	if got := counterValue(h.b.metrics.batches); got < n/maxBatch {
 		t.Fatalf("%v batches for a backlog of %d, want at least %d", got, n, n/maxBatch)
 	}
@@ -91,10 +91,10 @@ func TestBatchRefusedForStoredIdsIsRepublishedOneByOne(t *testing.T) {
 	for seq := uint64(0); seq < n; seq++ {
 		pub.send(seq, payload("w", 0, seq))
 	}
-	a.waitStats(30*time.Second, "bridge-a stored everything", func(s Stats) bool { return s.Ranks[0].Published == n })
-	b.waitStats(30*time.Second, "bridge-b received everything", func(s Stats) bool { return s.Ranks[0].Received == n })
+	a.waitStats(30*time.Second, "bridge-a stored everything", func(s stats) bool { return s.Ranks[0].Published == n })
+	b.waitStats(30*time.Second, "bridge-b received everything", func(s stats) bool { return s.Ranks[0].Received == n })
 	close(hold)
-	s := b.waitStats(60*time.Second, "bridge-b acknowledged everything", func(s Stats) bool { return s.Ranks[0].Published == n })
+	s := b.waitStats(60*time.Second, "bridge-b acknowledged everything", func(s stats) bool { return s.Ranks[0].Published == n })
 	if s.Ranks[0].Duplicates != n {
 		t.Fatalf("bridge-b: %d duplicate acks, want %d (every FPM was stored by bridge-a)", s.Ranks[0].Duplicates, n)
 	}
@@ -165,7 +165,7 @@ func TestServerKilledMidAtomicBatch(t *testing.T) {
 	mu.Unlock()
 	node = startNode(t, cfg)
 	<-sent
-	h.waitStats(60*time.Second, "every FPM acknowledged or dropped", func(s Stats) bool {
+	h.waitStats(60*time.Second, "every FPM acknowledged or dropped", func(s stats) bool {
 		return s.Ranks[0].Received == n && s.Ranks[0].Published+s.Ranks[0].Dropped == n
 	})
 	if err := h.stop(); err != nil {
@@ -338,9 +338,9 @@ func TestAtomicPublishTurnedOffFallsBackToOneByOne(t *testing.T) {
 	for seq := uint64(0); seq < n; seq++ {
 		pub.send(seq, payload("w", 0, seq))
 	}
-	h.waitStats(30*time.Second, "the backlog received", func(s Stats) bool { return s.Ranks[0].Received == n })
+	h.waitStats(30*time.Second, "the backlog received", func(s stats) bool { return s.Ranks[0].Received == n })
 	close(hold)
-	st := h.waitStats(60*time.Second, "every FPM acknowledged", func(s Stats) bool { return s.Ranks[0].Published == n })
+	st := h.waitStats(60*time.Second, "every FPM acknowledged", func(s stats) bool { return s.Ranks[0].Published == n })
 	if st.Ranks[0].Duplicates != 0 || counterValue(h.b.metrics.batchesFailed) < 1 {
 		t.Fatalf("%d duplicates, %v batches refused: want none and at least one", st.Ranks[0].Duplicates,
 			counterValue(h.b.metrics.batchesFailed))

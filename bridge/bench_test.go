@@ -43,7 +43,7 @@ func BenchmarkBridgeVsRawPublish(b *testing.B) {
 	for i := range pls {
 		pls[i] = payload("bench", 0, uint64(i))
 	}
-	js, err := jetstream.New(env.NC, jetstream.WithPublishAsyncMaxPending(DefaultMaxInFlight))
+	js, err := jetstream.New(env.NC, jetstream.WithPublishAsyncMaxPending(defaultMaxInFlight))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func benchRaw(b *testing.B, js jetstream.JetStream, pls [][]byte, worker string)
 
 // benchBridge sends every payload over ZMQ to a fresh bridge and waits until all are acknowledged.
 // It returns the wall time and the process CPU time of the timed part.
-func benchBridge(b *testing.B, env *natsservertest.Env, pls [][]byte, iter int, opts ...Option) (wall, cpu time.Duration) {
+func benchBridge(b *testing.B, env *natsservertest.Env, pls [][]byte, iter int, opts ...option) (wall, cpu time.Duration) {
 	pub := newTestPub(b, "tcp://127.0.0.1:*")
 	defer pub.Close()
 	h := startBridge(b, env, []Endpoint{{URL: pub.URL}}, func(c *Config) {
@@ -223,7 +223,7 @@ func BenchmarkBridgeLatency(b *testing.B) {
 		for i, m := range msgs {
 			index[m] = i
 		}
-		js, err := jetstream.New(env.NC, jetstream.WithPublishAsyncMaxPending(DefaultMaxInFlight),
+		js, err := jetstream.New(env.NC, jetstream.WithPublishAsyncMaxPending(defaultMaxInFlight),
 			jetstream.WithPublishAsyncAckHandler(func(_ jetstream.JetStream, m *nats.Msg, _ *jetstream.PubAck) {
 				acked[index[m]] = time.Now()
 				nAcked.Add(1)

@@ -19,8 +19,8 @@ import (
 )
 
 var (
-	// ErrAlreadyRunning is returned by a second call of Run.
-	ErrAlreadyRunning = errors.New("bridge: already running")
+	// errAlreadyRunning is returned by a second call of Run.
+	errAlreadyRunning = errors.New("bridge: already running")
 	// errConnClosed stops a bridge whose NATS connection was closed under it.
 	errConnClosed = fmt.Errorf("bridge: publish: %w", nats.ErrConnectionClosed)
 )
@@ -78,8 +78,8 @@ type Bridge struct {
 // natsconn.Connect (infinite reconnects and no reconnect buffer, so publishes fail fast while the broker
 // is away and the bridge's own buffer, with exact drop accounting, takes over) and closes it after Run
 // has returned; the bridge never closes or drains it. New registers the bridge's metrics on
-// cfg.Registerer when it is set. Options (for tests): WithClock, WithProcPath.
-func New(cfg Config, nc *nats.Conn, opts ...Option) (*Bridge, error) {
+// cfg.Registerer when it is set. Options (for tests): withClock, withProcPath.
+func New(cfg Config, nc *nats.Conn, opts ...option) (*Bridge, error) {
 	if nc == nil {
 		return nil, fmt.Errorf("%w: nil NATS connection", ErrInvalidConfig)
 	}
@@ -137,8 +137,8 @@ func New(cfg Config, nc *nats.Conn, opts ...Option) (*Bridge, error) {
 func (b *Bridge) Ready() <-chan struct{} { return b.ready }
 
 // Stats returns a snapshot of the counters.
-func (b *Bridge) Stats() Stats {
-	s := Stats{
+func (b *Bridge) Stats() stats {
+	s := stats{
 		Ranks:            make(map[int]RankStats, len(b.ranks)),
 		Buffered:         b.buf.len(),
 		BufferedHigh:     int(b.buf.high.Load()),
@@ -162,11 +162,11 @@ func (b *Bridge) Stats() Stats {
 // or if the NATS connection is closed under it (after the same accounting). Run may be called once.
 func (b *Bridge) Run(ctx context.Context) error {
 	if !b.started.CompareAndSwap(false, true) {
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	b.startMs = b.now().UnixMilli()
 	if b.cfg.BasePort > 0 {
-		if w := CheckEphemeralPorts(b.cfg.BasePort, b.cfg.DPSize, b.opts.procPath); w != "" {
+		if w := checkEphemeralPorts(b.cfg.BasePort, b.cfg.DPSize, b.opts.procPath); w != "" {
 			b.log.Warn(w)
 		}
 	}
@@ -337,9 +337,9 @@ func (b *Bridge) enqueue(slot int, its []*item, rejected []*item) []*item {
 	for _, it := range rejected {
 		switch it.kind {
 		case kindFPM:
-			rc.countDropped(ReasonBufferFull)
+			rc.countDropped(reasonBufferFull)
 		case kindDeadLetter:
-			rc.countDeadLetterLost(ReasonBufferFull)
+			rc.countDeadLetterLost(reasonBufferFull)
 			b.log.Error("dead letter lost: buffer full", "endpoint", b.endpoints[slot].URL, "error", it.msg.Header.Get(streams.HeaderError))
 		}
 	}

@@ -20,7 +20,7 @@ import (
 
 // fpmKey is the key of testFPM(worker, rank, _) under the default namespace and component.
 func fpmKey(worker string, rank int) streams.Key {
-	return streams.Key{Namespace: DefaultNamespace, Component: DefaultComponent, WorkerID: worker, DPRank: rank}
+	return streams.Key{Namespace: defaultNamespace, Component: defaultComponent, WorkerID: worker, DPRank: rank}
 }
 
 func hdrUint(t testing.TB, m storedMsg, name string) uint64 {
@@ -59,7 +59,7 @@ func TestHappyPathTwoRanks(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	h.waitStats(20*time.Second, "every FPM published", func(s Stats) bool { return s.Total().Published == 2*perRank })
+	h.waitStats(20*time.Second, "every FPM published", func(s stats) bool { return s.Total().Published == 2*perRank })
 
 	msgs := messages(t, env.JS, streams.StreamFPM, ">")
 	if len(msgs) != 2*perRank {
@@ -220,7 +220,7 @@ func TestBadInputIsDeadLettered(t *testing.T) {
 			pub.waitSubscribed()
 			pub.sendFrames(tc.frames...)
 			pub.send(1, payload("w", 0, 1)) // the bridge keeps going
-			h.waitStats(15*time.Second, "dead letter and the valid FPM", func(s Stats) bool {
+			h.waitStats(15*time.Second, "dead letter and the valid FPM", func(s stats) bool {
 				return s.Ranks[0].DeadLettered == 1 && s.Ranks[0].Published == 1
 			})
 			if fpms := messages(t, env.JS, streams.StreamFPM, ">"); len(fpms) != 1 || fpms[0].Headers().Get(streams.HeaderSeq) != "1" {
@@ -295,7 +295,7 @@ func TestSeqMismatchIsStoredAndFlagged(t *testing.T) {
 	pub.send(0, payload("w", 0, 0))
 	pub.send(1, payload("w", 0, 77)) // counter_id 77 in the payload, 1 in the sequence frame
 	pub.sendFrames([]byte("custom-topic"), seqFrame(2), payload("w", 0, 2))
-	h.waitStats(10*time.Second, "3 published", func(s Stats) bool { return s.Ranks[0].Published == 3 })
+	h.waitStats(10*time.Second, "3 published", func(s stats) bool { return s.Ranks[0].Published == 3 })
 	msgs := messages(t, env.JS, streams.StreamFPM, ">")
 	if len(msgs) != 3 {
 		t.Fatalf("stored %d", len(msgs))
@@ -345,7 +345,7 @@ func TestPublisherRestartKeepsBothRuns(t *testing.T) {
 			for seq := uint64(0); seq < n; seq++ {
 				pub.send(seq, first(seq))
 			}
-			h.waitStats(15*time.Second, "first run published", func(s Stats) bool { return s.Ranks[0].Published == n })
+			h.waitStats(15*time.Second, "first run published", func(s stats) bool { return s.Ranks[0].Published == n })
 
 			// The worker restarts: its socket goes away, a new one binds the same port and counts from 0
 			// again, well inside the duplicate window.
@@ -357,7 +357,7 @@ func TestPublisherRestartKeepsBothRuns(t *testing.T) {
 			for seq := uint64(0); seq < n; seq++ {
 				pub.send(seq, second(seq))
 			}
-			h.waitStats(15*time.Second, "second run published", func(s Stats) bool { return s.Ranks[0].Published == 2*n })
+			h.waitStats(15*time.Second, "second run published", func(s stats) bool { return s.Ranks[0].Published == 2*n })
 
 			msgs := messages(t, env.JS, streams.StreamFPM, ">")
 			if len(msgs) != 2*n {
@@ -450,7 +450,7 @@ func TestBrokerOutageDropsWithExactAccounting(t *testing.T) {
 	watch(1500 * time.Millisecond)
 	sent := snd.stop()
 
-	s := h.waitStats(30*time.Second, "every message accounted for", func(s Stats) bool {
+	s := h.waitStats(30*time.Second, "every message accounted for", func(s stats) bool {
 		r := s.Ranks[0]
 		return r.Received == sent && r.Published+r.Dropped == sent && s.Buffered == 0 && s.InFlight == 0
 	})
@@ -496,7 +496,7 @@ func TestBrokerOutageDropsWithExactAccounting(t *testing.T) {
 	})
 	dropped := map[uint64]bool{}
 	for _, dm := range markers {
-		if dm.Reason != ReasonBufferFull || dm.Type != "drop_marker" || dm.Bridge != "test-bridge" || dm.Count != dm.LastSeq-dm.FirstSeq+1 ||
+		if dm.Reason != reasonBufferFull || dm.Type != "drop_marker" || dm.Bridge != "test-bridge" || dm.Count != dm.LastSeq-dm.FirstSeq+1 ||
 			dm.Key != (streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w", DPRank: 0}) || dm.FirstReceivedAtMs > dm.LastReceivedAtMs {
 			t.Fatalf("marker %+v", dm)
 		}
@@ -528,7 +528,7 @@ func TestGracefulStopPublishesTheBuffer(t *testing.T) {
 	for seq := uint64(0); seq < n; seq++ {
 		pub.send(seq, payload("w", 0, seq))
 	}
-	h.waitStats(10*time.Second, "all received and held", func(s Stats) bool { return s.Ranks[0].Received == n })
+	h.waitStats(10*time.Second, "all received and held", func(s stats) bool { return s.Ranks[0].Received == n })
 	if s := h.b.Stats(); s.Ranks[0].Published != 0 {
 		t.Fatalf("published with the broker down: %s", fmtStats(s))
 	}
@@ -565,7 +565,7 @@ func TestStopTimeoutReportsShutdownDrops(t *testing.T) {
 		pub.send(seq, payload("w", 0, seq))
 	}
 	pub.sendFrames([]byte("x")) // one dead letter, lost with the rest
-	h.waitStats(10*time.Second, "all received", func(s Stats) bool { return s.Ranks[0].Received == n+1 })
+	h.waitStats(10*time.Second, "all received", func(s stats) bool { return s.Ranks[0].Received == n+1 })
 	start := time.Now()
 	if err := h.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -577,7 +577,7 @@ func TestStopTimeoutReportsShutdownDrops(t *testing.T) {
 	if s.Dropped != n || s.Published != 0 || s.Invalid != 1 || s.DeadLettersLost != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	if got := counterValue(h.b.metrics.dropped.WithLabelValues("0", ReasonShutdown)); got != n {
+	if got := counterValue(h.b.metrics.dropped.WithLabelValues("0", reasonShutdown)); got != n {
 		t.Fatalf("dropped{reason=shutdown} = %v", got)
 	}
 }
@@ -593,7 +593,7 @@ func TestRunTwiceAndNewErrors(t *testing.T) {
 	}
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL}}, nil)
-	if err := h.b.Run(context.Background()); !errors.Is(err, ErrAlreadyRunning) {
+	if err := h.b.Run(context.Background()); !errors.Is(err, errAlreadyRunning) {
 		t.Fatalf("second Run: %v", err)
 	}
 	reg := prometheus.NewRegistry()
@@ -634,7 +634,7 @@ func TestStopTimeoutPublishesShutdownMarkers(t *testing.T) {
 	for seq := uint64(0); seq < n; seq++ {
 		pub.send(seq, payload("w", 0, seq))
 	}
-	h.waitStats(10*time.Second, "all received", func(s Stats) bool { return s.Ranks[0].Received == n })
+	h.waitStats(10*time.Second, "all received", func(s stats) bool { return s.Ranks[0].Received == n })
 	if err := h.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -653,7 +653,7 @@ func TestStopTimeoutPublishesShutdownMarkers(t *testing.T) {
 		if err := jsonUnmarshal(m.Data(), &dm); err != nil {
 			t.Fatal(err)
 		}
-		if dm.Reason != ReasonShutdown {
+		if dm.Reason != reasonShutdown {
 			t.Fatalf("marker %+v", dm)
 		}
 		for seq := dm.FirstSeq; seq <= dm.LastSeq; seq++ {

@@ -90,7 +90,7 @@ func (b *buffer) pushBatch(its []*item, rejected []*item) []*item {
 				if now.IsZero() {
 					now = time.Now()
 				}
-				b.recordDropLocked(it, ReasonBufferFull, now)
+				b.recordDropLocked(it, reasonBufferFull, now)
 			}
 			rejected = append(rejected, it)
 			continue

@@ -20,18 +20,18 @@ import (
 
 // Defaults of Config. A zero field takes its default.
 const (
-	DefaultNamespace      = "dynamo"
-	DefaultComponent      = "backend"
-	DefaultMaxBuffer      = 100000
-	DefaultMaxBufferBytes = 256 << 20
-	DefaultMaxPayload     = 1 << 20
-	DefaultMaxInFlight    = 4096
-	DefaultAckTimeout     = 5 * time.Second
-	DefaultStopTimeout    = 10 * time.Second
-	// DefaultMaxControlLine is nats-server's default max_control_line: the longest protocol line
+	defaultNamespace      = "dynamo"
+	defaultComponent      = "backend"
+	defaultMaxBuffer      = 100000
+	defaultMaxBufferBytes = 256 << 20
+	defaultMaxPayload     = 1 << 20
+	defaultMaxInFlight    = 4096
+	defaultAckTimeout     = 5 * time.Second
+	defaultStopTimeout    = 10 * time.Second
+	// defaultMaxControlLine is nats-server's default max_control_line: the longest protocol line
 	// (PUB/HPUB with subject, reply subject and sizes) the server accepts before it closes the
 	// connection. Servers do not announce it, so the bridge assumes the default unless told otherwise.
-	DefaultMaxControlLine = 4096
+	defaultMaxControlLine = 4096
 	// DefaultFPMPort is Dynamo's default DYN_FORWARDPASS_METRIC_PORT: rank r binds DefaultFPMPort + r.
 	DefaultFPMPort = 20380
 )
@@ -48,9 +48,9 @@ type Endpoint struct {
 	DPRank int
 }
 
-// EndpointsFor returns Dynamo's endpoints for dpSize ranks on host: rank r is tcp://host:basePort+r.
+// endpointsFor returns Dynamo's endpoints for dpSize ranks on host: rank r is tcp://host:basePort+r.
 // A dpSize below 1 is taken as 1.
-func EndpointsFor(host string, basePort, dpSize int) []Endpoint {
+func endpointsFor(host string, basePort, dpSize int) []Endpoint {
 	if dpSize < 1 {
 		dpSize = 1
 	}
@@ -65,9 +65,9 @@ func EndpointsFor(host string, basePort, dpSize int) []Endpoint {
 type Config struct {
 	// Endpoints to subscribe to; at least one, with distinct URLs and distinct ranks.
 	Endpoints []Endpoint
-	// BasePort and DPSize record that Endpoints came from EndpointsFor(host, BasePort, DPSize). When
+	// BasePort and DPSize record that Endpoints came from endpointsFor(host, BasePort, DPSize). When
 	// BasePort is set, Run checks once that the ports Dynamo binds (BasePort..BasePort+DPSize, see
-	// CheckEphemeralPorts) lie outside this host's ephemeral port range and logs a warning if not.
+	// checkEphemeralPorts) lie outside this host's ephemeral port range and logs a warning if not.
 	BasePort int
 	DPSize   int
 	// Namespace and Component name the Dynamo component (defaults "dynamo" and "backend"); they are
@@ -90,7 +90,7 @@ type Config struct {
 	// SUB socket, so a larger frame is refused before it is read into memory (see limits.go); each
 	// refusal is counted and dead-lettered.
 	MaxPayload int
-	// MaxControlLine is the NATS server's max_control_line in bytes (default DefaultMaxControlLine).
+	// MaxControlLine is the NATS server's max_control_line in bytes (default defaultMaxControlLine).
 	// A message whose subject would make a longer protocol line is dead-lettered instead of published:
 	// the server would close the connection on it.
 	MaxControlLine int
@@ -114,10 +114,10 @@ type Config struct {
 // withDefaults returns c with every zero field set to its default.
 func (c Config) withDefaults() Config {
 	if c.Namespace == "" {
-		c.Namespace = DefaultNamespace
+		c.Namespace = defaultNamespace
 	}
 	if c.Component == "" {
-		c.Component = DefaultComponent
+		c.Component = defaultComponent
 	}
 	if c.BridgeID == "" {
 		host, err := os.Hostname()
@@ -126,13 +126,13 @@ func (c Config) withDefaults() Config {
 		}
 		c.BridgeID = host + "-" + strconv.Itoa(os.Getpid())
 	}
-	c.MaxBuffer = cmp.Or(c.MaxBuffer, DefaultMaxBuffer)
-	c.MaxBufferBytes = cmp.Or(c.MaxBufferBytes, DefaultMaxBufferBytes)
-	c.MaxPayload = cmp.Or(c.MaxPayload, DefaultMaxPayload)
-	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
-	c.MaxControlLine = cmp.Or(c.MaxControlLine, DefaultMaxControlLine)
-	c.AckTimeout = cmp.Or(c.AckTimeout, DefaultAckTimeout)
-	c.StopTimeout = cmp.Or(c.StopTimeout, DefaultStopTimeout)
+	c.MaxBuffer = cmp.Or(c.MaxBuffer, defaultMaxBuffer)
+	c.MaxBufferBytes = cmp.Or(c.MaxBufferBytes, defaultMaxBufferBytes)
+	c.MaxPayload = cmp.Or(c.MaxPayload, defaultMaxPayload)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, defaultMaxInFlight)
+	c.MaxControlLine = cmp.Or(c.MaxControlLine, defaultMaxControlLine)
+	c.AckTimeout = cmp.Or(c.AckTimeout, defaultAckTimeout)
+	c.StopTimeout = cmp.Or(c.StopTimeout, defaultStopTimeout)
 	if c.DPSize == 0 && c.BasePort != 0 {
 		c.DPSize = len(c.Endpoints)
 	}
@@ -208,9 +208,9 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Option changes how a Bridge runs; options exist for tests (a clock, a proc file), not for settings
+// option changes how a Bridge runs; options exist for tests (a clock, a proc file), not for settings
 // an operator chooses, which live in Config.
-type Option func(*options)
+type option func(*options)
 
 type options struct {
 	now      func() time.Time
@@ -227,12 +227,12 @@ type options struct {
 
 // withRunsBucket wraps the agreed runs bucket in wrap once it is opened (tests: faults injected into
 // the bucket alone, the FPM stream untouched).
-func withRunsBucket(wrap func(jetstream.KeyValue) jetstream.KeyValue) Option {
+func withRunsBucket(wrap func(jetstream.KeyValue) jetstream.KeyValue) option {
 	return func(o *options) { o.runsBucket = wrap }
 }
 
-// WithClock replaces time.Now for receive timestamps and epochs.
-func WithClock(now func() time.Time) Option {
+// withClock replaces time.Now for receive timestamps and epochs.
+func withClock(now func() time.Time) option {
 	return func(o *options) {
 		if now != nil {
 			o.now = now
@@ -240,28 +240,28 @@ func WithClock(now func() time.Time) Option {
 	}
 }
 
-// WithProcPath reads the ephemeral port range from path instead of /proc/sys/net/ipv4/ip_local_port_range.
-func WithProcPath(path string) Option {
+// withProcPath reads the ephemeral port range from path instead of /proc/sys/net/ipv4/ip_local_port_range.
+func withProcPath(path string) option {
 	return func(o *options) { o.procPath = path }
 }
 
 // withHold keeps the publisher from taking anything from the buffer until hold is closed (tests: a
 // bridge that lags behind its redundant peer).
-func withHold(hold <-chan struct{}) Option {
+func withHold(hold <-chan struct{}) option {
 	return func(o *options) { o.hold = hold }
 }
 
 // withoutGroupCommit publishes every FPM on its own (benchmarks: the one-by-one baseline).
-func withoutGroupCommit() Option {
+func withoutGroupCommit() option {
 	return func(o *options) { o.singles = true }
 }
 
 // withReaderHold calls hold from every reader at the top of each loop, with its endpoint's slot.
-func withReaderHold(hold func(slot int)) Option {
+func withReaderHold(hold func(slot int)) option {
 	return func(o *options) { o.readerHold = hold }
 }
 
 // withAckHook calls f on the publisher goroutine for every acked FPM (tests and benchmarks).
-func withAckHook(f func(it *item, at time.Time)) Option {
+func withAckHook(f func(it *item, at time.Time)) option {
 	return func(o *options) { o.onAck = f }
 }

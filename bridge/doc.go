@@ -5,7 +5,7 @@
 //	socket.go     one goroutine per ZMQ endpoint owns its SUB socket and reads 3-frame multiparts;
 //	monitor.go    it also watches the socket's monitor events, reconnecting a session libzmq gave up on
 //	              (a frame over MaxPayload, refused unread) and dead-lettering the refusal
-//	frames.go     ParseFrames splits (topic, 8-byte big-endian sequence, msgpack payload);
+//	frames.go     parseFrames splits (topic, 8-byte big-endian sequence, msgpack payload);
 //	              schemas.DecodeFPM turns the payload into a validated FPM with its canonical JSON
 //	epoch.go      the (key, sequence) pair gets its publisher run: a sequence going back starts one
 //	runs.go       the publisher goroutine agrees each run's epoch with the other bridges (KV
@@ -28,10 +28,10 @@
 //	              compared with the FPM stream; acknowledged FPMs it no longer holds become a
 //	              lost_after_ack gap event (streams.LostAfterAck) on the publisher's gap subject
 //	bridge.go     New, Run, Ready, Stats: the component contract shared by fpmbus
-//	config.go     Config, its defaults and Validate; EndpointsFor
+//	config.go     Config, its defaults and Validate; endpointsFor
 //	limits.go     what a message must fit before it is published (server max_control_line and
 //	              max_payload, ZMQ_MAXMSGSIZE); what does not fit is dead-lettered, never published
-//	metrics.go    Prometheus collectors per rank; stats.go the Stats snapshot
+//	metrics.go    Prometheus collectors per rank; stats.go the stats snapshot
 //	portcheck.go  warns when Dynamo's FPM ports overlap the host's ephemeral port range
 //
 // # Invariants

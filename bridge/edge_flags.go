@@ -10,8 +10,8 @@ import (
 	"github.com/fpmbus/fpmbus/internal/natsserver"
 )
 
-// EdgeFlags are the flags of the edge topology (see Edge): --edge-dir turns it on.
-type EdgeFlags struct {
+// edgeFlags are the flags of the edge topology (see Edge): --edge-dir turns it on.
+type edgeFlags struct {
 	cfg  edgenode.EdgeConfig
 	fs   *flag.FlagSet
 	sync natsserver.SyncPolicy
@@ -19,8 +19,8 @@ type EdgeFlags struct {
 
 // RegisterEdgeFlags defines --edge-dir, --edge-remote, --edge-node, --edge-listen,
 // --edge-central-domain, --edge-creds, --edge-sync and --edge-log on fs.
-func RegisterEdgeFlags(fs *flag.FlagSet) *EdgeFlags {
-	f := &EdgeFlags{fs: fs}
+func RegisterEdgeFlags(fs *flag.FlagSet) *edgeFlags {
+	f := &edgeFlags{fs: fs}
 	fs.StringVar(&f.cfg.StoreDir, "edge-dir", "", "edge topology: publish to a node-local JetStream storing in this directory, a leaf node of --edge-remote")
 	fs.StringVar(&f.cfg.Remotes, "edge-remote", "", "the central server's leafnode URL(s), nats-leaf://host:7422 (comma-separated)")
 	fs.StringVar(&f.cfg.Node, "edge-node", "", "this node's name; its JetStream domain is edge-<node> (default: the hostname)")
@@ -34,11 +34,11 @@ func RegisterEdgeFlags(fs *flag.FlagSet) *EdgeFlags {
 }
 
 // Enabled reports whether --edge-dir was given.
-func (f *EdgeFlags) Enabled() bool { return f.cfg.StoreDir != "" }
+func (f *edgeFlags) Enabled() bool { return f.cfg.StoreDir != "" }
 
 // Config returns the edge configuration once fs is parsed: the node name defaults to the hostname.
 // An edge flag without --edge-dir, or a setting that cannot work, is an ErrInvalidConfig error.
-func (f *EdgeFlags) Config() (edgenode.EdgeConfig, error) {
+func (f *edgeFlags) Config() (edgenode.EdgeConfig, error) {
 	if !f.Enabled() {
 		var stray string
 		f.fs.Visit(func(fl *flag.Flag) {

@@ -223,7 +223,7 @@ func TestEdgeRidesOutCentralOutage(t *testing.T) {
 	t.Logf("sent %d FPMs over %d ranks", total, edgeRanks)
 
 	// The bridge published everything to the edge and dropped nothing.
-	st := h.waitStats(30*time.Second, "every FPM acknowledged at the edge", func(s Stats) bool {
+	st := h.waitStats(30*time.Second, "every FPM acknowledged at the edge", func(s stats) bool {
 		return s.Total().Published == total
 	})
 	if tot := st.Total(); tot.Dropped != 0 || tot.Invalid != 0 || tot.DeadLettersLost != 0 || tot.Duplicates != 0 || st.MarkersPublished != 0 {

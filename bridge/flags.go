@@ -12,8 +12,8 @@ import (
 	"github.com/fpmbus/fpmbus/internal/zmqflags"
 )
 
-// DefaultZMQHost is where the bridge looks for the workers' FPM PUB sockets unless told otherwise.
-const DefaultZMQHost = "127.0.0.1"
+// defaultZMQHost is where the bridge looks for the workers' FPM PUB sockets unless told otherwise.
+const defaultZMQHost = "127.0.0.1"
 
 // Flags are the bridge's command-line flags, defined once here next to Config: every command that runs
 // a bridge (`fpmbus bridge`, `fpmbus up`) registers them with Config.RegisterFlags and, after parsing,
@@ -41,7 +41,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 	c.BasePort = cmp.Or(c.BasePort, DefaultFPMPort)
 	c.DPSize = cmp.Or(c.DPSize, 1)
 	n := func(name string) string { return prefix + name }
-	fs.StringVar(&f.zmqHost, n("zmq-host"), DefaultZMQHost, "host of the Dynamo workers' FPM PUB sockets")
+	fs.StringVar(&f.zmqHost, n("zmq-host"), defaultZMQHost, "host of the Dynamo workers' FPM PUB sockets")
 	f.set.RegisterPorts(&c.BasePort, &c.DPSize, "publishes on")
 	fs.Func(n("zmq-endpoint"), "explicit ZMQ endpoint(s) instead of --"+n("zmq-host")+"/--"+n("fpm-port")+"/--"+n("dp-size")+"; repeat or comma-separate; rank = position", func(v string) error {
 		for _, ep := range strings.Split(v, ",") {
@@ -118,7 +118,7 @@ func (f *Flags) Config() (Config, error) {
 		if err := f.set.CheckPorts(c.BasePort, c.DPSize, f.BasePortSource); err != nil {
 			return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		c.Endpoints = EndpointsFor(f.zmqHost, c.BasePort, c.DPSize)
+		c.Endpoints = endpointsFor(f.zmqHost, c.BasePort, c.DPSize)
 	}
 	if err := c.Validate(); err != nil {
 		return c, err

@@ -21,7 +21,7 @@ func TestFlagsConfig(t *testing.T) {
 	}{
 		"defaults": {args: nil, check: func(c Config) bool {
 			return slices.Equal(c.Endpoints, []Endpoint{{URL: "tcp://127.0.0.1:20380", DPRank: 0}}) &&
-				c.BasePort == DefaultFPMPort && c.DPSize == 1 && c.StopTimeout == DefaultStopTimeout && c.MaxBuffer == DefaultMaxBuffer
+				c.BasePort == DefaultFPMPort && c.DPSize == 1 && c.StopTimeout == defaultStopTimeout && c.MaxBuffer == defaultMaxBuffer
 		}},
 		"host, port and ranks": {args: []string{"--zmq-host", "10.0.0.7", "--fpm-port", "30000", "--dp-size", "2", "--stop-timeout", "3s"},
 			check: func(c Config) bool {

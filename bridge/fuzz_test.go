@@ -14,9 +14,9 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// FuzzParseFrames feeds ParseFrames multiparts of 0 to 4 frames built from three fuzzed frames and
+// FuzzParseFrames feeds parseFrames multiparts of 0 to 4 frames built from three fuzzed frames and
 // checks its contract: a valid triple yields the big-endian sequence and the payload frame; anything
-// else is a *FrameError wrapping ErrBadFrames whose sizes describe the input. The seed corpus in
+// else is a *frameError wrapping errBadFrames whose sizes describe the input. The seed corpus in
 // testdata/fuzz/FuzzParseFrames holds a real publisher's multipart and the malformed shapes.
 func FuzzParseFrames(f *testing.F) {
 	f.Add([]byte{}, seqFrame(0), payload("w", 0, 0), uint8(3))
@@ -27,7 +27,7 @@ func FuzzParseFrames(f *testing.F) {
 	f.Fuzz(func(t *testing.T, topic, seq, pl []byte, n uint8) {
 		all := [][]byte{topic, seq, pl, pl}
 		frames := all[:int(n)%5]
-		gotSeq, gotPayload, err := ParseFrames(frames)
+		gotSeq, gotPayload, err := parseFrames(frames)
 		valid := len(frames) == 3 && len(seq) == 8
 		if valid {
 			if err != nil {
@@ -38,8 +38,8 @@ func FuzzParseFrames(f *testing.F) {
 			}
 			return
 		}
-		var fe *FrameError
-		if !errors.Is(err, ErrBadFrames) || !errors.As(err, &fe) {
+		var fe *frameError
+		if !errors.Is(err, errBadFrames) || !errors.As(err, &fe) {
 			t.Fatalf("malformed multipart (%d frames) gave %v", len(frames), err)
 		}
 		if fe.Frames != len(frames) || !reflect.DeepEqual(fe.Sizes, frameSizes(frames)) || fe.Reason == "" {
@@ -66,7 +66,7 @@ func offlineBridge(maxPayload int) *Bridge {
 // FuzzProcess runs arbitrary multiparts through the bridge's receive path (parse, size check, decode,
 // message building) and checks that each becomes exactly one message: an FPM whose body is the
 // payload's canonical JSON, or a dead letter whose body is the raw frames and whose stage and error
-// agree with ParseFrames and DecodeFPM. Every input also goes through a bridge facing tight server
+// agree with parseFrames and DecodeFPM. Every input also goes through a bridge facing tight server
 // limits (a 512-byte max_control_line, a 4 KiB max_payload), which must never produce a message the
 // server would refuse: an FPM whose subjects are too long or whose headers plus body are too large is a
 // dead letter of stage size naming its size and the limit, and every dead letter fits with its copied
@@ -91,7 +91,7 @@ func FuzzProcess(f *testing.F) {
 		}
 		now := time.Now()
 		it := b.process(0, frames, now, now)
-		gotSeq, gotPayload, perr := ParseFrames(frames)
+		gotSeq, gotPayload, perr := parseFrames(frames)
 		if it.kind == kindDeadLetter {
 			if !bytes.Equal(it.msg.Data, raw) {
 				t.Fatalf("dead letter body %x, want the raw frames %x", it.msg.Data, raw)
@@ -142,7 +142,7 @@ func checkTightLimits(t *testing.T, b *Bridge, frames [][]byte) {
 	if size := encodedSize(it.msg); int64(size) > b.serverMaxPayload() {
 		t.Fatalf("a %d-byte message for a %d-byte max_payload", size, b.serverMaxPayload())
 	}
-	_, pl, perr := ParseFrames(frames)
+	_, pl, perr := parseFrames(frames)
 	if perr != nil || len(pl) > b.cfg.MaxPayload {
 		return
 	}

@@ -141,13 +141,13 @@ type harness struct {
 }
 
 // startBridge starts a bridge for endpoints on env, with cfg adjusted by mutate. Cleanup stops it.
-func startBridge(t testing.TB, env *natsservertest.Env, endpoints []Endpoint, mutate func(*Config), opts ...Option) *harness {
+func startBridge(t testing.TB, env *natsservertest.Env, endpoints []Endpoint, mutate func(*Config), opts ...option) *harness {
 	t.Helper()
 	return startBridgeAt(t, natsconn.ConnConfig{URL: env.Server.ClientURL()}, endpoints, mutate, opts...)
 }
 
 // startBridgeAt is startBridge on the server conn names (with its credentials, if any).
-func startBridgeAt(t testing.TB, conn natsconn.ConnConfig, endpoints []Endpoint, mutate func(*Config), opts ...Option) *harness {
+func startBridgeAt(t testing.TB, conn natsconn.ConnConfig, endpoints []Endpoint, mutate func(*Config), opts ...option) *harness {
 	t.Helper()
 	conn.Name = "bridge-test"
 	nc, err := natsconn.Connect(conn)
@@ -195,9 +195,9 @@ func (h *harness) stop() error {
 }
 
 // waitStats waits until cond holds for the bridge's Stats.
-func (h *harness) waitStats(wait time.Duration, what string, cond func(Stats) bool) Stats {
+func (h *harness) waitStats(wait time.Duration, what string, cond func(stats) bool) stats {
 	h.t.Helper()
-	var s Stats
+	var s stats
 	checkFor(h.t, wait, 5*time.Millisecond, func() error {
 		s = h.b.Stats()
 		if cond(s) {
@@ -210,14 +210,14 @@ func (h *harness) waitStats(wait time.Duration, what string, cond func(Stats) bo
 
 type statsErr struct {
 	what string
-	s    Stats
+	s    stats
 }
 
 func (e *statsErr) Error() string {
 	return "waiting for " + e.what + ": stats " + fmtStats(e.s)
 }
 
-func fmtStats(s Stats) string {
+func fmtStats(s stats) string {
 	return fmt.Sprintf("%+v buffered=%d high=%d in_flight=%d markers=%d", s.Total(), s.Buffered, s.BufferedHigh, s.InFlight, s.MarkersPublished)
 }
 

@@ -114,13 +114,13 @@ func charge(encoded int) int64 { return int64(encoded) + int64(encoded)/8 + item
 // max_payload bounds.
 func encodedSize(m *nats.Msg) int { return m.Size() - len(m.Subject) - len(m.Reply) }
 
-// serverMaxPayload is the server's max_payload as last seen, or DefaultMaxPayload (nats-server's own
+// serverMaxPayload is the server's max_payload as last seen, or defaultMaxPayload (nats-server's own
 // default) before the first connect.
 func (b *Bridge) serverMaxPayload() int64 {
 	if m := b.pub.serverMax.Load(); m > 0 {
 		return m
 	}
-	return DefaultMaxPayload
+	return defaultMaxPayload
 }
 
 // oversizedKey is the dead letter of an FPM whose worker_id makes its subjects too long to publish.

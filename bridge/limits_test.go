@@ -109,13 +109,13 @@ func TestOversizedFrameIsRefusedUnread(t *testing.T) {
 	var seq1 uint64
 	for i := range refusals {
 		pubs[0].send(uint64(i), huge)
-		h.waitStats(15*time.Second, "a refused frame", func(s Stats) bool { return s.Ranks[0].OversizedFrames == uint64(i+1) })
+		h.waitStats(15*time.Second, "a refused frame", func(s stats) bool { return s.Ranks[0].OversizedFrames == uint64(i+1) })
 		pubs[1].send(seq1, payload("other", 1, seq1)) // rank 1 keeps flowing meanwhile
 		seq1++
 		pubs[0].waitSubscribed() // the bridge reconnected: its subscription arrives again
 	}
 	pubs[0].send(refusals, payload("w", 0, refusals))
-	s := h.waitStats(15*time.Second, "rank 0 flowing again", func(s Stats) bool {
+	s := h.waitStats(15*time.Second, "rank 0 flowing again", func(s stats) bool {
 		return s.Ranks[0].Published == 1 && s.Ranks[0].DeadLettered == refusals && s.Ranks[1].Published == seq1
 	})
 	r0 := s.Ranks[0]
@@ -156,7 +156,7 @@ func TestWorkerIDTooLongForControlLine(t *testing.T) {
 		"server default":    {long: 4100},
 		"configured 1 KiB":  {serverLine: 1024, bridgeLine: 1024, long: 1000},
 		"percent-encoded":   {long: 1400}, // '/' is encoded as %2F: 4200 bytes in the subject
-		"just over the top": {long: DefaultMaxControlLine - 100},
+		"just over the top": {long: defaultMaxControlLine - 100},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -179,7 +179,7 @@ func TestWorkerIDTooLongForControlLine(t *testing.T) {
 			for seq, w := range workers {
 				pub.send(uint64(seq), payload(w, 0, uint64(seq)))
 			}
-			h.waitStats(15*time.Second, "every FPM stored or dead-lettered", func(s Stats) bool {
+			h.waitStats(15*time.Second, "every FPM stored or dead-lettered", func(s stats) bool {
 				r := s.Ranks[0]
 				return r.Received == uint64(len(workers)) && r.Published == 4 && r.DeadLettered == 2
 			})
@@ -188,7 +188,7 @@ func TestWorkerIDTooLongForControlLine(t *testing.T) {
 			}
 			// Still publishing after the bad ones.
 			pub.send(uint64(len(workers)), payload("a", 0, uint64(len(workers))))
-			s := h.waitStats(15*time.Second, "the next FPM stored", func(s Stats) bool { return s.Ranks[0].Published == 5 })
+			s := h.waitStats(15*time.Second, "the next FPM stored", func(s stats) bool { return s.Ranks[0].Published == 5 })
 			if r := s.Ranks[0]; r.Dropped != 0 || r.Invalid != 2 {
 				t.Fatalf("stats %s", fmtStats(s))
 			}
@@ -261,7 +261,7 @@ func TestFPMFailingAloneIsDeadLettered(t *testing.T) {
 		send("ok") // traffic that proves the connection works
 		time.Sleep(20 * time.Millisecond)
 	}
-	s := h.waitStats(15*time.Second, "every FPM resolved", func(s Stats) bool {
+	s := h.waitStats(15*time.Second, "every FPM resolved", func(s stats) bool {
 		r := s.Ranks[0]
 		return r.DeadLettered == 1 && r.Published == seq-1 && s.InFlight == 0
 	})

@@ -89,7 +89,7 @@ func sendAcked(t *testing.T, env *natsservertest.Env, worker, bridgeID string, s
 	for _, seq := range seqs {
 		pub.send(seq, payload(worker, 0, seq))
 	}
-	h.waitStats(15*time.Second, "every FPM acknowledged", func(s Stats) bool { return s.Ranks[0].Published == uint64(len(seqs)) })
+	h.waitStats(15*time.Second, "every FPM acknowledged", func(s stats) bool { return s.Ranks[0].Published == uint64(len(seqs)) })
 	return h
 }
 
@@ -237,7 +237,7 @@ func TestLostAfterAckReportedAfterReconnect(t *testing.T) {
 	for seq := range uint64(50) {
 		pub.send(seq, payload("w", 0, seq))
 	}
-	h.waitStats(15*time.Second, "50 acknowledged", func(s Stats) bool { return s.Ranks[0].Published == 50 })
+	h.waitStats(15*time.Second, "50 acknowledged", func(s stats) bool { return s.Ranks[0].Published == 50 })
 	lost := deleteNewest(t, env.JS, k, 20)
 	if !slices.Equal(lost, seqRange(30, 49)) {
 		t.Fatalf("deleted %v", lost)
@@ -260,7 +260,7 @@ func TestLostAfterAckReportedAfterReconnect(t *testing.T) {
 	for seq := uint64(50); seq < 60; seq++ {
 		pub.send(seq, payload("w", 0, seq))
 	}
-	h.waitStats(15*time.Second, "60 acknowledged", func(s Stats) bool { return s.Ranks[0].Published == 60 })
+	h.waitStats(15*time.Second, "60 acknowledged", func(s stats) bool { return s.Ranks[0].Published == 60 })
 	if got := len(messages(t, env2.JS, streams.StreamFPM, streams.FPMSubject(k))); got != 40 {
 		t.Fatalf("%d FPMs stored, want 30 kept + 10 new", got)
 	}

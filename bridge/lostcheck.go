@@ -328,7 +328,7 @@ func (b *Bridge) lostEvent(rec *ackRecord, run *ackRun, ranges [][2]uint64, n ui
 	return ev
 }
 
-// now is the bridge's clock (WithClock in tests).
+// now is the bridge's clock (withClock in tests).
 func (b *Bridge) now() time.Time {
 	if b.opts.now != nil {
 		return b.opts.now()

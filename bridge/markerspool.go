@@ -38,8 +38,8 @@ import (
 // publisher goroutine has returned; publisher.lost appends to publisher.unstored and spoolStored
 // counts the acknowledged ones, on that goroutine.
 
-// ErrBadMarkerSpool is wrapped by the errors parseMarkerSpool returns for lines it skips.
-var ErrBadMarkerSpool = errors.New("bridge: bad marker spool line")
+// errBadMarkerSpool is wrapped by the errors parseMarkerSpool returns for lines it skips.
+var errBadMarkerSpool = errors.New("bridge: bad marker spool line")
 
 // parseMarkerSpool decodes a marker spool: one drop marker (streams.DropMarker JSON) per line. It
 // returns every valid marker, in order, and one error per line skipped (naming its number).
@@ -52,7 +52,7 @@ func parseMarkerSpool(data []byte) ([]streams.DropMarker, []error) {
 		}
 		m, err := streams.ParseDropMarker(line)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w %d: %v", ErrBadMarkerSpool, i+1, err))
+			errs = append(errs, fmt.Errorf("%w %d: %v", errBadMarkerSpool, i+1, err))
 			continue
 		}
 		out = append(out, m)

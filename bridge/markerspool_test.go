@@ -32,7 +32,7 @@ func TestUnstoredDropMarkersAreSpooledAndPublishedByTheNextRun(t *testing.T) {
 	for seq := uint64(0); seq < n; seq++ {
 		pub.send(seq, payload("w", 0, seq))
 	}
-	h.waitStats(10*time.Second, "all received", func(s Stats) bool { return s.Ranks[0].Received == n })
+	h.waitStats(10*time.Second, "all received", func(s stats) bool { return s.Ranks[0].Received == n })
 	if err := h.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -46,7 +46,7 @@ func TestUnstoredDropMarkersAreSpooledAndPublishedByTheNextRun(t *testing.T) {
 	spooled, errs := parseMarkerSpool(data)
 	var count uint64
 	for _, m := range spooled {
-		if m.Reason != ReasonShutdown || m.Key != fpmKey("w", 0) {
+		if m.Reason != reasonShutdown || m.Key != fpmKey("w", 0) {
 			t.Fatalf("spooled marker %+v", m)
 		}
 		count += m.Count
@@ -93,7 +93,7 @@ func TestUnstoredDropMarkersAreSpooledAndPublishedByTheNextRun(t *testing.T) {
 // points to as drop markers; the stop neither writes through it nor removes it.
 func TestMarkerSpoolRefusesAPlantedFile(t *testing.T) {
 	t.Parallel()
-	m := streams.DropMarker{Type: streams.DropMarkerEvent, Key: fpmKey("w", 0), Epoch: 5, FirstSeq: 3, LastSeq: 9, Count: 7, Reason: ReasonShutdown, Bridge: "b"}
+	m := streams.DropMarker{Type: streams.DropMarkerEvent, Key: fpmKey("w", 0), Epoch: 5, FirstSeq: 3, LastSeq: 9, Count: 7, Reason: reasonShutdown, Bridge: "b"}
 	markers := append(bytes.Clone(m.Msg().Data), '\n')
 	for name, tc := range map[string]struct {
 		plant func(spool, elsewhere string) error
@@ -162,7 +162,7 @@ func TestMarkerSpoolRefusesAPlantedFile(t *testing.T) {
 func TestParseMarkerSpoolSkipsDamagedLines(t *testing.T) {
 	t.Parallel()
 	k := fpmKey("w", 0)
-	good := streams.DropMarker{Type: streams.DropMarkerEvent, Key: k, Epoch: 5, FirstSeq: 3, LastSeq: 9, Count: 7, Reason: ReasonBufferFull, Bridge: "b"}
+	good := streams.DropMarker{Type: streams.DropMarkerEvent, Key: k, Epoch: 5, FirstSeq: 3, LastSeq: 9, Count: 7, Reason: reasonBufferFull, Bridge: "b"}
 	line := string(good.Msg().Data)
 	for name, tc := range map[string]struct {
 		data      string
@@ -189,7 +189,7 @@ func TestParseMarkerSpoolSkipsDamagedLines(t *testing.T) {
 				}
 			}
 			for i, err := range errs {
-				if !errors.Is(err, ErrBadMarkerSpool) || !strings.Contains(err.Error(), tc.wantErrAt[i]) {
+				if !errors.Is(err, errBadMarkerSpool) || !strings.Contains(err.Error(), tc.wantErrAt[i]) {
 					t.Fatalf("error %v, want ErrBadMarkerSpool at %s", err, tc.wantErrAt[i])
 				}
 			}
@@ -200,7 +200,7 @@ func TestParseMarkerSpoolSkipsDamagedLines(t *testing.T) {
 // FuzzParseMarkerSpool: any bytes give markers and errors, never a panic; each marker is valid (it
 // parses again from its own message) and every non-blank line is either a marker or an error.
 func FuzzParseMarkerSpool(f *testing.F) {
-	m := streams.DropMarker{Type: streams.DropMarkerEvent, Key: fpmKey("w", 1), Epoch: 1, FirstSeq: 0, LastSeq: 0, Count: 1, Reason: ReasonShutdown}
+	m := streams.DropMarker{Type: streams.DropMarkerEvent, Key: fpmKey("w", 1), Epoch: 1, FirstSeq: 0, LastSeq: 0, Count: 1, Reason: reasonShutdown}
 	line := m.Msg().Data
 	f.Add(line)
 	f.Add(append(append(append([]byte{}, line...), '\n'), line[:10]...))

@@ -17,12 +17,12 @@ var stages = []string{streams.StageFrames, streams.StageDecode, streams.StageVal
 
 // Drop reasons (drop marker "reason", label reason of fpmbus_bridge_dropped_total).
 const (
-	ReasonBufferFull = "buffer_full" // the buffer was full when the message arrived
-	ReasonShutdown   = "shutdown"    // not acknowledged when the graceful stop ran out of time
-	ReasonRejected   = "rejected"    // the server refused a dead letter repeatedly (a rejected FPM is dead-lettered)
+	reasonBufferFull = "buffer_full" // the buffer was full when the message arrived
+	reasonShutdown   = "shutdown"    // not acknowledged when the graceful stop ran out of time
+	reasonRejected   = "rejected"    // the server refused a dead letter repeatedly (a rejected FPM is dead-lettered)
 )
 
-var reasons = []string{ReasonBufferFull, ReasonShutdown, ReasonRejected}
+var reasons = []string{reasonBufferFull, reasonShutdown, reasonRejected}
 
 // itemKind is what an item carries.
 type itemKind uint8
@@ -84,7 +84,7 @@ func (hb *headers) set(k, v string) {
 // process turns one received multipart into the item to enqueue: an FPM, or a dead letter saying why
 // the input is not one. It runs on the reader goroutine of endpoint slot and never blocks.
 func (b *Bridge) process(slot int, frames [][]byte, recv, mono time.Time) *item {
-	seq, payload, err := ParseFrames(frames)
+	seq, payload, err := parseFrames(frames)
 	if err != nil {
 		return b.deadLetter(slot, frames, streams.StageFrames, err.Error(), 0, false, recv, mono)
 	}
@@ -171,7 +171,7 @@ func (b *Bridge) fpmItem(slot int, f *schemas.FPM, topic, payload []byte, seq ui
 }
 
 // deadLetter counts invalid input of endpoint slot at stage and builds its dead letter
-// (streams.DeadLetter from a streams.SocketSource), its body cut to fit the server's max_payload.
+// (streams.DeadLetter from a streams.socketSource), its body cut to fit the server's max_payload.
 func (b *Bridge) deadLetter(slot int, frames [][]byte, stage, reason string, seq uint64, hasSeq bool, recv, mono time.Time) *item {
 	b.ranks[slot].countInvalid(stage)
 	ep := &b.endpoints[slot]

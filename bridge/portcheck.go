@@ -7,20 +7,20 @@ import (
 	"strings"
 )
 
-// EphemeralPortRangePath is where Linux publishes the ephemeral (local) port range.
-const EphemeralPortRangePath = "/proc/sys/net/ipv4/ip_local_port_range"
+// ephemeralPortRangePath is where Linux publishes the ephemeral (local) port range.
+const ephemeralPortRangePath = "/proc/sys/net/ipv4/ip_local_port_range"
 
-// CheckEphemeralPorts reports whether the ports Dynamo binds for FPM overlap this host's ephemeral
-// port range, read once from procPath ("" means EphemeralPortRangePath). The occupied block is
+// checkEphemeralPorts reports whether the ports Dynamo binds for FPM overlap this host's ephemeral
+// port range, read once from procPath ("" means ephemeralPortRangePath). The occupied block is
 // basePort alone when dpSize <= 1, else basePort..basePort+dpSize: each rank binds basePort+rank and
 // rank 0's benchmark synchronizer binds basePort+dpSize. A port inside the ephemeral range can be taken
 // by an unrelated outbound connection before the publisher binds it, so the bind fails intermittently.
 //
 // It returns Dynamo's warning text on overlap, and "" when there is none or when the file cannot be
 // read or parsed (for example on a non-Linux host).
-func CheckEphemeralPorts(basePort, dpSize int, procPath string) (warning string) {
+func checkEphemeralPorts(basePort, dpSize int, procPath string) (warning string) {
 	if procPath == "" {
-		procPath = EphemeralPortRangePath
+		procPath = ephemeralPortRangePath
 	}
 	data, err := os.ReadFile(procPath)
 	if err != nil {

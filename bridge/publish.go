@@ -539,7 +539,7 @@ func (p *publisher) reject(it *item, err error) {
 		p.dlq = append(p.dlq, p.b.publishDeadLetter(it, stage, err))
 	case kindDeadLetter:
 		p.held -= it.size
-		p.b.ranks[it.slot].countDeadLetterLost(ReasonRejected)
+		p.b.ranks[it.slot].countDeadLetterLost(reasonRejected)
 	case kindMarker:
 		p.lost(it, err)
 	}
@@ -599,11 +599,11 @@ func (p *publisher) finish() {
 		switch it.kind {
 		case kindFPM:
 			fpms++
-			p.b.ranks[it.slot].countDropped(ReasonShutdown)
-			p.b.buf.recordDrop(it, ReasonShutdown)
+			p.b.ranks[it.slot].countDropped(reasonShutdown)
+			p.b.buf.recordDrop(it, reasonShutdown)
 		case kindDeadLetter:
 			deadLetters++
-			p.b.ranks[it.slot].countDeadLetterLost(ReasonShutdown)
+			p.b.ranks[it.slot].countDeadLetterLost(reasonShutdown)
 		case kindMarker:
 			p.markers = append(p.markers, it)
 		}

@@ -50,7 +50,7 @@ func TestReconnectFurtherOnStartsARun(t *testing.T) {
 	for seq := uint64(newFirst); seq < newFirst+newN; seq++ {
 		pub2.send(seq, payload("w", 0, seq))
 	}
-	h.waitStats(30*time.Second, "both runs published", func(s Stats) bool { return s.Ranks[0].Published == burst+newN })
+	h.waitStats(30*time.Second, "both runs published", func(s stats) bool { return s.Ranks[0].Published == burst+newN })
 
 	msgs := messages(t, env.JS, streams.StreamFPM, ">")
 	if len(msgs) != burst+newN {
@@ -176,10 +176,10 @@ func TestReconnectSeenByOneBridgeKeepsTheRun(t *testing.T) {
 		}
 	}
 	send(0, 20)
-	b.waitStats(15*time.Second, "b received the first 20", func(s Stats) bool { return s.Ranks[0].Received == 20 })
+	b.waitStats(15*time.Second, "b received the first 20", func(s stats) bool { return s.Ranks[0].Received == 20 })
 	proxy.hold() // b's connection breaks; the publisher goes on
 	send(20, 40)
-	a.waitStats(15*time.Second, "a published 40", func(s Stats) bool { return s.Ranks[0].Published == 40 })
+	a.waitStats(15*time.Second, "a published 40", func(s stats) bool { return s.Ranks[0].Published == 40 })
 	proxy.release()
 	if err := pub.s.WaitSubscribers(1, 15*time.Second); err != nil { // b's new subscription
 		t.Fatal(err)
@@ -189,8 +189,8 @@ func TestReconnectSeenByOneBridgeKeepsTheRun(t *testing.T) {
 		pub.send(seq, payload("w", 0, seq))
 		time.Sleep(2 * time.Millisecond)
 	}
-	a.waitStats(15*time.Second, "a published 80", func(s Stats) bool { return s.Ranks[0].Published == 80 })
-	b.waitStats(15*time.Second, "b published 60", func(s Stats) bool { return s.Ranks[0].Published == 60 })
+	a.waitStats(15*time.Second, "a published 80", func(s stats) bool { return s.Ranks[0].Published == 80 })
+	b.waitStats(15*time.Second, "b published 60", func(s stats) bool { return s.Ranks[0].Published == 60 })
 
 	msgs := messages(t, env.JS, streams.StreamFPM, ">")
 	epochs := map[string]int{}
@@ -255,13 +255,13 @@ func TestStalledBridgeTakesTheRunAnotherRecordedMeanwhile(t *testing.T) {
 		}
 	}
 	send(0, 20)
-	a.waitStats(15*time.Second, "a published 20", func(s Stats) bool { return s.Ranks[0].Published == 20 })
+	a.waitStats(15*time.Second, "a published 20", func(s stats) bool { return s.Ranks[0].Published == 20 })
 	mu.Lock()
 	held = true
 	mu.Unlock()
 	<-stalled // a's reader is stopped
 	send(20, 30)
-	c.waitStats(15*time.Second, "c published 30", func(s Stats) bool { return s.Ranks[0].Published == 30 })
+	c.waitStats(15*time.Second, "c published 30", func(s stats) bool { return s.Ranks[0].Published == 30 })
 	if err := c.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -270,14 +270,14 @@ func TestStalledBridgeTakesTheRunAnotherRecordedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	send(30, 60)
-	b.waitStats(15*time.Second, "b published 30", func(s Stats) bool { return s.Ranks[0].Published == 30 })
+	b.waitStats(15*time.Second, "b published 30", func(s stats) bool { return s.Ranks[0].Published == 30 })
 	mu.Lock()
 	held = false
 	close(release)
 	mu.Unlock()
 	send(60, 100)
-	a.waitStats(15*time.Second, "a published 100", func(s Stats) bool { return s.Ranks[0].Published == 100 })
-	b.waitStats(15*time.Second, "b published 70", func(s Stats) bool { return s.Ranks[0].Published == 70 })
+	a.waitStats(15*time.Second, "a published 100", func(s stats) bool { return s.Ranks[0].Published == 100 })
+	b.waitStats(15*time.Second, "b published 70", func(s stats) bool { return s.Ranks[0].Published == 70 })
 
 	msgs := messages(t, env.JS, streams.StreamFPM, ">")
 	seen := map[uint64]int{}
@@ -338,7 +338,7 @@ func TestStalledBridgeTakesTheRestartAnotherRecordedMeanwhile(t *testing.T) {
 		}
 	}
 	send(pub, 0, 200)
-	a.waitStats(15*time.Second, "a published 200", func(s Stats) bool { return s.Ranks[0].Published == 200 })
+	a.waitStats(15*time.Second, "a published 200", func(s stats) bool { return s.Ranks[0].Published == 200 })
 	mu.Lock()
 	held = true
 	mu.Unlock()
@@ -348,7 +348,7 @@ func TestStalledBridgeTakesTheRestartAnotherRecordedMeanwhile(t *testing.T) {
 	pub2 := newTestPub(t, url)
 	pub2.waitSubscribed() // b
 	send(pub2, 0, 60)
-	b.waitStats(15*time.Second, "b published 60", func(s Stats) bool { return s.Ranks[0].Published == 60 })
+	b.waitStats(15*time.Second, "b published 60", func(s stats) bool { return s.Ranks[0].Published == 60 })
 	mu.Lock()
 	held = false
 	close(release)
@@ -357,8 +357,8 @@ func TestStalledBridgeTakesTheRestartAnotherRecordedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	send(pub2, 60, 120)
-	b.waitStats(15*time.Second, "b published 120", func(s Stats) bool { return s.Ranks[0].Published == 120 })
-	a.waitStats(15*time.Second, "a published the new run's last 60", func(s Stats) bool { return s.Ranks[0].Published >= 260 })
+	b.waitStats(15*time.Second, "b published 120", func(s stats) bool { return s.Ranks[0].Published == 120 })
+	a.waitStats(15*time.Second, "a published the new run's last 60", func(s stats) bool { return s.Ranks[0].Published >= 260 })
 
 	msgs := messages(t, env.JS, streams.StreamFPM, ">")
 	epochs := map[string]map[uint64]int{}

@@ -40,7 +40,7 @@ func TestRedundantBridgesStoreEveryFPMOnce(t *testing.T) {
 			pub.send(seq, fpm(run, seq))
 		}
 		for _, h := range hs {
-			h.waitStats(15*time.Second, "run published", func(s Stats) bool { return s.Ranks[0].Published == uint64(run+1)*n })
+			h.waitStats(15*time.Second, "run published", func(s stats) bool { return s.Ranks[0].Published == uint64(run+1)*n })
 		}
 	}
 	sendRun(0)
@@ -119,8 +119,8 @@ func TestTwoRunsOfIdenticalBytesAreBothStored(t *testing.T) {
 					pub.send(seq, body(seq))
 				}
 				for _, h := range hs {
-					h.waitStats(15*time.Second, "run received", func(s Stats) bool { return s.Ranks[0].Received == uint64(run+1)*n })
-					h.waitStats(15*time.Second, "run acknowledged", func(s Stats) bool { return s.Ranks[0].Published == uint64(run+1)*n })
+					h.waitStats(15*time.Second, "run received", func(s stats) bool { return s.Ranks[0].Received == uint64(run+1)*n })
+					h.waitStats(15*time.Second, "run acknowledged", func(s stats) bool { return s.Ranks[0].Published == uint64(run+1)*n })
 				}
 			}
 			sendRun(0)

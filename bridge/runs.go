@@ -65,7 +65,7 @@ import (
 // first bridge publishes right after recording), or loses the compare-and-set and looks again. It
 // never adopts a record it read before waiting: the epoch it adopts is the one its evidence carries,
 // read after the wait. A bridge that lags by several runs finds each of its runs by its own messages
-// (the record keeps streams.MaxRecordedRuns runs), never takes the newest run for an older one, and
+// (the record keeps streams.maxRecordedRuns runs), never takes the newest run for an older one, and
 // places a run nobody recorded between the runs around it. A bridge started while the publisher was
 // down (its first run of the key is the others' restart) waits for the live bridge's evidence instead
 // of keeping the previous run's record. A reconnect seen by one bridge only is resolved by the other

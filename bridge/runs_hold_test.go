@@ -78,14 +78,14 @@ func TestRunWaitsForTheRunsBucketToAnswer(t *testing.T) {
 			pub := newTestPub(t, "tcp://127.0.0.1:*")
 			defer pub.Close()
 			worker := "held-" + strconv.FormatBool(tc.recorded)
-			h := startBridge(t, env, []Endpoint{{URL: pub.URL}}, func(c *Config) { c.BridgeID = worker }, WithClock(clock),
+			h := startBridge(t, env, []Endpoint{{URL: pub.URL}}, func(c *Config) { c.BridgeID = worker }, withClock(clock),
 				withRunsBucket(func(kv jetstream.KeyValue) jetstream.KeyValue { sb.KeyValue = kv; return sb }))
 			pub.waitSubscribed()
 			const n = 10
 			for q := range uint64(n) {
 				pub.send(q, payload(worker, 0, q))
 			}
-			h.waitStats(30*time.Second, "every FPM received", func(s Stats) bool { return s.Ranks[0].Received == n })
+			h.waitStats(30*time.Second, "every FPM received", func(s stats) bool { return s.Ranks[0].Received == n })
 			// The bridge has asked the silent bucket more than once: the run is held, nothing stored.
 			checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 				if c := sb.calls.Load(); c < 3 {
@@ -102,7 +102,7 @@ func TestRunWaitsForTheRunsBucketToAnswer(t *testing.T) {
 			if tc.away == 0 {
 				sb.down.Store(false)
 			}
-			h.waitStats(60*time.Second, "every FPM published", func(s Stats) bool { return s.Ranks[0].Published == n })
+			h.waitStats(60*time.Second, "every FPM published", func(s stats) bool { return s.Ranks[0].Published == n })
 			stored := messages(t, env.JS, streams.StreamFPM, streams.FPMWildcard)
 			if len(stored) != n {
 				t.Fatalf("%d FPMs stored, want %d", len(stored), n)

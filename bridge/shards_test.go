@@ -67,7 +67,7 @@ func TestShardedIngestOverZMQ(t *testing.T) {
 			p.send(seq, payload(workers[r], r, seq))
 		}
 	}
-	h.waitStats(20*time.Second, "every FPM published", func(s Stats) bool { return s.Total().Published == n*perRank })
+	h.waitStats(20*time.Second, "every FPM published", func(s stats) bool { return s.Total().Published == n*perRank })
 	if err := h.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -2,9 +2,9 @@ package bridge
 
 import "sync/atomic"
 
-// Stats is a snapshot of a bridge's counters. Once the bridge has stopped, for every rank
+// stats is a snapshot of a bridge's counters. Once the bridge has stopped, for every rank
 // Received == Published + Dropped + Invalid and Invalid == DeadLettered + DeadLettersLost.
-type Stats struct {
+type stats struct {
 	// Ranks holds the counters of each endpoint, keyed by Endpoint.DPRank.
 	Ranks map[int]RankStats
 	// Buffered is the number of messages in the buffer now; BufferedHigh the most it ever held (never
@@ -33,7 +33,7 @@ type RankStats struct {
 }
 
 // Total sums the counters of every rank.
-func (s Stats) Total() RankStats {
+func (s stats) Total() RankStats {
 	var t RankStats
 	for _, r := range s.Ranks {
 		t.Received += r.Received

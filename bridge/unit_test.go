@@ -48,7 +48,7 @@ func TestParseFrames(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			seq, p, err := ParseFrames(tc.frames)
+			seq, p, err := parseFrames(tc.frames)
 			if tc.reason == "" {
 				if err != nil {
 					t.Fatalf("unexpected error %v", err)
@@ -58,10 +58,10 @@ func TestParseFrames(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, ErrBadFrames) {
+			if !errors.Is(err, errBadFrames) {
 				t.Fatalf("error %v does not match ErrBadFrames", err)
 			}
-			var fe *FrameError
+			var fe *frameError
 			if !errors.As(err, &fe) {
 				t.Fatalf("error %T is not a *FrameError", err)
 			}
@@ -114,7 +114,7 @@ func TestCheckEphemeralPorts(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if got := CheckEphemeralPorts(tc.base, tc.dpSize, tc.path); got != tc.want {
+			if got := checkEphemeralPorts(tc.base, tc.dpSize, tc.path); got != tc.want {
 				t.Fatalf("got  %q\nwant %q", got, tc.want)
 			}
 		})
@@ -123,7 +123,7 @@ func TestCheckEphemeralPorts(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	ok := EndpointsFor("127.0.0.1", 20380, 2)
+	ok := endpointsFor("127.0.0.1", 20380, 2)
 	tests := map[string]struct {
 		cfg  Config
 		want string // substring of the error; "" = valid
@@ -163,12 +163,12 @@ func TestConfigValidate(t *testing.T) {
 
 func TestEndpointsFor(t *testing.T) {
 	t.Parallel()
-	got := EndpointsFor("10.0.0.5", 20380, 3)
+	got := endpointsFor("10.0.0.5", 20380, 3)
 	want := []Endpoint{{"tcp://10.0.0.5:20380", 0}, {"tcp://10.0.0.5:20381", 1}, {"tcp://10.0.0.5:20382", 2}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %v", got)
 	}
-	if got := EndpointsFor("::1", 20380, 0); len(got) != 1 || got[0].URL != "tcp://[::1]:20380" {
+	if got := endpointsFor("::1", 20380, 0); len(got) != 1 || got[0].URL != "tcp://[::1]:20380" {
 		t.Fatalf("ipv6/dp_size 0: got %v", got)
 	}
 }
@@ -274,7 +274,7 @@ func TestBufferDropRanges(t *testing.T) {
 		t.Fatalf("len %d", got)
 	}
 	closed := b.takeMarkers()
-	if len(closed) != 1 || closed[0].first != 2 || closed[0].last != 5 || closed[0].count != 4 || closed[0].reason != ReasonBufferFull {
+	if len(closed) != 1 || closed[0].first != 2 || closed[0].last != 5 || closed[0].count != 4 || closed[0].reason != reasonBufferFull {
 		t.Fatalf("closed ranges %+v", closed)
 	}
 	if closed[0].firstRecvMs != 2 || closed[0].lastRecvMs != 5 {
@@ -290,14 +290,14 @@ func TestBufferDropRanges(t *testing.T) {
 		t.Fatalf("closed ranges %+v", closed)
 	}
 	// A new epoch is never contiguous with the old one.
-	b.recordDrop(mk(k2, 2, 8), ReasonShutdown)
+	b.recordDrop(mk(k2, 2, 8), reasonShutdown)
 	closed = b.takeMarkers()
 	if len(closed) != 1 || closed[0].key != k2 || closed[0].first != 7 || closed[0].epoch != 1 {
 		t.Fatalf("closed ranges %+v", closed)
 	}
 	b.closeIdle(time.Now(), true)
 	closed = b.takeMarkers()
-	if len(closed) != 1 || closed[0].epoch != 2 || closed[0].reason != ReasonShutdown {
+	if len(closed) != 1 || closed[0].epoch != 2 || closed[0].reason != reasonShutdown {
 		t.Fatalf("closed ranges %+v", closed)
 	}
 	if b.high.Load() != 2 {

@@ -31,19 +31,19 @@ type Answer struct {
 	Source    string   `json:"source"`
 	Bucket    string   `json:"bucket"`
 	// Cell is the sealed cell the answer comes from (also on refusals that concern a known cell).
-	Cell *CellRef `json:"cell,omitempty"`
+	Cell *cellRef `json:"cell,omitempty"`
 	// Parts are the surface evaluations: one for a prefill or decode step; prefill, decode and
 	// decode_baseline for a mixed step.
-	Parts       []Part       `json:"parts,omitempty"`
-	Composition *Composition `json:"composition,omitempty"`
-	Refusal     *Refusal     `json:"refusal,omitempty"`
+	Parts       []part       `json:"parts,omitempty"`
+	Composition *composition `json:"composition,omitempty"`
+	Refusal     *refusal     `json:"refusal,omitempty"`
 }
 
 // Refused reports whether the answer carries no number.
 func (a *Answer) Refused() bool { return a.Status == StatusRefused }
 
-// CellRef identifies the sealed cell an answer comes from.
-type CellRef struct {
+// cellRef identifies the sealed cell an answer comes from.
+type cellRef struct {
 	Key           string                `json:"key"`
 	Revision      uint64                `json:"revision"`
 	DatasetDigest string                `json:"dataset_digest,omitempty"`
@@ -55,13 +55,13 @@ type CellRef struct {
 
 // Part roles.
 const (
-	RolePrefill        = "prefill"
-	RoleDecode         = "decode"
-	RoleDecodeBaseline = "decode_baseline"
+	rolePrefill        = "prefill"
+	roleDecode         = "decode"
+	roleDecodeBaseline = "decode_baseline"
 )
 
-// Part is one evaluation of one surface of the cell.
-type Part struct {
+// part is one evaluation of one surface of the cell.
+type part struct {
 	Role    string `json:"role"`
 	Surface string `json:"surface"`
 	// Status is measured or interpolated.
@@ -71,20 +71,20 @@ type Part struct {
 	// batch sizes may sit at a fractional KV sum).
 	At map[string]float64 `json:"at"`
 	// Points are the measured rows used, with their weights (one point, weight 1, when measured).
-	Points []Point `json:"points"`
+	Points []point `json:"points"`
 }
 
-// Point is one measured row and its weight in a Part; the weights of a Part sum to 1.
-type Point struct {
+// point is one measured row and its weight in a Part; the weights of a Part sum to 1.
+type point struct {
 	schemas.Row
 	Weight float64 `json:"weight"`
 }
 
-// FormulaMixed is how a mixed step is composed (Composition.Formula).
-const FormulaMixed = "prefill + max(0, decode - decode_baseline)"
+// formulaMixed is how a mixed step is composed (composition.Formula).
+const formulaMixed = "prefill + max(0, decode - decode_baseline)"
 
-// Composition shows how a mixed step's latency was composed from its parts.
-type Composition struct {
+// composition shows how a mixed step's latency was composed from its parts.
+type composition struct {
 	Formula          string  `json:"formula"`
 	PrefillMS        float64 `json:"prefill_ms"`
 	DecodeMS         float64 `json:"decode_ms"`
@@ -103,17 +103,17 @@ type Reason string
 const (
 	// ReasonInvalidQuery: the query is malformed (bad JSON, no deployment, impossible coordinates).
 	ReasonInvalidQuery Reason = "invalid_query"
-	// ReasonUnsupportedFeature: the step uses something the surfaces do not measure.
-	ReasonUnsupportedFeature Reason = "unsupported_feature"
-	// ReasonWrongIdentity: the identity is not a valid cell identity, or the key given with it is not
+	// reasonUnsupportedFeature: the step uses something the surfaces do not measure.
+	reasonUnsupportedFeature Reason = "unsupported_feature"
+	// reasonWrongIdentity: the identity is not a valid cell identity, or the key given with it is not
 	// its key.
-	ReasonWrongIdentity Reason = "wrong_identity"
+	reasonWrongIdentity Reason = "wrong_identity"
 	// ReasonUnknownIdentity: nothing is sealed under the identity's key; Closest lists the sealed
 	// identities that differ in the fewest fields.
 	ReasonUnknownIdentity Reason = "unknown_identity"
-	// ReasonCorruptCell: the sealed value fails validation (its digest, its key, its rows); Rules
+	// reasonCorruptCell: the sealed value fails validation (its digest, its key, its rows); Rules
 	// names the rules.
-	ReasonCorruptCell Reason = "corrupt_cell"
+	reasonCorruptCell Reason = "corrupt_cell"
 	// ReasonIncompleteCampaign: require_complete and the cell's campaign is not complete.
 	ReasonIncompleteCampaign Reason = "incomplete_campaign"
 	// ReasonOutOfDomain: a coordinate lies outside the measured grid; Domain says which and where.
@@ -121,29 +121,29 @@ const (
 )
 
 // Reasons lists every refusal reason.
-var Reasons = []Reason{ReasonInvalidQuery, ReasonUnsupportedFeature, ReasonWrongIdentity, ReasonUnknownIdentity,
-	ReasonCorruptCell, ReasonIncompleteCampaign, ReasonOutOfDomain}
+var Reasons = []Reason{ReasonInvalidQuery, reasonUnsupportedFeature, reasonWrongIdentity, ReasonUnknownIdentity,
+	reasonCorruptCell, ReasonIncompleteCampaign, ReasonOutOfDomain}
 
-// Refusal is a structured reason for not answering.
-type Refusal struct {
+// refusal is a structured reason for not answering.
+type refusal struct {
 	Reason   Reason           `json:"reason"`
 	Detail   string           `json:"detail"`
-	Domain   *DomainViolation `json:"domain,omitempty"`
-	Closest  []IdentityMatch  `json:"closest,omitempty"`
+	Domain   *domainViolation `json:"domain,omitempty"`
+	Closest  []identityMatch  `json:"closest,omitempty"`
 	Rules    []string         `json:"rules,omitempty"`
 	Features []string         `json:"features,omitempty"`
-	Campaign *CampaignState   `json:"campaign,omitempty"`
+	Campaign *campaignState   `json:"campaign,omitempty"`
 }
 
 // Domain bounds.
 const (
-	BoundLower  = "lower"
-	BoundUpper  = "upper"
-	BoundAbsent = "absent" // the cell has no rows of the surface at all
+	boundLower  = "lower"
+	boundUpper  = "upper"
+	boundAbsent = "absent" // the cell has no rows of the surface at all
 )
 
-// DomainViolation names the coordinate a query puts outside the measured grid.
-type DomainViolation struct {
+// domainViolation names the coordinate a query puts outside the measured grid.
+type domainViolation struct {
 	// Role is the part being evaluated (prefill, decode, decode_baseline).
 	Role       string `json:"role"`
 	Surface    string `json:"surface"`
@@ -153,35 +153,35 @@ type DomainViolation struct {
 	Value float64 `json:"value"`
 	Bound string  `json:"bound"`
 	Limit float64 `json:"limit"`
-	// PerRequest is set for token coordinates, which the grid spans per request (sum / requests):
+	// perRequest is set for token coordinates, which the grid spans per request (sum / requests):
 	// the same value and limit divided by the number of requests.
-	PerRequest *PerRequest `json:"per_request,omitempty"`
+	PerRequest *perRequest `json:"per_request,omitempty"`
 	// Slice is the measured grid slice whose bound was crossed (its outer coordinates), empty for the
 	// outermost coordinate.
 	Slice map[string]float64 `json:"slice,omitempty"`
 }
 
-// PerRequest is a token coordinate divided by the number of requests.
-type PerRequest struct {
+// perRequest is a token coordinate divided by the number of requests.
+type perRequest struct {
 	Value float64 `json:"value"`
 	Limit float64 `json:"limit"`
 }
 
-// IdentityMatch is a sealed identity close to an unknown one, with the fields in which they differ.
-type IdentityMatch struct {
+// identityMatch is a sealed identity close to an unknown one, with the fields in which they differ.
+type identityMatch struct {
 	Key     string      `json:"key"`
-	Differs []FieldDiff `json:"differs"`
+	Differs []fieldDiff `json:"differs"`
 }
 
-// FieldDiff is one identity field that differs: the query's value and the sealed one ("" = absent).
-type FieldDiff struct {
+// fieldDiff is one identity field that differs: the query's value and the sealed one ("" = absent).
+type fieldDiff struct {
 	Field  string `json:"field"`
 	Query  string `json:"query"`
 	Sealed string `json:"sealed"`
 }
 
-// CampaignState is the state of a cell's campaign, on an incomplete_campaign refusal.
-type CampaignState struct {
+// campaignState is the state of a cell's campaign, on an incomplete_campaign refusal.
+type campaignState struct {
 	ID       string `json:"id"`
 	State    string `json:"state"`
 	Revision uint64 `json:"revision,omitempty"`
@@ -203,7 +203,7 @@ func newAnswer(q Query) Answer {
 	return Answer{Query: q, Source: Source, Bucket: streams.BucketDatasets}
 }
 
-func (a Answer) refuse(r *Refusal) Answer {
+func (a Answer) refuse(r *refusal) Answer {
 	r.Detail = Bounded(r.Detail)
 	a.Status, a.LatencyMS, a.Parts, a.Composition, a.Refusal = StatusRefused, nil, nil, nil, r
 	return a

@@ -34,8 +34,8 @@ func Bounded(s string) string {
 	return strings.Map(clean, s[:keep]) + "… (" + strconv.Itoa(len(s)-keep) + " bytes cut)"
 }
 
-// BoundedError returns err with a Bounded text; errors.Is and errors.As still see err.
-func BoundedError(err error) error {
+// boundedErr returns err with a Bounded text; errors.Is and errors.As still see err.
+func boundedErr(err error) error {
 	if err == nil {
 		return nil
 	}

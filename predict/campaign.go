@@ -7,19 +7,19 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// Campaign is one loaded campaign record (key "campaign.<id>" in FPM_DATASETS): the state of a
+// campaign is one loaded campaign record (key "campaign.<id>" in FPM_DATASETS): the state of a
 // frozen plan. Only require_complete consults it.
-type Campaign struct {
+type campaign struct {
 	ID       string
 	Revision uint64
 	Value    *schemas.Campaign // nil when the record does not decode
 	Problem  string            // why the record is unusable ("" when it is usable)
 }
 
-// LoadCampaign decodes the record of campaign id stored at revision. A record that does not decode,
+// loadCampaign decodes the record of campaign id stored at revision. A record that does not decode,
 // or names another campaign, loads with a Problem: it never counts as complete.
-func LoadCampaign(id string, revision uint64, value []byte) *Campaign {
-	c := &Campaign{ID: id, Revision: revision}
+func loadCampaign(id string, revision uint64, value []byte) *campaign {
+	c := &campaign{ID: id, Revision: revision}
 	var v schemas.Campaign
 	if err := json.Unmarshal(value, &v); err != nil {
 		c.Problem = "campaign record does not decode: " + err.Error()
@@ -33,8 +33,8 @@ func LoadCampaign(id string, revision uint64, value []byte) *Campaign {
 }
 
 // completeness returns nil when the campaign is complete, else its state for the refusal.
-func (c *Campaign) completeness() *CampaignState {
-	st := &CampaignState{ID: c.ID, Revision: c.Revision}
+func (c *campaign) completeness() *campaignState {
+	st := &campaignState{ID: c.ID, Revision: c.Revision}
 	if c.Problem != "" || c.Value == nil {
 		st.State = "unreadable"
 		return st

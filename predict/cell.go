@@ -10,9 +10,9 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// Cell is one loaded value of a cell key in FPM_DATASETS: the sealed cell and its two surfaces, or,
+// cell is one loaded value of a cell key in FPM_DATASETS: the sealed cell and its two surfaces, or,
 // when it fails validation, what is wrong with it. A Cell is immutable once loaded.
-type Cell struct {
+type cell struct {
 	Key      string
 	Revision uint64
 	// Value is the decoded sealed cell; nil when the bytes do not decode.
@@ -26,17 +26,17 @@ type Cell struct {
 }
 
 // Valid reports whether the cell passed validation and may answer queries.
-func (c *Cell) Valid() bool { return len(c.Problems) == 0 }
+func (c *cell) Valid() bool { return len(c.Problems) == 0 }
 
-// LoadCell decodes and validates the value stored under key at revision. It never fails: a value that
+// loadCell decodes and validates the value stored under key at revision. It never fails: a value that
 // does not decode or does not pass validation loads as a corrupt Cell, which refuses every query.
 //
 // Checks: strict decoding (an unknown field is a schema mismatch: fail closed), the value's schema
 // version, the value's key equal to the bucket key, and every rule of schemas.ValidateCell (the key is
 // the identity's key, the dataset digest is the digest of identity and rows, row count, finite
 // positive latencies, phase-valid and unique coordinates, ...).
-func LoadCell(key string, revision uint64, value []byte) *Cell {
-	c := &Cell{Key: key, Revision: revision}
+func loadCell(key string, revision uint64, value []byte) *cell {
+	c := &cell{Key: key, Revision: revision}
 	dec := json.NewDecoder(bytes.NewReader(value))
 	dec.DisallowUnknownFields()
 	var v schemas.SealedCell
@@ -72,7 +72,7 @@ func LoadCell(key string, revision uint64, value []byte) *Cell {
 	return c
 }
 
-func (c *Cell) addProblem(rule schemas.Rule, detail string) {
+func (c *cell) addProblem(rule schemas.Rule, detail string) {
 	c.Problems = append(c.Problems, string(rule)+": "+detail)
 	for _, r := range c.Rules {
 		if r == string(rule) {
@@ -83,8 +83,8 @@ func (c *Cell) addProblem(rule schemas.Rule, detail string) {
 }
 
 // Ref is the cell's reference in answers.
-func (c *Cell) Ref() *CellRef {
-	r := &CellRef{Key: c.Key, Revision: c.Revision}
+func (c *cell) Ref() *cellRef {
+	r := &cellRef{Key: c.Key, Revision: c.Revision}
 	if v := c.Value; v != nil {
 		id := v.Identity
 		r.DatasetDigest, r.RunID, r.CampaignID, r.SealedBy, r.Identity = v.Provenance.DatasetDigest, v.Provenance.RunID, v.CampaignID, v.Source, &id
@@ -93,21 +93,21 @@ func (c *Cell) Ref() *CellRef {
 }
 
 // Rows returns the number of measured rows of each surface (0, 0 for a corrupt cell).
-func (c *Cell) Rows() (prefill, decode int) {
+func (c *cell) Rows() (prefill, decode int) {
 	if !c.Valid() {
 		return 0, 0
 	}
 	return len(c.prefill.rows), len(c.decode.rows)
 }
 
-func (c *Cell) surface(phase string) *surface {
+func (c *cell) surface(phase string) *surface {
 	if phase == PhasePrefill {
 		return c.prefill
 	}
 	return c.decode
 }
 
-func (c *Cell) corruptRefusal() *Refusal {
-	return &Refusal{Reason: ReasonCorruptCell, Rules: c.Rules,
+func (c *cell) corruptRefusal() *refusal {
+	return &refusal{Reason: reasonCorruptCell, Rules: c.Rules,
 		Detail: fmt.Sprintf("sealed cell %s (revision %d) fails validation and is not used: %s", c.Key, c.Revision, strings.Join(c.Problems, "; "))}
 }

@@ -20,39 +20,39 @@ package predict
 // The baseline stands for what a decode pass costs besides reading context: the weights read,
 // launches and scheduling a mixed step already pays in its prefill part. What remains is the cost of
 // the decode requests' context, added once. Noise can put a decode latency below its baseline on a
-// flat stretch of the surface; the marginal is then 0 (Composition.Clamped), never negative. The
+// flat stretch of the surface; the marginal is then 0 (composition.Clamped), never negative. The
 // composition ignores the decode tokens' own share of the linear layers: the proposal's accepted
 // mixed-step bias, to be tracked by separate mixed-step residuals.
 
 // composeMixed answers a mixed step. Any part out of domain refuses the whole step.
-func (c *Cell) composeMixed(a Answer, st Step) Answer {
+func (c *cell) composeMixed(a Answer, st Step) Answer {
 	raw := stepRow(st)
-	pre, d := c.evaluate(RolePrefill, PhasePrefill, rawCoords(PhasePrefill, raw))
+	pre, d := c.evaluate(rolePrefill, PhasePrefill, rawCoords(PhasePrefill, raw))
 	if d != nil {
-		return a.refuse(&Refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
+		return a.refuse(&refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
 	}
-	dec, d := c.evaluate(RoleDecode, PhaseDecode, rawCoords(PhaseDecode, raw))
+	dec, d := c.evaluate(roleDecode, PhaseDecode, rawCoords(PhaseDecode, raw))
 	if d != nil {
-		return a.refuse(&Refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
+		return a.refuse(&refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
 	}
 	n := float64(st.NumDecodeRequests)
 	floor, v := c.decode.lowerEdge(n)
-	var base *Part
+	var base *part
 	if v == nil {
-		base, d = c.decode.evaluateGrid(RoleDecodeBaseline, []float64{n, floor}, nil)
+		base, d = c.decode.evaluateGrid(roleDecodeBaseline, []float64{n, floor}, nil)
 	} else {
-		d = c.decode.domain(RoleDecodeBaseline, v, []float64{n, 0}, nil)
+		d = c.decode.domain(roleDecodeBaseline, v, []float64{n, 0}, nil)
 	}
 	if d != nil {
-		return a.refuse(&Refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
+		return a.refuse(&refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
 	}
-	comp := &Composition{Formula: FormulaMixed, PrefillMS: pre.LatencyMS, DecodeMS: dec.LatencyMS, DecodeBaselineMS: base.LatencyMS}
+	comp := &composition{Formula: formulaMixed, PrefillMS: pre.LatencyMS, DecodeMS: dec.LatencyMS, DecodeBaselineMS: base.LatencyMS}
 	comp.DecodeMarginalMS = dec.LatencyMS - base.LatencyMS
 	if comp.DecodeMarginalMS < 0 {
 		comp.DecodeMarginalMS, comp.Clamped = 0, true
 	}
 	total := pre.LatencyMS + comp.DecodeMarginalMS
 	a.Status, a.LatencyMS, a.Composition = StatusComposed, &total, comp
-	a.Parts = []Part{*pre, *dec, *base}
+	a.Parts = []part{*pre, *dec, *base}
 	return a
 }

@@ -22,7 +22,7 @@ func decodeStep(n, kv int64) Step {
 }
 
 func mixedStep(pn, ptok, pkv, dn, dkv int64) Step {
-	return Step{Phase: PhaseMixed, NumPrefillRequests: pn, SumPrefillTokens: ptok, SumPrefillKVTokens: pkv, NumDecodeRequests: dn, SumDecodeKVTokens: dkv}
+	return Step{Phase: phaseMixed, NumPrefillRequests: pn, SumPrefillTokens: ptok, SumPrefillKVTokens: pkv, NumDecodeRequests: dn, SumDecodeKVTokens: dkv}
 }
 
 // answered fails unless a carries a number and the provenance every answer must show.
@@ -44,7 +44,7 @@ func answered(t *testing.T, s *Snapshot, a Answer, status string) float64 {
 }
 
 // refused fails unless a is a refusal for reason, without a number.
-func refused(t *testing.T, a Answer, reason Reason) *Refusal {
+func refused(t *testing.T, a Answer, reason Reason) *refusal {
 	t.Helper()
 	if !a.Refused() || a.Refusal == nil || a.Refusal.Reason != reason {
 		t.Fatalf("want a %s refusal, got status %q refusal %+v", reason, a.Status, a.Refusal)
@@ -191,7 +191,7 @@ func TestMixedComposition(t *testing.T) {
 			a := s.Predict(Query{Key: keyA, Step: tc.step}, Options{})
 			got := answered(t, s, a, StatusComposed)
 			c := a.Composition
-			if c == nil || c.Formula != FormulaMixed || c.PrefillMS != tc.prefill || c.DecodeMS != tc.decode || c.DecodeBaselineMS != tc.baseline ||
+			if c == nil || c.Formula != formulaMixed || c.PrefillMS != tc.prefill || c.DecodeMS != tc.decode || c.DecodeBaselineMS != tc.baseline ||
 				c.DecodeMarginalMS != tc.decode-tc.baseline || c.Clamped {
 				t.Fatalf("composition %+v", c)
 			}
@@ -204,7 +204,7 @@ func TestMixedComposition(t *testing.T) {
 			for i, want := range []struct {
 				role, status string
 				ms           float64
-			}{{RolePrefill, tc.prefillSt, tc.prefill}, {RoleDecode, tc.decodeSt, tc.decode}, {RoleDecodeBaseline, tc.baselineSt, tc.baseline}} {
+			}{{rolePrefill, tc.prefillSt, tc.prefill}, {roleDecode, tc.decodeSt, tc.decode}, {roleDecodeBaseline, tc.baselineSt, tc.baseline}} {
 				p := a.Parts[i]
 				if p.Role != want.role || p.Status != want.status || p.LatencyMS != want.ms {
 					t.Fatalf("part %d: %+v, want %+v", i, p, want)
@@ -238,16 +238,16 @@ func TestRefusesOutOfDomain(t *testing.T) {
 		value, limit       float64
 		perRequestLimit    float64
 	}{
-		"more prefill requests than measured":    {keyA, prefillStep(5, 640, 0), RolePrefill, "num_prefill_requests", BoundUpper, 5, 4, 0},
-		"more tokens per request than measured":  {keyA, prefillStep(2, 1100, 0), RolePrefill, "sum_prefill_tokens", BoundUpper, 1100, 1024, 512},
-		"fewer tokens per request than measured": {keyA, prefillStep(4, 400, 0), RolePrefill, "sum_prefill_tokens", BoundLower, 400, 512, 128},
-		"more cached KV than measured":           {keyA, prefillStep(1, 128, 2048), RolePrefill, "sum_prefill_kv_tokens", BoundUpper, 2048, 1024, 1024},
-		"more decode requests than measured":     {keyA, decodeStep(64, 65536), RoleDecode, "num_decode_requests", BoundUpper, 64, 32, 0},
-		"less decode context than measured":      {keyA, decodeStep(8, 4096), RoleDecode, "sum_decode_kv_tokens", BoundLower, 4096, 8192, 1024},
-		"mixed with its decode part outside":     {keyA, mixedStep(1, 128, 0, 8, 40960), RoleDecode, "sum_decode_kv_tokens", BoundUpper, 40960, 32768, 4096},
-		"mixed with its prefill part outside":    {keyA, mixedStep(8, 1024, 0, 8, 8192), RolePrefill, "num_prefill_requests", BoundUpper, 8, 4, 0},
-		"a decode step on a prefill-only cell":   {keyB, decodeStep(1, 1024), RoleDecode, "phase", BoundAbsent, 0, 0, 0},
-		"a mixed step on a prefill-only cell":    {keyB, mixedStep(1, 128, 0, 1, 1024), RoleDecode, "phase", BoundAbsent, 0, 0, 0},
+		"more prefill requests than measured":    {keyA, prefillStep(5, 640, 0), rolePrefill, "num_prefill_requests", boundUpper, 5, 4, 0},
+		"more tokens per request than measured":  {keyA, prefillStep(2, 1100, 0), rolePrefill, "sum_prefill_tokens", boundUpper, 1100, 1024, 512},
+		"fewer tokens per request than measured": {keyA, prefillStep(4, 400, 0), rolePrefill, "sum_prefill_tokens", boundLower, 400, 512, 128},
+		"more cached KV than measured":           {keyA, prefillStep(1, 128, 2048), rolePrefill, "sum_prefill_kv_tokens", boundUpper, 2048, 1024, 1024},
+		"more decode requests than measured":     {keyA, decodeStep(64, 65536), roleDecode, "num_decode_requests", boundUpper, 64, 32, 0},
+		"less decode context than measured":      {keyA, decodeStep(8, 4096), roleDecode, "sum_decode_kv_tokens", boundLower, 4096, 8192, 1024},
+		"mixed with its decode part outside":     {keyA, mixedStep(1, 128, 0, 8, 40960), roleDecode, "sum_decode_kv_tokens", boundUpper, 40960, 32768, 4096},
+		"mixed with its prefill part outside":    {keyA, mixedStep(8, 1024, 0, 8, 8192), rolePrefill, "num_prefill_requests", boundUpper, 8, 4, 0},
+		"a decode step on a prefill-only cell":   {keyB, decodeStep(1, 1024), roleDecode, "phase", boundAbsent, 0, 0, 0},
+		"a mixed step on a prefill-only cell":    {keyB, mixedStep(1, 128, 0, 1, 1024), roleDecode, "phase", boundAbsent, 0, 0, 0},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -277,7 +277,7 @@ func TestRefusesUnknownIdentityWithClosest(t *testing.T) {
 	id := fixtureIdentity("fixture/model-a", 2) // sealed at tp4 and tp8, not tp2
 	a := s.Predict(Query{Identity: &id, Step: prefillStep(1, 128, 0)}, Options{})
 	r := refused(t, a, ReasonUnknownIdentity)
-	if a.Cell == nil || a.Cell.Key != id.Key() || len(r.Closest) != MaxClosest {
+	if a.Cell == nil || a.Cell.Key != id.Key() || len(r.Closest) != maxClosest {
 		t.Fatalf("cell %+v closest %+v", a.Cell, r.Closest)
 	}
 	// tp4 and tp8 differ in tp and moe_tp only; model-d in those and the model (the corrupt cell is
@@ -320,7 +320,7 @@ func TestRefusesWrongIdentity(t *testing.T) {
 	for name, q := range cases {
 		t.Run(name, func(t *testing.T) {
 			q.Step = prefillStep(1, 128, 0)
-			refused(t, s.Predict(q, Options{}), ReasonWrongIdentity)
+			refused(t, s.Predict(q, Options{}), reasonWrongIdentity)
 		})
 	}
 }
@@ -338,7 +338,7 @@ func TestRefusesUnsupportedFeature(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			a := s.Predict(tc.q, Options{})
-			r := refused(t, a, ReasonUnsupportedFeature)
+			r := refused(t, a, reasonUnsupportedFeature)
 			if a.Cell == nil || a.Cell.Key != keyA || a.Cell.DatasetDigest == "" {
 				t.Fatalf("the refusal does not name the cell asked for: %+v", a.Cell)
 			}
@@ -358,7 +358,7 @@ func TestRefusesCorruptCell(t *testing.T) {
 	s := fixture(t)
 	// The altered fixture: its stored digest is not the digest of its identity and rows.
 	a := s.Predict(Query{Key: keyCorrupt, Step: prefillStep(1, 128, 0)}, Options{})
-	r := refused(t, a, ReasonCorruptCell)
+	r := refused(t, a, reasonCorruptCell)
 	if len(r.Rules) != 1 || r.Rules[0] != string(schemas.RuleDigest) || a.Cell.Key != keyCorrupt || a.Cell.Revision != 3 {
 		t.Fatalf("rules %v cell %+v", r.Rules, a.Cell)
 	}
@@ -389,7 +389,7 @@ func TestRefusesCorruptCell(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s2 := (*Snapshot)(nil).Apply(Update{Key: keyA, Revision: 99, Value: tc.value})
 			a := s2.Predict(Query{Key: keyA, Step: prefillStep(1, 128, 0)}, Options{})
-			r := refused(t, a, ReasonCorruptCell)
+			r := refused(t, a, reasonCorruptCell)
 			found := false
 			for _, rule := range r.Rules {
 				found = found || rule == string(tc.rule)
@@ -453,7 +453,7 @@ func TestRefusesInvalidQuery(t *testing.T) {
 		"a prefill step with decode":   {Key: keyA, Step: Step{Phase: PhasePrefill, NumPrefillRequests: 1, SumPrefillTokens: 128, NumDecodeRequests: 1, SumDecodeKVTokens: 1}},
 		"a decode step with prefill":   {Key: keyA, Step: Step{Phase: PhaseDecode, NumDecodeRequests: 1, SumDecodeKVTokens: 8, SumPrefillTokens: 1}},
 		"less decode KV than requests": {Key: keyA, Step: decodeStep(8, 4)},
-		"a mixed step without decode":  {Key: keyA, Step: Step{Phase: PhaseMixed, NumPrefillRequests: 1, SumPrefillTokens: 128}},
+		"a mixed step without decode":  {Key: keyA, Step: Step{Phase: phaseMixed, NumPrefillRequests: 1, SumPrefillTokens: 128}},
 	}
 	for name, q := range cases {
 		t.Run(name, func(t *testing.T) { refused(t, s.Predict(q, Options{}), ReasonInvalidQuery) })
@@ -469,7 +469,7 @@ func TestPhaseInferred(t *testing.T) {
 	for want, st := range map[string]Step{
 		PhasePrefill: {NumPrefillRequests: 1, SumPrefillTokens: 128},
 		PhaseDecode:  {NumDecodeRequests: 8, SumDecodeKVTokens: 8192},
-		PhaseMixed:   {NumPrefillRequests: 1, SumPrefillTokens: 128, NumDecodeRequests: 8, SumDecodeKVTokens: 8192},
+		phaseMixed:   {NumPrefillRequests: 1, SumPrefillTokens: 128, NumDecodeRequests: 8, SumDecodeKVTokens: 8192},
 	} {
 		a := s.Predict(Query{Key: keyA, Step: st}, Options{})
 		if a.Refused() || a.Query.Step.Phase != want {

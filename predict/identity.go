@@ -9,8 +9,8 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// MaxClosest bounds the closest identities an unknown_identity refusal lists.
-const MaxClosest = 3
+// maxClosest bounds the closest identities an unknown_identity refusal lists.
+const maxClosest = 3
 
 // checkIdentity returns why id is not a usable cell identity ("" when it is): the same identity rules
 // a cell passes before it is sealed (schemas.ValidateCell), so a query can never name a key no valid
@@ -28,19 +28,19 @@ func checkIdentity(id schemas.CellIdentity) string {
 }
 
 // closest ranks the valid sealed cells by how many identity fields differ from id (fewest first, then
-// by key) and returns the first MaxClosest with the differing fields.
-func (s *Snapshot) closest(id schemas.CellIdentity) []IdentityMatch {
+// by key) and returns the first maxClosest with the differing fields.
+func (s *Snapshot) closest(id schemas.CellIdentity) []identityMatch {
 	want := flattenIdentity(id)
-	var ms []IdentityMatch
+	var ms []identityMatch
 	for _, c := range s.Cells() {
 		if !c.Valid() {
 			continue
 		}
-		ms = append(ms, IdentityMatch{Key: c.Key, Differs: diffFields(want, flattenIdentity(c.Value.Identity))})
+		ms = append(ms, identityMatch{Key: c.Key, Differs: diffFields(want, flattenIdentity(c.Value.Identity))})
 	}
 	sort.SliceStable(ms, func(i, j int) bool { return len(ms[i].Differs) < len(ms[j].Differs) })
-	if len(ms) > MaxClosest {
-		ms = ms[:MaxClosest]
+	if len(ms) > maxClosest {
+		ms = ms[:maxClosest]
 	}
 	return ms
 }
@@ -73,16 +73,16 @@ func flattenIdentity(id schemas.CellIdentity) map[string]string {
 	return out
 }
 
-func diffFields(query, sealed map[string]string) []FieldDiff {
-	var ds []FieldDiff
+func diffFields(query, sealed map[string]string) []fieldDiff {
+	var ds []fieldDiff
 	for f, q := range query {
 		if s, ok := sealed[f]; !ok || s != q {
-			ds = append(ds, FieldDiff{Field: f, Query: q, Sealed: s})
+			ds = append(ds, fieldDiff{Field: f, Query: q, Sealed: s})
 		}
 	}
 	for f, s := range sealed {
 		if _, ok := query[f]; !ok {
-			ds = append(ds, FieldDiff{Field: f, Sealed: s})
+			ds = append(ds, fieldDiff{Field: f, Sealed: s})
 		}
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i].Field < ds[j].Field })

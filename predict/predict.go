@@ -20,9 +20,9 @@ type Options struct {
 // campaigns are required (incomplete_campaign), the domain of every surface evaluation
 // (out_of_domain). Otherwise the answer carries the latency.
 func (s *Snapshot) Predict(q Query, o Options) Answer {
-	refusal := q.normalize()
+	invalid := q.normalize()
 	a := newAnswer(q)
-	if refusal != nil {
+	if invalid != nil {
 		// The query is refused before its deployment is checked; still name the cell it asks for when
 		// there is one, so that every answer that can carry its cell does.
 		if c := s.Cell(q.Key); c != nil && (q.Identity == nil || q.Identity.Key() == q.Key) {
@@ -32,31 +32,31 @@ func (s *Snapshot) Predict(q Query, o Options) Answer {
 				a.Cell = c.Ref()
 			}
 		}
-		return a.refuse(refusal)
+		return a.refuse(invalid)
 	}
 	key := q.Key
 	if q.Identity != nil {
 		if why := checkIdentity(*q.Identity); why != "" {
-			return a.refuse(&Refusal{Reason: ReasonWrongIdentity, Detail: "the identity is not a valid cell identity: " + why})
+			return a.refuse(&refusal{Reason: reasonWrongIdentity, Detail: "the identity is not a valid cell identity: " + why})
 		}
 		key = q.Identity.Key()
 		if q.Key != "" && q.Key != key {
-			return a.refuse(&Refusal{Reason: ReasonWrongIdentity,
+			return a.refuse(&refusal{Reason: reasonWrongIdentity,
 				Detail: fmt.Sprintf("key %s is not the identity's key %s", q.Key, key)})
 		}
 	} else if !strings.HasPrefix(key, schemas.CellKeyPrefix) {
-		return a.refuse(&Refusal{Reason: ReasonWrongIdentity, Detail: fmt.Sprintf("key %q is not a cell key (%s<sha256>)", key, schemas.CellKeyPrefix)})
+		return a.refuse(&refusal{Reason: reasonWrongIdentity, Detail: fmt.Sprintf("key %q is not a cell key (%s<sha256>)", key, schemas.CellKeyPrefix)})
 	}
 	cell := s.Cell(key)
 	if cell == nil {
-		r := &Refusal{Reason: ReasonUnknownIdentity, Detail: fmt.Sprintf("nothing is sealed under %s", key)}
+		r := &refusal{Reason: ReasonUnknownIdentity, Detail: fmt.Sprintf("nothing is sealed under %s", key)}
 		if q.Identity != nil {
 			r.Closest = s.closest(*q.Identity)
 			if len(r.Closest) > 0 {
 				r.Detail += fmt.Sprintf("; the closest sealed identity differs in %d field(s)", len(r.Closest[0].Differs))
 			}
 		}
-		a.Cell = &CellRef{Key: key}
+		a.Cell = &cellRef{Key: key}
 		return a.refuse(r)
 	}
 	a.Cell = cell.Ref()
@@ -73,23 +73,23 @@ func (s *Snapshot) Predict(q Query, o Options) Answer {
 	case PhasePrefill, PhaseDecode:
 		p, d := cell.evaluate(st.Phase, st.Phase, rawCoords(st.Phase, stepRow(st)))
 		if d != nil {
-			return a.refuse(&Refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
+			return a.refuse(&refusal{Reason: ReasonOutOfDomain, Domain: d, Detail: d.String()})
 		}
-		a.Status, a.Parts = p.Status, []Part{*p}
+		a.Status, a.Parts = p.Status, []part{*p}
 		a.LatencyMS = &p.LatencyMS
 		return a
 	}
 	return cell.composeMixed(a, st)
 }
 
-func (s *Snapshot) campaignRefusal(cell *Cell) *Refusal {
+func (s *Snapshot) campaignRefusal(cell *cell) *refusal {
 	id := cell.Value.CampaignID
 	if id == "" {
-		return &Refusal{Reason: ReasonIncompleteCampaign, Detail: fmt.Sprintf("cell %s was sealed outside any campaign: its completeness is unknown", cell.Key)}
+		return &refusal{Reason: ReasonIncompleteCampaign, Detail: fmt.Sprintf("cell %s was sealed outside any campaign: its completeness is unknown", cell.Key)}
 	}
 	c := s.Campaign(id)
 	if c == nil {
-		return &Refusal{Reason: ReasonIncompleteCampaign, Campaign: &CampaignState{ID: id, State: "absent"},
+		return &refusal{Reason: ReasonIncompleteCampaign, Campaign: &campaignState{ID: id, State: "absent"},
 			Detail: fmt.Sprintf("campaign %s of cell %s has no record in the bucket", id, cell.Key)}
 	}
 	if st := c.completeness(); st != nil {
@@ -97,7 +97,7 @@ func (s *Snapshot) campaignRefusal(cell *Cell) *Refusal {
 		if c.Problem != "" {
 			d = fmt.Sprintf("campaign %s: %s", id, c.Problem)
 		}
-		return &Refusal{Reason: ReasonIncompleteCampaign, Campaign: st, Detail: d}
+		return &refusal{Reason: ReasonIncompleteCampaign, Campaign: st, Detail: d}
 	}
 	return nil
 }
@@ -110,25 +110,25 @@ func stepRow(s Step) schemas.Row {
 
 // evaluate evaluates the phase surface at raw coordinates: an exact row is measured (its latency
 // returned unchanged), anything else is interpolated or out of domain.
-func (c *Cell) evaluate(role, phase string, raw [3]int64) (*Part, *DomainViolation) {
+func (c *cell) evaluate(role, phase string, raw [3]int64) (*part, *domainViolation) {
 	s := c.surface(phase)
 	x := gridCoords(len(s.axes), raw)
 	if i, ok := s.exact[raw]; ok {
 		r := s.rows[i]
-		return &Part{Role: role, Surface: phase, Status: StatusMeasured, LatencyMS: r.LatencyMS, At: s.rawAt(raw),
-			Points: []Point{{Row: r, Weight: 1}}}, nil
+		return &part{Role: role, Surface: phase, Status: StatusMeasured, LatencyMS: r.LatencyMS, At: s.rawAt(raw),
+			Points: []point{{Row: r, Weight: 1}}}, nil
 	}
 	return s.evaluateGrid(role, x, &raw)
 }
 
 // evaluateGrid evaluates at grid coordinates x, which may be fractional (the decode baseline between
 // measured batch sizes); raw, when known, are the query's own coordinates, reported as they were given.
-func (s *surface) evaluateGrid(role string, x []float64, raw *[3]int64) (*Part, *DomainViolation) {
+func (s *surface) evaluateGrid(role string, x []float64, raw *[3]int64) (*part, *domainViolation) {
 	cs, v := s.eval(x)
 	if v != nil {
 		return nil, s.domain(role, v, x, raw)
 	}
-	p := &Part{Role: role, Surface: s.phase, Status: StatusInterpolated, LatencyMS: s.value(cs)}
+	p := &part{Role: role, Surface: s.phase, Status: StatusInterpolated, LatencyMS: s.value(cs)}
 	switch {
 	case len(cs) == 1: // every coordinate on a measured value: the row itself
 		r := s.rows[cs[0].row]
@@ -142,7 +142,7 @@ func (s *surface) evaluateGrid(role string, x []float64, raw *[3]int64) (*Part, 
 		}
 	}
 	for _, c := range cs {
-		p.Points = append(p.Points, Point{Row: s.rows[c.row], Weight: c.weight})
+		p.Points = append(p.Points, point{Row: s.rows[c.row], Weight: c.weight})
 	}
 	return p, nil
 }

@@ -12,7 +12,7 @@ import (
 
 // Property tests over random grids (fixed seeds, so a failure reproduces): tensor grids and grids
 // whose batch sizes cover different token ranges, each sealed, loaded and queried through the public
-// path (LoadCell, Snapshot.Predict).
+// path (loadCell, Snapshot.Predict).
 
 const propertySeeds = 40
 

@@ -14,7 +14,7 @@ import (
 const (
 	PhasePrefill = schemas.PhasePrefill
 	PhaseDecode  = schemas.PhaseDecode
-	PhaseMixed   = "mixed"
+	phaseMixed   = "mixed"
 )
 
 // Step is one forward pass in FPM coordinates (the scheduled_requests fields of a ForwardPassMetrics).
@@ -68,9 +68,9 @@ type Query struct {
 	RequireComplete bool `json:"require_complete,omitempty"`
 }
 
-// SupportedFeatures is the set of step features the estimator models: none yet. Adding one needs its
+// supportedFeatures is the set of step features the estimator models: none yet. Adding one needs its
 // own collection profile or identity field, so that cells measure it.
-var SupportedFeatures = map[string]bool{}
+var supportedFeatures = map[string]bool{}
 
 // DecodeQuery parses one query strictly: unknown fields and trailing data are errors. The error's text
 // is bounded (Bounded): the JSON decoder echoes what it refused, a number of any length included.
@@ -79,7 +79,7 @@ func DecodeQuery(b []byte) (Query, error) {
 	dec.DisallowUnknownFields()
 	var q Query
 	if err := dec.Decode(&q); err != nil {
-		return Query{}, BoundedError(fmt.Errorf("decode query: %w", err))
+		return Query{}, boundedErr(fmt.Errorf("decode query: %w", err))
 	}
 	if dec.More() {
 		return Query{}, fmt.Errorf("decode query: trailing data after the query object")
@@ -89,7 +89,7 @@ func DecodeQuery(b []byte) (Query, error) {
 
 // normalize infers an empty phase, defaults the identity's schema version (as plans do), and returns
 // the refusal of a query that cannot be asked: nil when it is well formed.
-func (q *Query) normalize() *Refusal {
+func (q *Query) normalize() *refusal {
 	q.Phase()
 	if q.Identity != nil && q.Identity.SchemaVersion == 0 {
 		id := *q.Identity
@@ -103,9 +103,9 @@ func (q *Query) normalize() *Refusal {
 	switch s.Phase {
 	case "":
 		return invalid("the step sets no coordinate")
-	case PhasePrefill, PhaseDecode, PhaseMixed:
+	case PhasePrefill, PhaseDecode, phaseMixed:
 	default:
-		return &Refusal{Reason: ReasonUnsupportedFeature, Features: []string{"phase:" + s.Phase},
+		return &refusal{Reason: reasonUnsupportedFeature, Features: []string{"phase:" + s.Phase},
 			Detail: fmt.Sprintf("phase %q: the estimator models prefill, decode and mixed steps", s.Phase)}
 	}
 	for name, v := range map[string]int64{"num_prefill_requests": s.NumPrefillRequests, "sum_prefill_tokens": s.SumPrefillTokens,
@@ -141,12 +141,12 @@ func (q *Query) normalize() *Refusal {
 	}
 	var unsupported []string
 	for _, f := range q.Features {
-		if !SupportedFeatures[f] {
+		if !supportedFeatures[f] {
 			unsupported = append(unsupported, f)
 		}
 	}
 	if len(unsupported) > 0 {
-		return &Refusal{Reason: ReasonUnsupportedFeature, Features: unsupported,
+		return &refusal{Reason: reasonUnsupportedFeature, Features: unsupported,
 			Detail: fmt.Sprintf("the sealed surfaces measure plain prefill and decode forward passes only; not %s",
 				strings.Join(unsupported, ", "))}
 	}
@@ -158,7 +158,7 @@ func (q *Query) Phase() string {
 	if q.Step.Phase == "" {
 		switch p, d := q.Step.hasPrefill(), q.Step.hasDecode(); {
 		case p && d:
-			q.Step.Phase = PhaseMixed
+			q.Step.Phase = phaseMixed
 		case p:
 			q.Step.Phase = PhasePrefill
 		case d:
@@ -168,4 +168,4 @@ func (q *Query) Phase() string {
 	return q.Step.Phase
 }
 
-func invalid(detail string) *Refusal { return &Refusal{Reason: ReasonInvalidQuery, Detail: detail} }
+func invalid(detail string) *refusal { return &refusal{Reason: ReasonInvalidQuery, Detail: detail} }

@@ -20,16 +20,16 @@ type Update struct {
 // and the highest revision applied. It is immutable; Apply returns a new one. The zero value (and nil)
 // is the empty bucket. Safe for concurrent use.
 type Snapshot struct {
-	cells     map[string]*Cell
-	campaigns map[string]*Campaign
+	cells     map[string]*cell
+	campaigns map[string]*campaign
 	// keys are the histories read so far (schemas.KeyHistory), by key: values, copied on Apply.
 	keys     map[string]schemas.KeyHistory
 	revision uint64
-	ignored  []Ignored
+	ignored  []ignored
 }
 
-// Ignored is an update Apply did not take: a revision no fpmbus writer stores (tampering).
-type Ignored struct {
+// ignored is an update Apply did not take: a revision no fpmbus writer stores (tampering).
+type ignored struct {
 	Key      string
 	Revision uint64
 	Reason   string
@@ -46,7 +46,7 @@ type Ignored struct {
 // re-parses nothing (a re-watch replays keys). Keys that are neither cells nor campaign records are
 // ignored. s itself is unchanged.
 func (s *Snapshot) Apply(updates ...Update) *Snapshot {
-	n := &Snapshot{cells: map[string]*Cell{}, campaigns: map[string]*Campaign{}, keys: map[string]schemas.KeyHistory{}}
+	n := &Snapshot{cells: map[string]*cell{}, campaigns: map[string]*campaign{}, keys: map[string]schemas.KeyHistory{}}
 	if s != nil {
 		for k, c := range s.cells {
 			n.cells[k] = c
@@ -80,18 +80,18 @@ func (s *Snapshot) Apply(updates ...Update) *Snapshot {
 		}
 		n.keys[u.Key] = h
 		if err != nil {
-			n.ignored = append(n.ignored, Ignored{Key: u.Key, Revision: u.Revision, Reason: err.Error()})
+			n.ignored = append(n.ignored, ignored{Key: u.Key, Revision: u.Revision, Reason: err.Error()})
 			if h.Revision == 0 {
 				n.unusable(u, h.NoRecord)
 			}
 			continue
 		}
 		if cell {
-			n.cells[u.Key] = LoadCell(u.Key, u.Revision, u.Value)
+			n.cells[u.Key] = loadCell(u.Key, u.Revision, u.Value)
 			continue
 		}
 		id := strings.TrimPrefix(u.Key, schemas.CampaignKeyPrefix)
-		c := LoadCampaign(id, u.Revision, u.Value)
+		c := loadCampaign(id, u.Revision, u.Value)
 		c.Value, c.Problem = h.Campaign, ""
 		n.campaigns[id] = c
 	}
@@ -102,9 +102,9 @@ func (s *Snapshot) Apply(updates ...Update) *Snapshot {
 // refuses every query, or a campaign record that is never complete.
 func (n *Snapshot) unusable(u Update, why string) {
 	if strings.HasPrefix(u.Key, schemas.CellKeyPrefix) {
-		c := &Cell{Key: u.Key, Revision: u.Revision}
+		c := &cell{Key: u.Key, Revision: u.Revision}
 		if !u.Deleted {
-			c = LoadCell(u.Key, u.Revision, u.Value) // what is wrong with it, in the rules' terms
+			c = loadCell(u.Key, u.Revision, u.Value) // what is wrong with it, in the rules' terms
 		}
 		c.addProblem(schemas.RuleSchema, "no revision of the key is a sealed value: "+why)
 		c.prefill, c.decode = nil, nil
@@ -114,11 +114,11 @@ func (n *Snapshot) unusable(u Update, why string) {
 		return
 	}
 	id := strings.TrimPrefix(u.Key, schemas.CampaignKeyPrefix)
-	n.campaigns[id] = &Campaign{ID: id, Revision: u.Revision, Problem: "no revision of the campaign record is its frozen plan: " + why}
+	n.campaigns[id] = &campaign{ID: id, Revision: u.Revision, Problem: "no revision of the campaign record is its frozen plan: " + why}
 }
 
 // Ignored are the updates the Apply that made s did not take (tampering), in order.
-func (s *Snapshot) Ignored() []Ignored {
+func (s *Snapshot) Ignored() []ignored {
 	if s == nil {
 		return nil
 	}
@@ -134,7 +134,7 @@ func (s *Snapshot) Revision() uint64 {
 }
 
 // Cell returns the loaded cell under key, or nil.
-func (s *Snapshot) Cell(key string) *Cell {
+func (s *Snapshot) Cell(key string) *cell {
 	if s == nil {
 		return nil
 	}
@@ -142,7 +142,7 @@ func (s *Snapshot) Cell(key string) *Cell {
 }
 
 // Campaign returns the loaded record of campaign id, or nil.
-func (s *Snapshot) Campaign(id string) *Campaign {
+func (s *Snapshot) Campaign(id string) *campaign {
 	if s == nil {
 		return nil
 	}
@@ -150,11 +150,11 @@ func (s *Snapshot) Campaign(id string) *Campaign {
 }
 
 // Cells returns every loaded cell, valid or corrupt, by key.
-func (s *Snapshot) Cells() []*Cell {
+func (s *Snapshot) Cells() []*cell {
 	if s == nil {
 		return nil
 	}
-	out := make([]*Cell, 0, len(s.cells))
+	out := make([]*cell, 0, len(s.cells))
 	for _, c := range s.cells {
 		out = append(out, c)
 	}

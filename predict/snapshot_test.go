@@ -59,7 +59,7 @@ func TestSnapshotTakesTheFirstSealAfterJunk(t *testing.T) {
 	q := Query{Key: keyA, Step: prefillStep(1, 128, 0)}
 	poisoned := (*Snapshot)(nil).Apply(Update{Key: keyA, Revision: 1, Deleted: true}, Update{Key: keyA, Revision: 2, Value: []byte(`{"forged":true}`)},
 		Update{Key: plan.Key, Revision: 3, Value: complete.Value})
-	if a := poisoned.Predict(q, Options{}); a.Refusal == nil || a.Refusal.Reason != ReasonCorruptCell {
+	if a := poisoned.Predict(q, Options{}); a.Refusal == nil || a.Refusal.Reason != reasonCorruptCell {
 		t.Fatalf("before the seal: %+v, want the cell refused as corrupt", a)
 	}
 	if len(poisoned.Ignored()) != 3 {

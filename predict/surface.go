@@ -141,7 +141,7 @@ type violation struct {
 // where x leaves the domain. The value is value(contributions).
 func (s *surface) eval(x []float64) ([]contribution, *violation) {
 	if s.root == nil {
-		return nil, &violation{axis: -1, bound: BoundAbsent}
+		return nil, &violation{axis: -1, bound: boundAbsent}
 	}
 	var out []contribution
 	if v := s.root.eval(x, 0, 1, nil, &out); v != nil {
@@ -165,9 +165,9 @@ func (l *level) eval(x []float64, depth int, w float64, slice []float64, out *[]
 	}
 	switch {
 	case xv < l.values[0]:
-		return &violation{axis: depth, bound: BoundLower, limit: l.values[0], slice: slice}
+		return &violation{axis: depth, bound: boundLower, limit: l.values[0], slice: slice}
 	case xv > l.values[n-1]:
-		return &violation{axis: depth, bound: BoundUpper, limit: l.values[n-1], slice: slice}
+		return &violation{axis: depth, bound: boundUpper, limit: l.values[n-1], slice: slice}
 	}
 	i := sort.SearchFloat64s(l.values, xv) // the first value >= xv
 	if l.values[i] == xv {
@@ -197,14 +197,14 @@ func (s *surface) value(cs []contribution) float64 {
 // coordinates) uses it: it is the decode baseline's KV read per request.
 func (s *surface) lowerEdge(n float64) (float64, *violation) {
 	if s.root == nil {
-		return 0, &violation{axis: -1, bound: BoundAbsent}
+		return 0, &violation{axis: -1, bound: boundAbsent}
 	}
 	l := s.root
 	switch last := len(l.values) - 1; {
 	case n < l.values[0]:
-		return 0, &violation{axis: 0, bound: BoundLower, limit: l.values[0]}
+		return 0, &violation{axis: 0, bound: boundLower, limit: l.values[0]}
 	case n > l.values[last]:
-		return 0, &violation{axis: 0, bound: BoundUpper, limit: l.values[last]}
+		return 0, &violation{axis: 0, bound: boundUpper, limit: l.values[last]}
 	}
 	i := sort.SearchFloat64s(l.values, n)
 	if l.values[i] == n {
@@ -215,8 +215,8 @@ func (s *surface) lowerEdge(n float64) (float64, *violation) {
 
 // domain turns a violation into the query's terms: token coordinates are sums at the query's request
 // count n (the grid holds them per request); raw, when known, are the query's own coordinates.
-func (s *surface) domain(role string, v *violation, x []float64, raw *[3]int64) *DomainViolation {
-	d := &DomainViolation{Role: role, Surface: s.phase, Bound: v.bound}
+func (s *surface) domain(role string, v *violation, x []float64, raw *[3]int64) *domainViolation {
+	d := &domainViolation{Role: role, Surface: s.phase, Bound: v.bound}
 	if v.axis < 0 {
 		d.Coordinate = "phase"
 		return d
@@ -225,7 +225,7 @@ func (s *surface) domain(role string, v *violation, x []float64, raw *[3]int64) 
 	d.Coordinate = s.axes[v.axis]
 	d.Value, d.Limit = x[v.axis], v.limit
 	if v.axis > 0 {
-		d.PerRequest = &PerRequest{Value: x[v.axis], Limit: v.limit}
+		d.PerRequest = &perRequest{Value: x[v.axis], Limit: v.limit}
 		d.Value, d.Limit = x[v.axis]*n, v.limit*n
 	}
 	if raw != nil {
@@ -244,16 +244,16 @@ func (s *surface) domain(role string, v *violation, x []float64, raw *[3]int64) 
 	return d
 }
 
-func (d *DomainViolation) String() string {
-	if d.Bound == BoundAbsent {
+func (d *domainViolation) String() string {
+	if d.Bound == boundAbsent {
 		return fmt.Sprintf("the cell has no %s rows: a %s part cannot be estimated", d.Surface, d.Role)
 	}
 	if d.PerRequest == nil {
-		side := map[string]string{BoundLower: "below the smallest", BoundUpper: "above the largest"}[d.Bound]
+		side := map[string]string{boundLower: "below the smallest", boundUpper: "above the largest"}[d.Bound]
 		return fmt.Sprintf("%s %s %g is %s measured value %g: the estimator does not extrapolate", d.Role, d.Coordinate, d.Value, side, d.Limit)
 	}
-	side := map[string]string{BoundLower: "below", BoundUpper: "above"}[d.Bound]
-	most := map[string]string{BoundLower: "at least", BoundUpper: "at most"}[d.Bound]
+	side := map[string]string{boundLower: "below", boundUpper: "above"}[d.Bound]
+	most := map[string]string{boundLower: "at least", boundUpper: "at most"}[d.Bound]
 	slice := ""
 	for _, a := range []string{"num_prefill_requests", "num_decode_requests", "sum_prefill_tokens"} {
 		if v, ok := d.Slice[a]; ok {

@@ -22,8 +22,8 @@ const (
 	DefaultHost = "127.0.0.1"
 	// DefaultBasePort is Dynamo's default DYN_FORWARDPASS_METRIC_PORT.
 	DefaultBasePort = 20380
-	// DefaultQueueSize is _FpmPublisherThread's max_queue_size.
-	DefaultQueueSize = 10_000
+	// defaultQueueSize is _FpmPublisherThread's max_queue_size.
+	defaultQueueSize = 10_000
 	// DefaultHeartbeatInterval is _FpmPublisherThread.HEARTBEAT_INTERVAL.
 	DefaultHeartbeatInterval = time.Second
 	// DefaultSendHWM is libzmq's default ZMQ_SNDHWM (Dynamo does not change it).
@@ -102,7 +102,7 @@ func (c Config) withDefaults() Config {
 	c.BasePort = cmp.Or(c.BasePort, DefaultBasePort)
 	c.DPSize = cmp.Or(c.DPSize, 1)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
-	c.QueueSize = cmp.Or(c.QueueSize, DefaultQueueSize)
+	c.QueueSize = cmp.Or(c.QueueSize, defaultQueueSize)
 	c.SendHWM = cmp.Or(c.SendHWM, DefaultSendHWM)
 	if c.Linger == 0 {
 		c.Linger = DefaultLinger

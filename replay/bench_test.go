@@ -40,17 +40,17 @@ func benchPlan(b *testing.B, n, ranks, perMs int) *Plan {
 	for r := range ranks {
 		fpms[r] = fpmJSON(b, "bench", r, 123456)
 	}
-	rec := &Recording{Records: make([]Record, n)}
+	rec := &Recording{Records: make([]record, n)}
 	for i := range rec.Records {
 		r := i % ranks
 		obs := int64(t0)
 		if perMs > 0 {
 			obs += int64(i / perMs)
 		}
-		rec.Records[i] = Record{Namespace: "dynamo", Component: "backend", Producer: "bench", CaptureMode: "full",
+		rec.Records[i] = record{Namespace: "dynamo", Component: "backend", Producer: "bench", CaptureMode: "full",
 			ObservedMs: obs, Order: int64(i), WorkerID: "bench", DPRank: int64(r), CounterID: 123456, FPM: fpms[r]}
 	}
-	p, err := NewPlan(rec, PlanConfig{Heartbeats: HeartbeatsOff})
+	p, err := NewPlan(rec, PlanConfig{Heartbeats: heartbeatsOff})
 	if err != nil {
 		b.Fatal(err)
 	}

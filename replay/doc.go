@@ -7,11 +7,11 @@
 //
 // One recorded FPM travels through these files:
 //
-//	source_trace.go   ResolveSegments, ReadTrace: segment files (a directory, a file, a glob or an output
+//	source_trace.go   resolveSegments, ReadTrace: segment files (a directory, a file, a glob or an output
 //	                  prefix) -> records; a non-trace is an error naming the file and line
 //	segment.go        scanSegment: multi-member gzip, whole lines only; a torn tail is Damage (file, offset)
 //	source_stream.go  ReadStream: a range of stream FPM -> records (what a full trace would hold)
-//	record.go         Record, Recording: records in schedule order (observed time, ties by source order)
+//	record.go         record, Recording: records in schedule order (observed time, ties by source order)
 //	payload.go        the record's msgpack payload, re-encoded from its JSON and checked to decode back to
 //	                  the same bytes; worker_id mapped, counter_id left as a slot when renumbering
 //	plan.go           NewPlan: window, speed, rate cap, loops -> Steps (due offsets) and Sockets
@@ -25,7 +25,7 @@
 //	                  the descriptor budget, the wait for subscribers, on-full policy
 //	target_stream.go  JetStream publishes with the bridge's headers (streams.FPMMessage), ack collector
 //	report.go         lateness histogram, per-rank and overall Report, CSV rows, progress lines
-//	replayer.go       Replayer: New, Run, Ready; Config and options
+//	replayer.go       replayer: New, Run, Ready; Config and options
 //	flags.go          the command-line flags of the pacing and the targets
 //
 // # Invariants
@@ -36,7 +36,7 @@
 //     first send. A plan whose schedule would outlast the longest time.Duration is refused.
 //   - A late send goes at once and is reported against its original due time; the schedule is never
 //     compressed to hide lateness and no record is dropped to catch up (a ZMQ send libzmq refuses is
-//     dropped only under OnFullDrop, as Dynamo drops it, and counted as failed).
+//     dropped only under onFullDrop, as Dynamo drops it, and counted as failed).
 //   - Every payload decodes (schemas.DecodeFPM) to exactly the recorded fpm JSON, byte for byte, apart
 //     from the rewrites asked for (worker_id mapped, counter_id renumbered); a record for which that
 //     cannot hold is skipped with its reason, never sent altered.
@@ -48,7 +48,7 @@
 //
 // # Ownership
 //
-// A Replayer is run once. Run owns the target: the ZMQ sockets are created, used and closed by Run's
+// A replayer is run once. Run owns the target: the ZMQ sockets are created, used and closed by Run's
 // goroutine (the pacer); the stream target's ack collector goroutine is started when the target opens
 // and stopped (every ack awaited) before Run returns. The reporter has one writer at a time and no
 // lock: the pacer (ZMQ target) or the ack collector (stream target) records sends, and Run reads the

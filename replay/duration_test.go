@@ -94,7 +94,7 @@ func TestRecordingSpanningTheWholeRange(t *testing.T) {
 	}
 	// Cut to its first two records, it replays.
 	p, err := NewPlan(rec, PlanConfig{Duration: time.Second})
-	if err != nil || len(p.Steps) != 2 || p.Steps[1].Due != time.Millisecond || p.Skipped[SkipOutsideWindow] != 1 {
+	if err != nil || len(p.Steps) != 2 || p.Steps[1].Due != time.Millisecond || p.Skipped[skipOutsideWindow] != 1 {
 		t.Fatalf("plan %+v: %v", p, err)
 	}
 	// A window starting before 1970 and lasting past the end of the range admits every offset it can.
@@ -119,7 +119,7 @@ func FuzzPlanSchedule(f *testing.F) {
 		obs := []int64{max(a, 0), max(b, 0), max(c, 0)} // observed_at_unix_ms is never negative
 		rec := &Recording{}
 		for i, o := range obs {
-			rec.Records = append(rec.Records, Record{Namespace: "n", Component: "c", Producer: "p", CaptureMode: schemas.CaptureFull,
+			rec.Records = append(rec.Records, record{Namespace: "n", Component: "c", Producer: "p", CaptureMode: schemas.CaptureFull,
 				ObservedMs: o, Order: int64(i), WorkerID: "w", DPRank: int64(i % 2), CounterID: int64(i + 1), FPM: fpms[i]})
 		}
 		sortRecords(rec.Records)

@@ -132,12 +132,12 @@ func TestReportedLatenessMatchesWhatTheTargetMeasured(t *testing.T) {
 	for i := range n {
 		ls = append(ls, line{producer: "w", observed: 1_782_777_600_000 + int64(i*every), fpm: fpmJSON(t, "w", 0, int64(i))})
 	}
-	plan, err := NewPlan(recordingOf(t, ls...), PlanConfig{Heartbeats: HeartbeatsOff})
+	plan, err := NewPlan(recordingOf(t, ls...), PlanConfig{Heartbeats: heartbeatsOff})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var rows bytes.Buffer
-	r, err := New(plan, Config{Target: TargetStream, Stream: StreamConfig{Conn: nc, MaxInFlight: 1}}, WithRecordsCSV(&rows))
+	r, err := New(plan, Config{Target: TargetStream, Stream: streamConfig{Conn: nc, MaxInFlight: 1}}, WithRecordsCSV(&rows))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func FuzzScanSegment(f *testing.F) {
 
 // FuzzRecordPayload: a line the trace schema accepts becomes a record whose payload decodes back to its
 // fpm byte for byte (a recording's unsigned positive exponents coming back with their '+'), with worker_id mapped and counter_id renumbered when asked and nothing else
-// changed; or it is refused with ErrUnencodable or ErrNotCanonical. Nothing panics.
+// changed; or it is refused with errUnencodable or errNotCanonical. Nothing panics.
 func FuzzRecordPayload(f *testing.F) {
 	f.Add(line{producer: "p", observed: t0, fpm: fpmJSON(f, "p", 2, 77)}.bytes())
 	f.Add(line{producer: "p", mode: schemas.CaptureSampled, observed: 1, fpm: canonicalOf(f, fpmObj("é\t\"", 1, "0", `"x":[{"y":null},-0.0,1e300,-7,"\u0001"]`))}.bytes())
@@ -83,7 +83,7 @@ func FuzzRecordPayload(f *testing.F) {
 		lr.file = "fuzz"
 		r, err := lr.record(data)
 		if err != nil {
-			if !errors.Is(err, ErrNotTrace) && !errors.Is(err, schemas.ErrInvalidTraceLine) {
+			if !errors.Is(err, errNotTrace) && !errors.Is(err, schemas.ErrInvalidTraceLine) {
 				t.Fatalf("unexpected error kind: %v", err)
 			}
 			return
@@ -91,7 +91,7 @@ func FuzzRecordPayload(f *testing.F) {
 		var dec schemas.Decoder
 		p, err := encodePayload(nil, r.FPM, "", &dec)
 		if err != nil {
-			if !errors.Is(err, ErrUnencodable) && !errors.Is(err, ErrNotCanonical) {
+			if !errors.Is(err, errUnencodable) && !errors.Is(err, errNotCanonical) {
 				t.Fatalf("unexpected error kind: %v", err)
 			}
 			return

@@ -25,12 +25,12 @@ import (
 
 // Errors of encodePayload.
 var (
-	// ErrUnencodable: the fpm holds a value msgpack cannot carry (an integer beyond 64 bits).
-	ErrUnencodable = errors.New("replay: fpm value has no msgpack encoding")
-	// ErrNotCanonical: the recorded fpm JSON is not canonical (not as Dynamo's or fpmbus's trace writer
+	// errUnencodable: the fpm holds a value msgpack cannot carry (an integer beyond 64 bits).
+	errUnencodable = errors.New("replay: fpm value has no msgpack encoding")
+	// errNotCanonical: the recorded fpm JSON is not canonical (not as Dynamo's or fpmbus's trace writer
 	// writes it, today or with the ryu float format of serde_json before 1.0.150), so no payload decodes
 	// back to its exact bytes.
-	ErrNotCanonical = errors.New("replay: fpm JSON is not canonical")
+	errNotCanonical = errors.New("replay: fpm JSON is not canonical")
 )
 
 // payload is one record's msgpack payload. With counterAt >= 0, bytes[counterAt:counterEnd] is the
@@ -62,14 +62,14 @@ func encodePayload(dst, fpm []byte, newWorker string, dec *schemas.Decoder) (pay
 	}
 	var f schemas.FPM
 	if err := dec.DecodeFPM(p.bytes, &f); err != nil {
-		return payload{}, fmt.Errorf("%w: the re-encoded payload does not decode: %v", ErrNotCanonical, err)
+		return payload{}, fmt.Errorf("%w: the re-encoded payload does not decode: %v", errNotCanonical, err)
 	}
 	if !bytes.Equal(f.JSON, fpm) && !sameButExponentSigns(f.JSON, fpm) {
 		at := 0
 		for at < len(f.JSON) && at < len(fpm) && f.JSON[at] == fpm[at] {
 			at++
 		}
-		return payload{}, fmt.Errorf("%w: re-encoded, it renders differently from byte %d", ErrNotCanonical, at)
+		return payload{}, fmt.Errorf("%w: re-encoded, it renders differently from byte %d", errNotCanonical, at)
 	}
 	if newWorker == "" {
 		return p, nil
@@ -78,7 +78,7 @@ func encodePayload(dst, fpm []byte, newWorker string, dec *schemas.Decoder) (pay
 		return payload{}, err
 	}
 	if err := dec.DecodeFPM(p.bytes, &f); err != nil || f.WorkerID != newWorker {
-		return payload{}, fmt.Errorf("%w: the payload with worker_id %q does not decode to it: %v", ErrNotCanonical, newWorker, err)
+		return payload{}, fmt.Errorf("%w: the payload with worker_id %q does not decode to it: %v", errNotCanonical, newWorker, err)
 	}
 	return p, nil
 }
@@ -129,7 +129,7 @@ type transcoder struct {
 }
 
 func (e *transcoder) fail(p int, msg string) error {
-	return fmt.Errorf("%w: byte %d: %s", ErrNotCanonical, p, msg)
+	return fmt.Errorf("%w: byte %d: %s", errNotCanonical, p, msg)
 }
 
 // value transcodes the value at p (depth: containers above it) and returns the offset after it.
@@ -338,7 +338,7 @@ func (e *transcoder) str(p int) (string, int, error) {
 }
 
 // number transcodes the JSON number at p as the schemas reader types it: an integer literal is an
-// integer (int64 or uint64; beyond that ErrUnencodable), "-0" and anything with a fraction or an
+// integer (int64 or uint64; beyond that errUnencodable), "-0" and anything with a fraction or an
 // exponent is a float64.
 func (e *transcoder) number(p int) (int, error) {
 	start := p
@@ -372,7 +372,7 @@ func (e *transcoder) number(p int) (int, error) {
 			return p, nil
 		}
 		if _, err := strconv.ParseFloat(text, 64); err == nil {
-			return p, fmt.Errorf("%w: integer %s at byte %d is beyond 64 bits", ErrUnencodable, text, start)
+			return p, fmt.Errorf("%w: integer %s at byte %d is beyond 64 bits", errUnencodable, text, start)
 		}
 		return p, e.fail(start, "invalid number "+strconv.Quote(text))
 	}

@@ -150,15 +150,15 @@ func TestPayloadRefusesWhatCannotRoundTrip(t *testing.T) {
 		fpm  string
 		want error
 	}{
-		"an integer beyond 64 bits":         {fpmObj("w", 1, "0.5", `"huge":123456789012345678901234567890`), ErrUnencodable},
-		"an exponent written 1E5":           {fpmObj("w", 1, "1E5", ""), ErrNotCanonical},
-		"a '+' on a small exponent":         {fpmObj("w", 1, "1.5e+7", ""), ErrNotCanonical},
-		"a negative exponent's '-' dropped": {fpmObj("w", 1, "0.5", `"f":1.5e7`), ErrNotCanonical},
-		"a float with a trailing 0":         {fpmObj("w", 1, "0.50", ""), ErrNotCanonical},
-		"whitespace":                        {strings.Replace(fpmObj("w", 1, "0.5", ""), `"version":1`, `"version": 1`, 1), ErrNotCanonical},
-		"an escaped slash":                  {fpmObj("w", 1, "0.5", `"s":"a\/b"`), ErrNotCanonical},
-		"not an FPM at all":                 {`{"a":1}`, ErrNotCanonical},
-		"not JSON":                          {`{"version":1,`, ErrNotCanonical},
+		"an integer beyond 64 bits":         {fpmObj("w", 1, "0.5", `"huge":123456789012345678901234567890`), errUnencodable},
+		"an exponent written 1E5":           {fpmObj("w", 1, "1E5", ""), errNotCanonical},
+		"a '+' on a small exponent":         {fpmObj("w", 1, "1.5e+7", ""), errNotCanonical},
+		"a negative exponent's '-' dropped": {fpmObj("w", 1, "0.5", `"f":1.5e7`), errNotCanonical},
+		"a float with a trailing 0":         {fpmObj("w", 1, "0.50", ""), errNotCanonical},
+		"whitespace":                        {strings.Replace(fpmObj("w", 1, "0.5", ""), `"version":1`, `"version": 1`, 1), errNotCanonical},
+		"an escaped slash":                  {fpmObj("w", 1, "0.5", `"s":"a\/b"`), errNotCanonical},
+		"not an FPM at all":                 {`{"a":1}`, errNotCanonical},
+		"not JSON":                          {`{"version":1,`, errNotCanonical},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

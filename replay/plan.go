@@ -22,36 +22,36 @@ import (
 // ErrInvalidPlan is wrapped by every error NewPlan returns for a bad PlanConfig.
 var ErrInvalidPlan = errors.New("replay: invalid plan")
 
-// CounterMode says what counter_id a replayed FPM carries.
-type CounterMode string
+// counterMode says what counter_id a replayed FPM carries.
+type counterMode string
 
 const (
-	// CounterKeep sends the recorded counter_id (the default: the same FPMs as recorded).
-	CounterKeep CounterMode = "keep"
+	// counterKeep sends the recorded counter_id (the default: the same FPMs as recorded).
+	counterKeep counterMode = "keep"
 	// CounterRenumber stamps counter_id with the socket's sequence number, as Dynamo's publisher does.
-	CounterRenumber CounterMode = "renumber"
+	CounterRenumber counterMode = "renumber"
 )
 
-// HeartbeatMode says whether the replay sends Dynamo's idle heartbeats of its own.
-type HeartbeatMode string
+// heartbeatMode says whether the replay sends Dynamo's idle heartbeats of its own.
+type heartbeatMode string
 
 const (
-	// HeartbeatsAuto sends them on the sockets of sampled records only: a full trace (or the FPM
+	// heartbeatsAuto sends them on the sockets of sampled records only: a full trace (or the FPM
 	// stream) already holds every heartbeat the worker sent, and they are replayed as recorded.
-	HeartbeatsAuto HeartbeatMode = "auto"
-	HeartbeatsOn   HeartbeatMode = "on"
-	HeartbeatsOff  HeartbeatMode = "off"
+	heartbeatsAuto heartbeatMode = "auto"
+	heartbeatsOn   heartbeatMode = "on"
+	heartbeatsOff  heartbeatMode = "off"
 )
 
-// DefaultHeartbeatInterval is Dynamo's: a heartbeat after 1 s without a publish.
-const DefaultHeartbeatInterval = time.Second
+// defaultHeartbeatInterval is Dynamo's: a heartbeat after 1 s without a publish.
+const defaultHeartbeatInterval = time.Second
 
 // Reasons a record is skipped (not sent), as reported.
 const (
-	SkipOutsideWindow = "outside_window" // before --start-at or after --start-at + --duration
-	SkipNotCanonical  = "not_canonical"  // its fpm JSON does not round-trip (ErrNotCanonical)
-	SkipUnencodable   = "unencodable"    // its fpm holds an integer beyond 64 bits (ErrUnencodable)
-	SkipInvalid       = "invalid"        // a line breaking a dynamo.fpm.trace.v1 rule (never a record)
+	skipOutsideWindow = "outside_window" // before --start-at or after --start-at + --duration
+	skipNotCanonical  = "not_canonical"  // its fpm JSON does not round-trip (errNotCanonical)
+	skipUnencodable   = "unencodable"    // its fpm holds an integer beyond 64 bits (errUnencodable)
+	skipInvalid       = "invalid"        // a line breaking a dynamo.fpm.trace.v1 rule (never a record)
 )
 
 // PlanConfig shapes the schedule. The zero value replays everything once at the recorded pace, with
@@ -72,13 +72,13 @@ type PlanConfig struct {
 	StartTime time.Time
 	// Duration cuts the window's length, in recorded time (0: to the end).
 	Duration time.Duration
-	// CounterIDs: CounterKeep (default) or CounterRenumber.
-	CounterIDs CounterMode
+	// CounterIDs: counterKeep (default) or CounterRenumber.
+	CounterIDs counterMode
 	// MapWorker maps recorded worker ids to the ones sent; every key must occur in the recording.
 	MapWorker map[string]string
-	// Heartbeats: HeartbeatsAuto (default), HeartbeatsOn or HeartbeatsOff; HeartbeatInterval defaults
-	// to DefaultHeartbeatInterval.
-	Heartbeats        HeartbeatMode
+	// Heartbeats: heartbeatsAuto (default), heartbeatsOn or heartbeatsOff; HeartbeatInterval defaults
+	// to defaultHeartbeatInterval.
+	Heartbeats        heartbeatMode
 	HeartbeatInterval time.Duration
 }
 
@@ -86,12 +86,12 @@ func (c PlanConfig) withDefaults() PlanConfig {
 	c.Speed = cmp.Or(c.Speed, 1)
 	c.Loops = cmp.Or(c.Loops, 1)
 	if c.CounterIDs == "" {
-		c.CounterIDs = CounterKeep
+		c.CounterIDs = counterKeep
 	}
 	if c.Heartbeats == "" {
-		c.Heartbeats = HeartbeatsAuto
+		c.Heartbeats = heartbeatsAuto
 	}
-	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, defaultHeartbeatInterval)
 	return c
 }
 
@@ -110,9 +110,9 @@ func (c PlanConfig) Validate() error {
 		return bad("start at: an offset and a time both given")
 	case c.Duration < 0:
 		return bad("duration %v: want >= 0 (0: to the end)", c.Duration)
-	case c.CounterIDs != CounterKeep && c.CounterIDs != CounterRenumber:
+	case c.CounterIDs != counterKeep && c.CounterIDs != CounterRenumber:
 		return bad("counter ids %q: want keep or renumber", c.CounterIDs)
-	case c.Heartbeats != HeartbeatsAuto && c.Heartbeats != HeartbeatsOn && c.Heartbeats != HeartbeatsOff:
+	case c.Heartbeats != heartbeatsAuto && c.Heartbeats != heartbeatsOn && c.Heartbeats != heartbeatsOff:
 		return bad("heartbeats %q: want auto, on or off", c.Heartbeats)
 	case c.HeartbeatInterval < 0:
 		return bad("heartbeat interval %v: want > 0", c.HeartbeatInterval)
@@ -120,9 +120,9 @@ func (c PlanConfig) Validate() error {
 	return nil
 }
 
-// Socket is one (producer, dp_rank) of the recording: one PUB socket of the replay (one publisher
+// socket is one (producer, dp_rank) of the recording: one PUB socket of the replay (one publisher
 // sequence on the stream target). Sockets are sorted by producer, then rank.
-type Socket struct {
+type socket struct {
 	Namespace, Component, Producer string
 	DPRank                         int64
 	// WorkerID is the (mapped) worker_id of the socket's first replayed record: its heartbeats carry it.
@@ -135,14 +135,14 @@ type Socket struct {
 }
 
 // Label names the socket in reports: producer/rank.
-func (s *Socket) Label() string { return s.Producer + "/" + strconv.FormatInt(s.DPRank, 10) }
+func (s *socket) Label() string { return s.Producer + "/" + strconv.FormatInt(s.DPRank, 10) }
 
 // Active reports whether the socket sends anything (a socket whose records are all skipped is not
 // bound).
-func (s *Socket) Active() bool { return s.Records > 0 }
+func (s *socket) Active() bool { return s.Records > 0 }
 
-// Step is one send of a pass.
-type Step struct {
+// step is one send of a pass.
+type step struct {
 	// Due is the send time as an offset from the pass's start.
 	Due time.Duration
 	// Socket indexes Plan.Sockets; Record indexes Recording.Records.
@@ -157,9 +157,9 @@ type Step struct {
 type Plan struct {
 	Recording *Recording
 	Config    PlanConfig // defaults applied
-	Sockets   []Socket
+	Sockets   []socket
 	// Steps are one pass, in send order (Due non-decreasing).
-	Steps []Step
+	Steps []step
 	// Period is a pass's length: pass k starts at k*Period.
 	Period time.Duration
 	// WindowStartMs is the observed time the window starts at (Due 0 of a pass).
@@ -179,7 +179,7 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 	cfg = cfg.withDefaults()
 	p := &Plan{Recording: rec, Config: cfg, Skipped: map[string]int{}}
 	if rec.Invalid > 0 {
-		p.Skipped[SkipInvalid] = rec.Invalid
+		p.Skipped[skipInvalid] = rec.Invalid
 		p.Examples = append(p.Examples, rec.InvalidExamples...)
 	}
 	if err := checkWorkerMap(rec, cfg.MapWorker); err != nil {
@@ -197,7 +197,7 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 		k := sockKey{r.Producer, r.DPRank}
 		if _, ok := index[k]; !ok {
 			index[k] = len(p.Sockets)
-			p.Sockets = append(p.Sockets, Socket{Namespace: r.Namespace, Component: r.Component, Producer: r.Producer, DPRank: r.DPRank, Skipped: map[string]int{}})
+			p.Sockets = append(p.Sockets, socket{Namespace: r.Namespace, Component: r.Component, Producer: r.Producer, DPRank: r.DPRank, Skipped: map[string]int{}})
 		}
 	}
 	order := make([]int, len(p.Sockets))
@@ -211,7 +211,7 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 		}
 		return cmp.Compare(sa.DPRank, sb.DPRank)
 	})
-	sorted := make([]Socket, len(order))
+	sorted := make([]socket, len(order))
 	newIndex := make([]int, len(order))
 	for to, from := range order {
 		sorted[to] = p.Sockets[from]
@@ -251,7 +251,7 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 				years(float64(time.Second)/cfg.MaxRate), years(float64(maxSpan)))
 		}
 	}
-	skip := func(s *Socket, r *Record, reason string, err error) {
+	skip := func(s *socket, r *record, reason string, err error) {
 		p.Skipped[reason]++
 		s.Skipped[reason]++
 		if err != nil && len(p.Examples) < maxExamples {
@@ -263,16 +263,16 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 		si := index[sockKey{r.Producer, r.DPRank}]
 		s := &p.Sockets[si]
 		if r.ObservedMs < p.WindowStartMs || bounded && r.ObservedMs >= endMs {
-			skip(s, r, SkipOutsideWindow, nil)
+			skip(s, r, skipOutsideWindow, nil)
 			continue
 		}
 		pl, err := encodePayload(scratch, r.FPM, cfg.MapWorker[r.WorkerID], &dec)
 		switch {
-		case errors.Is(err, ErrUnencodable):
-			skip(s, r, SkipUnencodable, err)
+		case errors.Is(err, errUnencodable):
+			skip(s, r, skipUnencodable, err)
 			continue
 		case err != nil:
-			skip(s, r, SkipNotCanonical, err)
+			skip(s, r, skipNotCanonical, err)
 			continue
 		}
 		scratch = pl.bytes
@@ -307,10 +307,10 @@ func NewPlan(rec *Recording, cfg PlanConfig) (*Plan, error) {
 			}
 		}
 		s.Records++
-		if cfg.Heartbeats == HeartbeatsOn || cfg.Heartbeats == HeartbeatsAuto && r.CaptureMode == schemas.CaptureSampled {
+		if cfg.Heartbeats == heartbeatsOn || cfg.Heartbeats == heartbeatsAuto && r.CaptureMode == schemas.CaptureSampled {
 			s.Heartbeats = true
 		}
-		p.Steps = append(p.Steps, Step{Due: due, Socket: int32(si), Record: int32(i), counter: r.CounterID, payload: pl})
+		p.Steps = append(p.Steps, step{Due: due, Socket: int32(si), Record: int32(i), counter: r.CounterID, payload: pl})
 	}
 	p.Period = p.period(spacing, perNs)
 	if n := len(p.Steps); n > 0 && cfg.Loops > 1 {

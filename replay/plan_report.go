@@ -46,7 +46,7 @@ type planSocket struct {
 // WritePlan writes what a dry run of r would do with p (`trace replay --dry-run`): the plan's shape,
 // pace and passes, each socket's endpoint and records, what was skipped and damaged; as an indented
 // JSON document (planView) with asJSON.
-func WritePlan(w io.Writer, p *Plan, r *Replayer, asJSON bool) error {
+func WritePlan(w io.Writer, p *Plan, r *replayer, asJSON bool) error {
 	v := planView{Plan: p.Shape(), Speed: p.Config.Speed, MaxRate: p.Config.MaxRate, Passes: p.Config.Loops, PeriodS: p.Period.Seconds(),
 		Skipped: p.Skipped, Examples: p.Examples, Damaged: p.Recording.Damaged, Workers: p.Config.MapWorker}
 	for i := range p.Sockets {

@@ -65,7 +65,7 @@ func TestPlanSchedulesRecordedOffsets(t *testing.T) {
 			if p.Period != c.period {
 				t.Fatalf("period %v, want %v", p.Period, c.period)
 			}
-			if p.Skipped[SkipOutsideWindow] != c.skip {
+			if p.Skipped[skipOutsideWindow] != c.skip {
 				t.Fatalf("skipped %v, want %d outside the window", p.Skipped, c.skip)
 			}
 			for i := 1; i < len(p.Steps); i++ {
@@ -91,12 +91,12 @@ func TestPlanSocketsSkipsAndHeartbeats(t *testing.T) {
 	)
 	rec.Invalid, rec.InvalidExamples = 1, []string{"f:9: bad"}
 	cases := map[string]struct {
-		mode HeartbeatMode
+		mode heartbeatMode
 		hb   []bool
 	}{
-		"auto: sampled sockets only": {HeartbeatsAuto, []bool{false, false, true}},
-		"on":                         {HeartbeatsOn, []bool{true, true, true}},
-		"off":                        {HeartbeatsOff, []bool{false, false, false}},
+		"auto: sampled sockets only": {heartbeatsAuto, []bool{false, false, true}},
+		"on":                         {heartbeatsOn, []bool{true, true, true}},
+		"off":                        {heartbeatsOff, []bool{false, false, false}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -116,8 +116,8 @@ func TestPlanSocketsSkipsAndHeartbeats(t *testing.T) {
 			if !slices.Equal(hb, c.hb) {
 				t.Fatalf("heartbeats %v, want %v", hb, c.hb)
 			}
-			if p.Skipped[SkipUnencodable] != 1 || p.Skipped[SkipNotCanonical] != 1 || p.Skipped[SkipInvalid] != 1 ||
-				p.Sockets[0].Skipped[SkipUnencodable] != 1 || len(p.Steps) != 3 {
+			if p.Skipped[skipUnencodable] != 1 || p.Skipped[skipNotCanonical] != 1 || p.Skipped[skipInvalid] != 1 ||
+				p.Sockets[0].Skipped[skipUnencodable] != 1 || len(p.Steps) != 3 {
 				t.Fatalf("skipped %v (socket a/0 %v), %d steps", p.Skipped, p.Sockets[0].Skipped, len(p.Steps))
 			}
 			if len(p.Examples) != 3 || p.Examples[0] != "f:9: bad" || !strings.Contains(p.Examples[1], "beyond 64 bits") {
@@ -180,7 +180,7 @@ func TestZMQPortLayout(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			got, err := c.cfg.Ports(p)
 			if c.err != "" {
-				if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), c.err) {
+				if !errors.Is(err, errInvalidConfig) || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("got %v, want an error saying %q", err, c.err)
 				}
 				return

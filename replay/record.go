@@ -6,8 +6,8 @@ import (
 	"strconv"
 )
 
-// Record is one FPM as it was recorded: where it came from, when it was observed, and the fpm object.
-type Record struct {
+// record is one FPM as it was recorded: where it came from, when it was observed, and the fpm object.
+type record struct {
 	// Namespace, Component and Producer are the trace line's source (from a stream message: its
 	// Fpm-Namespace, Fpm-Component and Fpm-Producer headers).
 	Namespace, Component, Producer string
@@ -32,7 +32,7 @@ type Record struct {
 // Recording is what a source read: the records in schedule order, and what could not be used.
 type Recording struct {
 	// Records are sorted by ObservedMs, ties by Order: the order they are replayed in.
-	Records []Record
+	Records []record
 	// Files are the segment files read, in read order (empty for a stream source).
 	Files []string
 	// Damaged lists the segments read only up to a torn or corrupt tail.
@@ -60,8 +60,8 @@ const maxExamples = 10
 
 // sortRecords puts records in schedule order: observed time, then source order. The sort is stable
 // and total, so the same source always gives the same schedule.
-func sortRecords(rs []Record) {
-	slices.SortStableFunc(rs, func(a, b Record) int {
+func sortRecords(rs []record) {
+	slices.SortStableFunc(rs, func(a, b record) int {
 		if c := cmp.Compare(a.ObservedMs, b.ObservedMs); c != 0 {
 			return c
 		}

@@ -12,15 +12,15 @@ import (
 
 // Targets.
 const (
-	TargetZMQ    = "zmq"
+	targetZMQ    = "zmq"
 	TargetStream = "stream"
 )
 
-// Config says where a replay sends: Target TargetZMQ (default) with ZMQ, or TargetStream with Stream.
+// Config says where a replay sends: Target targetZMQ (default) with ZMQ, or TargetStream with Stream.
 type Config struct {
 	Target string
 	ZMQ    ZMQConfig
-	Stream StreamConfig
+	Stream streamConfig
 }
 
 // Option changes a Replayer.
@@ -37,7 +37,7 @@ type options struct {
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+			return fmt.Errorf("%w: nil logger", errInvalidConfig)
 		}
 		o.logger = l
 		return nil
@@ -49,7 +49,7 @@ func WithLogger(l *slog.Logger) Option {
 func WithProgress(w io.Writer, every int) Option {
 	return func(o *options) error {
 		if w == nil || every < 1 {
-			return fmt.Errorf("%w: progress every %d records: want a writer and at least 1", ErrInvalidConfig, every)
+			return fmt.Errorf("%w: progress every %d records: want a writer and at least 1", errInvalidConfig, every)
 		}
 		o.progress, o.every = w, every
 		return nil
@@ -62,19 +62,19 @@ func WithProgress(w io.Writer, every int) Option {
 func WithRecordsCSV(w io.Writer) Option {
 	return func(o *options) error {
 		if w == nil {
-			return fmt.Errorf("%w: nil records CSV writer", ErrInvalidConfig)
+			return fmt.Errorf("%w: nil records CSV writer", errInvalidConfig)
 		}
 		o.csv = w
 		return nil
 	}
 }
 
-// ErrAlreadyRun is returned by a second call of Run.
-var ErrAlreadyRun = errors.New("replay: already run")
+// errAlreadyRun is returned by a second call of Run.
+var errAlreadyRun = errors.New("replay: already run")
 
-// Replayer replays one Plan into one target. Run owns every socket and goroutine it starts and
+// replayer replays one Plan into one target. Run owns every socket and goroutine it starts and
 // releases them before it returns.
-type Replayer struct {
+type replayer struct {
 	plan   *Plan
 	cfg    Config
 	opts   options
@@ -88,20 +88,20 @@ type Replayer struct {
 
 // New checks cfg against the plan (for the ZMQ target: the port layout) and returns the Replayer;
 // nothing is bound or connected until Run. Options: WithLogger, WithProgress, WithRecordsCSV.
-func New(p *Plan, cfg Config, opts ...Option) (*Replayer, error) {
+func New(p *Plan, cfg Config, opts ...Option) (*replayer, error) {
 	o := options{logger: slog.New(slog.DiscardHandler)}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, err
 		}
 	}
-	r := &Replayer{plan: p, cfg: cfg, opts: o, ready: make(chan struct{})}
+	r := &replayer{plan: p, cfg: cfg, opts: o, ready: make(chan struct{})}
 	// The report names each socket's destination as the target describes it, once there is a target.
 	r.rep = newReporter(p, r.Endpoint, o.progress, o.every, o.csv)
 	var err error
 	switch cfg.Target {
-	case "", TargetZMQ:
-		r.cfg.Target = TargetZMQ
+	case "", targetZMQ:
+		r.cfg.Target = targetZMQ
 		var t *zmqTarget
 		if t, err = newZMQTarget(cfg.ZMQ, p, r.rep); err == nil {
 			r.target = t
@@ -112,7 +112,7 @@ func New(p *Plan, cfg Config, opts ...Option) (*Replayer, error) {
 			r.target = t
 		}
 	default:
-		err = fmt.Errorf("%w: target %q: want zmq or stream", ErrInvalidConfig, cfg.Target)
+		err = fmt.Errorf("%w: target %q: want zmq or stream", errInvalidConfig, cfg.Target)
 	}
 	if err != nil {
 		return nil, err
@@ -121,22 +121,22 @@ func New(p *Plan, cfg Config, opts ...Option) (*Replayer, error) {
 }
 
 // Endpoint names where socket s of the plan sends (its bind endpoint, or its stream subjects).
-func (r *Replayer) Endpoint(s int) string { return r.target.describe(s) }
+func (r *replayer) Endpoint(s int) string { return r.target.describe(s) }
 
 // Ready is closed once Run has bound (or connected), waited for subscribers and the start delay: the
 // first record goes out right after.
-func (r *Replayer) Ready() <-chan struct{} { return r.ready }
+func (r *replayer) Ready() <-chan struct{} { return r.ready }
 
 // Run replays the plan and returns the report. A ctx that ends stops it: Run then closes the target
 // (ZMQ: each socket waits at most its linger for queued frames; stream: every outstanding ack is
 // awaited) and returns the report of what was sent, marked interrupted, with a nil error: stopping is
 // not a failure. An error is returned when the target cannot be opened (a port in use) or the CSV
 // cannot be written.
-func (r *Replayer) Run(ctx context.Context) (*Report, error) {
+func (r *replayer) Run(ctx context.Context) (*Report, error) {
 	r.mu.Lock()
 	if r.ran {
 		r.mu.Unlock()
-		return nil, ErrAlreadyRun
+		return nil, errAlreadyRun
 	}
 	r.ran = true
 	r.mu.Unlock()

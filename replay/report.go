@@ -261,8 +261,8 @@ type Report struct {
 	Passes      int       `json:"passes"`
 	Interrupted bool      `json:"interrupted"`
 	// Overall sums every socket.
-	Overall RankReport   `json:"overall"`
-	Ranks   []RankReport `json:"ranks"`
+	Overall rankReport   `json:"overall"`
+	Ranks   []rankReport `json:"ranks"`
 	// Skipped counts records not sent by reason (invalid lines included); SkippedExamples names a few.
 	Skipped         map[string]int `json:"skipped"`
 	SkippedExamples []string       `json:"skipped_examples,omitempty"`
@@ -270,8 +270,8 @@ type Report struct {
 	Damaged []Damage `json:"damaged,omitempty"`
 }
 
-// RankReport is one socket's (or the overall) figures.
-type RankReport struct {
+// rankReport is one socket's (or the overall) figures.
+type rankReport struct {
 	// Rank is "producer/dp_rank", or "all".
 	Rank     string `json:"rank"`
 	Producer string `json:"producer,omitempty"`
@@ -292,7 +292,7 @@ type RankReport struct {
 	Heartbeats            int            `json:"heartbeats"`
 	HeartbeatsUndelivered int            `json:"heartbeats_undelivered"`
 	HeartbeatsFailed      int            `json:"heartbeats_failed"`
-	Lateness              Lateness       `json:"lateness"`
+	Lateness              lateness       `json:"lateness"`
 	// Scheduled and actual span (first to last send) and the rates over them.
 	ScheduledDurationS float64 `json:"scheduled_duration_s"`
 	ActualDurationS    float64 `json:"actual_duration_s"`
@@ -300,10 +300,10 @@ type RankReport struct {
 	AchievedRatePerS   float64 `json:"achieved_rate_per_s"`
 }
 
-// Lateness summarizes how late sends were against their due times, in milliseconds: mean, max and the
+// lateness summarizes how late sends were against their due times, in milliseconds: mean, max and the
 // percentiles (nearest rank) are exact up to maxExactSamples sends; beyond (a replay looping for
 // long) the percentiles come from a log-linear histogram, within 0.4%.
-type Lateness struct {
+type lateness struct {
 	MeanMs float64 `json:"mean_ms"`
 	P50Ms  float64 `json:"p50_ms"`
 	P90Ms  float64 `json:"p90_ms"`
@@ -342,11 +342,11 @@ func copyCounts(m map[string]int) map[string]int {
 	return out
 }
 
-func (s *sockStats) rankReport(label string) RankReport {
-	rr := RankReport{Rank: label, Replayed: s.replayed, Undelivered: s.undelivered, Failed: s.failed, Failures: s.failures,
+func (s *sockStats) rankReport(label string) rankReport {
+	rr := rankReport{Rank: label, Replayed: s.replayed, Undelivered: s.undelivered, Failed: s.failed, Failures: s.failures,
 		Heartbeats: s.heartbeats, HeartbeatsUndelivered: s.hbUnsent, HeartbeatsFailed: s.heartbeatFails}
 	if s.sends > 0 {
-		rr.Lateness = Lateness{
+		rr.Lateness = lateness{
 			MeanMs: ms(s.lateSum) / float64(s.sends),
 			P50Ms:  ms(s.lateness.quantile(0.50)),
 			P90Ms:  ms(s.lateness.quantile(0.90)),
@@ -393,7 +393,7 @@ func (rep *Report) WriteText(w io.Writer) error {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "rank\tendpoint\treplayed\tundelivered\tskipped\tfailed\theartbeats\tlate mean\tp50\tp90\tp99\tmax\trate/s\tscheduled/s\t")
-	row := func(r *RankReport) {
+	row := func(r *rankReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t\n", r.Rank, r.Endpoint, r.Replayed, r.Undelivered,
 			sumCounts(r.Skipped), r.Failed, r.Heartbeats, fmtMs(r.Lateness.MeanMs), fmtMs(r.Lateness.P50Ms), fmtMs(r.Lateness.P90Ms),
 			fmtMs(r.Lateness.P99Ms), fmtMs(r.Lateness.MaxMs), r.AchievedRatePerS, r.ScheduledRatePerS)
@@ -425,8 +425,8 @@ func (rep *Report) WriteText(w io.Writer) error {
 
 // NoSubscriber lists the ranks whose socket had no subscriber for some of its sends: what they sent
 // then was not delivered.
-func (rep *Report) NoSubscriber() []*RankReport {
-	var out []*RankReport
+func (rep *Report) NoSubscriber() []*rankReport {
+	var out []*rankReport
 	for i := range rep.Ranks {
 		if r := &rep.Ranks[i]; r.Undelivered > 0 || r.HeartbeatsUndelivered > 0 {
 			out = append(out, r)

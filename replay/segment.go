@@ -17,10 +17,10 @@ var maxMemberBytes = 64 << 20
 
 // Errors carried in a segmentDamage's cause, next to gzip's own and io.ErrUnexpectedEOF.
 var (
-	// ErrTornLine: the data ends inside a line (no trailing newline).
-	ErrTornLine = fsutil.ErrTornLine
-	// ErrMemberTooLarge: a gzip member decompresses to more than the reader accepts.
-	ErrMemberTooLarge = fsutil.ErrMemberTooLarge
+	// errTornLine: the data ends inside a line (no trailing newline).
+	errTornLine = fsutil.ErrTornLine
+	// errMemberTooLarge: a gzip member decompresses to more than the reader accepts.
+	errMemberTooLarge = fsutil.ErrMemberTooLarge
 )
 
 // scanSegment calls fn with every line of data (the bytes of one segment; newline stripped; the slice

@@ -47,7 +47,7 @@ func TestStreamTargetOverShards(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := New(plan, Config{Target: TargetStream, Stream: StreamConfig{Conn: env.NC, BridgeID: "replay-test"}})
+		r, err := New(plan, Config{Target: TargetStream, Stream: streamConfig{Conn: env.NC, BridgeID: "replay-test"}})
 		if err != nil {
 			t.Fatal(err)
 		}

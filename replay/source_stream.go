@@ -122,18 +122,18 @@ func readStreamInto(ctx context.Context, js jetstream.JetStream, name string, rn
 }
 
 // streamRecord turns one stored FPM message into a record.
-func streamRecord(m jetstream.Msg, md *jetstream.MsgMetadata, in interner, dec *schemas.Decoder) (Record, error) {
+func streamRecord(m jetstream.Msg, md *jetstream.MsgMetadata, in interner, dec *schemas.Decoder) (record, error) {
 	body := append([]byte(nil), m.Data()...)
 	var f schemas.FPM
 	if err := dec.ParseFPMJSON(body, &f); err != nil {
-		return Record{}, err
+		return record{}, err
 	}
 	h := m.Headers()
 	observed := md.Timestamp.UnixMilli()
 	if v := h.Get(streams.HeaderReceivedAt); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || ms < 0 {
-			return Record{}, fmt.Errorf("header %s %q: not Unix milliseconds", streams.HeaderReceivedAt, v)
+			return record{}, fmt.Errorf("header %s %q: not Unix milliseconds", streams.HeaderReceivedAt, v)
 		}
 		observed = ms
 	}
@@ -141,7 +141,7 @@ func streamRecord(m jetstream.Msg, md *jetstream.MsgMetadata, in interner, dec *
 	if ns == "" || comp == "" {
 		k, err := streams.ParseFPMSubject(m.Subject())
 		if err != nil {
-			return Record{}, err
+			return record{}, err
 		}
 		ns, comp = k.Namespace, k.Component
 	}
@@ -149,7 +149,7 @@ func streamRecord(m jetstream.Msg, md *jetstream.MsgMetadata, in interner, dec *
 	if producer == "" {
 		producer = f.WorkerID
 	}
-	return Record{
+	return record{
 		Namespace:   in.str(ns),
 		Component:   in.str(comp),
 		Producer:    in.str(producer),

@@ -21,15 +21,15 @@ import (
 
 // Sentinel errors of ReadTrace (wrapped with the path, file or line they concern).
 var (
-	ErrNoSegments = errors.New("replay: no trace segments found")
-	ErrNotGzip    = errors.New("replay: not a gzip file")
-	ErrNotTrace   = errors.New("replay: not a " + schemas.TraceSchema + " trace")
+	errNoSegments = errors.New("replay: no trace segments found")
+	errNotGzip    = errors.New("replay: not a gzip file")
+	errNotTrace   = errors.New("replay: not a " + schemas.TraceSchema + " trace")
 )
 
 // segmentSuffix ends every segment file name.
 const segmentSuffix = tracefile.SegmentSuffix
 
-// ResolveSegments turns what a user names into the segment files to read, in read order (by producer
+// resolveSegments turns what a user names into the segment files to read, in read order (by producer
 // prefix, then segment index). Each path is
 //
 //   - a directory: its *.jsonl.gz files;
@@ -39,8 +39,8 @@ const segmentSuffix = tracefile.SegmentSuffix
 //     .jsonl.gz): the segments of every producer under it, <base>.<producer>.<index:06>.jsonl.gz; or a
 //     producer prefix, <base>.<producer>: that producer's segments.
 //
-// A path that names nothing is an error naming it (ErrNoSegments).
-func ResolveSegments(paths []string) ([]string, error) {
+// A path that names nothing is an error naming it (errNoSegments).
+func resolveSegments(paths []string) ([]string, error) {
 	var files []string
 	for _, p := range paths {
 		fi, err := os.Stat(p)
@@ -51,7 +51,7 @@ func ResolveSegments(paths []string) ([]string, error) {
 				return nil, fmt.Errorf("replay: %w", err)
 			}
 			if len(found) == 0 {
-				return nil, fmt.Errorf("%w in directory %s (no *%s file)", ErrNoSegments, p, segmentSuffix)
+				return nil, fmt.Errorf("%w in directory %s (no *%s file)", errNoSegments, p, segmentSuffix)
 			}
 			files = append(files, found...)
 		case err == nil:
@@ -69,7 +69,7 @@ func ResolveSegments(paths []string) ([]string, error) {
 				}
 			}
 			if n == 0 {
-				return nil, fmt.Errorf("%w: glob %q matches no file", ErrNoSegments, p)
+				return nil, fmt.Errorf("%w: glob %q matches no file", errNoSegments, p)
 			}
 		case errors.Is(err, os.ErrNotExist):
 			matches, perr := prefixSegments(p)
@@ -77,7 +77,7 @@ func ResolveSegments(paths []string) ([]string, error) {
 				return nil, perr
 			}
 			if len(matches) == 0 {
-				return nil, fmt.Errorf("%w: %s is no file, directory or glob, and no segment is named %s.[<producer>.]<index:06>%s", ErrNoSegments, p, tracefile.OutputBase(p), segmentSuffix)
+				return nil, fmt.Errorf("%w: %s is no file, directory or glob, and no segment is named %s.[<producer>.]<index:06>%s", errNoSegments, p, tracefile.OutputBase(p), segmentSuffix)
 			}
 			files = append(files, matches...)
 		default:
@@ -89,7 +89,7 @@ func ResolveSegments(paths []string) ([]string, error) {
 
 // prefixSegments lists the regular-file segments under p taken as an output prefix (those of every
 // producer, <base>.<producer>.<index:06>.jsonl.gz) and as a producer prefix (<base>.<index:06>.jsonl.gz),
-// by the trace format's naming rule (tracefile.SegmentIndex), so other files in the directory are
+// by the trace format's naming rule (tracefile.segmentIndex), so other files in the directory are
 // never claimed.
 func prefixSegments(p string) ([]string, error) {
 	base := tracefile.OutputBase(p)
@@ -116,16 +116,16 @@ func prefixSegments(p string) ([]string, error) {
 	return out, nil
 }
 
-// ReadTrace reads the segments named by paths (see ResolveSegments) into a Recording, records sorted
+// ReadTrace reads the segments named by paths (see resolveSegments) into a Recording, records sorted
 // by observed_at_unix_ms (ties by line order: files in read order, lines in file order).
 //
 // Damage is reported, not fatal: a segment with a torn or corrupt tail is read up to the damage
 // (Recording.Damaged gives its file and byte offset) and the other files are read on. A line that is
 // a dynamo.fpm.trace.v1 record but breaks one of its rules is counted (Recording.Invalid) and not
-// replayed. What is not a trace at all is an error naming the file (ErrNotGzip) or the file and line
-// (ErrNotTrace).
+// replayed. What is not a trace at all is an error naming the file (errNotGzip) or the file and line
+// (errNotTrace).
 func ReadTrace(paths []string) (*Recording, error) {
-	files, err := ResolveSegments(paths)
+	files, err := resolveSegments(paths)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +137,7 @@ func ReadTrace(paths []string) (*Recording, error) {
 			return nil, fmt.Errorf("replay: %w", err)
 		}
 		if !fsutil.LooksGzip(data) {
-			return nil, fmt.Errorf("%s: %w", f, ErrNotGzip)
+			return nil, fmt.Errorf("%s: %w", f, errNotGzip)
 		}
 		lr.file, lr.line = f, 0
 		d, err := scanSegment(f, data, lr.take)
@@ -176,7 +176,7 @@ func (lr *lineReader) take(line []byte) error {
 		return nil
 	}
 	if !errors.Is(err, schemas.ErrInvalidTraceLine) {
-		return &LineError{File: lr.file, Line: lr.line, Err: err}
+		return &lineError{File: lr.file, Line: lr.line, Err: err}
 	}
 	lr.rec.Invalid++
 	if len(lr.rec.InvalidExamples) < maxExamples {
@@ -186,22 +186,22 @@ func (lr *lineReader) take(line []byte) error {
 	return nil
 }
 
-// record decodes one line. A line that is not a dynamo.fpm.trace.v1 record at all is an ErrNotTrace
+// record decodes one line. A line that is not a dynamo.fpm.trace.v1 record at all is an errNotTrace
 // error; one that is but breaks a rule matches schemas.ErrInvalidTraceLine.
-func (lr *lineReader) record(line []byte) (Record, error) {
+func (lr *lineReader) record(line []byte) (record, error) {
 	tl, err := schemas.ParseTraceLine(line)
 	if err != nil {
 		if !isTraceRecord(line) {
-			return Record{}, fmt.Errorf("%w: %v", ErrNotTrace, err)
+			return record{}, fmt.Errorf("%w: %v", errNotTrace, err)
 		}
-		return Record{}, err
+		return record{}, err
 	}
 	var f schemas.FPM
 	if err := lr.dec.ParseFPMJSON(tl.Event.FPM, &f); err != nil { // checked by ParseTraceLine already
-		return Record{}, err
+		return record{}, err
 	}
 	e := &tl.Event
-	return Record{
+	return record{
 		Namespace:   lr.in.str(e.Source.Namespace),
 		Component:   lr.in.str(e.Source.Component),
 		Producer:    lr.in.str(e.Source.ProducerID),
@@ -234,14 +234,14 @@ func isTraceRecord(line []byte) bool {
 	return json.Unmarshal(probe.Event.Schema, &schema) == nil && schema == schemas.TraceSchema
 }
 
-// LineError locates a line that is not a trace record: its file and 1-based line number.
-type LineError struct {
+// lineError locates a line that is not a trace record: its file and 1-based line number.
+type lineError struct {
 	File string
 	Line int
 	Err  error
 }
 
-func (e *LineError) Error() string { return e.File + ":" + strconv.Itoa(e.Line) + ": " + e.Err.Error() }
+func (e *lineError) Error() string { return e.File + ":" + strconv.Itoa(e.Line) + ": " + e.Err.Error() }
 
-// Unwrap returns the cause (matching ErrNotTrace).
-func (e *LineError) Unwrap() error { return e.Err }
+// Unwrap returns the cause (matching errNotTrace).
+func (e *lineError) Unwrap() error { return e.Err }

@@ -49,7 +49,7 @@ func TestResolveSegmentsAcceptsEveryWayOfNamingThem(t *testing.T) {
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, err := ResolveSegments(c.paths)
+			got, err := resolveSegments(c.paths)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,8 +64,8 @@ func TestResolveSegmentsAcceptsEveryWayOfNamingThem(t *testing.T) {
 		"a directory with no trace": t.TempDir(),
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := ResolveSegments([]string{p})
-			if !errors.Is(err, ErrNoSegments) || !strings.Contains(err.Error(), p) {
+			_, err := resolveSegments([]string{p})
+			if !errors.Is(err, errNoSegments) || !strings.Contains(err.Error(), p) {
 				t.Fatalf("got %v, want ErrNoSegments naming %s", err, p)
 			}
 		})
@@ -73,13 +73,13 @@ func TestResolveSegmentsAcceptsEveryWayOfNamingThem(t *testing.T) {
 }
 
 // Which files a prefix claims and in what order they are read follow the trace format's naming rule
-// (tracefile.SegmentIndex): any u64 index, ordered by value, and nothing that is not exactly a
+// (tracefile.segmentIndex): any u64 index, ordered by value, and nothing that is not exactly a
 // segment's name.
 func TestResolveSegmentsByTheTraceNamingRule(t *testing.T) {
 	longID := strings.Repeat("worker/", 60)
 	cases := map[string]struct {
 		files []string // created in the directory (a name ending in "/" is a directory)
-		paths []string // given to ResolveSegments, relative to the directory
+		paths []string // given to resolveSegments, relative to the directory
 		want  []string
 	}{
 		"huge indexes, by an output prefix": {
@@ -138,7 +138,7 @@ func TestResolveSegmentsByTheTraceNamingRule(t *testing.T) {
 				}
 				return out
 			}
-			got, err := ResolveSegments(abs(c.paths))
+			got, err := resolveSegments(abs(c.paths))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -195,7 +195,7 @@ func TestReadTraceToleratesTornTails(t *testing.T) {
 		"cut in the member's body":    {m3[:len(m3)-12], []int64{1, 2, 3}, io.ErrUnexpectedEOF},
 		"cut in the member's trailer": {m3[:len(m3)-3], []int64{1, 2, 3}, io.ErrUnexpectedEOF},
 		"a corrupt member":            {corrupt, []int64{1, 2, 3}, nil},
-		"a member ending in a line":   {spanning, []int64{1, 2, 3}, ErrTornLine},
+		"a member ending in a line":   {spanning, []int64{1, 2, 3}, errTornLine},
 		"no damage":                   {m3, []int64{1, 2, 3, 4, 5}, nil},
 	}
 	for name, c := range cases {
@@ -241,12 +241,12 @@ func TestReadTraceRefusesWhatIsNotATrace(t *testing.T) {
 	mixed := writeFile(t, dir, "mixed/"+segName("a", 0), gzMember(t, good, bad, good))
 
 	_, err := ReadTrace([]string{plain})
-	if !errors.Is(err, ErrNotGzip) || !strings.Contains(err.Error(), plain) {
+	if !errors.Is(err, errNotGzip) || !strings.Contains(err.Error(), plain) {
 		t.Fatalf("plain JSONL: %v", err)
 	}
 	_, err = ReadTrace([]string{logs})
-	var le *LineError
-	if !errors.Is(err, ErrNotTrace) || !errors.As(err, &le) || le.File != logs || le.Line != 2 {
+	var le *lineError
+	if !errors.Is(err, errNotTrace) || !errors.As(err, &le) || le.File != logs || le.Line != 2 {
 		t.Fatalf("a log line: %v", err)
 	}
 	rec, err := ReadTrace([]string{mixed})

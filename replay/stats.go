@@ -23,14 +23,14 @@ type Shape struct {
 	DurationMs uint64  `json:"duration_ms"`
 	// RatePerS is Records over the duration (0 when it is 0).
 	RatePerS float64     `json:"rate_per_s"`
-	Ranks    []RankShape `json:"ranks"`
+	Ranks    []rankShape `json:"ranks"`
 	// span is the duration in ticks of unit (exact), for the text.
 	span uint64
 	unit time.Duration
 }
 
-// RankShape describes one (producer, dp_rank).
-type RankShape struct {
+// rankShape describes one (producer, dp_rank).
+type rankShape struct {
 	Producer string `json:"producer"`
 	DPRank   int64  `json:"dp_rank"`
 	Records  int    `json:"records"`
@@ -112,7 +112,7 @@ type rankTimes struct {
 // shape describes ranks over a span of span ticks of unit (a millisecond or a nanosecond).
 func shape(ranks []rankTimes, span uint64, unit time.Duration, n int) Shape {
 	seconds := float64(span) / float64(time.Second/unit) // one correctly rounded division
-	s := Shape{Records: n, DurationS: seconds, DurationMs: span / uint64(time.Millisecond/unit), Ranks: []RankShape{}, span: span, unit: unit}
+	s := Shape{Records: n, DurationS: seconds, DurationMs: span / uint64(time.Millisecond/unit), Ranks: []rankShape{}, span: span, unit: unit}
 	if span > 0 {
 		s.RatePerS = float64(n) / seconds
 	}
@@ -124,7 +124,7 @@ func shape(ranks []rankTimes, span uint64, unit time.Duration, n int) Shape {
 	})
 	toMs := float64(unit) / float64(time.Millisecond)
 	for _, r := range ranks {
-		rs := RankShape{Producer: r.producer, DPRank: r.rank, Records: len(r.at), Heartbeats: r.heartbeats}
+		rs := rankShape{Producer: r.producer, DPRank: r.rank, Records: len(r.at), Heartbeats: r.heartbeats}
 		if span > 0 {
 			rs.RatePerS = float64(len(r.at)) / seconds
 		}

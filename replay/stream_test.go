@@ -33,7 +33,7 @@ func TestStreamTargetStoresWhatABridgeWould(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New(plan, Config{Target: TargetStream, Stream: StreamConfig{Conn: env.NC, BridgeID: "replay-test"}})
+	r, err := New(plan, Config{Target: TargetStream, Stream: streamConfig{Conn: env.NC, BridgeID: "replay-test"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestStreamTargetStoresWhatABridgeWould(t *testing.T) {
 	next := map[int]int{}
 	for _, m := range msgs {
 		k, err := streams.ParseFPMSubject(m.Subject())
-		if err != nil || k.Namespace != DefaultNamespace || k.Component != "backend" || k.WorkerID != "w" {
+		if err != nil || k.Namespace != defaultNamespace || k.Component != "backend" || k.WorkerID != "w" {
 			t.Fatalf("subject %s (%v)", m.Subject(), err)
 		}
 		i := next[k.DPRank]

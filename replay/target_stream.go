@@ -28,22 +28,22 @@ import (
 // published to its shard's ingest subject, fpmin.<shard>.<namespace>.<component>.<worker_id>.<dp_rank>,
 // as the bridge publishes it, and stored in that shard under the same fpm. subject.
 
-// DefaultNamespace is the namespace a stream replay publishes under unless told otherwise.
-const DefaultNamespace = "replay"
+// defaultNamespace is the namespace a stream replay publishes under unless told otherwise.
+const defaultNamespace = "replay"
 
-// DefaultMaxInFlight bounds the publishes awaiting their ack.
-const DefaultMaxInFlight = 1024
+// defaultMaxInFlight bounds the publishes awaiting their ack.
+const defaultMaxInFlight = 1024
 
-// StreamConfig configures the stream target.
-type StreamConfig struct {
+// streamConfig configures the stream target.
+type streamConfig struct {
 	// Conn is the NATS connection to publish on (the caller's: never closed here).
 	Conn *nats.Conn
-	// Namespace replaces the recorded namespace (default DefaultNamespace). Component replaces the
+	// Namespace replaces the recorded namespace (default defaultNamespace). Component replaces the
 	// recorded component when set.
 	Namespace, Component string
 	// BridgeID is the Fpm-Bridge header (default "replay-<host>-<pid>").
 	BridgeID string
-	// MaxInFlight bounds the publishes awaiting an ack (default DefaultMaxInFlight); at the bound the
+	// MaxInFlight bounds the publishes awaiting an ack (default defaultMaxInFlight); at the bound the
 	// pacer waits, and the lateness report shows it.
 	MaxInFlight int
 	// AckTimeout bounds the wait for one publish's ack (default 10 s); a publish without one fails.
@@ -53,21 +53,21 @@ type StreamConfig struct {
 	FPMShards int
 }
 
-func (c StreamConfig) withDefaults() StreamConfig {
+func (c streamConfig) withDefaults() streamConfig {
 	if c.Namespace == "" {
-		c.Namespace = DefaultNamespace
+		c.Namespace = defaultNamespace
 	}
 	if c.BridgeID == "" {
 		host, _ := os.Hostname()
 		c.BridgeID = "replay-" + host + "-" + strconv.Itoa(os.Getpid())
 	}
-	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, defaultMaxInFlight)
 	c.AckTimeout = cmp.Or(c.AckTimeout, 10*time.Second)
 	return c
 }
 
-func (c StreamConfig) validate() error {
-	bad := invalid.Reporter(ErrInvalidConfig)
+func (c streamConfig) validate() error {
+	bad := invalid.Reporter(errInvalidConfig)
 	switch {
 	case strings.TrimSpace(c.Namespace) == "":
 		return bad("namespace must not be blank")
@@ -93,7 +93,7 @@ type inflight struct {
 // streamTarget publishes on the pacer's goroutine and settles acks on its collector goroutine, which
 // it owns (started by open, stopped by close).
 type streamTarget struct {
-	cfg     StreamConfig
+	cfg     streamConfig
 	plan    *Plan
 	rep     *reporter
 	js      jetstream.JetStream
@@ -103,7 +103,7 @@ type streamTarget struct {
 	done    chan struct{}
 }
 
-func newStreamTarget(cfg StreamConfig, p *Plan, rep *reporter) (*streamTarget, error) {
+func newStreamTarget(cfg streamConfig, p *Plan, rep *reporter) (*streamTarget, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -126,7 +126,7 @@ func (t *streamTarget) describe(s int) string {
 
 func (t *streamTarget) open(ctx context.Context, _ *Plan) error {
 	if t.cfg.Conn == nil {
-		return fmt.Errorf("%w: stream target: no NATS connection", ErrInvalidConfig)
+		return fmt.Errorf("%w: stream target: no NATS connection", errInvalidConfig)
 	}
 	js, err := jetstream.New(t.cfg.Conn,
 		jetstream.WithPublishAsyncMaxPending(2*t.cfg.MaxInFlight),

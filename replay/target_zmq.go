@@ -30,16 +30,16 @@ import (
 // process's limit before the first is opened (internal/fdbudget): libzmq aborts the process when it
 // runs out while binding.
 
-// OnFull says what a send refused by libzmq (EAGAIN) does. Without ZMQConfig.NoDrop a PUB socket never
+// onFull says what a send refused by libzmq (EAGAIN) does. Without ZMQConfig.NoDrop a PUB socket never
 // refuses: libzmq drops for a slow subscriber silently, as it does for Dynamo.
-type OnFull string
+type onFull string
 
 const (
-	// OnFullDrop drops the FPM, as Dynamo's `except zmq.Again` does; it counts as failed.
-	OnFullDrop OnFull = "drop"
-	// OnFullWait retries until libzmq takes the FPM: a slow subscriber slows the replay down, and the
+	// onFullDrop drops the FPM, as Dynamo's `except zmq.Again` does; it counts as failed.
+	onFullDrop onFull = "drop"
+	// onFullWait retries until libzmq takes the FPM: a slow subscriber slows the replay down, and the
 	// lateness report shows by how much.
-	OnFullWait OnFull = "wait"
+	onFullWait onFull = "wait"
 )
 
 // ZMQConfig configures the ZMQ target. The zero value binds 127.0.0.1, Dynamo's base port 20380.
@@ -55,11 +55,11 @@ type ZMQConfig struct {
 	PortMap map[string]int
 	// SendHWM is ZMQ_SNDHWM in messages (0: libzmq's 1000; negative: unlimited).
 	SendHWM int
-	// NoDrop sets ZMQ_XPUB_NODROP: a subscriber at its high-water mark makes sends fail, and OnFull
+	// NoDrop sets ZMQ_XPUB_NODROP: a subscriber at its high-water mark makes sends fail, and onFull
 	// says what happens then.
 	NoDrop bool
-	// OnFull: OnFullDrop (default) or OnFullWait.
-	OnFull OnFull
+	// onFull: onFullDrop (default) or onFullWait.
+	OnFull onFull
 	// Linger bounds how long closing waits for queued frames (0: producer.DefaultLinger; negative: 0).
 	Linger time.Duration
 	// StartDelay is waited after binding, before the first send, so subscribers that connect meanwhile
@@ -79,7 +79,7 @@ func (c ZMQConfig) withDefaults() ZMQConfig {
 	}
 	c.BasePort = cmp.Or(c.BasePort, producer.DefaultBasePort)
 	if c.OnFull == "" {
-		c.OnFull = OnFullDrop
+		c.OnFull = onFullDrop
 	}
 	if c.Linger == 0 {
 		c.Linger = producer.DefaultLinger
@@ -90,23 +90,23 @@ func (c ZMQConfig) withDefaults() ZMQConfig {
 	return c
 }
 
-// ErrInvalidConfig is wrapped by every error a Config (target) check returns.
-var ErrInvalidConfig = errors.New("replay: invalid config")
+// errInvalidConfig is wrapped by every error a Config (target) check returns.
+var errInvalidConfig = errors.New("replay: invalid config")
 
 func (c ZMQConfig) validate() error {
-	bad := invalid.Reporter(ErrInvalidConfig)
+	bad := invalid.Reporter(errInvalidConfig)
 	switch {
 	case strings.Contains(c.Host, "://") || strings.ContainsAny(c.Host, "/ \t[]"):
 		return bad("zmq host %q: give a host name or address", c.Host)
 	case c.BasePort < 1 || c.BasePort > math.MaxUint16:
 		return bad("fpm port %d: want 1..65535", c.BasePort)
-	case c.OnFull != OnFullDrop && c.OnFull != OnFullWait:
+	case c.OnFull != onFullDrop && c.OnFull != onFullWait:
 		return bad("on full %q: want drop or wait", c.OnFull)
-	case c.OnFull == OnFullWait && !c.NoDrop:
+	case c.OnFull == onFullWait && !c.NoDrop:
 		return bad("on full wait needs no-drop: without ZMQ_XPUB_NODROP libzmq never refuses a send, it drops silently")
 	}
 	if err := producer.CheckStartWait(c.StartDelay, c.WaitSubscribers, c.WaitTimeout); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: %w", errInvalidConfig, err)
 	}
 	for k, port := range c.PortMap {
 		if port < 1 || port > math.MaxUint16 {
@@ -116,16 +116,16 @@ func (c ZMQConfig) validate() error {
 	return nil
 }
 
-// ParsePortMapEntry parses one "<producer>=<port>" or "<producer>/<rank>=<port>" entry into m.
-func ParsePortMapEntry(m map[string]int, entry string) error {
+// parsePortMapEntry parses one "<producer>=<port>" or "<producer>/<rank>=<port>" entry into m.
+func parsePortMapEntry(m map[string]int, entry string) error {
 	key, v, ok := strings.Cut(entry, "=")
 	port, err := strconv.Atoi(strings.TrimSpace(v))
 	if !ok || key == "" || err != nil || port < 1 || port > math.MaxUint16 {
-		return fmt.Errorf("%w: port map %q: want <producer>=<base port> or <producer>/<rank>=<port>", ErrInvalidConfig, entry)
+		return fmt.Errorf("%w: port map %q: want <producer>=<base port> or <producer>/<rank>=<port>", errInvalidConfig, entry)
 	}
 	if p, r, ok := strings.Cut(key, "/"); ok {
 		if n, err := strconv.ParseInt(r, 10, 64); err != nil || n < 0 || p == "" {
-			return fmt.Errorf("%w: port map %q: the rank after / must be a non-negative integer", ErrInvalidConfig, entry)
+			return fmt.Errorf("%w: port map %q: the rank after / must be a non-negative integer", errInvalidConfig, entry)
 		}
 	}
 	m[key] = port
@@ -163,10 +163,10 @@ func (c ZMQConfig) Ports(p *Plan) ([]int, error) {
 	byPort := map[int]int{}
 	for i, port := range ports {
 		if port > math.MaxUint16 {
-			return nil, fmt.Errorf("%w: %s would bind port %d, beyond 65535: lower --fpm-port or map it (--port-map)", ErrInvalidConfig, p.Sockets[i].Label(), port)
+			return nil, fmt.Errorf("%w: %s would bind port %d, beyond 65535: lower --fpm-port or map it (--port-map)", errInvalidConfig, p.Sockets[i].Label(), port)
 		}
 		if j, dup := byPort[port]; dup {
-			return nil, fmt.Errorf("%w: %s and %s would both bind port %d: map one elsewhere (--port-map)", ErrInvalidConfig, p.Sockets[j].Label(), p.Sockets[i].Label(), port)
+			return nil, fmt.Errorf("%w: %s and %s would both bind port %d: map one elsewhere (--port-map)", errInvalidConfig, p.Sockets[j].Label(), p.Sockets[i].Label(), port)
 		}
 		byPort[port] = i
 	}
@@ -176,7 +176,7 @@ func (c ZMQConfig) Ports(p *Plan) ([]int, error) {
 			found = found || p.Sockets[i].Producer == k || p.Sockets[i].Label() == k
 		}
 		if !found {
-			return nil, fmt.Errorf("%w: port map names %q, which is no producer or producer/rank of the recording", ErrInvalidConfig, k)
+			return nil, fmt.Errorf("%w: port map names %q, which is no producer or producer/rank of the recording", errInvalidConfig, k)
 		}
 	}
 	return ports, nil
@@ -310,7 +310,7 @@ func (t *zmqTarget) sendFrames(ctx context.Context, s int, seq uint64, payload [
 func (t *zmqTarget) sendOnce(ctx context.Context, snd *producer.Sender, seq uint64, payload []byte) error {
 	for spins := 0; ; spins++ {
 		err := snd.Send(seq, payload)
-		if !errors.Is(err, producer.ErrDropped) || t.cfg.OnFull != OnFullWait {
+		if !errors.Is(err, producer.ErrDropped) || t.cfg.OnFull != onFullWait {
 			return err
 		}
 		// The subscriber is at its high-water mark: poll until it has read some.

@@ -120,7 +120,7 @@ func csvRows(t *testing.T, b []byte) []csvRow {
 }
 
 // runReplay runs r to the end and returns its report.
-func runReplay(t *testing.T, r *Replayer) *Report {
+func runReplay(t *testing.T, r *replayer) *Report {
 	t.Helper()
 	rep, err := r.Run(t.Context())
 	if err != nil {
@@ -313,7 +313,7 @@ func TestZMQReplayStopsWhenItsContextEnds(t *testing.T) {
 	if err != nil || !rep.Interrupted || rep.Overall.Replayed != 0 || rep.Overall.Undelivered != 1 || time.Since(start) > 5*time.Second {
 		t.Fatalf("err %v, report %+v after %v", err, rep, time.Since(start))
 	}
-	if _, err := r.Run(t.Context()); !errors.Is(err, ErrAlreadyRun) {
+	if _, err := r.Run(t.Context()); !errors.Is(err, errAlreadyRun) {
 		t.Fatalf("second run: %v", err)
 	}
 	// The port is free again.

@@ -38,10 +38,10 @@ const (
 	// ResolvedScopeRepresentative labels a probe result's resolved reply.
 	ResolvedScopeRepresentative = "representative_worker"
 
-	// Resolution values. Artefacts keep ResolutionPending; probe results use the others, or a failure
+	// Resolution values. Artefacts keep resolutionPending; probe results use the others, or a failure
 	// string that starts with ResolutionFailedPrefix or ResolutionSkippedPrefix.
-	ResolutionPending       = "pending_worker_probe"
-	ResolutionPreResolution = "pre_resolution"
+	resolutionPending       = "pending_worker_probe"
+	resolutionPreResolution = "pre_resolution"
 	ResolutionProbe         = "worker_probe"
 	ResolutionPartial       = "worker_probe_partial"
 	ResolutionMixed         = "worker_probe_mixed"
@@ -56,8 +56,8 @@ const (
 	EngineMissingBlock = "missing engine block"
 )
 
-// BenchRankArtifact is a typed view of one rank's self-benchmark artefact (artifact_type "rank").
-type BenchRankArtifact struct {
+// benchRankArtifact is a typed view of one rank's self-benchmark artefact (artifact_type "rank").
+type benchRankArtifact struct {
 	SchemaVersion   int                   `json:"schema_version"`
 	ArtifactType    string                `json:"artifact_type,omitempty"`
 	Status          string                `json:"status,omitempty"` // complete | partial
@@ -67,46 +67,46 @@ type BenchRankArtifact struct {
 	Error           json.RawMessage       `json:"error,omitempty"`
 	RunID           string                `json:"run_id"`
 	GridDigest      string                `json:"grid_digest"`
-	Timing          BenchTiming           `json:"timing"`
-	DP              BenchRankDP           `json:"dp"`
-	Coverage        BenchCoverage         `json:"coverage"`
-	Results         []BenchResult         `json:"results"`
-	IterationGroups []BenchIterationGroup `json:"iteration_groups"`
+	Timing          benchTiming           `json:"timing"`
+	DP              benchRankDP           `json:"dp"`
+	Coverage        benchCoverage         `json:"coverage"`
+	Results         []benchResult         `json:"results"`
+	IterationGroups []benchIterationGroup `json:"iteration_groups"`
 	SkippedPoints   []json.RawMessage     `json:"skipped_points"`
 	MissingPhases   []json.RawMessage     `json:"missing_phases,omitempty"`
 	// Limits holds rank-varying engine data (num_gpu_blocks, max_model_len).
 	Limits              json.RawMessage      `json:"limits,omitempty"`
-	Engine              *BenchEngine         `json:"engine,omitempty"`
-	MeasurementProtocol *MeasurementProtocol `json:"measurement_protocol,omitempty"`
-	WarmupEvidence      *WarmupEvidence      `json:"warmup_evidence,omitempty"`
+	Engine              *benchEngine         `json:"engine,omitempty"`
+	MeasurementProtocol *measurementProtocol `json:"measurement_protocol,omitempty"`
+	WarmupEvidence      *warmupEvidence      `json:"warmup_evidence,omitempty"`
 }
 
-// BenchMergedArtifact is a typed view of a merged artefact (artifact_type "merged"). It carries the
+// benchMergedArtifact is a typed view of a merged artefact (artifact_type "merged"). It carries the
 // reference rank's other fields unchanged.
-type BenchMergedArtifact struct {
+type benchMergedArtifact struct {
 	SchemaVersion       int                       `json:"schema_version"`
 	ArtifactType        string                    `json:"artifact_type"`
 	Status              string                    `json:"status,omitempty"`
 	RunID               string                    `json:"run_id"`
 	GridDigest          string                    `json:"grid_digest"`
-	Timing              BenchTiming               `json:"timing"`
-	DP                  BenchMergedDP             `json:"dp"`
-	Coverage            BenchCoverage             `json:"coverage"`
+	Timing              benchTiming               `json:"timing"`
+	DP                  benchMergedDP             `json:"dp"`
+	Coverage            benchCoverage             `json:"coverage"`
 	RankFiles           []string                  `json:"rank_files"`
 	MergedOutputPath    string                    `json:"merged_output_path"`
 	WorkerProbePath     string                    `json:"worker_probe_path,omitempty"`
-	Results             []BenchResult             `json:"results"`
-	IterationGroups     []BenchIterationGroup     `json:"iteration_groups"`
+	Results             []benchResult             `json:"results"`
+	IterationGroups     []benchIterationGroup     `json:"iteration_groups"`
 	SkippedPoints       []json.RawMessage         `json:"skipped_points"`
-	Engine              *BenchEngine              `json:"engine,omitempty"`
-	MeasurementProtocol *MeasurementProtocol      `json:"measurement_protocol,omitempty"`
-	RankWarmupEvidence  map[string]WarmupEvidence `json:"rank_warmup_evidence,omitempty"`
+	Engine              *benchEngine              `json:"engine,omitempty"`
+	MeasurementProtocol *measurementProtocol      `json:"measurement_protocol,omitempty"`
+	RankWarmupEvidence  map[string]warmupEvidence `json:"rank_warmup_evidence,omitempty"`
 }
 
-// BenchTiming is an artefact's timing block. A merged artefact takes the slowest rank's block, with
+// benchTiming is an artefact's timing block. A merged artefact takes the slowest rank's block, with
 // benchmark_elapsed_seconds the maximum over ranks, measured_iteration_seconds the sum of the group wall
 // times, and rank_benchmark_elapsed_seconds per rank.
-type BenchTiming struct {
+type benchTiming struct {
 	StartedAt                   string             `json:"started_at"`
 	CompletedAt                 string             `json:"completed_at"`
 	BenchmarkElapsedSeconds     float64            `json:"benchmark_elapsed_seconds"`
@@ -114,54 +114,54 @@ type BenchTiming struct {
 	RankBenchmarkElapsedSeconds map[string]float64 `json:"rank_benchmark_elapsed_seconds,omitempty"`
 }
 
-// BenchRankDP is a rank artefact's dp block.
-type BenchRankDP struct {
+// benchRankDP is a rank artefact's dp block.
+type benchRankDP struct {
 	Rank int `json:"rank"`
 	Size int `json:"size"`
 }
 
-// BenchMergedDP is a merged artefact's dp block.
-type BenchMergedDP struct {
+// benchMergedDP is a merged artefact's dp block.
+type benchMergedDP struct {
 	Ranks       []int `json:"ranks"`        // 0..global_size-1
 	SourceRanks []int `json:"source_ranks"` // the ranks whose artefacts were merged
 	ManagedSize int   `json:"managed_size"` // len(source_ranks)
 	GlobalSize  int   `json:"global_size"`
 }
 
-// BenchCoverage counts benchmark points (per rank in a rank artefact, times global_size when merged).
-type BenchCoverage struct {
+// benchCoverage counts benchmark points (per rank in a rank artefact, times global_size when merged).
+type benchCoverage struct {
 	ExpectedPoints  int `json:"expected_points"`
 	CompletedPoints int `json:"completed_points"`
 	SkippedPoints   int `json:"skipped_points"`
 }
 
-// BenchResult is one retained point: in a rank artefact that rank's own FPM; flattened per
+// benchResult is one retained point: in a rank artefact that rank's own FPM; flattened per
 // (benchmark_id, rank) in a merged artefact, where point carries dp_rank.
-type BenchResult struct {
+type benchResult struct {
 	Point        json.RawMessage `json:"point"` // has benchmark_id; free-form coordinates
-	FPMs         []BenchFPM      `json:"fpms"`
+	FPMs         []benchFPM      `json:"fpms"`
 	KVSeedRegime json.RawMessage `json:"kv_seed_regime,omitempty"`
 }
 
-// BenchIterationGroup is one synchronised benchmark iteration across every DP rank of the run.
-type BenchIterationGroup struct {
+// benchIterationGroup is one synchronised benchmark iteration across every DP rank of the run.
+type benchIterationGroup struct {
 	BenchmarkID     int               `json:"benchmark_id"`
 	Point           json.RawMessage   `json:"point"`
 	ExpectedDPRanks []int             `json:"expected_dp_ranks"`
 	Complete        bool              `json:"complete"`
 	WallTime        float64           `json:"wall_time"` // the maximum rank wall time: the point's latency
-	RankResults     []BenchRankResult `json:"rank_results"`
+	RankResults     []benchRankResult `json:"rank_results"`
 }
 
-// BenchRankResult is one rank's FPM in an iteration group.
-type BenchRankResult struct {
+// benchRankResult is one rank's FPM in an iteration group.
+type benchRankResult struct {
 	DPRank int        `json:"dp_rank"`
-	FPMs   []BenchFPM `json:"fpms"`
+	FPMs   []benchFPM `json:"fpms"`
 }
 
-// BenchFPM is a retained or raw ForwardPassMetrics in a benchmark artefact: counter_id is the benchmark
+// benchFPM is a retained or raw ForwardPassMetrics in a benchmark artefact: counter_id is the benchmark
 // point id. The scheduled/queued request blocks are kept raw.
-type BenchFPM struct {
+type benchFPM struct {
 	Version              int                   `json:"version,omitempty"`
 	WorkerID             string                `json:"worker_id,omitempty"`
 	DPRank               int                   `json:"dp_rank"`
@@ -169,13 +169,13 @@ type BenchFPM struct {
 	WallTime             float64               `json:"wall_time"`
 	ScheduledRequests    json.RawMessage       `json:"scheduled_requests,omitempty"`
 	QueuedRequests       json.RawMessage       `json:"queued_requests,omitempty"`
-	BenchmarkMeasurement *BenchmarkMeasurement `json:"benchmark_measurement,omitempty"` // retained FPMs only
-	BenchmarkSample      *BenchmarkSample      `json:"benchmark_sample,omitempty"`      // raw FPMs only
+	BenchmarkMeasurement *benchmarkMeasurement `json:"benchmark_measurement,omitempty"` // retained FPMs only
+	BenchmarkSample      *benchmarkSample      `json:"benchmark_sample,omitempty"`      // raw FPMs only
 }
 
-// MeasurementProtocol is the shared top-level measurement_protocol block; every rank of a run must
+// measurementProtocol is the shared top-level measurement_protocol block; every rank of a run must
 // record an identical one.
-type MeasurementProtocol struct {
+type measurementProtocol struct {
 	SchemaVersion          int                        `json:"schema_version"`
 	ContentIdentity        string                     `json:"content_identity"` // coordinate_rank_slot_v1
 	ContentSeed            string                     `json:"content_seed"`
@@ -184,14 +184,14 @@ type MeasurementProtocol struct {
 	PromptHashEncoding     string                     `json:"prompt_hash_encoding"`    // uint32_le
 	IndependentRepetitions int                        `json:"independent_repetitions"` // 1
 	TimingMetric           string                     `json:"timing_metric"`           // scheduler_wall_time
-	ExecutionEvidence      *ExecutionEvidenceContract `json:"execution_evidence,omitempty"`
+	ExecutionEvidence      *executionEvidenceContract `json:"execution_evidence,omitempty"`
 	InputEvidenceScope     string                     `json:"input_evidence_scope"` // injected_prompt_token_ids
 	Unobserved             []string                   `json:"unobserved"`
 	Preparation            json.RawMessage            `json:"preparation"`
 }
 
-// ExecutionEvidenceContract declares the per-sample and warmup evidence fields.
-type ExecutionEvidenceContract struct {
+// executionEvidenceContract declares the per-sample and warmup evidence fields.
+type executionEvidenceContract struct {
 	SchemaVersion     int    `json:"schema_version"` // 1
 	SampleField       string `json:"sample_field"`   // benchmark_sample
 	WarmupField       string `json:"warmup_field"`   // warmup_evidence
@@ -200,56 +200,56 @@ type ExecutionEvidenceContract struct {
 	CudagraphSource   string `json:"cudagraph_source,omitempty"`
 }
 
-// BenchmarkMeasurement is the benchmark_measurement block of a retained FPM.
-type BenchmarkMeasurement struct {
+// benchmarkMeasurement is the benchmark_measurement block of a retained FPM.
+type benchmarkMeasurement struct {
 	SchemaVersion           int                    `json:"schema_version"`
 	PointKey                string                 `json:"point_key"`
 	DPRank                  int                    `json:"dp_rank"`
-	Prompts                 BenchPrompts           `json:"prompts"`
-	Preparation             MeasurementPreparation `json:"preparation"`
+	Prompts                 benchPrompts           `json:"prompts"`
+	Preparation             measurementPreparation `json:"preparation"`
 	ExpectedInternalSamples int                    `json:"expected_internal_samples"`
-	RawFPMs                 []BenchFPM             `json:"raw_fpms"`
-	Estimate                BenchEstimate          `json:"estimate"`
+	RawFPMs                 []benchFPM             `json:"raw_fpms"`
+	Estimate                benchEstimate          `json:"estimate"`
 }
 
-// BenchPrompts is the prompt evidence of one rank-point.
-type BenchPrompts struct {
+// benchPrompts is the prompt evidence of one rank-point.
+type benchPrompts struct {
 	Status   string            `json:"status"` // recorded | unavailable
 	SHA256   *string           `json:"sha256"`
 	Requests []json.RawMessage `json:"requests"`
 }
 
-// MeasurementPreparation is the per-point preparation evidence.
-type MeasurementPreparation struct {
+// measurementPreparation is the per-point preparation evidence.
+type measurementPreparation struct {
 	GridDigest            string          `json:"grid_digest"`
 	CompletedPointsBefore *int            `json:"completed_points_before,omitempty"`
 	KVSeedRegime          json.RawMessage `json:"kv_seed_regime,omitempty"`
 	WarmupRecordsBefore   *int            `json:"warmup_records_before,omitempty"`
 }
 
-// BenchEstimate names the reduction of raw samples to the retained FPM.
-type BenchEstimate struct {
+// benchEstimate names the reduction of raw samples to the retained FPM.
+type benchEstimate struct {
 	Method           string `json:"method"` // single_step | last_step | adjacent_upper_median
 	RawSampleIndices []int  `json:"raw_sample_indices"`
 }
 
-// BenchmarkSample is the execution evidence of one raw FPM.
-type BenchmarkSample struct {
+// benchmarkSample is the execution evidence of one raw FPM.
+type benchmarkSample struct {
 	SampleIndex  int             `json:"sample_index"`  // position in raw_fpms
 	ForwardIndex int             `json:"forward_index"` // strictly increasing per rank
-	Timing       SampleTiming    `json:"timing"`
-	Cudagraph    SampleCudagraph `json:"cudagraph"`
+	Timing       sampleTiming    `json:"timing"`
+	Cudagraph    sampleCudagraph `json:"cudagraph"`
 }
 
-// SampleTiming is a raw sample's interval in the rank's process-local monotonic clock.
-type SampleTiming struct {
+// sampleTiming is a raw sample's interval in the rank's process-local monotonic clock.
+type sampleTiming struct {
 	Basis          string   `json:"basis"` // schedule_to_output | inter_output
 	StartMonotonic *float64 `json:"start_monotonic"`
 	EndMonotonic   float64  `json:"end_monotonic"`
 }
 
-// SampleCudagraph is a raw sample's observed graph dispatch; all null when status is unavailable.
-type SampleCudagraph struct {
+// sampleCudagraph is a raw sample's observed graph dispatch; all null when status is unavailable.
+type sampleCudagraph struct {
 	Status            string  `json:"status"` // observed | unavailable
 	RuntimeMode       *string `json:"runtime_mode"`
 	NumUnpaddedTokens *int    `json:"num_unpadded_tokens"`
@@ -257,15 +257,15 @@ type SampleCudagraph struct {
 	NumPaddings       *int    `json:"num_paddings"`
 }
 
-// WarmupEvidence is a rank's warmup ledger (warmup_evidence; rank_warmup_evidence[rank] when merged).
-type WarmupEvidence struct {
+// warmupEvidence is a rank's warmup ledger (warmup_evidence; rank_warmup_evidence[rank] when merged).
+type warmupEvidence struct {
 	Status  string         `json:"status"` // recorded | unavailable
-	Records []WarmupRecord `json:"records"`
+	Records []warmupRecord `json:"records"`
 	Reason  string         `json:"reason,omitempty"` // rank_artifact_not_loaded in a merged artefact
 }
 
-// WarmupRecord is one warmup attempt.
-type WarmupRecord struct {
+// warmupRecord is one warmup attempt.
+type warmupRecord struct {
 	Kind                   string           `json:"kind"` // global | eager_shape | real_prefix_seed | real_prefix_shape
 	RequestedShape         json.RawMessage  `json:"requested_shape"`
 	Status                 string           `json:"status"` // running | completed | failed
@@ -275,26 +275,26 @@ type WarmupRecord struct {
 	ObservedForwardCount   *int             `json:"observed_forward_count"`
 	FirstScheduledRequests json.RawMessage  `json:"first_scheduled_requests"`
 	LastScheduledRequests  json.RawMessage  `json:"last_scheduled_requests"`
-	Validation             WarmupValidation `json:"validation"`
+	Validation             warmupValidation `json:"validation"`
 }
 
-// WarmupValidation is a warmup record's shape validation.
-type WarmupValidation struct {
+// warmupValidation is a warmup record's shape validation.
+type warmupValidation struct {
 	Status       string  `json:"status"` // not_performed | passed | failed
 	Reason       *string `json:"reason,omitempty"`
 	Scope        *string `json:"scope,omitempty"` // attention_dp_group
 	FailedDPRank *int    `json:"failed_dp_rank,omitempty"`
 }
 
-// BenchEngine is the startup engine block (engine) of an artefact. A merged copy sets
+// benchEngine is the startup engine block (engine) of an artefact. A merged copy sets
 // parallel.data_parallel_rank to null and may add capture_errors.
-type BenchEngine struct {
-	Attention    *EngineAttention   `json:"attention,omitempty"`
+type benchEngine struct {
+	Attention    *engineAttention   `json:"attention,omitempty"`
 	KVCache      json.RawMessage    `json:"kv_cache,omitempty"`
 	Quantization json.RawMessage    `json:"quantization,omitempty"`
 	Scheduler    json.RawMessage    `json:"scheduler,omitempty"`
 	Model        json.RawMessage    `json:"model,omitempty"`
-	Parallel     *EngineParallel    `json:"parallel,omitempty"`
+	Parallel     *engineParallel    `json:"parallel,omitempty"`
 	Speculative  json.RawMessage    `json:"speculative,omitempty"`
 	Graph        json.RawMessage    `json:"graph,omitempty"`
 	Versions     map[string]*string `json:"versions,omitempty"`
@@ -306,9 +306,9 @@ type BenchEngine struct {
 	CaptureErrors map[string]string `json:"capture_errors,omitempty"`
 }
 
-// EngineAttention is the requested attention configuration; the *_resolved fields stay null and
+// engineAttention is the requested attention configuration; the *_resolved fields stay null and
 // resolution "pending_worker_probe" in artefacts.
-type EngineAttention struct {
+type engineAttention struct {
 	BackendRequested           *string         `json:"backend_requested"`
 	BackendPerKind             json.RawMessage `json:"backend_per_kind,omitempty"`
 	MLAPrefillBackendRequested *string         `json:"mla_prefill_backend_requested"`
@@ -317,9 +317,9 @@ type EngineAttention struct {
 	Resolution                 *string         `json:"resolution"`
 }
 
-// EngineParallel is the parallel topology; tensor, pipeline and prefill-context sizes give a probe's
+// engineParallel is the parallel topology; tensor, pipeline and prefill-context sizes give a probe's
 // expected workers per DP rank.
-type EngineParallel struct {
+type engineParallel struct {
 	DataParallelSize           *int `json:"data_parallel_size,omitempty"`
 	DataParallelRank           *int `json:"data_parallel_rank"`
 	TensorParallelSize         *int `json:"tensor_parallel_size,omitempty"`
@@ -335,50 +335,50 @@ type WorkerProbeSidecar struct {
 	RunID            string                 `json:"run_id"`         // the merged artefact's run_id
 	MergedOutputPath string                 `json:"merged_output_path"`
 	RankFiles        []string               `json:"rank_files"`
-	Merged           ProbeResult            `json:"merged"`
-	Ranks            map[string]ProbeResult `json:"ranks"` // keyed by DP rank
+	Merged           probeResult            `json:"merged"`
+	Ranks            map[string]probeResult `json:"ranks"` // keyed by DP rank
 }
 
-// ProbeResult is the probe outcome for the workers of one artefact (every DP rank for merged, one rank
+// probeResult is the probe outcome for the workers of one artefact (every DP rank for merged, one rank
 // for an entry of ranks).
-type ProbeResult struct {
+type probeResult struct {
 	RankFile      string          `json:"rank_file,omitempty"` // entries of ranks only
 	Resolved      json.RawMessage `json:"resolved"`            // one in-scope reply, or null
 	ResolvedScope *string         `json:"resolved_scope"`      // representative_worker, or null
 	Resolution    string          `json:"resolution"`
-	WorkerProbe   WorkerProbe     `json:"worker_probe"`
-	Attention     *ProbeAttention `json:"attention,omitempty"` // when the engine block has attention
+	WorkerProbe   workerProbe     `json:"worker_probe"`
+	Attention     *probeAttention `json:"attention,omitempty"` // when the engine block has attention
 }
 
-// WorkerProbe keeps every returned reply and the coverage they establish.
-type WorkerProbe struct {
+// workerProbe keeps every returned reply and the coverage they establish.
+type workerProbe struct {
 	SchemaVersion int             `json:"schema_version"` // 1
 	Scope         string          `json:"scope"`          // post_collection_collective_rpc
-	Responses     []ProbeResponse `json:"responses"`
-	Coverage      ProbeCoverage   `json:"coverage"`
+	Responses     []probeResponse `json:"responses"`
+	Coverage      probeCoverage   `json:"coverage"`
 	Disagreements []string        `json:"disagreements"`
 	Error         *string         `json:"error"`
 }
 
-// ProbeResponse is one reply as returned, with its validation issues.
-type ProbeResponse struct {
+// probeResponse is one reply as returned, with its validation issues.
+type probeResponse struct {
 	RPCIndex int             `json:"rpc_index"`
 	Response json.RawMessage `json:"response"`
 	Issues   []string        `json:"issues"`
 }
 
-// ProbeCoverage says which workers the replies cover.
-type ProbeCoverage struct {
+// probeCoverage says which workers the replies cover.
+type probeCoverage struct {
 	Scope                string                `json:"scope"` // artifact_workers
 	ExpectedDPRanks      []int                 `json:"expected_dp_ranks"`
 	ExpectedWorkersPerDP *int                  `json:"expected_workers_per_dp"`
-	ObservedWorkers      []ProbeObservedWorker `json:"observed_workers"`
+	ObservedWorkers      []probeObservedWorker `json:"observed_workers"`
 	MissingDPRanks       []int                 `json:"missing_dp_ranks"`
 	Complete             bool                  `json:"complete"`
 }
 
-// ProbeObservedWorker is the identity of one valid, unique in-scope reply.
-type ProbeObservedWorker struct {
+// probeObservedWorker is the identity of one valid, unique in-scope reply.
+type probeObservedWorker struct {
 	DPRank     *int `json:"dp_rank"`
 	WorkerRank *int `json:"worker_rank"`
 	TPRank     *int `json:"tp_rank"`
@@ -386,15 +386,15 @@ type ProbeObservedWorker struct {
 	PCPRank    *int `json:"pcp_rank"`
 }
 
-// ProbeAttention summarises the resolved attention backends of the in-scope replies.
-type ProbeAttention struct {
+// probeAttention summarises the resolved attention backends of the in-scope replies.
+type probeAttention struct {
 	BackendResolved           *string `json:"backend_resolved"`
 	MLAPrefillBackendResolved *string `json:"mla_prefill_backend_resolved"`
 	Resolution                string  `json:"resolution"`
 }
 
-// WorkerProbeReply is one model worker's reply to fpm_engine_probe.
-type WorkerProbeReply struct {
+// workerProbeReply is one model worker's reply to fpm_engine_probe.
+type workerProbeReply struct {
 	TPRank                        *int              `json:"tp_rank"`
 	PPRank                        *int              `json:"pp_rank"`
 	PCPRank                       *int              `json:"pcp_rank"`
@@ -407,9 +407,9 @@ type WorkerProbeReply struct {
 	CaptureErrors                 map[string]string `json:"capture_errors"`
 }
 
-// DecodeBenchTyped decodes a benchmark document into one of the typed views above (for example
-// *BenchRankArtifact or *WorkerProbeSidecar). Unknown fields are ignored; use ParseBenchJSON to keep them.
-func DecodeBenchTyped(data []byte, v any) error {
+// decodeBenchTyped decodes a benchmark document into one of the typed views above (for example
+// *benchRankArtifact or *WorkerProbeSidecar). Unknown fields are ignored; use ParseBenchJSON to keep them.
+func decodeBenchTyped(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("schemas: decode benchmark document: %w", err)

@@ -18,12 +18,12 @@ import (
 // it, and numbers exactly as written (a timing of 0.062000000000000006 stays that text). The typed views
 // in bench.go describe the fields the merge rules read; the tree is what a merge copies.
 
-// BenchKind is the JSON type of a BenchNode.
-type BenchKind uint8
+// benchKind is the JSON type of a BenchNode.
+type benchKind uint8
 
 // The JSON types.
 const (
-	BenchNull BenchKind = iota
+	BenchNull benchKind = iota
 	BenchBool
 	BenchNumber
 	BenchString
@@ -31,7 +31,7 @@ const (
 	BenchObject
 )
 
-func (k BenchKind) String() string {
+func (k benchKind) String() string {
 	switch k {
 	case BenchNull:
 		return "null"
@@ -57,37 +57,37 @@ func (k BenchKind) String() string {
 //   - BenchArray: Kids are the elements.
 //   - BenchObject: Keys are the member names in document order (unique) and Kids[i] is the value of Keys[i].
 //
-// A container read by ParseBenchHeader below the depth it builds is "raw": no Kids, and Str holds its JSON
+// A container read by parseBenchHeader below the depth it builds is "raw": no Kids, and Str holds its JSON
 // text (see Raw). Children are stored by value, one allocation per container, so a tree of a 60 MB
 // artefact costs a few hundred MB rather than a few GB. The zero value is null.
 type BenchNode struct {
-	Kind BenchKind
+	Kind benchKind
 	Str  string
 	Keys []string
 	Kids []BenchNode
 }
 
-// BenchMaxDepth is the deepest container nesting ParseBenchJSON accepts (the top-level value is depth 1).
-const BenchMaxDepth = 512
+// benchMaxDepth is the deepest container nesting ParseBenchJSON accepts (the top-level value is depth 1).
+const benchMaxDepth = 512
 
-// ErrBenchMalformed: the bytes are not one well-formed JSON document acceptable as a benchmark artefact
+// errBenchMalformed: the bytes are not one well-formed JSON document acceptable as a benchmark artefact
 // (syntax error, invalid UTF-8, a raw control character in a string, an unpaired surrogate escape, a
-// duplicate object key, nesting deeper than BenchMaxDepth, or trailing data). Returned as a
-// *BenchSyntaxError.
-var ErrBenchMalformed = errors.New("schemas: malformed benchmark JSON")
+// duplicate object key, nesting deeper than benchMaxDepth, or trailing data). Returned as a
+// *benchSyntaxError.
+var errBenchMalformed = errors.New("schemas: malformed benchmark JSON")
 
-// BenchSyntaxError reports where a benchmark document is malformed. It matches ErrBenchMalformed.
-type BenchSyntaxError struct {
+// benchSyntaxError reports where a benchmark document is malformed. It matches errBenchMalformed.
+type benchSyntaxError struct {
 	Offset int    // byte offset of the problem
 	Reason string // what is wrong there
 }
 
-func (e *BenchSyntaxError) Error() string {
+func (e *benchSyntaxError) Error() string {
 	return "schemas: malformed benchmark JSON at byte " + strconv.Itoa(e.Offset) + ": " + e.Reason
 }
 
-// Is reports whether target is ErrBenchMalformed.
-func (e *BenchSyntaxError) Is(target error) bool { return target == ErrBenchMalformed }
+// Is reports whether target is errBenchMalformed.
+func (e *benchSyntaxError) Is(target error) bool { return target == errBenchMalformed }
 
 // ParseBenchJSON parses one JSON document into an ordered tree. It copies data once; the tree does not
 // alias data afterwards.
@@ -96,12 +96,12 @@ func ParseBenchJSON(data []byte) (*BenchNode, error) {
 	return p.document()
 }
 
-// ParseBenchHeader parses a rank or merged artefact like ParseBenchJSON, except that the elements of the
+// parseBenchHeader parses a rank or merged artefact like ParseBenchJSON, except that the elements of the
 // top-level "results" and "iteration_groups" arrays are only checked for syntax and kept raw (Str holds
 // their JSON text, see Raw). It is how a merger reads the run-level fields of every rank before it
 // builds the large parts of one rank at a time. Duplicate keys inside a raw element are not detected
 // here (ParseBenchJSON detects them).
-func ParseBenchHeader(data []byte) (*BenchNode, error) {
+func parseBenchHeader(data []byte) (*BenchNode, error) {
 	p := newBenchParser(bytes.Clone(data))
 	p.header = true
 	return p.document()
@@ -128,7 +128,7 @@ type benchParser struct {
 }
 
 func (p *benchParser) fail(off int, reason string) error {
-	return &BenchSyntaxError{Offset: off, Reason: reason}
+	return &benchSyntaxError{Offset: off, Reason: reason}
 }
 
 func (p *benchParser) document() (*BenchNode, error) {
@@ -169,7 +169,7 @@ func (p *benchParser) ws() {
 	p.pos = i
 }
 
-// value parses the value at p.pos. top marks the top-level value of ParseBenchHeader.
+// value parses the value at p.pos. top marks the top-level value of parseBenchHeader.
 func (p *benchParser) value(top bool) (BenchNode, error) {
 	if p.pos >= len(p.src) {
 		return BenchNode{}, p.fail(p.pos, "unexpected end of input")
@@ -195,7 +195,7 @@ func (p *benchParser) value(top bool) (BenchNode, error) {
 	return BenchNode{}, p.fail(p.pos, "unexpected character "+strconv.QuoteRune(rune(p.src[p.pos])))
 }
 
-func (p *benchParser) literal(word string, k BenchKind) (BenchNode, error) {
+func (p *benchParser) literal(word string, k benchKind) (BenchNode, error) {
 	if !strings.HasPrefix(p.src[p.pos:], word) {
 		return BenchNode{}, p.fail(p.pos, "invalid literal")
 	}
@@ -209,8 +209,8 @@ func (p *benchParser) literal(word string, k BenchKind) (BenchNode, error) {
 
 func (p *benchParser) enter() error {
 	p.depth++
-	if p.depth > BenchMaxDepth {
-		return p.fail(p.pos, "nesting deeper than "+strconv.Itoa(BenchMaxDepth))
+	if p.depth > benchMaxDepth {
+		return p.fail(p.pos, "nesting deeper than "+strconv.Itoa(benchMaxDepth))
 	}
 	return nil
 }
@@ -342,7 +342,7 @@ func (p *benchParser) object(top bool) (BenchNode, error) {
 	return n, nil
 }
 
-// array parses an array; rawElems keeps container elements raw (ParseBenchHeader).
+// array parses an array; rawElems keeps container elements raw (parseBenchHeader).
 func (p *benchParser) array(rawElems bool) (BenchNode, error) {
 	base := len(p.stack)
 	empty, err := p.open(']')
@@ -514,8 +514,8 @@ func (p *benchParser) skipUnchecked() error {
 			}
 		case '{', '[':
 			depth++
-			if depth > BenchMaxDepth {
-				return p.fail(i, "nesting deeper than "+strconv.Itoa(BenchMaxDepth))
+			if depth > benchMaxDepth {
+				return p.fail(i, "nesting deeper than "+strconv.Itoa(benchMaxDepth))
 			}
 		case '}', ']':
 			depth--
@@ -611,7 +611,7 @@ func (p *benchParser) number() (string, error) {
 
 // --- accessors ---
 
-// Raw reports whether n is a container kept as unparsed text by ParseBenchHeader; its text is n.Str.
+// Raw reports whether n is a container kept as unparsed text by parseBenchHeader; its text is n.Str.
 func (n *BenchNode) Raw() bool {
 	return n != nil && (n.Kind == BenchArray || n.Kind == BenchObject) && n.Str != ""
 }

@@ -51,12 +51,12 @@ func TestBenchJSONRejects(t *testing.T) {
 		"bad escape":            `["\x"]`,
 		"unterminated":          `{"a":`,
 		"bom":                   "\xef\xbb\xbf{}",
-		"too deep":              strings.Repeat("[", BenchMaxDepth+1) + strings.Repeat("]", BenchMaxDepth+1),
+		"too deep":              strings.Repeat("[", benchMaxDepth+1) + strings.Repeat("]", benchMaxDepth+1),
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := ParseBenchJSON([]byte(src))
-			var se *BenchSyntaxError
-			if !errors.Is(err, ErrBenchMalformed) || !errors.As(err, &se) {
+			var se *benchSyntaxError
+			if !errors.Is(err, errBenchMalformed) || !errors.As(err, &se) {
 				t.Fatalf("got %v, want a *BenchSyntaxError", err)
 			}
 		})
@@ -116,7 +116,7 @@ func TestBenchPythonFloat(t *testing.T) {
 
 func TestBenchHeaderKeepsLargeArraysRaw(t *testing.T) {
 	src := `{"run_id":"r","results":[{"point":{"benchmark_id":1}},{"a":[1]}],"iteration_groups":[],"other":[{"b":2}]}`
-	doc, err := ParseBenchHeader([]byte(src))
+	doc, err := parseBenchHeader([]byte(src))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestBenchHeaderKeepsLargeArraysRaw(t *testing.T) {
 	if doc.Get("other").Kids[0].Raw() {
 		t.Fatalf("other arrays must be built")
 	}
-	if _, err := ParseBenchHeader([]byte(`{"results":[{"a":}]}`)); err == nil {
+	if _, err := parseBenchHeader([]byte(`{"results":[{"a":}]}`)); err == nil {
 		t.Fatalf("a syntax error inside a raw element must still be reported")
 	}
 }
@@ -136,8 +136,8 @@ func TestBenchHeaderKeepsLargeArraysRaw(t *testing.T) {
 // outputs, refreshed by go test ./consumers/merge -run TestBenchGolden -update) against the JSON Schema
 // documents, and decodes them into the typed views.
 func TestBenchSchemasValidateExamples(t *testing.T) {
-	for _, f := range BenchSchemaFiles {
-		if _, err := CompileSchema(f); err != nil {
+	for _, f := range benchSchemaFiles {
+		if _, err := compileSchema(f); err != nil {
 			t.Fatalf("compile %s: %v", f, err)
 		}
 	}
@@ -145,14 +145,14 @@ func TestBenchSchemasValidateExamples(t *testing.T) {
 		schema string
 		typed  any
 	}{
-		"rank-legacy.json":             {BenchRankSchemaFile, &BenchRankArtifact{}},
-		"rank-protocol.json":           {BenchRankSchemaFile, &BenchRankArtifact{}},
-		"merged-legacy.json":           {BenchMergedSchemaFile, &BenchMergedArtifact{}},
-		"merged-protocol.json":         {BenchMergedSchemaFile, &BenchMergedArtifact{}},
-		"merged-capture-failed.json":   {BenchMergedSchemaFile, &BenchMergedArtifact{}},
+		"rank-legacy.json":             {benchRankSchemaFile, &benchRankArtifact{}},
+		"rank-protocol.json":           {benchRankSchemaFile, &benchRankArtifact{}},
+		"merged-legacy.json":           {BenchMergedSchemaFile, &benchMergedArtifact{}},
+		"merged-protocol.json":         {BenchMergedSchemaFile, &benchMergedArtifact{}},
+		"merged-capture-failed.json":   {BenchMergedSchemaFile, &benchMergedArtifact{}},
 		"worker-probe-rank0-only.json": {BenchWorkerProbeSchemaFile, &WorkerProbeSidecar{}},
 		"worker-probe-no-replies.json": {BenchWorkerProbeSchemaFile, &WorkerProbeSidecar{}},
-		"probe-replies.json":           {BenchProbeRepliesSchemaFile, &[]WorkerProbeReply{}},
+		"probe-replies.json":           {benchProbeRepliesSchemaFile, &[]workerProbeReply{}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -163,7 +163,7 @@ func TestBenchSchemasValidateExamples(t *testing.T) {
 			if err := ValidateBenchDocument(c.schema, b); err != nil {
 				t.Fatal(err)
 			}
-			if err := DecodeBenchTyped(b, c.typed); err != nil {
+			if err := decodeBenchTyped(b, c.typed); err != nil {
 				t.Fatal(err)
 			}
 			doc, err := ParseBenchJSON(b)
@@ -176,7 +176,7 @@ func TestBenchSchemasValidateExamples(t *testing.T) {
 		})
 	}
 	// Typed views carry the fields the rules read.
-	var m BenchMergedArtifact
+	var m benchMergedArtifact
 	b, _ := os.ReadFile(filepath.Join("testdata", "bench", "merged-capture-failed.json"))
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
@@ -191,10 +191,10 @@ func TestBenchSchemasValidateExamples(t *testing.T) {
 
 func TestBenchSchemasRejectBrokenDocuments(t *testing.T) {
 	for name, c := range map[string]struct{ schema, doc string }{
-		"rank with schema_version 3":      {BenchRankSchemaFile, `{"schema_version":3,"run_id":"r","grid_digest":"g","timing":{},"dp":{"rank":0,"size":1},"coverage":{},"results":[],"iteration_groups":[]}`},
-		"observed graph without counts":   {BenchSampleSchemaFile, `{"sample_index":0,"forward_index":1,"timing":{"basis":"inter_output","start_monotonic":null,"end_monotonic":1.0},"cudagraph":{"status":"observed","runtime_mode":"FULL"}}`},
-		"unavailable graph with a mode":   {BenchSampleSchemaFile, `{"sample_index":0,"forward_index":1,"timing":{"basis":"inter_output","end_monotonic":1.0},"cudagraph":{"status":"unavailable","runtime_mode":"NONE"}}`},
-		"unavailable ledger with records": {BenchWarmupEvidenceSchemaFile, `{"status":"unavailable","records":[{"status":"completed","validation":{"status":"passed"}}]}`},
+		"rank with schema_version 3":      {benchRankSchemaFile, `{"schema_version":3,"run_id":"r","grid_digest":"g","timing":{},"dp":{"rank":0,"size":1},"coverage":{},"results":[],"iteration_groups":[]}`},
+		"observed graph without counts":   {benchSampleSchemaFile, `{"sample_index":0,"forward_index":1,"timing":{"basis":"inter_output","start_monotonic":null,"end_monotonic":1.0},"cudagraph":{"status":"observed","runtime_mode":"FULL"}}`},
+		"unavailable graph with a mode":   {benchSampleSchemaFile, `{"sample_index":0,"forward_index":1,"timing":{"basis":"inter_output","end_monotonic":1.0},"cudagraph":{"status":"unavailable","runtime_mode":"NONE"}}`},
+		"unavailable ledger with records": {benchWarmupEvidenceSchemaFile, `{"status":"unavailable","records":[{"status":"completed","validation":{"status":"passed"}}]}`},
 		"sidecar of another schema":       {BenchWorkerProbeSchemaFile, `{"schema":"x","schema_version":1}`},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -217,8 +217,8 @@ func FuzzBenchJSON(f *testing.F) {
 	f.Add([]byte(`{"a":[1,2.5e-3,"\u00e9",{"b":null}],"c":true}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		doc, err := ParseBenchJSON(data)
-		hdr, herr := ParseBenchHeader(data)
-		if (err == nil) != (herr == nil) && !(err != nil && errors.Is(err, ErrBenchMalformed) && strings.Contains(err.Error(), "duplicate key")) {
+		hdr, herr := parseBenchHeader(data)
+		if (err == nil) != (herr == nil) && !(err != nil && errors.Is(err, errBenchMalformed) && strings.Contains(err.Error(), "duplicate key")) {
 			t.Fatalf("ParseBenchJSON %v but ParseBenchHeader %v", err, herr)
 		}
 		if err != nil {
@@ -279,7 +279,7 @@ func TestBenchScannerCompare(t *testing.T) {
 			t.Errorf("%s: diff %q, want %q", c.src, d, c.want)
 		}
 	}
-	if _, err := NewBenchScanner([]byte(`{"d":2,"d":2,"":true}`)).Compare(ref); !errors.Is(err, ErrBenchMalformed) {
+	if _, err := NewBenchScanner([]byte(`{"d":2,"d":2,"":true}`)).Compare(ref); !errors.Is(err, errBenchMalformed) {
 		t.Fatalf("a duplicate key must be malformed: %v", err)
 	}
 }
@@ -310,7 +310,7 @@ func TestBenchScannerWalk(t *testing.T) {
 		t.Fatalf("walk %v", got)
 	}
 	dup := NewBenchScanner([]byte(`{"a":1,"a":2}`))
-	if err := dup.Object(func(string) error { return dup.Skip() }); !errors.Is(err, ErrBenchMalformed) || !strings.Contains(err.Error(), "duplicate key") {
+	if err := dup.Object(func(string) error { return dup.Skip() }); !errors.Is(err, errBenchMalformed) || !strings.Contains(err.Error(), "duplicate key") {
 		t.Fatalf("duplicate keys: %v", err)
 	}
 }

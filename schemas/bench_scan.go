@@ -43,7 +43,7 @@ func (s *BenchScanner) start() error {
 func (s *BenchScanner) Offset() int { return s.p.pos }
 
 // Kind reports the kind of the value at the scanner's position.
-func (s *BenchScanner) Kind() (BenchKind, error) {
+func (s *BenchScanner) Kind() (benchKind, error) {
 	if err := s.start(); err != nil {
 		return 0, err
 	}

@@ -8,26 +8,26 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-// JSON Schema documents (draft 2020-12, in FS under jsonschema/) of the benchmark formats. The structural
+// JSON Schema documents (draft 2020-12, in schemaFS under jsonschema/) of the benchmark formats. The structural
 // parts of the merge rules are expressed there; rules that relate fields (status consistency, coverage
 // arithmetic, identical blocks across ranks, timing sums) are fpmbus's merger's job.
 const (
-	BenchRankSchemaFile                = "bench-rank.schema.json"
+	benchRankSchemaFile                = "bench-rank.schema.json"
 	BenchMergedSchemaFile              = "bench-merged.schema.json"
-	BenchMeasurementProtocolSchemaFile = "bench-measurement-protocol.schema.json"
-	BenchMeasurementSchemaFile         = "bench-measurement.schema.json"
-	BenchSampleSchemaFile              = "bench-sample.schema.json"
-	BenchWarmupEvidenceSchemaFile      = "bench-warmup-evidence.schema.json"
-	BenchEngineSchemaFile              = "bench-engine.schema.json"
+	benchMeasurementProtocolSchemaFile = "bench-measurement-protocol.schema.json"
+	benchMeasurementSchemaFile         = "bench-measurement.schema.json"
+	benchSampleSchemaFile              = "bench-sample.schema.json"
+	benchWarmupEvidenceSchemaFile      = "bench-warmup-evidence.schema.json"
+	benchEngineSchemaFile              = "bench-engine.schema.json"
 	BenchWorkerProbeSchemaFile         = "bench-worker-probe.schema.json"
-	BenchProbeRepliesSchemaFile        = "bench-probe-replies.schema.json"
+	benchProbeRepliesSchemaFile        = "bench-probe-replies.schema.json"
 )
 
-// BenchSchemaFiles lists the benchmark schema documents.
-var BenchSchemaFiles = []string{
-	BenchRankSchemaFile, BenchMergedSchemaFile, BenchMeasurementProtocolSchemaFile, BenchMeasurementSchemaFile,
-	BenchSampleSchemaFile, BenchWarmupEvidenceSchemaFile, BenchEngineSchemaFile, BenchWorkerProbeSchemaFile,
-	BenchProbeRepliesSchemaFile,
+// benchSchemaFiles lists the benchmark schema documents.
+var benchSchemaFiles = []string{
+	benchRankSchemaFile, BenchMergedSchemaFile, benchMeasurementProtocolSchemaFile, benchMeasurementSchemaFile,
+	benchSampleSchemaFile, benchWarmupEvidenceSchemaFile, benchEngineSchemaFile, BenchWorkerProbeSchemaFile,
+	benchProbeRepliesSchemaFile,
 }
 
 var benchSchemas sync.Map // file name -> *jsonschema.Schema
@@ -40,7 +40,7 @@ func ValidateBenchDocument(schemaFile string, doc []byte) error {
 	if v, ok := benchSchemas.Load(schemaFile); ok {
 		s = v.(*jsonschema.Schema)
 	} else {
-		c, err := CompileSchema(schemaFile)
+		c, err := compileSchema(schemaFile)
 		if err != nil {
 			return err
 		}

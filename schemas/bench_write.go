@@ -88,7 +88,7 @@ func (jw *benchWriter) value(n *BenchNode, depth int) {
 	case BenchBool, BenchNumber:
 		jw.buf = append(jw.buf, n.Str...)
 	case BenchString:
-		jw.buf = AppendPythonJSONString(jw.buf, n.Str)
+		jw.buf = appendPythonJSONString(jw.buf, n.Str)
 	case BenchArray, BenchObject:
 		if n.Raw() {
 			if full, err := ParseBenchJSON([]byte(n.Str)); err == nil {
@@ -113,7 +113,7 @@ func (jw *benchWriter) value(n *BenchNode, depth int) {
 			}
 			jw.newline(depth + 1)
 			if n.Kind == BenchObject {
-				jw.buf = AppendPythonJSONString(jw.buf, n.Keys[i])
+				jw.buf = appendPythonJSONString(jw.buf, n.Keys[i])
 				jw.buf = append(jw.buf, ':')
 				if !jw.compact {
 					jw.buf = append(jw.buf, ' ')
@@ -129,10 +129,10 @@ func (jw *benchWriter) value(n *BenchNode, depth int) {
 // namedEscapes are the bytes Python's json module escapes by name: '"', '\\', \n, \r, \t, \b and \f.
 var namedEscapes = [256]byte{'"': '"', '\\': '\\', '\n': 'n', '\r': 'r', '\t': 't', '\b': 'b', '\f': 'f'}
 
-// AppendPythonJSONString appends s as a JSON string the way Python's json module writes it with
+// appendPythonJSONString appends s as a JSON string the way Python's json module writes it with
 // ensure_ascii: '"' and '\\' escaped, \n \r \t \b \f by name, every other byte outside 0x20..0x7e as
 // \uXXXX (UTF-16 surrogate pairs above U+FFFF, lowercase hex).
-func AppendPythonJSONString(dst []byte, s string) []byte {
+func appendPythonJSONString(dst []byte, s string) []byte {
 	const hexd = "0123456789abcdef"
 	dst = append(dst, '"')
 	start := 0

@@ -17,7 +17,7 @@ import (
 //     characters as \u00xx (lowercase hex); nothing else is escaped: not <, >, &, DEL, U+2028 or U+2029
 //     (Go's encoding/json escapes the last two, serde_json does not);
 //   - integers as integers (a msgpack int stays an int even where a float is expected: wall_time 0);
-//   - floats as serde_json 1.0.150 formats an f64 (AppendJSONFloat); a msgpack float32 is first widened
+//   - floats as serde_json 1.0.150 formats an f64 (appendJSONFloat); a msgpack float32 is first widened
 //     exactly to float64, because serde_json::Value stores every float as f64 (0.1f32 is written
 //     0.10000000149011612, as Dynamo writes it); non-finite floats (only possible in unknown fields) are
 //     written as null, as serde_json::Value does;
@@ -28,7 +28,7 @@ import (
 // Dynamo itself drops payloads carrying bin or ext values (serde_json::Value has no bytes type); fpmbus
 // carries them in the shapes above so that no payload field is ever lost.
 
-// AppendJSONFloat appends f formatted exactly as Rust's serde_json 1.0.150 writes an f64, the version
+// appendJSONFloat appends f formatted exactly as Rust's serde_json 1.0.150 writes an f64, the version
 // today's Dynamo pins (its Cargo.lock): since serde-rs/json PR #1304, serde_json formats floats with zmij.
 // zmij picks the same digits as ryu, which serde_json used before (the shortest that round-trip), and
 // the same layout, except that a non-negative exponent carries a '+' (zmij's own ryu comparison test
@@ -37,7 +37,7 @@ import (
 // when -5 < kk <= 0, otherwise scientific with a signed exponent and no leading zeros ("1e+16",
 // "1.5e-7", "1.7976931348623157e+308", "5e-324"). Zero is "0.0" or "-0.0". NaN and infinities are
 // written as null, as serde_json does.
-func AppendJSONFloat(dst []byte, f float64) []byte {
+func appendJSONFloat(dst []byte, f float64) []byte {
 	if math.IsNaN(f) || math.IsInf(f, 0) {
 		return append(dst, "null"...)
 	}
@@ -105,9 +105,9 @@ func AppendJSONFloat(dst []byte, f float64) []byte {
 	return strconv.AppendInt(dst, int64(kk-1), 10)
 }
 
-// AppendJSONString appends s as a JSON string escaped as serde_json escapes it (see the file comment).
+// appendJSONString appends s as a JSON string escaped as serde_json escapes it (see the file comment).
 // Invalid UTF-8 cannot occur in a Rust string; here each run of invalid bytes is replaced by U+FFFD.
-func AppendJSONString(dst []byte, s string) []byte {
+func appendJSONString(dst []byte, s string) []byte {
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
 	}
@@ -166,9 +166,9 @@ func appendCanonical(dst []byte, t *tree, i int) ([]byte, int) {
 	case kindBigInt:
 		return append(dst, t.raw(n)...), i + 1
 	case kindFloat32:
-		return AppendJSONFloat(dst, float64(n.float32())), i + 1
+		return appendJSONFloat(dst, float64(n.float32())), i + 1
 	case kindFloat64:
-		return AppendJSONFloat(dst, n.float64()), i + 1
+		return appendJSONFloat(dst, n.float64()), i + 1
 	case kindStr:
 		return appendEscaped(dst, t.raw(n)), i + 1
 	case kindBin:

@@ -59,7 +59,7 @@ func TestAppendJSONFloat(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			got := string(AppendJSONFloat([]byte("x"), tc.in))
+			got := string(appendJSONFloat([]byte("x"), tc.in))
 			if got != "x"+tc.want {
 				t.Errorf("AppendJSONFloat(%v) = %s, want %s", tc.in, got[1:], tc.want)
 			}
@@ -85,7 +85,7 @@ func TestAppendJSONFloatRoundTripsBitPatterns(t *testing.T) {
 		if math.IsNaN(f) || math.IsInf(f, 0) {
 			continue
 		}
-		s := AppendJSONFloat(nil, f)
+		s := appendJSONFloat(nil, f)
 		back, err := strconv.ParseFloat(string(s), 64)
 		if err != nil || math.Float64bits(back) != x {
 			t.Fatalf("%x: %s does not round-trip", x, s)
@@ -113,7 +113,7 @@ func TestAppendJSONString(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if got := string(AppendJSONString(nil, tc.in)); got != tc.want {
+			if got := string(appendJSONString(nil, tc.in)); got != tc.want {
 				t.Errorf("AppendJSONString(%q) = %s, want %s", tc.in, got, tc.want)
 			}
 			// The escaped text decodes back to the input (when the input is valid UTF-8).
@@ -140,7 +140,7 @@ func TestAppendJSONStringMatchesEncodingJSON(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-		if got := AppendJSONString(nil, s); !bytes.Equal(got, want) {
+		if got := appendJSONString(nil, s); !bytes.Equal(got, want) {
 			t.Errorf("rune %#x: got %s, want %s", c, got, want)
 		}
 	}

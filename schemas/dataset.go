@@ -79,7 +79,7 @@ type CellIdentity struct {
 
 // Key returns the cell's key in FPM_DATASETS: "cell." + hex sha256 of the identity's canonical JSON.
 func (id CellIdentity) Key() string {
-	return CellKeyPrefix + sha256Hex(MustCanonicalJSON(id))
+	return CellKeyPrefix + sha256Hex(mustCanonicalJSON(id))
 }
 
 // Row is one measured point. Prefill rows set the three prefill coordinates, decode rows the two
@@ -181,11 +181,11 @@ const (
 	RuleIdentity         Rule = "identity_mismatch"      // key is not the identity's key, identity incomplete, not the planned identity
 	RuleDigest           Rule = "digest_mismatch"        // dataset digest is not the digest of identity and rows; artefact digest differs
 	RuleRowCount         Rule = "row_count_mismatch"     // provenance row_count != len(rows), or no rows
-	RuleRunID            Rule = "run_id_mismatch"        // cell run id missing or not the dataset's
-	RuleDuplicateKey     Rule = "duplicate_key"          // two rows with the same coordinates, or two cells with one key
+	ruleRunID            Rule = "run_id_mismatch"        // cell run id missing or not the dataset's
+	ruleDuplicateKey     Rule = "duplicate_key"          // two rows with the same coordinates, or two cells with one key
 	RuleLatency          Rule = "latency_invalid"        // non-finite or non-positive latency
-	RulePhase            Rule = "phase_invalid"          // coordinates impossible for the row's phase
-	RuleMixedVersions    Rule = "mixed_backend_versions" // cells of one run with different backends or versions
+	rulePhase            Rule = "phase_invalid"          // coordinates impossible for the row's phase
+	ruleMixedVersions    Rule = "mixed_backend_versions" // cells of one run with different backends or versions
 	RuleForbiddenContent Rule = "forbidden_content"      // an identity string that looks like a path, URL or host
 )
 
@@ -208,8 +208,8 @@ func (e *DatasetError) Error() string {
 	return fmt.Sprintf("%s: %s: %s", where, e.Rule, e.Detail)
 }
 
-// ErrDatasetInvalid is wrapped by a ValidationErrors.
-var ErrDatasetInvalid = errors.New("dataset: invalid")
+// errDatasetInvalid is wrapped by a ValidationErrors.
+var errDatasetInvalid = errors.New("dataset: invalid")
 
 // ValidationErrors is every rejection of one dataset.
 type ValidationErrors []*DatasetError
@@ -219,10 +219,10 @@ func (v ValidationErrors) Error() string {
 	for i, e := range v {
 		parts[i] = e.Error()
 	}
-	return fmt.Sprintf("%v (%d rejection(s)): %s", ErrDatasetInvalid, len(v), strings.Join(parts, "; "))
+	return fmt.Sprintf("%v (%d rejection(s)): %s", errDatasetInvalid, len(v), strings.Join(parts, "; "))
 }
 
-func (v ValidationErrors) Unwrap() error { return ErrDatasetInvalid }
+func (v ValidationErrors) Unwrap() error { return errDatasetInvalid }
 
 // ByCell groups the rejections by cell label.
 func (v ValidationErrors) ByCell() map[string][]*DatasetError {
@@ -269,7 +269,7 @@ func (d *Dataset) Validate() ValidationErrors {
 		add(RuleSchema, "", -1, "kind %q, want %q", d.Kind, DatasetKind)
 	}
 	if d.RunID == "" {
-		add(RuleRunID, "", -1, "run_id is empty")
+		add(ruleRunID, "", -1, "run_id is empty")
 	}
 	if len(d.Cells) == 0 {
 		add(RuleRowCount, "", -1, "no cells")
@@ -280,20 +280,20 @@ func (d *Dataset) Validate() ValidationErrors {
 		c := &d.Cells[i]
 		label := d.CellLabel(i)
 		if j, dup := keys[c.Key]; dup && c.Key != "" {
-			add(RuleDuplicateKey, label, -1, "cell key also used by cell #%d", j)
+			add(ruleDuplicateKey, label, -1, "cell key also used by cell #%d", j)
 		}
 		keys[c.Key] = i
 		if bv := c.Identity.Backend + " " + c.Identity.BackendVersion; firstBackend == "" {
 			firstBackend = bv
 		} else if bv != firstBackend {
-			add(RuleMixedVersions, label, -1, "backend %q, but an earlier cell of run %q has %q", bv, d.RunID, firstBackend)
+			add(ruleMixedVersions, label, -1, "backend %q, but an earlier cell of run %q has %q", bv, d.RunID, firstBackend)
 		}
 		for _, e := range ValidateCell(c, d.SchemaVersion) {
 			e.Cell = label
 			errs = append(errs, e)
 		}
 		if c.Provenance.RunID != d.RunID {
-			add(RuleRunID, label, -1, "provenance run_id %q, dataset run_id %q", c.Provenance.RunID, d.RunID)
+			add(ruleRunID, label, -1, "provenance run_id %q, dataset run_id %q", c.Provenance.RunID, d.RunID)
 		}
 	}
 	return errs
@@ -327,7 +327,7 @@ func ValidateCell(c *Cell, schemaVersion int) ValidationErrors {
 		}
 	}
 	if c.Provenance.RunID == "" {
-		add(RuleRunID, -1, "provenance run_id is empty")
+		add(ruleRunID, -1, "provenance run_id is empty")
 	}
 	if len(c.Rows) == 0 {
 		add(RuleRowCount, -1, "cell has no rows")
@@ -347,11 +347,11 @@ func ValidateCell(c *Cell, schemaVersion int) ValidationErrors {
 			add(RuleLatency, i, "latency_ms %v must be finite and positive", r.LatencyMS)
 		}
 		if why := phaseProblem(r); why != "" {
-			add(RulePhase, i, "%s", why)
+			add(rulePhase, i, "%s", why)
 		}
 		k := r.coordKey()
 		if j, dup := seen[k]; dup {
-			add(RuleDuplicateKey, i, "same coordinates as row %d", j)
+			add(ruleDuplicateKey, i, "same coordinates as row %d", j)
 		} else {
 			seen[k] = i
 		}
@@ -424,8 +424,8 @@ func CanonicalJSON(v any) ([]byte, error) {
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
 }
 
-// MustCanonicalJSON is CanonicalJSON for values that always encode (the package's own types).
-func MustCanonicalJSON(v any) []byte {
+// mustCanonicalJSON is CanonicalJSON for values that always encode (the package's own types).
+func mustCanonicalJSON(v any) []byte {
 	b, err := CanonicalJSON(v)
 	if err != nil {
 		panic("schemas: canonical json: " + err.Error())
@@ -458,5 +458,5 @@ func SortRows(rows []Row) {
 	})
 }
 
-// DatasetSchemaFile is the JSON Schema document of the dataset file in FS.
-const DatasetSchemaFile = "dataset-file.schema.json"
+// datasetSchemaFile is the JSON Schema document of the dataset file in schemaFS.
+const datasetSchemaFile = "dataset-file.schema.json"

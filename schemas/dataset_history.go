@@ -12,7 +12,7 @@ import (
 // before and after the honest ones. What every reader takes from a key's history (KeyHistory, the one
 // fold of the sealer, its audit, `fpmbus datasets` and the predict service):
 //
-//   - a sealed cell is its key's first revision that is a seal (SealedValue). A delete marker or a
+//   - a sealed cell is its key's first revision that is a seal (sealedValue). A delete marker or a
 //     value that is no seal stored before it seals nothing, so it cannot take the cell from the first
 //     honest seal that follows: it is tampering, ignored and reported, and the sealer seals on top of
 //     it. Every revision after the seal (an overwrite, a delete marker) is tampering too. A forged
@@ -28,13 +28,13 @@ import (
 // ErrTampered: a revision of an FPM_DATASETS key that no fpmbus writer stores.
 var ErrTampered = errors.New("schemas: a revision no fpmbus writer stores")
 
-// SealedValue decodes value, a revision of cell key key (deleted: a delete or purge marker), as a seal:
+// sealedValue decodes value, a revision of cell key key (deleted: a delete or purge marker), as a seal:
 // what a sealer stores, a SealedCell naming key, with its schema version, attempt, run and dataset
 // digest. Anything else is no seal (errors.Is ErrTampered), whatever came before or after it. It checks
 // the shape every sealer has written, not the data rules (schemas.ValidateCell), which may tighten in a
 // later version: a cell sealed under earlier rules stays sealed (a reader that applies the rules
 // refuses to use it, the predict service for one), and is never sealed a second time.
-func SealedValue(key string, value []byte, deleted bool) (*SealedCell, error) {
+func sealedValue(key string, value []byte, deleted bool) (*SealedCell, error) {
 	if deleted {
 		return nil, fmt.Errorf("%w: a delete marker, not a sealed value", ErrTampered)
 	}
@@ -82,7 +82,7 @@ func (h *KeyHistory) Add(revision uint64, value []byte, deleted bool) error {
 		return fmt.Errorf("%w: stored after the sealed value (revision %d), which stands", ErrTampered, h.Revision)
 	case strings.HasPrefix(h.Key, CellKeyPrefix):
 		var v *SealedCell
-		if v, err = SealedValue(h.Key, value, deleted); err == nil {
+		if v, err = sealedValue(h.Key, value, deleted); err == nil {
 			h.Cell = v
 		}
 	case strings.HasPrefix(h.Key, CampaignKeyPrefix):

@@ -93,7 +93,7 @@ type CampaignCell struct {
 }
 
 // PlanDigest is sha256 of the plan's canonical JSON.
-func (p *DatasetPlan) PlanDigest() string { return sha256Hex(MustCanonicalJSON(p)) }
+func (p *DatasetPlan) PlanDigest() string { return sha256Hex(mustCanonicalJSON(p)) }
 
 // NewCampaign returns the campaign record of a frozen plan: every cell pending.
 func (p *DatasetPlan) NewCampaign() *Campaign {

@@ -63,13 +63,13 @@ func TestDatasetValidationRules(t *testing.T) {
 		"dataset digest does not match rows": {func(d *Dataset) { d.Cells[1].Rows[0].LatencyMS = 21 }, want{RuleDigest, 1, -1}},
 		"artefact digest is not a sha256":    {func(d *Dataset) { d.Cells[0].Provenance.ArtefactDigest = "xyz" }, want{RuleDigest, 0, -1}},
 		"row count differs":                  {func(d *Dataset) { d.Cells[0].Provenance.RowCount = 4 }, want{RuleRowCount, 0, -1}},
-		"cell run id differs":                {func(d *Dataset) { d.Cells[1].Provenance.RunID = "run-2" }, want{RuleRunID, 1, -1}},
+		"cell run id differs":                {func(d *Dataset) { d.Cells[1].Provenance.RunID = "run-2" }, want{ruleRunID, 1, -1}},
 		"duplicate row coordinates": {func(d *Dataset) {
 			d.Cells[0].Rows[1] = d.Cells[0].Rows[0]
 			d.Cells[0].Rows[1].LatencyMS = 25
 			d.Cells[0].Finish()
-		}, want{RuleDuplicateKey, 0, 1}},
-		"duplicate cell key": {func(d *Dataset) { d.Cells[1] = d.Cells[0] }, want{RuleDuplicateKey, 1, -1}},
+		}, want{ruleDuplicateKey, 0, 1}},
+		"duplicate cell key": {func(d *Dataset) { d.Cells[1] = d.Cells[0] }, want{ruleDuplicateKey, 1, -1}},
 		"NaN latency":        {func(d *Dataset) { setLatency(d, 0, 2, math.NaN()) }, want{RuleLatency, 0, 2}},
 		"infinite latency":   {func(d *Dataset) { setLatency(d, 0, 2, math.Inf(1)) }, want{RuleLatency, 0, 2}},
 		"zero latency":       {func(d *Dataset) { setLatency(d, 1, 0, 0) }, want{RuleLatency, 1, 0}},
@@ -77,23 +77,23 @@ func TestDatasetValidationRules(t *testing.T) {
 		"prefill row with decode coordinates": {func(d *Dataset) {
 			d.Cells[0].Rows[0].NumDecodeRequests = 1
 			d.Cells[0].Finish()
-		}, want{RulePhase, 0, 0}},
+		}, want{rulePhase, 0, 0}},
 		"decode row with zero requests": {func(d *Dataset) {
 			d.Cells[0].Rows[2].NumDecodeRequests = 0
 			d.Cells[0].Finish()
-		}, want{RulePhase, 0, 2}},
+		}, want{rulePhase, 0, 2}},
 		"prefill tokens fewer than requests": {func(d *Dataset) {
 			d.Cells[1].Rows[1].SumPrefillTokens = 1
 			d.Cells[1].Finish()
-		}, want{RulePhase, 1, 1}},
+		}, want{rulePhase, 1, 1}},
 		"unknown phase": {func(d *Dataset) {
 			d.Cells[1].Rows[2].Phase = "mixed"
 			d.Cells[1].Finish()
-		}, want{RulePhase, 1, 2}},
+		}, want{rulePhase, 1, 2}},
 		"mixed backend versions": {func(d *Dataset) {
 			d.Cells[1].Identity.BackendVersion = "0.30.0"
 			d.Cells[1].Finish()
-		}, want{RuleMixedVersions, 1, -1}},
+		}, want{ruleMixedVersions, 1, -1}},
 		"hardware names a host": {func(d *Dataset) {
 			d.Cells[0].Identity.Hardware = "gpu-node-7.local"
 			d.Cells[0].Finish()
@@ -107,7 +107,7 @@ func TestDatasetValidationRules(t *testing.T) {
 			if len(errs) == 0 {
 				t.Fatal("dataset passed")
 			}
-			if !errors.Is(errs, ErrDatasetInvalid) {
+			if !errors.Is(errs, errDatasetInvalid) {
 				t.Fatalf("errors.Is(ErrDatasetInvalid) false: %v", errs)
 			}
 			label := ""
@@ -167,7 +167,7 @@ func TestCellKeyChangesWithEveryIdentityField(t *testing.T) {
 }
 
 func TestDatasetSchemaAcceptsValidFile(t *testing.T) {
-	s, err := CompileSchema(DatasetSchemaFile)
+	s, err := compileSchema(datasetSchemaFile)
 	if err != nil {
 		t.Fatal(err)
 	}

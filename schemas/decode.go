@@ -3,12 +3,12 @@ package schemas
 // DecodeFPM decodes a msgpack ForwardPassMetrics payload (as Dynamo's publisher sends it on ZMQ),
 // validates it (validate.go) and returns the typed FPM with its canonical JSON (canonical_json.go).
 //
-// Errors: a *DecodeError wrapping ErrMalformed when payload is not one well-formed msgpack map, or a
-// *ValidationError wrapping ErrInvalid when the map breaks an FPM rule; both name the field. payload is
+// Errors: a *decodeError wrapping errMalformed when payload is not one well-formed msgpack map, or a
+// *validationError wrapping ErrInvalid when the map breaks an FPM rule; both name the field. payload is
 // not retained: the returned FPM shares no memory with it.
 //
 // The common shape is decoded in one pass (fastpath.go); anything else by the general tree path. Hot
-// loops should use a Decoder (one per goroutine) or AppendDecodeFPM, which allocate less.
+// loops should use a Decoder (one per goroutine) or appendDecodeFPM, which allocate less.
 func DecodeFPM(payload []byte) (*FPM, error) { return decodePooled(payload, false) }
 
 // ParseFPMJSON parses a canonical JSON FPM body (as stored on the FPM stream, or nested under "fpm" in a
@@ -16,8 +16,8 @@ func DecodeFPM(payload []byte) (*FPM, error) { return decodePooled(payload, fals
 // a valid count. The returned FPM's JSON field is body itself, not a copy (callers that reuse body must
 // copy it first).
 //
-// Errors: a *DecodeError (Format "json") wrapping ErrMalformed when body is not one JSON object (syntax,
-// duplicate keys, invalid UTF-8, nesting deeper than 32), or a *ValidationError wrapping ErrInvalid.
+// Errors: a *decodeError (Format "json") wrapping errMalformed when body is not one JSON object (syntax,
+// duplicate keys, invalid UTF-8, nesting deeper than 32), or a *validationError wrapping ErrInvalid.
 //
 // The compact form is read in one pass (fastpath.go); anything else by the general tree path. Hot loops
 // should use Decoder.ParseFPMJSON, which allocates nothing for the compact form.

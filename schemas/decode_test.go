@@ -195,9 +195,9 @@ func mpDepthBomb(n int) []byte {
 // decodeErrorCase is a payload DecodeFPM must reject.
 type decodeErrorCase struct {
 	payload []byte
-	want    error  // ErrMalformed or ErrInvalid
-	field   string // DecodeError.Field or ValidationError.Field
-	offset  int    // DecodeError.Offset; -1: not checked
+	want    error  // errMalformed or ErrInvalid
+	field   string // decodeError.Field or validationError.Field
+	offset  int    // decodeError.Offset; -1: not checked
 }
 
 // decodeErrorCases is the error table of TestDecodeFPMErrors; the fuzz corpus seeds from it too.
@@ -206,53 +206,53 @@ func decodeErrorCases() map[string]decodeErrorCase {
 	golden := goldenPayload()
 	bombPath := "bomb" + strings.Repeat("[0]", maxDepth-1)
 	return map[string]decodeErrorCase{
-		"empty payload":            {nil, ErrMalformed, "", 0},
-		"random bytes":             {[]byte{0x13, 0x37, 0xbe, 0xef}, ErrMalformed, "", 0},
-		"JSON instead of msgpack":  {[]byte(goldenJSON), ErrMalformed, "", 0},
-		"reserved marker":          {[]byte{0xc1, 0x00}, ErrMalformed, "", 0},
-		"top-level array":          {[]byte{0x92, 0x01, 0x02}, ErrMalformed, "", 0},
-		"top-level string":         {mpStr("fpm"), ErrMalformed, "", 0},
-		"truncated payload":        {golden[:len(golden)-5], ErrMalformed, "queued_requests.var_decode_kv_tokens", len(golden) - 9},
-		"truncated map header":     {[]byte{0xde, 0x00}, ErrMalformed, "", 0},
-		"map with missing value":   {[]byte{0x81, 0xa1, 'a'}, ErrMalformed, "a", 3},
-		"trailing bytes":           {mpCat(golden, []byte{0xc0}), ErrMalformed, "", len(golden)},
-		"two top-level maps":       {mpCat(golden, golden), ErrMalformed, "", len(golden)},
-		"depth bomb":               {mpDepthBomb(1000), ErrMalformed, bombPath, 6 + maxDepth - 1},
+		"empty payload":            {nil, errMalformed, "", 0},
+		"random bytes":             {[]byte{0x13, 0x37, 0xbe, 0xef}, errMalformed, "", 0},
+		"JSON instead of msgpack":  {[]byte(goldenJSON), errMalformed, "", 0},
+		"reserved marker":          {[]byte{0xc1, 0x00}, errMalformed, "", 0},
+		"top-level array":          {[]byte{0x92, 0x01, 0x02}, errMalformed, "", 0},
+		"top-level string":         {mpStr("fpm"), errMalformed, "", 0},
+		"truncated payload":        {golden[:len(golden)-5], errMalformed, "queued_requests.var_decode_kv_tokens", len(golden) - 9},
+		"truncated map header":     {[]byte{0xde, 0x00}, errMalformed, "", 0},
+		"map with missing value":   {[]byte{0x81, 0xa1, 'a'}, errMalformed, "a", 3},
+		"trailing bytes":           {mpCat(golden, []byte{0xc0}), errMalformed, "", len(golden)},
+		"two top-level maps":       {mpCat(golden, golden), errMalformed, "", len(golden)},
+		"depth bomb":               {mpDepthBomb(1000), errMalformed, bombPath, 6 + maxDepth - 1},
 		"deep but allowed nesting": {mpDepthBomb(maxDepth - 1), ErrInvalid, "version", -1},
 		"huge declared str32 length": {
 			mpMap(mpWith(top(), "worker_id", []byte{0xdb, 0xff, 0xff, 0xff, 0xff, 'a', 'b'})...),
-			ErrMalformed, "worker_id", -1,
+			errMalformed, "worker_id", -1,
 		},
 		"huge declared bin32 length": {
-			mpMap(mpKV{"blob", []byte{0xc6, 0x7f, 0xff, 0xff, 0xff, 0x00}}), ErrMalformed, "blob", 6,
+			mpMap(mpKV{"blob", []byte{0xc6, 0x7f, 0xff, 0xff, 0xff, 0x00}}), errMalformed, "blob", 6,
 		},
 		"huge declared ext32 length": {
-			mpMap(mpKV{"x", []byte{0xc9, 0xff, 0xff, 0xff, 0xff, 0x01}}), ErrMalformed, "x", 3,
+			mpMap(mpKV{"x", []byte{0xc9, 0xff, 0xff, 0xff, 0xff, 0x01}}), errMalformed, "x", 3,
 		},
 		"huge declared array32 count": {
-			mpMap(mpKV{"list", []byte{0xdd, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00}}), ErrMalformed, "list", 6,
+			mpMap(mpKV{"list", []byte{0xdd, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00}}), errMalformed, "list", 6,
 		},
-		"huge declared map32 count": {[]byte{0xdf, 0xff, 0xff, 0xff, 0xff, 0xa1, 'a', 0x00}, ErrMalformed, "", 0},
+		"huge declared map32 count": {[]byte{0xdf, 0xff, 0xff, 0xff, 0xff, 0xa1, 'a', 0x00}, errMalformed, "", 0},
 		"truncated float64": {
-			mpMap(mpKV{"x", []byte{0xcb, 0x3f, 0xf0}}), ErrMalformed, "x", 3,
+			mpMap(mpKV{"x", []byte{0xcb, 0x3f, 0xf0}}), errMalformed, "x", 3,
 		},
 		"truncated fixext": {
-			mpMap(mpKV{"x", []byte{0xd8, 0x01, 0x02}}), ErrMalformed, "x", 3,
+			mpMap(mpKV{"x", []byte{0xd8, 0x01, 0x02}}), errMalformed, "x", 3,
 		},
 		"integer map key": {
-			mpMap(mpKV{"scheduled_requests", []byte{0x81, 0x01, 0x02}}), ErrMalformed, "scheduled_requests", 21,
+			mpMap(mpKV{"scheduled_requests", []byte{0x81, 0x01, 0x02}}), errMalformed, "scheduled_requests", 21,
 		},
 		"duplicate key": {
-			mpMap(append(top(), mpKV{"dp_rank", []byte{0x01}})...), ErrMalformed, "dp_rank", -1,
+			mpMap(append(top(), mpKV{"dp_rank", []byte{0x01}})...), errMalformed, "dp_rank", -1,
 		},
 		"invalid UTF-8 in a string": {
-			mpMap(mpWith(top(), "worker_id", []byte{0xa2, 0xff, 0xfe})...), ErrMalformed, "worker_id", -1,
+			mpMap(mpWith(top(), "worker_id", []byte{0xa2, 0xff, 0xfe})...), errMalformed, "worker_id", -1,
 		},
 		"invalid UTF-8 in a key": {
-			mpMap(mpKV{"\xff", []byte{0x00}}), ErrMalformed, "", 1,
+			mpMap(mpKV{"\xff", []byte{0x00}}), errMalformed, "", 1,
 		},
 		"reserved marker in array": {
-			mpMap(mpKV{"arr", []byte{0x92, 0x01, 0xc1}}), ErrMalformed, "arr[1]", 7,
+			mpMap(mpKV{"arr", []byte{0x92, 0x01, 0xc1}}), errMalformed, "arr[1]", 7,
 		},
 		"version 2":                  {mpMap(mpWith(top(), "version", []byte{0x02})...), ErrInvalid, "version", -1},
 		"version as float":           {mpMap(mpWith(top(), "version", mpF64(1))...), ErrInvalid, "version", -1},
@@ -294,14 +294,14 @@ func TestDecodeFPMErrors(t *testing.T) {
 			}
 			other := ErrInvalid
 			if tc.want == ErrInvalid {
-				other = ErrMalformed
+				other = errMalformed
 			}
 			if errors.Is(err, other) {
 				t.Errorf("error %v also matches %v", err, other)
 			}
 			switch tc.want {
-			case ErrMalformed:
-				var de *DecodeError
+			case errMalformed:
+				var de *decodeError
 				if !errors.As(err, &de) {
 					t.Fatalf("error %T is not a *DecodeError", err)
 				}
@@ -311,11 +311,11 @@ func TestDecodeFPMErrors(t *testing.T) {
 				if tc.offset >= 0 && de.Offset != tc.offset {
 					t.Errorf("Offset = %d, want %d (%v)", de.Offset, tc.offset, err)
 				}
-				if de.Format != FormatMsgpack {
+				if de.Format != formatMsgpack {
 					t.Errorf("Format = %q", de.Format)
 				}
 			case ErrInvalid:
-				var ve *ValidationError
+				var ve *validationError
 				if !errors.As(err, &ve) {
 					t.Fatalf("error %T is not a *ValidationError", err)
 				}
@@ -335,29 +335,29 @@ func TestValidationReasons(t *testing.T) {
 	top := func() []mpKV { return goldenTop(goldenScheduled(), goldenQueued()) }
 	tests := map[string]struct {
 		payload []byte
-		want    ValidationError
+		want    validationError
 	}{
 		"unsupported version": {mpMap(mpWith(top(), "version", []byte{0x02})...),
-			ValidationError{"version", "unsupported version 2, want 1"}},
+			validationError{"version", "unsupported version 2, want 1"}},
 		"negative integer": {mpMap(goldenTop(mpWith(goldenScheduled(), "num_prefill_requests", []byte{0xff}), goldenQueued())...),
-			ValidationError{"scheduled_requests.num_prefill_requests", "negative integer -1"}},
+			validationError{"scheduled_requests.num_prefill_requests", "negative integer -1"}},
 		"missing": {mpMap(mpWithout(top(), "counter_id")...),
-			ValidationError{"counter_id", "missing"}},
+			validationError{"counter_id", "missing"}},
 		"NaN": {mpMap(mpWith(top(), "wall_time", mpF64(math.NaN()))...),
-			ValidationError{"wall_time", "not finite (NaN)"}},
+			validationError{"wall_time", "not finite (NaN)"}},
 		"+Inf": {mpMap(mpWith(top(), "wall_time", mpF64(math.Inf(1)))...),
-			ValidationError{"wall_time", "not finite (+Inf)"}},
+			validationError{"wall_time", "not finite (+Inf)"}},
 		"negative float": {mpMap(mpWith(top(), "wall_time", mpF64(-0.5))...),
-			ValidationError{"wall_time", "negative number -0.5"}},
+			validationError{"wall_time", "negative number -0.5"}},
 		"wrong type": {mpMap(mpWith(top(), "worker_id", []byte{0x07})...),
-			ValidationError{"worker_id", "not a string (got integer)"}},
+			validationError{"worker_id", "not a string (got integer)"}},
 		"out of range": {mpMap(mpWith(top(), "dp_rank", []byte{0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})...),
-			ValidationError{"dp_rank", "integer 18446744073709551615 out of range (max 9223372036854775807)"}},
+			validationError{"dp_rank", "integer 18446744073709551615 out of range (max 9223372036854775807)"}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			_, err := DecodeFPM(tc.payload)
-			var ve *ValidationError
+			var ve *validationError
 			if !errors.As(err, &ve) {
 				t.Fatalf("error %v is not a *ValidationError", err)
 			}
@@ -370,11 +370,11 @@ func TestValidationReasons(t *testing.T) {
 
 func TestErrorMessages(t *testing.T) {
 	// Error() is for people; check its shape once so it stays as documented.
-	de := &DecodeError{Format: FormatMsgpack, Offset: 17, Field: "scheduled_requests.num_prefill_requests", Err: errors.New("truncated str8")}
+	de := &decodeError{Format: formatMsgpack, Offset: 17, Field: "scheduled_requests.num_prefill_requests", Err: errors.New("truncated str8")}
 	if got, want := de.Error(), `schemas: msgpack at byte 17 (field "scheduled_requests.num_prefill_requests"): truncated str8`; got != want {
 		t.Errorf("DecodeError.Error() = %s, want %s", got, want)
 	}
-	ve := &ValidationError{Field: "scheduled_requests.num_prefill_requests", Reason: "negative integer -1"}
+	ve := &validationError{Field: "scheduled_requests.num_prefill_requests", Reason: "negative integer -1"}
 	if got, want := ve.Error(), "schemas: invalid FPM: scheduled_requests.num_prefill_requests: negative integer -1"; got != want {
 		t.Errorf("ValidationError.Error() = %s, want %s", got, want)
 	}
@@ -439,20 +439,20 @@ func TestParseFPMJSONErrors(t *testing.T) {
 		want  error
 		field string
 	}{
-		"not JSON":                {[]byte("\x87\xa7version"), ErrMalformed, ""},
-		"empty":                   {[]byte("  "), ErrMalformed, ""},
-		"array":                   {[]byte(`[1,2]`), ErrMalformed, ""},
-		"truncated":               {[]byte(goldenJSON[:len(goldenJSON)-10]), ErrMalformed, "queued_requests"},
-		"trailing data":           {[]byte(goldenJSON + `{}`), ErrMalformed, ""},
-		"trailing comma":          {sub(`"var_decode_kv_tokens":0.0}}`, `"var_decode_kv_tokens":0.0,}}`), ErrMalformed, "queued_requests"},
-		"duplicate key":           {sub(`"dp_rank":0,`, `"dp_rank":0,"dp_rank":1,`), ErrMalformed, "dp_rank"},
-		"NaN literal":             {sub(`"wall_time":0.025`, `"wall_time":NaN`), ErrMalformed, "wall_time"},
-		"leading zero":            {sub(`"counter_id":42`, `"counter_id":042`), ErrMalformed, ""},
-		"number out of range":     {sub(`"wall_time":0.025`, `"wall_time":1e400`), ErrMalformed, "wall_time"},
-		"lone surrogate":          {sub(`"4192"`, `"\ud800x"`), ErrMalformed, "worker_id"},
-		"raw control character":   {sub(`"4192"`, "\"41\n92\""), ErrMalformed, "worker_id"},
-		"invalid UTF-8":           {sub(`"4192"`, "\"41\xff92\""), ErrMalformed, "worker_id"},
-		"depth bomb":              {[]byte(`{"x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`), ErrMalformed, "x" + strings.Repeat("[0]", maxDepth-1)},
+		"not JSON":                {[]byte("\x87\xa7version"), errMalformed, ""},
+		"empty":                   {[]byte("  "), errMalformed, ""},
+		"array":                   {[]byte(`[1,2]`), errMalformed, ""},
+		"truncated":               {[]byte(goldenJSON[:len(goldenJSON)-10]), errMalformed, "queued_requests"},
+		"trailing data":           {[]byte(goldenJSON + `{}`), errMalformed, ""},
+		"trailing comma":          {sub(`"var_decode_kv_tokens":0.0}}`, `"var_decode_kv_tokens":0.0,}}`), errMalformed, "queued_requests"},
+		"duplicate key":           {sub(`"dp_rank":0,`, `"dp_rank":0,"dp_rank":1,`), errMalformed, "dp_rank"},
+		"NaN literal":             {sub(`"wall_time":0.025`, `"wall_time":NaN`), errMalformed, "wall_time"},
+		"leading zero":            {sub(`"counter_id":42`, `"counter_id":042`), errMalformed, ""},
+		"number out of range":     {sub(`"wall_time":0.025`, `"wall_time":1e400`), errMalformed, "wall_time"},
+		"lone surrogate":          {sub(`"4192"`, `"\ud800x"`), errMalformed, "worker_id"},
+		"raw control character":   {sub(`"4192"`, "\"41\n92\""), errMalformed, "worker_id"},
+		"invalid UTF-8":           {sub(`"4192"`, "\"41\xff92\""), errMalformed, "worker_id"},
+		"depth bomb":              {[]byte(`{"x":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`), errMalformed, "x" + strings.Repeat("[0]", maxDepth-1)},
 		"version 2":               {sub(`"version":1`, `"version":2`), ErrInvalid, "version"},
 		"version 1.0":             {sub(`"version":1`, `"version":1.0`), ErrInvalid, "version"},
 		"count 3.0 is not an int": {sub(`"num_decode_requests":3`, `"num_decode_requests":3.0`), ErrInvalid, "scheduled_requests.num_decode_requests"},
@@ -475,12 +475,12 @@ func TestParseFPMJSONErrors(t *testing.T) {
 				t.Fatalf("error %v does not match %v", err, tc.want)
 			}
 			var field string
-			var de *DecodeError
-			var ve *ValidationError
+			var de *decodeError
+			var ve *validationError
 			switch {
 			case errors.As(err, &de):
 				field = de.Field
-				if de.Format != FormatJSON {
+				if de.Format != formatJSON {
 					t.Errorf("Format = %q, want json", de.Format)
 				}
 			case errors.As(err, &ve):
@@ -530,7 +530,7 @@ func TestValidateTyped(t *testing.T) {
 				}
 				return
 			}
-			var ve *ValidationError
+			var ve *validationError
 			if !errors.As(err, &ve) || !errors.Is(err, ErrInvalid) {
 				t.Fatalf("Validate error %v is not a *ValidationError", err)
 			}

@@ -6,30 +6,30 @@ import (
 )
 
 // Sentinel errors. Every error returned by this package wraps exactly one of them; match with errors.Is,
-// and use errors.As with *DecodeError, *ValidationError or *TraceLineError to learn the field.
+// and use errors.As with *decodeError, *validationError or *traceLineError to learn the field.
 var (
-	// ErrMalformed: the bytes are not a well-formed document of the expected format (msgpack for
+	// errMalformed: the bytes are not a well-formed document of the expected format (msgpack for
 	// DecodeFPM, JSON for ParseFPMJSON and ParseTraceLine): truncated, trailing bytes, reserved marker,
 	// invalid UTF-8, too deep, a non-string map key, a duplicate key, or a top-level value that is not a
-	// map. Returned as a *DecodeError.
-	ErrMalformed = errors.New("schemas: malformed msgpack")
+	// map. Returned as a *decodeError.
+	errMalformed = errors.New("schemas: malformed msgpack")
 	// ErrInvalid: the document is well-formed but breaks the FPM rules of Dynamo's trace validator
-	// (lib/llm/src/fpm_trace/sink.rs). Returned as a *ValidationError.
+	// (lib/llm/src/fpm_trace/sink.rs). Returned as a *validationError.
 	ErrInvalid = errors.New("schemas: invalid FPM")
-	// ErrInvalidTraceLine: a dynamo.fpm.trace.v1 line is not acceptable. Returned as a *TraceLineError,
-	// which also wraps the *DecodeError or *ValidationError behind it, if any.
+	// ErrInvalidTraceLine: a dynamo.fpm.trace.v1 line is not acceptable. Returned as a *traceLineError,
+	// which also wraps the *decodeError or *validationError behind it, if any.
 	ErrInvalidTraceLine = errors.New("schemas: invalid trace line")
 )
 
-// Format names used in DecodeError.Format.
+// Format names used in decodeError.Format.
 const (
-	FormatMsgpack = "msgpack"
-	FormatJSON    = "json"
+	formatMsgpack = "msgpack"
+	formatJSON    = "json"
 )
 
-// DecodeError reports a document that could not be decoded. It matches ErrMalformed with errors.Is.
-type DecodeError struct {
-	// Format is FormatMsgpack or FormatJSON.
+// decodeError reports a document that could not be decoded. It matches errMalformed with errors.Is.
+type decodeError struct {
+	// Format is formatMsgpack or formatJSON.
 	Format string
 	// Offset is the byte offset in the document of the value (or marker) at fault.
 	Offset int
@@ -40,11 +40,11 @@ type DecodeError struct {
 	Err error
 }
 
-func (e *DecodeError) Error() string {
+func (e *decodeError) Error() string {
 	b := make([]byte, 0, 64)
 	b = append(b, "schemas: "...)
 	if e.Format == "" {
-		b = append(b, FormatMsgpack...)
+		b = append(b, formatMsgpack...)
 	} else {
 		b = append(b, e.Format...)
 	}
@@ -65,13 +65,13 @@ func (e *DecodeError) Error() string {
 }
 
 // Unwrap returns the detailed cause.
-func (e *DecodeError) Unwrap() error { return e.Err }
+func (e *decodeError) Unwrap() error { return e.Err }
 
-// Is reports whether target is ErrMalformed.
-func (e *DecodeError) Is(target error) bool { return target == ErrMalformed }
+// Is reports whether target is errMalformed.
+func (e *decodeError) Is(target error) bool { return target == errMalformed }
 
-// ValidationError reports a well-formed FPM that breaks a rule. It matches ErrInvalid with errors.Is.
-type ValidationError struct {
+// validationError reports a well-formed FPM that breaks a rule. It matches ErrInvalid with errors.Is.
+type validationError struct {
 	// Field is the dotted path of the offending field, for example "scheduled_requests.num_prefill_requests".
 	Field string
 	// Reason says what is wrong: "missing", "negative integer -1", "not finite (NaN)",
@@ -79,19 +79,19 @@ type ValidationError struct {
 	Reason string
 }
 
-func (e *ValidationError) Error() string {
+func (e *validationError) Error() string {
 	return "schemas: invalid FPM: " + e.Field + ": " + e.Reason
 }
 
 // Unwrap returns ErrInvalid.
-func (e *ValidationError) Unwrap() error { return ErrInvalid }
+func (e *validationError) Unwrap() error { return ErrInvalid }
 
 // Is reports whether target is ErrInvalid.
-func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
+func (e *validationError) Is(target error) bool { return target == ErrInvalid }
 
-// TraceLineError reports an unacceptable dynamo.fpm.trace.v1 line. It matches ErrInvalidTraceLine with
-// errors.Is, and unwraps to the *DecodeError (ErrMalformed) or *ValidationError (ErrInvalid) behind it.
-type TraceLineError struct {
+// traceLineError reports an unacceptable dynamo.fpm.trace.v1 line. It matches ErrInvalidTraceLine with
+// errors.Is, and unwraps to the *decodeError (errMalformed) or *validationError (ErrInvalid) behind it.
+type traceLineError struct {
 	// Field is the dotted path in the line, for example "event.capture_mode" or
 	// "event.fpm.scheduled_requests.num_prefill_requests"; "" for the line as a whole.
 	Field string
@@ -101,7 +101,7 @@ type TraceLineError struct {
 	Err error
 }
 
-func (e *TraceLineError) Error() string {
+func (e *traceLineError) Error() string {
 	s := "schemas: invalid trace line: "
 	if e.Field != "" {
 		s += e.Field + ": "
@@ -110,7 +110,7 @@ func (e *TraceLineError) Error() string {
 }
 
 // Unwrap returns the underlying error, or nil.
-func (e *TraceLineError) Unwrap() error { return e.Err }
+func (e *traceLineError) Unwrap() error { return e.Err }
 
 // Is reports whether target is ErrInvalidTraceLine.
-func (e *TraceLineError) Is(target error) bool { return target == ErrInvalidTraceLine }
+func (e *traceLineError) Is(target error) bool { return target == ErrInvalidTraceLine }

@@ -86,14 +86,14 @@ func (d *Decoder) intern(b []byte) string {
 	return d.workerID
 }
 
-// AppendDecodeFPM is DecodeFPM appending the canonical JSON to dst: it validates payload exactly as
+// appendDecodeFPM is DecodeFPM appending the canonical JSON to dst: it validates payload exactly as
 // DecodeFPM does (same errors), fills the typed fields of *f, appends the JSON to dst and returns the
 // extended buffer, with f.JSON set to the appended bytes (aliasing the returned buffer, capacity
 // clipped, so appending to f.JSON never overwrites what follows). When f.WorkerID already holds the
 // payload's worker_id it is kept; so decoding into the same *f with a reused dst allocates nothing for
 // the common shape. On error it returns dst unchanged in length (bytes past it may have been
 // written) and leaves *f unchanged. dst must not overlap payload.
-func AppendDecodeFPM(dst, payload []byte, f *FPM) ([]byte, error) {
+func appendDecodeFPM(dst, payload []byte, f *FPM) ([]byte, error) {
 	var g FPM
 	start := len(dst)
 	out, wid, ok := appendFPMMsgpackFast(dst, payload, &g)
@@ -438,7 +438,7 @@ func appendMpNumber(dst, src []byte, p int) ([]byte, float64, int) {
 	if !(x >= 0 && x <= math.MaxFloat64) { // NaN, ±Inf, negative (-0.0 passes, as checkNumber lets it)
 		return dst, 0, 0
 	}
-	return AppendJSONFloat(dst, x), x, next
+	return appendJSONFloat(dst, x), x, next
 }
 
 // ---- JSON ----

@@ -68,13 +68,13 @@ func sameResult(t *testing.T, what string, got *FPM, gotErr error, want *FPM, wa
 			t.Fatalf("%s: FPM returned with an error", what)
 		}
 		switch w := wantErr.(type) {
-		case *DecodeError:
-			g, ok := gotErr.(*DecodeError)
+		case *decodeError:
+			g, ok := gotErr.(*decodeError)
 			if !ok || g.Format != w.Format || g.Offset != w.Offset || g.Field != w.Field || g.Err.Error() != w.Err.Error() {
 				t.Fatalf("%s: error %T %+v, reference %+v", what, gotErr, gotErr, w)
 			}
-		case *ValidationError:
-			g, ok := gotErr.(*ValidationError)
+		case *validationError:
+			g, ok := gotErr.(*validationError)
 			if !ok || *g != *w {
 				t.Fatalf("%s: error %T %+v, reference %+v", what, gotErr, gotErr, w)
 			}
@@ -119,10 +119,10 @@ func checkDecodeFPMMatchesReference(t *testing.T, dec *Decoder, payload []byte) 
 	dst := append(make([]byte, 0, 8), prefix...)
 	g := prev
 	if want != nil {
-		g.WorkerID = strings.Clone(want.WorkerID) // AppendDecodeFPM keeps an equal WorkerID
+		g.WorkerID = strings.Clone(want.WorkerID) // appendDecodeFPM keeps an equal WorkerID
 	}
 	before := g
-	out, err := AppendDecodeFPM(dst, payload, &g)
+	out, err := appendDecodeFPM(dst, payload, &g)
 	if string(out[:len(prefix)]) != prefix {
 		t.Fatalf("AppendDecodeFPM changed dst's bytes")
 	}
@@ -191,7 +191,7 @@ func checkParseFPMJSONMatchesReference(t *testing.T, dec *Decoder, body []byte) 
 	return true
 }
 
-// FuzzDecodeFPMFastMatchesReference: DecodeFPM, Decoder.DecodeFPM, AppendDecodeFPM and the fast path
+// FuzzDecodeFPMFastMatchesReference: DecodeFPM, Decoder.DecodeFPM, appendDecodeFPM and the fast path
 // alone give exactly what the general path (decodeFPMSlow) gives: the same typed fields and JSON bytes,
 // or an error of the same type with the same Offset/Field/Reason. Seeds: testdata/fuzz/
 // FuzzDecodeFPMFastMatchesReference (FuzzDecodeFPM's corpus) plus the unit tests' payloads.
@@ -380,7 +380,7 @@ func TestDecoderAllocations(t *testing.T) {
 	buf := make([]byte, 0, 1024)
 	if n := testing.AllocsPerRun(100, func() {
 		var err error
-		if buf, err = AppendDecodeFPM(buf[:0], payload, &f); err != nil {
+		if buf, err = appendDecodeFPM(buf[:0], payload, &f); err != nil {
 			t.Fatal(err)
 		}
 	}); n != 0 {
@@ -417,8 +417,8 @@ func TestDecoderWorkerIDCache(t *testing.T) {
 func TestAppendDecodeFPMErrorKeepsDst(t *testing.T) {
 	dst := []byte("abc")
 	f := goldenFPM
-	out, err := AppendDecodeFPM(dst, []byte{0x80}, &f)
-	var ve *ValidationError
+	out, err := appendDecodeFPM(dst, []byte{0x80}, &f)
+	var ve *validationError
 	if !errors.As(err, &ve) || ve.Field != "version" || ve.Reason != "missing" {
 		t.Fatalf("error %v", err)
 	}
@@ -465,7 +465,7 @@ func BenchmarkAppendDecodeFPM(b *testing.B) {
 	buf := make([]byte, 0, 1024)
 	for b.Loop() {
 		var err error
-		if buf, err = AppendDecodeFPM(buf[:0], payload, &f); err != nil {
+		if buf, err = appendDecodeFPM(buf[:0], payload, &f); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -524,7 +524,7 @@ func BenchmarkAppendJSONFloat(b *testing.B) {
 	buf := make([]byte, 0, 64)
 	for b.Loop() {
 		for _, v := range values {
-			buf = AppendJSONFloat(buf[:0], v)
+			buf = appendJSONFloat(buf[:0], v)
 		}
 	}
 }

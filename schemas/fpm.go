@@ -2,7 +2,7 @@
 // reads or writes: Dynamo's ForwardPassMetrics (msgpack on ZMQ, canonical JSON on NATS) and the
 // dynamo.fpm.trace.v1 trace line.
 //
-// Invariants: a *FPM returned by DecodeFPM or ParseFPMJSON (or filled by Decoder or AppendDecodeFPM) has
+// Invariants: a *FPM returned by DecodeFPM or ParseFPMJSON (or filled by Decoder or appendDecodeFPM) has
 // passed the FPM rules (see validate.go; FPM.Validate checks the typed fields by the same rules), and its
 // JSON field holds the canonical JSON object — every field of the payload, unknown ones too, in payload
 // order, floats formatted as Dynamo's Rust trace writer (serde_json/ryu) formats them. Consumers copy
@@ -11,7 +11,7 @@
 // One file per concept: msgpack.go (strict msgpack reader), json_parse.go (strict JSON reader into the
 // same tree), validate.go (the FPM rules), canonical_json.go (the canonical JSON writer and serde_json
 // float/string formatting), decode.go (DecodeFPM, ParseFPMJSON), fastpath.go (their one-pass fast paths
-// for the common shape, and the allocation-free Decoder and AppendDecodeFPM), msgpack_encode.go
+// for the common shape, and the allocation-free Decoder and appendDecodeFPM), msgpack_encode.go
 // (msgspec-identical encoder), trace.go (the trace line; the trace's files, their names and read order
 // are tracefile's), jsonschema.go (the embedded JSON Schema documents), errors.go.
 package schemas

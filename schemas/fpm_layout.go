@@ -1,12 +1,12 @@
 package schemas
 
-// FPMFieldKind is what one field of an FPM holds, by the FPM rules.
-type FPMFieldKind uint8
+// fpmFieldKind is what one field of an FPM holds, by the FPM rules.
+type fpmFieldKind uint8
 
 // Field kinds of FPMLayout.
 const (
 	// FPMVersionField is the integer FPMVersion.
-	FPMVersionField FPMFieldKind = iota + 1
+	FPMVersionField fpmFieldKind = iota + 1
 	// FPMStringField is a string (worker_id).
 	FPMStringField
 	// FPMCountField is an integer >= 0 that fits an int64 (dp_rank, counter_id, request counts).
@@ -20,7 +20,7 @@ const (
 // FPMField is one field of an FPM in FPMLayout.
 type FPMField struct {
 	Name   string
-	Kind   FPMFieldKind
+	Kind   fpmFieldKind
 	Fields []FPMField // the request map's fields, for FPMRequestsField
 }
 

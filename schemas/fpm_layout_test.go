@@ -39,7 +39,7 @@ func TestFPMLayoutIsTheCanonicalJSONOrder(t *testing.T) {
 			v := next()
 			n, isNum := v.(json.Number)
 			_, isStr := v.(string)
-			ok := map[FPMFieldKind]bool{
+			ok := map[fpmFieldKind]bool{
 				FPMVersionField: isNum && n.String() == "1",
 				FPMStringField:  isStr,
 				FPMCountField:   isNum && !strings.ContainsAny(n.String(), ".eE"),

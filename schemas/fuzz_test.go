@@ -8,7 +8,7 @@ import (
 )
 
 // FuzzDecodeFPM feeds arbitrary bytes to DecodeFPM. It must never panic; every error must be a
-// *DecodeError or *ValidationError; and a payload that decodes must round-trip: its JSON parses back
+// *decodeError or *validationError; and a payload that decodes must round-trip: its JSON parses back
 // (ParseFPMJSON) to the same typed fields, re-canonicalizes to the same bytes, and EncodeMsgpack of the
 // typed fields decodes to the same typed fields. Seeds: testdata/fuzz/FuzzDecodeFPM plus the payloads
 // the unit tests build.
@@ -19,11 +19,11 @@ func FuzzDecodeFPM(f *testing.F) {
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		fpm, err := DecodeFPM(payload)
 		if err != nil {
-			var de *DecodeError
-			var ve *ValidationError
+			var de *decodeError
+			var ve *validationError
 			switch {
 			case errors.As(err, &de):
-				if !errors.Is(err, ErrMalformed) || de.Offset < 0 || de.Offset > len(payload) {
+				if !errors.Is(err, errMalformed) || de.Offset < 0 || de.Offset > len(payload) {
 					t.Fatalf("bad DecodeError %+v", de)
 				}
 			case errors.As(err, &ve):
@@ -69,7 +69,7 @@ func FuzzDecodeFPM(f *testing.F) {
 }
 
 // FuzzParseTraceLine feeds arbitrary bytes to ParseTraceLine. It must never panic; every error must be a
-// *TraceLineError; and an accepted line must be written back by AppendTraceLine as a line that parses to
+// *traceLineError; and an accepted line must be written back by AppendTraceLine as a line that parses to
 // the same value, with an fpm object ParseFPMJSON accepts.
 func FuzzParseTraceLine(f *testing.F) {
 	for _, l := range traceLines(f) {
@@ -81,7 +81,7 @@ func FuzzParseTraceLine(f *testing.F) {
 	f.Fuzz(func(t *testing.T, line []byte) {
 		l, err := ParseTraceLine(line)
 		if err != nil {
-			var te *TraceLineError
+			var te *traceLineError
 			if !errors.As(err, &te) || !errors.Is(err, ErrInvalidTraceLine) || te.Reason == "" {
 				t.Fatalf("bad error %T: %v", err, err)
 			}

@@ -43,7 +43,7 @@ func (d *decoder) parseJSON() error {
 }
 
 func (d *decoder) jfail(off int, msg string) error {
-	return &DecodeError{Format: FormatJSON, Offset: off, Field: d.pathString(), Err: errors.New(msg)}
+	return &decodeError{Format: formatJSON, Offset: off, Field: d.pathString(), Err: errors.New(msg)}
 }
 
 func skipWS(src []byte, p int) int {

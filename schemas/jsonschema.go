@@ -10,34 +10,34 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
-// FS holds the JSON Schema documents (draft 2020-12) of the formats in this package, under jsonschema/:
+// schemaFS holds the JSON Schema documents (draft 2020-12) of the formats in this package, under jsonschema/:
 // fpm.schema.json (the canonical FPM object) and trace-line.schema.json (the dynamo.fpm.trace.v1 line,
 // which $refs fpm.schema.json). Each document's $id is schemaBaseURL + its file name.
 //
 //go:embed jsonschema/*.json
-var FS embed.FS
+var schemaFS embed.FS
 
-// Names of the schema documents in FS, for CompileSchema.
+// Names of the schema documents in schemaFS, for compileSchema.
 const (
-	FPMSchemaFile       = "fpm.schema.json"
-	TraceLineSchemaFile = "trace-line.schema.json"
+	fpmSchemaFile       = "fpm.schema.json"
+	traceLineSchemaFile = "trace-line.schema.json"
 )
 
 // schemaBaseURL is the base of the documents' $id values.
 const schemaBaseURL = "https://github.com/fpmbus/fpmbus/schemas/jsonschema/"
 
-// CompileSchema compiles the schema document name (FPMSchemaFile or TraceLineSchemaFile) with every
-// document of FS available to $ref, and without network access. Validate documents with
+// compileSchema compiles the schema document name (fpmSchemaFile or traceLineSchemaFile) with every
+// document of schemaFS available to $ref, and without network access. Validate documents with
 // Schema.Validate on a value from jsonschema.UnmarshalJSON (which keeps numbers exact).
-func CompileSchema(name string) (*jsonschema.Schema, error) {
+func compileSchema(name string) (*jsonschema.Schema, error) {
 	c := jsonschema.NewCompiler()
-	entries, err := fs.ReadDir(FS, "jsonschema")
+	entries, err := fs.ReadDir(schemaFS, "jsonschema")
 	if err != nil {
 		return nil, fmt.Errorf("schemas: read embedded schemas: %w", err)
 	}
 	found := false
 	for _, e := range entries {
-		b, err := FS.ReadFile(path.Join("jsonschema", e.Name()))
+		b, err := schemaFS.ReadFile(path.Join("jsonschema", e.Name()))
 		if err != nil {
 			return nil, fmt.Errorf("schemas: read embedded schema %s: %w", e.Name(), err)
 		}

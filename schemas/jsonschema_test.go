@@ -11,7 +11,7 @@ import (
 
 func compileSchemaT(t *testing.T, name string) *jsonschema.Schema {
 	t.Helper()
-	s, err := CompileSchema(name)
+	s, err := compileSchema(name)
 	if err != nil {
 		t.Fatalf("CompileSchema(%s): %v", name, err)
 	}
@@ -28,8 +28,8 @@ func validateSchemaDoc(t *testing.T, s *jsonschema.Schema, doc []byte) error {
 }
 
 func TestSchemasAcceptEncoderOutput(t *testing.T) {
-	fpmSchema := compileSchemaT(t, FPMSchemaFile)
-	lineSchema := compileSchemaT(t, TraceLineSchemaFile)
+	fpmSchema := compileSchemaT(t, fpmSchemaFile)
+	lineSchema := compileSchemaT(t, traceLineSchemaFile)
 	payloads := map[string][]byte{
 		"seed example":   goldenPayload(),
 		"heartbeat":      heartbeatPayload(),
@@ -69,28 +69,28 @@ func TestSchemasRejectInvalidDocuments(t *testing.T) {
 		schema string
 		doc    []byte
 	}{
-		"fpm version 2":          {FPMSchemaFile, fpmSub(`"version":1`, `"version":2`)},
-		"fpm missing counter_id": {FPMSchemaFile, fpmSub(`"counter_id":42,`, ``)},
-		"fpm missing nested":     {FPMSchemaFile, fpmSub(`"sum_prefill_kv_tokens":64,`, ``)},
-		"fpm negative count":     {FPMSchemaFile, fpmSub(`"num_decode_requests":3`, `"num_decode_requests":-3`)},
-		"fpm fractional count":   {FPMSchemaFile, fpmSub(`"num_decode_requests":3`, `"num_decode_requests":3.5`)},
-		"fpm count beyond int64": {FPMSchemaFile, fpmSub(`"counter_id":42`, `"counter_id":9223372036854775808`)},
-		"fpm negative variance":  {FPMSchemaFile, fpmSub(`"var_prefill_length":12.5`, `"var_prefill_length":-0.5`)},
-		"fpm wall_time string":   {FPMSchemaFile, fpmSub(`"wall_time":0.025`, `"wall_time":"0.025"`)},
-		"fpm worker_id number":   {FPMSchemaFile, fpmSub(`"worker_id":"4192"`, `"worker_id":4192`)},
-		"fpm request map null":   {FPMSchemaFile, fpmSub(`"queued_requests":{`, `"queued_requests":null,"x":{`)},
-		"fpm not an object":      {FPMSchemaFile, []byte(`[1]`)},
-		"line wrong schema":      {TraceLineSchemaFile, lineSub(`"dynamo.fpm.trace.v1"`, `"dynamo.fpm.trace.v2"`)},
-		"line capture mode":      {TraceLineSchemaFile, lineSub(`"sampled"`, `"both"`)},
-		"line extra field":       {TraceLineSchemaFile, lineSub(`"capture_mode"`, `"extra":1,"capture_mode"`)},
-		"line negative time":     {TraceLineSchemaFile, lineSub(`"timestamp":1250`, `"timestamp":-1`)},
-		"line missing source":    {TraceLineSchemaFile, lineSub(`"source":{"namespace":"default","component":"backend","producer_id":"4192"},`, ``)},
-		"line invalid fpm":       {TraceLineSchemaFile, lineSub(`"version":1`, `"version":2`)},
-		"line fpm negative":      {TraceLineSchemaFile, lineSub(`"sum_decode_kv_tokens":0`, `"sum_decode_kv_tokens":-1`)},
+		"fpm version 2":          {fpmSchemaFile, fpmSub(`"version":1`, `"version":2`)},
+		"fpm missing counter_id": {fpmSchemaFile, fpmSub(`"counter_id":42,`, ``)},
+		"fpm missing nested":     {fpmSchemaFile, fpmSub(`"sum_prefill_kv_tokens":64,`, ``)},
+		"fpm negative count":     {fpmSchemaFile, fpmSub(`"num_decode_requests":3`, `"num_decode_requests":-3`)},
+		"fpm fractional count":   {fpmSchemaFile, fpmSub(`"num_decode_requests":3`, `"num_decode_requests":3.5`)},
+		"fpm count beyond int64": {fpmSchemaFile, fpmSub(`"counter_id":42`, `"counter_id":9223372036854775808`)},
+		"fpm negative variance":  {fpmSchemaFile, fpmSub(`"var_prefill_length":12.5`, `"var_prefill_length":-0.5`)},
+		"fpm wall_time string":   {fpmSchemaFile, fpmSub(`"wall_time":0.025`, `"wall_time":"0.025"`)},
+		"fpm worker_id number":   {fpmSchemaFile, fpmSub(`"worker_id":"4192"`, `"worker_id":4192`)},
+		"fpm request map null":   {fpmSchemaFile, fpmSub(`"queued_requests":{`, `"queued_requests":null,"x":{`)},
+		"fpm not an object":      {fpmSchemaFile, []byte(`[1]`)},
+		"line wrong schema":      {traceLineSchemaFile, lineSub(`"dynamo.fpm.trace.v1"`, `"dynamo.fpm.trace.v2"`)},
+		"line capture mode":      {traceLineSchemaFile, lineSub(`"sampled"`, `"both"`)},
+		"line extra field":       {traceLineSchemaFile, lineSub(`"capture_mode"`, `"extra":1,"capture_mode"`)},
+		"line negative time":     {traceLineSchemaFile, lineSub(`"timestamp":1250`, `"timestamp":-1`)},
+		"line missing source":    {traceLineSchemaFile, lineSub(`"source":{"namespace":"default","component":"backend","producer_id":"4192"},`, ``)},
+		"line invalid fpm":       {traceLineSchemaFile, lineSub(`"version":1`, `"version":2`)},
+		"line fpm negative":      {traceLineSchemaFile, lineSub(`"sum_decode_kv_tokens":0`, `"sum_decode_kv_tokens":-1`)},
 	}
 	schemas := map[string]*jsonschema.Schema{
-		FPMSchemaFile:       compileSchemaT(t, FPMSchemaFile),
-		TraceLineSchemaFile: compileSchemaT(t, TraceLineSchemaFile),
+		fpmSchemaFile:       compileSchemaT(t, fpmSchemaFile),
+		traceLineSchemaFile: compileSchemaT(t, traceLineSchemaFile),
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -100,7 +100,7 @@ func TestSchemasRejectInvalidDocuments(t *testing.T) {
 				t.Fatalf("%s accepted %s (err %v)", tc.schema, tc.doc, err)
 			}
 			// The package's own parsers reject the same documents.
-			if tc.schema == FPMSchemaFile {
+			if tc.schema == fpmSchemaFile {
 				if _, err := ParseFPMJSON(tc.doc); err == nil {
 					t.Errorf("ParseFPMJSON accepted it")
 				}
@@ -112,14 +112,14 @@ func TestSchemasRejectInvalidDocuments(t *testing.T) {
 }
 
 func TestCompileSchemaUnknownName(t *testing.T) {
-	if _, err := CompileSchema("nope.schema.json"); err == nil {
+	if _, err := compileSchema("nope.schema.json"); err == nil {
 		t.Fatal("CompileSchema accepted an unknown name")
 	}
 }
 
 func TestFSHoldsTheSchemas(t *testing.T) {
-	for _, name := range []string{FPMSchemaFile, TraceLineSchemaFile} {
-		b, err := FS.ReadFile("jsonschema/" + name)
+	for _, name := range []string{fpmSchemaFile, traceLineSchemaFile} {
+		b, err := schemaFS.ReadFile("jsonschema/" + name)
 		if err != nil {
 			t.Fatalf("FS: %v", err)
 		}

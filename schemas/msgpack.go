@@ -49,9 +49,9 @@ func (d *decoder) parseMsgpack() error {
 	return nil
 }
 
-// fail returns a *DecodeError for the value at off, naming the current path.
+// fail returns a *decodeError for the value at off, naming the current path.
 func (d *decoder) fail(off int, msg string) error {
-	return &DecodeError{Format: FormatMsgpack, Offset: off, Field: d.pathString(), Err: errors.New(msg)}
+	return &decodeError{Format: formatMsgpack, Offset: off, Field: d.pathString(), Err: errors.New(msg)}
 }
 
 // truncated reports a value whose header or data runs past the end of the payload.

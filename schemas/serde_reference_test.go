@@ -85,7 +85,7 @@ func TestAppendJSONFloatMatchesSerdeJSON(t *testing.T) {
 		if want != row[1] {
 			signed++
 		}
-		if got := string(AppendJSONFloat(nil, math.Float64frombits(bits))); got != want {
+		if got := string(appendJSONFloat(nil, math.Float64frombits(bits))); got != want {
 			t.Errorf("bits %s (%v): got %s, serde_json 1.0.150 writes %s (ryu wrote %s)", row[0],
 				math.Float64frombits(bits), got, want, row[1])
 		}

@@ -45,7 +45,7 @@ type TraceSource struct {
 }
 
 // AppendTraceLine appends l as one compact JSON line, byte-identical to what Dynamo's trace writer
-// (serde_json) writes: fields in struct order, strings escaped by AppendJSONString, l.Event.FPM copied
+// (serde_json) writes: fields in struct order, strings escaped by appendJSONString, l.Event.FPM copied
 // verbatim. It appends no newline; the segment writer adds '\n'.
 //
 // l.Event.FPM must be one compact JSON object (FPM.JSON is); it is not checked here. An empty FPM is
@@ -56,15 +56,15 @@ func AppendTraceLine(dst []byte, l *TraceLine) []byte {
 	dst = append(dst, `{"timestamp":`...)
 	dst = strconv.AppendInt(dst, l.Timestamp, 10)
 	dst = append(dst, `,"event":{"schema":`...)
-	dst = AppendJSONString(dst, e.Schema)
+	dst = appendJSONString(dst, e.Schema)
 	dst = append(dst, `,"source":{"namespace":`...)
-	dst = AppendJSONString(dst, e.Source.Namespace)
+	dst = appendJSONString(dst, e.Source.Namespace)
 	dst = append(dst, `,"component":`...)
-	dst = AppendJSONString(dst, e.Source.Component)
+	dst = appendJSONString(dst, e.Source.Component)
 	dst = append(dst, `,"producer_id":`...)
-	dst = AppendJSONString(dst, e.Source.ProducerID)
+	dst = appendJSONString(dst, e.Source.ProducerID)
 	dst = append(dst, `},"capture_mode":`...)
-	dst = AppendJSONString(dst, e.CaptureMode)
+	dst = appendJSONString(dst, e.CaptureMode)
 	dst = append(dst, `,"observed_at_unix_ms":`...)
 	dst = strconv.AppendInt(dst, e.ObservedAtUnixMs, 10)
 	dst = append(dst, `,"fpm":`...)
@@ -82,18 +82,18 @@ func AppendTraceLine(dst []byte, l *TraceLine) []byte {
 // capture_mode sampled or full, and fpm an object that passes the FPM rules (as ParseFPMJSON).
 //
 // The returned line shares no memory with line; Event.FPM holds the fpm object's bytes as they appear
-// in line. Errors are *TraceLineError values naming the field (for example "event.capture_mode" or
+// in line. Errors are *traceLineError values naming the field (for example "event.capture_mode" or
 // "event.fpm.queued_requests.num_decode_requests"), matching ErrInvalidTraceLine and, when the cause is a
-// syntax or FPM rule error, ErrMalformed or ErrInvalid as well.
+// syntax or FPM rule error, errMalformed or ErrInvalid as well.
 func ParseTraceLine(line []byte) (*TraceLine, error) {
 	d := getDecoder(line)
 	defer putDecoder(d)
 	if err := d.parseJSON(); err != nil {
 		var field, reason string
-		if de, ok := err.(*DecodeError); ok {
+		if de, ok := err.(*decodeError); ok {
 			field, reason = de.Field, "byte "+strconv.Itoa(de.Offset)+": "+de.Err.Error()
 		}
-		return nil, &TraceLineError{Field: field, Reason: reason, Err: err}
+		return nil, &traceLineError{Field: field, Reason: reason, Err: err}
 	}
 	out := new(TraceLine)
 	t := traceWalker{&d.tree}
@@ -115,7 +115,7 @@ func ParseTraceLine(line []byte) (*TraceLine, error) {
 		return nil, err
 	}
 	if e.Schema != TraceSchema {
-		return nil, &TraceLineError{Field: "event.schema", Reason: "unknown schema " + strconv.Quote(e.Schema) + ", want " + strconv.Quote(TraceSchema)}
+		return nil, &traceLineError{Field: "event.schema", Reason: "unknown schema " + strconv.Quote(e.Schema) + ", want " + strconv.Quote(TraceSchema)}
 	}
 	var src [3]int
 	if err := t.fields(ev[1], "event.source", []string{"namespace", "component", "producer_id"}, src[:]); err != nil {
@@ -134,19 +134,19 @@ func ParseTraceLine(line []byte) (*TraceLine, error) {
 		return nil, err
 	}
 	if e.CaptureMode != CaptureSampled && e.CaptureMode != CaptureFull {
-		return nil, &TraceLineError{Field: "event.capture_mode", Reason: "unknown capture mode " + strconv.Quote(e.CaptureMode) + `, want "sampled" or "full"`}
+		return nil, &traceLineError{Field: "event.capture_mode", Reason: "unknown capture mode " + strconv.Quote(e.CaptureMode) + `, want "sampled" or "full"`}
 	}
 	if e.ObservedAtUnixMs, err = t.integer(ev[3], "event.observed_at_unix_ms"); err != nil {
 		return nil, err
 	}
 	fpm := &d.nodes[ev[4]]
 	if fpm.kind != kindMap {
-		return nil, &TraceLineError{Field: "event.fpm", Reason: "not an object (got " + fpm.kind.String() + ")"}
+		return nil, &traceLineError{Field: "event.fpm", Reason: "not an object (got " + fpm.kind.String() + ")"}
 	}
 	var f FPM
 	if err := validateFPM(&d.tree, ev[4], &f); err != nil {
-		ve := err.(*ValidationError)
-		return nil, &TraceLineError{Field: joinField("event.fpm", ve.Field), Reason: ve.Reason, Err: err}
+		ve := err.(*validationError)
+		return nil, &traceLineError{Field: joinField("event.fpm", ve.Field), Reason: ve.Reason, Err: err}
 	}
 	e.FPM = append(json.RawMessage(nil), d.raw(fpm)...)
 	return out, nil
@@ -162,12 +162,12 @@ type traceWalker struct {
 func (t *traceWalker) fields(m int, field string, names []string, out []int) error {
 	n := &t.nodes[m]
 	if n.kind != kindMap {
-		return &TraceLineError{Field: field, Reason: "not an object (got " + n.kind.String() + ")"}
+		return &traceLineError{Field: field, Reason: "not an object (got " + n.kind.String() + ")"}
 	}
 	lookup(t.tree, m, names, out)
 	for j, i := range out {
 		if i < 0 {
-			return &TraceLineError{Field: joinField(field, names[j]), Reason: "missing"}
+			return &traceLineError{Field: joinField(field, names[j]), Reason: "missing"}
 		}
 	}
 	if int(n.count) != len(names) {
@@ -181,7 +181,7 @@ func (t *traceWalker) fields(m int, field string, names []string, out []int) err
 			}
 			if !known {
 				key := string(t.raw(&t.nodes[k]))
-				return &TraceLineError{Field: joinField(field, key), Reason: "unknown field"}
+				return &traceLineError{Field: joinField(field, key), Reason: "unknown field"}
 			}
 		}
 	}
@@ -193,19 +193,19 @@ func (t *traceWalker) integer(i int, field string) (int64, error) {
 	switch n.kind {
 	case kindInt:
 		if n.int64() < 0 {
-			return 0, &TraceLineError{Field: field, Reason: "negative integer " + strconv.FormatInt(n.int64(), 10)}
+			return 0, &traceLineError{Field: field, Reason: "negative integer " + strconv.FormatInt(n.int64(), 10)}
 		}
 		return n.int64(), nil
 	case kindUint, kindBigInt:
-		return 0, &TraceLineError{Field: field, Reason: "integer out of range (max " + strconv.FormatInt(math.MaxInt64, 10) + ")"}
+		return 0, &traceLineError{Field: field, Reason: "integer out of range (max " + strconv.FormatInt(math.MaxInt64, 10) + ")"}
 	}
-	return 0, &TraceLineError{Field: field, Reason: gotKind("an integer", n)}
+	return 0, &traceLineError{Field: field, Reason: gotKind("an integer", n)}
 }
 
 func (t *traceWalker) str(i int, field string) (string, error) {
 	n := &t.nodes[i]
 	if n.kind != kindStr {
-		return "", &TraceLineError{Field: field, Reason: gotKind("a string", n)}
+		return "", &traceLineError{Field: field, Reason: gotKind("a string", n)}
 	}
 	return string(t.raw(n)), nil
 }

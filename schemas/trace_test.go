@@ -123,14 +123,14 @@ func TestParseTraceLineErrors(t *testing.T) {
 	tests := map[string]struct {
 		line  []byte
 		field string
-		also  error // ErrMalformed, ErrInvalid, or nil
+		also  error // errMalformed, ErrInvalid, or nil
 	}{
-		"not JSON":                  {[]byte("timestamp=1"), "", ErrMalformed},
-		"empty line":                {[]byte("\n"), "", ErrMalformed},
-		"array":                     {[]byte(`[` + seedLineJSON + `]`), "", ErrMalformed},
-		"truncated":                 {[]byte(seedLineJSON[:100]), "event.source", ErrMalformed},
-		"two objects":               {[]byte(seedLineJSON + seedLineJSON), "", ErrMalformed},
-		"duplicate key":             {sub(`"timestamp":1250,`, `"timestamp":1250,"timestamp":1,`), "timestamp", ErrMalformed},
+		"not JSON":                  {[]byte("timestamp=1"), "", errMalformed},
+		"empty line":                {[]byte("\n"), "", errMalformed},
+		"array":                     {[]byte(`[` + seedLineJSON + `]`), "", errMalformed},
+		"truncated":                 {[]byte(seedLineJSON[:100]), "event.source", errMalformed},
+		"two objects":               {[]byte(seedLineJSON + seedLineJSON), "", errMalformed},
+		"duplicate key":             {sub(`"timestamp":1250,`, `"timestamp":1250,"timestamp":1,`), "timestamp", errMalformed},
 		"wrong schema":              {sub(`"dynamo.fpm.trace.v1"`, `"dynamo.fpm.trace.v2"`), "event.schema", nil},
 		"schema not a string":       {sub(`"dynamo.fpm.trace.v1"`, `1`), "event.schema", nil},
 		"unknown capture mode":      {sub(`"sampled"`, `"Sampled"`), "event.capture_mode", nil},
@@ -161,7 +161,7 @@ func TestParseTraceLineErrors(t *testing.T) {
 			if !errors.Is(err, ErrInvalidTraceLine) {
 				t.Fatalf("error %v does not match ErrInvalidTraceLine", err)
 			}
-			var te *TraceLineError
+			var te *traceLineError
 			if !errors.As(err, &te) {
 				t.Fatalf("error %T is not a *TraceLineError", err)
 			}
@@ -171,7 +171,7 @@ func TestParseTraceLineErrors(t *testing.T) {
 			if te.Reason == "" {
 				t.Errorf("empty Reason")
 			}
-			for _, sentinel := range []error{ErrMalformed, ErrInvalid} {
+			for _, sentinel := range []error{errMalformed, ErrInvalid} {
 				if got, want := errors.Is(err, sentinel), sentinel == tc.also; got != want {
 					t.Errorf("errors.Is(err, %v) = %v, want %v (%v)", sentinel, got, want, err)
 				}

@@ -68,8 +68,8 @@ type validator struct {
 	*tree
 }
 
-func invalid(field, reason string) *ValidationError {
-	return &ValidationError{Field: field, Reason: reason}
+func invalid(field, reason string) *validationError {
+	return &validationError{Field: field, Reason: reason}
 }
 
 func gotKind(want string, n *node) string {
@@ -125,7 +125,7 @@ func checkNumber(x float64) string {
 	case math.IsInf(x, -1):
 		return "not finite (-Inf)"
 	case x < 0:
-		return "negative number " + string(AppendJSONFloat(nil, x))
+		return "negative number " + string(appendJSONFloat(nil, x))
 	}
 	return ""
 }

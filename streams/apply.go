@@ -13,17 +13,17 @@ import (
 // was not forced. Nothing was changed.
 var ErrDestructive = errors.New("streams: refused changes that can delete stored messages")
 
-// Plan is what `fpmbus streams apply` does on one server: create the streams that are missing and
+// plan is what `fpmbus streams apply` does on one server: create the streams that are missing and
 // change the settings of existing ones that differ from the Config. It is the only path that changes
 // an existing stream; components use Ensure.
-type Plan struct {
-	Steps []Step
+type plan struct {
+	Steps []step
 	// FPMShards is the shard count the plan keeps or creates (1: the single stream FPM).
 	FPMShards int
 }
 
-// Step is one stream of a Plan: created (Create), changed (Changes), or left as it is (neither).
-type Step struct {
+// step is one stream of a Plan: created (Create), changed (Changes), or left as it is (neither).
+type step struct {
 	Stream  string
 	Create  bool
 	Changes []Change
@@ -36,7 +36,7 @@ type Step struct {
 // NewPlan reads the current configuration of every fpmbus stream and compares it with c. The FPM
 // streams are c.FPMShards shards, or the server's count when it is 0; a count other than the server's
 // is an ErrShardMismatch error naming both (no plan changes the shard count).
-func NewPlan(ctx context.Context, js jetstream.JetStream, c Config) (*Plan, error) {
+func NewPlan(ctx context.Context, js jetstream.JetStream, c Config) (*plan, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -45,24 +45,24 @@ func NewPlan(ctx context.Context, js jetstream.JetStream, c Config) (*Plan, erro
 		return nil, err
 	}
 	c.FPMShards = n
-	p := &Plan{FPMShards: n}
+	p := &plan{FPMShards: n}
 	for _, want := range c.All() {
 		s, err := js.Stream(ctx, want.Name)
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound):
-			p.Steps = append(p.Steps, Step{Stream: want.Name, Create: true, send: want})
+			p.Steps = append(p.Steps, step{Stream: want.Name, Create: true, send: want})
 		case err != nil:
 			return nil, fmt.Errorf("streams: plan %s: %w", want.Name, err)
 		default:
 			current := s.CachedInfo().Config
-			p.Steps = append(p.Steps, Step{Stream: want.Name, Changes: Diff(current, want), send: withSettings(current, want)})
+			p.Steps = append(p.Steps, step{Stream: want.Name, Changes: Diff(current, want), send: withSettings(current, want)})
 		}
 	}
 	return p, nil
 }
 
 // Destructive returns the plan's changes that can delete stored messages.
-func (p *Plan) Destructive() []Change {
+func (p *plan) Destructive() []Change {
 	var out []Change
 	for _, st := range p.Steps {
 		for _, ch := range st.Changes {
@@ -76,7 +76,7 @@ func (p *Plan) Destructive() []Change {
 
 // Lines is the plan as text, one line per stream created or left as it is and one per changed
 // setting: "FPM max_bytes 2097152 -> 100000 (can delete stored messages)".
-func (p *Plan) Lines() []string {
+func (p *plan) Lines() []string {
 	var out []string
 	for _, st := range p.Steps {
 		switch {
@@ -99,7 +99,7 @@ func (p *Plan) Lines() []string {
 // Execute carries the plan out. Unless force is set, a plan with a destructive change is refused as a
 // whole before anything is sent (ErrDestructive, naming each refused change): no stream is created or
 // changed. A stream that changed on the server since NewPlan is overwritten with the planned settings.
-func (p *Plan) Execute(ctx context.Context, js jetstream.JetStream, force bool) error {
+func (p *plan) Execute(ctx context.Context, js jetstream.JetStream, force bool) error {
 	if refused := p.Destructive(); len(refused) > 0 && !force {
 		names := make([]string, len(refused))
 		for i, ch := range refused {

@@ -20,17 +20,17 @@ import (
 //
 // <run> is the run_id encoded with EncodeToken, so any run_id is one subject token.
 const (
-	BenchRankRoot    = BenchRoot + "." + BenchKindRank
-	BenchProbeRoot   = BenchRoot + "." + BenchKindProbe
-	BenchProfileRoot = BenchRoot + ".profile"
-	BenchMergedRoot  = BenchRoot + "." + BenchKindMerged
-	BenchSidecarRoot = BenchRoot + "." + BenchKindSidecar
-	BenchEventsRoot  = EventsRoot + ".bench"
+	BenchRankRoot    = benchRoot + "." + BenchKindRank
+	BenchProbeRoot   = benchRoot + "." + BenchKindProbe
+	benchProfileRoot = benchRoot + ".profile"
+	BenchMergedRoot  = benchRoot + "." + BenchKindMerged
+	benchSidecarRoot = benchRoot + "." + BenchKindSidecar
+	benchEventsRoot  = eventsRoot + ".bench"
 
-	// BenchRankWildcard and BenchProbeWildcard are the merger's filters, BenchMergedWildcard the
+	// benchRankWildcard and benchProbeWildcard are the merger's filters, BenchMergedWildcard the
 	// sealer's.
-	BenchRankWildcard   = BenchRankRoot + ".>"
-	BenchProbeWildcard  = BenchProbeRoot + ".>"
+	benchRankWildcard   = BenchRankRoot + ".>"
+	benchProbeWildcard  = BenchProbeRoot + ".>"
 	BenchMergedWildcard = BenchMergedRoot + ".>"
 
 	// BenchObjectBucket is the JetStream object store holding artefact bodies too large to inline.
@@ -56,22 +56,22 @@ func BenchProbeSubject(runID string) string { return BenchProbeRoot + "." + Enco
 // BenchProfileSubject carries run runID's collection profile: body the profile JSON
 // (schemas.CollectionProfile), header Fpm-Bench-Run. The last message on the subject is the run's
 // profile.
-func BenchProfileSubject(runID string) string { return BenchProfileRoot + "." + EncodeToken(runID) }
+func BenchProfileSubject(runID string) string { return benchProfileRoot + "." + EncodeToken(runID) }
 
 // BenchMergedSubject carries run runID's merged artefact.
 func BenchMergedSubject(runID string) string { return BenchMergedRoot + "." + EncodeToken(runID) }
 
 // BenchSidecarSubject carries run runID's worker-probe sidecar.
-func BenchSidecarSubject(runID string) string { return BenchSidecarRoot + "." + EncodeToken(runID) }
+func BenchSidecarSubject(runID string) string { return benchSidecarRoot + "." + EncodeToken(runID) }
 
 // BenchOutcomeSubject carries the one outcome event of run runID.
 func BenchOutcomeSubject(runID string) string {
-	return BenchEventsRoot + "." + EncodeToken(runID) + ".outcome"
+	return benchEventsRoot + "." + EncodeToken(runID) + ".outcome"
 }
 
 // BenchConflictSubject carries conflict events of run runID.
 func BenchConflictSubject(runID string) string {
-	return BenchEventsRoot + "." + EncodeToken(runID) + ".conflict"
+	return benchEventsRoot + "." + EncodeToken(runID) + ".conflict"
 }
 
 // ParseBenchSubject returns the kind (a BenchKind* constant), run_id and rank (-1 but for rank
@@ -81,10 +81,10 @@ func ParseBenchSubject(subject string) (kind, runID string, rank int, err error)
 	bad := func(why string) (string, string, int, error) {
 		return "", "", 0, fmt.Errorf("%w: %q: %s", ErrBadSubject, subject, why)
 	}
-	if len(toks) < 3 || toks[0] != BenchRoot {
-		return bad("not under " + BenchRoot)
+	if len(toks) < 3 || toks[0] != benchRoot {
+		return bad("not under " + benchRoot)
 	}
-	runID, err = DecodeToken(toks[2])
+	runID, err = decodeToken(toks[2])
 	if err != nil {
 		return "", "", 0, err
 	}

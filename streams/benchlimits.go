@@ -55,15 +55,15 @@ func CheckRunID(runID string) error {
 // file's stat, the message's Fpm-Bench-Size header), before any of it is read.
 const DefaultBenchMaxArtefact int64 = 256 << 20
 
-// ErrArtefactTooLarge: an artefact body is larger than the maximum artefact size.
-var ErrArtefactTooLarge = errors.New("streams: benchmark artefact larger than the maximum artefact size")
+// errArtefactTooLarge: an artefact body is larger than the maximum artefact size.
+var errArtefactTooLarge = errors.New("streams: benchmark artefact larger than the maximum artefact size")
 
 // CheckArtefactSize refuses an artefact of size bytes when it is larger than limit (limit <= 0: no
 // limit); what names the artefact (a file, a subject and sequence).
 func CheckArtefactSize(what string, size, limit int64) error {
 	if limit > 0 && size > limit {
 		return fmt.Errorf("%w: %s is %d bytes (%s); the limit is %d bytes (%s): refused before reading it",
-			ErrArtefactTooLarge, what, size, mib(size), limit, mib(limit))
+			errArtefactTooLarge, what, size, mib(size), limit, mib(limit))
 	}
 	return nil
 }

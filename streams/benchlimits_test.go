@@ -49,7 +49,7 @@ func TestCheckArtefactSizeNamesTheArtefactItsSizeAndTheLimit(t *testing.T) {
 		t.Fatalf("no limit: %v", err)
 	}
 	err := CheckArtefactSize("/data/rank_dp3.json", 1<<30, DefaultBenchMaxArtefact)
-	if !errors.Is(err, ErrArtefactTooLarge) {
+	if !errors.Is(err, errArtefactTooLarge) {
 		t.Fatalf("%v does not wrap ErrArtefactTooLarge", err)
 	}
 	for _, want := range []string{"/data/rank_dp3.json", "1073741824 bytes (1024.0 MiB)", "268435456 bytes (256.0 MiB)", "before reading"} {

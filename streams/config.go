@@ -15,10 +15,10 @@ const (
 	BucketDatasets = "FPM_DATASETS"
 )
 
-// DefaultDuplicateWindow covers the bridge's own publish retries (ack timeout plus backoff), not more.
+// defaultDuplicateWindow covers the bridge's own publish retries (ack timeout plus backoff), not more.
 // The server keeps every message id inside the window in memory: at 100 ranks x 100 FPM/s a 2-minute
 // window holds 1.2M ids (~gigabytes with per-id overhead across a fleet), 30 s holds a quarter of that.
-const DefaultDuplicateWindow = 30 * time.Second
+const defaultDuplicateWindow = 30 * time.Second
 
 // Config holds the server-side settings of fpmbus's streams. The zero value is not valid; start from
 // DefaultConfig, whose values suit one embedded node.
@@ -56,7 +56,7 @@ func DefaultConfig() Config {
 		EventsMaxAge:    30 * 24 * time.Hour,
 		EventsMaxBytes:  DefaultEventsMaxBytes,
 		BenchMaxAge:     90 * 24 * time.Hour,
-		DuplicateWindow: DefaultDuplicateWindow,
+		DuplicateWindow: defaultDuplicateWindow,
 		BenchMaxMsgSize: -1,
 		Storage:         jetstream.FileStorage,
 	}

@@ -9,10 +9,10 @@ import "strconv"
 // (`fpmbus gaps report`, `nats sub 'fpmevents.loss.>'`) and not only in one instance's log.
 
 const (
-	// ConsumerLossRoot is the root of ConsumerLossSubject.
-	ConsumerLossRoot = EventsRoot + ".loss"
+	// consumerLossRoot is the root of ConsumerLossSubject.
+	consumerLossRoot = eventsRoot + ".loss"
 	// ConsumerLossWildcard matches every consumer's loss events.
-	ConsumerLossWildcard = ConsumerLossRoot + ".*"
+	ConsumerLossWildcard = consumerLossRoot + ".*"
 	// ConsumerLossEvent is a loss event's Fpm-Event header and "event" field.
 	ConsumerLossEvent = "loss"
 )
@@ -53,7 +53,7 @@ type ConsumerLoss struct {
 
 // ConsumerLossSubject carries consumer's (its durable name's) loss events.
 func ConsumerLossSubject(consumer string) string {
-	return ConsumerLossRoot + "." + EncodeToken(consumer)
+	return consumerLossRoot + "." + EncodeToken(consumer)
 }
 
 // ConsumerLossMsgID is the Nats-Msg-Id of the loss event for sequences first..last of stream seen by

@@ -17,11 +17,11 @@ import (
 // every revision: an overwrite or delete marker after a sealed cell's value, a campaign revision that
 // does not follow its record) is reported as cell_tampered or campaign_tampered; readers ignore it.
 
-// DatasetEventRoot is the root of DatasetEventSubject.
-const DatasetEventRoot = EventsRoot + ".dataset"
+// datasetEventRoot is the root of DatasetEventSubject.
+const datasetEventRoot = eventsRoot + ".dataset"
 
 // DatasetEventWildcard matches every dataset event.
-const DatasetEventWildcard = DatasetEventRoot + ".>"
+const DatasetEventWildcard = datasetEventRoot + ".>"
 
 // DatasetEventSchema names the JSON format of DatasetEvent.
 const DatasetEventSchema = "fpmbus.dataset.v1"
@@ -39,7 +39,7 @@ const (
 // DatasetEventSubject carries the dataset events of campaign campaignID (the campaign whose record
 // names the sealed cell).
 func DatasetEventSubject(campaignID string) string {
-	return DatasetEventRoot + "." + EncodeToken(campaignID)
+	return datasetEventRoot + "." + EncodeToken(campaignID)
 }
 
 // DatasetEvent is one dataset event (JSON) on DatasetEventSubject(CampaignID).

@@ -48,8 +48,8 @@ const DatasetsMaxRevisions = 1 << 16
 // datasetsDuplicates is the duplicate window nats.go gives a KV bucket without a TTL.
 const datasetsDuplicates = 2 * time.Minute
 
-// ErrUnprotected: FPM_DATASETS lacks a protection and this credential could not add it.
-var ErrUnprotected = errors.New("streams: FPM_DATASETS is not protected against rewriting sealed history")
+// errUnprotected: FPM_DATASETS lacks a protection and this credential could not add it.
+var errUnprotected = errors.New("streams: FPM_DATASETS is not protected against rewriting sealed history")
 
 // DatasetsBucket is the definition of FPM_DATASETS's stream: a KV bucket as nats.go creates one (its
 // subjects, direct gets, discard new), protected, with c's storage and replicas.
@@ -82,9 +82,9 @@ func protect(sc jetstream.StreamConfig) jetstream.StreamConfig {
 	return sc
 }
 
-// DatasetsProtection lists what current (FPM_DATASETS's stream as the server has it) lacks of the
+// datasetsProtection lists what current (FPM_DATASETS's stream as the server has it) lacks of the
 // protection, as changes none of which is destructive; empty when it is protected.
-func DatasetsProtection(current jetstream.StreamConfig) []Change {
+func datasetsProtection(current jetstream.StreamConfig) []Change {
 	want := protect(current)
 	var out []Change
 	add := func(setting, cur, w string) {
@@ -103,22 +103,22 @@ func DatasetsProtection(current jetstream.StreamConfig) []Change {
 }
 
 // ProtectedDatasets reports whether FPM_DATASETS's stream config sc has every protection.
-func ProtectedDatasets(sc jetstream.StreamConfig) bool { return len(DatasetsProtection(sc)) == 0 }
+func ProtectedDatasets(sc jetstream.StreamConfig) bool { return len(datasetsProtection(sc)) == 0 }
 
 // AddDatasets adds FPM_DATASETS to the plan: created protected when it is missing, protected when it
 // lacks some of it (every such change keeps what it holds), left as it is otherwise. Its other
 // settings (replicas, storage, description) are the bucket's own and never changed.
-func (p *Plan) AddDatasets(ctx context.Context, js jetstream.JetStream, c Config) error {
+func (p *plan) AddDatasets(ctx context.Context, js jetstream.JetStream, c Config) error {
 	s, err := js.Stream(ctx, DatasetsStream)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		p.Steps = append(p.Steps, Step{Stream: DatasetsStream, Create: true, send: c.DatasetsBucket()})
+		p.Steps = append(p.Steps, step{Stream: DatasetsStream, Create: true, send: c.DatasetsBucket()})
 		return nil
 	case err != nil:
 		return fmt.Errorf("streams: plan %s: %w", DatasetsStream, err)
 	}
 	current := s.CachedInfo().Config
-	p.Steps = append(p.Steps, Step{Stream: DatasetsStream, Changes: DatasetsProtection(current), send: protect(current)})
+	p.Steps = append(p.Steps, step{Stream: DatasetsStream, Changes: datasetsProtection(current), send: protect(current)})
 	return nil
 }
 
@@ -141,9 +141,9 @@ func EnsureDatasets(ctx context.Context, js jetstream.JetStream, c Config) (jets
 	return kv, nil
 }
 
-// ProtectDatasets adds to an existing FPM_DATASETS the protection it lacks (see DatasetsProtection)
+// ProtectDatasets adds to an existing FPM_DATASETS the protection it lacks (see datasetsProtection)
 // and returns the changes it made. A credential that may not update the stream (every service user of
-// ops/nats/permissions.conf: only the operator may) gets, within timeout, an ErrUnprotected error
+// ops/nats/permissions.conf: only the operator may) gets, within timeout, an errUnprotected error
 // naming what is missing and the command that adds it; the bucket is used as it is meanwhile.
 func ProtectDatasets(ctx context.Context, js jetstream.JetStream, timeout time.Duration, log *slog.Logger) ([]Change, error) {
 	if log == nil {
@@ -154,7 +154,7 @@ func ProtectDatasets(ctx context.Context, js jetstream.JetStream, timeout time.D
 		return nil, fmt.Errorf("streams: %s: %w", DatasetsStream, err)
 	}
 	current := s.CachedInfo().Config
-	changes := DatasetsProtection(current)
+	changes := datasetsProtection(current)
 	if len(changes) == 0 {
 		return nil, nil
 	}
@@ -166,7 +166,7 @@ func ProtectDatasets(ctx context.Context, js jetstream.JetStream, timeout time.D
 	defer cancel()
 	if _, err := js.UpdateStream(uctx, protect(current)); err != nil {
 		return nil, fmt.Errorf("%w: %s (could not change it: %v); run `fpmbus streams apply` as the operator, which keeps every cell",
-			ErrUnprotected, strings.Join(names, "; "), err)
+			errUnprotected, strings.Join(names, "; "), err)
 	}
 	log.Info("FPM_DATASETS protected: every revision of its keys is kept (no delete, purge or rollup)", "changes", names)
 	return changes, nil

@@ -115,7 +115,7 @@ func TestEnsureDatasetsCreatesTheBucketProtected(t *testing.T) {
 }
 
 // At start, a credential that may update the stream protects an earlier bucket (the changes are
-// returned, its keys kept); one that may not is told what is missing (ErrUnprotected) within the
+// returned, its keys kept); one that may not is told what is missing (errUnprotected) within the
 // timeout and the bucket is left as it is.
 func TestProtectDatasetsAddsWhatAnEarlierBucketLacks(t *testing.T) {
 	t.Parallel()

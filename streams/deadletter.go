@@ -11,22 +11,22 @@ import (
 // Stages of a bridge's dead letters (header Fpm-Error-Stage).
 const (
 	StageFrames   = "frames"   // not a (topic, 8-byte sequence, payload) multipart
-	StageDecode   = "decode"   // the payload is not a msgpack map (schemas.ErrMalformed)
+	StageDecode   = "decode"   // the payload is not a msgpack map (schemas.errMalformed)
 	StageValidate = "validate" // a well-formed payload breaks an FPM rule (schemas.ErrInvalid)
 	StageSize     = "size"     // a frame, the message or its subject is larger than the limits allow
 	StagePublish  = "publish"  // a valid FPM the server refused for good
 )
 
-// DeadLetterHeadroom is what a dead letter leaves of the server's max_payload for its subject and
+// deadLetterHeadroom is what a dead letter leaves of the server's max_payload for its subject and
 // headers: the body is cut to max_payload minus this.
-const DeadLetterHeadroom = 8 << 10
+const deadLetterHeadroom = 8 << 10
 
 // DeadLetter is input that a stage of fpmbus can never process, kept on FPM_EVENTS with the reason
 // instead of being dropped: the body is the input as received (cut to fit the server's max_payload, with
 // Fpm-Original-Size), Fpm-Error and Fpm-Error-Stage say why, Fpm-Frame-Sizes how to split the body
 // again, and the source says where the input came from, which decides the subject and the id:
 //
-//   - *SocketSource: a multipart a bridge read from a ZMQ socket and could not frame, decode or
+//   - *socketSource: a multipart a bridge read from a ZMQ socket and could not frame, decode or
 //     validate (subject DeadLetterSubject, the socket's namespace, component and DP rank);
 //   - *MessageSource: a stored message a consumer can never process (subject
 //     ConsumerDeadLetterSubject, the consumer's name; Fpm-Consumer, Fpm-Subject, Fpm-Stream and
@@ -44,22 +44,22 @@ type DeadLetter struct {
 	Frames [][]byte
 	// ReceivedAt is when the stage received the input (Fpm-Received-At-Ms).
 	ReceivedAt time.Time
-	// MaxPayload is the server's max_payload: the body is cut to MaxPayload - DeadLetterHeadroom bytes
+	// MaxPayload is the server's max_payload: the body is cut to MaxPayload - deadLetterHeadroom bytes
 	// (none when that is not positive). 0 means no cut.
 	MaxPayload int64
-	// Source says where the input came from: a *SocketSource or a *MessageSource. It must be set.
-	Source DeadLetterSource
+	// Source says where the input came from: a *socketSource or a *MessageSource. It must be set.
+	Source deadLetterSource
 }
 
-// DeadLetterSource is where a dead letter's input came from: *SocketSource or *MessageSource.
-type DeadLetterSource interface {
+// deadLetterSource is where a dead letter's input came from: *socketSource or *MessageSource.
+type deadLetterSource interface {
 	subject() string
 	msgID(d *DeadLetter) string
 	setHeaders(h nats.Header)
 }
 
-// SocketSource is a bridge's ZMQ socket.
-type SocketSource struct {
+// socketSource is a bridge's ZMQ socket.
+type socketSource struct {
 	Namespace, Component string // the bridge's; with DPRank they make the subject
 	DPRank               int    // the socket's DP rank (Fpm-Dp-Rank)
 	Endpoint             string // the socket's endpoint (Fpm-Endpoint)
@@ -67,17 +67,17 @@ type SocketSource struct {
 	// Seq is the sequence frame (Fpm-Seq), when HasSeq: the frames were readable that far.
 	Seq    uint64
 	HasSeq bool
-	// Count is the bridge's running count of dead letters; it makes the id unique (SocketDeadLetterMsgID).
+	// Count is the bridge's running count of dead letters; it makes the id unique (socketDeadLetterMsgID).
 	Count uint64
 }
 
-func (s *SocketSource) subject() string { return DeadLetterSubject(s.Namespace, s.Component, s.DPRank) }
+func (s *socketSource) subject() string { return DeadLetterSubject(s.Namespace, s.Component, s.DPRank) }
 
-func (s *SocketSource) msgID(d *DeadLetter) string {
-	return SocketDeadLetterMsgID(s.Bridge, s.DPRank, d.ReceivedAt.UnixNano(), s.Count)
+func (s *socketSource) msgID(d *DeadLetter) string {
+	return socketDeadLetterMsgID(s.Bridge, s.DPRank, d.ReceivedAt.UnixNano(), s.Count)
 }
 
-func (s *SocketSource) setHeaders(h nats.Header) {
+func (s *socketSource) setHeaders(h nats.Header) {
 	h.Set(HeaderEndpoint, s.Endpoint)
 	h.Set(HeaderDPRank, strconv.Itoa(s.DPRank))
 	h.Set(HeaderBridge, s.Bridge)
@@ -97,7 +97,7 @@ type MessageSource struct {
 func (s *MessageSource) subject() string { return ConsumerDeadLetterSubject(s.Consumer) }
 
 func (s *MessageSource) msgID(*DeadLetter) string {
-	return ConsumerDeadLetterMsgID(s.Consumer, s.Stream, s.StreamSeq)
+	return consumerDeadLetterMsgID(s.Consumer, s.Stream, s.StreamSeq)
 }
 
 func (s *MessageSource) setHeaders(h nats.Header) {
@@ -123,7 +123,7 @@ func (d *DeadLetter) Msg() *nats.Msg {
 	}
 	limit := int64(total)
 	if d.MaxPayload > 0 {
-		limit = max(min(limit, d.MaxPayload-DeadLetterHeadroom), 0)
+		limit = max(min(limit, d.MaxPayload-deadLetterHeadroom), 0)
 	}
 	body := make([]byte, 0, limit)
 	for _, f := range d.Frames {

@@ -20,7 +20,7 @@ func TestDeadLetterMsg(t *testing.T) {
 	}{
 		"a bridge's invalid payload": {
 			dl: DeadLetter{Stage: StageDecode, Reason: "schemas: msgpack at byte 0:\nwant a map", Frames: frames, ReceivedAt: recv,
-				MaxPayload: 1 << 20, Source: &SocketSource{Namespace: "dynamo", Component: "backend", DPRank: 2,
+				MaxPayload: 1 << 20, Source: &socketSource{Namespace: "dynamo", Component: "backend", DPRank: 2,
 					Endpoint: "tcp://127.0.0.1:5557", Bridge: "b1", Seq: 7, HasSeq: true, Count: 4}},
 			subject: "fpmevents.deadletter.dynamo.backend.2",
 			headers: map[string]string{
@@ -33,12 +33,12 @@ func TestDeadLetterMsg(t *testing.T) {
 			body: []byte("\x00\x00\x00\x00\x00\x00\x00\x07not msgpack"),
 		},
 		"a bridge's frames without a sequence, cut to the server's max_payload": {
-			dl: DeadLetter{Stage: StageFrames, Reason: "got 1 frames, want 3", Frames: [][]byte{bytes.Repeat([]byte("x"), DeadLetterHeadroom+100)},
-				ReceivedAt: recv, MaxPayload: DeadLetterHeadroom + 10, Source: &SocketSource{Namespace: "a.b", Component: "c", DPRank: 0, Bridge: "b1"}},
+			dl: DeadLetter{Stage: StageFrames, Reason: "got 1 frames, want 3", Frames: [][]byte{bytes.Repeat([]byte("x"), deadLetterHeadroom+100)},
+				ReceivedAt: recv, MaxPayload: deadLetterHeadroom + 10, Source: &socketSource{Namespace: "a.b", Component: "c", DPRank: 0, Bridge: "b1"}},
 			subject:     "fpmevents.deadletter.a%2Eb.c.0",
 			headers:     map[string]string{HeaderErrorStage: "frames", HeaderFrameSizes: "8292", HeaderSeq: "", HeaderDPRank: "0"},
 			body:        bytes.Repeat([]byte("x"), 10),
-			cutFromSize: DeadLetterHeadroom + 100,
+			cutFromSize: deadLetterHeadroom + 100,
 		},
 		"a message a consumer can never process": {
 			dl: DeadLetter{Stage: "decode", Reason: "trace: not an FPM", Frames: [][]byte{[]byte(`{"x":1}`)}, ReceivedAt: recv,

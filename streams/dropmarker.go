@@ -12,8 +12,8 @@ import (
 // DropMarkerEvent is the Fpm-Event header value and "type" field of a drop marker.
 const DropMarkerEvent = "drop_marker"
 
-// ErrBadDropMarker is wrapped by every error of ParseDropMarker.
-var ErrBadDropMarker = errors.New("streams: bad drop marker")
+// errBadDropMarker is wrapped by every error of ParseDropMarker.
+var errBadDropMarker = errors.New("streams: bad drop marker")
 
 // DropMarker is the bridge's statement that it dropped the contiguous sequences FirstSeq..LastSeq
 // (Count of them) of one publisher run (Epoch) for Reason (buffer_full, shutdown, rejected). The bridge
@@ -33,10 +33,10 @@ type DropMarker struct {
 }
 
 // Msg is the marker's message: subject DropMarkerSubject(m.Key), the marker as JSON, Nats-Msg-Id
-// DropMarkerMsgID (derived from the range, so publishing a marker twice stores it once), Fpm-Event,
+// dropMarkerMsgID (derived from the range, so publishing a marker twice stores it once), Fpm-Event,
 // Fpm-Bridge and Fpm-Epoch.
 func (m *DropMarker) Msg() *nats.Msg {
-	return bridgeEventMsg(DropMarkerSubject(m.Key), DropMarkerMsgID(m.Key, m.Epoch, m.FirstSeq, m.LastSeq, m.Reason),
+	return bridgeEventMsg(DropMarkerSubject(m.Key), dropMarkerMsgID(m.Key, m.Epoch, m.FirstSeq, m.LastSeq, m.Reason),
 		DropMarkerEvent, m.Bridge, m.Epoch, m)
 }
 
@@ -60,15 +60,15 @@ type rawDropMarker struct {
 }
 
 // ParseDropMarker decodes and checks one drop marker body. Unknown fields are ignored (a newer bridge
-// may add some); a missing or inconsistent required field is an error wrapping ErrBadDropMarker that
+// may add some); a missing or inconsistent required field is an error wrapping errBadDropMarker that
 // names it. The bridge id and the receive times are optional.
 func ParseDropMarker(data []byte) (DropMarker, error) {
 	var r rawDropMarker
 	if err := json.Unmarshal(data, &r); err != nil {
-		return DropMarker{}, fmt.Errorf("%w: %v", ErrBadDropMarker, err)
+		return DropMarker{}, fmt.Errorf("%w: %v", errBadDropMarker, err)
 	}
 	bad := func(format string, args ...any) (DropMarker, error) {
-		return DropMarker{}, fmt.Errorf("%w: "+format, append([]any{ErrBadDropMarker}, args...)...)
+		return DropMarker{}, fmt.Errorf("%w: "+format, append([]any{errBadDropMarker}, args...)...)
 	}
 	switch {
 	case r.Type == nil:

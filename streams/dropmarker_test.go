@@ -11,7 +11,7 @@ import (
 )
 
 // FuzzParseDropMarker feeds the drop-marker parser the markers of testdata/markers plus mutations: it
-// must never panic, must wrap ErrBadDropMarker on failure, and what it accepts must be self-consistent
+// must never panic, must wrap errBadDropMarker on failure, and what it accepts must be self-consistent
 // and survive a round trip.
 func FuzzParseDropMarker(f *testing.F) {
 	files, err := filepath.Glob(filepath.Join("testdata", "markers", "*.json"))
@@ -31,7 +31,7 @@ func FuzzParseDropMarker(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := ParseDropMarker(data)
 		if err != nil {
-			if !errors.Is(err, ErrBadDropMarker) {
+			if !errors.Is(err, errBadDropMarker) {
 				t.Fatalf("error %v does not wrap ErrBadDropMarker", err)
 			}
 			return
@@ -68,7 +68,7 @@ func TestParseDropMarkerErrorsNameTheField(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			_, err := ParseDropMarker([]byte(tc.body))
-			if !errors.Is(err, ErrBadDropMarker) {
+			if !errors.Is(err, errBadDropMarker) {
 				t.Fatalf("error %v does not wrap ErrBadDropMarker", err)
 			}
 			if !strings.Contains(err.Error(), tc.want) {

@@ -16,9 +16,9 @@ import (
 // and changes nothing; `fpmbus streams apply` is the way to change the stream.
 var ErrIncompatible = errors.New("streams: existing stream cannot serve fpmbus")
 
-// Report is what Ensure found: the streams it created, and the settings of existing streams that
+// report is what Ensure found: the streams it created, and the settings of existing streams that
 // differ from the Config it was given (the server's values are the ones in use).
-type Report struct {
+type report struct {
 	Created     []string
 	Differences []Change
 	// FPMShards is the shard count in use (1: the single stream FPM).
@@ -45,8 +45,8 @@ var warned sync.Map
 // An existing stream that cannot work for fpmbus (see requireUsable) is an ErrIncompatible error
 // naming the setting. The FPM streams are the server's shard count's (c.FPMShards 0) or c.FPMShards,
 // which must then be the server's (ErrShardMismatch naming both). A nil logger means slog.Default().
-func Ensure(ctx context.Context, js jetstream.JetStream, c Config, logger *slog.Logger) (Report, error) {
-	var r Report
+func Ensure(ctx context.Context, js jetstream.JetStream, c Config, logger *slog.Logger) (report, error) {
+	var r report
 	if err := c.Validate(); err != nil {
 		return r, err
 	}

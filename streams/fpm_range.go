@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// CheckFPMRange checks a range of stream FPM as OpenFPMRange and a reader's end (until) take it: by
+// CheckFPMRange checks a range of stream FPM as openFPMRange and a reader's end (until) take it: by
 // sequence or by time, not both, and no end before its start. Zero bounds are open.
 func CheckFPMRange(startSeq, endSeq uint64, since, until time.Time) error {
 	switch {
@@ -42,18 +42,18 @@ func FPMRangeStreams(ctx context.Context, js jetstream.JetStream, startSeq, endS
 	return FPMStreamNames(n), nil
 }
 
-// OpenFPMRange prepares an ordered read of a range of stream FPM on filter, chosen by stream sequence
+// openFPMRange prepares an ordered read of a range of stream FPM on filter, chosen by stream sequence
 // (startSeq, endSeq; 0 is open) or by stored time (since; zero is open), as `fpmbus trace backfill`
 // and `fpmbus trace replay --from-stream` choose it. It returns the stream, the ordered consumer that
 // starts at the range's start (startSeq, else the first message stored at or after since, else the
 // stream's first) and the range's last sequence stored now: the stream's last, or endSeq when lower.
 // The read stops there, so messages stored while it runs are not part of the range. Errors name the
 // stream.
-func OpenFPMRange(ctx context.Context, js jetstream.JetStream, filter string, startSeq, endSeq uint64, since time.Time) (jetstream.Stream, jetstream.OrderedConsumerConfig, uint64, error) {
+func openFPMRange(ctx context.Context, js jetstream.JetStream, filter string, startSeq, endSeq uint64, since time.Time) (jetstream.Stream, jetstream.OrderedConsumerConfig, uint64, error) {
 	return OpenFPMRangeOf(ctx, js, StreamFPM, filter, startSeq, endSeq, since)
 }
 
-// OpenFPMRangeOf is OpenFPMRange on the FPM stream named stream: FPM, or one of its shards
+// OpenFPMRangeOf is openFPMRange on the FPM stream named stream: FPM, or one of its shards
 // (FPMStreamNames), whose sequences are its own.
 func OpenFPMRangeOf(ctx context.Context, js jetstream.JetStream, stream, filter string, startSeq, endSeq uint64, since time.Time) (jetstream.Stream, jetstream.OrderedConsumerConfig, uint64, error) {
 	start := jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverAllPolicy}

@@ -38,7 +38,7 @@ const GapCauseLostAfterAck = "lost_after_ack"
 // LostAfterAckMsgID is the Nats-Msg-Id of the lost_after_ack event for sequences first..last of
 // publisher run epoch: two bridges (or two checks) finding the same loss store it once.
 func LostAfterAckMsgID(k Key, epoch int64, first, last uint64) string {
-	return "lost:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(first, 10) + "-" + strconv.FormatUint(last, 10)
+	return "lost:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(first, 10) + "-" + strconv.FormatUint(last, 10)
 }
 
 // LostAfterAck is the bridge's gap event for acknowledged FPMs the stream no longer holds: the fields

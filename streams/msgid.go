@@ -30,9 +30,9 @@ import (
 //     and request counts, so the new run's busy FPMs are still stored rather than taken for the old
 //     run's.
 //
-// Ids of different publisher keys never collide: KeyTokens is injective and ':' is escaped in it.
+// Ids of different publisher keys never collide: keyTokens is injective and ':' is escaped in it.
 func FPMMsgID(k Key, seq uint64, digest string, epochMs int64) string {
-	return KeyTokens(k) + ":" + strconv.FormatUint(seq, 10) + ":" + digest + ":e" + strconv.FormatInt(epochMs, 10)
+	return keyTokens(k) + ":" + strconv.FormatUint(seq, 10) + ":" + digest + ":e" + strconv.FormatInt(epochMs, 10)
 }
 
 // PayloadDigest is the digest of an FPM payload in message ids: the first 16 bytes of its SHA-256, in
@@ -44,51 +44,51 @@ func PayloadDigest(payload []byte) string {
 }
 
 // MsgID is the epoch-and-sequence identity of a publisher run's message, the base of drop marker ids
-// (DropMarkerMsgID) and of the Nats-Msg-Id fpmbus gave FPMs before redundant bridges (tests and tools
+// (dropMarkerMsgID) and of the Nats-Msg-Id fpmbus gave FPMs before redundant bridges (tests and tools
 // that publish FPMs by hand still use it: any id unique per FPM will do).
 func MsgID(k Key, epochMs int64, seq uint64) string {
-	return KeyTokens(k) + ":" + strconv.FormatInt(epochMs, 10) + ":" + strconv.FormatUint(seq, 10)
+	return keyTokens(k) + ":" + strconv.FormatInt(epochMs, 10) + ":" + strconv.FormatUint(seq, 10)
 }
 
-// DropMarkerMsgID is the Nats-Msg-Id of the drop marker for sequences first..last of publisher run
+// dropMarkerMsgID is the Nats-Msg-Id of the drop marker for sequences first..last of publisher run
 // epochMs dropped for reason: derived from the range, so publishing a marker twice stores it once.
-func DropMarkerMsgID(k Key, epochMs int64, first, last uint64, reason string) string {
+func dropMarkerMsgID(k Key, epochMs int64, first, last uint64, reason string) string {
 	return "drop:" + MsgID(k, epochMs, first) + ":" + strconv.FormatUint(last, 10) + ":" + reason
 }
 
-// SocketDeadLetterMsgID is the Nats-Msg-Id of a bridge's dead letter: bridge, the socket's DP rank,
+// socketDeadLetterMsgID is the Nats-Msg-Id of a bridge's dead letter: bridge, the socket's DP rank,
 // the receive time (Unix ns) and the bridge's running count of dead letters, so two invalid inputs
 // are never taken for one.
-func SocketDeadLetterMsgID(bridge string, dpRank int, receivedAtNs int64, count uint64) string {
+func socketDeadLetterMsgID(bridge string, dpRank int, receivedAtNs int64, count uint64) string {
 	return "deadletter:" + bridge + ":" + strconv.Itoa(dpRank) + ":" + strconv.FormatInt(receivedAtNs, 10) + ":" +
 		strconv.FormatUint(count, 10)
 }
 
-// ConsumerDeadLetterMsgID is the Nats-Msg-Id of consumer's dead letter for the message at streamSeq
+// consumerDeadLetterMsgID is the Nats-Msg-Id of consumer's dead letter for the message at streamSeq
 // of stream: a consumer that dead-letters the same message again after a restart stores it once.
-func ConsumerDeadLetterMsgID(consumer, stream string, streamSeq uint64) string {
+func consumerDeadLetterMsgID(consumer, stream string, streamSeq uint64) string {
 	return "consumer-deadletter:" + EncodeToken(consumer) + ":" + stream + ":" + strconv.FormatUint(streamSeq, 10)
 }
 
 // GapMsgID is the Nats-Msg-Id of the gap event for sequences first..last revealed under epoch.
 func GapMsgID(k Key, epoch int64, first, last uint64) string {
-	return "gap:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(first, 10) + "-" + strconv.FormatUint(last, 10)
+	return "gap:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(first, 10) + "-" + strconv.FormatUint(last, 10)
 }
 
 // RestartMsgID is the Nats-Msg-Id of the publisher_restart event of the run that started under epoch.
 func RestartMsgID(k Key, epoch int64) string {
-	return "gap:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":restart"
+	return "gap:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":restart"
 }
 
 // StaleMsgID is the Nats-Msg-Id of the stale event after message lastSeq of epoch.
 func StaleMsgID(k Key, epoch int64, lastSeq uint64) string {
-	return "stale:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
+	return "stale:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
 }
 
 // ResumedMsgID is the Nats-Msg-Id of the resumed event closing the stale event StaleMsgID(k, epoch,
 // lastSeq).
 func ResumedMsgID(k Key, epoch int64, lastSeq uint64) string {
-	return "resumed:" + KeyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
+	return "resumed:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)
 }
 
 // Benchmark message ids. <run> is the run_id encoded with EncodeToken; a body's sha256 is part of the id

@@ -14,7 +14,7 @@ import (
 // A cluster answers JetStream requests once it has elected its meta leader, but it can place a
 // stream's replicas only on servers that have reported their JetStream to that leader since: for a
 // moment after the nodes start (or one restarts), creating an R3 stream is refused with "no suitable
-// peers for placement". Stream creation and updates (Plan.Execute, Ensure) therefore try again for
+// peers for placement". Stream creation and updates (plan.Execute, Ensure) therefore try again for
 // PlacementWait before they give up, and then say what the refusal means. A cluster with fewer
 // servers than replicas is refused for good, and the error names that cause too.
 

@@ -17,10 +17,10 @@ import (
 // key (BridgeRunKey), a JSON RunRecord of its recent runs.
 const BucketBridgeRuns = "FPM_BRIDGE_RUNS"
 
-// MaxRecordedRuns is how many of a publisher's most recent runs its RunRecord keeps: enough for a
+// maxRecordedRuns is how many of a publisher's most recent runs its RunRecord keeps: enough for a
 // bridge that lags the others by several publisher restarts to find the runs it is behind on (within
 // the FPM stream's duplicate window, beyond which redundant bridges no longer share one copy anyway).
-const MaxRecordedRuns = 16
+const maxRecordedRuns = 16
 
 // Run start kinds (RunEntry.Start and header Fpm-Run-Start): how the bridge that recorded a run saw it
 // begin. A bridge's first run of a publisher since it started has none: it cannot know whether the
@@ -62,7 +62,7 @@ type RunRecord struct {
 	FirstSeq uint64 `json:"first_seq"`
 	Restart  bool   `json:"restart,omitempty"`
 	Bridge   string `json:"bridge"`
-	// Runs are the most recent runs (at most MaxRecordedRuns), oldest first, epochs strictly
+	// Runs are the most recent runs (at most maxRecordedRuns), oldest first, epochs strictly
 	// increasing.
 	Runs []RunEntry `json:"runs,omitempty"`
 }
@@ -81,7 +81,7 @@ func (r *RunRecord) Entries() []RunEntry {
 }
 
 // Add inserts run e in epoch order (its epoch must differ from every recorded one), keeps the newest
-// MaxRecordedRuns and sets the newest run's fields.
+// maxRecordedRuns and sets the newest run's fields.
 func (r *RunRecord) Add(e RunEntry) {
 	runs := slices.Clone(r.Entries())
 	i, _ := slices.BinarySearchFunc(runs, e.Epoch, func(x RunEntry, epoch int64) int {
@@ -94,7 +94,7 @@ func (r *RunRecord) Add(e RunEntry) {
 		return 0
 	})
 	runs = slices.Insert(runs, i, e)
-	if over := len(runs) - MaxRecordedRuns; over > 0 {
+	if over := len(runs) - maxRecordedRuns; over > 0 {
 		runs = runs[over:]
 	}
 	r.Runs = runs

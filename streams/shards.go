@@ -35,8 +35,8 @@ import (
 //   - Core subscribers keep `nats sub 'fpm.>'`: each shard republishes what it stored on its fpm.
 //     subject (after storing, so a core subscriber sees only stored FPMs).
 
-// ShardIngestRoot is the root of the subjects the bridge publishes sharded FPMs to.
-const ShardIngestRoot = "fpmin"
+// shardIngestRoot is the root of the subjects the bridge publishes sharded FPMs to.
+const shardIngestRoot = "fpmin"
 
 // MaxFPMShards bounds the shard count (a partition group reads one shard per partition).
 const MaxFPMShards = 64
@@ -67,13 +67,13 @@ func ShardStreamName(i int) string { return StreamFPM + "_" + strconv.Itoa(i) }
 
 // ShardIngestSubject is where the bridge publishes k's FPMs with n shards.
 func ShardIngestSubject(k Key, n int) string {
-	return ShardIngestRoot + "." + strconv.Itoa(ShardOf(k, n)) + "." + KeyTokens(k)
+	return shardIngestRoot + "." + strconv.Itoa(ShardOf(k, n)) + "." + keyTokens(k)
 }
 
 // FPMShardStream is the definition of shard i of n: it captures fpmin.<i>.>, stores fpm.>, republishes
 // on fpm.>, and holds 1/n of the FPM stream's byte limit.
 func (c Config) FPMShardStream(i, n int) jetstream.StreamConfig {
-	in := ShardIngestRoot + "." + strconv.Itoa(i) + ".>"
+	in := shardIngestRoot + "." + strconv.Itoa(i) + ".>"
 	maxBytes := c.MaxBytes
 	if maxBytes > 0 && n > 1 {
 		maxBytes /= int64(n)

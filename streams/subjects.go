@@ -10,21 +10,21 @@ import (
 // Subject roots and wildcards.
 const (
 	FPMRoot        = "fpm"
-	EventsRoot     = "fpmevents"
-	BenchRoot      = "fpmbench"
+	eventsRoot     = "fpmevents"
+	benchRoot      = "fpmbench"
 	FPMWildcard    = FPMRoot + ".>"
-	EventsWildcard = EventsRoot + ".>"
-	BenchWildcard  = BenchRoot + ".>"
+	EventsWildcard = eventsRoot + ".>"
+	BenchWildcard  = benchRoot + ".>"
 
-	DeadLetterWildcard = EventsRoot + ".deadletter.>"
-	// ConsumerDeadLetterRoot is the root of ConsumerDeadLetterSubject, under DeadLetterWildcard.
-	ConsumerDeadLetterRoot = EventsRoot + ".deadletter.consumer"
-	// DropMarkerRoot and GapEventRoot are the roots of DropMarkerSubject and GapEventSubject (for
+	DeadLetterWildcard = eventsRoot + ".deadletter.>"
+	// consumerDeadLetterRoot is the root of ConsumerDeadLetterSubject, under DeadLetterWildcard.
+	consumerDeadLetterRoot = eventsRoot + ".deadletter.consumer"
+	// DropMarkerRoot and gapEventRoot are the roots of DropMarkerSubject and GapEventSubject (for
 	// ParseKeySubject).
-	DropMarkerRoot     = EventsRoot + ".drop"
-	GapEventRoot       = EventsRoot + ".gap"
+	DropMarkerRoot     = eventsRoot + ".drop"
+	gapEventRoot       = eventsRoot + ".gap"
 	DropMarkerWildcard = DropMarkerRoot + ".>"
-	GapEventWildcard   = GapEventRoot + ".>"
+	GapEventWildcard   = gapEventRoot + ".>"
 )
 
 // ErrBadSubject is returned when a subject does not follow the scheme.
@@ -71,8 +71,8 @@ func EncodeToken(s string) string {
 	return b.String()
 }
 
-// DecodeToken reverses EncodeToken.
-func DecodeToken(tok string) (string, error) {
+// decodeToken reverses EncodeToken.
+func decodeToken(tok string) (string, error) {
 	if tok == "%" {
 		return "", nil
 	}
@@ -104,12 +104,12 @@ func keepByte(c byte) bool {
 
 // FPMSubject is the subject one FPM of k is published on.
 func FPMSubject(k Key) string {
-	return FPMRoot + "." + KeyTokens(k)
+	return FPMRoot + "." + keyTokens(k)
 }
 
 // DropMarkerSubject carries the bridge's drop markers for k.
 func DropMarkerSubject(k Key) string {
-	return DropMarkerRoot + "." + KeyTokens(k)
+	return DropMarkerRoot + "." + keyTokens(k)
 }
 
 // DropMarkerFilter is the drop-marker subject filter of the publishers an FPM subject filter selects
@@ -120,31 +120,31 @@ func DropMarkerFilter(fpmFilter string) string {
 
 // GapEventSubject carries the gap events for k: the gap detector's and the bridge's lost_after_ack.
 func GapEventSubject(k Key) string {
-	return GapEventRoot + "." + KeyTokens(k)
+	return gapEventRoot + "." + keyTokens(k)
 }
 
 // DeadLetterSubject carries input from one DP rank's socket that could not be decoded or validated.
 // The worker_id is unknown when the payload does not decode, so the subject names the socket's rank only.
 func DeadLetterSubject(namespace, component string, dpRank int) string {
-	return EventsRoot + ".deadletter." + EncodeToken(namespace) + "." + EncodeToken(component) + "." + strconv.Itoa(dpRank)
+	return eventsRoot + ".deadletter." + EncodeToken(namespace) + "." + EncodeToken(component) + "." + strconv.Itoa(dpRank)
 }
 
 // ConsumerDeadLetterSubject carries the stored messages that consumer (its durable name) can never
 // process. It has one token fewer than a bridge's DeadLetterSubject, so the two never collide.
 func ConsumerDeadLetterSubject(consumer string) string {
-	return ConsumerDeadLetterRoot + "." + EncodeToken(consumer)
+	return consumerDeadLetterRoot + "." + EncodeToken(consumer)
 }
 
-// KeyTokens is the key part of k's subjects: <namespace>.<component>.<worker_id>.<dp_rank>, each token
+// keyTokens is the key part of k's subjects: <namespace>.<component>.<worker_id>.<dp_rank>, each token
 // encoded with EncodeToken.
-func KeyTokens(k Key) string {
+func keyTokens(k Key) string {
 	return EncodeToken(k.Namespace) + "." + EncodeToken(k.Component) + "." + EncodeToken(k.WorkerID) + "." + strconv.Itoa(k.DPRank)
 }
 
-// KVKeyTokens is KeyTokens(k) as it stands in a KV key: '%' (not allowed in KV keys) written as '='
+// KVKeyTokens is keyTokens(k) as it stands in a KV key: '%' (not allowed in KV keys) written as '='
 // (which EncodeToken never produces).
 func KVKeyTokens(k Key) string {
-	return strings.ReplaceAll(KeyTokens(k), "%", "=")
+	return strings.ReplaceAll(keyTokens(k), "%", "=")
 }
 
 // ParseKVKeyTokens parses KVKeyTokens(k) back into k.
@@ -180,7 +180,7 @@ func parseKeyTokens(rest, subject string) (Key, error) {
 	var k Key
 	var err error
 	for i, dst := range []*string{&k.Namespace, &k.Component, &k.WorkerID} {
-		if *dst, err = DecodeToken(toks[i]); err != nil {
+		if *dst, err = decodeToken(toks[i]); err != nil {
 			return Key{}, err
 		}
 	}

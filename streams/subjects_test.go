@@ -21,7 +21,7 @@ func TestEncodeToken(t *testing.T) {
 			if got != tc.want {
 				t.Fatalf("EncodeToken(%q) = %q, want %q", tc.in, got, tc.want)
 			}
-			back, err := DecodeToken(got)
+			back, err := decodeToken(got)
 			if err != nil || back != tc.in {
 				t.Fatalf("DecodeToken(%q) = %q, %v; want %q", got, back, err, tc.in)
 			}
@@ -53,7 +53,7 @@ func TestParseFPMSubject(t *testing.T) {
 			}
 		})
 	}
-	dk, err := ParseKeySubject(DropMarkerSubject(k), EventsRoot+".drop")
+	dk, err := ParseKeySubject(DropMarkerSubject(k), eventsRoot+".drop")
 	if err != nil || dk != k {
 		t.Fatalf("drop marker subject round trip: %+v %v", dk, err)
 	}

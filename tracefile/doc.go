@@ -12,7 +12,7 @@
 //	fpm_ident.go  CheckFPM: an FPM body's worker_id, dp_rank, counter_id, one pass for the common shape
 //	identity.go   a line's identity (prefix, observed_at_unix_ms, hash of source and fpm): how a line
 //	              is matched to its message, by the writer's takeover recovery and by Verify
-//	repair.go     ReadSegment, CorruptError and the explicit torn-tail Repair (RepairOutput,
+//	repair.go     ReadSegment, CorruptError and the explicit torn-tail Repair (repairOutput,
 //	              RepairPrefixes), and the temporary files an interrupted rewrite leaves
 //	owner.go      Owner: one owner per producer prefix, Dynamo's <prefix>.000000.jsonl.lock, held by
 //	              a writer, a repair or a backfill while it may touch the prefix's files

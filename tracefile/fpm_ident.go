@@ -17,23 +17,23 @@ import (
 // worker_id, integers >= 0 that fit an int64, finite numbers >= 0, valid UTF-8, no duplicate key).
 // FuzzCheckFPM checks that against ParseFPMJSON.
 
-// FPMIdent is what the writer (and Verify) keeps of a valid FPM body.
-type FPMIdent struct {
+// fpmIdent is what the writer (and Verify) keeps of a valid FPM body.
+type fpmIdent struct {
 	WorkerID  string
 	DPRank    int64
 	CounterID int64
 }
 
 // CheckFPM validates body by the rules of schemas.ParseFPMJSON and returns its identity.
-func CheckFPM(body []byte) (FPMIdent, error) {
+func CheckFPM(body []byte) (fpmIdent, error) {
 	if id, ok := fastFPM(body); ok {
 		return id, nil
 	}
 	f, err := schemas.ParseFPMJSON(body)
 	if err != nil {
-		return FPMIdent{}, err
+		return fpmIdent{}, err
 	}
-	return FPMIdent{WorkerID: f.WorkerID, DPRank: f.DPRank, CounterID: f.CounterID}, nil
+	return fpmIdent{WorkerID: f.WorkerID, DPRank: f.DPRank, CounterID: f.CounterID}, nil
 }
 
 // templatePart is one piece of fpmTemplate: literal text, then a value of kind.
@@ -87,7 +87,7 @@ func buildTemplate(layout []schemas.FPMField) []templatePart {
 const maxFastDigits = 18
 
 // fastFPM matches body against fpmTemplate; ok is false for anything else.
-func fastFPM(body []byte) (id FPMIdent, ok bool) {
+func fastFPM(body []byte) (id fpmIdent, ok bool) {
 	p := 0
 	ints := 0
 	for _, t := range fpmTemplate {

@@ -114,7 +114,7 @@ func TestFastPathTakesTheCanonicalBodies(t *testing.T) {
 }
 
 // FuzzInfo reads arbitrary bytes as a segment: Info never panics; it either reports (a damaged tail
-// with an offset inside the file) or fails with ErrNotGzip or ErrNotTrace (a *LineError naming the
+// with an offset inside the file) or fails with ErrNotGzip or ErrNotTrace (a *lineError naming the
 // file and line). Seeds: a writer-made segment, text, other JSON.
 func FuzzInfo(f *testing.F) {
 	k := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w"}
@@ -138,7 +138,7 @@ func FuzzInfo(f *testing.F) {
 		}
 		rep, err := Info([]string{path})
 		if err != nil {
-			var le *LineError
+			var le *lineError
 			switch {
 			case errors.Is(err, ErrNotGzip):
 			case errors.Is(err, ErrNotTrace) && errors.As(err, &le) && le.Segment == path && le.Line > 0:

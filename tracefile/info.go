@@ -34,61 +34,61 @@ var (
 	ErrNoSegments = errors.New("trace: no trace segments (*.jsonl.gz) found")
 )
 
-// LineError locates a bad line: the segment file and the 1-based line number in it.
-type LineError struct {
+// lineError locates a bad line: the segment file and the 1-based line number in it.
+type lineError struct {
 	Segment string
 	Line    int
 	Err     error
 }
 
-func (e *LineError) Error() string {
+func (e *lineError) Error() string {
 	return e.Segment + ":" + strconv.Itoa(e.Line) + ": " + e.Err.Error()
 }
 
 // Unwrap returns the cause.
-func (e *LineError) Unwrap() error { return e.Err }
+func (e *lineError) Unwrap() error { return e.Err }
 
 // maxListed bounds the missing-id ranges and violations listed per key (they are all counted).
 const maxListed = 1000
 
 // InfoReport is what Info found, producers in file-name order.
 type InfoReport struct {
-	Producers []*ProducerInfo `json:"producers"`
+	Producers []*producerInfo `json:"producers"`
 	// Damaged lists the segments read only up to a damaged tail.
-	Damaged []Damage `json:"damaged,omitempty"`
+	Damaged []damage `json:"damaged,omitempty"`
 }
 
-// ProducerInfo is one producer's segments (one prefix) and keys.
-type ProducerInfo struct {
+// producerInfo is one producer's segments (one prefix) and keys.
+type producerInfo struct {
 	// Producer is the producer part of the file names (the sanitized producer id).
 	Producer   string         `json:"producer"`
-	Segments   []*SegmentInfo `json:"segments"`
+	Segments   []*segmentInfo `json:"segments"`
 	Lines      int            `json:"lines"`
 	Bytes      int64          `json:"bytes"`
-	Keys       []*KeyInfo     `json:"keys"`
+	Keys       []*keyInfo     `json:"keys"`
 	Violations int            `json:"schema_violations"`
-	keys       map[keyID]*KeyInfo
+	keys       map[keyID]*keyInfo
 }
 
-// SegmentInfo is one segment file.
-type SegmentInfo struct {
+// segmentInfo is one segment file.
+type segmentInfo struct {
 	Path  string `json:"path"`
 	Index int64  `json:"index"` // -1 when the name is not a segment name
 	Bytes int64  `json:"bytes"`
 	Lines int    `json:"lines"`
 	// Damage, if any: the segment was read up to Damage.Offset.
-	Damage *Damage `json:"damage,omitempty"`
+	Damage *damage `json:"damage,omitempty"`
 }
 
-// Damage is a segment's torn or corrupt tail.
-type Damage struct {
+// damage is a segment's torn or corrupt tail.
+type damage struct {
 	Segment string `json:"segment"`
 	Offset  int64  `json:"offset"`
 	Reason  string `json:"reason"`
 }
 
-// KeyInfo describes the lines of one key.
-type KeyInfo struct {
+// keyInfo describes the lines of one key.
+type keyInfo struct {
 	Namespace  string `json:"namespace"`
 	Component  string `json:"component"`
 	ProducerID string `json:"producer_id"`
@@ -107,7 +107,7 @@ type KeyInfo struct {
 	CounterMin      int64     `json:"counter_min"`
 	CounterMax      int64     `json:"counter_max"`
 	Missing         int64     `json:"missing"`
-	MissingRanges   []IDRange `json:"missing_ranges"`
+	MissingRanges   []idRange `json:"missing_ranges"`
 	MissingListed   bool      `json:"missing_ranges_complete"`
 	Duplicates      int       `json:"duplicates"`
 	Regressions     int       `json:"regressions"`
@@ -118,13 +118,13 @@ type KeyInfo struct {
 	lastCounter     int64
 }
 
-// IDRange is an inclusive range of counter ids.
-type IDRange struct {
+// idRange is an inclusive range of counter ids.
+type idRange struct {
 	From int64 `json:"from"`
 	To   int64 `json:"to"`
 }
 
-func (r IDRange) String() string {
+func (r idRange) String() string {
 	if r.From == r.To {
 		return strconv.FormatInt(r.From, 10)
 	}
@@ -147,11 +147,11 @@ func Info(paths []string) (*InfoReport, error) {
 		return nil, fmt.Errorf("%w in %s", ErrNoSegments, strings.Join(paths, ", "))
 	}
 	rep := &InfoReport{}
-	byPrefix := map[string]*ProducerInfo{}
+	byPrefix := map[string]*producerInfo{}
 	for _, f := range files {
 		p := byPrefix[f.prefix]
 		if p == nil {
-			p = &ProducerInfo{Producer: f.producer, keys: map[keyID]*KeyInfo{}}
+			p = &producerInfo{Producer: f.producer, keys: map[keyID]*keyInfo{}}
 			byPrefix[f.prefix] = p
 			rep.Producers = append(rep.Producers, p)
 		}
@@ -197,7 +197,7 @@ func infoFiles(paths []string) ([]infoFile, error) {
 	var out []infoFile
 	for _, path := range ReadOrder(found) {
 		f := infoFile{path: path, prefix: path, producer: filepath.Base(path), index: -1}
-		if prefix, idx, ok := ParseSegmentPath(path); ok {
+		if prefix, idx, ok := parseSegmentPath(path); ok {
 			f.prefix, f.index = prefix, int64(idx)
 			f.producer = filepath.Base(f.prefix)
 			if d := strings.LastIndexByte(f.producer, '.'); d >= 0 {
@@ -210,7 +210,7 @@ func infoFiles(paths []string) ([]infoFile, error) {
 }
 
 // read reads one segment into p.
-func (p *ProducerInfo) read(f infoFile) (*SegmentInfo, error) {
+func (p *producerInfo) read(f infoFile) (*segmentInfo, error) {
 	data, err := os.ReadFile(f.path)
 	if err != nil {
 		return nil, fmt.Errorf("trace info: %w", err)
@@ -218,7 +218,7 @@ func (p *ProducerInfo) read(f infoFile) (*SegmentInfo, error) {
 	if !fsutil.LooksGzip(data) {
 		return nil, fmt.Errorf("%s: %w", f.path, ErrNotGzip)
 	}
-	seg := &SegmentInfo{Path: f.path, Index: f.index, Bytes: int64(len(data))}
+	seg := &segmentInfo{Path: f.path, Index: f.index, Bytes: int64(len(data))}
 	p.Segments = append(p.Segments, seg)
 	p.Bytes += seg.Bytes
 	line := 0
@@ -231,7 +231,7 @@ func (p *ProducerInfo) read(f infoFile) (*SegmentInfo, error) {
 	var ce *CorruptError
 	switch {
 	case errors.As(err, &ce):
-		seg.Damage = &Damage{Segment: f.path, Offset: ce.Offset, Reason: ce.Err.Error()}
+		seg.Damage = &damage{Segment: f.path, Offset: ce.Offset, Reason: ce.Err.Error()}
 	case err != nil:
 		return nil, err
 	}
@@ -239,12 +239,12 @@ func (p *ProducerInfo) read(f infoFile) (*SegmentInfo, error) {
 }
 
 // line takes one line of segment path.
-func (p *ProducerInfo) line(path string, n int, l []byte) error {
+func (p *producerInfo) line(path string, n int, l []byte) error {
 	tl, err := schemas.ParseTraceLine(l)
 	if err == nil {
 		f, ferr := schemas.ParseFPMJSON(tl.Event.FPM)
 		if ferr != nil { // ParseTraceLine checked the fpm already; cannot happen
-			return &LineError{Segment: path, Line: n, Err: ferr}
+			return &lineError{Segment: path, Line: n, Err: ferr}
 		}
 		e := &tl.Event
 		k := p.key(keyID{e.Source.Namespace, e.Source.Component, e.Source.ProducerID, f.WorkerID, f.DPRank})
@@ -271,7 +271,7 @@ func (p *ProducerInfo) line(path string, n int, l []byte) error {
 		if jerr == nil || isTypeError(jerr) {
 			jerr = fmt.Errorf("event.schema %q", probe.Event.Schema)
 		}
-		return &LineError{Segment: path, Line: n, Err: fmt.Errorf("%w: %v", ErrNotTrace, jerr)}
+		return &lineError{Segment: path, Line: n, Err: fmt.Errorf("%w: %v", ErrNotTrace, jerr)}
 	}
 	p.Violations++
 	e := &probe.Event
@@ -288,10 +288,10 @@ func isTypeError(err error) bool {
 	return errors.As(err, &te)
 }
 
-func (p *ProducerInfo) key(id keyID) *KeyInfo {
+func (p *producerInfo) key(id keyID) *keyInfo {
 	k := p.keys[id]
 	if k == nil {
-		k = &KeyInfo{Namespace: id.namespace, Component: id.component, ProducerID: id.producer, WorkerID: id.worker,
+		k = &keyInfo{Namespace: id.namespace, Component: id.component, ProducerID: id.producer, WorkerID: id.worker,
 			DPRank: id.rank, modes: map[string]bool{}, lastCounter: -1}
 		p.keys[id] = k
 		p.Keys = append(p.Keys, k)
@@ -299,7 +299,7 @@ func (p *ProducerInfo) key(id keyID) *KeyInfo {
 	return k
 }
 
-func (k *KeyInfo) add(mode string, observed int64, f *schemas.FPM) {
+func (k *keyInfo) add(mode string, observed int64, f *schemas.FPM) {
 	if k.Lines == 0 || observed < k.FirstObservedMs {
 		k.FirstObservedMs = observed
 	}
@@ -319,13 +319,13 @@ func (k *KeyInfo) add(mode string, observed int64, f *schemas.FPM) {
 }
 
 // finish computes the counter statistics.
-func (k *KeyInfo) finish() {
+func (k *keyInfo) finish() {
 	k.DurationMs = k.LastObservedMs - k.FirstObservedMs
 	for m := range k.modes {
 		k.CaptureModes = append(k.CaptureModes, m)
 	}
 	slices.Sort(k.CaptureModes)
-	k.MissingRanges = []IDRange{}
+	k.MissingRanges = []idRange{}
 	k.MissingListed = true
 	if len(k.counters) == 0 {
 		return
@@ -340,7 +340,7 @@ func (k *KeyInfo) finish() {
 		case c > prev+1:
 			k.Missing += c - prev - 1
 			if len(k.MissingRanges) < maxListed {
-				k.MissingRanges = append(k.MissingRanges, IDRange{prev + 1, c - 1})
+				k.MissingRanges = append(k.MissingRanges, idRange{prev + 1, c - 1})
 			} else {
 				k.MissingListed = false
 			}

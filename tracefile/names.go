@@ -17,14 +17,14 @@ import (
 // sink.rs producer_output_path and lib/llm/src/telemetry/jsonl_gz.rs segment_path):
 //
 //	output base = the output path without a trailing ".jsonl.gz" or ".jsonl"
-//	prefix      = output base + "." + ProducerFileName(id)
+//	prefix      = output base + "." + producerFileName(id)
 //	segment     = prefix + "." + %06d(index) + ".jsonl.gz", index a uint64
 //
 // This is the one copy of the rule: the trace writer names, lists, prunes and repairs its files by it,
 // and replay resolves what a user names by it, so that each reads every file the other (or Dynamo)
 // writes.
 //
-// ProducerFileName is Dynamo's SanitizeProducerID(id) whenever the segment's file name fits the
+// producerFileName is Dynamo's SanitizeProducerID(id) whenever the segment's file name fits the
 // file system's limit (NAME_MAX, 255 bytes for the whole name, index and suffix included, the index at
 // its six-digit width). A longer name would make every write of the producer fail (ENAMETOOLONG); it
 // is cut to fit and ends with "-" and 16 hex digits of the SHA-256 of the full, unsanitized id, so that
@@ -88,10 +88,10 @@ const producerHashLen = 1 + 16
 // .jsonl[.gz]) that leaves room for a shortened producer name of at least 8 characters.
 const MaxOutputBaseName = nameMax - segmentNameExtra - producerHashLen - 8
 
-// ProducerFileName is the producer part of the segment file names of producer id under
+// producerFileName is the producer part of the segment file names of producer id under
 // outputPath: SanitizeProducerID(id) when the segment names fit NAME_MAX, else the sanitized id cut to
 // fit and followed by "-" and the first 16 hex digits of the SHA-256 of id (see above).
-func ProducerFileName(outputPath, id string) string {
+func producerFileName(outputPath, id string) string {
 	name := SanitizeProducerID(id)
 	budget := nameMax - segmentNameExtra - len(filepath.Base(OutputBase(outputPath)))
 	if len(name) <= budget {
@@ -115,7 +115,7 @@ func OutputBase(outputPath string) string {
 
 // SegmentPrefix is the prefix of one producer's segments under outputPath.
 func SegmentPrefix(outputPath, producerID string) string {
-	return OutputBase(outputPath) + "." + ProducerFileName(outputPath, producerID)
+	return OutputBase(outputPath) + "." + producerFileName(outputPath, producerID)
 }
 
 // SegmentPath is the file of segment index under prefix.
@@ -123,9 +123,9 @@ func SegmentPath(prefix string, index uint64) string {
 	return fmt.Sprintf("%s.%06d%s", prefix, index, SegmentSuffix)
 }
 
-// SegmentIndex returns i when name is exactly the file name of segment i of base (a prefix's last
+// segmentIndex returns i when name is exactly the file name of segment i of base (a prefix's last
 // path element): base + "." + at least six digits + ".jsonl.gz", formatted as %06d formats i.
-func SegmentIndex(base, name string) (uint64, bool) {
+func segmentIndex(base, name string) (uint64, bool) {
 	rest, ok := strings.CutPrefix(name, base+".")
 	if !ok {
 		return 0, false
@@ -150,10 +150,10 @@ func SegmentIndex(base, name string) (uint64, bool) {
 	return idx, true
 }
 
-// ParseSegmentPath splits the path of a segment into its prefix and index: path is
+// parseSegmentPath splits the path of a segment into its prefix and index: path is
 // SegmentPath(prefix, index) for a prefix whose last element is not empty. ok is false for any
 // other path.
-func ParseSegmentPath(path string) (prefix string, index uint64, ok bool) {
+func parseSegmentPath(path string) (prefix string, index uint64, ok bool) {
 	dir, name := filepath.Split(path)
 	stem, ok := strings.CutSuffix(name, SegmentSuffix)
 	if !ok {
@@ -163,7 +163,7 @@ func ParseSegmentPath(path string) (prefix string, index uint64, ok bool) {
 	if dot <= 0 {
 		return "", 0, false
 	}
-	index, ok = SegmentIndex(stem[:dot], name)
+	index, ok = segmentIndex(stem[:dot], name)
 	if !ok {
 		return "", 0, false
 	}
@@ -188,7 +188,7 @@ func ListSegments(prefix string) ([]Segment, error) {
 	}
 	var out []Segment
 	for _, e := range entries {
-		idx, ok := SegmentIndex(base, e.Name())
+		idx, ok := segmentIndex(base, e.Name())
 		if !ok {
 			continue
 		}
@@ -229,7 +229,7 @@ func NextSegmentIndex(prefix string) (uint64, error) {
 	return last + 1, nil
 }
 
-// Producers returns the producer file names (ProducerFileName) that have segments under
+// Producers returns the producer file names (producerFileName) that have segments under
 // outputPath, sorted. A name counts only if its producer part is a sanitized id (letters, digits, '-',
 // '_'), so another writer's files that share the directory are not claimed.
 func Producers(outputPath string) ([]string, error) {
@@ -239,7 +239,7 @@ func Producers(outputPath string) ([]string, error) {
 	}
 	seen := map[string]bool{}
 	for _, e := range entries {
-		prefix, _, ok := ParseSegmentPath(e.Name())
+		prefix, _, ok := parseSegmentPath(e.Name())
 		if !ok {
 			continue
 		}

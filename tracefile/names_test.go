@@ -97,7 +97,7 @@ func TestTraceProducerFileName(t *testing.T) {
 		"234 characters sanitizing alike stay apart": {strings.Repeat("ü", 234), hashed(strings.Repeat("ü", 234))},
 	} {
 		t.Run(name, func(t *testing.T) {
-			got := ProducerFileName(out, tc.id)
+			got := producerFileName(out, tc.id)
 			if got != tc.want {
 				t.Fatalf("ProducerFileName(%d-byte id) = %q, want %q", len(tc.id), got, tc.want)
 			}
@@ -110,17 +110,17 @@ func TestTraceProducerFileName(t *testing.T) {
 			}
 		})
 	}
-	if ProducerFileName(out, long300a) == ProducerFileName(out, long300b) ||
-		ProducerFileName(out, strings.Repeat("é", 234)) == ProducerFileName(out, strings.Repeat("ü", 234)) {
+	if producerFileName(out, long300a) == producerFileName(out, long300b) ||
+		producerFileName(out, strings.Repeat("é", 234)) == producerFileName(out, strings.Repeat("ü", 234)) {
 		t.Fatal("long ids that share their sanitized beginning share a file")
 	}
 	// The budget is the output base name's: a longer base leaves less.
-	if got := ProducerFileName("/d/"+strings.Repeat("b", 100), strings.Repeat("w", 200)); len(got) != 255-17-100 {
+	if got := producerFileName("/d/"+strings.Repeat("b", 100), strings.Repeat("w", 200)); len(got) != 255-17-100 {
 		t.Fatalf("with a 100-byte base: a %d-byte producer name, want %d", len(got), 255-17-100)
 	}
 	// The longest output base name leaves 8 characters of the id before its hash.
 	base := "/d/" + strings.Repeat("b", MaxOutputBaseName)
-	if got := ProducerFileName(base, strings.Repeat("w", 300)); got[:9] != "wwwwwwww-" || len(got) != 8+17 {
+	if got := producerFileName(base, strings.Repeat("w", 300)); got[:9] != "wwwwwwww-" || len(got) != 8+17 {
 		t.Fatalf("with the longest base: producer name %q", got)
 	}
 }
@@ -155,7 +155,7 @@ func TestTraceSegmentIndex(t *testing.T) {
 		"an empty base":                       {"", ".000003.jsonl.gz", 3, true},
 	} {
 		t.Run(name, func(t *testing.T) {
-			got, ok := SegmentIndex(tc.base, tc.file)
+			got, ok := segmentIndex(tc.base, tc.file)
 			if got != tc.want || ok != tc.ok {
 				t.Fatalf("SegmentIndex(%q, %q) = %d, %v; want %d, %v", tc.base, tc.file, got, ok, tc.want, tc.ok)
 			}
@@ -187,7 +187,7 @@ func TestParseTraceSegmentPath(t *testing.T) {
 		"no index":                         {"/d/f.w.jsonl.gz", "", 0, false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			prefix, index, ok := ParseSegmentPath(tc.path)
+			prefix, index, ok := parseSegmentPath(tc.path)
 			if prefix != tc.prefix || index != tc.index || ok != tc.ok {
 				t.Fatalf("ParseSegmentPath(%q) = %q, %d, %v; want %q, %d, %v", tc.path, prefix, index, ok, tc.prefix, tc.index, tc.ok)
 			}

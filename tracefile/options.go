@@ -13,8 +13,8 @@ import (
 // VerifyConfig.CompressionLevel choose another.
 const DefaultCompressionLevel = 1
 
-// CheckCompressionLevel accepts a gzip level of new members: 1 fastest … 9 smallest.
-func CheckCompressionLevel(level int) error {
+// checkCompressionLevel accepts a gzip level of new members: 1 fastest … 9 smallest.
+func checkCompressionLevel(level int) error {
 	if level < 1 || level > 9 {
 		return fmt.Errorf("gzip level %d: want 1 to 9", level)
 	}
@@ -31,7 +31,7 @@ type settings struct {
 // the level; a refusal wraps ErrInvalidConfig.
 func newSettings(cfg VerifyConfig) (settings, error) {
 	s := settings{logger: cmp.Or(cfg.Logger, slog.Default()), level: cmp.Or(cfg.CompressionLevel, DefaultCompressionLevel)}
-	if err := CheckCompressionLevel(s.level); err != nil {
+	if err := checkCompressionLevel(s.level); err != nil {
 		return s, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return s, nil

@@ -28,7 +28,7 @@ func SegmentFilesIn(dir string) ([]string, error) {
 }
 
 // ReadOrder returns paths without repeats (the first of each kept), in read order: by producer
-// prefix (ParseSegmentPath; a path that is not a segment's is its own prefix), a name that is not
+// prefix (parseSegmentPath; a path that is not a segment's is its own prefix), a name that is not
 // a segment's before the segments of its prefix, then by segment index. Paths that tie keep their
 // order.
 func ReadOrder(paths []string) []string {
@@ -45,7 +45,7 @@ func ReadOrder(paths []string) []string {
 		}
 		seen[p] = true
 		f := named{path: p, prefix: p}
-		if prefix, index, ok := ParseSegmentPath(p); ok {
+		if prefix, index, ok := parseSegmentPath(p); ok {
 			f.prefix, f.index, f.segment = prefix, index, true
 		}
 		files = append(files, f)

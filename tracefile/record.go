@@ -24,7 +24,7 @@ type Message interface {
 type Record struct {
 	Key      streams.Key // from the subject: namespace, component, worker_id, dp_rank
 	Body     []byte      // the canonical FPM JSON, valid (CheckFPM): the message body itself
-	FPM      FPMIdent    // worker_id, dp_rank and counter_id of the body
+	FPM      fpmIdent    // worker_id, dp_rank and counter_id of the body
 	Observed int64       // observed_at_unix_ms
 	Producer string      // producer id (unsanitized), as written in event.source.producer_id
 	// From the JetStream metadata; zero when the message has none.

@@ -26,10 +26,10 @@ var maxMemberBytes = 64 << 20
 // Sentinels carried in CorruptError.Err (next to gzip's own errors and io.ErrUnexpectedEOF); the
 // reader of gzip members (fsutil.ScanGzipLines) is shared with replay.
 var (
-	// ErrTornLine: the data ends inside a line (no trailing newline).
-	ErrTornLine = fsutil.ErrTornLine
-	// ErrMemberTooLarge: a member decompresses to more than maxMemberBytes.
-	ErrMemberTooLarge = fsutil.ErrMemberTooLarge
+	// errTornLine: the data ends inside a line (no trailing newline).
+	errTornLine = fsutil.ErrTornLine
+	// errMemberTooLarge: a member decompresses to more than maxMemberBytes.
+	errMemberTooLarge = fsutil.ErrMemberTooLarge
 )
 
 // CorruptError reports a damaged segment. Everything before Offset is whole gzip members holding whole
@@ -80,8 +80,8 @@ func eofIsUnexpected(err error) error {
 	return err
 }
 
-// RepairResult says what Repair did to one segment.
-type RepairResult struct {
+// repairResult says what Repair did to one segment.
+type repairResult struct {
 	Segment string
 	// Repaired is true when the segment was torn and has been cut at Offset (removed if Offset is 0).
 	Repaired bool
@@ -103,11 +103,11 @@ type RepairResult struct {
 // directory is fsynced. A segment that is not a regular file is refused. A segment with no whole member left is removed,
 // and so is an empty one. What was cut (file, byte offset, lines) is logged at warn level. An
 // undamaged segment is not touched. logger may be nil.
-func Repair(path string, logger *slog.Logger) (RepairResult, error) {
+func Repair(path string, logger *slog.Logger) (repairResult, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	res := RepairResult{Segment: path}
+	res := repairResult{Segment: path}
 	data, _, err := fsutil.ReadRegular(path)
 	if err != nil {
 		return res, fmt.Errorf("repair segment: %w", err)
@@ -149,16 +149,16 @@ func Repair(path string, logger *slog.Logger) (RepairResult, error) {
 	return res, nil
 }
 
-// RepairTmpSuffix names the temporary file of a repair (fsutil.TempPath), so that RepairOutput finds
+// RepairTmpSuffix names the temporary file of a repair (fsutil.TempPath), so that repairOutput finds
 // and removes what a crash during Repair left behind.
 const RepairTmpSuffix = ".repair.tmp"
 
-// RepairOutput is the startup repair step: for every producer with segments under outputPath it
+// repairOutput is the startup repair step: for every producer with segments under outputPath it
 // removes leftover ".repair.tmp" files of that producer and repairs the newest segment (only the
 // newest can be torn: a segment is finished, fsynced, before the next one is started). The caller must
 // own every producer (owner.go); the trace writer and backfill repair only the prefixes they own
 // (RepairPrefixes).
-func RepairOutput(outputPath string, logger *slog.Logger) ([]RepairResult, error) {
+func repairOutput(outputPath string, logger *slog.Logger) ([]repairResult, error) {
 	producers, err := Producers(outputPath)
 	if err != nil {
 		return nil, err
@@ -170,9 +170,9 @@ func RepairOutput(outputPath string, logger *slog.Logger) ([]RepairResult, error
 	return RepairPrefixes(prefixes, logger)
 }
 
-// RepairPrefixes is RepairOutput for the producers of prefixes.
-func RepairPrefixes(prefixes []string, logger *slog.Logger) ([]RepairResult, error) {
-	var out []RepairResult
+// RepairPrefixes is repairOutput for the producers of prefixes.
+func RepairPrefixes(prefixes []string, logger *slog.Logger) ([]repairResult, error) {
+	var out []repairResult
 	for _, prefix := range prefixes {
 		if err := RemoveRepairLeftovers(prefix, logger); err != nil {
 			return out, err
@@ -218,7 +218,7 @@ func removeLeftovers(prefix, suffix string, logger *slog.Logger) error {
 		if !ok {
 			continue
 		}
-		if _, ok := SegmentIndex(base, seg); !ok || !e.Type().IsRegular() {
+		if _, ok := segmentIndex(base, seg); !ok || !e.Type().IsRegular() {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

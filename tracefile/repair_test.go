@@ -149,7 +149,7 @@ func TestRepairCases(t *testing.T) {
 		"last line without newline is cut with its member": {
 			data:      func(t *testing.T) []byte { return append(member(t, "a\n"), member(t, "b\nc")...) },
 			wantLines: []string{"a"},
-			wantErr:   ErrTornLine,
+			wantErr:   errTornLine,
 		},
 		"corrupt checksum": {
 			data: func(t *testing.T) []byte {
@@ -209,7 +209,7 @@ func TestRepairOutputRepairsNewestOfEachProducer(t *testing.T) {
 	write(SegmentPath(a, 1)+RepairTmpSuffix, []byte("leftover"))
 	write(filepath.Join(dir, "unrelated.repair.tmp"), []byte("keep"))
 
-	res, err := RepairOutput(out, nil)
+	res, err := repairOutput(out, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,8 +66,8 @@ const (
 	FindingGzip = "gzip"
 	// FindingTruncated: the file ends inside a gzip member, or is empty.
 	FindingTruncated = "truncated"
-	// FindingTornLine: whole members, but the last line has no newline.
-	FindingTornLine = "torn_line"
+	// findingTornLine: whole members, but the last line has no newline.
+	findingTornLine = "torn_line"
 	// FindingLine: a line that is not JSON or not a dynamo.fpm.trace.v1 envelope.
 	FindingLine = "line"
 	// FindingOrder: lines out of the writer's order: a timestamp going back within a segment, or (with
@@ -103,9 +103,9 @@ const (
 // ErrInvalidConfig: Verify was given an incomplete or invalid VerifyConfig.
 var ErrInvalidConfig = errors.New("trace: invalid configuration")
 
-// ErrSegmentChanged is the reason a segment is not rewritten: it changed, or became a producer's
+// errSegmentChanged is the reason a segment is not rewritten: it changed, or became a producer's
 // newest, after Verify read it.
-var ErrSegmentChanged = errors.New("trace: segment changed since it was verified")
+var errSegmentChanged = errors.New("trace: segment changed since it was verified")
 
 // VerifyConfig says what Verify checks.
 type VerifyConfig struct {
@@ -156,7 +156,7 @@ type VerifyReport struct {
 	// StreamFirstSeq and StreamLastSeq are stream FPM's range when it was read.
 	StreamFirstSeq uint64            `json:"stream_first_seq,omitempty"`
 	StreamLastSeq  uint64            `json:"stream_last_seq,omitempty"`
-	Producers      []*VerifyProducer `json:"producers"`
+	Producers      []*verifyProducer `json:"producers"`
 	// Totals: segments, those checked (the others are active), lines read, findings, findings repaired,
 	// and findings that remain (Damaged - Repaired).
 	Segments  int `json:"segments"`
@@ -167,8 +167,8 @@ type VerifyReport struct {
 	Remaining int `json:"remaining"`
 }
 
-// VerifyProducer is one producer's segments.
-type VerifyProducer struct {
+// verifyProducer is one producer's segments.
+type verifyProducer struct {
 	// Producer is the producer part of the file names.
 	Producer string           `json:"producer"`
 	Segments []*VerifySegment `json:"segments"`
@@ -210,11 +210,11 @@ type Finding struct {
 	Reason string `json:"reason"`
 	// Heal (with the stream; damaged bytes, missing lines, duplicates and an order finding on a copy's
 	// line): what the stream can do.
-	Heal *Heal `json:"heal,omitempty"`
+	Heal *heal `json:"heal,omitempty"`
 }
 
-// Heal says what the stream can do for damaged bytes or missing lines.
-type Heal struct {
+// heal says what the stream can do for damaged bytes or missing lines.
+type heal struct {
 	Status string `json:"status"`
 	Reason string `json:"reason,omitempty"`
 	// StreamAfter and StreamBefore are the stream sequences of the lines around the damage (0: none,
@@ -233,17 +233,17 @@ type Heal struct {
 	Verified bool `json:"verified"`
 	// Missing lists, per key, the counter_ids of lines that were (or may have been) there and that
 	// neither the file nor the stream holds any more.
-	Missing []MissingLines `json:"missing,omitempty"`
+	Missing []missingLines `json:"missing,omitempty"`
 	// Unconfirmed lists lines read from the damaged bytes whose message the stream does not hold: they
 	// may be the originals or garbage, and are not written back.
-	Unconfirmed []LineID `json:"unconfirmed,omitempty"`
+	Unconfirmed []lineID `json:"unconfirmed,omitempty"`
 }
 
-// MissingLines is a range of lines of one key that are lost: counter_ids CounterFrom..CounterTo
+// missingLines is a range of lines of one key that are lost: counter_ids CounterFrom..CounterTo
 // (inclusive) lie between the key's last line before the damage and its first line after it
 // (observed at ObservedAfterMs and ObservedBeforeMs); -1 (and 0) where there is no such line. A range
 // can include counter_ids the bridge never received (gaps are not lines).
-type MissingLines struct {
+type missingLines struct {
 	Namespace        string `json:"namespace"`
 	Component        string `json:"component"`
 	ProducerID       string `json:"producer_id"`
@@ -255,8 +255,8 @@ type MissingLines struct {
 	ObservedBeforeMs int64  `json:"observed_before_unix_ms,omitempty"`
 }
 
-// LineID identifies a line for a report: where it was read, its key, counter_id and observation time.
-type LineID struct {
+// lineID identifies a line for a report: where it was read, its key, counter_id and observation time.
+type lineID struct {
 	Line         int    `json:"line"`
 	Namespace    string `json:"namespace"`
 	Component    string `json:"component"`
@@ -496,12 +496,12 @@ func readFileInfo(path string) ([]byte, os.FileInfo, error) { return fsutil.Read
 
 // report builds the VerifyReport.
 func (v *verifier) report(stream bool) *VerifyReport {
-	r := &VerifyReport{Output: v.cfg.OutputPath, Stream: stream, Repair: v.cfg.Repair, Producers: []*VerifyProducer{}}
+	r := &VerifyReport{Output: v.cfg.OutputPath, Stream: stream, Repair: v.cfg.Repair, Producers: []*verifyProducer{}}
 	if stream {
 		r.StreamFirstSeq, r.StreamLastSeq = v.firstSeq, v.lastSeq
 	}
 	for _, p := range v.producers {
-		vp := &VerifyProducer{Producer: p.name, Lines: len(p.lines), InStream: p.inStream, NotInStream: p.notInStream}
+		vp := &verifyProducer{Producer: p.name, Lines: len(p.lines), InStream: p.inStream, NotInStream: p.notInStream}
 		for _, s := range p.segs {
 			vs := &VerifySegment{Path: s.Path, Index: s.Index, Bytes: s.chk.size, Lines: len(s.chk.lines), Active: s.active,
 				Checked: s.checked, Findings: slices.Clone(s.findings), Repaired: s.repaired}

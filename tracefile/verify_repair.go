@@ -32,7 +32,7 @@ import (
 // rewritten, whatever their names say (a segment copied in from another run with a higher index once
 // made the live writer's active segment look sealed). The rename rule stays as a second guard: a
 // repair renames only over the file it read (same inode, size and modification time; else
-// ErrSegmentChanged), and, unless IncludeActive, only over a segment below the producer's newest
+// errSegmentChanged), and, unless IncludeActive, only over a segment below the producer's newest
 // regular segment, checked again just before the rename.
 
 // VerifyTmpSuffix names a verify repair's temporary file (fsutil.TempPath).
@@ -98,7 +98,7 @@ func (v *verifier) rewrite(p *vproducer, s *vsegment) error {
 		return err
 	}
 	if !sameFile(fi, s.fi) {
-		return fmt.Errorf("%w: %s", ErrSegmentChanged, s.Path)
+		return fmt.Errorf("%w: %s", errSegmentChanged, s.Path)
 	}
 	regions := map[int]*edit{}
 	inserts := map[int]*edit{} // by the segment-relative line index they follow
@@ -153,7 +153,7 @@ func (v *verifier) rewrite(p *vproducer, s *vsegment) error {
 		if inner {
 			content, err := decodeBlock(data[pc.off:pc.end])
 			if err != nil {
-				return fmt.Errorf("%w: %s: block at byte %d: %v", ErrSegmentChanged, s.Path, pc.off, err)
+				return fmt.Errorf("%w: %s: block at byte %d: %v", errSegmentChanged, s.Path, pc.off, err)
 			}
 			var merged []byte
 			for i := pc.first; len(content) > 0; i++ {
@@ -223,10 +223,10 @@ func (v *verifier) rewrite(p *vproducer, s *vsegment) error {
 func (v *verifier) sealed(p *vproducer, s *vsegment) error {
 	fi, err := os.Stat(s.Path)
 	if err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrSegmentChanged, s.Path, err)
+		return fmt.Errorf("%w: %s: %v", errSegmentChanged, s.Path, err)
 	}
 	if !sameFile(fi, s.fi) {
-		return fmt.Errorf("%w: %s", ErrSegmentChanged, s.Path)
+		return fmt.Errorf("%w: %s", errSegmentChanged, s.Path)
 	}
 	if v.cfg.IncludeActive {
 		return nil
@@ -238,7 +238,7 @@ func (v *verifier) sealed(p *vproducer, s *vsegment) error {
 	for i := len(segs) - 1; i >= 0; i-- {
 		if segs[i].Regular {
 			if segs[i].Index <= s.Index {
-				return fmt.Errorf("%w: %s is now its producer's newest segment", ErrSegmentChanged, s.Path)
+				return fmt.Errorf("%w: %s is now its producer's newest segment", errSegmentChanged, s.Path)
 			}
 			return nil
 		}
@@ -264,7 +264,7 @@ func decodeBlock(data []byte) ([]byte, error) {
 		pos += n
 	}
 	if len(out) > 0 && out[len(out)-1] != '\n' {
-		return nil, ErrTornLine
+		return nil, errTornLine
 	}
 	return out, nil
 }

@@ -61,10 +61,10 @@ type piece struct {
 	trailer []byte
 }
 
-// Piece is a byte range of a segment's bytes as Verify cuts them (see above): an intact block (normally
+// segmentPiece is a byte range of a segment's bytes as Verify cuts them (see above): an intact block (normally
 // one gzip member, one writer flush) or a damaged region. Lines are an intact block's lines, or the
 // whole lines salvaged from a damaged region.
-type Piece struct {
+type segmentPiece struct {
 	Offset, End int64
 	Damaged     bool
 	Lines       int
@@ -72,11 +72,11 @@ type Piece struct {
 
 // Pieces cuts data, the bytes of a segment, into its pieces, in file order, as Verify does: past
 // damage, the next intact member is found.
-func Pieces(data []byte) []Piece {
+func Pieces(data []byte) []segmentPiece {
 	c := checkSegment("", "", data, newKeyTable())
-	out := make([]Piece, len(c.pieces))
+	out := make([]segmentPiece, len(c.pieces))
 	for i, pc := range c.pieces {
-		out[i] = Piece{Offset: pc.off, End: pc.end, Damaged: pc.damaged, Lines: pc.n}
+		out[i] = segmentPiece{Offset: pc.off, End: pc.end, Damaged: pc.damaged, Lines: pc.n}
 	}
 	return out
 }
@@ -202,7 +202,7 @@ func checkSegment(path, prefix string, data []byte, keys *keyTable) *segmentChec
 		pos = end
 	}
 	if len(s.out) > 0 {
-		s.region(int64(len(data)), s.out, FindingTornLine, ErrTornLine.Error(), data[len(data)-gzipTrailerLen:])
+		s.region(int64(len(data)), s.out, findingTornLine, errTornLine.Error(), data[len(data)-gzipTrailerLen:])
 	}
 	return s.c
 }
@@ -262,7 +262,7 @@ func (s *segmentScanner) region(end int64, content []byte, kind, reason string, 
 // decodeMember decodes the gzip member at the start of data, appending its content to dst, and
 // returns dst and the member's length in bytes. On an error dst holds what the reader produced
 // before it. Content over maxMemberBytes in dst (a member, with the content since the last line
-// boundary) is an error (ErrMemberTooLarge), as for ReadSegment.
+// boundary) is an error (errMemberTooLarge), as for ReadSegment.
 func decodeMember(zr *gzip.Reader, data, dst []byte) ([]byte, int, error) {
 	br := bytes.NewReader(data) // an io.ByteReader: the reader takes exactly the member's bytes
 	if err := zr.Reset(br); err != nil {
@@ -276,7 +276,7 @@ func decodeMember(zr *gzip.Reader, data, dst []byte) ([]byte, int, error) {
 		k, err := zr.Read(dst[len(dst):cap(dst)])
 		dst = dst[:len(dst)+k]
 		if len(dst) > maxMemberBytes {
-			return dst, len(data) - br.Len(), fmt.Errorf("%w (over %d bytes)", ErrMemberTooLarge, maxMemberBytes)
+			return dst, len(data) - br.Len(), fmt.Errorf("%w (over %d bytes)", errMemberTooLarge, maxMemberBytes)
 		}
 		if err == io.EOF {
 			return dst, len(data) - br.Len(), nil

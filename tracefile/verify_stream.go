@@ -354,7 +354,7 @@ func (v *verifier) heal(p *vproducer) {
 		if !adjacent && slices.ContainsFunc(regions, func(r region) bool { return r.prev >= sp.i && r.next <= sp.j }) {
 			continue // the damage between them reports these messages
 		}
-		h := &Heal{StreamAfter: a.seq, StreamBefore: b.seq, Lines: len(cands)}
+		h := &heal{StreamAfter: a.seq, StreamBefore: b.seq, Lines: len(cands)}
 		f := Finding{Kind: FindingMissing, Heal: h}
 		d := v.deletedBetween(a.seq, b.seq)
 		switch {
@@ -383,7 +383,7 @@ func (v *verifier) heal(p *vproducer) {
 			continue
 		}
 		pc := s.chk.pieces[r.piece]
-		h := &Heal{}
+		h := &heal{}
 		s.findings[pc.finding].Heal = h
 		salvaged := p.lines[s.firstLine+pc.first : s.firstLine+pc.first+pc.n]
 		sampled := false
@@ -458,9 +458,9 @@ func (v *verifier) duplicate(p *vproducer, i int, e *idLines) {
 	first := &p.lines[e.lines[0]]
 	f := Finding{Kind: FindingDuplicate, Segment: s.Path, Offset: l.member, Line: l.lineNo,
 		Reason: fmt.Sprintf("the same line as line %d of %s: the stream holds %d message(s) of it for %d line(s)", first.lineNo, p.segs[first.seg].Path, e.seen, len(e.lines)),
-		Heal:   &Heal{Status: HealRestorable, Reason: "a copy: removed, the line it repeats stays"}}
+		Heal:   &heal{Status: HealRestorable, Reason: "a copy: removed, the line it repeats stays"}}
 	if !s.checked {
-		f.Heal = &Heal{Status: HealUnknown, Reason: "in the producer's newest segment, which a running writer may be appending to: " +
+		f.Heal = &heal{Status: HealUnknown, Reason: "in the producer's newest segment, which a running writer may be appending to: " +
 			"--repair removes it with --include-active, only while no writer writes the output"}
 		s.findings = append(s.findings, f)
 		return
@@ -469,7 +469,7 @@ func (v *verifier) duplicate(p *vproducer, i int, e *idLines) {
 	ed := edit{piece: -1, after: -1, remove: i, finding: len(s.findings) - 1}
 	for k := range s.findings {
 		if o := &s.findings[k]; o.Kind == FindingOrder && o.Line == l.lineNo && o.Heal == nil {
-			o.Heal = &Heal{Status: HealRestorable, Reason: "the line is a copy (see the duplicate finding): removed with it"}
+			o.Heal = &heal{Status: HealRestorable, Reason: "the line is a copy (see the duplicate finding): removed with it"}
 			ed.also = append(ed.also, k)
 		}
 	}
@@ -526,7 +526,7 @@ const missingScan = 1 << 20
 // missing lists, per key of p, the counter_ids between the key's last valid intact line before
 // line prev (inclusive) and its first after line next (inclusive) that neither a line nor a held
 // message has.
-func (v *verifier) missing(p *vproducer, prev, next int, held []candidate) []MissingLines {
+func (v *verifier) missing(p *vproducer, prev, next int, held []candidate) []missingLines {
 	type bound struct {
 		counter, observed int64
 		ok                bool
@@ -567,11 +567,11 @@ func (v *verifier) missing(p *vproducer, prev, next int, held []candidate) []Mis
 		}
 	}
 	slices.Sort(keys)
-	var out []MissingLines
+	var out []missingLines
 	for _, k := range keys {
 		id := v.keys.keys[k]
 		b, a := before[k], after[k]
-		m := MissingLines{Namespace: id.namespace, Component: id.component, ProducerID: id.producer, WorkerID: id.worker, DPRank: id.rank,
+		m := missingLines{Namespace: id.namespace, Component: id.component, ProducerID: id.producer, WorkerID: id.worker, DPRank: id.rank,
 			CounterFrom: -1, CounterTo: -1, ObservedAfterMs: b.observed, ObservedBeforeMs: a.observed}
 		if b.ok {
 			m.CounterFrom = b.counter + 1
@@ -607,12 +607,12 @@ func (v *verifier) missing(p *vproducer, prev, next int, held []candidate) []Mis
 }
 
 // unconfirmed lists the valid lines read from damaged bytes that no held message confirms.
-func (v *verifier) unconfirmed(p *vproducer, salvaged []vline, held []candidate) []LineID {
+func (v *verifier) unconfirmed(p *vproducer, salvaged []vline, held []candidate) []lineID {
 	ids := map[LineIdentity]int{}
 	for _, c := range held {
 		ids[IdentityOf(p.prefix, c.rec.Key.Namespace, c.rec.Key.Component, c.rec.Producer, c.rec.Observed, c.rec.Body)]++
 	}
-	var out []LineID
+	var out []lineID
 	for i := range salvaged {
 		l := &salvaged[i]
 		if !l.valid {
@@ -623,7 +623,7 @@ func (v *verifier) unconfirmed(p *vproducer, salvaged []vline, held []candidate)
 			continue
 		}
 		k := v.keys.keys[l.key]
-		out = append(out, LineID{Line: l.lineNo, Namespace: k.namespace, Component: k.component, ProducerID: k.producer,
+		out = append(out, lineID{Line: l.lineNo, Namespace: k.namespace, Component: k.component, ProducerID: k.producer,
 			WorkerID: k.worker, DPRank: k.rank, CounterID: l.counter, ObservedAtMs: l.id.observed})
 	}
 	return out
@@ -635,7 +635,7 @@ func (v *verifier) unconfirmed(p *vproducer, salvaged []vline, held []candidate)
 // timestamp if it lies between its neighbours'; any other line gets the timestamp of the line before it
 // in the segment (after it, when none is before), exact only when the lines around have the same. With
 // trailer (a damaged member's last 8 bytes), the result is checked against its CRC-32 and size.
-func (v *verifier) rebuild(p *vproducer, seg, prev, next int, cands []candidate, salvaged []vline, trailer []byte, h *Heal) edit {
+func (v *verifier) rebuild(p *vproducer, seg, prev, next int, cands []candidate, salvaged []vline, trailer []byte, h *heal) edit {
 	lo, hi := int64(-1), int64(-1)
 	for i := prev; i >= 0 && p.lines[i].seg == seg; i-- {
 		if l := &p.lines[i]; l.valid && !l.salvaged {

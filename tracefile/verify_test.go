@@ -53,7 +53,7 @@ func TestVerifyRenameRule(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if err := v.sealed(p, tc()); !errors.Is(err, ErrSegmentChanged) {
+			if err := v.sealed(p, tc()); !errors.Is(err, errSegmentChanged) {
 				t.Fatalf("got %v, want ErrSegmentChanged", err)
 			}
 		})

@@ -15,25 +15,25 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultMaxDeliveries bounds how often one message may be delivered before it is dead-lettered.
+	// defaultMaxDeliveries bounds how often one message may be delivered before it is dead-lettered.
 	// A message that crashed or stalled this many instances in a row will crash the next one too.
-	DefaultMaxDeliveries = 5
+	defaultMaxDeliveries = 5
 	// DefaultStopTimeout bounds a graceful stop: release every partition, then Close.
 	DefaultStopTimeout = 30 * time.Second
 	// DefaultBatch is the most messages of one partition handed to Handle at once.
 	DefaultBatch = 256
-	// HoldingMaxDeliveries is the crash-loop bound of a stage that holds messages until something else
+	// holdingMaxDeliveries is the crash-loop bound of a stage that holds messages until something else
 	// arrives (the merger a run's other ranks, the sealer a run's collection profile). A held message
 	// keeps its partition's ack floor where it is, so every takeover of the partition meanwhile (a
 	// rebalance, a stop) counts as a session without progress; the bound leaves room for several.
-	HoldingMaxDeliveries = 10
+	holdingMaxDeliveries = 10
 )
 
-// ErrInvalidConfig wraps every configuration error.
-var ErrInvalidConfig = errors.New("durable: invalid configuration")
+// errInvalidConfig wraps every configuration error.
+var errInvalidConfig = errors.New("durable: invalid configuration")
 
-// ErrAlreadyRunning is returned by a second Run of the same Runner.
-var ErrAlreadyRunning = errors.New("durable: runner already running")
+// errAlreadyRunning is returned by a second Run of the same Runner.
+var errAlreadyRunning = errors.New("durable: runner already running")
 
 // Config is what a runner needs beyond its Consumer.
 type Config struct {
@@ -47,7 +47,7 @@ type Config struct {
 	// TickInterval is how often Consumer.Tick runs (0: never).
 	TickInterval time.Duration
 	// MaxDeliveries: a message delivered more often is dead-lettered instead of handled
-	// [DefaultMaxDeliveries]. At least 1.
+	// [defaultMaxDeliveries]. At least 1.
 	MaxDeliveries int
 	// StopTimeout bounds the graceful stop [DefaultStopTimeout].
 	StopTimeout time.Duration
@@ -67,7 +67,7 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, defaultMaxDeliveries)
 	c.StopTimeout = cmp.Or(c.StopTimeout, DefaultStopTimeout)
 	c.Batch = cmp.Or(c.Batch, DefaultBatch)
 	if c.Logger == nil {
@@ -79,12 +79,12 @@ func (c Config) withDefaults() Config {
 // Validate reports the first setting that cannot work.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	bad := invalid.Reporter(ErrInvalidConfig)
-	if !streams.ValidName(c.Name, MaxGroupNameLen) {
+	bad := invalid.Reporter(errInvalidConfig)
+	if !streams.ValidName(c.Name, maxGroupNameLen) {
 		return bad("name %q: want 1-64 letters, digits, '-' and '_'", c.Name)
 	}
 	if err := c.Group.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: %v", errInvalidConfig, err)
 	}
 	switch {
 	case c.TickInterval < 0:

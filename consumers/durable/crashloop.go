@@ -14,7 +14,7 @@ import (
 // A partition takeover resets the partition consumer to its ack floor (ordered takeover), and a reset
 // restarts the server's delivery count: a message that crashes every instance that takes it would be
 // delivered as "first delivery" forever. So the runner counts takeovers itself, durably: every
-// session records in KV bucket AttemptsBucket the ack floor it started from. A session that starts
+// session records in KV bucket attemptsBucket the ack floor it started from. A session that starts
 // from the same floor as a previous one that did not end in a graceful hand-over (its instance crashed,
 // was cut off or failed) made no progress; after MaxDeliveries such sessions in a row the
 // runner hands the partition's messages one at a time, recording each one's sequence before handing
@@ -22,8 +22,8 @@ import (
 // (an ack past the floor) ends the careful mode. The common path costs one KV read and write per
 // takeover.
 
-// AttemptsBucket is the KV bucket of takeover records: key <stream>.<group>.<partition>.
-const AttemptsBucket = "FPM_CONSUMER_ATTEMPTS"
+// attemptsBucket is the KV bucket of takeover records: key <stream>.<group>.<partition>.
+const attemptsBucket = "FPM_CONSUMER_ATTEMPTS"
 
 const attemptsTTL = 24 * time.Hour
 
@@ -39,18 +39,18 @@ func (r *Runner) attemptsKey(p int) string {
 }
 
 func (r *Runner) attemptsBucket(ctx context.Context) (jetstream.KeyValue, error) {
-	kv, err := r.js.KeyValue(ctx, AttemptsBucket)
+	kv, err := r.js.KeyValue(ctx, attemptsBucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		replicas := 1
 		if st, serr := r.js.Stream(ctx, r.group.SourceStreams()[0]); serr == nil {
 			replicas = st.CachedInfo().Config.Replicas
 		}
 		kv, err = r.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket: AttemptsBucket, Description: "fpmbus: partition takeovers without progress (crash-loop guard)",
+			Bucket: attemptsBucket, Description: "fpmbus: partition takeovers without progress (crash-loop guard)",
 			TTL: attemptsTTL, Storage: jetstream.FileStorage, Replicas: replicas, History: 1,
 		})
 		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = r.js.KeyValue(ctx, AttemptsBucket)
+			kv, err = r.js.KeyValue(ctx, attemptsBucket)
 		}
 	}
 	return kv, err
@@ -64,7 +64,7 @@ func (r *Runner) startAttempt(ctx context.Context, s *session, floor uint64) err
 	if r.kv == nil {
 		kv, err := r.attemptsBucket(cctx)
 		if err != nil {
-			return fmt.Errorf("attempts bucket %s: %w", AttemptsBucket, err)
+			return fmt.Errorf("attempts bucket %s: %w", attemptsBucket, err)
 		}
 		r.kv = kv
 	}

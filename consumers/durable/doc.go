@@ -11,7 +11,7 @@
 // Its Config holds everything an operator configures, its own knobs (hooks, shared state) and, as in
 // every fpmbus component, its Logger and Prometheus Registerer; the options are this package's
 // (WithMemberID, WithClock), the same for every stage. The constructor checks cfg, js and the options
-// with CheckStage, builds its group (a GroupConfig: FPMGroup or BenchGroup, then what the stage
+// with CheckStage, builds its group (a GroupConfig: FPMGroup or benchGroup, then what the stage
 // changes) and its Runner with New(Config{Name, Group, ..., Logger, Registerer}, js, consumer, opts...),
 // and shows the runner's Ready, Owned and Run as its own. The package example is a whole fifth
 // consumer in about thirty lines.
@@ -61,7 +61,7 @@
 //     with Config.Registerer.
 //   - A stage that holds messages until something else arrives takes its group's settings as a
 //     HoldingConfig (defaults, checks, group and runner config; crash loops bounded by
-//     HoldingMaxDeliveries).
+//     holdingMaxDeliveries).
 //   - Readiness (Ready) and the stop sequence: stop fetching, let the stage drain and make durable what
 //     it holds (Release per partition), ack, Close with the deadline; what is still not done is left
 //     unacked and the partition consumer is reset, so the next owner gets it at once and in order.

@@ -28,17 +28,17 @@ const (
 	// inside the members bucket's age limit.
 	MinPinnedTTL = partition.MinPinnedTTL
 	MaxPinnedTTL = partition.MaxPinnedTTL
-	// MaxGroupNameLen bounds a group name and a member id: a partition's consumer is <group>-<p>, its
+	// maxGroupNameLen bounds a group name and a member id: a partition's consumer is <group>-<p>, its
 	// partition stream <stream>_PART_<group>, and both must stay within the server's name limits.
-	MaxGroupNameLen = partition.MaxNameLen
+	maxGroupNameLen = partition.MaxNameLen
 	// shardsTimeout bounds asking the server how many shards stream FPM has.
 	shardsTimeout = 10 * time.Second
 )
 
-// ErrGroupMismatch is returned by Run when the group already exists on the server with another
+// errGroupMismatch is returned by Run when the group already exists on the server with another
 // partitioning (partition count, filters or key tokens): changing it would move keys between
 // partitions and break per-key order. DeleteGroup first (its consumers then restart from the start).
-var ErrGroupMismatch = partition.ErrGroupMismatch
+var errGroupMismatch = partition.ErrGroupMismatch
 
 // Filter selects subjects of a group's stream and says which of their tokens form the partition key.
 type Filter struct {
@@ -57,7 +57,7 @@ type Filter struct {
 type GroupConfig struct {
 	// Stream is the stream the group reads (never changed by it), e.g. streams.StreamFPM.
 	Stream string
-	// Group names the group. Letters, digits, '-' and '_', at most MaxGroupNameLen.
+	// Group names the group. Letters, digits, '-' and '_', at most maxGroupNameLen.
 	Group string
 	// Partitions is the number of partitions P, fixed for the life of the group. 0, in a GroupConfig
 	// given to New: one per shard of Stream (1 on an unsharded stream), so that every partition reads
@@ -102,9 +102,9 @@ func FPMGroup(group string) GroupConfig {
 	return groupOf(partition.FPMConfig(group), 0)
 }
 
-// BenchGroup is a group named group on stream FPM_BENCH over subjects keyed by their first wildcard
+// benchGroup is a group named group on stream FPM_BENCH over subjects keyed by their first wildcard
 // (the run: fpmbench.<kind>.<run>…), so that every artefact of one run has one owner; one partition.
-func BenchGroup(group string, subjects ...string) GroupConfig {
+func benchGroup(group string, subjects ...string) GroupConfig {
 	return groupOf(partition.BenchConfig(group, subjects...), 1)
 }
 

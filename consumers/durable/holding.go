@@ -23,7 +23,7 @@ const (
 // owner. Zero values take the defaults noted.
 type HoldingConfig struct {
 	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
-	// over after a crash without progress, before it is dead-lettered [HoldingMaxDeliveries].
+	// over after a crash without progress, before it is dead-lettered [holdingMaxDeliveries].
 	MaxDeliveries int
 	// Durable names the stage's group [the stage's DefaultDurable]: every instance with the same name
 	// shares the runs. With Partitions 1 it is the durable consumer on FPM_BENCH; with N > 1 the
@@ -44,7 +44,7 @@ type HoldingConfig struct {
 }
 
 // Fill sets the settings left zero to their defaults (group, the stage's default group name) and
-// reports the first that cannot work, wrapped in sentinel (the stage's ErrInvalidConfig). The pinned
+// reports the first that cannot work, wrapped in sentinel (the stage's errInvalidConfig). The pinned
 // TTL is checked with the group, when the stage's Runner is built.
 func (h *HoldingConfig) Fill(group string, sentinel error) error {
 	h.Durable = cmp.Or(h.Durable, group)
@@ -63,19 +63,19 @@ func (h *HoldingConfig) Fill(group string, sentinel error) error {
 	return nil
 }
 
-// Group is the stage's partition group: FPM_BENCH's subjects keyed by the run (BenchGroup), with
+// Group is the stage's partition group: FPM_BENCH's subjects keyed by the run (benchGroup), with
 // these settings and the stage's bound on held and in-flight messages per partition (maxAckPending)
 // and pull size (batch).
 func (h HoldingConfig) Group(maxAckPending, batch int, subjects ...string) GroupConfig {
-	g := BenchGroup(h.Durable, subjects...)
+	g := benchGroup(h.Durable, subjects...)
 	g.Partitions, g.AckWait, g.PinnedTTL, g.ReleaseTimeout = h.Partitions, h.AckWait, h.PinnedTTL, h.StopTimeout
 	g.MaxAckPending, g.Batch = maxAckPending, batch
 	return g
 }
 
 // RunnerConfig is the Config of the stage's Runner: named name, in group, ticking every tick, its
-// crash-loop bound MaxDeliveries or HoldingMaxDeliveries.
+// crash-loop bound MaxDeliveries or holdingMaxDeliveries.
 func (h HoldingConfig) RunnerConfig(name string, group GroupConfig, tick time.Duration) Config {
 	return Config{Name: name, Group: group, TickInterval: tick,
-		MaxDeliveries: cmp.Or(h.MaxDeliveries, HoldingMaxDeliveries), StopTimeout: h.StopTimeout}
+		MaxDeliveries: cmp.Or(h.MaxDeliveries, holdingMaxDeliveries), StopTimeout: h.StopTimeout}
 }

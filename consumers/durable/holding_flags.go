@@ -47,7 +47,7 @@ func (h *HoldingConfig) RegisterFlags(fs *flag.FlagSet, cf *flagprefix.Component
 	fs.DurationVar(&h.PinnedTTL, n("pinned-ttl"), h.PinnedTTL, fmt.Sprintf("how long a crashed instance keeps its partitions before another instance takes them over (%v to %v)", MinPinnedTTL, MaxPinnedTTL))
 	fs.StringVar(&f.memberID, n("member-id"), "", "this instance's name in its group (default <host>-<pid>-<random>)")
 	fs.DurationVar(&h.AckWait, n("ack-wait"), h.AckWait, "ack wait of the partition consumers (held "+r.Held+" are kept alive with in-progress acks)")
-	fs.IntVar(&h.MaxDeliveries, n("max-deliveries"), h.MaxDeliveries, fmt.Sprintf("a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: %d)", HoldingMaxDeliveries))
+	fs.IntVar(&h.MaxDeliveries, n("max-deliveries"), h.MaxDeliveries, fmt.Sprintf("a message delivered this often, or whose partition was taken over this often after crashes without progress, is dead-lettered (0: %d)", holdingMaxDeliveries))
 	return f
 }
 

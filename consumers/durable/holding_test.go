@@ -45,7 +45,7 @@ func TestHoldingConfigGroupAndRunner(t *testing.T) {
 		t.Errorf("filters %+v: want the subject keyed by the run token", g.Filters)
 	}
 	rc := h.RunnerConfig("stage", g, time.Second)
-	if rc.Name != "stage" || rc.TickInterval != time.Second || rc.MaxDeliveries != HoldingMaxDeliveries || rc.StopTimeout != 11*time.Second {
+	if rc.Name != "stage" || rc.TickInterval != time.Second || rc.MaxDeliveries != holdingMaxDeliveries || rc.StopTimeout != 11*time.Second {
 		t.Errorf("runner config: %+v", rc)
 	}
 	h.MaxDeliveries = 3

@@ -22,20 +22,20 @@ type Settings struct {
 	Clock func() time.Time
 }
 
-// DefaultSettings are the settings before any option.
-func DefaultSettings() Settings { return Settings{Clock: time.Now} }
+// defaultSettings are the settings before any option.
+func defaultSettings() Settings { return Settings{Clock: time.Now} }
 
 // Option sets one of Settings and checks its value. Its error names the bad value only: whoever
-// applies it (New, a stage's constructor, with CheckStage) wraps its own ErrInvalidConfig around it.
+// applies it (New, a stage's constructor, with CheckStage) wraps its own errInvalidConfig around it.
 type Option func(*Settings) error
 
 // WithMemberID names this instance in its group (default <host>-<pid>-<random>). The id is stable: it
 // says a restarted process is the same instance, so that its previous incarnation's partitions are
 // taken back at once instead of after PinnedTTL. Give each running instance its own id (`fpmbus up`
 // derives one from the host and its data directory). Letters, digits, '-' and '_', at most
-// MaxGroupNameLen.
+// maxGroupNameLen.
 func WithMemberID(id string) Option {
-	return setting(streams.ValidName(id, MaxGroupNameLen),
+	return setting(streams.ValidName(id, maxGroupNameLen),
 		fmt.Sprintf("member id %q: want 1-64 letters, digits, '-' and '_'", id),
 		func(s *Settings) { s.MemberID = id })
 }
@@ -58,10 +58,10 @@ func setting(ok bool, why string, set func(*Settings)) Option {
 }
 
 // ApplyOptions applies opts to the default settings in order and stops at the first error, which it
-// returns wrapped in sentinel (the applier's ErrInvalidConfig), so that errors.Is finds the sentinel of
+// returns wrapped in sentinel (the applier's errInvalidConfig), so that errors.Is finds the sentinel of
 // the package whose constructor was called.
 func ApplyOptions(sentinel error, opts []Option) (Settings, error) {
-	s := DefaultSettings()
+	s := defaultSettings()
 	for _, o := range opts {
 		if err := o(&s); err != nil {
 			return s, fmt.Errorf("%w: %w", sentinel, err)

@@ -8,17 +8,17 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// ErrDeliveryLimit is the reason of a message dead-lettered for being delivered more than
+// errDeliveryLimit is the reason of a message dead-lettered for being delivered more than
 // Config.MaxDeliveries times.
-var ErrDeliveryLimit = errors.New("durable: delivery limit reached")
+var errDeliveryLimit = errors.New("durable: delivery limit reached")
 
 // Stages of a consumer's dead letter (Fpm-Error-Stage).
 const (
-	// StageRejected: the consumer said the message can never succeed (Msg.Reject).
-	StageRejected = "rejected"
-	// StageDeliveryLimit: the message was delivered more than MaxDeliveries times, or kept failing the
+	// stageRejected: the consumer said the message can never succeed (Msg.Reject).
+	stageRejected = "rejected"
+	// stageDeliveryLimit: the message was delivered more than MaxDeliveries times, or kept failing the
 	// instances that took it.
-	StageDeliveryLimit = "delivery_limit"
+	stageDeliveryLimit = "delivery_limit"
 )
 
 // RejectedSubject is where consumer name's dead letters go (streams.ConsumerDeadLetterSubject).
@@ -30,9 +30,9 @@ func RejectedSubject(name string) string { return streams.ConsumerDeadLetterSubj
 // held and is tried again at the next settle: nothing is given up without a record of it.
 func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason error) {
 	s := m.sess
-	stage := StageRejected
-	if errors.Is(reason, ErrDeliveryLimit) {
-		stage = StageDeliveryLimit
+	stage := stageRejected
+	if errors.Is(reason, errDeliveryLimit) {
+		stage = stageDeliveryLimit
 	}
 	dl := (&streams.DeadLetter{
 		Stage:      stage,

@@ -52,7 +52,7 @@ type Runner struct {
 	// Loop only.
 	sessions map[int]*session
 	fatal    error
-	kv       jetstream.KeyValue // AttemptsBucket, once a session started
+	kv       jetstream.KeyValue // attemptsBucket, once a session started
 }
 
 type itemKind int
@@ -76,7 +76,7 @@ type item struct {
 // declared on the server before Run.
 func New(cfg Config, js jetstream.JetStream, c Consumer, opts ...Option) (*Runner, error) {
 	if js == nil || c == nil {
-		return nil, fmt.Errorf("%w: nil JetStream or consumer", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: nil JetStream or consumer", errInvalidConfig)
 	}
 	g, err := cfg.Group.resolve(js)
 	if err != nil {
@@ -98,7 +98,7 @@ func New(cfg Config, js jetstream.JetStream, c Consumer, opts ...Option) (*Runne
 		sessions: map[int]*session{},
 	}
 	r.obs, _ = c.(PartitionObserver)
-	set, err := ApplyOptions(ErrInvalidConfig, opts)
+	set, err := ApplyOptions(errInvalidConfig, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +143,7 @@ func (r *Runner) wake() {
 // for good; the partitions then go to other instances and what was not done is redelivered there.
 func (r *Runner) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	defer close(r.quit)
 	popts := []partition.Option{partition.WithLogger(r.log)}
@@ -489,11 +489,11 @@ func (r *Runner) handleBatch(ctx context.Context, s *session, raw []jetstream.Ms
 		m.ownSeq = md.Sequence.Stream
 		switch {
 		case m.Delivered > uint64(r.cfg.MaxDeliveries):
-			r.deadLetter(ctx, m, fmt.Errorf("%w: delivered %d times, limit %d", ErrDeliveryLimit, m.Delivered, r.cfg.MaxDeliveries))
+			r.deadLetter(ctx, m, fmt.Errorf("%w: delivered %d times, limit %d", errDeliveryLimit, m.Delivered, r.cfg.MaxDeliveries))
 			continue
 		case s.careful && s.attempt.Suspect == m.ownSeq:
 			r.deadLetter(ctx, m, fmt.Errorf("%w: the partition was taken over %d times in a row without progress while this message was being handled",
-				ErrDeliveryLimit, s.attempt.Sessions-1))
+				errDeliveryLimit, s.attempt.Sessions-1))
 			continue
 		}
 		batch = append(batch, m)

@@ -510,7 +510,7 @@ func TestConfigValidate(t *testing.T) {
 	} {
 		c := good
 		mut(&c)
-		if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) {
+		if err := c.Validate(); !errors.Is(err, errInvalidConfig) {
 			t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
 		}
 	}

@@ -85,7 +85,7 @@ func (d *Detector) reject(m *durable.Msg, stream string, err error) {
 	m.Reject(err)
 }
 
-func (d *Detector) apply(e *entry, o *Observation) {
+func (d *Detector) apply(e *entry, o *fpmObservation) {
 	c := e.st.Counters
 	e.t.observe(o)
 	n := &e.st.Counters
@@ -154,14 +154,14 @@ func (d *Detector) applyMarker(e *entry, body []byte, seq uint64, subject string
 // headers (Fpm-Seq, Fpm-Epoch, Fpm-Received-At-Ms, Fpm-Bridge, Fpm-Run-Start) and whether its body is
 // a heartbeat. Without
 // Fpm-Seq the payload's counter_id is used; without Fpm-Received-At-Ms the stream time.
-func observation(h map[string][]string, body []byte, streamSeq uint64, stored time.Time) (Observation, error) {
+func observation(h map[string][]string, body []byte, streamSeq uint64, stored time.Time) (fpmObservation, error) {
 	get := func(k string) string {
 		if v := h[k]; len(v) > 0 {
 			return v[0]
 		}
 		return ""
 	}
-	o := Observation{StreamSeq: streamSeq, StoredMs: stored.UnixMilli(), Bridge: get(streams.HeaderBridge)}
+	o := fpmObservation{StreamSeq: streamSeq, StoredMs: stored.UnixMilli(), Bridge: get(streams.HeaderBridge)}
 	if s := get(streams.HeaderSeq); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {

@@ -258,12 +258,12 @@ func TestPipelineReconnectFurtherOn(t *testing.T) {
 
 	k := key("w", 0)
 	by := waitEvents(t, env.JS, 1, 20*time.Second)
-	match(t, k, by[k], want{TypeGap, CauseReconnect, 0, 24, 25, -1})
+	match(t, k, by[k], want{TypeGap, causeReconnect, 0, 24, 25, -1})
 	e := by[k][0]
 	check(t, e.Evidence.OldRun.LastSeq == 9 && *e.Evidence.NewRunFirstSeq == 25 && e.Before.Epoch < e.After.Epoch && e.Epoch == e.After.Epoch,
 		"reconnect event %+v", e)
 	equal(t, pub.Sent()+pub2.Sent(), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
-	equal(t, 25.0, h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseReconnect))
+	equal(t, 25.0, h.metric("fpmbus_gaps_missing_messages_total", "cause", causeReconnect))
 }
 
 // TestPipelineSilentPublisher: a publisher that stops sending, heartbeats included, is stale once the
@@ -288,15 +288,15 @@ func TestPipelineSilentPublisher(t *testing.T) {
 	clock.advance(cfg.StaleAfter)
 	k := key("w", 0)
 	by := waitEvents(t, env.JS, 1, 10*time.Second)
-	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1})
+	match(t, k, by[k], want{typeStale, CauseStale, -1, -1, 0, -1})
 	equal(t, 1.0, h.metric("fpmbus_gaps_stale_publishers"))
 	pub.SendN(3, 10*time.Millisecond)
 	pl.waitAccounted(9)
 	by = waitFirstEvents(t, env.JS, 2, 10*time.Second)
-	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeResumed, CauseStale, -1, -1, 0, 0})
+	match(t, k, by[k], want{typeStale, CauseStale, -1, -1, 0, -1}, want{typeResumed, CauseStale, -1, -1, 0, 0})
 	e := by[k][1]
 	check(t, e.Before.Seq == 5 && e.After.Seq == 6 && e.Evidence.SilentMs == e.After.ObservedAtMs-e.Before.ObservedAtMs, "resumed %+v", e)
 	equal(t, uint64(9), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	equal(t, 2.0, h.metric("fpmbus_gaps_heartbeats_total"))
 }

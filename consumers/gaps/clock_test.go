@@ -36,7 +36,7 @@ func TestDetectorReadingABacklogWaitsForLateFPMs(t *testing.T) {
 	h := startDetector(t, env.Server.ClientURL(), cfg)
 	by := waitEvents(t, env.JS, 1, 30*time.Second)
 	match(t, k, by[k], gapW(CauseZMQDrop, 12, 12))
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	by = waitEvents(t, env.JS, 1, time.Second)
 	equal(t, uint64(21), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing")
 	check(t, h.stop() == nil, "stop")

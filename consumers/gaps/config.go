@@ -17,19 +17,19 @@ import (
 
 // Defaults.
 const (
-	DefaultGroup         = "fpm-gaps"
-	DefaultFilterSubject = streams.FPMWildcard
-	DefaultStateBucket   = "FPM_GAPS_STATE"
-	// DefaultHeartbeatInterval is Dynamo's publisher heartbeat interval; DefaultStaleAfter is five of them.
-	DefaultHeartbeatInterval  = time.Second
-	DefaultStaleAfter         = 5 * DefaultHeartbeatInterval
-	DefaultMarkerGrace        = 10 * time.Second
-	DefaultCommitInterval     = 200 * time.Millisecond
-	DefaultCheckpointInterval = time.Second
-	DefaultMaxAckPending      = 20000
-	DefaultAckWait            = 60 * time.Second
-	DefaultStopTimeout        = 10 * time.Second
-	DefaultPublishTimeout     = 10 * time.Second
+	defaultGroup         = "fpm-gaps"
+	defaultFilterSubject = streams.FPMWildcard
+	defaultStateBucket   = "FPM_GAPS_STATE"
+	// defaultHeartbeatInterval is Dynamo's publisher heartbeat interval; defaultStaleAfter is five of them.
+	defaultHeartbeatInterval  = time.Second
+	defaultStaleAfter         = 5 * defaultHeartbeatInterval
+	defaultMarkerGrace        = 10 * time.Second
+	defaultCommitInterval     = 200 * time.Millisecond
+	defaultCheckpointInterval = time.Second
+	defaultMaxAckPending      = 20000
+	defaultAckWait            = 60 * time.Second
+	defaultStopTimeout        = 10 * time.Second
+	defaultPublishTimeout     = 10 * time.Second
 )
 
 // ErrInvalidConfig is wrapped by every configuration error.
@@ -38,7 +38,7 @@ var ErrInvalidConfig = errors.New("gaps: invalid configuration")
 // Config configures a Detector. Start from DefaultConfig; the zero value is not valid.
 type Config struct {
 	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
-	// over after a crash without progress, before it is dead-lettered (0: durable.DefaultMaxDeliveries).
+	// over after a crash without progress, before it is dead-lettered (0: durable.defaultMaxDeliveries).
 	MaxDeliveries int
 	// Group names the detector group (--gaps-group): its partition group (consumers/partition: durable
 	// <group> with one partition, <group>-<p> on stream FPM_PART_<group> with more) and the prefix of
@@ -94,19 +94,19 @@ type Config struct {
 // instance.
 func DefaultConfig() Config {
 	return Config{
-		Group:              DefaultGroup,
-		FilterSubject:      DefaultFilterSubject,
-		StaleAfter:         DefaultStaleAfter,
-		MarkerGrace:        DefaultMarkerGrace,
-		StateBucket:        DefaultStateBucket,
+		Group:              defaultGroup,
+		FilterSubject:      defaultFilterSubject,
+		StaleAfter:         defaultStaleAfter,
+		MarkerGrace:        defaultMarkerGrace,
+		StateBucket:        defaultStateBucket,
 		Partitions:         1,
 		PinnedTTL:          durable.DefaultPinnedTTL,
-		CommitInterval:     DefaultCommitInterval,
-		CheckpointInterval: DefaultCheckpointInterval,
-		MaxAckPending:      DefaultMaxAckPending,
-		AckWait:            DefaultAckWait,
-		StopTimeout:        DefaultStopTimeout,
-		PublishTimeout:     DefaultPublishTimeout,
+		CommitInterval:     defaultCommitInterval,
+		CheckpointInterval: defaultCheckpointInterval,
+		MaxAckPending:      defaultMaxAckPending,
+		AckWait:            defaultAckWait,
+		StopTimeout:        defaultStopTimeout,
+		PublishTimeout:     defaultPublishTimeout,
 		StateReplicas:      1,
 		StateStorage:       jetstream.FileStorage,
 	}

@@ -15,8 +15,8 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// ErrAlreadyRunning is returned by a second call of Detector.Run.
-var ErrAlreadyRunning = errors.New("gaps: detector already running")
+// errAlreadyRunning is returned by a second call of Detector.Run.
+var errAlreadyRunning = errors.New("gaps: detector already running")
 
 // ConsumerName names the detector in the durable runner: metrics label consumer="gaps", dead letters
 // on fpmevents.deadletter.consumer.gaps.
@@ -147,7 +147,7 @@ func (d *Detector) Ready() <-chan struct{} { return d.ready }
 // them up from the stream.
 func (d *Detector) Run(ctx context.Context) error {
 	if !d.running.CompareAndSwap(false, true) {
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	if err := d.setup(ctx); err != nil {
 		return err

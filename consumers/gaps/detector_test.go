@@ -123,7 +123,7 @@ func TestDetectorClassifiesScriptedStreams(t *testing.T) {
 	check(t, z.Evidence.MarkerGraceMs == 300 && len(z.Evidence.Markers) == 0, "zmq evidence %+v", z.Evidence)
 
 	sent := map[streams.Key]uint64{kb: 31, kz: 26, kr: 50, kd: 11, kn: 20}
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	for k, n := range sent {
 		d := delivered(t, env.JS, k)
 		if k == kd {
@@ -139,13 +139,13 @@ func TestDetectorClassifiesScriptedStreams(t *testing.T) {
 	check(t, h.stop() == nil, "stop")
 
 	// The checkpointed state matches.
-	kv, err := env.JS.KeyValue(context.Background(), DefaultStateBucket)
+	kv, err := env.JS.KeyValue(context.Background(), defaultStateBucket)
 	check(t, err == nil, "bucket: %v", err)
-	ent, err := kv.Get(context.Background(), kvKey(DefaultGroup, kd))
+	ent, err := kv.Get(context.Background(), kvKey(defaultGroup, kd))
 	check(t, err == nil, "state of %s: %v", kd, err)
-	var st State
+	var st state
 	check(t, json.Unmarshal(ent.Value(), &st) == nil, "state json")
-	equal(t, Counters{Messages: 11, Heartbeats: 3, Duplicates: 2, OutOfOrder: 1}, st.Counters)
+	equal(t, counters{Messages: 11, Heartbeats: 3, Duplicates: 2, OutOfOrder: 1}, st.Counters)
 	equal(t, 0, len(st.Outbox))
 }
 
@@ -191,7 +191,7 @@ func TestDetectorStaleAndResumed(t *testing.T) {
 	}
 	clock.advance(cfg.StaleAfter)
 	by := waitEvents(t, env.JS, 1, 10*time.Second)
-	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1})
+	match(t, k, by[k], want{typeStale, CauseStale, -1, -1, 0, -1})
 	check(t, by[k][0].Before.Seq == 4 && by[k][0].StaleAfterMs == cfg.StaleAfter.Milliseconds(), "stale event %+v", by[k][0])
 	equal(t, 1.0, h.metric("fpmbus_gaps_stale_publishers"))
 
@@ -200,14 +200,14 @@ func TestDetectorStaleAndResumed(t *testing.T) {
 	// Resumed, then silent again: stale a second time.
 	clock.advance(cfg.StaleAfter)
 	by = waitFirstEvents(t, env.JS, 3, 10*time.Second)
-	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeResumed, CauseStale, -1, -1, 0, 0},
-		want{TypeStale, CauseStale, -1, -1, 0, -1})
+	match(t, k, by[k], want{typeStale, CauseStale, -1, -1, 0, -1}, want{typeResumed, CauseStale, -1, -1, 0, 0},
+		want{typeStale, CauseStale, -1, -1, 0, -1})
 	// The publisher comes back restarted.
 	publishAll(t, env.JS, fpms(k, 0, 2, now(), now())...)
 	by = waitFirstEvents(t, env.JS, 5, 10*time.Second)
-	match(t, k, by[k], want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeResumed, CauseStale, -1, -1, 0, 0},
-		want{TypeStale, CauseStale, -1, -1, 0, -1}, want{TypeGap, CausePublisherRestart, -1, -1, 0, -1},
-		want{TypeResumed, CauseStale, -1, -1, 0, 1})
+	match(t, k, by[k], want{typeStale, CauseStale, -1, -1, 0, -1}, want{typeResumed, CauseStale, -1, -1, 0, 0},
+		want{typeStale, CauseStale, -1, -1, 0, -1}, want{TypeGap, CausePublisherRestart, -1, -1, 0, -1},
+		want{typeResumed, CauseStale, -1, -1, 0, 1})
 	check(t, by[k][3].Evidence.AfterStale && by[k][3].Evidence.OldRun.LastSeq == 6, "restart after stale %+v", by[k][3].Evidence)
 }
 
@@ -244,7 +244,7 @@ func TestDetectorKilledMidGap(t *testing.T) {
 	match(t, k, by[k], gapW(CauseBridgeDrop, 10, 19), gapW(CauseZMQDrop, 30, 34))
 	// Redeliveries of the unacked messages arrive after AckWait; none may add an event.
 	time.Sleep(cfg.AckWait + time.Second)
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	by = waitEvents(t, env.JS, 2, time.Second)
 	equal(t, uint64(46), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing")
 	check(t, h2.stop() == nil, "stop")
@@ -263,7 +263,7 @@ func TestDetectorPublishesACheckpointedOutbox(t *testing.T) {
 	publishAll(t, env.JS, fpms(k, 6, 7, t0, t0+100)...)
 	publishAll(t, env.JS, fpms(k, 9, 9, t0, t0+200)...)
 	// What the dead detector had applied: both gaps classified, the first event stored.
-	st := &State{V: stateVersion, Key: k}
+	st := &state{V: stateVersion, Key: k}
 	tr := &tracker{key: k, st: st, r: cfg.rules()}
 	for i, m := range natsservertest.Messages(t, env.JS, streams.StreamFPM, ">") {
 		meta, _ := m.Metadata()
@@ -295,7 +295,7 @@ func TestDetectorPublishesACheckpointedOutbox(t *testing.T) {
 		}
 		return nil
 	})
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	time.Sleep(200 * time.Millisecond)
 	equal(t, 1.0, h.metric("fpmbus_gaps_events_total"), "no event re-applied from the redelivered FPMs")
 }
@@ -422,7 +422,7 @@ func TestReport(t *testing.T) {
 	publishAll(t, env.JS, msgs...)
 	h := startDetector(t, env.Server.ClientURL(), testConfig())
 	waitEvents(t, env.JS, 2, 10*time.Second)
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	check(t, h.stop() == nil, "stop")
 
 	for _, since := range []time.Time{{}, start.Add(-time.Minute)} {
@@ -431,11 +431,11 @@ func TestReport(t *testing.T) {
 		equal(t, 2, len(rep.Publishers))
 		r, z := rep.Publishers[0], rep.Publishers[1]
 		equal(t, kr, r.Key)
-		equal(t, ConditionRestarted, r.State)
+		equal(t, conditionRestarted, r.State)
 		equal(t, uint64(25), r.Messages)
 		equal(t, uint64(1), r.Gaps.PublisherRestart)
 		equal(t, uint64(0), r.MissingTotal)
-		equal(t, ConditionLive, z.State)
+		equal(t, conditionLive, z.State)
 		equal(t, uint64(18), z.Messages)
 		equal(t, uint64(3), z.Heartbeats) // 0, 5, 15
 		equal(t, CauseCounts{ZMQDrop: 1}, z.Gaps)
@@ -462,15 +462,15 @@ func TestDetectorRereadsWhatItAckedPastItsCheckpoint(t *testing.T) {
 	t0 := now()
 	h := startDetector(t, env.Server.ClientURL(), cfg)
 	publishAll(t, env.JS, append(fpms(ka, 0, 9, t0, now()), fpms(kb, 0, 9, t0, now())...)...)
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	time.Sleep(100 * time.Millisecond)
 	publishAll(t, env.JS, append(fpms(ka, 10, 49, t0, now()), fpms(kb, 10, 29, t0, now())...)...)
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
-	kv, err := env.JS.KeyValue(context.Background(), DefaultStateBucket)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
+	kv, err := env.JS.KeyValue(context.Background(), defaultStateBucket)
 	check(t, err == nil, "bucket: %v", err)
-	ent, err := kv.Get(context.Background(), kvKey(DefaultGroup, ka))
+	ent, err := kv.Get(context.Background(), kvKey(defaultGroup, ka))
 	check(t, err == nil, "state: %v", err)
-	var st State
+	var st state
 	check(t, json.Unmarshal(ent.Value(), &st) == nil && st.Last.Seq == 9, "checkpoint holds only the first ten messages: %+v", st.Last)
 	h.kill()
 
@@ -478,8 +478,8 @@ func TestDetectorRereadsWhatItAckedPastItsCheckpoint(t *testing.T) {
 	publishAll(t, env.JS, fpms(ka, 50, 59, t0, now())...)
 	publishAll(t, env.JS, fpms(ka, 65, 66, t0, now())...)
 	by := waitFirstEvents(t, env.JS, 3, 15*time.Second) // ka's gap, both stale by now
-	match(t, ka, by[ka], gapW(CauseZMQDrop, 60, 64), want{TypeStale, CauseStale, -1, -1, 0, -1})
-	match(t, kb, by[kb], want{TypeStale, CauseStale, -1, -1, 0, -1})
+	match(t, ka, by[ka], gapW(CauseZMQDrop, 60, 64), want{typeStale, CauseStale, -1, -1, 0, -1})
+	match(t, kb, by[kb], want{typeStale, CauseStale, -1, -1, 0, -1})
 	check(t, by[kb][0].Before.Seq == 29, "the silent publisher's last message is 29: %+v", by[kb][0].Before)
 	equal(t, 0.0, h2.metric("fpmbus_gaps_duplicates_total"))
 }
@@ -498,13 +498,13 @@ func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 	publishAll(t, env.JS, append(fpms(k, 0, 9, t0, t0), fpms(k, 12, 19, t0, t0+100)...)...)
 	h := startDetector(t, env.Server.ClientURL(), cfg)
 	waitEvents(t, env.JS, 1, 20*time.Second)
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	check(t, h.stop() == nil, "stop")
 
 	// What an older fpmbus left: the same consumer with explicit acks, everything acked.
 	old := cfg.PartitionConfig()
 	old.CumulativeAcks = false
-	check(t, env.JS.DeleteConsumer(ctx, streams.StreamFPM, DefaultGroup) == nil, "delete")
+	check(t, env.JS.DeleteConsumer(ctx, streams.StreamFPM, defaultGroup) == nil, "delete")
 	for _, m := range durabletest.Take(t, env.JS, streams.StreamFPM, old.ConsumerConfig(0), 18) {
 		check(t, m.DoubleAck(ctx) == nil, "ack")
 	}
@@ -513,8 +513,8 @@ func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
 	h2 := startDetector(t, env.Server.ClientURL(), cfg)
 	by := waitEvents(t, env.JS, 2, 20*time.Second)
 	match(t, k, by[k], gapW(CauseZMQDrop, 10, 11), gapW(CauseZMQDrop, 20, 24))
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
-	ci, err := env.JS.PushConsumer(ctx, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
+	ci, err := env.JS.PushConsumer(ctx, streams.StreamFPM, defaultGroup)
 	check(t, err == nil && ci.CachedInfo().Config.AckPolicy == jetstream.AckAllPolicy, "recreated with AckAll: %v", err)
 	time.Sleep(200 * time.Millisecond)
 	by = waitEvents(t, env.JS, 2, time.Second)
@@ -547,7 +547,7 @@ func TestDetectorRejectsUnusableFPMs(t *testing.T) {
 	h := startDetector(t, env.Server.ClientURL(), testConfig())
 	by := waitEvents(t, env.JS, 1, 20*time.Second)
 	match(t, k, by[k], gapW(CauseZMQDrop, 5, 5))
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	equal(t, 2.0, h.metric("fpmbus_gaps_invalid_total", "stream", streams.StreamFPM))
 	equal(t, 9.0, h.metric("fpmbus_gaps_messages_total"))
 
@@ -590,7 +590,7 @@ func TestIdleTakeoverReportsPendingGaps(t *testing.T) {
 		return nil
 	})
 	publishAll(t, env.JS, fpms(k, 21, 40, t0, t0+200)...)
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	h.kill()
 	check(t, len(storedEvents(t, env.JS)) == 0, "no event before the crash")
 

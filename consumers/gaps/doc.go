@@ -36,7 +36,7 @@
 //	clock.go        the wall-clock checks: stale publishers, marker graces passed
 //	markerreader.go the drop marker reader (an ordered consumer, not a durable one)
 //	event.go        Event (the JSON format), causes, deterministic event ids
-//	state.go        State, one publisher's checkpoint, and its KV key
+//	state.go        state, one publisher's checkpoint, and its KV key
 //	report.go       BuildReport: `fpmbus gaps report`
 //	metrics.go      Prometheus metrics (fpmbus_gaps_*; the runner adds fpmbus_consumer_*{consumer="gaps"})
 //	heartbeat.go    heartbeat detection without a full parse
@@ -50,13 +50,13 @@
 //
 // # Invariants
 //
-//   - Per publisher, FPMs are applied in stream order, each once: State.StreamSeq is the last one
+//   - Per publisher, FPMs are applied in stream order, each once: state.StreamSeq is the last one
 //     applied; a delivered message at or below it is a redelivery and is skipped. A publisher loaded
 //     from its checkpoint first re-reads (direct get by subject) its FPMs between the checkpoint and
 //     the first one delivered, so a message acked after the checkpoint is never lost to it.
 //
 //   - A message whose effect is more than "the sequence advanced by one" (a gap, a marker, a
-//     duplicate, an event, ...) is marked done (Msg.Done: the runner may ack it) only after the State
+//     duplicate, an event, ...) is marked done (Msg.Done: the runner may ack it) only after the state
 //     reflecting it is in the state bucket, written with the expected revision (a concurrent writer
 //     makes the write fail and the publisher is reloaded; its held messages are done once it is, the
 //     re-read covering them). Plain advances are done with the next checkpoint without waiting for a
@@ -70,7 +70,7 @@
 //     when FPM holds nothing of it after its last applied message (a direct get, after the re-read if
 //     a takeover left one to do).
 //
-//   - Events are checkpointed in State.Outbox before they are published, and published with a
+//   - Events are checkpointed in state.Outbox before they are published, and published with a
 //     deterministic Nats-Msg-Id (streams.GapMsgID gap:<key>:<epoch>:<first>-<last>, …:restart, stale:…,
 //     resumed:…);
 //     a loaded outbox is reconciled with the events already stored on the publisher's subject, so a

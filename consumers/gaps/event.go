@@ -12,10 +12,10 @@ const (
 	// TypeGap reports missing sequence numbers of one publisher, with their cause. Every missing
 	// sequence number is reported by exactly one gap event.
 	TypeGap = streams.GapEventType
-	// TypeStale reports that a publisher sent nothing, not even a heartbeat, for StaleAfter.
-	TypeStale = "stale"
-	// TypeResumed closes a stale period: the publisher was heard again.
-	TypeResumed = "resumed"
+	// typeStale reports that a publisher sent nothing, not even a heartbeat, for StaleAfter.
+	typeStale = "stale"
+	// typeResumed closes a stale period: the publisher was heard again.
+	typeResumed = "resumed"
 )
 
 // Causes of a gap (the "cause" field; label cause of the metrics).
@@ -29,7 +29,7 @@ const (
 	// CausePublisherRestart: the sequence went back; the publisher started a new run. The event says
 	// how far the old run got; its missing numbers are the new run's first ones that never arrived.
 	CausePublisherRestart = "publisher_restart"
-	// CauseReconnect: the bridge's connection to the publisher ended and a new one began, and the
+	// causeReconnect: the bridge's connection to the publisher ended and a new one began, and the
 	// sequence went on forward under a new bridge epoch (header Fpm-Run-Start: reconnect). A PUB
 	// subscriber sees a publisher restart only as such a reconnect when the new run had sent more
 	// numbers by the time the bridge was connected again than the old run had in all, so the run is
@@ -37,25 +37,25 @@ const (
 	// left unnamed. If only the connection broke (the publisher did not restart), the numbers named
 	// up to the old run's last were stored under the old epoch: named though stored, the price of
 	// never guessing continuity. The event says how far the old run got, like a publisher_restart.
-	CauseReconnect = "reconnect"
+	causeReconnect = "reconnect"
 	// CauseLateStart: the first numbers of a publisher's run never reached the bridge because it was
 	// not subscribed yet (the publisher started before the bridge, or the bridge connected late): the
 	// numbers before the first one of the first run the detector sees (when that is above 0). A
 	// restarted run's first numbers are in its publisher_restart event instead.
 	CauseLateStart = "late_start"
 	// CauseStale: the publisher went silent for longer than StaleAfter and came back with a jump that
-	// no drop marker covered (node or network loss). Also the cause of every TypeStale event.
+	// no drop marker covered (node or network loss). Also the cause of every typeStale event.
 	CauseStale = "stale"
 )
 
 // Causes lists every cause, in report order.
-var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, CauseReconnect, CauseStale, CauseLateStart}
+var Causes = []string{CauseBridgeDrop, CauseZMQDrop, CausePublisherRestart, causeReconnect, CauseStale, CauseLateStart}
 
-// Point is one FPM around a gap (streams.GapPoint, the wire type of every gap event).
-type Point = streams.GapPoint
+// point is one FPM around a gap (streams.GapPoint, the wire type of every gap event).
+type point = streams.GapPoint
 
-// MarkerRef is a drop marker cited as evidence.
-type MarkerRef struct {
+// citedMarker is a drop marker cited as evidence.
+type citedMarker struct {
 	FirstSeq          uint64 `json:"first_seq"`
 	LastSeq           uint64 `json:"last_seq"`
 	Count             uint64 `json:"count"`
@@ -67,13 +67,13 @@ type MarkerRef struct {
 }
 
 // markerRef cites m as evidence.
-func markerRef(m *streams.DropMarker) MarkerRef {
-	return MarkerRef{FirstSeq: m.FirstSeq, LastSeq: m.LastSeq, Count: m.Count, Reason: m.Reason, Bridge: m.Bridge,
+func markerRef(m *streams.DropMarker) citedMarker {
+	return citedMarker{FirstSeq: m.FirstSeq, LastSeq: m.LastSeq, Count: m.Count, Reason: m.Reason, Bridge: m.Bridge,
 		Epoch: m.Epoch, FirstReceivedAtMs: m.FirstReceivedAtMs, LastReceivedAtMs: m.LastReceivedAtMs}
 }
 
-// RunSummary describes one publisher run (one sequence from its first seen number on).
-type RunSummary struct {
+// runSummary describes one publisher run (one sequence from its first seen number on).
+type runSummary struct {
 	FirstSeq    uint64 `json:"first_seq"`
 	LastSeq     uint64 `json:"last_seq"`
 	FirstEpoch  int64  `json:"first_epoch"`
@@ -86,12 +86,12 @@ type RunSummary struct {
 	ByRestart bool `json:"by_restart"`
 }
 
-// Evidence says why the detector chose the cause.
-type Evidence struct {
+// evidence says why the detector chose the cause.
+type evidence struct {
 	// Summary is one human-readable sentence.
 	Summary string `json:"summary"`
 	// Markers are the drop markers covering a bridge_drop range.
-	Markers []MarkerRef `json:"markers,omitempty"`
+	Markers []citedMarker `json:"markers,omitempty"`
 	// MarkerGraceMs: how long (stream time on FPM_EVENTS) the detector waited for a drop marker.
 	MarkerGraceMs int64 `json:"marker_grace_ms,omitempty"`
 	// EpochChanged: the messages before and after the gap carry different bridge epochs; with
@@ -102,7 +102,7 @@ type Evidence struct {
 	// AfterStale: the gap ends a stale period (the publisher had been silent for StaleAfter).
 	AfterStale bool `json:"after_stale,omitempty"`
 	// OldRun is how far the previous run got (publisher_restart, reconnect).
-	OldRun *RunSummary `json:"old_run,omitempty"`
+	OldRun *runSummary `json:"old_run,omitempty"`
 	// NewRunFirstSeq is the first sequence number received from the new run (publisher_restart,
 	// reconnect).
 	NewRunFirstSeq *uint64 `json:"new_run_first_seq,omitempty"`
@@ -125,14 +125,14 @@ type Event struct {
 	streams.GapEventFields
 	// After is the first message after the gap (for a restart the new run's first one received; for
 	// resumed the one heard again); absent for stale.
-	After *Point `json:"after,omitempty"`
+	After *point `json:"after,omitempty"`
 	// StaleAfterMs and StaleAtMs (stale): the threshold and the observed time it was crossed
 	// (before.observed_at_ms + stale_after_ms).
 	StaleAfterMs int64 `json:"stale_after_ms,omitempty"`
 	StaleAtMs    int64 `json:"stale_at_ms,omitempty"`
 	// Restarted (resumed): whether the publisher restarted while it was silent.
 	Restarted *bool    `json:"restarted,omitempty"`
-	Evidence  Evidence `json:"evidence"`
+	Evidence  evidence `json:"evidence"`
 }
 
 // Subject is the subject the event is published on.

@@ -23,8 +23,8 @@ func goldenEvents() []struct {
 } {
 	k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "4192", DPRank: 1}
 	const epoch, oldEpoch = int64(1_782_777_600_000), int64(1_782_770_000_000)
-	before := &Point{Seq: 99, ObservedAtMs: epoch + 1240, Epoch: epoch, Bridge: "host-42"}
-	after := &Point{Seq: 200, ObservedAtMs: epoch + 4410, Epoch: epoch, Bridge: "host-43"}
+	before := &point{Seq: 99, ObservedAtMs: epoch + 1240, Epoch: epoch, Bridge: "host-42"}
+	after := &point{Seq: 200, ObservedAtMs: epoch + 4410, Epoch: epoch, Bridge: "host-43"}
 	return []struct {
 		name string
 		ev   any
@@ -34,36 +34,36 @@ func goldenEvents() []struct {
 			FirstMissing: u64p(0), LastMissing: u64p(9), Missing: 8, MissingRanges: [][2]uint64{{0, 3}, {6, 9}}, Before: before},
 			After: after, StaleAfterMs: 5000, StaleAtMs: epoch + 6240,
 			Restarted: boolp(true),
-			Evidence: Evidence{Summary: "every field", Markers: []MarkerRef{{FirstSeq: 4, LastSeq: 5, Count: 2, Reason: "buffer_full",
+			Evidence: evidence{Summary: "every field", Markers: []citedMarker{{FirstSeq: 4, LastSeq: 5, Count: 2, Reason: "buffer_full",
 				Bridge: "host-43", Epoch: epoch, FirstReceivedAtMs: epoch + 10, LastReceivedAtMs: epoch + 20}},
 				MarkerGraceMs: 10_000, EpochChanged: true, BridgeChanged: true, AfterStale: true,
-				OldRun: &RunSummary{FirstSeq: 0, LastSeq: 99, FirstEpoch: oldEpoch, LastEpoch: oldEpoch, Messages: 100,
+				OldRun: &runSummary{FirstSeq: 0, LastSeq: 99, FirstEpoch: oldEpoch, LastEpoch: oldEpoch, Messages: 100,
 					StartedAtMs: oldEpoch + 5, LastAtMs: oldEpoch + 9900, ByRestart: true},
 				NewRunFirstSeq: u64p(10), SilentMs: 3170, FirstSeenSeq: u64p(10), SubscribedByMs: epoch}}},
 		{"bridge_drop", &Event{GapEventFields: streams.GapEventFields{Schema: EventSchema, Type: TypeGap,
 			ID: streams.GapMsgID(k, epoch, 100, 199), Key: k, EventSeq: 3, Cause: CauseBridgeDrop, Epoch: epoch,
 			FirstMissing: u64p(100), LastMissing: u64p(199), Missing: 100, Before: before},
 			After: after,
-			Evidence: Evidence{Summary: "the bridge dropped 100 message(s) itself (buffer_full)", Markers: []MarkerRef{{FirstSeq: 100,
+			Evidence: evidence{Summary: "the bridge dropped 100 message(s) itself (buffer_full)", Markers: []citedMarker{{FirstSeq: 100,
 				LastSeq: 199, Count: 100, Reason: "buffer_full", Bridge: "host-42", Epoch: epoch}}, BridgeChanged: true}}},
 		{"publisher_restart, nothing missing", &Event{GapEventFields: streams.GapEventFields{Schema: EventSchema, Type: TypeGap,
 			ID: streams.RestartMsgID(k, epoch), Key: k, EventSeq: 4, Cause: CausePublisherRestart, Epoch: epoch, Before: before},
 			After: after,
-			Evidence: Evidence{Summary: "restart", OldRun: &RunSummary{LastSeq: 99, FirstEpoch: oldEpoch, LastEpoch: oldEpoch, Messages: 100},
+			Evidence: evidence{Summary: "restart", OldRun: &runSummary{LastSeq: 99, FirstEpoch: oldEpoch, LastEpoch: oldEpoch, Messages: 100},
 				NewRunFirstSeq: u64p(0), EpochChanged: true}}},
 		{"late_start", &Event{GapEventFields: streams.GapEventFields{Schema: EventSchema, Type: TypeGap,
 			ID: streams.GapMsgID(k, epoch, 0, 9), Key: k, EventSeq: 1, Cause: CauseLateStart, Epoch: epoch,
 			FirstMissing: u64p(0), LastMissing: u64p(9), Missing: 10},
 			After:    after,
-			Evidence: Evidence{Summary: "late", MarkerGraceMs: 10_000, FirstSeenSeq: u64p(10), SubscribedByMs: epoch}}},
-		{"stale", &Event{GapEventFields: streams.GapEventFields{Schema: EventSchema, Type: TypeStale,
+			Evidence: evidence{Summary: "late", MarkerGraceMs: 10_000, FirstSeenSeq: u64p(10), SubscribedByMs: epoch}}},
+		{"stale", &Event{GapEventFields: streams.GapEventFields{Schema: EventSchema, Type: typeStale,
 			ID: streams.StaleMsgID(k, epoch, 99), Key: k, EventSeq: 5, Cause: CauseStale, Epoch: epoch, Before: before},
 			StaleAfterMs: 5000, StaleAtMs: epoch + 6240,
-			Evidence: Evidence{Summary: "nothing heard"}}},
-		{"resumed", &Event{GapEventFields: streams.GapEventFields{Schema: EventSchema, Type: TypeResumed,
+			Evidence: evidence{Summary: "nothing heard"}}},
+		{"resumed", &Event{GapEventFields: streams.GapEventFields{Schema: EventSchema, Type: typeResumed,
 			ID: streams.ResumedMsgID(k, epoch, 99), Key: k, EventSeq: 6, Cause: CauseStale, Epoch: epoch, Before: before},
 			After: after, StaleAfterMs: 5000, Restarted: boolp(false),
-			Evidence: Evidence{Summary: "heard again", SilentMs: 3170, AfterStale: true}}},
+			Evidence: evidence{Summary: "heard again", SilentMs: 3170, AfterStale: true}}},
 		{"zero event", &Event{}},
 		{"lost_after_ack, every field", &streams.LostAfterAck{GapEventFields: streams.GapEventFields{Schema: streams.GapEventSchema,
 			Type: streams.GapEventType, ID: streams.LostAfterAckMsgID(k, epoch, 100, 199), Key: k, Cause: streams.GapCauseLostAfterAck,

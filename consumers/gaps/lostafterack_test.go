@@ -21,7 +21,7 @@ func TestReportCountsLostAfterAck(t *testing.T) {
 	k := key("lost", 0)
 	publishAll(t, env.JS, fpms(k, 0, 9, t0, t0)...)
 	h := startDetector(t, env.Server.ClientURL(), testConfig())
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	check(t, h.stop() == nil, "stop")
 
 	first, last := uint64(10), uint64(14)

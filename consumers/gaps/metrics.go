@@ -62,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.missing.WithLabelValues(c)
 		m.delay.WithLabelValues(c)
 	}
-	for _, t := range []string{TypeStale, TypeResumed} {
+	for _, t := range []string{typeStale, typeResumed} {
 		m.stateEvents.WithLabelValues(t)
 	}
 	m.invalid.WithLabelValues(streams.StreamFPM)

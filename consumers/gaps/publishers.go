@@ -22,7 +22,7 @@ type entry struct {
 	key     streams.Key
 	part    int // its partition
 	kvSubj  string
-	st      State
+	st      state
 	t       tracker
 	rev     uint64
 	isDirty bool // in Detector.dirty: held messages or changes wait for a checkpoint

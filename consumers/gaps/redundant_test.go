@@ -10,7 +10,7 @@ import (
 func (s *script) fpmFrom(bridge string, seq uint64, epoch, atMs int64) {
 	s.streamSeq++
 	s.nowMs = max(s.nowMs, atMs)
-	s.tr.observe(&Observation{StreamSeq: s.streamSeq, StoredMs: s.nowMs, Seq: seq, ObservedAtMs: atMs, Epoch: epoch, Bridge: bridge})
+	s.tr.observe(&fpmObservation{StreamSeq: s.streamSeq, StoredMs: s.nowMs, Seq: seq, ObservedAtMs: atMs, Epoch: epoch, Bridge: bridge})
 }
 
 // Redundant bridges publish one publisher under the epoch they agreed on; the stream holds the union of

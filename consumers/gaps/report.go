@@ -19,8 +19,8 @@ import (
 
 // ReportConfig selects what BuildReport summarizes.
 type ReportConfig struct {
-	// Group and StateBucket name the detector group whose state is read (defaults DefaultGroup,
-	// DefaultStateBucket).
+	// Group and StateBucket name the detector group whose state is read (defaults defaultGroup,
+	// defaultStateBucket).
 	Group       string
 	StateBucket string
 	// Since, when set, counts messages and gaps stored since then (read from the FPM and FPM_EVENTS
@@ -94,20 +94,20 @@ type StreamLoss struct {
 // Since, from the streams).
 func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (*Report, error) {
 	if rc.Group == "" {
-		rc.Group = DefaultGroup
+		rc.Group = defaultGroup
 	}
 	if rc.StateBucket == "" {
-		rc.StateBucket = DefaultStateBucket
+		rc.StateBucket = defaultStateBucket
 	}
 	if rc.FilterSubject == "" {
-		rc.FilterSubject = DefaultFilterSubject
+		rc.FilterSubject = defaultFilterSubject
 	}
 	rep := &Report{Group: rc.Group, Publishers: []PublisherReport{}}
 	by := map[streams.Key]*PublisherReport{}
 	get := func(k streams.Key) *PublisherReport {
 		p := by[k]
 		if p == nil {
-			p = &PublisherReport{Key: k, State: ConditionLive}
+			p = &PublisherReport{Key: k, State: conditionLive}
 			by[k] = p
 		}
 		return p
@@ -121,9 +121,9 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 		p.LastSeq, p.LastSeenMs, p.RunStartedMs, p.PendingGaps = st.Last.Seq, st.LastSeenMs, st.Run.StartedAtMs, len(st.Pending)
 		switch {
 		case st.Stale != nil:
-			p.State = ConditionStale
+			p.State = conditionStale
 		case st.Run.ByRestart && (rc.Since.IsZero() || st.Run.StartedAtMs >= rc.Since.UnixMilli()):
-			p.State = ConditionRestarted
+			p.State = conditionRestarted
 		}
 		if rc.Since.IsZero() {
 			c := st.Counters
@@ -161,10 +161,10 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 		case TypeGap:
 			p.Gaps.add(e.Cause, 1)
 			p.Missing.add(e.Cause, e.Missing)
-			if e.Cause == CausePublisherRestart || e.Cause == CauseReconnect {
+			if e.Cause == CausePublisherRestart || e.Cause == causeReconnect {
 				p.Restarts++
 			}
-		case TypeStale:
+		case typeStale:
 			p.StalePeriods++
 		}
 	})
@@ -278,8 +278,8 @@ func streamLosses(ctx context.Context, js jetstream.JetStream, since time.Time) 
 }
 
 // loadStates reads the newest state of every publisher of group.
-func loadStates(ctx context.Context, js jetstream.JetStream, bucket, group string) (map[streams.Key]*State, error) {
-	out := map[streams.Key]*State{}
+func loadStates(ctx context.Context, js jetstream.JetStream, bucket, group string) (map[streams.Key]*state, error) {
+	out := map[streams.Key]*state{}
 	s, err := js.Stream(ctx, "KV_"+bucket)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return out, nil
@@ -302,7 +302,7 @@ func loadStates(ctx context.Context, js jetstream.JetStream, bucket, group strin
 		if op := m.Headers().Get("KV-Operation"); op == "DEL" || op == "PURGE" {
 			return
 		}
-		var st State
+		var st state
 		if json.Unmarshal(m.Data(), &st) == nil {
 			out[k] = &st
 		}
@@ -372,7 +372,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		gap := func(c string) string { return fmt.Sprintf("%d/%d", p.Gaps.Get(c), p.Missing.Get(c)) }
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%.3f\t%d\t%s\n",
 			p.Key.Namespace, p.Key.Component, worker, p.Key.DPRank, p.State, p.Messages, p.Heartbeats, p.GapsTotal,
-			gap(CauseBridgeDrop), gap(CauseZMQDrop), gap(CausePublisherRestart), gap(CauseReconnect), gap(CauseStale), gap(CauseLateStart),
+			gap(CauseBridgeDrop), gap(CauseZMQDrop), gap(CausePublisherRestart), gap(causeReconnect), gap(CauseStale), gap(CauseLateStart),
 			p.LostAfterAckGaps, p.LostAfterAckMissing, p.MissingTotal, p.LossPercent, p.LastSeq, last)
 	}
 	fmt.Fprintln(tw, "(cause columns: gaps/missing messages)")

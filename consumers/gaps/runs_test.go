@@ -80,7 +80,7 @@ func TestDetectorReportsALateStart(t *testing.T) {
 		e.Evidence.SubscribedByMs == t0, "late_start event %+v, evidence %+v", e, e.Evidence)
 	equal(t, uint64(5002), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
 	equal(t, 1310.0, h.metric("fpmbus_gaps_missing_messages_total", "cause", CauseLateStart))
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	check(t, h.stop() == nil, "stop")
 
 	for _, since := range []time.Time{{}, start.Add(-time.Minute)} {

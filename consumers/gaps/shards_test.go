@@ -96,7 +96,7 @@ func TestDetectorOverThreeShards(t *testing.T) {
 		}
 		consumerDone(t, env.JS, streams.ShardStreamName(p), pc.ConsumerName(p))
 	}
-	if _, err := env.JS.Stream(context.Background(), "FPM_PART_"+DefaultGroup); !errors.Is(err, jetstream.ErrStreamNotFound) {
+	if _, err := env.JS.Stream(context.Background(), "FPM_PART_"+defaultGroup); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("the detector made a partition stream over the shards: %v", err)
 	}
 	for _, k := range []streams.Key{kb, kz, kr, kd, kn, kz4} {

@@ -9,12 +9,12 @@ import (
 // stateVersion is the version of the State JSON written to the KV bucket.
 const stateVersion = 1
 
-// State is everything the detector knows about one publisher. It is checkpointed as JSON in the
+// state is everything the detector knows about one publisher. It is checkpointed as JSON in the
 // state bucket (one KV entry per publisher and group) before the messages it reflects are acked, so
 // a restarted or rebalanced detector continues exactly where the last one stopped: messages at or
 // below StreamSeq (FPM) and MarkerSeq (FPM_EVENTS) are already reflected, events in Outbox may not
 // have been published yet.
-type State struct {
+type state struct {
 	V   int         `json:"v"`
 	Key streams.Key `json:"key"`
 	// StreamSeq is the FPM stream sequence of the last FPM of this publisher reflected here; MarkerSeq
@@ -29,9 +29,9 @@ type State struct {
 	Started bool `json:"started"`
 	// Run is the current publisher run, MaxEpoch the newest bridge epoch seen in it, Last its message
 	// with the highest sequence number.
-	Run      RunSummary `json:"run"`
+	Run      runSummary `json:"run"`
 	MaxEpoch int64      `json:"max_epoch"`
-	Last     Point      `json:"last"`
+	Last     point      `json:"last"`
 	// FirstSeenMs and LastSeenMs are the oldest and newest observed time of any FPM of the publisher.
 	FirstSeenMs int64 `json:"first_seen_ms"`
 	LastSeenMs  int64 `json:"last_seen_ms"`
@@ -39,10 +39,10 @@ type State struct {
 	// named missing under it, so a late message is a duplicate only when its number was already
 	// counted or named under its own epoch (see tracker.late). EpochsFloor is the newest epoch of
 	// those dropped: nothing is known of an epoch at or below it any more.
-	Epochs      []EpochSeen `json:"epochs,omitempty"`
+	Epochs      []epochSeen `json:"epochs,omitempty"`
 	EpochsFloor int64       `json:"epochs_floor,omitempty"`
 	// Pending are revealed gaps whose cause is not known yet (waiting for a drop marker).
-	Pending []Pending `json:"pending,omitempty"`
+	Pending []pending `json:"pending,omitempty"`
 	// Markers are drop markers that may still explain a pending or future gap.
 	Markers []heldMarker `json:"markers,omitempty"`
 	// Redundant is set once FPMs of the publisher came from two bridges (Fpm-Bridge) one after the
@@ -50,15 +50,15 @@ type State struct {
 	// the marker grace like any other, because another bridge may still store what one bridge dropped.
 	Redundant bool `json:"redundant,omitempty"`
 	// Stale is set while the publisher is silent.
-	Stale    *Point   `json:"stale,omitempty"`
-	Counters Counters `json:"counters"`
+	Stale    *point   `json:"stale,omitempty"`
+	Counters counters `json:"counters"`
 	// Outbox holds events not yet confirmed stored on FPM_EVENTS, in event_seq order.
 	Outbox []Event `json:"outbox,omitempty"`
 }
 
-// Pending is a revealed gap held open until every missing number is covered by a drop marker or the
+// pending is a revealed gap held open until every missing number is covered by a drop marker or the
 // marker grace has passed.
-type Pending struct {
+type pending struct {
 	// Kind is jump (sequence skipped forward), resume (a jump ending a stale period), restart (the
 	// first numbers of a new run) or start (the numbers before the first one the detector saw of a
 	// publisher).
@@ -69,8 +69,8 @@ type Pending struct {
 	Reconnect bool `json:"reconnect,omitempty"`
 	// Ranges are the missing numbers (sorted, disjoint, inclusive); late messages punch holes.
 	Ranges [][2]uint64 `json:"ranges"`
-	Before Point       `json:"before"` // zero for kind start
-	After  Point       `json:"after"`
+	Before point       `json:"before"` // zero for kind start
+	After  point       `json:"after"`
 	// RevealedMs is the stream time (Unix ms) at which the message after the gap was stored; the
 	// marker grace counts from it.
 	RevealedMs int64 `json:"revealed_ms"`
@@ -78,21 +78,21 @@ type Pending struct {
 	EpochLo int64 `json:"epoch_lo"`
 	EpochHi int64 `json:"epoch_hi"`
 	// OldRun is the run a restart ended (kind restart).
-	OldRun *RunSummary `json:"old_run,omitempty"`
+	OldRun *runSummary `json:"old_run,omitempty"`
 	// AfterStale: the gap ends a stale period (kind resume, or a restart while stale).
 	AfterStale bool  `json:"after_stale,omitempty"`
 	SilentMs   int64 `json:"silent_ms,omitempty"`
 }
 
-// EpochSeen is what the tracker knows of one bridge epoch's numbers.
-type EpochSeen struct {
+// epochSeen is what the tracker knows of one bridge epoch's numbers.
+type epochSeen struct {
 	Epoch int64 `json:"epoch"`
 	// Seen are the numbers counted as messages, or named missing by a gap event, under the epoch
 	// (sorted, disjoint, inclusive; at most maxSeenRanges, the closest ones merged beyond that).
 	Seen [][2]uint64 `json:"seen"`
 	// RunLast, when set, is the last message of a run a restart ended, under this epoch: a late
 	// message of the epoch past it goes on with that run.
-	RunLast *Point `json:"run_last,omitempty"`
+	RunLast *point `json:"run_last,omitempty"`
 }
 
 // heldMarker is a drop marker kept in State; Used once it covered part of a gap.
@@ -127,7 +127,7 @@ func (c *CauseCounts) ptr(cause string) *uint64 {
 		return &c.ZMQDrop
 	case CausePublisherRestart:
 		return &c.PublisherRestart
-	case CauseReconnect:
+	case causeReconnect:
 		return &c.Reconnect
 	case CauseStale:
 		return &c.Stale
@@ -156,8 +156,8 @@ func (c CauseCounts) Total() uint64 {
 	return c.BridgeDrop + c.ZMQDrop + c.PublisherRestart + c.Reconnect + c.Stale + c.LateStart
 }
 
-// Counters are a publisher's cumulative counts since the detector first saw it.
-type Counters struct {
+// counters are a publisher's cumulative counts since the detector first saw it.
+type counters struct {
 	// Messages counts distinct FPMs (duplicates excluded), Heartbeats the idle heartbeats among them.
 	Messages   uint64 `json:"messages"`
 	Heartbeats uint64 `json:"heartbeats"`
@@ -186,9 +186,9 @@ type Counters struct {
 
 // Condition is a publisher's current state in reports and metrics.
 const (
-	ConditionLive      = "live"
-	ConditionStale     = "stale"
-	ConditionRestarted = "restarted"
+	conditionLive      = "live"
+	conditionStale     = "stale"
+	conditionRestarted = "restarted"
 )
 
 // kvKey is the state bucket key of k for group: "<group>.<namespace>.<component>.<worker_id>.<dp_rank>"

@@ -24,7 +24,7 @@ type stateStore struct {
 	js  jetstream.JetStream
 	cfg Config
 	// kv is the state bucket's stream, events FPM_EVENTS; fpm the FPM streams: FPM, or its shards
-	// FPM_0 … (cfg.FPMShards) by shard index, each key's FPMs (and State.StreamSeq) in its shard.
+	// FPM_0 … (cfg.FPMShards) by shard index, each key's FPMs (and state.StreamSeq) in its shard.
 	kv, events jetstream.Stream
 	fpm        []jetstream.Stream
 }
@@ -65,17 +65,17 @@ func (s *stateStore) kvSubject(k streams.Key) string {
 
 // decodeState reads one state entry (a KV message). A deleted entry is a fresh state (ok, zero
 // State); an entry that does not decode is an error naming why (the caller starts afresh too).
-func decodeState(raw *jetstream.RawStreamMsg) (State, error) {
+func decodeState(raw *jetstream.RawStreamMsg) (state, error) {
 	switch raw.Header.Get("KV-Operation") {
 	case "DEL", "PURGE":
-		return State{}, nil
+		return state{}, nil
 	}
-	var st State
+	var st state
 	if err := json.Unmarshal(raw.Data, &st); err != nil {
-		return State{}, err
+		return state{}, err
 	}
 	if st.V != stateVersion {
-		return State{}, fmt.Errorf("state version %d, want %d", st.V, stateVersion)
+		return state{}, fmt.Errorf("state version %d, want %d", st.V, stateVersion)
 	}
 	return st, nil
 }

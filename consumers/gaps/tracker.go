@@ -13,8 +13,8 @@ import (
 // maxMarkers bounds the drop markers kept per publisher; the oldest go first.
 const maxMarkers = 1024
 
-// Observation is one FPM as the tracker sees it.
-type Observation struct {
+// fpmObservation is one FPM as the tracker sees it.
+type fpmObservation struct {
 	// StreamSeq is the message's FPM stream sequence; StoredMs its stream timestamp (Unix ms).
 	StreamSeq uint64
 	StoredMs  int64
@@ -34,8 +34,8 @@ type Observation struct {
 	RunStart string
 }
 
-func (o *Observation) point() Point {
-	return Point{Seq: o.Seq, ObservedAtMs: o.ObservedAtMs, Epoch: o.Epoch, Bridge: o.Bridge}
+func (o *fpmObservation) point() point {
+	return point{Seq: o.Seq, ObservedAtMs: o.ObservedAtMs, Epoch: o.Epoch, Bridge: o.Bridge}
 }
 
 // rules are the detector settings the tracker applies.
@@ -45,7 +45,7 @@ type rules struct {
 }
 
 // tracker applies one publisher's messages and drop markers, in order, to its State and appends the
-// resulting events to State.Outbox. It is pure: no I/O, no clock (time comes in as arguments), so the
+// resulting events to state.Outbox. It is pure: no I/O, no clock (time comes in as arguments), so the
 // same inputs in the same order give the same state and events.
 //
 // Sequence rules (Dynamo's publisher numbers every message, heartbeats too, from 0 per run):
@@ -61,7 +61,7 @@ type rules struct {
 //     the publisher restarted.
 //   - seq <= last otherwise, or any seq under an epoch older than the run's first: a late message. It
 //     fills a pending gap (out of order), or it is a duplicate when its number was already counted or
-//     named missing under its own epoch (State.Epochs), or else it is a message all the same: the
+//     named missing under its own epoch (state.Epochs), or else it is a message all the same: the
 //     stream holds each FPM once per epoch, not in sequence order (an ended run's last FPMs stored
 //     after the next run began, redundant bridges' copies under their own epochs interleaved; see
 //     late). Past the last number of a run a restart ended, under its last epoch, the run goes on, and
@@ -71,7 +71,7 @@ type rules struct {
 // pending gaps (their epochs, their revealed times) to be classified like any other.
 type tracker struct {
 	key    streams.Key
-	st     *State
+	st     *state
 	r      rules
 	onEmit func(*Event) // may be nil
 	// significant is set by every change beyond a message advancing the sequence by one (a gap, a
@@ -80,7 +80,7 @@ type tracker struct {
 }
 
 // observe applies one FPM. The caller has checked that o.StreamSeq > st.StreamSeq.
-func (t *tracker) observe(o *Observation) {
+func (t *tracker) observe(o *fpmObservation) {
 	st := t.st
 	st.StreamSeq = o.StreamSeq
 	if !st.Started || o.Seq != st.Last.Seq+1 || o.Epoch < st.Run.FirstEpoch || st.Stale != nil ||
@@ -100,7 +100,7 @@ func (t *tracker) observe(o *Observation) {
 		t.startRun(o, false)
 		t.count(o)
 		if o.Seq > 0 {
-			t.reveal(Pending{Kind: kindStart, Ranges: [][2]uint64{{0, o.Seq - 1}}, After: o.point(), RevealedMs: o.StoredMs,
+			t.reveal(pending{Kind: kindStart, Ranges: [][2]uint64{{0, o.Seq - 1}}, After: o.point(), RevealedMs: o.StoredMs,
 				EpochLo: o.Epoch, EpochHi: o.Epoch})
 		}
 		if len(st.Markers) > 0 {
@@ -139,7 +139,7 @@ func (t *tracker) observe(o *Observation) {
 			if stale != nil {
 				kind = kindResume
 			}
-			t.reveal(Pending{
+			t.reveal(pending{
 				Kind: kind, Ranges: [][2]uint64{{st.Last.Seq + 1, o.Seq - 1}},
 				Before: st.Last, After: o.point(), RevealedMs: o.StoredMs,
 				EpochLo: min(st.Last.Epoch, o.Epoch), EpochHi: max(st.Last.Epoch, o.Epoch),
@@ -162,7 +162,7 @@ func (t *tracker) observe(o *Observation) {
 	}
 }
 
-func (t *tracker) count(o *Observation) {
+func (t *tracker) count(o *fpmObservation) {
 	t.st.Counters.Messages++
 	if o.Epoch >= t.st.Run.FirstEpoch {
 		t.st.Run.Messages++ // a late message of an older run is not the current run's
@@ -173,7 +173,7 @@ func (t *tracker) count(o *Observation) {
 	t.seen(o.Epoch, o.Seq, o.Seq)
 }
 
-// Bounds of State.Epochs: the epochs kept, and the ranges of numbers kept per epoch.
+// Bounds of state.Epochs: the epochs kept, and the ranges of numbers kept per epoch.
 const (
 	maxEpochs     = 32
 	maxSeenRanges = 64
@@ -189,7 +189,7 @@ const (
 // ended, under that run's last epoch, goes on with that run: a number it skipped is a gap of that run,
 // like any jump. Nothing else is named here: the numbers a late epoch's copy lacks may be in the other
 // bridge's copy, under its epoch.
-func (t *tracker) late(o *Observation) bool {
+func (t *tracker) late(o *fpmObservation) bool {
 	st := t.st
 	i := t.epoch(o.Epoch, false)
 	if i < 0 {
@@ -203,10 +203,10 @@ func (t *tracker) late(o *Observation) bool {
 	if rangesHold(e.Seen, o.Seq) {
 		return false
 	}
-	var hole *Pending
+	var hole *pending
 	if last := e.RunLast; last != nil && o.Seq > last.Seq {
 		if o.Seq > last.Seq+1 {
-			hole = &Pending{Kind: kindJump, Ranges: [][2]uint64{{last.Seq + 1, o.Seq - 1}}, Before: *last, After: o.point(),
+			hole = &pending{Kind: kindJump, Ranges: [][2]uint64{{last.Seq + 1, o.Seq - 1}}, Before: *last, After: o.point(),
 				RevealedMs: o.StoredMs, EpochLo: o.Epoch, EpochHi: o.Epoch}
 		}
 		p := o.point()
@@ -219,7 +219,7 @@ func (t *tracker) late(o *Observation) bool {
 	return true
 }
 
-// endRun marks the current run's last message in State.Epochs as a restart ends the run.
+// endRun marks the current run's last message in state.Epochs as a restart ends the run.
 func (t *tracker) endRun() {
 	if i := t.epoch(t.st.Last.Epoch, true); i >= 0 {
 		last := t.st.Last
@@ -227,21 +227,21 @@ func (t *tracker) endRun() {
 	}
 }
 
-// epoch returns the index of epoch's entry in State.Epochs, or -1; with create, a missing entry is
+// epoch returns the index of epoch's entry in state.Epochs, or -1; with create, a missing entry is
 // added unless the epoch is at or below EpochsFloor.
 func (t *tracker) epoch(epoch int64, create bool) int {
 	st := t.st
 	if n := len(st.Epochs); n > 0 && st.Epochs[n-1].Epoch == epoch {
 		return n - 1 // the current epoch, nearly always
 	}
-	i, found := slices.BinarySearchFunc(st.Epochs, epoch, func(e EpochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
+	i, found := slices.BinarySearchFunc(st.Epochs, epoch, func(e epochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
 	switch {
 	case found:
 		return i
 	case !create || epoch <= st.EpochsFloor:
 		return -1
 	}
-	st.Epochs = slices.Insert(st.Epochs, i, EpochSeen{Epoch: epoch})
+	st.Epochs = slices.Insert(st.Epochs, i, epochSeen{Epoch: epoch})
 	if over := len(st.Epochs) - maxEpochs; over > 0 {
 		st.EpochsFloor = max(st.EpochsFloor, st.Epochs[over-1].Epoch)
 		st.Epochs = slices.Delete(st.Epochs, 0, over)
@@ -304,8 +304,8 @@ func addRange(rs [][2]uint64, lo, hi uint64) [][2]uint64 {
 	return out
 }
 
-func (t *tracker) startRun(o *Observation, byRestart bool) {
-	t.st.Run = RunSummary{
+func (t *tracker) startRun(o *fpmObservation, byRestart bool) {
+	t.st.Run = runSummary{
 		FirstSeq: o.Seq, LastSeq: o.Seq, FirstEpoch: o.Epoch, LastEpoch: o.Epoch,
 		StartedAtMs: o.ObservedAtMs, LastAtMs: o.ObservedAtMs, ByRestart: byRestart,
 	}
@@ -318,7 +318,7 @@ func (t *tracker) startRun(o *Observation, byRestart bool) {
 // is emitted when they are classified (at once when o.Seq is 0). reconnect: the sequence did not go
 // back, the bridges took the run for a new one because it began on a new connection (cause
 // reconnect).
-func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64, reconnect bool) {
+func (t *tracker) restart(o *fpmObservation, afterStale bool, silentMs int64, reconnect bool) {
 	st := t.st
 	t.markedTail(o)
 	old := st.Run
@@ -326,7 +326,7 @@ func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64, recon
 	t.endRun()
 	t.startRun(o, true)
 	st.Counters.Restarts++
-	p := Pending{
+	p := pending{
 		Kind: kindRestart, Before: before, After: o.point(), RevealedMs: o.StoredMs,
 		EpochLo: o.Epoch, EpochHi: o.Epoch, OldRun: &old, AfterStale: afterStale, SilentMs: silentMs, Reconnect: reconnect,
 	}
@@ -345,7 +345,7 @@ func (t *tracker) restart(o *Observation, afterStale bool, silentMs int64, recon
 // begin at or below its last FPM (counted from the number after it); one of a later epoch, a bridge
 // that started meanwhile, only when it goes on from it, as an FPM of that epoch would (a marker that
 // begins lower is a run of its own, counted from the marker alone, see unrevealed.go).
-func (t *tracker) markedTail(o *Observation) {
+func (t *tracker) markedTail(o *fpmObservation) {
 	st := t.st
 	if st.Last.Seq == math.MaxUint64 {
 		return
@@ -373,13 +373,13 @@ func (t *tracker) markedTail(o *Observation) {
 // markedEndedTail is markedTail for a marker applied after the restart that ended its run (markers
 // are read beside the FPMs, and a bridge that stopped while the store refused writes publishes them
 // when it is back): the run is found by the marker's epoch, the newest seen at or before it, when
-// that is where a restart ended a run (State.Epochs' RunLast).
+// that is where a restart ended a run (state.Epochs' RunLast).
 func (t *tracker) markedEndedTail(m *heldMarker) {
 	st := t.st
 	if !st.Started || m.Epoch >= st.Run.FirstEpoch {
 		return // the current run's: a later FPM reveals it, or the report counts it (unrevealed.go)
 	}
-	i, found := slices.BinarySearchFunc(st.Epochs, m.Epoch, func(e EpochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
+	i, found := slices.BinarySearchFunc(st.Epochs, m.Epoch, func(e epochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
 	if !found {
 		i--
 	}
@@ -394,7 +394,7 @@ func (t *tracker) markedEndedTail(m *heldMarker) {
 	after := t.revealMarkedTail(*last, m, m.LastReceivedAtMs)
 	// The run now ends at the marker's last number, under its own epoch's entry as well, so that a late
 	// FPM past it and the report (unrevealed.go) go on from there.
-	e.RunLast = &Point{Seq: after.Seq, ObservedAtMs: after.ObservedAtMs, Epoch: last.Epoch, Bridge: last.Bridge}
+	e.RunLast = &point{Seq: after.Seq, ObservedAtMs: after.ObservedAtMs, Epoch: last.Epoch, Bridge: last.Bridge}
 	if e.Epoch != m.Epoch {
 		if j := t.epoch(m.Epoch, true); j >= 0 {
 			st.Epochs[j].RunLast = &after
@@ -404,9 +404,9 @@ func (t *tracker) markedEndedTail(m *heldMarker) {
 
 // revealMarkedTail reveals a run's numbers after before up to marker m's last as a gap, and returns
 // the marker's point: where the run got to.
-func (t *tracker) revealMarkedTail(before Point, m *heldMarker, revealedMs int64) Point {
-	after := Point{Seq: m.LastSeq, ObservedAtMs: m.LastReceivedAtMs, Epoch: m.Epoch, Bridge: m.Bridge}
-	t.reveal(Pending{
+func (t *tracker) revealMarkedTail(before point, m *heldMarker, revealedMs int64) point {
+	after := point{Seq: m.LastSeq, ObservedAtMs: m.LastReceivedAtMs, Epoch: m.Epoch, Bridge: m.Bridge}
+	t.reveal(pending{
 		Kind: kindJump, Ranges: [][2]uint64{{before.Seq + 1, m.LastSeq}},
 		Before: before, After: after, RevealedMs: revealedMs,
 		EpochLo: min(before.Epoch, m.Epoch), EpochHi: max(before.Epoch, m.Epoch),
@@ -422,10 +422,10 @@ func (t *tracker) goStale() {
 	st.Stale = &last
 	st.Counters.StalePeriods++
 	t.emit(&Event{
-		GapEventFields: streams.GapEventFields{Type: TypeStale, ID: streams.StaleMsgID(t.key, last.Epoch, last.Seq),
+		GapEventFields: streams.GapEventFields{Type: typeStale, ID: streams.StaleMsgID(t.key, last.Epoch, last.Seq),
 			Cause: CauseStale, Epoch: last.Epoch, Before: &last},
 		StaleAfterMs: t.r.staleAfterMs, StaleAtMs: st.LastSeenMs + t.r.staleAfterMs,
-		Evidence: Evidence{Summary: fmt.Sprintf("nothing heard from the publisher, not even a heartbeat, for %v after seq %d",
+		Evidence: evidence{Summary: fmt.Sprintf("nothing heard from the publisher, not even a heartbeat, for %v after seq %d",
 			time.Duration(t.r.staleAfterMs)*time.Millisecond, last.Seq)},
 	})
 }
@@ -440,7 +440,7 @@ func (t *tracker) markStale() bool {
 	return true
 }
 
-func (t *tracker) resume(o *Observation, stale *Point, restarted, reconnect bool) {
+func (t *tracker) resume(o *fpmObservation, stale *point, restarted, reconnect bool) {
 	st := t.st
 	st.Stale = nil
 	after := o.point()
@@ -456,22 +456,22 @@ func (t *tracker) resume(o *Observation, stale *Point, restarted, reconnect bool
 			time.Duration(silent)*time.Millisecond, o.Seq, stale.Seq)
 	}
 	t.emit(&Event{
-		GapEventFields: streams.GapEventFields{Type: TypeResumed, ID: streams.ResumedMsgID(t.key, stale.Epoch, stale.Seq),
+		GapEventFields: streams.GapEventFields{Type: typeResumed, ID: streams.ResumedMsgID(t.key, stale.Epoch, stale.Seq),
 			Cause: CauseStale, Epoch: o.Epoch, Before: stale},
 		After: &after, StaleAfterMs: t.r.staleAfterMs, Restarted: boolp(restarted),
-		Evidence: Evidence{Summary: sum, SilentMs: silent, EpochChanged: stale.Epoch != o.Epoch,
+		Evidence: evidence{Summary: sum, SilentMs: silent, EpochChanged: stale.Epoch != o.Epoch,
 			BridgeChanged: stale.Bridge != o.Bridge, AfterStale: true},
 	})
 }
 
 // reveal adds a pending gap and classifies it at once if drop markers already cover all of it.
-func (t *tracker) reveal(p Pending) {
+func (t *tracker) reveal(p pending) {
 	t.st.Pending = append(t.st.Pending, p)
 	t.tryResolve(len(t.st.Pending)-1, false)
 }
 
 // fill removes a late message's number from the pending gap holding it.
-func (t *tracker) fill(o *Observation) bool {
+func (t *tracker) fill(o *fpmObservation) bool {
 	for i := range t.st.Pending {
 		p := &t.st.Pending[i]
 		if o.Epoch < p.EpochLo || o.Epoch > p.EpochHi {
@@ -548,7 +548,7 @@ type segment struct {
 
 // segments splits p's ranges into pieces covered by a compatible drop marker and pieces that are not,
 // marking the markers used.
-func (t *tracker) segments(p *Pending, mark bool) (segs []segment, full bool) {
+func (t *tracker) segments(p *pending, mark bool) (segs []segment, full bool) {
 	full = true
 	var cov [][2]uint64
 	for _, r := range p.Ranges {
@@ -605,7 +605,7 @@ func (t *tracker) segments(p *Pending, mark bool) (segs []segment, full bool) {
 // tryResolve classifies pending gap i when markers cover all of it, or always when force is set
 // (the marker grace has passed), emits its events and removes it. It reports whether it did.
 //
-// With redundant bridges (State.Redundant) markers alone never classify a gap before the grace: a drop
+// With redundant bridges (state.Redundant) markers alone never classify a gap before the grace: a drop
 // marker says what one bridge dropped, and the other bridge may store those FPMs later (the stream
 // holds the union of what the bridges stored). Its late copies fill the gap meanwhile; what is still
 // missing when the grace passes, no bridge stored, and the markers covering it say why.
@@ -625,7 +625,7 @@ func (t *tracker) tryResolve(i int, force bool) bool {
 	return true
 }
 
-func (t *tracker) emitPending(p *Pending, segs []segment) {
+func (t *tracker) emitPending(p *pending, segs []segment) {
 	for _, s := range segs {
 		// Named missing under the gap's epochs: a copy stored later is not counted again.
 		t.seen(p.After.Epoch, s.first, s.last)
@@ -639,7 +639,7 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 	if p.Kind == kindStart {
 		before = nil // nothing of the run came before the gap
 	}
-	base := Evidence{AfterStale: p.AfterStale}
+	base := evidence{AfterStale: p.AfterStale}
 	if before != nil {
 		base.EpochChanged, base.BridgeChanged = p.Before.Epoch != p.After.Epoch, p.Before.Bridge != p.After.Bridge
 	}
@@ -661,7 +661,7 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 		cause := CausePublisherRestart
 		switch {
 		case p.Reconnect:
-			cause = CauseReconnect
+			cause = causeReconnect
 			ev.Summary = fmt.Sprintf("the bridge's connection to the publisher ended and a new one began, and the sequence went on from %d to %d under a new bridge epoch: the publisher may have restarted while the bridge was disconnected (its new run's first numbers were sent before the bridge was connected again), so they are named missing; if only the connection broke, the old run's numbers up to %d named here were stored under epoch %d; the old run got to seq %d (%d messages from seq %d)",
 				p.Before.Seq, p.After.Seq, p.Before.Seq, p.Before.Epoch, p.OldRun.LastSeq, p.OldRun.Messages, p.OldRun.FirstSeq)
 		case p.After.Seq > p.Before.Seq:
@@ -736,7 +736,7 @@ func (t *tracker) emitPending(p *Pending, segs []segment) {
 // does not publish when its socket connected; what it does publish is the run's epoch, its receive
 // time of the run's first message, so the evidence is the first number it received and that time:
 // the bridge was subscribed by then at the latest.
-func (t *tracker) lateStartEvidence(ev *Evidence, p *Pending, s segment) {
+func (t *tracker) lateStartEvidence(ev *evidence, p *pending, s segment) {
 	first := s.last + 1
 	ev.FirstSeenSeq = u64p(first)
 	ev.SubscribedByMs = p.After.Epoch

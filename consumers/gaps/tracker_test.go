@@ -17,7 +17,7 @@ var tkey = streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w1"
 type script struct {
 	t         testing.TB
 	tr        *tracker
-	st        *State
+	st        *state
 	streamSeq uint64
 	nowMs     int64 // stream time of the next message
 	// runStart is the Fpm-Run-Start the bridges stamp per epoch (absent: a bridge's first run).
@@ -25,7 +25,7 @@ type script struct {
 }
 
 func newScript(t testing.TB) *script {
-	st := &State{V: stateVersion, Key: tkey}
+	st := &state{V: stateVersion, Key: tkey}
 	return &script{t: t, st: st, tr: &tracker{key: tkey, st: st, r: rules{graceMs: 10_000, staleAfterMs: 5_000}}, nowMs: 1_000_000}
 }
 
@@ -33,7 +33,7 @@ func newScript(t testing.TB) *script {
 func (s *script) fpm(seq uint64, epoch, atMs int64) {
 	s.streamSeq++
 	s.nowMs = max(s.nowMs, atMs)
-	s.tr.observe(&Observation{StreamSeq: s.streamSeq, StoredMs: s.nowMs, Seq: seq, ObservedAtMs: atMs, Epoch: epoch, Bridge: "b",
+	s.tr.observe(&fpmObservation{StreamSeq: s.streamSeq, StoredMs: s.nowMs, Seq: seq, ObservedAtMs: atMs, Epoch: epoch, Bridge: "b",
 		RunStart: s.runStart[epoch]})
 }
 
@@ -193,7 +193,7 @@ func TestTrackerScenarios(t *testing.T) {
 				equal(s.t, uint64(1), s.st.Counters.Restarts)
 				check(s.t, s.st.Run.ByRestart && s.st.Run.FirstSeq == 25, "run %+v", s.st.Run)
 			},
-			want: []evSummary{{Type: TypeGap, Cause: CauseReconnect, First: 0, Last: 24, Missing: 25, OldRunLast: 9, BridgeChange: true}},
+			want: []evSummary{{Type: TypeGap, Cause: causeReconnect, First: 0, Last: 24, Missing: 25, OldRunLast: 9, BridgeChange: true}},
 		},
 		// A redundant bridge that saw the sequence go back stores the new run's first numbers later: they
 		// fill the gap and show the restart is one.
@@ -232,11 +232,11 @@ func TestTrackerScenarios(t *testing.T) {
 				s.run(40, 41, 2, at+8000)
 				s.tr.expire(s.nowMs + 10_000)
 				ev := s.st.Outbox
-				check(s.t, len(ev) == 3 && ev[1].Type == TypeResumed && strings.Contains(ev[1].Evidence.Summary, "may have restarted"), "events %+v", ev)
+				check(s.t, len(ev) == 3 && ev[1].Type == typeResumed && strings.Contains(ev[1].Evidence.Summary, "may have restarted"), "events %+v", ev)
 			},
-			want: []evSummary{{Type: TypeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
-				{Type: TypeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &tru, OldRunLast: -1, BridgeChange: true},
-				{Type: TypeGap, Cause: CauseReconnect, First: 0, Last: 39, Missing: 40, OldRunLast: 9, BridgeChange: true}},
+			want: []evSummary{{Type: typeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
+				{Type: typeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &tru, OldRunLast: -1, BridgeChange: true},
+				{Type: TypeGap, Cause: causeReconnect, First: 0, Last: 39, Missing: 40, OldRunLast: 9, BridgeChange: true}},
 		},
 		"the same reconnect's run-start on later FPMs of the epoch is no new restart": {
 			play: func(s *script) {
@@ -247,7 +247,7 @@ func TestTrackerScenarios(t *testing.T) {
 				s.tr.expire(s.nowMs + 10_000)
 				equal(s.t, uint64(1), s.st.Counters.Restarts)
 			},
-			want: []evSummary{{Type: TypeGap, Cause: CauseReconnect, First: 0, Last: 24, Missing: 25, OldRunLast: 9, BridgeChange: true},
+			want: []evSummary{{Type: TypeGap, Cause: causeReconnect, First: 0, Last: 24, Missing: 25, OldRunLast: 9, BridgeChange: true},
 				func() evSummary { e := gapS(CauseZMQDrop, 31, 31); return e }()},
 		},
 		"a new bridge epoch without a regression is not a restart": {
@@ -308,8 +308,8 @@ func TestTrackerScenarios(t *testing.T) {
 				at := s.run(0, 3, 1, 1000)
 				s.run(4, 6, 1, at+5_001)
 			},
-			want: []evSummary{{Type: TypeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
-				{Type: TypeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &fal, OldRunLast: -1}},
+			want: []evSummary{{Type: typeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
+				{Type: typeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &fal, OldRunLast: -1}},
 		},
 		"silence then a jump: the missing numbers are caused by the silence": {
 			play: func(s *script) {
@@ -317,8 +317,8 @@ func TestTrackerScenarios(t *testing.T) {
 				s.run(20, 21, 1, at+20_000)
 				s.tr.expire(s.nowMs + 10_000)
 			},
-			want: []evSummary{{Type: TypeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
-				{Type: TypeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &fal, OldRunLast: -1},
+			want: []evSummary{{Type: typeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
+				{Type: typeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &fal, OldRunLast: -1},
 				gapS(CauseStale, 4, 19)},
 		},
 		"silence then a restart": {
@@ -326,9 +326,9 @@ func TestTrackerScenarios(t *testing.T) {
 				at := s.run(0, 30, 1, 1000)
 				s.run(0, 1, 2, at+60_000)
 			},
-			want: []evSummary{{Type: TypeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
+			want: []evSummary{{Type: typeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
 				{Type: TypeGap, Cause: CausePublisherRestart, First: -1, Last: -1, OldRunLast: 30, BridgeChange: true},
-				{Type: TypeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &tru, OldRunLast: -1, BridgeChange: true}},
+				{Type: typeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &tru, OldRunLast: -1, BridgeChange: true}},
 		},
 		"stale by the wall clock, then resumed": {
 			play: func(s *script) {
@@ -337,8 +337,8 @@ func TestTrackerScenarios(t *testing.T) {
 				check(s.t, !s.tr.markStale(), "once per silence")
 				s.run(4, 4, 1, at+100)
 			},
-			want: []evSummary{{Type: TypeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
-				{Type: TypeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &fal, OldRunLast: -1}},
+			want: []evSummary{{Type: typeStale, Cause: CauseStale, First: -1, Last: -1, OldRunLast: -1},
+				{Type: typeResumed, Cause: CauseStale, First: -1, Last: -1, Restarted: &fal, OldRunLast: -1}},
 		},
 	}
 	for name, tc := range tests {
@@ -488,7 +488,7 @@ func (s *script) reload() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	st := &State{}
+	st := &state{}
 	if err := json.Unmarshal(b, st); err != nil {
 		s.t.Fatal(err)
 	}

@@ -16,9 +16,9 @@ import (
 // construction: only numbers above the last one seen of their run are counted, and the moment a later
 // FPM of the run reveals them they fall below it, into the gap event that names them.
 //
-// A marker's run is found by its epoch: the publisher's current run (State.Run, up to State.MaxEpoch),
+// A marker's run is found by its epoch: the publisher's current run (state.Run, up to state.MaxEpoch),
 // a run a restart ended (the old_run of a publisher_restart event, gone further if its last FPMs
-// were stored after the next run began: State.Epochs' RunLast), or no run the detector saw any FPM
+// were stored after the next run began: state.Epochs' RunLast), or no run the detector saw any FPM
 // of (every number of it dropped; counted whole). A marker older than every run the detector knows
 // predates it and is left out (the first run's numbers before its first FPM are a late_start gap).
 // Overlapping markers (redundant bridges dropping the same numbers) count once.
@@ -29,9 +29,9 @@ type endedRun struct {
 	lastSeq               uint64
 }
 
-// lateRunLast is how far run r got with its numbers stored after the next run began (State.Epochs'
+// lateRunLast is how far run r got with its numbers stored after the next run began (state.Epochs'
 // RunLast: the event's old_run says how far it had got when it ended), 0 if no further.
-func lateRunLast(st *State, r endedRun) uint64 {
+func lateRunLast(st *state, r endedRun) uint64 {
 	var last uint64
 	if st == nil {
 		return 0
@@ -44,8 +44,8 @@ func lateRunLast(st *State, r endedRun) uint64 {
 	return last
 }
 
-// runLastAt is where a run a restart ended got to under epoch (State.Epochs' RunLast), when it did.
-func runLastAt(st *State, epoch int64) (uint64, bool) {
+// runLastAt is where a run a restart ended got to under epoch (state.Epochs' RunLast), when it did.
+func runLastAt(st *state, epoch int64) (uint64, bool) {
 	if st == nil {
 		return 0, false
 	}
@@ -63,7 +63,7 @@ const sameRunTolerance = 500
 
 // minusSeenNear returns lo..hi without the numbers st counted or named under an epoch within
 // sameRunTolerance of epoch, other than epoch itself.
-func minusSeenNear(st *State, epoch int64, lo, hi uint64) [][2]uint64 {
+func minusSeenNear(st *state, epoch int64, lo, hi uint64) [][2]uint64 {
 	out := [][2]uint64{{lo, hi}}
 	if st == nil {
 		return out
@@ -94,7 +94,7 @@ func minusSeenNear(st *State, epoch int64, lo, hi uint64) [][2]uint64 {
 
 // dropUnrevealed returns how many numbers the markers of one publisher name that no gap event names
 // (see above); st is the detector's state of the publisher, nil when it never saw an FPM of it.
-func dropUnrevealed(markers []streams.DropMarker, st *State, ended []endedRun) uint64 {
+func dropUnrevealed(markers []streams.DropMarker, st *state, ended []endedRun) uint64 {
 	type runKey struct {
 		epoch int64 // the run's first epoch (the marker's own for a run never seen)
 		seen  bool

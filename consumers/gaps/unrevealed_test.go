@@ -17,17 +17,17 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 		return streams.DropMarker{Epoch: epoch, FirstSeq: first, LastSeq: last, Count: last - first + 1}
 	}
 	// The current run began at epoch e2 and has got to 99.
-	cur := &State{Started: true, Run: RunSummary{FirstEpoch: e2, LastEpoch: e2}, MaxEpoch: e2, Last: Point{Seq: 99, Epoch: e2}}
+	cur := &state{Started: true, Run: runSummary{FirstEpoch: e2, LastEpoch: e2}, MaxEpoch: e2, Last: point{Seq: 99, Epoch: e2}}
 	ended := []endedRun{{firstEpoch: e1, lastEpoch: e1 + 5, lastSeq: 49}} // a restart ended e1's run at 49
-	lateTail := &State{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
-		Epochs: []EpochSeen{{Epoch: e1 + 5, Seen: [][2]uint64{{0, 54}}, RunLast: &Point{Seq: 54, Epoch: e1 + 5}}}}
+	lateTail := &state{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
+		Epochs: []epochSeen{{Epoch: e1 + 5, Seen: [][2]uint64{{0, 54}}, RunLast: &point{Seq: 54, Epoch: e1 + 5}}}}
 	// Another bridge stored numbers 0-5 of a run under its own epoch, 200 ms from the marker's (the two
 	// bridges did not agree on the run); an epoch 600 ms away is another run.
-	otherBridge := &State{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
-		Epochs: []EpochSeen{{Epoch: e3 + 200, Seen: [][2]uint64{{0, 5}}}, {Epoch: e3 + 600, Seen: [][2]uint64{{6, 7}}}}}
+	otherBridge := &state{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
+		Epochs: []epochSeen{{Epoch: e3 + 200, Seen: [][2]uint64{{0, 5}}}, {Epoch: e3 + 600, Seen: [][2]uint64{{6, 7}}}}}
 	for name, tc := range map[string]struct {
 		markers []streams.DropMarker
-		st      *State
+		st      *state
 		ended   []endedRun
 		want    uint64
 	}{
@@ -67,7 +67,7 @@ func TestReportCountsDropsAfterTheLastFPMOfARun(t *testing.T) {
 	publishAll(t, env.JS, fpms(k, 0, 9, t0, t0)...)
 	publishAll(t, env.JS, markerMsg(k, t0, 10, 14, "buffer_full"))
 	h := startDetector(t, env.Server.ClientURL(), testConfig())
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	check(t, h.stop() == nil, "stop")
 
 	report := func() PublisherReport {
@@ -92,7 +92,7 @@ func TestReportCountsDropsAfterTheLastFPMOfARun(t *testing.T) {
 	publishAll(t, env.JS, fpms(k, 20, 20, t0, t0+1000)...)
 	h = startDetector(t, env.Server.ClientURL(), testConfig())
 	waitEvents(t, env.JS, 2, 10*time.Second)
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	check(t, h.stop() == nil, "stop")
 	p = report()
 	equal(t, uint64(0), p.DroppedUnrevealed)
@@ -116,7 +116,7 @@ func TestRestartAfterDroppedTailNamesTheNumbersBeforeTheMarker(t *testing.T) {
 	publishAll(t, env.JS, fpms(k, 0, 4, e3, e3)...)
 	h := startDetector(t, env.Server.ClientURL(), testConfig())
 	waitEvents(t, env.JS, 3, 10*time.Second) // the restart, and the old run's tail in two causes
-	consumerDone(t, env.JS, streams.StreamFPM, DefaultGroup)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
 	check(t, h.stop() == nil, "stop")
 
 	named := map[uint64]int{}

@@ -40,7 +40,7 @@ type PublisherWatch struct {
 
 // watched is one publisher's newest state and the counts of its last checkpoints, for its rate.
 type watched struct {
-	st      State
+	st      state
 	samples []rateSample
 }
 
@@ -52,11 +52,11 @@ type rateSample struct {
 // rateWindow is how far back a publisher's rate looks.
 const rateWindow = 15 * time.Second
 
-// DefaultWatchIdle is how long a PublisherWatch keeps reading after its last Publishers call.
-const DefaultWatchIdle = 2 * time.Minute
+// defaultWatchIdle is how long a PublisherWatch keeps reading after its last Publishers call.
+const defaultWatchIdle = 2 * time.Minute
 
-// PublisherStatus is one publisher as the watch last saw it.
-type PublisherStatus struct {
+// publisherStatus is one publisher as the watch last saw it.
+type publisherStatus struct {
 	Key streams.Key
 	// State is live, stale or restarted, as in `gaps report`.
 	State string
@@ -76,7 +76,7 @@ type PublisherStatus struct {
 // js returns (nil while there is none; a new one restarts the watch on it).
 func NewPublisherWatch(js func() jetstream.JetStream, cfg Config) *PublisherWatch {
 	return &PublisherWatch{js: js, bucket: cfg.StateBucket, group: cfg.Group, staleAfter: cfg.StaleAfter,
-		idle: DefaultWatchIdle, now: time.Now, pubs: map[streams.Key]*watched{}}
+		idle: defaultWatchIdle, now: time.Now, pubs: map[streams.Key]*watched{}}
 }
 
 // Group names the detector group watched.
@@ -84,7 +84,7 @@ func (w *PublisherWatch) Group() string { return w.group }
 
 // Publishers returns every publisher of the group, starting the watch when none runs (waiting, at
 // most until ctx ends, for its first states).
-func (w *PublisherWatch) Publishers(ctx context.Context) ([]PublisherStatus, error) {
+func (w *PublisherWatch) Publishers(ctx context.Context) ([]publisherStatus, error) {
 	synced, err := w.ensure(ctx)
 	if err != nil {
 		return nil, err
@@ -97,15 +97,15 @@ func (w *PublisherWatch) Publishers(ctx context.Context) ([]PublisherStatus, err
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := w.now()
-	out := make([]PublisherStatus, 0, len(w.pubs))
+	out := make([]publisherStatus, 0, len(w.pubs))
 	for k, p := range w.pubs {
 		st := &p.st
-		ps := PublisherStatus{Key: k, State: condition(st), Messages: st.Counters.Messages, Gaps: st.Counters.Gaps,
+		ps := publisherStatus{Key: k, State: condition(st), Messages: st.Counters.Messages, Gaps: st.Counters.Gaps,
 			Missing: st.Counters.Missing, PendingGaps: len(st.Pending), Restarts: st.Counters.Restarts}
 		if st.LastSeenMs > 0 {
 			ps.LastSeen = time.UnixMilli(st.LastSeenMs)
 		}
-		ps.Flowing = ps.State == ConditionLive && now.Sub(ps.LastSeen) <= w.staleAfter
+		ps.Flowing = ps.State == conditionLive && now.Sub(ps.LastSeen) <= w.staleAfter
 		ps.Rate = p.rate(now)
 		out = append(out, ps)
 	}
@@ -114,14 +114,14 @@ func (w *PublisherWatch) Publishers(ctx context.Context) ([]PublisherStatus, err
 
 // condition is a publisher's state in reports: stale while silent, restarted in a run that began by a
 // restart, else live.
-func condition(st *State) string {
+func condition(st *state) string {
 	switch {
 	case st.Stale != nil:
-		return ConditionStale
+		return conditionStale
 	case st.Run.ByRestart:
-		return ConditionRestarted
+		return conditionRestarted
 	}
-	return ConditionLive
+	return conditionLive
 }
 
 // ensure starts the watch when none runs on the current connection and returns its synced channel.
@@ -222,7 +222,7 @@ func (w *PublisherWatch) apply(k streams.Key, e jetstream.KeyValueEntry) {
 		delete(w.pubs, k)
 		return
 	}
-	var st State
+	var st state
 	if json.Unmarshal(e.Value(), &st) != nil || st.V != stateVersion {
 		return // `gaps report` and the detector name an unreadable state; the page shows the last good one
 	}

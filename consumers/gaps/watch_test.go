@@ -26,8 +26,8 @@ func TestPublisherWatchFollowsTheCheckpoints(t *testing.T) {
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := w.Publishers(ctx); err == nil || !strings.Contains(err.Error(), DefaultStateBucket) {
-		t.Fatalf("before a detector ran: %v, want an error naming %s", err, DefaultStateBucket)
+	if _, err := w.Publishers(ctx); err == nil || !strings.Contains(err.Error(), defaultStateBucket) {
+		t.Fatalf("before a detector ran: %v, want an error naming %s", err, defaultStateBucket)
 	}
 
 	t0 := time.Now().UnixMilli()
@@ -43,12 +43,12 @@ func TestPublisherWatchFollowsTheCheckpoints(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		by := map[streams.Key]PublisherStatus{}
+		by := map[streams.Key]publisherStatus{}
 		for _, p := range ps {
 			by[p.Key] = p
 		}
 		z, c := by[kz], by[kc]
-		if len(ps) != 2 || z.Messages != 23 || z.Missing.ZMQDrop != 3 || z.Gaps.ZMQDrop != 1 || z.State != ConditionLive ||
+		if len(ps) != 2 || z.Messages != 23 || z.Missing.ZMQDrop != 3 || z.Gaps.ZMQDrop != 1 || z.State != conditionLive ||
 			c.Messages != 20 || c.Missing.Total() != 0 || c.LastSeen.UnixMilli() != t0+190 {
 			return errors.New("not yet")
 		}

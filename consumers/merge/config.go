@@ -25,10 +25,10 @@ const DefaultOutputTemplate = "/tmp/benchmark_results_" + RunIDPlaceholder + "_m
 // Defaults of Config.
 const (
 	DefaultDurable     = "fpmbus-merge"
-	DefaultRankTimeout = 15 * time.Minute
-	DefaultAckWait     = durable.DefaultHoldingAckWait
-	DefaultPartitions  = durable.DefaultHoldingPartitions
-	DefaultPinnedTTL   = durable.DefaultPinnedTTL
+	defaultRankTimeout = 15 * time.Minute
+	defaultAckWait     = durable.DefaultHoldingAckWait
+	defaultPartitions  = durable.DefaultHoldingPartitions
+	defaultPinnedTTL   = durable.DefaultPinnedTTL
 )
 
 // ConsumerName names the merger in the runner's metrics (label consumer) and its dead letters
@@ -55,7 +55,7 @@ type Config struct {
 	// timeout and crash-loop bound.
 	durable.HoldingConfig
 	// RankTimeout: a run whose ranks have not all arrived this long after its first rank (by stream time)
-	// is reported incomplete [DefaultRankTimeout].
+	// is reported incomplete [defaultRankTimeout].
 	RankTimeout time.Duration
 	// Output is the merged artefact path; RunIDPlaceholder is replaced by the run id [DefaultOutputTemplate].
 	Output string
@@ -84,7 +84,7 @@ func (c *Config) fill() error {
 	if err := c.HoldingConfig.Fill(DefaultDurable, ErrInvalidConfig); err != nil {
 		return err
 	}
-	c.RankTimeout = cmp.Or(c.RankTimeout, DefaultRankTimeout)
+	c.RankTimeout = cmp.Or(c.RankTimeout, defaultRankTimeout)
 	c.Output = cmp.Or(c.Output, DefaultOutputTemplate)
 	c.SpoolDir = cmp.Or(c.SpoolDir, filepath.Join(os.TempDir(), "fpmbus-merge"))
 	c.MaxArtefactSize = cmp.Or(c.MaxArtefactSize, streams.DefaultBenchMaxArtefact)
@@ -101,7 +101,7 @@ func (c *Config) fill() error {
 	case c.MaxArtefactSize < 0:
 		return bad("max artefact size %d must be positive", c.MaxArtefactSize)
 	}
-	if err := CheckOutputTemplate(c.Output); err != nil {
+	if err := checkOutputTemplate(c.Output); err != nil {
 		return bad("%v", err)
 	}
 	return nil
@@ -115,12 +115,12 @@ const (
 	tempSuffix = len(".tmp-") + 10
 )
 
-// CheckOutputTemplate reports an output template whose merged artefact or sidecar, or their temporary
+// checkOutputTemplate reports an output template whose merged artefact or sidecar, or their temporary
 // files, would have a file name over NAME_MAX or a path over PATH_MAX for a run_id of the longest token
 // streams.CheckRunID accepts: every valid run then has a path the file system takes.
-func CheckOutputTemplate(template string) error {
+func checkOutputTemplate(template string) error {
 	merged := ExpandPath(template, strings.Repeat("r", streams.MaxRunIDToken))
-	for _, p := range []string{merged, SidecarPathFor(merged)} {
+	for _, p := range []string{merged, sidecarPathFor(merged)} {
 		if abs, err := filepath.Abs(p); err == nil && len(abs)+tempSuffix > pathMax {
 			return fmt.Errorf("output %q: a run_id of %d bytes makes the path %d bytes long (with the temporary file's suffix); the limit is %d",
 				template, streams.MaxRunIDToken, len(abs)+tempSuffix, pathMax)

@@ -28,15 +28,15 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// ErrNotRankArtefact is the reason a rank message without the publish protocol's headers (a valid
+// errNotRankArtefact is the reason a rank message without the publish protocol's headers (a valid
 // Fpm-Bench-Sha256 and Fpm-Bench-Dp-Size), or on a subject that is not fpmbench.rank.<run>.<rank> or
 // fpmbench.probe.<run>, is rejected: it can never be merged, so it is dead-lettered at once.
-var ErrNotRankArtefact = errors.New("merge: not a rank artefact or probe replies publication")
+var errNotRankArtefact = errors.New("merge: not a rank artefact or probe replies publication")
 
-// RuleOutputPath is the rule of a bench_rejected outcome the consumer reports itself, not Merge: the
+// ruleOutputPath is the rule of a bench_rejected outcome the consumer reports itself, not Merge: the
 // file system refuses the run's merged artefact path (ENAMETOOLONG: a name longer than NAME_MAX or a
 // path longer than PATH_MAX), which no retry can change.
-const RuleOutputPath Rule = "output_path"
+const ruleOutputPath rule = "output_path"
 
 // permanent reports a failed merge that no retry can change: the file system refuses a name of the
 // run's (ENAMETOOLONG). Every other failure (the server, a full disk, permissions) may pass, and the
@@ -56,7 +56,7 @@ type Event struct {
 	// Rejections and conflicts.
 	Rank   *int   `json:"rank,omitempty"`
 	Point  string `json:"point,omitempty"`
-	Rule   Rule   `json:"rule,omitempty"`
+	Rule   rule   `json:"rule,omitempty"`
 	Detail string `json:"detail,omitempty"`
 	File   string `json:"file,omitempty"`
 	// Incomplete runs.
@@ -149,7 +149,7 @@ type pendingRun struct {
 type doneRun struct {
 	outcome  string          // an Event* constant
 	digests  map[int]string  // merged runs: rank -> sha256
-	probe    *ProbeContext   // merged runs with an engine block
+	probe    *probeContext   // merged runs with an engine block
 	reported map[string]bool // conflicts reported after the outcome
 }
 
@@ -266,10 +266,10 @@ func (c *stage) handle(ctx context.Context, m *durable.Msg) {
 	kind, runID, rank, err := streams.ParseBenchSubject(m.Subject())
 	switch {
 	case err != nil:
-		m.Reject(fmt.Errorf("%w: %v", ErrNotRankArtefact, err))
+		m.Reject(fmt.Errorf("%w: %v", errNotRankArtefact, err))
 		return
 	case kind != streams.BenchKindRank && kind != streams.BenchKindProbe:
-		m.Reject(fmt.Errorf("%w: %s is a %s subject", ErrNotRankArtefact, m.Subject(), kind))
+		m.Reject(fmt.Errorf("%w: %s is a %s subject", errNotRankArtefact, m.Subject(), kind))
 		return
 	}
 	hdr := m.Headers()
@@ -277,12 +277,12 @@ func (c *stage) handle(ctx context.Context, m *durable.Msg) {
 	dpSize, dpErr := strconv.Atoi(hdr.Get(streams.HeaderBenchDPSize))
 	if kind == streams.BenchKindRank && (!sha256Hex.MatchString(digest) || dpErr != nil || dpSize < 1) {
 		m.Reject(fmt.Errorf("%w: %s has no valid %s (%q) and %s (%q) headers: publish ranks with `fpmbus bench publish`",
-			ErrNotRankArtefact, m.Subject(), streams.HeaderBenchSHA256, digest, streams.HeaderBenchDPSize, hdr.Get(streams.HeaderBenchDPSize)))
+			errNotRankArtefact, m.Subject(), streams.HeaderBenchSHA256, digest, streams.HeaderBenchDPSize, hdr.Get(streams.HeaderBenchDPSize)))
 		return
 	}
 	runErr := streams.CheckRunID(runID)
 	if runErr != nil && len(streams.BenchOutcomeSubject(runID)) > maxOutcomeSubject {
-		m.Reject(fmt.Errorf("%w: %s: %v", ErrNotRankArtefact, m.Subject()[:64]+"…", runErr))
+		m.Reject(fmt.Errorf("%w: %s: %v", errNotRankArtefact, m.Subject()[:64]+"…", runErr))
 		return
 	}
 	done, err := c.lookupDone(ctx, runID)
@@ -383,7 +383,7 @@ func (c *stage) reportConflict(ctx context.Context, seen map[string]bool, runID 
 		return
 	}
 	seen[key] = true
-	ev := Event{Event: EventConflict, RunID: runID, Rank: intp(rank), Detail: detail, File: file, KeptSHA256: kept, ConflictSHA256: refused}
+	ev := Event{Event: eventConflict, RunID: runID, Rank: intp(rank), Detail: detail, File: file, KeptSHA256: kept, ConflictSHA256: refused}
 	c.log.Warn("conflicting re-publication of a benchmark rank", "run_id", runID, "rank", rank, "kept_sha256", kept, "conflict_sha256", refused, "detail", detail)
 	if err := c.publishEvent(ctx, streams.BenchConflictSubject(runID), streams.BenchConflictMsgID(runID, rank, refused), ev); err != nil {
 		c.log.Warn("publishing the conflict event failed", "run_id", runID, "error", err)
@@ -422,7 +422,7 @@ func (c *stage) tryMerge(ctx context.Context, run *pendingRun) {
 	if permanent(err) {
 		// The run's names (its output path, its spool directory) are too long for the file system:
 		// permanent for this run, whatever is retried.
-		err = c.reject(ctx, run, &RejectError{RunID: run.runID, Rule: RuleOutputPath, Detail: err.Error()})
+		err = c.reject(ctx, run, &RejectError{RunID: run.runID, Rule: ruleOutputPath, Detail: err.Error()})
 		if err == nil {
 			return
 		}
@@ -489,7 +489,7 @@ func (c *stage) sweep(ctx context.Context) {
 			continue
 		}
 		present := slices.Sorted(maps.Keys(run.ranks))
-		ev := Event{Event: EventIncomplete, RunID: id, DPSize: size, PresentRanks: present, MissingRanks: missing,
+		ev := Event{Event: eventIncomplete, RunID: id, DPSize: size, PresentRanks: present, MissingRanks: missing,
 			Detail: fmt.Sprintf("ranks %v of dp.size %d did not arrive within %v of the first rank", missing, size, c.cfg.RankTimeout)}
 		c.log.Error("benchmark run incomplete", "run_id", id, "missing_ranks", missing, "present_ranks", present, "dp_size", size, "rank_timeout", c.cfg.RankTimeout)
 		if err := c.finish(ctx, run, ev, nil); err != nil {
@@ -587,7 +587,7 @@ func (c *stage) reject(ctx context.Context, run *pendingRun, rej *RejectError) e
 }
 
 // finish publishes a run's outcome event, acks its messages and forgets it.
-func (c *stage) finish(ctx context.Context, run *pendingRun, ev Event, probe *ProbeContext) error {
+func (c *stage) finish(ctx context.Context, run *pendingRun, ev Event, probe *probeContext) error {
 	if err := c.publishEvent(ctx, streams.BenchOutcomeSubject(run.runID), streams.BenchOutcomeMsgID(run.runID), ev); err != nil {
 		return err
 	}
@@ -632,7 +632,7 @@ func (c *stage) publishEvent(ctx context.Context, subject, msgID string, ev Even
 	return nil
 }
 
-func (c *stage) publishMerged(ctx context.Context, run *pendingRun, res *Result, digest string) error {
+func (c *stage) publishMerged(ctx context.Context, run *pendingRun, res *result, digest string) error {
 	m := benchstore.BenchMerged{RunID: run.runID, Path: res.MergedPath, Digest: digest, RankDigests: map[int]string{}}
 	for r, h := range run.ranks {
 		m.RankDigests[r] = h.digest
@@ -663,12 +663,12 @@ func (c *stage) publishSidecar(ctx context.Context, runID, path string) error {
 }
 
 // refreshSidecar recomputes a merged run's sidecar from every probe reply on the stream.
-func (c *stage) refreshSidecar(ctx context.Context, runID string, pc *ProbeContext) error {
+func (c *stage) refreshSidecar(ctx context.Context, runID string, pc *probeContext) error {
 	probes, err := c.readProbes(ctx, runID)
 	if err != nil {
 		return err
 	}
-	if err := WriteSidecar(pc.WorkerProbePath, BuildSidecar(*pc, probes)); err != nil {
+	if err := writeSidecar(pc.WorkerProbePath, buildSidecar(*pc, probes)); err != nil {
 		return err
 	}
 	c.log.Info("worker-probe sidecar rewritten for late probe replies", "run_id", runID, "sidecar", pc.WorkerProbePath, "batches", len(probes))
@@ -758,7 +758,7 @@ func (c *stage) lookupDone(ctx context.Context, runID string) (*doneRun, error) 
 		d := &doneRun{outcome: EventMerged, digests: streams.ParseBenchRankDigests(raw.Header.Get(streams.HeaderBenchRankDigests)),
 			reported: map[string]bool{}}
 		if s := raw.Header.Get(streams.HeaderBenchProbeContext); s != "" {
-			var pc ProbeContext
+			var pc probeContext
 			if err := json.Unmarshal([]byte(s), &pc); err == nil {
 				d.probe = &pc
 			}

@@ -240,7 +240,7 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	if ev.MergedSHA256 != schemas.SHA256Hex(got) {
 		t.Fatalf("event digest %s, file %s", ev.MergedSHA256, schemas.SHA256Hex(got))
 	}
-	side, err := os.ReadFile(SidecarPathFor(mergedPath))
+	side, err := os.ReadFile(sidecarPathFor(mergedPath))
 	if err != nil || !bytes.Equal(side, schemas.AppendBenchJSON(nil, want.Sidecar)) {
 		t.Fatalf("sidecar differs from the offline one (%v)", err)
 	}
@@ -262,7 +262,7 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	if _, _, err := publishRank(ctx, store, byRank[1].Path, schemas.AppendBenchJSON(nil, &docs[1])); err != nil {
 		t.Fatal(err)
 	}
-	cev := r.next(t, EventConflict)
+	cev := r.next(t, eventConflict)
 	if cev.Rank == nil || *cev.Rank != 1 || cev.KeptSHA256 != schemas.SHA256Hex(byRank[1].Data) {
 		t.Fatalf("conflict event %+v", cev)
 	}
@@ -310,7 +310,7 @@ func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 		}
 	}
 	ev := r.next(t, EventRejected)
-	if ev.RunID != ruleBase.runID || ev.Rank == nil || *ev.Rank != 1 || ev.Rule != RuleEngineMismatch || ev.Detail == "" {
+	if ev.RunID != ruleBase.runID || ev.Rank == nil || *ev.Rank != 1 || ev.Rule != ruleEngineMismatch || ev.Detail == "" {
 		t.Fatalf("rejection event %+v", ev)
 	}
 	publishRaw(t, env, files[1].Path, files[1].Data, "again")
@@ -326,7 +326,7 @@ func TestBenchBrokerRejectsOnceAndWritesNothing(t *testing.T) {
 		t.Fatalf("%d outcome events", len(msgs))
 	}
 	var body Event
-	if err := json.Unmarshal(msgs[0].Data(), &body); err != nil || body.Rule != RuleEngineMismatch {
+	if err := json.Unmarshal(msgs[0].Data(), &body); err != nil || body.Rule != ruleEngineMismatch {
 		t.Fatalf("event body %s (%v)", msgs[0].Data(), err)
 	}
 	if got := runsByOutcome(t, reg); got[EventRejected] != 1 || got[EventMerged] != 0 || len(got) != 4 {
@@ -365,7 +365,7 @@ func TestBenchBrokerReportsIncompleteRun(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ev := r.next(t, EventIncomplete)
+	ev := r.next(t, eventIncomplete)
 	if ev.RunID != spec.runID || ev.DPSize != 4 || !equalInts(ev.MissingRanks, []int{1, 3}) || !equalInts(ev.PresentRanks, []int{0, 2}) {
 		t.Fatalf("incomplete event %+v", ev)
 	}
@@ -584,7 +584,7 @@ func TestBenchBrokerPoisonRanks(t *testing.T) {
 		subject     string
 		headers     map[string]string
 		deadLetter  bool
-		outcomeRule Rule
+		outcomeRule rule
 	}{
 		"nats pub of garbage on a rank subject": {subject: streams.BenchRankSubject("run4", 0), deadLetter: true},
 		"rank token that is not a rank":         {subject: streams.BenchRankRoot + ".run4.x", deadLetter: true},

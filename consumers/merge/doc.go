@@ -8,8 +8,8 @@
 //
 // # Pieces
 //
-//   - Merge (merge.go, evidence.go, probe.go): the pure merge. Rank artefacts in, a *Result or a
-//     *RejectError naming the run, rank, point and Rule broken out; nothing is written.
+//   - Merge (merge.go, evidence.go, probe.go): the pure merge. Rank artefacts in, a *result or a
+//     *RejectError naming the run, rank, point and rule broken out; nothing is written.
 //   - WriteResult (write.go): the files, so that a sidecar never sits next to another run's merged
 //     artefact: remove a sidecar left by an earlier run, write the merged artefact atomically (temp file,
 //     fsync, rename, directory fsync), then the sidecar.

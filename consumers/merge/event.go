@@ -4,6 +4,6 @@ package merge
 const (
 	EventMerged     = "bench_merged"
 	EventRejected   = "bench_rejected"
-	EventIncomplete = "bench_incomplete"
-	EventConflict   = "bench_conflict"
+	eventIncomplete = "bench_incomplete"
+	eventConflict   = "bench_conflict"
 )

@@ -17,58 +17,58 @@ var timingBases = []string{"schedule_to_output", "inter_output"}
 // checkExecution validates one retained FPM's raw samples and reduction against its declared point and
 // rank. prev is the rank's last forward_index so far (-1 before its first sample); it returns the new
 // last forward_index, or the rule broken and why.
-func checkExecution(fpm, meas *schemas.BenchNode, id int64, rank int, prev int64) (int64, Rule, string) {
+func checkExecution(fpm, meas *schemas.BenchNode, id int64, rank int, prev int64) (int64, rule, string) {
 	raw := meas.Get("raw_fpms")
 	expected, okExp := meas.Get("expected_internal_samples").Int()
 	switch {
 	case !raw.IsArray() || raw.Len() == 0:
-		return prev, RuleRawSamples, "benchmark_measurement.raw_fpms is " + describe(raw) + ", want a non-empty list"
+		return prev, ruleRawSamples, "benchmark_measurement.raw_fpms is " + describe(raw) + ", want a non-empty list"
 	case !okExp:
-		return prev, RuleRawSamples, "expected_internal_samples is " + describe(meas.Get("expected_internal_samples")) + ", want an integer"
+		return prev, ruleRawSamples, "expected_internal_samples is " + describe(meas.Get("expected_internal_samples")) + ", want an integer"
 	case expected < int64(raw.Len()):
-		return prev, RuleRawSamples, fmt.Sprintf("raw_fpms has %d samples, more than expected_internal_samples %d", raw.Len(), expected)
+		return prev, ruleRawSamples, fmt.Sprintf("raw_fpms has %d samples, more than expected_internal_samples %d", raw.Len(), expected)
 	case fpm.Has("benchmark_sample"):
-		return prev, RuleRawSamples, "the retained FPM carries a benchmark_sample; only raw samples do"
+		return prev, ruleRawSamples, "the retained FPM carries a benchmark_sample; only raw samples do"
 	}
 	worker := fpm.Get("worker_id")
 	for i := range raw.Kids {
 		s := &raw.Kids[i]
 		if !s.IsObject() {
-			return prev, RuleRawSamples, fmt.Sprintf("raw sample %d is %s, want an object", i, describe(s))
+			return prev, ruleRawSamples, fmt.Sprintf("raw sample %d is %s, want an object", i, describe(s))
 		}
 		if c, ok := s.Get("counter_id").Int(); !ok || c != id {
-			return prev, RuleRawSamples, fmt.Sprintf("raw sample %d has counter_id %s, want the point's %d", i, describe(s.Get("counter_id")), id)
+			return prev, ruleRawSamples, fmt.Sprintf("raw sample %d has counter_id %s, want the point's %d", i, describe(s.Get("counter_id")), id)
 		}
 		if r, ok := s.Get("dp_rank").Int(); !ok || r != int64(rank) {
-			return prev, RuleRawSamples, fmt.Sprintf("raw sample %d has dp_rank %s, want %d", i, describe(s.Get("dp_rank")), rank)
+			return prev, ruleRawSamples, fmt.Sprintf("raw sample %d has dp_rank %s, want %d", i, describe(s.Get("dp_rank")), rank)
 		}
 		if !schemas.BenchEqual(nullIfNil(s.Get("worker_id")), nullIfNil(worker)) {
-			return prev, RuleRawSamples, fmt.Sprintf("raw sample %d has worker_id %s, the retained FPM %s", i, describe(s.Get("worker_id")), describe(worker))
+			return prev, ruleRawSamples, fmt.Sprintf("raw sample %d has worker_id %s, the retained FPM %s", i, describe(s.Get("worker_id")), describe(worker))
 		}
 		bs := s.Get("benchmark_sample")
 		if !bs.IsObject() {
-			return prev, RuleRawSamples, fmt.Sprintf("raw sample %d has no benchmark_sample object", i)
+			return prev, ruleRawSamples, fmt.Sprintf("raw sample %d has no benchmark_sample object", i)
 		}
 		if si, ok := bs.Get("sample_index").Int(); !ok || si != int64(i) {
-			return prev, RuleSampleIndex, fmt.Sprintf("raw sample %d has sample_index %s, want its position %d", i, describe(bs.Get("sample_index")), i)
+			return prev, ruleSampleIndex, fmt.Sprintf("raw sample %d has sample_index %s, want its position %d", i, describe(bs.Get("sample_index")), i)
 		}
 		fi, ok := bs.Get("forward_index").Int()
 		if !ok {
-			return prev, RuleForwardIndexOrder, fmt.Sprintf("raw sample %d has forward_index %s, want an integer", i, describe(bs.Get("forward_index")))
+			return prev, ruleForwardIndexOrder, fmt.Sprintf("raw sample %d has forward_index %s, want an integer", i, describe(bs.Get("forward_index")))
 		}
 		if fi <= prev {
-			return prev, RuleForwardIndexOrder, fmt.Sprintf("raw sample %d has forward_index %d, not after the rank's previous forward_index %d", i, fi, prev)
+			return prev, ruleForwardIndexOrder, fmt.Sprintf("raw sample %d has forward_index %d, not after the rank's previous forward_index %d", i, fi, prev)
 		}
 		prev = fi
 		if detail := checkSampleTiming(s, bs.Get("timing")); detail != "" {
-			return prev, RuleTimingMismatch, fmt.Sprintf("raw sample %d: %s", i, detail)
+			return prev, ruleTimingMismatch, fmt.Sprintf("raw sample %d: %s", i, detail)
 		}
 		if detail := checkCudagraph(bs.Get("cudagraph")); detail != "" {
-			return prev, RuleCudagraphPadding, fmt.Sprintf("raw sample %d: %s", i, detail)
+			return prev, ruleCudagraphPadding, fmt.Sprintf("raw sample %d: %s", i, detail)
 		}
 	}
 	if detail := checkEstimate(fpm, meas.Get("estimate"), raw); detail != "" {
-		return prev, RuleEstimate, detail
+		return prev, ruleEstimate, detail
 	}
 	return prev, "", ""
 }

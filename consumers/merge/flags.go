@@ -38,7 +38,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 		c.Output = DefaultOutputTemplate
 	}
 	if c.RankTimeout == 0 {
-		c.RankTimeout = DefaultRankTimeout
+		c.RankTimeout = defaultRankTimeout
 	}
 	if c.InlineMax == 0 {
 		c.InlineMax = benchstore.DefaultBenchInlineMax
@@ -94,7 +94,7 @@ func (f *Flags) Config() (Config, error) {
 	case c.MaxArtefactSize < 1:
 		return Config{}, flagprefix.Invalid(ErrInvalidConfig, "%s %d must be positive", name("merge-max-artefact-size"), c.MaxArtefactSize)
 	}
-	if err := CheckOutputTemplate(c.Output); err != nil {
+	if err := checkOutputTemplate(c.Output); err != nil {
 		return Config{}, flagprefix.Invalid(ErrInvalidConfig, "%s: %v", name("bench-output"), err)
 	}
 	return c, nil

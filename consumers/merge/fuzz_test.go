@@ -29,7 +29,7 @@ func FuzzBenchArtifact(f *testing.F) {
 	f.Add([]byte(`{"schema_version":2,"run_id":"r","grid_digest":"g","dp":{"rank":0,"size":1}}`))
 	f.Add([]byte(`[{"dp_rank":0,"worker_rank":0,"tp_rank":0,"attention_backends":{"l":"X"},"cudagraph_capture_sizes_resolved":[1]}]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		check := func(res *Result, err error) {
+		check := func(res *result, err error) {
 			if err != nil {
 				var rej *RejectError
 				if _, perr := schemas.ParseBenchJSON(data); perr == nil && !errors.As(err, &rej) {

@@ -69,7 +69,7 @@ var goldenCases = []goldenCase{
 		spec: runSpec{runID: "1c3e5a7b9d0f2a4c6e8b0d2f4a6c8e0a", grid: "grid-9c1f2e", size: 4, points: 2, raw: 2,
 			protocol: true, exec: true, engine: true},
 		probe: func() schemas.BenchNode {
-			return obj("schema", ProbeRepliesSchema, "run_id", "1c3e5a7b9d0f2a4c6e8b0d2f4a6c8e0a",
+			return obj("schema", probeRepliesSchema, "run_id", "1c3e5a7b9d0f2a4c6e8b0d2f4a6c8e0a",
 				"replies", []any{workerReply(0, 0, 0, 0, 0, mla(""), layers)}, "error", nil)
 		},
 	},

@@ -47,11 +47,11 @@ func (rf *RankFile) bytes() ([]byte, error) {
 
 // Options configures Merge.
 type Options struct {
-	// MergedPath is recorded as merged_output_path (default DefaultMergedPath).
+	// MergedPath is recorded as merged_output_path (default defaultMergedPath).
 	MergedPath string
-	// SidecarPath is recorded as worker_probe_path (default SidecarPathFor(MergedPath)).
+	// SidecarPath is recorded as worker_probe_path (default sidecarPathFor(MergedPath)).
 	SidecarPath string
-	// RequireAllRanks rejects a run unless every rank of 0..dp.size-1 is supplied (RuleMissingRanks).
+	// RequireAllRanks rejects a run unless every rank of 0..dp.size-1 is supplied (ruleMissingRanks).
 	// Without it a subset merges as Dynamo's node-local merge does: dp.source_ranks lists the ranks
 	// supplied, and a rank not supplied gets explicit unavailable warmup evidence.
 	RequireAllRanks bool
@@ -63,11 +63,11 @@ type Options struct {
 	MaxArtefactSize int64
 }
 
-// DefaultMergedPath is Dynamo's default merged artefact path.
-const DefaultMergedPath = "/tmp/benchmark_results_merged.json"
+// defaultMergedPath is Dynamo's default merged artefact path.
+const defaultMergedPath = "/tmp/benchmark_results_merged.json"
 
-// Result is a successful merge. Nothing has been written yet: see WriteResult.
-type Result struct {
+// result is a successful merge. Nothing has been written yet: see WriteResult.
+type result struct {
 	RunID       string
 	Merged      *schemas.BenchNode
 	MergedPath  string
@@ -75,8 +75,8 @@ type Result struct {
 	// Sidecar is the worker-probe sidecar, or nil when the merged artefact has no engine block (then no
 	// sidecar is written and worker_probe_path is absent).
 	Sidecar *schemas.BenchNode
-	// Probe is what BuildSidecar needs to recompute the sidecar when more probe replies arrive.
-	Probe       ProbeContext
+	// Probe is what buildSidecar needs to recompute the sidecar when more probe replies arrive.
+	Probe       probeContext
 	SourceRanks []int
 	GlobalSize  int
 	// CaptureErrors lists the ranks whose engine capture failed or is missing (engine.capture_errors).
@@ -115,15 +115,15 @@ type rankInfo struct {
 // The reference rank is the lowest rank supplied, whatever the order of ranks. The merged artefact is the
 // reference rank's document with the merge's fields set (see the package documentation for the key
 // order), so fields fpmbus does not know are kept.
-func Merge(ranks []RankFile, probes []ProbeReplies, opts Options) (*Result, error) {
+func Merge(ranks []RankFile, probes []ProbeReplies, opts Options) (*result, error) {
 	if len(ranks) == 0 {
-		return nil, &RejectError{Rule: RuleMissingRanks, Detail: "no rank artefacts were supplied"}
+		return nil, &RejectError{Rule: ruleMissingRanks, Detail: "no rank artefacts were supplied"}
 	}
 	if opts.MergedPath == "" {
-		opts.MergedPath = DefaultMergedPath
+		opts.MergedPath = defaultMergedPath
 	}
 	if opts.SidecarPath == "" {
-		opts.SidecarPath = SidecarPathFor(opts.MergedPath)
+		opts.SidecarPath = sidecarPathFor(opts.MergedPath)
 	}
 
 	workers := opts.Parallelism
@@ -151,7 +151,7 @@ func Merge(ranks []RankFile, probes []ProbeReplies, opts Options) (*Result, erro
 	slices.SortStableFunc(infos, func(a, b *rankInfo) int { return a.rank - b.rank })
 	for i := 1; i < len(infos); i++ {
 		if infos[i].rank == infos[i-1].rank {
-			return nil, &RejectError{RunID: infos[i].runID, Rank: intp(infos[i].rank), Rule: RuleDuplicateRank, File: infos[i].rf.Path,
+			return nil, &RejectError{RunID: infos[i].runID, Rank: intp(infos[i].rank), Rule: ruleDuplicateRank, File: infos[i].rf.Path,
 				Detail: fmt.Sprintf("rank %d was supplied twice (%s and %s)", infos[i].rank, infos[i-1].rf.Path, infos[i].rf.Path)}
 		}
 	}
@@ -320,7 +320,7 @@ type merger struct {
 	regimes   map[[2]int64]schemas.BenchNode // (rank, benchmark_id) -> kv_seed_regime
 }
 
-func (m *merger) reject(info *rankInfo, point string, rule Rule, detail string) *RejectError {
+func (m *merger) reject(info *rankInfo, point string, rule rule, detail string) *RejectError {
 	e := &RejectError{RunID: m.runID, Point: point, Rule: rule, Detail: detail}
 	if info != nil {
 		e.Rank = intp(info.rank)
@@ -329,7 +329,7 @@ func (m *merger) reject(info *rankInfo, point string, rule Rule, detail string) 
 	return e
 }
 
-func (m *merger) rejectRank(rank int, point string, rule Rule, detail string) *RejectError {
+func (m *merger) rejectRank(rank int, point string, rule rule, detail string) *RejectError {
 	for _, info := range m.infos {
 		if info.rank == rank {
 			return m.reject(info, point, rule, detail)
@@ -379,7 +379,7 @@ func loadRankInfo(rf *RankFile, limit int64) (*rankInfo, error) {
 	}
 	doc, err := scanHeader(data)
 	info := &rankInfo{rf: rf, rank: rf.Rank}
-	rej := func(rule Rule, detail string) *RejectError {
+	rej := func(rule rule, detail string) *RejectError {
 		e := &RejectError{RunID: info.runID, Rule: rule, Detail: detail, File: rf.Path}
 		if info.rank >= 0 {
 			e.Rank = intp(info.rank)
@@ -396,15 +396,15 @@ func loadRankInfo(rf *RankFile, limit int64) (*rankInfo, error) {
 		info.runID = strings.Clone(s)
 	}
 	if v, ok := doc.Get("schema_version").Int(); !ok || v != schemas.BenchArtifactSchemaVersion {
-		return nil, rej(RuleSchemaVersion, "schema_version is "+describe(doc.Get("schema_version"))+", want 2")
+		return nil, rej(ruleSchemaVersion, "schema_version is "+describe(doc.Get("schema_version"))+", want 2")
 	}
 	if at := doc.Get("artifact_type"); at != nil {
 		if s, ok := at.Text(); !ok || s != schemas.BenchArtifactRank {
-			return nil, rej(RuleArtifactType, "artifact_type is "+describe(at)+`, want "rank"`)
+			return nil, rej(ruleArtifactType, "artifact_type is "+describe(at)+`, want "rank"`)
 		}
 	}
 	if info.runID == "" {
-		return nil, rej(RuleMissingRunID, "run_id is "+describe(doc.Get("run_id"))+", want a non-empty string")
+		return nil, rej(ruleMissingRunID, "run_id is "+describe(doc.Get("run_id"))+", want a non-empty string")
 	}
 	if err := streams.CheckRunID(info.runID); err != nil {
 		// The run is not named in the error: a run_id over the limits is what is wrong with it.
@@ -413,21 +413,21 @@ func loadRankInfo(rf *RankFile, limit int64) (*rankInfo, error) {
 	}
 	grid, ok := doc.Get("grid_digest").Text()
 	if !ok || grid == "" {
-		return nil, rej(RuleMissingGridDigest, "grid_digest is "+describe(doc.Get("grid_digest"))+", want a non-empty string")
+		return nil, rej(ruleMissingGridDigest, "grid_digest is "+describe(doc.Get("grid_digest"))+", want a non-empty string")
 	}
 	info.grid = strings.Clone(grid)
 	dp := doc.Get("dp")
 	size, ok := dp.Get("size").Int()
 	if !ok || size < 1 || size > 1<<20 {
-		return nil, rej(RuleDPSize, "dp.size is "+describe(dp.Get("size"))+", want an integer >= 1")
+		return nil, rej(ruleDPSize, "dp.size is "+describe(dp.Get("size"))+", want an integer >= 1")
 	}
 	info.size = int(size)
 	rank, ok := dp.Get("rank").Int()
 	switch {
 	case !ok || rank < 0 || rank >= size:
-		return nil, rej(RuleRankMismatch, fmt.Sprintf("dp.rank is %s, want an integer in 0..%d", describe(dp.Get("rank")), size-1))
+		return nil, rej(ruleRankMismatch, fmt.Sprintf("dp.rank is %s, want an integer in 0..%d", describe(dp.Get("rank")), size-1))
 	case rf.Rank >= 0 && rank != int64(rf.Rank):
-		return nil, rej(RuleRankMismatch, fmt.Sprintf("dp.rank is %d but the artefact was supplied as rank %d", rank, rf.Rank))
+		return nil, rej(ruleRankMismatch, fmt.Sprintf("dp.rank is %d but the artefact was supplied as rank %d", rank, rf.Rank))
 	}
 	info.rank = int(rank)
 
@@ -442,7 +442,7 @@ func loadRankInfo(rf *RankFile, limit int64) (*rankInfo, error) {
 	if p := doc.Get("measurement_protocol"); p != nil {
 		info.hasProtocol = true
 		if v, ok := p.Get("schema_version").Int(); !p.IsObject() || !ok || v != schemas.MeasurementSchemaVersion {
-			return nil, rej(RuleProtocolInvalid, "measurement_protocol is not an object with schema_version 1")
+			return nil, rej(ruleProtocolInvalid, "measurement_protocol is not an object with schema_version 1")
 		}
 		info.protocol = detach(p)
 		if ee := p.Get("execution_evidence"); ee != nil {
@@ -451,17 +451,17 @@ func loadRankInfo(rf *RankFile, limit int64) (*rankInfo, error) {
 			sf, _ := ee.Get("sample_field").Text()
 			wf, _ := ee.Get("warmup_field").Text()
 			if !ee.IsObject() || !ok || v != 1 || sf != "benchmark_sample" || wf != "warmup_evidence" {
-				return nil, rej(RuleExecutionContract, `measurement_protocol.execution_evidence must be an object with schema_version 1, sample_field "benchmark_sample" and warmup_field "warmup_evidence"`)
+				return nil, rej(ruleExecutionContract, `measurement_protocol.execution_evidence must be an object with schema_version 1, sample_field "benchmark_sample" and warmup_field "warmup_evidence"`)
 			}
 		}
 	}
 	if info.hasExec {
 		if detail := checkLedger(doc.Get("warmup_evidence")); detail != "" {
-			return nil, rej(RuleWarmupEvidence, detail)
+			return nil, rej(ruleWarmupEvidence, detail)
 		}
 		info.ledger = detach(doc.Get("warmup_evidence"))
 	} else if doc.Has("warmup_evidence") {
-		return nil, rej(RuleExecutionContract, "warmup_evidence is present but measurement_protocol declares no execution_evidence contract")
+		return nil, rej(ruleExecutionContract, "warmup_evidence is present but measurement_protocol declares no execution_evidence contract")
 	}
 	if e := doc.Get("engine"); e != nil {
 		info.engine = detach(e)
@@ -470,7 +470,7 @@ func loadRankInfo(rf *RankFile, limit int64) (*rankInfo, error) {
 }
 
 // checkStatus applies Dynamo's status and coverage rules to one rank artefact.
-func checkStatus(doc *schemas.BenchNode, info *rankInfo, rej func(Rule, string) *RejectError) error {
+func checkStatus(doc *schemas.BenchNode, info *rankInfo, rej func(rule, string) *RejectError) error {
 	status := "failed"
 	if v, ok := doc.Get("valid").Bool(); ok && v {
 		status = schemas.BenchStatusComplete
@@ -482,23 +482,23 @@ func checkStatus(doc *schemas.BenchNode, info *rankInfo, rej func(Rule, string) 
 		}
 	}
 	if status != schemas.BenchStatusComplete && status != schemas.BenchStatusPartial {
-		return rej(RuleStatus, fmt.Sprintf("status is %q, want complete or partial", status))
+		return rej(ruleStatus, fmt.Sprintf("status is %q, want complete or partial", status))
 	}
 	info.status = strings.Clone(status)
 	cov := doc.Get("coverage")
 	if !cov.IsObject() {
-		return rej(RuleCoverageArithmetic, "coverage is "+describe(cov)+", want an object")
+		return rej(ruleCoverageArithmetic, "coverage is "+describe(cov)+", want an object")
 	}
 	exp, ok1 := cov.Get("expected_points").Int()
 	comp, ok2 := cov.Get("completed_points").Int()
 	skip, ok3 := cov.Get("skipped_points").Int()
 	switch {
 	case !ok1 || !ok2 || !ok3:
-		return rej(RuleCoverageArithmetic, "coverage expected_points, completed_points and skipped_points must be integers")
+		return rej(ruleCoverageArithmetic, "coverage expected_points, completed_points and skipped_points must be integers")
 	case min(exp, comp, skip) < 0:
-		return rej(RuleCoverageArithmetic, fmt.Sprintf("coverage has a negative count (expected %d, completed %d, skipped %d)", exp, comp, skip))
+		return rej(ruleCoverageArithmetic, fmt.Sprintf("coverage has a negative count (expected %d, completed %d, skipped %d)", exp, comp, skip))
 	case comp+skip > exp:
-		return rej(RuleCoverageArithmetic, fmt.Sprintf("completed %d + skipped %d exceeds expected %d", comp, skip, exp))
+		return rej(ruleCoverageArithmetic, fmt.Sprintf("completed %d + skipped %d exceeds expected %d", comp, skip, exp))
 	}
 	info.coverage, info.expected, info.completed, info.skipped = detach(cov), exp, comp, skip
 	sp := doc.Get("skipped_points")
@@ -512,13 +512,13 @@ func checkStatus(doc *schemas.BenchNode, info *rankInfo, rej func(Rule, string) 
 	results, groups := doc.Get("results"), doc.Get("iteration_groups")
 	switch {
 	case !sp.IsArray() || int64(sp.Len()) != skip:
-		return rej(RuleCoverageArithmetic, fmt.Sprintf("skipped_points has %s, coverage says %d", countOf(sp), skip))
+		return rej(ruleCoverageArithmetic, fmt.Sprintf("skipped_points has %s, coverage says %d", countOf(sp), skip))
 	case !mp.IsArray():
-		return rej(RuleCoverageArithmetic, "missing_phases is "+describe(mp)+", want a list")
+		return rej(ruleCoverageArithmetic, "missing_phases is "+describe(mp)+", want a list")
 	case !results.IsArray() || int64(results.Len()) != comp:
-		return rej(RuleCoverageArithmetic, fmt.Sprintf("results has %s, coverage says %d completed", countOf(results), comp))
+		return rej(ruleCoverageArithmetic, fmt.Sprintf("results has %s, coverage says %d completed", countOf(results), comp))
 	case !groups.IsArray() || int64(groups.Len()) != comp:
-		return rej(RuleCoverageArithmetic, fmt.Sprintf("iteration_groups has %s, coverage says %d completed", countOf(groups), comp))
+		return rej(ruleCoverageArithmetic, fmt.Sprintf("iteration_groups has %s, coverage says %d completed", countOf(groups), comp))
 	}
 	valid, validOK := doc.Get("valid").Bool()
 	usable, usableOK := doc.Get("usable").Bool()
@@ -528,56 +528,56 @@ func checkStatus(doc *schemas.BenchNode, info *rankInfo, rej func(Rule, string) 
 	if status == schemas.BenchStatusComplete {
 		switch {
 		case !validOK || !valid:
-			return rej(RuleStatus, "complete status needs valid true, got "+describe(doc.Get("valid")))
+			return rej(ruleStatus, "complete status needs valid true, got "+describe(doc.Get("valid")))
 		case doc.Has("usable") && (!usableOK || !usable):
-			return rej(RuleStatus, "complete status needs usable true, got "+describe(doc.Get("usable")))
+			return rej(ruleStatus, "complete status needs usable true, got "+describe(doc.Get("usable")))
 		case !stop.IsNull():
-			return rej(RuleStatus, "complete status needs stop_reason null, got "+describe(stop))
+			return rej(ruleStatus, "complete status needs stop_reason null, got "+describe(stop))
 		case comp != exp:
-			return rej(RuleStatus, fmt.Sprintf("complete status needs every expected point completed (%d of %d)", comp, exp))
+			return rej(ruleStatus, fmt.Sprintf("complete status needs every expected point completed (%d of %d)", comp, exp))
 		}
 	} else {
 		sr, _ := stop.Text()
 		switch {
 		case !validOK || valid:
-			return rej(RuleStatus, "partial status needs valid false, got "+describe(doc.Get("valid")))
+			return rej(ruleStatus, "partial status needs valid false, got "+describe(doc.Get("valid")))
 		case !usableOK || !usable:
-			return rej(RuleStatus, "partial status needs usable true, got "+describe(doc.Get("usable")))
+			return rej(ruleStatus, "partial status needs usable true, got "+describe(doc.Get("usable")))
 		case sr != "timeout":
-			return rej(RuleStatus, `partial status needs stop_reason "timeout", got `+describe(stop))
+			return rej(ruleStatus, `partial status needs stop_reason "timeout", got `+describe(stop))
 		case comp >= exp:
-			return rej(RuleStatus, fmt.Sprintf("partial status needs fewer completed than expected points (%d of %d)", comp, exp))
+			return rej(ruleStatus, fmt.Sprintf("partial status needs fewer completed than expected points (%d of %d)", comp, exp))
 		}
 	}
 	// Both statuses: what was skipped, missing or failed makes neither.
 	switch {
 	case skip != 0:
-		return rej(RuleStatus, fmt.Sprintf("%s status needs no skipped points (%d)", status, skip))
+		return rej(ruleStatus, fmt.Sprintf("%s status needs no skipped points (%d)", status, skip))
 	case mp.Len() > 0:
-		return rej(RuleStatus, fmt.Sprintf("%s status needs no missing phases (%d)", status, mp.Len()))
+		return rej(ruleStatus, fmt.Sprintf("%s status needs no missing phases (%d)", status, mp.Len()))
 	case !errNode.IsNull():
-		return rej(RuleStatus, status+" status needs error null, got "+describe(errNode))
+		return rej(ruleStatus, status+" status needs error null, got "+describe(errNode))
 	}
 	return nil
 }
 
-func checkTiming(doc *schemas.BenchNode, info *rankInfo, rej func(Rule, string) *RejectError) error {
+func checkTiming(doc *schemas.BenchNode, info *rankInfo, rej func(rule, string) *RejectError) error {
 	t := doc.Get("timing")
 	if !t.IsObject() {
-		return rej(RuleTimingInvalid, "timing is "+describe(t)+", want an object")
+		return rej(ruleTimingInvalid, "timing is "+describe(t)+", want an object")
 	}
 	_, ok1 := t.Get("started_at").Text()
 	_, ok2 := t.Get("completed_at").Text()
 	if !ok1 || !ok2 {
-		return rej(RuleTimingInvalid, "timing.started_at and timing.completed_at must be strings")
+		return rej(ruleTimingInvalid, "timing.started_at and timing.completed_at must be strings")
 	}
 	el, ok := t.Get("benchmark_elapsed_seconds").FiniteFloat()
 	if !ok || el < 0 {
-		return rej(RuleTimingInvalid, "timing.benchmark_elapsed_seconds is "+describe(t.Get("benchmark_elapsed_seconds"))+", want a finite number >= 0")
+		return rej(ruleTimingInvalid, "timing.benchmark_elapsed_seconds is "+describe(t.Get("benchmark_elapsed_seconds"))+", want a finite number >= 0")
 	}
 	ms, ok := t.Get("measured_iteration_seconds").FiniteFloat()
 	if !ok {
-		return rej(RuleTimingInvalid, "timing.measured_iteration_seconds is "+describe(t.Get("measured_iteration_seconds"))+", want a finite number")
+		return rej(ruleTimingInvalid, "timing.measured_iteration_seconds is "+describe(t.Get("measured_iteration_seconds"))+", want a finite number")
 	}
 	info.timing, info.elapsed, info.measured = detach(t), el, ms
 	return nil
@@ -589,11 +589,11 @@ func (m *merger) checkRun() error {
 	for _, info := range m.infos[1:] {
 		switch {
 		case info.runID != ref.runID:
-			return m.reject(info, "", RuleRunMismatch, fmt.Sprintf("run_id %q differs from rank %d's %q", info.runID, ref.rank, ref.runID))
+			return m.reject(info, "", ruleRunMismatch, fmt.Sprintf("run_id %q differs from rank %d's %q", info.runID, ref.rank, ref.runID))
 		case info.grid != ref.grid:
-			return m.reject(info, "", RuleGridMismatch, fmt.Sprintf("grid_digest %q differs from rank %d's %q", info.grid, ref.rank, ref.grid))
+			return m.reject(info, "", ruleGridMismatch, fmt.Sprintf("grid_digest %q differs from rank %d's %q", info.grid, ref.rank, ref.grid))
 		case info.size != ref.size:
-			return m.reject(info, "", RuleDPSizeMismatch, fmt.Sprintf("dp.size %d differs from rank %d's %d", info.size, ref.rank, ref.size))
+			return m.reject(info, "", ruleDPSizeMismatch, fmt.Sprintf("dp.size %d differs from rank %d's %d", info.size, ref.rank, ref.size))
 		}
 	}
 	if m.opts.RequireAllRanks {
@@ -608,7 +608,7 @@ func (m *merger) checkRun() error {
 			}
 		}
 		if len(missing) > 0 {
-			return &RejectError{RunID: m.runID, Rule: RuleMissingRanks, Detail: fmt.Sprintf("ranks %v of dp.size %d were not supplied", missing, m.size)}
+			return &RejectError{RunID: m.runID, Rule: ruleMissingRanks, Detail: fmt.Sprintf("ranks %v of dp.size %d were not supplied", missing, m.size)}
 		}
 	}
 	for _, info := range m.infos[1:] {
@@ -617,23 +617,23 @@ func (m *merger) checkRun() error {
 			if ref.hasProtocol {
 				with, without = ref, info
 			}
-			return m.reject(info, "", RuleLegacyProtocolMix, fmt.Sprintf("rank %d has a measurement_protocol but rank %d is a legacy artefact without one", with.rank, without.rank))
+			return m.reject(info, "", ruleLegacyProtocolMix, fmt.Sprintf("rank %d has a measurement_protocol but rank %d is a legacy artefact without one", with.rank, without.rank))
 		}
 		if ref.hasProtocol {
 			if d := schemas.BenchDiff(ref.protocol, info.protocol); d != "" {
-				return m.reject(info, "", RuleProtocolMismatch, fmt.Sprintf("measurement_protocol differs from rank %d's at %s", ref.rank, d))
+				return m.reject(info, "", ruleProtocolMismatch, fmt.Sprintf("measurement_protocol differs from rank %d's at %s", ref.rank, d))
 			}
 		}
 	}
 	for _, info := range m.infos[1:] {
 		switch {
 		case info.status != ref.status:
-			return m.reject(info, "", RuleStatusMismatch, fmt.Sprintf("status %q differs from rank %d's %q", info.status, ref.rank, ref.status))
+			return m.reject(info, "", ruleStatusMismatch, fmt.Sprintf("status %q differs from rank %d's %q", info.status, ref.rank, ref.status))
 		case !schemas.BenchEqual(nullIfNil(info.stopReason), nullIfNil(ref.stopReason)):
-			return m.reject(info, "", RuleStatusMismatch, fmt.Sprintf("stop_reason %s differs from rank %d's %s", describe(info.stopReason), ref.rank, describe(ref.stopReason)))
+			return m.reject(info, "", ruleStatusMismatch, fmt.Sprintf("stop_reason %s differs from rank %d's %s", describe(info.stopReason), ref.rank, describe(ref.stopReason)))
 		}
 		if d := schemas.BenchDiff(ref.coverage, info.coverage); d != "" {
-			return m.reject(info, "", RuleCoverageMismatch, fmt.Sprintf("coverage differs from rank %d's at %s", ref.rank, d))
+			return m.reject(info, "", ruleCoverageMismatch, fmt.Sprintf("coverage differs from rank %d's at %s", ref.rank, d))
 		}
 	}
 	return m.checkEngines()
@@ -702,7 +702,7 @@ func (m *merger) checkEngines() error {
 		}
 		id := engineIdentity(e)
 		if d := schemas.BenchDiff(&refID, &id); d != "" {
-			return m.reject(info, "", RuleEngineMismatch, fmt.Sprintf("engine field %s differs from rank %d's; the ranks of one run must share a startup engine configuration", d, m.cleanEngine.rank))
+			return m.reject(info, "", ruleEngineMismatch, fmt.Sprintf("engine field %s differs from rank %d's; the ranks of one run must share a startup engine configuration", d, m.cleanEngine.rank))
 		}
 	}
 	return nil
@@ -714,7 +714,7 @@ func (m *merger) checkGroups() error {
 	ref := m.ref
 	groups := m.refDoc.Get("iteration_groups")
 	if !groups.IsArray() || groups.Len() == 0 {
-		return m.reject(ref, "", RuleMissingIterationGroups, "the reference rank has no synchronised iteration groups")
+		return m.reject(ref, "", ruleMissingIterationGroups, "the reference rank has no synchronised iteration groups")
 	}
 	m.groups = groups
 	m.groupByID = make(map[int64]*schemas.BenchNode, groups.Len())
@@ -729,72 +729,72 @@ func (m *merger) checkGroups() error {
 		g := &groups.Kids[gi]
 		id, ok := g.Get("benchmark_id").Int()
 		if !ok || id < 1 {
-			return m.reject(ref, "", RuleBenchmarkID, fmt.Sprintf("iteration group %d has benchmark_id %s, want an integer >= 1", gi, describe(g.Get("benchmark_id"))))
+			return m.reject(ref, "", ruleBenchmarkID, fmt.Sprintf("iteration group %d has benchmark_id %s, want an integer >= 1", gi, describe(g.Get("benchmark_id"))))
 		}
 		pt := pointName(id)
 		if _, dup := m.groupByID[id]; dup {
-			return m.reject(ref, pt, RuleDuplicateBenchmarkID, fmt.Sprintf("benchmark_id %d names two iteration groups", id))
+			return m.reject(ref, pt, ruleDuplicateBenchmarkID, fmt.Sprintf("benchmark_id %d names two iteration groups", id))
 		}
 		point := g.Get("point")
 		if pid, ok := point.Get("benchmark_id").Int(); !ok || pid != id {
-			return m.reject(ref, pt, RuleBenchmarkID, fmt.Sprintf("iteration group %d's point has benchmark_id %s", id, describe(point.Get("benchmark_id"))))
+			return m.reject(ref, pt, ruleBenchmarkID, fmt.Sprintf("iteration group %d's point has benchmark_id %s", id, describe(point.Get("benchmark_id"))))
 		}
 		if !isRankList(g.Get("expected_dp_ranks"), m.size) {
-			return m.reject(ref, pt, RuleGroupRanks, fmt.Sprintf("expected_dp_ranks is %s, want 0..%d", describe(g.Get("expected_dp_ranks")), m.size-1))
+			return m.reject(ref, pt, ruleGroupRanks, fmt.Sprintf("expected_dp_ranks is %s, want 0..%d", describe(g.Get("expected_dp_ranks")), m.size-1))
 		}
 		if c, _ := g.Get("complete").Bool(); !c {
-			return m.reject(ref, pt, RuleGroupRanks, "the iteration group is not complete")
+			return m.reject(ref, pt, ruleGroupRanks, "the iteration group is not complete")
 		}
 		rr := g.Get("rank_results")
 		if !rr.IsArray() {
-			return m.reject(ref, pt, RuleGroupRanks, "rank_results is "+describe(rr)+", want a list")
+			return m.reject(ref, pt, ruleGroupRanks, "rank_results is "+describe(rr)+", want a list")
 		}
 		if rr.Len() != m.size {
-			return m.reject(ref, pt, RuleGroupRanks, fmt.Sprintf("rank_results has %d ranks, want 0..%d", rr.Len(), m.size-1))
+			return m.reject(ref, pt, ruleGroupRanks, fmt.Sprintf("rank_results has %d ranks, want 0..%d", rr.Len(), m.size-1))
 		}
 		maxWall := 0.0
 		pointKey := ""
 		for r := range rr.Kids {
 			res := &rr.Kids[r]
 			if v, ok := res.Get("dp_rank").Int(); !ok || v != int64(r) {
-				return m.reject(ref, pt, RuleGroupRanks, fmt.Sprintf("rank_results[%d] has dp_rank %s, want %d", r, describe(res.Get("dp_rank")), r))
+				return m.reject(ref, pt, ruleGroupRanks, fmt.Sprintf("rank_results[%d] has dp_rank %s, want %d", r, describe(res.Get("dp_rank")), r))
 			}
 			fpm, detail := oneFPM(res.Get("fpms"), id, r)
 			if detail != "" {
-				return m.rejectRank(r, pt, RuleRankPointFPM, detail)
+				return m.rejectRank(r, pt, ruleRankPointFPM, detail)
 			}
 			wall, _ := fpm.Get("wall_time").FiniteFloat()
 			maxWall = max(maxWall, wall)
 			meas := fpm.Get("benchmark_measurement")
 			if !ref.hasProtocol {
 				if meas != nil {
-					return m.rejectRank(r, pt, RuleMeasurementWithoutProtocol, "the FPM carries benchmark_measurement but the run has no shared measurement_protocol")
+					return m.rejectRank(r, pt, ruleMeasurementWithoutProtocol, "the FPM carries benchmark_measurement but the run has no shared measurement_protocol")
 				}
 				continue
 			}
 			if v, ok := meas.Get("schema_version").Int(); !meas.IsObject() || !ok || v != schemas.MeasurementSchemaVersion {
-				return m.rejectRank(r, pt, RuleMissingGroupEvidence, "benchmark_measurement is missing or has no schema_version 1; every member of a synchronised group needs point/rank evidence")
+				return m.rejectRank(r, pt, ruleMissingGroupEvidence, "benchmark_measurement is missing or has no schema_version 1; every member of a synchronised group needs point/rank evidence")
 			}
 			if v, ok := meas.Get("dp_rank").Int(); !ok || v != int64(r) {
-				return m.rejectRank(r, pt, RuleMissingGroupEvidence, fmt.Sprintf("benchmark_measurement.dp_rank is %s, want %d", describe(meas.Get("dp_rank")), r))
+				return m.rejectRank(r, pt, ruleMissingGroupEvidence, fmt.Sprintf("benchmark_measurement.dp_rank is %s, want %d", describe(meas.Get("dp_rank")), r))
 			}
 			key, ok := meas.Get("point_key").Text()
 			if !ok || key == "" {
-				return m.rejectRank(r, pt, RuleMeasurementIdentity, "benchmark_measurement.point_key is "+describe(meas.Get("point_key"))+", want a non-empty string")
+				return m.rejectRank(r, pt, ruleMeasurementIdentity, "benchmark_measurement.point_key is "+describe(meas.Get("point_key"))+", want a non-empty string")
 			}
 			if r == 0 {
 				pointKey = key
 			} else if key != pointKey {
-				return m.rejectRank(r, pt, RuleMeasurementIdentity, fmt.Sprintf("point_key %q differs from rank 0's %q for the same point", key, pointKey))
+				return m.rejectRank(r, pt, ruleMeasurementIdentity, fmt.Sprintf("point_key %q differs from rank 0's %q for the same point", key, pointKey))
 			}
 			prep := meas.Get("preparation")
 			if gd, ok := prep.Get("grid_digest").Text(); !prep.IsObject() || !ok || gd != m.grid {
-				return m.rejectRank(r, pt, RuleMeasurementIdentity, fmt.Sprintf("preparation.grid_digest is %s, want the run's %q", describe(prep.Get("grid_digest")), m.grid))
+				return m.rejectRank(r, pt, ruleMeasurementIdentity, fmt.Sprintf("preparation.grid_digest is %s, want the run's %q", describe(prep.Get("grid_digest")), m.grid))
 			}
 			if !ref.hasExec {
 				for si := range meas.Get("raw_fpms").Len() {
 					if meas.Get("raw_fpms").Kids[si].Has("benchmark_sample") {
-						return m.rejectRank(r, pt, RuleExecutionContract, "raw samples carry benchmark_sample but measurement_protocol declares no execution_evidence contract")
+						return m.rejectRank(r, pt, ruleExecutionContract, "raw samples carry benchmark_sample but measurement_protocol declares no execution_evidence contract")
 					}
 				}
 				continue
@@ -809,15 +809,15 @@ func (m *merger) checkGroups() error {
 			}
 			prevForward[r] = last
 			if detail := checkWarmupReference(meas, ledgers[r]); detail != "" {
-				return m.rejectRank(r, pt, RuleWarmupReference, detail)
+				return m.rejectRank(r, pt, ruleWarmupReference, detail)
 			}
 		}
 		gw, ok := g.Get("wall_time").FiniteFloat()
 		if !ok || gw != maxWall {
-			return m.reject(ref, pt, RuleGroupWallTime, fmt.Sprintf("group wall_time is %s, want the maximum rank wall time %s", describe(g.Get("wall_time")), fmtFloat(maxWall)))
+			return m.reject(ref, pt, ruleGroupWallTime, fmt.Sprintf("group wall_time is %s, want the maximum rank wall time %s", describe(g.Get("wall_time")), fmtFloat(maxWall)))
 		}
 		if maxWall <= 0 {
-			return m.reject(ref, pt, RuleGroupWallTime, "the maximum rank wall time is 0; a published latency must be positive")
+			return m.reject(ref, pt, ruleGroupWallTime, "the maximum rank wall time is 0; a published latency must be positive")
 		}
 		m.groupByID[id] = g
 		m.ids = append(m.ids, id)
@@ -827,7 +827,7 @@ func (m *merger) checkGroups() error {
 	slices.Sort(sorted)
 	for i, id := range sorted {
 		if id != int64(i+1) {
-			return m.reject(ref, pointName(id), RuleNonContiguousBenchmarkIDs, fmt.Sprintf("benchmark ids %s are not the contiguous sequence 1..%d", idList(sorted), len(sorted)))
+			return m.reject(ref, pointName(id), ruleNonContiguousBenchmarkIDs, fmt.Sprintf("benchmark ids %s are not the contiguous sequence 1..%d", idList(sorted), len(sorted)))
 		}
 	}
 	m.ids = sorted
@@ -875,7 +875,7 @@ func (m *merger) checkRankResults(info *rankInfo, data []byte) (map[int64]schema
 				return err
 			}
 			if d != "" {
-				groupsErr = m.reject(info, groupPointAt(m.groups, d), RuleIterationGroupsMismatch,
+				groupsErr = m.reject(info, groupPointAt(m.groups, d), ruleIterationGroupsMismatch,
 					fmt.Sprintf("iteration_groups%s differs from rank %d's synchronised groups", pathSuffix(d), m.ref.rank))
 				return errStopScan
 			}
@@ -902,17 +902,17 @@ func (m *merger) checkRankResults(info *rankInfo, data []byte) (map[int64]schema
 		return nil, m.reject(info, "", RuleMalformedJSON, err.Error())
 	}
 	if !isClose(info.measured, m.measured, 1e-9, 1e-12) {
-		return nil, m.reject(info, "", RuleMeasuredTime, fmt.Sprintf("timing.measured_iteration_seconds %s is not the sum of the group wall times %s", fmtFloat(info.measured), fmtFloat(m.measured)))
+		return nil, m.reject(info, "", ruleMeasuredTime, fmt.Sprintf("timing.measured_iteration_seconds %s is not the sum of the group wall times %s", fmtFloat(info.measured), fmtFloat(m.measured)))
 	}
 	if info.measured > info.elapsed+1e-12 {
-		return nil, m.reject(info, "", RuleMeasuredTime, fmt.Sprintf("timing.measured_iteration_seconds %s exceeds benchmark_elapsed_seconds %s", fmtFloat(info.measured), fmtFloat(info.elapsed)))
+		return nil, m.reject(info, "", ruleMeasuredTime, fmt.Sprintf("timing.measured_iteration_seconds %s exceeds benchmark_elapsed_seconds %s", fmtFloat(info.measured), fmtFloat(info.elapsed)))
 	}
 	if resultsErr != nil {
 		return nil, resultsErr
 	}
 	for _, id := range m.ids {
 		if !seen[id] {
-			return nil, m.reject(info, pointName(id), RuleResultIDSet, fmt.Sprintf("results have no entry for benchmark_id %d", id))
+			return nil, m.reject(info, pointName(id), ruleResultIDSet, fmt.Sprintf("results have no entry for benchmark_id %d", id))
 		}
 	}
 	return regimes, nil
@@ -922,26 +922,26 @@ func (m *merger) checkRankResults(info *rankInfo, data []byte) (map[int64]schema
 func (m *merger) checkResult(info *rankInfo, i int, res *schemas.BenchNode, seen map[int64]bool, regimes map[int64]schemas.BenchNode) error {
 	id, ok := res.Get("point").Get("benchmark_id").Int()
 	if !ok {
-		return m.reject(info, "", RuleResultIDSet, fmt.Sprintf("results[%d].point.benchmark_id is %s", i, describe(res.Get("point").Get("benchmark_id"))))
+		return m.reject(info, "", ruleResultIDSet, fmt.Sprintf("results[%d].point.benchmark_id is %s", i, describe(res.Get("point").Get("benchmark_id"))))
 	}
 	pt := pointName(id)
 	if seen[id] {
-		return m.reject(info, pt, RuleResultIDSet, fmt.Sprintf("benchmark_id %d appears twice in results", id))
+		return m.reject(info, pt, ruleResultIDSet, fmt.Sprintf("benchmark_id %d appears twice in results", id))
 	}
 	seen[id] = true
 	g, ok := m.groupByID[id]
 	if !ok {
-		return m.reject(info, pt, RuleResultIDSet, fmt.Sprintf("results[%d] names benchmark_id %d, which has no iteration group (ids are %s)", i, id, idList(m.ids)))
+		return m.reject(info, pt, ruleResultIDSet, fmt.Sprintf("results[%d] names benchmark_id %d, which has no iteration group (ids are %s)", i, id, idList(m.ids)))
 	}
 	if d := schemas.BenchDiff(g.Get("point"), res.Get("point")); d != "" {
-		return m.reject(info, pt, RulePointMismatch, "the result's point differs from its iteration group's at "+d)
+		return m.reject(info, pt, rulePointMismatch, "the result's point differs from its iteration group's at "+d)
 	}
 	if _, detail := oneFPM(res.Get("fpms"), id, info.rank); detail != "" {
-		return m.reject(info, pt, RuleRankPointFPM, detail)
+		return m.reject(info, pt, ruleRankPointFPM, detail)
 	}
 	groupFPMs := g.Get("rank_results").Kids[info.rank].Get("fpms")
 	if d := schemas.BenchDiff(groupFPMs, res.Get("fpms")); d != "" {
-		return m.reject(info, pt, RuleLocalResultMismatch, "the rank's own FPM differs from its copy in the synchronised group at fpms"+pathSuffix(d))
+		return m.reject(info, pt, ruleLocalResultMismatch, "the rank's own FPM differs from its copy in the synchronised group at fpms"+pathSuffix(d))
 	}
 	if reg := res.Get("kv_seed_regime"); reg != nil {
 		regimes[id] = *detach(reg)
@@ -950,7 +950,7 @@ func (m *merger) checkResult(info *rankInfo, i int, res *schemas.BenchNode, seen
 }
 
 // build assembles the merged artefact and the sidecar.
-func (m *merger) build(probes []ProbeReplies) (*Result, error) {
+func (m *merger) build(probes []ProbeReplies) (*result, error) {
 	ref := m.ref
 	merged := m.refDoc.ShallowCopy()
 	globalRanks := make([]int, m.size)
@@ -1071,7 +1071,7 @@ func (m *merger) build(probes []ProbeReplies) (*Result, error) {
 		merged.Set("skipped_points", schemas.NewBenchArray())
 	}
 
-	res := &Result{
+	res := &result{
 		RunID:         m.runID,
 		Merged:        &merged,
 		MergedPath:    m.opts.MergedPath,
@@ -1083,7 +1083,7 @@ func (m *merger) build(probes []ProbeReplies) (*Result, error) {
 	}
 	if hasEngine {
 		res.Probe = newProbeContext(m.runID, m.opts.MergedPath, m.opts.SidecarPath, rankFiles, sourceRanks, globalRanks, merged.Get("engine"))
-		res.Sidecar = BuildSidecar(res.Probe, probes)
+		res.Sidecar = buildSidecar(res.Probe, probes)
 	}
 	return res, nil
 }

@@ -13,7 +13,7 @@ func newRunsTotal() *prometheus.CounterVec {
 		Name: "fpmbus_merge_runs_total",
 		Help: "Benchmark runs the merger published an outcome for, by outcome (bench_merged, bench_rejected, bench_incomplete; bench_conflict: a rank that disagrees with a run already merged).",
 	}, []string{"outcome"})
-	for _, o := range []string{EventMerged, EventRejected, EventIncomplete, EventConflict} {
+	for _, o := range []string{EventMerged, EventRejected, eventIncomplete, eventConflict} {
 		c.WithLabelValues(o)
 	}
 	return c

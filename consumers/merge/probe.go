@@ -17,8 +17,8 @@ import (
 // says: the probe neither reads nor rewrites the rank and merged artefacts, whose startup engine block
 // stays untouched.
 
-// ProbeRepliesSchema names the optional envelope of a probe reply file.
-const ProbeRepliesSchema = "fpmbus.benchmark_worker_probe_replies"
+// probeRepliesSchema names the optional envelope of a probe reply file.
+const probeRepliesSchema = "fpmbus.benchmark_worker_probe_replies"
 
 // ProbeReplies is one batch of worker-probe replies, in RPC order, or the reason there are none.
 type ProbeReplies struct {
@@ -50,8 +50,8 @@ func ParseProbeReplies(data []byte, source string) (ProbeReplies, error) {
 		pr.Replies = doc.Kids
 	case doc.IsObject() && (doc.Has("replies") || doc.Has("error")):
 		if s := doc.Get("schema"); s != nil {
-			if v, _ := s.Text(); v != ProbeRepliesSchema {
-				return ProbeReplies{}, fmt.Errorf("merge: probe replies %s: schema is %s, want %q", source, describe(s), ProbeRepliesSchema)
+			if v, _ := s.Text(); v != probeRepliesSchema {
+				return ProbeReplies{}, fmt.Errorf("merge: probe replies %s: schema is %s, want %q", source, describe(s), probeRepliesSchema)
 			}
 		}
 		if r := doc.Get("replies"); r != nil {
@@ -82,9 +82,9 @@ func ParseProbeReplies(data []byte, source string) (ProbeReplies, error) {
 	return pr, nil
 }
 
-// ProbeContext is what a sidecar is computed from besides the replies: small, JSON-encodable, so the
+// probeContext is what a sidecar is computed from besides the replies: small, JSON-encodable, so the
 // consumer can store it with the merged artefact and recompute the sidecar when late replies arrive.
-type ProbeContext struct {
+type probeContext struct {
 	RunID            string   `json:"run_id"`
 	MergedOutputPath string   `json:"merged_output_path"`
 	WorkerProbePath  string   `json:"worker_probe_path"`
@@ -98,8 +98,8 @@ type ProbeContext struct {
 	HasAttention bool   `json:"has_attention"`
 }
 
-func newProbeContext(runID, mergedPath, sidecarPath string, rankFiles []string, source, global []int, engine *schemas.BenchNode) ProbeContext {
-	pc := ProbeContext{RunID: runID, MergedOutputPath: mergedPath, WorkerProbePath: sidecarPath,
+func newProbeContext(runID, mergedPath, sidecarPath string, rankFiles []string, source, global []int, engine *schemas.BenchNode) probeContext {
+	pc := probeContext{RunID: runID, MergedOutputPath: mergedPath, WorkerProbePath: sidecarPath,
 		RankFiles: rankFiles, SourceRanks: source, GlobalRanks: global, HasAttention: engine.Get("attention").IsObject()}
 	size := func(name string) *int64 {
 		if v, ok := engine.Get("parallel").Get(name).Int(); ok && v > 0 {
@@ -114,10 +114,10 @@ func newProbeContext(runID, mergedPath, sidecarPath string, rankFiles []string, 
 // NoRepliesReason is the sidecar's failure when no probe replies were supplied at all.
 const NoRepliesReason = schemas.ResolutionFailedPrefix + "no worker probe replies were supplied to the merger"
 
-// BuildSidecar computes the dynamo.fpm.benchmark_worker_probe document for a merged artefact from the
+// buildSidecar computes the dynamo.fpm.benchmark_worker_probe document for a merged artefact from the
 // probe replies of its run (every batch, in order; rpc_index counts across batches). With no replies the
 // sidecar records why: the batches' own error, or NoRepliesReason.
-func BuildSidecar(pc ProbeContext, probes []ProbeReplies) *schemas.BenchNode {
+func buildSidecar(pc probeContext, probes []ProbeReplies) *schemas.BenchNode {
 	var replies []schemas.BenchNode
 	batchErr := ""
 	for _, b := range probes {
@@ -239,7 +239,7 @@ func allHaveIssues(rs []probeReply) bool {
 }
 
 // probeResult evaluates the replies against the workers of one artefact: expected lists its DP ranks.
-func probeResult(pc ProbeContext, all []probeReply, expected []int, failure string) schemas.BenchNode {
+func probeResult(pc probeContext, all []probeReply, expected []int, failure string) schemas.BenchNode {
 	scoped := make([]probeReply, len(all))
 	for i, r := range all {
 		scoped[i] = probeReply{index: r.index, node: r.node, issues: slices.Clone(r.issues)}

@@ -6,9 +6,9 @@ import (
 	"strings"
 )
 
-// Rule names one merge rule. Its value is the stable snake_case name used in rejection events, log lines
+// rule names one merge rule. Its value is the stable snake_case name used in rejection events, log lines
 // and error messages.
-type Rule string
+type rule string
 
 // The rules, in the order Merge checks them: each rank artefact on its own (the rules `fpmbus bench
 // publish` also applies before publishing), then every rank against the reference (lowest) rank, then
@@ -16,77 +16,77 @@ type Rule string
 // own results. The first rule broken is reported.
 const (
 	// Each rank on its own.
-	RuleArtefactSize       Rule = "artefact_size"               // larger than the maximum artefact size (refused before it is read when its size is known)
-	RuleMalformedJSON      Rule = "malformed_json"              // not one JSON object (syntax, duplicate key, ...), or a body that does not match its sha256
-	RuleSchemaVersion      Rule = "schema_version"              // schema_version is not 2
-	RuleArtifactType       Rule = "artifact_type"               // artifact_type present and not "rank"
-	RuleMissingRunID       Rule = "missing_run_id"              // run_id missing or empty
-	RuleRunID              Rule = "run_id"                      // run_id holds a control character or is over streams.MaxRunIDToken as a subject token
-	RuleMissingGridDigest  Rule = "missing_grid_digest"         // grid_digest missing or empty
-	RuleDPSize             Rule = "dp_size"                     // dp.size not an integer >= 1
-	RuleRankMismatch       Rule = "rank_mismatch"               // dp.rank outside 0..dp.size-1, or not the rank the file was supplied as (subject, _dpN name)
-	RuleStatus             Rule = "status"                      // status not complete|partial, or inconsistent with valid/usable/stop_reason/error/coverage/missing_phases
-	RuleCoverageArithmetic Rule = "coverage_arithmetic"         // coverage counts invalid, or results/iteration_groups/skipped_points counts disagree with them
-	RuleTimingInvalid      Rule = "timing_invalid"              // timing block, timestamps or elapsed seconds invalid
-	RuleProtocolInvalid    Rule = "protocol_invalid"            // measurement_protocol not an object with schema_version 1
-	RuleExecutionContract  Rule = "execution_evidence_contract" // invalid execution_evidence contract, or warmup_evidence / benchmark_sample without one
-	RuleWarmupEvidence     Rule = "warmup_evidence"             // the warmup ledger or one of its records is invalid
-	RuleDuplicateRank      Rule = "duplicate_rank"              // two artefacts for the same rank
+	RuleArtefactSize       rule = "artefact_size"               // larger than the maximum artefact size (refused before it is read when its size is known)
+	RuleMalformedJSON      rule = "malformed_json"              // not one JSON object (syntax, duplicate key, ...), or a body that does not match its sha256
+	ruleSchemaVersion      rule = "schema_version"              // schema_version is not 2
+	ruleArtifactType       rule = "artifact_type"               // artifact_type present and not "rank"
+	ruleMissingRunID       rule = "missing_run_id"              // run_id missing or empty
+	RuleRunID              rule = "run_id"                      // run_id holds a control character or is over streams.MaxRunIDToken as a subject token
+	ruleMissingGridDigest  rule = "missing_grid_digest"         // grid_digest missing or empty
+	ruleDPSize             rule = "dp_size"                     // dp.size not an integer >= 1
+	ruleRankMismatch       rule = "rank_mismatch"               // dp.rank outside 0..dp.size-1, or not the rank the file was supplied as (subject, _dpN name)
+	ruleStatus             rule = "status"                      // status not complete|partial, or inconsistent with valid/usable/stop_reason/error/coverage/missing_phases
+	ruleCoverageArithmetic rule = "coverage_arithmetic"         // coverage counts invalid, or results/iteration_groups/skipped_points counts disagree with them
+	ruleTimingInvalid      rule = "timing_invalid"              // timing block, timestamps or elapsed seconds invalid
+	ruleProtocolInvalid    rule = "protocol_invalid"            // measurement_protocol not an object with schema_version 1
+	ruleExecutionContract  rule = "execution_evidence_contract" // invalid execution_evidence contract, or warmup_evidence / benchmark_sample without one
+	ruleWarmupEvidence     rule = "warmup_evidence"             // the warmup ledger or one of its records is invalid
+	ruleDuplicateRank      rule = "duplicate_rank"              // two artefacts for the same rank
 
 	// Every rank against the reference rank.
-	RuleRunMismatch       Rule = "run_mismatch"         // run_id differs
-	RuleGridMismatch      Rule = "grid_digest_mismatch" // grid_digest differs
-	RuleDPSizeMismatch    Rule = "dp_size_mismatch"     // dp.size differs
-	RuleMissingRanks      Rule = "missing_ranks"        // a rank of 0..dp.size-1 was not supplied (when every rank is required)
-	RuleLegacyProtocolMix Rule = "legacy_protocol_mix"  // some ranks have a measurement_protocol and others are legacy artefacts without one
-	RuleProtocolMismatch  Rule = "protocol_mismatch"    // measurement protocols differ
-	RuleStatusMismatch    Rule = "status_mismatch"      // status or stop_reason differs
-	RuleCoverageMismatch  Rule = "coverage_mismatch"    // coverage differs
-	RuleEngineMismatch    Rule = "engine_mismatch"      // startup engine blocks differ outside the excluded post-run fields and parallel.data_parallel_rank
+	ruleRunMismatch       rule = "run_mismatch"         // run_id differs
+	ruleGridMismatch      rule = "grid_digest_mismatch" // grid_digest differs
+	ruleDPSizeMismatch    rule = "dp_size_mismatch"     // dp.size differs
+	ruleMissingRanks      rule = "missing_ranks"        // a rank of 0..dp.size-1 was not supplied (when every rank is required)
+	ruleLegacyProtocolMix rule = "legacy_protocol_mix"  // some ranks have a measurement_protocol and others are legacy artefacts without one
+	ruleProtocolMismatch  rule = "protocol_mismatch"    // measurement protocols differ
+	ruleStatusMismatch    rule = "status_mismatch"      // status or stop_reason differs
+	ruleCoverageMismatch  rule = "coverage_mismatch"    // coverage differs
+	ruleEngineMismatch    rule = "engine_mismatch"      // startup engine blocks differ outside the excluded post-run fields and parallel.data_parallel_rank
 
 	// The reference rank's iteration groups, point by point.
-	RuleMissingIterationGroups     Rule = "missing_iteration_groups"     // no iteration groups
-	RuleBenchmarkID                Rule = "benchmark_id"                 // benchmark_id not an integer >= 1, or the group's point names another id
-	RuleDuplicateBenchmarkID       Rule = "duplicate_benchmark_id"       // the same benchmark_id twice
-	RuleGroupRanks                 Rule = "group_ranks"                  // expected_dp_ranks or rank_results ranks are not 0..dp.size-1, or the group is not complete
-	RuleRankPointFPM               Rule = "rank_point_fpm"               // a rank-point lacks exactly one FPM with counter_id == benchmark_id, matching dp_rank and a finite wall_time >= 0
-	RuleMeasurementWithoutProtocol Rule = "measurement_without_protocol" // benchmark_measurement in a run without a measurement_protocol
-	RuleMissingGroupEvidence       Rule = "missing_group_evidence"       // a member of a synchronised group lacks benchmark_measurement (schema_version 1, its dp_rank)
-	RuleMeasurementIdentity        Rule = "measurement_identity"         // point_key empty or differing between the ranks of a point, or preparation.grid_digest not the run's
-	RuleRawSamples                 Rule = "raw_samples"                  // raw_fpms missing/empty/over expected_internal_samples, a retained benchmark_sample, or a raw sample of another point/rank/worker
-	RuleSampleIndex                Rule = "sample_index"                 // sample_index is not the sample's position in raw_fpms
-	RuleForwardIndexOrder          Rule = "forward_index_order"          // forward_index does not strictly increase within a rank
-	RuleTimingMismatch             Rule = "sample_timing"                // a raw sample's timing basis or interval contradicts its wall_time
-	RuleCudagraphPadding           Rule = "cudagraph"                    // observed: paddings != padded - unpadded or padded < unpadded; unavailable: a non-null value
-	RuleEstimate                   Rule = "estimate"                     // estimate method, raw_sample_indices or retained wall_time inconsistent
-	RuleWarmupReference            Rule = "warmup_reference"             // warmup_records_before invalid, or a counted warmup record overlaps the point's first raw sample
-	RuleGroupWallTime              Rule = "group_wall_time"              // group wall_time is not the maximum rank wall time, or that maximum is not positive (a step's latency is its slowest rank's)
-	RuleNonContiguousBenchmarkIDs  Rule = "non_contiguous_benchmark_ids" // ids are not 1..n
+	ruleMissingIterationGroups     rule = "missing_iteration_groups"     // no iteration groups
+	ruleBenchmarkID                rule = "benchmark_id"                 // benchmark_id not an integer >= 1, or the group's point names another id
+	ruleDuplicateBenchmarkID       rule = "duplicate_benchmark_id"       // the same benchmark_id twice
+	ruleGroupRanks                 rule = "group_ranks"                  // expected_dp_ranks or rank_results ranks are not 0..dp.size-1, or the group is not complete
+	ruleRankPointFPM               rule = "rank_point_fpm"               // a rank-point lacks exactly one FPM with counter_id == benchmark_id, matching dp_rank and a finite wall_time >= 0
+	ruleMeasurementWithoutProtocol rule = "measurement_without_protocol" // benchmark_measurement in a run without a measurement_protocol
+	ruleMissingGroupEvidence       rule = "missing_group_evidence"       // a member of a synchronised group lacks benchmark_measurement (schema_version 1, its dp_rank)
+	ruleMeasurementIdentity        rule = "measurement_identity"         // point_key empty or differing between the ranks of a point, or preparation.grid_digest not the run's
+	ruleRawSamples                 rule = "raw_samples"                  // raw_fpms missing/empty/over expected_internal_samples, a retained benchmark_sample, or a raw sample of another point/rank/worker
+	ruleSampleIndex                rule = "sample_index"                 // sample_index is not the sample's position in raw_fpms
+	ruleForwardIndexOrder          rule = "forward_index_order"          // forward_index does not strictly increase within a rank
+	ruleTimingMismatch             rule = "sample_timing"                // a raw sample's timing basis or interval contradicts its wall_time
+	ruleCudagraphPadding           rule = "cudagraph"                    // observed: paddings != padded - unpadded or padded < unpadded; unavailable: a non-null value
+	ruleEstimate                   rule = "estimate"                     // estimate method, raw_sample_indices or retained wall_time inconsistent
+	ruleWarmupReference            rule = "warmup_reference"             // warmup_records_before invalid, or a counted warmup record overlaps the point's first raw sample
+	ruleGroupWallTime              rule = "group_wall_time"              // group wall_time is not the maximum rank wall time, or that maximum is not positive (a step's latency is its slowest rank's)
+	ruleNonContiguousBenchmarkIDs  rule = "non_contiguous_benchmark_ids" // ids are not 1..n
 
 	// Every rank's copy of the groups, its timing, its own results.
-	RuleIterationGroupsMismatch Rule = "iteration_groups_mismatch"  // the rank's synchronised iteration groups differ from the reference rank's
-	RuleMeasuredTime            Rule = "measured_iteration_seconds" // measured_iteration_seconds is not the sum of group wall times, or exceeds elapsed
-	RuleResultIDSet             Rule = "result_id_set"              // results name another set of benchmark ids (or one twice)
-	RulePointMismatch           Rule = "point_mismatch"             // a result's point differs from its group's
-	RuleLocalResultMismatch     Rule = "local_result_mismatch"      // a rank's own FPM differs from its copy in the synchronised group
+	ruleIterationGroupsMismatch rule = "iteration_groups_mismatch"  // the rank's synchronised iteration groups differ from the reference rank's
+	ruleMeasuredTime            rule = "measured_iteration_seconds" // measured_iteration_seconds is not the sum of group wall times, or exceeds elapsed
+	ruleResultIDSet             rule = "result_id_set"              // results name another set of benchmark ids (or one twice)
+	rulePointMismatch           rule = "point_mismatch"             // a result's point differs from its group's
+	ruleLocalResultMismatch     rule = "local_result_mismatch"      // a rank's own FPM differs from its copy in the synchronised group
 )
 
-// Rules lists every rule in check order.
-var Rules = []Rule{
-	RuleArtefactSize, RuleMalformedJSON, RuleSchemaVersion, RuleArtifactType, RuleMissingRunID, RuleRunID, RuleMissingGridDigest, RuleDPSize,
-	RuleRankMismatch, RuleStatus, RuleCoverageArithmetic, RuleTimingInvalid, RuleProtocolInvalid,
-	RuleExecutionContract, RuleWarmupEvidence, RuleDuplicateRank,
-	RuleRunMismatch, RuleGridMismatch, RuleDPSizeMismatch, RuleMissingRanks, RuleLegacyProtocolMix,
-	RuleProtocolMismatch, RuleStatusMismatch, RuleCoverageMismatch, RuleEngineMismatch,
-	RuleMissingIterationGroups, RuleBenchmarkID, RuleDuplicateBenchmarkID, RuleGroupRanks, RuleRankPointFPM,
-	RuleMeasurementWithoutProtocol, RuleMissingGroupEvidence, RuleMeasurementIdentity, RuleRawSamples,
-	RuleSampleIndex, RuleForwardIndexOrder, RuleTimingMismatch, RuleCudagraphPadding, RuleEstimate,
-	RuleWarmupReference, RuleGroupWallTime, RuleNonContiguousBenchmarkIDs,
-	RuleIterationGroupsMismatch, RuleMeasuredTime, RuleResultIDSet, RulePointMismatch, RuleLocalResultMismatch,
+// rules lists every rule in check order.
+var rules = []rule{
+	RuleArtefactSize, RuleMalformedJSON, ruleSchemaVersion, ruleArtifactType, ruleMissingRunID, RuleRunID, ruleMissingGridDigest, ruleDPSize,
+	ruleRankMismatch, ruleStatus, ruleCoverageArithmetic, ruleTimingInvalid, ruleProtocolInvalid,
+	ruleExecutionContract, ruleWarmupEvidence, ruleDuplicateRank,
+	ruleRunMismatch, ruleGridMismatch, ruleDPSizeMismatch, ruleMissingRanks, ruleLegacyProtocolMix,
+	ruleProtocolMismatch, ruleStatusMismatch, ruleCoverageMismatch, ruleEngineMismatch,
+	ruleMissingIterationGroups, ruleBenchmarkID, ruleDuplicateBenchmarkID, ruleGroupRanks, ruleRankPointFPM,
+	ruleMeasurementWithoutProtocol, ruleMissingGroupEvidence, ruleMeasurementIdentity, ruleRawSamples,
+	ruleSampleIndex, ruleForwardIndexOrder, ruleTimingMismatch, ruleCudagraphPadding, ruleEstimate,
+	ruleWarmupReference, ruleGroupWallTime, ruleNonContiguousBenchmarkIDs,
+	ruleIterationGroupsMismatch, ruleMeasuredTime, ruleResultIDSet, rulePointMismatch, ruleLocalResultMismatch,
 }
 
-// ErrRejected matches every *RejectError (errors.Is).
-var ErrRejected = errors.New("merge: benchmark run rejected")
+// errRejected matches every *RejectError (errors.Is).
+var errRejected = errors.New("merge: benchmark run rejected")
 
 // RejectError is a merge that broke a rule. Nothing was written. Rank and Point are set when the rule
 // concerns one rank or one benchmark point (Point is the benchmark_id in decimal).
@@ -94,7 +94,7 @@ type RejectError struct {
 	RunID  string
 	Rank   *int
 	Point  string
-	Rule   Rule
+	Rule   rule
 	Detail string
 	// File is the rank artefact's recorded path, when the rule concerns one rank file.
 	File string
@@ -129,8 +129,8 @@ func (e *RejectError) Error() string {
 	return b.String()
 }
 
-// Is reports whether target is ErrRejected.
-func (e *RejectError) Is(target error) bool { return target == ErrRejected }
+// Is reports whether target is errRejected.
+func (e *RejectError) Is(target error) bool { return target == errRejected }
 
 // LogAttrs returns the error as slog key/value pairs: run_id, rank, point, rule, detail (and file).
 func (e *RejectError) LogAttrs() []any {

@@ -62,7 +62,7 @@ func makePartial(doc *schemas.BenchNode, expected int) {
 }
 
 type ruleCase struct {
-	rule   Rule
+	rule   rule
 	rank   *int   // expected RejectError.Rank (nil: not checked)
 	point  string // expected RejectError.Point ("" : not checked)
 	mutate func(docs []schemas.BenchNode)
@@ -85,53 +85,53 @@ var ruleCases = map[string]ruleCase{
 		f[1].Data = f[1].Data[:len(f[1].Data)/2]
 		return f
 	}},
-	"schema_version 3":                  {rule: RuleSchemaVersion, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("schema_version", v(3)) }},
-	"a merged artefact given as a rank": {rule: RuleArtifactType, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("artifact_type", v("merged")) }},
-	"empty run_id":                      {rule: RuleMissingRunID, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("run_id", v("")) }},
-	"no grid_digest":                    {rule: RuleMissingGridDigest, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Delete("grid_digest") }},
-	"dp.size 0":                         {rule: RuleDPSize, rank: rank(1), mutate: func(d []schemas.BenchNode) { setPath(&d[1], v(0), "dp", "size") }},
-	"rank 1's file says dp.rank 0":      {rule: RuleRankMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { setPath(&d[1], v(0), "dp", "rank") }},
-	"rank 1 supplied twice": {rule: RuleDuplicateRank, rank: rank(1), files: func(docs []schemas.BenchNode) []RankFile {
+	"schema_version 3":                  {rule: ruleSchemaVersion, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("schema_version", v(3)) }},
+	"a merged artefact given as a rank": {rule: ruleArtifactType, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("artifact_type", v("merged")) }},
+	"empty run_id":                      {rule: ruleMissingRunID, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("run_id", v("")) }},
+	"no grid_digest":                    {rule: ruleMissingGridDigest, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Delete("grid_digest") }},
+	"dp.size 0":                         {rule: ruleDPSize, rank: rank(1), mutate: func(d []schemas.BenchNode) { setPath(&d[1], v(0), "dp", "size") }},
+	"rank 1's file says dp.rank 0":      {rule: ruleRankMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { setPath(&d[1], v(0), "dp", "rank") }},
+	"rank 1 supplied twice": {rule: ruleDuplicateRank, rank: rank(1), files: func(docs []schemas.BenchNode) []RankFile {
 		f := defaultFiles(docs)
 		return append(f, RankFile{Rank: 1, Path: "/tmp/copy_of_dp1.json", Data: f[1].Data})
 	}},
-	"complete status with a stop_reason": {rule: RuleStatus, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("stop_reason", v("timeout")) }},
-	"completed count disagrees with results": {rule: RuleCoverageArithmetic, rank: rank(1), mutate: func(d []schemas.BenchNode) {
+	"complete status with a stop_reason": {rule: ruleStatus, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("stop_reason", v("timeout")) }},
+	"completed count disagrees with results": {rule: ruleCoverageArithmetic, rank: rank(1), mutate: func(d []schemas.BenchNode) {
 		setPath(&d[1], v(2), "coverage", "completed_points")
 	}},
-	"started_at is a number": {rule: RuleTimingInvalid, rank: rank(1), mutate: func(d []schemas.BenchNode) { setPath(&d[1], v(12), "timing", "started_at") }},
-	"protocol schema_version 2": {rule: RuleProtocolInvalid, rank: rank(1), mutate: func(d []schemas.BenchNode) {
+	"started_at is a number": {rule: ruleTimingInvalid, rank: rank(1), mutate: func(d []schemas.BenchNode) { setPath(&d[1], v(12), "timing", "started_at") }},
+	"protocol schema_version 2": {rule: ruleProtocolInvalid, rank: rank(1), mutate: func(d []schemas.BenchNode) {
 		setPath(&d[1], v(2), "measurement_protocol", "schema_version")
 	}},
-	"execution contract names another sample field": {rule: RuleExecutionContract, rank: rank(1), mutate: func(d []schemas.BenchNode) {
+	"execution contract names another sample field": {rule: ruleExecutionContract, rank: rank(1), mutate: func(d []schemas.BenchNode) {
 		setPath(&d[1], v("sample"), "measurement_protocol", "execution_evidence", "sample_field")
 	}},
-	"warmup record count contradicts its range": {rule: RuleWarmupEvidence, rank: rank(1), mutate: func(d []schemas.BenchNode) {
+	"warmup record count contradicts its range": {rule: ruleWarmupEvidence, rank: rank(1), mutate: func(d []schemas.BenchNode) {
 		d[1].Get("warmup_evidence").Get("records").Kids[0].Set("observed_forward_count", v(3))
 	}},
-	"rank 1 never arrived": {rule: RuleMissingRanks, files: func(docs []schemas.BenchNode) []RankFile { return defaultFiles(docs)[:1] }},
-	"rank 1 is a legacy artefact": {rule: RuleLegacyProtocolMix, rank: rank(1), mutate: func(d []schemas.BenchNode) {
+	"rank 1 never arrived": {rule: ruleMissingRanks, files: func(docs []schemas.BenchNode) []RankFile { return defaultFiles(docs)[:1] }},
+	"rank 1 is a legacy artefact": {rule: ruleLegacyProtocolMix, rank: rank(1), mutate: func(d []schemas.BenchNode) {
 		d[1].Delete("measurement_protocol")
 		d[1].Delete("warmup_evidence")
 	}},
-	"different content seed": {rule: RuleProtocolMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) {
+	"different content seed": {rule: ruleProtocolMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) {
 		setPath(&d[1], v("1"), "measurement_protocol", "content_seed")
 	}},
-	"another run's rank":   {rule: RuleRunMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("run_id", v("another-run")) }},
-	"another grid":         {rule: RuleGridMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("grid_digest", v("grid-other")) }},
-	"rank 1 stopped early": {rule: RuleStatusMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { makePartial(&d[1], 4) }},
-	"ranks expected different point counts": {rule: RuleCoverageMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) {
+	"another run's rank":   {rule: ruleRunMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("run_id", v("another-run")) }},
+	"another grid":         {rule: ruleGridMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { d[1].Set("grid_digest", v("grid-other")) }},
+	"rank 1 stopped early": {rule: ruleStatusMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { makePartial(&d[1], 4) }},
+	"ranks expected different point counts": {rule: ruleCoverageMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) {
 		makePartial(&d[0], 4)
 		makePartial(&d[1], 5)
 	}},
-	"rank 1 believes in three ranks": {rule: RuleDPSizeMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { setPath(&d[1], v(3), "dp", "size") }},
-	"rank 1 asked for another attention backend": {rule: RuleEngineMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) {
+	"rank 1 believes in three ranks": {rule: ruleDPSizeMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) { setPath(&d[1], v(3), "dp", "size") }},
+	"rank 1 asked for another attention backend": {rule: ruleEngineMismatch, rank: rank(1), mutate: func(d []schemas.BenchNode) {
 		setPath(&d[1], v("FLASHINFER"), "engine", "attention", "backend_requested")
 	}},
-	"rank 1's copy of a group differs": {rule: RuleIterationGroupsMismatch, rank: rank(1), point: "3", mutate: func(d []schemas.BenchNode) {
+	"rank 1's copy of a group differs": {rule: ruleIterationGroupsMismatch, rank: rank(1), point: "3", mutate: func(d []schemas.BenchNode) {
 		meas(&d[1], 2, 0).Get("prompts").Set("sha256", v("0000"))
 	}},
-	"no iteration groups": {rule: RuleMissingIterationGroups, rank: rank(0), mutate: func(d []schemas.BenchNode) {
+	"no iteration groups": {rule: ruleMissingIterationGroups, rank: rank(0), mutate: func(d []schemas.BenchNode) {
 		for r := range d {
 			setPath(&d[r], v(0), "coverage", "expected_points")
 			setPath(&d[r], v(0), "coverage", "completed_points")
@@ -139,63 +139,63 @@ var ruleCases = map[string]ruleCase{
 			d[r].Set("iteration_groups", v([]any{}))
 		}
 	}},
-	"benchmark_id 0":       {rule: RuleBenchmarkID, rank: rank(0), mutate: func(d []schemas.BenchNode) { group(&d[0], 1).Set("benchmark_id", v(0)) }},
-	"benchmark_id 1 twice": {rule: RuleDuplicateBenchmarkID, rank: rank(0), point: "1", mutate: func(d []schemas.BenchNode) { setGroupID(&d[0], 1, 1) }},
-	"ids 1, 2, 4":          {rule: RuleNonContiguousBenchmarkIDs, rank: rank(0), mutate: func(d []schemas.BenchNode) { setGroupID(&d[0], 2, 4) }},
-	"group expects rank 0 only": {rule: RuleGroupRanks, rank: rank(0), point: "1", mutate: func(d []schemas.BenchNode) {
+	"benchmark_id 0":       {rule: ruleBenchmarkID, rank: rank(0), mutate: func(d []schemas.BenchNode) { group(&d[0], 1).Set("benchmark_id", v(0)) }},
+	"benchmark_id 1 twice": {rule: ruleDuplicateBenchmarkID, rank: rank(0), point: "1", mutate: func(d []schemas.BenchNode) { setGroupID(&d[0], 1, 1) }},
+	"ids 1, 2, 4":          {rule: ruleNonContiguousBenchmarkIDs, rank: rank(0), mutate: func(d []schemas.BenchNode) { setGroupID(&d[0], 2, 4) }},
+	"group expects rank 0 only": {rule: ruleGroupRanks, rank: rank(0), point: "1", mutate: func(d []schemas.BenchNode) {
 		group(&d[0], 0).Set("expected_dp_ranks", v([]int{0}))
 	}},
-	"rank 1's FPM names another point": {rule: RuleRankPointFPM, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
+	"rank 1's FPM names another point": {rule: ruleRankPointFPM, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
 		member(&d[0], 0, 1).Set("counter_id", v(9))
 	}},
-	"group wall_time is not the slowest rank's": {rule: RuleGroupWallTime, rank: rank(0), point: "2", mutate: func(d []schemas.BenchNode) {
+	"group wall_time is not the slowest rank's": {rule: ruleGroupWallTime, rank: rank(0), point: "2", mutate: func(d []schemas.BenchNode) {
 		group(&d[0], 1).Set("wall_time", v(0.5))
 	}},
-	"evidence without a protocol": {rule: RuleMeasurementWithoutProtocol, rank: rank(0), point: "1", mutate: func(d []schemas.BenchNode) {
+	"evidence without a protocol": {rule: ruleMeasurementWithoutProtocol, rank: rank(0), point: "1", mutate: func(d []schemas.BenchNode) {
 		for r := range d {
 			d[r].Delete("measurement_protocol")
 			d[r].Delete("warmup_evidence")
 		}
 	}},
-	"rank 1 has no evidence for point 1": {rule: RuleMissingGroupEvidence, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
+	"rank 1 has no evidence for point 1": {rule: ruleMissingGroupEvidence, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
 		member(&d[0], 0, 1).Delete("benchmark_measurement")
 	}},
-	"rank 1's evidence describes another coordinate": {rule: RuleMeasurementIdentity, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
+	"rank 1's evidence describes another coordinate": {rule: ruleMeasurementIdentity, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
 		meas(&d[0], 0, 1).Set("point_key", v("decode:batch=64:kv=1"))
 	}},
-	"a raw sample of another point": {rule: RuleRawSamples, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
+	"a raw sample of another point": {rule: ruleRawSamples, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
 		rawSample(&d[0], 1, 1, 1).Set("counter_id", v(9))
 	}},
-	"sample_index is not the position": {rule: RuleSampleIndex, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
+	"sample_index is not the position": {rule: ruleSampleIndex, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
 		rawSample(&d[0], 1, 1, 1).Get("benchmark_sample").Set("sample_index", v(0))
 	}},
-	"forward_index goes back": {rule: RuleForwardIndexOrder, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
+	"forward_index goes back": {rule: ruleForwardIndexOrder, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
 		rawSample(&d[0], 1, 1, 1).Get("benchmark_sample").Set("forward_index", v(7))
 	}},
-	"interval contradicts wall_time": {rule: RuleTimingMismatch, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
+	"interval contradicts wall_time": {rule: ruleTimingMismatch, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
 		t := rawSample(&d[0], 1, 1, 1).Get("benchmark_sample").Get("timing")
 		end, _ := t.Get("end_monotonic").Float()
 		t.Set("end_monotonic", v(end+0.25))
 	}},
-	"paddings do not add up": {rule: RuleCudagraphPadding, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
+	"paddings do not add up": {rule: ruleCudagraphPadding, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
 		rawSample(&d[0], 1, 1, 1).Get("benchmark_sample").Get("cudagraph").Set("num_paddings", v(7))
 	}},
-	"median over the admission sample": {rule: RuleEstimate, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
+	"median over the admission sample": {rule: ruleEstimate, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
 		meas(&d[0], 1, 1).Get("estimate").Set("raw_sample_indices", v([]int{0, 1, 2}))
 	}},
-	"more warmups counted than recorded": {rule: RuleWarmupReference, rank: rank(0), point: "1", mutate: func(d []schemas.BenchNode) {
+	"more warmups counted than recorded": {rule: ruleWarmupReference, rank: rank(0), point: "1", mutate: func(d []schemas.BenchNode) {
 		meas(&d[0], 0, 0).Get("preparation").Set("warmup_records_before", v(5))
 	}},
-	"measured seconds are not the group sum": {rule: RuleMeasuredTime, rank: rank(1), mutate: func(d []schemas.BenchNode) {
+	"measured seconds are not the group sum": {rule: ruleMeasuredTime, rank: rank(1), mutate: func(d []schemas.BenchNode) {
 		setPath(&d[1], v(0.5), "timing", "measured_iteration_seconds")
 	}},
-	"benchmark_id 1 twice in results": {rule: RuleResultIDSet, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
+	"benchmark_id 1 twice in results": {rule: ruleResultIDSet, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
 		setPath(&d[1].Get("results").Kids[2], v(1), "point", "benchmark_id")
 	}},
-	"result point differs from its group's": {rule: RulePointMismatch, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
+	"result point differs from its group's": {rule: rulePointMismatch, rank: rank(1), point: "1", mutate: func(d []schemas.BenchNode) {
 		setPath(&d[1].Get("results").Kids[0], v(64), "point", "batch_size")
 	}},
-	"rank 1's own FPM differs from the group copy": {rule: RuleLocalResultMismatch, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
+	"rank 1's own FPM differs from the group copy": {rule: ruleLocalResultMismatch, rank: rank(1), point: "2", mutate: func(d []schemas.BenchNode) {
 		d[1].Get("results").Kids[1].Get("fpms").Kids[0].Set("wall_time", v(0.001))
 	}},
 }
@@ -217,7 +217,7 @@ func TestBenchRuleBaseMerges(t *testing.T) {
 
 func TestBenchRejectionRules(t *testing.T) {
 	t.Parallel()
-	covered := map[Rule]bool{}
+	covered := map[rule]bool{}
 	for name, c := range ruleCases {
 		covered[c.rule] = true
 		t.Run(name, func(t *testing.T) {
@@ -234,7 +234,7 @@ func TestBenchRejectionRules(t *testing.T) {
 				t.Fatalf("merged (%d points) but rule %s is broken", res.Points, c.rule)
 			}
 			var rej *RejectError
-			if !errors.As(err, &rej) || !errors.Is(err, ErrRejected) {
+			if !errors.As(err, &rej) || !errors.Is(err, errRejected) {
 				t.Fatalf("error %v is not a *RejectError", err)
 			}
 			if rej.Rule != c.rule {
@@ -255,12 +255,12 @@ func TestBenchRejectionRules(t *testing.T) {
 			}
 		})
 	}
-	for _, r := range Rules {
+	for _, r := range rules {
 		if !covered[r] {
 			t.Errorf("rule %s has no fixture", r)
 		}
 	}
-	if len(covered) != len(Rules) {
-		t.Errorf("%d rules covered, %d declared", len(covered), len(Rules))
+	if len(covered) != len(rules) {
+		t.Errorf("%d rules covered, %d declared", len(covered), len(rules))
 	}
 }

@@ -22,9 +22,9 @@ import (
 // <stem>_merged<ext> when dp_start is 0, else <stem>_dp<dp_start>_merged<ext>; the worker-probe sidecar
 // is the merged path's <stem>_worker_probe<ext>, <stem>_merged_worker_probe<ext> for a whole run.
 
-// SidecarPathFor returns the worker-probe sidecar path for a merged artefact path:
+// sidecarPathFor returns the worker-probe sidecar path for a merged artefact path:
 // /tmp/benchmark_results_merged.json -> /tmp/benchmark_results_merged_worker_probe.json.
-func SidecarPathFor(mergedPath string) string {
+func sidecarPathFor(mergedPath string) string {
 	stem, ext := splitExt(mergedPath)
 	return stem + "_worker_probe" + ext
 }
@@ -98,7 +98,7 @@ func ExpandPath(template, runID string) string {
 // a sidecar left by an earlier run is removed first, then the merged artefact is written atomically, then
 // (only when the merged artefact has an engine block) the sidecar, atomically. It returns the merged
 // artefact's sha256 and size.
-func WriteResult(res *Result) (digest string, size int64, err error) {
+func WriteResult(res *result) (digest string, size int64, err error) {
 	if err := removeIfExists(res.SidecarPath); err != nil {
 		return "", 0, fmt.Errorf("merge: remove stale sidecar: %w", err)
 	}
@@ -107,15 +107,15 @@ func WriteResult(res *Result) (digest string, size int64, err error) {
 		return "", 0, fmt.Errorf("merge: write merged artefact: %w", err)
 	}
 	if res.Sidecar != nil {
-		if err := WriteSidecar(res.SidecarPath, res.Sidecar); err != nil {
+		if err := writeSidecar(res.SidecarPath, res.Sidecar); err != nil {
 			return digest, size, err
 		}
 	}
 	return digest, size, nil
 }
 
-// WriteSidecar writes a sidecar atomically.
-func WriteSidecar(path string, sidecar *schemas.BenchNode) error {
+// writeSidecar writes a sidecar atomically.
+func writeSidecar(path string, sidecar *schemas.BenchNode) error {
 	if _, _, err := writeAtomic(path, func(w io.Writer) error { return schemas.WriteBenchJSON(w, sidecar) }); err != nil {
 		return fmt.Errorf("merge: write worker-probe sidecar: %w", err)
 	}

@@ -19,7 +19,7 @@ func TestBenchWriteResultOrderAndStaleSidecar(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	merged := filepath.Join(dir, "benchmark_results_merged.json")
-	sidecar := SidecarPathFor(merged)
+	sidecar := sidecarPathFor(merged)
 	stale := []byte(`{"schema":"dynamo.fpm.benchmark_worker_probe","run_id":"an-earlier-run"}`)
 
 	// A legacy run has no engine block: the earlier run's sidecar is removed and none is written.
@@ -87,7 +87,7 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 		start         int
 		merged, probe string
 	}{
-		{"/tmp/benchmark_results.json", 0, DefaultMergedPath, "/tmp/benchmark_results_merged_worker_probe.json"},
+		{"/tmp/benchmark_results.json", 0, defaultMergedPath, "/tmp/benchmark_results_merged_worker_probe.json"},
 		{"/tmp/benchmark_results.json", 4, "/tmp/benchmark_results_dp4_merged.json", "/tmp/benchmark_results_dp4_merged_worker_probe.json"},
 		{"/data/run.v2/bench", 0, "/data/run.v2/bench_merged", "/data/run.v2/bench_merged_worker_probe"},
 		{"/data/.bench", 0, "/data/.bench_merged", "/data/.bench_merged_worker_probe"},
@@ -99,7 +99,7 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 		if got := MergedPathFor(c.base, c.start); got != c.merged {
 			t.Errorf("MergedPathFor(%s, %d) = %s, want %s", c.base, c.start, got, c.merged)
 		}
-		if got := SidecarPathFor(c.merged); got != c.probe {
+		if got := sidecarPathFor(c.merged); got != c.probe {
 			t.Errorf("SidecarPathFor(%s) = %s, want %s", c.merged, got, c.probe)
 		}
 	}
@@ -175,7 +175,7 @@ func TestBenchWriteResultRefusesNonRegularFiles(t *testing.T) {
 			merged := filepath.Join(dir, "benchmark_results_merged.json")
 			planted := merged
 			if where == "stale sidecar" {
-				planted = SidecarPathFor(merged)
+				planted = sidecarPathFor(merged)
 			}
 			victim := filepath.Join(t.TempDir(), "victim")
 			if err := os.WriteFile(victim, []byte("precious"), 0o644); err != nil {
@@ -219,7 +219,7 @@ func TestCheckOutputTemplateLeavesRoomForTheLongestRunID(t *testing.T) {
 		"a path over PATH_MAX":              {strings.Repeat("/d", 2000) + "/" + RunIDPlaceholder + ".json", false},
 		"a long directory of its own is ok": {"/" + strings.Repeat("d", 255) + "/" + RunIDPlaceholder + ".json", true},
 	} {
-		err := CheckOutputTemplate(tc.template)
+		err := checkOutputTemplate(tc.template)
 		if (err == nil) != tc.ok {
 			t.Errorf("%s: %v, want ok %v", name, err, tc.ok)
 		}

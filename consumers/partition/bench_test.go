@@ -89,13 +89,13 @@ func throughput(tb testing.TB, variant string, n int) float64 {
 	if variant == "plain" {
 		cons, err := env.JS.CreateOrUpdateConsumer(ctx, streams.StreamFPM, jetstream.ConsumerConfig{
 			Durable: "plain", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute,
-			MaxAckPending: DefaultMaxAckPending, FilterSubject: "fpm.*.*.*.*",
+			MaxAckPending: defaultMaxAckPending, FilterSubject: "fpm.*.*.*.*",
 		})
 		if err != nil {
 			tb.Fatal(err)
 		}
 		start := time.Now()
-		it, err := cons.Messages(jetstream.PullMaxMessages(DefaultBatch))
+		it, err := cons.Messages(jetstream.PullMaxMessages(defaultBatch))
 		if err != nil {
 			tb.Fatal(err)
 		}

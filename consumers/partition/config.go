@@ -17,12 +17,12 @@ import (
 // handler may stay unacked before the server redelivers it (the member drops such redeliveries while
 // it owns the partition; see the package comment), so it is generous.
 const (
-	DefaultPartitions     = 16
-	DefaultAckWait        = 60 * time.Second
+	defaultPartitions     = 16
+	defaultAckWait        = 60 * time.Second
 	DefaultPinnedTTL      = 10 * time.Second
-	DefaultMaxAckPending  = 10000
-	DefaultBatch          = 1000
-	DefaultReleaseTimeout = 30 * time.Second
+	defaultMaxAckPending  = 10000
+	defaultBatch          = 1000
+	defaultReleaseTimeout = 30 * time.Second
 
 	// MinPinnedTTL keeps the consumer's idle heartbeat (PinnedTTL/5, at least 1 s) well inside it.
 	MinPinnedTTL = 3 * time.Second
@@ -56,16 +56,16 @@ const (
 	metaSource     = "fpmbus_source"
 )
 
-// ErrInvalidConfig is wrapped by every configuration error.
-var ErrInvalidConfig = errors.New("partition: invalid configuration")
+// errInvalidConfig is wrapped by every configuration error.
+var errInvalidConfig = errors.New("partition: invalid configuration")
 
 // ErrGroupMismatch is returned by Join when the group already exists on the server with a different
 // partitioning (partition count, filters or key tokens). Changing it would move keys between partitions
 // and break per-key order; Delete the group first (its consumers restart from the stream's start).
 var ErrGroupMismatch = errors.New("partition: group exists with a different partitioning")
 
-// ErrNoPartition is returned by Config.PartitionOf for a subject no filter matches.
-var ErrNoPartition = errors.New("partition: subject matches no filter of the group")
+// errNoPartition is returned by Config.PartitionOf for a subject no filter matches.
+var errNoPartition = errors.New("partition: subject matches no filter of the group")
 
 // Filter selects subjects of the stream and says which of their tokens form the partition key.
 type Filter struct {
@@ -144,31 +144,31 @@ func defaultConfig(stream, group string, filters ...Filter) Config {
 	return Config{
 		Stream:         stream,
 		Group:          group,
-		Partitions:     DefaultPartitions,
+		Partitions:     defaultPartitions,
 		Filters:        filters,
-		AckWait:        DefaultAckWait,
+		AckWait:        defaultAckWait,
 		PinnedTTL:      DefaultPinnedTTL,
-		MaxAckPending:  DefaultMaxAckPending,
-		Batch:          DefaultBatch,
-		ReleaseTimeout: DefaultReleaseTimeout,
+		MaxAckPending:  defaultMaxAckPending,
+		Batch:          defaultBatch,
+		ReleaseTimeout: defaultReleaseTimeout,
 	}
 }
 
 // withDefaults fills zero durations and sizes.
 func (c Config) withDefaults() Config {
-	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
-	c.AckWait = cmp.Or(c.AckWait, DefaultAckWait)
+	c.Partitions = cmp.Or(c.Partitions, defaultPartitions)
+	c.AckWait = cmp.Or(c.AckWait, defaultAckWait)
 	c.PinnedTTL = cmp.Or(c.PinnedTTL, DefaultPinnedTTL)
-	c.MaxAckPending = cmp.Or(c.MaxAckPending, DefaultMaxAckPending)
-	c.Batch = cmp.Or(c.Batch, min(DefaultBatch, c.MaxAckPending))
-	c.ReleaseTimeout = cmp.Or(c.ReleaseTimeout, DefaultReleaseTimeout)
+	c.MaxAckPending = cmp.Or(c.MaxAckPending, defaultMaxAckPending)
+	c.Batch = cmp.Or(c.Batch, min(defaultBatch, c.MaxAckPending))
+	c.ReleaseTimeout = cmp.Or(c.ReleaseTimeout, defaultReleaseTimeout)
 	return c
 }
 
 // Validate reports the first setting that cannot work. Zero durations and sizes take their defaults.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	bad := invalid.Reporter(ErrInvalidConfig)
+	bad := invalid.Reporter(errInvalidConfig)
 	switch {
 	case !streams.ValidName(c.Stream, maxStreamNameLen):
 		return bad("stream %q: want letters, digits, '-' and '_'", c.Stream)
@@ -266,7 +266,7 @@ func (c Config) PartitionOf(subject string) (int, error) {
 		}
 		return int(h.Sum32() % uint32(c.Partitions)), nil
 	}
-	return 0, fmt.Errorf("%w: %q", ErrNoPartition, subject)
+	return 0, fmt.Errorf("%w: %q", errNoPartition, subject)
 }
 
 // matchWildcards matches subject tokens against filter and returns the values of its '*' tokens.

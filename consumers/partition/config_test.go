@@ -43,7 +43,7 @@ func TestConfigValidate(t *testing.T) {
 			c.Filters = slices.Clone(c.Filters)
 			tc.mod(&c)
 			err := c.Validate()
-			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, errInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Validate() = %v, want an ErrInvalidConfig naming %q", err, tc.want)
 			}
 		})

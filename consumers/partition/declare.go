@@ -172,11 +172,9 @@ func declare(ctx context.Context, js jetstream.JetStream, c Config) ([]jetstream
 
 // declareConsumer creates partition p's consumer, or brings an existing one to this Config while
 // keeping its deliver subject (the current owner's: changing it would move the partition). A consumer
-// that exists with the same settings is left alone. A pull consumer the group declared with an
-// earlier fpmbus (which partitioned with pinned pull clients) is replaced by the push consumer, going
-// on after its ack floor: nothing acked is read again, the rest comes again (handlers recognise what
-// they made durable). The server refuses to change an ack policy; that is reported in the group's
-// terms, as is a consumer of that name that is not the group's.
+// that exists with the same settings is left alone. The server refuses to change an ack policy; that
+// is reported in the group's terms, as is a consumer of that name that is not the group's: a pull
+// consumer always is someone else's, since a group's partition consumers are push consumers.
 func declareConsumer(ctx context.Context, consStream jetstream.Stream, c Config, p int) error {
 	want := c.ConsumerConfig(p)
 	lookup := func() (*jetstream.ConsumerInfo, error) {
@@ -196,10 +194,8 @@ func declareConsumer(ctx context.Context, consStream jetstream.Stream, c Config,
 	}
 	ci, err := lookup()
 	if errors.Is(err, jetstream.ErrNotPushConsumer) {
-		err = replacePullConsumer(ctx, consStream, c, want)
-		if err == nil {
-			return nil
-		}
+		err = fmt.Errorf("%w: %s/%s: consumer %s exists and is not this group's (a pull consumer); delete it or name the group otherwise",
+			ErrGroupMismatch, c.Stream, c.Group, want.Durable)
 	}
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
@@ -230,25 +226,6 @@ func declareConsumer(ctx context.Context, consStream jetstream.Stream, c Config,
 		return fmt.Errorf("partition: declare consumer %s: %w", want.Durable, err)
 	}
 	return nil
-}
-
-// replacePullConsumer replaces the group's pull consumer want.Durable (declared by an earlier fpmbus)
-// by want, reset to the message after the old consumer's ack floor.
-func replacePullConsumer(ctx context.Context, consStream jetstream.Stream, c Config, want jetstream.ConsumerConfig) error {
-	old, err := call(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return consStream.Consumer(ctx, want.Durable) })
-	if err != nil {
-		return err
-	}
-	have := old.CachedInfo()
-	if !isGroupConsumer(have) {
-		return fmt.Errorf("%w: %s/%s: consumer %s exists and is not this group's (no fpmbus_group metadata); delete it or name the group otherwise",
-			ErrGroupMismatch, c.Stream, c.Group, want.Durable)
-	}
-	if have.Config.AckPolicy != want.AckPolicy {
-		return fmt.Errorf("%w: %s/%s: consumer %s acks with policy %s on the server, %s here (delete the group to change)",
-			ErrGroupMismatch, c.Stream, c.Group, want.Durable, have.Config.AckPolicy, want.AckPolicy)
-	}
-	return ReplaceAfterAckFloor(ctx, consStream, want, have.AckFloor.Stream)
 }
 
 // ReplaceAfterAckFloor replaces consumer want.Durable on stream s, whose ack floor is floor, by a push

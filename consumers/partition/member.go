@@ -42,11 +42,11 @@ import (
 type Handler func(ctx context.Context, partition int, msgs <-chan jetstream.Msg) error
 
 var (
-	// ErrAlreadyRunning is returned by a second Consume on the same Member.
-	ErrAlreadyRunning = errors.New("partition: member already consuming")
-	// ErrHandlerReturned is returned by Consume when a handler returned nil before its partition was
+	// errAlreadyRunning is returned by a second Consume on the same Member.
+	errAlreadyRunning = errors.New("partition: member already consuming")
+	// errHandlerReturned is returned by Consume when a handler returned nil before its partition was
 	// revoked.
-	ErrHandlerReturned = errors.New("partition: handler returned before its partition was revoked")
+	errHandlerReturned = errors.New("partition: handler returned before its partition was revoked")
 )
 
 // apiTimeout bounds one JetStream API call made by a member.
@@ -88,7 +88,7 @@ type Option func(*Member) error
 func WithMemberID(id string) Option {
 	return func(m *Member) error {
 		if !streams.ValidName(id, MaxNameLen) {
-			return fmt.Errorf("%w: member id %q: want 1-64 letters, digits, '-' and '_'", ErrInvalidConfig, id)
+			return fmt.Errorf("%w: member id %q: want 1-64 letters, digits, '-' and '_'", errInvalidConfig, id)
 		}
 		m.id, m.stable = id, true
 		return nil
@@ -99,7 +99,7 @@ func WithMemberID(id string) Option {
 func WithLogger(l *slog.Logger) Option {
 	return func(m *Member) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+			return fmt.Errorf("%w: nil logger", errInvalidConfig)
 		}
 		m.log = l
 		return nil
@@ -139,7 +139,7 @@ func Join(ctx context.Context, js jetstream.JetStream, cfg Config, opts ...Optio
 		return nil, err
 	}
 	if js == nil {
-		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: nil JetStream", errInvalidConfig)
 	}
 	cfg = cfg.withDefaults()
 	m := &Member{
@@ -336,10 +336,10 @@ type workerExit struct {
 // live owner (see worker.mayTake) and then calls h.
 func (m *Member) Consume(ctx context.Context, h Handler) error {
 	if h == nil {
-		return fmt.Errorf("%w: nil handler", ErrInvalidConfig)
+		return fmt.Errorf("%w: nil handler", errInvalidConfig)
 	}
 	if !m.running.CompareAndSwap(false, true) {
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	defer close(m.done)
 	hardCtx, hardCancel := context.WithCancel(context.Background())

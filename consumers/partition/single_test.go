@@ -160,7 +160,7 @@ func TestConsumeContextCancelLeaves(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "all messages", func() bool { return rec.total.Load() == 80 })
-	if err := m.Consume(ctx, rec.handler("again")); !errors.Is(err, ErrAlreadyRunning) {
+	if err := m.Consume(ctx, rec.handler("again")); !errors.Is(err, errAlreadyRunning) {
 		t.Fatalf("second Consume: %v", err)
 	}
 	ccancel()

@@ -260,7 +260,7 @@ wait:
 		case herr = <-hdone:
 			handlerDone = true
 			if herr == nil {
-				herr = ErrHandlerReturned
+				herr = errHandlerReturned
 			}
 			ev.kind = endLost
 			break wait

@@ -44,7 +44,7 @@ func benchSeal(b *testing.B, n int, connect func(i int) *nats.Conn) {
 					return
 				}
 				c := testCell(base+k, "bench", 1, 8)
-				if out, err := sealers[i].Seal(ctx, &c, ""); err != nil || out.Result != Sealed {
+				if out, err := sealers[i].Seal(ctx, &c, ""); err != nil || out.Result != sealed {
 					b.Errorf("seal: %v %v", out.Result, err)
 					return
 				}

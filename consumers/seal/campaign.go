@@ -14,17 +14,17 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// ErrPlanMismatch: a campaign record exists for the id but for a different frozen plan.
-var ErrPlanMismatch = errors.New("seal: campaign record belongs to a different plan")
+// errPlanMismatch: a campaign record exists for the id but for a different frozen plan.
+var errPlanMismatch = errors.New("seal: campaign record belongs to a different plan")
 
 // CampaignKey is the FPM_DATASETS key of campaign id's record.
 func CampaignKey(id string) string { return schemas.CampaignKeyPrefix + id }
 
-// GetCampaign reads a campaign record and the revision a write must expect: its history folded
+// getCampaignKV reads a campaign record and the revision a write must expect: its history folded
 // (revisions.go: the first frozen plan and each revision that legitimately follows; tampered ones are
 // skipped). jetstream.ErrKeyNotFound when it has none: no revision, or none that is a frozen plan of
 // the campaign (the revision returned is then the key's last, on which the plan is written).
-func GetCampaign(ctx context.Context, kv jetstream.KeyValue, id string) (*schemas.Campaign, uint64, error) {
+func getCampaignKV(ctx context.Context, kv jetstream.KeyValue, id string) (*schemas.Campaign, uint64, error) {
 	return getCampaign(ctx, bucketHistory(kv), id)
 }
 
@@ -46,11 +46,11 @@ func isKeyTaken(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }
 
-// FreezePlan creates the campaign record of plan (every cell pending) on a key that holds no record:
+// freezePlanKV creates the campaign record of plan (every cell pending) on a key that holds no record:
 // one that never had a revision, or whose revisions are none a frozen plan of the campaign (tampering,
 // which the plan goes on top of). An existing record of the same plan is kept as it is; one of another
-// plan is ErrPlanMismatch.
-func FreezePlan(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetPlan) (*schemas.Campaign, error) {
+// plan is errPlanMismatch.
+func freezePlanKV(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetPlan) (*schemas.Campaign, error) {
 	return freezePlan(ctx, bucketHistory(kv), plan)
 }
 
@@ -79,18 +79,18 @@ func freezePlan(ctx context.Context, h history, plan *schemas.DatasetPlan) (*sch
 			return nil, err
 		}
 		if old.PlanDigest != c.PlanDigest {
-			return nil, fmt.Errorf("%w: campaign %s has plan %s, this plan is %s", ErrPlanMismatch, plan.CampaignID, old.PlanDigest, c.PlanDigest)
+			return nil, fmt.Errorf("%w: campaign %s has plan %s, this plan is %s", errPlanMismatch, plan.CampaignID, old.PlanDigest, c.PlanDigest)
 		}
 		return old, nil
 	}
 	return nil, fmt.Errorf("seal: freeze campaign %s: too many concurrent writers", plan.CampaignID)
 }
 
-// UpdateCampaign applies fn to the current record and writes it with Update on the key's last
+// updateCampaignKV applies fn to the current record and writes it with Update on the key's last
 // revision; on a revision conflict (another writer got there first) it re-reads and re-applies fn, up
 // to 50 times. fn must be a pure function of the record it is given. A result equal to the record
 // (but for its time) is not written.
-func UpdateCampaign(ctx context.Context, kv jetstream.KeyValue, id string, fn func(*schemas.Campaign) error) (*schemas.Campaign, error) {
+func updateCampaignKV(ctx context.Context, kv jetstream.KeyValue, id string, fn func(*schemas.Campaign) error) (*schemas.Campaign, error) {
 	return updateCampaign(ctx, bucketHistory(kv), id, fn)
 }
 
@@ -126,8 +126,8 @@ func updateCampaign(ctx context.Context, h history, id string, fn func(*schemas.
 	return nil, fmt.Errorf("seal: update campaign %s: too many concurrent writers", id)
 }
 
-// RecordCells sets the states of the given cells in campaign id. A cell sealed earlier stays sealed.
-func RecordCells(ctx context.Context, kv jetstream.KeyValue, id string, cells map[string]schemas.CampaignCell) (*schemas.Campaign, error) {
+// recordCellsKV sets the states of the given cells in campaign id. A cell sealed earlier stays sealed.
+func recordCellsKV(ctx context.Context, kv jetstream.KeyValue, id string, cells map[string]schemas.CampaignCell) (*schemas.Campaign, error) {
 	return recordCells(ctx, bucketHistory(kv), id, cells)
 }
 

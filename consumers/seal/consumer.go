@@ -28,10 +28,10 @@ import (
 // Defaults of Config.
 const (
 	DefaultDurable     = "fpmbus-seal"
-	DefaultPartitions  = durable.DefaultHoldingPartitions
-	DefaultPinnedTTL   = durable.DefaultPinnedTTL
-	DefaultProfileWait = 10 * time.Minute
-	DefaultAckWait     = durable.DefaultHoldingAckWait
+	defaultPartitions  = durable.DefaultHoldingPartitions
+	defaultPinnedTTL   = durable.DefaultPinnedTTL
+	defaultProfileWait = 10 * time.Minute
+	defaultAckWait     = durable.DefaultHoldingAckWait
 )
 
 // ConsumerName names the sealer in the runner's metrics (label consumer) and its dead letters
@@ -53,9 +53,9 @@ const (
 // ErrInvalidConfig wraps every Config or option problem of a Consumer.
 var ErrInvalidConfig = errors.New("seal: invalid consumer config")
 
-// ErrNoProfile is the reason a merged artefact is rejected when its run's collection profile did not
+// errNoProfile is the reason a merged artefact is rejected when its run's collection profile did not
 // arrive within Config.ProfileWait, or is not a valid profile.
-var ErrNoProfile = errors.New("seal: no valid collection profile for the run")
+var errNoProfile = errors.New("seal: no valid collection profile for the run")
 
 // Config configures the durable sealer. Zero values take the defaults noted.
 type Config struct {
@@ -65,7 +65,7 @@ type Config struct {
 	durable.HoldingConfig
 	// AllowPartial seals the passed cells of a run whose cells are not all valid.
 	AllowPartial bool
-	// ProfileWait is how long after the merged artefact its profile may still arrive [DefaultProfileWait].
+	// ProfileWait is how long after the merged artefact its profile may still arrive [defaultProfileWait].
 	ProfileWait time.Duration
 	// Streams are applied at start and give the bucket's settings [streams.DefaultConfig()].
 	Streams streams.Config
@@ -77,7 +77,7 @@ type Config struct {
 	Sealer *Sealer
 	// OutcomeHook, when set, is called on the consumer's loop with each merged artefact's final
 	// outcome: its run, the report (nil when nothing was published) and the error.
-	OutcomeHook func(runID string, rep *Report, err error)
+	OutcomeHook func(runID string, rep *report, err error)
 	// Registerer receives the sealer's metrics and its runner's; nil registers none.
 	Registerer prometheus.Registerer
 	// Logger receives the sealer's logs and its runner's [slog.Default()].
@@ -88,7 +88,7 @@ func (c *Config) fill() error {
 	if err := c.HoldingConfig.Fill(DefaultDurable, ErrInvalidConfig); err != nil {
 		return err
 	}
-	c.ProfileWait = cmp.Or(c.ProfileWait, DefaultProfileWait)
+	c.ProfileWait = cmp.Or(c.ProfileWait, defaultProfileWait)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	c.MaxArtefactSize = cmp.Or(c.MaxArtefactSize, streams.DefaultBenchMaxArtefact)
 	if c.MaxArtefactSize < 0 {
@@ -136,7 +136,7 @@ type sealStage struct {
 	now       func() time.Time
 	store     *benchstore.BenchStore
 	sealer    *Sealer
-	onOutcome func(runID string, rep *Report, err error)
+	onOutcome func(runID string, rep *report, err error)
 	bench     jetstream.Stream
 	held      []*heldSeal // in delivery order
 	metrics   *metrics
@@ -272,7 +272,7 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 				max(size, int64(len(m.Data()))), s.cfg.MaxArtefactSize)
 		}
 		if err != nil {
-			s.reject(m, "", fmt.Errorf("%w: %v", ErrNotSealable, err))
+			s.reject(m, "", fmt.Errorf("%w: %v", errNotSealable, err))
 			return false
 		}
 		h.runID = runID
@@ -316,7 +316,7 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		if waited := s.now().Sub(m.Stored); waited > s.cfg.ProfileWait {
-			s.reject(m, h.runID, fmt.Errorf("%w: nothing on %s within %v of the merged artefact", ErrNoProfile,
+			s.reject(m, h.runID, fmt.Errorf("%w: nothing on %s within %v of the merged artefact", errNoProfile,
 				streams.BenchProfileSubject(h.runID), s.cfg.ProfileWait))
 			return false
 		}
@@ -330,7 +330,7 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 	}
 	prof, err := schemas.DecodeProfile(bytes.NewReader(pm.Data))
 	if err != nil {
-		s.reject(m, h.runID, fmt.Errorf("%w: %s seq %d: %v", ErrNoProfile, streams.BenchProfileSubject(h.runID), pm.Sequence, err))
+		s.reject(m, h.runID, fmt.Errorf("%w: %s seq %d: %v", errNoProfile, streams.BenchProfileSubject(h.runID), pm.Sequence, err))
 		return false
 	}
 	if body == nil {
@@ -352,17 +352,17 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 		log.Info("run sealed", "cells", len(rep.Cells), "campaign", rep.CampaignID)
 	case errors.As(err, &verr):
 		s.outcome(h.runID, rep, err)
-		m.Reject(fmt.Errorf("%w: the run's dataset fails validation: %v", ErrNotSealable, err))
+		m.Reject(fmt.Errorf("%w: the run's dataset fails validation: %v", errNotSealable, err))
 		log.Error("run's dataset rejected: not sealed", "error", err)
 		return false
-	case errors.Is(err, ErrTooLarge), errors.Is(err, ErrPlanMismatch):
+	case errors.Is(err, ErrTooLarge), errors.Is(err, errPlanMismatch):
 		// A cell or campaign record the server can never store, a campaign id whose record froze
 		// another plan: no retry changes it.
 		s.outcome(h.runID, rep, err)
-		m.Reject(fmt.Errorf("%w: %v", ErrNotSealable, err))
+		m.Reject(fmt.Errorf("%w: %v", errNotSealable, err))
 		log.Error("run can never be sealed", "error", err)
 		return false
-	case errors.Is(err, ErrConflict), errors.Is(err, ErrPartial), errors.Is(err, ErrIncomplete):
+	case errors.Is(err, ErrConflict), errors.Is(err, errPartial), errors.Is(err, errIncomplete):
 		s.reportRefusals(ctx, err)
 		log.Warn("run not fully sealed", "error", err)
 	default:
@@ -378,7 +378,7 @@ func (s *sealStage) attempt(ctx context.Context, h *heldSeal) (held bool) {
 func (s *sealStage) fetch(ctx context.Context, m *durable.Msg) (body []byte, final bool, err error) {
 	body, err = s.store.Fetch(ctx, m.Headers(), m.Data())
 	if errors.Is(err, benchstore.ErrDigestMismatch) || errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, true, fmt.Errorf("%w: %v", ErrNotSealable, err)
+		return nil, true, fmt.Errorf("%w: %v", errNotSealable, err)
 	}
 	return body, false, err
 }
@@ -389,10 +389,10 @@ func isMerged(doc []byte) error {
 		ArtifactType any `json:"artifact_type"`
 	}
 	if err := json.Unmarshal(doc, &head); err != nil {
-		return fmt.Errorf("%w: not a JSON object: %v", ErrNotSealable, err)
+		return fmt.Errorf("%w: not a JSON object: %v", errNotSealable, err)
 	}
 	if head.ArtifactType != "merged" {
-		return fmt.Errorf("%w: artifact_type %v, want merged", ErrNotSealable, head.ArtifactType)
+		return fmt.Errorf("%w: artifact_type %v, want merged", errNotSealable, head.ArtifactType)
 	}
 	return nil
 }
@@ -405,11 +405,11 @@ func (s *sealStage) reject(m *durable.Msg, runID string, reason error) {
 	m.Reject(reason)
 }
 
-func (s *sealStage) outcome(runID string, rep *Report, err error) {
+func (s *sealStage) outcome(runID string, rep *report, err error) {
 	switch {
 	case err == nil:
 		s.metrics.runs.WithLabelValues(outcomeSealed).Inc()
-	case errors.Is(err, ErrConflict), errors.Is(err, ErrPartial), errors.Is(err, ErrIncomplete):
+	case errors.Is(err, ErrConflict), errors.Is(err, errPartial), errors.Is(err, errIncomplete):
 		s.metrics.runs.WithLabelValues(outcomePartial).Inc()
 	default:
 		s.metrics.runs.WithLabelValues(outcomeRejected).Inc()
@@ -494,7 +494,7 @@ func (s *sealStage) audit(ctx context.Context) {
 // campaign record names another run's seal: an error log, the counter and a seal_refused event naming
 // both runs.
 func (s *sealStage) reportRefusals(ctx context.Context, err error) {
-	var cs *ConflictsError
+	var cs *conflictsError
 	if !errors.As(err, &cs) {
 		return
 	}

@@ -182,11 +182,11 @@ func TestConsumerRejectsUnsealableArtefacts(t *testing.T) {
 				}
 			}
 			outcomes := make(chan error, 4)
-			startSealer(t, env, Config{OutcomeHook: func(_ string, _ *Report, err error) { outcomes <- err }})
+			startSealer(t, env, Config{OutcomeHook: func(_ string, _ *report, err error) { outcomes <- err }})
 			ack, body := tc.publish(env.JS)
 			select {
 			case err := <-outcomes:
-				if !errors.Is(err, ErrNotSealable) {
+				if !errors.Is(err, errNotSealable) {
 					t.Fatalf("outcome %v, want ErrNotSealable", err)
 				}
 			case <-time.After(10 * time.Second):
@@ -230,13 +230,13 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 	env, kv := singleNode(t)
 	doc, runID := goldenRun(t)
 	type res struct {
-		rep *Report
+		rep *report
 		err error
 	}
 	outcomes := make(chan res, 4)
 	g := Config{HoldingConfig: durable.HoldingConfig{AckWait: 2 * time.Second}}
 	reg := prometheus.NewRegistry()
-	g.OutcomeHook, g.Registerer = func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }, reg
+	g.OutcomeHook, g.Registerer = func(_ string, rep *report, err error) { outcomes <- res{rep, err} }, reg
 	startSealer(t, env, g)
 	ack := publishMergedBody(t, env.JS, runID, doc)
 	cons := sealerConsumer(t, env)
@@ -254,7 +254,7 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 	}
 	select {
 	case r := <-outcomes:
-		if r.err != nil || len(r.rep.Cells) != 1 || r.rep.Cells[0].State != Sealed.String() {
+		if r.err != nil || len(r.rep.Cells) != 1 || r.rep.Cells[0].State != sealed.String() {
 			t.Fatalf("outcome %+v %v", r.rep, r.err)
 		}
 	case <-time.After(10 * time.Second):
@@ -268,7 +268,7 @@ func TestConsumerHoldsArtefactUntilProfileArrives(t *testing.T) {
 		t.Fatalf("%d dead letters", len(dl))
 	}
 	if runs, cells := gatheredBy(t, reg, "fpmbus_seal_runs_total"), gatheredBy(t, reg, "fpmbus_seal_cells_total"); runs[outcomeSealed] != 1 || runs[outcomeRejected] != 0 ||
-		cells[Sealed.String()] != 1 || len(runs) != 3 || len(cells) != 5 {
+		cells[sealed.String()] != 1 || len(runs) != 3 || len(cells) != 5 {
 		t.Fatalf("fpmbus_seal_runs_total %v, fpmbus_seal_cells_total %v: want one run and one cell sealed", runs, cells)
 	}
 }
@@ -305,16 +305,16 @@ func TestConsumerRetriesUnknownOutcome(t *testing.T) {
 	if err := env.JS.DeleteKeyValue(ctx, streams.BucketDatasets); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewSealer(kv, WithSource("fpmbus seal"), WithRetries(1, 10*time.Millisecond), WithOpTimeout(time.Second))
+	s, err := NewSealer(kv, WithSource("fpmbus seal"), withRetries(1, 10*time.Millisecond), withOpTimeout(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	type res struct {
-		rep *Report
+		rep *report
 		err error
 	}
 	outcomes := make(chan res, 4)
-	startSealer(t, env, Config{Sealer: s, OutcomeHook: func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }})
+	startSealer(t, env, Config{Sealer: s, OutcomeHook: func(_ string, rep *report, err error) { outcomes <- res{rep, err} }})
 	publishMergedBody(t, env.JS, runID, doc)
 	cons := sealerConsumer(t, env)
 	waitFor(t, "the artefact delivered", 10*time.Second, func() bool { return consumerInfo(t, cons).Delivered.Consumer == 1 })
@@ -332,7 +332,7 @@ func TestConsumerRetriesUnknownOutcome(t *testing.T) {
 	}
 	select {
 	case r := <-outcomes:
-		if r.err != nil || len(r.rep.Cells) != 1 || r.rep.Cells[0].State != Sealed.String() {
+		if r.err != nil || len(r.rep.Cells) != 1 || r.rep.Cells[0].State != sealed.String() {
 			t.Fatalf("outcome %+v %v", r.rep, r.err)
 		}
 	case <-time.After(20 * time.Second):

@@ -12,13 +12,13 @@ import (
 
 // Coverage states of a planned cell.
 const (
-	Covered = "covered" // sealed with at least the planned number of rows
-	Partial = "partial" // sealed, but with fewer rows than planned (a run that stopped early)
-	Missing = "missing" // nothing sealed under the exact identity
+	covered = "covered" // sealed with at least the planned number of rows
+	partial = "partial" // sealed, but with fewer rows than planned (a run that stopped early)
+	missing = "missing" // nothing sealed under the exact identity
 )
 
-// CoverageCell is one planned cell's coverage, with its source, dataset digest and identity.
-type CoverageCell struct {
+// coverageCell is one planned cell's coverage, with its source, dataset digest and identity.
+type coverageCell struct {
 	Key               string               `json:"key"`
 	State             string               `json:"state"`
 	Identity          schemas.CellIdentity `json:"identity"`
@@ -30,9 +30,9 @@ type CoverageCell struct {
 	EstimatedGPUHours float64              `json:"estimated_gpu_hours"`
 }
 
-// CoverageReport is a plan's coverage before collection: covered, partial and missing cells, the
+// coverageReport is a plan's coverage before collection: covered, partial and missing cells, the
 // settings the plan cannot cover, and the estimated GPU-hours (against the budget) to collect the rest.
-type CoverageReport struct {
+type coverageReport struct {
 	CampaignID          string         `json:"campaign_id"`
 	State               string         `json:"state"` // covered (all), partial, missing (none)
 	Covered             int            `json:"covered"`
@@ -42,22 +42,22 @@ type CoverageReport struct {
 	EstimatedGPUHours   float64        `json:"estimated_gpu_hours"` // to collect what is not covered
 	BudgetGPUHours      float64        `json:"budget_gpu_hours,omitempty"`
 	OverBudget          bool           `json:"over_budget"`
-	Cells               []CoverageCell `json:"cells"`
+	Cells               []coverageCell `json:"cells"`
 }
 
 // Coverage reads every planned cell's exact key. A partially covered cell costs the uncovered share of
 // its estimate; a missing one all of it. Only exact identities count: data sealed under another backend,
 // profile or schema version is a different key and leaves the cell missing until data of the new
 // identity is sealed.
-func Coverage(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetPlan) (*CoverageReport, error) {
-	rep := &CoverageReport{CampaignID: plan.CampaignID, UnsupportedSettings: plan.UnsupportedSettings, BudgetGPUHours: plan.BudgetGPUHours}
+func Coverage(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetPlan) (*coverageReport, error) {
+	rep := &coverageReport{CampaignID: plan.CampaignID, UnsupportedSettings: plan.UnsupportedSettings, BudgetGPUHours: plan.BudgetGPUHours}
 	if rep.UnsupportedSettings == nil {
 		rep.UnsupportedSettings = []string{}
 	}
 	for _, pc := range plan.Cells {
-		cc := CoverageCell{Key: pc.Identity.Key(), Identity: pc.Identity, ExpectedRows: pc.ExpectedRows, State: Missing,
+		cc := coverageCell{Key: pc.Identity.Key(), Identity: pc.Identity, ExpectedRows: pc.ExpectedRows, State: missing,
 			EstimatedGPUHours: pc.EstimatedGPUHours}
-		v, _, err := Get(ctx, kv, cc.Key)
+		v, _, err := get(ctx, kv, cc.Key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
@@ -65,16 +65,16 @@ func Coverage(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetP
 		default:
 			cc.Source, cc.RunID, cc.DatasetDigest, cc.Rows = v.Source, v.Provenance.RunID, v.Provenance.DatasetDigest, len(v.Rows)
 			if cc.Rows >= pc.ExpectedRows {
-				cc.State, cc.EstimatedGPUHours = Covered, 0
+				cc.State, cc.EstimatedGPUHours = covered, 0
 			} else {
-				cc.State = Partial
+				cc.State = partial
 				cc.EstimatedGPUHours = pc.EstimatedGPUHours * float64(pc.ExpectedRows-cc.Rows) / float64(pc.ExpectedRows)
 			}
 		}
 		switch cc.State {
-		case Covered:
+		case covered:
 			rep.Covered++
-		case Partial:
+		case partial:
 			rep.Partial++
 		default:
 			rep.Missing++
@@ -84,11 +84,11 @@ func Coverage(ctx context.Context, kv jetstream.KeyValue, plan *schemas.DatasetP
 	}
 	switch {
 	case rep.Covered == len(plan.Cells):
-		rep.State = Covered
+		rep.State = covered
 	case rep.Covered+rep.Partial > 0:
-		rep.State = Partial
+		rep.State = partial
 	default:
-		rep.State = Missing
+		rep.State = missing
 	}
 	rep.OverBudget = plan.BudgetGPUHours > 0 && rep.EstimatedGPUHours > plan.BudgetGPUHours
 	return rep, nil

@@ -6,7 +6,7 @@
 //
 //	cell.<sha256 of the canonical cell identity>   schemas.SealedCell, written once on a key that holds no
 //	                                              seal; the sealed value is the key's first revision that
-//	                                              is a seal (schemas.SealedValue)
+//	                                              is a seal (schemas.sealedValue)
 //	campaign.<id>                                 schemas.Campaign (the frozen plan and each cell's state),
 //	                                              frozen the same way, then only with Update on the key's
 //	                                              last revision; read as its legitimate revisions
@@ -24,13 +24,13 @@
 // which would also write over a delete marker stored after a seal). It wins or loses atomically on the
 // stream's last-subject-sequence check.
 // A loss (errors.Is(err, jetstream.ErrKeyExists)) reads the key's history: the same attempt (run id and
-// dataset digest) is an idempotent success (AlreadySealed), anything else a *ConflictError naming both
+// dataset digest) is an idempotent success (alreadySealed), anything else a *conflictError naming both
 // the sealed and the refused attempt; the sealed value is never touched. A key whose revisions are none
 // a seal (a delete marker or junk a leaked or buggy credential stored before anyone sealed it) is not
 // sealed: the seal is written again, on that key's last revision, and is the cell. Any other error
 // (timeout, leader change, no responders) leaves the outcome unknown: the key is read back, and the
-// unique attempt id stored in the value says whether the lost-ack write was ours (Sealed, Settled) or
-// someone else's; if the key holds no seal the write is retried. The campaign record is changed only by UpdateCampaign: read, apply,
+// unique attempt id stored in the value says whether the lost-ack write was ours (sealed, Settled) or
+// someone else's; if the key holds no seal the write is retried. The campaign record is changed only by updateCampaignKV: read, apply,
 // Update(expected revision), re-read and re-apply on a revision conflict.
 //
 // # Sealed history that nothing rewrites
@@ -39,7 +39,7 @@
 // new per key; created so, or protected at start and by `fpmbus streams apply`, keeping what it
 // holds), so every revision stays. A credential that may write the bucket, the sealer's own included,
 // can still store an overwrite or a delete marker as a later revision, or junk before the seal: every
-// reader (this package's Get, Read, List, the sealer itself, predict's catalog, `fpmbus datasets`)
+// reader (this package's get, Read, list, the sealer itself, predict's catalog, `fpmbus datasets`)
 // folds a key's history with schemas.KeyHistory, which takes a cell's first revision that is a seal as
 // its sealed value and a campaign record as its first frozen plan and the revisions that legitimately
 // follow it (schemas.NextCampaign), and the audit at start reports every other revision (revisions.go,
@@ -56,7 +56,7 @@
 // each cell the bucket has lost or holds under another run (log; gauges
 // fpmbus_seal_sealed_cells_missing and fpmbus_seal_sealed_cells_replaced; a cell_missing or
 // cell_replaced event on fpmevents.dataset.<campaign>, streams.DatasetEvent); PublishDataset refuses a
-// different run's seal of a cell a record names while the bucket has lost it (*ConflictError with
+// different run's seal of a cell a record names while the bucket has lost it (*conflictError with
 // Missing, errors.Is ErrSealMissing, naming both runs; the consumer adds a seal_refused event and
 // fpmbus_seal_missing_cell_refusals_total). The run and dataset the record names may seal it again,
 // which restores it; no other run ever can while the record stands, and the record's seals cannot be
@@ -66,9 +66,9 @@
 //
 // PublishDataset validates everything first (schemas.Dataset.Validate: every rule, every cell; nothing
 // is written on a rejection), freezes the plan, seals the passing cells and records every planned cell's
-// state. By default every frozen cell must be present (ErrIncomplete). With AllowPartial the passing
+// state. By default every frozen cell must be present (errIncomplete). With AllowPartial the passing
 // cells are sealed, every missing cell is recorded with its reason, the campaign stays partial and the
-// command exits ExitPartial (3); a conflict exits ExitConflict (4).
+// command exits exitPartial (3); a conflict exits exitConflict (4).
 //
 // The durable Consumer (`fpmbus seal`) reads merged artefacts from fpmbench.merged.<run> (bodies
 // inline or in FPM_BENCH_OBJECTS, via benchstore.BenchStore), takes the run's collection profile from the

@@ -25,7 +25,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) *Flags {
 	f := &Flags{cfg: c, cf: flagprefix.On(fs, prefix)}
 	cf := f.cf
 	if c.ProfileWait == 0 {
-		c.ProfileWait = DefaultProfileWait
+		c.ProfileWait = defaultProfileWait
 	}
 	if c.MaxArtefactSize == 0 {
 		c.MaxArtefactSize = streams.DefaultBenchMaxArtefact

@@ -263,7 +263,7 @@ func (f *killFixture) check(t *testing.T, js jetstream.JetStream, kv jetstream.K
 	if err := leaderGet(CampaignKey(CampaignIDFor(f.ds)), &camp); err != nil || camp.State != schemas.CampaignComplete {
 		t.Fatalf("campaign record after the restart: %+v %v", camp, err)
 	}
-	s, _ := NewSealer(kv, WithSource("after-kill"), WithJetStream(js))
+	s, _ := NewSealer(kv, WithSource("after-kill"), withJetStream(js))
 	rep, err := s.Audit(ctx)
 	if err != nil || rep.Checked != len(f.ds.Cells) || len(rep.Findings) != 0 {
 		t.Fatalf("audit after the restart: %+v %v", rep, err)
@@ -272,7 +272,7 @@ func (f *killFixture) check(t *testing.T, js jetstream.JetStream, kv jetstream.K
 	// 503 to some requests, as the sealer consumer retries an unknown outcome).
 	eventually(t, 30*time.Second, "a competing run after the restart", func() error {
 		_, err := s.PublishDataset(ctx, testDataset("run-B", testCell(0, "run-B", 1.5, 4)), PublishOptions{})
-		var cs *ConflictsError
+		var cs *conflictsError
 		if errors.As(err, &cs) && len(cs.Conflicts) == 1 && !cs.Conflicts[0].Missing && cs.Conflicts[0].Sealed.RunID == "run-A" {
 			return nil
 		}

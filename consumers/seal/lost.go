@@ -27,7 +27,7 @@ import (
 //     audits at start and reports each finding (log, gauge fpmbus_seal_sealed_cells_missing, an event
 //     on fpmevents.dataset.<campaign>).
 //   - PublishDataset reads the records before it seals and refuses a cell a record names sealed by
-//     another run (or dataset) while the bucket does not hold it: a *ConflictError with Missing set,
+//     another run (or dataset) while the bucket does not hold it: a *conflictError with Missing set,
 //     naming the recorded seal and the refused attempt (errors.Is ErrConflict and ErrSealMissing).
 //     The same run and dataset may seal it again, which restores it. The refusal stands for good: a
 //     campaign revision that drops a seal is tampering, ignored by every reader (revisions.go).
@@ -52,11 +52,11 @@ func (s *Sealer) RecordedSeals(ctx context.Context) (map[string][]RecordedSeal, 
 }
 
 // recordedSeals is RecordedSeals and the campaign revisions its fold ignored as tampering.
-func (s *Sealer) recordedSeals(ctx context.Context) (map[string][]RecordedSeal, []string, []Tampered, error) {
+func (s *Sealer) recordedSeals(ctx context.Context) (map[string][]RecordedSeal, []string, []tampered, error) {
 	out := map[string][]RecordedSeal{}
 	var corrupt []string
-	var tampered []Tampered
-	err := s.campaigns(ctx, func(key string, revs []Revision) {
+	var tampered []tampered
+	err := s.campaigns(ctx, func(key string, revs []revision) {
 		e := foldAll(key, revs).entry()
 		tampered = append(tampered, e.Ignored...)
 		c := e.Campaign
@@ -77,13 +77,13 @@ func (s *Sealer) recordedSeals(ctx context.Context) (map[string][]RecordedSeal, 
 }
 
 // Reads that conclude "lost" from an absence go to the bucket stream's leader when the sealer has a
-// JetStream context (WithJetStream; the consumer always gives it one): a direct get or a watch may be
+// JetStream context (withJetStream; the consumer always gives it one): a direct get or a watch may be
 // answered by a replica still catching up after a restart, which does not hold what the leader holds
 // (natsconn.LastMsgFromLeader). Without one (a Sealer made from the bucket alone) they go through the
 // bucket.
 
 // campaigns passes every campaign record's key and revisions to f, in key order.
-func (s *Sealer) campaigns(ctx context.Context, f func(key string, revs []Revision)) error {
+func (s *Sealer) campaigns(ctx context.Context, f func(key string, revs []revision)) error {
 	counts, err := s.revisionCounts(ctx, schemas.CampaignKeyPrefix)
 	if err != nil {
 		return err
@@ -179,32 +179,32 @@ func (s *Sealer) untilAvailable(ctx context.Context, f func(context.Context) err
 	return err
 }
 
-// AuditFinding is a recorded seal the bucket does not hold as recorded.
-type AuditFinding struct {
+// auditFinding is a recorded seal the bucket does not hold as recorded.
+type auditFinding struct {
 	RecordedSeal
 	// Missing: the bucket holds no value for the cell, or no revision that is a seal (Reason says which).
 	// Otherwise the cell is held by another run: Found names it.
 	Missing bool   `json:"missing"`
 	Reason  string `json:"reason"`
-	Found   *Attempt
+	Found   *attempt
 }
 
-// AuditReport is the outcome of Audit.
-type AuditReport struct {
+// auditReport is the outcome of Audit.
+type auditReport struct {
 	// Checked counts the recorded seals checked (one per campaign naming a cell).
 	Checked  int
-	Findings []AuditFinding
+	Findings []auditFinding
 	// CorruptCampaigns are the campaign keys that hold no frozen plan, only revisions no fpmbus writer
 	// stores: the seals they would name are unknown.
 	CorruptCampaigns []string
 	// Tampered are the revisions of cell keys that are no seal or follow the seal, and the campaign
 	// revisions that are no frozen plan or do not follow their record, in key and revision order.
-	Tampered []Tampered
+	Tampered []tampered
 }
 
 // TamperedKeys counts the distinct keys of r.Tampered with prefix (schemas.CellKeyPrefix or
 // schemas.CampaignKeyPrefix).
-func (r *AuditReport) TamperedKeys(prefix string) int {
+func (r *auditReport) TamperedKeys(prefix string) int {
 	seen := map[string]bool{}
 	for _, t := range r.Tampered {
 		if strings.HasPrefix(t.Key, prefix) {
@@ -215,7 +215,7 @@ func (r *AuditReport) TamperedKeys(prefix string) int {
 }
 
 // Missing counts the findings whose cell is missing.
-func (r *AuditReport) Missing() int {
+func (r *auditReport) Missing() int {
 	n := 0
 	for _, f := range r.Findings {
 		if f.Missing {
@@ -228,13 +228,13 @@ func (r *AuditReport) Missing() int {
 // Audit checks every seal the campaign records name against the bucket (the cell's sealed value), and
 // reports every revision no fpmbus writer stores: one of a cell key that is no seal (a delete marker,
 // junk) or follows its seal, a campaign revision that is no frozen plan or does not follow its record.
-func (s *Sealer) Audit(ctx context.Context) (*AuditReport, error) {
+func (s *Sealer) Audit(ctx context.Context) (*auditReport, error) {
 	recorded, corrupt, tampered, err := s.recordedSeals(ctx)
 	if err != nil {
 		return nil, err
 	}
 	keys := sortedKeys(recorded)
-	rep := &AuditReport{CorruptCampaigns: corrupt}
+	rep := &auditReport{CorruptCampaigns: corrupt}
 	cells, err := s.revisionCounts(ctx, schemas.CellKeyPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("seal: audit: %w", err)
@@ -273,10 +273,10 @@ func (s *Sealer) Audit(ctx context.Context) (*AuditReport, error) {
 			rep.Checked++
 			switch {
 			case reason != "":
-				rep.Findings = append(rep.Findings, AuditFinding{RecordedSeal: rs, Missing: true, Reason: reason})
+				rep.Findings = append(rep.Findings, auditFinding{RecordedSeal: rs, Missing: true, Reason: reason})
 			case v.Provenance.RunID != rs.RunID || v.Provenance.DatasetDigest != rs.DatasetDigest:
-				rep.Findings = append(rep.Findings, AuditFinding{RecordedSeal: rs, Reason: "held by another run",
-					Found: &Attempt{RunID: v.Provenance.RunID, DatasetDigest: v.Provenance.DatasetDigest, AttemptID: v.AttemptID, Source: v.Source}})
+				rep.Findings = append(rep.Findings, auditFinding{RecordedSeal: rs, Reason: "held by another run",
+					Found: &attempt{RunID: v.Provenance.RunID, DatasetDigest: v.Provenance.DatasetDigest, AttemptID: v.AttemptID, Source: v.Source}})
 			}
 		}
 	}
@@ -285,7 +285,7 @@ func (s *Sealer) Audit(ctx context.Context) (*AuditReport, error) {
 
 // guardMissing returns the refusal of c when a campaign record names c's cell sealed by another run
 // or dataset and the bucket does not hold it; nil otherwise (Create then decides, as always).
-func (s *Sealer) guardMissing(ctx context.Context, c *schemas.Cell, recorded []RecordedSeal, attemptID string) (*ConflictError, error) {
+func (s *Sealer) guardMissing(ctx context.Context, c *schemas.Cell, recorded []RecordedSeal, attemptID string) (*conflictError, error) {
 	var other *RecordedSeal
 	for i, rs := range recorded {
 		if rs.RunID != c.Provenance.RunID || rs.DatasetDigest != c.Provenance.DatasetDigest {
@@ -303,7 +303,7 @@ func (s *Sealer) guardMissing(ctx context.Context, c *schemas.Cell, recorded []R
 	case found:
 		return nil, nil // held: Create refuses a different attempt with the value itself
 	}
-	return &ConflictError{Key: c.Key, Missing: true, CampaignID: other.CampaignID,
-		Sealed:  Attempt{RunID: other.RunID, DatasetDigest: other.DatasetDigest, Source: "campaign " + other.CampaignID},
-		Refused: Attempt{RunID: c.Provenance.RunID, DatasetDigest: c.Provenance.DatasetDigest, AttemptID: attemptID, Source: s.source}}, nil
+	return &conflictError{Key: c.Key, Missing: true, CampaignID: other.CampaignID,
+		Sealed:  attempt{RunID: other.RunID, DatasetDigest: other.DatasetDigest, Source: "campaign " + other.CampaignID},
+		Refused: attempt{RunID: c.Provenance.RunID, DatasetDigest: c.Provenance.DatasetDigest, AttemptID: attemptID, Source: s.source}}, nil
 }

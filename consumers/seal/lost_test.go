@@ -104,7 +104,7 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 	env, kv := singleNode(t)
 	ctx := context.Background()
 	// The first sealer reads from the bucket stream's leader, the second through the bucket.
-	first, _ := NewSealer(kv, WithSource("first"), WithJetStream(env.JS))
+	first, _ := NewSealer(kv, WithSource("first"), withJetStream(env.JS))
 	dsA := testDataset("run-A", testCell(0, "run-A", 1, 4), testCell(1, "run-A", 1, 4))
 	if _, err := first.PublishDataset(ctx, dsA, PublishOptions{}); err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 
 	cellB := testCell(0, "run-B", 1.5, 4)
 	repB, err := second.PublishDataset(ctx, testDataset("run-B", cellB), PublishOptions{})
-	var cs *ConflictsError
+	var cs *conflictsError
 	if !errors.As(err, &cs) || !errors.Is(err, ErrConflict) || !errors.Is(err, ErrSealMissing) || len(cs.Conflicts) != 1 {
 		t.Fatalf("competing run: %v", err)
 	}
@@ -139,13 +139,13 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 		!strings.Contains(c.Error(), `"run-A"`) || !strings.Contains(c.Error(), `"run-B"`) {
 		t.Fatalf("refusal %+v: %v", c, c)
 	}
-	if len(repB.Cells) != 1 || repB.Cells[0].State != Conflict.String() {
+	if len(repB.Cells) != 1 || repB.Cells[0].State != conflict.String() {
 		t.Fatalf("report %+v", repB)
 	}
 	if _, err := kv.Get(ctx, lost.Key); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("the refused run took the key: %v", err)
 	}
-	campB, _, err := GetCampaign(ctx, kv, CampaignIDFor(testDataset("run-B")))
+	campB, _, err := getCampaignKV(ctx, kv, CampaignIDFor(testDataset("run-B")))
 	if err != nil || len(campB.Cells) != 1 || campB.Cells[0].State != schemas.CellConflict {
 		t.Fatalf("campaign of run-B: %+v %v", campB, err)
 	}
@@ -154,7 +154,7 @@ func TestPublishRefusesAMissingCellAnotherRunWouldTake(t *testing.T) {
 	if _, err := first.PublishDataset(ctx, dsA, PublishOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	v, _, err := Get(ctx, kv, lost.Key)
+	v, _, err := get(ctx, kv, lost.Key)
 	if err != nil || v.Provenance.RunID != "run-A" || v.Provenance.DatasetDigest != lost.Provenance.DatasetDigest {
 		t.Fatalf("restored cell %+v: %v", v, err)
 	}
@@ -177,7 +177,7 @@ func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
 	doc, runA := goldenRun(t)
 	profile, _ := json.Marshal(testProfile)
 	outcomes := make(chan error, 4)
-	hook := func(_ string, _ *Report, err error) { outcomes <- err }
+	hook := func(_ string, _ *report, err error) { outcomes <- err }
 	outcome := func() error {
 		select {
 		case err := <-outcomes:
@@ -205,7 +205,7 @@ func TestConsumerReportsAMissingSealAndRefusesACompetingRun(t *testing.T) {
 			cell = k
 		}
 	}
-	sealed, _, err := Get(ctx, kv, cell)
+	sealed, _, err := get(ctx, kv, cell)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// ErrNotSealable: a merged artefact cannot become a cell (not merged, no engine block, ...).
-var ErrNotSealable = errors.New("seal: merged artefact cannot be sealed")
+// errNotSealable: a merged artefact cannot become a cell (not merged, no engine block, ...).
+var errNotSealable = errors.New("seal: merged artefact cannot be sealed")
 
 // identityNeutral are the engine members the merger's identity comparison drops (they record how the
 // engine resolved settings on one rank, not a setting); they stay out of the settings digest too.
@@ -28,27 +28,27 @@ func FromMerged(doc []byte, artefactDigest string, profile *schemas.CollectionPr
 	dec.UseNumber()
 	var m map[string]any
 	if err := dec.Decode(&m); err != nil {
-		return nil, fmt.Errorf("%w: decode: %v", ErrNotSealable, err)
+		return nil, fmt.Errorf("%w: decode: %v", errNotSealable, err)
 	}
 	if m["artifact_type"] != "merged" {
-		return nil, fmt.Errorf("%w: artifact_type %v, want merged", ErrNotSealable, m["artifact_type"])
+		return nil, fmt.Errorf("%w: artifact_type %v, want merged", errNotSealable, m["artifact_type"])
 	}
 	runID, _ := m["run_id"].(string)
 	grid, _ := m["grid_digest"].(string)
 	engine, ok := m["engine"].(map[string]any)
 	if !ok {
-		return nil, fmt.Errorf("%w: run %q has no engine block: its identity is unknown", ErrNotSealable, runID)
+		return nil, fmt.Errorf("%w: run %q has no engine block: its identity is unknown", errNotSealable, runID)
 	}
 	id, err := identityOf(engine, m["benchmark_config"], profile)
 	if err != nil {
-		return nil, fmt.Errorf("%w: run %q: %v", ErrNotSealable, runID, err)
+		return nil, fmt.Errorf("%w: run %q: %v", errNotSealable, runID, err)
 	}
 	cell := schemas.Cell{Identity: id, Provenance: schemas.Provenance{RunID: runID, GridDigest: grid, ArtefactDigest: artefactDigest}}
 	groups, _ := m["iteration_groups"].([]any)
 	for gi, g := range groups {
 		row, err := rowOf(g)
 		if err != nil {
-			return nil, fmt.Errorf("%w: run %q iteration group %d: %v", ErrNotSealable, runID, gi, err)
+			return nil, fmt.Errorf("%w: run %q iteration group %d: %v", errNotSealable, runID, gi, err)
 		}
 		cell.Rows = append(cell.Rows, row)
 	}

@@ -73,7 +73,7 @@ func TestFromMergedGolden(t *testing.T) {
 	}
 	// No engine block: no identity, nothing to seal.
 	legacy, _ := os.ReadFile("../merge/testdata/golden/legacy_2rank/merged.golden.json")
-	if _, err := FromMerged(legacy, schemas.SHA256Hex(legacy), testProfile); !errors.Is(err, ErrNotSealable) {
+	if _, err := FromMerged(legacy, schemas.SHA256Hex(legacy), testProfile); !errors.Is(err, errNotSealable) {
 		t.Fatalf("want ErrNotSealable, got %v", err)
 	}
 }
@@ -106,13 +106,13 @@ func TestConsumerSealsMergedArtefacts(t *testing.T) {
 	publishMerged()
 	publishMerged() // a second copy (e.g. a re-merge): idempotent
 	type res struct {
-		rep *Report
+		rep *report
 		err error
 	}
 	outcomes := make(chan res, 4)
 	s, _ := NewSealer(kv, WithSource("fpmbus seal"))
-	rc := startSealer(t, env, Config{Sealer: s, OutcomeHook: func(_ string, rep *Report, err error) { outcomes <- res{rep, err} }})
-	want := []string{Sealed.String(), AlreadySealed.String()}
+	rc := startSealer(t, env, Config{Sealer: s, OutcomeHook: func(_ string, rep *report, err error) { outcomes <- res{rep, err} }})
+	want := []string{sealed.String(), alreadySealed.String()}
 	for i := range 2 {
 		select {
 		case r := <-outcomes:

@@ -31,7 +31,7 @@ const (
 
 var runOutcomes = []string{outcomeSealed, outcomePartial, outcomeRejected}
 
-var cellStates = []string{Sealed.String(), AlreadySealed.String(), Conflict.String(), StateRejected, StateMissing}
+var cellStates = []string{sealed.String(), alreadySealed.String(), conflict.String(), stateRejected, stateMissing}
 
 func newMetrics() *metrics {
 	return &metrics{

@@ -12,37 +12,37 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// ErrPartial: a publication with AllowPartial sealed the cells that passed, but the campaign is
-// incomplete (missing cells are recorded). Commands exit with ExitPartial.
-var ErrPartial = errors.New("seal: partial publication, campaign incomplete")
+// errPartial: a publication with AllowPartial sealed the cells that passed, but the campaign is
+// incomplete (missing cells are recorded). Commands exit with exitPartial.
+var errPartial = errors.New("seal: partial publication, campaign incomplete")
 
-// ErrIncomplete: without AllowPartial, every frozen cell must be in the dataset; nothing was written.
-var ErrIncomplete = errors.New("seal: dataset does not cover the frozen plan")
+// errIncomplete: without AllowPartial, every frozen cell must be in the dataset; nothing was written.
+var errIncomplete = errors.New("seal: dataset does not cover the frozen plan")
 
 // Exit statuses of `fpmbus seal`-family commands for outcomes that are not plain failures.
 const (
-	ExitPartial  = 3 // --allow-partial: passed cells sealed, others missing
-	ExitConflict = 4 // at least one cell was sealed first by a different attempt
+	exitPartial  = 3 // --allow-partial: passed cells sealed, others missing
+	exitConflict = 4 // at least one cell was sealed first by a different attempt
 )
 
-// PartialError lists the cells left missing by a partial publication.
-type PartialError struct {
+// partialError lists the cells left missing by a partial publication.
+type partialError struct {
 	CampaignID string
 	Sealed     int
 	Missing    []string
 }
 
-func (e *PartialError) Error() string {
-	return fmt.Sprintf("%v: campaign %s: %d cell(s) sealed, %d missing: %s", ErrPartial, e.CampaignID, e.Sealed,
+func (e *partialError) Error() string {
+	return fmt.Sprintf("%v: campaign %s: %d cell(s) sealed, %d missing: %s", errPartial, e.CampaignID, e.Sealed,
 		len(e.Missing), strings.Join(e.Missing, ", "))
 }
-func (e *PartialError) Unwrap() error { return ErrPartial }
-func (e *PartialError) ExitCode() int { return ExitPartial }
+func (e *partialError) Unwrap() error { return errPartial }
+func (e *partialError) ExitCode() int { return exitPartial }
 
-// ConflictsError collects the conflicts of one publication.
-type ConflictsError struct{ Conflicts []*ConflictError }
+// conflictsError collects the conflicts of one publication.
+type conflictsError struct{ Conflicts []*conflictError }
 
-func (e *ConflictsError) Error() string {
+func (e *conflictsError) Error() string {
 	parts := make([]string, len(e.Conflicts))
 	for i, c := range e.Conflicts {
 		parts[i] = c.Error()
@@ -52,7 +52,7 @@ func (e *ConflictsError) Error() string {
 
 // Unwrap is ErrConflict and each conflict, so errors.Is(err, ErrSealMissing) finds a refusal of a
 // missing cell among them.
-func (e *ConflictsError) Unwrap() []error {
+func (e *conflictsError) Unwrap() []error {
 	errs := make([]error, 0, 1+len(e.Conflicts))
 	errs = append(errs, ErrConflict)
 	for _, c := range e.Conflicts {
@@ -60,12 +60,12 @@ func (e *ConflictsError) Unwrap() []error {
 	}
 	return errs
 }
-func (e *ConflictsError) ExitCode() int { return ExitConflict }
+func (e *conflictsError) ExitCode() int { return exitConflict }
 
 // PublishOptions controls PublishDataset.
 type PublishOptions struct {
 	// AllowPartial seals the cells that pass even when others are rejected or missing; the campaign
-	// records every missing cell and stays incomplete, and the result is a *PartialError (ExitPartial).
+	// records every missing cell and stays incomplete, and the result is a *partialError (exitPartial).
 	AllowPartial bool
 	// Plan is the frozen plan the dataset belongs to; nil means a plan of exactly the dataset's cells.
 	Plan *schemas.DatasetPlan
@@ -79,13 +79,13 @@ type PublishOptions struct {
 
 // Cell states in a Report besides the seal Results.
 const (
-	StateRejected = "rejected"
-	StateMissing  = "missing"
+	stateRejected = "rejected"
+	stateMissing  = "missing"
 )
 
-// CellReport is one cell's outcome, with the fields every result shows: source, run, dataset digest, cell
+// cellReport is one cell's outcome, with the fields every result shows: source, run, dataset digest, cell
 // identity, state, and a reason when the cell was not sealed.
-type CellReport struct {
+type cellReport struct {
 	Key           string                `json:"key"`
 	State         string                `json:"state"`
 	Source        string                `json:"source,omitempty"`
@@ -96,12 +96,12 @@ type CellReport struct {
 	Reason        string                `json:"reason,omitempty"`
 }
 
-// Report is the outcome of one publication.
-type Report struct {
+// report is the outcome of one publication.
+type report struct {
 	RunID      string                  `json:"run_id"`
 	CampaignID string                  `json:"campaign_id"`
 	Campaign   string                  `json:"campaign_state"`
-	Cells      []CellReport            `json:"cells"`
+	Cells      []cellReport            `json:"cells"`
 	Rejections []*schemas.DatasetError `json:"rejections,omitempty"`
 }
 
@@ -116,8 +116,8 @@ func CampaignIDFor(ds *schemas.Dataset) string {
 	return "run-" + schemas.SHA256Hex([]byte(ds.RunID))[:16]
 }
 
-// PlanOf is the implicit plan of a dataset published without one: exactly its cells.
-func PlanOf(ds *schemas.Dataset) *schemas.DatasetPlan {
+// planOf is the implicit plan of a dataset published without one: exactly its cells.
+func planOf(ds *schemas.Dataset) *schemas.DatasetPlan {
 	p := &schemas.DatasetPlan{SchemaVersion: schemas.DatasetSchemaVersion, CampaignID: CampaignIDFor(ds)}
 	for _, c := range ds.Cells {
 		p.Cells = append(p.Cells, schemas.PlanCell{Identity: c.Identity, ExpectedRows: max(1, len(c.Rows))})
@@ -133,14 +133,14 @@ func PlanOf(ds *schemas.Dataset) *schemas.DatasetPlan {
 // every campaign record names sealed and refuse a cell one names sealed by another run while the
 // bucket has lost it (lost.go); seal each other passed cell with Create; record every cell's state
 // with Update on the campaign's revision. Errors:
-// schemas.ValidationErrors (nothing written), *ConflictsError (some cells sealed first by another
-// attempt; theirs are untouched), *PartialError (AllowPartial and some planned cells missing).
-func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o PublishOptions) (*Report, error) {
-	rep := &Report{RunID: ds.RunID}
+// schemas.ValidationErrors (nothing written), *conflictsError (some cells sealed first by another
+// attempt; theirs are untouched), *partialError (AllowPartial and some planned cells missing).
+func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o PublishOptions) (*report, error) {
+	rep := &report{RunID: ds.RunID}
 	errs := ds.Validate()
 	plan := o.Plan
 	if plan == nil {
-		plan = PlanOf(ds)
+		plan = planOf(ds)
 	} else {
 		planned := map[string]bool{}
 		for _, pc := range plan.Cells {
@@ -178,7 +178,7 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 		}
 		if len(absent) > 0 {
 			return rep, fmt.Errorf("%w: %d planned cell(s) of campaign %s absent from run %s (use --allow-partial): %s",
-				ErrIncomplete, len(absent), plan.CampaignID, ds.RunID, strings.Join(absent, ", "))
+				errIncomplete, len(absent), plan.CampaignID, ds.RunID, strings.Join(absent, ", "))
 		}
 	}
 	rejected := errs.ByCell()
@@ -199,9 +199,9 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	}
 	var (
 		mu        sync.Mutex
-		conflicts []*ConflictError
+		conflicts []*conflictError
 		failures  []error
-		byKey     = map[string]CellReport{}
+		byKey     = map[string]cellReport{}
 	)
 	n := o.Concurrency
 	if n < 1 {
@@ -220,26 +220,26 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				attemptID := NewAttemptID()
-				var out Outcome
+				attemptID := newAttemptID()
+				var out outcome
 				refusal, err := s.guardMissing(ctx, j.cell, recorded[j.cell.Key], attemptID)
 				switch {
 				case refusal != nil:
-					out, err = Outcome{Key: j.cell.Key, Result: Conflict}, refusal
+					out, err = outcome{Key: j.cell.Key, Result: conflict}, refusal
 				case err == nil:
 					out, err = s.SealAttempt(ctx, j.cell, plan.CampaignID, attemptID)
 				}
-				cr := CellReport{Key: j.cell.Key, RunID: j.cell.Provenance.RunID, DatasetDigest: j.cell.Provenance.DatasetDigest,
+				cr := cellReport{Key: j.cell.Key, RunID: j.cell.Provenance.RunID, DatasetDigest: j.cell.Provenance.DatasetDigest,
 					Identity: &j.cell.Identity, Revision: out.Revision, Source: s.source}
-				var ce *ConflictError
+				var ce *conflictError
 				mu.Lock()
 				switch {
 				case errors.As(err, &ce):
-					cr.State = Conflict.String()
+					cr.State = conflict.String()
 					cr.Reason = ce.Error()
 					conflicts = append(conflicts, ce)
 				case err != nil:
-					cr.State = StateMissing
+					cr.State = stateMissing
 					cr.Reason = err.Error()
 					failures = append(failures, err)
 				default:
@@ -269,14 +269,14 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	// Every planned cell gets a state; rejected and absent ones are missing.
 	record := map[string]schemas.CampaignCell{}
 	var missing []string
-	sealed := 0
+	sealedCells := 0
 	for i, c := range ds.Cells {
 		if rs := rejected[ds.CellLabel(i)]; len(rs) > 0 {
 			reasons := make([]string, len(rs))
 			for k, r := range rs {
 				reasons[k] = r.Error()
 			}
-			byKey[c.Key] = CellReport{Key: c.Key, State: StateRejected, RunID: c.Provenance.RunID,
+			byKey[c.Key] = cellReport{Key: c.Key, State: stateRejected, RunID: c.Provenance.RunID,
 				DatasetDigest: c.Provenance.DatasetDigest, Identity: &ds.Cells[i].Identity, Reason: strings.Join(reasons, "; ")}
 		}
 	}
@@ -285,15 +285,15 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 		cr, ok := byKey[key]
 		if !ok {
 			id := pc.Identity
-			cr = CellReport{Key: key, State: StateMissing, Identity: &id, Reason: "no cell for it in run " + ds.RunID}
+			cr = cellReport{Key: key, State: stateMissing, Identity: &id, Reason: "no cell for it in run " + ds.RunID}
 			byKey[key] = cr
 		}
 		cc := schemas.CampaignCell{Key: key, RunID: cr.RunID, DatasetDigest: cr.DatasetDigest, Reason: cr.Reason}
 		switch cr.State {
-		case Sealed.String(), AlreadySealed.String():
+		case sealed.String(), alreadySealed.String():
 			cc.State = schemas.CellSealed
-			sealed++
-		case Conflict.String():
+			sealedCells++
+		case conflict.String():
 			cc.State = schemas.CellConflict
 		default:
 			cc.State = schemas.CellMissing
@@ -307,10 +307,10 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	}
 	rep.Campaign = camp.State
 	// What is missing is the campaign's view: a cell sealed by an earlier run of it is not missing.
-	missing, sealed = nil, 0
+	missing, sealedCells = nil, 0
 	for _, cc := range camp.Cells {
 		if cc.State == schemas.CellSealed {
-			sealed++
+			sealedCells++
 		} else if cc.State == schemas.CellMissing || cc.State == schemas.CellPending {
 			missing = append(missing, cc.Key)
 		}
@@ -323,10 +323,10 @@ func (s *Sealer) PublishDataset(ctx context.Context, ds *schemas.Dataset, o Publ
 	case len(failures) > 0:
 		return rep, fmt.Errorf("seal: %d cell(s) not settled: %w", len(failures), errors.Join(failures...))
 	case len(conflicts) > 0:
-		return rep, &ConflictsError{Conflicts: conflicts}
+		return rep, &conflictsError{Conflicts: conflicts}
 	case len(missing) > 0:
 		sort.Strings(missing)
-		return rep, &PartialError{CampaignID: plan.CampaignID, Sealed: sealed, Missing: missing}
+		return rep, &partialError{CampaignID: plan.CampaignID, Sealed: sealedCells, Missing: missing}
 	}
 	return rep, nil
 }

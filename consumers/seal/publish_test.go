@@ -52,7 +52,7 @@ func TestPublishIdempotentAndConflict(t *testing.T) {
 	if rep.Campaign != schemas.CampaignComplete || rep.Cells[0].State != "sealed" {
 		t.Fatalf("first publication: %+v", rep)
 	}
-	before, rev, _ := Get(ctx, kv, ds.Cells[0].Key)
+	before, rev, _ := get(ctx, kv, ds.Cells[0].Key)
 
 	t.Run("the same attempt again is an idempotent success", func(t *testing.T) {
 		rep, err := s.PublishDataset(ctx, testDataset("run-A", testCell(1, "run-A", 1, 4), testCell(2, "run-A", 1, 4)), PublishOptions{})
@@ -60,7 +60,7 @@ func TestPublishIdempotentAndConflict(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, c := range rep.Cells {
-			if c.State != AlreadySealed.String() {
+			if c.State != alreadySealed.String() {
 				t.Fatalf("%s: state %s", c.Key, c.State)
 			}
 		}
@@ -68,15 +68,15 @@ func TestPublishIdempotentAndConflict(t *testing.T) {
 	t.Run("a different attempt is a conflict naming both and leaves the value untouched", func(t *testing.T) {
 		other := testDataset("run-B", testCell(1, "run-B", 2, 4))
 		_, err := s.PublishDataset(ctx, other, PublishOptions{})
-		var ce *ConflictsError
-		if !errors.As(err, &ce) || !errors.Is(err, ErrConflict) || ce.ExitCode() != ExitConflict {
+		var ce *conflictsError
+		if !errors.As(err, &ce) || !errors.Is(err, ErrConflict) || ce.ExitCode() != exitConflict {
 			t.Fatalf("want ConflictsError, got %v", err)
 		}
 		c := ce.Conflicts[0]
 		if c.Sealed.RunID != "run-A" || c.Refused.RunID != "run-B" || c.Sealed.DatasetDigest == c.Refused.DatasetDigest {
 			t.Fatalf("conflict does not name both identities: %v", c)
 		}
-		after, rev2, _ := Get(ctx, kv, ds.Cells[0].Key)
+		after, rev2, _ := get(ctx, kv, ds.Cells[0].Key)
 		if rev2 != rev || after.AttemptID != before.AttemptID {
 			t.Fatal("sealed value changed")
 		}
@@ -107,7 +107,7 @@ func TestPublishIncompleteWithoutAllowPartialWritesNothing(t *testing.T) {
 	plan := &schemas.DatasetPlan{SchemaVersion: 1, CampaignID: "camp-1", Cells: []schemas.PlanCell{
 		{Identity: testIdentity(1), ExpectedRows: 4, EstimatedGPUHours: 1}, {Identity: testIdentity(2), ExpectedRows: 4, EstimatedGPUHours: 1}}}
 	_, err := s.PublishDataset(context.Background(), testDataset("run-A", testCell(1, "run-A", 1, 4)), PublishOptions{Plan: plan})
-	if !errors.Is(err, ErrIncomplete) {
+	if !errors.Is(err, errIncomplete) {
 		t.Fatalf("want ErrIncomplete, got %v", err)
 	}
 	if ks := keys(t, kv); len(ks) != 0 {
@@ -129,17 +129,17 @@ func TestPartialPublication(t *testing.T) {
 	bad.Finish()
 	ds := testDataset("run-A", testCell(1, "run-A", 1, 4), bad) // cell 3 never produced
 	rep, err := s.PublishDataset(ctx, ds, PublishOptions{AllowPartial: true, Plan: plan})
-	var pe *PartialError
-	if !errors.As(err, &pe) || !errors.Is(err, ErrPartial) {
+	var pe *partialError
+	if !errors.As(err, &pe) || !errors.Is(err, errPartial) {
 		t.Fatalf("want PartialError, got %v", err)
 	}
-	if pe.ExitCode() != ExitPartial || pe.Sealed != 1 || len(pe.Missing) != 2 {
+	if pe.ExitCode() != exitPartial || pe.Sealed != 1 || len(pe.Missing) != 2 {
 		t.Fatalf("partial error: %+v", pe)
 	}
 	if rep.Campaign != schemas.CampaignPartial {
 		t.Fatalf("campaign state %s", rep.Campaign)
 	}
-	camp, _, err := GetCampaign(ctx, kv, "camp-1")
+	camp, _, err := getCampaignKV(ctx, kv, "camp-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,14 +152,14 @@ func TestPartialPublication(t *testing.T) {
 		states[testIdentity(3).Key()].State != schemas.CellMissing {
 		t.Fatalf("campaign record: %+v", camp.Cells)
 	}
-	if _, _, err := Get(ctx, kv, testIdentity(2).Key()); !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if _, _, err := get(ctx, kv, testIdentity(2).Key()); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("rejected cell was sealed: %v", err)
 	}
 	cov, err := Coverage(ctx, kv, plan)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cov.State != Partial {
+	if cov.State != partial {
 		t.Fatalf("coverage %s, want partial", cov.State)
 	}
 	// A later run fills the missing cells: the campaign completes; the sealed cell stays sealed.
@@ -178,14 +178,14 @@ func TestCampaignUpdateRetriesOnConflict(t *testing.T) {
 	for i := range 20 {
 		plan.Cells = append(plan.Cells, schemas.PlanCell{Identity: testIdentity(i), ExpectedRows: 1})
 	}
-	if _, err := FreezePlan(ctx, kv, plan); err != nil {
+	if _, err := freezePlanKV(ctx, kv, plan); err != nil {
 		t.Fatal(err)
 	}
 	errc := make(chan error, 20)
 	for i := range 20 {
 		go func() {
 			k := testIdentity(i).Key()
-			_, err := RecordCells(ctx, kv, "camp-2", map[string]schemas.CampaignCell{k: {Key: k, State: schemas.CellSealed}})
+			_, err := recordCellsKV(ctx, kv, "camp-2", map[string]schemas.CampaignCell{k: {Key: k, State: schemas.CellSealed}})
 			errc <- err
 		}()
 	}
@@ -194,13 +194,13 @@ func TestCampaignUpdateRetriesOnConflict(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	camp, _, _ := GetCampaign(ctx, kv, "camp-2")
+	camp, _, _ := getCampaignKV(ctx, kv, "camp-2")
 	if camp.State != schemas.CampaignComplete {
 		t.Fatalf("lost updates: %+v", camp)
 	}
 	other := *plan
 	other.Cells = plan.Cells[:1]
-	if _, err := FreezePlan(ctx, kv, &other); !errors.Is(err, ErrPlanMismatch) {
+	if _, err := freezePlanKV(ctx, kv, &other); !errors.Is(err, errPlanMismatch) {
 		t.Fatalf("want ErrPlanMismatch, got %v", err)
 	}
 }
@@ -230,14 +230,14 @@ func TestCoverageReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Covered != 1 || rep.Partial != 1 || rep.Missing != 2 || rep.State != Partial {
+	if rep.Covered != 1 || rep.Partial != 1 || rep.Missing != 2 || rep.State != partial {
 		t.Fatalf("coverage: %+v", rep)
 	}
 	if rep.EstimatedGPUHours != 1+3+1 || rep.OverBudget {
 		t.Fatalf("cost %v (over budget %v), want 5", rep.EstimatedGPUHours, rep.OverBudget)
 	}
 	c0 := rep.Cells[0]
-	if c0.State != Covered || c0.Source != "fpmbus datasets publish" || c0.DatasetDigest == "" || c0.RunID != "run-A" {
+	if c0.State != covered || c0.Source != "fpmbus datasets publish" || c0.DatasetDigest == "" || c0.RunID != "run-A" {
 		t.Fatalf("covered cell lacks source/digest: %+v", c0)
 	}
 	if len(rep.UnsupportedSettings) != 1 {
@@ -265,14 +265,14 @@ func (k *lostAckKV) Update(ctx context.Context, key string, value []byte, revisi
 func TestUnknownOutcomeSettledByReadBack(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
-	s, _ := NewSealer(&lostAckKV{KeyValue: kv, lost: 1}, WithRetries(5, time.Millisecond))
+	s, _ := NewSealer(&lostAckKV{KeyValue: kv, lost: 1}, withRetries(5, time.Millisecond))
 	c := testCell(1, "run-A", 1, 4)
 	out, err := s.Seal(context.Background(), &c, "")
-	if err != nil || out.Result != Sealed || !out.Settled {
+	if err != nil || out.Result != sealed || !out.Settled {
 		t.Fatalf("want Sealed settled by read-back, got %+v %v", out, err)
 	}
 	// A different sealer whose ack was lost after someone else won sees a conflict, not a win.
-	s2, _ := NewSealer(&lostAckKV{KeyValue: kv, lost: 1}, WithRetries(5, time.Millisecond))
+	s2, _ := NewSealer(&lostAckKV{KeyValue: kv, lost: 1}, withRetries(5, time.Millisecond))
 	c2 := testCell(1, "run-B", 3, 4)
 	if _, err := s2.Seal(context.Background(), &c2, ""); !errors.Is(err, ErrConflict) {
 		t.Fatalf("want conflict, got %v", err)
@@ -285,13 +285,13 @@ func TestUnknownOutcomeSettledByReadBack(t *testing.T) {
 func TestPublishOfACellOverMaxPayloadIsFinal(t *testing.T) {
 	t.Parallel()
 	_, kv := singleNode(t)
-	s, _ := NewSealer(kv, WithSource("test"), WithRetries(20, time.Second))
+	s, _ := NewSealer(kv, WithSource("test"), withRetries(20, time.Second))
 	ds := testDataset("run-big", testCell(1, "run-big", 1, 100_000))
 	_, err := s.PublishDataset(context.Background(), ds, PublishOptions{})
 	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), ds.Cells[0].Key) {
 		t.Fatalf("publish of a %d-row cell: %v, want ErrTooLarge naming the cell", len(ds.Cells[0].Rows), err)
 	}
-	if _, _, err := Get(context.Background(), kv, ds.Cells[0].Key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if _, _, err := get(context.Background(), kv, ds.Cells[0].Key); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("the cell: %v, want not sealed", err)
 	}
 }

@@ -20,7 +20,7 @@ type raceResult struct {
 	sealer    int
 	cell      *schemas.Cell
 	attemptID string
-	out       Outcome
+	out       outcome
 	err       error
 }
 
@@ -59,7 +59,7 @@ func runRace(t *testing.T, connect func(i int) jetstream.JetStream, disrupt func
 				t.Errorf("sealer %d: bucket: %v", s, err)
 				return
 			}
-			sl, err := NewSealer(kv, WithSource(fmt.Sprintf("sealer-%d", s)), WithOpTimeout(2*time.Second), WithRetries(60, 50*time.Millisecond))
+			sl, err := NewSealer(kv, WithSource(fmt.Sprintf("sealer-%d", s)), withOpTimeout(2*time.Second), withRetries(60, 50*time.Millisecond))
 			if err != nil {
 				t.Error(err)
 				return
@@ -71,7 +71,7 @@ func runRace(t *testing.T, connect func(i int) jetstream.JetStream, disrupt func
 			order := rand.Perm(cells)
 			for _, i := range order {
 				c := testCell(i, run, scale, 4)
-				id := NewAttemptID()
+				id := newAttemptID()
 				out, err := sl.SealAttempt(ctx, &c, "", id)
 				mu.Lock()
 				results[c.Key] = append(results[c.Key], raceResult{s, &c, id, out, err})
@@ -91,10 +91,10 @@ func runRace(t *testing.T, connect func(i int) jetstream.JetStream, disrupt func
 	if len(results) != cells {
 		t.Fatalf("%d cells raced, want %d", len(results), cells)
 	}
-	counts := map[Result]int{}
+	counts := map[result]int{}
 	settled := 0
 	for key, rs := range results {
-		val, rev, err := Get(ctx, kv, key)
+		val, rev, err := get(ctx, kv, key)
 		if err != nil {
 			t.Fatalf("%s: read sealed value: %v", key, err)
 		}
@@ -104,21 +104,21 @@ func runRace(t *testing.T, connect func(i int) jetstream.JetStream, disrupt func
 				settled++
 			}
 			switch {
-			case r.err == nil && r.out.Result == Sealed:
+			case r.err == nil && r.out.Result == sealed:
 				winners++
-				counts[Sealed]++
+				counts[sealed]++
 				// No acknowledged seal is lost: the stored value is this sealer's.
 				if val.AttemptID != r.attemptID {
 					t.Errorf("%s: sealer %d was told it won, but the value has attempt %s", key, r.sealer, val.AttemptID)
 				}
-			case r.err == nil && r.out.Result == AlreadySealed:
-				counts[AlreadySealed]++
+			case r.err == nil && r.out.Result == alreadySealed:
+				counts[alreadySealed]++
 				if !val.SameAttempt(r.cell) {
 					t.Errorf("%s: sealer %d got an idempotent success for a different attempt", key, r.sealer)
 				}
 			case errors.Is(r.err, ErrConflict):
-				counts[Conflict]++
-				var ce *ConflictError
+				counts[conflict]++
+				var ce *conflictError
 				if !errors.As(r.err, &ce) || ce.Sealed.AttemptID != val.AttemptID || ce.Refused.RunID != r.cell.Provenance.RunID {
 					t.Errorf("%s: sealer %d: conflict does not name both identities: %v", key, r.sealer, r.err)
 				}
@@ -141,8 +141,8 @@ func runRace(t *testing.T, connect func(i int) jetstream.JetStream, disrupt func
 		}
 	}
 	t.Logf("outcomes: sealed %d, idempotent %d, conflict %d; %d settled by reading back after an unknown outcome",
-		counts[Sealed], counts[AlreadySealed], counts[Conflict], settled)
-	if counts[AlreadySealed] == 0 || counts[Conflict] == 0 {
+		counts[sealed], counts[alreadySealed], counts[conflict], settled)
+	if counts[alreadySealed] == 0 || counts[conflict] == 0 {
 		t.Errorf("the race exercised too little: %v", counts)
 	}
 }

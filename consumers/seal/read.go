@@ -11,10 +11,10 @@ import (
 	"github.com/fpmbus/fpmbus/schemas"
 )
 
-// Entry is one FPM_DATASETS key as every reader reads it (schemas.KeyHistory): a cell is its first
+// entry is one FPM_DATASETS key as every reader reads it (schemas.KeyHistory): a cell is its first
 // revision that is a seal, a campaign record its first frozen plan and the revisions that legitimately
 // follow; the other revisions are Ignored.
-type Entry struct {
+type entry struct {
 	Key string
 	// Revision is the revision read: a cell's seal, a campaign record's last legitimate one; while the
 	// key holds no record, its last revision.
@@ -27,11 +27,11 @@ type Entry struct {
 	// next honest seal or plan goes on top of those revisions and is the record.
 	Problem string
 	// Ignored are the key's revisions no fpmbus writer stores (tampering), oldest first.
-	Ignored []Tampered
+	Ignored []tampered
 }
 
 // Read reads key as every reader does (Entry); jetstream.ErrKeyNotFound when it never had a revision.
-func Read(ctx context.Context, kv jetstream.KeyValue, key string) (*Entry, error) {
+func Read(ctx context.Context, kv jetstream.KeyValue, key string) (*entry, error) {
 	revs, err := bucketHistory(kv).all(ctx, key)
 	if err != nil {
 		return nil, err
@@ -42,15 +42,15 @@ func Read(ctx context.Context, kv jetstream.KeyValue, key string) (*Entry, error
 	return foldAll(key, revs).entry(), nil
 }
 
-// List reads every cell and campaign key of the bucket as Read does, in key order, with one watch of
+// list reads every cell and campaign key of the bucket as Read does, in key order, with one watch of
 // the bucket's whole history (cells without their rows).
-func List(ctx context.Context, kv jetstream.KeyValue) ([]Entry, error) {
+func list(ctx context.Context, kv jetstream.KeyValue) ([]entry, error) {
 	return ListProgress(ctx, kv, nil)
 }
 
 // ListProgress is List calling progress (when not nil) as it reads the bucket's revisions: those read so
 // far and those the bucket held when the listing started.
-func ListProgress(ctx context.Context, kv jetstream.KeyValue, progress func(read, total uint64)) ([]Entry, error) {
+func ListProgress(ctx context.Context, kv jetstream.KeyValue, progress func(read, total uint64)) ([]entry, error) {
 	var total, read uint64
 	if progress != nil {
 		if st, err := kv.Status(ctx); err == nil {
@@ -86,9 +86,9 @@ func ListProgress(ctx context.Context, kv jetstream.KeyValue, progress func(read
 			f = newFold(k, true)
 			folds[k] = f
 		}
-		f.add(Revision{Revision: e.Revision(), Op: e.Operation(), Value: e.Value(), Created: e.Created()})
+		f.add(revision{Revision: e.Revision(), Op: e.Operation(), Value: e.Value(), Created: e.Created()})
 	}
-	out := make([]Entry, 0, len(folds))
+	out := make([]entry, 0, len(folds))
 	for _, f := range folds {
 		out = append(out, *f.entry())
 	}

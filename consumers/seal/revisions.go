@@ -19,7 +19,7 @@ import (
 // delete marker, a rewritten campaign record, or junk stored under a key before anyone sealed it. So
 // nothing here reads a key's latest value; every reader folds its history with schemas.KeyHistory:
 //
-//   - a sealed cell is its key's first revision that is a seal (schemas.SealedValue); a delete marker
+//   - a sealed cell is its key's first revision that is a seal (schemas.sealedValue); a delete marker
 //     or junk before it seals nothing, every revision after it is tampering: the audit reports them
 //     (lost.go) and every reader ignores them;
 //   - a campaign record is its first frozen plan followed by each revision that legitimately follows
@@ -33,8 +33,8 @@ import (
 // looking at what came before it, and a delete marker stored after a seal must never let a second
 // value in.
 
-// Revision is one stored revision of an FPM_DATASETS key.
-type Revision struct {
+// revision is one stored revision of an FPM_DATASETS key.
+type revision struct {
 	Revision uint64
 	// Op is jetstream.KeyValuePut, KeyValueDelete or KeyValuePurge (a marker: Value is empty).
 	Op      jetstream.KeyValueOp
@@ -43,10 +43,10 @@ type Revision struct {
 }
 
 // Deleted reports a delete or purge marker.
-func (r *Revision) Deleted() bool { return r.Op != jetstream.KeyValuePut }
+func (r *revision) Deleted() bool { return r.Op != jetstream.KeyValuePut }
 
 // OpName is the revision's operation as the KV-Operation header names it: PUT, DEL or PURGE.
-func (r *Revision) OpName() string {
+func (r *revision) OpName() string {
 	switch r.Op {
 	case jetstream.KeyValueDelete:
 		return "DEL"
@@ -104,7 +104,7 @@ func (h history) sealed(ctx context.Context, key string) (*schemas.KeyHistory, e
 }
 
 // all returns every revision of key, oldest first (none: nil).
-func (h history) all(ctx context.Context, key string) ([]Revision, error) {
+func (h history) all(ctx context.Context, key string) ([]revision, error) {
 	if h.js == nil {
 		es, err := h.kv.History(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -113,13 +113,13 @@ func (h history) all(ctx context.Context, key string) ([]Revision, error) {
 		if err != nil {
 			return nil, err
 		}
-		out := make([]Revision, len(es))
+		out := make([]revision, len(es))
 		for i, e := range es {
-			out[i] = Revision{Revision: e.Revision(), Op: e.Operation(), Value: e.Value(), Created: e.Created()}
+			out[i] = revision{Revision: e.Revision(), Op: e.Operation(), Value: e.Value(), Created: e.Created()}
 		}
 		return out, nil
 	}
-	var out []Revision
+	var out []revision
 	for from := uint64(0); ; {
 		r, err := h.leaderNext(ctx, key, from)
 		if err != nil || r == nil {
@@ -131,7 +131,7 @@ func (h history) all(ctx context.Context, key string) ([]Revision, error) {
 }
 
 // leaderNext reads key's first revision at or after stream sequence from, from the leader.
-func (h history) leaderNext(ctx context.Context, key string, from uint64) (*Revision, error) {
+func (h history) leaderNext(ctx context.Context, key string, from uint64) (*revision, error) {
 	var m *jetstream.RawStreamMsg
 	err := h.retry(ctx, func(ctx context.Context) (err error) {
 		m, err = natsconn.NextMsgFromLeader(ctx, h.js, "KV_"+h.kv.Bucket(), h.subject(key), from)
@@ -143,7 +143,7 @@ func (h history) leaderNext(ctx context.Context, key string, from uint64) (*Revi
 	if err != nil {
 		return nil, err
 	}
-	r := &Revision{Revision: m.Sequence, Op: jetstream.KeyValuePut, Value: m.Data, Created: m.Time}
+	r := &revision{Revision: m.Sequence, Op: jetstream.KeyValuePut, Value: m.Data, Created: m.Time}
 	switch m.Header.Get("KV-Operation") {
 	case "DEL":
 		r.Op = jetstream.KeyValueDelete
@@ -157,18 +157,18 @@ func (h history) leaderNext(ctx context.Context, key string, from uint64) (*Revi
 // collecting what it ignores.
 type fold struct {
 	h      schemas.KeyHistory
-	e      Entry
+	e      entry
 	noRows bool // drop a cell's rows (listings)
 }
 
 func newFold(key string, noRows bool) *fold {
-	return &fold{h: schemas.KeyHistory{Key: key}, e: Entry{Key: key}, noRows: noRows}
+	return &fold{h: schemas.KeyHistory{Key: key}, e: entry{Key: key}, noRows: noRows}
 }
 
-func (f *fold) add(r Revision) {
+func (f *fold) add(r revision) {
 	err := f.h.Add(r.Revision, r.Value, r.Deleted())
 	if err != nil {
-		f.e.Ignored = append(f.e.Ignored, Tampered{Key: f.e.Key, Revision: r.Revision, Op: r.OpName(), Reason: err.Error()})
+		f.e.Ignored = append(f.e.Ignored, tampered{Key: f.e.Key, Revision: r.Revision, Op: r.OpName(), Reason: err.Error()})
 	}
 	switch {
 	case err == nil:
@@ -186,7 +186,7 @@ func (f *fold) add(r Revision) {
 
 // entry is the key's Entry, each ignored revision naming the campaign concerned: a campaign record's,
 // or the one that sealed the cell (none while the cell is not sealed).
-func (f *fold) entry() *Entry {
+func (f *fold) entry() *entry {
 	id := ""
 	switch {
 	case f.h.Cell != nil:
@@ -201,7 +201,7 @@ func (f *fold) entry() *Entry {
 }
 
 // foldAll folds revs, a key's revisions oldest first.
-func foldAll(key string, revs []Revision) *fold {
+func foldAll(key string, revs []revision) *fold {
 	f := newFold(key, false)
 	for _, r := range revs {
 		f.add(r)
@@ -209,10 +209,10 @@ func foldAll(key string, revs []Revision) *fold {
 	return f
 }
 
-// Tampered is a revision of an FPM_DATASETS key that no fpmbus writer stores: a revision of a cell key
+// tampered is a revision of an FPM_DATASETS key that no fpmbus writer stores: a revision of a cell key
 // that is no seal or comes after its seal, a campaign revision before its frozen plan or that does not
 // follow the record (schemas.CheckSuccessor).
-type Tampered struct {
+type tampered struct {
 	Key string `json:"key"`
 	// CampaignID is the campaign whose record it is, or whose campaign sealed the cell ("" unknown).
 	CampaignID string `json:"campaign_id,omitempty"`

@@ -23,13 +23,13 @@ func TestTamperingCannotDisplaceASealedCell(t *testing.T) {
 	t.Parallel()
 	env, kv := singleNode(t)
 	ctx := context.Background()
-	s, _ := NewSealer(kv, WithSource("test"), WithJetStream(env.JS))
+	s, _ := NewSealer(kv, WithSource("test"), withJetStream(env.JS))
 	dsA := testDataset("run-A", testCell(1, "run-A", 1, 4))
 	if _, err := s.PublishDataset(ctx, dsA, PublishOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	key, campaign := dsA.Cells[0].Key, CampaignKey(CampaignIDFor(dsA))
-	sealed, rev, err := Get(ctx, kv, key)
+	sealed, rev, err := get(ctx, kv, key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestTamperingCannotDisplaceASealedCell(t *testing.T) {
 	if err := kv.Delete(ctx, key); err != nil {
 		t.Fatal(err)
 	}
-	c, _, err := GetCampaign(ctx, kv, CampaignIDFor(dsA))
+	c, _, err := getCampaignKV(ctx, kv, CampaignIDFor(dsA))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestTamperingCannotDisplaceASealedCell(t *testing.T) {
 	}
 
 	for name, sl := range map[string]*Sealer{"through the bucket": mustSealer(t, kv), "from the leader": s} {
-		got, grev, err := Get(ctx, kv, key)
+		got, grev, err := get(ctx, kv, key)
 		if name == "from the leader" {
 			var kh *schemas.KeyHistory
 			if kh, err = sl.history().sealed(ctx, key); err == nil {
@@ -96,10 +96,10 @@ func TestTamperingCannotDisplaceASealedCell(t *testing.T) {
 	}
 
 	// Sealing goes on: the same run is idempotent, another run is a conflict naming run-A.
-	if rep, err := s.PublishDataset(ctx, testDataset("run-A", testCell(1, "run-A", 1, 4)), PublishOptions{}); err != nil || rep.Cells[0].State != AlreadySealed.String() {
+	if rep, err := s.PublishDataset(ctx, testDataset("run-A", testCell(1, "run-A", 1, 4)), PublishOptions{}); err != nil || rep.Cells[0].State != alreadySealed.String() {
 		t.Fatalf("re-publication of run-A: %+v %v", rep, err)
 	}
-	var ce *ConflictError
+	var ce *conflictError
 	if _, err := s.PublishDataset(ctx, testDataset("run-B", testCell(1, "run-B", 2, 4)), PublishOptions{}); !errors.As(err, &ce) || ce.Sealed.RunID != "run-A" {
 		t.Fatalf("run-B: %v, want a conflict with run-A", err)
 	}
@@ -164,18 +164,18 @@ func TestJunkStoredBeforeTheSealCannotPreemptIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, key := range []string{deleted, junk} {
-		if _, _, err := Get(ctx, kv, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if _, _, err := get(ctx, kv, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
 			t.Fatalf("%s before the seal: %v, want not sealed", key, err)
 		}
 	}
 
-	s, _ := NewSealer(kv, WithSource("test"), WithJetStream(env.JS))
+	s, _ := NewSealer(kv, WithSource("test"), withJetStream(env.JS))
 	rep, err := s.PublishDataset(ctx, dsA, PublishOptions{})
 	if err != nil {
 		t.Fatalf("the honest publication after the junk: %v", err)
 	}
 	for _, c := range rep.Cells {
-		if c.State != Sealed.String() {
+		if c.State != sealed.String() {
 			t.Fatalf("cell %s: %s, want sealed", c.Key, c.State)
 		}
 	}
@@ -205,7 +205,7 @@ func TestJunkStoredBeforeTheSealCannotPreemptIt(t *testing.T) {
 			delete(want, got.Key)
 		}
 	}
-	entries, err := List(ctx, kv)
+	entries, err := list(ctx, kv)
 	if err != nil || len(entries) != 3 {
 		t.Fatalf("listing: %+v (%v)", entries, err)
 	}
@@ -214,7 +214,7 @@ func TestJunkStoredBeforeTheSealCannotPreemptIt(t *testing.T) {
 			t.Fatalf("listed %s: %+v, want its record and one ignored revision", e.Key, e)
 		}
 	}
-	var ce *ConflictError
+	var ce *conflictError
 	if _, err := s.PublishDataset(ctx, testDataset("run-B", testCell(1, "run-B", 2, 4)), PublishOptions{}); !errors.As(err, &ce) || ce.Sealed.RunID != "run-A" {
 		t.Fatalf("run-B: %v, want a conflict with run-A", err)
 	}

@@ -16,7 +16,7 @@ import (
 
 // WriteText writes the report as `fpmbus datasets publish` prints it: the run and campaign, a table of
 // the cells (key, state, source, run, dataset digest, identity, reason) and the rejections.
-func (rep *Report) WriteText(w io.Writer) error {
+func (rep *report) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "run %s  campaign %s (%s)\n", rep.RunID, rep.CampaignID, rep.Campaign)
 	fmt.Fprintln(tw, "KEY\tSTATE\tSOURCE\tRUN\tDATASET DIGEST\tIDENTITY\tREASON")
@@ -55,7 +55,7 @@ func identityText(id *schemas.CellIdentity) string {
 
 // WriteText writes the coverage as `fpmbus datasets coverage` prints it: the campaign's state and
 // counts, the estimated (and budgeted) GPU-hours, unsupported settings and a table of the cells.
-func (rep *CoverageReport) WriteText(w io.Writer) error {
+func (rep *coverageReport) WriteText(w io.Writer) error {
 	fmt.Fprintf(w, "campaign %s: %s — %d covered, %d partial, %d missing; estimated %.2f GPU-hours to collect",
 		rep.CampaignID, rep.State, rep.Covered, rep.Partial, rep.Missing, rep.EstimatedGPUHours)
 	if rep.BudgetGPUHours > 0 {
@@ -78,7 +78,7 @@ func (rep *CoverageReport) WriteText(w io.Writer) error {
 // WriteListing writes the entries of a bucket (List, ListProgress) as `fpmbus datasets ls` prints them:
 // a table (key, state, revision, source, run, dataset digest, rows, identity, ignored revisions), or
 // with asJSON one JSON object per key and line.
-func WriteListing(w io.Writer, listing []Entry, asJSON bool) error {
+func WriteListing(w io.Writer, listing []entry, asJSON bool) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	if !asJSON {
 		fmt.Fprintln(tw, "KEY\tSTATE\tREV\tSOURCE\tRUN\tDATASET DIGEST\tROWS\tIDENTITY\tIGNORED")

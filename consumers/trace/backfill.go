@@ -94,7 +94,7 @@ type BackfillResult struct {
 	// nil when it completed.
 	Resume *BackfillResume
 	// Pruned are the segments --max-segments removed while the backfill wrote (their lines are gone).
-	Pruned []PrunedSegment
+	Pruned []prunedSegment
 }
 
 // BackfillResume is where an unfinished backfill goes on: run the same range with
@@ -179,7 +179,7 @@ func Backfill(ctx context.Context, cfg Config, js jetstream.JetStream, rng Backf
 		w.sampler.hold = 0 // event time only
 	}
 	w.existing = newExistingLines(w)
-	w.onPrune = func(ps PrunedSegment) { res.Pruned = append(res.Pruned, ps) }
+	w.onPrune = func(ps prunedSegment) { res.Pruned = append(res.Pruned, ps) }
 	report := func(force bool) {}
 	if progress != nil {
 		var lastReport time.Time

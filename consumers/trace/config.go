@@ -30,19 +30,19 @@ const (
 
 // Defaults, as in Dynamo, plus fpmbus's consumer settings.
 const (
-	DefaultMode           = schemas.CaptureSampled
-	DefaultOutputPath     = "/tmp/dynamo-fpm"
-	DefaultSampleInterval = 5000 * time.Millisecond
-	DefaultRollBytes      = 256 << 20 // uncompressed JSONL bytes
-	DefaultMaxSegments    = 4
+	defaultMode           = schemas.CaptureSampled
+	defaultOutputPath     = "/tmp/dynamo-fpm"
+	defaultSampleInterval = 5000 * time.Millisecond
+	defaultRollBytes      = 256 << 20 // uncompressed JSONL bytes
+	defaultMaxSegments    = 4
 	DefaultGroup          = "fpm-trace"
-	DefaultPartitions     = 0 // one per FPM shard: 1 on the single stream FPM
+	defaultPartitions     = 0 // one per FPM shard: 1 on the single stream FPM
 	DefaultFilterSubject  = streams.FPMWildcard
-	DefaultFlushInterval  = time.Second
-	DefaultBufferSize     = 1 << 20
-	DefaultStopTimeout    = 10 * time.Second
-	DefaultMaxAckPending  = 20000
-	DefaultAckWait        = 60 * time.Second
+	defaultFlushInterval  = time.Second
+	defaultBufferSize     = 1 << 20
+	defaultStopTimeout    = 10 * time.Second
+	defaultMaxAckPending  = 20000
+	defaultAckWait        = 60 * time.Second
 )
 
 // ErrInvalidConfig is wrapped by every configuration error; the message names the setting (variable
@@ -54,7 +54,7 @@ var ErrInvalidConfig = errors.New("trace: invalid configuration")
 // flags' defaults (cmd/fpmbus), parsing them with ParseMode and ParsePositive.
 type Config struct {
 	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
-	// over after a crash without progress, before it is dead-lettered (0: durable.DefaultMaxDeliveries).
+	// over after a crash without progress, before it is dead-lettered (0: durable.defaultMaxDeliveries).
 	MaxDeliveries int
 	// Mode is schemas.CaptureSampled or schemas.CaptureFull (DYN_FPM_MODE, --trace-mode).
 	Mode string
@@ -108,7 +108,7 @@ type Config struct {
 	// MaxAckPending of each partition consumer: how many messages may wait for their line to be
 	// durable. A flush starts when a quarter of it is waiting.
 	MaxAckPending int
-	// AckWait of the partition consumers; 0 = automatic (DefaultAckWait, or in sampled mode at least
+	// AckWait of the partition consumers; 0 = automatic (defaultAckWait, or in sampled mode at least
 	// twice SampleInterval + FlushInterval, since a message may wait a whole interval for its line).
 	AckWait time.Duration
 	// CompressionLevel is the gzip level of new members: 1 fastest … 9 smallest (0:
@@ -116,15 +116,15 @@ type Config struct {
 	CompressionLevel int
 	// RetryInitial and RetryMax are the backoff of a failed segment write (disk full, I/O error,
 	// unwritable directory): exponential from RetryInitial to at most RetryMax, with jitter, retried
-	// until it succeeds or the partition is released (0: DefaultRetryInitial, DefaultRetryMax).
+	// until it succeeds or the partition is released (0: defaultRetryInitial, defaultRetryMax).
 	RetryInitial time.Duration
 	RetryMax     time.Duration
 	// Segments, when set, is shared among the Consumers that succeed one another in this process on
 	// one output (the incarnations of a component its supervisor restarts): a producer's segment is
-	// then continued across them as within one Consumer (see ProcessSegments), instead of each
-	// incarnation starting a new segment. nil: a ProcessSegments of the Consumer's own. A Backfill
+	// then continued across them as within one Consumer (see processSegments), instead of each
+	// incarnation starting a new segment. nil: a processSegments of the Consumer's own. A Backfill
 	// ignores it.
-	Segments *ProcessSegments
+	Segments *processSegments
 	// Registerer receives the writer's metrics and its runner's (fpmbus_consumer_*{consumer="trace"});
 	// nil registers none.
 	Registerer prometheus.Registerer
@@ -136,19 +136,19 @@ type Config struct {
 // and fpmbus's consumer defaults.
 func DefaultConfig() Config {
 	return Config{
-		Mode:           DefaultMode,
-		OutputPath:     DefaultOutputPath,
-		SampleInterval: DefaultSampleInterval,
-		RollBytes:      DefaultRollBytes,
-		MaxSegments:    DefaultMaxSegments,
+		Mode:           defaultMode,
+		OutputPath:     defaultOutputPath,
+		SampleInterval: defaultSampleInterval,
+		RollBytes:      defaultRollBytes,
+		MaxSegments:    defaultMaxSegments,
 		Group:          DefaultGroup,
 		FilterSubject:  DefaultFilterSubject,
-		Partitions:     DefaultPartitions,
+		Partitions:     defaultPartitions,
 		PinnedTTL:      durable.DefaultPinnedTTL,
-		FlushInterval:  DefaultFlushInterval,
-		BufferSize:     DefaultBufferSize,
-		StopTimeout:    DefaultStopTimeout,
-		MaxAckPending:  DefaultMaxAckPending,
+		FlushInterval:  defaultFlushInterval,
+		BufferSize:     defaultBufferSize,
+		StopTimeout:    defaultStopTimeout,
+		MaxAckPending:  defaultMaxAckPending,
 	}
 }
 
@@ -242,5 +242,5 @@ func (c Config) ackWait() time.Duration {
 	if c.AckWait > 0 {
 		return c.AckWait
 	}
-	return max(DefaultAckWait, 2*c.holdBound())
+	return max(defaultAckWait, 2*c.holdBound())
 }

@@ -17,8 +17,8 @@ import (
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
-// ErrAlreadyRunning is returned by a second call of Consumer.Run.
-var ErrAlreadyRunning = errors.New("trace: writer already running")
+// errAlreadyRunning is returned by a second call of Consumer.Run.
+var errAlreadyRunning = errors.New("trace: writer already running")
 
 // Consumer is the trace writer: a durable.Consumer of stream FPM that turns every message into a
 // dynamo.fpm.trace.v1 line in its producer's segments (full mode), or the newest message per key and
@@ -46,7 +46,7 @@ type Consumer struct {
 	running atomic.Bool
 	totals  recoveryTotals
 	flushed chan struct{} // a flusher completed a flush: collect it on the loop
-	segs    *ProcessSegments
+	segs    *processSegments
 
 	// deliver presents a runner message to the writer (tests make acknowledgements go missing).
 	deliver func(*durable.Msg) delivery
@@ -127,8 +127,8 @@ func (c *Consumer) Ready() <-chan struct{} { return c.runner.Ready() }
 // Owned lists the partitions this instance owns now.
 func (c *Consumer) Owned() []int { return c.runner.Owned() }
 
-// Recovery returns what the takeovers found so far (see RecoveryResult).
-func (c *Consumer) Recovery() RecoveryResult { return c.totals.get() }
+// Recovery returns what the takeovers found so far (see recoveryResult).
+func (c *Consumer) Recovery() recoveryResult { return c.totals.get() }
 
 // Run writes traces as a member of group Config.Group until ctx is done, then stops gracefully: each
 // owned partition's pending samples are written, its lines flushed and fsynced, its messages
@@ -142,7 +142,7 @@ func (c *Consumer) Recovery() RecoveryResult { return c.totals.get() }
 // to other members.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	if err := ProbeOutput(c.cfg.OutputPath); err != nil {
 		return err
@@ -258,7 +258,7 @@ func (c *Consumer) Assigned(_ context.Context, p int) error {
 	}
 	w.takeover = newTakeover(w, c.cfg.Partitions, &c.totals)
 	w.segs = c.segs
-	w.onPrune = func(ps PrunedSegment) { c.publishPruned(p, ps) }
+	w.onPrune = func(ps prunedSegment) { c.publishPruned(p, ps) }
 	c.writers[p] = w
 	return nil
 }

@@ -98,7 +98,7 @@ func TestFullModeWritesEveryMessageExactlyOnce(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	r := startWriter(t, cfg, env.JS)
-	if err := r.w.Run(context.Background()); !errors.Is(err, ErrAlreadyRunning) {
+	if err := r.w.Run(context.Background()); !errors.Is(err, errAlreadyRunning) {
 		t.Fatalf("second Run = %v, want ErrAlreadyRunning", err)
 	}
 	ci := waitConsumed(t, env.JS, cfg.Group)

@@ -19,23 +19,23 @@ import "sync"
 // could not acknowledge come again and are recognised by the takeover recovery as before, wherever
 // they are.
 
-// ProcessSegments is where this process's trace writers left their producers' segments, by segment
+// processSegments is where this process's trace writers left their producers' segments, by segment
 // prefix: a writer that ends (a partition lost or released, a Consumer stopped) puts each producer's
 // segment here, and the next writer of that producer in the process takes it and continues it. A
 // Consumer has its own unless Config.Segments shares one among Consumers that succeed one another
 // in the process (the incarnations of a restarted component). Safe for concurrent use.
-type ProcessSegments struct {
+type processSegments struct {
 	mu   sync.Mutex
 	left map[string]segmentState
 }
 
-// NewProcessSegments returns an empty ProcessSegments.
-func NewProcessSegments() *ProcessSegments {
-	return &ProcessSegments{left: map[string]segmentState{}}
+// NewProcessSegments returns an empty processSegments.
+func NewProcessSegments() *processSegments {
+	return &processSegments{left: map[string]segmentState{}}
 }
 
 // put records where a writer left prefix's segment.
-func (ps *ProcessSegments) put(prefix string, st segmentState) {
+func (ps *processSegments) put(prefix string, st segmentState) {
 	if ps == nil {
 		return
 	}
@@ -45,7 +45,7 @@ func (ps *ProcessSegments) put(prefix string, st segmentState) {
 }
 
 // take returns and forgets where a writer left prefix's segment: one writer continues it.
-func (ps *ProcessSegments) take(prefix string) (segmentState, bool) {
+func (ps *processSegments) take(prefix string) (segmentState, bool) {
 	if ps == nil {
 		return segmentState{}, false
 	}

@@ -30,7 +30,7 @@ func traceLineAt(t *testing.T, observed int64) []byte {
 func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "fpm.w")
-	earlier, err := NewSegmentWriter(prefix, 1<<20, 10)
+	earlier, err := newDefaultSegmentWriter(prefix, 1<<20, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,11 +45,11 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 		t.Fatal(err)
 	}
 	line := traceLineAt(t, 200)
-	w, err := NewSegmentWriter(prefix, int64(len(line))+1, 2) // one line per segment, two kept
+	w, err := newDefaultSegmentWriter(prefix, int64(len(line))+1, 2) // one line per segment, two kept
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pruned []PrunedSegment
+	var pruned []prunedSegment
 	for i, obs := range []int64{200, 201, 202} {
 		if err := w.appendRecord(traceLineAt(t, obs), uint64(11+i), obs); err != nil {
 			t.Fatal(err)
@@ -62,7 +62,7 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	want := []PrunedSegment{
+	want := []prunedSegment{
 		{Segment: tracefile.SegmentPath(prefix, 0), Index: 0, Lines: 3, FirstObservedMs: 100, LastObservedMs: 102},
 		{Segment: tracefile.SegmentPath(prefix, 1), Index: 1, Lines: 1, FirstSeq: 11, LastSeq: 11, FirstObservedMs: 200, LastObservedMs: 200},
 	}
@@ -72,7 +72,7 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 
 	// The same for lines this writer counted as it wrote them.
 	prefix = filepath.Join(t.TempDir(), "fpm.w")
-	w, err = NewSegmentWriter(prefix, 3*int64(len(line)), 1) // two lines per segment (a third would pass the roll), one kept
+	w, err = newDefaultSegmentWriter(prefix, 3*int64(len(line)), 1) // two lines per segment (a third would pass the roll), one kept
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestSegmentWriterRecordsWhatItPrunes(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	want = []PrunedSegment{{Segment: tracefile.SegmentPath(prefix, 0), Index: 0, Lines: 2, FirstSeq: 21, LastSeq: 22, FirstObservedMs: 250, LastObservedMs: 300}}
+	want = []prunedSegment{{Segment: tracefile.SegmentPath(prefix, 0), Index: 0, Lines: 2, FirstSeq: 21, LastSeq: 22, FirstObservedMs: 250, LastObservedMs: 300}}
 	if !slices.Equal(pruned, want) {
 		t.Fatalf("pruned %+v, want %+v", pruned, want)
 	}
@@ -114,7 +114,7 @@ func TestSegmentWriterContinuesOnlyAnUnchangedNewestSegment(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	first, err := NewSegmentWriter(prefix, 1<<20, 100)
+	first, err := newDefaultSegmentWriter(prefix, 1<<20, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestSegmentWriterContinuesOnlyAnUnchangedNewestSegment(t *testing.T) {
 	}
 	next := func(st segmentState) (*SegmentWriter, bool) {
 		t.Helper()
-		w, err := NewSegmentWriter(prefix, 1<<20, 100)
+		w, err := newDefaultSegmentWriter(prefix, 1<<20, 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			prefix := filepath.Join(t.TempDir(), "fpm.w")
-			first, err := NewSegmentWriter(prefix, 1<<20, 100)
+			first, err := newDefaultSegmentWriter(prefix, 1<<20, 100)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -202,7 +202,7 @@ func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
 				t.Fatal(err)
 			}
 			st, _ := first.state()
-			second, err := NewSegmentWriter(prefix, 1<<20, 100)
+			second, err := newDefaultSegmentWriter(prefix, 1<<20, 100)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -250,7 +250,7 @@ func TestSegmentWriterDoesNotContinueThroughASwappedInFile(t *testing.T) {
 }
 
 // Writers that succeed one another in a process on one output (the incarnations of a component its
-// supervisor restarts) share ProcessSegments: the second continues each producer's segment, where a
+// supervisor restarts) share processSegments: the second continues each producer's segment, where a
 // writer of its own starts a new one, as at a process start.
 func TestConsumersSharingProcessSegmentsContinueTheSegments(t *testing.T) {
 	t.Parallel()
@@ -266,7 +266,7 @@ func TestConsumersSharingProcessSegmentsContinueTheSegments(t *testing.T) {
 		return len(segs)
 	}
 	segs := NewProcessSegments()
-	runOnce := func(from, to int, shared *ProcessSegments) {
+	runOnce := func(from, to int, shared *processSegments) {
 		t.Helper()
 		publish(t, env.JS, msgs[from:to])
 		cfg := cfg

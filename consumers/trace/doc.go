@@ -21,7 +21,7 @@
 //	seqstate.go       per producer, which redelivered messages to skip
 //	segment_writer.go SegmentWriter: one producer's segments, one gzip member per flush, roll, prune
 //	                  (recording what a pruned segment held), cutting a failed write back
-//	continuation.go   ProcessSegments: a later writer of a producer in this process continues its
+//	continuation.go   processSegments: a later writer of a producer in this process continues its
 //	                  segment instead of opening one
 //	unrepaired.go     a producer whose newest segment cannot be repaired (something not fpmbus's under
 //	                  the repair's temporary file) is refused alone, and repaired once it can be
@@ -99,7 +99,7 @@
 //     itself, one instance writes, the others are hot standbys. P > 1 (--partitions): every FPM
 //     message is stored twice (FPM and FPM_PART_<group>, same limits) and the server does the extra
 //     work of P filtered consumers: use it when one writer cannot keep up. P is fixed for the group's
-//     life (durable.ErrGroupMismatch otherwise).
+//     life (durable.errGroupMismatch otherwise).
 //   - With n FPM shards (streams.ShardOf keys them by worker_id, as this group) the default P is n
 //     (Partitions 0): partition p is shard p, consumer <group>-<p> on FPM_<p>, nothing is copied, and
 //     a worker's ranks, all in its shard, reach its file in the shard's order. Another P reads
@@ -108,7 +108,7 @@
 //     fpm.<namespace>.<component>.<worker_id>.<dp_rank>; never tokens 1-4, which would spread one
 //     worker's ranks, hence its file, over several instances). Config.PartitionConfig derives the
 //     group from FilterSubject. With P > 1 a message filed under another producer (an Fpm-Producer
-//     header other than its worker_id) is rejected (ErrGroupUnsupported), and --producer-id is
+//     header other than its worker_id) is rejected (errGroupUnsupported), and --producer-id is
 //     refused: one producer's messages must be in one partition. Worker ids that differ but sanitize
 //     to the same file name (SanitizeProducerID) are not detected.
 //   - Full mode acks cumulatively (the AckAll policy: the runner acknowledges the end of each

@@ -26,10 +26,10 @@ import (
 // (fpmevents.loss.trace). tracefile holds it, for that verify.
 const ConsumerName = tracefile.WriterName
 
-// ErrGroupUnsupported is the reason a message is rejected when, with more than one partition, its
+// errGroupUnsupported is the reason a message is rejected when, with more than one partition, its
 // producer id (Fpm-Producer header) is not its worker_id, the partition key: its file could get two
 // writers.
-var ErrGroupUnsupported = errors.New("trace: not supported by a partitioned group")
+var errGroupUnsupported = errors.New("trace: not supported by a partitioned group")
 
 // PartitionConfig is the consumer group (consumers/partition) of the writer: stream FPM (or its
 // shards), group c.Group, c.Partitions partitions (0: effectivePartitions). With one partition it reads
@@ -139,8 +139,7 @@ func (c Config) runnerConfig(pc durable.GroupConfig) durable.Config {
 // replaceIncompatibleConsumers replaces the group's partition consumers that were declared in a way
 // this configuration cannot use and the server cannot change: with another ack policy (an fpmbus that
 // acked each message, or the other capture mode) or as a pull consumer without the group's metadata
-// (a plain durable of an older fpmbus; the group's own pull consumers of an earlier fpmbus are
-// replaced the same way when the group is joined): durable.ReplaceAfterAckFloor, so the writer goes
+// (a plain durable of an older fpmbus): durable.ReplaceAfterAckFloor, so the writer goes
 // on where the old consumer stood (what it wrote above the floor is recognised and skipped, see
 // takeover). Every instance of a group must run the same fpmbus and mode.
 func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, pc durable.GroupConfig, log *slog.Logger) error {
@@ -192,7 +191,7 @@ const (
 // meanwhile, and for one still unstored when the writer stops, the error-level log lines and the
 // metrics (writer.reportPruned) count it. Called on the runner's loop; prunes are rare (one per roll
 // beyond the limit), so the publication waits for its acknowledgement there.
-func (c *Consumer) publishPruned(p int, ps PrunedSegment) {
+func (c *Consumer) publishPruned(p int, ps prunedSegment) {
 	if ps.Lines == 0 {
 		return // nothing was lost
 	}

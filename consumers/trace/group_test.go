@@ -552,7 +552,7 @@ func checkGroupOutput(t *testing.T, out map[string][][]byte, published []testFPM
 }
 
 // With P > 1 a message filed under another producer than its worker_id (the partition key) could
-// give that producer's file two writers: it is rejected (a dead letter naming ErrGroupUnsupported's
+// give that producer's file two writers: it is rejected (a dead letter naming errGroupUnsupported's
 // reason), and the others are written.
 func TestGroupRejectsAProducerOtherThanItsWorker(t *testing.T) {
 	t.Parallel()
@@ -670,7 +670,7 @@ func TestPrunedSegmentLossEventIsStoredOnceTheServerTakesIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := PrunedSegment{Segment: "/traces/fpm.w.000003.jsonl.gz", Index: 3, Producer: "w", Lines: 7, FirstSeq: 11, LastSeq: 17,
+	ps := prunedSegment{Segment: "/traces/fpm.w.000003.jsonl.gz", Index: 3, Producer: "w", Lines: 7, FirstSeq: 11, LastSeq: 17,
 		FirstObservedMs: 1_782_777_600_000, LastObservedMs: 1_782_777_600_900}
 	c.publishPruned(0, ps)
 	c.retryLosses(ctx, true) // still down: kept

@@ -29,7 +29,7 @@ func writeTrace(t *testing.T, out, mode string, roll int64, flushEvery int, fs [
 		}
 		prefix := tracefile.SegmentPrefix(out, r.Producer)
 		if sws[prefix] == nil {
-			if sws[prefix], err = NewSegmentWriter(prefix, roll, 1000); err != nil {
+			if sws[prefix], err = newDefaultSegmentWriter(prefix, roll, 1000); err != nil {
 				t.Fatal(err)
 			}
 		}

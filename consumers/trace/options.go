@@ -14,8 +14,8 @@ import (
 
 // Write retry defaults (see Config.RetryInitial).
 const (
-	DefaultRetryInitial = 100 * time.Millisecond
-	DefaultRetryMax     = 30 * time.Second
+	defaultRetryInitial = 100 * time.Millisecond
+	defaultRetryMax     = 30 * time.Second
 )
 
 // settings are what a writer runs with: the options every durable stage takes (member id, clock) and
@@ -26,7 +26,7 @@ type settings struct {
 	level  int
 	retry  func() backoff.BackOff
 	open   func(path string) (file, error) // tests inject faults
-	segs   *ProcessSegments
+	segs   *processSegments
 }
 
 // newSettings applies opts to the defaults: slog.Default(), tracefile.DefaultCompressionLevel, the
@@ -37,7 +37,7 @@ func newSettings(opts []durable.Option) (settings, error) {
 		Settings: ds,
 		Logger:   slog.Default(),
 		level:    tracefile.DefaultCompressionLevel,
-		retry:    retryPolicy(DefaultRetryInitial, DefaultRetryMax),
+		retry:    retryPolicy(defaultRetryInitial, defaultRetryMax),
 		open:     createFile,
 	}, err
 }
@@ -67,7 +67,7 @@ func prepare(cfg Config, js jetstream.JetStream, opts []durable.Option) (setting
 
 // retryBounds are the write retry's first and longest wait, defaults filled.
 func (c Config) retryBounds() (initial, maxWait time.Duration) {
-	return cmp.Or(c.RetryInitial, DefaultRetryInitial), cmp.Or(c.RetryMax, DefaultRetryMax)
+	return cmp.Or(c.RetryInitial, defaultRetryInitial), cmp.Or(c.RetryMax, defaultRetryMax)
 }
 
 func retryPolicy(initial, maxWait time.Duration) func() backoff.BackOff {

@@ -36,8 +36,8 @@ var ErrOutputOwned = errors.New("trace: the trace output belongs to another cons
 // outputGroupSuffix ends the record's file name, after the output base.
 const outputGroupSuffix = ".fpmbus-group.json"
 
-// OutputGroupPath is the file recording which group writes outputPath.
-func OutputGroupPath(outputPath string) string {
+// outputGroupPath is the file recording which group writes outputPath.
+func outputGroupPath(outputPath string) string {
 	return tracefile.OutputBase(outputPath) + outputGroupSuffix
 }
 
@@ -73,7 +73,7 @@ func claimOutput(ctx context.Context, js jetstream.JetStream, outputPath, group 
 	if err != nil {
 		return err
 	}
-	path := OutputGroupPath(outputPath)
+	path := outputGroupPath(outputPath)
 	for range 3 {
 		data, _, err := fsutil.ReadRegular(path)
 		switch {

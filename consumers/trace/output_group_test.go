@@ -25,7 +25,7 @@ func TestOutputBelongsToOneGroup(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	rec := OutputGroupPath(cfg.OutputPath)
+	rec := outputGroupPath(cfg.OutputPath)
 	body, err := os.ReadFile(rec)
 	if err != nil || !strings.Contains(string(body), `"group": "first"`) {
 		t.Fatalf("record %s: %q, %v", rec, body, err)

@@ -37,9 +37,9 @@ import (
 // interval and counter_id), so that a redelivered message of an interval that already has its line is
 // treated as late, not written as a second sample of that interval.
 
-// RecoveryResult says what the takeovers of a Consumer found, summed over its partitions and
+// recoveryResult says what the takeovers of a Consumer found, summed over its partitions and
 // producers.
-type RecoveryResult struct {
+type recoveryResult struct {
 	// Producers is how many producers were checked after a takeover.
 	Producers int
 	// Found is how many redelivered messages already had their line on disk (skipped, not written
@@ -54,10 +54,10 @@ type RecoveryResult struct {
 // recoveryTotals sums RecoveryResults from the runner's goroutine for readers on others.
 type recoveryTotals struct {
 	mu  sync.Mutex
-	sum RecoveryResult
+	sum recoveryResult
 }
 
-func (t *recoveryTotals) add(r RecoveryResult) {
+func (t *recoveryTotals) add(r recoveryResult) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.sum.Producers += r.Producers
@@ -67,7 +67,7 @@ func (t *recoveryTotals) add(r RecoveryResult) {
 	t.sum.Seeded += r.Seeded
 }
 
-func (t *recoveryTotals) get() RecoveryResult {
+func (t *recoveryTotals) get() recoveryResult {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.sum
@@ -98,7 +98,7 @@ func (t *takeover) written(r *record) (bool, error) {
 	if t.checkWorker && r.Producer != r.Key.WorkerID {
 		return false, &messageError{fmt.Errorf("%w: message %s has producer id %q (Fpm-Producer header), not its worker_id %q: with --partitions > 1 "+
 			"its file could get two writers; run the bridges without --producer-id, or use --partitions 1",
-			ErrGroupUnsupported, r.d.Subject(), r.Producer, r.Key.WorkerID)}
+			errGroupUnsupported, r.d.Subject(), r.Producer, r.Key.WorkerID)}
 	}
 	st := t.byID[r.Producer]
 	if st == nil {
@@ -117,7 +117,7 @@ func (t *takeover) written(r *record) (bool, error) {
 	}
 	found := st.written(r)
 	if found {
-		t.totals.add(RecoveryResult{Found: 1})
+		t.totals.add(recoveryResult{Found: 1})
 	}
 	if !st.checking() && st.skipped > 0 {
 		t.w.log.Info("trace takeover: redelivered messages whose lines the previous owner wrote are skipped",
@@ -152,7 +152,7 @@ func (t *takeover) load(prefix string, stored time.Time) (*seqState, error) {
 		return nil, fmt.Errorf("trace: takeover: %w", err)
 	}
 	st := &seqState{prefix: prefix, ids: map[tracefile.LineIdentity]int{}, sampled: w.sampler != nil}
-	res := RecoveryResult{Producers: 1}
+	res := recoveryResult{Producers: 1}
 	seeds := map[sampleKey]recoverSeed{}
 	for i := len(segs) - 1; i >= 0; i-- {
 		s := segs[i]

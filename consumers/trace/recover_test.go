@@ -47,7 +47,7 @@ func writeLines(t *testing.T, cfg Config, msgs []jetstream.Msg) {
 		prefix := tracefile.SegmentPrefix(cfg.OutputPath, r.Producer)
 		sw := sws[prefix]
 		if sw == nil {
-			if sw, err = NewSegmentWriter(prefix, cfg.RollBytes, cfg.MaxSegments); err != nil {
+			if sw, err = newDefaultSegmentWriter(prefix, cfg.RollBytes, cfg.MaxSegments); err != nil {
 				t.Fatal(err)
 			}
 			sws[prefix] = sw

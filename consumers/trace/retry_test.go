@@ -260,7 +260,7 @@ func TestSegmentOwnedByAnotherWriterFailsRun(t *testing.T) {
 func TestWriteBatchRetryCutsBackAndWritesTheSameSegment(t *testing.T) {
 	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "t.w")
-	w, err := NewSegmentWriter(prefix, 1<<20, 100)
+	w, err := newDefaultSegmentWriter(prefix, 1<<20, 100)
 	if err != nil {
 		t.Fatal(err)
 	}

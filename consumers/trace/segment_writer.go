@@ -18,8 +18,8 @@ import (
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
-// ErrWriterClosed is returned by a SegmentWriter used after Close.
-var ErrWriterClosed = errors.New("trace: segment writer closed")
+// errWriterClosed is returned by a SegmentWriter used after Close.
+var errWriterClosed = errors.New("trace: segment writer closed")
 
 // SegmentWriter writes one producer's trace segments, as Dynamo's gzip JSONL sink does:
 //
@@ -33,13 +33,13 @@ var ErrWriterClosed = errors.New("trace: segment writer closed")
 //   - A segment file is created exclusively at its first flush; an existing file of that name is an
 //     error (another writer owns the producer). After that first write the directory is fsynced and the
 //     oldest segments of the prefix are removed until MaxSegments remain, the active one included:
-//     each removed segment is recorded (PrunedSegment: its lines, their stream sequences and
+//     each removed segment is recorded (prunedSegment: its lines, their stream sequences and
 //     observation times) for the trace writer to report as a loss. Files whose names do not match the
 //     prefix exactly are never touched.
 //   - A segment is opened only at a roll or at a writer's start. A writer starts at
 //     NextSegmentIndex(prefix): a segment left by an earlier process is never appended to. A writer
 //     that continues this process's own writing of the producer (the trace writer's partition taken
-//     again, or its component restarted in the process: ProcessSegments) appends to the segment the
+//     again, or its component restarted in the process: processSegments) appends to the segment the
 //     previous writer left, if that is still the producer's newest segment and holds exactly the
 //     bytes it left; otherwise (another writer wrote the producer meanwhile) it starts at
 //     NextSegmentIndex too.
@@ -74,7 +74,7 @@ type SegmentWriter struct {
 	closed   bool
 
 	// Handed from the file side by complete (pruned by the last batches, not yet taken).
-	pruned []PrunedSegment
+	pruned []prunedSegment
 
 	// File side.
 	open       func(path string) (file, error)
@@ -87,7 +87,7 @@ type SegmentWriter struct {
 	shift      uint64                   // a continued segment found changed: file index = line-side index + shift
 	cont       *segmentState            // the segment to continue at the first write, if any (see continueFrom)
 	tallies    map[uint64]*segmentTally // what this writer wrote into each segment, by file index
-	prunedFile []PrunedSegment          // pruned by the batch being written
+	prunedFile []prunedSegment          // pruned by the batch being written
 	zw         *gzip.Writer
 	zbuf       bytes.Buffer
 }
@@ -167,10 +167,10 @@ type batch struct {
 	upTo   uint64
 }
 
-// NewSegmentWriter returns a writer for prefix (see SegmentPrefix) that starts at the next free index.
+// newDefaultSegmentWriter returns a writer for prefix (see SegmentPrefix) that starts at the next free index.
 // rollBytes and maxSegments must be positive. The directory is created if missing; no file is
 // created until the first Flush with data.
-func NewSegmentWriter(prefix string, rollBytes int64, maxSegments int) (*SegmentWriter, error) {
+func newDefaultSegmentWriter(prefix string, rollBytes int64, maxSegments int) (*SegmentWriter, error) {
 	return newSegmentWriter(prefix, rollBytes, maxSegments, tracefile.DefaultCompressionLevel, nil)
 }
 
@@ -243,7 +243,7 @@ func (w *SegmentWriter) appendRecord(line []byte, seq uint64, observed int64) er
 		return w.err
 	}
 	if w.closed {
-		return ErrWriterClosed
+		return errWriterClosed
 	}
 	n := int64(len(line)) + 1
 	if w.segLines > 0 && w.segBytes+n > w.rollBytes {
@@ -532,15 +532,15 @@ func (w *SegmentWriter) Flush() error {
 		return w.err
 	}
 	if w.closed {
-		return ErrWriterClosed
+		return errWriterClosed
 	}
 	b := w.detach()
 	return w.complete(b, w.writeBatch(b))
 }
 
-// PrunedSegment is a segment that retention (MaxSegments) removed, and what it held: its lines are
+// prunedSegment is a segment that retention (MaxSegments) removed, and what it held: its lines are
 // no longer in the trace.
-type PrunedSegment struct {
+type prunedSegment struct {
 	Segment string
 	Index   uint64
 	// Producer is the producer part of its file name (set by the trace writer).
@@ -594,8 +594,8 @@ func (w *SegmentWriter) prune(active uint64) {
 }
 
 // held says what segment s holds: as this writer wrote it, or read from the file.
-func (w *SegmentWriter) held(s tracefile.Segment) PrunedSegment {
-	ps := PrunedSegment{Segment: s.Path, Index: s.Index, FirstObservedMs: -1, LastObservedMs: -1}
+func (w *SegmentWriter) held(s tracefile.Segment) prunedSegment {
+	ps := prunedSegment{Segment: s.Path, Index: s.Index, FirstObservedMs: -1, LastObservedMs: -1}
 	if t := w.tallies[s.Index]; t != nil && t.lines > 0 && fileSizeIs(s.Path, t.size) {
 		ps.Lines, ps.FirstSeq, ps.LastSeq, ps.FirstObservedMs, ps.LastObservedMs = t.lines, t.firstSeq, t.lastSeq, t.minObserved, t.maxObserved
 		if ps.FirstSeq == 0 {
@@ -628,7 +628,7 @@ func fileSizeIs(path string, size int64) bool {
 }
 
 // takePruned returns the segments pruned since the last call (line side; after complete).
-func (w *SegmentWriter) takePruned() []PrunedSegment {
+func (w *SegmentWriter) takePruned() []prunedSegment {
 	ps := w.pruned
 	w.pruned = nil
 	return ps
@@ -636,14 +636,14 @@ func (w *SegmentWriter) takePruned() []PrunedSegment {
 
 // takeFilePruned returns what takePruned would after complete, when the batch will never be completed
 // (the writer aborts): only while no batch is being written.
-func (w *SegmentWriter) takeFilePruned() []PrunedSegment {
+func (w *SegmentWriter) takeFilePruned() []prunedSegment {
 	ps := append(w.takePruned(), w.prunedFile...)
 	w.prunedFile = nil
 	return ps
 }
 
 // segmentState is where a writer left a producer's segment, for the next writer of the producer in
-// this process to continue it (ProcessSegments): its file index, the bytes it holds (whole members,
+// this process to continue it (processSegments): its file index, the bytes it holds (whole members,
 // fsynced), the uncompressed bytes and lines it holds as the roll counts them, and what this
 // process wrote into it.
 type segmentState struct {

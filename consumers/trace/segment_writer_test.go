@@ -97,7 +97,7 @@ func TestSegmentWriterRotation(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			prefix := filepath.Join(t.TempDir(), "t.w")
-			w, err := NewSegmentWriter(prefix, tc.roll, 100)
+			w, err := newDefaultSegmentWriter(prefix, tc.roll, 100)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,7 +130,7 @@ func TestSegmentWriterRotation(t *testing.T) {
 func TestSegmentWriterOneMemberPerFlush(t *testing.T) {
 	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "t.w")
-	w, err := NewSegmentWriter(prefix, 1<<20, 4)
+	w, err := newDefaultSegmentWriter(prefix, 1<<20, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestSegmentWriterOneMemberPerFlush(t *testing.T) {
 	if got := len(segmentLines(t, tracefile.SegmentPath(prefix, 0))); got != 30 {
 		t.Fatalf("lines = %d, want 30", got)
 	}
-	if err := w.Append([]byte("x")); !errors.Is(err, ErrWriterClosed) {
+	if err := w.Append([]byte("x")); !errors.Is(err, errWriterClosed) {
 		t.Fatalf("Append after Close = %v, want ErrWriterClosed", err)
 	}
 }
@@ -193,7 +193,7 @@ func TestSegmentWriterPrune(t *testing.T) {
 	touch(t, tracefile.SegmentPath(prefix, 0))
 	touch(t, tracefile.SegmentPath(prefix, 3))
 
-	w, err := NewSegmentWriter(prefix, 4, 3)
+	w, err := newDefaultSegmentWriter(prefix, 4, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestSegmentWriterPrune(t *testing.T) {
 		}
 	}
 	// A restart continues above the highest index and never appends to segment 7.
-	w2, err := NewSegmentWriter(prefix, 4, 3)
+	w2, err := newDefaultSegmentWriter(prefix, 4, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestSegmentWriterPrune(t *testing.T) {
 func TestSegmentWriterRefusesAnExistingSegment(t *testing.T) {
 	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "t.w")
-	w, err := NewSegmentWriter(prefix, 100, 10)
+	w, err := newDefaultSegmentWriter(prefix, 100, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +318,7 @@ func TestSegmentWriterFaults(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			prefix := filepath.Join(t.TempDir(), "t.w")
-			w, err := NewSegmentWriter(prefix, 1<<20, 4)
+			w, err := newDefaultSegmentWriter(prefix, 1<<20, 4)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -384,7 +384,7 @@ func TestSegmentWriterFaults(t *testing.T) {
 func TestSegmentWriterReusesTheLargestLineBuffer(t *testing.T) {
 	t.Parallel()
 	prefix := filepath.Join(t.TempDir(), "p")
-	w, err := NewSegmentWriter(prefix, 1<<30, 10)
+	w, err := newDefaultSegmentWriter(prefix, 1<<30, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

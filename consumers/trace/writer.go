@@ -36,9 +36,9 @@ type writer struct {
 	sampler   *sampler         // sampled mode only
 	takeover  *takeover        // recognises what an earlier owner wrote; nil for a backfill
 	existing  *existingLines   // a backfill's: the lines its output holds already; nil for the live writer
-	segs      *ProcessSegments // where this process's writers left their producers' segments; nil: none
+	segs      *processSegments // where this process's writers left their producers' segments; nil: none
 	// onPrune, if set, is told of every segment retention removed, after the writer reported it.
-	onPrune func(PrunedSegment)
+	onPrune func(prunedSegment)
 
 	// own owns the producers' prefixes (tracefile/owner.go): a producer's SegmentWriter is made only once its
 	// prefix is owned, and claims, the prefixes this writer took, are given up when it ends. nil: no
@@ -171,7 +171,7 @@ func (w *writer) account(p *producer, n int) error {
 }
 
 // producerFor returns the producer of id, creating its SegmentWriter on first use: at the next free
-// index (a writer's start), or continuing the segment a writer of this process left (ProcessSegments).
+// index (a writer's start), or continuing the segment a writer of this process left (processSegments).
 func (w *writer) producerFor(id string) (*producer, error) {
 	if p, ok := w.producers[id]; ok {
 		return p, nil
@@ -371,7 +371,7 @@ func (w *writer) abort() {
 }
 
 // leave hands where each producer's segment stands to the next writer of the producer in this process
-// (ProcessSegments): the writer has ended and writes nothing more.
+// (processSegments): the writer has ended and writes nothing more.
 func (w *writer) leave() {
 	for prefix, p := range w.bySegment {
 		if st, ok := p.sw.state(); ok {
@@ -385,7 +385,7 @@ func (w *writer) leave() {
 // the trace. An error-level log line per segment (its lines, their stream sequences and observation
 // times), the metrics fpmbus_trace_segments_pruned_total and fpmbus_trace_pruned_lines_total, and
 // onPrune (the Consumer's loss event; a backfill's result).
-func (w *writer) reportPruned(sw *SegmentWriter, pruned []PrunedSegment) {
+func (w *writer) reportPruned(sw *SegmentWriter, pruned []prunedSegment) {
 	for _, ps := range pruned {
 		ps.Producer = strings.TrimPrefix(filepath.Base(sw.Prefix()), filepath.Base(tracefile.OutputBase(w.cfg.OutputPath))+".")
 		w.m.pruned.Inc()

@@ -33,7 +33,7 @@ import (
 //     headers of the atomic batch the edge stored it in (sourcing never batches), and applies its
 //     duplicate window to the sourced Nats-Msg-Id exactly as to a direct publish.
 //   - Nothing reaches the central streams twice: the leafnode remote neither exports nor imports
-//     fpmbus's subjects (EdgeDeniedSubjects), so an FPM published at the edge is not also delivered to
+//     fpmbus's subjects (edgeDeniedSubjects), so an FPM published at the edge is not also delivered to
 //     the central stream's subject listener, and a central publisher's FPM is not stored at the edge
 //     (and sourced back).
 //   - The source consumer's position at the edge never passes what the central server stored: the
@@ -48,8 +48,8 @@ import (
 const (
 	// DefaultCentralDomain is the JetStream domain of the central server (ops/nats/central-leaf.conf).
 	DefaultCentralDomain = "central"
-	// EdgeDomainPrefix starts every edge's JetStream domain: edge-<node>.
-	EdgeDomainPrefix = "edge-"
+	// edgeDomainPrefix starts every edge's JetStream domain: edge-<node>.
+	edgeDomainPrefix = "edge-"
 	// DefaultEdgeListen is the edge server's client address: loopback, next to the standard port, so
 	// the `nats` CLI reaches it with --server nats://127.0.0.1:4223 on the node.
 	DefaultEdgeListen = "127.0.0.1:4223"
@@ -60,16 +60,16 @@ const (
 // read centrally.
 var EdgeSourcedStreams = []string{streams.StreamFPM, streams.StreamEvents}
 
-// EdgeDeniedSubjects are the subjects the leafnode remote of an edge neither exports nor imports (see
+// edgeDeniedSubjects are the subjects the leafnode remote of an edge neither exports nor imports (see
 // the package invariants): fpmbus's streams and its KV and object buckets, which exist at both ends.
-var EdgeDeniedSubjects = []string{streams.FPMWildcard, streams.EventsWildcard, streams.BenchWildcard, "$KV.>", "$O.>"}
+var edgeDeniedSubjects = []string{streams.FPMWildcard, streams.EventsWildcard, streams.BenchWildcard, "$KV.>", "$O.>"}
 
 // ErrBadEdge is wrapped by every error EdgeConfig.Validate returns.
 var ErrBadEdge = errors.New("streams: bad edge configuration")
 
 // EdgeConfig configures the node-local JetStream server of the edge topology.
 type EdgeConfig struct {
-	// Node names this edge; its JetStream domain is EdgeDomainPrefix+Node. Required: a letter, digit,
+	// Node names this edge; its JetStream domain is edgeDomainPrefix+Node. Required: a letter, digit,
 	// '-' or '_' only (a domain is a subject token).
 	Node string
 	// StoreDir is the edge's JetStream store on local disk. Required.
@@ -90,7 +90,7 @@ type EdgeConfig struct {
 }
 
 // Domain is the edge's JetStream domain.
-func (c EdgeConfig) Domain() string { return EdgeDomainPrefix + c.Node }
+func (c EdgeConfig) Domain() string { return edgeDomainPrefix + c.Node }
 
 // CentralDomainOrDefault is the central server's JetStream domain, defaulted.
 func (c EdgeConfig) CentralDomainOrDefault() string {
@@ -105,7 +105,7 @@ func (c EdgeConfig) Validate() error {
 	bad := invalid.Reporter(ErrBadEdge)
 	switch {
 	case c.Node == "":
-		return bad("no node name (it names the edge's JetStream domain %s<node>)", EdgeDomainPrefix)
+		return bad("no node name (it names the edge's JetStream domain %s<node>)", edgeDomainPrefix)
 	case !domainToken(c.Node):
 		return bad("node name %q: want letters, digits, '-' and '_' only", c.Node)
 	case !domainToken(c.CentralDomainOrDefault()):
@@ -167,8 +167,8 @@ func (c EdgeConfig) ServerConfig() (natsserver.ServerConfig, error) {
 			Remotes: []*server.RemoteLeafOpts{{
 				URLs:        urls,
 				Credentials: c.Credentials,
-				DenyExports: slices.Clone(EdgeDeniedSubjects),
-				DenyImports: slices.Clone(EdgeDeniedSubjects),
+				DenyExports: slices.Clone(edgeDeniedSubjects),
+				DenyImports: slices.Clone(edgeDeniedSubjects),
 			}},
 		},
 	}
@@ -187,10 +187,10 @@ func (c EdgeConfig) ServerConfig() (natsserver.ServerConfig, error) {
 // consumer's heartbeat arrives over the restored link.
 const EdgeSourceConsumer = "fpmbus-central"
 
-// EdgeDeliverRoot starts the subject an edge's source consumer delivers to:
+// edgeDeliverRoot starts the subject an edge's source consumer delivers to:
 // fpmsource.<edge domain>.<stream>, one per edge and stream, since every edge delivers to the same
 // central server.
-const EdgeDeliverRoot = "fpmsource"
+const edgeDeliverRoot = "fpmsource"
 
 // edgeSourceMaxAckPending is how many messages the source consumer sends ahead of the central server's
 // flow-control reply, which acknowledges everything before it. It must be set (nats-server refuses a
@@ -200,19 +200,19 @@ const EdgeDeliverRoot = "fpmsource"
 // sent again costs transfer, not duplicates.
 const edgeSourceMaxAckPending = 20000
 
-// EdgeDeliverSubject is the subject the source consumer of stream at the edge of domain delivers to.
-func EdgeDeliverSubject(domain, stream string) string {
-	return EdgeDeliverRoot + "." + domain + "." + stream
+// edgeDeliverSubject is the subject the source consumer of stream at the edge of domain delivers to.
+func edgeDeliverSubject(domain, stream string) string {
+	return edgeDeliverRoot + "." + domain + "." + stream
 }
 
-// EdgeSourceConsumerConfig is the source consumer of stream at the edge of domain: durable, push to
-// EdgeDeliverSubject, acknowledged by flow control (the only acknowledgement a sourcing server sends),
+// edgeSourceConsumerConfig is the source consumer of stream at the edge of domain: durable, push to
+// edgeDeliverSubject, acknowledged by flow control (the only acknowledgement a sourcing server sends),
 // from the stream's first message.
-func EdgeSourceConsumerConfig(domain, stream string) jetstream.ConsumerConfig {
+func edgeSourceConsumerConfig(domain, stream string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:        EdgeSourceConsumer,
 		Description:    "the central " + stream + " stream sources this edge's " + stream + " through it",
-		DeliverSubject: EdgeDeliverSubject(domain, stream),
+		DeliverSubject: edgeDeliverSubject(domain, stream),
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		AckPolicy:      jetstream.AckFlowControlPolicy,
 		FlowControl:    true,
@@ -222,24 +222,24 @@ func EdgeSourceConsumerConfig(domain, stream string) jetstream.ConsumerConfig {
 	}
 }
 
-// EnsureEdgeSourceConsumers creates (or brings back to EdgeSourceConsumerConfig) the source consumer
+// EnsureEdgeSourceConsumers creates (or brings back to edgeSourceConsumerConfig) the source consumer
 // of every stream of EdgeSourcedStreams at the edge of domain, through edge (the edge's own
 // JetStream). The streams must exist. It is idempotent: an unchanged consumer keeps its position.
 func EnsureEdgeSourceConsumers(ctx context.Context, edge jetstream.JetStream, domain string) error {
 	for _, name := range EdgeSourcedStreams {
-		if _, err := edge.CreateOrUpdatePushConsumer(ctx, name, EdgeSourceConsumerConfig(domain, name)); err != nil {
+		if _, err := edge.CreateOrUpdatePushConsumer(ctx, name, edgeSourceConsumerConfig(domain, name)); err != nil {
 			return fmt.Errorf("streams: edge %s: source consumer %s on %s: %w", domain, EdgeSourceConsumer, name, err)
 		}
 	}
 	return nil
 }
 
-// EdgeSource is how a central stream sources the edge stream of the same name in domain: through the
+// edgeSource is how a central stream sources the edge stream of the same name in domain: through the
 // edge's API prefix and its durable source consumer (EnsureEdgeSourceConsumers creates it).
-func EdgeSource(stream, domain string) *jetstream.StreamSource {
+func edgeSource(stream, domain string) *jetstream.StreamSource {
 	return &jetstream.StreamSource{Name: stream,
 		External: &jetstream.ExternalStream{APIPrefix: "$JS." + domain + ".API"},
-		Consumer: &jetstream.StreamConsumerSource{Name: EdgeSourceConsumer, DeliverSubject: EdgeDeliverSubject(domain, stream)}}
+		Consumer: &jetstream.StreamConsumerSource{Name: EdgeSourceConsumer, DeliverSubject: edgeDeliverSubject(domain, stream)}}
 }
 
 // edgeSourceOf returns sc's source of want's stream through want's API prefix (durable or not), or nil.
@@ -274,7 +274,7 @@ type EdgeSourcing struct {
 func AddEdgeSources(ctx context.Context, central jetstream.JetStream, domain string) (EdgeSourcing, error) {
 	var out EdgeSourcing
 	for _, name := range EdgeSourcedStreams {
-		want := EdgeSource(name, domain)
+		want := edgeSource(name, domain)
 		for attempt := 0; ; attempt++ {
 			s, err := central.Stream(ctx, name)
 			if err != nil {

@@ -71,17 +71,17 @@ func (c *Component) Name(n string) string {
 }
 
 // Flag is the flag standalone-named n as the user writes it, for messages: "--" and its name.
-func (c *Component) Flag(n string) string { return Flag(c.prefix, n) }
+func (c *Component) Flag(n string) string { return dashedName(c.prefix, n) }
 
 // Done registers the standalone names the prefix changed as deprecated aliases.
-func (c *Component) Done() { DeprecateUnprefixed(c.fs, c.prefix, c.renamed...) }
+func (c *Component) Done() { deprecateUnprefixed(c.fs, c.prefix, c.renamed...) }
 
-// Flag is "--" plus the registered name of the flag standalone-named n, for messages.
-func Flag(prefix, n string) string { return "--" + Name(prefix, n) }
+// dashedName is "--" plus the registered name of the flag standalone-named n, for messages.
+func dashedName(prefix, n string) string { return "--" + Name(prefix, n) }
 
-// DeprecateUnprefixed registers each of names, when fs does not define it already, as a deprecated
+// deprecateUnprefixed registers each of names, when fs does not define it already, as a deprecated
 // alias of the prefixed flag: it sets that flag (which then counts as given) and warns once.
-func DeprecateUnprefixed(fs *flag.FlagSet, prefix string, names ...string) {
+func deprecateUnprefixed(fs *flag.FlagSet, prefix string, names ...string) {
 	for _, old := range names {
 		target := Name(prefix, old)
 		t := fs.Lookup(target)

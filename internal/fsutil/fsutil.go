@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 )
 
-// ErrInvalidOption is wrapped by the error of an option that cannot apply to the write it is given to.
-var ErrInvalidOption = errors.New("fsutil: invalid option")
+// errInvalidOption is wrapped by the error of an option that cannot apply to the write it is given to.
+var errInvalidOption = errors.New("fsutil: invalid option")
 
 // SyncDir fsyncs a directory so that entries created, renamed or removed in it are durable. A file
 // system that cannot fsync a directory (it answers EINVAL) already makes such entries as durable as it
@@ -30,8 +30,8 @@ func SyncDir(dir string) error {
 	return err
 }
 
-// Option changes how WriteFileAtomic and WriteAtomic write.
-type Option func(*options)
+// option changes how WriteFileAtomic and WriteAtomic write.
+type option func(*options)
 
 type options struct {
 	tmp string
@@ -42,12 +42,12 @@ type options struct {
 // write) is removed first and tmp is then created exclusively, so a symbolic link, named pipe or
 // directory planted under that name is refused (*NotRegularError), never written through. It is for
 // callers that remove the leftover of an interrupted write by name.
-func TempPath(tmp string) Option {
+func TempPath(tmp string) option {
 	return func(o *options) { o.tmp = tmp }
 }
 
 // WriteFileAtomic replaces path with data, with permissions perm: see WriteAtomic.
-func WriteFileAtomic(path string, data []byte, perm fs.FileMode, opts ...Option) error {
+func WriteFileAtomic(path string, data []byte, perm fs.FileMode, opts ...option) error {
 	return WriteAtomic(path, perm, func(w io.Writer) error {
 		_, err := w.Write(data)
 		return err
@@ -60,14 +60,14 @@ func WriteFileAtomic(path string, data []byte, perm fs.FileMode, opts ...Option)
 // a symbolic link, directory or other non-regular file there is refused (*NotRegularError) and left as
 // it is. An error from write (returned as it is, for errors.Is) or from any step leaves the old file
 // untouched and removes the temporary one.
-func WriteAtomic(path string, perm fs.FileMode, write func(io.Writer) error, opts ...Option) error {
+func WriteAtomic(path string, perm fs.FileMode, write func(io.Writer) error, opts ...option) error {
 	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
 	dir := filepath.Dir(path)
 	if o.tmp != "" && filepath.Dir(o.tmp) != dir {
-		return fmt.Errorf("%w: temporary file %s is not in the directory of %s", ErrInvalidOption, o.tmp, path)
+		return fmt.Errorf("%w: temporary file %s is not in the directory of %s", errInvalidOption, o.tmp, path)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err

@@ -10,12 +10,12 @@ import (
 
 func TestWriteAtomicReplacesTheFile(t *testing.T) {
 	tests := map[string]struct {
-		opts    func(dir string) []Option
+		opts    func(dir string) []option
 		leftTmp string // a stale temporary file present before the write ("" none)
 	}{
-		"random temporary name": {opts: func(string) []Option { return nil }},
+		"random temporary name": {opts: func(string) []option { return nil }},
 		"fixed temporary name, stale leftover truncated": {
-			opts:    func(dir string) []Option { return []Option{TempPath(filepath.Join(dir, "m.json.repair.tmp"))} },
+			opts:    func(dir string) []option { return []option{TempPath(filepath.Join(dir, "m.json.repair.tmp"))} },
 			leftTmp: "m.json.repair.tmp",
 		},
 	}
@@ -85,7 +85,7 @@ func TestTempPathOutsideTheDirectoryIsRefused(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "m.json")
 	err := WriteFileAtomic(path, []byte("x"), 0o644, TempPath(filepath.Join(dir, "sub", "m.tmp")))
-	if !errors.Is(err, ErrInvalidOption) {
+	if !errors.Is(err, errInvalidOption) {
 		t.Fatalf("err %v, want ErrInvalidOption", err)
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {

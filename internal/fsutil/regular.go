@@ -106,16 +106,16 @@ func openNoFollow(path string, flag int, perm fs.FileMode) (*os.File, error) {
 	return f, nil
 }
 
-// OpenRegular opens the regular file path for reading; a symbolic link, named pipe, directory or
+// openRegular opens the regular file path for reading; a symbolic link, named pipe, directory or
 // device there is refused (*NotRegularError).
-func OpenRegular(path string) (*os.File, error) {
+func openRegular(path string) (*os.File, error) {
 	return openNoFollow(path, os.O_RDONLY, 0)
 }
 
-// ReadRegular reads the regular file path (see OpenRegular) and returns its content and the FileInfo
+// ReadRegular reads the regular file path (see openRegular) and returns its content and the FileInfo
 // of the file it read.
 func ReadRegular(path string) ([]byte, os.FileInfo, error) {
-	f, err := OpenRegular(path)
+	f, err := openRegular(path)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -79,7 +79,7 @@ func TestNothingIsWrittenThroughAPlantedFile(t *testing.T) {
 			return err
 		}},
 		"OpenRegular": {"token", func(dir string) error {
-			f, err := OpenRegular(filepath.Join(dir, "token"))
+			f, err := openRegular(filepath.Join(dir, "token"))
 			if err == nil {
 				f.Close()
 			}

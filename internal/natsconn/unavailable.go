@@ -15,8 +15,8 @@ const (
 	// ErrCodeJetStreamUnavailable is "JetStream system temporarily unavailable" (HTTP-like code 503):
 	// the meta leader, or the stream's leader, is being elected.
 	ErrCodeJetStreamUnavailable jetstream.ErrorCode = 10008
-	// ErrCodeInsufficientResources is "insufficient resources", e.g. a peer of an R3 stream is down.
-	ErrCodeInsufficientResources jetstream.ErrorCode = 10023
+	// errCodeInsufficientResources is "insufficient resources", e.g. a peer of an R3 stream is down.
+	errCodeInsufficientResources jetstream.ErrorCode = 10023
 )
 
 // Unavailable reports errors after which the same server call can succeed later: the cluster is
@@ -34,7 +34,7 @@ func Unavailable(err error) bool {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount:
 			return false
-		case ErrCodeJetStreamUnavailable, ErrCodeInsufficientResources, streams.ErrCodeNoPeers:
+		case ErrCodeJetStreamUnavailable, errCodeInsufficientResources, streams.ErrCodeNoPeers:
 			return true
 		}
 		return apiErr.Code == 503

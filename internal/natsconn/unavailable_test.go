@@ -26,7 +26,7 @@ func TestUnavailable(t *testing.T) {
 		"request timed out":                 {nats.ErrTimeout, true},
 		"call deadline":                     {context.DeadlineExceeded, true},
 		"JetStream temporarily unavailable": {api(503, ErrCodeJetStreamUnavailable), true},
-		"insufficient resources":            {api(500, ErrCodeInsufficientResources), true},
+		"insufficient resources":            {api(500, errCodeInsufficientResources), true},
 		"no peers for placement":            {api(500, streams.ErrCodeNoPeers), true},
 		"another 503":                       {api(503, 10999), true},
 		"JetStream not enabled":             {api(503, jetstream.JSErrCodeJetStreamNotEnabled), false},

@@ -34,8 +34,8 @@ const (
 	DefaultMaxPingsOut  = 2
 )
 
-// ErrServerNotReady is returned when the embedded server does not accept connections in time.
-var ErrServerNotReady = errors.New("streams: embedded server not ready")
+// errServerNotReady is returned when the embedded server does not accept connections in time.
+var errServerNotReady = errors.New("streams: embedded server not ready")
 
 // ServerConfig configures the embedded JetStream server.
 //
@@ -214,7 +214,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 	if !ns.ReadyForConnections(10 * time.Second) {
 		ns.Shutdown()
 		ns.WaitForShutdown()
-		return nil, fmt.Errorf("%w: listening on %s", ErrServerNotReady, net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port)))
+		return nil, fmt.Errorf("%w: listening on %s", errServerNotReady, net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port)))
 	}
 	w, err := newStoreWatch(ns, cfg.StoreDir)
 	if err != nil {

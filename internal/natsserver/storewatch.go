@@ -26,7 +26,7 @@ import (
 // A full disk. nats-server marks a stream failed at its first write error (ENOSPC, EIO) and from then
 // on refuses every write to it without answering the publisher, until the stream is loaded again;
 // nothing in nats-server loads it again while the process runs, so freeing space alone changes nothing.
-// The watch reloads it: once the filesystem has room again (StoreLowFree) and a probe file next to the
+// The watch reloads it: once the filesystem has room again (storeLowFree) and a probe file next to the
 // store is written and synced, it restarts JetStream in-process (ShutdownJetStream, then EnableJetStream
 // with the configuration it first ran with). Every stream and consumer is loaded again from disk;
 // client connections stay open; a publisher's retries (same Nats-Msg-Id) are stored, or deduplicated if
@@ -51,7 +51,7 @@ type StoreState string
 const (
 	// StoreOK: the store takes writes.
 	StoreOK StoreState = "ok"
-	// StoreDiskFull: the filesystem holding the store has less than StoreLowFree available; JetStream
+	// StoreDiskFull: the filesystem holding the store has less than storeLowFree available; JetStream
 	// refuses (or is about to refuse) writes.
 	StoreDiskFull StoreState = "disk_full"
 	// StoreWriteError: JetStream refuses writes after a write error although the filesystem has room
@@ -62,9 +62,9 @@ const (
 	StoreLost StoreState = "lost"
 )
 
-// StoreLowFree is the space the store's filesystem must have available: below it the store counts as
+// storeLowFree is the space the store's filesystem must have available: below it the store counts as
 // full, and a failed JetStream is restarted only once it has at least this much again.
-const StoreLowFree = 1 << 20
+const storeLowFree = 1 << 20
 
 // storeCheckInterval is how often WatchStore checks; a deleted store is acknowledged into for at most
 // about this long.
@@ -231,7 +231,7 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 	free, ferr := freeBytes(w.dir)
 	reported := s.storeFaults()
 	faults := w.lasting(reported)
-	full := ferr == nil && free < StoreLowFree
+	full := ferr == nil && free < storeLowFree
 	switch {
 	case len(faults) == 0 && !full:
 		if len(reported) == 0 { // healthy: the next fault is restarted at once
@@ -242,7 +242,7 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 		return nil
 	case len(faults) == 0:
 		w.set(log, now, StoreDiskFull, fmt.Sprintf("disk full: the filesystem at %s holding the JetStream store %s has %d bytes available (under %d); JetStream refuses writes once it runs out",
-			w.mount, w.dir, free, StoreLowFree), free, false)
+			w.mount, w.dir, free, storeLowFree), free, false)
 		return nil
 	case full:
 		w.set(log, now, StoreDiskFull, fmt.Sprintf("disk full: the filesystem at %s holding the JetStream store %s has %d bytes available; JetStream refuses writes until it has room again (then it is restarted): %s",

@@ -46,7 +46,7 @@ func BenchmarkThousandRanks(b *testing.B) {
 	})
 	b.Run("status.json", func(b *testing.B) {
 		for b.Loop() {
-			s.Status(context.Background(), Query{Sort: "missing", Desc: true, Limit: DefaultGroupLimit})
+			s.Status(context.Background(), query{Sort: "missing", Desc: true, Limit: defaultGroupLimit})
 		}
 	})
 	b.Run("page", func(b *testing.B) {

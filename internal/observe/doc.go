@@ -10,7 +10,7 @@
 //     sampler gathers it every SampleInterval, and every request that reads it gathers it when the
 //     last gathering is a second old; Window of samples are kept, from which rates, latency
 //     quantiles and the limit checks below are computed;
-//   - its health (Options.Components): `fpmbus up`'s run group, or a standalone command's Process;
+//   - its health (Options.Components): `fpmbus up`'s run group, or a standalone command's process;
 //   - JetStream's own view of the durable consumers and the streams' policy (Options.JetStream), read
 //     at most every few seconds;
 //   - the gap detector's per-publisher state (Options.Publishers), read only while someone looks.

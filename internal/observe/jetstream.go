@@ -25,7 +25,7 @@ var baseStreams = []string{streams.StreamFPM, streams.StreamEvents, streams.Stre
 // consumers'. A stream or consumer that does not exist (yet, or under sharding) is left out; any other
 // refusal leaves an Error, never a failure.
 func ownJetStream(ctx context.Context, js jetstream.JetStream, refs []ConsumerRef) *JetStream {
-	out := &JetStream{Consumers: []JetStreamConsumer{}}
+	out := &JetStream{Consumers: []jetStreamConsumer{}}
 	var errs []string
 	for _, name := range baseStreams {
 		st, err := js.Stream(ctx, name)
@@ -72,15 +72,15 @@ func consumerInfo(ctx context.Context, js jetstream.JetStream, d Durable) (*jets
 	return c.CachedInfo(), nil
 }
 
-func policyOf(info *jetstream.StreamInfo) StreamPolicy {
+func policyOf(info *jetstream.StreamInfo) streamPolicy {
 	c := info.Config
-	return StreamPolicy{Name: c.Name, Storage: strings.ToLower(c.Storage.String()), Replicas: c.Replicas,
+	return streamPolicy{Name: c.Name, Storage: strings.ToLower(c.Storage.String()), Replicas: c.Replicas,
 		MaxBytes: c.MaxBytes, MaxAgeSeconds: c.MaxAge.Seconds(), Discard: discardName(c.Discard),
 		DuplicatesSeconds: c.Duplicates.Seconds(), Messages: info.State.Msgs, Bytes: info.State.Bytes}
 }
 
-func consumerOf(stream string, ci *jetstream.ConsumerInfo, component string) JetStreamConsumer {
-	return JetStreamConsumer{Stream: stream, Name: ci.Name, Component: component,
+func consumerOf(stream string, ci *jetstream.ConsumerInfo, component string) jetStreamConsumer {
+	return jetStreamConsumer{Stream: stream, Name: ci.Name, Component: component,
 		Pending: ci.NumPending, AckPending: ci.NumAckPending, MaxAckPending: ci.Config.MaxAckPending,
 		Redelivered: ci.NumRedelivered, Waiting: ci.NumWaiting}
 }
@@ -88,7 +88,7 @@ func consumerOf(stream string, ci *jetstream.ConsumerInfo, component string) Jet
 // listJetStream lists the durable consumers and the policy of fpmbus's streams. A server that refuses
 // or does not answer leaves an Error, never a failure.
 func listJetStream(ctx context.Context, js jetstream.JetStream, refs []ConsumerRef) *JetStream {
-	out := &JetStream{Consumers: []JetStreamConsumer{}}
+	out := &JetStream{Consumers: []jetStreamConsumer{}}
 	var errs []string
 	lister := js.ListStreams(ctx)
 	var infos []*jetstream.StreamInfo

@@ -247,16 +247,16 @@ func TestParseQueryKeepsOnlyWhatItKnows(t *testing.T) {
 	t.Parallel()
 	for name, tc := range map[string]struct {
 		in   string
-		want Query
+		want query
 	}{
-		"empty":            {"", Query{Sort: "key", Limit: DefaultGroupLimit}},
-		"every field":      {"q=+w-1+&state=gaps&sort=zmq_drop&desc=1&offset=50&limit=20", Query{Filter: "w-1", State: "gaps", Sort: "zmq_drop", Desc: true, Offset: 50, Limit: 20}},
-		"unknown values":   {"state=odd&sort=nope&desc=maybe&offset=-3&limit=x", Query{Sort: "key", Limit: DefaultGroupLimit}},
-		"limit over bound": {"limit=100000", Query{Sort: "key", Limit: MaxGroupLimit}},
+		"empty":            {"", query{Sort: "key", Limit: defaultGroupLimit}},
+		"every field":      {"q=+w-1+&state=gaps&sort=zmq_drop&desc=1&offset=50&limit=20", query{Filter: "w-1", State: "gaps", Sort: "zmq_drop", Desc: true, Offset: 50, Limit: 20}},
+		"unknown values":   {"state=odd&sort=nope&desc=maybe&offset=-3&limit=x", query{Sort: "key", Limit: defaultGroupLimit}},
+		"limit over bound": {"limit=100000", query{Sort: "key", Limit: maxGroupLimit}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			v, _ := url.ParseQuery(tc.in)
-			if got := ParseQuery(v); got != tc.want {
+			if got := parseQuery(v); got != tc.want {
 				t.Fatalf("ParseQuery(%q) = %+v, want %+v", tc.in, got, tc.want)
 			}
 		})
@@ -406,15 +406,15 @@ func TestStatusReusesAReadingYoungerThanASecond(t *testing.T) {
 	s := New(Options{Process: "trace", Gatherer: g, now: clk.now})
 	base := g.count() // New's first reading
 	for range 3 {
-		s.Status(context.Background(), Query{})
+		s.Status(context.Background(), query{})
 		get(t, s.Handler(), "/status.json")
 	}
 	if n := g.count() - base; n != 0 {
 		t.Fatalf("%d gatherings for 6 requests within a second of the last reading, want 0", n)
 	}
 	clk.add(time.Second)
-	s.Status(context.Background(), Query{})
-	s.Status(context.Background(), Query{})
+	s.Status(context.Background(), query{})
+	s.Status(context.Background(), query{})
 	if n := g.count() - base; n != 1 {
 		t.Fatalf("%d gatherings for 2 requests a second after the last reading, want 1", n)
 	}

@@ -38,7 +38,7 @@ var pageTmpl = template.Must(template.New("page").Funcs(template.FuncMap{
 	"pageURL": pageURL,
 	"sorted":  sortedKeys,
 	"open":    groupOpen,
-	"sortMark": func(q Query, col string) string {
+	"sortMark": func(q query, col string) string {
 		if q.Sort != col {
 			return ""
 		}
@@ -59,7 +59,7 @@ type pageData struct {
 }
 
 func (s *Server) servePage(w http.ResponseWriter, r *http.Request) {
-	st := s.Status(r.Context(), ParseQuery(r.URL.Query()))
+	st := s.Status(r.Context(), parseQuery(r.URL.Query()))
 	var buf bytes.Buffer
 	if err := pageTmpl.Execute(&buf, pageData{Status: st, Now: st.Time, StateFilter: stateFilters}); err != nil {
 		http.Error(w, "status page: "+err.Error(), http.StatusInternalServerError)
@@ -170,7 +170,7 @@ func formatAgo(t, now time.Time) string {
 
 // sortURL is the page's URL sorting by col: the same column again flips the order; a new column
 // starts descending for amounts, ascending for the key.
-func sortURL(q Query, col string) string {
+func sortURL(q query, col string) string {
 	n := q
 	n.Offset = 0
 	if q.Sort == col {
@@ -182,7 +182,7 @@ func sortURL(q Query, col string) string {
 }
 
 // pageURL is the page's URL at group offset off.
-func pageURL(q Query, off int) string {
+func pageURL(q query, off int) string {
 	n := q
 	n.Offset = max(off, 0)
 	return "?" + n.Values().Encode()
@@ -199,6 +199,6 @@ func sortedKeys(m map[string]uint64) []string {
 
 // groupOpen says whether a worker's group is shown open: when it has a gap, a stale or silent rank, or
 // when few groups are shown.
-func groupOpen(g PublisherGroup, shown int) bool {
+func groupOpen(g publisherGroup, shown int) bool {
 	return shown <= 4 || g.WithGaps > 0 || g.Stale > 0 || g.Flowing < g.Ranks
 }

@@ -10,13 +10,13 @@ import (
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 )
 
-// Process is the health of a standalone command's one component (fpmbus bridge, trace, gaps, merge,
+// process is the health of a standalone command's one component (fpmbus bridge, trace, gaps, merge,
 // seal, predict-service), reported as `up` reports each of its components: starting until the
 // component is ready, ready while it runs, degraded while its NATS connection is not connected (it
 // reconnects on its own; nothing is acknowledged meanwhile) or while a check reports a fault (the
 // edge bridge's own store disk full: restarting would not free it). The process's server stops with
 // the component, so no later state is served. Its methods may be called from any goroutine.
-type Process struct {
+type process struct {
 	name string
 
 	mu     sync.Mutex
@@ -27,12 +27,12 @@ type Process struct {
 }
 
 // NewProcess returns the health of component name, starting.
-func NewProcess(name string) *Process {
-	return &Process{name: name, state: rungroup.StateStarting, since: time.Now()}
+func NewProcess(name string) *process {
+	return &process{name: name, state: rungroup.StateStarting, since: time.Now()}
 }
 
 // SetConn makes the connection's state part of the health.
-func (p *Process) SetConn(nc *nats.Conn) {
+func (p *process) SetConn(nc *nats.Conn) {
 	p.mu.Lock()
 	p.nc = nc
 	p.mu.Unlock()
@@ -40,14 +40,14 @@ func (p *Process) SetConn(nc *nats.Conn) {
 
 // Check adds a fault the component reports itself, as up's components do (rungroup.Instance.Health):
 // while check returns an error, a ready component is degraded with the error as the reason.
-func (p *Process) Check(check func() error) {
+func (p *process) Check(check func() error) {
 	p.mu.Lock()
 	p.checks = append(p.checks, check)
 	p.mu.Unlock()
 }
 
 // Ready marks the component ready.
-func (p *Process) Ready() {
+func (p *process) Ready() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.state != rungroup.StateReady {
@@ -56,7 +56,7 @@ func (p *Process) Ready() {
 }
 
 // Follow marks the component ready once ready is closed, unless done is closed first.
-func (p *Process) Follow(ready, done <-chan struct{}) {
+func (p *process) Follow(ready, done <-chan struct{}) {
 	go func() {
 		select {
 		case <-ready:
@@ -67,7 +67,7 @@ func (p *Process) Follow(ready, done <-chan struct{}) {
 }
 
 // Components is the one component's status (Options.Components).
-func (p *Process) Components() []rungroup.Status {
+func (p *process) Components() []rungroup.Status {
 	p.mu.Lock()
 	st := rungroup.Status{Name: p.name, State: p.state, Since: p.since}
 	nc, checks := p.nc, p.checks

@@ -8,9 +8,9 @@ import (
 	"strings"
 )
 
-// Query selects and orders the publishers of the status: the page's URL parameters and /status.json's
+// query selects and orders the publishers of the status: the page's URL parameters and /status.json's
 // (the page's script asks for what its URL says, so a shared link shows the same view).
-type Query struct {
+type query struct {
 	// Filter keeps publishers whose "namespace/component/worker_id/dp_rank" contains it (case-insensitive).
 	Filter string `json:"q,omitempty"`
 	// State keeps: "gaps" publishers with a gap, "stale", "restarted", "live", "notflowing"; "" all.
@@ -26,8 +26,8 @@ type Query struct {
 
 // Query parameter defaults and bounds.
 const (
-	DefaultGroupLimit = 50
-	MaxGroupLimit     = 1000
+	defaultGroupLimit = 50
+	maxGroupLimit     = 1000
 )
 
 var causes = []string{"bridge_drop", "zmq_drop", "publisher_restart", "stale", "late_start"}
@@ -36,9 +36,9 @@ var sortColumns = append([]string{"key", "state", "rate", "last_seen", "messages
 
 var stateFilters = []string{"", "gaps", "stale", "restarted", "live", "notflowing"}
 
-// ParseQuery reads q, sort, desc, state, offset and limit; a value it does not know is its default.
-func ParseQuery(v url.Values) Query {
-	q := Query{Filter: strings.TrimSpace(v.Get("q")), Sort: v.Get("sort"), State: v.Get("state"), Limit: DefaultGroupLimit}
+// parseQuery reads q, sort, desc, state, offset and limit; a value it does not know is its default.
+func parseQuery(v url.Values) query {
+	q := query{Filter: strings.TrimSpace(v.Get("q")), Sort: v.Get("sort"), State: v.Get("state"), Limit: defaultGroupLimit}
 	if !slices.Contains(sortColumns, q.Sort) {
 		q.Sort = "key"
 	}
@@ -50,13 +50,13 @@ func ParseQuery(v url.Values) Query {
 		q.Offset = n
 	}
 	if n, err := strconv.Atoi(v.Get("limit")); err == nil && n > 0 {
-		q.Limit = min(n, MaxGroupLimit)
+		q.Limit = min(n, maxGroupLimit)
 	}
 	return q
 }
 
 // Values is q as URL parameters (defaults left out).
-func (q Query) Values() url.Values {
+func (q query) Values() url.Values {
 	v := url.Values{}
 	if q.Filter != "" {
 		v.Set("q", q.Filter)
@@ -73,7 +73,7 @@ func (q Query) Values() url.Values {
 	if q.Offset > 0 {
 		v.Set("offset", strconv.Itoa(q.Offset))
 	}
-	if q.Limit != 0 && q.Limit != DefaultGroupLimit {
+	if q.Limit != 0 && q.Limit != defaultGroupLimit {
 		v.Set("limit", strconv.Itoa(q.Limit))
 	}
 	return v
@@ -83,7 +83,7 @@ func (p *Publisher) key() string {
 	return p.Namespace + "/" + p.Component + "/" + p.WorkerID + "/" + strconv.Itoa(p.DPRank)
 }
 
-func (p *Publisher) keep(q Query) bool {
+func (p *Publisher) keep(q query) bool {
 	if q.Filter != "" && !strings.Contains(strings.ToLower(p.key()), strings.ToLower(q.Filter)) {
 		return false
 	}
@@ -136,8 +136,8 @@ func byKey(a, b *Publisher) int {
 }
 
 // arrange summarizes rows, keeps what q filters, groups them by worker, sorts and pages the groups.
-func arrange(group string, rows []Publisher, err error, q Query) *Publishers {
-	out := &Publishers{Group: group, Query: q, Groups: []PublisherGroup{}, Causes: causes, Totals: map[string]uint64{}}
+func arrange(group string, rows []Publisher, err error, q query) *publishers {
+	out := &publishers{Group: group, Query: q, Groups: []publisherGroup{}, Causes: causes, Totals: map[string]uint64{}}
 	if err != nil {
 		out.Error = err.Error()
 	}
@@ -163,7 +163,7 @@ func arrange(group string, rows []Publisher, err error, q Query) *Publishers {
 		}
 	}
 	type agg struct {
-		g   PublisherGroup
+		g   publisherGroup
 		sum Publisher // the group as one row, for sorting
 	}
 	groups := map[[3]string]*agg{}
@@ -176,7 +176,7 @@ func arrange(group string, rows []Publisher, err error, q Query) *Publishers {
 		k := [3]string{p.Namespace, p.Component, p.WorkerID}
 		a := groups[k]
 		if a == nil {
-			a = &agg{g: PublisherGroup{Namespace: p.Namespace, Component: p.Component, WorkerID: p.WorkerID},
+			a = &agg{g: publisherGroup{Namespace: p.Namespace, Component: p.Component, WorkerID: p.WorkerID},
 				sum: Publisher{Namespace: p.Namespace, Component: p.Component, WorkerID: p.WorkerID, LastSeen: p.LastSeen, Missing: map[string]uint64{}}}
 			groups[k] = a
 		}

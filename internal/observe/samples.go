@@ -178,8 +178,8 @@ func quantile(bs []bucket, q float64) float64 {
 	return 0
 }
 
-func quantiles(bs []bucket) Quantiles {
-	q := Quantiles{P50: quantile(bs, .5), P90: quantile(bs, .9), P99: quantile(bs, .99)}
+func quantiles(bs []bucket) latencyQuantiles {
+	q := latencyQuantiles{P50: quantile(bs, .5), P90: quantile(bs, .9), P99: quantile(bs, .99)}
 	if len(bs) > 0 {
 		q.Count = uint64(bs[len(bs)-1].count)
 	}
@@ -272,7 +272,7 @@ func (r rater) rate(name string, l labels) float64 {
 
 // latency is the quantiles of histogram name{l} over the window, or since the start when nothing was
 // observed in the window.
-func (r rater) latency(name string, l labels) Quantiles {
+func (r rater) latency(name string, l labels) latencyQuantiles {
 	now := r.now.histogram(name, l)
 	if r.old != nil && r.old != r.now {
 		if d := minus(now, r.old.histogram(name, l)); len(d) > 0 && d[len(d)-1].count > 0 {

@@ -30,20 +30,20 @@ func uints(m map[string]float64) map[string]uint64 {
 	return out
 }
 
-func storeOf(r rater) *Store {
+func storeOf(r rater) *store {
 	if !r.now.has("fpmbus_store_ok") {
 		return nil
 	}
-	return &Store{OK: r.now.sum("fpmbus_store_ok", nil) == 1, FreeBytes: r.now.sum("fpmbus_store_free_bytes", nil),
+	return &store{OK: r.now.sum("fpmbus_store_ok", nil) == 1, FreeBytes: r.now.sum("fpmbus_store_free_bytes", nil),
 		Recoveries: r.now.sum("fpmbus_store_recoveries_total", nil), Faults: uints(r.now.by("fpmbus_store_faults_total", "state", nil))}
 }
 
-func bridgeOf(r rater, ref *BridgeRef) *Bridge {
+func bridgeOf(r rater, ref *BridgeRef) *bridge {
 	if !r.now.has("fpmbus_bridge_received_total") {
 		return nil
 	}
 	n := r.now
-	b := &Bridge{
+	b := &bridge{
 		Received: u(n.sum("fpmbus_bridge_received_total", nil)), Published: u(n.sum("fpmbus_bridge_published_total", nil)),
 		ReceivedRate: r.rate("fpmbus_bridge_received_total", nil), PublishedRate: r.rate("fpmbus_bridge_published_total", nil),
 		Duplicates: u(n.sum("fpmbus_bridge_duplicates_total", nil)), SeqMismatch: u(n.sum("fpmbus_bridge_seq_mismatch_total", nil)),
@@ -53,7 +53,7 @@ func bridgeOf(r rater, ref *BridgeRef) *Bridge {
 		Buffered: n.sum("fpmbus_bridge_buffered_messages", nil), BufferedHigh: n.sum("fpmbus_bridge_buffered_messages_high", nil),
 		InFlight: n.sum("fpmbus_bridge_in_flight", nil), PublishLatency: r.latency("fpmbus_bridge_receive_to_ack_seconds", nil),
 		Batches: u(n.sum("fpmbus_bridge_batches_total", nil)), BatchesFailed: u(n.sum("fpmbus_bridge_batches_failed_total", nil)),
-		LossyRanks: []BridgeRank{},
+		LossyRanks: []bridgeRank{},
 	}
 	if ref != nil {
 		b.Component, b.Ranks, b.MaxBuffer, b.MaxInFlight = ref.Component, ref.Ranks, ref.MaxBuffer, ref.MaxInFlight
@@ -71,13 +71,13 @@ func bridgeOf(r rater, ref *BridgeRef) *Bridge {
 		maps.Copy(ranks, m)
 	}
 	for rank := range ranks {
-		br := BridgeRank{Rank: rank, Received: u(received[rank]), Published: u(published[rank]), Dropped: u(dropped[rank]),
+		br := bridgeRank{Rank: rank, Received: u(received[rank]), Published: u(published[rank]), Dropped: u(dropped[rank]),
 			Invalid: u(invalid[rank]), DeadLetters: u(dead[rank])}
 		if br.Dropped+br.Invalid+br.DeadLetters > 0 {
 			b.LossyRanks = append(b.LossyRanks, br)
 		}
 	}
-	slices.SortFunc(b.LossyRanks, func(x, y BridgeRank) int {
+	slices.SortFunc(b.LossyRanks, func(x, y bridgeRank) int {
 		return cmp.Or(cmp.Compare(y.Dropped+y.Invalid+y.DeadLetters, x.Dropped+x.Invalid+x.DeadLetters), cmp.Compare(x.Rank, y.Rank))
 	})
 	if len(b.LossyRanks) > 100 {
@@ -86,17 +86,17 @@ func bridgeOf(r rater, ref *BridgeRef) *Bridge {
 	return b
 }
 
-func consumersOf(r rater, refs []ConsumerRef, comps []rungroup.Status) []Consumer {
+func consumersOf(r rater, refs []ConsumerRef, comps []rungroup.Status) []consumer {
 	n := r.now
 	names := n.by("fpmbus_consumer_delivered_total", "consumer", nil)
 	restarts := map[string]int{}
 	for _, c := range comps {
 		restarts[c.Name] = c.Restarts
 	}
-	var out []Consumer
+	var out []consumer
 	for _, name := range slices.Sorted(maps.Keys(names)) {
 		l := labels{"consumer": name}
-		c := Consumer{Name: name, Lag: n.sum("fpmbus_consumer_lag_messages", l),
+		c := consumer{Name: name, Lag: n.sum("fpmbus_consumer_lag_messages", l),
 			Delivered: u(n.sum("fpmbus_consumer_delivered_total", l)), Acked: u(n.sum("fpmbus_consumer_acked_total", l)),
 			AckRate: r.rate("fpmbus_consumer_acked_total", l), Redelivered: u(n.sum("fpmbus_consumer_redelivered_total", l)),
 			DeadLetters: u(n.sum("fpmbus_consumer_terminated_total", l)), RetentionLost: u(n.sum("fpmbus_consumer_retention_lost_total", l)),
@@ -111,39 +111,39 @@ func consumersOf(r rater, refs []ConsumerRef, comps []rungroup.Status) []Consume
 	return out
 }
 
-func mergeOf(r rater) *Merge {
+func mergeOf(r rater) *merge {
 	if !r.now.has("fpmbus_merge_runs_total") {
 		return nil
 	}
-	return &Merge{Runs: uints(r.now.by("fpmbus_merge_runs_total", "outcome", nil))}
+	return &merge{Runs: uints(r.now.by("fpmbus_merge_runs_total", "outcome", nil))}
 }
 
-func sealOf(r rater) *Seal {
+func sealOf(r rater) *seal {
 	if !r.now.has("fpmbus_seal_runs_total") {
 		return nil
 	}
 	n := r.now
-	return &Seal{Runs: uints(n.by("fpmbus_seal_runs_total", "outcome", nil)), Cells: uints(n.by("fpmbus_seal_cells_total", "state", nil)),
+	return &seal{Runs: uints(n.by("fpmbus_seal_runs_total", "outcome", nil)), Cells: uints(n.by("fpmbus_seal_cells_total", "state", nil)),
 		CellsMissing: n.sum("fpmbus_seal_sealed_cells_missing", nil), CellsReplaced: n.sum("fpmbus_seal_sealed_cells_replaced", nil),
 		TamperedCells: n.sum("fpmbus_seal_tampered_cells", nil), Unprotected: n.sum("fpmbus_seal_bucket_unprotected", nil) > 0}
 }
 
-func predictOf(r rater) *Predict {
+func predictOf(r rater) *predict {
 	if !r.now.has("fpmbus_predict_answers_total") {
 		return nil
 	}
 	n := r.now
-	return &Predict{Answers: uints(n.by("fpmbus_predict_answers_total", "status", nil)), AnswerRate: r.rate("fpmbus_predict_answers_total", nil),
+	return &predict{Answers: uints(n.by("fpmbus_predict_answers_total", "status", nil)), AnswerRate: r.rate("fpmbus_predict_answers_total", nil),
 		Errors: uints(n.by("fpmbus_predict_errors_total", "code", nil)), Cells: n.sum("fpmbus_predict_cells", nil),
 		Revision: n.sum("fpmbus_predict_revision", nil), Queued: n.sum("fpmbus_predict_queued", nil)}
 }
 
 // durability is the policy in force: the server's sync (where the process runs it) and the streams'.
-func (s *Server) durability(_ context.Context, js *JetStream) *Durability {
+func (s *Server) durability(_ context.Context, js *JetStream) *durability {
 	if s.o.Sync == "" && js == nil {
 		return nil
 	}
-	d := &Durability{Sync: s.o.Sync}
+	d := &durability{Sync: s.o.Sync}
 	if js != nil {
 		d.Streams, d.Error = js.streams, js.Error
 	}

@@ -20,14 +20,14 @@ import (
 
 // Defaults of Options fields left zero.
 const (
-	// DefaultSampleInterval: a gathering costs about 2 µs of CPU per series, some 30 ms for the 14,000
+	// defaultSampleInterval: a gathering costs about 2 µs of CPU per series, some 30 ms for the 14,000
 	// of a bridge of 1,000 ranks (BenchmarkThousandRanks), so the background one is rare; requests
 	// gather for themselves.
-	DefaultSampleInterval = 10 * time.Second
-	DefaultWindow         = 30 * time.Second
-	// DefaultHealthWindow is how far back the limit checks look: a component stays degraded this long
+	defaultSampleInterval = 10 * time.Second
+	defaultWindow         = 30 * time.Second
+	// defaultHealthWindow is how far back the limit checks look: a component stays degraded this long
 	// after it was last behind a limit.
-	DefaultHealthWindow = 10 * time.Second
+	defaultHealthWindow = 10 * time.Second
 	// jetStreamEvery bounds how often the server is asked for consumer and stream infos.
 	jetStreamEvery = 3 * time.Second
 	// sourceTimeout bounds one read of a source (JetStream, the publishers' state).
@@ -53,7 +53,7 @@ type Options struct {
 	// so that no status request is a permissions violation on the server.
 	ListJetStream bool
 	// Publishers is the gap detector's per-publisher state.
-	Publishers PublisherSource
+	Publishers publisherSource
 	// Sync is the embedded server's fsync policy (fpmbus up), "" elsewhere.
 	Sync string
 	// Bridge names the component that runs the bridge (its row in /healthz) and its limits, when the
@@ -62,10 +62,10 @@ type Options struct {
 	// Consumers are the durable consumers the process runs.
 	Consumers []ConsumerRef
 	// SampleInterval is how often the registry is gathered; Window how much history rates and limit
-	// checks look at. Defaults DefaultSampleInterval and DefaultWindow.
+	// checks look at. Defaults defaultSampleInterval and defaultWindow.
 	SampleInterval time.Duration
 	Window         time.Duration
-	// HealthWindow is how far back the limit checks look (default DefaultHealthWindow, at most Window).
+	// HealthWindow is how far back the limit checks look (default defaultHealthWindow, at most Window).
 	HealthWindow time.Duration
 	Logger       *slog.Logger
 	// now is the clock (tests).
@@ -95,8 +95,8 @@ type ConsumerRef struct {
 // Durable is one JetStream consumer by stream and name.
 type Durable struct{ Stream, Name string }
 
-// PublisherSource is the gap detector's per-publisher state.
-type PublisherSource interface {
+// publisherSource is the gap detector's per-publisher state.
+type publisherSource interface {
 	// Group names the detector group.
 	Group() string
 	// Publishers returns every publisher the group tracks (any order).
@@ -123,13 +123,13 @@ type Server struct {
 // New returns a server for o.
 func New(o Options) *Server {
 	if o.SampleInterval <= 0 {
-		o.SampleInterval = DefaultSampleInterval
+		o.SampleInterval = defaultSampleInterval
 	}
 	if o.Window <= 0 {
-		o.Window = DefaultWindow
+		o.Window = defaultWindow
 	}
 	if o.HealthWindow <= 0 {
-		o.HealthWindow = min(DefaultHealthWindow, o.Window)
+		o.HealthWindow = min(defaultHealthWindow, o.Window)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -320,7 +320,7 @@ func (s *Server) jetStreamCached() *JetStream {
 }
 
 func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
-	st := s.Status(r.Context(), ParseQuery(r.URL.Query()))
+	st := s.Status(r.Context(), parseQuery(r.URL.Query()))
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	enc := json.NewEncoder(w)
@@ -339,10 +339,10 @@ func serveAsset(body []byte, contentType string) http.HandlerFunc {
 // Status builds the status for query q, from a gathering at most a second old (made for it when the
 // last one is older): a page polling every 2 s, or several open at once, do not gather the registry
 // more than once a second between them.
-func (s *Server) Status(ctx context.Context, q Query) *Status {
+func (s *Server) Status(ctx context.Context, q query) *Status {
 	r := s.rater()
 	js := s.jetStream(ctx)
-	st := &Status{Schema: Schema, Process: s.o.Process, Time: s.o.now().UTC(), Started: s.started.UTC(),
+	st := &Status{Schema: schema, Process: s.o.Process, Time: s.o.now().UTC(), Started: s.started.UTC(),
 		WindowSeconds: r.seconds()}
 	st.Components = s.health(js)
 	rep, _ := rungroup.Report(st.Components)

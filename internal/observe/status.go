@@ -6,9 +6,9 @@ import (
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 )
 
-// Schema names the version of /status.json. A field is added without changing it; a field removed or
+// schema names the version of /status.json. A field is added without changing it; a field removed or
 // changed in meaning changes it.
-const Schema = "fpmbus.status.v1"
+const schema = "fpmbus.status.v1"
 
 // Status is /status.json: everything one process knows about itself. Sections a process does not have
 // (a standalone trace writer has no bridge) are omitted. Counters are since the component's start
@@ -24,31 +24,31 @@ type Status struct {
 	// Health is the top-level status of /healthz: ok, degraded or unavailable.
 	Health     string            `json:"health"`
 	Components []rungroup.Status `json:"components"`
-	Durability *Durability       `json:"durability,omitempty"`
-	Store      *Store            `json:"store,omitempty"`
-	Bridge     *Bridge           `json:"bridge,omitempty"`
-	Consumers  []Consumer        `json:"consumers,omitempty"`
+	Durability *durability       `json:"durability,omitempty"`
+	Store      *store            `json:"store,omitempty"`
+	Bridge     *bridge           `json:"bridge,omitempty"`
+	Consumers  []consumer        `json:"consumers,omitempty"`
 	// JetStream is JetStream's own view of the durable consumers on fpmbus's streams.
 	JetStream  *JetStream  `json:"jetstream,omitempty"`
-	Merge      *Merge      `json:"merge,omitempty"`
-	Seal       *Seal       `json:"seal,omitempty"`
-	Predict    *Predict    `json:"predict,omitempty"`
-	Publishers *Publishers `json:"publishers,omitempty"`
+	Merge      *merge      `json:"merge,omitempty"`
+	Seal       *seal       `json:"seal,omitempty"`
+	Predict    *predict    `json:"predict,omitempty"`
+	Publishers *publishers `json:"publishers,omitempty"`
 }
 
-// Durability is the durability policy in force.
-type Durability struct {
+// durability is the durability policy in force.
+type durability struct {
 	// Sync is the embedded server's fsync policy: "always" (before every ack) or the background
 	// interval ("2m0s"); empty where the process does not run the server (it is the server's
 	// sync_interval).
 	Sync    string         `json:"sync,omitempty"`
-	Streams []StreamPolicy `json:"streams,omitempty"`
+	Streams []streamPolicy `json:"streams,omitempty"`
 	// Error says why the streams could not be read (permissions, server away).
 	Error string `json:"error,omitempty"`
 }
 
-// StreamPolicy is one stream's storage and limits, as the server has them.
-type StreamPolicy struct {
+// streamPolicy is one stream's storage and limits, as the server has them.
+type streamPolicy struct {
 	Name              string  `json:"name"`
 	Storage           string  `json:"storage"` // file or memory
 	Replicas          int     `json:"replicas"`
@@ -60,16 +60,16 @@ type StreamPolicy struct {
 	Bytes             uint64  `json:"bytes"`
 }
 
-// Store is the embedded server's JetStream store (fpmbus up).
-type Store struct {
+// store is the embedded server's JetStream store (fpmbus up).
+type store struct {
 	OK         bool              `json:"ok"`
 	FreeBytes  float64           `json:"free_bytes"`
 	Recoveries float64           `json:"recoveries"`
 	Faults     map[string]uint64 `json:"faults"` // by state: disk_full, write_error, lost
 }
 
-// Bridge is the bridge's part: what it received and stored, its buffer and its losses.
-type Bridge struct {
+// bridge is the bridge's part: what it received and stored, its buffer and its losses.
+type bridge struct {
 	Component string `json:"component"`
 	// Ranks counts the ZMQ endpoints it reads.
 	Ranks         int     `json:"ranks"`
@@ -94,24 +94,24 @@ type Bridge struct {
 	InFlight    float64 `json:"in_flight"`
 	MaxInFlight int     `json:"max_in_flight,omitempty"`
 	// PublishLatency is receive-to-ack time over the window (all time when nothing was acked in it).
-	PublishLatency Quantiles `json:"publish_latency_seconds"`
-	Batches        uint64    `json:"batches"`
-	BatchesFailed  uint64    `json:"batches_failed"`
+	PublishLatency latencyQuantiles `json:"publish_latency_seconds"`
+	Batches        uint64           `json:"batches"`
+	BatchesFailed  uint64           `json:"batches_failed"`
 	// LossyRanks are the ranks with a drop, an invalid multipart or a dead letter, most first (at most
 	// 100).
-	LossyRanks []BridgeRank `json:"lossy_ranks"`
+	LossyRanks []bridgeRank `json:"lossy_ranks"`
 }
 
-// Quantiles of a latency, in seconds (bucket upper bounds: an estimate at most one bucket high).
-type Quantiles struct {
+// latencyQuantiles are the quantiles of a latency, in seconds (bucket upper bounds: an estimate at most one bucket high).
+type latencyQuantiles struct {
 	P50   float64 `json:"p50"`
 	P90   float64 `json:"p90"`
 	P99   float64 `json:"p99"`
 	Count uint64  `json:"count"`
 }
 
-// BridgeRank is one rank's losses at the bridge.
-type BridgeRank struct {
+// bridgeRank is one rank's losses at the bridge.
+type bridgeRank struct {
 	Rank        string `json:"rank"`
 	Received    uint64 `json:"received"`
 	Published   uint64 `json:"published"`
@@ -120,8 +120,8 @@ type BridgeRank struct {
 	DeadLetters uint64 `json:"dead_letters"`
 }
 
-// Consumer is one durable consumer's runner (fpmbus_consumer_*{consumer}).
-type Consumer struct {
+// consumer is one durable consumer's runner (fpmbus_consumer_*{consumer}).
+type consumer struct {
 	Name      string `json:"name"`
 	Component string `json:"component,omitempty"`
 	// Lag is what the server still holds for it (the partition last delivered from).
@@ -141,16 +141,16 @@ type Consumer struct {
 
 // JetStream lists the durable consumers of fpmbus's streams as the server sees them.
 type JetStream struct {
-	Consumers []JetStreamConsumer `json:"consumers"`
+	Consumers []jetStreamConsumer `json:"consumers"`
 	Error     string              `json:"error,omitempty"`
 	// Read is when the server answered.
 	Read time.Time `json:"read"`
 	// streams is the streams' policy, shown under Durability.
-	streams []StreamPolicy
+	streams []streamPolicy
 }
 
-// JetStreamConsumer is one durable consumer's ConsumerInfo.
-type JetStreamConsumer struct {
+// jetStreamConsumer is one durable consumer's ConsumerInfo.
+type jetStreamConsumer struct {
 	Stream    string `json:"stream"`
 	Name      string `json:"name"`
 	Component string `json:"component,omitempty"`
@@ -163,15 +163,15 @@ type JetStreamConsumer struct {
 	Waiting       int    `json:"waiting"`
 }
 
-// Merge is the benchmark merger's part.
-type Merge struct {
+// merge is the benchmark merger's part.
+type merge struct {
 	// Runs counts the runs with an outcome, by outcome (bench_merged, bench_rejected,
 	// bench_incomplete, bench_conflict).
 	Runs map[string]uint64 `json:"runs"`
 }
 
-// Seal is the dataset sealer's part.
-type Seal struct {
+// seal is the dataset sealer's part.
+type seal struct {
 	// Runs counts merged artefacts with a final outcome (sealed, partial, rejected); Cells the cells
 	// of their reports by state.
 	Runs  map[string]uint64 `json:"runs"`
@@ -183,8 +183,8 @@ type Seal struct {
 	Unprotected   bool    `json:"bucket_unprotected"`
 }
 
-// Predict is the predict service's part.
-type Predict struct {
+// predict is the predict service's part.
+type predict struct {
 	// Answers counts the answers by status (measured, interpolated, composed, refused); Errors the
 	// error replies by code.
 	Answers    map[string]uint64 `json:"answers"`
@@ -195,27 +195,27 @@ type Predict struct {
 	Queued     float64           `json:"queued"`
 }
 
-// Publishers is the gap detector's view of every publisher key, filtered, sorted and paged as the
+// publishers is the gap detector's view of every publisher key, filtered, sorted and paged as the
 // request asked (Query), grouped by worker.
-type Publishers struct {
+type publishers struct {
 	// Group is the detector group whose state is shown.
 	Group string `json:"group"`
 	// Error says why the state could not be read (no detector has run yet, permissions).
 	Error   string           `json:"error,omitempty"`
-	Summary PublisherSummary `json:"summary"`
-	Query   Query            `json:"query"`
+	Summary publisherSummary `json:"summary"`
+	Query   query            `json:"query"`
 	// Matched counts the publishers the filter kept; Groups the worker groups they form; Shown the
-	// groups on this page (Query.Offset, Query.Limit).
+	// groups on this page (query.Offset, query.Limit).
 	Matched    int               `json:"matched"`
 	GroupCount int               `json:"group_count"`
-	Groups     []PublisherGroup  `json:"groups"`
+	Groups     []publisherGroup  `json:"groups"`
 	Shown      int               `json:"shown"`
 	Causes     []string          `json:"causes"`
 	Totals     map[string]uint64 `json:"missing_by_cause"`
 }
 
-// PublisherSummary counts every publisher (before the filter).
-type PublisherSummary struct {
+// publisherSummary counts every publisher (before the filter).
+type publisherSummary struct {
 	Total     int `json:"total"`
 	Flowing   int `json:"flowing"`
 	WithGaps  int `json:"with_gaps"`
@@ -226,8 +226,8 @@ type PublisherSummary struct {
 	Rate    float64 `json:"rate"`
 }
 
-// PublisherGroup is one worker's ranks (namespace, component, worker_id).
-type PublisherGroup struct {
+// publisherGroup is one worker's ranks (namespace, component, worker_id).
+type publisherGroup struct {
 	Namespace string      `json:"namespace"`
 	Component string      `json:"component"`
 	WorkerID  string      `json:"worker_id"`

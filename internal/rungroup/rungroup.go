@@ -15,21 +15,21 @@ import (
 
 // Defaults of Component and Policy fields left zero.
 const (
-	DefaultReadyTimeout   = 2 * time.Minute
-	DefaultStopTimeout    = 30 * time.Second
-	DefaultInitialBackoff = 500 * time.Millisecond
+	defaultReadyTimeout   = 2 * time.Minute
+	defaultStopTimeout    = 30 * time.Second
+	defaultInitialBackoff = 500 * time.Millisecond
 	DefaultMaxBackoff     = 30 * time.Second
-	DefaultMaxRestarts    = 5
-	DefaultWindow         = 5 * time.Minute
+	defaultMaxRestarts    = 5
+	defaultWindow         = 5 * time.Minute
 )
 
 var (
 	// ErrGaveUp is wrapped by the error Run returns when a component cannot recover.
 	ErrGaveUp = errors.New("rungroup: component cannot recover")
-	// ErrInvalidGroup is wrapped by every error New returns.
-	ErrInvalidGroup = errors.New("rungroup: invalid group")
-	// ErrAlreadyRunning is returned by a second call of Run.
-	ErrAlreadyRunning = errors.New("rungroup: already running")
+	// errInvalidGroup is wrapped by every error New returns.
+	errInvalidGroup = errors.New("rungroup: invalid group")
+	// errAlreadyRunning is returned by a second call of Run.
+	errAlreadyRunning = errors.New("rungroup: already running")
 )
 
 // State is where a component stands.
@@ -40,12 +40,12 @@ const (
 	StateStarting State = "starting"
 	// StateReady: the incarnation is ready and running.
 	StateReady State = "ready"
-	// StateRestarting: the component failed, or a component it needs did; it waits to be started again.
-	StateRestarting State = "restarting"
-	// StateFailed: the component cannot recover; the group is stopping or has stopped.
-	StateFailed State = "failed"
-	// StateStopped: the group stopped the component for good.
-	StateStopped State = "stopped"
+	// stateRestarting: the component failed, or a component it needs did; it waits to be started again.
+	stateRestarting State = "restarting"
+	// stateFailed: the component cannot recover; the group is stopping or has stopped.
+	stateFailed State = "failed"
+	// stateStopped: the group stopped the component for good.
+	stateStopped State = "stopped"
 	// StateDegraded: the incarnation is ready and running, but its Health reports a fault it is
 	// waiting out (a full disk under a server). It is not restarted for it: a restart would not help.
 	// Status reports it in place of StateReady; the group itself keeps the component as ready.
@@ -57,7 +57,7 @@ const (
 )
 
 // States lists every State, for metrics that have one series per state.
-var States = []State{StateStarting, StateReady, StateDegraded, StateRestarting, StateFailed, StateStopped, StateDisabled}
+var States = []State{StateStarting, StateReady, StateDegraded, stateRestarting, stateFailed, stateStopped, StateDisabled}
 
 // Instance is one incarnation of a component, built by Component.Start.
 type Instance struct {
@@ -90,10 +90,10 @@ type Component struct {
 	// makes the group give up at once. Required.
 	Start func(ctx context.Context) (Instance, error)
 	// ReadyTimeout bounds Start plus the wait for Ready; overrunning it is a failure. Default
-	// DefaultReadyTimeout.
+	// defaultReadyTimeout.
 	ReadyTimeout time.Duration
 	// StopTimeout bounds the wait for Run to return once its context is cancelled. Default
-	// DefaultStopTimeout.
+	// defaultStopTimeout.
 	StopTimeout time.Duration
 	// Restart says how failures are retried.
 	Restart Policy
@@ -106,20 +106,20 @@ type Component struct {
 // Policy is a component's restart policy.
 type Policy struct {
 	// InitialBackoff is the wait before the first restart after a failure; each further failure in a
-	// row doubles it (with 20% jitter) up to MaxBackoff. Defaults DefaultInitialBackoff and
+	// row doubles it (with 20% jitter) up to MaxBackoff. Defaults defaultInitialBackoff and
 	// DefaultMaxBackoff. The backoff starts over once the component has had no failure for a Window.
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
 	// MaxRestarts is how many restarts the component may take within Window; the failure after that
 	// makes the group give up. 0 allows none: the first failure gives up.
 	MaxRestarts int
-	// Window is the sliding window MaxRestarts counts in. Default DefaultWindow.
+	// Window is the sliding window MaxRestarts counts in. Default defaultWindow.
 	Window time.Duration
 }
 
 // DefaultPolicy returns the default restart policy.
 func DefaultPolicy() Policy {
-	return Policy{InitialBackoff: DefaultInitialBackoff, MaxBackoff: DefaultMaxBackoff, MaxRestarts: DefaultMaxRestarts, Window: DefaultWindow}
+	return Policy{InitialBackoff: defaultInitialBackoff, MaxBackoff: DefaultMaxBackoff, MaxRestarts: defaultMaxRestarts, Window: defaultWindow}
 }
 
 // Permanent marks err as a failure no restart can fix (a setting the component refuses): the group gives
@@ -136,11 +136,11 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
-// Option configures a Group.
-type Option func(*Group)
+// option configures a Group.
+type option func(*Group)
 
 // WithLogger sends the group's logs to l (default slog.Default()).
-func WithLogger(l *slog.Logger) Option {
+func WithLogger(l *slog.Logger) option {
 	return func(g *Group) {
 		if l != nil {
 			g.log = l
@@ -194,7 +194,7 @@ type exit struct {
 // New checks the components and returns a group for them. Options: WithLogger. The group's state is
 // exported as metrics by whoever serves its Status (internal/observe: fpmbus_component_*), as a
 // standalone command's one component is.
-func New(components []Component, opts ...Option) (*Group, error) {
+func New(components []Component, opts ...option) (*Group, error) {
 	g := &Group{log: slog.Default(), exits: make(chan exit), closed: make(chan struct{})}
 	for _, o := range opts {
 		o(g)
@@ -204,28 +204,28 @@ func New(components []Component, opts ...Option) (*Group, error) {
 	for i, c := range components {
 		switch {
 		case c.Name == "":
-			return nil, fmt.Errorf("%w: component %d has no name", ErrInvalidGroup, i)
+			return nil, fmt.Errorf("%w: component %d has no name", errInvalidGroup, i)
 		case byName[c.Name] != nil:
-			return nil, fmt.Errorf("%w: component %q listed twice", ErrInvalidGroup, c.Name)
+			return nil, fmt.Errorf("%w: component %q listed twice", errInvalidGroup, c.Name)
 		case c.Start == nil && c.Disabled == "":
-			return nil, fmt.Errorf("%w: component %q has no Start", ErrInvalidGroup, c.Name)
+			return nil, fmt.Errorf("%w: component %q has no Start", errInvalidGroup, c.Name)
 		case c.Restart.MaxRestarts < 0:
-			return nil, fmt.Errorf("%w: component %q: max restarts %d is negative", ErrInvalidGroup, c.Name, c.Restart.MaxRestarts)
+			return nil, fmt.Errorf("%w: component %q: max restarts %d is negative", errInvalidGroup, c.Name, c.Restart.MaxRestarts)
 		}
 		if c.ReadyTimeout <= 0 {
-			c.ReadyTimeout = DefaultReadyTimeout
+			c.ReadyTimeout = defaultReadyTimeout
 		}
 		if c.StopTimeout <= 0 {
-			c.StopTimeout = DefaultStopTimeout
+			c.StopTimeout = defaultStopTimeout
 		}
 		if c.Restart.InitialBackoff <= 0 {
-			c.Restart.InitialBackoff = DefaultInitialBackoff
+			c.Restart.InitialBackoff = defaultInitialBackoff
 		}
 		if c.Restart.MaxBackoff < c.Restart.InitialBackoff {
 			c.Restart.MaxBackoff = max(DefaultMaxBackoff, c.Restart.InitialBackoff)
 		}
 		if c.Restart.Window <= 0 {
-			c.Restart.Window = DefaultWindow
+			c.Restart.Window = defaultWindow
 		}
 		u := &unit{Component: c, state: StateStarting, since: now}
 		if c.Disabled != "" {
@@ -234,10 +234,10 @@ func New(components []Component, opts ...Option) (*Group, error) {
 		for _, n := range c.Needs {
 			need := byName[n]
 			if need == nil {
-				return nil, fmt.Errorf("%w: component %q needs %q, which is not listed before it", ErrInvalidGroup, c.Name, n)
+				return nil, fmt.Errorf("%w: component %q needs %q, which is not listed before it", errInvalidGroup, c.Name, n)
 			}
 			if need.Disabled != "" {
-				return nil, fmt.Errorf("%w: component %q needs %q, which is disabled", ErrInvalidGroup, c.Name, n)
+				return nil, fmt.Errorf("%w: component %q needs %q, which is disabled", errInvalidGroup, c.Name, n)
 			}
 			u.needs = append(u.needs, need)
 		}
@@ -268,7 +268,7 @@ func New(components []Component, opts ...Option) (*Group, error) {
 // an error wrapping ErrGaveUp and the component's last error. Run may be called once.
 func (g *Group) Run(ctx context.Context) error {
 	if !g.running.CompareAndSwap(false, true) {
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	defer close(g.closed)
 	for _, u := range g.units {
@@ -307,9 +307,9 @@ func (g *Group) recover(ctx context.Context, u *unit) error {
 	g.log.Error(u.Name+" failed", "error", cause)
 	for i := len(u.dependents) - 1; i >= 0; i-- {
 		d := u.dependents[i]
-		g.stop(d, StateRestarting, nil)
+		g.stop(d, stateRestarting, nil)
 	}
-	g.setState(u, StateRestarting, cause)
+	g.setState(u, stateRestarting, cause)
 	if err := g.fail(u, cause); err != nil {
 		return err
 	}
@@ -347,7 +347,7 @@ func (g *Group) bringUp(ctx context.Context, u *unit, cause error) error {
 		// itself has noticed it (a closed connection).
 		for _, n := range u.needs {
 			if n.inc == nil || isDone(n.inc) {
-				g.setState(u, StateRestarting, nil)
+				g.setState(u, stateRestarting, nil)
 				return nil
 			}
 		}
@@ -362,7 +362,7 @@ func (g *Group) bringUp(ctx context.Context, u *unit, cause error) error {
 			return nil
 		}
 		g.log.Error(u.Name+" did not start", "error", err)
-		g.setState(u, StateRestarting, err)
+		g.setState(u, stateRestarting, err)
 		if err := g.fail(u, err); err != nil {
 			return err
 		}
@@ -388,10 +388,10 @@ func (g *Group) fail(u *unit, err error) error {
 	var perm *permanentError
 	switch {
 	case errors.As(err, &perm):
-		g.setState(u, StateFailed, err)
+		g.setState(u, stateFailed, err)
 		return fmt.Errorf("%w: %s: %w", ErrGaveUp, u.Name, err)
 	case len(u.failures) > u.Restart.MaxRestarts:
-		g.setState(u, StateFailed, err)
+		g.setState(u, stateFailed, err)
 		return fmt.Errorf("%w: %s failed %d times within %v: %w", ErrGaveUp, u.Name, len(u.failures), u.Restart.Window, err)
 	}
 	return nil
@@ -456,7 +456,7 @@ func (g *Group) runIncarnation(ctx context.Context, u *unit, inc *incarnation, r
 		g.mu.Lock()
 		if u.live == inc {
 			u.live = nil
-			g.setStateLocked(u, StateRestarting, err)
+			g.setStateLocked(u, stateRestarting, err)
 		}
 		g.mu.Unlock()
 	}
@@ -510,10 +510,10 @@ func (g *Group) shutdown(ctx context.Context, cause error) error {
 		if u.Disabled != "" {
 			continue // never started: it stays listed as disabled
 		}
-		state := StateStopped
+		state := stateStopped
 		g.mu.Lock()
-		if u.state == StateFailed {
-			state = StateFailed
+		if u.state == stateFailed {
+			state = stateFailed
 		}
 		g.mu.Unlock()
 		g.stop(u, state, nil)

@@ -246,7 +246,7 @@ func TestGroupStartsInListOrderEachAfterThePreviousIsReadyAndStopsInReverse(t *t
 		t.Fatalf("after stop: health %d, want 503", code)
 	}
 	for name, s := range states(rep) {
-		if s != StateStopped {
+		if s != stateStopped {
 			t.Fatalf("after stop: %s is %s, want stopped", name, s)
 		}
 	}
@@ -275,7 +275,7 @@ func TestGroupRestartsAFailedComponentAndWhatNeedsItWithItsNewResource(t *testin
 	if code != http.StatusServiceUnavailable || rep.Status != "unavailable" {
 		t.Fatalf("while restarting: health %d %+v", code, rep)
 	}
-	if s := states(rep); s["conn"] != StateStarting || s["user"] != StateRestarting || s["loner"] != StateReady {
+	if s := states(rep); s["conn"] != StateStarting || s["user"] != stateRestarting || s["loner"] != StateReady {
 		t.Fatalf("while restarting: states %v", s)
 	}
 	close(conn.startGate)
@@ -392,7 +392,7 @@ func TestGroupReportsADegradedComponentWithoutRestartingIt(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if got := states(healthReportOf(g)); got["server"] != StateStopped {
+	if got := states(healthReportOf(g)); got["server"] != stateStopped {
 		t.Fatalf("a stopped component reported %v", got)
 	}
 }
@@ -417,7 +417,7 @@ func TestGroupListsADisabledComponentAndIsNotHealthy(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if st := states(healthReportOf(g)); st["b"] != StateDisabled || st["a"] != StateStopped {
+	if st := states(healthReportOf(g)); st["b"] != StateDisabled || st["a"] != stateStopped {
 		t.Fatalf("after stop: %v", st)
 	}
 	if n := a.startCount() + c.startCount(); n != 2 {
@@ -502,7 +502,7 @@ func TestGroupGivesUpOnAComponentThatCannotRecover(t *testing.T) {
 				t.Fatalf("bad started %d times, want %d", got, tc.wantStarts)
 			}
 			got := states(healthReportOf(g))
-			if got["bad"] != StateFailed || got["first"] != StateStopped || got["last"] != StateStopped {
+			if got["bad"] != stateFailed || got["first"] != stateStopped || got["last"] != stateStopped {
 				t.Fatalf("states after giving up: %v", got)
 			}
 			if ev := j.list(); !slices.Contains(ev, "stop first#1") {
@@ -603,7 +603,7 @@ func TestNewRefusesABadList(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := New(tc.comps)
-			if !errors.Is(err, ErrInvalidGroup) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, errInvalidGroup) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("New: %v, want ErrInvalidGroup naming %q", err, tc.want)
 			}
 		})

@@ -141,7 +141,7 @@ func serveUntil(b *testing.B, env *natsservertest.Env, kv jetstream.KeyValue, cf
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := New(cfg, nc, kv, WithLogger(slog.New(slog.DiscardHandler)))
+	s, err := New(cfg, nc, kv, withLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -13,39 +13,39 @@ import (
 	"github.com/fpmbus/fpmbus/predict"
 )
 
-// ErrWatchClosed: the bucket watch ended while the catalog was running (the bucket was deleted, or the
+// errWatchClosed: the bucket watch ended while the catalog was running (the bucket was deleted, or the
 // connection closed for good).
-var ErrWatchClosed = errors.New("service: FPM_DATASETS watch closed")
+var errWatchClosed = errors.New("service: FPM_DATASETS watch closed")
 
-// Catalog holds the current snapshot of FPM_DATASETS. Run keeps it current; Snapshot may be called
+// catalog holds the current snapshot of FPM_DATASETS. Run keeps it current; Snapshot may be called
 // from any goroutine at any time (before the first load it is the empty bucket).
-type Catalog struct {
+type catalog struct {
 	cur    atomic.Pointer[predict.Snapshot]
 	loaded chan struct{}
 	once   sync.Once
 	log    *slog.Logger
 }
 
-// NewCatalog returns an empty catalog; log may be nil.
-func NewCatalog(log *slog.Logger) *Catalog {
+// newCatalog returns an empty catalog; log may be nil.
+func newCatalog(log *slog.Logger) *catalog {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Catalog{loaded: make(chan struct{}), log: log}
+	return &catalog{loaded: make(chan struct{}), log: log}
 }
 
 // Snapshot is the bucket as last applied.
-func (c *Catalog) Snapshot() *predict.Snapshot { return c.cur.Load() }
+func (c *catalog) Snapshot() *predict.Snapshot { return c.cur.Load() }
 
 // Loaded is closed once every entry the bucket held when Run started has been applied.
-func (c *Catalog) Loaded() <-chan struct{} { return c.loaded }
+func (c *catalog) Loaded() <-chan struct{} { return c.loaded }
 
 // Run watches kv until ctx ends (then it returns nil) or the watch fails. It reads the bucket's whole
 // history (a sealed cell is its key's first revision, predict.Snapshot.Apply), applies it as one
 // snapshot (in steps of loadStep entries, so the history is never held at once), closes Loaded, then
 // applies each change as it is stored (entries already waiting are applied together). A revision it
 // ignores as tampering is logged at Warn.
-func (c *Catalog) Run(ctx context.Context, kv jetstream.KeyValue) error {
+func (c *catalog) Run(ctx context.Context, kv jetstream.KeyValue) error {
 	w, err := kv.WatchAll(ctx, jetstream.IncludeHistory())
 	if err != nil {
 		return fmt.Errorf("service: watch %s: %w", kv.Bucket(), err)
@@ -66,7 +66,7 @@ func (c *Catalog) Run(ctx context.Context, kv jetstream.KeyValue) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return ErrWatchClosed
+			return errWatchClosed
 		}
 		if e == nil { // the end of the bucket's current entries
 			c.cur.Store(staged)
@@ -109,14 +109,14 @@ func update(e jetstream.KeyValueEntry) predict.Update {
 // loadStep is how many entries of the bucket's history the first load applies at a time.
 const loadStep = 1024
 
-func (c *Catalog) logIgnored(s *predict.Snapshot) {
+func (c *catalog) logIgnored(s *predict.Snapshot) {
 	for _, ig := range s.Ignored() {
 		c.log.Warn("FPM_DATASETS revision ignored: no fpmbus writer stores it (tampering); the sealed value stands",
 			"key", ig.Key, "revision", ig.Revision, "reason", ig.Reason)
 	}
 }
 
-func (c *Catalog) apply(us []predict.Update) {
+func (c *catalog) apply(us []predict.Update) {
 	old := c.cur.Load()
 	next := old.Apply(us...)
 	c.cur.Store(next)
@@ -133,7 +133,7 @@ func (c *Catalog) apply(us []predict.Update) {
 func Load(ctx context.Context, kv jetstream.KeyValue) (*predict.Snapshot, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c := NewCatalog(nil)
+	c := newCatalog(nil)
 	errc := make(chan error, 1)
 	go func() { errc <- c.Run(ctx, kv) }()
 	select {

@@ -35,7 +35,7 @@
 //
 // Every instance subscribes in one queue group (default "fpm-predict"): NATS hands each request to one
 // member, so instances are added or removed without coordination. Each instance watches FPM_DATASETS
-// (Catalog): it answers once it has loaded every cell, then applies each seal, deletion or campaign
+// (catalog): it answers once it has loaded every cell, then applies each seal, deletion or campaign
 // update as it is stored, so a new seal is served without a restart. Loaded cells are cached by KV
 // revision (predict.Snapshot.Apply): a re-watch re-parses nothing that did not change.
 package service

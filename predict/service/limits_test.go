@@ -271,7 +271,7 @@ func TestCellsArePagedToFitAReply(t *testing.T) {
 	pages := 0
 	for {
 		r := askFor(t, env.NC, SubjectCells, after)
-		var cr CellsReply
+		var cr cellsReply
 		if err := json.Unmarshal(r.body, &cr); r.code != "" || err != nil || r.size > maxPayload || len(cr.Cells) == 0 {
 			t.Fatalf("page %d: code %q %q, %d bytes: %v", pages, r.code, r.desc, r.size, err)
 		}
@@ -283,7 +283,7 @@ func TestCellsArePagedToFitAReply(t *testing.T) {
 		if cr.Next != cr.Cells[len(cr.Cells)-1].Key {
 			t.Fatalf("next %q is not the page's last key", cr.Next)
 		}
-		after, _ = json.Marshal(CellsRequest{After: cr.Next})
+		after, _ = json.Marshal(cellsRequest{After: cr.Next})
 	}
 	if pages < 3 || len(got) != len(want) {
 		t.Fatalf("%d pages listed %d cells of %d", pages, len(got), len(want))

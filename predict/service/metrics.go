@@ -27,10 +27,10 @@ var (
 )
 
 // WithRegisterer registers the service's metrics on reg (default: not registered).
-func WithRegisterer(reg prometheus.Registerer) Option {
+func WithRegisterer(reg prometheus.Registerer) option {
 	return func(s *Service) error {
 		if reg == nil {
-			return fmt.Errorf("%w: nil registerer", ErrInvalidConfig)
+			return fmt.Errorf("%w: nil registerer", errInvalidConfig)
 		}
 		s.reg = reg
 		return nil

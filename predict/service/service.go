@@ -26,11 +26,11 @@ import (
 // Names and subjects of the service (see the package comment for why the root is not fpm).
 const (
 	Name              = "fpm-predict"
-	Version           = "1.0.0"
-	SubjectRoot       = "fpmpredict"
-	SubjectWildcard   = SubjectRoot + ".>"
-	SubjectPredict    = SubjectRoot + ".predict"
-	SubjectCells      = SubjectRoot + ".cells"
+	version           = "1.0.0"
+	subjectRoot       = "fpmpredict"
+	subjectWildcard   = subjectRoot + ".>"
+	SubjectPredict    = subjectRoot + ".predict"
+	SubjectCells      = subjectRoot + ".cells"
 	DefaultQueueGroup = "fpm-predict"
 	// MaxBatch bounds the queries of one array request (their answers must also fit one reply).
 	MaxBatch = 10000
@@ -40,8 +40,8 @@ const (
 	DefaultMaxRequestBytes = 1 << 20
 )
 
-// ErrInvalidConfig wraps every configuration error.
-var ErrInvalidConfig = errors.New("service: invalid config")
+// errInvalidConfig wraps every configuration error.
+var errInvalidConfig = errors.New("service: invalid config")
 
 // Config configures a Service. The zero value serves with the defaults.
 type Config struct {
@@ -70,10 +70,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports whether c, with its defaults, is usable; errors wrap ErrInvalidConfig.
+// Validate reports whether c, with its defaults, is usable; errors wrap errInvalidConfig.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	bad := invalid.Reporter(ErrInvalidConfig)
+	bad := invalid.Reporter(errInvalidConfig)
 	for _, ch := range c.QueueGroup {
 		if ch == ' ' || ch == '>' || ch == '*' || ch == '\t' {
 			return bad("queue group %q: no spaces or wildcards", c.QueueGroup)
@@ -90,15 +90,15 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Option configures a Service beyond its Config; an invalid option makes New fail.
-type Option func(*Service) error
+// option configures a Service beyond its Config; an invalid option makes New fail.
+type option func(*Service) error
 
-// WithLogger logs loads, corrupt cells and the service's start and stop (default slog.Default(), as
+// withLogger logs loads, corrupt cells and the service's start and stop (default slog.Default(), as
 // every fpmbus component).
-func WithLogger(l *slog.Logger) Option {
+func withLogger(l *slog.Logger) option {
 	return func(s *Service) error {
 		if l == nil {
-			return fmt.Errorf("%w: nil logger", ErrInvalidConfig)
+			return fmt.Errorf("%w: nil logger", errInvalidConfig)
 		}
 		s.log = l
 		return nil
@@ -112,7 +112,7 @@ type Service struct {
 	kv      jetstream.KeyValue
 	cfg     Config
 	log     *slog.Logger
-	catalog *Catalog
+	catalog *catalog
 	ready   chan struct{}
 	svc     atomic.Pointer[micro.Service]
 	counts  *counters
@@ -121,9 +121,9 @@ type Service struct {
 }
 
 // New returns a service answering from kv (the FPM_DATASETS bucket) on nc. It does not close nc.
-func New(cfg Config, nc *nats.Conn, kv jetstream.KeyValue, opts ...Option) (*Service, error) {
+func New(cfg Config, nc *nats.Conn, kv jetstream.KeyValue, opts ...option) (*Service, error) {
 	if nc == nil || kv == nil {
-		return nil, fmt.Errorf("%w: a connection and the bucket are required", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: a connection and the bucket are required", errInvalidConfig)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -135,10 +135,10 @@ func New(cfg Config, nc *nats.Conn, kv jetstream.KeyValue, opts ...Option) (*Ser
 			return nil, err
 		}
 	}
-	s.catalog = NewCatalog(s.log)
+	s.catalog = newCatalog(s.log)
 	if s.reg != nil {
 		if err := s.reg.Register(collector{s}); err != nil {
-			return nil, fmt.Errorf("%w: register metrics: %v", ErrInvalidConfig, err)
+			return nil, fmt.Errorf("%w: register metrics: %v", errInvalidConfig, err)
 		}
 	}
 	return s, nil
@@ -217,7 +217,7 @@ func (s *Service) register() (micro.Service, error) {
 		"queue_size": strconv.Itoa(s.cfg.QueueSize), "max_request_bytes": strconv.Itoa(s.cfg.MaxRequestBytes)}
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name:         Name,
-		Version:      Version,
+		Version:      version,
 		Description:  "fpmbus whole-forward latency estimator over the sealed FPM cells of KV FPM_DATASETS",
 		Metadata:     meta,
 		QueueGroup:   s.cfg.QueueGroup,
@@ -328,22 +328,22 @@ func (s *Service) replyAnswers(r *request, snap *predict.Snapshot, raws []json.R
 	s.reply(r, body, nil)
 }
 
-// CellsReply is the body of a reply on SubjectCells: the loaded cells in key order from the first
+// cellsReply is the body of a reply on SubjectCells: the loaded cells in key order from the first
 // (or the first after the request's "after"), as many as one reply holds; Next, when set, is the
 // "after" that continues the list.
-type CellsReply struct {
+type cellsReply struct {
 	Revision uint64                `json:"revision"`
 	Cells    []predict.CellSummary `json:"cells"`
 	Next     string                `json:"next,omitempty"`
 }
 
-// CellsRequest is the body of a request on SubjectCells (an empty body: from the first cell).
-type CellsRequest struct {
+// cellsRequest is the body of a request on SubjectCells (an empty body: from the first cell).
+type cellsRequest struct {
 	After string `json:"after,omitempty"`
 }
 
 func (s *Service) handleCells(r *request) {
-	var cr CellsRequest
+	var cr cellsRequest
 	if data := bytes.TrimSpace(r.data); len(data) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(data))
 		dec.DisallowUnknownFields()
@@ -354,7 +354,7 @@ func (s *Service) handleCells(r *request) {
 	}
 	snap := s.catalog.Snapshot()
 	room := s.room()
-	out := CellsReply{Revision: snap.Revision(), Cells: []predict.CellSummary{}}
+	out := cellsReply{Revision: snap.Revision(), Cells: []predict.CellSummary{}}
 	head, _ := json.Marshal(out)
 	size := len(head)
 	for _, c := range snap.Summaries() {

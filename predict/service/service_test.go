@@ -90,13 +90,13 @@ func bucket(t testing.TB, env *natsservertest.Env) jetstream.KeyValue {
 }
 
 // serve runs a Service on its own connection until the test ends.
-func serve(t testing.TB, env *natsservertest.Env, kv jetstream.KeyValue, cfg Config, opts ...Option) *Service {
+func serve(t testing.TB, env *natsservertest.Env, kv jetstream.KeyValue, cfg Config, opts ...option) *Service {
 	t.Helper()
 	nc, err := nats.Connect(env.Server.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(cfg, nc, kv, append([]Option{WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	s, err := New(cfg, nc, kv, append([]option{withLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestServiceSubjectsAreOutsideEveryStream(t *testing.T) {
 	for info := range env.JS.ListStreams(ctx).Info() {
 		names = append(names, info.Config.Name)
 		for _, subj := range info.Config.Subjects {
-			for _, ours := range []string{SubjectWildcard, SubjectPredict, SubjectCells} {
+			for _, ours := range []string{subjectWildcard, SubjectPredict, SubjectCells} {
 				if server.SubjectsCollide(subj, ours) {
 					t.Fatalf("stream %s subject %s overlaps the service subject %s", info.Config.Name, subj, ours)
 				}
@@ -278,7 +278,7 @@ func TestServiceSubjectsAreOutsideEveryStream(t *testing.T) {
 	if len(names) < 4 { // FPM, FPM_EVENTS, FPM_BENCH and the bucket's
 		t.Fatalf("streams %v", names)
 	}
-	for _, subj := range []string{SubjectWildcard, SubjectPredict, SubjectCells} {
+	for _, subj := range []string{subjectWildcard, SubjectPredict, SubjectCells} {
 		if name, err := env.JS.StreamNameBySubject(ctx, subj); !errors.Is(err, jetstream.ErrStreamNotFound) {
 			t.Fatalf("%s is captured by stream %q (%v)", subj, name, err)
 		}
@@ -431,7 +431,7 @@ func TestServiceInvalidRequestIsAServiceError(t *testing.T) {
 		t.Fatalf("metrics %v", got)
 	}
 	// The cells endpoint lists the loaded cells.
-	var cr CellsReply
+	var cr cellsReply
 	if err := json.Unmarshal(ask(t, env.NC, SubjectCells, nil).Data, &cr); err != nil || len(cr.Cells) != 4 || cr.Revision != 8 {
 		t.Fatalf("cells reply %+v: %v", cr, err)
 	}
@@ -443,9 +443,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	for name, mk := range map[string]func() (*Service, error){
 		"queue group with a space": func() (*Service, error) { return New(Config{QueueGroup: "a b"}, env.NC, kv) },
 		"no connection":            func() (*Service, error) { return New(Config{}, nil, kv) },
-		"nil logger":               func() (*Service, error) { return New(Config{}, env.NC, kv, WithLogger(nil)) },
+		"nil logger":               func() (*Service, error) { return New(Config{}, env.NC, kv, withLogger(nil)) },
 	} {
-		if _, err := mk(); !errors.Is(err, ErrInvalidConfig) {
+		if _, err := mk(); !errors.Is(err, errInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}

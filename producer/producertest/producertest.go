@@ -27,20 +27,20 @@ func FreeBasePort(tb testing.TB, host string, n int) int {
 	return freeport.Block(tb, host, n)
 }
 
-// ConnectEndpoint turns a bind endpoint into one a subscriber can connect to: tcp://*:P becomes
+// connectEndpoint turns a bind endpoint into one a subscriber can connect to: tcp://*:P becomes
 // tcp://127.0.0.1:P; anything else is returned unchanged.
-func ConnectEndpoint(bind string) string {
+func connectEndpoint(bind string) string {
 	if rest, ok := strings.CutPrefix(bind, "tcp://*:"); ok {
 		return "tcp://127.0.0.1:" + rest
 	}
 	return bind
 }
 
-// ErrTimeout is returned by Subscriber.Recv when nothing arrived in time.
-var ErrTimeout = errors.New("producertest: receive timed out")
+// errTimeout is returned by Subscriber.Recv when nothing arrived in time.
+var errTimeout = errors.New("producertest: receive timed out")
 
-// Message is one multipart message as received.
-type Message struct {
+// message is one multipart message as received.
+type message struct {
 	Frames [][]byte
 	// Seq is the big-endian sequence of frame 1; valid only when Wellformed.
 	Seq uint64
@@ -49,7 +49,7 @@ type Message struct {
 }
 
 // Payload returns the last frame.
-func (m Message) Payload() []byte { return m.Frames[len(m.Frames)-1] }
+func (m message) Payload() []byte { return m.Frames[len(m.Frames)-1] }
 
 // Subscriber is a SUB socket subscribed to everything (an empty filter, as Dynamo's consumers use). It
 // is owned by the test goroutine that uses it.
@@ -58,7 +58,7 @@ type Subscriber struct {
 	sock *zmq4.Socket
 }
 
-// NewSubscriber connects a SUB socket to endpoint (a bind endpoint is converted by ConnectEndpoint).
+// NewSubscriber connects a SUB socket to endpoint (a bind endpoint is converted by connectEndpoint).
 // rcvhwm sets ZMQ_RCVHWM when > 0. The socket is closed by tb's Cleanup.
 func NewSubscriber(tb testing.TB, endpoint string, rcvhwm int) *Subscriber {
 	tb.Helper()
@@ -81,23 +81,23 @@ func NewSubscriber(tb testing.TB, endpoint string, rcvhwm int) *Subscriber {
 		must("rcvhwm", s.sock.SetRcvhwm(rcvhwm))
 	}
 	must("subscribe", s.sock.SetSubscribe(""))
-	must("connect "+endpoint, s.sock.Connect(ConnectEndpoint(endpoint)))
+	must("connect "+endpoint, s.sock.Connect(connectEndpoint(endpoint)))
 	return s
 }
 
-// Recv waits up to timeout for the next message; ErrTimeout if none came.
-func (s *Subscriber) Recv(timeout time.Duration) (Message, error) {
+// Recv waits up to timeout for the next message; errTimeout if none came.
+func (s *Subscriber) Recv(timeout time.Duration) (message, error) {
 	if err := s.sock.SetRcvtimeo(timeout); err != nil {
-		return Message{}, err
+		return message{}, err
 	}
 	frames, err := s.sock.RecvMessageBytes(0)
 	if err != nil {
 		if zmq4.AsErrno(err) == zmq4.Errno(syscall.EAGAIN) {
-			return Message{}, ErrTimeout
+			return message{}, errTimeout
 		}
-		return Message{}, err
+		return message{}, err
 	}
-	m := Message{Frames: frames}
+	m := message{Frames: frames}
 	if len(frames) == 3 && len(frames[0]) == 0 && len(frames[1]) == 8 {
 		m.Wellformed = true
 		m.Seq = binary.BigEndian.Uint64(frames[1])

@@ -37,8 +37,8 @@ import (
 // Records is FPMBUS_BENCH_RECORDS, else def.
 func Records(def int) int { return envInt("FPMBUS_BENCH_RECORDS", def) }
 
-// Rounds is FPMBUS_BENCH_ROUNDS, else 5.
-func Rounds() int { return envInt("FPMBUS_BENCH_ROUNDS", 5) }
+// rounds is FPMBUS_BENCH_ROUNDS, else 5.
+func rounds() int { return envInt("FPMBUS_BENCH_ROUNDS", 5) }
 
 func envInt(name string, def int) int {
 	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
@@ -47,16 +47,16 @@ func envInt(name string, def int) int {
 	return def
 }
 
-// SideEnabled reports whether side runs (FPMBUS_BENCH_SIDES unset, or listing it).
-func SideEnabled(side string) bool {
+// sideEnabled reports whether side runs (FPMBUS_BENCH_SIDES unset, or listing it).
+func sideEnabled(side string) bool {
 	list := os.Getenv("FPMBUS_BENCH_SIDES")
 	return list == "" || slices.Contains(strings.Split(list, ","), side)
 }
 
-// Profile profiles the process's CPU while one side runs, when FPMBUS_BENCH_PROFILE names a
+// profile profiles the process's CPU while one side runs, when FPMBUS_BENCH_PROFILE names a
 // directory; call the returned stop when the side ends. Not with -cpuprofile, which holds the one
 // CPU profile.
-func Profile(b *testing.B, side string, round int) (stop func()) {
+func profile(b *testing.B, side string, round int) (stop func()) {
 	dir := os.Getenv("FPMBUS_BENCH_PROFILE")
 	if dir == "" {
 		return func() {}
@@ -76,8 +76,8 @@ func Profile(b *testing.B, side string, round int) (stop func()) {
 	}
 }
 
-// Median of xs (the mean of the middle two for an even count).
-func Median(xs []float64) float64 {
+// median of xs (the mean of the middle two for an even count).
+func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	if len(s)%2 == 1 {
@@ -280,14 +280,14 @@ func Compare(b *testing.B, unit string, bare, push, runner, stage Side) {
 	sides := []Side{bare, push, runner, stage}
 	rates, cpus := make([][]float64, len(sides)), make([][]float64, len(sides))
 	minRatio := 0.0
-	for round := range Rounds() {
+	for round := range rounds() {
 		var r [4]Result
 		for k := range sides {
 			i := (k + round) % len(sides)
-			if !SideEnabled(sides[i].Name) {
+			if !sideEnabled(sides[i].Name) {
 				continue
 			}
-			stop := Profile(b, sides[i].Name, round)
+			stop := profile(b, sides[i].Name, round)
 			r[i] = sides[i].Run(round)
 			stop()
 		}
@@ -305,9 +305,9 @@ func Compare(b *testing.B, unit string, bare, push, runner, stage Side) {
 	}
 	m := make([]float64, len(sides))
 	for i, s := range sides {
-		m[i] = Median(rates[i])
+		m[i] = median(rates[i])
 		b.ReportMetric(m[i], s.Name+"-"+unit+"/s")
-		b.ReportMetric(Median(cpus[i]), s.Name+"-cpu-us/"+unit)
+		b.ReportMetric(median(cpus[i]), s.Name+"-cpu-us/"+unit)
 	}
 	b.ReportMetric(m[3]/m[0], "ratio")
 	b.ReportMetric(minRatio, "min-ratio")
@@ -315,5 +315,5 @@ func Compare(b *testing.B, unit string, bare, push, runner, stage Side) {
 	b.ReportMetric(m[2]/m[0], "runner/bare")
 	b.ReportMetric(m[2]/m[1], "runner/push")
 	b.ReportMetric(m[3]/m[2], stage.Name+"/runner")
-	b.ReportMetric(Median(cpus[0])/Median(cpus[3]), "cpu-ratio")
+	b.ReportMetric(median(cpus[0])/median(cpus[3]), "cpu-ratio")
 }

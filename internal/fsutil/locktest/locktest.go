@@ -82,8 +82,8 @@ func hold(mode, path string) error {
 	return nil
 }
 
-// Holder is a running holder process.
-type Holder struct {
+// holder is a running holder process.
+type holder struct {
 	Cmd *exec.Cmd
 	// Held: the process holds the lock; else Refused says why it could not take it (it has exited).
 	Held    bool
@@ -92,10 +92,10 @@ type Holder struct {
 }
 
 // PID is the holder's process id.
-func (h *Holder) PID() int { return h.Cmd.Process.Pid }
+func (h *holder) PID() int { return h.Cmd.Process.Pid }
 
 // Release ends the holder (its lock goes with it) and waits for it.
-func (h *Holder) Release() {
+func (h *holder) Release() {
 	if h.stdin != nil {
 		h.stdin.Close()
 		h.stdin = nil
@@ -104,7 +104,7 @@ func (h *Holder) Release() {
 }
 
 // Kill ends the holder with SIGKILL, as a crash would, and waits for it.
-func (h *Holder) Kill() {
+func (h *holder) Kill() {
 	if h.stdin != nil {
 		_ = h.Cmd.Process.Kill()
 		_ = h.Cmd.Wait()
@@ -115,7 +115,7 @@ func (h *Holder) Kill() {
 
 // Start runs the test binary as a holder of path in mode and returns once it holds the lock or has
 // been refused. The process ends at the test's cleanup at the latest.
-func Start(t testing.TB, path, mode string) *Holder {
+func Start(t testing.TB, path, mode string) *holder {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envVar+"="+mode+":"+path)
@@ -131,7 +131,7 @@ func Start(t testing.TB, path, mode string) *Holder {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	h := &Holder{Cmd: cmd, stdin: stdin}
+	h := &holder{Cmd: cmd, stdin: stdin}
 	t.Cleanup(h.Release)
 	line := make(chan string, 1)
 	go func() {

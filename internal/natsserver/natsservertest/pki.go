@@ -15,9 +15,9 @@ import (
 	"time"
 )
 
-// PKI is a throwaway certificate authority with a server certificate for 127.0.0.1 and localhost and a
+// pki is a throwaway certificate authority with a server certificate for 127.0.0.1 and localhost and a
 // client certificate, as PEM files in a test's temporary directory, for TLS and mutual-TLS tests.
-type PKI struct {
+type pki struct {
 	CA         string // the CA's certificate
 	ServerCert string
 	ServerKey  string
@@ -26,13 +26,13 @@ type PKI struct {
 	OtherCA    string // a second CA that signed nothing here: trusting it is trusting the wrong authority
 }
 
-// NewPKI writes a fresh PKI under t.TempDir().
-func NewPKI(t testing.TB) PKI {
+// NewPKI writes a fresh pki under t.TempDir().
+func NewPKI(t testing.TB) pki {
 	t.Helper()
 	dir := t.TempDir()
 	ca, caKey := newCA(t, "fpmbus test CA")
 	other, _ := newCA(t, "fpmbus other CA")
-	p := PKI{
+	p := pki{
 		CA: filepath.Join(dir, "ca.pem"), OtherCA: filepath.Join(dir, "other-ca.pem"),
 		ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server-key.pem"),
 		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem"),
