@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/predict"
 	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/schemas"
@@ -59,7 +60,7 @@ func registerPredictQueryFlags(fs *flag.FlagSet) *predictQueryFlags {
 	names := []string{"key", "identity", "phase", "prefill-requests", "prefill-tokens", "prefill-kv-tokens", "decode-requests", "decode-kv-tokens", "feature"}
 	f.given = func() bool {
 		for _, n := range names {
-			if flagGiven(fs, n) {
+			if flagprefix.Given(fs, n) {
 				return true
 			}
 		}

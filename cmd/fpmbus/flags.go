@@ -101,18 +101,6 @@ func parseStage[C any](fs *flag.FlagSet, args []string, scfg *streams.Config, co
 	return cfg, nil
 }
 
-// flagGiven reports whether the flag name was set on the command line (directly or through a
-// deprecated alias, which sets its flag).
-func flagGiven(fs *flag.FlagSet, name string) bool {
-	given := false
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == name {
-			given = true
-		}
-	})
-	return given
-}
-
 // streamFlags registers the server-side stream settings.
 func streamFlags(fs *flag.FlagSet) *streams.Config {
 	c := streams.DefaultConfig()

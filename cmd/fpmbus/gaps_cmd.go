@@ -12,6 +12,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/observe"
 )
 
@@ -88,7 +89,7 @@ func runGaps(ctx context.Context, args []string) error {
 	}
 	defer stop()
 	// Run flushes the connection after its last acks, so closing afterwards loses none.
-	rctx, finish := watchConn(ctx, nc)
+	rctx, finish := natsconn.Watch(ctx, nc)
 	return finish(d.Run(rctx))
 }
 

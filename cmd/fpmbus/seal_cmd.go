@@ -11,6 +11,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -98,6 +99,6 @@ func runSeal(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stop()
-	rctx, finish := watchConn(ctx, nc)
+	rctx, finish := natsconn.Watch(ctx, nc)
 	return finish(c.Run(rctx))
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -53,10 +54,10 @@ func runStreams(ctx context.Context, args []string) error {
 		if err := parseStreamFlags(fs, args[1:], env, cfg); err != nil {
 			return err
 		}
-		if *dryRun && !flagGiven(fs, "connect-timeout") {
+		if *dryRun && !flagprefix.Given(fs, "connect-timeout") {
 			// A dry run only reads, for a person waiting on its answer, as `datasets ls` does: a
 			// missing server is said in seconds, not after the half minute a deployment step waits.
-			conn.connectTimeout = readOnlyConnTimeout
+			conn.SetConnectTimeout(readOnlyConnTimeout)
 		}
 		nc, js, err := connectAndApply(ctx, conn, nil) // the plan applies the streams
 		if err != nil {

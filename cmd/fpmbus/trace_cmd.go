@@ -9,6 +9,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/observe"
 )
 
@@ -126,7 +127,7 @@ func runTrace(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stop()
-	rctx, finish := watchConn(ctx, nc)
+	rctx, finish := natsconn.Watch(ctx, nc)
 	// Run waits until the server has applied its last acks, so closing afterwards loses none.
 	err = finish(w.Run(rctx))
 	if errors.Is(err, trace.ErrOutputOwned) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/replay"
@@ -65,7 +66,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w: name trace segments (files, directories, globs or an output prefix), or use --from-stream", errUsage)
 	case !*fromStream:
 		for _, n := range []string{"filter", "since", "until", "start-seq", "end-seq"} {
-			if flagGiven(fs, n) {
+			if flagprefix.Given(fs, n) {
 				return fmt.Errorf("%w: --%s selects a range of the stream: it needs --from-stream", errUsage, n)
 			}
 		}

@@ -150,19 +150,19 @@ func (o *upOptions) plan() (*upRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	if flagGiven(o.fs, "sync") {
+	if flagprefix.Given(o.fs, "sync") {
 		srv.server.Sync = o.sync // else the --server-config file's sync_interval, or the default
 	}
-	if !o.sync.Always && flagGiven(o.fs, "sync") {
+	if !o.sync.Always && flagprefix.Given(o.fs, "sync") {
 		slog.Warn("--sync is not always: a power cut or OS crash loses what the server acknowledged since its last fsync, sealed dataset cells included", "sync", o.sync.String())
 	}
-	if o.demo && !flagGiven(o.fs, "dp-size") && !flagGiven(o.fs, "zmq-endpoint") {
+	if o.demo && !flagprefix.Given(o.fs, "dp-size") && !flagprefix.Given(o.fs, "zmq-endpoint") {
 		o.bridge.cfg.DPSize = demoDPSize
 		if demoTrace != nil {
 			o.bridge.cfg.DPSize = demoTrace.width
 		}
 	}
-	if flagGiven(o.fs, "stop-timeout") && !flagGiven(o.fs, "trace-stop-timeout") {
+	if flagprefix.Given(o.fs, "stop-timeout") && !flagprefix.Given(o.fs, "trace-stop-timeout") {
 		slog.Warn("--stop-timeout bounds only the bridge's stop in fpmbus up; the trace writer's is --trace-stop-timeout")
 	}
 	bc, err := o.bridge.config()
@@ -170,7 +170,7 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	bc.Streams, bc.Logger = *o.scfg, slog.Default()
-	if !flagGiven(o.fs, "marker-spool") {
+	if !flagprefix.Given(o.fs, "marker-spool") {
 		bc.MarkerSpool = filepath.Join(o.dataDir, upMarkerSpool)
 	}
 	memberID := upMemberID(o.dataDir)
@@ -250,7 +250,7 @@ func (o *upOptions) demoTracePlan() (*upDemoTrace, error) {
 		return nil, fmt.Errorf("%w: --demo-trace replays a recording as the demo's load: it needs --demo", errUsage)
 	}
 	for _, n := range []string{"demo-rate", "demo-seed", "demo-worker-id"} {
-		if flagGiven(o.fs, n) {
+		if flagprefix.Given(o.fs, n) {
 			return nil, fmt.Errorf("%w: --%s shapes the synthetic load, which --demo-trace replaces", errUsage, n)
 		}
 	}

@@ -233,7 +233,7 @@ func (r *upRun) connComponent() *rungroup.Component {
 			cfg.InProcess, cfg.Name, cfg.ConnectTimeout = r.srv, "fpmbus-up", 10*time.Second
 			connectedOnce := r.connected
 			r.mu.Unlock()
-			nc, js, err := connectConfigAndApply(ctx, cfg, &r.scfg, upCredentialFlags)
+			nc, js, err := natsconn.ConnectAndEnsure(ctx, cfg, &r.scfg, upCredentialFlags)
 			if err != nil {
 				// Credentials refused at the first start will be refused at every restart: stop now,
 				// saying which. Refused later (expired), they follow the restart policy.
@@ -253,9 +253,9 @@ func (r *upRun) connComponent() *rungroup.Component {
 					select {
 					case cause := <-closed:
 						if cause != nil {
-							return fmt.Errorf("%w: %w", errConnClosed, cause)
+							return fmt.Errorf("%w: %w", natsconn.ErrConnClosed, cause)
 						}
-						return errConnClosed
+						return natsconn.ErrConnClosed
 					case <-ctx.Done():
 					}
 					// Drain: every ack and publish still in flight completes before the connection closes.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/natsserver"
@@ -67,7 +68,7 @@ const upCredentialFlags = "the components' credentials on the embedded server: -
 // flag. Nothing is written: writeToken creates a missing token file once every setting is checked.
 func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, creds *connOptions) (*upServer, error) {
 	s := &upServer{server: natsserver.ServerConfig{StoreDir: storeDir, TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSClientCA: o.tlsClientCA}}
-	listenFlag := flagGiven(fset, "listen")
+	listenFlag := flagprefix.Given(fset, "listen")
 	if o.configFile == "" || listenFlag {
 		s.server.Listen = listen
 	}
@@ -97,7 +98,7 @@ func (o *upServerOptions) plan(fset *flag.FlagSet, listen, storeDir string, cred
 	case o.authTokenFile != "":
 		// The components use the token: credentials from flags are a contradiction, from variables
 		// (meant for other servers) are ignored.
-		if given := creds.givenCredentials(); len(given) > 0 {
+		if given := creds.GivenCredentials(); len(given) > 0 {
 			return nil, fmt.Errorf("%w: --auth-token-file and %s: the components use the token of --auth-token-file", errUsage, strings.Join(given, ", "))
 		}
 		if s.token, err = readAuthToken(o.authTokenFile); err != nil {
