@@ -2,14 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/flaghelp"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -35,7 +34,7 @@ func readConnFlags(fs *flag.FlagSet, name string) *connOptions {
 // connFlagsWaiting registers the connection flags with wait as the default --connect-timeout.
 func connFlagsWaiting(fs *flag.FlagSet, name string, wait time.Duration) *connOptions {
 	o := &connOptions{}
-	inFlagGroup(fs, "connection to NATS", func() { o.Flags = natsconn.RegisterFlags(fs, name, wait) })
+	flaghelp.InGroup(fs, "connection to NATS", func() { o.Flags = natsconn.RegisterFlags(fs, name, wait) })
 	return o
 }
 
@@ -44,24 +43,16 @@ func credentialFlags(fs *flag.FlagSet, name string) *connOptions {
 	return &connOptions{natsconn.RegisterCredentialFlags(fs, name)}
 }
 
-// connUsage makes a refused connection setting a usage error (exit status 2).
-func connUsage(err error) error {
-	if fe := (*natsconn.FlagError)(nil); errors.As(err, &fe) {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	return err
-}
-
 // credentials returns the checked credentials of flags registered by credentialFlags.
 func (o *connOptions) credentials() (natsconn.ConnConfig, error) {
 	c, err := o.Credentials()
-	return c, connUsage(err)
+	return c, flagUsage(err)
 }
 
 // config resolves flags, variables and context into a checked natsconn.ConnConfig.
 func (o *connOptions) config() (natsconn.ConnConfig, error) {
 	c, err := o.Config()
-	return c, connUsage(err)
+	return c, flagUsage(err)
 }
 
 // connectAndApply connects to NATS, opens JetStream and ensures the streams scfg declares (nil:

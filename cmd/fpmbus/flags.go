@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/flaghelp"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -22,14 +24,14 @@ var helpOutput io.Writer = os.Stderr
 var flagSets = map[string]*flag.FlagSet{}
 
 // newFlagSet returns a FlagSet whose parse errors come back wrapped in errUsage; -h prints its synopsis
-// and its flags by group (help.go).
+// and its flags by group (internal/flaghelp).
 func newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet("fpmbus "+name, flag.ContinueOnError)
 	fs.SetOutput(helpOutput)
 	flagSets[name] = fs
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: fpmbus %s\n\n", synopsis)
-		printFlags(fs.Output(), fs)
+		flaghelp.Print(fs.Output(), fs)
 	}
 	return fs
 }
@@ -49,7 +51,7 @@ func parseQuiet(fs *flag.FlagSet, args []string) error {
 		fs.Usage()
 		return err
 	}
-	return fmt.Errorf("%w: %v", errUsage, unknownFlag(fs, err))
+	return fmt.Errorf("%w: %v", errUsage, flaghelp.Unknown(fs, err))
 }
 
 // parseFlags parses args and wraps a bad flag in errUsage.
@@ -104,7 +106,7 @@ func parseStage[C any](fs *flag.FlagSet, args []string, scfg *streams.Config, co
 // streamFlags registers the server-side stream settings.
 func streamFlags(fs *flag.FlagSet) *streams.Config {
 	c := streams.DefaultConfig()
-	inFlagGroup(fs, "streams (declared at start)", func() { registerStreamFlags(fs, &c) })
+	flaghelp.InGroup(fs, "streams (declared at start)", func() { registerStreamFlags(fs, &c) })
 	return &c
 }
 
@@ -183,6 +185,15 @@ func storageFromFlag(s string) (jetstream.StorageType, error) {
 // a component's Flags.Config refused a flag's value.
 func usageError(err, invalid error) error {
 	if errors.Is(err, invalid) {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return err
+}
+
+// flagUsage is err as a usage error (exit status 2) when a package refused a flag's value before
+// anything ran (invalid.FlagError, whose text names the flag).
+func flagUsage(err error) error {
+	if fe := (*invalid.FlagError)(nil); errors.As(err, &fe) {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return err

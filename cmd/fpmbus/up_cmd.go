@@ -22,6 +22,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/flaghelp"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/internal/natsserver"
@@ -81,17 +82,17 @@ type upOptions struct {
 
 func upFlags(fs *flag.FlagSet) *upOptions {
 	o := &upOptions{fs: fs}
-	flagGroup(fs, "embedded server")
+	flaghelp.Group(fs, "embedded server")
 	fs.StringVar(&o.listen, "listen", natsserver.DefaultListen, "client address of the embedded JetStream server (loopback by default; beyond loopback only with authentication, or --insecure); overrides --server-config's")
 	fs.StringVar(&o.dataDir, "data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
 	o.server = upServerFlags(fs)
-	inFlagGroup(fs, "credentials the components present to the embedded server", func() { o.creds = credentialFlags(fs, "up") })
+	flaghelp.InGroup(fs, "credentials the components present to the embedded server", func() { o.creds = credentialFlags(fs, "up") })
 	o.sync = natsserver.DefaultSync
 	fs.Var(&o.sync, "sync", "when the embedded server fsyncs: always (before every ack) or a DURATION (background, e.g. 2m: a power cut loses what was acked since; the sealed datasets too)")
-	flagGroup(fs, "demo publishers (--demo)")
+	flaghelp.Group(fs, "demo publishers (--demo)")
 	fs.BoolVar(&o.demo, "demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
 	fs.StringVar(&o.demoTrace, "demo-trace", "", "with --demo: replay these trace segments instead of synthetic load (comma-separated files, directories, globs or output prefixes; looped until stopped, counter ids renumbered; --dp-size defaults to the ranks they hold)")
-	flagGroup(fs, "supervision and health")
+	flaghelp.Group(fs, "supervision and health")
 	o.metricsAddr = metricsAddrFlag(fs, "127.0.0.1:9464")
 	d := rungroup.DefaultPolicy()
 	fs.IntVar(&o.restartLimit, "restart-limit", d.MaxRestarts, "restarts a failing component may take within --restart-window; one more failure stops everything and exits 1")
@@ -99,22 +100,22 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	fs.DurationVar(&o.restartDelay, "restart-backoff", d.InitialBackoff, "wait before restarting a failed component; doubles with each further failure, up to 30s")
 	fs.BoolVar(&o.faultSignal, "fault-sigusr1", false, "fault injection for tests and drills: SIGUSR1 closes the components' NATS connection for good, as a broker-side failure would; supervision replaces it")
 	o.scfg = streamFlags(fs)
-	inFlagGroup(fs, "streams (declared at start)", func() { o.shardsEnv = fpmShardsFlag(fs, o.scfg) })
+	flaghelp.InGroup(fs, "streams (declared at start)", func() { o.shardsEnv = fpmShardsFlag(fs, o.scfg) })
 	// The bridge first: its unprefixed names (--producer-id, --stop-timeout) are its own, not aliases
 	// of the trace writer's.
-	flagGroup(fs, "bridge (ZMQ to JetStream)")
+	flaghelp.Group(fs, "bridge (ZMQ to JetStream)")
 	o.bridge = bridgeFlags(fs)
-	flagGroup(fs, "trace writer")
+	flaghelp.Group(fs, "trace writer")
 	o.trace = traceFlags(fs, flagprefix.Trace)
-	flagGroup(fs, "gap detector")
+	flaghelp.Group(fs, "gap detector")
 	o.gaps = gapsFlags(fs, flagprefix.Gaps)
-	flagGroup(fs, "benchmark merger")
+	flaghelp.Group(fs, "benchmark merger")
 	o.merge = mergeFlags(fs, flagprefix.Merge)
-	flagGroup(fs, "dataset sealer")
+	flaghelp.Group(fs, "dataset sealer")
 	o.seal = sealFlags(fs, flagprefix.Seal)
-	flagGroup(fs, "predict service")
+	flaghelp.Group(fs, "predict service")
 	o.predict = predictFlags(fs, predictPrefix)
-	flagGroup(fs, "demo publishers (--demo)")
+	flaghelp.Group(fs, "demo publishers (--demo)")
 	demo := &producer.Config{Rate: demoRate, WorkerID: demoWorker, Seed: demoSeed}
 	o.demoFlags = demo.RegisterLoadFlags(fs, "demo-")
 	return o

@@ -13,3 +13,14 @@ func Reporter(sentinel error) func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)
 	}
 }
+
+// FlagError is a command-line setting refused before anything runs. Its text names the flag, variable
+// or file the value came from, and no sentinel: the command reports it as one of its usage errors.
+type FlagError struct{ err error }
+
+func (e *FlagError) Error() string { return e.err.Error() }
+
+func (e *FlagError) Unwrap() error { return e.err }
+
+// Flagf returns the FlagError "<format applied to args>" (wrapping any %w operand of args).
+func Flagf(format string, args ...any) error { return &FlagError{fmt.Errorf(format, args...)} }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 )
 
 // The connection flags: how a command reaches an external NATS server, at parity with the nats CLI
@@ -17,19 +18,11 @@ import (
 // its variable, the nats CLI context named by --context (NATS_CONTEXT), the built-in default. A secret
 // (--password, --token, user info in --server) is never shown: -h says only that it is set and from
 // which variable, and URLs are logged redacted (RedactURL). Every file the flags name is loaded before
-// the first connection attempt; a wrong one is a FlagError naming the flag or variable.
+// the first connection attempt; a wrong one is an invalid.FlagError naming the flag or variable.
 
 // ReadOnlyConnectTimeout is the default --connect-timeout of the commands that only read (a report, a
 // listing): a person waiting for an answer learns at once that no server is there.
 const ReadOnlyConnectTimeout = 5 * time.Second
-
-// FlagError is a connection setting refused before any connection attempt; its text names the flag,
-// variable or context the value came from. The command reports it as a usage error.
-type FlagError struct{ msg string }
-
-func (e *FlagError) Error() string { return e.msg }
-
-func flagErrorf(format string, args ...any) error { return &FlagError{fmt.Sprintf(format, args...)} }
 
 // Flags holds the connection flags of one command.
 type Flags struct {
@@ -78,7 +71,7 @@ func RegisterCredentialFlags(fs *flag.FlagSet, name string) *Flags {
 func (o *Flags) SetConnectTimeout(d time.Duration) { o.connectTimeout = d }
 
 // Credentials returns the checked credentials of flags registered by RegisterCredentialFlags; a bad
-// value is a FlagError naming its flag or variable.
+// value is an invalid.FlagError naming its flag or variable.
 func (o *Flags) Credentials() (ConnConfig, error) {
 	c := ConnConfig{Name: "fpmbus-" + o.name, Logger: slog.Default(),
 		Creds: o.creds, NKey: o.nkey, User: o.user, Pass: o.password, Token: o.token}
@@ -87,9 +80,9 @@ func (o *Flags) Credentials() (ConnConfig, error) {
 	if err := check.Validate(); err != nil {
 		var ce *ConnConfigError
 		if errors.As(err, &ce) {
-			return c, flagErrorf("%s: %v", o.source(fieldFlags[ce.Field], false, ""), ce.Err)
+			return c, invalid.Flagf("%s: %v", o.source(fieldFlags[ce.Field], false, ""), ce.Err)
 		}
-		return c, &FlagError{err.Error()}
+		return c, invalid.Flagf("%v", err)
 	}
 	return c, nil
 }
@@ -179,21 +172,21 @@ var fieldFlags = map[string]string{
 	"TLSCA": "tls-ca", "TLSCert": "tls-cert", "TLSKey": "tls-key", "ConnectTimeout": "connect-timeout",
 }
 
-// Config resolves flags, variables and context into a checked ConnConfig; a bad value is a FlagError
+// Config resolves flags, variables and context into a checked ConnConfig; a bad value is an invalid.FlagError
 // naming its flag, variable or context.
 func (o *Flags) Config() (ConnConfig, error) {
 	c := ConnConfig{Name: "fpmbus-" + o.name, ConnectTimeout: o.connectTimeout, Logger: slog.Default(),
 		URL: o.url, Creds: o.creds, NKey: o.nkey, User: o.user, Pass: o.password, Token: o.token,
 		TLSCA: o.tlsCA, TLSCert: o.tlsCert, TLSKey: o.tlsKey, TLSFirst: o.tlsFirst}
 	if o.connectTimeout <= 0 {
-		return c, flagErrorf("--connect-timeout %v: want a positive duration", o.connectTimeout)
+		return c, invalid.Flagf("--connect-timeout %v: want a positive duration", o.connectTimeout)
 	}
 	fromContext := map[string]bool{}
 	ctxPath := ""
 	if o.context != "" {
 		nctx, err := LoadNATSContext(o.context)
 		if err != nil {
-			return c, flagErrorf("%s: %v", o.source("context", false, ""), err)
+			return c, invalid.Flagf("%s: %v", o.source("context", false, ""), err)
 		}
 		ctxPath = nctx.Path
 		given := func(name string) bool { return flagprefix.Given(o.fs, name) || o.fromEnv[name] != "" }
@@ -218,9 +211,9 @@ func (o *Flags) Config() (ConnConfig, error) {
 		var ce *ConnConfigError
 		if errors.As(err, &ce) {
 			name := fieldFlags[ce.Field]
-			return c, flagErrorf("%s: %v", o.source(name, fromContext[name], ctxPath), ce.Err)
+			return c, invalid.Flagf("%s: %v", o.source(name, fromContext[name], ctxPath), ce.Err)
 		}
-		return c, &FlagError{err.Error()}
+		return c, invalid.Flagf("%v", err)
 	}
 	return c, nil
 }
