@@ -102,7 +102,7 @@ func runBridge(ctx context.Context, args []string) error {
 		// bridge would not free it), and its state is in fpmbus_store_* and the status's store.
 		edgeFailed = edge.Failed()
 		store := edge.Server().StoreStatus
-		registerStoreMetrics(reg, store)
+		natsserver.RegisterStoreMetrics(reg, store)
 		checks = append(checks, func() error { return store().Err() })
 	}
 	done := make(chan struct{})

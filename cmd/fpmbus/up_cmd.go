@@ -25,6 +25,7 @@ import (
 	"github.com/fpmbus/fpmbus/internal/flaghelp"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/producer"
@@ -59,7 +60,7 @@ type upOptions struct {
 	fs            *flag.FlagSet
 	listen        string
 	dataDir       string
-	server        *upServerOptions
+	server        *natsserver.Flags
 	creds         *connOptions // the components' credentials on the embedded server
 	sync          natsserver.SyncPolicy
 	demo          bool
@@ -85,7 +86,7 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	flaghelp.Group(fs, "embedded server")
 	fs.StringVar(&o.listen, "listen", natsserver.DefaultListen, "client address of the embedded JetStream server (loopback by default; beyond loopback only with authentication, or --insecure); overrides --server-config's")
 	fs.StringVar(&o.dataDir, "data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
-	o.server = upServerFlags(fs)
+	o.server = natsserver.RegisterFlags(fs)
 	flaghelp.InGroup(fs, "credentials the components present to the embedded server", func() { o.creds = credentialFlags(fs, "up") })
 	o.sync = natsserver.DefaultSync
 	fs.Var(&o.sync, "sync", "when the embedded server fsyncs: always (before every ack) or a DURATION (background, e.g. 2m: a power cut loses what was acked since; the sealed datasets too)")
@@ -121,6 +122,40 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	return o
 }
 
+// upServer is the checked embedded server of one run (natsserver.Plan) and how the components
+// authenticate to it.
+type upServer struct {
+	server natsserver.ServerConfig
+	listen string              // the client address, for the start log line
+	from   string              // what sets the server's addresses: "--listen", or "--server-config FILE"
+	auth   string              // how clients authenticate, for logs
+	conn   natsconn.ConnConfig // the components' credentials
+	plan   *natsserver.Plan
+}
+
+// upCredentialFlags are the flags that give the components' credentials, for hints.
+const upCredentialFlags = "the components' credentials on the embedded server: --user/--password (NATS_USER/NATS_PASSWORD), --token (NATS_TOKEN), --creds (NATS_CREDS), --nkey (NATS_NKEY), or --auth-token-file"
+
+// planUpServer checks the embedded server's flags and the components' credentials on it.
+func planUpServer(o *natsserver.Flags, listen, storeDir string, creds *connOptions) (*upServer, error) {
+	s := &upServer{}
+	p, err := o.Plan(listen, storeDir, creds.GivenCredentials(), func() (err error) {
+		s.conn, err = creds.credentials()
+		return err
+	})
+	if err != nil {
+		return nil, flagUsage(err)
+	}
+	s.server, s.listen, s.from, s.auth, s.plan = p.Server, p.Listen, p.From, p.Auth, p
+	if p.Token != "" {
+		s.conn = natsconn.ConnConfig{Name: "fpmbus-up", Logger: slog.Default(), Token: p.Token}
+	}
+	return s, nil
+}
+
+// writeToken creates the missing --auth-token-file (natsserver.Plan.WriteToken).
+func (s *upServer) writeToken() error { return flagUsage(s.plan.WriteToken()) }
+
 // plan checks every setting and returns the run; a bad one is a usage error naming its flag or
 // variable. An invalid trace setting or an unwritable trace output disables only the trace writer, as
 // Dynamo does; the run group lists it disabled with the reason (logged as an error, /healthz degraded).
@@ -129,7 +164,7 @@ func (o *upOptions) plan() (*upRun, error) {
 	if p, perr := strconv.Atoi(port); err != nil || perr != nil || p < 0 || p > 65535 {
 		return nil, fmt.Errorf("%w: --listen %q: want HOST:PORT (port 0: any free port)", errUsage, o.listen)
 	}
-	srv, err := o.server.plan(o.fs, o.listen, filepath.Join(o.dataDir, "jetstream"), o.creds)
+	srv, err := planUpServer(o.server, o.listen, filepath.Join(o.dataDir, "jetstream"), o.creds)
 	if err != nil {
 		return nil, err
 	}

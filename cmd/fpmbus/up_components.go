@@ -168,7 +168,7 @@ func (r *upRun) link() (*nats.Conn, jetstream.JetStream) {
 }
 
 func (r *upRun) serverComponent() *rungroup.Component {
-	registerStoreMetrics(r.reg, r.storeStatus)
+	natsserver.RegisterStoreMetrics(r.reg, r.storeStatus)
 	return &rungroup.Component{
 		StopTimeout: 35 * time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
