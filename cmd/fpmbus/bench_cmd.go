@@ -114,7 +114,7 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 			readMu.Lock()
 			if err == nil && !loaded[i] {
 				loaded[i], readBytes = true, readBytes+uint64(len(data))
-				meter.update(readBytes, totalSize, "")
+				meter.Update(readBytes, totalSize, "")
 			}
 			readMu.Unlock()
 			return data, err
@@ -152,7 +152,7 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 	}
 	start := time.Now()
 	res, err := merge.Merge(ranks, replies, merge.Options{MergedPath: out, RequireAllRanks: !*partial, Parallelism: *parallel, MaxArtefactSize: *maxSize})
-	meter.finish()
+	meter.Finish()
 	if err != nil {
 		return rankError("", err)
 	}

@@ -148,8 +148,8 @@ func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
 	}
 	meter := newProgressMeter(show, progressOut, "datasets publish", "cells")
 	rep, perr := s.PublishDataset(ctx, ds, seal.PublishOptions{AllowPartial: *allowPartial, Plan: plan,
-		Progress: func(done, total int) { meter.update(uint64(done), uint64(total), "") }})
-	meter.finish()
+		Progress: func(done, total int) { meter.Update(uint64(done), uint64(total), "") }})
+	meter.Finish()
 	if *asJSON {
 		if err := writeJSON(w, rep); err != nil {
 			return err
@@ -209,8 +209,8 @@ func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
 	// that is a seal, a campaign its first frozen plan and the revisions that legitimately follow; what
 	// else a key holds is counted as ignored (tampering).
 	meter := newProgressMeter(show, progressOut, "datasets ls: reading revisions", "revisions")
-	listing, err := seal.ListProgress(ctx, kv, func(read, total uint64) { meter.update(read, total, "") })
-	meter.finish()
+	listing, err := seal.ListProgress(ctx, kv, func(read, total uint64) { meter.Update(read, total, "") })
+	meter.Finish()
 	if err != nil {
 		return err
 	}

@@ -65,9 +65,9 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 	defer nc.Close()
 	rep := newProgressMeter(show, progressOut, "backfill", "messages")
 	res, err := trace.Backfill(ctx, cfg, js, rng, func(bp trace.BackfillProgress) {
-		rep.update(bp.Done, bp.Total, fmt.Sprintf("stream sequence %d", bp.Seq))
+		rep.Update(bp.Done, bp.Total, fmt.Sprintf("stream sequence %d", bp.Seq))
 	})
-	rep.finish()
+	rep.Finish()
 	if err != nil && res.Resume == nil {
 		if errors.Is(err, trace.ErrBadRange) || errors.Is(err, trace.ErrInvalidConfig) {
 			return fmt.Errorf("%w: %v", errUsage, err)
