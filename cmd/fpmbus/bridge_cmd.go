@@ -78,7 +78,7 @@ func runBridge(ctx context.Context, args []string) error {
 	}
 	cfg.Streams = *scfg
 	cfg.Logger = slog.Default()
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	cfg.Registerer = reg
 
 	ecfg, err := edgeFlags.Config()
@@ -107,7 +107,7 @@ func runBridge(ctx context.Context, args []string) error {
 	}
 	done := make(chan struct{})
 	defer close(done)
-	so := standaloneStatus("bridge", "bridge", reg, nc, b.Ready(), done, nil, true, checks...)
+	so := observe.Standalone("bridge", "bridge", reg, nc, b.Ready(), done, nil, true, checks...)
 	so.Bridge = &observe.BridgeRef{Component: "bridge", Ranks: len(cfg.Endpoints), MaxBuffer: cfg.MaxBuffer, MaxInFlight: cfg.MaxInFlight}
 	stop, err := serveStatus(*metricsAddr, so)
 	if err != nil {

@@ -64,7 +64,7 @@ func runGaps(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.StateReplicas, cfg.StateStorage = scfg.Replicas, scfg.Storage
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	cfg.Registerer = reg
 
 	nc, js, err := connectAndApply(ctx, conn, scfg)
@@ -80,7 +80,7 @@ func runGaps(ctx context.Context, args []string) error {
 	defer close(done)
 	watch := gaps.NewPublisherWatch(func() jetstream.JetStream { return js }, cfg)
 	defer watch.Close()
-	so := standaloneStatus("gaps", "gap detector", reg, nc, d.Ready(), done,
+	so := observe.Standalone("gaps", "gap detector", reg, nc, d.Ready(), done,
 		&observe.ConsumerRef{Label: gaps.ConsumerName, Group: cfg.Group, Durables: durablesOf(cfg.PartitionConfig())}, true)
 	so.Publishers = gapsPublishers{watch}
 	stop, err := serveStatus(*metricsAddr, so)

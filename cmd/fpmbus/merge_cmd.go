@@ -52,7 +52,7 @@ func runMerge(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Streams = scfg
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	cfg.Registerer = reg
 	nc, js, err := connectAndApply(ctx, conn, scfg)
 	if err != nil {
@@ -65,7 +65,7 @@ func runMerge(ctx context.Context, args []string) error {
 	}
 	done := make(chan struct{})
 	defer close(done)
-	stop, err := serveStatus(*metricsAddr, standaloneStatus("merge", "benchmark merger", reg, nc, c.Ready(), done,
+	stop, err := serveStatus(*metricsAddr, observe.Standalone("merge", "benchmark merger", reg, nc, c.Ready(), done,
 		&observe.ConsumerRef{Label: merge.ConsumerName, Group: cfg.Durable, Durables: durablesOf(c.Group())}, true))
 	if err != nil {
 		return err

@@ -104,7 +104,7 @@ func runTrace(ctx context.Context, args []string) error {
 	if err := trace.ProbeOutput(cfg.OutputPath); err != nil {
 		return err
 	}
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	cfg.Registerer = reg
 
 	nc, js, err := connectAndApply(ctx, conn, scfg)
@@ -122,7 +122,7 @@ func runTrace(ctx context.Context, args []string) error {
 	if gc, err := cfg.PartitionConfig(); err == nil {
 		ref.Durables = durablesOf(gc)
 	}
-	stop, err := serveStatus(*metricsAddr, standaloneStatus("trace", "trace writer", reg, nc, w.Ready(), done, ref, true))
+	stop, err := serveStatus(*metricsAddr, observe.Standalone("trace", "trace writer", reg, nc, w.Ready(), done, ref, true))
 	if err != nil {
 		return err
 	}

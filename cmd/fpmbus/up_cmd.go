@@ -27,6 +27,7 @@ import (
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/replay"
@@ -364,7 +365,7 @@ func runUp(ctx context.Context, args []string) error {
 	if err := fsutil.EnsureDir(r.storeDir, 0o755); err != nil {
 		return fmt.Errorf("%w: --data-dir: %v", errUsage, err)
 	}
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	r.reg = reg
 	g, err := rungroup.New(r.components(), rungroup.WithLogger(slog.Default()))
 	if err != nil {

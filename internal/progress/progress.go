@@ -11,9 +11,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
+
+	"github.com/fpmbus/fpmbus/internal/invalid"
 )
 
 // RegisterFlag registers --progress.
