@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/producer"
@@ -97,11 +98,11 @@ func runTraceReplay(ctx context.Context, args []string) error {
 	var rec *replay.Recording
 	if *fromStream {
 		rng := replay.StreamRange{StartSeq: *startSeq, EndSeq: *endSeq, Filter: *filter}
-		if rng.Since, err = parseTime("--since", *since); err != nil {
-			return err
+		if rng.Since, err = trace.ParseTimeBound("--since", *since); err != nil {
+			return flagUsage(err)
 		}
-		if rng.Until, err = parseTime("--until", *until); err != nil {
-			return err
+		if rng.Until, err = trace.ParseTimeBound("--until", *until); err != nil {
+			return flagUsage(err)
 		}
 		if rec, err = replay.ReadStream(ctx, js, rng); err != nil {
 			if errors.Is(err, replay.ErrBadRange) {
