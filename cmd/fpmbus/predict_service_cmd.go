@@ -115,7 +115,7 @@ func runPredictService(ctx context.Context, args []string) error {
 }
 
 func (r *upRun) predictComponent() *rungroup.Component {
-	creg := &componentRegistry{reg: r.reg}
+	creg := observe.NewComponentRegistry(r.reg)
 	return &rungroup.Component{
 		StopTimeout: 15 * time.Second,
 		Start: func(ctx context.Context) (rungroup.Instance, error) {
@@ -124,7 +124,7 @@ func (r *upRun) predictComponent() *rungroup.Component {
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
-			s, err := service.New(r.predict, nc, kv, service.WithRegisterer(creg.renew()))
+			s, err := service.New(r.predict, nc, kv, service.WithRegisterer(creg.Renew()))
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 			}

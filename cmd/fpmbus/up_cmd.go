@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/flaghelp"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
@@ -210,7 +209,7 @@ func (o *upOptions) plan() (*upRun, error) {
 	if !flagprefix.Given(o.fs, "marker-spool") {
 		bc.MarkerSpool = filepath.Join(o.dataDir, upMarkerSpool)
 	}
-	memberID := upMemberID(o.dataDir)
+	memberID := partition.StableMemberID("up-", o.dataDir)
 	if bc.BridgeID == "" {
 		// The bridge is named like the consumer group members, the same across restarts: the gap
 		// detector then reads a restarted `up` as a restarted bridge (a new epoch of the same bridge),
@@ -324,7 +323,7 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	// Before anything starts or is written, what up needs that another process may hold or the system
 	// may lack: its data directory (one process per directory, for its whole life: its server's store,
-	// its member id and its traces' member id are this directory's, upMemberID; the lock of one that was
+	// its member id and its traces' member id are this directory's, partition.StableMemberID; the lock of one that was
 	// killed is free and taken over), the file descriptors its sockets need (libzmq aborts the process
 	// when it runs out) and every address it listens on (a taken one is named at once, not retried as
 	// a crash loop). A refusal leaves no trace: a directory that does not exist yet, which nobody can
@@ -441,28 +440,4 @@ func closeConnOnSIGUSR1(r *upRun) (stop func()) {
 		close(done)
 		<-exited
 	}
-}
-
-// upMemberID names this `fpmbus up` in its consumer groups: "up-<host>-<hash of the absolute data
-// directory>". Only one process can hold a data directory (ownDataDir), so the id names the same
-// instance across restarts, and a restart after a crash takes the partitions of
-// its previous incarnation back at once (consumers/partition, WithMemberID).
-func upMemberID(dataDir string) string {
-	abs, err := filepath.Abs(dataDir)
-	if err != nil {
-		abs = dataDir
-	}
-	host, _ := os.Hostname()
-	var b strings.Builder
-	b.WriteString("up-")
-	for i := 0; i < len(host) && i < 32; i++ {
-		if c := host[i]; c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
-			b.WriteByte(c)
-		} else {
-			b.WriteByte('_')
-		}
-	}
-	sum := sha256.Sum256([]byte(abs))
-	b.WriteString("-" + hex.EncodeToString(sum[:6]))
-	return b.String()
 }
