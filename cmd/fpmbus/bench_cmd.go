@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -16,7 +15,6 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/internal/benchstore"
-	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -193,35 +191,16 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 			return fmt.Errorf("%w: --run-id: %v", errUsage, err)
 		}
 	}
-	// Every rank is checked before anything is published; streams.PublishBench reads the files again to
-	// publish them (one artefact in memory at a time) and refuses one that changed in between.
-	var pub benchstore.BenchPublication
-	var points []int
-	for _, f := range files {
-		abs, err := filepath.Abs(f)
-		if err != nil {
-			return err
-		}
-		data, sum, err := merge.ReadRank(f, abs, *maxSize)
-		if err != nil {
-			return err
-		}
-		pub.Ranks = append(pub.Ranks, benchstore.BenchRank{Path: f, Digest: schemas.SHA256Hex(data),
-			BenchRankArtefact: benchstore.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: abs}})
-		points = append(points, sum.Points)
+	// Every rank is checked before anything is published; benchstore.PublishBench reads the files again
+	// to publish them (one artefact in memory at a time) and refuses one that changed in between.
+	pub, points, err := merge.NewPublication(files, probes, *maxSize)
+	if err != nil {
+		return err
 	}
 	probeRun := *runID
 	if probeRun == "" && len(pub.Ranks) > 0 {
 		probeRun = pub.Ranks[0].RunID
 	}
-	for _, p := range probes {
-		if _, err := merge.StatArtefact(p, *maxSize); err != nil {
-			return err
-		}
-		abs, _ := filepath.Abs(p)
-		pub.Probes = append(pub.Probes, benchstore.BenchProbe{Path: p, File: abs})
-	}
-	pub.MaxSize = *maxSize
 	pub.ProbeRun = func(file string, data []byte) (string, error) {
 		run, err := merge.ProbeRun(probeRun, file, data)
 		if errors.Is(err, streams.ErrRunID) {

@@ -9,7 +9,9 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/internal/invalid"
+	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -166,4 +168,34 @@ func ReadProbeReplies(files []string, maxSize int64) ([]ProbeReplies, error) {
 		replies = append(replies, pr)
 	}
 	return replies, nil
+}
+
+// NewPublication checks the rank artefact files (ReadRank) and the worker-probe reply files
+// (StatArtefact) of `fpmbus bench publish` and returns what to publish, with MaxSize set, and each
+// rank's point count. benchstore.BenchStore.PublishBench reads the files again to publish them (one
+// artefact in memory at a time) and refuses one that changed in between.
+func NewPublication(files, probes []string, maxSize int64) (benchstore.BenchPublication, []int, error) {
+	pub := benchstore.BenchPublication{MaxSize: maxSize}
+	var points []int
+	for _, f := range files {
+		abs, err := filepath.Abs(f)
+		if err != nil {
+			return pub, nil, err
+		}
+		data, sum, err := ReadRank(f, abs, maxSize)
+		if err != nil {
+			return pub, nil, err
+		}
+		pub.Ranks = append(pub.Ranks, benchstore.BenchRank{Path: f, Digest: schemas.SHA256Hex(data),
+			BenchRankArtefact: benchstore.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: abs}})
+		points = append(points, sum.Points)
+	}
+	for _, p := range probes {
+		if _, err := StatArtefact(p, maxSize); err != nil {
+			return pub, nil, err
+		}
+		abs, _ := filepath.Abs(p)
+		pub.Probes = append(pub.Probes, benchstore.BenchProbe{Path: p, File: abs})
+	}
+	return pub, points, nil
 }
