@@ -121,18 +121,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 	}
 
 	if *info {
-		shape := replay.DescribeRecording(rec)
-		if *asJSON {
-			return writeJSON(os.Stdout, struct {
-				Recorded replay.Shape    `json:"recorded"`
-				Damaged  []replay.Damage `json:"damaged,omitempty"`
-				Invalid  int             `json:"invalid"`
-			}{shape, rec.Damaged, rec.Invalid})
-		}
-		if err := shape.WriteText(os.Stdout, "recorded"); err != nil {
-			return err
-		}
-		return rec.WriteDamage(os.Stdout)
+		return rec.WriteInfo(os.Stdout, *asJSON)
 	}
 
 	plan, err := replay.NewPlan(rec, pcfg)
@@ -176,8 +165,8 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		}
 	}
 	if *summaryJSON != "" {
-		if werr := writeJSONFile(*summaryJSON, report); werr != nil {
-			err = errors.Join(err, werr)
+		if werr := report.WriteJSONFile(*summaryJSON); werr != nil {
+			err = errors.Join(err, fmt.Errorf("--summary-json: %w", werr))
 		}
 	}
 	werr := report.WriteText
@@ -214,19 +203,4 @@ func envSource(v string) string {
 		return v
 	}
 	return ""
-}
-
-func writeJSONFile(path string, rep *replay.Report) error {
-	f, err := fsutil.CreateRegular(path, 0o644)
-	if err != nil {
-		return fmt.Errorf("--summary-json: %w", err)
-	}
-	if err := rep.WriteJSON(f); err != nil {
-		f.Close()
-		return fmt.Errorf("--summary-json: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("--summary-json: %w", err)
-	}
-	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -290,22 +289,11 @@ func (o *upOptions) demoTracePlan() (*upDemoTrace, error) {
 			return nil, fmt.Errorf("%w: --%s shapes the synthetic load, which --demo-trace replaces", errUsage, n)
 		}
 	}
-	rec, err := replay.ReadTrace(strings.Split(o.demoTrace, ","))
+	plan, width, err := replay.LoopPlan(strings.Split(o.demoTrace, ","), o.bridge.cfg.BasePort)
 	if err != nil {
-		return nil, fmt.Errorf("--demo-trace: %w", err)
+		return nil, flagUsage(err)
 	}
-	plan, err := replay.NewPlan(rec, replay.PlanConfig{Loops: -1, CounterIDs: replay.CounterRenumber})
-	if err != nil {
-		return nil, fmt.Errorf("--demo-trace: %w", err)
-	}
-	if len(plan.Steps) == 0 {
-		return nil, fmt.Errorf("%w: --demo-trace %s: no record to replay", errUsage, o.demoTrace)
-	}
-	ports, err := replay.ZMQConfig{BasePort: o.bridge.cfg.BasePort}.Ports(plan)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --demo-trace: %v", errUsage, err)
-	}
-	return &upDemoTrace{plan: plan, width: slices.Max(ports) - o.bridge.cfg.BasePort + 1}, nil
+	return &upDemoTrace{plan: plan, width: width}, nil
 }
 
 // runUp runs the embedded server, the connection, the consumers, the bridge and (with --demo) the
