@@ -116,14 +116,7 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 		slog.Warn("engine provenance capture failed or was absent on some ranks; they are listed in engine.capture_errors",
 			"run_id", res.RunID, "capture_errors", res.CaptureErrors)
 	}
-	fmt.Fprintf(stdout, "merged run %s: ranks %v of %d, %d points -> %s (%d bytes, sha256 %s) in %v\n",
-		res.RunID, res.SourceRanks, res.GlobalSize, res.Points, res.MergedPath, size, digest, time.Since(start).Round(time.Millisecond))
-	if res.Sidecar != nil {
-		resolution, _ := res.Sidecar.Path("merged", "resolution").Text()
-		fmt.Fprintf(stdout, "worker-probe sidecar -> %s (merged resolution %s)\n", res.SidecarPath, resolution)
-	} else {
-		fmt.Fprintln(stdout, "no engine block: no worker-probe sidecar")
-	}
+	res.WriteSummary(stdout, digest, size, time.Since(start))
 	return nil
 }
 

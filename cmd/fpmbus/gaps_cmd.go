@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -93,22 +92,6 @@ func runGaps(ctx context.Context, args []string) error {
 	return finish(d.Run(rctx))
 }
 
-// parseSince accepts an RFC 3339 time or a duration before now ("1h", "30m").
-func parseSince(s string, now time.Time) (time.Time, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return time.Time{}, nil
-	}
-	if d, err := time.ParseDuration(s); err == nil && d > 0 {
-		return now.Add(-d), nil
-	}
-	t, err := time.Parse(time.RFC3339, s)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("%w: --since %q: want an RFC 3339 time (2026-05-01T12:00:00Z) or a duration before now (1h)", errUsage, s)
-	}
-	return t, nil
-}
-
 func runGapsReport(ctx context.Context, args []string) error {
 	fs := newFlagSet("gaps report", "gaps report [--server URL] [--since T] [--json] [--gaps-group NAME]")
 	conn := readConnFlags(fs, "gaps-report")
@@ -121,9 +104,9 @@ func runGapsReport(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	t, err := parseSince(*since, time.Now())
+	t, err := gaps.ParseSince(*since, time.Now())
 	if err != nil {
-		return err
+		return flagUsage(err)
 	}
 	nc, js, err := connectAndApply(ctx, conn, nil) // reads only: applies nothing
 	if err != nil {
