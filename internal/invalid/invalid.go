@@ -1,7 +1,9 @@
 // Package invalid formats the errors of configuration checks. A check in fpmbus reports the first
 // problem it finds as one error that names the setting and what is wrong with it, and wraps its
 // package's sentinel (ErrInvalidConfig, ErrInvalidPlan, …), so that callers tell a bad configuration
-// from a failure with errors.Is.
+// from a failure with errors.Is. A value refused on the command line (a flag, its variable, an argument
+// file) is a FlagError instead, whose text is only what names the value: the command reports it as a
+// usage error (exit status 2).
 package invalid
 
 import "fmt"
