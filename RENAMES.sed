@@ -6,9 +6,10 @@
 # invalid.{FlagError,Flagf}, flagprefix.Given, observe.{RegisterAddrFlag,NewProcessRegistry,Serve,
 # Standalone,ComponentRegistry,NewComponentRegistry}, partition.StableMemberID,
 # merge.{ReadArtefact,StatArtefact,ReadRank,RankError,ReadProbeReplies,OpenRankFiles,RankFiles,
-# NewPublication,Result.WriteSummary}, trace.{ParseTimeBound,BackfillResult.WriteText,
+# NewPublication,Result.WriteSummary}, streams.ParseTimeBound, trace.{BackfillResult.WriteText,
 # BackfillResume.Hint}, gaps.ParseSince, seal.{KeyArg,WriteRecord}, streams.PrintAndApply,
-# producer.{OpenSentLog,SentLog,WriteStats}, replay.{LoopPlan,Recording.WriteInfo,Report.WriteJSONFile}.
+# producer.{OpenSentLog,SentLog,WriteStats}, replay.{LoopPlan,SourceFlags,RegisterSourceFlags,Recording.WriteInfo,
+# Report.WriteJSONFile}.
 s/\bwatchConn(/natsconn.Watch(/g
 s/\bconnectConfigAndApply(/natsconn.ConnectAndEnsure(/g
 s/\berrConnClosed\b/natsconn.ErrConnClosed/g
@@ -34,7 +35,7 @@ s/\breadRank(/merge.ReadRank(/g
 s/\breadArtefact(/merge.ReadArtefact(/g
 s/\bstatArtefact(/merge.StatArtefact(/g
 s/\brankError(/merge.RankError(/g
-s/\bparseTime(/trace.ParseTimeBound(/g
+s/\bparseTime(/streams.ParseTimeBound(/g
 s/\bparseSince(/gaps.ParseSince(/g
 s/\bkeyArg(/seal.KeyArg(/g
 s/\bdatasetsGet(/seal.WriteRecord(/g

@@ -29,6 +29,7 @@
 //	report.go         lateness histogram, per-rank and overall Report, CSV rows, progress lines
 //	replayer.go       Replayer: New, Run, Ready; Config and options
 //	flags.go          the command-line flags of the pacing and the targets
+//	source_flags.go   SourceFlags: trace segments or, with --from-stream, a range of stream FPM
 //
 // # Invariants
 //

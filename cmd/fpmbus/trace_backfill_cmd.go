@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/streams"
 )
 
 // traceBackfillSynopsis is the usage of `fpmbus trace backfill`.
@@ -38,10 +39,10 @@ func runTraceBackfill(ctx context.Context, args []string) error {
 		return err
 	}
 	rng := trace.BackfillRange{StartSeq: *startSeq, EndSeq: *endSeq, ResumeSeq: *resumeSeq}
-	if rng.Since, err = trace.ParseTimeBound("--since", *since); err != nil {
+	if rng.Since, err = streams.ParseTimeBound("--since", *since); err != nil {
 		return flagUsage(err)
 	}
-	if rng.Until, err = trace.ParseTimeBound("--until", *until); err != nil {
+	if rng.Until, err = streams.ParseTimeBound("--until", *until); err != nil {
 		return flagUsage(err)
 	}
 	if (rng.StartSeq != 0 || rng.EndSeq != 0) && (*since != "" || *until != "") {

@@ -3,11 +3,7 @@ package trace
 import (
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"time"
-
-	"github.com/fpmbus/fpmbus/internal/invalid"
 )
 
 // WriteText writes what a backfill with configuration cfg wrote, found written already, skipped and
@@ -44,22 +40,4 @@ func (r *BackfillResume) Hint() string {
 			r.Written, r.Since.UTC().Format(time.RFC3339Nano))
 	}
 	return "nothing was read: run it again as it was"
-}
-
-// ParseTimeBound parses the bound of a range of stored messages given by flag flagName (--since,
-// --until): RFC 3339 (with or without fraction) or Unix milliseconds; "" is open. A bad one is an
-// invalid.FlagError.
-func ParseTimeBound(flagName, v string) (time.Time, error) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return time.Time{}, nil
-	}
-	if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms >= 0 {
-		return time.UnixMilli(ms), nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
-		return time.Time{}, invalid.Flagf("%s %q: want RFC 3339 (2026-06-30T12:00:00Z) or Unix milliseconds", flagName, v)
-	}
-	return t, nil
 }
