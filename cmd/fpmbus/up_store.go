@@ -4,8 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 )
@@ -27,32 +26,16 @@ func (r *upRun) storeStatus() natsserver.StoreStatus {
 	return srv.StoreStatus()
 }
 
-// errCodeStorageResources is nats-server's JSStorageResourcesExceededErr ("insufficient storage resources
-// available"), which nats.go does not export: a new stream's size limit is over what JetStream may
-// still reserve on its disk.
-const errCodeStorageResources jetstream.ErrorCode = 10047
-
 // storeTooSmall turns the server's refusal to create a stream for lack of disk into a usage error (exit
-// 2) naming the flags, the disk and the space, marked Permanent: JetStream's share of the disk is fixed
-// when it starts (3/4 of what the filesystem has available then), so restarting the components cannot
-// change the answer. Any other error is returned as it is.
+// 2) naming the flags, the disk and the space (natsserver.StoreTooSmall), marked Permanent: no restart
+// of the components can change the answer. Any other error is returned as it is.
 func (r *upRun) storeTooSmall(err error) error {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeStorageResources {
-		return err
-	}
 	r.mu.Lock()
 	srv := r.srv
 	r.mu.Unlock()
-	var maxStore int64
-	if srv != nil {
-		if jc := srv.NATS().JetStreamConfig(); jc != nil {
-			maxStore = jc.MaxStore
-		}
+	reserved := fmt.Sprintf("FPM reserves --max-bytes %d, FPM_EVENTS --events-max-bytes %d", r.scfg.MaxBytes, r.scfg.EventsMaxBytes)
+	if err = natsserver.StoreTooSmall(srv, r.storeStatus, reserved, err); errors.As(err, new(*invalid.FlagError)) {
+		return rungroup.Permanent(flagUsage(err))
 	}
-	st := r.storeStatus()
-	return rungroup.Permanent(fmt.Errorf("%w: the streams' size limits do not fit the JetStream store's disk: JetStream may reserve %d bytes in %s "+
-		"(nats-server gives it 3/4 of what the filesystem at %s had available when it started; %d bytes are available now), "+
-		"and FPM reserves --max-bytes %d, FPM_EVENTS --events-max-bytes %d: lower them, or free space and start again (%v)",
-		errUsage, maxStore, st.Dir, st.Mount, st.FreeBytes, r.scfg.MaxBytes, r.scfg.EventsMaxBytes, err))
+	return err
 }

@@ -13,6 +13,7 @@
 //	storewatch.go WatchStore and StoreStatus: whether the store takes writes; JetStream restarted after
 //	              a full disk has room again, shut down when its directory is deleted (ErrStoreLost)
 //	storemetrics.go RegisterStoreMetrics: the store's state as the fpmbus_store_* metrics
+//	storetoosmall.go StoreTooSmall: a stream refused for lack of disk, named with the disk and its space
 //
 // Invariants: the JetStream store is always ServerConfig.StoreDir and the client address is Listen
 // when set, whatever a configuration file says; a server without authentication is never started
