@@ -2,7 +2,8 @@
 # New import paths: github.com/fpmbus/fpmbus/internal/flaghelp, internal/progress, internal/buildinfo,
 # predict/queries. New exported names in existing packages: natsconn.{Flags,RegisterFlags,
 # RegisterCredentialFlags,ReadOnlyConnectTimeout,ConnectAndEnsure,ConnectHint,CredentialFlags,Watch,
-# ErrConnClosed}, natsserver.{Flags,RegisterFlags,Plan,RegisterStoreMetrics,Bindable},
+# ErrConnClosed}, natsserver.{Flags,RegisterFlags,Plan,RegisterStoreMetrics,Bindable,StoreTooSmall},
+# benchstore.BenchPublication.Describe,
 # invalid.{FlagError,Flagf}, flagprefix.Given, observe.{RegisterAddrFlag,NewProcessRegistry,Serve,
 # Standalone,ComponentRegistry,NewComponentRegistry}, partition.StableMemberID,
 # merge.{ReadArtefact,StatArtefact,ReadRank,RankError,ReadProbeReplies,OpenRankFiles,RankFiles,
@@ -43,6 +44,7 @@ s/\bbuildVersion()/buildinfo.Read()/g
 s/\bapplyStreams(/streams.PrintAndApply(/g
 s/\bopenSentLog(/producer.OpenSentLog(/g
 s/\bprintPublishStats(/producer.WriteStats(/g
+s/\bbenchDupNote(/dupNote(/g
 s/\breadQueries(/queries.Read(/g
 s/\bregisterPredictQueryFlags(/queries.RegisterFlags(/g
 s/\bprintAnswers(/queries.WriteTable(/g

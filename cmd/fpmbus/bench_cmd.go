@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/internal/benchstore"
 	"github.com/fpmbus/fpmbus/streams"
@@ -216,31 +214,11 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 	}
 	profiled := false
 	err = benchstore.NewBenchStore(js, *inlineMax, *cfg).PublishBench(ctx, pub, func(p benchstore.BenchPublished) {
-		switch {
-		case p.Profile:
-			profiled = true
-			fmt.Fprintf(stdout, "published collection profile %s for run %s: %s\n", *profile, p.RunID, p.Subject)
-		case p.Probe >= 0:
-			fmt.Fprintf(stdout, "published probe replies %s for run %s: %s seq %d%s\n", probes[p.Probe], p.RunID, p.Subject, p.Ack.Sequence, benchDupNote(p.Ack))
-		default:
-			r := pub.Ranks[p.Rank]
-			where := "inline"
-			if p.Object {
-				where = "object store " + streams.BenchObjectBucket
-			}
-			fmt.Fprintf(stdout, "published rank %d of %d of run %s (%d points, %d bytes, %s): %s seq %d%s\n",
-				r.Rank, r.DPSize, r.RunID, points[p.Rank], p.Size, where, p.Subject, p.Ack.Sequence, benchDupNote(p.Ack))
-		}
+		profiled = profiled || p.Profile
+		fmt.Fprintln(stdout, pub.Describe(p, *profile, points))
 	})
 	if err != nil && pub.Profile != nil && !profiled { // the profile is published first: the error is its
 		return fmt.Errorf("--profile %s: %w", *profile, err)
 	}
 	return err
-}
-
-func benchDupNote(ack *jetstream.PubAck) string {
-	if ack.Duplicate {
-		return " (duplicate: already published)"
-	}
-	return ""
 }
