@@ -10,7 +10,7 @@
 # NewPublication,Result.WriteSummary}, streams.ParseTimeBound, trace.{BackfillResult.WriteText,
 # BackfillResume.Hint}, gaps.ParseSince, seal.{KeyArg,WriteRecord}, streams.PrintAndApply,
 # producer.{OpenSentLog,SentLog,WriteStats}, replay.{LoopPlan,SourceFlags,RegisterSourceFlags,Recording.WriteInfo,
-# Report.WriteJSONFile}.
+# Report.WriteJSONFile,WriteTraceInfo}.
 s/\bwatchConn(/natsconn.Watch(/g
 s/\bconnectConfigAndApply(/natsconn.ConnectAndEnsure(/g
 s/\berrConnClosed\b/natsconn.ErrConnClosed/g
@@ -44,7 +44,6 @@ s/\bbuildVersion()/buildinfo.Read()/g
 s/\bapplyStreams(/streams.PrintAndApply(/g
 s/\bopenSentLog(/producer.OpenSentLog(/g
 s/\bprintPublishStats(/producer.WriteStats(/g
-s/\bbenchDupNote(/dupNote(/g
 s/\breadQueries(/queries.Read(/g
 s/\bregisterPredictQueryFlags(/queries.RegisterFlags(/g
 s/\bprintAnswers(/queries.WriteTable(/g

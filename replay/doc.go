@@ -20,7 +20,8 @@
 //	                  the longest span (never wrapped around to a negative due time)
 //	stats.go          Shape: duration, per-rank rate and inter-arrival p50/p99 (--info, --dry-run)
 //	plan_report.go    WritePlan (--dry-run, text or JSON) and Recording.WriteDamage
-//	info.go           Recording.WriteInfo (--info) and Report.WriteJSONFile (--summary-json)
+//	info.go           Recording.WriteInfo (--info), Report.WriteJSONFile (--summary-json), WriteTraceInfo
+//	                  (`fpmbus trace info`: the segments' report and the recording's shape)
 //	pacer.go          the send loop: due times on the monotonic clock, sequences, heartbeats
 //	sleep_linux.go    sub-millisecond waits (nanosleep)
 //	target_zmq.go     ZMQ PUB sockets (producer.Sender, counting their subscribers), the port layout,
