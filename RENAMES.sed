@@ -1,5 +1,5 @@
 # cmd/fpmbus names whose code moved to a package (apply to cmd/fpmbus code of other branches).
-# New import paths: github.com/fpmbus/fpmbus/internal/flaghelp, internal/progress, internal/buildinfo,
+# New import paths: github.com/fpmbus/fpmbus/internal/flaghelp (with Parse, ParseInterleaved), internal/progress, internal/buildinfo,
 # predict/queries. New exported names in existing packages: natsconn.{Flags,RegisterFlags,
 # RegisterCredentialFlags,ReadOnlyConnectTimeout,ConnectAndEnsure,ConnectHint,CredentialFlags,Watch,
 # ErrConnClosed}, natsserver.{Flags,RegisterFlags,Plan,RegisterStoreMetrics,Bindable,StoreTooSmall},
@@ -22,6 +22,7 @@ s/\bflagGroup(/flaghelp.Group(/g
 s/\bprintFlags(/flaghelp.Print(/g
 s/\bunknownFlag(/flaghelp.Unknown(/g
 s/\beditDistance(/flaghelp.EditDistance(/g
+s/\bparseQuiet(/flaghelp.Parse(/g
 s/\bupServerFlags(/natsserver.RegisterFlags(/g
 s/\bupServerOptions\b/natsserver.Flags/g
 s/\bregisterStoreMetrics(/natsserver.RegisterStoreMetrics(/g

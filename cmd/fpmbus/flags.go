@@ -36,53 +36,14 @@ func newFlagSet(name, synopsis string) *flag.FlagSet {
 	return fs
 }
 
-// parseQuiet parses args into fs. The flag package prints an error and the whole usage on a bad flag;
-// here only -h prints the usage, and a bad flag comes back as a usage error (naming the nearest flag
-// for an unknown one) for the command to print once.
-func parseQuiet(fs *flag.FlagSet, args []string) error {
-	out := fs.Output()
-	fs.SetOutput(io.Discard)
-	err := fs.Parse(args)
-	fs.SetOutput(out)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, flag.ErrHelp):
-		fs.Usage()
-		return err
-	}
-	return fmt.Errorf("%w: %v", errUsage, flaghelp.Unknown(fs, err))
-}
+// parseFlags parses args (flaghelp.Parse); a bad flag or an argument is a usage error.
+func parseFlags(fs *flag.FlagSet, args []string) error { return flagUsage(flaghelp.Parse(fs, args)) }
 
-// parseFlags parses args and wraps a bad flag in errUsage.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := parseQuiet(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
-	}
-	return nil
-}
-
-// parseInterleaved parses args where flags and positional arguments may come in any order (the
-// standard flag package stops at the first positional one) and returns the positional ones.
+// parseInterleaved parses args where flags and positional arguments may come in any order and returns
+// the positional ones (flaghelp.ParseInterleaved); a bad flag is a usage error.
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
-	var paths []string
-	for {
-		if err := parseQuiet(fs, args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return paths, nil
-		}
-		if rest[0] == "--" { // everything after is positional
-			return append(paths, rest[1:]...), nil
-		}
-		paths = append(paths, rest[0])
-		args = rest[1:]
-	}
+	pos, err := flaghelp.ParseInterleaved(fs, args)
+	return pos, flagUsage(err)
 }
 
 // parseStage parses the flags of a command that runs a stage (they leave no argument), makes the

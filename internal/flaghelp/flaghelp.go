@@ -2,7 +2,9 @@
 // component or concern, in the order the command registered them (Group marks where a group starts),
 // with the deprecated aliases of `fpmbus up` left out of the list (they are still accepted, and warn
 // once when used); a flag that does not exist is answered with the nearest one that does, not with the
-// whole list (Unknown). It owns the groups of every FlagSet; the flags themselves are their components'.
+// whole list (Unknown). Parse and ParseInterleaved read a command line that way: only -h prints the
+// usage, a bad flag is one invalid.FlagError. It owns the groups of every FlagSet; the flags
+// themselves are their components'.
 package flaghelp
 
 import (
@@ -14,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 )
 
 // groupMark is where a group of a FlagSet's flags starts: the flags defined after it, up to the next
@@ -167,4 +170,53 @@ func EditDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// parseQuiet parses args into fs. The flag package prints an error and the whole usage on a bad flag;
+// here only -h prints the usage (and flag.ErrHelp comes back), and a bad flag comes back as an
+// invalid.FlagError (naming the nearest flag for an unknown one) for the command to print once.
+func parseQuiet(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return err
+	}
+	return invalid.Flagf("%v", Unknown(fs, err))
+}
+
+// Parse parses args, which must leave no positional argument, as parseQuiet does.
+func Parse(fs *flag.FlagSet, args []string) error {
+	if err := parseQuiet(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return invalid.Flagf("unexpected argument %q", fs.Arg(0))
+	}
+	return nil
+}
+
+// ParseInterleaved parses args where flags and positional arguments may come in any order (the
+// standard flag package stops at the first positional one) and returns the positional ones.
+func ParseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var paths []string
+	for {
+		if err := parseQuiet(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return paths, nil
+		}
+		if rest[0] == "--" { // everything after is positional
+			return append(paths, rest[1:]...), nil
+		}
+		paths = append(paths, rest[0])
+		args = rest[1:]
+	}
 }
