@@ -2,7 +2,7 @@
 # New import paths: github.com/fpmbus/fpmbus/internal/flaghelp (with Parse, ParseInterleaved), internal/progress, internal/buildinfo,
 # predict/queries. New exported names in existing packages: natsconn.{Flags,RegisterFlags,
 # RegisterCredentialFlags,ReadOnlyConnectTimeout,ConnectAndEnsure,ConnectHint,CredentialFlags,Watch,
-# ErrConnClosed}, natsserver.{Flags,RegisterFlags,Plan,RegisterStoreMetrics,Bindable,StoreTooSmall},
+# ErrConnClosed,CloseOnSIGUSR1}, natsserver.{Flags,RegisterFlags,Plan,RegisterStoreMetrics,Bindable,StoreTooSmall},
 # benchstore.BenchPublication.Describe,
 # invalid.{FlagError,Flagf}, flagprefix.Given, observe.{RegisterAddrFlag,NewProcessRegistry,Serve,
 # Standalone,ComponentRegistry,NewComponentRegistry}, partition.StableMemberID,
@@ -22,7 +22,6 @@ s/\bflagGroup(/flaghelp.Group(/g
 s/\bprintFlags(/flaghelp.Print(/g
 s/\bunknownFlag(/flaghelp.Unknown(/g
 s/\beditDistance(/flaghelp.EditDistance(/g
-s/\bparseQuiet(/flaghelp.Parse(/g
 s/\bupServerFlags(/natsserver.RegisterFlags(/g
 s/\bupServerOptions\b/natsserver.Flags/g
 s/\bregisterStoreMetrics(/natsserver.RegisterStoreMetrics(/g

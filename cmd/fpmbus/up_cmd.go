@@ -8,13 +8,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
@@ -367,7 +366,7 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	defer stop()
 	if o.faultSignal {
-		stop := closeConnOnSIGUSR1(r)
+		stop := natsconn.CloseOnSIGUSR1(func() *nats.Conn { nc, _ := r.link(); return nc })
 		defer stop()
 	}
 	slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "listen", r.listen, "auth", r.server.auth, "metrics", *o.metricsAddr)
@@ -400,32 +399,4 @@ func ownDataDir(dir string) (*fsutil.Lock, error) {
 		slog.Warn("--data-dir taken over from an `fpmbus up` that ended without releasing it (killed?)", "data_dir", dir, "previous_owner", l.Previous.String())
 	}
 	return l, nil
-}
-
-// closeConnOnSIGUSR1 closes the components' current NATS connection for good on each SIGUSR1 (the
-// --fault-sigusr1 drill), until stop is called.
-func closeConnOnSIGUSR1(r *upRun) (stop func()) {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGUSR1)
-	done := make(chan struct{})
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		for {
-			select {
-			case <-sigs:
-				if nc, _ := r.link(); nc != nil {
-					slog.Warn("SIGUSR1 (--fault-sigusr1): closing the components' NATS connection")
-					nc.Close()
-				}
-			case <-done:
-				return
-			}
-		}
-	}()
-	return func() {
-		signal.Stop(sigs)
-		close(done)
-		<-exited
-	}
 }

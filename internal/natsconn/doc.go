@@ -11,6 +11,7 @@
 //	               --token, TLS, --context, --connect-timeout), at parity with the nats CLI; a secret never
 //	               shown, a bad value an invalid.FlagError naming its flag, variable or context
 //	start.go       ConnectAndEnsure, Watch: how a command starts on a server and ends with its connection
+//	faultsignal.go CloseOnSIGUSR1: the drill of a connection closed for good (`up --fault-sigusr1`)
 //	natscontext.go LoadNATSContext: the nats CLI's context files, refused when fpmbus cannot honour all of one
 //	redact.go      RedactURL: the only way a server URL reaches a log line or an error
 //	refusals.go    RefusalContext: an operation ends at the server's permission refusal, not at its timeout
