@@ -7,7 +7,7 @@
 # invalid.{FlagError,Flagf}, flagprefix.Given, observe.{RegisterAddrFlag,NewProcessRegistry,Serve,
 # Standalone,ComponentRegistry,NewComponentRegistry}, partition.StableMemberID,
 # merge.{ReadArtefact,StatArtefact,ReadRank,RankError,ReadProbeReplies,OpenRankFiles,RankFiles,
-# NewPublication,Result.WriteSummary}, streams.ParseTimeBound, trace.{BackfillResult.WriteText,
+# NewPublication,Result.WriteSummary}, streams.{ParseTimeBound,Config.RegisterFlags}, trace.{BackfillResult.WriteText,
 # BackfillResume.Hint}, gaps.ParseSince, seal.{KeyArg,WriteRecord}, streams.PrintAndApply,
 # producer.{OpenSentLog,SentLog,WriteStats}, replay.{LoopPlan,SourceFlags,RegisterSourceFlags,Recording.WriteInfo,
 # Report.WriteJSONFile,WriteTraceInfo}.

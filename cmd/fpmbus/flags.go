@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -72,13 +71,7 @@ func streamFlags(fs *flag.FlagSet) *streams.Config {
 }
 
 func registerStreamFlags(fs *flag.FlagSet, c *streams.Config) {
-	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "stream replicas (1 for one node, 3 for a cluster)")
-	fs.DurationVar(&c.MaxAge, "max-age", c.MaxAge, "how long the FPM stream keeps messages")
-	fs.Var((*maxBytesValue)(&c.MaxBytes), "max-bytes", "size limit of the FPM stream in bytes (-1: none)")
-	fs.DurationVar(&c.EventsMaxAge, "events-max-age", c.EventsMaxAge, "how long FPM_EVENTS keeps events")
-	fs.Int64Var(&c.EventsMaxBytes, "events-max-bytes", c.EventsMaxBytes, "size limit of FPM_EVENTS in bytes, oldest events dropped first (-1: none)")
-	fs.DurationVar(&c.BenchMaxAge, "bench-max-age", c.BenchMaxAge, "how long FPM_BENCH keeps artefacts")
-	fs.DurationVar(&c.DuplicateWindow, "duplicate-window", c.DuplicateWindow, "JetStream duplicate window (covers the bridge's retries only; ids are held in server memory)")
+	c.RegisterFlags(fs)
 	fs.Func("storage", "stream storage: file or memory (default file)", func(v string) error {
 		st, err := storageFromFlag(v)
 		c.Storage = st
@@ -109,25 +102,6 @@ func parseStreamFlags(fs *flag.FlagSet, args []string, env *envDefaults, c *stre
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	return nil
-}
-
-// maxBytesValue is --max-bytes: a positive size, or -1 for no limit.
-type maxBytesValue int64
-
-func (v *maxBytesValue) String() string {
-	if v == nil {
-		return "0"
-	}
-	return strconv.FormatInt(int64(*v), 10)
-}
-
-func (v *maxBytesValue) Set(s string) error {
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || n < 1 && n != -1 {
-		return fmt.Errorf("want a positive size in bytes, or -1 for no limit")
-	}
-	*v = maxBytesValue(n)
 	return nil
 }
 
