@@ -14,11 +14,14 @@
 //	record.go         record, Recording: records in schedule order (observed time, ties by source order)
 //	payload.go        the record's msgpack payload, re-encoded from its JSON and checked to decode back to
 //	                  the same bytes; worker_id mapped, counter_id left as a slot when renumbering
-//	plan.go           NewPlan: window, speed, rate cap, loops -> Steps (due offsets) and Sockets
+//	plan.go           NewPlan: window, speed, rate cap, loops -> Steps (due offsets) and Sockets;
+//	                  LoopPlan: a recording as `up --demo-trace`'s endless load
 //	duration.go       exact due times: offsets / speed rounded up to the nanosecond, or refused beyond
 //	                  the longest span (never wrapped around to a negative due time)
 //	stats.go          Shape: duration, per-rank rate and inter-arrival p50/p99 (--info, --dry-run)
 //	plan_report.go    WritePlan (--dry-run, text or JSON) and Recording.WriteDamage
+//	info.go           Recording.WriteInfo (--info), Report.WriteJSONFile (--summary-json), WriteTraceInfo
+//	                  (`fpmbus trace info`: the segments' report and the recording's shape)
 //	pacer.go          the send loop: due times on the monotonic clock, sequences, heartbeats
 //	sleep_linux.go    sub-millisecond waits (nanosleep)
 //	target_zmq.go     ZMQ PUB sockets (producer.Sender, counting their subscribers), the port layout,
@@ -27,6 +30,7 @@
 //	report.go         lateness histogram, per-rank and overall Report, CSV rows, progress lines
 //	replayer.go       replayer: New, Run, Ready; Config and options
 //	flags.go          the command-line flags of the pacing and the targets
+//	source_flags.go   SourceFlags: trace segments or, with --from-stream, a range of stream FPM
 //
 // # Invariants
 //

@@ -12,8 +12,9 @@ import (
 )
 
 // Flags are the replay's command-line flags for the pacing and the targets, defined once here next to
-// PlanConfig and Config (the source, the connection and the report's outputs are the command's).
-// After parsing, PlanConfig and Config make validated configurations of them; errors name the flag.
+// PlanConfig and Config (the source is SourceFlags'; the connection and the report's outputs are the
+// command's). After parsing, PlanConfig and Config make validated configurations of them; errors name
+// the flag.
 type Flags struct {
 	fs                             *flag.FlagSet
 	to                             string

@@ -380,3 +380,26 @@ func (p *Plan) Renumber() bool { return p.Config.CounterIDs == CounterRenumber }
 
 // Passes is how many passes the plan plays (negative: until stopped).
 func (p *Plan) Passes() int { return p.Config.Loops }
+
+// LoopPlan is the plan of a recording replayed as a live load (`fpmbus up --demo-trace`): the trace
+// segments of paths looped until stopped, counter ids renumbered so that a pipeline sees a live
+// publisher's sequence, and width, the ports it spans from basePort. A recording with nothing to
+// replay, or whose ranks do not fit ports from basePort, is an invalid.FlagError naming --demo-trace.
+func LoopPlan(paths []string, basePort int) (plan *Plan, width int, err error) {
+	rec, err := ReadTrace(paths)
+	if err != nil {
+		return nil, 0, fmt.Errorf("--demo-trace: %w", err)
+	}
+	plan, err = NewPlan(rec, PlanConfig{Loops: -1, CounterIDs: CounterRenumber})
+	if err != nil {
+		return nil, 0, fmt.Errorf("--demo-trace: %w", err)
+	}
+	if len(plan.Steps) == 0 {
+		return nil, 0, invalid.Flagf("--demo-trace %s: no record to replay", strings.Join(paths, ","))
+	}
+	ports, err := ZMQConfig{BasePort: basePort}.Ports(plan)
+	if err != nil {
+		return nil, 0, invalid.Flagf("--demo-trace: %v", err)
+	}
+	return plan, slices.Max(ports) - basePort + 1, nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -135,4 +136,35 @@ func Apply(ctx context.Context, js jetstream.JetStream, c Config) error {
 		return err
 	}
 	return p.Execute(ctx, js, true)
+}
+
+// PrintAndApply is `fpmbus streams apply`: it prints the plan, FPM_DATASETS's protection included
+// (one line per changed setting), to stdout and carries it out (not with dryRun), refusing as a whole
+// a plan with a change that can delete stored messages unless force is set.
+func PrintAndApply(ctx context.Context, js jetstream.JetStream, cfg Config, dryRun, force bool, stdout io.Writer) error {
+	plan, err := NewPlan(ctx, js, cfg)
+	if err != nil {
+		return err
+	}
+	// FPM_DATASETS: created protected, or given the protection it lacks (every such change keeps what
+	// the bucket holds).
+	if err := plan.AddDatasets(ctx, js, cfg); err != nil {
+		return err
+	}
+	for _, line := range plan.Lines() {
+		fmt.Fprintln(stdout, line)
+	}
+	if dryRun {
+		fmt.Fprintln(stdout, "dry run: nothing changed")
+		return nil
+	}
+	if refused := plan.Destructive(); len(refused) > 0 && !force {
+		names := make([]string, len(refused))
+		for i, ch := range refused {
+			names[i] = ch.String()
+		}
+		return fmt.Errorf("refused changes that can delete stored messages: %s; nothing was changed (rerun with --force to apply them)",
+			strings.Join(names, "; "))
+	}
+	return plan.Execute(ctx, js, force)
 }

@@ -17,9 +17,12 @@
 //	bridgekv.go, runrecord.go   the bridge's KV buckets: acknowledged FPMs, publisher runs agreed on
 //	datasets.go, datasetevent.go   KV FPM_DATASETS (sealed cells, protected) and its events
 //	bench.go       benchmark subjects, kinds and rank digests; benchlimits.go: run ids, artefact sizes
-//	shards.go, fpm_range.go   FPM shard streams and ingest subjects; a range of FPMs over them
+//	shards.go, fpm_range.go   FPM shard streams and ingest subjects; a range of FPMs over them and
+//	               its time bounds (ParseTimeBound)
 //	config.go, ensure.go, diff.go, apply.go, placement.go, buckets.go   the streams (FPM, FPM_EVENTS,
-//	               FPM_BENCH) and buckets: their settings, Ensure, Diff, Plan and Apply
+//	               FPM_BENCH) and buckets: their settings, Ensure, Diff, Plan and Apply (PrintAndApply:
+//	               `fpmbus streams apply`)
+//	flags.go       the stream settings' flags next to Config (Config.RegisterFlags)
 //
 // What is not here: connecting to a server (internal/natsconn), the embedded server and its store
 // watch (internal/natsserver), moving bench artefact bodies (internal/benchstore) and the edge

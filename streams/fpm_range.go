@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -21,6 +24,24 @@ func CheckFPMRange(startSeq, endSeq uint64, since, until time.Time) error {
 		return fmt.Errorf("until %s is before since %s", until.Format(time.RFC3339Nano), since.Format(time.RFC3339Nano))
 	}
 	return nil
+}
+
+// ParseTimeBound parses the bound of a range of stored messages given by flag flagName (--since,
+// --until): RFC 3339 (with or without fraction) or Unix milliseconds; "" is open. A bad one is an
+// invalid.FlagError.
+func ParseTimeBound(flagName, v string) (time.Time, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms >= 0 {
+		return time.UnixMilli(ms), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, invalid.Flagf("%s %q: want RFC 3339 (2026-06-30T12:00:00Z) or Unix milliseconds", flagName, v)
+	}
+	return t, nil
 }
 
 // ErrSeqRangeOverShards is the reason a range of FPM chosen by stream sequence is refused on a server

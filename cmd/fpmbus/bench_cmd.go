@@ -8,16 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/merge"
 	"github.com/fpmbus/fpmbus/internal/benchstore"
-	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -43,11 +38,11 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	switch args[0] {
 	case "publish":
-		return runBenchPublish(ctx, args[1:], os.Stdout)
+		return flagUsage(runBenchPublish(ctx, args[1:], os.Stdout))
 	case "merge":
-		return runBenchMerge(args[1:], os.Stdout)
+		return flagUsage(runBenchMerge(args[1:], os.Stdout))
 	case "validate":
-		return runBenchValidate(args[1:], os.Stdout)
+		return flagUsage(runBenchValidate(args[1:], os.Stdout))
 	case "-h", "--help", "help":
 		fmt.Fprintln(os.Stdout, benchUsage)
 		return nil
@@ -85,76 +80,26 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 	if err := checkMaxArtefact(*maxSize); err != nil {
 		return err
 	}
-	ranks := make([]merge.RankFile, len(files))
 	// What is read shows as the merge goes: the rank artefacts, each counted once however often it is
 	// loaded (the merge loads several at once, --parallel).
 	meter := newProgressMeter(show, progressOut, "bench merge: reading ranks", "bytes")
-	var (
-		readMu    sync.Mutex
-		readBytes uint64
-		totalSize uint64
-		loaded    = make([]bool, len(files))
-	)
-	// Dynamo names the merged artefact after the configured output path (rank 0's file) and the first
-	// rank merged: a node-local merge of ranks 4..7 writes <stem>_dp4_merged<ext>.
-	base, dpStart := "", -1
-	for i, f := range files {
-		abs, err := filepath.Abs(f)
-		if err != nil {
-			return err
-		}
-		size, err := statArtefact(f, *maxSize)
-		if err != nil {
-			return err
-		}
-		path, i := f, i
-		totalSize += uint64(size)
-		ranks[i] = merge.RankFile{Rank: merge.RankFromPath(f), Path: abs, Size: size, Load: func() ([]byte, error) {
-			data, err := os.ReadFile(path)
-			readMu.Lock()
-			if err == nil && !loaded[i] {
-				loaded[i], readBytes = true, readBytes+uint64(len(data))
-				meter.update(readBytes, totalSize, "")
-			}
-			readMu.Unlock()
-			return data, err
-		}}
-		if r := max(merge.RankFromPath(f), 0); dpStart < 0 || r < dpStart {
-			base, dpStart = merge.BasePathOf(abs), r
-		}
+	run, err := merge.OpenRankFiles(files, *maxSize, func(read, total uint64) { meter.Update(read, total, "") })
+	if err != nil {
+		return err
 	}
-	var replies []merge.ProbeReplies
-	for _, p := range probes {
-		data, err := readArtefact(p, *maxSize)
-		if err != nil {
-			return err
-		}
-		pr, err := merge.ParseProbeReplies(data, p)
-		if err != nil {
-			return err
-		}
-		replies = append(replies, pr)
+	replies, err := merge.ReadProbeReplies(probes, *maxSize)
+	if err != nil {
+		return err
 	}
-	// The run id is needed for {run_id} before the merge: take it from the first rank's header.
-	out := *output
-	if out == "" {
-		out = merge.MergedPathFor(base, dpStart)
-	}
-	if strings.Contains(out, merge.RunIDPlaceholder) {
-		sum, err := merge.ValidateRank(ranks[0], *maxSize)
-		if err != nil {
-			return rankError(files[0], err)
-		}
-		out = merge.ExpandPath(out, sum.RunID)
-	}
-	if out, err = filepath.Abs(out); err != nil {
+	out, err := run.MergedPath(*output, *maxSize)
+	if err != nil {
 		return err
 	}
 	start := time.Now()
-	res, err := merge.Merge(ranks, replies, merge.Options{MergedPath: out, RequireAllRanks: !*partial, Parallelism: *parallel, MaxArtefactSize: *maxSize})
-	meter.finish()
+	res, err := merge.Merge(run.Ranks, replies, merge.Options{MergedPath: out, RequireAllRanks: !*partial, Parallelism: *parallel, MaxArtefactSize: *maxSize})
+	meter.Finish()
 	if err != nil {
-		return rankError("", err)
+		return merge.RankError("", err)
 	}
 	for _, pr := range replies {
 		if pr.RunID != "" && pr.RunID != res.RunID {
@@ -169,14 +114,7 @@ func runBenchMerge(args []string, stdout io.Writer) error {
 		slog.Warn("engine provenance capture failed or was absent on some ranks; they are listed in engine.capture_errors",
 			"run_id", res.RunID, "capture_errors", res.CaptureErrors)
 	}
-	fmt.Fprintf(stdout, "merged run %s: ranks %v of %d, %d points -> %s (%d bytes, sha256 %s) in %v\n",
-		res.RunID, res.SourceRanks, res.GlobalSize, res.Points, res.MergedPath, size, digest, time.Since(start).Round(time.Millisecond))
-	if res.Sidecar != nil {
-		resolution, _ := res.Sidecar.Path("merged", "resolution").Text()
-		fmt.Fprintf(stdout, "worker-probe sidecar -> %s (merged resolution %s)\n", res.SidecarPath, resolution)
-	} else {
-		fmt.Fprintln(stdout, "no engine block: no worker-probe sidecar")
-	}
+	res.WriteSummary(stdout, digest, size, time.Since(start))
 	return nil
 }
 
@@ -194,42 +132,13 @@ func runBenchValidate(args []string, stdout io.Writer) error {
 		return err
 	}
 	for _, f := range files {
-		_, sum, err := readRank(f, f, *maxSize)
+		_, sum, err := merge.ReadRank(f, f, *maxSize)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "%s: valid rank %d of %d, run %s, %d points\n", f, sum.Rank, sum.DPSize, sum.RunID, sum.Points)
 	}
 	return nil
-}
-
-// readRank reads the rank artefact file f, refusing it before reading when it is larger than maxSize,
-// and checks it as the merger will (merge.ValidateRank, the artefact recorded under path); a failed
-// check names f.
-func readRank(f, path string, maxSize int64) ([]byte, merge.RankSummary, error) {
-	data, err := readArtefact(f, maxSize)
-	if err != nil {
-		return nil, merge.RankSummary{}, err
-	}
-	sum, err := merge.ValidateRank(merge.RankFile{Rank: merge.RankFromPath(f), Path: path, Data: data}, maxSize)
-	if err != nil {
-		return nil, merge.RankSummary{}, rankError(f, err)
-	}
-	return data, sum, nil
-}
-
-// rankError names file f (when given) in a rank artefact's rejection. A run_id over the limits, or an
-// artefact over the maximum size, exits 2 (the documented limits of input, like a flag's): nothing was
-// published.
-func rankError(f string, err error) error {
-	if f != "" {
-		err = fmt.Errorf("%s: %w", f, err)
-	}
-	var rej *merge.RejectError
-	if errors.As(err, &rej) && (rej.Rule == merge.RuleRunID || rej.Rule == merge.RuleArtefactSize) {
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	return err
 }
 
 // maxArtefactFlag registers --max-artefact-size.
@@ -243,43 +152,6 @@ func checkMaxArtefact(n int64) error {
 		return fmt.Errorf("%w: --max-artefact-size %d must be positive", errUsage, n)
 	}
 	return nil
-}
-
-// statArtefact returns the size of artefact file f, refusing it unread (exit 2) when it is not a
-// regular file or is larger than maxSize.
-func statArtefact(f string, maxSize int64) (int64, error) {
-	st, err := os.Stat(f)
-	if err != nil {
-		return 0, err
-	}
-	if !st.Mode().IsRegular() {
-		return 0, fmt.Errorf("%w: %s is not a regular file (%s)", errUsage, f, st.Mode().Type())
-	}
-	if err := streams.CheckArtefactSize(f, st.Size(), maxSize); err != nil {
-		return 0, fmt.Errorf("%w: %w (--max-artefact-size)", errUsage, err)
-	}
-	return st.Size(), nil
-}
-
-// readArtefact reads artefact file f after statArtefact, never more than maxSize bytes (a file that
-// grows meanwhile is refused too).
-func readArtefact(f string, maxSize int64) ([]byte, error) {
-	if _, err := statArtefact(f, maxSize); err != nil {
-		return nil, err
-	}
-	fh, err := os.Open(f)
-	if err != nil {
-		return nil, err
-	}
-	defer fh.Close()
-	data, err := io.ReadAll(io.LimitReader(fh, maxSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if err := streams.CheckArtefactSize(f, int64(len(data)), maxSize); err != nil {
-		return nil, fmt.Errorf("%w: %w (it grew while being read; --max-artefact-size)", errUsage, err)
-	}
-	return data, nil
 }
 
 func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error {
@@ -310,35 +182,16 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 			return fmt.Errorf("%w: --run-id: %v", errUsage, err)
 		}
 	}
-	// Every rank is checked before anything is published; streams.PublishBench reads the files again to
-	// publish them (one artefact in memory at a time) and refuses one that changed in between.
-	var pub benchstore.BenchPublication
-	var points []int
-	for _, f := range files {
-		abs, err := filepath.Abs(f)
-		if err != nil {
-			return err
-		}
-		data, sum, err := readRank(f, abs, *maxSize)
-		if err != nil {
-			return err
-		}
-		pub.Ranks = append(pub.Ranks, benchstore.BenchRank{Path: f, Digest: schemas.SHA256Hex(data),
-			BenchRankArtefact: benchstore.BenchRankArtefact{RunID: sum.RunID, Rank: sum.Rank, DPSize: sum.DPSize, File: abs}})
-		points = append(points, sum.Points)
+	// Every rank is checked before anything is published; benchstore.PublishBench reads the files again
+	// to publish them (one artefact in memory at a time) and refuses one that changed in between.
+	pub, points, err := merge.NewPublication(files, probes, *maxSize)
+	if err != nil {
+		return err
 	}
 	probeRun := *runID
 	if probeRun == "" && len(pub.Ranks) > 0 {
 		probeRun = pub.Ranks[0].RunID
 	}
-	for _, p := range probes {
-		if _, err := statArtefact(p, *maxSize); err != nil {
-			return err
-		}
-		abs, _ := filepath.Abs(p)
-		pub.Probes = append(pub.Probes, benchstore.BenchProbe{Path: p, File: abs})
-	}
-	pub.MaxSize = *maxSize
 	pub.ProbeRun = func(file string, data []byte) (string, error) {
 		run, err := merge.ProbeRun(probeRun, file, data)
 		if errors.Is(err, streams.ErrRunID) {
@@ -355,37 +208,17 @@ func runBenchPublish(ctx context.Context, args []string, stdout io.Writer) error
 		if len(pub.Ranks) == 0 {
 			return fmt.Errorf("%w: --profile needs the run's rank artefacts (their run_id names the run)", errUsage)
 		}
-		if pub.Profile, err = readArtefact(*profile, *maxSize); err != nil {
+		if pub.Profile, err = merge.ReadArtefact(*profile, *maxSize); err != nil {
 			return err
 		}
 	}
 	profiled := false
 	err = benchstore.NewBenchStore(js, *inlineMax, *cfg).PublishBench(ctx, pub, func(p benchstore.BenchPublished) {
-		switch {
-		case p.Profile:
-			profiled = true
-			fmt.Fprintf(stdout, "published collection profile %s for run %s: %s\n", *profile, p.RunID, p.Subject)
-		case p.Probe >= 0:
-			fmt.Fprintf(stdout, "published probe replies %s for run %s: %s seq %d%s\n", probes[p.Probe], p.RunID, p.Subject, p.Ack.Sequence, benchDupNote(p.Ack))
-		default:
-			r := pub.Ranks[p.Rank]
-			where := "inline"
-			if p.Object {
-				where = "object store " + streams.BenchObjectBucket
-			}
-			fmt.Fprintf(stdout, "published rank %d of %d of run %s (%d points, %d bytes, %s): %s seq %d%s\n",
-				r.Rank, r.DPSize, r.RunID, points[p.Rank], p.Size, where, p.Subject, p.Ack.Sequence, benchDupNote(p.Ack))
-		}
+		profiled = profiled || p.Profile
+		fmt.Fprintln(stdout, pub.Describe(p, *profile, points))
 	})
 	if err != nil && pub.Profile != nil && !profiled { // the profile is published first: the error is its
 		return fmt.Errorf("--profile %s: %w", *profile, err)
 	}
 	return err
-}
-
-func benchDupNote(ack *jetstream.PubAck) string {
-	if ack.Duplicate {
-		return " (duplicate: already published)"
-	}
-	return ""
 }

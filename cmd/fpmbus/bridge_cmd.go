@@ -13,6 +13,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/bridge"
 	"github.com/fpmbus/fpmbus/internal/edgenode"
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/observe"
@@ -77,14 +78,14 @@ func runBridge(ctx context.Context, args []string) error {
 	}
 	cfg.Streams = *scfg
 	cfg.Logger = slog.Default()
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	cfg.Registerer = reg
 
 	ecfg, err := edgeFlags.Config()
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	nc, closeConn, edge, err := bridgeConn(ctx, conn, ecfg, *scfg)
+	nc, closeConn, edge, err := bridgeConn(ctx, fs, conn, ecfg, *scfg)
 	if err != nil {
 		return err
 	}
@@ -101,19 +102,19 @@ func runBridge(ctx context.Context, args []string) error {
 		// bridge would not free it), and its state is in fpmbus_store_* and the status's store.
 		edgeFailed = edge.Failed()
 		store := edge.Server().StoreStatus
-		registerStoreMetrics(reg, store)
+		natsserver.RegisterStoreMetrics(reg, store)
 		checks = append(checks, func() error { return store().Err() })
 	}
 	done := make(chan struct{})
 	defer close(done)
-	so := standaloneStatus("bridge", "bridge", reg, nc, b.Ready(), done, nil, true, checks...)
+	so := observe.Standalone("bridge", "bridge", reg, nc, b.Ready(), done, nil, true, checks...)
 	so.Bridge = &observe.BridgeRef{Component: "bridge", Ranks: len(cfg.Endpoints), MaxBuffer: cfg.MaxBuffer, MaxInFlight: cfg.MaxInFlight}
 	stop, err := serveStatus(*metricsAddr, so)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	rctx, finishConn := watchConn(ctx, nc)
+	rctx, finishConn := natsconn.Watch(ctx, nc)
 	// An edge the central server can never source (central FPM shards), or whose store was deleted, stops
 	// the bridge with its reason.
 	rctx, refuse := context.WithCancelCause(rctx)
@@ -148,7 +149,7 @@ func runBridge(ctx context.Context, args []string) error {
 // bridge.Edge), which it starts. The bridge applies the streams itself, retrying while the broker is
 // away: connect only. closeConn closes the connection (and shuts the edge server down). edge is the
 // edge server (nil without --edge-dir).
-func bridgeConn(ctx context.Context, conn *connOptions, ecfg edgenode.EdgeConfig, scfg streams.Config) (*nats.Conn, func(), *bridge.Edge, error) {
+func bridgeConn(ctx context.Context, fs *flag.FlagSet, conn *connOptions, ecfg edgenode.EdgeConfig, scfg streams.Config) (*nats.Conn, func(), *bridge.Edge, error) {
 	if ecfg.StoreDir == "" {
 		nc, _, err := connectAndApply(ctx, conn, nil)
 		if err != nil {
@@ -156,7 +157,7 @@ func bridgeConn(ctx context.Context, conn *connOptions, ecfg edgenode.EdgeConfig
 		}
 		return nc, nc.Close, nil, nil
 	}
-	if flagGiven(conn.fs, "server") {
+	if flagprefix.Given(fs, "server") {
 		return nil, nil, nil, fmt.Errorf("%w: --server and --edge-dir: the edge bridge publishes to its own server, a leaf node of --edge-remote", errUsage)
 	}
 	edge, err := bridge.StartEdge(ecfg, scfg, slog.Default())

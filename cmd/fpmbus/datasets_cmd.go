@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -54,7 +52,7 @@ func runDatasets(ctx context.Context, args []string) error {
 		return runDatasetsLs(ctx, args[1:], out)
 	case "get":
 		return withDatasetKey(ctx, "get", args[1:], func(kv jetstream.KeyValue, key, arg string) error {
-			return datasetsGet(ctx, kv, key, arg, out)
+			return seal.WriteRecord(ctx, kv, key, arg, out)
 		})
 	case "history":
 		return withDatasetKey(ctx, "history", args[1:], func(kv jetstream.KeyValue, key, _ string) error {
@@ -148,8 +146,8 @@ func runDatasetsPublish(ctx context.Context, args []string, w io.Writer) error {
 	}
 	meter := newProgressMeter(show, progressOut, "datasets publish", "cells")
 	rep, perr := s.PublishDataset(ctx, ds, seal.PublishOptions{AllowPartial: *allowPartial, Plan: plan,
-		Progress: func(done, total int) { meter.update(uint64(done), uint64(total), "") }})
-	meter.finish()
+		Progress: func(done, total int) { meter.Update(uint64(done), uint64(total), "") }})
+	meter.Finish()
 	if *asJSON {
 		if err := writeJSON(w, rep); err != nil {
 			return err
@@ -209,24 +207,16 @@ func runDatasetsLs(ctx context.Context, args []string, w io.Writer) error {
 	// that is a seal, a campaign its first frozen plan and the revisions that legitimately follow; what
 	// else a key holds is counted as ignored (tampering).
 	meter := newProgressMeter(show, progressOut, "datasets ls: reading revisions", "revisions")
-	listing, err := seal.ListProgress(ctx, kv, func(read, total uint64) { meter.update(read, total, "") })
-	meter.finish()
+	listing, err := seal.ListProgress(ctx, kv, func(read, total uint64) { meter.Update(read, total, "") })
+	meter.Finish()
 	if err != nil {
 		return err
 	}
 	return seal.WriteListing(w, listing, *asJSON)
 }
 
-// keyArg accepts a full key, or a campaign id.
-func keyArg(s string) string {
-	if strings.HasPrefix(s, schemas.CellKeyPrefix) || strings.HasPrefix(s, schemas.CampaignKeyPrefix) {
-		return s
-	}
-	return seal.CampaignKey(s)
-}
-
 // withDatasetKey parses the flags and the one KEY of `datasets <action> KEY`, opens the bucket and
-// calls do with it, the key KEY names (keyArg) and KEY as given (for messages); it closes the
+// calls do with it, the key KEY names (seal.KeyArg) and KEY as given (for messages); it closes the
 // connection after do.
 func withDatasetKey(ctx context.Context, action string, args []string, do func(kv jetstream.KeyValue, key, arg string) error) error {
 	fs, conn, scfg := datasetsFlagSet(action, "datasets "+action+" KEY")
@@ -237,30 +227,7 @@ func withDatasetKey(ctx context.Context, action string, args []string, do func(k
 	kv, closeConn, err := openKV(ctx, conn, scfg)
 	if err == nil {
 		defer closeConn()
-		err = do(kv, keyArg(pos[0]), pos[0])
+		err = do(kv, seal.KeyArg(pos[0]), pos[0])
 	}
 	return err
-}
-
-// datasetsGet prints key's record as every reader reads it (a cell's first revision that is a seal, a
-// campaign's first frozen plan and its legitimate successors) as JSON, with the revisions ignored as
-// tampering.
-func datasetsGet(ctx context.Context, kv jetstream.KeyValue, key, arg string, w io.Writer) error {
-	e, err := seal.Read(ctx, kv, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("%s: not sealed (state missing)", arg)
-	}
-	if err != nil {
-		return err
-	}
-	if e.Problem != "" {
-		return fmt.Errorf("%s: not sealed (state missing): its %d revision(s) are tampering, none a sealed value or frozen plan: %s", arg, len(e.Ignored), e.Problem)
-	}
-	var v any = e.Cell
-	state := "sealed"
-	if e.Campaign != nil {
-		v, state = e.Campaign, "campaign"
-	}
-	return writeJSON(w, map[string]any{"key": e.Key, "state": state, "revision": e.Revision, "created": e.Created, "value": v,
-		"ignored_revisions": e.Ignored})
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 )
 
 // The environment fpmbus reads. Every variable is declared once, in environment, with the commands that
@@ -175,7 +176,7 @@ func (d *envDefaults) int(flagName, name string, def int) int {
 // err reports the first malformed variable whose flag was not given; call it after parsing.
 func (d *envDefaults) err() error {
 	for _, b := range d.bad {
-		if !flagGiven(d.fs, b.flag) {
+		if !flagprefix.Given(d.fs, b.flag) {
 			return b.err
 		}
 	}

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/flaghelp"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -22,65 +23,26 @@ var helpOutput io.Writer = os.Stderr
 var flagSets = map[string]*flag.FlagSet{}
 
 // newFlagSet returns a FlagSet whose parse errors come back wrapped in errUsage; -h prints its synopsis
-// and its flags by group (help.go).
+// and its flags by group (internal/flaghelp).
 func newFlagSet(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet("fpmbus "+name, flag.ContinueOnError)
 	fs.SetOutput(helpOutput)
 	flagSets[name] = fs
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: fpmbus %s\n\n", synopsis)
-		printFlags(fs.Output(), fs)
+		flaghelp.Print(fs.Output(), fs)
 	}
 	return fs
 }
 
-// parseQuiet parses args into fs. The flag package prints an error and the whole usage on a bad flag;
-// here only -h prints the usage, and a bad flag comes back as a usage error (naming the nearest flag
-// for an unknown one) for the command to print once.
-func parseQuiet(fs *flag.FlagSet, args []string) error {
-	out := fs.Output()
-	fs.SetOutput(io.Discard)
-	err := fs.Parse(args)
-	fs.SetOutput(out)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, flag.ErrHelp):
-		fs.Usage()
-		return err
-	}
-	return fmt.Errorf("%w: %v", errUsage, unknownFlag(fs, err))
-}
+// parseFlags parses args (flaghelp.Parse); a bad flag or an argument is a usage error.
+func parseFlags(fs *flag.FlagSet, args []string) error { return flagUsage(flaghelp.Parse(fs, args)) }
 
-// parseFlags parses args and wraps a bad flag in errUsage.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := parseQuiet(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
-	}
-	return nil
-}
-
-// parseInterleaved parses args where flags and positional arguments may come in any order (the
-// standard flag package stops at the first positional one) and returns the positional ones.
+// parseInterleaved parses args where flags and positional arguments may come in any order and returns
+// the positional ones (flaghelp.ParseInterleaved); a bad flag is a usage error.
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
-	var paths []string
-	for {
-		if err := parseQuiet(fs, args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return paths, nil
-		}
-		if rest[0] == "--" { // everything after is positional
-			return append(paths, rest[1:]...), nil
-		}
-		paths = append(paths, rest[0])
-		args = rest[1:]
-	}
+	pos, err := flaghelp.ParseInterleaved(fs, args)
+	return pos, flagUsage(err)
 }
 
 // parseStage parses the flags of a command that runs a stage (they leave no argument), makes the
@@ -101,33 +63,15 @@ func parseStage[C any](fs *flag.FlagSet, args []string, scfg *streams.Config, co
 	return cfg, nil
 }
 
-// flagGiven reports whether the flag name was set on the command line (directly or through a
-// deprecated alias, which sets its flag).
-func flagGiven(fs *flag.FlagSet, name string) bool {
-	given := false
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == name {
-			given = true
-		}
-	})
-	return given
-}
-
 // streamFlags registers the server-side stream settings.
 func streamFlags(fs *flag.FlagSet) *streams.Config {
 	c := streams.DefaultConfig()
-	inFlagGroup(fs, "streams (declared at start)", func() { registerStreamFlags(fs, &c) })
+	flaghelp.InGroup(fs, "streams (declared at start)", func() { registerStreamFlags(fs, &c) })
 	return &c
 }
 
 func registerStreamFlags(fs *flag.FlagSet, c *streams.Config) {
-	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "stream replicas (1 for one node, 3 for a cluster)")
-	fs.DurationVar(&c.MaxAge, "max-age", c.MaxAge, "how long the FPM stream keeps messages")
-	fs.Var((*maxBytesValue)(&c.MaxBytes), "max-bytes", "size limit of the FPM stream in bytes (-1: none)")
-	fs.DurationVar(&c.EventsMaxAge, "events-max-age", c.EventsMaxAge, "how long FPM_EVENTS keeps events")
-	fs.Int64Var(&c.EventsMaxBytes, "events-max-bytes", c.EventsMaxBytes, "size limit of FPM_EVENTS in bytes, oldest events dropped first (-1: none)")
-	fs.DurationVar(&c.BenchMaxAge, "bench-max-age", c.BenchMaxAge, "how long FPM_BENCH keeps artefacts")
-	fs.DurationVar(&c.DuplicateWindow, "duplicate-window", c.DuplicateWindow, "JetStream duplicate window (covers the bridge's retries only; ids are held in server memory)")
+	c.RegisterFlags(fs)
 	fs.Func("storage", "stream storage: file or memory (default file)", func(v string) error {
 		st, err := storageFromFlag(v)
 		c.Storage = st
@@ -161,25 +105,6 @@ func parseStreamFlags(fs *flag.FlagSet, args []string, env *envDefaults, c *stre
 	return nil
 }
 
-// maxBytesValue is --max-bytes: a positive size, or -1 for no limit.
-type maxBytesValue int64
-
-func (v *maxBytesValue) String() string {
-	if v == nil {
-		return "0"
-	}
-	return strconv.FormatInt(int64(*v), 10)
-}
-
-func (v *maxBytesValue) Set(s string) error {
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || n < 1 && n != -1 {
-		return fmt.Errorf("want a positive size in bytes, or -1 for no limit")
-	}
-	*v = maxBytesValue(n)
-	return nil
-}
-
 // storageFromFlag maps --storage to a JetStream storage type.
 func storageFromFlag(s string) (jetstream.StorageType, error) {
 	switch strings.ToLower(s) {
@@ -195,6 +120,15 @@ func storageFromFlag(s string) (jetstream.StorageType, error) {
 // a component's Flags.Config refused a flag's value.
 func usageError(err, invalid error) error {
 	if errors.Is(err, invalid) {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return err
+}
+
+// flagUsage is err as a usage error (exit status 2) when a package refused a flag's value before
+// anything ran (invalid.FlagError, whose text names the flag).
+func flagUsage(err error) error {
+	if fe := (*invalid.FlagError)(nil); errors.As(err, &fe) {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return err

@@ -5,13 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/observe"
 )
 
@@ -63,7 +63,7 @@ func runGaps(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.StateReplicas, cfg.StateStorage = scfg.Replicas, scfg.Storage
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	cfg.Registerer = reg
 
 	nc, js, err := connectAndApply(ctx, conn, scfg)
@@ -79,7 +79,7 @@ func runGaps(ctx context.Context, args []string) error {
 	defer close(done)
 	watch := gaps.NewPublisherWatch(func() jetstream.JetStream { return js }, cfg)
 	defer watch.Close()
-	so := standaloneStatus("gaps", "gap detector", reg, nc, d.Ready(), done,
+	so := observe.Standalone("gaps", "gap detector", reg, nc, d.Ready(), done,
 		&observe.ConsumerRef{Label: gaps.ConsumerName, Group: cfg.Group, Durables: durablesOf(cfg.PartitionConfig())}, true)
 	so.Publishers = gapsPublishers{watch}
 	stop, err := serveStatus(*metricsAddr, so)
@@ -88,24 +88,8 @@ func runGaps(ctx context.Context, args []string) error {
 	}
 	defer stop()
 	// Run flushes the connection after its last acks, so closing afterwards loses none.
-	rctx, finish := watchConn(ctx, nc)
+	rctx, finish := natsconn.Watch(ctx, nc)
 	return finish(d.Run(rctx))
-}
-
-// parseSince accepts an RFC 3339 time or a duration before now ("1h", "30m").
-func parseSince(s string, now time.Time) (time.Time, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return time.Time{}, nil
-	}
-	if d, err := time.ParseDuration(s); err == nil && d > 0 {
-		return now.Add(-d), nil
-	}
-	t, err := time.Parse(time.RFC3339, s)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("%w: --since %q: want an RFC 3339 time (2026-05-01T12:00:00Z) or a duration before now (1h)", errUsage, s)
-	}
-	return t, nil
 }
 
 func runGapsReport(ctx context.Context, args []string) error {
@@ -120,9 +104,9 @@ func runGapsReport(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	t, err := parseSince(*since, time.Now())
+	t, err := gaps.ParseSince(*since, time.Now())
 	if err != nil {
-		return err
+		return flagUsage(err)
 	}
 	nc, js, err := connectAndApply(ctx, conn, nil) // reads only: applies nothing
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/fpmbus/fpmbus/internal/flaghelp"
 )
 
 // command is one subcommand. run gets the arguments after the command name and returns an error to
@@ -85,7 +87,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func suggestCommand(name string) string {
 	best, bestD := "", 0
 	for n := range commands {
-		if d := editDistance(name, n); best == "" || d < bestD || d == bestD && n < best {
+		if d := flaghelp.EditDistance(name, n); best == "" || d < bestD || d == bestD && n < best {
 			best, bestD = n, d
 		}
 	}

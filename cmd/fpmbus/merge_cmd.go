@@ -7,6 +7,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/merge"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/observe"
 )
 
@@ -51,7 +52,7 @@ func runMerge(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Streams = scfg
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	cfg.Registerer = reg
 	nc, js, err := connectAndApply(ctx, conn, scfg)
 	if err != nil {
@@ -64,12 +65,12 @@ func runMerge(ctx context.Context, args []string) error {
 	}
 	done := make(chan struct{})
 	defer close(done)
-	stop, err := serveStatus(*metricsAddr, standaloneStatus("merge", "benchmark merger", reg, nc, c.Ready(), done,
+	stop, err := serveStatus(*metricsAddr, observe.Standalone("merge", "benchmark merger", reg, nc, c.Ready(), done,
 		&observe.ConsumerRef{Label: merge.ConsumerName, Group: cfg.Durable, Durables: durablesOf(c.Group())}, true))
 	if err != nil {
 		return err
 	}
 	defer stop()
-	rctx, finish := watchConn(ctx, nc)
+	rctx, finish := natsconn.Watch(ctx, nc)
 	return finish(c.Run(rctx))
 }

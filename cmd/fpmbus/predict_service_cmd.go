@@ -9,6 +9,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
+	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/predict/service"
 	"github.com/fpmbus/fpmbus/streams"
@@ -88,7 +89,7 @@ func runPredictService(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	s, err := service.New(cfg, nc, kv, service.WithRegisterer(reg))
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -96,7 +97,7 @@ func runPredictService(ctx context.Context, args []string) error {
 	done := make(chan struct{})
 	defer close(done)
 	// The predict user may read FPM_DATASETS only: no JetStream view.
-	stop, err := serveStatus(*metricsAddr, standaloneStatus("predict-service", "predict service", reg, nc, s.Ready(), done, nil, false))
+	stop, err := serveStatus(*metricsAddr, observe.Standalone("predict-service", "predict service", reg, nc, s.Ready(), done, nil, false))
 	if err != nil {
 		return err
 	}
@@ -114,7 +115,7 @@ func runPredictService(ctx context.Context, args []string) error {
 }
 
 func (r *upRun) predictComponent() *rungroup.Component {
-	creg := &componentRegistry{reg: r.reg}
+	creg := observe.NewComponentRegistry(r.reg)
 	return &rungroup.Component{
 		StopTimeout: 15 * time.Second,
 		Start: func(ctx context.Context) (rungroup.Instance, error) {
@@ -123,7 +124,7 @@ func (r *upRun) predictComponent() *rungroup.Component {
 			if err != nil {
 				return rungroup.Instance{}, err
 			}
-			s, err := service.New(r.predict, nc, kv, service.WithRegisterer(creg.renew()))
+			s, err := service.New(r.predict, nc, kv, service.WithRegisterer(creg.Renew()))
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
 			}

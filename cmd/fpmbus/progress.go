@@ -2,142 +2,28 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"io"
 	"os"
-	"time"
 
-	"github.com/schollz/progressbar/v3"
-	"golang.org/x/term"
+	"github.com/fpmbus/fpmbus/internal/progress"
 )
-
-// How a long operation (a backfill, a verify, a merge, a publication of many cells) shows how far it
-// is, the same way for every command: --progress auto draws a bar on a terminal and prints a line
-// every few seconds otherwise (a log, a CI job), bar and lines force one, none prints nothing. Progress
-// goes to stderr: stdout keeps the command's report.
 
 // progressOut receives the progress of every command (tests capture it); --progress auto decides
 // between a bar and lines by whether stderr is a terminal.
 var progressOut io.Writer = os.Stderr
 
+// progressMeter shows one long operation's progress (internal/progress).
+type progressMeter = progress.Meter
+
 // progressFlag registers --progress.
-func progressFlag(fs *flag.FlagSet) *string {
-	return fs.String("progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+func progressFlag(fs *flag.FlagSet) *string { return progress.RegisterFlag(fs) }
+
+// progressMode reads --progress; a bad value is a usage error.
+func progressMode(v string, out *os.File) (progress.Kind, error) {
+	k, err := progress.ParseMode(v, out)
+	return k, flagUsage(err)
 }
 
-type progressKind int
-
-const (
-	progressNone progressKind = iota
-	progressBar
-	progressLines
-)
-
-// progressMode reads --progress; auto looks at whether out is a terminal.
-func progressMode(v string, out *os.File) (progressKind, error) {
-	switch v {
-	case "auto":
-		if term.IsTerminal(int(out.Fd())) {
-			return progressBar, nil
-		}
-		return progressLines, nil
-	case "bar":
-		return progressBar, nil
-	case "lines":
-		return progressLines, nil
-	case "none":
-		return progressNone, nil
-	}
-	return 0, fmt.Errorf("%w: --progress %q: want auto, bar, lines or none", errUsage, v)
-}
-
-// progressMeter shows one operation's progress: what it does (the bar's description, the lines'
-// prefix) and the unit it counts ("msg", "cells"; "bytes" shows sizes). update is called from one
-// goroutine at a time.
-type progressMeter struct {
-	kind       progressKind
-	out        io.Writer
-	what, unit string
-	bar        *progressbar.ProgressBar
-	total      uint64
-	last       time.Time
-}
-
-// progressLineEvery is how often plain progress lines are printed.
-const progressLineEvery = 2 * time.Second
-
-func newProgressMeter(kind progressKind, out io.Writer, what, unit string) *progressMeter {
-	return &progressMeter{kind: kind, out: out, what: what, unit: unit, last: time.Now()}
-}
-
-// update shows done of total (total may grow); detail, if any, ends a printed line.
-func (p *progressMeter) update(done, total uint64, detail string) {
-	total = max(total, done)
-	switch p.kind {
-	case progressBar:
-		if p.bar == nil || total != p.total {
-			if p.bar == nil {
-				opts := []progressbar.Option{
-					progressbar.OptionSetWriter(p.out),
-					progressbar.OptionSetDescription(p.what),
-					progressbar.OptionShowCount(),
-					progressbar.OptionShowIts(),
-					progressbar.OptionSetPredictTime(true),
-					progressbar.OptionThrottle(100 * time.Millisecond),
-					progressbar.OptionFullWidth(),
-				}
-				if p.unit == "bytes" {
-					opts = append(opts, progressbar.OptionShowBytes(true))
-				} else {
-					opts = append(opts, progressbar.OptionSetItsString(p.unit))
-				}
-				p.bar = progressbar.NewOptions64(int64(total), opts...)
-			} else {
-				p.bar.ChangeMax64(int64(total))
-			}
-			p.total = total
-		}
-		_ = p.bar.Set64(int64(done))
-	case progressLines:
-		if time.Since(p.last) < progressLineEvery && done < total {
-			return
-		}
-		p.last = time.Now()
-		pct := 100.0
-		if total > 0 {
-			pct = 100 * float64(done) / float64(total)
-		}
-		line := fmt.Sprintf("%s: %d/%d %s (%.0f%%)", p.what, done, total, p.unit, pct)
-		if p.unit == "bytes" {
-			line = fmt.Sprintf("%s: %s of %s (%.0f%%)", p.what, byteSize(done), byteSize(total), pct)
-		}
-		if detail != "" {
-			line += ", " + detail
-		}
-		fmt.Fprintln(p.out, line)
-		p.total = total
-	}
-}
-
-// finish ends the bar's line.
-func (p *progressMeter) finish() {
-	if p.bar != nil {
-		_ = p.bar.Finish()
-		fmt.Fprintln(p.out)
-		p.bar = nil
-	}
-}
-
-// byteSize is n bytes for a person: 1.5 GB, 320 MB, 4.0 kB.
-func byteSize(n uint64) string {
-	const unit = 1000
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %cB", float64(n)/float64(div), "kMGTPE"[exp])
+func newProgressMeter(kind progress.Kind, out io.Writer, what, unit string) *progressMeter {
+	return progress.NewMeter(kind, out, what, unit)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/seal"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -84,7 +85,7 @@ func runSeal(ctx context.Context, args []string) error {
 		return err
 	}
 	defer nc.Close()
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	cfg.Sealer, cfg.Registerer = s, reg
 	c, err := seal.New(cfg, js, o.consumerOptions()...)
 	if err != nil {
@@ -92,12 +93,12 @@ func runSeal(ctx context.Context, args []string) error {
 	}
 	done := make(chan struct{})
 	defer close(done)
-	stop, err := serveStatus(*metricsAddr, standaloneStatus("seal", "dataset sealer", reg, nc, c.Ready(), done,
+	stop, err := serveStatus(*metricsAddr, observe.Standalone("seal", "dataset sealer", reg, nc, c.Ready(), done,
 		&observe.ConsumerRef{Label: seal.ConsumerName, Group: cfg.Durable, Durables: durablesOf(cfg.Group())}, true))
 	if err != nil {
 		return err
 	}
 	defer stop()
-	rctx, finish := watchConn(ctx, nc)
+	rctx, finish := natsconn.Watch(ctx, nc)
 	return finish(c.Run(rctx))
 }

@@ -4,13 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -53,10 +50,10 @@ func runStreams(ctx context.Context, args []string) error {
 		if err := parseStreamFlags(fs, args[1:], env, cfg); err != nil {
 			return err
 		}
-		if *dryRun && !flagGiven(fs, "connect-timeout") {
+		if *dryRun && !flagprefix.Given(fs, "connect-timeout") {
 			// A dry run only reads, for a person waiting on its answer, as `datasets ls` does: a
 			// missing server is said in seconds, not after the half minute a deployment step waits.
-			conn.connectTimeout = readOnlyConnTimeout
+			conn.SetConnectTimeout(readOnlyConnTimeout)
 		}
 		nc, js, err := connectAndApply(ctx, conn, nil) // the plan applies the streams
 		if err != nil {
@@ -65,37 +62,7 @@ func runStreams(ctx context.Context, args []string) error {
 		defer nc.Close()
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		return applyStreams(actx, js, *cfg, *dryRun, *force, os.Stdout)
+		return streams.PrintAndApply(actx, js, *cfg, *dryRun, *force, os.Stdout)
 	}
 	return fmt.Errorf("%w: fpmbus streams: unknown action %q (show | apply)", errUsage, args[0])
-}
-
-// applyStreams prints the plan (one line per changed setting) and carries it out, refusing as a whole a
-// plan with a change that can delete stored messages unless force is set.
-func applyStreams(ctx context.Context, js jetstream.JetStream, cfg streams.Config, dryRun, force bool, stdout io.Writer) error {
-	plan, err := streams.NewPlan(ctx, js, cfg)
-	if err != nil {
-		return err
-	}
-	// FPM_DATASETS: created protected, or given the protection it lacks (every such change keeps what
-	// the bucket holds).
-	if err := plan.AddDatasets(ctx, js, cfg); err != nil {
-		return err
-	}
-	for _, line := range plan.Lines() {
-		fmt.Fprintln(stdout, line)
-	}
-	if dryRun {
-		fmt.Fprintln(stdout, "dry run: nothing changed")
-		return nil
-	}
-	if refused := plan.Destructive(); len(refused) > 0 && !force {
-		names := make([]string, len(refused))
-		for i, ch := range refused {
-			names[i] = ch.String()
-		}
-		return fmt.Errorf("refused changes that can delete stored messages: %s; nothing was changed (rerun with --force to apply them)",
-			strings.Join(names, "; "))
-	}
-	return plan.Execute(ctx, js, force)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/observe"
 )
 
@@ -103,7 +104,7 @@ func runTrace(ctx context.Context, args []string) error {
 	if err := trace.ProbeOutput(cfg.OutputPath); err != nil {
 		return err
 	}
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	cfg.Registerer = reg
 
 	nc, js, err := connectAndApply(ctx, conn, scfg)
@@ -121,12 +122,12 @@ func runTrace(ctx context.Context, args []string) error {
 	if gc, err := cfg.PartitionConfig(); err == nil {
 		ref.Durables = durablesOf(gc)
 	}
-	stop, err := serveStatus(*metricsAddr, standaloneStatus("trace", "trace writer", reg, nc, w.Ready(), done, ref, true))
+	stop, err := serveStatus(*metricsAddr, observe.Standalone("trace", "trace writer", reg, nc, w.Ready(), done, ref, true))
 	if err != nil {
 		return err
 	}
 	defer stop()
-	rctx, finish := watchConn(ctx, nc)
+	rctx, finish := natsconn.Watch(ctx, nc)
 	// Run waits until the server has applied its last acks, so closing afterwards loses none.
 	err = finish(w.Run(rctx))
 	if errors.Is(err, trace.ErrOutputOwned) {

@@ -6,7 +6,6 @@ import (
 	"os"
 
 	"github.com/fpmbus/fpmbus/replay"
-	"github.com/fpmbus/fpmbus/tracefile"
 )
 
 // runTraceInfo is `fpmbus trace info [--json] FILE|DIR…`: per producer and key, what the segments hold
@@ -33,24 +32,7 @@ func runTraceInfo(_ context.Context, args []string) error {
 	if len(paths) == 0 {
 		return fmt.Errorf("%w: name at least one segment file or directory", errUsage)
 	}
-	rep, err := tracefile.Info(paths)
-	if err != nil {
-		return err
-	}
-	rec, err := replay.ReadTrace(paths)
-	if err != nil {
-		return err
-	}
-	shape := replay.DescribeRecording(rec)
-	if *asJSON {
-		err = writeJSON(os.Stdout, struct {
-			*tracefile.InfoReport
-			Recorded replay.Shape `json:"recorded"`
-		}{rep, shape})
-	} else if err = rep.WriteText(os.Stdout); err == nil {
-		fmt.Println()
-		err = shape.WriteText(os.Stdout, "recorded")
-	}
+	rep, err := replay.WriteTraceInfo(os.Stdout, paths, *asJSON)
 	if err == nil && len(rep.Damaged) > 0 {
 		return fmt.Errorf("%d damaged segment(s), read up to the damage (see the report): first %s at byte %d: %s",
 			len(rep.Damaged), rep.Damaged[0].Segment, rep.Damaged[0].Offset, rep.Damaged[0].Reason)

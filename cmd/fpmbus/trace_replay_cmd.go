@@ -27,12 +27,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 	conn := connFlags(fs, "trace-replay")
 	env := newEnvDefaults(fs)
 	rf := replay.RegisterFlags(fs, env.int("fpm-port", envFPMPort, producer.DefaultBasePort), envSource(envFPMPort))
-	fromStream := fs.Bool("from-stream", false, "replay a range of stream FPM instead of trace files (needs --since/--until or --start-seq/--end-seq, or replays the whole stream; with FPM shards every shard, by --since/--until only)")
-	filter := fs.String("filter", streams.FPMWildcard, "--from-stream: FPM subjects to read, e.g. fpm.dynamo.backend.>")
-	since := fs.String("since", "", "--from-stream: messages stored at or after this time (RFC 3339 or Unix ms)")
-	until := fs.String("until", "", "--from-stream: messages stored at or before this time")
-	startSeq := fs.Uint64("start-seq", 0, "--from-stream: first stream sequence")
-	endSeq := fs.Uint64("end-seq", 0, "--from-stream: last stream sequence")
+	src := replay.RegisterSourceFlags(fs)
 	info := fs.Bool("info", false, "print the recording's shape (duration, per-rank rate, inter-arrival p50/p99) and exit")
 	dryRun := fs.Bool("dry-run", false, "print the plan (duration, per-rank rate and inter-arrival p50/p99 at --speed, where each rank goes) and exit")
 	asJSON := fs.Bool("json", false, "print the report (or --info / --dry-run) as JSON instead of a table")
@@ -59,21 +54,14 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w: --info and --dry-run exclude each other", errUsage)
 	case *progressEvery < 0:
 		return fmt.Errorf("%w: --progress-every %d: want >= 0", errUsage, *progressEvery)
-	case *fromStream && len(paths) > 0:
-		return fmt.Errorf("%w: --from-stream reads the stream: name no files (got %q)", errUsage, paths[0])
-	case !*fromStream && len(paths) == 0:
-		return fmt.Errorf("%w: name trace segments (files, directories, globs or an output prefix), or use --from-stream", errUsage)
-	case !*fromStream:
-		for _, n := range []string{"filter", "since", "until", "start-seq", "end-seq"} {
-			if flagGiven(fs, n) {
-				return fmt.Errorf("%w: --%s selects a range of the stream: it needs --from-stream", errUsage, n)
-			}
-		}
+	}
+	if err := src.Check(paths); err != nil {
+		return flagUsage(err)
 	}
 
 	// The connection, when the source or the target is the stream.
 	var js jetstream.JetStream
-	if *fromStream || tcfg.Target == replay.TargetStream && !*info && !*dryRun {
+	if src.FromStream() || tcfg.Target == replay.TargetStream && !*info && !*dryRun {
 		nc, njs, err := connectAndApply(ctx, conn, nil)
 		if err != nil {
 			return err
@@ -93,23 +81,9 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		}
 	}
 
-	var rec *replay.Recording
-	if *fromStream {
-		rng := replay.StreamRange{StartSeq: *startSeq, EndSeq: *endSeq, Filter: *filter}
-		if rng.Since, err = parseTime("--since", *since); err != nil {
-			return err
-		}
-		if rng.Until, err = parseTime("--until", *until); err != nil {
-			return err
-		}
-		if rec, err = replay.ReadStream(ctx, js, rng); err != nil {
-			if errors.Is(err, replay.ErrBadRange) {
-				return fmt.Errorf("%w: %v", errUsage, err)
-			}
-			return err
-		}
-	} else if rec, err = replay.ReadTrace(paths); err != nil {
-		return err
+	rec, err := src.Read(ctx, js, paths)
+	if err != nil {
+		return flagUsage(err)
 	}
 	for _, d := range rec.Damaged {
 		slog.Warn("segment damaged: replaying what precedes the damage", "file", d.File, "offset", d.Offset, "reason", d.Reason)
@@ -119,18 +93,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 	}
 
 	if *info {
-		shape := replay.DescribeRecording(rec)
-		if *asJSON {
-			return writeJSON(os.Stdout, struct {
-				Recorded replay.Shape    `json:"recorded"`
-				Damaged  []replay.Damage `json:"damaged,omitempty"`
-				Invalid  int             `json:"invalid"`
-			}{shape, rec.Damaged, rec.Invalid})
-		}
-		if err := shape.WriteText(os.Stdout, "recorded"); err != nil {
-			return err
-		}
-		return rec.WriteDamage(os.Stdout)
+		return rec.WriteInfo(os.Stdout, *asJSON)
 	}
 
 	plan, err := replay.NewPlan(rec, pcfg)
@@ -174,8 +137,8 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		}
 	}
 	if *summaryJSON != "" {
-		if werr := writeJSONFile(*summaryJSON, report); werr != nil {
-			err = errors.Join(err, werr)
+		if werr := report.WriteJSONFile(*summaryJSON); werr != nil {
+			err = errors.Join(err, fmt.Errorf("--summary-json: %w", werr))
 		}
 	}
 	werr := report.WriteText
@@ -212,19 +175,4 @@ func envSource(v string) string {
 		return v
 	}
 	return ""
-}
-
-func writeJSONFile(path string, rep *replay.Report) error {
-	f, err := fsutil.CreateRegular(path, 0o644)
-	if err != nil {
-		return fmt.Errorf("--summary-json: %w", err)
-	}
-	if err := rep.WriteJSON(f); err != nil {
-		f.Close()
-		return fmt.Errorf("--summary-json: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("--summary-json: %w", err)
-	}
-	return nil
 }

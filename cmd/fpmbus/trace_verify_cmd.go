@@ -53,17 +53,17 @@ func runTraceVerify(ctx context.Context, args []string) error {
 	cfg.Progress = func(p tracefile.VerifyProgress) {
 		if p.Phase != phase {
 			if m := meters[phase]; m != nil {
-				m.finish()
+				m.Finish()
 			}
 			phase = p.Phase
 			vp := verifyPhases[p.Phase]
 			meters[phase] = newProgressMeter(show, progressOut, vp.what, vp.unit)
 		}
-		meters[phase].update(p.Done, p.Total, "")
+		meters[phase].Update(p.Done, p.Total, "")
 	}
 	defer func() {
 		if m := meters[phase]; m != nil {
-			m.finish()
+			m.Finish()
 		}
 	}()
 	var js jetstream.JetStream

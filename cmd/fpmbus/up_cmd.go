@@ -2,29 +2,29 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/flaghelp"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/natsserver"
+	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/replay"
@@ -58,7 +58,7 @@ type upOptions struct {
 	fs            *flag.FlagSet
 	listen        string
 	dataDir       string
-	server        *upServerOptions
+	server        *natsserver.Flags
 	creds         *connOptions // the components' credentials on the embedded server
 	sync          natsserver.SyncPolicy
 	demo          bool
@@ -81,17 +81,17 @@ type upOptions struct {
 
 func upFlags(fs *flag.FlagSet) *upOptions {
 	o := &upOptions{fs: fs}
-	flagGroup(fs, "embedded server")
+	flaghelp.Group(fs, "embedded server")
 	fs.StringVar(&o.listen, "listen", natsserver.DefaultListen, "client address of the embedded JetStream server (loopback by default; beyond loopback only with authentication, or --insecure); overrides --server-config's")
 	fs.StringVar(&o.dataDir, "data-dir", ".fpmbus", "where the embedded server keeps its store (<data-dir>/jetstream)")
-	o.server = upServerFlags(fs)
-	inFlagGroup(fs, "credentials the components present to the embedded server", func() { o.creds = credentialFlags(fs, "up") })
+	o.server = natsserver.RegisterFlags(fs)
+	flaghelp.InGroup(fs, "credentials the components present to the embedded server", func() { o.creds = credentialFlags(fs, "up") })
 	o.sync = natsserver.DefaultSync
 	fs.Var(&o.sync, "sync", "when the embedded server fsyncs: always (before every ack) or a DURATION (background, e.g. 2m: a power cut loses what was acked since; the sealed datasets too)")
-	flagGroup(fs, "demo publishers (--demo)")
+	flaghelp.Group(fs, "demo publishers (--demo)")
 	fs.BoolVar(&o.demo, "demo", false, "also run synthetic Dynamo publishers (one ZMQ PUB per DP rank; --dp-size defaults to 4)")
 	fs.StringVar(&o.demoTrace, "demo-trace", "", "with --demo: replay these trace segments instead of synthetic load (comma-separated files, directories, globs or output prefixes; looped until stopped, counter ids renumbered; --dp-size defaults to the ranks they hold)")
-	flagGroup(fs, "supervision and health")
+	flaghelp.Group(fs, "supervision and health")
 	o.metricsAddr = metricsAddrFlag(fs, "127.0.0.1:9464")
 	d := rungroup.DefaultPolicy()
 	fs.IntVar(&o.restartLimit, "restart-limit", d.MaxRestarts, "restarts a failing component may take within --restart-window; one more failure stops everything and exits 1")
@@ -99,26 +99,60 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	fs.DurationVar(&o.restartDelay, "restart-backoff", d.InitialBackoff, "wait before restarting a failed component; doubles with each further failure, up to 30s")
 	fs.BoolVar(&o.faultSignal, "fault-sigusr1", false, "fault injection for tests and drills: SIGUSR1 closes the components' NATS connection for good, as a broker-side failure would; supervision replaces it")
 	o.scfg = streamFlags(fs)
-	inFlagGroup(fs, "streams (declared at start)", func() { o.shardsEnv = fpmShardsFlag(fs, o.scfg) })
+	flaghelp.InGroup(fs, "streams (declared at start)", func() { o.shardsEnv = fpmShardsFlag(fs, o.scfg) })
 	// The bridge first: its unprefixed names (--producer-id, --stop-timeout) are its own, not aliases
 	// of the trace writer's.
-	flagGroup(fs, "bridge (ZMQ to JetStream)")
+	flaghelp.Group(fs, "bridge (ZMQ to JetStream)")
 	o.bridge = bridgeFlags(fs)
-	flagGroup(fs, "trace writer")
+	flaghelp.Group(fs, "trace writer")
 	o.trace = traceFlags(fs, flagprefix.Trace)
-	flagGroup(fs, "gap detector")
+	flaghelp.Group(fs, "gap detector")
 	o.gaps = gapsFlags(fs, flagprefix.Gaps)
-	flagGroup(fs, "benchmark merger")
+	flaghelp.Group(fs, "benchmark merger")
 	o.merge = mergeFlags(fs, flagprefix.Merge)
-	flagGroup(fs, "dataset sealer")
+	flaghelp.Group(fs, "dataset sealer")
 	o.seal = sealFlags(fs, flagprefix.Seal)
-	flagGroup(fs, "predict service")
+	flaghelp.Group(fs, "predict service")
 	o.predict = predictFlags(fs, predictPrefix)
-	flagGroup(fs, "demo publishers (--demo)")
+	flaghelp.Group(fs, "demo publishers (--demo)")
 	demo := &producer.Config{Rate: demoRate, WorkerID: demoWorker, Seed: demoSeed}
 	o.demoFlags = demo.RegisterLoadFlags(fs, "demo-")
 	return o
 }
+
+// upServer is the checked embedded server of one run (natsserver.Plan) and how the components
+// authenticate to it.
+type upServer struct {
+	server natsserver.ServerConfig
+	listen string              // the client address, for the start log line
+	from   string              // what sets the server's addresses: "--listen", or "--server-config FILE"
+	auth   string              // how clients authenticate, for logs
+	conn   natsconn.ConnConfig // the components' credentials
+	plan   *natsserver.Plan
+}
+
+// upCredentialFlags are the flags that give the components' credentials, for hints.
+const upCredentialFlags = "the components' credentials on the embedded server: --user/--password (NATS_USER/NATS_PASSWORD), --token (NATS_TOKEN), --creds (NATS_CREDS), --nkey (NATS_NKEY), or --auth-token-file"
+
+// planUpServer checks the embedded server's flags and the components' credentials on it.
+func planUpServer(o *natsserver.Flags, listen, storeDir string, creds *connOptions) (*upServer, error) {
+	s := &upServer{}
+	p, err := o.Plan(listen, storeDir, creds.GivenCredentials(), func() (err error) {
+		s.conn, err = creds.credentials()
+		return err
+	})
+	if err != nil {
+		return nil, flagUsage(err)
+	}
+	s.server, s.listen, s.from, s.auth, s.plan = p.Server, p.Listen, p.From, p.Auth, p
+	if p.Token != "" {
+		s.conn = natsconn.ConnConfig{Name: "fpmbus-up", Logger: slog.Default(), Token: p.Token}
+	}
+	return s, nil
+}
+
+// writeToken creates the missing --auth-token-file (natsserver.Plan.WriteToken).
+func (s *upServer) writeToken() error { return flagUsage(s.plan.WriteToken()) }
 
 // plan checks every setting and returns the run; a bad one is a usage error naming its flag or
 // variable. An invalid trace setting or an unwritable trace output disables only the trace writer, as
@@ -128,7 +162,7 @@ func (o *upOptions) plan() (*upRun, error) {
 	if p, perr := strconv.Atoi(port); err != nil || perr != nil || p < 0 || p > 65535 {
 		return nil, fmt.Errorf("%w: --listen %q: want HOST:PORT (port 0: any free port)", errUsage, o.listen)
 	}
-	srv, err := o.server.plan(o.fs, o.listen, filepath.Join(o.dataDir, "jetstream"), o.creds)
+	srv, err := planUpServer(o.server, o.listen, filepath.Join(o.dataDir, "jetstream"), o.creds)
 	if err != nil {
 		return nil, err
 	}
@@ -150,19 +184,19 @@ func (o *upOptions) plan() (*upRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	if flagGiven(o.fs, "sync") {
+	if flagprefix.Given(o.fs, "sync") {
 		srv.server.Sync = o.sync // else the --server-config file's sync_interval, or the default
 	}
-	if !o.sync.Always && flagGiven(o.fs, "sync") {
+	if !o.sync.Always && flagprefix.Given(o.fs, "sync") {
 		slog.Warn("--sync is not always: a power cut or OS crash loses what the server acknowledged since its last fsync, sealed dataset cells included", "sync", o.sync.String())
 	}
-	if o.demo && !flagGiven(o.fs, "dp-size") && !flagGiven(o.fs, "zmq-endpoint") {
+	if o.demo && !flagprefix.Given(o.fs, "dp-size") && !flagprefix.Given(o.fs, "zmq-endpoint") {
 		o.bridge.cfg.DPSize = demoDPSize
 		if demoTrace != nil {
 			o.bridge.cfg.DPSize = demoTrace.width
 		}
 	}
-	if flagGiven(o.fs, "stop-timeout") && !flagGiven(o.fs, "trace-stop-timeout") {
+	if flagprefix.Given(o.fs, "stop-timeout") && !flagprefix.Given(o.fs, "trace-stop-timeout") {
 		slog.Warn("--stop-timeout bounds only the bridge's stop in fpmbus up; the trace writer's is --trace-stop-timeout")
 	}
 	bc, err := o.bridge.config()
@@ -170,10 +204,10 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	bc.Streams, bc.Logger = *o.scfg, slog.Default()
-	if !flagGiven(o.fs, "marker-spool") {
+	if !flagprefix.Given(o.fs, "marker-spool") {
 		bc.MarkerSpool = filepath.Join(o.dataDir, upMarkerSpool)
 	}
-	memberID := upMemberID(o.dataDir)
+	memberID := partition.StableMemberID("up-", o.dataDir)
 	if bc.BridgeID == "" {
 		// The bridge is named like the consumer group members, the same across restarts: the gap
 		// detector then reads a restarted `up` as a restarted bridge (a new epoch of the same bridge),
@@ -250,26 +284,15 @@ func (o *upOptions) demoTracePlan() (*upDemoTrace, error) {
 		return nil, fmt.Errorf("%w: --demo-trace replays a recording as the demo's load: it needs --demo", errUsage)
 	}
 	for _, n := range []string{"demo-rate", "demo-seed", "demo-worker-id"} {
-		if flagGiven(o.fs, n) {
+		if flagprefix.Given(o.fs, n) {
 			return nil, fmt.Errorf("%w: --%s shapes the synthetic load, which --demo-trace replaces", errUsage, n)
 		}
 	}
-	rec, err := replay.ReadTrace(strings.Split(o.demoTrace, ","))
+	plan, width, err := replay.LoopPlan(strings.Split(o.demoTrace, ","), o.bridge.cfg.BasePort)
 	if err != nil {
-		return nil, fmt.Errorf("--demo-trace: %w", err)
+		return nil, flagUsage(err)
 	}
-	plan, err := replay.NewPlan(rec, replay.PlanConfig{Loops: -1, CounterIDs: replay.CounterRenumber})
-	if err != nil {
-		return nil, fmt.Errorf("--demo-trace: %w", err)
-	}
-	if len(plan.Steps) == 0 {
-		return nil, fmt.Errorf("%w: --demo-trace %s: no record to replay", errUsage, o.demoTrace)
-	}
-	ports, err := replay.ZMQConfig{BasePort: o.bridge.cfg.BasePort}.Ports(plan)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --demo-trace: %v", errUsage, err)
-	}
-	return &upDemoTrace{plan: plan, width: slices.Max(ports) - o.bridge.cfg.BasePort + 1}, nil
+	return &upDemoTrace{plan: plan, width: width}, nil
 }
 
 // runUp runs the embedded server, the connection, the consumers, the bridge and (with --demo) the
@@ -287,7 +310,7 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	// Before anything starts or is written, what up needs that another process may hold or the system
 	// may lack: its data directory (one process per directory, for its whole life: its server's store,
-	// its member id and its traces' member id are this directory's, upMemberID; the lock of one that was
+	// its member id and its traces' member id are this directory's, partition.StableMemberID; the lock of one that was
 	// killed is free and taken over), the file descriptors its sockets need (libzmq aborts the process
 	// when it runs out) and every address it listens on (a taken one is named at once, not retried as
 	// a crash loop). A refusal leaves no trace: a directory that does not exist yet, which nobody can
@@ -328,7 +351,7 @@ func runUp(ctx context.Context, args []string) error {
 	if err := fsutil.EnsureDir(r.storeDir, 0o755); err != nil {
 		return fmt.Errorf("%w: --data-dir: %v", errUsage, err)
 	}
-	reg := newProcessRegistry()
+	reg := observe.NewProcessRegistry()
 	r.reg = reg
 	g, err := rungroup.New(r.components(), rungroup.WithLogger(slog.Default()))
 	if err != nil {
@@ -343,7 +366,7 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	defer stop()
 	if o.faultSignal {
-		stop := closeConnOnSIGUSR1(r)
+		stop := natsconn.CloseOnSIGUSR1(func() *nats.Conn { nc, _ := r.link(); return nc })
 		defer stop()
 	}
 	slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "listen", r.listen, "auth", r.server.auth, "metrics", *o.metricsAddr)
@@ -376,56 +399,4 @@ func ownDataDir(dir string) (*fsutil.Lock, error) {
 		slog.Warn("--data-dir taken over from an `fpmbus up` that ended without releasing it (killed?)", "data_dir", dir, "previous_owner", l.Previous.String())
 	}
 	return l, nil
-}
-
-// closeConnOnSIGUSR1 closes the components' current NATS connection for good on each SIGUSR1 (the
-// --fault-sigusr1 drill), until stop is called.
-func closeConnOnSIGUSR1(r *upRun) (stop func()) {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGUSR1)
-	done := make(chan struct{})
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		for {
-			select {
-			case <-sigs:
-				if nc, _ := r.link(); nc != nil {
-					slog.Warn("SIGUSR1 (--fault-sigusr1): closing the components' NATS connection")
-					nc.Close()
-				}
-			case <-done:
-				return
-			}
-		}
-	}()
-	return func() {
-		signal.Stop(sigs)
-		close(done)
-		<-exited
-	}
-}
-
-// upMemberID names this `fpmbus up` in its consumer groups: "up-<host>-<hash of the absolute data
-// directory>". Only one process can hold a data directory (ownDataDir), so the id names the same
-// instance across restarts, and a restart after a crash takes the partitions of
-// its previous incarnation back at once (consumers/partition, WithMemberID).
-func upMemberID(dataDir string) string {
-	abs, err := filepath.Abs(dataDir)
-	if err != nil {
-		abs = dataDir
-	}
-	host, _ := os.Hostname()
-	var b strings.Builder
-	b.WriteString("up-")
-	for i := 0; i < len(host) && i < 32; i++ {
-		if c := host[i]; c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
-			b.WriteByte(c)
-		} else {
-			b.WriteByte('_')
-		}
-	}
-	sum := sha256.Sum256([]byte(abs))
-	b.WriteString("-" + hex.EncodeToString(sum[:6]))
-	return b.String()
 }

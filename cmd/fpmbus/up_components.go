@@ -94,7 +94,7 @@ func upOrderTable() string {
 
 // upRun is one run of `fpmbus up`: the validated settings and what the components share.
 type upRun struct {
-	// memberID names this `fpmbus up` in its consumer groups, the same across restarts (upMemberID).
+	// memberID names this `fpmbus up` in its consumer groups, the same across restarts (partition.StableMemberID).
 	memberID string
 	listen   string
 	storeDir string
@@ -168,7 +168,7 @@ func (r *upRun) link() (*nats.Conn, jetstream.JetStream) {
 }
 
 func (r *upRun) serverComponent() *rungroup.Component {
-	registerStoreMetrics(r.reg, r.storeStatus)
+	natsserver.RegisterStoreMetrics(r.reg, r.storeStatus)
 	return &rungroup.Component{
 		StopTimeout: 35 * time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
@@ -233,7 +233,7 @@ func (r *upRun) connComponent() *rungroup.Component {
 			cfg.InProcess, cfg.Name, cfg.ConnectTimeout = r.srv, "fpmbus-up", 10*time.Second
 			connectedOnce := r.connected
 			r.mu.Unlock()
-			nc, js, err := connectConfigAndApply(ctx, cfg, &r.scfg, upCredentialFlags)
+			nc, js, err := natsconn.ConnectAndEnsure(ctx, cfg, &r.scfg, upCredentialFlags)
 			if err != nil {
 				// Credentials refused at the first start will be refused at every restart: stop now,
 				// saying which. Refused later (expired), they follow the restart policy.
@@ -253,9 +253,9 @@ func (r *upRun) connComponent() *rungroup.Component {
 					select {
 					case cause := <-closed:
 						if cause != nil {
-							return fmt.Errorf("%w: %w", errConnClosed, cause)
+							return fmt.Errorf("%w: %w", natsconn.ErrConnClosed, cause)
 						}
-						return errConnClosed
+						return natsconn.ErrConnClosed
 					case <-ctx.Done():
 					}
 					// Drain: every ack and publish still in flight completes before the connection closes.
@@ -279,14 +279,14 @@ func (r *upRun) traceComponent() *rungroup.Component {
 	if r.trace == nil {
 		return &rungroup.Component{Disabled: r.traceDisabled}
 	}
-	creg := &componentRegistry{reg: r.reg}
+	creg := observe.NewComponentRegistry(r.reg)
 	segs := trace.NewProcessSegments() // a restarted incarnation continues its producers' segments
 	return &rungroup.Component{
 		StopTimeout: r.trace.StopTimeout + 10*time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			_, js := r.link()
 			cfg := *r.trace
-			cfg.Registerer, cfg.Segments = creg.renew(), segs
+			cfg.Registerer, cfg.Segments = creg.Renew(), segs
 			w, err := trace.New(cfg, js, durable.WithMemberID(r.memberID))
 			if err != nil {
 				return rungroup.Instance{}, err
@@ -298,13 +298,13 @@ func (r *upRun) traceComponent() *rungroup.Component {
 }
 
 func (r *upRun) gapsComponent() *rungroup.Component {
-	creg := &componentRegistry{reg: r.reg}
+	creg := observe.NewComponentRegistry(r.reg)
 	return &rungroup.Component{
 		StopTimeout: r.gaps.StopTimeout + 10*time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			_, js := r.link()
 			cfg := r.gaps
-			cfg.Registerer = creg.renew()
+			cfg.Registerer = creg.Renew()
 			d, err := gaps.New(cfg, js)
 			if err != nil {
 				return rungroup.Instance{}, err
@@ -316,7 +316,7 @@ func (r *upRun) gapsComponent() *rungroup.Component {
 }
 
 func (r *upRun) mergeComponent() *rungroup.Component {
-	creg := &componentRegistry{reg: r.reg}
+	creg := observe.NewComponentRegistry(r.reg)
 	stop := r.merge.StopTimeout
 	if stop == 0 {
 		stop = durable.DefaultStopTimeout
@@ -326,7 +326,7 @@ func (r *upRun) mergeComponent() *rungroup.Component {
 		Start: func(context.Context) (rungroup.Instance, error) {
 			_, js := r.link()
 			cfg := r.merge
-			cfg.Registerer = creg.renew()
+			cfg.Registerer = creg.Renew()
 			m, err := merge.New(cfg, js, r.mergeOpts...)
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
@@ -338,7 +338,7 @@ func (r *upRun) mergeComponent() *rungroup.Component {
 }
 
 func (r *upRun) sealComponent() *rungroup.Component {
-	creg := &componentRegistry{reg: r.reg}
+	creg := observe.NewComponentRegistry(r.reg)
 	stop := r.seal.StopTimeout
 	if stop == 0 {
 		stop = durable.DefaultStopTimeout
@@ -360,7 +360,7 @@ func (r *upRun) sealComponent() *rungroup.Component {
 				opts = r.sealOpts.consumerOptions()
 			}
 			cfg := r.seal
-			cfg.Sealer, cfg.Registerer = s, creg.renew()
+			cfg.Sealer, cfg.Registerer = s, creg.Renew()
 			c, err := seal.New(cfg, js, opts...)
 			if err != nil {
 				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
@@ -371,13 +371,13 @@ func (r *upRun) sealComponent() *rungroup.Component {
 }
 
 func (r *upRun) bridgeComponent() *rungroup.Component {
-	creg := &componentRegistry{reg: r.reg}
+	creg := observe.NewComponentRegistry(r.reg)
 	return &rungroup.Component{
 		StopTimeout: r.bridge.StopTimeout + 10*time.Second,
 		Start: func(context.Context) (rungroup.Instance, error) {
 			nc, _ := r.link()
 			cfg := r.bridge
-			cfg.Registerer = creg.renew()
+			cfg.Registerer = creg.Renew()
 			b, err := bridge.New(cfg, nc)
 			if err != nil {
 				return rungroup.Instance{}, err
@@ -467,54 +467,4 @@ func (r *upRun) checkSockets() error {
 		return fmt.Errorf("%w (--dp-size)", err)
 	}
 	return nil
-}
-
-// componentRegistry registers one component's metrics on the process registry. Each incarnation gets
-// it through renew, which first unregisters the previous incarnation's collectors: a restarted
-// component counts from zero, as a restarted process would, instead of failing to register twice.
-type componentRegistry struct {
-	reg prometheus.Registerer
-	mu  sync.Mutex
-	cs  []prometheus.Collector
-}
-
-// renew unregisters what the previous incarnation registered and returns r for the next one.
-func (r *componentRegistry) renew() prometheus.Registerer {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, c := range r.cs {
-		r.reg.Unregister(c)
-	}
-	r.cs = nil
-	return r
-}
-
-func (r *componentRegistry) Register(c prometheus.Collector) error {
-	if err := r.reg.Register(c); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	r.cs = append(r.cs, c)
-	r.mu.Unlock()
-	return nil
-}
-
-func (r *componentRegistry) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		if err := r.Register(c); err != nil {
-			panic(err)
-		}
-	}
-}
-
-func (r *componentRegistry) Unregister(c prometheus.Collector) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for i, have := range r.cs {
-		if have == c {
-			r.cs = append(r.cs[:i], r.cs[i+1:]...)
-			break
-		}
-	}
-	return r.reg.Unregister(c)
 }

@@ -20,7 +20,7 @@ import (
 // checkPorts checks every address r will bind, and metricsAddr ("" when not served).
 func (r *upRun) checkPorts(metricsAddr string) error {
 	if metricsAddr != "" {
-		if err := bindable(metricsAddr); err != nil {
+		if err := natsserver.Bindable(metricsAddr); err != nil {
 			return fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, metricsAddr, err)
 		}
 	}
@@ -47,30 +47,9 @@ func (r *upRun) checkPorts(metricsAddr string) error {
 	}
 	for rank := range n {
 		port := base + rank
-		if err := bindable(net.JoinHostPort(bindHost, strconv.Itoa(port))); err != nil {
+		if err := natsserver.Bindable(net.JoinHostPort(bindHost, strconv.Itoa(port))); err != nil {
 			return fmt.Errorf("%w: --demo binds --fpm-port %d + dp_rank: %s (dp_rank %d): %v", errUsage, base, net.JoinHostPort(host, strconv.Itoa(port)), rank, err)
 		}
 	}
 	return nil
-}
-
-// bindable binds and releases the TCP address addr; its error is the system's reason, with the
-// process holding the port when /proc tells.
-func bindable(addr string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err == nil {
-		return ln.Close()
-	}
-	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Err != nil {
-		err = oe.Err // "bind: address already in use", without repeating the address
-	}
-	if _, p, serr := net.SplitHostPort(addr); serr == nil {
-		if port, perr := strconv.Atoi(p); perr == nil && port > 0 {
-			if h := natsserver.PortHolder(port); h != "" {
-				return fmt.Errorf("%w; held by %s", err, h)
-			}
-		}
-	}
-	return err
 }

@@ -37,7 +37,7 @@
 //	markerreader.go the drop marker reader (an ordered consumer, not a durable one)
 //	event.go        Event (the JSON format), causes, deterministic event ids
 //	state.go        state, one publisher's checkpoint, and its KV key
-//	report.go       BuildReport: `fpmbus gaps report`
+//	report.go       BuildReport, ParseSince: `fpmbus gaps report`
 //	metrics.go      Prometheus metrics (fpmbus_gaps_*; the runner adds fpmbus_consumer_*{consumer="gaps"})
 //	heartbeat.go    heartbeat detection without a full parse
 //

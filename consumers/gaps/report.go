@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
 )
 
@@ -395,4 +396,21 @@ func (r *Report) WriteText(w io.Writer) error {
 			l.Consumer, l.Messages, l.Stream, l.Cause, l.Ranges, l.FirstSeq, l.LastSeq)
 	}
 	return tw.Flush()
+}
+
+// ParseSince reads the report's --since: an RFC 3339 time or a duration before now ("1h", "30m"); ""
+// is everything. A bad one is an invalid.FlagError.
+func ParseSince(s string, now time.Time) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, invalid.Flagf("--since %q: want an RFC 3339 time (2026-05-01T12:00:00Z) or a duration before now (1h)", s)
+	}
+	return t, nil
 }

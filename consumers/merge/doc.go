@@ -17,8 +17,9 @@
 //     FPM_BENCH_OBJECTS behind a small manifest message. The subjects, headers, message ids and the
 //     store are the wire contract, in streams/ (bench.go, objectstore.go), shared with the sealer.
 //   - Consumer (consumer.go): the durable merger behind `fpmbus merge` and `fpmbus up`.
-//   - `fpmbus bench merge` runs Merge + WriteResult offline; `fpmbus bench publish` runs ValidateRank
-//     and ProbeRun (publish.go), then benchstore.BenchStore.PublishBench.
+//   - `fpmbus bench merge` runs Merge + WriteResult offline over OpenRankFiles (files.go: every
+//     artefact file read size-checked, ReadArtefact); `fpmbus bench publish` runs ValidateRank and
+//     ProbeRun (publish.go) through NewPublication (files.go), then benchstore.BenchStore.PublishBench.
 //
 // # How a merge reads a run
 //

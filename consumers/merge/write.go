@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/schemas"
@@ -161,4 +162,17 @@ func removeIfExists(path string) error {
 		return err
 	}
 	return fsutil.SyncDir(filepath.Dir(path))
+}
+
+// WriteSummary writes what an offline merge wrote (`fpmbus bench merge`): the merged artefact, its size
+// and digest (WriteResult's), the time the merge took, and the worker-probe sidecar.
+func (res *result) WriteSummary(w io.Writer, digest string, size int64, took time.Duration) {
+	fmt.Fprintf(w, "merged run %s: ranks %v of %d, %d points -> %s (%d bytes, sha256 %s) in %v\n",
+		res.RunID, res.SourceRanks, res.GlobalSize, res.Points, res.MergedPath, size, digest, took.Round(time.Millisecond))
+	if res.Sidecar != nil {
+		resolution, _ := res.Sidecar.Path("merged", "resolution").Text()
+		fmt.Fprintf(w, "worker-probe sidecar -> %s (merged resolution %s)\n", res.SidecarPath, resolution)
+	} else {
+		fmt.Fprintln(w, "no engine block: no worker-probe sidecar")
+	}
 }

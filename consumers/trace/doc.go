@@ -28,6 +28,7 @@
 //	backfill.go       Backfill: an ordered consumer over a range, in one plain loop, through writer;
 //	                  where an unfinished backfill resumes
 //	backfill_existing.go what a backfill's output holds already: no line written twice
+//	backfill_text.go  what a backfill wrote and how to resume it, for a person
 //	output_group.go   which consumer group writes an output
 //	fileutil.go       the file interface (fault injection) and the write probe (directory fsync and
 //	                  atomic replacement are internal/fsutil's)

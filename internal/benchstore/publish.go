@@ -167,3 +167,28 @@ func readLimited(path string, limit int64) ([]byte, error) {
 	}
 	return data, nil
 }
+
+// Describe is the line `fpmbus bench publish` prints for what was published (p): profile is the
+// collection profile's file, points each rank's point count.
+func (pub *BenchPublication) Describe(p BenchPublished, profile string, points []int) string {
+	switch {
+	case p.Profile:
+		return fmt.Sprintf("published collection profile %s for run %s: %s", profile, p.RunID, p.Subject)
+	case p.Probe >= 0:
+		return fmt.Sprintf("published probe replies %s for run %s: %s seq %d%s", pub.Probes[p.Probe].Path, p.RunID, p.Subject, p.Ack.Sequence, dupNote(p.Ack))
+	}
+	r := pub.Ranks[p.Rank]
+	where := "inline"
+	if p.Object {
+		where = "object store " + streams.BenchObjectBucket
+	}
+	return fmt.Sprintf("published rank %d of %d of run %s (%d points, %d bytes, %s): %s seq %d%s",
+		r.Rank, r.DPSize, r.RunID, points[p.Rank], p.Size, where, p.Subject, p.Ack.Sequence, dupNote(p.Ack))
+}
+
+func dupNote(ack *jetstream.PubAck) string {
+	if ack.Duplicate {
+		return " (duplicate: already published)"
+	}
+	return ""
+}

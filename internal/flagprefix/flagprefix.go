@@ -135,3 +135,15 @@ type invalidFlag struct {
 
 func (e *invalidFlag) Error() string { return e.msg }
 func (e *invalidFlag) Unwrap() error { return e.sentinel }
+
+// Given reports whether the flag name was set on the command line of fs (directly or through a
+// deprecated alias, which sets its flag).
+func Given(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			given = true
+		}
+	})
+	return given
+}

@@ -7,6 +7,11 @@
 //	connect.go     ConnConfig and Connect: the first connection within a timeout, attempt after attempt
 //	               while the server is unreachable; a refused credential or a failed TLS handshake named
 //	               at once (ErrAuth, ErrTLS, ErrUnreachable); connection events logged, OnClosed
+//	flags.go       Flags: the connection flags of a command (--server, --creds, --nkey, --user, --password,
+//	               --token, TLS, --context, --connect-timeout), at parity with the nats CLI; a secret never
+//	               shown, a bad value an invalid.FlagError naming its flag, variable or context
+//	start.go       ConnectAndEnsure, Watch: how a command starts on a server and ends with its connection
+//	faultsignal.go CloseOnSIGUSR1: the drill of a connection closed for good (`up --fault-sigusr1`)
 //	natscontext.go LoadNATSContext: the nats CLI's context files, refused when fpmbus cannot honour all of one
 //	redact.go      RedactURL: the only way a server URL reaches a log line or an error
 //	refusals.go    RefusalContext: an operation ends at the server's permission refusal, not at its timeout

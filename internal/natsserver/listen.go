@@ -129,3 +129,24 @@ func PortHolder(port int) string {
 	}
 	return ""
 }
+
+// Bindable binds and releases the TCP address addr; its error is the system's reason, with the
+// process holding the port when /proc tells.
+func Bindable(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		return ln.Close()
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		err = oe.Err // "bind: address already in use", without repeating the address
+	}
+	if _, p, serr := net.SplitHostPort(addr); serr == nil {
+		if port, perr := strconv.Atoi(p); perr == nil && port > 0 {
+			if h := PortHolder(port); h != "" {
+				return fmt.Errorf("%w; held by %s", err, h)
+			}
+		}
+	}
+	return err
+}

@@ -25,6 +25,10 @@
 // Ownership: the sampler goroutine owns the sample history; handlers read it under a mutex. Nothing the
 // handlers do blocks the component they observe: sources are read with timeouts and cached.
 //
+// A command serves it with Serve (the --metrics-addr flag: RegisterAddrFlag); a standalone command's
+// one component reports its health through Standalone, and each incarnation of a restarted component
+// registers its metrics through a ComponentRegistry, which drops the previous incarnation's.
+//
 // The page needs nothing from outside the binary (it must work on an air-gapped node): its style and
 // script are embedded, and it is rendered on the server, so it is useful with scripts disabled; the
 // script polls /status.json with the page's own query (filter, sort, state, page) and re-renders it.

@@ -1,4 +1,11 @@
-package main
+// Package flaghelp is how a command presents its flags to a person: -h lists them in groups, one per
+// component or concern, in the order the command registered them (Group marks where a group starts),
+// with the deprecated aliases of `fpmbus up` left out of the list (they are still accepted, and warn
+// once when used); a flag that does not exist is answered with the nearest one that does, not with the
+// whole list (Unknown). Parse and ParseInterleaved read a command line that way: only -h prints the
+// usage, a bad flag is one invalid.FlagError. It owns the groups of every FlagSet; the flags
+// themselves are their components'.
+package flaghelp
 
 import (
 	"errors"
@@ -9,12 +16,8 @@ import (
 	"strings"
 
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 )
-
-// How a command presents its flags to a person: -h lists them in groups, one per component or concern,
-// in the order the command registered them (flagGroup marks where a group starts), with the deprecated
-// aliases of `fpmbus up` left out of the list (they are still accepted, and warn once when used); a
-// flag that does not exist is answered with the nearest one that does, not with the whole list.
 
 // groupMark is where a group of a FlagSet's flags starts: the flags defined after it, up to the next
 // mark, are the group's.
@@ -23,40 +26,40 @@ type groupMark struct {
 	defined map[string]bool // the flags defined before the mark
 }
 
-// flagGroups holds each FlagSet's marks, in registration order.
-var flagGroups = map[*flag.FlagSet][]groupMark{}
+// groups holds each FlagSet's marks, in registration order.
+var groups = map[*flag.FlagSet][]groupMark{}
 
-// flagGroup starts a group titled title on fs: the flags registered from now on (until the next mark)
+// Group starts a group titled title on fs: the flags registered from now on (until the next mark)
 // are listed under it. Marking a title again continues that group.
-func flagGroup(fs *flag.FlagSet, title string) {
+func Group(fs *flag.FlagSet, title string) {
 	defined := map[string]bool{}
 	fs.VisitAll(func(f *flag.Flag) { defined[f.Name] = true })
-	flagGroups[fs] = append(flagGroups[fs], groupMark{title: title, defined: defined})
+	groups[fs] = append(groups[fs], groupMark{title: title, defined: defined})
 }
 
-// inFlagGroup registers, through register, flags that belong to group title (the connection flags, the
+// InGroup registers, through register, flags that belong to group title (the connection flags, the
 // stream flags) and then goes on with the group that was current before.
-func inFlagGroup(fs *flag.FlagSet, title string, register func()) {
+func InGroup(fs *flag.FlagSet, title string, register func()) {
 	prev := "flags"
-	if ms := flagGroups[fs]; len(ms) > 0 {
+	if ms := groups[fs]; len(ms) > 0 {
 		prev = ms[len(ms)-1].title
 	}
-	flagGroup(fs, title)
+	Group(fs, title)
 	register()
-	flagGroup(fs, prev)
+	Group(fs, prev)
 }
 
-// isDeprecatedAlias reports whether f is a deprecated name: an old name kept for `fpmbus up`
+// IsDeprecatedAlias reports whether f is a deprecated name: an old name kept for `fpmbus up`
 // (internal/flagprefix), or a flag whose usage says it is deprecated.
-func isDeprecatedAlias(f *flag.Flag) bool {
+func IsDeprecatedAlias(f *flag.Flag) bool {
 	_, ok := f.Value.(*flagprefix.Alias)
 	return ok || strings.HasPrefix(f.Usage, "deprecated")
 }
 
-// printFlags writes fs's flags to w, grouped (flagGroup) and without deprecated aliases, each as the
+// Print writes fs's flags to w, grouped (Group) and without deprecated aliases, each as the
 // flag package prints one.
-func printFlags(w io.Writer, fs *flag.FlagSet) {
-	marks := flagGroups[fs]
+func Print(w io.Writer, fs *flag.FlagSet) {
+	marks := groups[fs]
 	groupOf := map[string]string{}
 	var titles []string
 	fs.VisitAll(func(f *flag.Flag) {
@@ -96,7 +99,7 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 			if groupOf[f.Name] != t {
 				return
 			}
-			if isDeprecatedAlias(f) {
+			if IsDeprecatedAlias(f) {
 				aliases++
 				return
 			}
@@ -110,9 +113,9 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 	}
 }
 
-// unknownFlag answers a flag that fs does not define: the error names it and, when one is close, the
+// Unknown answers a flag that fs does not define: the error names it and, when one is close, the
 // flag meant; the whole list is left to -h.
-func unknownFlag(fs *flag.FlagSet, err error) error {
+func Unknown(fs *flag.FlagSet, err error) error {
 	const prefix = "flag provided but not defined: -"
 	msg := err.Error()
 	if !strings.HasPrefix(msg, prefix) {
@@ -131,10 +134,10 @@ func unknownFlag(fs *flag.FlagSet, err error) error {
 func suggestFlag(fs *flag.FlagSet, given string) string {
 	best, bestD := "", 0
 	fs.VisitAll(func(f *flag.Flag) {
-		if isDeprecatedAlias(f) {
+		if IsDeprecatedAlias(f) {
 			return
 		}
-		d := editDistance(given, f.Name)
+		d := EditDistance(given, f.Name)
 		if len(given) >= 4 && (strings.Contains(f.Name, given) || strings.Contains(given, f.Name)) {
 			d = min(d, 1)
 		}
@@ -148,8 +151,8 @@ func suggestFlag(fs *flag.FlagSet, given string) string {
 	return best
 }
 
-// editDistance is the Levenshtein distance between a and b, in bytes.
-func editDistance(a, b string) int {
+// EditDistance is the Levenshtein distance between a and b, in bytes.
+func EditDistance(a, b string) int {
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)
 	for j := range prev {
@@ -167,4 +170,53 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// parseQuiet parses args into fs. The flag package prints an error and the whole usage on a bad flag;
+// here only -h prints the usage (and flag.ErrHelp comes back), and a bad flag comes back as an
+// invalid.FlagError (naming the nearest flag for an unknown one) for the command to print once.
+func parseQuiet(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return err
+	}
+	return invalid.Flagf("%v", Unknown(fs, err))
+}
+
+// Parse parses args, which must leave no positional argument, as parseQuiet does.
+func Parse(fs *flag.FlagSet, args []string) error {
+	if err := parseQuiet(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return invalid.Flagf("unexpected argument %q", fs.Arg(0))
+	}
+	return nil
+}
+
+// ParseInterleaved parses args where flags and positional arguments may come in any order (the
+// standard flag package stops at the first positional one) and returns the positional ones.
+func ParseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var paths []string
+	for {
+		if err := parseQuiet(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return paths, nil
+		}
+		if rest[0] == "--" { // everything after is positional
+			return append(paths, rest[1:]...), nil
+		}
+		paths = append(paths, rest[0])
+		args = rest[1:]
+	}
 }
