@@ -153,6 +153,9 @@ func TestServerKilledMidAtomicBatch(t *testing.T) {
 			return fmt.Errorf("%v batches sent, %d FPMs in batches in flight: %s", c, h.b.pub.inBatchesN.Load(), fmtStats(h.b.Stats()))
 		}
 		node.signal(syscall.SIGSTOP)
+		// Acks the server sent just before it froze are still on their way: let them arrive, so that
+		// what is in flight now is what the kill finds in flight.
+		time.Sleep(200 * time.Millisecond)
 		if h.b.pub.inBatchesN.Load() == 0 {
 			node.signal(syscall.SIGCONT)
 			return errors.New("every batch was acknowledged before the server froze")
