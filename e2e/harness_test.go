@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fpmbus/fpmbus/internal/freeport"
 	"github.com/fpmbus/fpmbus/internal/fsutil/locktest"
 )
 
@@ -67,15 +67,12 @@ func requireNATS(t *testing.T) {
 	}
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// freePort returns a loopback TCP port that was free a moment ago, from below the ephemeral range
+// (internal/freeport): a port the kernel hands to ":0" can be taken by any outgoing connection of the
+// processes a test starts before the component it is meant for binds it.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Ports(t, 1)[0]
 }
 
 // proc is one running fpmbus (or nats) process; its output goes to a buffer shown on failure.
