@@ -391,11 +391,15 @@ func (t *tracker) markedEndedTail(m *heldMarker) {
 	if last == nil || last.Seq == math.MaxUint64 || m.LastSeq <= last.Seq || e.Epoch < m.Epoch && m.FirstSeq <= last.Seq {
 		return
 	}
+	ended := e.Epoch
 	after := t.revealMarkedTail(*last, m, m.LastReceivedAtMs)
 	// The run now ends at the marker's last number, under its own epoch's entry as well, so that a late
-	// FPM past it and the report (unrevealed.go) go on from there.
-	e.RunLast = &point{Seq: after.Seq, ObservedAtMs: after.ObservedAtMs, Epoch: last.Epoch, Bridge: last.Bridge}
-	if e.Epoch != m.Epoch {
+	// FPM past it and the report (unrevealed.go) go on from there. (Revealing may have added entries to
+	// State.Epochs: the entry is found again.)
+	if k := t.epoch(ended, false); k >= 0 {
+		st.Epochs[k].RunLast = &point{Seq: after.Seq, ObservedAtMs: after.ObservedAtMs, Epoch: last.Epoch, Bridge: last.Bridge}
+	}
+	if ended != m.Epoch {
 		if j := t.epoch(m.Epoch, true); j >= 0 {
 			st.Epochs[j].RunLast = &after
 		}
