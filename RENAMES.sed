@@ -35,3 +35,5 @@ s/\br\.abort\b/r.Abort/g
 # (r.listen, r.server, r.trace, r.gaps, r.merge, r.seal, r.predict, r.bridge, r.demo: the same names capitalised; apply only where r is the up run)
 # the bridge's endpoint list for its ready log line
 s/\bendpointURLs(\([a-z]*\))/\1.EndpointURLs()/g
+# runUp's checks before anything starts (data directory lock, descriptors, addresses) are now one call
+# that returns the lock's release: release, err := r.Prepare(dataDir, metricsAddr); defer release()

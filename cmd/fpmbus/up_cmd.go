@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -295,41 +294,12 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// Before anything starts or is written, what up needs that another process may hold or the system
-	// may lack: its data directory (one process per directory, for its whole life: its server's store,
-	// its member id and its traces' member id are this directory's, partition.StableMemberID; the lock of one that was
-	// killed is free and taken over), the file descriptors its sockets need (libzmq aborts the process
-	// when it runs out) and every address it listens on (a taken one is named at once, not retried as
-	// a crash loop). A refusal leaves no trace: a directory that does not exist yet, which nobody can
-	// hold, is created by taking its lock only once the rest has been checked; one that exists is
-	// checked first, so that a second up on it is told so rather than that its addresses are taken.
-	var own *fsutil.Lock
-	defer func() {
-		if own != nil {
-			_ = own.Unlock()
-		}
-	}()
-	takeDir := func() (err error) {
-		own, err = upstack.OwnDataDir(o.dataDir)
+	// Before anything starts or is written: the data directory, the descriptors and every address
+	// (upstack.Run.Prepare).
+	release, err := r.Prepare(o.dataDir, *o.metricsAddr)
+	defer release()
+	if err != nil {
 		return err
-	}
-	_, statErr := os.Lstat(o.dataDir)
-	exists := statErr == nil
-	if exists {
-		if err := takeDir(); err != nil {
-			return err
-		}
-	}
-	if err := r.CheckSockets(); err != nil {
-		return err
-	}
-	if err := r.CheckPorts(*o.metricsAddr); err != nil {
-		return err
-	}
-	if !exists {
-		if err := takeDir(); err != nil {
-			return err
-		}
 	}
 	// Once every setting is checked and the directory is ours: a missing --auth-token-file is written now.
 	if err := writeUpToken(r.Server); err != nil {

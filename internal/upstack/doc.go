@@ -5,7 +5,8 @@
 // README's order table is generated from it), what each is built on and restarts with, their health
 // (the store's state, /healthz through internal/rungroup), the status page's view of them, and the
 // checks made before anything starts: the file descriptors the ZMQ sockets need and every address the
-// run binds (CheckSockets, CheckPorts), and the ownership of the data directory (OwnDataDir).
+// run binds (CheckSockets, CheckPorts), and the ownership of the data directory (OwnDataDir); Prepare
+// makes them in the order that leaves no trace on a refusal.
 //
 // Invariants: nothing starts until every address and the descriptor budget are checked; a failure no
 // restart can fix (a taken address, a full disk at stream creation, refused credentials at the first
