@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -54,15 +53,6 @@ func (o *bridgeOptions) config() (bridge.Config, error) {
 	}
 	c, err := o.flags.Config()
 	return c, usageError(err, bridge.ErrInvalidConfig)
-}
-
-// endpointURLs lists the bridge's endpoints for its ready log line.
-func endpointURLs(cfg bridge.Config) string {
-	urls := make([]string, len(cfg.Endpoints))
-	for i, ep := range cfg.Endpoints {
-		urls[i] = ep.URL
-	}
-	return strings.Join(urls, ",")
 }
 
 func runBridge(ctx context.Context, args []string) error {
@@ -136,7 +126,7 @@ func runBridge(ctx context.Context, args []string) error {
 	go func() { runErr <- b.Run(rctx) }()
 	select {
 	case <-b.Ready():
-		slog.Info("bridge ready", "endpoints", endpointURLs(cfg), "server", natsconn.RedactURL(nc.ConnectedUrl()),
+		slog.Info("bridge ready", "endpoints", cfg.EndpointURLs(), "server", natsconn.RedactURL(nc.ConnectedUrl()),
 			"subjects", streams.FPMRoot+"."+streams.EncodeToken(cfg.Namespace)+"."+streams.EncodeToken(cfg.Component)+".>",
 			"metrics", *metricsAddr)
 	case err := <-runErr:

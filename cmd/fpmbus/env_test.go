@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/upstack"
 )
 
 // run runs fpmbus in-process and returns its exit status and what it printed on stderr and as help.
@@ -144,18 +145,18 @@ func TestEnvironmentDynamoTraceVariableSetButEmpty(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.trace != nil {
-				t.Fatalf("up plans a trace writer with %s set but empty: %+v", name, *r.trace)
+			if r.Trace != nil {
+				t.Fatalf("up plans a trace writer with %s set but empty: %+v", name, *r.Trace)
 			}
-			if !strings.Contains(r.traceDisabled, name) {
-				t.Fatalf("the trace writer is disabled for %q, which does not name %s", r.traceDisabled, name)
+			if !strings.Contains(r.TraceDisabled, name) {
+				t.Fatalf("the trace writer is disabled for %q, which does not name %s", r.TraceDisabled, name)
 			}
 		})
 	}
 }
 
 // planUpWithoutTraceOutput plans up as planUp does, but leaves --trace-output to its variable.
-func planUpWithoutTraceOutput(t *testing.T, args ...string) (*upRun, error) {
+func planUpWithoutTraceOutput(t *testing.T, args ...string) (*upstack.Run, error) {
 	t.Helper()
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -212,14 +213,14 @@ func TestDynamoTraceNumbersFlagAndVariableAgree(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				for how, r := range map[string]*upRun{"--" + s.upFlag: viaFlag, s.env: viaEnv} {
+				for how, r := range map[string]*upstack.Run{"--" + s.upFlag: viaFlag, s.env: viaEnv} {
 					switch {
-					case want == 0 && r.trace != nil:
+					case want == 0 && r.Trace != nil:
 						t.Errorf("%s %q: up plans a trace writer, want it disabled", how, value)
-					case want != 0 && r.trace == nil:
-						t.Errorf("%s %q: up disables the trace writer: %s", how, value, r.traceDisabled)
-					case want != 0 && s.got(*r.trace) != want:
-						t.Errorf("%s %q: %d, want %d", how, value, s.got(*r.trace), want)
+					case want != 0 && r.Trace == nil:
+						t.Errorf("%s %q: up disables the trace writer: %s", how, value, r.TraceDisabled)
+					case want != 0 && s.got(*r.Trace) != want:
+						t.Errorf("%s %q: %d, want %d", how, value, s.got(*r.Trace), want)
 					}
 				}
 			})

@@ -16,10 +16,11 @@ import (
 	"syscall"
 
 	"github.com/fpmbus/fpmbus/internal/flaghelp"
+	"github.com/fpmbus/fpmbus/internal/upstack"
 )
 
 // command is one subcommand. run gets the arguments after the command name and returns an error to
-// print; errUsage (wrapped) makes main exit 2 instead of 1.
+// print; errUsage (wrapped), or upstack.ErrUsage from a component of `up`, makes main exit 2 instead of 1.
 type command struct {
 	name    string
 	summary string
@@ -77,7 +78,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ec) {
 		return ec.ExitCode()
 	}
-	if errors.Is(err, errUsage) {
+	if errors.Is(err, errUsage) || errors.Is(err, upstack.ErrUsage) {
 		return 2
 	}
 	return 1

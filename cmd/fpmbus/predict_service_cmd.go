@@ -10,9 +10,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/seal"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/observe"
-	"github.com/fpmbus/fpmbus/internal/rungroup"
 	"github.com/fpmbus/fpmbus/predict/service"
-	"github.com/fpmbus/fpmbus/streams"
 )
 
 func init() {
@@ -112,24 +110,4 @@ func runPredictService(ctx context.Context, args []string) error {
 		return err
 	}
 	return <-errc
-}
-
-func (r *upRun) predictComponent() *rungroup.Component {
-	creg := observe.NewComponentRegistry(r.reg)
-	return &rungroup.Component{
-		StopTimeout: 15 * time.Second,
-		Start: func(ctx context.Context) (rungroup.Instance, error) {
-			nc, js := r.link()
-			kv, err := seal.OpenBucket(ctx, js, r.scfg)
-			if err != nil {
-				return rungroup.Instance{}, err
-			}
-			s, err := service.New(r.predict, nc, kv, service.WithRegisterer(creg.Renew()))
-			if err != nil {
-				return rungroup.Instance{}, rungroup.Permanent(fmt.Errorf("%w: %v", errUsage, err))
-			}
-			return rungroup.Instance{Run: s.Run, Ready: s.Ready(),
-				LogAttrs: []any{"service", service.Name, "subject", service.SubjectPredict, "queue_group", r.predict.QueueGroup, "bucket", streams.BucketDatasets}}, nil
-		},
-	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/upstack"
 	"github.com/fpmbus/fpmbus/producer"
 )
 
@@ -120,16 +121,16 @@ func TestREADMEUpOrderIsTheRunGroupsOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := readmeBlock(t, string(raw), "up-order"), upOrderTable(); got != want {
+	if got, want := readmeBlock(t, string(raw), "up-order"), upstack.OrderTable(); got != want {
 		t.Fatalf("README's up-order block differs from upStages; it should read:\n%s\ngot:\n%s", want, got)
 	}
 	var names []string
-	r := &upRun{trace: &trace.Config{}, demo: &producer.Config{}}
-	for _, c := range r.components() {
+	r := &upstack.Run{Trace: &trace.Config{}, Demo: &producer.Config{}}
+	for _, c := range r.Components() {
 		names = append(names, c.Name)
 	}
-	for i, s := range upStages {
-		if i >= len(names) || names[i] != s.name {
+	for i, s := range upstack.Stages {
+		if i >= len(names) || names[i] != s.Name {
 			t.Fatalf("components() with every stage enabled gives %q, not the order of upStages", names)
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/fpmbus/fpmbus/internal/natsserver"
 	"github.com/fpmbus/fpmbus/internal/observe"
 	"github.com/fpmbus/fpmbus/internal/rungroup"
+	"github.com/fpmbus/fpmbus/internal/upstack"
 	"github.com/fpmbus/fpmbus/producer"
 	"github.com/fpmbus/fpmbus/replay"
 	"github.com/fpmbus/fpmbus/streams"
@@ -120,44 +120,30 @@ func upFlags(fs *flag.FlagSet) *upOptions {
 	return o
 }
 
-// upServer is the checked embedded server of one run (natsserver.Plan) and how the components
-// authenticate to it.
-type upServer struct {
-	server natsserver.ServerConfig
-	listen string              // the client address, for the start log line
-	from   string              // what sets the server's addresses: "--listen", or "--server-config FILE"
-	auth   string              // how clients authenticate, for logs
-	conn   natsconn.ConnConfig // the components' credentials
-	plan   *natsserver.Plan
-}
-
-// upCredentialFlags are the flags that give the components' credentials, for hints.
-const upCredentialFlags = "the components' credentials on the embedded server: --user/--password (NATS_USER/NATS_PASSWORD), --token (NATS_TOKEN), --creds (NATS_CREDS), --nkey (NATS_NKEY), or --auth-token-file"
-
 // planUpServer checks the embedded server's flags and the components' credentials on it.
-func planUpServer(o *natsserver.Flags, listen, storeDir string, creds *connOptions) (*upServer, error) {
-	s := &upServer{}
+func planUpServer(o *natsserver.Flags, listen, storeDir string, creds *connOptions) (*upstack.Server, error) {
+	s := &upstack.Server{}
 	p, err := o.Plan(listen, storeDir, creds.GivenCredentials(), func() (err error) {
-		s.conn, err = creds.credentials()
+		s.Conn, err = creds.credentials()
 		return err
 	})
 	if err != nil {
 		return nil, flagUsage(err)
 	}
-	s.server, s.listen, s.from, s.auth, s.plan = p.Server, p.Listen, p.From, p.Auth, p
+	s.Config, s.Listen, s.From, s.Auth, s.Plan = p.Server, p.Listen, p.From, p.Auth, p
 	if p.Token != "" {
-		s.conn = natsconn.ConnConfig{Name: "fpmbus-up", Logger: slog.Default(), Token: p.Token}
+		s.Conn = natsconn.ConnConfig{Name: "fpmbus-up", Logger: slog.Default(), Token: p.Token}
 	}
 	return s, nil
 }
 
-// writeToken creates the missing --auth-token-file (natsserver.Plan.WriteToken).
-func (s *upServer) writeToken() error { return flagUsage(s.plan.WriteToken()) }
+// writeUpToken creates the missing --auth-token-file (natsserver.Plan.WriteToken).
+func writeUpToken(s *upstack.Server) error { return flagUsage(s.Plan.WriteToken()) }
 
 // plan checks every setting and returns the run; a bad one is a usage error naming its flag or
 // variable. An invalid trace setting or an unwritable trace output disables only the trace writer, as
 // Dynamo does; the run group lists it disabled with the reason (logged as an error, /healthz degraded).
-func (o *upOptions) plan() (*upRun, error) {
+func (o *upOptions) plan() (*upstack.Run, error) {
 	_, port, err := net.SplitHostPort(o.listen)
 	if p, perr := strconv.Atoi(port); err != nil || perr != nil || p < 0 || p > 65535 {
 		return nil, fmt.Errorf("%w: --listen %q: want HOST:PORT (port 0: any free port)", errUsage, o.listen)
@@ -185,7 +171,7 @@ func (o *upOptions) plan() (*upRun, error) {
 		return nil, err
 	}
 	if flagprefix.Given(o.fs, "sync") {
-		srv.server.Sync = o.sync // else the --server-config file's sync_interval, or the default
+		srv.Config.Sync = o.sync // else the --server-config file's sync_interval, or the default
 	}
 	if !o.sync.Always && flagprefix.Given(o.fs, "sync") {
 		slog.Warn("--sync is not always: a power cut or OS crash loses what the server acknowledged since its last fsync, sealed dataset cells included", "sync", o.sync.String())
@@ -193,7 +179,7 @@ func (o *upOptions) plan() (*upRun, error) {
 	if o.demo && !flagprefix.Given(o.fs, "dp-size") && !flagprefix.Given(o.fs, "zmq-endpoint") {
 		o.bridge.cfg.DPSize = demoDPSize
 		if demoTrace != nil {
-			o.bridge.cfg.DPSize = demoTrace.width
+			o.bridge.cfg.DPSize = demoTrace.Width
 		}
 	}
 	if flagprefix.Given(o.fs, "stop-timeout") && !flagprefix.Given(o.fs, "trace-stop-timeout") {
@@ -214,28 +200,28 @@ func (o *upOptions) plan() (*upRun, error) {
 		// not as a second, redundant bridge on the same publishers.
 		bc.BridgeID = memberID
 	}
-	r := &upRun{
-		memberID: memberID,
-		listen:   srv.listen,
-		storeDir: srv.server.StoreDir,
-		server:   srv,
-		scfg:     *o.scfg,
-		bridge:   bc,
-		policy: rungroup.Policy{InitialBackoff: o.restartDelay, MaxBackoff: rungroup.DefaultMaxBackoff,
+	r := &upstack.Run{
+		MemberID: memberID,
+		Listen:   srv.Listen,
+		StoreDir: srv.Config.StoreDir,
+		Server:   srv,
+		Streams:  *o.scfg,
+		Bridge:   bc,
+		Policy: rungroup.Policy{InitialBackoff: o.restartDelay, MaxBackoff: rungroup.DefaultMaxBackoff,
 			MaxRestarts: o.restartLimit, Window: o.restartWindow},
 	}
-	if r.gaps, err = o.gaps.config(); err != nil {
+	if r.Gaps, err = o.gaps.config(); err != nil {
 		return nil, err
 	}
-	if r.merge, err = o.merge.config(); err != nil {
+	if r.Merge, err = o.merge.config(); err != nil {
 		return nil, err
 	}
-	r.merge.Streams, r.mergeOpts = o.scfg, o.merge.options()
-	if r.seal, err = o.seal.consumerConfig(*o.scfg); err != nil {
+	r.Merge.Streams, r.MergeOptions = o.scfg, o.merge.options()
+	if r.Seal, err = o.seal.consumerConfig(*o.scfg); err != nil {
 		return nil, err
 	}
-	r.sealOpts = o.seal
-	if r.predict, err = o.predict.config(); err != nil {
+	r.SealOptions = o.seal.consumerOptions()
+	if r.Predict, err = o.predict.config(); err != nil {
 		return nil, err
 	}
 	tcfg, err := o.trace.config()
@@ -244,19 +230,19 @@ func (o *upOptions) plan() (*upRun, error) {
 	}
 	if err != nil {
 		// The run group lists it disabled (an error-level log, /healthz degraded with the reason).
-		r.traceDisabled = strings.TrimPrefix(err.Error(), errUsage.Error()+": ") + "; the bridge and the other consumers run on without it"
+		r.TraceDisabled = strings.TrimPrefix(err.Error(), errUsage.Error()+": ") + "; the bridge and the other consumers run on without it"
 	} else {
-		r.trace = &tcfg
+		r.Trace = &tcfg
 	}
 	if o.demo {
-		if r.bridge.BasePort == 0 {
+		if r.Bridge.BasePort == 0 {
 			return nil, fmt.Errorf("%w: --demo binds its own ports; use --fpm-port/--dp-size, not --zmq-endpoint", errUsage)
 		}
 		if demoTrace != nil {
 			// Every socket waits for the bridge's subscription: what libzmq sends before it joins is lost.
-			demoTrace.zmq = replay.ZMQConfig{Host: o.bridge.flags.ZMQHost(), BasePort: r.bridge.BasePort, StartDelay: demoStartDelay,
+			demoTrace.ZMQ = replay.ZMQConfig{Host: o.bridge.flags.ZMQHost(), BasePort: r.Bridge.BasePort, StartDelay: demoStartDelay,
 				WaitSubscribers: 1}
-			r.demoTrace = demoTrace
+			r.DemoTrace = demoTrace
 			return r, nil
 		}
 		pc, err := o.demoFlags.Config()
@@ -264,19 +250,19 @@ func (o *upOptions) plan() (*upRun, error) {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
 		}
 		// The synthetic ranks bind where the bridge subscribes.
-		pc.Host, pc.BasePort, pc.DPSize = o.bridge.flags.ZMQHost(), r.bridge.BasePort, r.bridge.DPSize
+		pc.Host, pc.BasePort, pc.DPSize = o.bridge.flags.ZMQHost(), r.Bridge.BasePort, r.Bridge.DPSize
 		pc.StartDelay, pc.Logger = demoStartDelay, slog.Default()
 		if err := pc.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: --demo: %v", errUsage, err)
 		}
-		r.demo = &pc
+		r.Demo = &pc
 	}
 	return r, nil
 }
 
 // demoTracePlan loads --demo-trace (nil without it): the recording, its plan (looped, counter ids
 // renumbered so the pipeline sees a live publisher's sequence) and the ports it spans from --fpm-port.
-func (o *upOptions) demoTracePlan() (*upDemoTrace, error) {
+func (o *upOptions) demoTracePlan() (*upstack.DemoTrace, error) {
 	if o.demoTrace == "" {
 		return nil, nil
 	}
@@ -292,11 +278,11 @@ func (o *upOptions) demoTracePlan() (*upDemoTrace, error) {
 	if err != nil {
 		return nil, flagUsage(err)
 	}
-	return &upDemoTrace{plan: plan, width: width}, nil
+	return &upstack.DemoTrace{Plan: plan, Width: width}, nil
 }
 
 // runUp runs the embedded server, the connection, the consumers, the bridge and (with --demo) the
-// synthetic publishers as one supervised group (upStages, internal/rungroup) until ctx ends, then stops
+// synthetic publishers as one supervised group (upstack.Stages, internal/rungroup) until ctx ends, then stops
 // them in reverse order. A component that cannot recover stops the others and makes runUp fail.
 func runUp(ctx context.Context, args []string) error {
 	fs := newFlagSet("up", "up [--demo] [--listen HOST:PORT] [--data-dir DIR] [--server-config FILE | --auth-token-file FILE] [--server-tls-cert FILE --server-tls-key FILE] [--metrics-addr ADDR] [bridge, stream, --trace-…, --gaps-…, --merge-…, --seal-… and --predict-… flags]")
@@ -308,71 +294,44 @@ func runUp(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// Before anything starts or is written, what up needs that another process may hold or the system
-	// may lack: its data directory (one process per directory, for its whole life: its server's store,
-	// its member id and its traces' member id are this directory's, partition.StableMemberID; the lock of one that was
-	// killed is free and taken over), the file descriptors its sockets need (libzmq aborts the process
-	// when it runs out) and every address it listens on (a taken one is named at once, not retried as
-	// a crash loop). A refusal leaves no trace: a directory that does not exist yet, which nobody can
-	// hold, is created by taking its lock only once the rest has been checked; one that exists is
-	// checked first, so that a second up on it is told so rather than that its addresses are taken.
-	var own *fsutil.Lock
-	defer func() {
-		if own != nil {
-			_ = own.Unlock()
-		}
-	}()
-	takeDir := func() (err error) {
-		own, err = ownDataDir(o.dataDir)
+	// Before anything starts or is written: the data directory, the descriptors and every address
+	// (upstack.Run.Prepare).
+	release, err := r.Prepare(o.dataDir, *o.metricsAddr)
+	defer release()
+	if err != nil {
 		return err
-	}
-	_, statErr := os.Lstat(o.dataDir)
-	exists := statErr == nil
-	if exists {
-		if err := takeDir(); err != nil {
-			return err
-		}
-	}
-	if err := r.checkSockets(); err != nil {
-		return err
-	}
-	if err := r.checkPorts(*o.metricsAddr); err != nil {
-		return err
-	}
-	if !exists {
-		if err := takeDir(); err != nil {
-			return err
-		}
 	}
 	// Once every setting is checked and the directory is ours: a missing --auth-token-file is written now.
-	if err := r.server.writeToken(); err != nil {
+	if err := writeUpToken(r.Server); err != nil {
 		return err
 	}
-	if err := fsutil.EnsureDir(r.storeDir, 0o755); err != nil {
+	if err := fsutil.EnsureDir(r.StoreDir, 0o755); err != nil {
 		return fmt.Errorf("%w: --data-dir: %v", errUsage, err)
 	}
 	reg := observe.NewProcessRegistry()
-	r.reg = reg
-	g, err := rungroup.New(r.components(), rungroup.WithLogger(slog.Default()))
+	r.Registry = reg
+	g, err := rungroup.New(r.Components(), rungroup.WithLogger(slog.Default()))
 	if err != nil {
 		return err
 	}
 	// The status page reads the gap detector's state only while someone looks (gaps.PublisherWatch).
-	watch := gaps.NewPublisherWatch(func() jetstream.JetStream { _, js := r.link(); return js }, r.gaps)
+	watch := gaps.NewPublisherWatch(func() jetstream.JetStream { _, js := r.Link(); return js }, r.Gaps)
 	defer watch.Close()
-	stop, err := serveStatus(*o.metricsAddr, r.statusOptions(reg, g, watch))
+	so := r.StatusOptions(reg, g)
+	so.Publishers = gapsPublishers{watch}
+	stop, err := serveStatus(*o.metricsAddr, so)
 	if err != nil {
 		return err
 	}
 	defer stop()
 	if o.faultSignal {
-		stop := natsconn.CloseOnSIGUSR1(func() *nats.Conn { nc, _ := r.link(); return nc })
+		stop := natsconn.CloseOnSIGUSR1(func() *nats.Conn { nc, _ := r.Link(); return nc })
 		defer stop()
 	}
-	slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "listen", r.listen, "auth", r.server.auth, "metrics", *o.metricsAddr)
+	slog.Info("fpmbus up: watch with `nats sub 'fpm.>'` or `nats stream info FPM`; Ctrl-C stops", "listen", r.Listen, "auth", r.Server.Auth, "metrics", *o.metricsAddr)
 	ctx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
-	r.abort = abort
+	r.Abort = abort
 	err = g.Run(ctx)
 	if cause := context.Cause(ctx); errors.Is(cause, natsserver.ErrStoreLost) {
 		return fmt.Errorf("stopped: %w", cause)
@@ -381,22 +340,4 @@ func runUp(ctx context.Context, args []string) error {
 		return fmt.Errorf("stopped: %w", err)
 	}
 	return err
-}
-
-// ownDataDir takes the ownership lock of --data-dir dir (fsutil.OwnDir: <dir>/fpmbus.lock). A
-// directory that is not one (a symbolic link included) is a usage error; one another process owns is
-// refused (exit 1) naming it.
-func ownDataDir(dir string) (*fsutil.Lock, error) {
-	l, err := fsutil.OwnDir(dir, "fpmbus up")
-	var held *fsutil.HeldError
-	switch {
-	case errors.As(err, &held):
-		return nil, fmt.Errorf("--data-dir %s is in use: %w; stop that process, or give this one another --data-dir", dir, err)
-	case err != nil:
-		return nil, fmt.Errorf("%w: --data-dir: %v", errUsage, err)
-	}
-	if l.Previous != nil {
-		slog.Warn("--data-dir taken over from an `fpmbus up` that ended without releasing it (killed?)", "data_dir", dir, "previous_owner", l.Previous.String())
-	}
-	return l, nil
 }

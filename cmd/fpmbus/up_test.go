@@ -13,6 +13,7 @@ import (
 	"github.com/fpmbus/fpmbus/bridge"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
+	"github.com/fpmbus/fpmbus/internal/upstack"
 )
 
 // `fpmbus up` refuses a bad setting before it starts anything, exit 2, naming the flag at fault.
@@ -86,7 +87,7 @@ func TestUpFlagNamesFollowThePrefixRule(t *testing.T) {
 
 // planUp parses up's flags (with a data dir and trace output of the test's own), plans the run and, as
 // runUp does once the data directory is owned, writes a missing token file, without starting anything.
-func planUp(t *testing.T, args ...string) (*upRun, error) {
+func planUp(t *testing.T, args ...string) (*upstack.Run, error) {
 	t.Helper()
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -100,7 +101,7 @@ func planUp(t *testing.T, args ...string) (*upRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r, r.server.writeToken()
+	return r, writeUpToken(r.Server)
 }
 
 // writeFile writes body to a new file in a fresh directory and returns its path.
@@ -190,8 +191,8 @@ func TestUpServerSecuritySettings(t *testing.T) {
 			if err != nil {
 				t.Fatalf("plan: %v", err)
 			}
-			if !strings.HasPrefix(r.server.auth, tc.auth) {
-				t.Fatalf("auth %q, want %q…", r.server.auth, tc.auth)
+			if !strings.HasPrefix(r.Server.Auth, tc.auth) {
+				t.Fatalf("auth %q, want %q…", r.Server.Auth, tc.auth)
 			}
 			if strings.HasPrefix(tc.auth, "token from") {
 				raw, err := os.ReadFile(tokenFile)
@@ -200,8 +201,8 @@ func TestUpServerSecuritySettings(t *testing.T) {
 					t.Fatalf("token file: %v %v mode %v, want mode 0600", err, serr, st.Mode().Perm())
 				}
 				tok := strings.TrimSpace(string(raw))
-				if len(tok) < 26 || r.server.server.AuthToken != tok || r.server.conn.Token != tok {
-					t.Fatalf("token %q: server %q, components %q", tok, r.server.server.AuthToken, r.server.conn.Token)
+				if len(tok) < 26 || r.Server.Config.AuthToken != tok || r.Server.Conn.Token != tok {
+					t.Fatalf("token %q: server %q, components %q", tok, r.Server.Config.AuthToken, r.Server.Conn.Token)
 				}
 			}
 		})
@@ -220,10 +221,10 @@ func TestUpAuthTokenFileIsReused(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw, _ := os.ReadFile(path)
-	if r.server.server.AuthToken != "my-own-token" || string(raw) != "my-own-token\n" {
-		t.Fatalf("server token %q, file %q", r.server.server.AuthToken, raw)
+	if r.Server.Config.AuthToken != "my-own-token" || string(raw) != "my-own-token\n" {
+		t.Fatalf("server token %q, file %q", r.Server.Config.AuthToken, raw)
 	}
-	if c := r.server.conn; c.Token != "my-own-token" || c.Creds != "" || c.User != "" {
+	if c := r.Server.Conn; c.Token != "my-own-token" || c.Creds != "" || c.User != "" {
 		t.Fatalf("components' credentials %+v: want the token only", c)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package upstack
 
 import (
 	"errors"
@@ -16,7 +16,7 @@ import (
 // The edge bridge (`fpmbus bridge --edge-dir`) reports its node-local server's store the same way.
 
 // storeStatus returns the current embedded server's store status (StoreOK before it started).
-func (r *upRun) storeStatus() natsserver.StoreStatus {
+func (r *Run) storeStatus() natsserver.StoreStatus {
 	r.mu.Lock()
 	srv := r.srv
 	r.mu.Unlock()
@@ -29,13 +29,13 @@ func (r *upRun) storeStatus() natsserver.StoreStatus {
 // storeTooSmall turns the server's refusal to create a stream for lack of disk into a usage error (exit
 // 2) naming the flags, the disk and the space (natsserver.StoreTooSmall), marked Permanent: no restart
 // of the components can change the answer. Any other error is returned as it is.
-func (r *upRun) storeTooSmall(err error) error {
+func (r *Run) storeTooSmall(err error) error {
 	r.mu.Lock()
 	srv := r.srv
 	r.mu.Unlock()
-	reserved := fmt.Sprintf("FPM reserves --max-bytes %d, FPM_EVENTS --events-max-bytes %d", r.scfg.MaxBytes, r.scfg.EventsMaxBytes)
+	reserved := fmt.Sprintf("FPM reserves --max-bytes %d, FPM_EVENTS --events-max-bytes %d", r.Streams.MaxBytes, r.Streams.EventsMaxBytes)
 	if err = natsserver.StoreTooSmall(srv, r.storeStatus, reserved, err); errors.As(err, new(*invalid.FlagError)) {
-		return rungroup.Permanent(flagUsage(err))
+		return rungroup.Permanent(fmt.Errorf("%w: %v", ErrUsage, err))
 	}
 	return err
 }

@@ -1,4 +1,4 @@
-package main
+package upstack
 
 import (
 	"errors"
@@ -17,29 +17,29 @@ import (
 // directory is created. The components refuse a bind failure at a later restart the same way
 // (natsserver.ErrListen, producer.BindError: Permanent).
 
-// checkPorts checks every address r will bind, and metricsAddr ("" when not served).
-func (r *upRun) checkPorts(metricsAddr string) error {
+// CheckPorts checks every address r will bind, and metricsAddr ("" when not served).
+func (r *Run) CheckPorts(metricsAddr string) error {
 	if metricsAddr != "" {
 		if err := natsserver.Bindable(metricsAddr); err != nil {
-			return fmt.Errorf("%w: --metrics-addr %q: %v", errUsage, metricsAddr, err)
+			return fmt.Errorf("%w: --metrics-addr %q: %v", ErrUsage, metricsAddr, err)
 		}
 	}
-	opts, err := r.server.server.Options()
+	opts, err := r.Server.Config.Options()
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	if err := natsserver.CheckListen(opts); err != nil {
 		if le, ok := errors.AsType[*natsserver.ListenError](err); ok && le.Listener == "client" {
-			return fmt.Errorf("%w: %s: %v", errUsage, r.server.from, err)
+			return fmt.Errorf("%w: %s: %v", ErrUsage, r.Server.From, err)
 		}
-		return fmt.Errorf("%w: --server-config: %v", errUsage, err)
+		return fmt.Errorf("%w: --server-config: %v", ErrUsage, err)
 	}
 	host, base, n := "", 0, 0
 	switch {
-	case r.demo != nil:
-		host, base, n = r.demo.Host, r.demo.BasePort, r.demo.DPSize
-	case r.demoTrace != nil:
-		host, base, n = r.demoTrace.zmq.Host, r.demoTrace.zmq.BasePort, r.demoTrace.width
+	case r.Demo != nil:
+		host, base, n = r.Demo.Host, r.Demo.BasePort, r.Demo.DPSize
+	case r.DemoTrace != nil:
+		host, base, n = r.DemoTrace.ZMQ.Host, r.DemoTrace.ZMQ.BasePort, r.DemoTrace.Width
 	}
 	bindHost := host
 	if bindHost == "*" {
@@ -48,7 +48,7 @@ func (r *upRun) checkPorts(metricsAddr string) error {
 	for rank := range n {
 		port := base + rank
 		if err := natsserver.Bindable(net.JoinHostPort(bindHost, strconv.Itoa(port))); err != nil {
-			return fmt.Errorf("%w: --demo binds --fpm-port %d + dp_rank: %s (dp_rank %d): %v", errUsage, base, net.JoinHostPort(host, strconv.Itoa(port)), rank, err)
+			return fmt.Errorf("%w: --demo binds --fpm-port %d + dp_rank: %s (dp_rank %d): %v", ErrUsage, base, net.JoinHostPort(host, strconv.Itoa(port)), rank, err)
 		}
 	}
 	return nil
