@@ -1,9 +1,11 @@
 package natsconn
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -243,6 +245,11 @@ func ConnectContext(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
 			return nc, nil
 		}
 		ce := c.explain(where, err, dialer.last())
+		if ce.Kind == ErrUnreachable && dialer.requiresClientCert() && c.TLSCert == "" {
+			// The server said it requires a client certificate and none was given: whatever the
+			// connection's end looked like, the next attempt would end the same way.
+			ce.Kind, ce.Detail = ErrTLS, "the server requires a client certificate (its INFO says tls_verify), and none was given"
+		}
 		if ce.Kind != ErrUnreachable {
 			return nil, ce
 		}
@@ -438,11 +445,21 @@ func (c ConnConfig) describeAuth() string {
 }
 
 // recordingDialer dials like nats.go's default dialer and keeps the last error, which nats.go replaces
-// by "no servers available" when the server refused the connection.
+// by "no servers available" when the server refused the connection. It also reads the server's INFO
+// line as it passes (sent in the clear before the TLS upgrade): a server that requires a client
+// certificate says so there (tls_verify), and under load its refusal of a client without one can reach
+// the client as a connection closed without a word, which would otherwise look like a server that is
+// not reachable yet and be retried until the timeout.
 type recordingDialer struct {
-	d   net.Dialer
-	mu  sync.Mutex
-	err error
+	d    net.Dialer
+	mu   sync.Mutex
+	err  error
+	info serverInfo
+}
+
+// serverInfo is the part of the server's INFO the first connection's diagnosis needs.
+type serverInfo struct {
+	TLSVerify bool `json:"tls_verify"`
 }
 
 func (r *recordingDialer) Dial(network, address string) (net.Conn, error) {
@@ -451,14 +468,61 @@ func (r *recordingDialer) Dial(network, address string) (net.Conn, error) {
 		r.mu.Lock()
 		r.err = err
 		r.mu.Unlock()
+		return conn, err
 	}
-	return conn, err
+	return &infoSniffer{Conn: conn, dialer: r}, nil
 }
 
 func (r *recordingDialer) last() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.err
+}
+
+// requiresClientCert says whether the server's INFO, on the last connection, required a client
+// certificate.
+func (r *recordingDialer) requiresClientCert() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.info.TLSVerify
+}
+
+// infoSniffer keeps the bytes read until the first line ends (the server's INFO), parses it, and
+// then only passes reads through. A line that is not a plain INFO (TLS handshake first, a foreign
+// server) is ignored: the diagnosis falls back to the error alone.
+type infoSniffer struct {
+	net.Conn
+	dialer *recordingDialer
+	line   []byte
+	done   bool
+}
+
+// maxInfoLine bounds what the sniffer keeps; a real INFO line is a few hundred bytes.
+const maxInfoLine = 64 << 10
+
+func (s *infoSniffer) Read(p []byte) (int, error) {
+	n, err := s.Conn.Read(p)
+	if s.done || n == 0 {
+		return n, err
+	}
+	s.line = append(s.line, p[:n]...)
+	end := bytes.Index(s.line, []byte("\r\n"))
+	if end < 0 && len(s.line) < maxInfoLine {
+		return n, err
+	}
+	s.done = true
+	if end >= 0 {
+		if body, ok := bytes.CutPrefix(s.line[:end], []byte("INFO ")); ok {
+			var info serverInfo
+			if json.Unmarshal(body, &info) == nil {
+				s.dialer.mu.Lock()
+				s.dialer.info = info
+				s.dialer.mu.Unlock()
+			}
+		}
+	}
+	s.line = nil
+	return n, err
 }
 
 // OnClosed calls f once, with the connection's last error (nil after a Close by its owner), when nc is
