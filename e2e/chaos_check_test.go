@@ -184,9 +184,31 @@ type naming struct {
 	id     string // the event's id, for gap events
 	gap    bool   // a gap event (false: a drop marker or a dead letter)
 	lost   bool   // the bridge's lost_after_ack
+	cause  string // a gap event's cause
 }
 
 func (n naming) covers(q uint64) bool { return n.lo <= q && q <= n.hi }
+
+// minusRanges is the numbers of ranges rs (inclusive) not in any of cut.
+func minusRanges(rs, cut [][2]uint64) [][2]uint64 {
+	for _, c := range cut {
+		var out [][2]uint64
+		for _, r := range rs {
+			if c[1] < r[0] || c[0] > r[1] {
+				out = append(out, r)
+				continue
+			}
+			if c[0] > r[0] {
+				out = append(out, [2]uint64{r[0], c[0] - 1})
+			}
+			if c[1] < r[1] {
+				out = append(out, [2]uint64{c[1] + 1, r[1]})
+			}
+		}
+		rs = out
+	}
+	return rs
+}
 
 // runKey is one publisher key's messages of one run.
 type runKey struct {
@@ -302,13 +324,20 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 	}
 
 	// What the events name missing, per key.
+	// A recovered event takes back numbers its gap event named: copies stored after the event.
 	names := map[streams.Key][]naming{}
+	recovered := map[string][][2]uint64{} // gap event id -> numbers taken back
+	for _, e := range o.gapEvents {
+		if e.Type == gaps.TypeRecovered {
+			recovered[e.Recovers] = append(recovered[e.Recovers], gapRanges(e)...)
+		}
+	}
 	for _, e := range o.gapEvents {
 		if e.Type != gaps.TypeGap {
 			continue
 		}
-		for _, rg := range gapRanges(e) {
-			names[e.Key] = append(names[e.Key], naming{epoch: e.Epoch, lo: rg[0], hi: rg[1], id: e.ID, gap: true, lost: e.Cause == streams.GapCauseLostAfterAck})
+		for _, rg := range minusRanges(gapRanges(e), recovered[e.ID]) {
+			names[e.Key] = append(names[e.Key], naming{epoch: e.Epoch, lo: rg[0], hi: rg[1], id: e.ID, gap: true, lost: e.Cause == streams.GapCauseLostAfterAck, cause: e.Cause})
 		}
 	}
 	for _, dm := range o.markers {
@@ -545,6 +574,17 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 		}
 		return false
 	}
+	// What a full disk cannot cost: the first numbers of a run sent before any bridge was subscribed
+	// (named late_start, or by the run's publisher_restart or reconnect event) are lost to the
+	// publisher starting first, disk or not.
+	diskCost := func(r *chaosRun, k streams.Key, q uint64) bool {
+		for _, n := range names[k] {
+			if n.covers(q) && applies(n, r, k) && (n.cause == gaps.CauseLateStart || n.cause == gaps.CausePublisherRestart || n.cause == "reconnect") {
+				return false
+			}
+		}
+		return true
+	}
 	if o.shape == shapeUp {
 		for _, fw := range o.faults {
 			if fw.what != "disk" {
@@ -554,7 +594,8 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 			for _, r := range o.runs {
 				for k, sent := range r.sent {
 					for q, s := range sent {
-						if s.sentAtMs >= fw.start.UnixMilli() && s.sentAtMs < fw.end.UnixMilli() && count[runKey{r, k}][q] == 0 && !otherFault(s.sentAtMs) {
+						if s.sentAtMs >= fw.start.UnixMilli() && s.sentAtMs < fw.end.UnixMilli() && count[runKey{r, k}][q] == 0 && !otherFault(s.sentAtMs) &&
+							diskCost(r, k, q) {
 							lostDuring++
 						}
 					}

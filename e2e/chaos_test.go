@@ -413,6 +413,10 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 		"a full disk cost FPMs, /healthz said ok throughout": {func(o *chaosObserved) {
 			diskCost(o)
 		}, "healthz"},
+		"FPMs sent during a full disk before the bridge was subscribed: the late start's": {func(o *chaosObserved) {
+			diskCost(o)
+			o.gapEvents[0].Cause = gaps.CauseLateStart
+		}, ""},
 		"FPMs lost while up restarted during a full disk: the restart's": {func(o *chaosObserved) {
 			diskCost(o)
 			o.faults = append(o.faults, chaosFault{"up", t0, t0.Add(time.Second)})

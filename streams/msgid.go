@@ -80,6 +80,11 @@ func RestartMsgID(k Key, epoch int64) string {
 	return "gap:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":restart"
 }
 
+// RecoveredMsgID is the Nats-Msg-Id of the recovered event taking back first..last under epoch.
+func RecoveredMsgID(k Key, epoch int64, first, last uint64) string {
+	return "recovered:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(first, 10) + "-" + strconv.FormatUint(last, 10)
+}
+
 // StaleMsgID is the Nats-Msg-Id of the stale event after message lastSeq of epoch.
 func StaleMsgID(k Key, epoch int64, lastSeq uint64) string {
 	return "stale:" + keyTokens(k) + ":" + strconv.FormatInt(epoch, 10) + ":" + strconv.FormatUint(lastSeq, 10)

@@ -209,6 +209,8 @@ func (d *Detector) stored(ev *Event) {
 			delay := time.Since(time.UnixMilli(ev.After.ObservedAtMs))
 			d.metrics.delay.WithLabelValues(ev.Cause).Observe(max(delay.Seconds(), 0))
 		}
+	case TypeRecovered:
+		d.metrics.recovered.WithLabelValues(ev.Cause).Add(float64(ev.Missing))
 	default:
 		d.metrics.stateEvents.WithLabelValues(ev.Type).Inc()
 	}

@@ -10,13 +10,18 @@ import (
 // checkClock runs the wall-clock checks: publishers idle past CheckpointInterval get their advances
 // checkpointed, silent publishers go stale, and pending gaps whose marker grace has passed (in stream
 // time: every drop marker, and every FPM of the gap's publisher, stored up to it has been applied)
-// are classified.
+// are classified. Numbers recovered since the last tick (copies of numbers a gap event named missing)
+// are reported.
 func (d *Detector) checkClock() {
 	now := d.now()
 	d.retryOrphans()
 	var stale []*entry
 	pending, nStale := 0, 0
 	for _, e := range d.keys {
+		if e.st.Recovering != nil {
+			e.t.flushRecovered()
+			d.touch(e)
+		}
 		if e.changed && now.Sub(e.written) >= d.cfg.CheckpointInterval {
 			d.markDirty(e) // idle since: checkpoint what it advanced
 		}

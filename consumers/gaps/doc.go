@@ -18,8 +18,10 @@
 //	late_start         the first message seen of a publisher is above 0: the numbers before it were
 //	                   sent before the bridge was subscribed
 //
-// plus "stale" and "resumed" events that open and close a silent period. Duplicates and out-of-order
-// numbers are counted, not reported. Every missing number is in exactly one gap event.
+// plus "stale" and "resumed" events that open and close a silent period, and "recovered" events that
+// take back numbers a gap event named whose copies a bridge stored after the event (TypeRecovered).
+// Duplicates and out-of-order numbers are counted, not reported. Every missing number is in exactly
+// one gap event, and a stored one in none that was not taken back.
 //
 // The detector is a durable.Consumer (consumers/durable): a durable.Runner owns its partition group,
 // acks, dead letters, crash-loop guard, common metrics and stop sequence, and hands it batches of FPMs.
@@ -71,8 +73,8 @@
 //     a takeover left one to do).
 //
 //   - Events are checkpointed in state.Outbox before they are published, and published with a
-//     deterministic Nats-Msg-Id (streams.GapMsgID gap:<key>:<epoch>:<first>-<last>, …:restart, stale:…,
-//     resumed:…);
+//     deterministic Nats-Msg-Id (streams.GapMsgID gap:<key>:<epoch>:<first>-<last>, …:restart,
+//     recovered:…, stale:…, resumed:…);
 //     a loaded outbox is reconciled with the events already stored on the publisher's subject, so a
 //     crash anywhere stores each event once.
 //

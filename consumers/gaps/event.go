@@ -16,6 +16,12 @@ const (
 	typeStale = "stale"
 	// typeResumed closes a stale period: the publisher was heard again.
 	typeResumed = "resumed"
+	// TypeRecovered takes back numbers a gap event named missing: copies of them were stored after
+	// the event was classified (a redundant bridge that lagged past the marker grace, a bridge that
+	// held them through a full disk or a broker restart). Its cause is the gap event's, recovers its
+	// id, and first_missing..last_missing (missing: how many) the numbers no longer missing, under
+	// epoch: a reader subtracts them from that cause.
+	TypeRecovered = "recovered"
 )
 
 // Causes of a gap (the "cause" field; label cause of the metrics).
@@ -131,8 +137,10 @@ type Event struct {
 	StaleAfterMs int64 `json:"stale_after_ms,omitempty"`
 	StaleAtMs    int64 `json:"stale_at_ms,omitempty"`
 	// Restarted (resumed): whether the publisher restarted while it was silent.
-	Restarted *bool    `json:"restarted,omitempty"`
-	Evidence  evidence `json:"evidence"`
+	Restarted *bool `json:"restarted,omitempty"`
+	// Recovers (recovered) is the id of the gap event that named the numbers.
+	Recovers string   `json:"recovers,omitempty"`
+	Evidence evidence `json:"evidence"`
 }
 
 // Subject is the subject the event is published on.

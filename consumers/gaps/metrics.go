@@ -10,6 +10,7 @@ import (
 type metrics struct {
 	events      *prometheus.CounterVec   // gap events stored, by cause
 	missing     *prometheus.CounterVec   // missing messages reported, by cause
+	recovered   *prometheus.CounterVec   // of those, stored after all (recovered events), by cause
 	stateEvents *prometheus.CounterVec   // stale / resumed events stored
 	stale       prometheus.Gauge         // publishers currently stale
 	publishers  prometheus.Gauge         // publishers tracked by this instance
@@ -35,6 +36,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Gap events stored on FPM_EVENTS, by cause (bridge_drop, zmq_drop, publisher_restart, stale)."}, []string{"cause"}),
 		missing: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fpmbus_gaps_missing_messages_total",
 			Help: "Missing FPM sequence numbers reported in gap events, by cause."}, []string{"cause"}),
+		recovered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fpmbus_gaps_recovered_messages_total",
+			Help: "Sequence numbers gap events named missing that were stored after all (recovered events), by the gap's cause; missing less recovered is what is missing."}, []string{"cause"}),
 		stateEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fpmbus_gaps_state_events_total",
 			Help: "Stale and resumed events stored on FPM_EVENTS."}, []string{"type"}),
 		stale:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "fpmbus_gaps_stale_publishers", Help: "Publishers currently stale (nothing heard for --stale-after)."}),
@@ -60,6 +63,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range Causes {
 		m.events.WithLabelValues(c)
 		m.missing.WithLabelValues(c)
+		m.recovered.WithLabelValues(c)
 		m.delay.WithLabelValues(c)
 	}
 	for _, t := range []string{typeStale, typeResumed} {
@@ -70,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.events, m.missing, m.stateEvents, m.stale, m.publishers, m.pending,
+	for _, c := range []prometheus.Collector{m.events, m.missing, m.recovered, m.stateEvents, m.stale, m.publishers, m.pending,
 		m.messages, m.heartbeats, m.duplicates, m.outOfOrder, m.skipped, m.markers, m.invalid, m.conflicts, m.delay, m.commit} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

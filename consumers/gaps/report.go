@@ -38,8 +38,11 @@ type PublisherReport struct {
 	Messages   uint64      `json:"messages"`
 	Heartbeats uint64      `json:"heartbeats"`
 	// Gaps and Missing by cause; a publisher_restart counts as a gap even with nothing missing.
-	Gaps    CauseCounts `json:"gaps"`
-	Missing CauseCounts `json:"missing"`
+	// Missing is net of Recovered: numbers gap events named missing whose copies were stored after
+	// the event (recovered events) are messages, not missing.
+	Gaps      CauseCounts `json:"gaps"`
+	Missing   CauseCounts `json:"missing"`
+	Recovered uint64      `json:"recovered"`
 	// DroppedUnrevealed counts the numbers bridge drop markers name after the last one the detector
 	// saw of their run: dropped while no later FPM of the run came to reveal them as a gap (the run
 	// ended first), so no gap event names them (unrevealed.go). They count in MissingTotal.
@@ -130,6 +133,7 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 			c := st.Counters
 			p.Messages, p.Heartbeats, p.Gaps, p.Missing = c.Messages, c.Heartbeats, c.Gaps, c.Missing
 			p.StalePeriods, p.Restarts, p.Duplicates, p.OutOfOrder = c.StalePeriods, c.Restarts, c.Duplicates, c.OutOfOrder
+			p.Recovered = c.Recovered
 		}
 	}
 	// Gap events: with Since, every cause from the stream; without, only the bridge's lost_after_ack
@@ -165,6 +169,9 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 			if e.Cause == CausePublisherRestart || e.Cause == causeReconnect {
 				p.Restarts++
 			}
+		case TypeRecovered:
+			p.Missing.sub(e.Cause, e.Missing)
+			p.Recovered += e.Missing
 		case typeStale:
 			p.StalePeriods++
 		}

@@ -52,6 +52,9 @@ type state struct {
 	// Stale is set while the publisher is silent.
 	Stale    *point   `json:"stale,omitempty"`
 	Counters counters `json:"counters"`
+	// Recovering is a run of named numbers stored after all, waiting to be reported (a recovered
+	// event) when it ends.
+	Recovering *recovering `json:"recovering,omitempty"`
 	// Outbox holds events not yet confirmed stored on FPM_EVENTS, in event_seq order.
 	Outbox []Event `json:"outbox,omitempty"`
 }
@@ -93,6 +96,33 @@ type epochSeen struct {
 	// RunLast, when set, is the last message of a run a restart ended, under this epoch: a late
 	// message of the epoch past it goes on with that run.
 	RunLast *point `json:"run_last,omitempty"`
+	// Named are the numbers of Seen that gap events named missing, with the event and its cause
+	// (oldest first, at most maxNamed): a copy of one stored later is not a duplicate but a message
+	// the event must take back (a recovered event), as no bridge had stored it when the event was
+	// classified. Beyond maxNamed the oldest are forgotten: a copy of one of those is then counted a
+	// duplicate, as before the detector kept them.
+	Named []namedRange `json:"named,omitempty"`
+}
+
+// namedRange is a run of numbers one gap event named missing under an epoch.
+type namedRange struct {
+	Lo    uint64 `json:"lo"`
+	Hi    uint64 `json:"hi"`
+	Cause string `json:"cause"`
+	Gap   string `json:"gap"` // the event's id
+}
+
+// recovering is a run of numbers named missing by one gap event whose copies were stored after the
+// event, not yet reported: contiguous copies extend it, anything else ends it (tracker.recover).
+type recovering struct {
+	Epoch int64  `json:"epoch"`
+	Lo    uint64 `json:"lo"`
+	Hi    uint64 `json:"hi"`
+	Cause string `json:"cause"`
+	Gap   string `json:"gap"`
+	// First and Last are the first and last copies stored, as the event's evidence.
+	First point `json:"first"`
+	Last  point `json:"last"`
 }
 
 // heldMarker is a drop marker kept in State; Used once it covered part of a gap.
@@ -151,6 +181,13 @@ func (c *CauseCounts) add(cause string, n uint64) {
 	}
 }
 
+// sub takes n off cause's count, never below zero.
+func (c *CauseCounts) sub(cause string, n uint64) {
+	if p := c.ptr(cause); p != nil {
+		*p -= min(*p, n)
+	}
+}
+
 // Total is the sum over the causes.
 func (c CauseCounts) Total() uint64 {
 	return c.BridgeDrop + c.ZMQDrop + c.PublisherRestart + c.Reconnect + c.Stale + c.LateStart
@@ -168,6 +205,10 @@ type counters struct {
 	// the publisher, less the duplicates.
 	Duplicates uint64 `json:"duplicates"`
 	OutOfOrder uint64 `json:"out_of_order"`
+	// Recovered counts numbers a gap event named missing that were stored after all (a bridge that
+	// lagged past the marker grace stored its copy): each is counted in Messages and taken off
+	// Missing, and a recovered event says which.
+	Recovered uint64 `json:"recovered,omitempty"`
 	// SeqMismatch counts FPMs the bridge flagged with Fpm-Seq-Mismatch (counter_id != sequence frame).
 	SeqMismatch uint64 `json:"seq_mismatch"`
 	// Gaps counts gap events by cause (a publisher_restart event counts even when nothing is

@@ -120,6 +120,8 @@ func (t *tracker) observe(o *fpmObservation) {
 			}
 		case t.late(o):
 			// Neither counted nor named under its own epoch yet: a message, counted by late.
+		case t.recover(o):
+			// Named missing by a gap event under its epoch, stored after all: a message, taken back.
 		default:
 			// Seen already, or reported missing by a gap classified before it came.
 			st.Counters.Duplicates++
@@ -217,6 +219,84 @@ func (t *tracker) late(o *fpmObservation) bool {
 		t.reveal(*hole)
 	}
 	return true
+}
+
+// maxNamed bounds epochSeen.Named.
+const maxNamed = 64
+
+// named records r, named missing by a gap event about p, under every epoch its numbers were recorded
+// seen under (emitPending).
+func (t *tracker) named(p *pending, r namedRange) {
+	for i := range t.st.Epochs {
+		e := &t.st.Epochs[i]
+		if e.Epoch != p.After.Epoch && (e.Epoch < p.EpochLo || e.Epoch > p.EpochHi) {
+			continue
+		}
+		e.Named = append(e.Named, r)
+		if over := len(e.Named) - maxNamed; over > 0 {
+			e.Named = slices.Delete(e.Named, 0, over)
+		}
+	}
+}
+
+// recover applies a late message whose number a gap event named missing under its epoch, and
+// reports whether it was one: the event was classified before any bridge had stored the number, and a
+// bridge stored it after all (it lagged past the marker grace: a full disk, a broker restart, a
+// redundant bridge that joined the run late). It is a message, counted, and no longer missing: taken
+// off its cause and, with the contiguous copies that follow it, reported by a recovered event, so
+// that the events, the counters and `gaps report` never name a stored FPM missing.
+func (t *tracker) recover(o *fpmObservation) bool {
+	st := t.st
+	i := t.epoch(o.Epoch, false)
+	if i < 0 {
+		return false
+	}
+	e := &st.Epochs[i]
+	j := slices.IndexFunc(e.Named, func(r namedRange) bool { return o.Seq >= r.Lo && o.Seq <= r.Hi })
+	if j < 0 {
+		return false
+	}
+	r := e.Named[j]
+	var repl []namedRange
+	if o.Seq > r.Lo {
+		repl = append(repl, namedRange{Lo: r.Lo, Hi: o.Seq - 1, Cause: r.Cause, Gap: r.Gap})
+	}
+	if o.Seq < r.Hi {
+		repl = append(repl, namedRange{Lo: o.Seq + 1, Hi: r.Hi, Cause: r.Cause, Gap: r.Gap})
+	}
+	e.Named = slices.Replace(e.Named, j, j+1, repl...)
+	t.significant = true
+	st.Counters.Missing.sub(r.Cause, 1)
+	st.Counters.Recovered++
+	t.count(o)
+	if rc := st.Recovering; rc != nil && rc.Epoch == o.Epoch && rc.Gap == r.Gap && o.Seq == rc.Hi+1 {
+		rc.Hi, rc.Last = o.Seq, o.point()
+	} else {
+		t.flushRecovered()
+		st.Recovering = &recovering{Epoch: o.Epoch, Lo: o.Seq, Hi: o.Seq, Cause: r.Cause, Gap: r.Gap, First: o.point(), Last: o.point()}
+	}
+	if !slices.ContainsFunc(e.Named, func(n namedRange) bool { return n.Gap == r.Gap }) {
+		t.flushRecovered() // every number the event named is stored: nothing more to wait for
+	}
+	return true
+}
+
+// flushRecovered reports the numbers recovered since the last report (state.Recovering) in one
+// recovered event. The detector calls it on its clock too, so that a run of copies that simply ends is
+// reported.
+func (t *tracker) flushRecovered() {
+	rc := t.st.Recovering
+	if rc == nil {
+		return
+	}
+	t.st.Recovering = nil
+	n := rc.Hi - rc.Lo + 1
+	first := rc.First
+	t.emit(&Event{GapEventFields: streams.GapEventFields{Type: TypeRecovered, ID: streams.RecoveredMsgID(t.key, rc.Epoch, rc.Lo, rc.Hi),
+		Cause: rc.Cause, Epoch: rc.Epoch, FirstMissing: u64p(rc.Lo), LastMissing: u64p(rc.Hi), Missing: n, Before: &first},
+		After: &rc.Last, Recovers: rc.Gap,
+		Evidence: evidence{Summary: fmt.Sprintf("seq %d-%d, named missing (%s) by %s, were stored after all, %d message(s) under epoch %d by bridge %s: it had held them past the marker grace (a full disk, a broker restart, a redundant bridge that lagged); they are no longer missing",
+			rc.Lo, rc.Hi, rc.Cause, rc.Gap, n, rc.Epoch, rc.Last.Bridge)}})
 }
 
 // endRun marks the current run's last message in state.Epochs as a restart ends the run.
@@ -686,6 +766,9 @@ func (t *tracker) emitPending(p *pending, segs []segment) {
 				e.MissingRanges = ranges
 			}
 		}
+		for _, r := range ranges {
+			t.named(p, namedRange{Lo: r[0], Hi: r[1], Cause: cause, Gap: e.ID})
+		}
 		t.emit(e)
 	}
 	for _, s := range segs {
@@ -730,7 +813,9 @@ func (t *tracker) emitPending(p *pending, segs []segment) {
 				ev.Summary += "; the bridge epoch changed across the gap (a bridge restart or handover: sent while no bridge was subscribed)"
 			}
 		}
-		t.emit(&Event{GapEventFields: streams.GapEventFields{Type: TypeGap, ID: streams.GapMsgID(t.key, p.After.Epoch, s.first, s.last),
+		id := streams.GapMsgID(t.key, p.After.Epoch, s.first, s.last)
+		t.named(p, namedRange{Lo: s.first, Hi: s.last, Cause: cause, Gap: id})
+		t.emit(&Event{GapEventFields: streams.GapEventFields{Type: TypeGap, ID: id,
 			Cause: cause, Epoch: p.After.Epoch, FirstMissing: u64p(s.first), LastMissing: u64p(s.last), Missing: n, Before: before},
 			After: &p.After, Evidence: ev})
 	}

@@ -500,6 +500,9 @@ func epochSummary(evs []Event) []string {
 	var out []string
 	for _, e := range evs {
 		s := fmt.Sprintf("%s@%d", e.Cause, e.Epoch)
+		if e.Type == TypeRecovered {
+			s = "recovered " + s
+		}
 		if e.FirstMissing != nil {
 			s += fmt.Sprintf(":%d-%d", *e.FirstMissing, *e.LastMissing)
 		}
@@ -641,16 +644,46 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"publisher_restart@2", "late_start@1:0-99", "zmq_drop@2:6-6"},
 		},
-		"a number below the first seen after its late_start was reported is not counted again": {
+		// The stream holds it: a bridge stored it after the late_start event named it. It is a message,
+		// taken back from the late_start count, never a duplicate; a second copy is one.
+		"a number below the first seen, stored after its late_start was reported, is taken back": {
 			play: func(s *script, step func()) {
 				at := s.run(50, 60, 1, t0)
 				s.tr.expire(s.nowMs + 10_000)
 				step()
 				s.fpm(20, 1, at)
-				equal(s.t, uint64(11), s.st.Counters.Messages)
+				s.fpm(21, 1, at)
+				step()
+				s.fpm(20, 1, at)
+				s.tr.flushRecovered() // the detector's clock
+				equal(s.t, uint64(13), s.st.Counters.Messages)
 				equal(s.t, uint64(1), s.st.Counters.Duplicates)
+				equal(s.t, uint64(2), s.st.Counters.Recovered)
+				equal(s.t, uint64(48), s.st.Counters.Missing.LateStart)
 			},
-			want: []string{"late_start@1:0-49"},
+			want: []string{"late_start@1:0-49", "recovered late_start@1:20-21"},
+		},
+		// A redundant bridge joined a new run late and recorded it first (its first number 55, the run
+		// begun by a restart); the grace passed before the other bridge, held up by a full disk, stored
+		// its copies of the run's first numbers under the same epoch. They are messages, and the
+		// restart's missing numbers are taken back in one recovered event.
+		"a restart's first numbers stored after its event by the bridge that lagged": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 115, 1, t0)
+				s.runStart = map[int64]string{2: streams.RunStartRestart}
+				s.run(55, 80, 2, at+3_000) // bridge B, from where it joined
+				s.tr.expire(s.nowMs + 10_000)
+				step()
+				s.run(0, 54, 2, at+100) // bridge A's copies, stored after the restart event
+				s.run(81, 90, 2, at+5_600)
+				step()
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(116+91), s.st.Counters.Messages)
+				equal(s.t, uint64(0), s.st.Counters.Duplicates)
+				equal(s.t, uint64(55), s.st.Counters.Recovered)
+				equal(s.t, uint64(0), s.st.Counters.Missing.Total())
+			},
+			want: []string{"publisher_restart@2:0-54", "recovered publisher_restart@2:0-54"},
 		},
 		// A bridge that stalled (full disk, paused) stores the last FPMs it received of a run after the
 		// next run's first ones: the stream holds each once, so each is a message, none a duplicate.
