@@ -227,7 +227,7 @@ func checkTraceMode(raw string) (string, error) {
 	if err != nil {
 		return "", errors.New("want sampled or full")
 	}
-	return m, nil
+	return string(m), nil
 }
 
 func checkLogLevel(raw string) (string, error) {

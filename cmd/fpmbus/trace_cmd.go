@@ -48,13 +48,13 @@ func traceOutputFlags(fs *flag.FlagSet, prefix string) *traceOptions {
 func traceEnvConfig(env *envDefaults, prefix string) *trace.Config {
 	c := trace.DefaultConfig()
 	text := func(flag, name string) string { return env.text(flagprefix.Name(prefix, flag), name, "") }
-	if v := text("trace-mode", trace.EnvMode); v != "" {
-		c.Mode = v
+	// The variables' checks admit only what ParseMode and ParsePositive parse.
+	if m, err := trace.ParseMode(text("trace-mode", trace.EnvMode)); err == nil {
+		c.Mode = m
 	}
 	if v := text("trace-output", trace.EnvOutputPath); v != "" {
 		c.OutputPath = v
 	}
-	// The variables' checks admit only what ParsePositive parses.
 	if ms, err := trace.ParsePositive(text("sample-interval", trace.EnvSampleInterval)); err == nil {
 		c.SampleInterval = time.Duration(ms) * time.Millisecond
 	}

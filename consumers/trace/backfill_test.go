@@ -83,7 +83,7 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 	live := map[string]map[string][]string{}
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
 		cfg := testConfig(t)
-		cfg.Mode = mode
+		cfg.Mode = Mode(mode)
 		cfg.Group = "live-" + mode
 		cfg.SampleInterval = ivlMs * time.Millisecond
 		reg := prometheus.NewRegistry()
@@ -122,7 +122,7 @@ func TestBackfillWritesTheLiveWritersEvents(t *testing.T) {
 				}
 			}
 			cfg := testConfig(t)
-			cfg.Mode = tc.mode
+			cfg.Mode = Mode(tc.mode)
 			cfg.SampleInterval = ivlMs * time.Millisecond
 			cfg.OutputPath = filepath.Join(t.TempDir(), "backfill", "fpm")
 			var last BackfillProgress

@@ -28,9 +28,22 @@ const (
 	EnvMaxSegments    = "DYN_FPM_MAX_SEGMENTS"
 )
 
+// Mode is the writer's capture mode (DYN_FPM_MODE, --trace-mode). Its text is the capture_mode of every
+// line written in it, so the modes are the trace format's values (schemas.CaptureSampled,
+// schemas.CaptureFull) and a line records its Mode as it is.
+type Mode string
+
+// The capture modes, as Dynamo names them.
+const (
+	// ModeSampled writes the newest FPM per key once per SampleInterval, when its counter_id changed.
+	ModeSampled Mode = schemas.CaptureSampled
+	// ModeFull writes every FPM, heartbeats included.
+	ModeFull Mode = schemas.CaptureFull
+)
+
 // Defaults, as in Dynamo, plus fpmbus's consumer settings.
 const (
-	defaultMode           = schemas.CaptureSampled
+	defaultMode           = ModeSampled
 	defaultOutputPath     = "/tmp/dynamo-fpm"
 	defaultSampleInterval = 5000 * time.Millisecond
 	defaultRollBytes      = 256 << 20 // uncompressed JSONL bytes
@@ -56,8 +69,8 @@ type Config struct {
 	// MaxDeliveries bounds how often one message is delivered, and how often its partition is taken
 	// over after a crash without progress, before it is dead-lettered (0: durable.defaultMaxDeliveries).
 	MaxDeliveries int
-	// Mode is schemas.CaptureSampled or schemas.CaptureFull (DYN_FPM_MODE, --trace-mode).
-	Mode string
+	// Mode is ModeSampled or ModeFull (DYN_FPM_MODE, --trace-mode).
+	Mode Mode
 	// OutputPath is Dynamo's output path (DYN_FPM_OUTPUT_PATH, --trace-output): a trailing .jsonl.gz
 	// or .jsonl is stripped and ".<producer>.<index:06>.jsonl.gz" appended.
 	OutputPath string
@@ -153,12 +166,10 @@ func DefaultConfig() Config {
 }
 
 // ParseMode parses a capture mode: "sampled" or "full", trimmed, case-insensitive.
-func ParseMode(s string) (string, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case schemas.CaptureSampled:
-		return schemas.CaptureSampled, nil
-	case schemas.CaptureFull:
-		return schemas.CaptureFull, nil
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(strings.ToLower(strings.TrimSpace(s))); m {
+	case ModeSampled, ModeFull:
+		return m, nil
 	}
 	return "", fmt.Errorf("%w: mode %q: want sampled or full", ErrInvalidConfig, s)
 }
@@ -180,7 +191,7 @@ func ParsePositive(s string) (int64, error) {
 func (c Config) Validate() error {
 	bad := invalid.Reporter(ErrInvalidConfig)
 	switch {
-	case c.Mode != schemas.CaptureSampled && c.Mode != schemas.CaptureFull:
+	case c.Mode != ModeSampled && c.Mode != ModeFull:
 		return bad("mode %q (%s, --trace-mode): want sampled or full", c.Mode, EnvMode)
 	case strings.TrimSpace(c.OutputPath) == "":
 		return bad("output path %q (%s, --trace-output): blank", c.OutputPath, EnvOutputPath)
@@ -231,7 +242,7 @@ func (c Config) Validate() error {
 
 // holdBound is the longest a received message normally waits before its ack.
 func (c Config) holdBound() time.Duration {
-	if c.Mode == schemas.CaptureSampled {
+	if c.Mode == ModeSampled {
 		return c.SampleInterval + c.FlushInterval
 	}
 	return c.FlushInterval

@@ -24,7 +24,7 @@ func TestDefaultConfigIsDynamos(t *testing.T) {
 // empty string is none of them).
 func TestParseDynamoValues(t *testing.T) {
 	t.Parallel()
-	for in, want := range map[string]string{" FULL ": "full", "Sampled": "sampled", "": "", "everything": "", "ful": ""} {
+	for in, want := range map[string]Mode{" FULL ": "full", "Sampled": "sampled", "": "", "everything": "", "ful": ""} {
 		got, err := ParseMode(in)
 		if got != want || (want == "") != errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("ParseMode(%q) = %q, %v; want %q", in, got, err, want)

@@ -14,9 +14,10 @@ import (
 // registers them with prefix "" (RegisterFlags and RegisterGroupFlags), `fpmbus trace backfill` only
 // those that shape the files (RegisterOutputFlags), `fpmbus up` the writer's with flagprefix.Trace (the
 // prefix rule of internal/flagprefix names them and adds the deprecated aliases). After parsing,
-// Flags.Config makes a Config of them. The numbers Dynamo's variables also set are kept as text until
-// then, and parsed there as Dynamo parses them (ParsePositive), so that a bad value is reported with
-// its flag and variable and, in `up`, disables only the trace writer.
+// Flags.Config makes a Config of them. The mode and the numbers, which Dynamo's variables also set, are
+// kept as text until then, and parsed there as Dynamo parses them (ParseMode, ParsePositive), so that a
+// bad value is reported with its flag and variable and, in `up`, disables only the trace writer (a
+// flag.Value would refuse a bad mode while the command line is read, and the whole command with it).
 type Flags struct {
 	cfg            *Config
 	cf             *flagprefix.Component
@@ -32,7 +33,7 @@ type Flags struct {
 // --trace-output, --sample-interval, --roll-bytes, --max-segments, --producer-id, --filter. The caller
 // registers its further flags and then calls Done.
 func (c *Config) RegisterOutputFlags(fs *flag.FlagSet, prefix string) *Flags {
-	f := &Flags{cfg: c, cf: flagprefix.On(fs, prefix), mode: c.Mode, sampleInterval: fmt.Sprint(c.SampleInterval.Milliseconds()),
+	f := &Flags{cfg: c, cf: flagprefix.On(fs, prefix), mode: string(c.Mode), sampleInterval: fmt.Sprint(c.SampleInterval.Milliseconds()),
 		rollBytes: fmt.Sprint(c.RollBytes), maxSegments: fmt.Sprint(c.MaxSegments)}
 	cf := f.cf
 	fs.StringVar(&f.mode, cf.Name("trace-mode"), f.mode, "capture mode: sampled (newest FPM per key per interval) or full (every FPM) (env "+EnvMode+")")

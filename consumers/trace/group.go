@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
-	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
@@ -103,7 +102,7 @@ func (c Config) pullBatch() int {
 // ack per flush instead of one per message is the writer's largest saving. Sampled mode does not: a
 // key's pending message waits up to a whole interval for its line, and under AckAll it would hold
 // back the ack of every later message (rate x interval of them, past MaxAckPending at fleet rates).
-func (c Config) cumulativeAcks() bool { return c.Mode == schemas.CaptureFull }
+func (c Config) cumulativeAcks() bool { return c.Mode == ModeFull }
 
 // detectsRetentionLoss says whether the runner can report messages the stream removed before the
 // writer read them: only when each partition reads every subject of its stream itself, so that every

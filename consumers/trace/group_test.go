@@ -217,7 +217,7 @@ func testGroupScaleOut(t *testing.T, mode string) {
 	msgs, published := manyFPMs(t, keys, n, 1_782_777_600_000)
 
 	cfg := testConfig(t)
-	cfg.Mode = mode
+	cfg.Mode = Mode(mode)
 	cfg.SampleInterval = 100 * time.Millisecond
 	cfg.Group = "trace-group"
 	cfg.RollBytes = 64 << 10 // many segments per producer: handovers are visible in their indexes
@@ -363,7 +363,7 @@ func TestGroupPartitionConfig(t *testing.T) {
 		{mode: schemas.CaptureFull, filter: "fpm.>", parts: 2, shards: 3, cumulative: true},
 	} {
 		c := cfg
-		c.Mode, c.FilterSubject, c.Partitions, c.FPMShards = tc.mode, tc.filter, tc.parts, tc.shards
+		c.Mode, c.FilterSubject, c.Partitions, c.FPMShards = Mode(tc.mode), tc.filter, tc.parts, tc.shards
 		pc, err := c.PartitionConfig()
 		if err != nil {
 			t.Fatal(err)
@@ -394,7 +394,7 @@ func testGroupTakeover(t *testing.T, mode string) {
 	env := natsservertest.Start(t)
 	msgs, published := manyFPMs(t, testKeys(6), 3000, 1_782_777_600_000)
 	cfg := testConfig(t)
-	cfg.Mode = mode
+	cfg.Mode = Mode(mode)
 	cfg.SampleInterval = 100 * time.Millisecond
 	cfg.Group = "trace-standby"
 	cfg.ProducerID = "all"

@@ -22,7 +22,7 @@ type metrics struct {
 	skippedWritten prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, mode Mode) (*metrics, error) {
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
@@ -60,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, mode string) (*metrics, error) {
 			return nil, r.err
 		}
 	}
-	m.writtenMode = m.written.WithLabelValues(mode)
+	m.writtenMode = m.written.WithLabelValues(string(mode))
 	m.skippedWritten = m.skipped.WithLabelValues("written")
 	return m, nil
 }

@@ -52,7 +52,7 @@ func writeLines(t *testing.T, cfg Config, msgs []jetstream.Msg) {
 			}
 			sws[prefix] = sw
 		}
-		if err := sw.Append(tracefile.AppendLine(nil, &r.Record, 0, cfg.Mode)); err != nil {
+		if err := sw.Append(tracefile.AppendLine(nil, &r.Record, 0, string(cfg.Mode))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -204,7 +204,7 @@ func TestLostAcksInRunAreNotWrittenTwice(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg := testConfig(t)
-			cfg.Mode = mode
+			cfg.Mode = Mode(mode)
 			cfg.SampleInterval = 100 * time.Millisecond
 			w, err := New(logTo(cfg, testLogger(t)), js, durable.WithMemberID("lossy"))
 			if err != nil {

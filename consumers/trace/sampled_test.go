@@ -410,7 +410,7 @@ func TestReleaseHandsProducersBack(t *testing.T) {
 	for _, mode := range []string{schemas.CaptureFull, schemas.CaptureSampled} {
 		t.Run(mode, func(t *testing.T) {
 			cfg := sampledConfig(t)
-			cfg.Mode = mode
+			cfg.Mode = Mode(mode)
 			p0, p1 := newHarness(t, cfg), newHarness(t, cfg) // the partitions of w0 and of w1
 			w0 := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w0"}
 			w1 := streams.Key{Namespace: "ns", Component: "c", WorkerID: "w1"}

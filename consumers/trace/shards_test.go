@@ -84,7 +84,7 @@ func TestBackfillAcrossShardsIsTheSingleStreams(t *testing.T) {
 
 	backfill := func(t *testing.T, js jetstream.JetStream, mode string, rng BackfillRange) (map[string][]string, error) {
 		cfg := testConfig(t)
-		cfg.Mode = mode
+		cfg.Mode = Mode(mode)
 		cfg.SampleInterval = ivlMs * time.Millisecond
 		cfg.OutputPath = filepath.Join(t.TempDir(), "backfill", "fpm")
 		res, err := Backfill(context.Background(), logTo(cfg, testLogger(t)), js, rng, nil)

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
@@ -90,7 +89,7 @@ func newWriter(cfg Config, set settings, log *slog.Logger, m *metrics, start tim
 		producers: map[string]*producer{},
 		bySegment: map[string]*producer{},
 	}
-	if cfg.Mode == schemas.CaptureSampled {
+	if cfg.Mode == ModeSampled {
 		w.sampler = newSampler(cfg.SampleInterval, cfg.SampleInterval+2*cfg.FlushInterval)
 	}
 	w.fl = startFlusher(set.retry, w.reportRetry, notify)
@@ -143,7 +142,7 @@ func (w *writer) handle(r *record) error {
 // write appends r's line to p's segments.
 func (w *writer) write(p *producer, r *record) error {
 	ts := max(w.set.Clock().Sub(w.start).Milliseconds(), 0)
-	w.lineBuf = tracefile.AppendLine(w.lineBuf[:0], &r.Record, ts, w.cfg.Mode)
+	w.lineBuf = tracefile.AppendLine(w.lineBuf[:0], &r.Record, ts, string(w.cfg.Mode))
 	if err := p.sw.appendRecord(w.lineBuf, r.Seq, r.Observed); err != nil {
 		return err
 	}
