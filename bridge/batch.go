@@ -69,8 +69,12 @@ const (
 	// batches of 10 stored 575 msg/s, single publishes 1,819, batches of 50 3,809, of 1,000 13,396.
 	minBatch = 64
 	// maxSingles bounds single FPM publishes in flight, so that FPMs arriving faster than they are
-	// acknowledged queue up and become a batch.
-	maxSingles = 256
+	// acknowledged queue up and become a batch. Small, because of what a disk stall does: under
+	// sync_interval always every single publish is one fsync, so the backlog of a stall sent as
+	// singles drains at the disk's fsync rate (256 of them, about 70 ms on the development machine,
+	// the p99 of everything received meanwhile), while beyond maxSingles it goes as one batch. At
+	// steady rates only one or two singles are in flight, so nothing else changes.
+	maxSingles = 32
 	// maxBatchesInFlight bounds the batches in flight per stream (the server allows 50 per stream).
 	maxBatchesInFlight = 4
 	// batchCooldown is how long the publisher sends one by one after a batch was refused for a stored
