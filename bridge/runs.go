@@ -107,9 +107,11 @@ import (
 // fewer), not in a loss, except the last:
 //
 //   - A live bridge whose publishing lags more than liveProbe behind this one's first message of a run
-//     while its reader runs (its broker connection slow or away) shows nothing in time: a bridge
-//     starting or reconnecting writes a new epoch, as a bridge that is alone must, and the lagging
-//     bridge, which saw no new run, keeps its own. (A bridge lagging more than the stream's duplicate
+//     while its reader runs (its broker connection slow or away) shows nothing in time, unless its
+//     newest stored FPM is a number below the run's first received within continuationWindow before
+//     it (it is catching up: the bridge looks on up to catchUpProbe). Past that, a bridge starting or
+//     reconnecting writes a new epoch, as a bridge that is alone must, and the lagging bridge, which
+//     saw no new run, keeps its own. (A bridge lagging more than the stream's duplicate
 //     window, 30 s, stores its own copies whatever the epochs.)
 //   - Where the bridges share no message of a run (this one joined it after the other stopped storing
 //     it, or a moment after the other recorded its first message), the numbers show it: the other's
@@ -139,6 +141,12 @@ const (
 	liveProbe = 500 * time.Millisecond
 	// liveProbeEvery is the interval between two looks.
 	liveProbeEvery = 25 * time.Millisecond
+	// catchUpProbe is how long after receiving a run's first message a bridge goes on looking while
+	// another bridge is catching up with it: that bridge's newest FPM of the key is a number below this
+	// run's first, received shortly before it (catchingUp). A redundant bridge that buffered through
+	// a broker restart or a full disk stores the run's numbers late; taking a new epoch before its
+	// copies arrive would store the run twice, under two epochs. Within runAgreeTimeout.
+	catchUpProbe = 2 * time.Second
 	// runHold is how long a run's FPMs wait for the bucket to answer before the run takes its local
 	// epoch: longer than a server restart or a short full-disk episode, below the stream's duplicate
 	// window, and short enough that the bridge's buffer rides it out at a node's rate.
@@ -264,8 +272,9 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 	key := streams.BridgeRunKey(r.key)
 	// The wait ends liveProbe after the run's first message (the bridge's clock), so the publishers a
 	// bridge meets at once share one wait and a lagging bridge does not wait at all.
-	left := min(max(liveProbe-b.now().Sub(time.UnixMilli(r.local)), 0), liveProbe)
-	deadline := time.Now().Add(left)
+	since := b.now().Sub(time.UnixMilli(r.local))
+	deadline := time.Now().Add(min(max(liveProbe-since, 0), liveProbe))
+	catchUpDeadline := time.Now().Add(min(max(catchUpProbe-since, 0), catchUpProbe))
 	waits := 0
 	for conflicts := 0; conflicts < runCASAttempts; {
 		rec, rev, err := b.readRun(ctx, key)
@@ -280,7 +289,8 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 			entries = rec.Entries()
 		}
 		// 1. The newest FPM of the key in the stream is one this bridge received in r: its epoch is r's.
-		if e, start, ok, err := b.storedEvidence(ctx, r, prev); err != nil {
+		e, start, ok, behind, err := b.storedEvidence(ctx, r, prev)
+		if err != nil {
 			return 0, 0, err
 		} else if ok {
 			if e == prev {
@@ -297,8 +307,10 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 			b.splitResumed(r, e.Epoch, entries)
 			return e.Epoch, strongest(parseRunKind(e.Start), r.kind), nil
 		}
-		// 3. Another bridge may still show its evidence: wait for it, until the deadline.
-		if b.mayWait(r, entries, prev) && time.Now().Add(liveProbeEvery).Before(deadline) {
+		// 3. Another bridge may still show its evidence: wait for it, until the deadline (longer
+		// while a bridge is catching up with this run).
+		next := time.Now().Add(liveProbeEvery)
+		if b.mayWait(r, entries, prev) && next.Before(deadline) || behind && next.Before(catchUpDeadline) {
 			select {
 			case <-ctx.Done():
 				return 0, 0, ctx.Err()
@@ -388,28 +400,30 @@ func (b *Bridge) sameMessage(r *run, seq uint64, digest string, recvMs int64) bo
 // publishing live), then the FPMs stored from r's first message on, up to evidenceScan of them (another
 // bridge that stored r's first messages, while this bridge resolves a run of which it received only a
 // few before a later run began). Reads are from the stream's leader. A restart's run must be newer
-// than the previous one; any other run may be the previous one going on.
-func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (int64, runKind, bool, error) {
+// than the previous one; any other run may be the previous one going on. Without evidence, behind says
+// whether the newest FPM shows another bridge catching up with r (catchingUp).
+func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (epoch int64, start runKind, ok, behind bool, err error) {
 	stream := b.fpmStreamOf(r.key)
 	m, err := natsconn.LastMsgFromLeader(ctx, b.js, stream, r.subject)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return 0, 0, false, nil
+		return 0, 0, false, false, nil
 	case err != nil:
-		return 0, 0, false, err
+		return 0, 0, false, false, err
 	}
 	if e, k, ok := b.evidenceIn(m, r, prev); ok {
-		return e, k, true, nil
+		return e, k, true, false, nil
 	}
 	if e, k, ok := b.continuedIn(m, r, prev); ok {
-		return e, k, true, nil
+		return e, k, true, false, nil
 	}
+	behind = b.catchingUp(m, r, prev)
 	ev := b.epochs.evidence(r)
 	last := m.Sequence
 	m, err = natsconn.NextMsgFromLeaderAt(ctx, b.js, stream, r.subject, time.UnixMilli(r.firstRecvMs()).Add(-evidenceScanSkew))
 	for i := 0; i < evidenceScan && err == nil && m.Sequence < last; i++ {
 		if e, k, ok := b.evidenceIn(m, r, prev); ok {
-			return e, k, true, nil
+			return e, k, true, false, nil
 		}
 		if at, perr := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64); perr == nil && at > ev.lastMs+evidenceTolerance.Milliseconds() {
 			break // received after r's latest message here: nothing further can be r's yet
@@ -417,9 +431,26 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (int64,
 		m, err = natsconn.NextMsgFromLeader(ctx, b.js, stream, r.subject, m.Sequence+1)
 	}
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, 0, false, err
+		return 0, 0, false, false, err
 	}
-	return 0, 0, false, nil
+	return 0, 0, false, behind, nil
+}
+
+// catchingUp reports whether m, the newest FPM of r's key, shows another bridge catching up with r:
+// its copy of a number below r's first, under an epoch not older than the previous run's, received
+// at most continuationWindow before r's first message. Its copies of r's own messages may follow
+// (the stream would then show a message both received), so the bridge looks for them up to
+// catchUpProbe before writing an epoch of its own.
+func (b *Bridge) catchingUp(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
+	epoch, err1 := strconv.ParseInt(m.Header.Get(streams.HeaderEpoch), 10, 64)
+	seq, err2 := strconv.ParseUint(m.Header.Get(streams.HeaderSeq), 10, 64)
+	at, err3 := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || epoch <= 0 || epoch < prev ||
+		m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID || seq >= r.firstSeq {
+		return false
+	}
+	d := r.firstRecvMs() - at
+	return d >= 0 && d <= continuationWindow.Milliseconds()
 }
 
 // evidenceScan bounds the FPMs storedEvidence reads from a run's first message on, and it begins

@@ -62,6 +62,7 @@ func TestAgreeRun(t *testing.T) {
 		earlier []stored // stored before stored, which is the newest
 		stored  *stored
 		between func(k streams.Key, first msg) ([]streams.RunEntry, *stored) // the other bridge, between read and decision
+		late    *stored                                                      // the other bridge's copy stored once liveProbe has passed
 		want    want
 	}{
 		"first bridge ever": {
@@ -89,6 +90,19 @@ func TestAgreeRun(t *testing.T) {
 					&stored{msg{first.seq + 1, "d8", first.recvMs + 41}, now - 3, "restart"}
 			},
 			want: want{epoch: now - 3, start: "restart"},
+		},
+		// The other bridge buffered through a broker restart and stores the run late: its newest copy is
+		// a number below this run's first, and its copy of this run's first comes after the probe.
+		"starting while another bridge catches up: its copies come after the probe": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &stored{msg{4, "d4", now - 150}, pEpoch, ""},
+			late:   &stored{msg{7, "d7", now + 1}, pEpoch, ""},
+			want:   want{epoch: pEpoch},
+		},
+		"starting after another bridge stopped below this run's first: nothing comes": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &stored{msg{4, "d4", now - 150}, pEpoch, ""},
+			want:   want{written: true},
 		},
 		"the restart recorded first by the other bridge": {
 			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
@@ -291,6 +305,10 @@ func TestAgreeRun(t *testing.T) {
 					runs, s := tc.between(k, first)
 					put(runs)
 					store(s)
+				}
+				if tc.late != nil && time.Since(time.UnixMilli(tc.t0)) > liveProbe+100*time.Millisecond {
+					store(tc.late)
+					tc.late = nil
 				}
 			}
 			prevEpoch, prevStart := int64(0), runStart
