@@ -257,14 +257,27 @@ func (t *tracker) recover(o *fpmObservation) bool {
 		return false
 	}
 	r := e.Named[j]
-	var repl []namedRange
-	if o.Seq > r.Lo {
-		repl = append(repl, namedRange{Lo: r.Lo, Hi: o.Seq - 1, Cause: r.Cause, Gap: r.Gap})
+	// The event named the number under every epoch of its gap: taken back once, from all of them.
+	for k := range st.Epochs {
+		named := st.Epochs[k].Named
+		for j := 0; j < len(named); j++ {
+			n := named[j]
+			if n.Gap != r.Gap || o.Seq < n.Lo || o.Seq > n.Hi {
+				continue
+			}
+			var repl []namedRange
+			if o.Seq > n.Lo {
+				repl = append(repl, namedRange{Lo: n.Lo, Hi: o.Seq - 1, Cause: n.Cause, Gap: n.Gap})
+			}
+			if o.Seq < n.Hi {
+				repl = append(repl, namedRange{Lo: o.Seq + 1, Hi: n.Hi, Cause: n.Cause, Gap: n.Gap})
+			}
+			named = slices.Replace(named, j, j+1, repl...)
+			break
+		}
+		st.Epochs[k].Named = named
 	}
-	if o.Seq < r.Hi {
-		repl = append(repl, namedRange{Lo: o.Seq + 1, Hi: r.Hi, Cause: r.Cause, Gap: r.Gap})
-	}
-	e.Named = slices.Replace(e.Named, j, j+1, repl...)
+	e = &st.Epochs[i]
 	t.significant = true
 	st.Counters.Missing.sub(r.Cause, 1)
 	st.Counters.Recovered++

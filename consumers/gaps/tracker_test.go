@@ -663,6 +663,23 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"late_start@1:0-49", "recovered late_start@1:20-21"},
 		},
+		// A gap across a bridge restart is named under both epochs; a late copy takes its number back
+		// once, whichever epoch it came under.
+		"a number named across two epochs is taken back once": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 9, 1, t0)
+				s.run(13, 20, 2, at+300) // a restarted bridge: 10-12 named under epochs 1 and 2
+				s.tr.expire(s.nowMs + 10_000)
+				step()
+				s.fpm(11, 1, at+100)
+				s.fpm(11, 2, at+100)
+				s.tr.flushRecovered()
+				equal(s.t, uint64(2), s.st.Counters.Missing.ZMQDrop)
+				equal(s.t, uint64(1), s.st.Counters.Recovered)
+				equal(s.t, uint64(1), s.st.Counters.Duplicates)
+			},
+			want: []string{"zmq_drop@2:10-12", "recovered zmq_drop@1:11-11"},
+		},
 		// A redundant bridge joined a new run late and recorded it first (its first number 55, the run
 		// begun by a restart); the grace passed before the other bridge, held up by a full disk, stored
 		// its copies of the run's first numbers under the same epoch. They are messages, and the
