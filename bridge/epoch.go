@@ -172,11 +172,14 @@ type run struct {
 	startHdr  []string  // Fpm-Run-Start's value for start, nil for runStart (shared by the run's FPMs)
 	// A resumed run whose agreed epoch is a run another bridge recorded while this one was stalled,
 	// from its first message split on: the run's FPMs below split are the previous run's (its epoch
-	// before, header beforeHdr), which that bridge had not joined yet.
+	// before, header beforeHdr), which that bridge had not joined yet. The same after a stall of this
+	// bridge's publishing (runs.go, afterStall): before is then the run's own first epoch.
 	split     uint64
 	before    int64
 	beforeStr string
 	beforeHdr []string
+	// stalls is the publisher's stall count when this run last looked for a re-recording (afterStall).
+	stalls int
 }
 
 // epochFor returns the agreed epoch of FPM seq of r (agreed), in decimal, and its Fpm-Run-Start.

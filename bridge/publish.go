@@ -80,11 +80,16 @@ type publisher struct {
 	ackedN     uint64              // the highest item.sent acknowledged
 	recovering bool
 	retryAt    time.Time
-	bo         *backoff.ExponentialBackOff
-	final      bool // finishing: failures are logged, not retried
-	fatal      error
-	scratch    []*item
-	evScratch  []ackEvent
+	// recoveringSince is when the current recovery began; stalls counts the recoveries that lasted
+	// longer than liveProbe (a full disk, a broker restart): after one, each agreed run checks once
+	// whether another bridge recorded it anew meanwhile (runs.go, afterStall).
+	recoveringSince time.Time
+	stalls          int
+	bo              *backoff.ExponentialBackOff
+	final           bool // finishing: failures are logged, not retried
+	fatal           error
+	scratch         []*item
+	evScratch       []ackEvent
 	// ledger is what this bridge saw acknowledged (acked.go); reconnects the connection's reconnect
 	// count when the lost_after_ack check last ran; ticks counts publishTicks towards the next
 	// checkpoint.
@@ -396,6 +401,7 @@ func (p *publisher) enterRecovery(err error) {
 		return
 	}
 	p.recovering = true
+	p.recoveringSince = time.Now()
 	p.retryAt = time.Now().Add(p.bo.NextBackOff())
 	p.b.log.Warn("publish failed; holding new messages until the broker acknowledges again",
 		"error", err, "in_flight", p.pending(), "buffered", p.b.buf.len())
@@ -429,6 +435,9 @@ func (p *publisher) recover(now time.Time) {
 	clear(p.retry)
 	p.retry = p.retry[:0]
 	p.recovering = false
+	if now.Sub(p.recoveringSince) > liveProbe {
+		p.stalls++
+	}
 	p.bo.Reset()
 	p.b.log.Info("publishing resumed", "in_flight", p.pending(), "buffered", p.b.buf.len())
 }

@@ -72,7 +72,9 @@ import (
 // bridge's FPMs: the run goes on under its epoch, stored once. A bridge that was stopped (SIGSTOP, or
 // starved: its reader notices, epoch.go's runResume) while another started and recorded the run anew
 // re-agrees when it runs again and takes that epoch from the other's FPMs, from that run's first
-// message on (what it received before is the previous run's, as the bridges then stored it).
+// message on (what it received before is the previous run's, as the bridges then stored it). A bridge
+// whose publishing stalled (a full disk, a broker restart) while another recorded its run anew does
+// the same after the stall, for the FPMs it had not yet stamped (afterStall).
 //
 // How the agreed run began (streams.RunStart*: restart, reconnect, or none for a bridge's first run)
 // goes with its epoch as header Fpm-Run-Start on every FPM of the run, the strongest of what the
@@ -626,6 +628,10 @@ func (b *Bridge) stamp(it *item) error {
 	if _, err := b.runEpoch(it.run); err != nil {
 		return err
 	}
+	if b.pub != nil && it.run.stalls != b.pub.stalls {
+		it.run.stalls = b.pub.stalls
+		b.afterStall(it.run, it.seq)
+	}
 	e, str, h := it.run.epochFor(it.seq)
 	it.agreed = e
 	it.m.Header[streams.HeaderEpoch][0] = str
@@ -638,6 +644,40 @@ func (b *Bridge) stamp(it *item) error {
 		}
 	}
 	return nil
+}
+
+// afterStall looks, once after a stall of this bridge's publishing (a full disk, a broker restart),
+// whether another bridge recorded r anew while this one could not store: a redundant bridge that
+// started or reconnected meanwhile found none of r's FPMs in time and recorded a run of its own from a
+// message this bridge received too. From that message on, r takes that run's epoch, so the two store
+// one copy; next is the first FPM of r not yet stamped, and only FPMs from it on can change (a
+// stamped FPM may be stored already: its retries keep its id). An answer that does not come, or no
+// such record, leaves r as it is. Publisher goroutine.
+func (b *Bridge) afterStall(r *run, next uint64) {
+	if b.runsKV == nil || r.split != 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), runAgreeTimeout)
+	defer cancel()
+	rec, _, err := b.readRun(ctx, streams.BridgeRunKey(r.key))
+	if err != nil || rec == nil {
+		return
+	}
+	for _, e := range rec.Entries() {
+		if e.Epoch <= r.agreed || e.Bridge == b.cfg.BridgeID || e.FirstSeq < next || e.FirstSeq <= r.firstSeq ||
+			!b.sameMessage(r, e.FirstSeq, e.FirstDigest, e.FirstReceivedAtMs) {
+			continue
+		}
+		r.before, r.beforeStr, r.beforeHdr = r.agreed, r.agreedStr, r.startHdr
+		r.agreed, r.agreedStr, r.split = e.Epoch, strconv.FormatInt(e.Epoch, 10), e.FirstSeq
+		r.start, r.startHdr = strongest(parseRunKind(e.Start), runStart), nil
+		if r.start != runStart {
+			r.startHdr = []string{r.start.String()}
+		}
+		b.log.Info("publisher run agreed", "key", r.key.String(), "epoch", e.Epoch, "first_seq", e.FirstSeq,
+			"seen_as", "the run going on", "how", "recorded anew by "+e.Bridge+" while this bridge's publishing stalled, from a message this bridge received")
+		return
+	}
 }
 
 // dropRangeEpoch returns the agreed epoch of drop range r's run, recording it in r for the logs; the

@@ -356,3 +356,62 @@ func TestAgreeRun(t *testing.T) {
 		})
 	}
 }
+
+// A redundant bridge that started while this bridge's publishing stalled (a full disk) found none of
+// the run's FPMs and recorded it anew from a message both received. After the stall this bridge takes
+// that epoch from that message on for what it has not stamped yet, so the two store one copy; what it
+// stamped before keeps its id, and a record that is its own, of a message it did not receive, or of a
+// number already stamped changes nothing.
+func TestRunRecordedAnewWhileThePublisherStalled(t *testing.T) {
+	t.Parallel()
+	env := natsservertest.Start(t)
+	h := startBridge(t, env, []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 0}}, nil)
+	b := h.b
+	const pEpoch = 1_000_000
+	t0 := time.Now().UnixMilli() - 2_000
+	for name, tc := range map[string]struct {
+		entry     streams.RunEntry
+		next      uint64
+		wantSplit bool
+	}{
+		"recorded by the other bridge from a message both received": {
+			entry: streams.RunEntry{FirstSeq: 12, FirstDigest: dg("d12"), Bridge: "other-bridge"}, next: 10, wantSplit: true},
+		"the message is already stamped": {
+			entry: streams.RunEntry{FirstSeq: 12, FirstDigest: dg("d12"), Bridge: "other-bridge"}, next: 13},
+		"a message this bridge did not receive": {
+			entry: streams.RunEntry{FirstSeq: 12, FirstDigest: dg("x12"), Bridge: "other-bridge"}, next: 10},
+		"its own record": {
+			entry: streams.RunEntry{FirstSeq: 12, FirstDigest: dg("d12"), Bridge: "test-bridge"}, next: 10},
+	} {
+		t.Run(name, func(t *testing.T) {
+			k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "stall-" + name, DPRank: 0}
+			var r *run
+			for q := uint64(7); q <= 20; q++ {
+				rr, _ := b.epochs.observe(k, q, t0+20*int64(q), dg("d"+strconv.FormatUint(q, 10)), 0, 1<<32|1)
+				if r == nil {
+					r = rr
+				}
+			}
+			r.agreed, r.agreedStr = pEpoch, strconv.FormatInt(pEpoch, 10)
+			e2 := t0 + 20*12 + 3
+			entry := tc.entry
+			entry.Epoch, entry.FirstReceivedAtMs = e2, t0+20*12+3
+			rec := streams.RunRecord{Key: k}
+			rec.Add(streams.RunEntry{Epoch: pEpoch, FirstSeq: 7, Bridge: "test-bridge"})
+			rec.Add(entry)
+			body, _ := json.Marshal(rec)
+			if _, err := b.runsKV.Put(context.Background(), streams.BridgeRunKey(k), body); err != nil {
+				t.Fatal(err)
+			}
+			b.afterStall(r, tc.next)
+			for q, want := range map[uint64]int64{11: pEpoch, 12: e2, 20: e2} {
+				if !tc.wantSplit {
+					want = pEpoch
+				}
+				if got, _, _ := r.epochFor(q); got != want {
+					t.Fatalf("seq %d: epoch %d, want %d", q, got, want)
+				}
+			}
+		})
+	}
+}
