@@ -135,6 +135,12 @@ func (t *tracker) observe(o *fpmObservation) {
 	stale := st.Stale
 	// A new epoch the bridges say began a new run: a restart whatever the sequence did.
 	newRun := !advance || o.Epoch > st.MaxEpoch && (o.RunStart == streams.RunStartRestart || o.RunStart == streams.RunStartReconnect)
+	// Or one only a drop marker saw begin (markedRestart).
+	var markedFrom int64
+	if !newRun && o.Epoch > st.MaxEpoch && o.RunStart == "" {
+		markedFrom = t.markedRestart(o)
+		newRun = markedFrom != 0
+	}
 	if !newRun {
 		if o.Seq > st.Last.Seq+1 {
 			kind := kindJump
@@ -152,12 +158,12 @@ func (t *tracker) observe(o *fpmObservation) {
 		st.Run.LastSeq, st.Run.LastEpoch, st.Run.LastAtMs = o.Seq, o.Epoch, o.ObservedAtMs
 		st.MaxEpoch = max(st.MaxEpoch, o.Epoch)
 	} else {
-		t.restart(o, stale != nil, silentMs, advance && o.RunStart != streams.RunStartRestart)
+		t.restart(o, stale != nil, silentMs, advance && o.RunStart != streams.RunStartRestart && markedFrom == 0, markedFrom)
 	}
 	t.count(o)
 	st.LastSeenMs = max(st.LastSeenMs, o.ObservedAtMs)
 	if stale != nil {
-		t.resume(o, stale, newRun, advance && newRun && o.RunStart != streams.RunStartRestart)
+		t.resume(o, stale, newRun, advance && newRun && o.RunStart != streams.RunStartRestart && markedFrom == 0)
 	}
 	if len(st.Markers) > 0 {
 		t.prune()
@@ -411,7 +417,7 @@ func (t *tracker) startRun(o *fpmObservation, byRestart bool) {
 // is emitted when they are classified (at once when o.Seq is 0). reconnect: the sequence did not go
 // back, the bridges took the run for a new one because it began on a new connection (cause
 // reconnect).
-func (t *tracker) restart(o *fpmObservation, afterStale bool, silentMs int64, reconnect bool) {
+func (t *tracker) restart(o *fpmObservation, afterStale bool, silentMs int64, reconnect bool, markedFrom int64) {
 	st := t.st
 	t.markedTail(o)
 	old := st.Run
@@ -423,10 +429,36 @@ func (t *tracker) restart(o *fpmObservation, afterStale bool, silentMs int64, re
 		Kind: kindRestart, Before: before, After: o.point(), RevealedMs: o.StoredMs,
 		EpochLo: o.Epoch, EpochHi: o.Epoch, OldRun: &old, AfterStale: afterStale, SilentMs: silentMs, Reconnect: reconnect,
 	}
+	if markedFrom != 0 {
+		// The run began under the marker's epoch: its markers cover its first numbers, and they are
+		// the run's own (never counted again as drops of a run nobody saw, unrevealed.go).
+		p.EpochLo, st.Run.FirstEpoch = markedFrom, markedFrom
+	}
 	if o.Seq > 0 {
 		p.Ranges = [][2]uint64{{0, o.Seq - 1}}
 	}
 	t.reveal(p)
+}
+
+// markedRestart returns the epoch of a drop marker that shows a publisher restart between the last FPM
+// seen and o, 0 if none: a marker of the bridge that publishes o, from seq 0, under an epoch newer than
+// every FPM seen and older than o's. That bridge saw a run begin (its sequence back at 0), dropped its
+// first numbers (a stop while its store refused writes, so that it could neither record the run nor
+// store any of it) and, started again, took the run's later numbers for the run before going on (a
+// bridge's first run carries no run start). Without the marker o would read as the old run going on and
+// the new run's numbers before it as a jump of the old run, named under no epoch of theirs. A marker
+// read after o cannot do this: the jump is then classified as one.
+func (t *tracker) markedRestart(o *fpmObservation) int64 {
+	st := t.st
+	var from int64
+	for i := range st.Markers {
+		m := &st.Markers[i]
+		if m.FirstSeq == 0 && m.Epoch > st.MaxEpoch && m.Epoch < o.Epoch && m.Bridge == o.Bridge && !m.Used &&
+			(from == 0 || m.Epoch < from) {
+			from = m.Epoch
+		}
+	}
+	return from
 }
 
 // markedTail extends the run a restart at o ends by the numbers drop markers name beyond its last

@@ -663,6 +663,40 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"late_start@1:0-49", "recovered late_start@1:20-21"},
 		},
+		// The bridge saw the publisher restart while its store refused writes, could neither record the
+		// run nor store any of it, and stopped, dropping its first numbers (a marker from seq 0 under
+		// the run's epoch); started again, it took the run's later numbers for the old run going on.
+		// The marker shows the restart: the new run's numbers before its first FPM are named under it.
+		"a restart only a drop marker saw begin": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 39, 1, t0)
+				s.marker(1, 40, 45, "shutdown") // the old run's last numbers, dropped
+				s.marker(2, 0, 9, "shutdown")   // the new run's first ones, under its epoch
+				step()
+				s.run(60, 70, 3, at+3_000) // the bridge started again: no run start
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(10+6), s.st.Counters.Missing.BridgeDrop)
+				equal(s.t, uint64(50), s.st.Counters.Missing.PublisherRestart)
+				equal(s.t, int64(2), s.st.Run.FirstEpoch)
+			},
+			want: []string{"bridge_drop@1:40-45", "publisher_restart@3:10-59", "bridge_drop@3:0-9"},
+		},
+		// A marker from seq 0 under a newer epoch of another bridge, or one that does not begin the run,
+		// shows no restart: the next FPM goes on with the run.
+		"a drop marker of another bridge or mid-run shows no restart": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 39, 1, t0)
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: 2, FirstSeq: 0, LastSeq: 9,
+					Count: 10, Reason: "shutdown", Bridge: "other"}, 100)
+				s.marker(2, 5, 9, "shutdown")
+				step()
+				s.run(41, 45, 3, at+3_000)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(0), s.st.Counters.Restarts)
+			},
+			want: []string{"zmq_drop@3:40-40"},
+		},
 		// A gap across a bridge restart is named under both epochs; a late copy takes its number back
 		// once, whichever epoch it came under.
 		"a number named across two epochs is taken back once": {
