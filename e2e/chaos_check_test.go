@@ -685,7 +685,9 @@ func elsewhere(ns []naming, seqs []uint64, r *chaosRun, k streams.Key, applies f
 }
 
 // headExcuse reports whether r's first numbers up to headTo are unknowable: r began while no bridge
-// process that had stored anything of k was running (none ran, or each had only just started), and
+// process that had stored anything of k was running (none ran, or each had only just started), or
+// each that was running was killed (SIGKILL) before it stored anything received from r's start on
+// (what it saw of the restart died with it: nothing of it was stored, recorded or spooled), and
 // headTo is the last number stored of the runs before (earlier, oldest first). The first bridge to
 // receive r then takes it for its first run of k and the run before going on (bridge/epoch.go): it
 // names the numbers above that last one, and those up to it cannot be told from the old run's.
@@ -703,8 +705,14 @@ func headExcuse(o *chaosObserved, k streams.Key, earlier []*chaosRun, r *chaosRu
 		if s.start.After(r.start) || (!s.end.IsZero() && s.end.Before(r.start)) {
 			continue
 		}
+		mine := func(m chaosStored) bool { return m.bridge == s.id || s.id == "" && m.bridge != "chaos-b2" }
+		if s.killed && !slices.ContainsFunc(o.stored, func(m chaosStored) bool {
+			return m.key == k && m.recvMs >= at && m.recvMs < s.end.UnixMilli() && mine(m)
+		}) {
+			continue // killed before it stored anything of r: its knowledge of the restart died with it
+		}
 		for _, m := range o.stored {
-			if m.key == k && m.recvMs >= s.start.UnixMilli() && m.recvMs < at && (m.bridge == s.id || s.id == "" && m.bridge != "chaos-b2") {
+			if m.key == k && m.recvMs >= s.start.UnixMilli() && m.recvMs < at && mine(m) {
 				return 0, false // a bridge that knew the publisher ran when r began: it saw the restart
 			}
 		}

@@ -142,6 +142,7 @@ type chaosFault struct {
 type chaosBridgeSpan struct {
 	id         string // its --bridge-id; "" for `fpmbus up`'s own (any id but a redundant bridge's)
 	start, end time.Time
+	killed     bool // it ended by SIGKILL: whatever it held in memory was lost with it
 }
 
 type healthSample struct {
@@ -330,8 +331,10 @@ func (e *chaosEnv) trackBridge(id string, p *proc) {
 	e.spanMu.Unlock()
 	go func() {
 		<-p.done
+		var exit *exec.ExitError
+		killed := errors.As(p.err, &exit) && exit.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL
 		e.spanMu.Lock()
-		s.end = time.Now()
+		s.end, s.killed = time.Now(), killed
 		e.spanMu.Unlock()
 	}()
 }

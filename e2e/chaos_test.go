@@ -349,6 +349,12 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 	for i := range headStored {
 		headStored[i].recvMs += map[bool]int64{true: 3000, false: 0}[i >= 10]
 	}
+	// killedBridge: the bridge that stored run 0 ran when run 2 began and was killed at end; another
+	// started a second later.
+	killedBridge := func(o *chaosObserved, end time.Time) *chaosObserved {
+		o.bridges = []chaosBridgeSpan{{start: t0.Add(-time.Hour), end: end, killed: true}, {start: end.Add(time.Second)}}
+		return o
+	}
 	bridgeDown := func(o *chaosObserved) *chaosObserved {
 		o.bridges = []chaosBridgeSpan{{start: t0.Add(-time.Hour), end: r2.start.Add(-time.Second)}, {start: r2.start.Add(2 * time.Second)}}
 		return o
@@ -364,6 +370,10 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 			bridgeDown(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 10)}, report(18, 1))), "lost,report", 10},
 		"a bridge that knew the publisher ran: the head is lost": {
 			observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), "lost,report", 0},
+		"the bridge that knew the publisher was killed before it stored anything of the run: an unknowable head": {
+			killedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(time.Second)), "", 10},
+		"the bridge that knew the publisher was killed after it stored some of the run: the head is lost": {
+			killedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(4*time.Second)), "lost,report", 0},
 	} {
 		t.Run(name, func(t *testing.T) {
 			res := chaosCheck(c.o)
