@@ -85,6 +85,7 @@ type publisher struct {
 	// whether another bridge recorded it anew meanwhile (runs.go, afterStall).
 	recoveringSince time.Time
 	stalls          int
+	stallUnanswered int // the stall after which the runs bucket did not answer afterStall
 	bo              *backoff.ExponentialBackOff
 	final           bool // finishing: failures are logged, not retried
 	fatal           error

@@ -226,6 +226,9 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 			"epoch", e, "first_seq", r.firstSeq, "error", err)
 	}
 	r.agreed, r.agreedStr, r.start, r.prev = e, strconv.FormatInt(e, 10), start, nil
+	if b.pub != nil {
+		r.stalls = b.pub.stalls // agreed now: only a later stall is a reason to look again
+	}
 	if start != runStart {
 		r.startHdr = []string{start.String()}
 	}
@@ -628,9 +631,11 @@ func (b *Bridge) stamp(it *item) error {
 	if _, err := b.runEpoch(it.run); err != nil {
 		return err
 	}
-	if b.pub != nil && it.run.stalls != b.pub.stalls {
-		it.run.stalls = b.pub.stalls
-		b.afterStall(it.run, it.seq)
+	if p := b.pub; p != nil && it.run.stalls != p.stalls {
+		it.run.stalls = p.stalls
+		if p.stallUnanswered != p.stalls && b.afterStall(it.run, it.seq) != nil {
+			p.stallUnanswered = p.stalls // the bucket does not answer: the other runs do not ask
+		}
 	}
 	e, str, h := it.run.epochFor(it.seq)
 	it.agreed = e
@@ -652,16 +657,18 @@ func (b *Bridge) stamp(it *item) error {
 // message this bridge received too. From that message on, r takes that run's epoch, so the two store
 // one copy; next is the first FPM of r not yet stamped, and only FPMs from it on can change (a
 // stamped FPM may be stored already: its retries keep its id). An answer that does not come, or no
-// such record, leaves r as it is. Publisher goroutine.
-func (b *Bridge) afterStall(r *run, next uint64) {
+// such record, leaves r as it is; a read that fails is returned, and the runs stamped after it in
+// the same stall do not ask (each would hold the publisher for afterStallTimeout). Publisher
+// goroutine.
+func (b *Bridge) afterStall(r *run, next uint64) error {
 	if b.runsKV == nil || r.split != 0 {
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), runAgreeTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), afterStallTimeout)
 	defer cancel()
 	rec, _, err := b.readRun(ctx, streams.BridgeRunKey(r.key))
 	if err != nil || rec == nil {
-		return
+		return err
 	}
 	for _, e := range rec.Entries() {
 		if e.Epoch <= r.agreed || e.Bridge == b.cfg.BridgeID || e.FirstSeq < next || e.FirstSeq <= r.firstSeq ||
@@ -676,9 +683,13 @@ func (b *Bridge) afterStall(r *run, next uint64) {
 		}
 		b.log.Info("publisher run agreed", "key", r.key.String(), "epoch", e.Epoch, "first_seq", e.FirstSeq,
 			"seen_as", "the run going on", "how", "recorded anew by "+e.Bridge+" while this bridge's publishing stalled, from a message this bridge received")
-		return
+		return nil
 	}
+	return nil
 }
+
+// afterStallTimeout bounds afterStall's read of the record.
+const afterStallTimeout = 500 * time.Millisecond
 
 // dropRangeEpoch returns the agreed epoch of drop range r's run, recording it in r for the logs; the
 // run's local epoch when it has none or the broker is away (a marker is only built to be published

@@ -403,7 +403,9 @@ func TestRunRecordedAnewWhileThePublisherStalled(t *testing.T) {
 			if _, err := b.runsKV.Put(context.Background(), streams.BridgeRunKey(k), body); err != nil {
 				t.Fatal(err)
 			}
-			b.afterStall(r, tc.next)
+			if err := b.afterStall(r, tc.next); err != nil {
+				t.Fatal(err)
+			}
 			for q, want := range map[uint64]int64{11: pEpoch, 12: e2, 20: e2} {
 				if !tc.wantSplit {
 					want = pEpoch
