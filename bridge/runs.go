@@ -447,11 +447,8 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (epoch 
 // (the stream would then show a message both received), so the bridge looks for them up to
 // catchUpProbe before writing an epoch of its own.
 func (b *Bridge) catchingUp(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
-	epoch, err1 := strconv.ParseInt(m.Header.Get(streams.HeaderEpoch), 10, 64)
-	seq, err2 := strconv.ParseUint(m.Header.Get(streams.HeaderSeq), 10, 64)
-	at, err3 := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || epoch <= 0 || epoch < prev ||
-		m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID || seq >= r.firstSeq {
+	epoch, seq, at, ok := storedFPM(m)
+	if !ok || epoch < prev || m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID || seq >= r.firstSeq {
 		return false
 	}
 	d := r.firstRecvMs() - at
@@ -466,12 +463,19 @@ const (
 	evidenceScanSkew = 50 * time.Millisecond
 )
 
-// evidenceIn reports m's epoch if m is an FPM this bridge received in r (see storedEvidence).
-func (b *Bridge) evidenceIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int64, runKind, bool) {
+// storedFPM reads what the run evidence needs from a stored FPM's headers: its epoch (positive), its
+// sequence number and its bridge's receive time; ok is false when one is missing or malformed.
+func storedFPM(m *jetstream.RawStreamMsg) (epoch int64, seq uint64, at int64, ok bool) {
 	epoch, err1 := strconv.ParseInt(m.Header.Get(streams.HeaderEpoch), 10, 64)
 	seq, err2 := strconv.ParseUint(m.Header.Get(streams.HeaderSeq), 10, 64)
 	at, err3 := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || epoch <= 0 || epoch < prev || (r.kind == runRestart && epoch == prev) {
+	return epoch, seq, at, err1 == nil && err2 == nil && err3 == nil && epoch > 0
+}
+
+// evidenceIn reports m's epoch if m is an FPM this bridge received in r (see storedEvidence).
+func (b *Bridge) evidenceIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int64, runKind, bool) {
+	epoch, seq, at, ok := storedFPM(m)
+	if !ok || epoch < prev || (r.kind == runRestart && epoch == prev) {
 		return 0, 0, false
 	}
 	if !b.sameMessage(r, seq, msgIDDigest(m.Header.Get(streams.HeaderMsgID)), at) {
@@ -491,10 +495,8 @@ func (b *Bridge) evidenceIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int6
 // bridge joined at exactly the next number would be taken for the run going on: a coincidence of
 // numbers within the window, which the limits below state.
 func (b *Bridge) continuedIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int64, runKind, bool) {
-	epoch, err1 := strconv.ParseInt(m.Header.Get(streams.HeaderEpoch), 10, 64)
-	seq, err2 := strconv.ParseUint(m.Header.Get(streams.HeaderSeq), 10, 64)
-	at, err3 := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64)
-	if r.kind == runStart || err1 != nil || err2 != nil || err3 != nil || epoch <= 0 || epoch < prev || (r.kind == runRestart && epoch == prev) ||
+	epoch, seq, at, ok := storedFPM(m)
+	if r.kind == runStart || !ok || epoch < prev || (r.kind == runRestart && epoch == prev) ||
 		m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID || seq+1 != r.firstSeq {
 		return 0, 0, false
 	}
@@ -681,8 +683,7 @@ func (b *Bridge) afterStall(r *run, next uint64) error {
 		if r.start != runStart {
 			r.startHdr = []string{r.start.String()}
 		}
-		b.log.Info("publisher run agreed", "key", r.key.String(), "epoch", e.Epoch, "first_seq", e.FirstSeq,
-			"seen_as", "the run going on", "how", "recorded anew by "+e.Bridge+" while this bridge's publishing stalled, from a message this bridge received")
+		b.logRun(r, e.Epoch, fmt.Sprintf("recorded anew from seq %d by %s while this bridge's publishing stalled, a message this bridge received", e.FirstSeq, e.Bridge), 0)
 		return nil
 	}
 	return nil

@@ -62,8 +62,11 @@ func TestAgreeRun(t *testing.T) {
 		earlier []stored // stored before stored, which is the newest
 		stored  *stored
 		between func(k streams.Key, first msg) ([]streams.RunEntry, *stored) // the other bridge, between read and decision
-		late    *stored                                                      // the other bridge's copy stored once liveProbe has passed
-		want    want
+		late    *stored                                                      // the other bridge's copy, stored after the second read of the record
+		// fromStart: t0, stored and late are offsets from the subtest's start, not from now (a case
+		// whose waits count from the run's first message, however late its subtest starts)
+		fromStart bool
+		want      want
 	}{
 		"first bridge ever": {
 			kind: runStart, t0: now,
@@ -92,17 +95,19 @@ func TestAgreeRun(t *testing.T) {
 			want: want{epoch: now - 3, start: "restart"},
 		},
 		// The other bridge buffered through a broker restart and stores the run late: its newest copy is
-		// a number below this run's first, and its copy of this run's first comes after the probe.
+		// a number below this run's first, and its copy of this run's first comes after the live probe
+		// (the run's first message is past it here, so only the catch-up look reads the record again).
 		"starting while another bridge catches up: its copies come after the probe": {
-			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &stored{msg{4, "d4", now - 150}, pEpoch, ""},
-			late:   &stored{msg{7, "d7", now + 1}, pEpoch, ""},
-			want:   want{epoch: pEpoch},
+			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored:    &stored{msg{4, "d4", -750}, pEpoch, ""},
+			late:      &stored{msg{7, "d7", -599}, pEpoch, ""},
+			fromStart: true,
+			want:      want{epoch: pEpoch},
 		},
 		"starting after another bridge stopped below this run's first: nothing comes": {
-			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &stored{msg{4, "d4", now - 150}, pEpoch, ""},
-			want:   want{written: true},
+			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &stored{msg{4, "d4", -750}, pEpoch, ""}, fromStart: true,
+			want: want{written: true},
 		},
 		"the restart recorded first by the other bridge": {
 			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
@@ -219,6 +224,17 @@ func TestAgreeRun(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			if tc.fromStart {
+				start := time.Now().UnixMilli()
+				tc.t0 += start
+				for _, s := range []**stored{&tc.stored, &tc.late} {
+					if *s != nil {
+						c := **s
+						c.recvMs += start
+						*s = &c
+					}
+				}
+			}
 			ctx := context.Background()
 			k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: name, DPRank: 0}
 			put := func(runs []streams.RunEntry) {
@@ -306,9 +322,8 @@ func TestAgreeRun(t *testing.T) {
 					put(runs)
 					store(s)
 				}
-				if tc.late != nil && time.Since(time.UnixMilli(tc.t0)) > liveProbe+100*time.Millisecond {
+				if reads == 2 && tc.late != nil {
 					store(tc.late)
-					tc.late = nil
 				}
 			}
 			prevEpoch, prevStart := int64(0), runStart
