@@ -56,6 +56,10 @@ type Bridge struct {
 	// given up; later runs take their local epoch at once until the bucket answers again (runs.go).
 	// Publisher goroutine.
 	runsUnanswered bool
+	// runsReopen: the agreed runs bucket did not answer when Run opened it (a server restarting, a
+	// full disk); the publisher goroutine opens it again at the next run to agree, which waits for it
+	// like for a bucket that does not answer (runs.go). Publisher goroutine once it runs.
+	runsReopen bool
 	// fpmShards is the server's FPM shard count (shards.go), set by Run before the publisher starts.
 	fpmShards int
 

@@ -223,12 +223,20 @@ type options struct {
 	readerHold func(slot int)
 	// runsBucket wraps the agreed runs bucket once opened (tests: a bucket that does not answer).
 	runsBucket func(jetstream.KeyValue) jetstream.KeyValue
+	// runsOpen is called before each opening of the agreed runs bucket; an error it returns is the
+	// opening's (tests: a bucket that does not answer when the bridge starts).
+	runsOpen func() error
 }
 
 // withRunsBucket wraps the agreed runs bucket in wrap once it is opened (tests: faults injected into
 // the bucket alone, the FPM stream untouched).
 func withRunsBucket(wrap func(jetstream.KeyValue) jetstream.KeyValue) option {
 	return func(o *options) { o.runsBucket = wrap }
+}
+
+// withRunsOpen calls fail before each opening of the agreed runs bucket; its error is the opening's.
+func withRunsOpen(fail func() error) option {
+	return func(o *options) { o.runsOpen = fail }
 }
 
 // withClock replaces time.Now for receive timestamps and epochs.

@@ -31,8 +31,10 @@ import (
 // same number, the same payload digest, received within evidenceTolerance of the other bridge's
 // receive time). In order:
 //
-//  1. The stream: an FPM of the key (the newest, or one of the first stored since the run's first
-//     message; read from the stream's leader) is one this bridge received in the run: its epoch is
+//  1. The stream: an FPM of the key (the newest, one of the first stored since the run's first
+//     message, or, when another bridge trailed the run and then went past its first message at once,
+//     one of those it stored since its last copy below it; read from the stream's leader) is one this
+//     bridge received in the run: its epoch is
 //     the run's. For a reconnect or a resume that epoch may be the previous run's: another bridge
 //     kept its connection and goes on storing the run (the connection broke, the publisher did not
 //     restart). For a restart it must be newer than the previous run's. Or the newest FPM is another
@@ -101,9 +103,11 @@ import (
 // runHold, the bridge uses its local epoch (its receive time of the run's first message, strictly
 // increasing per key) and logs it at error level; after a hold that ran out, later runs do so at once
 // until the bucket answers again, so that a bucket that stays away never holds every run start for
-// runHold. A lone bridge still stores every run once and tells runs apart, but redundant bridges each
-// tag the run with their own epoch, so each stores its own copy of every FPM of that run (never fewer:
-// nothing is lost), and the gap detector reads the interleaved epochs as bridge restarts.
+// runHold. A bucket that did not answer when the bridge started is opened again at the next run to
+// agree, which waits for it the same way (openRunBucket). A lone bridge still stores every run once
+// and tells runs apart, but redundant bridges each tag the run with their own epoch, so each stores
+// its own copy of every FPM of that run (never fewer: nothing is lost), and the gap detector reads the
+// interleaved epochs as bridge restarts.
 //
 // Limits of the rule, stated. Each ends in one run stored under two epochs (each bridge's copy, never
 // fewer), not in a loss, except the last:
@@ -111,7 +115,8 @@ import (
 //   - A live bridge whose publishing lags more than liveProbe behind this one's first message of a run
 //     while its reader runs (its broker connection slow or away) shows nothing in time, unless its
 //     newest stored FPM is a number below the run's first received within continuationWindow before
-//     it (it is catching up: the bridge looks on up to catchUpProbe). Past that, a bridge starting or
+//     it, or its copies below the run's first go on being stored, however old (it is catching up, or
+//     draining retries: the bridge looks on up to catchUpProbe). Past that, a bridge starting or
 //     reconnecting writes a new epoch, as a bridge that is alone must, and the lagging bridge, which
 //     saw no new run, keeps its own. (A bridge lagging more than the stream's duplicate
 //     window, 30 s, stores its own copies whatever the epochs.)
@@ -147,8 +152,15 @@ const (
 	// another bridge is catching up with it: that bridge's newest FPM of the key is a number below this
 	// run's first, received shortly before it (catchingUp). A redundant bridge that buffered through
 	// a broker restart or a full disk stores the run's numbers late; taking a new epoch before its
-	// copies arrive would store the run twice, under two epochs. Within runAgreeTimeout.
+	// copies arrive would store the run twice, under two epochs. Within runAgreeTimeout. The same
+	// while that bridge visibly goes on storing copies of the key below this run's first, however long
+	// ago it received them (draining a backlog of retries: trailing), counted from when this bridge
+	// began to look.
 	catchUpProbe = 2 * time.Second
+	// trailingQuiet is how long a bridge goes on looking after the last sign that a trailing bridge is
+	// storing (its newest copy of the key changed, or was first seen): a bridge that stopped storing
+	// shows nothing new for that long.
+	trailingQuiet = 250 * time.Millisecond
 	// runHold is how long a run's FPMs wait for the bucket to answer before the run takes its local
 	// epoch: longer than a server restart or a short full-disk episode, below the stream's duplicate
 	// window, and short enough that the bridge's buffer rides it out at a node's rate.
@@ -167,20 +179,65 @@ const (
 )
 
 // openRunBucket opens (creating when missing) the agreed runs bucket. Without it the bridge tags runs
-// with its local epochs (see above) and says so.
+// with its local epochs (see above) and says so. A bucket that does not answer yet (the server
+// restarting, its store refusing writes on a full disk) is opened again at the next run to agree
+// (reopenRunBucket): a redundant bridge started during such an episode would otherwise store its own
+// copy of every run for the rest of its life.
 func (b *Bridge) openRunBucket(ctx context.Context) {
-	kv, err := b.openBucket(ctx, b.cfg.Streams.BridgeRunsBucket())
+	kv, err := b.openRunsKV(ctx)
 	if err != nil {
+		if ctx.Err() == nil && !errors.Is(err, natsconn.ErrRefused) && natsconn.Unavailable(err) {
+			b.runsReopen = true
+			b.log.Warn("agreed runs bucket does not answer yet; it is opened again when a publisher run is to be agreed",
+				"bucket", streams.BucketBridgeRuns, "error", err)
+			return
+		}
 		if !errors.Is(err, context.Canceled) || errors.Is(err, natsconn.ErrRefused) {
 			b.log.Error("agreed runs unavailable: redundant bridges each store their own copy of every FPM and disagree on epochs",
 				"bucket", streams.BucketBridgeRuns, "error", err)
 		}
 		return
 	}
+	b.setRunBucket(kv)
+}
+
+// openRunsKV opens (creating when missing) the agreed runs bucket.
+func (b *Bridge) openRunsKV(ctx context.Context) (jetstream.KeyValue, error) {
+	if b.opts.runsOpen != nil {
+		if err := b.opts.runsOpen(); err != nil {
+			return nil, err
+		}
+	}
+	return b.openBucket(ctx, b.cfg.Streams.BridgeRunsBucket())
+}
+
+// setRunBucket makes kv the agreed runs bucket.
+func (b *Bridge) setRunBucket(kv jetstream.KeyValue) {
 	if b.opts.runsBucket != nil {
 		kv = b.opts.runsBucket(kv)
 	}
-	b.runsKV = kv
+	b.runsKV, b.runsReopen = kv, false
+}
+
+// reopenRunBucket opens the agreed runs bucket again after it did not answer at start (openRunBucket),
+// within runAgreeTimeout. A failure is returned: one that says the bucket does not answer holds the
+// run (holdRun) and the next run tries again; any other (no permission) ends the tries, as at start.
+// Publisher goroutine.
+func (b *Bridge) reopenRunBucket() error {
+	ctx, cancel := context.WithTimeout(context.Background(), runAgreeTimeout)
+	defer cancel()
+	kv, err := b.openRunsKV(ctx)
+	if err != nil {
+		if errors.Is(err, natsconn.ErrRefused) || !natsconn.Unavailable(err) {
+			b.runsReopen = false
+			b.log.Error("agreed runs unavailable: redundant bridges each store their own copy of every FPM and disagree on epochs",
+				"bucket", streams.BucketBridgeRuns, "error", err)
+		}
+		return fmt.Errorf("bridge: open bucket %s: %w", streams.BucketBridgeRuns, err)
+	}
+	b.setRunBucket(kv)
+	b.log.Info("agreed runs bucket open", "bucket", streams.BucketBridgeRuns)
+	return nil
 }
 
 // errRunNotAgreed: a run's epoch could not be agreed because the broker is away; the FPM waits for it
@@ -211,7 +268,7 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 	if err == nil {
 		b.runsUnanswered = false
 	} else {
-		if b.runsKV != nil && !b.nc.IsConnected() {
+		if (b.runsKV != nil || b.runsReopen) && !b.nc.IsConnected() {
 			return 0, errRunNotAgreed
 		}
 		if b.holdRun(r, err) {
@@ -243,7 +300,7 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 // holdRun reports whether r's FPMs wait for the bucket after err (see runHold), and says so once per
 // run and when the hold runs out.
 func (b *Bridge) holdRun(r *run, err error) bool {
-	if b.runsKV == nil || b.runsUnanswered || !natsconn.Unavailable(err) || b.pub != nil && b.pub.final {
+	if b.runsKV == nil && !b.runsReopen || b.runsUnanswered || !natsconn.Unavailable(err) || b.pub != nil && b.pub.final {
 		return false // at stop the FPMs are stored now or never: under the local epoch
 	}
 	now := b.now()
@@ -269,6 +326,11 @@ func (b *Bridge) agreeRun(r *run, prev int64, prevStart runKind) (int64, runKind
 // agreeRunWith is agreeRun calling afterRead, when set, after each read of the record (tests: another
 // bridge acting between this bridge's read and its decision).
 func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead func(*run)) (int64, runKind, error) {
+	if b.runsKV == nil && b.runsReopen {
+		if err := b.reopenRunBucket(); err != nil {
+			return 0, 0, err
+		}
+	}
 	if b.runsKV == nil {
 		return 0, 0, errors.New("bucket " + streams.BucketBridgeRuns + " not open")
 	}
@@ -280,6 +342,7 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 	since := b.now().Sub(time.UnixMilli(r.local))
 	deadline := time.Now().Add(min(max(liveProbe-since, 0), liveProbe))
 	catchUpDeadline := time.Now().Add(min(max(catchUpProbe-since, 0), catchUpProbe))
+	trail := trailing{deadline: time.Now().Add(catchUpProbe)}
 	waits := 0
 	for conflicts := 0; conflicts < runCASAttempts; {
 		rec, rev, err := b.readRun(ctx, key)
@@ -294,7 +357,7 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 			entries = rec.Entries()
 		}
 		// 1. The newest FPM of the key in the stream is one this bridge received in r: its epoch is r's.
-		e, start, ok, behind, err := b.storedEvidence(ctx, r, prev)
+		e, start, ok, behind, err := b.storedEvidence(ctx, r, prev, &trail)
 		if err != nil {
 			return 0, 0, err
 		} else if ok {
@@ -315,7 +378,8 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 		// 3. Another bridge may still show its evidence: wait for it, until the deadline (longer
 		// while a bridge is catching up with this run).
 		next := time.Now().Add(liveProbeEvery)
-		if b.mayWait(r, entries, prev) && next.Before(deadline) || behind && next.Before(catchUpDeadline) {
+		if b.mayWait(r, entries, prev) && next.Before(deadline) || behind && next.Before(catchUpDeadline) ||
+			trail.storing(next) {
 			select {
 			case <-ctx.Done():
 				return 0, 0, ctx.Err()
@@ -406,8 +470,9 @@ func (b *Bridge) sameMessage(r *run, seq uint64, digest string, recvMs int64) bo
 // bridge that stored r's first messages, while this bridge resolves a run of which it received only a
 // few before a later run began). Reads are from the stream's leader. A restart's run must be newer
 // than the previous one; any other run may be the previous one going on. Without evidence, behind says
-// whether the newest FPM shows another bridge catching up with r (catchingUp).
-func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (epoch int64, start runKind, ok, behind bool, err error) {
+// whether the newest FPM shows another bridge catching up with r (catchingUp), and trail follows
+// whether it shows another bridge storing copies below r's first (trailing).
+func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, trail *trailing) (epoch int64, start runKind, ok, behind bool, err error) {
 	stream := b.fpmStreamOf(r.key)
 	m, err := natsconn.LastMsgFromLeader(ctx, b.js, stream, r.subject)
 	switch {
@@ -423,10 +488,31 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (epoch 
 		return e, k, true, false, nil
 	}
 	behind = b.catchingUp(m, r, prev)
+	scan := evidenceScan
+	if b.overtook(m, r, prev) {
+		scan = trailScan
+	}
+	from := trail.since
+	trail.saw(m, b.trails(m, r, prev))
 	ev := b.epochs.evidence(r)
 	last := m.Sequence
+	if from != 0 && trail.lastSeq == 0 {
+		// The trailing bridge went past r's first message since the last look, all at once (a batch
+		// after a stall), and its newest copy is one this bridge did not receive (its reader stopped,
+		// or it kept fewer): its copies of r's first messages lie between, after what it retried.
+		m, err = natsconn.NextMsgFromLeader(ctx, b.js, stream, r.subject, from+1)
+		for i := 0; i < trailScan && err == nil && m.Sequence < last; i++ {
+			if e, k, ok := b.evidenceIn(m, r, prev); ok {
+				return e, k, true, false, nil
+			}
+			m, err = natsconn.NextMsgFromLeader(ctx, b.js, stream, r.subject, m.Sequence+1)
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return 0, 0, false, false, err
+		}
+	}
 	m, err = natsconn.NextMsgFromLeaderAt(ctx, b.js, stream, r.subject, time.UnixMilli(r.firstRecvMs()).Add(-evidenceScanSkew))
-	for i := 0; i < evidenceScan && err == nil && m.Sequence < last; i++ {
+	for i := 0; i < scan && err == nil && m.Sequence < last; i++ {
 		if e, k, ok := b.evidenceIn(m, r, prev); ok {
 			return e, k, true, false, nil
 		}
@@ -447,12 +533,62 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64) (epoch 
 // (the stream would then show a message both received), so the bridge looks for them up to
 // catchUpProbe before writing an epoch of its own.
 func (b *Bridge) catchingUp(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
-	epoch, seq, at, ok := storedFPM(m)
-	if !ok || epoch < prev || m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID || seq >= r.firstSeq {
+	_, _, at, ok := storedFPM(m)
+	if !ok || !b.trails(m, r, prev) {
 		return false
 	}
 	d := r.firstRecvMs() - at
 	return d >= 0 && d <= continuationWindow.Milliseconds()
+}
+
+// trails reports whether m, the newest FPM of r's key, is another bridge's copy of a number below r's
+// first under an epoch not older than the previous run's: that bridge has not reached r yet.
+func (b *Bridge) trails(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
+	epoch, seq, _, ok := storedFPM(m)
+	return ok && epoch >= prev && m.Header.Get(streams.HeaderBridge) != b.cfg.BridgeID && seq < r.firstSeq
+}
+
+// overtook reports whether m, the newest FPM of r's key and no evidence, is another bridge's copy of
+// r's first message or a later one under an epoch not older than the previous run's: that bridge
+// stored past r's first message, perhaps all at once after a stall, after a backlog of retries, and
+// its copies of r's first messages, which this bridge received, may lie further back than
+// evidenceScan reads.
+func (b *Bridge) overtook(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
+	epoch, seq, _, ok := storedFPM(m)
+	return ok && epoch >= prev && m.Header.Get(streams.HeaderBridge) != b.cfg.BridgeID && seq >= r.firstSeq
+}
+
+// trailing follows, across one run's looks, whether another bridge is storing copies of the key
+// below the run's first: the key's newest FPM trails (trails) and its stream sequence moves on. A
+// bridge draining retries after a full disk or a broker restart stores numbers it received long ago,
+// older than catchingUp accepts, yet its copies of the run's own messages come next; one that
+// stopped storing shows the same newest copy look after look. Only the clock-free stream sequence
+// counts, so servers and bridges need not agree on the time.
+type trailing struct {
+	deadline time.Time // catchUpProbe after the first look: the wait's bound however long it moves
+	lastSeq  uint64    // stream sequence of the key's newest FPM if it trailed at the last look, else 0
+	since    uint64    // stream sequence of the latest trailing copy seen at any look, 0 before one
+	moved    time.Time // when it was first seen or last moved on
+}
+
+// saw records the key's newest FPM m, which trails r or not.
+func (t *trailing) saw(m *jetstream.RawStreamMsg, trails bool) {
+	if !trails {
+		t.lastSeq = 0
+		return
+	}
+	if m.Sequence != t.lastSeq {
+		t.lastSeq, t.since, t.moved = m.Sequence, m.Sequence, time.Now()
+	}
+}
+
+// trailScan bounds the FPMs storedEvidence reads after the latest trailing copy, or from r's first
+// message on, once another bridge went past r's first: its retried backlog, then r's first messages.
+const trailScan = 2 * runFirst
+
+// storing reports whether a look at next may still find the trailing bridge's copies of the run.
+func (t *trailing) storing(next time.Time) bool {
+	return t.lastSeq != 0 && next.Sub(t.moved) < trailingQuiet && next.Before(t.deadline)
 }
 
 // evidenceScan bounds the FPMs storedEvidence reads from a run's first message on, and it begins

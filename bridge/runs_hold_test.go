@@ -57,15 +57,18 @@ func (s *silentBucket) Update(ctx context.Context, key string, value []byte, rev
 // store refusing writes on a full disk) waits for it, up to runHold: its FPMs are stored under the
 // epoch recorded in the bucket, as a redundant bridge would find it, not under an epoch of this
 // bridge's own. A bucket away for longer than runHold holds the run no longer: its FPMs are stored
-// under the bridge's local epoch, and so are those of a run that begins afterwards, at once.
+// under the bridge's local epoch, and so are those of a run that begins afterwards, at once. A bucket
+// that did not answer when the bridge started is opened again for the run, which waits for it alike.
 func TestRunWaitsForTheRunsBucketToAnswer(t *testing.T) {
 	t.Parallel()
 	for name, tc := range map[string]struct {
 		away     time.Duration // how long the bucket stays away, on the bridge's clock
+		atStart  bool          // it was away when the bridge opened it
 		recorded bool          // the FPMs' epoch is the one recorded in the bucket
 	}{
-		"back within the hold":          {away: 0, recorded: true},
-		"away for longer than the hold": {away: runHold + time.Second, recorded: false},
+		"back within the hold":                           {away: 0, recorded: true},
+		"away for longer than the hold":                  {away: runHold + time.Second, recorded: false},
+		"away when the bridge started, back in the hold": {away: 0, atStart: true, recorded: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -77,9 +80,12 @@ func TestRunWaitsForTheRunsBucketToAnswer(t *testing.T) {
 			sb.down.Store(true)
 			pub := newTestPub(t, "tcp://127.0.0.1:*")
 			defer pub.Close()
-			worker := "held-" + strconv.FormatBool(tc.recorded)
-			h := startBridge(t, env, []Endpoint{{URL: pub.URL}}, func(c *Config) { c.BridgeID = worker }, withClock(clock),
-				withRunsBucket(func(kv jetstream.KeyValue) jetstream.KeyValue { sb.KeyValue = kv; return sb }))
+			worker := "held-" + strconv.FormatBool(tc.recorded) + "-" + strconv.FormatBool(tc.atStart)
+			opts := []option{withClock(clock), withRunsBucket(func(kv jetstream.KeyValue) jetstream.KeyValue { sb.KeyValue = kv; return sb })}
+			if tc.atStart {
+				opts = append(opts, withRunsOpen(sb.fail))
+			}
+			h := startBridge(t, env, []Endpoint{{URL: pub.URL}}, func(c *Config) { c.BridgeID = worker }, opts...)
 			pub.waitSubscribed()
 			const n = 10
 			for q := range uint64(n) {

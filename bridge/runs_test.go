@@ -16,6 +16,30 @@ import (
 // dg is the payload digest of the message named s in these tests.
 func dg(s string) string { return streams.PayloadDigest([]byte(s)) }
 
+// runMsg is a message of TestAgreeRun's run under test as every bridge received it (digest d<i>).
+type runMsg struct {
+	seq    uint64
+	digest string
+	recvMs int64
+}
+
+// storedCopy is another bridge's copy of a message in the stream.
+type storedCopy struct {
+	runMsg
+	epoch int64
+	start string // its Fpm-Run-Start
+}
+
+// backlog is n copies another bridge retries late: numbers below 7 (the first of TestAgreeRun's run
+// under test) under epoch, with bytes of their own, received 10 ms apart from recvMs on.
+func backlog(epoch int64, n int, recvMs int64) []storedCopy {
+	s := make([]storedCopy, n)
+	for i := range s {
+		s[i] = storedCopy{runMsg{uint64(i % 7), "old" + strconv.Itoa(i), recvMs + 10*int64(i)}, epoch, ""}
+	}
+	return s
+}
+
 // The agreement rule of runs.go against a real bucket and a real stream, one interleaving of two
 // bridges per case: this bridge resolves one run while "the other bridge" (the test, writing what
 // that bridge would) has recorded runs and stored FPMs before this bridge read the record, or does so
@@ -35,17 +59,6 @@ func TestAgreeRun(t *testing.T) {
 		pEpoch = 1_000_000 // the previous run, agreed by both bridges long ago
 		other  = "other-bridge"
 	)
-	// msg is message i of the run under test as every bridge received it (digest d<i>).
-	type msg struct {
-		seq    uint64
-		digest string
-		recvMs int64
-	}
-	type stored struct {
-		msg
-		epoch int64
-		start string // its Fpm-Run-Start
-	}
 	type want struct {
 		epoch   int64  // 0: the epoch this bridge wrote (checked against the record)
 		start   string // Fpm-Run-Start of the agreed run
@@ -59,11 +72,12 @@ func TestAgreeRun(t *testing.T) {
 		ended   bool    // a later run began on this bridge (it resolves an old run)
 		more    uint64  // messages this bridge received after the first three, 1 ms apart
 		runs    []streams.RunEntry
-		earlier []stored // stored before stored, which is the newest
-		stored  *stored
-		between func(k streams.Key, first msg) ([]streams.RunEntry, *stored) // the other bridge, between read and decision
-		late    *stored                                                      // the other bridge's copy, stored after the second read of the record
-		// fromStart: t0, stored and late are offsets from the subtest's start, not from now (a case
+		earlier []storedCopy // stored before stored, which is the newest
+		stored  *storedCopy
+		between func(k streams.Key, first runMsg) ([]streams.RunEntry, *storedCopy) // the other bridge, between read and decision
+		drain   []storedCopy                                                        // the other bridge's copies, one after each read of the record from the second on
+		late    []storedCopy                                                        // the other bridge's copies, stored together after the read that follows drain
+		// fromStart: t0, stored, drain and late are offsets from the subtest's start, not from now (a case
 		// whose waits count from the run's first message, however late its subtest starts)
 		fromStart bool
 		want      want
@@ -74,23 +88,23 @@ func TestAgreeRun(t *testing.T) {
 		},
 		"starting alone: nothing of the run stored": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, FirstSeq: 0, Bridge: other}},
-			stored: &stored{msg{900, "old", pEpoch + 5000}, pEpoch, ""},
+			stored: &storedCopy{runMsg{900, "old", pEpoch + 5000}, pEpoch, ""},
 			want:   want{written: true},
 		},
 		"starting while another bridge is live": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &stored{msg{7, "d7", now + 20}, pEpoch, ""},
+			stored: &storedCopy{runMsg{7, "d7", now + 20}, pEpoch, ""},
 			want:   want{epoch: pEpoch, reads: 1},
 		},
 		// The N1 race: a bridge started while the publisher was down reads the previous run's record; the
 		// live bridge records the restart and stores its first FPMs before the starting bridge decides.
 		"starting while the publisher was down: the restart recorded during the probe": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &stored{msg{900, "old", pEpoch + 5000}, pEpoch, ""},
-			between: func(k streams.Key, first msg) ([]streams.RunEntry, *stored) {
+			stored: &storedCopy{runMsg{900, "old", pEpoch + 5000}, pEpoch, ""},
+			between: func(k streams.Key, first runMsg) ([]streams.RunEntry, *storedCopy) {
 				return []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 						{Epoch: now - 3, FirstSeq: first.seq, FirstDigest: dg(first.digest), FirstReceivedAtMs: first.recvMs - 3, Start: "restart", Bridge: other}},
-					&stored{msg{first.seq + 1, "d8", first.recvMs + 41}, now - 3, "restart"}
+					&storedCopy{runMsg{first.seq + 1, "d8", first.recvMs + 41}, now - 3, "restart"}
 			},
 			want: want{epoch: now - 3, start: "restart"},
 		},
@@ -99,14 +113,49 @@ func TestAgreeRun(t *testing.T) {
 		// (the run's first message is past it here, so only the catch-up look reads the record again).
 		"starting while another bridge catches up: its copies come after the probe": {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored:    &stored{msg{4, "d4", -750}, pEpoch, ""},
-			late:      &stored{msg{7, "d7", -599}, pEpoch, ""},
+			stored:    &storedCopy{runMsg{4, "d4", -750}, pEpoch, ""},
+			late:      []storedCopy{{runMsg{7, "d7", -599}, pEpoch, ""}},
 			fromStart: true,
 			want:      want{epoch: pEpoch},
 		},
+		// The other bridge drains retries after a full disk: its newest copies are numbers below this
+		// run's first that it received long ago (too long for catching up by receive time), yet each
+		// look finds a newer one stored, and its copy of this run's first comes after the probe.
+		"starting while another bridge drains retries received long before: its copies come after the probe": {
+			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &storedCopy{runMsg{2, "d2", -9000}, pEpoch, ""},
+			drain: []storedCopy{{runMsg{3, "d3", -8950}, pEpoch, ""}, {runMsg{4, "d4", -8900}, pEpoch, ""},
+				{runMsg{5, "d5", -8850}, pEpoch, ""}, {runMsg{6, "d6", -8800}, pEpoch, ""}},
+			late:      []storedCopy{{runMsg{7, "d7", -599}, pEpoch, ""}},
+			fromStart: true,
+			want:      want{epoch: pEpoch},
+		},
+		// The other bridge, stalled, stores at once its retried backlog (more than the scan from this
+		// run's first message reads), this run's first messages, and ones this bridge did not receive
+		// (its reader stopped): its newest copy is no evidence, the ones since its last trailing copy are.
+		"starting while another bridge goes past this run's first at once, after its backlog": {
+			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored:    &storedCopy{runMsg{2, "d2", -9000}, pEpoch, ""},
+			late:      append(backlog(pEpoch, 2*evidenceScan, -8990), storedCopy{runMsg{7, "d7", -599}, pEpoch, ""}, storedCopy{runMsg{8, "d8", -579}, pEpoch, ""}, storedCopy{runMsg{12, "x12", -300}, pEpoch, ""}),
+			fromStart: true,
+			want:      want{epoch: pEpoch},
+		},
+		// The same, all stored before this bridge first looks: it never saw the other bridge trail.
+		"starting after another bridge went past this run's first at once, after its backlog": {
+			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			earlier:   append(backlog(pEpoch, 2*evidenceScan, -8990), storedCopy{runMsg{7, "d7", -599}, pEpoch, ""}, storedCopy{runMsg{8, "d8", -579}, pEpoch, ""}),
+			stored:    &storedCopy{runMsg{12, "x12", -300}, pEpoch, ""},
+			fromStart: true,
+			want:      want{epoch: pEpoch, reads: 1},
+		},
+		"starting after another bridge stored copies below this run's first long before: nothing more comes": {
+			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &storedCopy{runMsg{2, "d2", -9000}, pEpoch, ""}, fromStart: true,
+			want: want{written: true},
+		},
 		"starting after another bridge stopped below this run's first: nothing comes": {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &stored{msg{4, "d4", -750}, pEpoch, ""}, fromStart: true,
+			stored: &storedCopy{runMsg{4, "d4", -750}, pEpoch, ""}, fromStart: true,
 			want: want{written: true},
 		},
 		"the restart recorded first by the other bridge": {
@@ -122,7 +171,7 @@ func TestAgreeRun(t *testing.T) {
 		// wrote began with a message this bridge received.
 		"both saw the restart at once": {
 			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			between: func(k streams.Key, first msg) ([]streams.RunEntry, *stored) {
+			between: func(k streams.Key, first runMsg) ([]streams.RunEntry, *storedCopy) {
 				return []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 					{Epoch: now + 1, FirstSeq: first.seq, FirstDigest: dg(first.digest), FirstReceivedAtMs: first.recvMs + 1, Start: "reconnect", Bridge: other}}, nil
 			},
@@ -131,7 +180,7 @@ func TestAgreeRun(t *testing.T) {
 		"the restart recorded by a bridge that connected earlier: its FPMs show it": {
 			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 80, FirstSeq: 1, FirstDigest: dg("d1"), FirstReceivedAtMs: now - 80, Start: "restart", Bridge: other}},
-			stored: &stored{msg{8, "d8", now + 40}, now - 80, "restart"},
+			stored: &storedCopy{runMsg{8, "d8", now + 40}, now - 80, "restart"},
 			want:   want{epoch: now - 80, start: "restart", reads: 1},
 		},
 		// The N1 persistence: a bridge lagging behind resolves a restart after the other bridge recorded
@@ -140,7 +189,7 @@ func TestAgreeRun(t *testing.T) {
 			kind: runRestart, t0: now - 20_000, ended: true, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 20_000, FirstSeq: 7, FirstDigest: dg("d7"), FirstReceivedAtMs: now - 20_000, Start: "restart", Bridge: other},
 				{Epoch: now - 5_000, FirstSeq: 0, FirstDigest: dg("d0"), FirstReceivedAtMs: now - 5_000, Start: "restart", Bridge: other}},
-			stored: &stored{msg{30, "n30", now - 3_500}, now - 5_000, "restart"},
+			stored: &storedCopy{runMsg{30, "n30", now - 3_500}, now - 5_000, "restart"},
 			want:   want{epoch: now - 20_000, start: "restart", reads: 1},
 		},
 		// Lagging, with only the next run recorded (it began after this run ended here): a new run between.
@@ -151,18 +200,18 @@ func TestAgreeRun(t *testing.T) {
 		},
 		"a reconnect the other bridge saw no restart in": {
 			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &stored{msg{8, "d8", now + 30}, pEpoch, ""},
+			stored: &storedCopy{runMsg{8, "d8", now + 30}, pEpoch, ""},
 			want:   want{epoch: pEpoch, start: "", reads: 1},
 		},
 		"a reconnect alone": {
 			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: "test-bridge"}},
-			stored: &stored{msg{900, "old", pEpoch + 5000}, pEpoch, ""},
+			stored: &storedCopy{runMsg{900, "old", pEpoch + 5000}, pEpoch, ""},
 			want:   want{written: true, start: "reconnect"},
 		},
 		"a reconnect the other bridge recorded as a restart": {
 			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 100, FirstSeq: 2, FirstDigest: dg("d2"), FirstReceivedAtMs: now - 100, Start: "restart", Bridge: other}},
-			stored: &stored{msg{7, "d7", now + 10}, now - 100, "restart"},
+			stored: &storedCopy{runMsg{7, "d7", now + 10}, now - 100, "restart"},
 			want:   want{epoch: now - 100, start: "restart", reads: 1},
 		},
 		// This bridge was stopped (SIGSTOP) while the other started and, seeing none of its FPMs,
@@ -170,7 +219,7 @@ func TestAgreeRun(t *testing.T) {
 		"a resume after another bridge recorded the run anew": {
 			kind: runResume, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: "test-bridge"},
 				{Epoch: now - 2000, FirstSeq: 3, FirstDigest: dg("x3"), FirstReceivedAtMs: now - 2000, Bridge: other}},
-			stored: &stored{msg{8, "d8", now + 25}, now - 2000, ""},
+			stored: &storedCopy{runMsg{8, "d8", now + 25}, now - 2000, ""},
 			want:   want{epoch: now - 2000, start: "", reads: 1},
 		},
 		"a resume alone: the run goes on": {
@@ -181,8 +230,8 @@ func TestAgreeRun(t *testing.T) {
 		// earlier, show it (this bridge lags, or its run ended after a few messages).
 		"the other bridge's copies of the run's first messages, behind newer ones": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}, {Epoch: now - 40, Bridge: other}},
-			earlier: []stored{{msg{900, "old", now - 5000}, pEpoch, ""}, {msg{8, "d8", now + 15}, now - 40, ""}, {msg{9, "d9", now + 35}, now - 40, ""}},
-			stored:  &stored{msg{0, "next", now + 900}, now + 880, "restart"},
+			earlier: []storedCopy{{runMsg{900, "old", now - 5000}, pEpoch, ""}, {runMsg{8, "d8", now + 15}, now - 40, ""}, {runMsg{9, "d9", now + 35}, now - 40, ""}},
+			stored:  &storedCopy{runMsg{0, "next", now + 900}, now + 880, "restart"},
 			want:    want{epoch: now - 40, reads: 1},
 		},
 		// This bridge resolves its first run late (its publisher started after its reader had received
@@ -190,7 +239,7 @@ func TestAgreeRun(t *testing.T) {
 		// one this bridge received 400 messages ago.
 		"resolved late, the other bridge lagging behind this one's reader": {
 			kind: runStart, t0: now - 2000, more: 600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &stored{msg{210, "d210", now - 2000 + 60 + 200}, pEpoch, ""},
+			stored: &storedCopy{runMsg{210, "d210", now - 2000 + 60 + 200}, pEpoch, ""},
 			want:   want{epoch: pEpoch, reads: 1},
 		},
 		// This bridge was stopped while the publisher restarted and the other bridge stored the new run's
@@ -198,7 +247,7 @@ func TestAgreeRun(t *testing.T) {
 		"a restart the other bridge stored up to the number before this bridge's first": {
 			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 1500, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 1500, Start: "restart", Bridge: other}},
-			stored: &stored{msg{2, "x2", now - 1400}, now - 1500, "restart"},
+			stored: &storedCopy{runMsg{2, "x2", now - 1400}, now - 1500, "restart"},
 			want:   want{epoch: now - 1500, start: "restart", reads: 1},
 		},
 		// The other bridge recorded the restart from the number just before this bridge's first message
@@ -212,13 +261,13 @@ func TestAgreeRun(t *testing.T) {
 		"the number before this bridge's first, received long before, is no evidence": {
 			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 61_000, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 61_000, Start: "restart", Bridge: other}},
-			stored: &stored{msg{2, "x2", now - 60_000}, now - 61_000, "restart"},
+			stored: &storedCopy{runMsg{2, "x2", now - 60_000}, now - 61_000, "restart"},
 			want:   want{written: true, start: "restart"},
 		},
 		// Same bytes at the same number, but received long before: an earlier run's heartbeat.
 		"the same bytes an earlier run stored are no evidence": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &stored{msg{7, "d7", now - 3000}, pEpoch, ""},
+			stored: &storedCopy{runMsg{7, "d7", now - 3000}, pEpoch, ""},
 			want:   want{written: true},
 		},
 	} {
@@ -227,12 +276,18 @@ func TestAgreeRun(t *testing.T) {
 			if tc.fromStart {
 				start := time.Now().UnixMilli()
 				tc.t0 += start
-				for _, s := range []**stored{&tc.stored, &tc.late} {
-					if *s != nil {
-						c := **s
-						c.recvMs += start
-						*s = &c
+				if tc.stored != nil {
+					c := *tc.stored
+					c.recvMs += start
+					tc.stored = &c
+				}
+				for _, l := range []*[]storedCopy{&tc.earlier, &tc.drain, &tc.late} {
+					moved := make([]storedCopy, len(*l))
+					for i, s := range *l {
+						s.recvMs += start
+						moved[i] = s
 					}
+					*l = moved
 				}
 			}
 			ctx := context.Background()
@@ -250,7 +305,7 @@ func TestAgreeRun(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			store := func(s *stored) {
+			store := func(s *storedCopy) {
 				if s == nil {
 					return
 				}
@@ -283,13 +338,13 @@ func TestAgreeRun(t *testing.T) {
 				prev, _ = e.observe(k, 5, tc.t0-1000, dg("p5"), 0, 1<<32|1)
 				prev.agreed, prev.agreedStr = pEpoch, strconv.FormatInt(pEpoch, 10)
 			}
-			first := msg{7, "d7", tc.t0}
+			first := runMsg{7, "d7", tc.t0}
 			session, firstSeq := uint64(2<<32|2), uint64(7) // a new connection
 			if tc.kind == runResume {
 				session = 1<<32 | 2 // the same connection, a new session
 			}
 			if tc.kind == runRestart {
-				first, firstSeq = msg{3, "d3", tc.t0}, 3 // below the previous run's 5
+				first, firstSeq = runMsg{3, "d3", tc.t0}, 3 // below the previous run's 5
 			}
 			r, _ := e.observe(k, firstSeq, tc.t0, dg(first.digest), 0, session)
 			for i, q := range []uint64{firstSeq + 1, firstSeq + 2} {
@@ -322,8 +377,13 @@ func TestAgreeRun(t *testing.T) {
 					put(runs)
 					store(s)
 				}
-				if reads == 2 && tc.late != nil {
-					store(tc.late)
+				if i := reads - 2; i >= 0 && i < len(tc.drain) {
+					store(&tc.drain[i])
+				}
+				if reads == 2+len(tc.drain) {
+					for _, s := range tc.late {
+						store(&s)
+					}
 				}
 			}
 			prevEpoch, prevStart := int64(0), runStart
