@@ -154,8 +154,8 @@ const (
 	// a broker restart or a full disk stores the run's numbers late; taking a new epoch before its
 	// copies arrive would store the run twice, under two epochs. Within runAgreeTimeout. The same
 	// while that bridge visibly goes on storing copies of the key below this run's first, however long
-	// ago it received them (draining a backlog of retries: trailing), counted from when this bridge
-	// began to look.
+	// ago it received them (draining a backlog of retries: trailing). Counted from the run's first
+	// message, so the runs a bridge meets at once share one wait, however many publishers it serves.
 	catchUpProbe = 2 * time.Second
 	// trailingQuiet is how long a bridge goes on looking after the last sign that a trailing bridge is
 	// storing (its newest copy of the key changed, or was first seen): a bridge that stopped storing
@@ -342,7 +342,7 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 	since := b.now().Sub(time.UnixMilli(r.local))
 	deadline := time.Now().Add(min(max(liveProbe-since, 0), liveProbe))
 	catchUpDeadline := time.Now().Add(min(max(catchUpProbe-since, 0), catchUpProbe))
-	trail := trailing{deadline: time.Now().Add(catchUpProbe)}
+	trail := trailing{deadline: catchUpDeadline}
 	waits := 0
 	for conflicts := 0; conflicts < runCASAttempts; {
 		rec, rev, err := b.readRun(ctx, key)
@@ -565,7 +565,7 @@ func (b *Bridge) overtook(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
 // stopped storing shows the same newest copy look after look. Only the clock-free stream sequence
 // counts, so servers and bridges need not agree on the time.
 type trailing struct {
-	deadline time.Time // catchUpProbe after the first look: the wait's bound however long it moves
+	deadline time.Time // catchUpProbe after the run's first message: the wait's bound however long it moves
 	lastSeq  uint64    // stream sequence of the key's newest FPM if it trailed at the last look, else 0
 	since    uint64    // stream sequence of the latest trailing copy seen at any look, 0 before one
 	moved    time.Time // when it was first seen or last moved on
