@@ -56,6 +56,9 @@ type Bridge struct {
 	// given up; later runs take their local epoch at once until the bucket answers again (runs.go).
 	// Publisher goroutine.
 	runsUnanswered bool
+	// runsBackAt is when the bucket first answered a run held while it did not (the bridge's clock):
+	// the evidence waits of the runs held in that outage count from it (runs.go). Publisher goroutine.
+	runsBackAt time.Time
 	// runsReopen: the agreed runs bucket did not answer when Run opened it (a server restarting, a
 	// full disk); the publisher goroutine opens it again at the next run to agree, which waits for it
 	// like for a bucket that does not answer (runs.go). Publisher goroutine once it runs.

@@ -45,12 +45,13 @@ import (
 //     this run's first, received just before it: that run is this one.
 //  3. Otherwise another bridge may still show its evidence: its FPMs appear, or it records the run.
 //     The bridge looks again every liveProbeEvery until liveProbe after it received the run's first
-//     message when the run is its first of the key (a live bridge's FPMs show), a reconnect (a bridge
-//     that kept its connection records nothing: only its FPMs show the run goes on), or a restart or
-//     a resume while another bridge has recorded a run newer than the previous one (perhaps this one,
-//     seen first by a bridge that connected earlier, so this bridge never received its first message,
-//     or recorded anew by a bridge that started while this one was stopped; its FPMs will show it). A
-//     restart nobody else recorded is written at once.
+//     message (for a run held while the bucket did not answer, after the bucket answered again) when
+//     the run is its first of the key (a live bridge's FPMs show), a reconnect (a bridge that kept its
+//     connection records nothing: only its FPMs show the run goes on), or a restart or a resume while
+//     another bridge has recorded a run newer than the previous one (perhaps this one, seen first by a
+//     bridge that connected earlier, so this bridge never received its first message, or recorded
+//     anew by a bridge that started while this one was stopped; its FPMs will show it). A restart
+//     nobody else recorded is written at once.
 //  4. Nothing shows: a resumed run is the previous one going on (its connection did: the publisher
 //     did not restart). Any other run is new: the bridge adds it to the record with a compare-and-set
 //     at the revision it read (a conflict means another bridge wrote meanwhile: it looks again). Its
@@ -337,17 +338,30 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 	ctx, cancel := context.WithTimeout(context.Background(), runAgreeTimeout)
 	defer cancel()
 	key := streams.BridgeRunKey(r.key)
-	// The wait ends liveProbe after the run's first message (the bridge's clock), so the publishers a
-	// bridge meets at once share one wait and a lagging bridge does not wait at all.
-	since := b.now().Sub(time.UnixMilli(r.local))
-	deadline := time.Now().Add(min(max(liveProbe-since, 0), liveProbe))
-	catchUpDeadline := time.Now().Add(min(max(catchUpProbe-since, 0), catchUpProbe))
-	trail := trailing{deadline: catchUpDeadline}
+	var deadline, catchUpDeadline time.Time
+	var trail trailing
 	waits := 0
 	for conflicts := 0; conflicts < runCASAttempts; {
 		rec, rev, err := b.readRun(ctx, key)
 		if err != nil {
 			return 0, 0, err
+		}
+		if deadline.IsZero() {
+			// The wait ends liveProbe after the run's first message (the bridge's clock), so the
+			// publishers a bridge meets at once share one wait and a lagging bridge does not wait at
+			// all; for a run held while the bucket did not answer, after the bucket answered again
+			// (runsBackAt): the outage held the other bridges too, and their evidence comes after it.
+			anchor := time.UnixMilli(r.local)
+			if !r.heldSince.IsZero() {
+				if !b.runsBackAt.After(r.heldSince) {
+					b.runsBackAt = b.now() // the first held run answered since this outage began
+				}
+				anchor = later(anchor, b.runsBackAt)
+			}
+			since := b.now().Sub(anchor)
+			deadline = time.Now().Add(min(max(liveProbe-since, 0), liveProbe))
+			catchUpDeadline = time.Now().Add(min(max(catchUpProbe-since, 0), catchUpProbe))
+			trail.deadline = catchUpDeadline
 		}
 		if afterRead != nil {
 			afterRead(r)
@@ -417,6 +431,14 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 		conflicts++ // another bridge wrote meanwhile: look again
 	}
 	return 0, 0, fmt.Errorf("bridge: run of %s: %d compare-and-set conflicts", r.key, runCASAttempts)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // splitResumed: a resumed run r (its connection went on: the publisher did not restart) that takes

@@ -80,6 +80,7 @@ func TestAgreeRun(t *testing.T) {
 		// fromStart: t0, stored, drain and late are offsets from the subtest's start, not from now (a case
 		// whose waits count from the run's first message, however late its subtest starts)
 		fromStart bool
+		held      bool // the run waited for the bucket, which answers again as this bridge first reads it
 		want      want
 	}{
 		"first bridge ever": {
@@ -152,6 +153,16 @@ func TestAgreeRun(t *testing.T) {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
 			stored: &storedCopy{runMsg{2, "d2", -9000}, pEpoch, ""}, fromStart: true,
 			want: want{written: true},
+		},
+		// A full disk held the run here for seconds, and the other bridge with it: its newest copy is a
+		// number below this run's first and its copy of the run's first comes after the bucket
+		// answered again, though long after the run's first message.
+		"held while the bucket did not answer: the other bridge's copies come after it answers": {
+			kind: runStart, t0: -4000, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored:    &storedCopy{runMsg{4, "d4", -4100}, pEpoch, ""},
+			late:      []storedCopy{{runMsg{7, "d7", -3999}, pEpoch, ""}},
+			fromStart: true, held: true,
+			want: want{epoch: pEpoch},
 		},
 		"starting after another bridge stopped below this run's first: nothing comes": {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
@@ -389,6 +400,9 @@ func TestAgreeRun(t *testing.T) {
 			prevEpoch, prevStart := int64(0), runStart
 			if prev != nil {
 				prevEpoch = pEpoch
+			}
+			if tc.held {
+				r.heldSince = time.Now().Add(-3 * time.Second)
 			}
 			got, start, err := b.agreeRunWith(r, prevEpoch, prevStart, hook)
 			if err != nil {
