@@ -554,13 +554,26 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, trail *
 // at most continuationWindow before r's first message. Its copies of r's own messages may follow
 // (the stream would then show a message both received), so the bridge looks for them up to
 // catchUpProbe before writing an epoch of its own.
+//
+// The same for this bridge's own copy stored by its previous instance, when r is its first run of the
+// key: the run was live here a moment ago, and a redundant bridge that lost the same server (`fpmbus
+// up` restarted with its embedded server) stores its buffered copies of it once it reconnects.
 func (b *Bridge) catchingUp(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
 	_, _, at, ok := storedFPM(m)
-	if !ok || !b.trails(m, r, prev) {
+	if !ok || !b.trails(m, r, prev) && !b.ownEarlier(m, r, prev, at) {
 		return false
 	}
 	d := r.firstRecvMs() - at
 	return d >= 0 && d <= continuationWindow.Milliseconds()
+}
+
+// ownEarlier reports whether m, received at at, is this bridge's copy of a number below r's first,
+// stored by an instance before this one (received before it started), and r the bridge's first run
+// of the key.
+func (b *Bridge) ownEarlier(m *jetstream.RawStreamMsg, r *run, prev int64, at int64) bool {
+	epoch, seq, _, ok := storedFPM(m)
+	return ok && r.kind == runStart && epoch >= prev && m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID &&
+		seq < r.firstSeq && at < b.startMs
 }
 
 // trails reports whether m, the newest FPM of r's key, is another bridge's copy of a number below r's

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"strconv"
@@ -26,8 +27,9 @@ type runMsg struct {
 // storedCopy is another bridge's copy of a message in the stream.
 type storedCopy struct {
 	runMsg
-	epoch int64
-	start string // its Fpm-Run-Start
+	epoch  int64
+	start  string // its Fpm-Run-Start
+	bridge string // the bridge that stored it; "" for the other bridge
 }
 
 // backlog is n copies another bridge retries late: numbers below 7 (the first of TestAgreeRun's run
@@ -35,7 +37,7 @@ type storedCopy struct {
 func backlog(epoch int64, n int, recvMs int64) []storedCopy {
 	s := make([]storedCopy, n)
 	for i := range s {
-		s[i] = storedCopy{runMsg{uint64(i % 7), "old" + strconv.Itoa(i), recvMs + 10*int64(i)}, epoch, ""}
+		s[i] = storedCopy{runMsg{uint64(i % 7), "old" + strconv.Itoa(i), recvMs + 10*int64(i)}, epoch, "", ""}
 	}
 	return s
 }
@@ -81,7 +83,11 @@ func TestAgreeRun(t *testing.T) {
 		// whose waits count from the run's first message, however late its subtest starts)
 		fromStart bool
 		held      bool // the run waited for the bucket, which answers again as this bridge first reads it
-		want      want
+		// own: stored is this bridge's copy, stored by its instance before this one (received before
+		// it started, a second before t0), and late the other bridge's copy of the run's first; t0 past
+		// the live probe
+		own  bool
+		want want
 	}{
 		"first bridge ever": {
 			kind: runStart, t0: now,
@@ -89,23 +95,23 @@ func TestAgreeRun(t *testing.T) {
 		},
 		"starting alone: nothing of the run stored": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, FirstSeq: 0, Bridge: other}},
-			stored: &storedCopy{runMsg{900, "old", pEpoch + 5000}, pEpoch, ""},
+			stored: &storedCopy{runMsg{900, "old", pEpoch + 5000}, pEpoch, "", ""},
 			want:   want{written: true},
 		},
 		"starting while another bridge is live": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &storedCopy{runMsg{7, "d7", now + 20}, pEpoch, ""},
+			stored: &storedCopy{runMsg{7, "d7", now + 20}, pEpoch, "", ""},
 			want:   want{epoch: pEpoch, reads: 1},
 		},
 		// The N1 race: a bridge started while the publisher was down reads the previous run's record; the
 		// live bridge records the restart and stores its first FPMs before the starting bridge decides.
 		"starting while the publisher was down: the restart recorded during the probe": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &storedCopy{runMsg{900, "old", pEpoch + 5000}, pEpoch, ""},
+			stored: &storedCopy{runMsg{900, "old", pEpoch + 5000}, pEpoch, "", ""},
 			between: func(k streams.Key, first runMsg) ([]streams.RunEntry, *storedCopy) {
 				return []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 						{Epoch: now - 3, FirstSeq: first.seq, FirstDigest: dg(first.digest), FirstReceivedAtMs: first.recvMs - 3, Start: "restart", Bridge: other}},
-					&storedCopy{runMsg{first.seq + 1, "d8", first.recvMs + 41}, now - 3, "restart"}
+					&storedCopy{runMsg{first.seq + 1, "d8", first.recvMs + 41}, now - 3, "restart", ""}
 			},
 			want: want{epoch: now - 3, start: "restart"},
 		},
@@ -114,8 +120,8 @@ func TestAgreeRun(t *testing.T) {
 		// (the run's first message is past it here, so only the catch-up look reads the record again).
 		"starting while another bridge catches up: its copies come after the probe": {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored:    &storedCopy{runMsg{4, "d4", -750}, pEpoch, ""},
-			late:      []storedCopy{{runMsg{7, "d7", -599}, pEpoch, ""}},
+			stored:    &storedCopy{runMsg{4, "d4", -750}, pEpoch, "", ""},
+			late:      []storedCopy{{runMsg{7, "d7", -599}, pEpoch, "", ""}},
 			fromStart: true,
 			want:      want{epoch: pEpoch},
 		},
@@ -124,10 +130,10 @@ func TestAgreeRun(t *testing.T) {
 		// look finds a newer one stored, and its copy of this run's first comes after the probe.
 		"starting while another bridge drains retries received long before: its copies come after the probe": {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &storedCopy{runMsg{2, "d2", -9000}, pEpoch, ""},
-			drain: []storedCopy{{runMsg{3, "d3", -8950}, pEpoch, ""}, {runMsg{4, "d4", -8900}, pEpoch, ""},
-				{runMsg{5, "d5", -8850}, pEpoch, ""}, {runMsg{6, "d6", -8800}, pEpoch, ""}},
-			late:      []storedCopy{{runMsg{7, "d7", -599}, pEpoch, ""}},
+			stored: &storedCopy{runMsg{2, "d2", -9000}, pEpoch, "", ""},
+			drain: []storedCopy{{runMsg{3, "d3", -8950}, pEpoch, "", ""}, {runMsg{4, "d4", -8900}, pEpoch, "", ""},
+				{runMsg{5, "d5", -8850}, pEpoch, "", ""}, {runMsg{6, "d6", -8800}, pEpoch, "", ""}},
+			late:      []storedCopy{{runMsg{7, "d7", -599}, pEpoch, "", ""}},
 			fromStart: true,
 			want:      want{epoch: pEpoch},
 		},
@@ -136,22 +142,22 @@ func TestAgreeRun(t *testing.T) {
 		// (its reader stopped): its newest copy is no evidence, the ones since its last trailing copy are.
 		"starting while another bridge goes past this run's first at once, after its backlog": {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored:    &storedCopy{runMsg{2, "d2", -9000}, pEpoch, ""},
-			late:      append(backlog(pEpoch, 2*evidenceScan, -8990), storedCopy{runMsg{7, "d7", -599}, pEpoch, ""}, storedCopy{runMsg{8, "d8", -579}, pEpoch, ""}, storedCopy{runMsg{12, "x12", -300}, pEpoch, ""}),
+			stored:    &storedCopy{runMsg{2, "d2", -9000}, pEpoch, "", ""},
+			late:      append(backlog(pEpoch, 2*evidenceScan, -8990), storedCopy{runMsg{7, "d7", -599}, pEpoch, "", ""}, storedCopy{runMsg{8, "d8", -579}, pEpoch, "", ""}, storedCopy{runMsg{12, "x12", -300}, pEpoch, "", ""}),
 			fromStart: true,
 			want:      want{epoch: pEpoch},
 		},
 		// The same, all stored before this bridge first looks: it never saw the other bridge trail.
 		"starting after another bridge went past this run's first at once, after its backlog": {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			earlier:   append(backlog(pEpoch, 2*evidenceScan, -8990), storedCopy{runMsg{7, "d7", -599}, pEpoch, ""}, storedCopy{runMsg{8, "d8", -579}, pEpoch, ""}),
-			stored:    &storedCopy{runMsg{12, "x12", -300}, pEpoch, ""},
+			earlier:   append(backlog(pEpoch, 2*evidenceScan, -8990), storedCopy{runMsg{7, "d7", -599}, pEpoch, "", ""}, storedCopy{runMsg{8, "d8", -579}, pEpoch, "", ""}),
+			stored:    &storedCopy{runMsg{12, "x12", -300}, pEpoch, "", ""},
 			fromStart: true,
 			want:      want{epoch: pEpoch, reads: 1},
 		},
 		"starting after another bridge stored copies below this run's first long before: nothing more comes": {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &storedCopy{runMsg{2, "d2", -9000}, pEpoch, ""}, fromStart: true,
+			stored: &storedCopy{runMsg{2, "d2", -9000}, pEpoch, "", ""}, fromStart: true,
 			want: want{written: true},
 		},
 		// A full disk held the run here for seconds, and the other bridge with it: its newest copy is a
@@ -159,14 +165,24 @@ func TestAgreeRun(t *testing.T) {
 		// answered again, though long after the run's first message.
 		"held while the bucket did not answer: the other bridge's copies come after it answers": {
 			kind: runStart, t0: -4000, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored:    &storedCopy{runMsg{4, "d4", -4100}, pEpoch, ""},
-			late:      []storedCopy{{runMsg{7, "d7", -3999}, pEpoch, ""}},
+			stored:    &storedCopy{runMsg{4, "d4", -4100}, pEpoch, "", ""},
+			late:      []storedCopy{{runMsg{7, "d7", -3999}, pEpoch, "", ""}},
 			fromStart: true, held: true,
 			want: want{epoch: pEpoch},
 		},
+		// `fpmbus up` restarted with its embedded server: this bridge's previous instance stored the run
+		// up to a number below this one's first, and the other bridge, reconnecting to the restarted
+		// server, stores its buffered copies after the live probe.
+		"restarted while the run was live here: the other bridge's copies come after the probe": {
+			kind: runStart, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: "test-bridge"}},
+			stored: &storedCopy{runMsg: runMsg{seq: 4, digest: "d4"}, epoch: pEpoch},
+			late:   []storedCopy{{runMsg: runMsg{seq: 7, digest: "d7"}, epoch: pEpoch}},
+			own:    true,
+			want:   want{epoch: pEpoch},
+		},
 		"starting after another bridge stopped below this run's first: nothing comes": {
 			kind: runStart, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &storedCopy{runMsg{4, "d4", -750}, pEpoch, ""}, fromStart: true,
+			stored: &storedCopy{runMsg{4, "d4", -750}, pEpoch, "", ""}, fromStart: true,
 			want: want{written: true},
 		},
 		"the restart recorded first by the other bridge": {
@@ -191,7 +207,7 @@ func TestAgreeRun(t *testing.T) {
 		"the restart recorded by a bridge that connected earlier: its FPMs show it": {
 			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 80, FirstSeq: 1, FirstDigest: dg("d1"), FirstReceivedAtMs: now - 80, Start: "restart", Bridge: other}},
-			stored: &storedCopy{runMsg{8, "d8", now + 40}, now - 80, "restart"},
+			stored: &storedCopy{runMsg{8, "d8", now + 40}, now - 80, "restart", ""},
 			want:   want{epoch: now - 80, start: "restart", reads: 1},
 		},
 		// The N1 persistence: a bridge lagging behind resolves a restart after the other bridge recorded
@@ -200,7 +216,7 @@ func TestAgreeRun(t *testing.T) {
 			kind: runRestart, t0: now - 20_000, ended: true, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 20_000, FirstSeq: 7, FirstDigest: dg("d7"), FirstReceivedAtMs: now - 20_000, Start: "restart", Bridge: other},
 				{Epoch: now - 5_000, FirstSeq: 0, FirstDigest: dg("d0"), FirstReceivedAtMs: now - 5_000, Start: "restart", Bridge: other}},
-			stored: &storedCopy{runMsg{30, "n30", now - 3_500}, now - 5_000, "restart"},
+			stored: &storedCopy{runMsg{30, "n30", now - 3_500}, now - 5_000, "restart", ""},
 			want:   want{epoch: now - 20_000, start: "restart", reads: 1},
 		},
 		// Lagging, with only the next run recorded (it began after this run ended here): a new run between.
@@ -211,18 +227,18 @@ func TestAgreeRun(t *testing.T) {
 		},
 		"a reconnect the other bridge saw no restart in": {
 			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &storedCopy{runMsg{8, "d8", now + 30}, pEpoch, ""},
+			stored: &storedCopy{runMsg{8, "d8", now + 30}, pEpoch, "", ""},
 			want:   want{epoch: pEpoch, start: "", reads: 1},
 		},
 		"a reconnect alone": {
 			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: "test-bridge"}},
-			stored: &storedCopy{runMsg{900, "old", pEpoch + 5000}, pEpoch, ""},
+			stored: &storedCopy{runMsg{900, "old", pEpoch + 5000}, pEpoch, "", ""},
 			want:   want{written: true, start: "reconnect"},
 		},
 		"a reconnect the other bridge recorded as a restart": {
 			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 100, FirstSeq: 2, FirstDigest: dg("d2"), FirstReceivedAtMs: now - 100, Start: "restart", Bridge: other}},
-			stored: &storedCopy{runMsg{7, "d7", now + 10}, now - 100, "restart"},
+			stored: &storedCopy{runMsg{7, "d7", now + 10}, now - 100, "restart", ""},
 			want:   want{epoch: now - 100, start: "restart", reads: 1},
 		},
 		// This bridge was stopped (SIGSTOP) while the other started and, seeing none of its FPMs,
@@ -230,7 +246,7 @@ func TestAgreeRun(t *testing.T) {
 		"a resume after another bridge recorded the run anew": {
 			kind: runResume, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: "test-bridge"},
 				{Epoch: now - 2000, FirstSeq: 3, FirstDigest: dg("x3"), FirstReceivedAtMs: now - 2000, Bridge: other}},
-			stored: &storedCopy{runMsg{8, "d8", now + 25}, now - 2000, ""},
+			stored: &storedCopy{runMsg{8, "d8", now + 25}, now - 2000, "", ""},
 			want:   want{epoch: now - 2000, start: "", reads: 1},
 		},
 		"a resume alone: the run goes on": {
@@ -241,8 +257,8 @@ func TestAgreeRun(t *testing.T) {
 		// earlier, show it (this bridge lags, or its run ended after a few messages).
 		"the other bridge's copies of the run's first messages, behind newer ones": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}, {Epoch: now - 40, Bridge: other}},
-			earlier: []storedCopy{{runMsg{900, "old", now - 5000}, pEpoch, ""}, {runMsg{8, "d8", now + 15}, now - 40, ""}, {runMsg{9, "d9", now + 35}, now - 40, ""}},
-			stored:  &storedCopy{runMsg{0, "next", now + 900}, now + 880, "restart"},
+			earlier: []storedCopy{{runMsg{900, "old", now - 5000}, pEpoch, "", ""}, {runMsg{8, "d8", now + 15}, now - 40, "", ""}, {runMsg{9, "d9", now + 35}, now - 40, "", ""}},
+			stored:  &storedCopy{runMsg{0, "next", now + 900}, now + 880, "restart", ""},
 			want:    want{epoch: now - 40, reads: 1},
 		},
 		// This bridge resolves its first run late (its publisher started after its reader had received
@@ -250,7 +266,7 @@ func TestAgreeRun(t *testing.T) {
 		// one this bridge received 400 messages ago.
 		"resolved late, the other bridge lagging behind this one's reader": {
 			kind: runStart, t0: now - 2000, more: 600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &storedCopy{runMsg{210, "d210", now - 2000 + 60 + 200}, pEpoch, ""},
+			stored: &storedCopy{runMsg{210, "d210", now - 2000 + 60 + 200}, pEpoch, "", ""},
 			want:   want{epoch: pEpoch, reads: 1},
 		},
 		// This bridge was stopped while the publisher restarted and the other bridge stored the new run's
@@ -258,7 +274,7 @@ func TestAgreeRun(t *testing.T) {
 		"a restart the other bridge stored up to the number before this bridge's first": {
 			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 1500, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 1500, Start: "restart", Bridge: other}},
-			stored: &storedCopy{runMsg{2, "x2", now - 1400}, now - 1500, "restart"},
+			stored: &storedCopy{runMsg{2, "x2", now - 1400}, now - 1500, "restart", ""},
 			want:   want{epoch: now - 1500, start: "restart", reads: 1},
 		},
 		// The other bridge recorded the restart from the number just before this bridge's first message
@@ -272,13 +288,13 @@ func TestAgreeRun(t *testing.T) {
 		"the number before this bridge's first, received long before, is no evidence": {
 			kind: runRestart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
 				{Epoch: now - 61_000, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 61_000, Start: "restart", Bridge: other}},
-			stored: &storedCopy{runMsg{2, "x2", now - 60_000}, now - 61_000, "restart"},
+			stored: &storedCopy{runMsg{2, "x2", now - 60_000}, now - 61_000, "restart", ""},
 			want:   want{written: true, start: "restart"},
 		},
 		// Same bytes at the same number, but received long before: an earlier run's heartbeat.
 		"the same bytes an earlier run stored are no evidence": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
-			stored: &storedCopy{runMsg{7, "d7", now - 3000}, pEpoch, ""},
+			stored: &storedCopy{runMsg{7, "d7", now - 3000}, pEpoch, "", ""},
 			want:   want{written: true},
 		},
 	} {
@@ -300,6 +316,18 @@ func TestAgreeRun(t *testing.T) {
 					}
 					*l = moved
 				}
+			}
+			b := b
+			if tc.own {
+				// A bridge of its own, started just now: this instance, the one before it stored the copy.
+				b = startBridge(t, env, []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 0}}, nil).b
+				tc.t0 = time.Now().UnixMilli() - 600
+				at := min(tc.t0-1000, b.startMs-100) // before this instance started, before the run's first here
+				c := *tc.stored
+				c.recvMs, c.bridge = at, b.cfg.BridgeID
+				tc.stored = &c
+				tc.late = []storedCopy{tc.late[0]}
+				tc.late[0].recvMs = tc.t0 + 1
 			}
 			ctx := context.Background()
 			k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: name, DPRank: 0}
@@ -325,7 +353,7 @@ func TestAgreeRun(t *testing.T) {
 				m.Header.Set(streams.HeaderSeq, strconv.FormatUint(s.seq, 10))
 				m.Header.Set(streams.HeaderEpoch, strconv.FormatInt(s.epoch, 10))
 				m.Header.Set(streams.HeaderReceivedAt, strconv.FormatInt(s.recvMs, 10))
-				m.Header.Set(streams.HeaderBridge, other)
+				m.Header.Set(streams.HeaderBridge, cmp.Or(s.bridge, other))
 				if s.start != "" {
 					m.Header.Set(streams.HeaderRunStart, s.start)
 				}
