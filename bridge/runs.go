@@ -158,10 +158,11 @@ const (
 	// ago it received them (draining a backlog of retries: trailing). Counted from the run's first
 	// message, so the runs a bridge meets at once share one wait, however many publishers it serves.
 	catchUpProbe = 2 * time.Second
-	// trailingQuiet is how long a bridge goes on looking after the last sign that a trailing bridge is
-	// storing (its newest copy of the key changed, or was first seen): a bridge that stopped storing
-	// shows nothing new for that long.
-	trailingQuiet = 250 * time.Millisecond
+	// trailingQuiet is how many looks (at least liveProbeEvery apart: 250 ms or more) a bridge goes
+	// on after the last sign that a trailing bridge is storing (its newest copy of the key changed, or
+	// was first seen): a bridge that stopped storing shows nothing new for that long. Counted in looks,
+	// so that a loaded bridge, whose looks come late, never gives up sooner.
+	trailingQuiet = 10
 	// runHold is how long a run's FPMs wait for the bucket to answer before the run takes its local
 	// epoch: longer than a server restart or a short full-disk episode, below the stream's duplicate
 	// window, and short enough that the bridge's buffer rides it out at a node's rate.
@@ -603,7 +604,7 @@ type trailing struct {
 	deadline time.Time // catchUpProbe after the run's first message: the wait's bound however long it moves
 	lastSeq  uint64    // stream sequence of the key's newest FPM if it trailed at the last look, else 0
 	since    uint64    // stream sequence of the latest trailing copy seen at any look, 0 before one
-	moved    time.Time // when it was first seen or last moved on
+	still    int       // looks since it was first seen or last moved on
 }
 
 // saw records the key's newest FPM m, which trails r or not.
@@ -612,8 +613,9 @@ func (t *trailing) saw(m *jetstream.RawStreamMsg, trails bool) {
 		t.lastSeq = 0
 		return
 	}
+	t.still++
 	if m.Sequence != t.lastSeq {
-		t.lastSeq, t.since, t.moved = m.Sequence, m.Sequence, time.Now()
+		t.lastSeq, t.since, t.still = m.Sequence, m.Sequence, 0
 	}
 }
 
@@ -623,7 +625,7 @@ const trailScan = 2 * runFirst
 
 // storing reports whether a look at next may still find the trailing bridge's copies of the run.
 func (t *trailing) storing(next time.Time) bool {
-	return t.lastSeq != 0 && next.Sub(t.moved) < trailingQuiet && next.Before(t.deadline)
+	return t.lastSeq != 0 && t.still < trailingQuiet && next.Before(t.deadline)
 }
 
 // evidenceScan bounds the FPMs storedEvidence reads from a run's first message on, and it begins
