@@ -52,6 +52,10 @@ type Bridge struct {
 	// Run before the publisher starts; startMs is when Run started (Unix ms, the bridge's clock).
 	runsKV  jetstream.KeyValue
 	startMs int64
+	// readyMs is when Run was ready to publish (streams applied, buckets opened; the bridge's clock),
+	// set before the publisher starts: a run received while the bridge was starting has its evidence
+	// waits counted from it (runs.go).
+	readyMs int64
 	// runsUnanswered: a run's agreement was held for runHold while the bucket did not answer and then
 	// given up; later runs take their local epoch at once until the bucket answers again (runs.go).
 	// Publisher goroutine.
@@ -214,6 +218,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 	if ctx.Err() == nil {
 		b.openRunBucket(ctx)
 	}
+	b.readyMs = b.now().UnixMilli()
 	if ctx.Err() == nil {
 		close(b.ready)
 		urls := make([]string, len(b.endpoints))

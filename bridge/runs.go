@@ -350,9 +350,15 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 		if deadline.IsZero() {
 			// The wait ends liveProbe after the run's first message (the bridge's clock), so the
 			// publishers a bridge meets at once share one wait and a lagging bridge does not wait at
-			// all; for a run held while the bucket did not answer, after the bucket answered again
+			// all; for a bridge's first run of the key, received while it was starting, after it was
+			// ready (readyMs: a restarted server recovers its store meanwhile, and the other bridges
+			// reconnect to it);
+			// for a run held while the bucket did not answer, after the bucket answered again
 			// (runsBackAt): the outage held the other bridges too, and their evidence comes after it.
 			anchor := time.UnixMilli(r.local)
+			if r.kind == runStart {
+				anchor = later(anchor, time.UnixMilli(b.readyMs))
+			}
 			if !r.heldSince.IsZero() {
 				if !b.runsBackAt.After(r.heldSince) {
 					b.runsBackAt = b.now() // the first held run answered since this outage began

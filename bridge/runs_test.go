@@ -86,8 +86,12 @@ func TestAgreeRun(t *testing.T) {
 		// own: stored is this bridge's copy, stored by its instance before this one (received before
 		// it started, a second before t0), and late the other bridge's copy of the run's first; t0 past
 		// the live probe
-		own  bool
-		want want
+		own bool
+		// early: the run's first message came 2.5 s before the bridge was ready (received while it
+		// started: applying streams, opening buckets); stored is the other bridge's copy of a number
+		// below it, received just before it, and late its copy of the run's first
+		early bool
+		want  want
 	}{
 		"first bridge ever": {
 			kind: runStart, t0: now,
@@ -178,6 +182,15 @@ func TestAgreeRun(t *testing.T) {
 			stored: &storedCopy{runMsg: runMsg{seq: 4, digest: "d4"}, epoch: pEpoch},
 			late:   []storedCopy{{runMsg: runMsg{seq: 7, digest: "d7"}, epoch: pEpoch}},
 			own:    true,
+			want:   want{epoch: pEpoch},
+		},
+		// `fpmbus up` restarted: its bridge received the run while its server recovered the store, and
+		// the other bridge, reconnecting, stores its copies after this one is ready.
+		"received while starting: the other bridge's copies come after it is ready": {
+			kind: runStart, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored: &storedCopy{runMsg: runMsg{seq: 4, digest: "d4"}, epoch: pEpoch},
+			late:   []storedCopy{{runMsg: runMsg{seq: 7, digest: "d7"}, epoch: pEpoch}},
+			early:  true,
 			want:   want{epoch: pEpoch},
 		},
 		"starting after another bridge stopped below this run's first: nothing comes": {
@@ -318,6 +331,15 @@ func TestAgreeRun(t *testing.T) {
 				}
 			}
 			b := b
+			if tc.early {
+				b = startBridge(t, env, []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 0}}, nil).b
+				tc.t0 = b.readyMs - 2500
+				c := *tc.stored
+				c.recvMs = tc.t0 - 100
+				tc.stored = &c
+				tc.late = []storedCopy{tc.late[0]}
+				tc.late[0].recvMs = tc.t0 + 1
+			}
 			if tc.own {
 				// A bridge of its own, started just now: this instance, the one before it stored the copy.
 				b = startBridge(t, env, []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 0}}, nil).b
