@@ -31,10 +31,9 @@ import (
 // same number, the same payload digest, received within evidenceTolerance of the other bridge's
 // receive time). In order:
 //
-//  1. The stream: an FPM of the key (the newest, one of the first stored since the run's first
-//     message, or, when another bridge trailed the run and then went past its first message at once,
-//     one of those it stored since its last copy below it; read from the stream's leader) is one this
-//     bridge received in the run: its epoch is
+//  1. The stream: an FPM of the key (the newest, or one of the first stored since the run's first
+//     message, more of them when another bridge's newest copy is past the run's first; read from the
+//     stream's leader) is one this bridge received in the run: its epoch is
 //     the run's. For a reconnect or a resume that epoch may be the previous run's: another bridge
 //     kept its connection and goes on storing the run (the connection broke, the publisher did not
 //     restart). For a restart it must be newer than the previous run's. Or the newest FPM is another
@@ -195,12 +194,17 @@ func (b *Bridge) openRunBucket(ctx context.Context) {
 			return
 		}
 		if !errors.Is(err, context.Canceled) || errors.Is(err, natsconn.ErrRefused) {
-			b.log.Error("agreed runs unavailable: redundant bridges each store their own copy of every FPM and disagree on epochs",
-				"bucket", streams.BucketBridgeRuns, "error", err)
+			b.logRunsUnavailable(err)
 		}
 		return
 	}
 	b.setRunBucket(kv)
+}
+
+// logRunsUnavailable says that the agreed runs bucket cannot be used, and what that costs.
+func (b *Bridge) logRunsUnavailable(err error) {
+	b.log.Error("agreed runs unavailable: redundant bridges each store their own copy of every FPM and disagree on epochs",
+		"bucket", streams.BucketBridgeRuns, "error", err)
 }
 
 // openRunsKV opens (creating when missing) the agreed runs bucket.
@@ -232,8 +236,7 @@ func (b *Bridge) reopenRunBucket() error {
 	if err != nil {
 		if errors.Is(err, natsconn.ErrRefused) || !natsconn.Unavailable(err) {
 			b.runsReopen = false
-			b.log.Error("agreed runs unavailable: redundant bridges each store their own copy of every FPM and disagree on epochs",
-				"bucket", streams.BucketBridgeRuns, "error", err)
+			b.logRunsUnavailable(err)
 		}
 		return fmt.Errorf("bridge: open bucket %s: %w", streams.BucketBridgeRuns, err)
 	}
@@ -352,9 +355,9 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 			// publishers a bridge meets at once share one wait and a lagging bridge does not wait at
 			// all; for a bridge's first run of the key, received while it was starting, after it was
 			// ready (readyMs: a restarted server recovers its store meanwhile, and the other bridges
-			// reconnect to it);
-			// for a run held while the bucket did not answer, after the bucket answered again
-			// (runsBackAt): the outage held the other bridges too, and their evidence comes after it.
+			// reconnect to it); for a run held while the bucket did not answer, after the bucket
+			// answered again (runsBackAt): the outage held the other bridges too, and their evidence
+			// comes after it.
 			anchor := time.UnixMilli(r.local)
 			if r.kind == runStart {
 				anchor = later(anchor, time.UnixMilli(b.readyMs))
@@ -368,7 +371,6 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 			since := b.now().Sub(anchor)
 			deadline = time.Now().Add(min(max(liveProbe-since, 0), liveProbe))
 			catchUpDeadline = time.Now().Add(min(max(catchUpProbe-since, 0), catchUpProbe))
-			trail.deadline = catchUpDeadline
 		}
 		if afterRead != nil {
 			afterRead(r)
@@ -399,8 +401,7 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 		// 3. Another bridge may still show its evidence: wait for it, until the deadline (longer
 		// while a bridge is catching up with this run).
 		next := time.Now().Add(liveProbeEvery)
-		if b.mayWait(r, entries, prev) && next.Before(deadline) || behind && next.Before(catchUpDeadline) ||
-			trail.storing(next) {
+		if b.mayWait(r, entries, prev) && next.Before(deadline) || (behind || trail.storing()) && next.Before(catchUpDeadline) {
 			select {
 			case <-ctx.Done():
 				return 0, 0, ctx.Err()
@@ -516,30 +517,15 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, trail *
 	if e, k, ok := b.continuedIn(m, r, prev); ok {
 		return e, k, true, false, nil
 	}
-	behind = b.catchingUp(m, r, prev)
+	newest := b.readNewest(m, prev)
+	behind = b.catchingUp(newest, r)
 	scan := evidenceScan
-	if b.overtook(m, r, prev) {
+	if newest.overtook(r) {
 		scan = trailScan
 	}
-	from := trail.since
-	trail.saw(m, b.trails(m, r, prev))
+	trail.saw(m, newest.trails(r))
 	ev := b.epochs.evidence(r)
 	last := m.Sequence
-	if from != 0 && trail.lastSeq == 0 {
-		// The trailing bridge went past r's first message since the last look, all at once (a batch
-		// after a stall), and its newest copy is one this bridge did not receive (its reader stopped,
-		// or it kept fewer): its copies of r's first messages lie between, after what it retried.
-		m, err = natsconn.NextMsgFromLeader(ctx, b.js, stream, r.subject, from+1)
-		for i := 0; i < trailScan && err == nil && m.Sequence < last; i++ {
-			if e, k, ok := b.evidenceIn(m, r, prev); ok {
-				return e, k, true, false, nil
-			}
-			m, err = natsconn.NextMsgFromLeader(ctx, b.js, stream, r.subject, m.Sequence+1)
-		}
-		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return 0, 0, false, false, err
-		}
-	}
 	m, err = natsconn.NextMsgFromLeaderAt(ctx, b.js, stream, r.subject, time.UnixMilli(r.firstRecvMs()).Add(-evidenceScanSkew))
 	for i := 0; i < scan && err == nil && m.Sequence < last; i++ {
 		if e, k, ok := b.evidenceIn(m, r, prev); ok {
@@ -556,48 +542,48 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, trail *
 	return 0, 0, false, behind, nil
 }
 
-// catchingUp reports whether m, the newest FPM of r's key, shows another bridge catching up with r:
-// its copy of a number below r's first, under an epoch not older than the previous run's, received
-// at most continuationWindow before r's first message. Its copies of r's own messages may follow
-// (the stream would then show a message both received), so the bridge looks for them up to
-// catchUpProbe before writing an epoch of its own.
+// newestCopy is what the run evidence reads of the key's newest FPM when it is no evidence: its number
+// and its bridge's receive time, whether it is under an epoch not older than the previous run's
+// (current: of this run or the one before), and whether another bridge stored it.
+type newestCopy struct {
+	seq            uint64
+	at             int64
+	current, other bool
+}
+
+// readNewest reads m, the key's newest FPM, as a newestCopy (not current when its headers do not
+// parse).
+func (b *Bridge) readNewest(m *jetstream.RawStreamMsg, prev int64) newestCopy {
+	epoch, seq, at, ok := storedFPM(m)
+	return newestCopy{seq: seq, at: at, current: ok && epoch >= prev, other: m.Header.Get(streams.HeaderBridge) != b.cfg.BridgeID}
+}
+
+// trails reports whether c is another bridge's copy of a number below r's first: that bridge has
+// not reached r yet.
+func (c newestCopy) trails(r *run) bool { return c.current && c.other && c.seq < r.firstSeq }
+
+// overtook reports whether c is another bridge's copy of r's first message or a later one: that
+// bridge stored past r's first message, perhaps all at once after a stall, after a backlog of
+// retries, and its copies of r's first messages, which this bridge received, may lie further back
+// than evidenceScan reads.
+func (c newestCopy) overtook(r *run) bool { return c.current && c.other && c.seq >= r.firstSeq }
+
+// catchingUp reports whether c, the newest FPM of r's key, shows another bridge catching up with r:
+// it trails r and was received at most continuationWindow before r's first message. Its copies of
+// r's own messages may follow (the stream would then show a message both received), so the bridge
+// looks for them up to catchUpProbe before writing an epoch of its own.
 //
-// The same for this bridge's own copy stored by its previous instance, when r is its first run of the
-// key: the run was live here a moment ago, and a redundant bridge that lost the same server (`fpmbus
-// up` restarted with its embedded server) stores its buffered copies of it once it reconnects.
-func (b *Bridge) catchingUp(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
-	_, _, at, ok := storedFPM(m)
-	if !ok || !b.trails(m, r, prev) && !b.ownEarlier(m, r, prev, at) {
+// The same for this bridge's own copy of a number below r's first stored by its previous instance
+// (received before this one started), when r is its first run of the key: the run was live here a
+// moment ago, and a redundant bridge that lost the same server (`fpmbus up` restarted with its
+// embedded server) stores its buffered copies of it once it reconnects.
+func (b *Bridge) catchingUp(c newestCopy, r *run) bool {
+	ownEarlier := c.current && !c.other && r.kind == runStart && c.seq < r.firstSeq && c.at < b.startMs
+	if !c.trails(r) && !ownEarlier {
 		return false
 	}
-	d := r.firstRecvMs() - at
+	d := r.firstRecvMs() - c.at
 	return d >= 0 && d <= continuationWindow.Milliseconds()
-}
-
-// ownEarlier reports whether m, received at at, is this bridge's copy of a number below r's first,
-// stored by an instance before this one (received before it started), and r the bridge's first run
-// of the key.
-func (b *Bridge) ownEarlier(m *jetstream.RawStreamMsg, r *run, prev int64, at int64) bool {
-	epoch, seq, _, ok := storedFPM(m)
-	return ok && r.kind == runStart && epoch >= prev && m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID &&
-		seq < r.firstSeq && at < b.startMs
-}
-
-// trails reports whether m, the newest FPM of r's key, is another bridge's copy of a number below r's
-// first under an epoch not older than the previous run's: that bridge has not reached r yet.
-func (b *Bridge) trails(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
-	epoch, seq, _, ok := storedFPM(m)
-	return ok && epoch >= prev && m.Header.Get(streams.HeaderBridge) != b.cfg.BridgeID && seq < r.firstSeq
-}
-
-// overtook reports whether m, the newest FPM of r's key and no evidence, is another bridge's copy of
-// r's first message or a later one under an epoch not older than the previous run's: that bridge
-// stored past r's first message, perhaps all at once after a stall, after a backlog of retries, and
-// its copies of r's first messages, which this bridge received, may lie further back than
-// evidenceScan reads.
-func (b *Bridge) overtook(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
-	epoch, seq, _, ok := storedFPM(m)
-	return ok && epoch >= prev && m.Header.Get(streams.HeaderBridge) != b.cfg.BridgeID && seq >= r.firstSeq
 }
 
 // trailing follows, across one run's looks, whether another bridge is storing copies of the key
@@ -607,10 +593,8 @@ func (b *Bridge) overtook(m *jetstream.RawStreamMsg, r *run, prev int64) bool {
 // stopped storing shows the same newest copy look after look. Only the clock-free stream sequence
 // counts, so servers and bridges need not agree on the time.
 type trailing struct {
-	deadline time.Time // catchUpProbe after the run's first message: the wait's bound however long it moves
-	lastSeq  uint64    // stream sequence of the key's newest FPM if it trailed at the last look, else 0
-	since    uint64    // stream sequence of the latest trailing copy seen at any look, 0 before one
-	still    int       // looks since it was first seen or last moved on
+	lastSeq uint64 // stream sequence of the key's newest FPM if it trailed at the last look, else 0
+	still   int    // looks since it was first seen or last moved on
 }
 
 // saw records the key's newest FPM m, which trails r or not.
@@ -621,17 +605,18 @@ func (t *trailing) saw(m *jetstream.RawStreamMsg, trails bool) {
 	}
 	t.still++
 	if m.Sequence != t.lastSeq {
-		t.lastSeq, t.since, t.still = m.Sequence, m.Sequence, 0
+		t.lastSeq, t.still = m.Sequence, 0
 	}
 }
 
-// trailScan bounds the FPMs storedEvidence reads after the latest trailing copy, or from r's first
-// message on, once another bridge went past r's first: its retried backlog, then r's first messages.
+// trailScan bounds the FPMs storedEvidence reads from r's first message on once another bridge went
+// past r's first (overtook): its retried backlog, then r's first messages.
 const trailScan = 2 * runFirst
 
-// storing reports whether a look at next may still find the trailing bridge's copies of the run.
-func (t *trailing) storing(next time.Time) bool {
-	return t.lastSeq != 0 && t.still < trailingQuiet && next.Before(t.deadline)
+// storing reports whether the next look may still find the trailing bridge's copies of the run (up to
+// the catch-up deadline, which the caller keeps).
+func (t *trailing) storing() bool {
+	return t.lastSeq != 0 && t.still < trailingQuiet
 }
 
 // evidenceScan bounds the FPMs storedEvidence reads from a run's first message on, and it begins
