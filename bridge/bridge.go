@@ -64,8 +64,9 @@ type Bridge struct {
 	// the evidence waits of the runs held in that outage count from it (runs.go). Publisher goroutine.
 	runsBackAt time.Time
 	// runsReopen: the agreed runs bucket did not answer when Run opened it (a server restarting, a
-	// full disk); the publisher goroutine opens it again at the next run to agree, which waits for it
-	// like for a bucket that does not answer (runs.go). Publisher goroutine once it runs.
+	// full disk), or Run was stopped before it opened it; the publisher goroutine opens it at the next
+	// run to agree, which waits for it like for a bucket that does not answer (runs.go). Publisher
+	// goroutine once it runs.
 	runsReopen bool
 	// fpmShards is the server's FPM shard count (shards.go), set by Run before the publisher starts.
 	fpmShards int
@@ -215,9 +216,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 	if ctx.Err() == nil {
 		b.startAckRecords(ctx)
 	}
-	if ctx.Err() == nil {
-		b.openRunBucket(ctx)
-	}
+	b.openRunBucket(ctx) // also when stopped meanwhile: the stop then opens it (runs.go)
 	b.readyMs = b.now().UnixMilli()
 	if ctx.Err() == nil {
 		close(b.ready)

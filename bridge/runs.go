@@ -183,19 +183,26 @@ const (
 // with its local epochs (see above) and says so. A bucket that does not answer yet (the server
 // restarting, its store refusing writes on a full disk) is opened again at the next run to agree
 // (reopenRunBucket): a redundant bridge started during such an episode would otherwise store its own
-// copy of every run for the rest of its life.
+// copy of every run for the rest of its life. So is one that Run was stopped before opening (the stop
+// publishes what the bridge received meanwhile: its runs are agreed like any others).
 func (b *Bridge) openRunBucket(ctx context.Context) {
+	if ctx.Err() != nil {
+		b.runsReopen = true
+		return
+	}
 	kv, err := b.openRunsKV(ctx)
+	if err != nil && ctx.Err() != nil && !errors.Is(err, natsconn.ErrRefused) {
+		b.runsReopen = true
+		return
+	}
 	if err != nil {
-		if ctx.Err() == nil && !errors.Is(err, natsconn.ErrRefused) && natsconn.Unavailable(err) {
+		if !errors.Is(err, natsconn.ErrRefused) && natsconn.Unavailable(err) {
 			b.runsReopen = true
 			b.log.Warn("agreed runs bucket does not answer yet; it is opened again when a publisher run is to be agreed",
 				"bucket", streams.BucketBridgeRuns, "error", err)
 			return
 		}
-		if !errors.Is(err, context.Canceled) || errors.Is(err, natsconn.ErrRefused) {
-			b.logRunsUnavailable(err)
-		}
+		b.logRunsUnavailable(err)
 		return
 	}
 	b.setRunBucket(kv)
@@ -227,14 +234,14 @@ func (b *Bridge) setRunBucket(kv jetstream.KeyValue) {
 
 // reopenRunBucket opens the agreed runs bucket again after it did not answer at start (openRunBucket),
 // within runAgreeTimeout. A failure is returned: one that says the bucket does not answer holds the
-// run (holdRun) and the next run tries again; any other (no permission) ends the tries, as at start.
-// Publisher goroutine.
+// run (holdRun) and the next run tries again; any other (no permission), or any at stop (the FPMs are
+// stored now or never), ends the tries, as at start. Publisher goroutine.
 func (b *Bridge) reopenRunBucket() error {
 	ctx, cancel := context.WithTimeout(context.Background(), runAgreeTimeout)
 	defer cancel()
 	kv, err := b.openRunsKV(ctx)
 	if err != nil {
-		if errors.Is(err, natsconn.ErrRefused) || !natsconn.Unavailable(err) {
+		if errors.Is(err, natsconn.ErrRefused) || !natsconn.Unavailable(err) || b.pub != nil && b.pub.final {
 			b.runsReopen = false
 			b.logRunsUnavailable(err)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -130,5 +131,85 @@ func TestRunWaitsForTheRunsBucketToAnswer(t *testing.T) {
 				t.Fatalf("FPMs under epoch %s; recorded in the bucket: %v (want %v; record %+v, %v)", epoch, recorded, tc.recorded, rec, err)
 			}
 		})
+	}
+}
+
+// A bridge stopped before it opened the agreed runs bucket (a stop that came while it started: the
+// server slow to answer, a full disk) still publishes what it received, and agrees those runs through
+// the bucket like any others, so that a redundant bridge's copies of them are the same messages: the
+// stop opens the bucket.
+func TestBridgeStoppedBeforeItOpenedTheRunsBucketAgreesItsRuns(t *testing.T) {
+	t.Parallel()
+	env := natsservertest.Start(t)
+	pub := newTestPub(t, "tcp://127.0.0.1:*")
+	defer pub.Close()
+	nc, err := natsconn.Connect(natsconn.ConnConfig{URL: env.Server.ClientURL(), Name: "bridge-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	const worker, n = "stopped-starting", 10
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var b *Bridge
+	var first sync.Once
+	// The first opening of the bucket waits until every FPM was received, and then the bridge is
+	// stopped: Run never opened the bucket and was never ready.
+	stopWhileStarting := func() (err error) {
+		first.Do(func() {
+			deadline := time.Now().Add(30 * time.Second)
+			for b.Stats().Ranks[0].Received < n && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			cancel()
+			err = context.Canceled
+		})
+		return err
+	}
+	b, err = New(Config{Endpoints: []Endpoint{{URL: pub.URL}}, BridgeID: worker, Logger: testLogger(), StopTimeout: 30 * time.Second},
+		nc, withRunsOpen(stopWhileStarting))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	pub.waitSubscribed()
+	for q := range uint64(n) {
+		pub.send(q, payload(worker, 0, q))
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("bridge did not stop within 60s")
+	}
+	select {
+	case <-b.Ready():
+		t.Fatal("the bridge became ready: the stop did not come while it started")
+	default:
+	}
+	stored := messages(t, env.JS, streams.StreamFPM, streams.FPMWildcard)
+	if len(stored) != n {
+		t.Fatalf("%d FPMs stored, want %d", len(stored), n)
+	}
+	epoch := stored[0].Headers().Get(streams.HeaderEpoch)
+	kv, err := env.JS.KeyValue(context.Background(), streams.BucketBridgeRuns)
+	if err != nil {
+		t.Fatalf("runs bucket: %v", err)
+	}
+	entry, err := kv.Get(context.Background(), streams.BridgeRunKey(streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: worker, DPRank: 0}))
+	if err != nil {
+		t.Fatalf("the run was not recorded: %v", err)
+	}
+	var rec streams.RunRecord
+	if err := json.Unmarshal(entry.Value(), &rec); err != nil || len(rec.Entries()) != 1 || strconv.FormatInt(rec.Entries()[0].Epoch, 10) != epoch {
+		t.Fatalf("FPMs under epoch %s; record %+v (%v)", epoch, rec, err)
+	}
+	for _, m := range stored {
+		if e := m.Headers().Get(streams.HeaderEpoch); e != epoch {
+			t.Fatalf("one run stored under epochs %s and %s", epoch, e)
+		}
 	}
 }
