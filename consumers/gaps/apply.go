@@ -67,11 +67,16 @@ func (d *Detector) handleFPM(m *durable.Msg, now time.Time) error {
 	o, err := observation(m.Headers(), m.Data(), seq, m.Stored)
 	d.touch(e)
 	if err != nil {
-		e.st.StreamSeq = seq // passed: a catch-up read skips it too
+		if e.waitSeq == 0 {
+			e.st.StreamSeq = seq // passed: a catch-up read skips it too
+		}
 		d.reject(m, streams.StreamFPM, fmt.Errorf("FPM without usable sequence headers: %w", err))
 		return nil
 	}
 	d.hold(e, m)
+	if d.waitsForMarkers(e, &o) {
+		return nil // read from the stream once the markers are applied
+	}
 	d.apply(e, &o)
 	e.lastLocal = now
 	return nil
@@ -84,6 +89,34 @@ func (d *Detector) reject(m *durable.Msg, stream string, err error) {
 	d.logger.Warn("gap detector: unusable message rejected", "subject", m.Subject(), "stream_seq", m.StreamSeq, "err", err)
 	m.Reject(err)
 }
+
+// waitsForMarkers reports whether o is left unapplied for now: it waits for drop markers
+// (tracker.waitsForMarkers) or comes after an FPM of e that does. It is then read from the stream
+// (catchUpFPM) once the markers stored up to its stream time plus the marker grace are applied.
+// Its delivery is acknowledged with e's next checkpoint, which stays before it: a detector started
+// from that checkpoint reads it from the stream the same way.
+func (d *Detector) waitsForMarkers(e *entry, o *fpmObservation) bool {
+	switch {
+	case e.waitSeq == 0:
+		if !e.t.waitsForMarkers(o) {
+			return false
+		}
+		e.waitSeq, e.waitUntilMs = o.StreamSeq, o.StoredMs+d.rules.graceMs
+	case o.StreamSeq != e.waitSeq:
+		e.catchUp = true
+		return true
+	}
+	if d.markersAppliedMs() >= e.waitUntilMs {
+		e.waitSeq, e.waitUntilMs = 0, 0
+		return false
+	}
+	e.catchUp = true
+	return true
+}
+
+// markersAppliedMs is the stream time up to which every drop marker stored has been applied, as far
+// as the loop knows: the newest marker applied, or when the marker reader was last seen caught up.
+func (d *Detector) markersAppliedMs() int64 { return max(d.mkLastStoredMs, d.mkCaughtUpMs) }
 
 func (d *Detector) apply(e *entry, o *fpmObservation) {
 	c := e.st.Counters

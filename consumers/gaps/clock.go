@@ -8,16 +8,20 @@ import (
 )
 
 // checkClock runs the wall-clock checks: publishers idle past CheckpointInterval get their advances
-// checkpointed, silent publishers go stale, and pending gaps whose marker grace has passed (in stream
+// checkpointed, silent publishers go stale, FPMs that wait for drop markers are applied once the
+// markers are (waitsForMarkers), and pending gaps whose marker grace has passed (in stream
 // time: every drop marker, and every FPM of the gap's publisher, stored up to it has been applied)
 // are classified. Numbers recovered since the last tick (copies of numbers a gap event named missing)
 // are reported.
 func (d *Detector) checkClock() {
 	now := d.now()
 	d.retryOrphans()
-	var stale []*entry
+	var stale, waiting []*entry
 	pending, nStale := 0, 0
 	for _, e := range d.keys {
+		if e.waitSeq != 0 {
+			waiting = append(waiting, e)
+		}
 		if e.st.Recovering != nil {
 			e.t.flushRecovered()
 			d.touch(e)
@@ -41,10 +45,19 @@ func (d *Detector) checkClock() {
 			d.touch(e)
 		}
 	}
-	if pending > 0 {
-		wm := d.mkLastStoredMs
+	if pending > 0 || len(waiting) > 0 {
 		if ts, ok := d.markers.caughtUpAt(d.js, d.mkDeliveredFrom, d.mkDelivered, d.cfg.PublishTimeout); ok {
-			wm = max(wm, ts.UnixMilli())
+			d.mkCaughtUpMs = max(d.mkCaughtUpMs, ts.UnixMilli())
+		}
+		wm := d.markersAppliedMs()
+		for _, e := range waiting {
+			if wm < e.waitUntilMs {
+				continue
+			}
+			if err := d.catchUpFPM(e, math.MaxUint64); err != nil {
+				d.logger.Warn("gap detector: catch-up read failed; FPMs waiting for drop markers wait on", "key", e.key.String(), "err", err)
+				e.catchUp = true
+			}
 		}
 		pending = 0
 		for _, e := range d.keys {

@@ -66,7 +66,10 @@ type Detector struct {
 	mkLastStoredMs  int64
 	mkDelivered     uint64
 	mkDeliveredFrom string
-	mkBuf           []jetstream.Msg
+	// mkCaughtUpMs is the stream time up to which every stored marker had reached the loop when the
+	// marker reader was last seen caught up (markerReader.caughtUpAt).
+	mkCaughtUpMs int64
+	mkBuf        []jetstream.Msg
 	// markerSubjects are the drop marker subjects with a marker stored before the marker reader
 	// started or read by it since: a publisher loaded without one has no marker to catch up.
 	markerSubjects map[string]bool

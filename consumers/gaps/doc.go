@@ -93,6 +93,14 @@
 //     fill it. Every pending gap is examined, of whatever run of its publisher: a restart does not
 //     end the old run's gaps.
 //
+//   - An FPM that would make a publisher's run go on across a new bridge epoch (a bridge's first run
+//     of it: no run start, the sequence gone on) is applied only when the drop markers stored up to
+//     its stream time + MarkerGrace are, by the same watermark: a bridge started again publishes the
+//     markers its previous run spooled beside its first FPMs, and a marker may show that a new run
+//     began in between (the bridge's, from 0 or from below the last number it stored). Meanwhile it
+//     and the publisher's later FPMs are held, acknowledged with checkpoints that stay before them,
+//     and read again from the stream (Detector.waitsForMarkers).
+//
 //   - Publishers are shared through consumers/partition (group Config.Group, Config.Partitions,
 //     keyed by the publisher), run by the durable.Runner: only the member holding a publisher's
 //     partition applies its FPMs and markers. Assigned loads the partition's publishers first.

@@ -32,10 +32,15 @@ type entry struct {
 	// catchUp: FPMs of this publisher may exist between st.StreamSeq and the next one delivered (a
 	// fresh load after a restart, a takeover or a lost checkpoint race); read them from the stream
 	// before applying the next delivered one (or before calling it stale).
-	catchUp   bool
-	lastLocal time.Time // when the loop last applied an FPM of it (wall clock, for the live stale check)
-	msgs      []*durable.Msg
-	dropped   bool // forgotten (drop): a subject's cached entry is looked up again
+	catchUp bool
+	// waitSeq is the stream sequence of an FPM of it that waits for the drop markers stored up to
+	// waitUntilMs (stream time) to be applied (Detector.waitsForMarkers), 0 if none: it and the FPMs
+	// after it are read from the stream once they are. catchUp is set meanwhile.
+	waitSeq     uint64
+	waitUntilMs int64
+	lastLocal   time.Time // when the loop last applied an FPM of it (wall clock, for the live stale check)
+	msgs        []*durable.Msg
+	dropped     bool // forgotten (drop): a subject's cached entry is looked up again
 }
 
 func (d *Detector) newEntry(k streams.Key) *entry {
@@ -206,6 +211,9 @@ func (d *Detector) catchUpFPM(e *entry, before uint64) error {
 		if err != nil {
 			e.st.StreamSeq = raw.Sequence
 			continue
+		}
+		if d.waitsForMarkers(e, &o) {
+			return nil // catchUp stays set: read on once the markers are applied
 		}
 		d.apply(e, &o)
 	}

@@ -100,3 +100,27 @@ func TestDetectorReportsALateStart(t *testing.T) {
 			strings.Contains(lines[2], fmt.Sprintf(" %.3f ", p.LossPercent)), "text report:\n%s", sb.String())
 	}
 }
+
+// TestDetectorWaitsForTheMarkerOfARestartStoredAfterItsFPM: a bridge saw the publisher restart while
+// its store refused writes, dropped the new run's first numbers at its stop and spooled their drop
+// marker; started again, it stored its first FPM of the run (no run start: a bridge's first run of
+// the publisher) before the spooled marker, and the detector read the FPM first. The detector waits
+// for the markers stored about when the FPM was: the marker shows the restart, and the new run's
+// numbers before its first FPM are named under it, not as a jump of the old run.
+func TestDetectorWaitsForTheMarkerOfARestartStoredAfterItsFPM(t *testing.T) {
+	t.Parallel()
+	env := natsservertest.Start(t)
+	cfg := testConfig()
+	cfg.MarkerGrace = 5 * time.Second // the marker is stored well within it, however loaded the machine
+	startDetector(t, env.Server.ClientURL(), cfg)
+	t0 := time.Now().UnixMilli()
+	k := key("spooled", 0)
+	publishAll(t, env.JS, fpms(k, 0, 39, t0, t0)...)
+	publishAll(t, env.JS, fpms(k, 60, 70, t0+3000, t0+3000)...)
+	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup) // the detector has read the new FPMs
+	publishAll(t, env.JS, markerMsg(k, t0, 40, 45, "shutdown"), markerMsg(k, t0+1000, 0, 9, "shutdown"))
+	by := waitEvents(t, env.JS, 3, 30*time.Second)
+	match(t, k, by[k], gapW(CauseBridgeDrop, 40, 45), want{TypeGap, CausePublisherRestart, 10, 59, 50, -1}, gapW(CauseBridgeDrop, 0, 9))
+	equal(t, t0+3000, by[k][1].Epoch)
+	equal(t, uint64(40+11+6+50+10), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
+}

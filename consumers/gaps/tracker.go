@@ -441,24 +441,40 @@ func (t *tracker) restart(o *fpmObservation, afterStale bool, silentMs int64, re
 }
 
 // markedRestart returns the epoch of a drop marker that shows a publisher restart between the last FPM
-// seen and o, 0 if none: a marker of the bridge that publishes o, from seq 0, under an epoch newer than
-// every FPM seen and older than o's. That bridge saw a run begin (its sequence back at 0), dropped its
-// first numbers (a stop while its store refused writes, so that it could neither record the run nor
-// store any of it) and, started again, took the run's later numbers for the run before going on (a
-// bridge's first run carries no run start). Without the marker o would read as the old run going on and
-// the new run's numbers before it as a jump of the old run, named under no epoch of theirs. A marker
-// read after o cannot do this: the jump is then classified as one.
+// seen and o, 0 if none: a marker of the bridge that publishes o, under an epoch newer than every FPM
+// seen and older than o's, whose numbers begin where only a new run can: at 0, or at or below the
+// last number seen when that was the same bridge's (a bridge gives a run that goes on a new epoch
+// only when it starts again, and then past every number it received before). That bridge saw a run
+// begin (the sequence back), dropped its first numbers (a stop while its store refused writes, so
+// that it could neither record the run nor store any of it) and, started again, took the run's later
+// numbers for the run before going on (a bridge's first run carries no run start). Without the
+// marker o would read as the old run going on and the new run's numbers before it as a jump of the
+// old run, named under no epoch of theirs. Another bridge's marker shows nothing: redundant bridges
+// that could not agree give one run two epochs, and either may have dropped numbers below the other's.
+// The detector applies o only once the markers stored about when it was are (waitsForMarkers).
 func (t *tracker) markedRestart(o *fpmObservation) int64 {
 	st := t.st
 	var from int64
 	for i := range st.Markers {
 		m := &st.Markers[i]
-		if m.FirstSeq == 0 && m.Epoch > st.MaxEpoch && m.Epoch < o.Epoch && m.Bridge == o.Bridge && !m.Used &&
+		if m.Epoch > st.MaxEpoch && m.Epoch < o.Epoch && m.Bridge == o.Bridge && !m.Used &&
+			(m.FirstSeq == 0 || m.FirstSeq <= st.Last.Seq && st.Last.Bridge == m.Bridge) &&
 			(from == 0 || m.Epoch < from) {
 			from = m.Epoch
 		}
 	}
 	return from
+}
+
+// waitsForMarkers reports whether o, applied now, would take the run as going on across a new bridge
+// epoch (a bridge's first run of the publisher: no run start, the sequence gone on) with no drop marker
+// applied that shows a restart in between (markedRestart). One stored about when o was could still:
+// a bridge started again publishes the markers its previous run spooled beside its first FPMs, and
+// the stream may store them, and the marker reader deliver them, after o. The detector applies such
+// an FPM once the markers stored up to its stream time plus the marker grace are applied.
+func (t *tracker) waitsForMarkers(o *fpmObservation) bool {
+	st := t.st
+	return st.Started && o.RunStart == "" && o.Epoch > st.MaxEpoch && o.Seq > st.Last.Seq && t.markedRestart(o) == 0
 }
 
 // markedTail extends the run a restart at o ends by the numbers drop markers name beyond its last

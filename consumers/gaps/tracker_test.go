@@ -682,14 +682,32 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"bridge_drop@1:40-45", "publisher_restart@3:10-59", "bridge_drop@3:0-9"},
 		},
-		// A marker from seq 0 under a newer epoch of another bridge, or one that does not begin the run,
-		// shows no restart: the next FPM goes on with the run.
+		// The same, the bridge having missed the new run's first number (it subscribed after the
+		// publisher sent it): its marker begins at 1, below the last number it stored of the old run,
+		// which only a new run can.
+		"a restart only a drop marker from past seq 0 saw begin": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 39, 1, t0)
+				s.marker(1, 40, 45, "shutdown")
+				s.marker(2, 1, 9, "shutdown")
+				step()
+				s.run(60, 70, 3, at+3_000)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(9+6), s.st.Counters.Missing.BridgeDrop)
+				equal(s.t, uint64(51), s.st.Counters.Missing.PublisherRestart)
+				equal(s.t, int64(2), s.st.Run.FirstEpoch)
+			},
+			want: []string{"bridge_drop@1:40-45", "publisher_restart@3:0-59", "bridge_drop@3:1-9"},
+		},
+		// A marker from seq 0 under a newer epoch of another bridge, or one of the same bridge that goes
+		// on past the last number seen, shows no restart: the next FPM goes on with the run.
 		"a drop marker of another bridge or mid-run shows no restart": {
 			play: func(s *script, step func()) {
 				at := s.run(0, 39, 1, t0)
 				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: 2, FirstSeq: 0, LastSeq: 9,
 					Count: 10, Reason: "shutdown", Bridge: "other"}, 100)
-				s.marker(2, 5, 9, "shutdown")
+				s.marker(2, 42, 43, "shutdown")
 				step()
 				s.run(41, 45, 3, at+3_000)
 				s.tr.expire(s.nowMs + 10_000)
