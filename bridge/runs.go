@@ -286,13 +286,16 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 		if b.holdRun(r, err) {
 			return 0, errRunHeld
 		}
-		e, start = max(r.local, prev+1), strongest(r.kind, runStart)
-		if r.kind == runResume {
-			e, start = prev, prevStart // the run goes on: its connection did
+		var ok bool
+		if e, start, ok = b.storedEvidenceOnly(r, prev, prevStart); !ok {
+			e, start = max(r.local, prev+1), strongest(r.kind, runStart)
+			if r.kind == runResume {
+				e, start = prev, prevStart // the run goes on: its connection did
+			}
+			b.log.Error("publisher run not agreed with other bridges; using this bridge's epoch: a redundant bridge stores its own copy of the run",
+				"key", r.key.String(),
+				"epoch", e, "first_seq", r.firstSeq, "error", err)
 		}
-		b.log.Error("publisher run not agreed with other bridges; using this bridge's epoch: a redundant bridge stores its own copy of the run",
-			"key", r.key.String(),
-			"epoch", e, "first_seq", r.firstSeq, "error", err)
 	}
 	r.agreed, r.agreedStr, r.start, r.prev = e, strconv.FormatInt(e, 10), start, nil
 	if b.pub != nil {
@@ -307,6 +310,28 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 		r.split = 0
 	}
 	return e, nil
+}
+
+// storedEvidenceOnly looks once for r's epoch in the FPM stream alone (storedEvidence) when the runs
+// bucket cannot be used: another bridge that stored r already, under the epoch it agreed or its own,
+// stored FPMs this bridge received in r, and r takes that epoch, so that each FPM is stored once
+// whatever the bucket does. Only while connected: at a stop without a broker it would wait in vain.
+func (b *Bridge) storedEvidenceOnly(r *run, prev int64, prevStart runKind) (int64, runKind, bool) {
+	if b.nc == nil || !b.nc.IsConnected() {
+		return 0, 0, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), runAgreeTimeout)
+	defer cancel()
+	e, start, ok, _, err := b.storedEvidence(ctx, r, prev, &trailing{})
+	switch {
+	case err != nil || !ok:
+		return 0, 0, false
+	case e == prev:
+		b.logRun(r, e, "goes on: another bridge's FPMs of it are ones this bridge received (the runs bucket not used)", 0)
+		return e, prevStart, true
+	}
+	b.logRun(r, e, "another bridge's FPMs of it are ones this bridge received (the runs bucket not used)", 0)
+	return e, strongest(start, r.kind), true
 }
 
 // holdRun reports whether r's FPMs wait for the bucket after err (see runHold), and says so once per

@@ -213,3 +213,54 @@ func TestBridgeStoppedBeforeItOpenedTheRunsBucketAgreesItsRuns(t *testing.T) {
 		}
 	}
 }
+
+// A redundant bridge whose runs bucket does not answer for longer than the hold, while the other
+// bridge's answers, stores the run under the other bridge's epoch when the FPM stream shows that
+// bridge's copies of messages it received: each FPM is stored once, not once per bridge.
+func TestRunTakesAnotherBridgesStoredEpochWhenItsBucketDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	env := natsservertest.Start(t)
+	var mu sync.Mutex
+	// The bridges' clocks differ by a few milliseconds, as two hosts' do: an epoch of this bridge's own
+	// is not the other's by chance.
+	skew := 20 * time.Millisecond
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return time.Now().Add(skew) }
+	sb := &silentBucket{}
+	sb.down.Store(true)
+	pub := newTestPub(t, "tcp://127.0.0.1:*")
+	defer pub.Close()
+	const worker = "bucketless"
+	a := startBridge(t, env, []Endpoint{{URL: pub.URL}}, func(c *Config) { c.BridgeID = "answered" })
+	b := startBridge(t, env, []Endpoint{{URL: pub.URL}}, func(c *Config) { c.BridgeID = "unanswered" },
+		withClock(clock), withRunsBucket(func(kv jetstream.KeyValue) jetstream.KeyValue { sb.KeyValue = kv; return sb }))
+	if err := pub.s.WaitSubscribers(2, 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	for q := range uint64(n) {
+		pub.send(q, payload(worker, 0, q))
+	}
+	a.waitStats(30*time.Second, "every FPM published by the bridge whose bucket answers", func(s stats) bool { return s.Ranks[0].Published == n })
+	b.waitStats(30*time.Second, "every FPM received by the other", func(s stats) bool { return s.Ranks[0].Received == n })
+	checkFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if c := sb.calls.Load(); c < 3 {
+			return fmt.Errorf("%d bucket calls", c)
+		}
+		return nil
+	})
+	mu.Lock()
+	skew = runHold + time.Second // the hold runs out; the bucket stays away
+	mu.Unlock()
+	b.waitStats(60*time.Second, "every FPM published by the bridge whose bucket does not answer", func(s stats) bool {
+		return s.Ranks[0].Published == n
+	})
+	stored := messages(t, env.JS, streams.StreamFPM, streams.FPMWildcard)
+	if len(stored) != n {
+		t.Fatalf("%d FPMs stored, want %d: one copy per bridge", len(stored), n)
+	}
+	for _, m := range stored {
+		if br := m.Headers().Get(streams.HeaderBridge); br != "answered" {
+			t.Fatalf("FPM %s stored by %s", m.Headers().Get(streams.HeaderMsgID), br)
+		}
+	}
+}
