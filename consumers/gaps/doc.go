@@ -99,7 +99,9 @@
 //     markers its previous run spooled beside its first FPMs, and a marker may show that a new run
 //     began in between (the bridge's, from 0 or from below the last number it stored). Meanwhile it
 //     and the publisher's later FPMs are held, acknowledged with checkpoints that stay before them,
-//     and read again from the stream (Detector.waitsForMarkers).
+//     and read again from the stream (Detector.waitsForMarkers). A marker read later still names the
+//     new run's numbers then (tracker.markedLate, from state.Crossings): never a number left unnamed
+//     because its marker came late.
 //
 //   - Publishers are shared through consumers/partition (group Config.Group, Config.Partitions,
 //     keyed by the publisher), run by the durable.Runner: only the member holding a publisher's

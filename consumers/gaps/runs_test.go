@@ -124,3 +124,24 @@ func TestDetectorWaitsForTheMarkerOfARestartStoredAfterItsFPM(t *testing.T) {
 	equal(t, t0+3000, by[k][1].Epoch)
 	equal(t, uint64(40+11+6+50+10), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
 }
+
+// TestDetectorNamesARestartADropMarkerShowsLate: the same drop marker stored only long after the
+// restarted bridge's first FPM (the bridge that spooled it started again much later), past the marker
+// grace: the jump is classified without it, and the marker, when it comes, names the new run's
+// numbers that were taken for the old run's, so that every number sent is stored or named.
+func TestDetectorNamesARestartADropMarkerShowsLate(t *testing.T) {
+	t.Parallel()
+	env := natsservertest.Start(t)
+	startDetector(t, env.Server.ClientURL(), testConfig())
+	t0 := time.Now().UnixMilli()
+	k := key("spooled-late", 0)
+	publishAll(t, env.JS, fpms(k, 0, 39, t0, t0)...)
+	publishAll(t, env.JS, fpms(k, 60, 70, t0+3000, t0+3000)...)
+	by := waitEvents(t, env.JS, 1, 30*time.Second)
+	match(t, k, by[k], gapW(CauseZMQDrop, 40, 59))
+	publishAll(t, env.JS, markerMsg(k, t0+1000, 0, 9, "shutdown"))
+	by = waitEvents(t, env.JS, 3, 30*time.Second)
+	match(t, k, by[k], gapW(CauseZMQDrop, 40, 59), gapW(CauseBridgeDrop, 0, 9), gapW(CausePublisherRestart, 10, 39))
+	equal(t, t0+1000, by[k][2].Epoch)
+	equal(t, uint64(40+71), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing != sent")
+}

@@ -45,6 +45,10 @@ type state struct {
 	Pending []pending `json:"pending,omitempty"`
 	// Markers are drop markers that may still explain a pending or future gap.
 	Markers []heldMarker `json:"markers,omitempty"`
+	// Crossings are where the run was taken to go on across a new bridge epoch with no drop marker
+	// showing a restart in between (oldest first, at most maxCrossings): a marker read after the grace
+	// that shows one names the new run's numbers then (tracker.markedLate).
+	Crossings []crossing `json:"crossings,omitempty"`
 	// Redundant is set once FPMs of the publisher came from two bridges (Fpm-Bridge) one after the
 	// other: redundant bridges (or a handover). From then on a gap covered by drop markers waits for
 	// the marker grace like any other, because another bridge may still store what one bridge dropped.
@@ -131,12 +135,23 @@ type heldMarker struct {
 	Used bool `json:"used,omitempty"`
 }
 
+// crossing is a run taken to go on from Before, the last FPM seen, to After, under a bridge epoch
+// newer than MaxEpoch, every epoch seen before it.
+type crossing struct {
+	MaxEpoch int64 `json:"max_epoch"`
+	Before   point `json:"before"`
+	After    point `json:"after"`
+}
+
 // Pending kinds.
 const (
 	kindJump    = "jump"
 	kindResume  = "resume"
 	kindRestart = "restart"
 	kindStart   = "start"
+	// kindMarked: the first numbers of a new run that a drop marker read late showed begin at a
+	// crossing, up to the last number of the old run (tracker.markedLate).
+	kindMarked = "marked"
 )
 
 // CauseCounts counts per cause.

@@ -142,6 +142,9 @@ func (t *tracker) observe(o *fpmObservation) {
 		newRun = markedFrom != 0
 	}
 	if !newRun {
+		if o.Epoch > st.MaxEpoch && o.RunStart == "" {
+			t.cross(o)
+		}
 		if o.Seq > st.Last.Seq+1 {
 			kind := kindJump
 			if stale != nil {
@@ -441,29 +444,79 @@ func (t *tracker) restart(o *fpmObservation, afterStale bool, silentMs int64, re
 }
 
 // markedRestart returns the epoch of a drop marker that shows a publisher restart between the last FPM
-// seen and o, 0 if none: a marker of the bridge that publishes o, under an epoch newer than every FPM
-// seen and older than o's, whose numbers begin where only a new run can: at 0, or at or below the
-// last number seen when that was the same bridge's (a bridge gives a run that goes on a new epoch
-// only when it starts again, and then past every number it received before). That bridge saw a run
-// begin (the sequence back), dropped its first numbers (a stop while its store refused writes, so
-// that it could neither record the run nor store any of it) and, started again, took the run's later
-// numbers for the run before going on (a bridge's first run carries no run start). Without the
-// marker o would read as the old run going on and the new run's numbers before it as a jump of the
-// old run, named under no epoch of theirs. Another bridge's marker shows nothing: redundant bridges
-// that could not agree give one run two epochs, and either may have dropped numbers below the other's.
-// The detector applies o only once the markers stored about when it was are (waitsForMarkers).
+// seen and o (showsRestart), the oldest if several, 0 if none. Without it o would read as the old run
+// going on and the new run's numbers before it as a jump of the old run, named under no epoch of
+// theirs. The detector applies o only once the markers stored about when it was are
+// (waitsForMarkers); one read later still is applied by markedLate.
 func (t *tracker) markedRestart(o *fpmObservation) int64 {
 	st := t.st
 	var from int64
+	next := o.point()
 	for i := range st.Markers {
 		m := &st.Markers[i]
-		if m.Epoch > st.MaxEpoch && m.Epoch < o.Epoch && m.Bridge == o.Bridge && !m.Used &&
-			(m.FirstSeq == 0 || m.FirstSeq <= st.Last.Seq && st.Last.Bridge == m.Bridge) &&
-			(from == 0 || m.Epoch < from) {
+		if showsRestart(m, st.MaxEpoch, st.Last, next) && (from == 0 || m.Epoch < from) {
 			from = m.Epoch
 		}
 	}
 	return from
+}
+
+// showsRestart reports whether drop marker m shows a publisher restart between last, the last FPM seen
+// of a run, and next, an FPM that would make the run go on under a bridge epoch newer than maxEpoch
+// (every epoch seen before it): m is under an epoch between them, of which nothing was stored, and
+// its numbers begin where only a new run can. A bridge saw the run begin, dropped its first numbers
+// (a stop while its store refused writes, so that it could neither record the run nor store any of
+// it) and stored nothing of it; the next FPM, a bridge's first run of the publisher (no run start),
+// is the new run's.
+//   - A marker of next's bridge: from 0, or from at or below the last number seen when that was the
+//     same bridge's (a bridge gives a run that goes on a new epoch only when it starts again, and then
+//     past every number it received before: it missed the run's 0, subscribing after it was sent).
+//   - Another bridge's: from 0, received after last was. Redundant bridges that could not agree give
+//     one run two epochs and either may have dropped numbers below the other's, but a bridge that
+//     received a run's 0 after another bridge's later number of it cannot be reading that run.
+func showsRestart(m *heldMarker, maxEpoch int64, last, next point) bool {
+	if m.Used || m.Epoch <= maxEpoch || m.Epoch >= next.Epoch || last.Seq == math.MaxUint64 {
+		return false
+	}
+	if m.Bridge == next.Bridge && (m.FirstSeq == 0 || m.FirstSeq <= last.Seq && last.Bridge == m.Bridge) {
+		return true
+	}
+	return m.FirstSeq == 0 && m.FirstReceivedAtMs > last.ObservedAtMs
+}
+
+// maxCrossings bounds state.Crossings; the oldest go first.
+const maxCrossings = 8
+
+// cross records that the run is taken to go on from st.Last to o across o's new bridge epoch.
+func (t *tracker) cross(o *fpmObservation) {
+	st := t.st
+	st.Crossings = append(st.Crossings, crossing{MaxEpoch: st.MaxEpoch, Before: st.Last, After: o.point()})
+	if n := len(st.Crossings); n > maxCrossings {
+		st.Crossings = slices.Delete(st.Crossings, 0, n-maxCrossings)
+	}
+}
+
+// markedLate applies drop marker m read after the FPM whose run it shows began (showsRestart), past
+// the marker grace the detector waited for it: a bridge stopped while its store refused writes
+// spools its markers and publishes them only when it starts again. The crossing it falls in was a
+// restart. The new run's numbers up to the last one the old run got to, taken then for the old run's
+// (counted or named under its epochs), are revealed as a gap of the new run under the marker's
+// epoch: those m covers are the bridge's drops, the others a publisher_restart's missing numbers;
+// the numbers above them the crossing's jump named already.
+func (t *tracker) markedLate(m *heldMarker) {
+	st := t.st
+	for i := len(st.Crossings) - 1; i >= 0; i-- {
+		c := st.Crossings[i]
+		if !showsRestart(m, c.MaxEpoch, c.Before, c.After) || t.epoch(m.Epoch, false) >= 0 {
+			continue
+		}
+		st.Crossings = slices.Delete(st.Crossings, i, i+1)
+		st.Counters.Restarts++
+		t.reveal(pending{Kind: kindMarked, Ranges: [][2]uint64{{0, c.Before.Seq}}, Before: c.Before,
+			After:      point{Seq: m.LastSeq, ObservedAtMs: m.LastReceivedAtMs, Epoch: m.Epoch, Bridge: m.Bridge},
+			RevealedMs: m.LastReceivedAtMs, EpochLo: m.Epoch, EpochHi: m.Epoch})
+		return
+	}
 }
 
 // waitsForMarkers reports whether o, applied now, would take the run as going on across a new bridge
@@ -656,6 +709,7 @@ func (t *tracker) addMarker(m streams.DropMarker, eventsSeq uint64) {
 	st.Counters.Markers++
 	st.Markers = append(st.Markers, heldMarker{DropMarker: m})
 	t.markedEndedTail(&st.Markers[len(st.Markers)-1])
+	t.markedLate(&st.Markers[len(st.Markers)-1])
 	for i := 0; i < len(st.Pending); {
 		if !t.tryResolve(i, false) {
 			i++
@@ -862,6 +916,11 @@ func (t *tracker) emitPending(p *pending, segs []segment) {
 			ev.MarkerGraceMs = t.r.graceMs
 			ev.Summary = fmt.Sprintf("seq %d-%d of the run's first numbers never reached the bridge although it had received seq %d, and no drop marker covered them within %v: lost before the bridge (publisher send buffer full or ZMQ transport)",
 				s.first, s.last, s.first-1, time.Duration(t.r.graceMs)*time.Millisecond)
+		case p.Kind == kindMarked:
+			cause = CausePublisherRestart
+			ev.NewRunFirstSeq = u64p(0)
+			ev.Summary = fmt.Sprintf("a drop marker read after the fact shows the publisher restarted after seq %d (a bridge saw its sequence begin again under epoch %d, and stored nothing of the run): seq %d-%d of the new run, taken then for the old run's numbers, never reached the stream",
+				p.Before.Seq, p.After.Epoch, s.first, s.last)
 		case p.Kind == kindResume:
 			cause = CauseStale
 			ev.Summary = fmt.Sprintf("the publisher was silent for %v and came back %d number(s) further with no drop marker: lost while nothing reached the bridge (node or network loss)",

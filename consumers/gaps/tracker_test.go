@@ -700,6 +700,42 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"bridge_drop@1:40-45", "publisher_restart@3:0-59", "bridge_drop@3:1-9"},
 		},
+		// The same marker read only after the grace, the jump classified: it was spooled by the bridge
+		// that stopped and published when that bridge started again, long after. The new run's numbers
+		// up to the old run's last, taken for the old run's, are named then under the marker's epoch.
+		"a restart a drop marker read late shows": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 39, 1, t0)
+				step()
+				s.run(60, 70, 3, at+3_000)
+				s.tr.expire(s.nowMs + 10_000)
+				step()
+				s.marker(2, 0, 9, "shutdown")
+				s.tr.expire(s.nowMs + 20_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(20), s.st.Counters.Missing.ZMQDrop)
+				equal(s.t, uint64(10), s.st.Counters.Missing.BridgeDrop)
+				equal(s.t, uint64(30), s.st.Counters.Missing.PublisherRestart)
+				equal(s.t, 0, len(s.st.Crossings))
+			},
+			want: []string{"zmq_drop@3:40-59", "bridge_drop@2:0-9", "publisher_restart@2:10-39"},
+		},
+		// Another bridge's marker from 0 shows the restart too when it received the run's 0 after the
+		// last FPM seen was received; one received before it does not (see the next case).
+		"a restart another bridge's drop marker read late shows": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 39, 1, t0)
+				step()
+				s.run(60, 70, 3, at+3_000)
+				s.tr.expire(s.nowMs + 10_000)
+				step()
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: 2, FirstSeq: 0, LastSeq: 9,
+					Count: 10, Reason: "shutdown", Bridge: "other", FirstReceivedAtMs: at + 1_000, LastReceivedAtMs: at + 1_900}, 100)
+				s.tr.expire(s.nowMs + 20_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+			},
+			want: []string{"zmq_drop@3:40-59", "bridge_drop@2:0-9", "publisher_restart@2:10-39"},
+		},
 		// A marker from seq 0 under a newer epoch of another bridge, or one of the same bridge that goes
 		// on past the last number seen, shows no restart: the next FPM goes on with the run.
 		"a drop marker of another bridge or mid-run shows no restart": {
