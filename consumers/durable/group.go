@@ -197,7 +197,7 @@ func ConsumerInfo(ctx context.Context, js jetstream.JetStream, stream, name stri
 }
 
 // ReplaceAfterAckFloor replaces a consumer the server cannot change (another ack policy, a plain pull
-// consumer of an older fpmbus) by the group's partition consumer want, which goes on after the old
+// consumer declared by hand) by the group's partition consumer want, which goes on after the old
 // one's ack floor.
 func ReplaceAfterAckFloor(ctx context.Context, s jetstream.Stream, want jetstream.ConsumerConfig, floor uint64) error {
 	return partition.ReplaceAfterAckFloor(ctx, s, want, floor)

@@ -179,8 +179,7 @@ func (d *Detector) Run(ctx context.Context) error {
 	return nil
 }
 
-// setup creates the state bucket, looks up the streams, starts reading drop markers and retires
-// consumers an older fpmbus declared with per-message acks.
+// setup creates the state bucket, looks up the streams and starts reading drop markers.
 func (d *Detector) setup(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
@@ -201,46 +200,7 @@ func (d *Detector) setup(ctx context.Context) error {
 		func() { d.runner.Do(d.applyMarkers) }); err != nil {
 		return err
 	}
-	if err := d.retireExplicitAckConsumers(sctx); err != nil {
-		d.markers.stop()
-		return err
-	}
 	d.lastCommit = d.now()
-	return nil
-}
-
-// retireExplicitAckConsumers deletes the group's partition consumers that an older fpmbus declared
-// with explicit acks: the server cannot change a consumer's ack policy, and joining would refuse the
-// group. The runner then declares them anew, from the stream's first message; the state bucket makes
-// the re-read harmless (what a publisher's checkpoint covers is skipped, what follows it is re-read
-// anyway). An instance of the older version still consuming them fails and must be upgraded too.
-func (d *Detector) retireExplicitAckConsumers(ctx context.Context) error {
-	pc := d.cfg.PartitionConfig()
-	for p := range pc.Partitions {
-		name := pc.ConsumerName(p)
-		s, err := d.js.Stream(ctx, pc.ConsumerStreamOf(p))
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil // a partition stream not created yet: no consumer either
-		}
-		if err != nil {
-			return fmt.Errorf("gaps: group %s: %w", d.cfg.Group, err)
-		}
-		ci, err := durable.ConsumerInfo(ctx, d.js, pc.ConsumerStreamOf(p), name)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("gaps: group %s: consumer %s: %w", d.cfg.Group, name, err)
-		}
-		if ci.Config.AckPolicy == jetstream.AckAllPolicy {
-			continue
-		}
-		d.logger.Warn("gap detector: recreating a consumer declared with per-message acks by an older fpmbus; the stream is re-read from the start, what the state covers is skipped",
-			"stream", pc.ConsumerStreamOf(p), "consumer", name)
-		if err := s.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("gaps: group %s: delete consumer %s: %w", d.cfg.Group, name, err)
-		}
-	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,9 +14,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/consumers/durable/durabletest"
+	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
 	"github.com/fpmbus/fpmbus/streams"
 )
@@ -484,44 +487,36 @@ func TestDetectorRereadsWhatItAckedPastItsCheckpoint(t *testing.T) {
 	equal(t, 0.0, h2.metric("fpmbus_gaps_duplicates_total"))
 }
 
-// TestDetectorRecreatesAnExplicitAckGroup: a group whose consumer an older fpmbus declared with
-// per-message acks (the server cannot switch it to AckAll) is recreated at start; the new consumer
-// re-reads the stream from the start and the state makes that harmless: the gap reported before is
-// not reported again, the new one is, and delivered + missing == sent.
-func TestDetectorRecreatesAnExplicitAckGroup(t *testing.T) {
+// TestDetectorRefusesAGroupDeclaredWithPerMessageAcks: a group consumer declared with per-message acks
+// (by hand, with the nats CLI say: the server cannot switch it to AckAll) is refused at start with an
+// error naming the consumer, its ack policy and what to do; the consumer is left as it is.
+func TestDetectorRefusesAGroupDeclaredWithPerMessageAcks(t *testing.T) {
 	t.Parallel()
 	env := natsservertest.Start(t)
 	ctx := context.Background()
 	cfg := testConfig()
-	k := key("upgrade", 0)
+	k := key("declared", 0)
 	t0 := time.Now().UnixMilli()
-	publishAll(t, env.JS, append(fpms(k, 0, 9, t0, t0), fpms(k, 12, 19, t0, t0+100)...)...)
-	h := startDetector(t, env.Server.ClientURL(), cfg)
-	waitEvents(t, env.JS, 1, 20*time.Second)
-	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
-	check(t, h.stop() == nil, "stop")
-
-	// What an older fpmbus left: the same consumer with explicit acks, everything acked.
-	old := cfg.PartitionConfig()
-	old.CumulativeAcks = false
-	check(t, env.JS.DeleteConsumer(ctx, streams.StreamFPM, defaultGroup) == nil, "delete")
-	for _, m := range durabletest.Take(t, env.JS, streams.StreamFPM, old.ConsumerConfig(0), 18) {
+	if _, err := streams.Ensure(ctx, env.JS, streams.DefaultConfig(), nil); err != nil {
+		t.Fatal(err)
+	}
+	publishAll(t, env.JS, fpms(k, 0, 9, t0, t0)...)
+	explicit := cfg.PartitionConfig()
+	explicit.CumulativeAcks = false
+	for _, m := range durabletest.Take(t, env.JS, streams.StreamFPM, explicit.ConsumerConfig(0), 10) {
 		check(t, m.DoubleAck(ctx) == nil, "ack")
 	}
 
-	publishAll(t, env.JS, fpms(k, 25, 30, t0, t0+200)...)
-	h2 := startDetector(t, env.Server.ClientURL(), cfg)
-	by := waitEvents(t, env.JS, 2, 20*time.Second)
-	match(t, k, by[k], gapW(CauseZMQDrop, 10, 11), gapW(CauseZMQDrop, 20, 24))
-	consumerDone(t, env.JS, streams.StreamFPM, defaultGroup)
+	cfg.Registerer, cfg.Logger = prometheus.NewRegistry(), testLogger()
+	d, err := New(cfg, env.JS)
+	check(t, err == nil, "new: %v", err)
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	err = d.Run(rctx)
+	check(t, errors.Is(err, partition.ErrGroupMismatch) && strings.Contains(err.Error(), "consumer "+defaultGroup+" acks with policy AckExplicit"),
+		"run: %v", err)
 	ci, err := env.JS.PushConsumer(ctx, streams.StreamFPM, defaultGroup)
-	check(t, err == nil && ci.CachedInfo().Config.AckPolicy == jetstream.AckAllPolicy, "recreated with AckAll: %v", err)
-	time.Sleep(200 * time.Millisecond)
-	by = waitEvents(t, env.JS, 2, time.Second)
-	match(t, k, by[k], gapW(CauseZMQDrop, 10, 11), gapW(CauseZMQDrop, 20, 24))
-	equal(t, uint64(31), delivered(t, env.JS, k)+missingOf(by[k]), "delivered + missing")
-	equal(t, 18.0, h2.metric("fpmbus_gaps_redelivered_skipped_total"), "the re-read messages the state covers are skipped")
-	check(t, h2.stop() == nil, "stop")
+	check(t, err == nil && ci.CachedInfo().Config.AckPolicy == jetstream.AckExplicitPolicy, "the consumer is left as it was: %v", err)
 }
 
 // TestDetectorRejectsUnusableFPMs: an FPM whose subject names no publisher and one whose Fpm-Seq is

@@ -9,7 +9,7 @@
 //	consumer.go       Consumer: the durable.Consumer (Handle, Tick, Assigned, Release, Lost, Close)
 //	                  and Run, which runs it in a durable.Runner
 //	group.go          the consumer group: partitioning by worker_id, ack policy, retention-loss
-//	                  events, and replacing consumers an older fpmbus declared otherwise
+//	                  events, and replacing consumers declared otherwise (the other mode, by hand)
 //	writer.go         writer: one owned partition's producers and the messages waiting to be done
 //	writer_full.go    full mode: every valid message becomes one line
 //	writer_sampled.go sampled mode: newest message per key per event-time interval

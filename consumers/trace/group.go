@@ -136,9 +136,9 @@ func (c Config) runnerConfig(pc durable.GroupConfig) durable.Config {
 }
 
 // replaceIncompatibleConsumers replaces the group's partition consumers that were declared in a way
-// this configuration cannot use and the server cannot change: with another ack policy (an fpmbus that
-// acked each message, or the other capture mode) or as a pull consumer without the group's metadata
-// (a plain durable of an older fpmbus): durable.ReplaceAfterAckFloor, so the writer goes
+// this configuration cannot use and the server cannot change: with another ack policy (the other
+// capture mode) or as a pull consumer without the group's metadata (a plain durable declared by
+// hand): durable.ReplaceAfterAckFloor, so the writer goes
 // on where the old consumer stood (what it wrote above the floor is recognised and skipped, see
 // takeover). Every instance of a group must run the same fpmbus and mode.
 func replaceIncompatibleConsumers(ctx context.Context, js jetstream.JetStream, pc durable.GroupConfig, log *slog.Logger) error {

@@ -591,7 +591,7 @@ func TestGroupRejectsAProducerOtherThanItsWorker(t *testing.T) {
 }
 
 // A group whose consumer the server cannot change to what this writer needs — a plain durable with
-// per-message acks (an older fpmbus), or the consumer of the other capture mode — is replaced at
+// per-message acks (declared by hand), or the consumer of the other capture mode — is replaced at
 // start, and the writer goes on after that consumer's ack floor: nothing acked before is read again,
 // nothing after it is missed.
 func TestConsumerDeclaredOtherwiseIsReplacedAfterItsAckFloor(t *testing.T) {
