@@ -166,6 +166,7 @@ type run struct {
 	// Publisher goroutine only.
 	prev      *run      // the run before, until this one is agreed (its epoch bounds this one's)
 	heldSince time.Time // when its agreement first failed because the bucket did not answer (runs.go)
+	outage    time.Time // when the publishing outage it was first agreed in began, if it was (runs.go)
 	agreed    int64     // the agreed epoch; 0 until resolved
 	agreedStr string    // agreed in decimal
 	start     runKind   // how the agreed run began (header Fpm-Run-Start), once agreed

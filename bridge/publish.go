@@ -84,6 +84,9 @@ type publisher struct {
 	// longer than liveProbe (a full disk, a broker restart): after one, each agreed run checks once
 	// whether another bridge recorded it anew meanwhile (runs.go, afterStall).
 	recoveringSince time.Time
+	// outageSince is recoveringSince on the bridge's clock: the runs first agreed while publishing
+	// recovers wait for the other bridges' evidence from when the first of them was (runs.go).
+	outageSince     time.Time
 	stalls          int
 	stallUnanswered int // the stall after which the runs bucket did not answer afterStall
 	bo              *backoff.ExponentialBackOff
@@ -402,7 +405,7 @@ func (p *publisher) enterRecovery(err error) {
 		return
 	}
 	p.recovering = true
-	p.recoveringSince = time.Now()
+	p.recoveringSince, p.outageSince = time.Now(), p.b.now()
 	p.retryAt = time.Now().Add(p.bo.NextBackOff())
 	p.b.log.Warn("publish failed; holding new messages until the broker acknowledges again",
 		"error", err, "in_flight", p.pending(), "buffered", p.b.buf.len())

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -276,6 +277,9 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 		}
 		prevStart, prevHdr = r.prev.start, r.prev.startHdr
 	}
+	if r.outage.IsZero() && b.pub != nil && b.pub.recovering {
+		r.outage = b.pub.outageSince
+	}
 	e, start, err := b.agreeRun(r, prev, prevStart)
 	if err == nil {
 		b.runsUnanswered = false
@@ -387,16 +391,17 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 			// publishers a bridge meets at once share one wait and a lagging bridge does not wait at
 			// all; for a bridge's first run of the key, received while it was starting, after it was
 			// ready (readyMs: a restarted server recovers its store meanwhile, and the other bridges
-			// reconnect to it); for a run held while the bucket did not answer, after the bucket
-			// answered again (runsBackAt): the outage held the other bridges too, and their evidence
-			// comes after it.
+			// reconnect to it); for a run held while the bucket did not answer, or first agreed while
+			// publishing recovered from an outage (queued behind a held run, a full disk, a broker
+			// away), after the first run of that outage was agreed (runsBackAt): the outage held the
+			// other bridges too, and their evidence comes after it.
 			anchor := time.UnixMilli(r.local)
 			if r.kind == runStart {
 				anchor = later(anchor, time.UnixMilli(b.readyMs))
 			}
-			if !r.heldSince.IsZero() {
-				if !b.runsBackAt.After(r.heldSince) {
-					b.runsBackAt = b.now() // the first held run answered since this outage began
+			if since := cmp.Or(r.heldSince, r.outage); !since.IsZero() {
+				if !b.runsBackAt.After(since) {
+					b.runsBackAt = b.now() // the first run of this outage agreed
 				}
 				anchor = later(anchor, b.runsBackAt)
 			}

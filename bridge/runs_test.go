@@ -85,6 +85,9 @@ func TestAgreeRun(t *testing.T) {
 		// whose waits count from the run's first message, however late its subtest starts)
 		fromStart bool
 		held      bool // the run waited for the bucket, which answers again as this bridge first reads it
+		// outage: the run was first agreed as publishing recovered from an outage (queued behind a
+		// held run), which ends as this bridge first reads the bucket
+		outage bool
 		// own: stored is this bridge's copy, stored by its instance before this one (received before
 		// it started, a second before t0), and late the other bridge's copy of the run's first; t0 past
 		// the live probe
@@ -169,6 +172,16 @@ func TestAgreeRun(t *testing.T) {
 			stored:    &storedCopy{runMsg{4, "d4", -4100}, pEpoch, "", ""},
 			late:      []storedCopy{{runMsg{7, "d7", -3999}, pEpoch, "", ""}},
 			fromStart: true, held: true,
+			want: want{epoch: pEpoch},
+		},
+		// The same run queued behind another held run: its own agreement was first tried as publishing
+		// recovered, seconds after its first message, when the other bridge had not stored its copies
+		// yet.
+		"queued behind a held run: the other bridge's copies come after the outage": {
+			kind: runReconnect, t0: -4000, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored:    &storedCopy{runMsg{4, "d4", -4100}, pEpoch, "", ""},
+			late:      []storedCopy{{runMsg{7, "d7", -3999}, pEpoch, "", ""}},
+			fromStart: true, outage: true,
 			want: want{epoch: pEpoch},
 		},
 		// `fpmbus up` restarted with its embedded server: this bridge's previous instance stored the run
@@ -451,6 +464,9 @@ func TestAgreeRun(t *testing.T) {
 			}
 			if tc.held {
 				r.heldSince = time.Now().Add(-3 * time.Second)
+			}
+			if tc.outage {
+				r.outage = time.Now().Add(-3 * time.Second)
 			}
 			got, start, err := b.agreeRunWith(r, prevEpoch, prevStart, hook)
 			if err != nil {
