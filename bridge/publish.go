@@ -84,9 +84,11 @@ type publisher struct {
 	// longer than liveProbe (a full disk, a broker restart): after one, each agreed run checks once
 	// whether another bridge recorded it anew meanwhile (runs.go, afterStall).
 	recoveringSince time.Time
-	// outageSince is recoveringSince on the bridge's clock: the runs first agreed while publishing
-	// recovers wait for the other bridges' evidence from when the first of them was (runs.go).
+	// outageSince is recoveringSince on the bridge's clock, resumedAt when the last recovery ended:
+	// the runs received before it ended and agreed since it began wait for the other bridges'
+	// evidence from when the first of them was agreed (runs.go).
 	outageSince     time.Time
+	resumedAt       time.Time
 	stalls          int
 	stallUnanswered int // the stall after which the runs bucket did not answer afterStall
 	bo              *backoff.ExponentialBackOff
@@ -439,6 +441,7 @@ func (p *publisher) recover(now time.Time) {
 	clear(p.retry)
 	p.retry = p.retry[:0]
 	p.recovering = false
+	p.resumedAt = p.b.now()
 	if now.Sub(p.recoveringSince) > liveProbe {
 		p.stalls++
 	}

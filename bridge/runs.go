@@ -277,9 +277,7 @@ func (b *Bridge) runEpoch(r *run) (int64, error) {
 		}
 		prevStart, prevHdr = r.prev.start, r.prev.startHdr
 	}
-	if r.outage.IsZero() && b.pub != nil && b.pub.recovering {
-		r.outage = b.pub.outageSince
-	}
+	b.noteOutage(r)
 	e, start, err := b.agreeRun(r, prev, prevStart)
 	if err == nil {
 		b.runsUnanswered = false
@@ -336,6 +334,15 @@ func (b *Bridge) storedEvidenceOnly(r *run, prev int64, prevStart runKind) (int6
 	}
 	b.logRun(r, e, "another bridge's FPMs of it are ones this bridge received (the runs bucket not used)", 0)
 	return e, strongest(start, r.kind), true
+}
+
+// noteOutage records in r the publishing outage it is first agreed in or after: publishing is
+// recovering from one, or r was received before publishing resumed from the last one (queued behind
+// the runs and FPMs the outage held). Publisher goroutine.
+func (b *Bridge) noteOutage(r *run) {
+	if p := b.pub; r.outage.IsZero() && p != nil && (p.recovering || time.UnixMilli(r.firstRecvMs()).Before(p.resumedAt)) {
+		r.outage = p.outageSince
+	}
 }
 
 // holdRun reports whether r's FPMs wait for the bucket after err (see runHold), and says so once per

@@ -86,8 +86,10 @@ func TestAgreeRun(t *testing.T) {
 		fromStart bool
 		held      bool // the run waited for the bucket, which answers again as this bridge first reads it
 		// outage: the run was first agreed as publishing recovered from an outage (queued behind a
-		// held run), which ends as this bridge first reads the bucket
-		outage bool
+		// held run), which ends as this bridge first reads the bucket; resumed: received during an
+		// outage that ended a moment ago, first agreed since. Both on a bridge of their own: the time
+		// an outage's first run was agreed is the bridge's
+		outage, resumed bool
 		// own: stored is this bridge's copy, stored by its instance before this one (received before
 		// it started, a second before t0), and late the other bridge's copy of the run's first; t0 past
 		// the live probe
@@ -182,6 +184,15 @@ func TestAgreeRun(t *testing.T) {
 			stored:    &storedCopy{runMsg{4, "d4", -4100}, pEpoch, "", ""},
 			late:      []storedCopy{{runMsg{7, "d7", -3999}, pEpoch, "", ""}},
 			fromStart: true, outage: true,
+			want: want{epoch: pEpoch},
+		},
+		// The same run received during the outage and first tried just after publishing resumed (the
+		// FPMs the outage held went first; its own waited in the buffer).
+		"received during an outage, agreed after publishing resumed: the other bridge's copies come after it": {
+			kind: runReconnect, t0: -4000, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			stored:    &storedCopy{runMsg{4, "d4", -4100}, pEpoch, "", ""},
+			late:      []storedCopy{{runMsg{7, "d7", -3999}, pEpoch, "", ""}},
+			fromStart: true, resumed: true,
 			want: want{epoch: pEpoch},
 		},
 		// `fpmbus up` restarted with its embedded server: this bridge's previous instance stored the run
@@ -351,6 +362,13 @@ func TestAgreeRun(t *testing.T) {
 				tc.late = []storedCopy{tc.late[0]}
 				tc.late[0].recvMs = tc.t0 + 1
 			}
+			if tc.outage || tc.resumed {
+				b = startBridge(t, env, []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 0}}, nil).b
+			}
+			if tc.resumed {
+				// The outage is the publisher's (set before any FPM reaches it).
+				b.pub.outageSince, b.pub.resumedAt = time.Now().Add(-5*time.Second), time.Now().Add(-10*time.Millisecond)
+			}
 			if tc.own {
 				// A bridge of its own, started just now: this instance, the one before it stored the copy.
 				b = startBridge(t, env, []Endpoint{{URL: "tcp://127.0.0.1:1", DPRank: 0}}, nil).b
@@ -468,6 +486,7 @@ func TestAgreeRun(t *testing.T) {
 			if tc.outage {
 				r.outage = time.Now().Add(-3 * time.Second)
 			}
+			b.noteOutage(r)
 			got, start, err := b.agreeRunWith(r, prevEpoch, prevStart, hook)
 			if err != nil {
 				t.Fatal(err)
