@@ -78,7 +78,7 @@ func TestRecordingSpanningTheWholeRange(t *testing.T) {
 		line{producer: "p", observed: 1, fpm: fpmJSON(t, "w", 0, 2)},
 		line{producer: "p", observed: math.MaxInt64, fpm: fpmJSON(t, "w", 0, 3)},
 	)
-	s := DescribeRecording(rec)
+	s := describeRecording(rec)
 	if s.DurationMs != math.MaxInt64 || !(s.DurationS > 9.2e15) || s.Ranks[0].InterArrivalP50Ms != 1 || !(s.Ranks[0].InterArrivalP99Ms > 9.2e18) {
 		t.Fatalf("shape %+v", s)
 	}

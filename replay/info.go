@@ -12,7 +12,7 @@ import (
 // WriteInfo writes the recording's shape (DescribeRecording) and its damage, as a table or as indented
 // JSON (`fpmbus trace replay --info`).
 func (rec *Recording) WriteInfo(w io.Writer, asJSON bool) error {
-	shape := DescribeRecording(rec)
+	shape := describeRecording(rec)
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -49,11 +49,11 @@ func WriteTraceInfo(w io.Writer, paths []string, asJSON bool) (*tracefile.InfoRe
 	if err != nil {
 		return nil, err
 	}
-	rec, err := ReadTrace(paths)
+	rec, err := readTrace(paths)
 	if err != nil {
 		return nil, err
 	}
-	shape := DescribeRecording(rec)
+	shape := describeRecording(rec)
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

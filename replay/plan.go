@@ -386,7 +386,7 @@ func (p *Plan) Passes() int { return p.Config.Loops }
 // publisher's sequence, and width, the ports it spans from basePort. A recording with nothing to
 // replay, or whose ranks do not fit ports from basePort, is an invalid.FlagError naming --demo-trace.
 func LoopPlan(paths []string, basePort int) (plan *Plan, width int, err error) {
-	rec, err := ReadTrace(paths)
+	rec, err := readTrace(paths)
 	if err != nil {
 		return nil, 0, fmt.Errorf("--demo-trace: %w", err)
 	}

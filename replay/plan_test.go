@@ -195,7 +195,7 @@ func TestZMQPortLayout(t *testing.T) {
 // The shape reports duration, per-rank rate and inter-arrival percentiles, recorded and planned.
 func TestShapeOfRecordingAndPlan(t *testing.T) {
 	rec := fiveRecords(t, schemas.CaptureFull)
-	s := DescribeRecording(rec)
+	s := describeRecording(rec)
 	if s.Records != 5 || s.DurationS != 0.1 || s.RatePerS != 50 || len(s.Ranks) != 2 {
 		t.Fatalf("shape %+v", s)
 	}

@@ -154,11 +154,11 @@ func TestReadStreamAcrossShards(t *testing.T) {
 			if tc.from >= 0 {
 				oneRng.Since, shardRng.Since = storedAt(one.JS, 1, tc.from), storedAt(sharded.JS, shards, tc.from)
 			}
-			wantRec, err := ReadStream(t.Context(), one.JS, oneRng)
+			wantRec, err := readStream(t.Context(), one.JS, oneRng)
 			if err != nil {
 				t.Fatal(err)
 			}
-			gotRec, err := ReadStream(t.Context(), sharded.JS, shardRng)
+			gotRec, err := readStream(t.Context(), sharded.JS, shardRng)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -178,7 +178,7 @@ func TestReadStreamAcrossShards(t *testing.T) {
 			}
 		})
 	}
-	if _, err := ReadStream(t.Context(), sharded.JS, StreamRange{StartSeq: 1, EndSeq: 10}); !errors.Is(err, ErrBadRange) {
+	if _, err := readStream(t.Context(), sharded.JS, StreamRange{StartSeq: 1, EndSeq: 10}); !errors.Is(err, ErrBadRange) {
 		t.Fatalf("sequence range over shards: %v, want ErrBadRange", err)
 	}
 }

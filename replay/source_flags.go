@@ -60,7 +60,7 @@ func (s *SourceFlags) Check(paths []string) error {
 // segments paths name.
 func (s *SourceFlags) Read(ctx context.Context, js jetstream.JetStream, paths []string) (*Recording, error) {
 	if !s.fromStream {
-		return ReadTrace(paths)
+		return readTrace(paths)
 	}
 	rng := StreamRange{StartSeq: s.startSeq, EndSeq: s.endSeq, Filter: s.filter}
 	var err error
@@ -70,7 +70,7 @@ func (s *SourceFlags) Read(ctx context.Context, js jetstream.JetStream, paths []
 	if rng.Until, err = streams.ParseTimeBound("--until", s.until); err != nil {
 		return nil, err
 	}
-	rec, err := ReadStream(ctx, js, rng)
+	rec, err := readStream(ctx, js, rng)
 	if errors.Is(err, ErrBadRange) {
 		return nil, invalid.Flagf("%v", err)
 	}

@@ -41,10 +41,10 @@ func (r StreamRange) validate() error {
 	return nil
 }
 
-// ReadStream reads the range of stream FPM (or of every FPM shard) into a Recording. A message whose
+// readStream reads the range of stream FPM (or of every FPM shard) into a Recording. A message whose
 // body is not a valid FPM is counted as invalid (its stream and sequence among the examples), not
 // replayed.
-func ReadStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*Recording, error) {
+func readStream(ctx context.Context, js jetstream.JetStream, rng StreamRange) (*Recording, error) {
 	if err := rng.validate(); err != nil {
 		return nil, err
 	}

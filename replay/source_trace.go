@@ -116,7 +116,7 @@ func prefixSegments(p string) ([]string, error) {
 	return out, nil
 }
 
-// ReadTrace reads the segments named by paths (see resolveSegments) into a Recording, records sorted
+// readTrace reads the segments named by paths (see resolveSegments) into a Recording, records sorted
 // by observed_at_unix_ms (ties by line order: files in read order, lines in file order).
 //
 // Damage is reported, not fatal: a segment with a torn or corrupt tail is read up to the damage
@@ -124,7 +124,7 @@ func prefixSegments(p string) ([]string, error) {
 // a dynamo.fpm.trace.v1 record but breaks one of its rules is counted (Recording.Invalid) and not
 // replayed. What is not a trace at all is an error naming the file (errNotGzip) or the file and line
 // (errNotTrace).
-func ReadTrace(paths []string) (*Recording, error) {
+func readTrace(paths []string) (*Recording, error) {
 	files, err := resolveSegments(paths)
 	if err != nil {
 		return nil, err

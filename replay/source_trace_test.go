@@ -159,7 +159,7 @@ func TestReadTraceOrdersByObservedTimeThenLineOrder(t *testing.T) {
 	writeFile(t, dir, segName("a", 0), gzMember(t, l("a", 10, 1), l("a", 30, 2)), gzMember(t, l("a", 20, 3)))
 	writeFile(t, dir, segName("a", 1), gzMember(t, l("a", 30, 4)))
 	writeFile(t, dir, segName("b", 0), gzMember(t, l("b", 10, 5), l("b", 5, 6), l("b", 30, 7)))
-	rec, err := ReadTrace([]string{filepath.Join(dir, "fpm")})
+	rec, err := readTrace([]string{filepath.Join(dir, "fpm")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestReadTraceToleratesTornTails(t *testing.T) {
 			dir := t.TempDir()
 			torn := writeFile(t, dir, segName("a", 0), m1, m2, c.tail)
 			writeFile(t, dir, segName("a", 1), gzMember(t, l(6)))
-			rec, err := ReadTrace([]string{dir})
+			rec, err := readTrace([]string{dir})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -240,16 +240,16 @@ func TestReadTraceRefusesWhatIsNotATrace(t *testing.T) {
 	logs := writeFile(t, dir, "logs/"+segName("a", 0), gzMember(t, good, []byte("{\"msg\":\"a log line\"}\n")))
 	mixed := writeFile(t, dir, "mixed/"+segName("a", 0), gzMember(t, good, bad, good))
 
-	_, err := ReadTrace([]string{plain})
+	_, err := readTrace([]string{plain})
 	if !errors.Is(err, errNotGzip) || !strings.Contains(err.Error(), plain) {
 		t.Fatalf("plain JSONL: %v", err)
 	}
-	_, err = ReadTrace([]string{logs})
+	_, err = readTrace([]string{logs})
 	var le *lineError
 	if !errors.Is(err, errNotTrace) || !errors.As(err, &le) || le.File != logs || le.Line != 2 {
 		t.Fatalf("a log line: %v", err)
 	}
-	rec, err := ReadTrace([]string{mixed})
+	rec, err := readTrace([]string{mixed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestReadTraceRefusesWhatIsNotATrace(t *testing.T) {
 	if err := os.WriteFile(mixed, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err = ReadTrace([]string{mixed}); err != nil || len(rec.Records) != 0 || len(rec.Damaged) != 0 {
+	if rec, err = readTrace([]string{mixed}); err != nil || len(rec.Records) != 0 || len(rec.Damaged) != 0 {
 		t.Fatalf("an empty segment (a crash before its first flush): %v, %+v", err, rec)
 	}
 }

@@ -43,9 +43,9 @@ type rankShape struct {
 	InterArrivalP99Ms float64 `json:"inter_arrival_p99_ms"`
 }
 
-// DescribeRecording returns the shape of rec as recorded (observed_at_unix_ms). Offsets are exact
+// describeRecording returns the shape of rec as recorded (observed_at_unix_ms). Offsets are exact
 // integer milliseconds whatever the observed times (0 and 2^63-1 in one recording included).
-func DescribeRecording(rec *Recording) Shape {
+func describeRecording(rec *Recording) Shape {
 	var ranks []rankTimes
 	index := map[string]int{}
 	var first, last int64

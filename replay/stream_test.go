@@ -110,7 +110,7 @@ func TestReadStreamRange(t *testing.T) {
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			rec, err := ReadStream(t.Context(), env.JS, c.rng)
+			rec, err := readStream(t.Context(), env.JS, c.rng)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -127,14 +127,14 @@ func TestReadStreamRange(t *testing.T) {
 			}
 		})
 	}
-	rec, err := ReadStream(t.Context(), env.JS, StreamRange{})
+	rec, err := readStream(t.Context(), env.JS, StreamRange{})
 	if err != nil || rec.Invalid != 1 {
 		t.Fatalf("%v; invalid %d", err, rec.Invalid)
 	}
-	if _, err := ReadStream(t.Context(), env.JS, StreamRange{StartSeq: 5, Since: time.Now()}); !errors.Is(err, ErrBadRange) {
+	if _, err := readStream(t.Context(), env.JS, StreamRange{StartSeq: 5, Since: time.Now()}); !errors.Is(err, ErrBadRange) {
 		t.Fatalf("both ways: %v", err)
 	}
-	empty, err := ReadStream(t.Context(), env.JS, StreamRange{Filter: "fpm.nothing.>"})
+	empty, err := readStream(t.Context(), env.JS, StreamRange{Filter: "fpm.nothing.>"})
 	if err != nil || len(empty.Records) != 0 {
 		t.Fatalf("empty range: %v, %d", err, len(empty.Records))
 	}

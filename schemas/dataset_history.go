@@ -87,7 +87,7 @@ func (h *KeyHistory) Add(revision uint64, value []byte, deleted bool) error {
 		}
 	case strings.HasPrefix(h.Key, CampaignKeyPrefix):
 		var next *Campaign
-		next, err = NextCampaign(h.Campaign, value, deleted)
+		next, err = nextCampaign(h.Campaign, value, deleted)
 		if err == nil && h.Campaign == nil && CampaignKeyPrefix+next.CampaignID != h.Key {
 			next, err = nil, fmt.Errorf("%w: the first revision names campaign %q, not the key's", ErrTampered, next.CampaignID)
 		}
@@ -156,12 +156,12 @@ func (c *Campaign) CheckSuccessor(next *Campaign) error {
 	return nil
 }
 
-// NextCampaign is one step of reading a campaign record's history: the record after revision value
+// nextCampaign is one step of reading a campaign record's history: the record after revision value
 // (deleted: a delete or purge marker) given the record so far (nil before the first revision). A
 // revision that cannot follow returns cur unchanged and the reason (errors.Is ErrTampered); a first
 // revision that is not a frozen plan returns nil and the reason: the record has no legitimate start
 // yet (a later frozen plan starts it, KeyHistory).
-func NextCampaign(cur *Campaign, value []byte, deleted bool) (*Campaign, error) {
+func nextCampaign(cur *Campaign, value []byte, deleted bool) (*Campaign, error) {
 	if deleted {
 		return cur, fmt.Errorf("%w: a delete marker", ErrTampered)
 	}

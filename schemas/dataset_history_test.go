@@ -25,18 +25,18 @@ func TestNextCampaignFollowsOnlyLegitimateRevisions(t *testing.T) {
 		return enc(c)
 	}
 
-	cur, err := NextCampaign(nil, enc(*frozen), false)
+	cur, err := nextCampaign(nil, enc(*frozen), false)
 	if err != nil || cur.PlanDigest != "p1" {
 		t.Fatalf("the frozen plan as first revision: %v", err)
 	}
-	if cur, err = NextCampaign(cur, enc(sealedA), false); err != nil || cur.Cells[0].State != CellSealed {
+	if cur, err = nextCampaign(cur, enc(sealedA), false); err != nil || cur.Cells[0].State != CellSealed {
 		t.Fatalf("a seal recorded: %v", err)
 	}
 	both := with(func(c *Campaign) {
 		c.Cells[1] = CampaignCell{Key: "cell.b", State: CellSealed, RunID: "r2", DatasetDigest: "d2"}
 		c.State = CampaignComplete
 	})
-	if next, err := NextCampaign(cur, both, false); err != nil || next.State != CampaignComplete {
+	if next, err := nextCampaign(cur, both, false); err != nil || next.State != CampaignComplete {
 		t.Fatalf("the second cell sealed later: %v", err)
 	}
 
@@ -54,14 +54,14 @@ func TestNextCampaignFollowsOnlyLegitimateRevisions(t *testing.T) {
 		"cells reordered":              {with(func(c *Campaign) { c.Cells[0], c.Cells[1] = c.Cells[1], c.Cells[0] }), false},
 		"complete with a cell missing": {with(func(c *Campaign) { c.State = CampaignComplete }), false},
 	} {
-		next, err := NextCampaign(cur, tc.value, tc.deleted)
+		next, err := nextCampaign(cur, tc.value, tc.deleted)
 		if !errors.Is(err, ErrTampered) || next != cur {
 			t.Errorf("%s: %v (record changed: %v), want ErrTampered and the record unchanged", name, err, next != cur)
 		}
 	}
 
 	// A first revision that is not a frozen plan leaves the record without a legitimate start.
-	if next, err := NextCampaign(nil, enc(sealedA), false); !errors.Is(err, ErrTampered) || next != nil {
+	if next, err := nextCampaign(nil, enc(sealedA), false); !errors.Is(err, ErrTampered) || next != nil {
 		t.Fatalf("a first revision with a sealed cell: %v", err)
 	}
 }
@@ -79,12 +79,12 @@ func FuzzNextCampaign(f *testing.F) {
 	}
 	f.Add([]byte(nil), true)
 	f.Fuzz(func(t *testing.T, value []byte, deleted bool) {
-		first, _ := NextCampaign(nil, frozen, false)
-		cur, err := NextCampaign(first, sealed, false)
+		first, _ := nextCampaign(nil, frozen, false)
+		cur, err := nextCampaign(first, sealed, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		next, err := NextCampaign(cur, value, deleted)
+		next, err := nextCampaign(cur, value, deleted)
 		if err != nil {
 			if !errors.Is(err, ErrTampered) || next != cur {
 				t.Fatalf("a refused revision: %v, record changed %v", err, next != cur)
@@ -94,7 +94,7 @@ func FuzzNextCampaign(f *testing.F) {
 		if next.PlanDigest != "p1" || len(next.Cells) != 1 || next.Cells[0].State != CellSealed || next.Cells[0].RunID != "r" {
 			t.Fatalf("a taken revision lost the plan or a seal: %+v", next)
 		}
-		if _, err := NextCampaign(nil, value, deleted); err == nil && deleted {
+		if _, err := nextCampaign(nil, value, deleted); err == nil && deleted {
 			t.Fatal("a delete marker taken as a first revision")
 		}
 	})

@@ -119,7 +119,7 @@ const (
 // files, would have a file name over NAME_MAX or a path over PATH_MAX for a run_id of the longest token
 // streams.CheckRunID accepts: every valid run then has a path the file system takes.
 func checkOutputTemplate(template string) error {
-	merged := ExpandPath(template, strings.Repeat("r", streams.MaxRunIDToken))
+	merged := expandPath(template, strings.Repeat("r", streams.MaxRunIDToken))
 	for _, p := range []string{merged, sidecarPathFor(merged)} {
 		if abs, err := filepath.Abs(p); err == nil && len(abs)+tempSuffix > pathMax {
 			return fmt.Errorf("output %q: a run_id of %d bytes makes the path %d bytes long (with the temporary file's suffix); the limit is %d",

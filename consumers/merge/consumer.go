@@ -543,7 +543,7 @@ func (c *stage) mergeRun(ctx context.Context, run *pendingRun) error {
 	if err != nil {
 		return err
 	}
-	out := ExpandPath(c.cfg.Output, run.runID)
+	out := expandPath(c.cfg.Output, run.runID)
 	res, err := Merge(files, probes, Options{MergedPath: out, RequireAllRanks: true, MaxArtefactSize: c.cfg.MaxArtefactSize})
 	if err != nil {
 		var rej *RejectError
@@ -734,7 +734,7 @@ func (c *stage) readProbes(ctx context.Context, runID string) ([]ProbeReplies, e
 			c.log.Warn("skipping unreadable probe replies", "run_id", runID, "seq", raw.Sequence, "error", err)
 			continue
 		}
-		pr, err := ParseProbeReplies(data, fmt.Sprintf("%s seq %d", streams.StreamBench, raw.Sequence))
+		pr, err := parseProbeReplies(data, fmt.Sprintf("%s seq %d", streams.StreamBench, raw.Sequence))
 		if err != nil {
 			c.log.Warn("skipping malformed probe replies", "run_id", runID, "seq", raw.Sequence, "error", err)
 			continue

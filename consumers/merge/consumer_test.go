@@ -135,7 +135,7 @@ func count(t *testing.T, env *natsservertest.Env, stream, subject string) int {
 func publishRaw(t *testing.T, env *natsservertest.Env, file string, data []byte, msgID string) {
 	t.Helper()
 	ctx := context.Background()
-	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data}, 0)
+	sum, err := validateRank(RankFile{Rank: rankFromPath(file), Path: file, Data: data}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func publishRaw(t *testing.T, env *natsservertest.Env, file string, data []byte,
 
 // publishRank validates a rank artefact and publishes it, as `fpmbus bench publish` does.
 func publishRank(ctx context.Context, store *benchstore.BenchStore, file string, data []byte) (RankSummary, *jetstream.PubAck, error) {
-	sum, err := ValidateRank(RankFile{Rank: RankFromPath(file), Path: file, Data: data}, 0)
+	sum, err := validateRank(RankFile{Rank: rankFromPath(file), Path: file, Data: data}, 0)
 	if err != nil {
 		return RankSummary{}, nil, err
 	}
@@ -199,8 +199,8 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	}
 	byRank := map[int]RankFile{}
 	for _, rf := range ranks {
-		byRank[RankFromPath(rf.Path)] = rf
-		if RankFromPath(rf.Path) < 0 {
+		byRank[rankFromPath(rf.Path)] = rf
+		if rankFromPath(rf.Path) < 0 {
 			byRank[0] = rf
 		}
 	}
@@ -225,7 +225,7 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 	}
 
 	// The broker merge equals the offline merge of the same files.
-	mergedPath := ExpandPath(out, runID)
+	mergedPath := expandPath(out, runID)
 	want, err := Merge(ranks, mustProbes(t, probeData), Options{MergedPath: mergedPath, RequireAllRanks: true})
 	if err != nil {
 		t.Fatal(err)
@@ -286,7 +286,7 @@ func TestBenchBrokerOutOfOrderAndRepublished(t *testing.T) {
 
 func mustProbes(t *testing.T, data []byte) []ProbeReplies {
 	t.Helper()
-	p, err := ParseProbeReplies(data, "probe.json")
+	p, err := parseProbeReplies(data, "probe.json")
 	if err != nil {
 		t.Fatal(err)
 	}

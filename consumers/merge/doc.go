@@ -18,7 +18,7 @@
 //     store are the wire contract, in streams/ (bench.go, objectstore.go), shared with the sealer.
 //   - Consumer (consumer.go): the durable merger behind `fpmbus merge` and `fpmbus up`.
 //   - `fpmbus bench merge` runs Merge + WriteResult offline over OpenRankFiles (files.go: every
-//     artefact file read size-checked, ReadArtefact); `fpmbus bench publish` runs ValidateRank and
+//     artefact file read size-checked, ReadArtefact); `fpmbus bench publish` runs validateRank and
 //     ProbeRun (publish.go) through NewPublication (files.go), then benchstore.BenchStore.PublishBench.
 //
 // # How a merge reads a run

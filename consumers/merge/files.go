@@ -27,7 +27,7 @@ func ReadRank(f, path string, maxSize int64) ([]byte, RankSummary, error) {
 	if err != nil {
 		return nil, RankSummary{}, err
 	}
-	sum, err := ValidateRank(RankFile{Rank: RankFromPath(f), Path: path, Data: data}, maxSize)
+	sum, err := validateRank(RankFile{Rank: rankFromPath(f), Path: path, Data: data}, maxSize)
 	if err != nil {
 		return nil, RankSummary{}, RankError(f, err)
 	}
@@ -48,9 +48,9 @@ func RankError(f string, err error) error {
 	return err
 }
 
-// StatArtefact returns the size of artefact file f, refusing it unread (an invalid.FlagError) when it is not a
+// statArtefact returns the size of artefact file f, refusing it unread (an invalid.FlagError) when it is not a
 // regular file or is larger than maxSize.
-func StatArtefact(f string, maxSize int64) (int64, error) {
+func statArtefact(f string, maxSize int64) (int64, error) {
 	st, err := os.Stat(f)
 	if err != nil {
 		return 0, err
@@ -67,7 +67,7 @@ func StatArtefact(f string, maxSize int64) (int64, error) {
 // ReadArtefact reads artefact file f after StatArtefact, never more than maxSize bytes (a file that
 // grows meanwhile is refused too).
 func ReadArtefact(f string, maxSize int64) ([]byte, error) {
-	if _, err := StatArtefact(f, maxSize); err != nil {
+	if _, err := statArtefact(f, maxSize); err != nil {
 		return nil, err
 	}
 	fh, err := os.Open(f)
@@ -112,13 +112,13 @@ func OpenRankFiles(files []string, maxSize int64, read func(read, total uint64))
 		if err != nil {
 			return RankFiles{}, err
 		}
-		size, err := StatArtefact(f, maxSize)
+		size, err := statArtefact(f, maxSize)
 		if err != nil {
 			return RankFiles{}, err
 		}
 		path, i := f, i
 		totalSize += uint64(size)
-		ranks[i] = RankFile{Rank: RankFromPath(f), Path: abs, Size: size, Load: func() ([]byte, error) {
+		ranks[i] = RankFile{Rank: rankFromPath(f), Path: abs, Size: size, Load: func() ([]byte, error) {
 			data, err := os.ReadFile(path)
 			readMu.Lock()
 			if err == nil && !loaded[i] {
@@ -128,8 +128,8 @@ func OpenRankFiles(files []string, maxSize int64, read func(read, total uint64))
 			readMu.Unlock()
 			return data, err
 		}}
-		if r := max(RankFromPath(f), 0); dpStart < 0 || r < dpStart {
-			base, dpStart = BasePathOf(abs), r
+		if r := max(rankFromPath(f), 0); dpStart < 0 || r < dpStart {
+			base, dpStart = basePathOf(abs), r
 		}
 	}
 	return RankFiles{Ranks: ranks, files: files, base: base, dpStart: dpStart}, nil
@@ -140,14 +140,14 @@ func OpenRankFiles(files []string, maxSize int64, read func(read, total uint64))
 func (r RankFiles) MergedPath(output string, maxSize int64) (string, error) {
 	out := output
 	if out == "" {
-		out = MergedPathFor(r.base, r.dpStart)
+		out = mergedPathFor(r.base, r.dpStart)
 	}
 	if strings.Contains(out, RunIDPlaceholder) { // needed before the merge: the first rank's header has it
-		sum, err := ValidateRank(r.Ranks[0], maxSize)
+		sum, err := validateRank(r.Ranks[0], maxSize)
 		if err != nil {
 			return "", RankError(r.files[0], err)
 		}
-		out = ExpandPath(out, sum.RunID)
+		out = expandPath(out, sum.RunID)
 	}
 	return filepath.Abs(out)
 }
@@ -161,7 +161,7 @@ func ReadProbeReplies(files []string, maxSize int64) ([]ProbeReplies, error) {
 		if err != nil {
 			return nil, err
 		}
-		pr, err := ParseProbeReplies(data, p)
+		pr, err := parseProbeReplies(data, p)
 		if err != nil {
 			return nil, err
 		}
@@ -191,7 +191,7 @@ func NewPublication(files, probes []string, maxSize int64) (benchstore.BenchPubl
 		points = append(points, sum.Points)
 	}
 	for _, p := range probes {
-		if _, err := StatArtefact(p, maxSize); err != nil {
+		if _, err := statArtefact(p, maxSize); err != nil {
 			return pub, nil, err
 		}
 		abs, _ := filepath.Abs(p)

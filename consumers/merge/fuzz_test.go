@@ -46,7 +46,7 @@ func FuzzBenchArtifact(f *testing.F) {
 		}
 		check(Merge([]RankFile{{Rank: -1, Path: "fuzz.json", Data: data}}, nil, Options{}))
 		check(Merge([]RankFile{base[0], {Rank: 1, Path: "fuzz_dp1.json", Data: data}}, nil, Options{RequireAllRanks: true}))
-		if pr, err := ParseProbeReplies(data, "fuzz"); err == nil {
+		if pr, err := parseProbeReplies(data, "fuzz"); err == nil {
 			res, err := Merge(base, []ProbeReplies{pr}, Options{RequireAllRanks: true})
 			if err != nil {
 				t.Fatalf("base run no longer merges: %v", err)

@@ -146,7 +146,7 @@ func loadGoldenInputs(t testing.TB, dir string) ([]RankFile, []ProbeReplies) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := ParseProbeReplies(b, path)
+			p, err := parseProbeReplies(b, path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,7 +156,7 @@ func loadGoldenInputs(t testing.TB, dir string) ([]RankFile, []ProbeReplies) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ranks = append(ranks, RankFile{Rank: RankFromPath(name), Path: "/tmp/" + name, Data: b})
+			ranks = append(ranks, RankFile{Rank: rankFromPath(name), Path: "/tmp/" + name, Data: b})
 		}
 	}
 	sort.Slice(ranks, func(i, j int) bool { return ranks[i].Path < ranks[j].Path })

@@ -56,7 +56,7 @@ func TestBenchMergeLarge(t *testing.T) {
 	var ranks []RankFile
 	for _, p := range paths {
 		p := p
-		ranks = append(ranks, RankFile{Rank: RankFromPath(p), Path: p, Load: func() ([]byte, error) { return os.ReadFile(p) }})
+		ranks = append(ranks, RankFile{Rank: rankFromPath(p), Path: p, Load: func() ([]byte, error) { return os.ReadFile(p) }})
 	}
 	res, err := Merge(ranks, nil, Options{MergedPath: filepath.Join(t.TempDir(), "merged.json"), RequireAllRanks: true})
 	if err != nil {

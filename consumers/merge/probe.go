@@ -32,14 +32,14 @@ type ProbeReplies struct {
 	Error string
 }
 
-// ParseProbeReplies reads a probe reply file. Three forms are accepted:
+// parseProbeReplies reads a probe reply file. Three forms are accepted:
 //
 //   - a JSON array: collective_rpc's return value, one element per worker, in RPC order;
 //   - an envelope object {"schema": "fpmbus.benchmark_worker_probe_replies", "run_id": "...",
 //     "replies": [...], "error": null | "probe_failed: ..." | "probe_skipped: ..."}, recognised by a
 //     "replies" or "error" member (schema and run_id optional);
 //   - any other object: one worker's reply.
-func ParseProbeReplies(data []byte, source string) (ProbeReplies, error) {
+func parseProbeReplies(data []byte, source string) (ProbeReplies, error) {
 	doc, err := schemas.ParseBenchJSON(data)
 	if err != nil {
 		return ProbeReplies{}, fmt.Errorf("merge: probe replies %s: %w", source, err)

@@ -7,10 +7,10 @@ import (
 )
 
 // What `fpmbus bench publish` checks before it publishes (benchstore.BenchStore.PublishBench): each rank
-// artefact on its own (ValidateRank) and the run of each worker-probe replies file (ProbeRun). The wire
+// artefact on its own (validateRank) and the run of each worker-probe replies file (ProbeRun). The wire
 // side (subjects, headers, ids, the object store) is streams'.
 
-// RankSummary describes a rank artefact that passed ValidateRank.
+// RankSummary describes a rank artefact that passed validateRank.
 type RankSummary struct {
 	RunID  string
 	Rank   int
@@ -18,11 +18,11 @@ type RankSummary struct {
 	Points int
 }
 
-// ValidateRank applies every rule that one rank artefact can be checked against on its own: the document
+// validateRank applies every rule that one rank artefact can be checked against on its own: the document
 // and status/coverage rules, and every point rule over its synchronised groups (which carry every rank's
 // FPMs). Rules that compare ranks are left to the merge. maxSize is the maximum artefact size
 // (Options.MaxArtefactSize: 0 the default, negative none).
-func ValidateRank(rf RankFile, maxSize int64) (RankSummary, error) {
+func validateRank(rf RankFile, maxSize int64) (RankSummary, error) {
 	info, err := loadRankInfo(&rf, maxArtefactSize(maxSize))
 	if err != nil {
 		return RankSummary{}, err
@@ -38,7 +38,7 @@ func ValidateRank(rf RankFile, maxSize int64) (RankSummary, error) {
 // ProbeRun checks worker-probe replies read from file and returns their run: runID when given (the
 // replies must then name no run or the same one), else the run_id the replies name.
 func ProbeRun(runID, file string, data []byte) (string, error) {
-	pr, err := ParseProbeReplies(data, file)
+	pr, err := parseProbeReplies(data, file)
 	if err != nil {
 		return "", err
 	}

@@ -30,11 +30,11 @@ func sidecarPathFor(mergedPath string) string {
 	return stem + "_worker_probe" + ext
 }
 
-// MergedPathFor returns Dynamo's merged artefact path for the configured output path base (rank 0's
+// mergedPathFor returns Dynamo's merged artefact path for the configured output path base (rank 0's
 // file) and the first DP rank merged: /tmp/benchmark_results.json with dpStart 0 ->
 // /tmp/benchmark_results_merged.json; with dpStart 4 (a node-local merge of ranks 4..7) ->
 // /tmp/benchmark_results_dp4_merged.json.
-func MergedPathFor(base string, dpStart int) string {
+func mergedPathFor(base string, dpStart int) string {
 	stem, ext := splitExt(base)
 	if dpStart > 0 {
 		stem += "_dp" + strconv.Itoa(dpStart)
@@ -42,9 +42,9 @@ func MergedPathFor(base string, dpStart int) string {
 	return stem + "_merged" + ext
 }
 
-// BasePathOf returns the configured output path a rank file was named from: <stem>_dpN<ext> ->
+// basePathOf returns the configured output path a rank file was named from: <stem>_dpN<ext> ->
 // <stem><ext>; a name without the suffix is rank 0's, the base path itself.
-func BasePathOf(rankPath string) string {
+func basePathOf(rankPath string) string {
 	stem, ext, _ := splitRankPath(rankPath)
 	return stem + ext
 }
@@ -64,16 +64,16 @@ func splitExt(path string) (stem, ext string) {
 
 var dpSuffix = regexp.MustCompile(`_dp(\d+)$`)
 
-// RankFromPath returns N for a "<stem>_dpN<ext>" file name, or -1 (rank unknown: the document's dp.rank
+// rankFromPath returns N for a "<stem>_dpN<ext>" file name, or -1 (rank unknown: the document's dp.rank
 // is used). Dynamo names rank 0's file without a suffix, so a name without one is not assumed to be rank 0.
-func RankFromPath(path string) int {
+func rankFromPath(path string) int {
 	_, _, rank := splitRankPath(path)
 	return rank
 }
 
 // splitRankPath undoes Dynamo's rank file naming, <stem>_dpN<ext> from the configured path's
 // os.path.splitext: it returns that stem and ext and N, or the path's own split and -1 when the name
-// has no such suffix. RankFromPath and BasePathOf both read names through it, so a file is never given
+// has no such suffix. rankFromPath and basePathOf both read names through it, so a file is never given
 // a rank by one and the base path of rank 0 by the other (".b_dp1" has no extension: it is rank 1 of
 // ".b", not a file named by its extension).
 func splitRankPath(path string) (stem, ext string, rank int) {
@@ -90,8 +90,8 @@ func splitRankPath(path string) (stem, ext string, rank int) {
 // token, so it is safe in a file name).
 const RunIDPlaceholder = "{run_id}"
 
-// ExpandPath replaces RunIDPlaceholder in template with runID's token encoding.
-func ExpandPath(template, runID string) string {
+// expandPath replaces RunIDPlaceholder in template with runID's token encoding.
+func expandPath(template, runID string) string {
 	return strings.ReplaceAll(template, RunIDPlaceholder, streams.EncodeToken(runID))
 }
 

@@ -76,7 +76,7 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 	for in, want := range map[string]int{
 		"/tmp/benchmark_results.json": -1, "/tmp/benchmark_results_dp3.json": 3, "b_dp12.json": 12, "x_dpx.json": -1,
 	} {
-		if got := RankFromPath(in); got != want {
+		if got := rankFromPath(in); got != want {
 			t.Errorf("RankFromPath(%s) = %d, want %d", in, got, want)
 		}
 	}
@@ -96,7 +96,7 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 		{"out.tar.gz", 0, "out.tar_merged.gz", "out.tar_merged_worker_probe.gz"},
 		{"b.", 0, "b_merged.", "b_merged_worker_probe."},
 	} {
-		if got := MergedPathFor(c.base, c.start); got != c.merged {
+		if got := mergedPathFor(c.base, c.start); got != c.merged {
 			t.Errorf("MergedPathFor(%s, %d) = %s, want %s", c.base, c.start, got, c.merged)
 		}
 		if got := sidecarPathFor(c.merged); got != c.probe {
@@ -104,11 +104,11 @@ func TestBenchPathsAndPartitions(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]string{"/tmp/b_dp4.json": "/tmp/b.json", "/tmp/b.json": "/tmp/b.json", "b_dp12": "b", "/x/.b_dp1.json": "/x/.b.json"} {
-		if got := BasePathOf(in); got != want {
+		if got := basePathOf(in); got != want {
 			t.Errorf("BasePathOf(%s) = %s, want %s", in, got, want)
 		}
 	}
-	if got := ExpandPath("/o/r_{run_id}_merged.json", "a/b c"); got != "/o/r_a%2Fb%20c_merged.json" {
+	if got := expandPath("/o/r_{run_id}_merged.json", "a/b c"); got != "/o/r_a%2Fb%20c_merged.json" {
 		t.Errorf("ExpandPath: %s", got)
 	}
 	// Runs spread evenly over the merger group's partitions, a run's ranks and probe replies together.
@@ -155,10 +155,10 @@ func TestRankFileNamesSplitAsPython(t *testing.T) {
 		{"/data/b_dp99999999999999999999.json", -1, "/data/b_dp99999999999999999999.json"},
 		{"/data/run_dp1.d/bench.json", -1, "/data/run_dp1.d/bench.json"},
 	} {
-		if got := RankFromPath(c.path); got != c.rank {
+		if got := rankFromPath(c.path); got != c.rank {
 			t.Errorf("RankFromPath(%s) = %d, want %d", c.path, got, c.rank)
 		}
-		if got := BasePathOf(c.path); got != c.base {
+		if got := basePathOf(c.path); got != c.base {
 			t.Errorf("BasePathOf(%s) = %s, want %s", c.path, got, c.base)
 		}
 	}

@@ -42,7 +42,7 @@
 // reader (this package's get, Read, list, the sealer itself, predict's catalog, `fpmbus datasets`)
 // folds a key's history with schemas.KeyHistory, which takes a cell's first revision that is a seal as
 // its sealed value and a campaign record as its first frozen plan and the revisions that legitimately
-// follow it (schemas.NextCampaign), and the audit at start reports every other revision (revisions.go,
+// follow it (nextCampaign in schemas), and the audit at start reports every other revision (revisions.go,
 // lost.go: a cell_tampered or campaign_tampered event, gauges fpmbus_seal_tampered_cells and
 // fpmbus_seal_tampered_campaigns, an error log). Only the removal of the whole bucket loses sealed
 // cells.

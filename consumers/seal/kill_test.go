@@ -243,7 +243,7 @@ func (f *killFixture) check(t *testing.T, js jetstream.JetStream, kv jetstream.K
 			return nil
 		})
 	}
-	// Read from the leader: a replica still catching up may answer a direct get from its past.
+	// readEntry from the leader: a replica still catching up may answer a direct get from its past.
 	leaderGet := func(key string, v any) error {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()

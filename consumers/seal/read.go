@@ -30,8 +30,8 @@ type entry struct {
 	Ignored []tampered
 }
 
-// Read reads key as every reader does (Entry); jetstream.ErrKeyNotFound when it never had a revision.
-func Read(ctx context.Context, kv jetstream.KeyValue, key string) (*entry, error) {
+// readEntry reads key as every reader does (Entry); jetstream.ErrKeyNotFound when it never had a revision.
+func readEntry(ctx context.Context, kv jetstream.KeyValue, key string) (*entry, error) {
 	revs, err := bucketHistory(kv).all(ctx, key)
 	if err != nil {
 		return nil, err

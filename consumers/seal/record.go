@@ -25,7 +25,7 @@ func KeyArg(s string) string {
 // campaign's first frozen plan and its legitimate successors) as indented JSON, with the revisions
 // ignored as tampering (`fpmbus datasets get`); arg is the KEY as given, for messages.
 func WriteRecord(ctx context.Context, kv jetstream.KeyValue, key, arg string, w io.Writer) error {
-	e, err := Read(ctx, kv, key)
+	e, err := readEntry(ctx, kv, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("%s: not sealed (state missing)", arg)
 	}

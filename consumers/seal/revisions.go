@@ -23,7 +23,7 @@ import (
 //     or junk before it seals nothing, every revision after it is tampering: the audit reports them
 //     (lost.go) and every reader ignores them;
 //   - a campaign record is its first frozen plan followed by each revision that legitimately follows
-//     (schemas.NextCampaign); the others are skipped (and reported by the audit), and the next honest
+//     (nextCampaign in schemas); the others are skipped (and reported by the audit), and the next honest
 //     write goes on top of them (compare-and-set on the key's last revision).
 //
 // A seal is a compare-and-set write on the key's last revision: 0 (kv.Update at revision 0, "only on

@@ -125,7 +125,7 @@ func WriteHistory(ctx context.Context, kv jetstream.KeyValue, key string, w io.W
 	if err != nil {
 		return err
 	}
-	e, err := Read(ctx, kv, key)
+	e, err := readEntry(ctx, kv, key)
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
 	}

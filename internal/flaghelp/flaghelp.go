@@ -113,9 +113,9 @@ func Print(w io.Writer, fs *flag.FlagSet) {
 	}
 }
 
-// Unknown answers a flag that fs does not define: the error names it and, when one is close, the
+// unknownFlag answers a flag that fs does not define: the error names it and, when one is close, the
 // flag meant; the whole list is left to -h.
-func Unknown(fs *flag.FlagSet, err error) error {
+func unknownFlag(fs *flag.FlagSet, err error) error {
 	const prefix = "flag provided but not defined: -"
 	msg := err.Error()
 	if !strings.HasPrefix(msg, prefix) {
@@ -187,7 +187,7 @@ func parseQuiet(fs *flag.FlagSet, args []string) error {
 		fs.Usage()
 		return err
 	}
-	return invalid.Flagf("%v", Unknown(fs, err))
+	return invalid.Flagf("%v", unknownFlag(fs, err))
 }
 
 // Parse parses args, which must leave no positional argument, as parseQuiet does.

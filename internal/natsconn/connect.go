@@ -202,12 +202,12 @@ func validateURLs(urls string) error {
 }
 
 // Connect is ConnectContext without a context.
-func Connect(c ConnConfig) (*nats.Conn, error) { return ConnectContext(context.Background(), c) }
+func Connect(c ConnConfig) (*nats.Conn, error) { return connectContext(context.Background(), c) }
 
-// ConnectContext validates c and makes the first connection: attempt after attempt while no server is
+// connectContext validates c and makes the first connection: attempt after attempt while no server is
 // reachable, until c.ConnectTimeout or ctx ends; at once on ErrAuth or ErrTLS. The first failure is
 // logged with its cause. The connection then reconnects forever and logs its events.
-func ConnectContext(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
+func connectContext(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

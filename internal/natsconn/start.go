@@ -13,8 +13,8 @@ import (
 	"github.com/fpmbus/fpmbus/streams"
 )
 
-// ConnectHint says which flags to check for a connection that failed for the reason err gives.
-func ConnectHint(err error, credentialFlags string) string {
+// connectHint says which flags to check for a connection that failed for the reason err gives.
+func connectHint(err error, credentialFlags string) string {
 	switch {
 	case errors.Is(err, ErrAuth):
 		return "check the credentials: " + credentialFlags
@@ -35,9 +35,9 @@ const CredentialFlags = "--user/--password (NATS_USER/NATS_PASSWORD), --token (N
 // connection says which flags to check (credentialFlags for refused credentials). The caller closes
 // the connection.
 func ConnectAndEnsure(ctx context.Context, cfg ConnConfig, scfg *streams.Config, credentialFlags string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := ConnectContext(ctx, cfg)
+	nc, err := connectContext(ctx, cfg)
 	if err != nil {
-		if hint := ConnectHint(err, credentialFlags); hint != "" {
+		if hint := connectHint(err, credentialFlags); hint != "" {
 			return nil, nil, fmt.Errorf("%w; %s", err, hint)
 		}
 		return nil, nil, err

@@ -79,7 +79,7 @@ func CheckListen(o *server.Options) error {
 			if errors.As(err, &oe) && oe.Err != nil {
 				le.Err = oe.Err // "bind: address already in use", without repeating the address
 			}
-			le.Holder = PortHolder(l.port)
+			le.Holder = portHolder(l.port)
 			return le
 		}
 		_ = ln.Close()
@@ -87,9 +87,9 @@ func CheckListen(o *server.Options) error {
 	return nil
 }
 
-// PortHolder names the process listening on TCP port ("pid 123 (nats-server)"), or "" when /proc does
+// portHolder names the process listening on TCP port ("pid 123 (nats-server)"), or "" when /proc does
 // not tell (another system, a process of another user, no listener).
-func PortHolder(port int) string {
+func portHolder(port int) string {
 	inodes := map[string]bool{}
 	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		f, err := os.Open(table)
@@ -143,7 +143,7 @@ func Bindable(addr string) error {
 	}
 	if _, p, serr := net.SplitHostPort(addr); serr == nil {
 		if port, perr := strconv.Atoi(p); perr == nil && port > 0 {
-			if h := PortHolder(port); h != "" {
+			if h := portHolder(port); h != "" {
 				return fmt.Errorf("%w; held by %s", err, h)
 			}
 		}

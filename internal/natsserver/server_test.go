@@ -120,7 +120,7 @@ func TestShippedServerConfigsPingBound(t *testing.T) {
 	}
 }
 
-// Authenticates is what `fpmbus up` asks before listening beyond loopback: every way nats-server has to
+// requiresAuth is what `fpmbus up` asks before listening beyond loopback: every way nats-server has to
 // make a client prove who it is counts, and no_auth_user (a door without a key) does not.
 func TestServerAuthenticates(t *testing.T) {
 	pki := natsservertest.NewPKI(t)

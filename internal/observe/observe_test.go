@@ -316,7 +316,7 @@ func TestStandaloneComponentStateIsExportedWithItsLimits(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := newBridgeMetrics(reg)
 	clk := &clock{t: time.Unix(1_800_000_000, 0)}
-	p := NewProcess("bridge")
+	p := newProcess("bridge")
 	p.Ready()
 	s := New(Options{Process: "bridge", Gatherer: reg, now: clk.now, Window: 10 * time.Second, SampleInterval: time.Second,
 		Components: p.Components, Bridge: &BridgeRef{Component: "bridge", MaxBuffer: 100}})

@@ -26,8 +26,8 @@ type process struct {
 	checks []func() error
 }
 
-// NewProcess returns the health of component name, starting.
-func NewProcess(name string) *process {
+// newProcess returns the health of component name, starting.
+func newProcess(name string) *process {
 	return &process{name: name, state: rungroup.StateStarting, since: time.Now()}
 }
 

@@ -58,7 +58,7 @@ func Serve(addr string, o Options) (stop func(), err error) {
 // (nil: none). done ends the wait for ready. The health is exported as fpmbus_component_* by the
 // status server, as `up`'s run group is.
 func Standalone(process, component string, reg prometheus.Gatherer, nc *nats.Conn, ready, done <-chan struct{}, consumer *ConsumerRef, readJS bool, checks ...func() error) Options {
-	p := NewProcess(component)
+	p := newProcess(component)
 	p.SetConn(nc)
 	for _, check := range checks {
 		p.Check(check)

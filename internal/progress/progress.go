@@ -109,7 +109,7 @@ func (p *Meter) Update(done, total uint64, detail string) {
 		}
 		line := fmt.Sprintf("%s: %d/%d %s (%.0f%%)", p.what, done, total, p.unit, pct)
 		if p.unit == "bytes" {
-			line = fmt.Sprintf("%s: %s of %s (%.0f%%)", p.what, ByteSize(done), ByteSize(total), pct)
+			line = fmt.Sprintf("%s: %s of %s (%.0f%%)", p.what, byteSize(done), byteSize(total), pct)
 		}
 		if detail != "" {
 			line += ", " + detail
@@ -128,8 +128,8 @@ func (p *Meter) Finish() {
 	}
 }
 
-// ByteSize is n bytes for a person: 1.5 GB, 320 MB, 4.0 kB.
-func ByteSize(n uint64) string {
+// byteSize is n bytes for a person: 1.5 GB, 320 MB, 4.0 kB.
+func byteSize(n uint64) string {
 	const unit = 1000
 	if n < unit {
 		return fmt.Sprintf("%d B", n)

@@ -22,7 +22,7 @@ func (r *Run) Prepare(dataDir, metricsAddr string) (release func(), err error) {
 		}
 	}
 	takeDir := func() (err error) {
-		own, err = OwnDataDir(dataDir)
+		own, err = ownDataDir(dataDir)
 		return err
 	}
 	_, statErr := os.Lstat(dataDir)

@@ -24,10 +24,10 @@ type Server struct {
 // CredentialFlags are the flags that give the components' credentials, for hints.
 const CredentialFlags = "the components' credentials on the embedded server: --user/--password (NATS_USER/NATS_PASSWORD), --token (NATS_TOKEN), --creds (NATS_CREDS), --nkey (NATS_NKEY), or --auth-token-file"
 
-// OwnDataDir takes the ownership lock of --data-dir dir (fsutil.OwnDir: <dir>/fpmbus.lock). A
+// ownDataDir takes the ownership lock of --data-dir dir (fsutil.OwnDir: <dir>/fpmbus.lock). A
 // directory that is not one (a symbolic link included) is a usage error; one another process owns is
 // refused (exit 1) naming it.
-func OwnDataDir(dir string) (*fsutil.Lock, error) {
+func ownDataDir(dir string) (*fsutil.Lock, error) {
 	l, err := fsutil.OwnDir(dir, "fpmbus up")
 	var held *fsutil.HeldError
 	switch {
