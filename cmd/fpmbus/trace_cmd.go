@@ -9,6 +9,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
+	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/observe"
 )
@@ -100,8 +101,9 @@ func runTrace(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// Fail before connecting if the output cannot be written (Dynamo's write preflight).
-	if err := trace.ProbeOutput(cfg.OutputPath); err != nil {
+	// Fail before connecting if the output cannot be written (Dynamo's write preflight); a full disk
+	// passes, the writer waits for space when it starts.
+	if err := trace.ProbeOutput(cfg.OutputPath); err != nil && !fsutil.DiskFull(err) {
 		return err
 	}
 	reg := observe.NewProcessRegistry()

@@ -226,7 +226,11 @@ func (o *upOptions) plan() (*upstack.Run, error) {
 	}
 	tcfg, err := o.trace.config()
 	if err == nil {
-		err = trace.ProbeOutput(tcfg.OutputPath)
+		// A full disk passes: the writer waits for space when it starts. A path that cannot be written
+		// at all disables it.
+		if err = trace.ProbeOutput(tcfg.OutputPath); fsutil.DiskFull(err) {
+			err = nil
+		}
 	}
 	if err != nil {
 		// The run group lists it disabled (an error-level log, /healthz degraded with the reason).

@@ -135,16 +135,47 @@ func (c *Consumer) Recovery() recoveryResult { return c.totals.get() }
 // acknowledged and its files closed, within StopTimeout per partition; then it is handed to the other
 // members. What a stop cuts off stays unacknowledged and goes, at once and in order, to the next owner.
 //
-// Before joining, Run probes that the output directory is writable and replaces consumers of the group
+// Before joining, Run probes that the output directory is writable (waiting while its disk is full,
+// probeOutput) and replaces consumers of the group
 // that this configuration cannot use (see replaceIncompatibleConsumers). A failed write is retried
 // with backoff (Config.RetryInitial, RetryMax) while nothing more is acknowledged; an error that retrying cannot fix
 // (another writer owns a segment, the server is gone) ends Run with that error, the partitions going
 // to other members.
+// probeOutput probes the output directory (ProbeOutput). While its disk is full it says so and probes
+// again with the write retry's backoff, until the probe passes or ctx ends (then nil): a writer started
+// on a full disk joins once space returns, as one that meets a full disk later retries its writes
+// (writeBatchRetry), instead of failing. Any other failure (a path that cannot be written) is returned.
+func (c *Consumer) probeOutput(ctx context.Context) error {
+	bo := c.set.retry()
+	for waited := false; ; waited = true {
+		err := ProbeOutput(c.cfg.OutputPath)
+		switch {
+		case err == nil:
+			if waited {
+				c.log.Info("trace output has room again; the writer starts", "output", c.cfg.OutputPath)
+			}
+			return nil
+		case !fsutil.DiskFull(err):
+			return err
+		case !waited:
+			c.log.Error("trace output's disk is full: the writer waits for space before it starts (nothing is read or acknowledged meanwhile)",
+				"output", c.cfg.OutputPath, "error", err)
+		}
+		t := time.NewTimer(bo.NextBackOff())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errAlreadyRunning
 	}
-	if err := ProbeOutput(c.cfg.OutputPath); err != nil {
+	if err := c.probeOutput(ctx); err != nil || ctx.Err() != nil {
 		return err
 	}
 	c.start = c.set.Clock()

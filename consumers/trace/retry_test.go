@@ -3,9 +3,11 @@ package trace
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/consumers/durable"
 	"github.com/fpmbus/fpmbus/internal/natsserver/natsservertest"
+	"github.com/fpmbus/fpmbus/internal/smalldisk"
 	"github.com/fpmbus/fpmbus/schemas"
 	"github.com/fpmbus/fpmbus/streams"
 	"github.com/fpmbus/fpmbus/tracefile"
@@ -313,4 +316,87 @@ func fileSize(t *testing.T, path string) int64 {
 		t.Fatal(err)
 	}
 	return fi.Size()
+}
+
+// A writer started while its output's disk is full (a real filesystem with no space left) neither fails
+// nor reads anything: it waits for space, not ready, and once space is freed it starts and writes every
+// FPM once. In `fpmbus up` a full disk at start used to disable the trace writer for the process's life.
+func TestWriterStartedOnAFullDiskStartsWhenSpaceReturns(t *testing.T) {
+	t.Parallel()
+	env := natsservertest.Start(t)
+	msgs, published := manyFPMs(t, testKeys(2), 40, 1_782_777_600_000)
+	publish(t, env.JS, msgs)
+	cfg := testConfig(t)
+	dir := smalldisk.Mount(t, 1<<20)
+	cfg.OutputPath = filepath.Join(dir, "trace", "dynamo-fpm.jsonl.gz")
+	if err := os.MkdirAll(filepath.Dir(cfg.OutputPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	free := smalldisk.Fill(t, dir)
+	cfg.RetryInitial, cfg.RetryMax = 20*time.Millisecond, 50*time.Millisecond
+	waiting := &signalOn{Handler: testLogger(t).Handler(), prefix: "trace output's disk is full", seen: make(chan struct{})}
+	w, err := New(logTo(cfg, slog.New(waiting)), env.JS, durable.WithMemberID("test-"+cfg.Group))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done, finished := make(chan error, 1), make(chan struct{})
+	go func() { done <- w.Run(ctx); close(finished) }()
+	t.Cleanup(func() {
+		cancel()
+		<-finished
+	})
+	// The probe failed with no space left (the writer says so): it is waiting, not failed, not ready.
+	select {
+	case <-waiting.seen:
+	case err := <-done:
+		t.Fatalf("the writer ended on a full disk: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the writer never probed the full disk")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the writer ended on a full disk: %v", err)
+	case <-w.Ready():
+		t.Fatal("the writer is ready on a full disk")
+	default:
+	}
+	free()
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		t.Fatalf("the writer ended: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the writer did not start within 30s of space returning")
+	}
+	waitConsumed(t, env.JS, cfg.Group)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	checkExactlyOnce(t, outputLines(t, cfg.OutputPath), published, schemas.CaptureFull)
+}
+
+// signalOn is a log handler that closes seen at the first record whose message begins with prefix: a
+// point to synchronise on, the test's verdict coming from the writer's outputs.
+type signalOn struct {
+	slog.Handler
+	prefix string
+	seen   chan struct{}
+	once   sync.Once
+}
+
+func (h *signalOn) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *signalOn) WithAttrs(as []slog.Attr) slog.Handler {
+	return &signalOn{Handler: h.Handler.WithAttrs(as), prefix: h.prefix, seen: h.seen}
+}
+
+func (h *signalOn) WithGroup(name string) slog.Handler {
+	return &signalOn{Handler: h.Handler.WithGroup(name), prefix: h.prefix, seen: h.seen}
 }

@@ -2,7 +2,8 @@
 // and atomic replacement of a whole file; opening, creating and removing files without following a
 // symbolic link and only when they are regular files (regular.go); ownership locks on lock files, taken
 // as Dynamo's trace writer takes its prefix lock (lock.go); and the reader of files of gzip members
-// holding whole lines (trace segments) that the trace writer and replay share. It is the one copy of
+// holding whole lines (trace segments) that the trace writer and replay share; DiskFull tells a full
+// disk, which passes, from a path that cannot be written (diskfull.go). It is the one copy of
 // them; consumers, schemas, replay and cmd/fpmbus call it rather than keeping their own.
 //
 // Invariants:
