@@ -216,7 +216,7 @@ func StartServer(cfg ServerConfig) (*Server, error) {
 		ns.WaitForShutdown()
 		return nil, fmt.Errorf("%w: listening on %s", errServerNotReady, net.JoinHostPort(opts.Host, strconv.Itoa(opts.Port)))
 	}
-	w, err := newStoreWatch(ns, cfg.StoreDir)
+	w, err := newStoreWatch(ns, cfg.StoreDir, opts.JetStreamMaxStore <= 0)
 	if err != nil {
 		ns.Shutdown()
 		ns.WaitForShutdown()

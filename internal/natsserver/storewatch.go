@@ -33,6 +33,12 @@ import (
 // the store had them. What JetStream acknowledged was on disk first (a write error is never acked), so
 // the restart loses nothing acknowledged.
 //
+// A store limit fixed too small. Given no max_file_store, nats-server fixes JetStream's store limit when
+// JetStream starts, at 3/4 of what the filesystem has available then: started (or restarted here) on a
+// nearly full disk, the limit stays small after space returns and every publish is refused
+// "insufficient resources". The watch restarts such a JetStream too, with the limit left to be fixed
+// again (staleStoreLimit).
+//
 // A store directory deleted or replaced under the running server (the directory nats-server opened is
 // no longer at its path: `rm -rf` of the data directory, a restore over it). The server keeps writing
 // into deleted files and acknowledging writes no disk will keep. The watch shuts JetStream down at once,
@@ -139,6 +145,9 @@ type storeWatch struct {
 	dev, ino uint64 // held's device and inode
 	mount    string
 	jsConfig server.JetStreamConfig // what JetStream first ran with, to enable it again
+	// dynamicMax: the server was given no store limit (max_file_store), so nats-server fixes one each
+	// time JetStream starts, at 3/4 of what the filesystem has available then (staleStoreLimit).
+	dynamicMax bool
 
 	mu     sync.Mutex // guards status
 	status StoreStatus
@@ -157,7 +166,7 @@ type storeWatch struct {
 }
 
 // newStoreWatch records the identity of the store the server just opened.
-func newStoreWatch(ns *server.Server, probeDir string) (*storeWatch, error) {
+func newStoreWatch(ns *server.Server, probeDir string, dynamicMax bool) (*storeWatch, error) {
 	jc := ns.JetStreamConfig()
 	if jc == nil {
 		return nil, errors.New("streams: embedded server started without JetStream")
@@ -171,7 +180,7 @@ func newStoreWatch(ns *server.Server, probeDir string) (*storeWatch, error) {
 		held.Close()
 		return nil, fmt.Errorf("streams: JetStream store %s: %w", jc.StoreDir, err)
 	}
-	w := &storeWatch{dir: jc.StoreDir, probeDir: probeDir, held: held, dev: dev, ino: ino, mount: mountPoint(jc.StoreDir, dev), jsConfig: *jc,
+	w := &storeWatch{dir: jc.StoreDir, probeDir: probeDir, held: held, dev: dev, ino: ino, mount: mountPoint(jc.StoreDir, dev), jsConfig: *jc, dynamicMax: dynamicMax,
 		restartWaits: retrywait.Doubling(storeRestartFirstWait, storeRestartMaxWait)}
 	w.status = StoreStatus{State: StoreOK, Dir: w.dir, Mount: w.mount, Since: time.Now(), Faults: map[StoreState]uint64{}}
 	w.status.FreeBytes, _ = freeBytes(w.dir)
@@ -232,6 +241,11 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 	reported := s.storeFaults()
 	faults := w.lasting(reported)
 	full := ferr == nil && free < storeLowFree
+	if len(faults) == 0 && !full && ferr == nil {
+		if f := s.staleStoreLimit(free); f != "" {
+			faults = []string{f}
+		}
+	}
 	switch {
 	case len(faults) == 0 && !full:
 		if len(reported) == 0 { // healthy: the next fault is restarted at once
@@ -275,6 +289,29 @@ func (s *Server) checkStore(log *slog.Logger, now time.Time) error {
 	return nil
 }
 
+// staleStoreLimit describes JetStream refusing every write at a store limit too small for the disk it
+// now has, "" otherwise. Given no limit, nats-server fixes one when JetStream starts, at 3/4 of what the
+// filesystem has available then (plus what the store already holds): started, or restarted by this
+// watch, on a nearly full disk, it stays that small after space returns, and every publish is refused
+// with "insufficient resources", which nats-server's health check does not report. Restarting
+// JetStream fixes the limit again from the space there is now (restartJetStream).
+func (s *Server) staleStoreLimit(free uint64) string {
+	if !s.watch.dynamicMax || !s.ns.JetStreamEnabled() {
+		return ""
+	}
+	info, err := s.ns.Jsz(&server.JSzOptions{})
+	if err != nil || info == nil {
+		return ""
+	}
+	used, limit := int64(info.Store), info.Config.MaxStore
+	again := int64(free/4*3) + used/4*3
+	if used+storeLowFree < limit || again < limit+limit/4+storeLowFree {
+		return ""
+	}
+	return fmt.Sprintf("JetStream's store limit of %d bytes, fixed when it started with little space available, is used up (%d bytes stored) while the filesystem has %d bytes available now",
+		limit, used, free)
+}
+
 // storeFaults returns what nats-server reports wrong with JetStream: a stream refusing writes after a
 // write error, JetStream disabled (nats-server disables it itself on some write errors), a stream it
 // could not load.
@@ -315,6 +352,9 @@ func (s *Server) restartJetStream() error {
 	cfg := s.watch.jsConfig
 	// EnableJetStream adds "jetstream" to a configured StoreDir, as at the server's start.
 	cfg.StoreDir = filepath.Dir(cfg.StoreDir)
+	if s.watch.dynamicMax {
+		cfg.MaxStore = 0 // fixed again from the space available now, as at the server's start
+	}
 	if err := s.ns.EnableJetStream(&cfg); err != nil {
 		return fmt.Errorf("enable: %w", err)
 	}

@@ -314,3 +314,79 @@ func TestWatchStoreProbeRefusesAPlantedFile(t *testing.T) {
 		})
 	}
 }
+
+// JetStream started with little space available: nats-server, given no store limit, fixes one at 3/4
+// of what the filesystem had available then, and once the store holds that much refuses every publish
+// ("insufficient resources"), however much space is freed later; its health check reports nothing. The
+// watch sees the limit used up while the filesystem has room for a larger one and restarts JetStream,
+// which fixes the limit again from the space there is now: every later publish is stored, and nothing
+// acknowledged before is lost.
+func TestWatchStoreRestartsJetStreamWhoseStoreLimitWasFixedOnANearlyFullDisk(t *testing.T) {
+	t.Parallel()
+	mnt := smalldisk.Mount(t, 32<<20)
+	// Leave about 2 MiB available.
+	filler := filepath.Join(mnt, "filler")
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, int64(st.Bavail)*st.Bsize-2<<20)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(mnt, "data", "jetstream")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	pub := func(i int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := js.Publish(ctx, "s.x", fmt.Appendf(nil, "message %d %04000d", i, i), jetstream.WithMsgID(fmt.Sprint(i)))
+		return err
+	}
+	acked := 0
+	for ; pub(acked) == nil; acked++ {
+		if acked == 2000 {
+			t.Fatal("8 MB acknowledged with a store limit fixed at 3/4 of 2 MiB")
+		}
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub(acked); err == nil {
+		t.Fatal("nats-server took writes again by itself once space was freed: the restart is not needed")
+	}
+	if err := srv.CheckStore(); err != nil {
+		t.Fatal(err)
+	}
+	if st := srv.StoreStatus(); st.State != natsserver.StoreOK || st.Recoveries != 1 {
+		t.Fatalf("after space was freed: %+v", st)
+	}
+	for i := acked; i < acked+1000; i++ {
+		if err := pub(i); err != nil {
+			t.Fatalf("publish %d after the restart: %v", i, err)
+		}
+	}
+	if n := streamMsgs(t, js); n != uint64(acked+1000) {
+		t.Fatalf("stream holds %d messages, want %d (%d acknowledged before the restart, 1000 after)", n, acked+1000, acked)
+	}
+}
