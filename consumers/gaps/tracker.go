@@ -65,7 +65,8 @@ type rules struct {
 //     stream holds each FPM once per epoch, not in sequence order (an ended run's last FPMs stored
 //     after the next run began, redundant bridges' copies under their own epochs interleaved; see
 //     late). Past the last number of a run a restart ended, under its last epoch, the run goes on, and
-//     the numbers it skipped are a gap of that run.
+//     the numbers it skipped are a gap of that run; so too under a bridge's first epoch between that
+//     run's last and the next run's (endedRunGoesOn), as it would have read live.
 //
 // Pending gaps are independent of the run: a restart starts a new one and leaves the old run's
 // pending gaps (their epochs, their revealed times) to be classified like any other.
@@ -207,7 +208,11 @@ func (t *tracker) late(o *fpmObservation) bool {
 		if o.Epoch <= st.EpochsFloor {
 			return false // forgotten: taken for a copy of what was seen, as nothing tells otherwise
 		}
+		hole := t.endedRunGoesOn(o)
 		t.count(o) // the first FPM seen of its epoch
+		if hole != nil {
+			t.reveal(*hole)
+		}
 		return true
 	}
 	e := &st.Epochs[i]
@@ -228,6 +233,39 @@ func (t *tracker) late(o *fpmObservation) bool {
 		t.reveal(*hole)
 	}
 	return true
+}
+
+// endedRunGoesOn applies o, a late FPM and the first seen under its epoch, when it goes on with a run
+// a restart ended: its epoch is newer than that run's last one and older than any other seen since,
+// it is a bridge's first run of the publisher (no run start) and its number is past the run's last.
+// Live, such an FPM would have read as that run going on across a restarted bridge's epoch (observe);
+// stored after the next run began (a redundant bridge that started while the run went on, held by an
+// outage until the run had ended), it reads the same. Its epoch then ends the run (RunLast), and the
+// hole between the run's last number and o, returned, is a gap of the run like any jump (nil if none).
+func (t *tracker) endedRunGoesOn(o *fpmObservation) *pending {
+	st := t.st
+	if o.RunStart != "" || o.Epoch >= st.Run.FirstEpoch {
+		return nil
+	}
+	j, _ := slices.BinarySearchFunc(st.Epochs, o.Epoch, func(e epochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
+	if j == 0 {
+		return nil
+	}
+	prev := &st.Epochs[j-1] // the newest epoch seen below o's
+	last := prev.RunLast
+	if last == nil || last.Seq == math.MaxUint64 || o.Seq <= last.Seq {
+		return nil
+	}
+	var hole *pending
+	if o.Seq > last.Seq+1 {
+		hole = &pending{Kind: kindJump, Ranges: [][2]uint64{{last.Seq + 1, o.Seq - 1}}, Before: *last, After: o.point(),
+			RevealedMs: o.StoredMs, EpochLo: prev.Epoch, EpochHi: o.Epoch}
+	}
+	if k := t.epoch(o.Epoch, true); k >= 0 {
+		p := o.point()
+		st.Epochs[k].RunLast = &p
+	}
+	return hole
 }
 
 // maxNamed bounds epochSeen.Named.

@@ -736,6 +736,22 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"zmq_drop@3:40-59", "bridge_drop@2:0-9", "publisher_restart@2:10-39"},
 		},
+		// A redundant bridge started while a run went on and, held by an outage, stored its copies of
+		// the run's last numbers (under its own epoch, a bridge's first run) only after the next run
+		// began: they go on with the ended run, and the numbers between the run's last one seen and
+		// them, which no bridge stored, are a gap of that run.
+		"a restarted bridge's copies of an ended run's tail, stored after the next run began": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 20, 1, t0)
+				s.run(0, 5, 3, at+2_000) // the next run (its sequence back)
+				step()
+				s.run(30, 35, 2, at+500) // late, under an epoch between: the first run going on
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(9), s.st.Counters.Missing.ZMQDrop)
+			},
+			want: []string{"publisher_restart@3", "zmq_drop@2:21-29"},
+		},
 		// A marker from seq 0 under a newer epoch of another bridge, or one of the same bridge that goes
 		// on past the last number seen, shows no restart: the next FPM goes on with the run.
 		"a drop marker of another bridge or mid-run shows no restart": {
