@@ -19,9 +19,16 @@ import (
 	"github.com/fpmbus/fpmbus/internal/smalldisk"
 )
 
-// watchedServer starts an embedded server with its store in storeDir and a stream S, and returns it
-// with a publish function (message id = the number, one second to be acknowledged).
+// watchedServer starts an embedded server with its store in storeDir and a stream S of 4 MiB, and
+// returns it with a publish function (message id = the number, one second to be acknowledged).
 func watchedServer(t *testing.T, storeDir string) (*natsserver.Server, jetstream.JetStream, func(i int) error) {
+	t.Helper()
+	return watchedServerWith(t, storeDir, 4<<20, 400)
+}
+
+// watchedServerWith is watchedServer with stream S limited to maxBytes (-1: no limit) and messages of
+// about size bytes.
+func watchedServerWith(t *testing.T, storeDir string, maxBytes int64, size int) (*natsserver.Server, jetstream.JetStream, func(i int) error) {
 	t.Helper()
 	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: storeDir})
 	if err != nil {
@@ -39,13 +46,13 @@ func watchedServer(t *testing.T, storeDir string) (*natsserver.Server, jetstream
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, MaxBytes: 4 << 20}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, MaxBytes: maxBytes}); err != nil {
 		t.Fatal(err)
 	}
 	pub := func(i int) error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		_, err := js.Publish(ctx, "s.x", fmt.Appendf(nil, "message %d %0400d", i, i), jetstream.WithMsgID(fmt.Sprint(i)))
+		_, err := js.Publish(ctx, "s.x", fmt.Appendf(nil, "message %d %0*d", i, size, i), jetstream.WithMsgID(fmt.Sprint(i)))
 		return err
 	}
 	return srv, js, pub
@@ -338,31 +345,7 @@ func TestWatchStoreRestartsJetStreamWhoseStoreLimitWasFixedOnANearlyFullDisk(t *
 		t.Fatal(err)
 	}
 	f.Close()
-	srv, err := natsserver.StartServer(natsserver.ServerConfig{Listen: "127.0.0.1:0", StoreDir: filepath.Join(mnt, "data", "jetstream")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	pub := func(i int) error {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err := js.Publish(ctx, "s.x", fmt.Appendf(nil, "message %d %04000d", i, i), jetstream.WithMsgID(fmt.Sprint(i)))
-		return err
-	}
+	srv, js, pub := watchedServerWith(t, filepath.Join(mnt, "data", "jetstream"), -1, 4000)
 	acked := 0
 	for ; pub(acked) == nil; acked++ {
 		if acked == 2000 {
