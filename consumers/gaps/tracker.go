@@ -58,7 +58,8 @@ type rules struct {
 //     arrived, cause publisher_restart or reconnect (a reconnect is a restart the bridge could not see
 //     as one: the sequence did not go back).
 //   - seq <= last under an epoch newer than any of the run: the bridge saw the sequence go back, so
-//     the publisher restarted.
+//     the publisher restarted; unless seq is below the run's first number seen and was received well
+//     before it: another bridge's copy of the run's first numbers (copyOfRunStart), a late message.
 //   - seq <= last otherwise, or any seq under an epoch older than the run's first: a late message. It
 //     fills a pending gap (out of order), or it is a duplicate when its number was already counted or
 //     named missing under its own epoch (state.Epochs), or else it is a message all the same: the
@@ -110,6 +111,9 @@ func (t *tracker) observe(o *fpmObservation) {
 		return
 	}
 	advance := o.Seq > st.Last.Seq
+	if !advance && o.Epoch > st.MaxEpoch && t.copyOfRunStart(o) {
+		t.joinRun(o.Epoch)
+	}
 	if o.Epoch < st.Run.FirstEpoch || !advance && o.Epoch <= st.MaxEpoch {
 		// A late message: of an older run (its epoch predates the run's), or of this run.
 		switch {
@@ -171,6 +175,30 @@ func (t *tracker) observe(o *fpmObservation) {
 	}
 	if len(st.Markers) > 0 {
 		t.prune()
+	}
+}
+
+// copyOfRunStart reports whether o, under an epoch newer than every one of the current run and below
+// the run's first number seen, was received well before that first number was (by more than two
+// bridges' clocks may differ): it cannot begin a run after the current one, which would have been sent
+// after all of it. It is another bridge's copy of the current run's first numbers, which the bridge
+// that stored the run here missed: redundant bridges that could not agree on the run (a bridge
+// stopped while its runs were held agrees them at its stop with what it has) give it two epochs.
+func (t *tracker) copyOfRunStart(o *fpmObservation) bool {
+	st := t.st
+	return o.Seq < st.Run.FirstSeq && o.ObservedAtMs+sameRunTolerance < st.Run.StartedAtMs
+}
+
+// joinRun takes epoch, another bridge's for the current run, into the run: its copies are the run's
+// late messages, and they fill the run's first numbers held as a gap.
+func (t *tracker) joinRun(epoch int64) {
+	st := t.st
+	st.MaxEpoch = epoch
+	t.significant = true
+	for i := range st.Pending {
+		if p := &st.Pending[i]; (p.Kind == kindRestart || p.Kind == kindStart) && p.After.Seq == st.Run.FirstSeq && p.After.Epoch == st.Run.FirstEpoch {
+			p.EpochHi = max(p.EpochHi, epoch)
+		}
 	}
 }
 

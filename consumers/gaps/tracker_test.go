@@ -752,6 +752,22 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"publisher_restart@3", "zmq_drop@2:21-29"},
 		},
+		// Redundant bridges that could not agree on a run: the one whose copy was read first missed the
+		// run's first 30 numbers; the other, stopped while its runs were held, stored the first 13 under
+		// an epoch of its own, received well before the first copy's 30. Its copies fill the run's first
+		// numbers; they begin no run of their own.
+		"another bridge's copy of the run's first numbers under a newer epoch": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 50, 1, t0)
+				s.run(30, 61, 3, at+4_000) // a restart: the sequence back, 0-29 held
+				step()
+				s.run(0, 12, 4, at+1_000) // 0 received as the run's 30 was 3 s later, 100 ms a number
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(17), s.st.Counters.Missing.PublisherRestart)
+			},
+			want: []string{"publisher_restart@3:13-29"},
+		},
 		// A marker from seq 0 under a newer epoch of another bridge, or one of the same bridge that goes
 		// on past the last number seen, shows no restart: the next FPM goes on with the run.
 		"a drop marker of another bridge or mid-run shows no restart": {
