@@ -61,15 +61,20 @@ func runLastAt(st *state, epoch int64) (uint64, bool) {
 // bridge's receive time of the run's first message (the bridge's own evidenceTolerance).
 const sameRunTolerance = 500
 
-// minusSeenNear returns lo..hi without the numbers st counted or named under an epoch within
-// sameRunTolerance of epoch, other than epoch itself.
-func minusSeenNear(st *state, epoch int64, lo, hi uint64) [][2]uint64 {
+// minusSeenNear returns lo..hi of marker m's run without the numbers st counted or named under
+// another bridge's epoch of the same run: one within sameRunTolerance of m's epoch (both bridges
+// received the run's first message), or one that began while m's bridge was receiving the run, up to
+// m's last number (the other bridge joined the run later, its epoch its receive time of a later number;
+// runs of one publisher do not overlap in time).
+func minusSeenNear(st *state, m streams.DropMarker, lo, hi uint64) [][2]uint64 {
 	out := [][2]uint64{{lo, hi}}
 	if st == nil {
 		return out
 	}
 	for _, e := range st.Epochs {
-		if e.Epoch == epoch || e.Epoch < epoch-sameRunTolerance || e.Epoch > epoch+sameRunTolerance {
+		near := e.Epoch >= m.Epoch-sameRunTolerance && e.Epoch <= m.Epoch+sameRunTolerance
+		during := e.Epoch > m.Epoch && e.Epoch <= m.LastReceivedAtMs
+		if e.Epoch == m.Epoch || !near && !during {
 			continue
 		}
 		for _, s := range e.Seen {
@@ -152,7 +157,7 @@ func dropUnrevealed(markers []streams.DropMarker, st *state, ended []endedRun) u
 		// A run the detector saw no FPM of under the marker's epoch may be one another bridge stored under
 		// its own epoch (redundant bridges that could not agree on it): its numbers stored there are not
 		// missing.
-		above[rk] = append(above[rk], minusSeenNear(st, m.Epoch, first, m.LastSeq)...)
+		above[rk] = append(above[rk], minusSeenNear(st, m, first, m.LastSeq)...)
 	}
 	var n uint64
 	for _, rs := range above {

@@ -25,6 +25,15 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 	// bridges did not agree on the run); an epoch 600 ms away is another run.
 	otherBridge := &state{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
 		Epochs: []epochSeen{{Epoch: e3 + 200, Seen: [][2]uint64{{0, 5}}}, {Epoch: e3 + 600, Seen: [][2]uint64{{6, 7}}}}}
+	// The other bridge joined the run 750 ms after the marker's bridge received its 3 (its epoch is its
+	// receive time of 18): it stored 18-39 and a gap event named 0-17 under its epoch. The next run
+	// began after the marker's last number was received.
+	joinedLater := &state{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
+		Epochs: []epochSeen{{Epoch: e3 + 750, Seen: [][2]uint64{{0, 39}}}, {Epoch: e3 + 1900, Seen: [][2]uint64{{0, 60}}}}}
+	received := func(m streams.DropMarker, firstMs, lastMs int64) streams.DropMarker {
+		m.FirstReceivedAtMs, m.LastReceivedAtMs = firstMs, lastMs
+		return m
+	}
 	for name, tc := range map[string]struct {
 		markers []streams.DropMarker
 		st      *state
@@ -44,6 +53,8 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 		"a publisher nothing was ever stored of":          {markers: []streams.DropMarker{mk(e1, 0, 9), mk(e1, 5, 14)}, want: 15},
 		"same numbers of two runs count for both":         {markers: []streams.DropMarker{mk(e2, 100, 109), mk(e3, 100, 109)}, st: cur, want: 20},
 		"a run another bridge stored under its own epoch": {markers: []streams.DropMarker{mk(e3, 0, 9)}, st: otherBridge, want: 4},
+		"a run another bridge joined later stored under its own epoch": {
+			markers: []streams.DropMarker{received(mk(e3, 3, 39), e3, e3+1800), received(mk(e3, 40, 44), e3+1850, e3+1890)}, st: joinedLater, want: 5},
 		// e1's run got to 54 with FPMs stored after the next run began (its old_run says 49).
 		"an ended run's tail, past its last FPMs stored late": {markers: []streams.DropMarker{mk(e1+3, 40, 59)}, st: lateTail, ended: ended, want: 5},
 	} {
