@@ -445,7 +445,8 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 		// 3. Another bridge may still show its evidence: wait for it, until the deadline (longer
 		// while a bridge is catching up with this run).
 		next := time.Now().Add(liveProbeEvery)
-		if b.mayWait(r, entries, prev) && next.Before(deadline) || (behind || trail.storing()) && next.Before(catchUpDeadline) {
+		if b.mayWait(r, entries, prev) && next.Before(deadline) ||
+			(behind || trail.storing() || b.recordedAhead(r, entries, prev)) && next.Before(catchUpDeadline) {
 			select {
 			case <-ctx.Done():
 				return 0, 0, ctx.Err()
@@ -747,6 +748,21 @@ func (b *Bridge) recordedEvidence(r *run, entries []streams.RunEntry, prev int64
 		}
 	}
 	return streams.RunEntry{}, false
+}
+
+// recordedAhead reports whether another bridge recorded a run, newer than the previous one, that began
+// below r's first number and shortly before it (up to continuationWindow): r may be that run, which this
+// bridge joined late (it started, or connected, after the run's first numbers), and the other bridge's
+// copies of the messages both received, which show it, may be stored after the live probe (that bridge
+// held up, storing its backlog). The bridge looks for them up to catchUpProbe.
+func (b *Bridge) recordedAhead(r *run, entries []streams.RunEntry, prev int64) bool {
+	for _, e := range entries {
+		if d := r.firstRecvMs() - e.FirstReceivedAtMs; e.Epoch > prev && e.Bridge != b.cfg.BridgeID && e.FirstSeq < r.firstSeq &&
+			d >= 0 && d <= continuationWindow.Milliseconds() {
+			return true
+		}
+	}
+	return false
 }
 
 // mayWait reports whether another bridge may still show that r is a run it recorded or goes on

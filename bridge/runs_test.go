@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -195,6 +196,18 @@ func TestAgreeRun(t *testing.T) {
 			fromStart: true, resumed: true,
 			want: want{epoch: pEpoch},
 		},
+		// Another bridge recorded the run, which this bridge joined late (here on a new connection; as
+		// well a bridge just started), 500 ms before this bridge's first message of it, and stores its
+		// copies late (held up by its backlog): after the live probe, within the catch-up one. (Not a
+		// first run: that one waits from when the bridge was ready, which the shared test bridge just
+		// was.)
+		"joining a run another bridge recorded from lower numbers: its copies come after the probe": {
+			kind: runReconnect, t0: -600, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: -1100, FirstSeq: 1, FirstDigest: dg("d1"), FirstReceivedAtMs: -1100, Start: "restart", Bridge: other}},
+			late:      []storedCopy{{runMsg{7, "d7", -599}, -1100, "restart", ""}},
+			fromStart: true,
+			want:      want{epoch: -1100, start: "restart"},
+		},
 		// `fpmbus up` restarted with its embedded server: this bridge's previous instance stored the run
 		// up to a number below this one's first, and the other bridge, reconnecting to the restarted
 		// server, stores its buffered copies after the live probe. No run is recorded (a bridge that
@@ -338,6 +351,19 @@ func TestAgreeRun(t *testing.T) {
 			if tc.fromStart {
 				start := time.Now().UnixMilli()
 				tc.t0 += start
+				// Negative epochs and receive times of recorded runs and copies are offsets too.
+				rel := func(v *int64) {
+					if *v < 0 {
+						*v += start
+					}
+				}
+				runs := slices.Clone(tc.runs)
+				for i := range runs {
+					rel(&runs[i].Epoch)
+					rel(&runs[i].FirstReceivedAtMs)
+				}
+				tc.runs = runs
+				rel(&tc.want.epoch)
 				if tc.stored != nil {
 					c := *tc.stored
 					c.recvMs += start
@@ -346,6 +372,7 @@ func TestAgreeRun(t *testing.T) {
 				for _, l := range []*[]storedCopy{&tc.earlier, &tc.drain, &tc.late} {
 					moved := make([]storedCopy, len(*l))
 					for i, s := range *l {
+						rel(&s.epoch)
 						s.recvMs += start
 						moved[i] = s
 					}
