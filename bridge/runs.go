@@ -325,15 +325,24 @@ func (b *Bridge) storedEvidenceOnly(r *run, prev int64, prevStart runKind) (int6
 	ctx, cancel := context.WithTimeout(context.Background(), runAgreeTimeout)
 	defer cancel()
 	e, start, ok, _, err := b.storedEvidence(ctx, r, prev, &trailing{})
-	switch {
-	case err != nil || !ok:
+	if err != nil || !ok {
 		return 0, 0, false
-	case e == prev:
-		b.logRun(r, e, "goes on: another bridge's FPMs of it are ones this bridge received (the runs bucket not used)", 0)
-		return e, prevStart, true
 	}
-	b.logRun(r, e, "another bridge's FPMs of it are ones this bridge received (the runs bucket not used)", 0)
-	return e, strongest(start, r.kind), true
+	e, start = b.takeStored(r, e, start, prev, prevStart, nil, " (the runs bucket not used)", 0)
+	return e, start, true
+}
+
+// takeStored is r's epoch and how it began when another bridge's stored FPMs of it, which this
+// bridge received in r, are under epoch e, their run begun as start: the previous run going on when
+// e is its epoch (a reconnect that was no restart, a resume), else e's run. note ends the log line.
+func (b *Bridge) takeStored(r *run, e int64, start runKind, prev int64, prevStart runKind, entries []streams.RunEntry, note string, waits int) (int64, runKind) {
+	if e == prev {
+		b.logRun(r, e, "goes on: another bridge's FPMs of it are ones this bridge received"+note, waits)
+		return e, prevStart
+	}
+	b.logRun(r, e, "another bridge's FPMs of it are ones this bridge received"+note, waits)
+	b.splitResumed(r, e, entries)
+	return e, strongest(start, r.kind)
 }
 
 // noteOutage records in r the publishing outage it is first agreed in or after: publishing is
@@ -428,13 +437,8 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 		if err != nil {
 			return 0, 0, err
 		} else if ok {
-			if e == prev {
-				b.logRun(r, e, "goes on: another bridge's FPMs of it are ones this bridge received", waits)
-				return e, prevStart, nil // the run goes on (a reconnect that was no restart, a resume)
-			}
-			b.logRun(r, e, "another bridge's FPMs of it are ones this bridge received", waits)
-			b.splitResumed(r, e, entries)
-			return e, strongest(start, r.kind), nil
+			e, start := b.takeStored(r, e, start, prev, prevStart, entries, "", waits)
+			return e, start, nil
 		}
 		// 2. A recorded run began with a message this bridge received in r: it is r.
 		if e, ok := b.recordedEvidence(r, entries, prev); ok {

@@ -96,17 +96,13 @@ func (d *Detector) reject(m *durable.Msg, stream string, err error) {
 // Its delivery is acknowledged with e's next checkpoint, which stays before it: a detector started
 // from that checkpoint reads it from the stream the same way.
 func (d *Detector) waitsForMarkers(e *entry, o *fpmObservation) bool {
-	switch {
-	case e.waitSeq == 0:
+	if e.waitSeq == 0 {
 		if !e.t.waitsForMarkers(o) {
 			return false
 		}
 		e.waitSeq, e.waitUntilMs = o.StreamSeq, o.StoredMs+d.rules.graceMs
-	case o.StreamSeq != e.waitSeq:
-		e.catchUp = true
-		return true
 	}
-	if d.markersAppliedMs() >= e.waitUntilMs {
+	if o.StreamSeq == e.waitSeq && d.markersAppliedMs() >= e.waitUntilMs {
 		e.waitSeq, e.waitUntilMs = 0, 0
 		return false
 	}
