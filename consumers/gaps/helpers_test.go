@@ -337,6 +337,13 @@ func consumerDone(t testing.TB, js jetstream.JetStream, stream, durable string) 
 		if ci.NumPending > 0 || ci.NumAckPending > 0 {
 			return fmt.Errorf("%s: %d pending, %d unacked", durable, ci.NumPending, ci.NumAckPending)
 		}
+		last, err := natsservertest.LastStoredFor(context.Background(), js, stream, ci.Config)
+		if err != nil {
+			return err
+		}
+		if ci.AckFloor.Stream < last {
+			return fmt.Errorf("%s: acked up to %d of %d", durable, ci.AckFloor.Stream, last)
+		}
 		return nil
 	})
 }

@@ -161,11 +161,18 @@ func waitConsumed(t testing.TB, js jetstream.JetStream, durable string) *jetstre
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		c, err := js.PushConsumer(ctx, streams.StreamFPM, durable)
 		var ci *jetstream.ConsumerInfo
+		var last uint64
 		if err == nil {
 			ci, err = c.Info(ctx)
 		}
+		if err == nil {
+			last, err = natsservertest.LastStoredFor(ctx, js, streams.StreamFPM, ci.Config)
+		}
 		cancel()
-		if err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.Delivered.Stream > 0 && ci.AckFloor.Stream >= ci.Delivered.Stream {
+		// The server counts a message just stored as pending a moment after its publish is acked, so
+		// "nothing pending" alone can be read before the last publish reaches the consumer: the ack
+		// floor must also have reached the last stored message the consumer's filters take.
+		if err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.Delivered.Stream > 0 && ci.AckFloor.Stream >= ci.Delivered.Stream && ci.AckFloor.Stream >= last {
 			return ci
 		}
 		if time.Now().After(deadline) {

@@ -195,12 +195,16 @@ func waitShardConsumed(t testing.TB, js jetstream.JetStream, stream, durable str
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var ci *jetstream.ConsumerInfo
+		var last uint64
 		c, err := js.PushConsumer(ctx, stream, durable)
 		if err == nil {
 			ci, err = c.Info(ctx)
 		}
+		if err == nil {
+			last, err = natsservertest.LastStoredFor(ctx, js, stream, ci.Config)
+		}
 		cancel()
-		if err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.AckFloor.Stream >= ci.Delivered.Stream {
+		if err == nil && ci.NumPending == 0 && ci.NumAckPending == 0 && ci.AckFloor.Stream >= ci.Delivered.Stream && ci.AckFloor.Stream >= last {
 			return
 		}
 		if time.Now().After(deadline) {

@@ -4,6 +4,7 @@ package natsservertest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -127,4 +128,34 @@ func Messages(t testing.TB, js jetstream.JetStream, stream, filter string) []jet
 			return out
 		}
 	}
+}
+
+// LastStoredFor is the sequence of the last message on stream that a consumer with cfg's filters
+// takes (0: none). A wait for a consumer to be done needs it: the server counts a message as pending
+// for a consumer a moment after its publish is acked, so "nothing pending, nothing unacked" can be
+// read before the last publish reached the consumer; an ack floor at this sequence cannot.
+func LastStoredFor(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (uint64, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, err
+	}
+	filters := cfg.FilterSubjects
+	if cfg.FilterSubject != "" {
+		filters = append(filters, cfg.FilterSubject)
+	}
+	if len(filters) == 0 {
+		return s.CachedInfo().State.LastSeq, nil
+	}
+	var last uint64
+	for _, f := range filters {
+		m, err := s.GetLastMsgForSubject(ctx, f)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		last = max(last, m.Sequence)
+	}
+	return last, nil
 }
