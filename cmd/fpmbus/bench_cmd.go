@@ -58,7 +58,7 @@ func (l *benchStringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func runBenchMerge(args []string, stdout io.Writer) error {
 	fs := newFlagSet("bench merge", "bench merge [--bench-output PATH] [--probe FILE]... [--partial-ranks] [--progress MODE] RANK_FILE...")
-	output := fs.String("bench-output", envOr("FPMBUS_BENCH_OUTPUT", ""),
+	output := fs.String("bench-output", environment.Or("FPMBUS_BENCH_OUTPUT", ""),
 		"merged artefact path ("+merge.RunIDPlaceholder+" is replaced by the run id); default: Dynamo's <stem>_merged<ext> of the rank-0 file, <stem>_dp<first rank>_merged<ext> when the files start above rank 0 (env FPMBUS_BENCH_OUTPUT)")
 	var probes benchStringList
 	fs.Var(&probes, "probe", "worker-probe replies (collective_rpc's list, an envelope, or one reply); repeatable")

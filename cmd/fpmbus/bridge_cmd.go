@@ -12,6 +12,7 @@ import (
 
 	"github.com/fpmbus/fpmbus/bridge"
 	"github.com/fpmbus/fpmbus/internal/edgenode"
+	"github.com/fpmbus/fpmbus/internal/envflag"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/natsserver"
@@ -32,14 +33,14 @@ func init() {
 type bridgeOptions struct {
 	cfg   *bridge.Config // the flags write here; `up --demo` sets its default rank count
 	flags *bridge.Flags
-	env   *envDefaults
+	env   *envflag.Defaults
 }
 
 func bridgeFlags(fs *flag.FlagSet) *bridgeOptions {
-	o := &bridgeOptions{env: newEnvDefaults(fs)}
-	o.cfg = &bridge.Config{BasePort: o.env.int("fpm-port", envFPMPort, bridge.DefaultFPMPort)}
+	o := &bridgeOptions{env: environment.Defaults(fs)}
+	o.cfg = &bridge.Config{BasePort: o.env.Int("fpm-port", envFPMPort, bridge.DefaultFPMPort)}
 	o.flags = o.cfg.RegisterFlags(fs, "")
-	if _, set, _ := envValue(envFPMPort); set {
+	if _, set, _ := environment.Value(envFPMPort); set {
 		o.flags.BasePortSource = envFPMPort
 	}
 	return o
@@ -48,7 +49,7 @@ func bridgeFlags(fs *flag.FlagSet) *bridgeOptions {
 // config returns the bridge's Config once the flags are parsed; a bad value is a usage error naming the
 // flag or the variable.
 func (o *bridgeOptions) config() (bridge.Config, error) {
-	if err := o.env.err(); err != nil {
+	if err := o.env.Err(); err != nil {
 		return bridge.Config{}, err
 	}
 	c, err := o.flags.Config()

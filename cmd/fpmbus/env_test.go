@@ -75,12 +75,12 @@ func TestEnvironmentEveryVariable(t *testing.T) {
 		"FPMBUS_LOG_LEVEL": {"bogus", []use{{[]string{"publish"}, `FPMBUS_LOG_LEVEL="bogus"`}, {[]string{"streams", "show"}, `FPMBUS_LOG_LEVEL="bogus"`}}},
 	}
 	for _, v := range environment {
-		if _, ok := cases[v.name]; !ok {
-			t.Errorf("variable %s is declared in environment but not tested here", v.name)
+		if _, ok := cases[v.Name]; !ok {
+			t.Errorf("variable %s is declared in environment but not tested here", v.Name)
 		}
 	}
 	for name, tc := range cases {
-		checked := lookupEnvVar(name).check != nil
+		checked := environment.Lookup(name).Check != nil
 		for _, u := range tc.uses {
 			t.Run(name+"/"+strings.Join(u.args, " "), func(t *testing.T) {
 				t.Setenv(name, tc.value)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fpmbus/fpmbus/internal/envflag"
 	"github.com/fpmbus/fpmbus/internal/flaghelp"
 	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/streams"
@@ -82,9 +83,9 @@ func registerStreamFlags(fs *flag.FlagSet, c *streams.Config) {
 // fpmShardsFlag registers --fpm-shards (default FPMBUS_FPM_SHARDS) on c.FPMShards, for the commands
 // that declare the FPM streams (streams show/apply, up); every other command reads the count from the
 // server. Call the returned envDefaults' err after parsing.
-func fpmShardsFlag(fs *flag.FlagSet, c *streams.Config) *envDefaults {
-	env := newEnvDefaults(fs)
-	fs.IntVar(&c.FPMShards, "fpm-shards", env.int("fpm-shards", envFPMShards, 0),
+func fpmShardsFlag(fs *flag.FlagSet, c *streams.Config) *envflag.Defaults {
+	env := environment.Defaults(fs)
+	fs.IntVar(&c.FPMShards, "fpm-shards", env.Int("fpm-shards", envFPMShards, 0),
 		fmt.Sprintf("spread FPMs over N streams FPM_0 … FPM_<N-1> by publisher key, so that their leaders spread over a cluster (1: the single stream FPM; 0: what the server has, 1 on a new server; at most %d; fixed once created) (env %s)",
 			streams.MaxFPMShards, envFPMShards))
 	return env
@@ -92,11 +93,11 @@ func fpmShardsFlag(fs *flag.FlagSet, c *streams.Config) *envDefaults {
 
 // parseStreamFlags parses args into fs and checks what the stream flags and --fpm-shards (env) say,
 // for the commands that declare streams.
-func parseStreamFlags(fs *flag.FlagSet, args []string, env *envDefaults, c *streams.Config) error {
+func parseStreamFlags(fs *flag.FlagSet, args []string, env *envflag.Defaults, c *streams.Config) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := env.err(); err != nil {
+	if err := env.Err(); err != nil {
 		return err
 	}
 	if err := c.Validate(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fpmbus/fpmbus/consumers/gaps"
+	"github.com/fpmbus/fpmbus/internal/envflag"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
 	"github.com/fpmbus/fpmbus/internal/observe"
@@ -26,23 +27,23 @@ func init() {
 // gapsOptions are the gap detector's flags (consumers/gaps/flags.go), shared with `fpmbus up` (where
 // they carry the prefix "gaps-"), with their defaults from the environment.
 type gapsOptions struct {
-	env   *envDefaults
+	env   *envflag.Defaults
 	flags *gaps.Flags
 }
 
 // gapsFlags registers the gap detector's flags on fs.
 func gapsFlags(fs *flag.FlagSet, prefix string) *gapsOptions {
-	o := &gapsOptions{env: newEnvDefaults(fs)}
+	o := &gapsOptions{env: environment.Defaults(fs)}
 	c := gaps.DefaultConfig()
-	c.Group = envOr(gaps.EnvGroup, c.Group)
-	c.Partitions = o.env.int(flagprefix.Name(prefix, "gaps-partitions"), gaps.EnvPartitions, c.Partitions)
+	c.Group = environment.Or(gaps.EnvGroup, c.Group)
+	c.Partitions = o.env.Int(flagprefix.Name(prefix, "gaps-partitions"), gaps.EnvPartitions, c.Partitions)
 	o.flags = c.RegisterFlags(fs, prefix)
 	return o
 }
 
 // config turns the flags into a validated gaps.Config; a bad value is a usage error naming the flag.
 func (o *gapsOptions) config() (gaps.Config, error) {
-	if err := o.env.err(); err != nil {
+	if err := o.env.Err(); err != nil {
 		return gaps.Config{}, err
 	}
 	c, err := o.flags.Config()
@@ -96,7 +97,7 @@ func runGapsReport(ctx context.Context, args []string) error {
 	fs := newFlagSet("gaps report", "gaps report [--server URL] [--since T] [--json] [--gaps-group NAME]")
 	conn := readConnFlags(fs, "gaps-report")
 	d := gaps.DefaultConfig()
-	group := fs.String("gaps-group", envOr(gaps.EnvGroup, d.Group), "gap detector group to report on (env "+gaps.EnvGroup+")")
+	group := fs.String("gaps-group", environment.Or(gaps.EnvGroup, d.Group), "gap detector group to report on (env "+gaps.EnvGroup+")")
 	bucket := fs.String("state-bucket", d.StateBucket, "KV bucket holding the detector state")
 	filter := fs.String("gaps-filter", d.FilterSubject, "FPM subjects counted with --since")
 	since := fs.String("since", "", "count messages and gaps stored since this time (RFC 3339, or a duration before now such as 1h); default: everything the detector has seen")

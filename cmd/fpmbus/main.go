@@ -16,11 +16,13 @@ import (
 	"syscall"
 
 	"github.com/fpmbus/fpmbus/internal/flaghelp"
+	"github.com/fpmbus/fpmbus/internal/invalid"
 	"github.com/fpmbus/fpmbus/internal/upstack"
 )
 
 // command is one subcommand. run gets the arguments after the command name and returns an error to
-// print; errUsage (wrapped), or upstack.ErrUsage from a component of `up`, makes main exit 2 instead of 1.
+// print; errUsage (wrapped), upstack.ErrUsage from a component of `up` or an invalid.FlagError (a flag's
+// or a variable's value refused) makes main exit 2 instead of 1.
 type command struct {
 	name    string
 	summary string
@@ -78,7 +80,7 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ec) {
 		return ec.ExitCode()
 	}
-	if errors.Is(err, errUsage) || errors.Is(err, upstack.ErrUsage) {
+	if fe := (*invalid.FlagError)(nil); errors.Is(err, errUsage) || errors.Is(err, upstack.ErrUsage) || errors.As(err, &fe) {
 		return 2
 	}
 	return 1

@@ -27,7 +27,7 @@ type mergeOptions struct {
 
 // mergeFlags registers the merger's flags on fs.
 func mergeFlags(fs *flag.FlagSet, prefix string) *mergeOptions {
-	c := &merge.Config{Output: envOr(merge.EnvOutput, merge.DefaultOutputTemplate)}
+	c := &merge.Config{Output: environment.Or(merge.EnvOutput, merge.DefaultOutputTemplate)}
 	return &mergeOptions{flags: c.RegisterFlags(fs, prefix)}
 }
 

@@ -27,23 +27,23 @@ func runPublish(ctx context.Context, args []string) (err error) {
 	fs := newFlagSet("publish", "publish [--dp-size N] [--rate R] [--fpm-port P] [--worker-id W] [--count N] …")
 	// Defaults follow Dynamo's environment: DYN_FORWARDPASS_METRIC_PORT (else 20380), DYN_FPM_WORKER_ID
 	// and the Rust publisher's DYN_FPM_HEARTBEAT_INTERVAL_MS (else 1 s).
-	env := newEnvDefaults(fs)
+	env := environment.Defaults(fs)
 	pcfg := &producer.Config{
-		BasePort: env.int("fpm-port", envFPMPort, producer.DefaultBasePort),
-		WorkerID: env.text("worker-id", "DYN_FPM_WORKER_ID", ""),
+		BasePort: env.Int("fpm-port", envFPMPort, producer.DefaultBasePort),
+		WorkerID: env.Text("worker-id", "DYN_FPM_WORKER_ID", ""),
 		Rate:     publishRate,
-		HeartbeatInterval: time.Duration(env.int("heartbeat", envFPMHeartbeat,
+		HeartbeatInterval: time.Duration(env.Int("heartbeat", envFPMHeartbeat,
 			int(producer.DefaultHeartbeatInterval/time.Millisecond))) * time.Millisecond,
 	}
 	pf := pcfg.RegisterFlags(fs, "")
 	sentLogPath := fs.String("sent-log", "", "append one JSON line per message sent (rank, seq, heartbeat, time, payload) to this file")
-	if _, set, _ := envValue(envFPMPort); set {
+	if _, set, _ := environment.Value(envFPMPort); set {
 		pf.BasePortSource = envFPMPort
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := env.err(); err != nil {
+	if err := env.Err(); err != nil {
 		return err
 	}
 	cfg, err := pf.Config()

@@ -142,7 +142,7 @@ func TestREADMEEnvironmentIsTheParsersList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := readmeBlock(t, string(raw), "environment"), environmentTable(); got != want {
+	if got, want := readmeBlock(t, string(raw), "environment"), environment.Table(); got != want {
 		t.Fatalf("README's environment block differs from environment (env.go); it should read:\n%s\ngot:\n%s", want, got)
 	}
 }

@@ -192,7 +192,7 @@ func TestSystemdUnitsRunFlagsThatExistAndAreHardened(t *testing.T) {
 					continue
 				}
 				t.Setenv(k, v)
-				if _, _, err := envValue(k); err != nil {
+				if _, _, err := environment.Value(k); err != nil {
 					t.Errorf("%s=%s: %v", k, v, err)
 				}
 			}
@@ -221,7 +221,7 @@ func TestSystemdUnitsRunFlagsThatExistAndAreHardened(t *testing.T) {
 // declaredEnv reports whether fpmbus reads the variable name.
 func declaredEnv(name string) bool {
 	for _, v := range environment {
-		if v.name == name {
+		if v.Name == name {
 			return true
 		}
 	}

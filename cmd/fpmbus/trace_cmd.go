@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/envflag"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
 	"github.com/fpmbus/fpmbus/internal/natsconn"
@@ -27,28 +28,28 @@ func init() {
 // DYN_FPM_OUTPUT_PATH, DYN_FPM_SAMPLE_INTERVAL_MS, DYN_FPM_JSONL_GZ_ROLL_BYTES, DYN_FPM_MAX_SEGMENTS),
 // else Dynamo's defaults. A bad variable is reported by config(), unless its flag was given.
 type traceOptions struct {
-	env   *envDefaults
+	env   *envflag.Defaults
 	flags *trace.Flags
 }
 
 // traceFlags registers the trace writer's flags on fs.
 func traceFlags(fs *flag.FlagSet, prefix string) *traceOptions {
-	env := newEnvDefaults(fs)
+	env := environment.Defaults(fs)
 	return &traceOptions{env: env, flags: traceEnvConfig(env, prefix).RegisterFlags(fs, prefix)}
 }
 
 // traceOutputFlags registers what shapes the trace files, for `trace backfill`; the caller registers its
 // further flags and calls Done.
 func traceOutputFlags(fs *flag.FlagSet, prefix string) *traceOptions {
-	env := newEnvDefaults(fs)
+	env := environment.Defaults(fs)
 	return &traceOptions{env: env, flags: traceEnvConfig(env, prefix).RegisterOutputFlags(fs, prefix)}
 }
 
 // traceEnvConfig is trace.DefaultConfig with what Dynamo's variables say, read as the defaults of the
 // flags named with prefix.
-func traceEnvConfig(env *envDefaults, prefix string) *trace.Config {
+func traceEnvConfig(env *envflag.Defaults, prefix string) *trace.Config {
 	c := trace.DefaultConfig()
-	text := func(flag, name string) string { return env.text(flagprefix.Name(prefix, flag), name, "") }
+	text := func(flag, name string) string { return env.Text(flagprefix.Name(prefix, flag), name, "") }
 	// The variables' checks admit only what ParseMode and ParsePositive parse.
 	if m, err := trace.ParseMode(text("trace-mode", trace.EnvMode)); err == nil {
 		c.Mode = m
@@ -71,7 +72,7 @@ func traceEnvConfig(env *envDefaults, prefix string) *trace.Config {
 // config turns the flags into a validated trace.Config; a bad value is a usage error naming the flag,
 // its variable and the value.
 func (o *traceOptions) config() (trace.Config, error) {
-	if err := o.env.err(); err != nil {
+	if err := o.env.Err(); err != nil {
 		return trace.Config{}, err
 	}
 	c, err := o.flags.Config()

@@ -25,8 +25,8 @@ func runTraceReplay(ctx context.Context, args []string) error {
 		"from the window's start, scaled by --speed. The report (a table, or --json) goes to stdout, progress\n"+
 		"lines to stderr.")
 	conn := connFlags(fs, "trace-replay")
-	env := newEnvDefaults(fs)
-	rf := replay.RegisterFlags(fs, env.int("fpm-port", envFPMPort, producer.DefaultBasePort), envSource(envFPMPort))
+	env := environment.Defaults(fs)
+	rf := replay.RegisterFlags(fs, env.Int("fpm-port", envFPMPort, producer.DefaultBasePort), envSource(envFPMPort))
 	src := replay.RegisterSourceFlags(fs)
 	info := fs.Bool("info", false, "print the recording's shape (duration, per-rank rate, inter-arrival p50/p99) and exit")
 	dryRun := fs.Bool("dry-run", false, "print the plan (duration, per-rank rate and inter-arrival p50/p99 at --speed, where each rank goes) and exit")
@@ -38,7 +38,7 @@ func runTraceReplay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := env.err(); err != nil {
+	if err := env.Err(); err != nil {
 		return err
 	}
 	pcfg, err := rf.PlanConfig()
@@ -171,7 +171,7 @@ func notDelivered(rep *replay.Report) error {
 
 // envSource names variable v when it is set (so errors about its value blame it), else "".
 func envSource(v string) string {
-	if _, set, _ := envValue(v); set {
+	if _, set, _ := environment.Value(v); set {
 		return v
 	}
 	return ""

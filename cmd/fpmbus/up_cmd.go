@@ -18,6 +18,7 @@ import (
 	"github.com/fpmbus/fpmbus/consumers/gaps"
 	"github.com/fpmbus/fpmbus/consumers/partition"
 	"github.com/fpmbus/fpmbus/consumers/trace"
+	"github.com/fpmbus/fpmbus/internal/envflag"
 	"github.com/fpmbus/fpmbus/internal/flaghelp"
 	"github.com/fpmbus/fpmbus/internal/flagprefix"
 	"github.com/fpmbus/fpmbus/internal/fsutil"
@@ -69,7 +70,7 @@ type upOptions struct {
 	restartDelay  time.Duration
 	faultSignal   bool
 	scfg          *streams.Config
-	shardsEnv     *envDefaults // --fpm-shards's variable
+	shardsEnv     *envflag.Defaults // --fpm-shards's variable
 	bridge        *bridgeOptions
 	trace         *traceOptions
 	gaps          *gapsOptions
@@ -160,7 +161,7 @@ func (o *upOptions) plan() (*upstack.Run, error) {
 	case o.restartDelay <= 0:
 		return nil, fmt.Errorf("%w: --restart-backoff %v: want a positive duration", errUsage, o.restartDelay)
 	}
-	if err := o.shardsEnv.err(); err != nil {
+	if err := o.shardsEnv.Err(); err != nil {
 		return nil, err
 	}
 	if err := o.scfg.Validate(); err != nil {
