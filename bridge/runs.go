@@ -124,9 +124,11 @@ import (
 //   - Where the bridges share no message of a run (this one joined it after the other stopped storing
 //     it, or a moment after the other recorded its first message), the numbers show it: the other's
 //     newest FPM is the number just before this one's first, received at most continuationWindow
-//     earlier, or its recorded run began with that number within evidenceTolerance. A publisher that
-//     restarted in between and whose new run this bridge joined at exactly that next number would be
-//     taken for the run going on (its restart unseen by the gap detector).
+//     earlier, or a number the run's own pace carries on to this one's first (runPace), or its
+//     recorded run began with the number just before within evidenceTolerance. A publisher that
+//     restarted in between and whose new run this bridge joined at exactly that next number, or at the
+//     number the old run's pace predicts (the new run going faster by about the old run's length),
+//     would be taken for the run going on (its restart unseen by the gap detector).
 //   - Evidence needs the same message at about the same time: bridges whose clocks differ by more than
 //     evidenceTolerance never find it (new epochs), and two runs whose FPMs at one number are the same
 //     bytes received within evidenceTolerance of each other (idle heartbeats or a deterministic
@@ -173,6 +175,11 @@ const (
 	// of the number just before it may have been received for the run to be taken as the one that
 	// bridge stored (continuedIn): a bridge stopped or reconnecting for a few seconds.
 	continuationWindow = 5 * time.Second
+	// minPaceSpan and minPaceNumbers bound what a run's pace is measured on (runPace): the other
+	// bridge's copies from the run's recorded first message to its newest span at least this long and
+	// this many numbers, so that one late message does not make a pace.
+	minPaceSpan    = 200 * time.Millisecond
+	minPaceNumbers = 4
 	// evidenceTolerance is how far apart two bridges' receive times of one message may be for them to
 	// take it for the same message (clock offset, scheduling). Two runs whose FPMs at one number are the
 	// same bytes (idle heartbeats, a deterministic publisher restarted) that close together cannot be
@@ -324,7 +331,7 @@ func (b *Bridge) storedEvidenceOnly(r *run, prev int64, prevStart runKind) (int6
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), runAgreeTimeout)
 	defer cancel()
-	e, start, ok, _, err := b.storedEvidence(ctx, r, prev, &trailing{})
+	e, start, ok, _, err := b.storedEvidence(ctx, r, prev, nil, &trailing{})
 	if err != nil || !ok {
 		return 0, 0, false
 	}
@@ -433,7 +440,7 @@ func (b *Bridge) agreeRunWith(r *run, prev int64, prevStart runKind, afterRead f
 			entries = rec.Entries()
 		}
 		// 1. The newest FPM of the key in the stream is one this bridge received in r: its epoch is r's.
-		e, start, ok, behind, err := b.storedEvidence(ctx, r, prev, &trail)
+		e, start, ok, behind, err := b.storedEvidence(ctx, r, prev, entries, &trail)
 		if err != nil {
 			return 0, 0, err
 		} else if ok {
@@ -551,7 +558,7 @@ func (b *Bridge) sameMessage(r *run, seq uint64, digest string, recvMs int64) bo
 // than the previous one; any other run may be the previous one going on. Without evidence, behind says
 // whether the newest FPM shows another bridge catching up with r (catchingUp), and trail follows
 // whether it shows another bridge storing copies below r's first (trailing).
-func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, trail *trailing) (epoch int64, start runKind, ok, behind bool, err error) {
+func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, entries []streams.RunEntry, trail *trailing) (epoch int64, start runKind, ok, behind bool, err error) {
 	stream := b.fpmStreamOf(r.key)
 	m, err := natsconn.LastMsgFromLeader(ctx, b.js, stream, r.subject)
 	switch {
@@ -563,7 +570,7 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, trail *
 	if e, k, ok := b.evidenceIn(m, r, prev); ok {
 		return e, k, true, false, nil
 	}
-	if e, k, ok := b.continuedIn(m, r, prev); ok {
+	if e, k, ok := b.continuedIn(m, r, prev, entries); ok {
 		return e, k, true, false, nil
 	}
 	newest := b.readNewest(m, prev)
@@ -697,26 +704,70 @@ func (b *Bridge) evidenceIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int6
 	return epoch, parseRunKind(m.Header.Get(streams.HeaderRunStart)), true
 }
 
-// continuedIn reports m's epoch if m, the newest FPM of r's key, is another bridge's copy of the
-// number just before r's first message, received before it and at most continuationWindow before:
-// that bridge stored the run up to where this one joined it (this bridge missed the run's first
+// continuedIn reports m's epoch if m, the newest FPM of r's key, is another bridge's copy of a number
+// before r's first message, received before it and at most continuationWindow before, and the run
+// reaches r's first number from it: the number just before, or the number the run's pace carries it to
+// when r's first message was received (runPace, the run recorded in entries). That bridge stored the
+// run up to where it stopped, and this one joined it further on (this bridge missed the run's first
 // messages: it was stopped, or connected late, and the other stopped storing before this one began),
 // so the two share no message to show it. Not for a bridge's first run after it starts: that one
 // takes the run of a live bridge by the messages both received, and otherwise begins an epoch of its
 // own (which changes only how the gap detector reads the start, see above). A publisher restart
-// between the two whose new run this
-// bridge joined at exactly the next number would be taken for the run going on: a coincidence of
-// numbers within the window, which the limits below state.
-func (b *Bridge) continuedIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int64, runKind, bool) {
+// between the two whose new run this bridge joined at exactly that number would be taken for the run
+// going on: a coincidence of numbers within the window, which the limits above state.
+func (b *Bridge) continuedIn(m *jetstream.RawStreamMsg, r *run, prev int64, entries []streams.RunEntry) (int64, runKind, bool) {
 	epoch, seq, at, ok := storedFPM(m)
 	if r.kind == runStart || !ok || epoch < prev || (r.kind == runRestart && epoch == prev) ||
-		m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID || seq+1 != r.firstSeq {
+		m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID || seq >= r.firstSeq {
 		return 0, 0, false
 	}
 	if d := r.firstRecvMs() - at; d < -evidenceTolerance.Milliseconds() || d > continuationWindow.Milliseconds() {
 		return 0, 0, false
 	}
+	if seq+1 != r.firstSeq && !runPace(entries, epoch, seq, at).reaches(r.firstSeq, r.firstRecvMs()) {
+		return 0, 0, false
+	}
 	return epoch, parseRunKind(m.Header.Get(streams.HeaderRunStart)), true
+}
+
+// pace is how fast a recorded run's numbers went, as the bridge that recorded it received them: from
+// its recorded first message to its newest stored copy (number last, received at lastMs). The zero
+// pace reaches nothing.
+type pace struct {
+	last         uint64
+	lastMs       int64
+	perMs        float64
+	measuredOver uint64 // numbers the pace was measured over
+}
+
+// runPace is the pace of the run recorded under epoch whose newest stored copy is number last,
+// received at lastMs; zero when the run is not recorded or its copies span too little to measure it.
+func runPace(entries []streams.RunEntry, epoch int64, last uint64, lastMs int64) pace {
+	for _, e := range entries {
+		if e.Epoch != epoch || e.FirstSeq >= last {
+			continue
+		}
+		n, span := last-e.FirstSeq, lastMs-e.FirstReceivedAtMs
+		if n < minPaceNumbers || span < minPaceSpan.Milliseconds() {
+			return pace{}
+		}
+		return pace{last: last, lastMs: lastMs, perMs: float64(n) / float64(span), measuredOver: n}
+	}
+	return pace{}
+}
+
+// reaches reports whether the run, going on at its pace, was at number seq when seq was received at
+// atMs: within a fifth of the numbers between (at least 2: scheduling, one forward pass more or less),
+// and within half the run's newest number. A publisher that restarted after the newest copy numbers
+// from 0 again: at the same pace it is behind the run going on by at least that newest number, so the
+// bound keeps a restart at about the run's pace from being taken for it.
+func (p pace) reaches(seq uint64, atMs int64) bool {
+	if p.measuredOver == 0 || seq <= p.last || atMs <= p.lastMs {
+		return false
+	}
+	predicted := float64(p.last) + float64(atMs-p.lastMs)*p.perMs
+	tolerance := min(max(2, float64(seq-p.last)/5), float64(p.last)/2)
+	return math.Abs(predicted-float64(seq)) <= tolerance
 }
 
 // msgIDDigest is the payload digest in an FPM's message id (streams.FPMMsgID: <key>:<seq>:<digest>:e<epoch>),

@@ -325,6 +325,23 @@ func TestAgreeRun(t *testing.T) {
 			stored: &storedCopy{runMsg{2, "x2", now - 1400}, now - 1500, "restart", ""},
 			want:   want{epoch: now - 1500, start: "restart", reads: 1},
 		},
+		// The same, but the other bridge stopped a few numbers before this bridge's first, which came on a
+		// new connection: its copies went from the run's first (0, 1.4 s ago) to 4 (0.6 s ago), a number
+		// every 200 ms, which reaches 7 now. The numbers between were stored by neither bridge.
+		"a restart the other bridge stored up to a number the run's pace carries to this bridge's first": {
+			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 1400, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 1400, Start: "restart", Bridge: other}},
+			stored: &storedCopy{runMsg{4, "x4", now - 600}, now - 1400, "restart", ""},
+			want:   want{epoch: now - 1400, start: "restart", reads: 1},
+		},
+		// At that pace the run the other bridge stored (0 at 2.4 s ago, 4 at 1.6 s ago) would be at 12
+		// now: this bridge's 7 may be a restart after it, at about the same pace.
+		"a restart after the run the other bridge stored, at its pace, is a run of its own": {
+			kind: runReconnect, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 2400, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 2400, Start: "restart", Bridge: other}},
+			stored: &storedCopy{runMsg{4, "x4", now - 1600}, now - 2400, "restart", ""},
+			want:   want{written: true, start: "reconnect"},
+		},
 		// The other bridge recorded the restart from the number just before this bridge's first message
 		// (this one connected a moment later), and none of its FPMs is stored yet.
 		"a restart the other bridge recorded from the number before this bridge's first": {
