@@ -58,8 +58,9 @@ type rules struct {
 //     arrived, cause publisher_restart or reconnect (a reconnect is a restart the bridge could not see
 //     as one: the sequence did not go back).
 //   - seq <= last under an epoch newer than any of the run: the bridge saw the sequence go back, so
-//     the publisher restarted; unless seq is below the run's first number seen and was received well
-//     before it: another bridge's copy of the run's first numbers (copyOfRunStart), a late message.
+//     the publisher restarted; unless it was received well before the run's first number seen (being
+//     below it) or, from a bridge that saw no restart, before the run's last one: another bridge's
+//     copy of the run's numbers under an epoch of its own (copyOfRun), a late message.
 //   - seq <= last otherwise, or any seq under an epoch older than the run's first: a late message. It
 //     fills a pending gap (out of order), or it is a duplicate when its number was already counted or
 //     named missing under its own epoch (state.Epochs), or else it is a message all the same: the
@@ -111,7 +112,7 @@ func (t *tracker) observe(o *fpmObservation) {
 		return
 	}
 	advance := o.Seq > st.Last.Seq
-	if !advance && o.Epoch > st.MaxEpoch && t.copyOfRunStart(o) {
+	if !advance && o.Epoch > st.MaxEpoch && t.copyOfRun(o) {
 		t.joinRun(o.Epoch)
 	}
 	if o.Epoch < st.Run.FirstEpoch || !advance && o.Epoch <= st.MaxEpoch {
@@ -178,19 +179,26 @@ func (t *tracker) observe(o *fpmObservation) {
 	}
 }
 
-// copyOfRunStart reports whether o, under an epoch newer than every one of the current run and below
-// the run's first number seen, was received well before that first number was (by more than two
-// bridges' clocks may differ): it cannot begin a run after the current one, which would have been sent
-// after all of it. It is another bridge's copy of the current run's first numbers, which the bridge
-// that stored the run here missed: redundant bridges that could not agree on the run (a bridge
-// stopped while its runs were held agrees them at its stop with what it has) give it two epochs.
-func (t *tracker) copyOfRunStart(o *fpmObservation) bool {
+// copyOfRun reports whether o, under an epoch newer than every one of the current run and at or below
+// its last number, cannot begin a run after the current one, which would have been sent after all of
+// it: o was received well before (by more than two bridges' clocks may differ) the run's first number
+// was, being below it, or its last number was, o's bridge not having seen a restart (no run start: a
+// bridge's first run, which it could not tell from the run going on). It is another bridge's copy of
+// the current run's numbers under an epoch of its own: redundant bridges that could not agree on the
+// run give it two epochs (a bridge stopped while its runs were held agrees them at its stop with what
+// it has; a bridge started while the other's copies were held up, by a full disk or a stopped process,
+// for longer than it looks for them records the run anew).
+func (t *tracker) copyOfRun(o *fpmObservation) bool {
 	st := t.st
-	return o.Seq < st.Run.FirstSeq && o.ObservedAtMs+sameRunTolerance < st.Run.StartedAtMs
+	if o.Seq < st.Run.FirstSeq {
+		return o.ObservedAtMs+sameRunTolerance < st.Run.StartedAtMs
+	}
+	return o.RunStart == "" && o.ObservedAtMs+sameRunTolerance < st.Run.LastAtMs
 }
 
 // joinRun takes epoch, another bridge's for the current run, into the run: its copies are the run's
-// late messages, and they fill the run's first numbers held as a gap.
+// late messages (they fill the run's first numbers held as a gap), and its numbers past the run's last
+// go on with the run.
 func (t *tracker) joinRun(epoch int64) {
 	st := t.st
 	st.MaxEpoch = epoch

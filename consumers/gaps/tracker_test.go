@@ -768,6 +768,38 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"publisher_restart@3:13-29"},
 		},
+		// A bridge started while the other's copies were held up (a full disk, a stopped process) for
+		// longer than it looked for them records the run anew: its copies of numbers the run has,
+		// received well before the run's last, come under a newer epoch with no run start. They are
+		// the run's numbers, and its copies past the run's last go on with it; the other bridge's copies
+		// that follow fill the numbers they skipped.
+		"a late-started bridge's own epoch for numbers the run has, received before its last": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 50, 1, t0)  // the run, to 50 received at t0+5000
+				s.run(30, 55, 2, t0+3_000) // the other bridge's copies from 30, received 2 s before 50
+				s.fpm(51, 1, at)           // this bridge's copies past the other's
+				s.run(56, 60, 1, at+500)   // and on
+				step()
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(0), s.st.Counters.Restarts)
+				equal(s.t, uint64(0), s.st.Counters.Missing.Total())
+			},
+		},
+		// The same numbers under a newer epoch received after the run's last are a restart; so are
+		// they from a bridge that saw the sequence go back, however early it received them (the run's
+		// last here came late from a bridge whose reader had stalled).
+		"a restart's numbers the run has, received after its last, or seen as a restart": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 50, 1, t0)
+				at = s.run(30, 35, 2, at+1_000)
+				step()
+				s.runStart = map[int64]string{3: streams.RunStartRestart}
+				s.run(31, 33, 3, at-700)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(2), s.st.Counters.Restarts)
+			},
+			want: []string{"publisher_restart@2:0-29", "publisher_restart@3:0-30"},
+		},
 		// A marker from seq 0 under a newer epoch of another bridge, or one of the same bridge that goes
 		// on past the last number seen, shows no restart: the next FPM goes on with the run.
 		"a drop marker of another bridge or mid-run shows no restart": {
