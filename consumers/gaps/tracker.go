@@ -115,6 +115,9 @@ func (t *tracker) observe(o *fpmObservation) {
 	if !advance && o.Epoch > st.MaxEpoch && t.copyOfRun(o) {
 		t.joinRun(o.Epoch)
 	}
+	if o.Epoch < st.Run.FirstEpoch {
+		t.joinEarlier(o)
+	}
 	if o.Epoch < st.Run.FirstEpoch || !advance && o.Epoch <= st.MaxEpoch {
 		// A late message: of an older run (its epoch predates the run's), or of this run.
 		switch {
@@ -196,6 +199,34 @@ func (t *tracker) copyOfRun(o *fpmObservation) bool {
 	return o.RunStart == "" && o.ObservedAtMs+sameRunTolerance < st.Run.LastAtMs
 }
 
+// joinEarlier takes o's epoch, older than the current run's, into the run when o is another bridge's
+// copy of the run's first message (its number, received within sameRunTolerance of it), under an epoch
+// newer than the run the restart ended: the two bridges could not agree on the run, and the one that
+// recorded it first, held up (a full disk, a stopped process), stored its copies after the other's.
+// Its copies below the run's first number already read, and those that follow, fill the run's first
+// numbers held as the restart's gap (while held: the marker grace); its numbers past the run's last go
+// on with the run.
+func (t *tracker) joinEarlier(o *fpmObservation) {
+	st := t.st
+	if !st.Run.ByRestart || o.Seq != st.Run.FirstSeq || o.ObservedAtMs < st.Run.StartedAtMs-sameRunTolerance ||
+		o.ObservedAtMs > st.Run.StartedAtMs+sameRunTolerance {
+		return
+	}
+	i := slices.IndexFunc(st.Pending, func(p pending) bool {
+		return p.Kind == kindRestart && p.After.Seq == st.Run.FirstSeq && p.After.ObservedAtMs == st.Run.StartedAtMs
+	})
+	if i < 0 || o.Epoch <= st.Pending[i].Before.Epoch {
+		return
+	}
+	p := &st.Pending[i]
+	p.EpochLo = min(p.EpochLo, o.Epoch)
+	st.Run.FirstEpoch = o.Epoch
+	if k := t.epoch(o.Epoch, false); k >= 0 {
+		p.Ranges = minusRanges(p.Ranges, st.Epochs[k].Seen)
+	}
+	t.significant = true
+}
+
 // joinRun takes epoch, another bridge's for the current run, into the run: its copies are the run's
 // late messages (they fill the run's first numbers held as a gap), and its numbers past the run's last
 // go on with the run.
@@ -204,7 +235,7 @@ func (t *tracker) joinRun(epoch int64) {
 	st.MaxEpoch = epoch
 	t.significant = true
 	for i := range st.Pending {
-		if p := &st.Pending[i]; (p.Kind == kindRestart || p.Kind == kindStart) && p.After.Seq == st.Run.FirstSeq && p.After.Epoch == st.Run.FirstEpoch {
+		if p := &st.Pending[i]; (p.Kind == kindRestart || p.Kind == kindStart) && p.After.Seq == st.Run.FirstSeq && p.After.ObservedAtMs == st.Run.StartedAtMs {
 			p.EpochHi = max(p.EpochHi, epoch)
 		}
 	}

@@ -785,6 +785,23 @@ func TestTrackerEpochs(t *testing.T) {
 				equal(s.t, uint64(0), s.st.Counters.Missing.Total())
 			},
 		},
+		// A restart one bridge recorded from 0 whose copies it stored late (held up by a full disk, then
+		// stopped), after those of a bridge that started meanwhile and recorded the run anew from 30: the
+		// late copy of 30, received with the run's first, shows the older epoch is the run's, and its
+		// copies of 0-29 fill the restart's gap; its copies past the run's last go on with it.
+		"a restart's first numbers stored late under an older epoch of the run": {
+			play: func(s *script, step func()) {
+				s.run(0, 50, 1, t0)        // the old run, to t0+5000
+				s.run(30, 35, 3, t0+8_000) // the run as the started bridge stored it: the sequence back
+				step()
+				s.run(0, 40, 2, t0+5_000) // the other bridge's copies: 30 received at t0+8000 too
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(0), s.st.Counters.Missing.Total())
+				equal(s.t, uint64(40), s.st.Last.Seq)
+			},
+			want: []string{"publisher_restart@3"},
+		},
 		// The same numbers under a newer epoch received after the run's last are a restart; so are
 		// they from a bridge that saw the sequence go back, however early it received them (the run's
 		// last here came late from a bridge whose reader had stalled).

@@ -77,24 +77,30 @@ func minusSeenNear(st *state, m streams.DropMarker, lo, hi uint64) [][2]uint64 {
 		if e.Epoch == m.Epoch || !near && !during {
 			continue
 		}
-		for _, s := range e.Seen {
-			var next [][2]uint64
-			for _, r := range out {
-				if s[1] < r[0] || s[0] > r[1] {
-					next = append(next, r)
-					continue
-				}
-				if s[0] > r[0] {
-					next = append(next, [2]uint64{r[0], s[0] - 1})
-				}
-				if s[1] < r[1] {
-					next = append(next, [2]uint64{s[1] + 1, r[1]})
-				}
-			}
-			out = next
-		}
+		out = minusRanges(out, e.Seen)
 	}
 	return out
+}
+
+// minusRanges returns the numbers of ranges rs not in ranges seen.
+func minusRanges(rs, seen [][2]uint64) [][2]uint64 {
+	for _, s := range seen {
+		var next [][2]uint64
+		for _, r := range rs {
+			if s[1] < r[0] || s[0] > r[1] {
+				next = append(next, r)
+				continue
+			}
+			if s[0] > r[0] {
+				next = append(next, [2]uint64{r[0], s[0] - 1})
+			}
+			if s[1] < r[1] {
+				next = append(next, [2]uint64{s[1] + 1, r[1]})
+			}
+		}
+		rs = next
+	}
+	return rs
 }
 
 // dropUnrevealed returns how many numbers the markers of one publisher name that no gap event names
