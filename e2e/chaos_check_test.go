@@ -267,8 +267,8 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 	}
 
 	// Stored messages, attributed to the run that sent them: among the runs whose record has these
-	// bytes at this number and that had sent it when the bridge received it, the one live then, unless
-	// it has its copy already. (Runs of identical bytes are common: a run rerun with its seed, a
+	// bytes at this number and that had sent it when the bridge received it, the one live when the
+	// message's epoch began, else the one live when it was received, unless it has its copy already. (Runs of identical bytes are common: a run rerun with its seed, a
 	// replayed recording; a later run cannot have sent what was received before it began, nor before
 	// it sent that number: a bridge that lags receives the old run's last numbers after the rerun began.)
 	count := map[runKey]map[uint64]int{}
@@ -286,7 +286,14 @@ func chaosCheck(o *chaosObserved) *chaosResult {
 		}
 		var pick *chaosRun
 		live := runAt(m.key, m.recvMs)
-		if slices.Contains(cands, live) && count[runKey{live, m.key}][m.seq] == 0 {
+		// The run live when the message's epoch began (a bridge's receive time of its run's first
+		// message) first: a bridge whose reader stalled drains the old connection's last numbers after a
+		// rerun of identical bytes sent them too, and it cannot have received the rerun's (it was not
+		// connected to its socket yet); the epoch it stored them under is the old run's.
+		if ep := runAt(m.key, m.epoch); ep != live && slices.Contains(cands, ep) && count[runKey{ep, m.key}][m.seq] == 0 {
+			pick = ep
+		}
+		if pick == nil && slices.Contains(cands, live) && count[runKey{live, m.key}][m.seq] == 0 {
 			pick = live
 		}
 		for i := len(cands) - 1; i >= 0 && pick == nil; i-- {

@@ -310,6 +310,22 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 	}
 	cases["a lagging bridge's copy received before a run of identical bytes sent it is not that run's"] = plant{
 		observe([]*chaosRun{r0, late}, append(lagging, lateStored...), []gaps.Event{gap(e0, 0, 2)}, report(17, 3)), nil, ""}
+	// A bridge whose reader stalled drains run 0's last numbers after run 1, of identical bytes, sent
+	// them too: under run 0's epoch, they are run 0's. It then connects to run 1's socket at its 8: run
+	// 1's 0-7 never arrived (named), its 8-9 are stored under its own epoch.
+	drained := storeRun(r0, e0)
+	for i := 6; i < 10; i++ {
+		drained[i].recvMs = r1.start.UnixMilli() + 20
+	}
+	e1 := r1.start.UnixMilli() + 21
+	for q := uint64(8); q < 10; q++ {
+		drained = append(drained, chaosStored{key: key, seq: q, epoch: e1, recvMs: e1 + int64(q-8), producer: "w", body: r1.sent[key][q].json})
+	}
+	for i := range drained {
+		drained[i].streamSeq = uint64(i + 1)
+	}
+	cases["a stalled bridge's drained copies of a run's last numbers, sent again by a rerun, are the run's"] = plant{
+		observe([]*chaosRun{r0, r1}, drained, []gaps.Event{gap(e1, 0, 7)}, report(12, 8)), nil, ""}
 	other := append(storeRun(r0, e0), chaosStored{key: key, seq: 3, epoch: e0, recvMs: e0 + 50, producer: "w", body: []byte(`{"other":1}`)})
 	cases["nobody sent it"] = plant{observe([]*chaosRun{r0}, other, nil, report(11, 0)), []string{"phantom"}, "seq 3"}
 	for name, c := range cases {
