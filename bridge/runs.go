@@ -127,12 +127,14 @@ import (
 //     earlier, or a number the run's own pace carries on to this one's first (runPace), or its
 //     recorded run began with the number just before within evidenceTolerance. A publisher that
 //     restarted in between and whose new run this bridge joined at exactly that next number, or at the
-//     number the old run's pace predicts (the new run going faster by about the old run's length),
-//     would be taken for the run going on (its restart unseen by the gap detector).
+//     number the old run's pace predicts (the new run going faster than the old, by the old run's
+//     newest number over the time between), would be taken for the run going on (its restart unseen
+//     by the gap detector).
 //   - Evidence needs the same message at about the same time: bridges whose clocks differ by more than
 //     evidenceTolerance never find it (new epochs), and two runs whose FPMs at one number are the same
 //     bytes received within evidenceTolerance of each other (idle heartbeats or a deterministic
-//     publisher, restarted and run again in less than that) can be taken for one.
+//     publisher, restarted and run again in less than that) can be taken for one where only the other
+//     run's copy is there to see (where both are, the copy received nearest to this bridge's wins).
 //   - A bridge that missed a whole run the other recorded (disconnected or stopped throughout it) and
 //     whose evidence for its next run does not show in time records that run after the missed one,
 //     under its own epoch.
@@ -538,15 +540,22 @@ func (r *run) firstRecvMs() int64 {
 // sameMessage reports whether this bridge received message seq with payload digest in r at about
 // recvMs (another bridge's receive time of it).
 func (b *Bridge) sameMessage(r *run, seq uint64, digest string, recvMs int64) bool {
+	_, ok := b.receivedApart(r, seq, digest, recvMs)
+	return ok
+}
+
+// receivedApart reports how far apart (ms, at least 0) this bridge received message seq with digest
+// in r and another bridge received it at recvMs, when that is within evidenceTolerance.
+func (b *Bridge) receivedApart(r *run, seq uint64, digest string, recvMs int64) (int64, bool) {
 	if digest == "" {
-		return false
+		return 0, false
 	}
 	at, ok := b.epochs.received(r, seq, digest)
 	if !ok {
-		return false
+		return 0, false
 	}
-	d := at - recvMs
-	return d <= evidenceTolerance.Milliseconds() && -d <= evidenceTolerance.Milliseconds()
+	d := max(at-recvMs, recvMs-at)
+	return d, d <= evidenceTolerance.Milliseconds()
 }
 
 // storedEvidence looks in the stream for an FPM of r's key that this bridge received in r (same
@@ -583,9 +592,13 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, entries
 	ev := b.epochs.evidence(r)
 	last := m.Sequence
 	m, err = natsconn.NextMsgFromLeaderAt(ctx, b.js, stream, r.subject, time.UnixMilli(r.firstRecvMs()).Add(-evidenceScanSkew))
+	// Of several copies that are evidence, the one received nearest to when this bridge received it:
+	// a rerun of identical bytes within evidenceTolerance stores the same number and bytes under its
+	// own run's epoch too.
+	found, bestApart := false, int64(0)
 	for i := 0; i < scan && err == nil && m.Sequence < last; i++ {
-		if e, k, ok := b.evidenceIn(m, r, prev); ok {
-			return e, k, true, false, nil
+		if e, k, apart, ok := b.evidenceApart(m, r, prev); ok && (!found || apart < bestApart) {
+			found, bestApart, epoch, start = true, apart, e, k
 		}
 		if at, perr := strconv.ParseInt(m.Header.Get(streams.HeaderReceivedAt), 10, 64); perr == nil && at > ev.lastMs+evidenceTolerance.Milliseconds() {
 			break // received after r's latest message here: nothing further can be r's yet
@@ -594,6 +607,9 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, entries
 	}
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, 0, false, false, err
+	}
+	if found {
+		return epoch, start, true, false, nil
 	}
 	return 0, 0, false, behind, nil
 }
@@ -694,14 +710,21 @@ func storedFPM(m *jetstream.RawStreamMsg) (epoch int64, seq uint64, at int64, ok
 
 // evidenceIn reports m's epoch if m is an FPM this bridge received in r (see storedEvidence).
 func (b *Bridge) evidenceIn(m *jetstream.RawStreamMsg, r *run, prev int64) (int64, runKind, bool) {
+	epoch, start, _, ok := b.evidenceApart(m, r, prev)
+	return epoch, start, ok
+}
+
+// evidenceApart is evidenceIn with how far apart the two bridges received the message (ms).
+func (b *Bridge) evidenceApart(m *jetstream.RawStreamMsg, r *run, prev int64) (int64, runKind, int64, bool) {
 	epoch, seq, at, ok := storedFPM(m)
 	if !ok || epoch < prev || (r.kind == runRestart && epoch == prev) {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
-	if !b.sameMessage(r, seq, msgIDDigest(m.Header.Get(streams.HeaderMsgID)), at) {
-		return 0, 0, false
+	apart, ok := b.receivedApart(r, seq, msgIDDigest(m.Header.Get(streams.HeaderMsgID)), at)
+	if !ok {
+		return 0, 0, 0, false
 	}
-	return epoch, parseRunKind(m.Header.Get(streams.HeaderRunStart)), true
+	return epoch, parseRunKind(m.Header.Get(streams.HeaderRunStart)), apart, true
 }
 
 // continuedIn reports m's epoch if m, the newest FPM of r's key, is another bridge's copy of a number
@@ -787,11 +810,21 @@ func msgIDDigest(id string) string {
 // recordedEvidence returns the recorded run, newer than the previous one, whose first message (as the
 // bridge that recorded it received it) this bridge received in r at about the same time.
 func (b *Bridge) recordedEvidence(r *run, entries []streams.RunEntry, prev int64) (streams.RunEntry, bool) {
+	// The nearest in time, should two recorded runs begin with the same bytes within evidenceTolerance
+	// (a deterministic publisher rerun at once).
+	var best streams.RunEntry
+	found, bestApart := false, int64(0)
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]
-		if e.Epoch > prev && b.sameMessage(r, e.FirstSeq, e.FirstDigest, e.FirstReceivedAtMs) {
-			return e, true
+		if e.Epoch <= prev {
+			continue
 		}
+		if apart, ok := b.receivedApart(r, e.FirstSeq, e.FirstDigest, e.FirstReceivedAtMs); ok && (!found || apart < bestApart) {
+			best, found, bestApart = e, true, apart
+		}
+	}
+	if found {
+		return best, true
 	}
 	// The recorded run began with the number just before this run's first, received just before it:
 	// the recording bridge's first message is one this bridge missed (it connected a moment later).

@@ -356,6 +356,24 @@ func TestAgreeRun(t *testing.T) {
 			stored: &storedCopy{runMsg{2, "x2", now - 60_000}, now - 61_000, "restart", ""},
 			want:   want{written: true, start: "restart"},
 		},
+		// A deterministic publisher rerun at once: the run before (one message, identical bytes) and
+		// this run both stored their 7 within evidenceTolerance of this bridge's 7, each under its own
+		// epoch; the other bridge's newest copy is one this bridge did not receive. The copy received
+		// nearest to this bridge's is this run's.
+		"a rerun of identical bytes within the tolerance: the nearer copy is the run's": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
+			earlier: []storedCopy{{runMsg{7, "d7", now - 150}, now - 150, "", ""}, {runMsg{7, "d7", now + 2}, now + 2, "restart", ""}},
+			stored:  &storedCopy{runMsg{12, "x12", now + 300}, now + 2, "restart", ""},
+			want:    want{epoch: now + 2, start: "restart", reads: 1},
+		},
+		// Both runs recorded, this bridge lagging: the run it received and the rerun that began 150 ms
+		// later with the same bytes.
+		"a rerun of identical bytes within the tolerance, both recorded: the nearer run is this one": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 3, FirstSeq: 7, FirstDigest: dg("d7"), FirstReceivedAtMs: now - 3, Start: "restart", Bridge: other},
+				{Epoch: now + 150, FirstSeq: 7, FirstDigest: dg("d7"), FirstReceivedAtMs: now + 150, Start: "restart", Bridge: other}},
+			want: want{epoch: now - 3, start: "restart", reads: 1},
+		},
 		// Same bytes at the same number, but received long before: an earlier run's heartbeat.
 		"the same bytes an earlier run stored are no evidence": {
 			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other}},
