@@ -128,6 +128,11 @@ type chaosSecond struct {
 	ready   string // the line it prints once it works: a refused instance never prints it
 	refused bool
 	status  string
+	// firstEnded is set when the first instance, running when this one started, ended before this one
+	// printed its ready line (the schedule stopped or killed it meanwhile): this one then owned the
+	// directory legitimately, as the only owner.
+	firstEnded bool
+	mu         sync.Mutex
 }
 
 // chaosFault is a window in which ingest was impaired (a component of the ingest path down or
@@ -672,7 +677,39 @@ func (e *chaosEnv) secondStart() {
 		sc.proc = start(e.t, "chaos second trace", fpmbusBin, append([]string{"trace", "--server", e.url, "--trace-mode", "full",
 			"--trace-output", e.traceOut, "--group", chaosSecondGroup, "--member-id", "chaos-t2"}, e.streamFlags()...)...)
 	}
+	go sc.watchFirst(e.comps[first].cur)
 	e.seconds = append(e.seconds, sc)
+}
+
+// watchFirst sets firstEnded if first ends before the second instance prints its ready line; it
+// returns once either has happened or the second has exited.
+func (sc *chaosSecond) watchFirst(first *proc) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if strings.Contains(sc.proc.Output(), sc.ready) {
+			return
+		}
+		select {
+		case <-first.done:
+			if !strings.Contains(sc.proc.Output(), sc.ready) {
+				sc.mu.Lock()
+				sc.firstEnded = true
+				sc.mu.Unlock()
+			}
+			return
+		case <-sc.proc.done:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// onlyOwner reports whether the first instance ended before this one got to work (firstEnded).
+func (sc *chaosSecond) onlyOwner() bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.firstEnded
 }
 
 // secondStop judges the last second instance: refused means it exited with a failure by now; one
@@ -700,6 +737,11 @@ func (e *chaosEnv) secondStop() {
 			map[bool]string{true: "after it had started (" + sc.ready + ")", false: "before it started"}[started], last)
 	default:
 		sc.status = fmt.Sprintf("still running %v after it started", time.Since(sc.at).Round(time.Second))
+		sc.mu.Lock()
+		if sc.firstEnded {
+			sc.status += "; the first had ended before it got to work: the only owner"
+		}
+		sc.mu.Unlock()
 		_ = sc.proc.cmd.Process.Signal(syscall.SIGINT)
 		stopInBackground(sc.proc)
 	}

@@ -450,6 +450,11 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 		"a second owner runs": {func(o *chaosObserved) {
 			o.seconds = []*chaosSecond{{at: t0, status: "still running 8s after it started"}}
 		}, "second-instance"},
+		// The schedule killed the first just after it started the second, which then took the dead
+		// owner's lock: the only owner.
+		"a second instance runs after the first ended before it got to work": {func(o *chaosObserved) {
+			o.seconds = []*chaosSecond{{at: t0, status: "still running 8s after it started", firstEnded: true}}
+		}, ""},
 		"the CLI counts otherwise": {func(o *chaosObserved) { o.cliCount = 11 }, "read"},
 	} {
 		t.Run(name, func(t *testing.T) {
