@@ -140,7 +140,9 @@ import (
 //     under its own epoch.
 //   - A bridge that lags so far that a whole run reaches the stream after the next run's first FPMs
 //     has its run placed between them; the gap detector, which reads the stream in order, takes those
-//     FPMs for late copies of an older run (counted as duplicates), not for a run of their own.
+//     FPMs for late messages of the runs around them, and names the placed run's first numbers under
+//     its epoch only when the run was received well after all of the epoch before it and begins at or
+//     below what that epoch got to, or its bridge saw it begin (consumers/gaps, placedRunBegins).
 //   - The agreed Fpm-Run-Start is the recording bridge's knowledge: when a bridge started (no run
 //     start) records a run a lagging bridge saw as a restart, the detector may read the restart as the
 //     run going on, and the new run's first numbers it never received are not named.

@@ -68,7 +68,10 @@ type rules struct {
 //     after the next run began, redundant bridges' copies under their own epochs interleaved; see
 //     late). Past the last number of a run a restart ended, under its last epoch, the run goes on, and
 //     the numbers it skipped are a gap of that run; so too under a bridge's first epoch between that
-//     run's last and the next run's (endedRunGoesOn), as it would have read live.
+//     run's last and the next run's (endedRunGoesOn), as it would have read live. A first FPM of an
+//     epoch among the current run's, received well after all of the epoch before it, at a number that
+//     epoch had reached (or seen by its bridge as a run start), began a run of its own that a held-up
+//     bridge stored late: its first numbers are that run's restart gap (placedRunBegins).
 //
 // Pending gaps are independent of the run: a restart starts a new one and leaves the old run's
 // pending gaps (their epochs, their revealed times) to be classified like any other.
@@ -250,6 +253,9 @@ func (t *tracker) count(o *fpmObservation) {
 		t.st.Counters.Heartbeats++
 	}
 	t.seen(o.Epoch, o.Seq, o.Seq)
+	if i := t.epoch(o.Epoch, false); i >= 0 {
+		t.st.Epochs[i].LastAtMs = max(t.st.Epochs[i].LastAtMs, o.ObservedAtMs)
+	}
 }
 
 // Bounds of state.Epochs: the epochs kept, and the ranges of numbers kept per epoch.
@@ -276,6 +282,9 @@ func (t *tracker) late(o *fpmObservation) bool {
 			return false // forgotten: taken for a copy of what was seen, as nothing tells otherwise
 		}
 		hole := t.endedRunGoesOn(o)
+		if hole == nil {
+			hole = t.placedRunBegins(o)
+		}
 		t.count(o) // the first FPM seen of its epoch
 		if hole != nil {
 			t.reveal(*hole)
@@ -333,6 +342,47 @@ func (t *tracker) endedRunGoesOn(o *fpmObservation) *pending {
 		st.Epochs[k].RunLast = &p
 	}
 	return hole
+}
+
+// placedRunBegins applies o, a late FPM and the first seen under its epoch, when it began a publisher
+// run of its own that reached the stream only after a later epoch's FPMs: the bridge that stored it
+// was held up (a full disk, a stopped process) while another, started meanwhile, stored the runs after
+// it, which the detector read first. Its epoch lies among the current run's, and it was received well
+// after the last message counted under the epoch before it (a run is sent after all of the one before)
+// with a number at or below what that epoch got to, or its bridge saw the run begin (a run start). Its
+// numbers below o's, which no bridge stored, are returned as the run's restart gap under its epoch (nil
+// if o did not begin a run); a copy stored later fills it.
+func (t *tracker) placedRunBegins(o *fpmObservation) *pending {
+	st := t.st
+	if o.Epoch <= st.Run.FirstEpoch || o.Epoch >= st.MaxEpoch {
+		return nil
+	}
+	j, _ := slices.BinarySearchFunc(st.Epochs, o.Epoch, func(e epochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
+	if j == 0 {
+		return nil
+	}
+	prev := st.Epochs[j-1]
+	if len(prev.Seen) == 0 || prev.LastAtMs == 0 || o.ObservedAtMs <= prev.LastAtMs+sameRunTolerance {
+		return nil
+	}
+	last := prev.Seen[len(prev.Seen)-1][1]
+	if o.RunStart == "" && o.Seq > last {
+		return nil
+	}
+	st.Counters.Restarts++
+	t.significant = true
+	var n uint64
+	for _, r := range prev.Seen {
+		n += r[1] - r[0] + 1
+	}
+	before := point{Seq: last, ObservedAtMs: prev.LastAtMs, Epoch: prev.Epoch}
+	old := runSummary{FirstSeq: prev.Seen[0][0], LastSeq: last, FirstEpoch: prev.Epoch, LastEpoch: prev.Epoch, Messages: n, LastAtMs: prev.LastAtMs}
+	p := &pending{Kind: kindRestart, Before: before, After: o.point(), RevealedMs: o.StoredMs, EpochLo: o.Epoch, EpochHi: o.Epoch,
+		OldRun: &old, Reconnect: o.RunStart == streams.RunStartReconnect}
+	if o.Seq > 0 {
+		p.Ranges = [][2]uint64{{0, o.Seq - 1}}
+	}
+	return p
 }
 
 // maxNamed bounds epochSeen.Named.

@@ -802,6 +802,35 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"publisher_restart@3"},
 		},
+		// Two publisher runs stored late by a bridge that was held up, after the FPMs of a bridge started
+		// meanwhile (read as the first run going on): each is placed among the run's epochs, received
+		// after all of the epoch before it, one at a number that epoch had reached, one seen as a
+		// restart. Each run's first numbers, which no bridge stored, are named under its epoch.
+		"runs stored late by a held-up bridge, after a later epoch's FPMs": {
+			play: func(s *script, step func()) {
+				s.run(0, 69, 1, t0)
+				s.run(97, 100, 4, t0+30_000) // the bridge started meanwhile: no run start
+				step()
+				s.run(11, 40, 2, t0+10_000)
+				s.runStart = map[int64]string{3: streams.RunStartRestart}
+				s.run(3, 20, 3, t0+20_000)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(2), s.st.Counters.Restarts)
+			},
+			want: []string{"stale@1", "stale@4", "stale@4:70-96", "publisher_restart@2:0-10", "publisher_restart@3:0-2"},
+		},
+		// A redundant bridge's own epoch for numbers of the run, received with them and stored late,
+		// begins no run.
+		"a lagging bridge's own epoch for the run's numbers, stored late": {
+			play: func(s *script, step func()) {
+				s.run(0, 69, 1, t0)
+				s.run(70, 80, 3, t0+7_000) // the run goes on across a restarted bridge
+				step()
+				s.run(30, 60, 2, t0+3_000+40)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(0), s.st.Counters.Restarts)
+			},
+		},
 		// The same numbers under a newer epoch received after the run's last are a restart; so are
 		// they from a bridge that saw the sequence go back, however early it received them (the run's
 		// last here came late from a bridge whose reader had stalled).
