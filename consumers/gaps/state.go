@@ -100,8 +100,10 @@ type epochSeen struct {
 	// RunLast, when set, is the last message of a run a restart ended, under this epoch: a late
 	// message of the epoch past it goes on with that run.
 	RunLast *point `json:"run_last,omitempty"`
-	// LastAtMs is the latest receive time of a message counted under the epoch (0 before any).
-	LastAtMs int64 `json:"last_at_ms,omitempty"`
+	// First is the message counted under the epoch that was received first, LastAtMs the latest
+	// receive time of one (nil and 0 before any).
+	First    *point `json:"first,omitempty"`
+	LastAtMs int64  `json:"last_at_ms,omitempty"`
 	// Named are the numbers of Seen that gap events named missing, with the event and its cause
 	// (oldest first, at most maxNamed): a copy of one stored later is not a duplicate but a message
 	// the event must take back (a recovered event), as no bridge had stored it when the event was

@@ -69,9 +69,10 @@ type rules struct {
 //     late). Past the last number of a run a restart ended, under its last epoch, the run goes on, and
 //     the numbers it skipped are a gap of that run; so too under a bridge's first epoch between that
 //     run's last and the next run's (endedRunGoesOn), as it would have read live. A first FPM of an
-//     epoch among the current run's, received well after all of the epoch before it, at a number that
-//     epoch had reached (or seen by its bridge as a run start), began a run of its own that a held-up
-//     bridge stored late: its first numbers are that run's restart gap (placedRunBegins).
+//     epoch among the current run's, received well after all of the epoch before it at a number that
+//     epoch had reached (or seen by its bridge as a run start), or after that epoch's first message
+//     with a lower number, began a run of its own that a held-up bridge stored late: its first numbers
+//     are that run's restart gap (placedRunBegins).
 //
 // Pending gaps are independent of the run: a restart starts a new one and leaves the old run's
 // pending gaps (their epochs, their revealed times) to be classified like any other.
@@ -254,7 +255,12 @@ func (t *tracker) count(o *fpmObservation) {
 	}
 	t.seen(o.Epoch, o.Seq, o.Seq)
 	if i := t.epoch(o.Epoch, false); i >= 0 {
-		t.st.Epochs[i].LastAtMs = max(t.st.Epochs[i].LastAtMs, o.ObservedAtMs)
+		e := &t.st.Epochs[i]
+		e.LastAtMs = max(e.LastAtMs, o.ObservedAtMs)
+		if e.First == nil || o.ObservedAtMs < e.First.ObservedAtMs {
+			p := o.point()
+			e.First = &p
+		}
 	}
 }
 
@@ -347,11 +353,13 @@ func (t *tracker) endedRunGoesOn(o *fpmObservation) *pending {
 // placedRunBegins applies o, a late FPM and the first seen under its epoch, when it began a publisher
 // run of its own that reached the stream only after a later epoch's FPMs: the bridge that stored it
 // was held up (a full disk, a stopped process) while another, started meanwhile, stored the runs after
-// it, which the detector read first. Its epoch lies among the current run's, and it was received well
-// after the last message counted under the epoch before it (a run is sent after all of the one before)
-// with a number at or below what that epoch got to, or its bridge saw the run begin (a run start). Its
-// numbers below o's, which no bridge stored, are returned as the run's restart gap under its epoch (nil
-// if o did not begin a run); a copy stored later fills it.
+// it, which the detector read first. Its epoch lies among the current run's, and against the epoch
+// before it (a run is sent after all of the one before, and its numbers grow with time) o was
+// received well after that epoch's last message, with a number at or below what that epoch got to or
+// its bridge seeing the run begin (a run start); or well after that epoch's first message, with a
+// lower number (that bridge's reader may have received its run's last numbers late, after a stall).
+// Its numbers below o's, which no bridge stored, are returned as the run's restart gap under its epoch
+// (nil if o did not begin a run); a copy stored later fills it.
 func (t *tracker) placedRunBegins(o *fpmObservation) *pending {
 	st := t.st
 	if o.Epoch <= st.Run.FirstEpoch || o.Epoch >= st.MaxEpoch {
@@ -362,11 +370,13 @@ func (t *tracker) placedRunBegins(o *fpmObservation) *pending {
 		return nil
 	}
 	prev := st.Epochs[j-1]
-	if len(prev.Seen) == 0 || prev.LastAtMs == 0 || o.ObservedAtMs <= prev.LastAtMs+sameRunTolerance {
+	if len(prev.Seen) == 0 || prev.First == nil {
 		return nil
 	}
 	last := prev.Seen[len(prev.Seen)-1][1]
-	if o.RunStart == "" && o.Seq > last {
+	afterAll := o.ObservedAtMs > prev.LastAtMs+sameRunTolerance && (o.Seq <= last || o.RunStart != "")
+	backAfterFirst := o.Seq < prev.First.Seq && o.ObservedAtMs > prev.First.ObservedAtMs+sameRunTolerance
+	if !afterAll && !backAfterFirst {
 		return nil
 	}
 	st.Counters.Restarts++

@@ -803,15 +803,18 @@ func TestTrackerEpochs(t *testing.T) {
 			want: []string{"publisher_restart@3"},
 		},
 		// Two publisher runs stored late by a bridge that was held up, after the FPMs of a bridge started
-		// meanwhile (read as the first run going on): each is placed among the run's epochs, received
-		// after all of the epoch before it, one at a number that epoch had reached, one seen as a
-		// restart. Each run's first numbers, which no bridge stored, are named under its epoch.
+		// meanwhile (read as the first run going on): each is placed among the run's epochs. The first
+		// was received after all of the epoch before it, at a number that epoch had reached; the second
+		// (seen as a restart) after the first's first message with a lower number, though before its
+		// last, which that bridge's reader received late, after a stall. Each run's first numbers, which
+		// no bridge stored, are named under its epoch.
 		"runs stored late by a held-up bridge, after a later epoch's FPMs": {
 			play: func(s *script, step func()) {
 				s.run(0, 69, 1, t0)
 				s.run(97, 100, 4, t0+30_000) // the bridge started meanwhile: no run start
 				step()
-				s.run(11, 40, 2, t0+10_000)
+				s.run(11, 39, 2, t0+10_000)
+				s.fpm(40, 2, t0+25_000) // received after a stall
 				s.runStart = map[int64]string{3: streams.RunStartRestart}
 				s.run(3, 20, 3, t0+20_000)
 				s.tr.expire(s.nowMs + 10_000)
