@@ -834,6 +834,20 @@ func TestTrackerEpochs(t *testing.T) {
 				equal(s.t, uint64(0), s.st.Counters.Restarts)
 			},
 		},
+		// The same, but the late bridge's copies stop at the number just before the other's first,
+		// received just before it: they go on into the run.
+		"a restart's first numbers stored late under an older epoch, up to the run's first": {
+			play: func(s *script, step func()) {
+				s.run(0, 50, 1, t0)
+				s.run(30, 35, 3, t0+8_000)
+				step()
+				s.run(0, 29, 2, t0+5_000) // 29 received at t0+7900, just before the run's 30
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(0), s.st.Counters.Missing.Total())
+			},
+			want: []string{"publisher_restart@3"},
+		},
 		// The same numbers under a newer epoch received after the run's last are a restart; so are
 		// they from a bridge that saw the sequence go back, however early it received them (the run's
 		// last here came late from a bridge whose reader had stalled).
