@@ -205,11 +205,11 @@ func (t *tracker) copyOfRun(o *fpmObservation) bool {
 
 // joinEarlier takes o's epoch, older than the current run's, into the run when o is another bridge's
 // copy of the run's first message (its number, received within sameRunTolerance of it), or of the
-// number just before it received just before it, under an epoch newer than the run the restart ended: the two bridges could not agree on the run, and the one that
-// recorded it first, held up (a full disk, a stopped process), stored its copies after the other's.
-// Its copies below the run's first number already read, and those that follow, fill the run's first
-// numbers held as the restart's gap (while held: the marker grace); its numbers past the run's last go
-// on with the run.
+// number just before it received just before it, under an epoch newer than the run the restart ended:
+// the two bridges could not agree on the run, and the one that recorded it first, held up (a full
+// disk, a stopped process), stored its copies after the other's. Its copies below the run's first
+// number already read, and those that follow, fill the run's first numbers held as the restart's gap
+// (while held: the marker grace); its numbers past the run's last go on with the run.
 func (t *tracker) joinEarlier(o *fpmObservation) {
 	st := t.st
 	if !st.Run.ByRestart || o.ObservedAtMs < st.Run.StartedAtMs-sameRunTolerance || o.ObservedAtMs > st.Run.StartedAtMs+sameRunTolerance {
