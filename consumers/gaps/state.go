@@ -89,6 +89,9 @@ type pending struct {
 	// AfterStale: the gap ends a stale period (kind resume, or a restart while stale).
 	AfterStale bool  `json:"after_stale,omitempty"`
 	SilentMs   int64 `json:"silent_ms,omitempty"`
+	// Placed (kind restart): the run began under an epoch stored late, among later ones
+	// (placedRunBegins); an older epoch's copies that lead up to its first number are the same run's.
+	Placed bool `json:"placed,omitempty"`
 }
 
 // epochSeen is what the tracker knows of one bridge epoch's numbers.

@@ -69,10 +69,11 @@ type rules struct {
 //     late). Past the last number of a run a restart ended, under its last epoch, the run goes on, and
 //     the numbers it skipped are a gap of that run; so too under a bridge's first epoch between that
 //     run's last and the next run's (endedRunGoesOn), as it would have read live. A first FPM of an
-//     epoch among the current run's, received well after all of the epoch before it at a number that
+//     epoch below a later one, received well after all of the epoch before it at a number that
 //     epoch had reached (or seen by its bridge as a run start), or after that epoch's first message
 //     with a lower number, began a run of its own that a held-up bridge stored late: its first numbers
-//     are that run's restart gap (placedRunBegins).
+//     are that run's restart gap (placedRunBegins), which an older epoch's copies leading up to its
+//     first number join (joinPlaced).
 //
 // Pending gaps are independent of the run: a restart starts a new one and leaves the old run's
 // pending gaps (their epochs, their revealed times) to be classified like any other.
@@ -124,6 +125,7 @@ func (t *tracker) observe(o *fpmObservation) {
 	}
 	if o.Epoch < st.Run.FirstEpoch || !advance && o.Epoch <= st.MaxEpoch {
 		// A late message: of an older run (its epoch predates the run's), or of this run.
+		t.joinPlaced(o)
 		switch {
 		case t.fill(o):
 			st.Counters.OutOfOrder++
@@ -357,8 +359,9 @@ func (t *tracker) endedRunGoesOn(o *fpmObservation) *pending {
 // placedRunBegins applies o, a late FPM and the first seen under its epoch, when it began a publisher
 // run of its own that reached the stream only after a later epoch's FPMs: the bridge that stored it
 // was held up (a full disk, a stopped process) while another, started meanwhile, stored the runs after
-// it, which the detector read first. Its epoch lies among the current run's, and against the epoch
-// before it (a run is sent after all of the one before, and its numbers grow with time) o was
+// it, which the detector read first. Its epoch lies below a later one seen, o is no copy of numbers the
+// epoch after it had when o was received (a redundant bridge's own epoch for that run), and against
+// the epoch before it (a run is sent after all of the one before, and its numbers grow with time) o was
 // received well after that epoch's last message, with a number at or below what that epoch got to or
 // its bridge seeing the run begin (a run start); or well after that epoch's first message, with a
 // lower number (that bridge's reader may have received its run's last numbers late, after a stall).
@@ -366,12 +369,19 @@ func (t *tracker) endedRunGoesOn(o *fpmObservation) *pending {
 // (nil if o did not begin a run); a copy stored later fills it.
 func (t *tracker) placedRunBegins(o *fpmObservation) *pending {
 	st := t.st
-	if o.Epoch <= st.Run.FirstEpoch || o.Epoch >= st.MaxEpoch {
+	if o.Epoch >= st.MaxEpoch {
 		return nil
 	}
 	j, _ := slices.BinarySearchFunc(st.Epochs, o.Epoch, func(e epochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
 	if j == 0 {
 		return nil
+	}
+	if j < len(st.Epochs) {
+		// A copy, under an epoch of its own, of numbers the next epoch's run had when it was received
+		// is that run's (a redundant bridge that did not agree on it).
+		if next := st.Epochs[j].First; next != nil && o.Seq >= next.Seq && o.ObservedAtMs >= next.ObservedAtMs-sameRunTolerance {
+			return nil
+		}
 	}
 	prev := st.Epochs[j-1]
 	if len(prev.Seen) == 0 || prev.First == nil {
@@ -392,11 +402,37 @@ func (t *tracker) placedRunBegins(o *fpmObservation) *pending {
 	before := point{Seq: last, ObservedAtMs: prev.LastAtMs, Epoch: prev.Epoch}
 	old := runSummary{FirstSeq: prev.Seen[0][0], LastSeq: last, FirstEpoch: prev.Epoch, LastEpoch: prev.Epoch, Messages: n, LastAtMs: prev.LastAtMs}
 	p := &pending{Kind: kindRestart, Before: before, After: o.point(), RevealedMs: o.StoredMs, EpochLo: o.Epoch, EpochHi: o.Epoch,
-		OldRun: &old, Reconnect: o.RunStart == streams.RunStartReconnect}
+		OldRun: &old, Reconnect: o.RunStart == streams.RunStartReconnect, Placed: true}
 	if o.Seq > 0 {
 		p.Ranges = [][2]uint64{{0, o.Seq - 1}}
 	}
 	return p
+}
+
+// joinPlaced takes o's epoch into a placed run (placedRunBegins) whose first number follows o's, when
+// o was received just before it under an older epoch: both epochs are the one run's (two bridges that
+// did not agree on it, both stored late, the one that stopped first before the other's first number).
+// The run's restart gap then takes the older epoch's copies, and that epoch's own placed start, if it
+// had one, is the same run's start: dropped.
+func (t *tracker) joinPlaced(o *fpmObservation) {
+	st := t.st
+	i := slices.IndexFunc(st.Pending, func(p pending) bool {
+		return p.Placed && p.EpochLo > o.Epoch && p.After.Seq == o.Seq+1 &&
+			o.ObservedAtMs <= p.After.ObservedAtMs && o.ObservedAtMs >= p.After.ObservedAtMs-sameRunTolerance
+	})
+	if i < 0 {
+		return
+	}
+	p := &st.Pending[i]
+	p.EpochLo = o.Epoch
+	if k := t.epoch(o.Epoch, false); k >= 0 {
+		p.Ranges = minusRanges(p.Ranges, st.Epochs[k].Seen)
+	}
+	t.significant = true
+	if j := slices.IndexFunc(st.Pending, func(q pending) bool { return q.Placed && q.After.Epoch == o.Epoch }); j >= 0 {
+		st.Pending = slices.Delete(st.Pending, j, j+1)
+		st.Counters.Restarts--
+	}
 }
 
 // maxNamed bounds epochSeen.Named.

@@ -822,6 +822,37 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"stale@1", "stale@4", "stale@4:70-96", "publisher_restart@2:0-10", "publisher_restart@3:0-2"},
 		},
+		// Both bridges' epochs of one run reached the stream only after the next run's FPMs: one bridge
+		// stored 3-45 under its first epoch, the other (which saw the restart) 46 under its own. The
+		// later epoch's placed start is joined by the older one's copies, which lead up to it: the run's
+		// first numbers, 0-2, are named once, under it.
+		"both epochs of a run stored late, before the current run's": {
+			play: func(s *script, step func()) {
+				s.run(0, 60, 1, t0)
+				s.run(0, 59, 5, t0+20_000) // the next run: a restart
+				step()
+				s.runStart = map[int64]string{4: streams.RunStartRestart}
+				s.fpm(46, 4, t0+18_000)
+				s.run(3, 45, 3, t0+13_750) // 45 received at t0+17950
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(2), s.st.Counters.Restarts)
+				equal(s.t, uint64(3), s.st.Counters.Missing.Total())
+			},
+			want: []string{"stale@1", "publisher_restart@5", "stale@5", "publisher_restart@4:0-2"},
+		},
+		// A redundant bridge's own epoch for numbers of the next run, placed before it and stored late,
+		// received when that run had them: the next run's copies, no run of their own.
+		"a lagging bridge's own epoch for the next run's numbers, placed before it": {
+			play: func(s *script, step func()) {
+				s.run(0, 60, 1, t0)
+				s.run(0, 59, 5, t0+20_000)
+				step()
+				s.run(10, 20, 4, t0+21_000)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+			},
+			want: []string{"stale@1", "publisher_restart@5", "stale@5"},
+		},
 		// A redundant bridge's own epoch for numbers of the run, received with them and stored late,
 		// begins no run.
 		"a lagging bridge's own epoch for the run's numbers, stored late": {
