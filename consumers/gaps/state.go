@@ -89,8 +89,8 @@ type pending struct {
 	// AfterStale: the gap ends a stale period (kind resume, or a restart while stale).
 	AfterStale bool  `json:"after_stale,omitempty"`
 	SilentMs   int64 `json:"silent_ms,omitempty"`
-	// Placed (kind restart): the run began under an epoch stored late, among later ones
-	// (placedRunBegins); an older epoch's copies that lead up to its first number are the same run's.
+	// Placed (kind restart): the run began under an epoch stored late, below a later one
+	// (placedRunBegins); a later join of that epoch into another run drops it (joinPlaced).
 	Placed bool `json:"placed,omitempty"`
 }
 

@@ -390,8 +390,8 @@ func (t *tracker) placedRunBegins(o *fpmObservation) *pending {
 	last := prev.Seen[len(prev.Seen)-1][1]
 	afterAll := o.ObservedAtMs > prev.LastAtMs+sameRunTolerance && (o.Seq <= last || o.RunStart != "")
 	backAfterFirst := o.Seq < prev.First.Seq && o.ObservedAtMs > prev.First.ObservedAtMs+sameRunTolerance
-	if !afterAll && !backAfterFirst {
-		return nil
+	if !afterAll && !backAfterFirst || o.Seq == 0 {
+		return nil // at 0, nothing of the run is missing before o: no gap to name
 	}
 	st.Counters.Restarts++
 	t.significant = true
@@ -409,15 +409,16 @@ func (t *tracker) placedRunBegins(o *fpmObservation) *pending {
 	return p
 }
 
-// joinPlaced takes o's epoch into a placed run (placedRunBegins) whose first number follows o's, when
-// o was received just before it under an older epoch: both epochs are the one run's (two bridges that
-// did not agree on it, both stored late, the one that stopped first before the other's first number).
-// The run's restart gap then takes the older epoch's copies, and that epoch's own placed start, if it
-// had one, is the same run's start: dropped.
+// joinPlaced takes o's epoch into a run whose restart gap is held and whose first number follows o's,
+// when o was received just before it under an older epoch, newer than the run the restart ended: both
+// epochs are the one run's (two bridges that did not agree on it, the one that stored its copies late
+// having stopped just before the other's first number). The run's restart gap then takes the older
+// epoch's copies, and that epoch's own placed start (placedRunBegins), if it had one, is the same run's
+// start: dropped.
 func (t *tracker) joinPlaced(o *fpmObservation) {
 	st := t.st
 	i := slices.IndexFunc(st.Pending, func(p pending) bool {
-		return p.Placed && p.EpochLo > o.Epoch && p.After.Seq == o.Seq+1 &&
+		return p.Kind == kindRestart && p.EpochLo > o.Epoch && o.Epoch > p.Before.Epoch && p.After.Seq == o.Seq+1 &&
 			o.ObservedAtMs <= p.After.ObservedAtMs && o.ObservedAtMs >= p.After.ObservedAtMs-sameRunTolerance
 	})
 	if i < 0 {

@@ -840,6 +840,22 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"stale@1", "publisher_restart@5", "stale@5", "publisher_restart@4:0-2"},
 		},
+		// The same run, its later epoch's first FPM read live (a restart) before the next run began, the
+		// older epoch's copies, which lead up to it, stored after the next run's: they fill its restart's gap.
+		"a run's older epoch stored after the next run, leading up to its read restart": {
+			play: func(s *script, step func()) {
+				s.run(0, 60, 1, t0)
+				s.runStart = map[int64]string{4: streams.RunStartRestart}
+				s.fpm(46, 4, t0+18_000)
+				s.run(0, 59, 5, t0+20_000)
+				step()
+				s.run(0, 45, 3, t0+13_500) // 45 received at t0+18000
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(2), s.st.Counters.Restarts)
+				equal(s.t, uint64(0), s.st.Counters.Missing.Total())
+			},
+			want: []string{"stale@1", "stale@4", "publisher_restart@5", "publisher_restart@4"},
+		},
 		// A redundant bridge's own epoch for numbers of the next run, placed before it and stored late,
 		// received when that run had them: the next run's copies, no run of their own.
 		"a lagging bridge's own epoch for the next run's numbers, placed before it": {
