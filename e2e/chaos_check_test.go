@@ -634,7 +634,7 @@ func chaosCheckPipeline(o *chaosObserved, add func(kind string, k *streams.Key, 
 		add("healthz", nil, "/healthz answers %d after every fault was healed and the pipeline settled: %s", o.finalHealth, o.finalHealthBody)
 	}
 	for _, sc := range o.seconds {
-		if !sc.refused && !sc.onlyOwner() {
+		if !sc.refused && !sc.onlyOwner() { // not an owner, or not judged
 			add("second-instance", nil, "a second owner started at %s was not refused: %s", sc.at.Format("15:04:05.000"), sc.status)
 		}
 	}

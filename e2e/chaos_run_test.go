@@ -132,7 +132,10 @@ type chaosSecond struct {
 	// printed its ready line (the schedule stopped or killed it meanwhile): this one then owned the
 	// directory legitimately, as the only owner.
 	firstEnded bool
-	mu         sync.Mutex
+	// unjudged: still running, it never got to work, waiting for a server the schedule had stopped:
+	// neither an owner nor refused yet.
+	unjudged bool
+	mu       sync.Mutex
 }
 
 // chaosFault is a window in which ingest was impaired (a component of the ingest path down or
@@ -705,11 +708,12 @@ func (sc *chaosSecond) watchFirst(first *proc) {
 	}
 }
 
-// onlyOwner reports whether the first instance ended before this one got to work (firstEnded).
+// onlyOwner reports whether the first instance ended before this one got to work (firstEnded), or
+// whether this one could not be judged (unjudged).
 func (sc *chaosSecond) onlyOwner() bool {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	return sc.firstEnded
+	return sc.firstEnded || sc.unjudged
 }
 
 // secondStop judges the last second instance: refused means it exited with a failure by now; one
@@ -742,6 +746,10 @@ func (e *chaosEnv) secondStop() {
 			sc.status += "; the first had ended before it got to work: the only owner"
 		}
 		sc.mu.Unlock()
+		if !strings.Contains(out, sc.ready) && strings.Contains(out, "NATS server not reachable yet") {
+			sc.unjudged = true
+			sc.status += "; it never got to work, waiting for the server the schedule had stopped: not judged"
+		}
 		_ = sc.proc.cmd.Process.Signal(syscall.SIGINT)
 		stopInBackground(sc.proc)
 	}

@@ -455,6 +455,9 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 		"a second instance runs after the first ended before it got to work": {func(o *chaosObserved) {
 			o.seconds = []*chaosSecond{{at: t0, status: "still running 8s after it started", firstEnded: true}}
 		}, ""},
+		"a second instance still waiting for a stopped server": {func(o *chaosObserved) {
+			o.seconds = []*chaosSecond{{at: t0, status: "still running 8s after it started", unjudged: true}}
+		}, ""},
 		"the CLI counts otherwise": {func(o *chaosObserved) { o.cliCount = 11 }, "read"},
 	} {
 		t.Run(name, func(t *testing.T) {
