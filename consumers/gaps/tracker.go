@@ -238,14 +238,17 @@ func (t *tracker) joinEarlier(o *fpmObservation) {
 }
 
 // joinRun takes epoch, another bridge's for the current run, into the run: its copies are the run's
-// late messages (they fill the run's first numbers held as a gap), and its numbers past the run's last
-// go on with the run.
+// late messages (they fill the run's first numbers and its jumps held as gaps), and its numbers past
+// the run's last go on with the run.
 func (t *tracker) joinRun(epoch int64) {
 	st := t.st
 	st.MaxEpoch = epoch
 	t.significant = true
 	for i := range st.Pending {
-		if p := &st.Pending[i]; (p.Kind == kindRestart || p.Kind == kindStart) && p.After.Seq == st.Run.FirstSeq && p.After.ObservedAtMs == st.Run.StartedAtMs {
+		// The run's first numbers held as a gap, and every gap within the run (a jump across a
+		// restarted bridge's epoch): the joined epoch's copies fill them.
+		if p := &st.Pending[i]; (p.Kind == kindRestart || p.Kind == kindStart) && p.After.Seq == st.Run.FirstSeq && p.After.ObservedAtMs == st.Run.StartedAtMs ||
+			p.EpochLo >= st.Run.FirstEpoch && p.After.Epoch >= st.Run.FirstEpoch {
 			p.EpochHi = max(p.EpochHi, epoch)
 		}
 	}

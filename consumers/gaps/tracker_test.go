@@ -895,6 +895,20 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"publisher_restart@3"},
 		},
+		// The late-started bridge's copies fill a jump of the run held as a gap too (the run went on
+		// across a restarted bridge's epoch).
+		"a late-started bridge's own epoch for numbers of a jump of the run": {
+			play: func(s *script, step func()) {
+				s.run(0, 22, 1, t0)
+				s.run(118, 167, 2, t0+12_000) // a restarted bridge: the run goes on, 23-117 held
+				step()
+				s.run(75, 105, 3, t0+7_000) // the other bridge's copies, received 5 s before the run's last
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(0), s.st.Counters.Restarts)
+				equal(s.t, uint64(52+12), s.st.Counters.Missing.Total())
+			},
+			want: []string{"stale@1", "stale@2", "stale@2:23-74", "stale@2:106-117"},
+		},
 		// The same numbers under a newer epoch received after the run's last are a restart; so are
 		// they from a bridge that saw the sequence go back, however early it received them (the run's
 		// last here came late from a bridge whose reader had stalled).
