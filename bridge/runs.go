@@ -759,10 +759,9 @@ func (b *Bridge) continuedIn(m *jetstream.RawStreamMsg, r *run, prev int64, entr
 // its recorded first message to its newest stored copy (number last, received at lastMs). The zero
 // pace reaches nothing.
 type pace struct {
-	last         uint64
-	lastMs       int64
-	perMs        float64
-	measuredOver uint64 // numbers the pace was measured over
+	last   uint64
+	lastMs int64
+	perMs  float64 // 0: no pace
 }
 
 // runPace is the pace of the run recorded under epoch whose newest stored copy is number last,
@@ -776,7 +775,7 @@ func runPace(entries []streams.RunEntry, epoch int64, last uint64, lastMs int64)
 		if n < minPaceNumbers || span < minPaceSpan.Milliseconds() {
 			return pace{}
 		}
-		return pace{last: last, lastMs: lastMs, perMs: float64(n) / float64(span), measuredOver: n}
+		return pace{last: last, lastMs: lastMs, perMs: float64(n) / float64(span)}
 	}
 	return pace{}
 }
@@ -787,7 +786,7 @@ func runPace(entries []streams.RunEntry, epoch int64, last uint64, lastMs int64)
 // from 0 again: at the same pace it is behind the run going on by at least that newest number, so the
 // bound keeps a restart at about the run's pace from being taken for it.
 func (p pace) reaches(seq uint64, atMs int64) bool {
-	if p.measuredOver == 0 || seq <= p.last || atMs <= p.lastMs {
+	if p.perMs == 0 || seq <= p.last || atMs <= p.lastMs {
 		return false
 	}
 	predicted := float64(p.last) + float64(atMs-p.lastMs)*p.perMs

@@ -120,9 +120,6 @@ func (t *tracker) observe(o *fpmObservation) {
 	if !advance && o.Epoch > st.MaxEpoch && t.copyOfRun(o) {
 		t.joinRun(o.Epoch)
 	}
-	if o.Epoch < st.Run.FirstEpoch {
-		t.joinEarlier(o)
-	}
 	if o.Epoch < st.Run.FirstEpoch || !advance && o.Epoch <= st.MaxEpoch {
 		// A late message: of an older run (its epoch predates the run's), or of this run.
 		t.joinPlaced(o)
@@ -203,38 +200,6 @@ func (t *tracker) copyOfRun(o *fpmObservation) bool {
 		return o.ObservedAtMs+sameRunTolerance < st.Run.StartedAtMs
 	}
 	return o.RunStart == "" && o.ObservedAtMs+sameRunTolerance < st.Run.LastAtMs
-}
-
-// joinEarlier takes o's epoch, older than the current run's, into the run when o is another bridge's
-// copy of the run's first message (its number, received within sameRunTolerance of it), or of the
-// number just before it received just before it, under an epoch newer than the run the restart ended:
-// the two bridges could not agree on the run, and the one that recorded it first, held up (a full
-// disk, a stopped process), stored its copies after the other's. Its copies below the run's first
-// number already read, and those that follow, fill the run's first numbers held as the restart's gap
-// (while held: the marker grace); its numbers past the run's last go on with the run.
-func (t *tracker) joinEarlier(o *fpmObservation) {
-	st := t.st
-	if !st.Run.ByRestart || o.ObservedAtMs < st.Run.StartedAtMs-sameRunTolerance || o.ObservedAtMs > st.Run.StartedAtMs+sameRunTolerance {
-		return
-	}
-	// The run's first number, or the one just before it received before it: the copies go on into
-	// the run (that bridge stopped storing just before the other's first).
-	if o.Seq != st.Run.FirstSeq && (o.Seq+1 != st.Run.FirstSeq || o.ObservedAtMs > st.Run.StartedAtMs) {
-		return
-	}
-	i := slices.IndexFunc(st.Pending, func(p pending) bool {
-		return p.Kind == kindRestart && p.After.Seq == st.Run.FirstSeq && p.After.ObservedAtMs == st.Run.StartedAtMs
-	})
-	if i < 0 || o.Epoch <= st.Pending[i].Before.Epoch {
-		return
-	}
-	p := &st.Pending[i]
-	p.EpochLo = min(p.EpochLo, o.Epoch)
-	st.Run.FirstEpoch = o.Epoch
-	if k := t.epoch(o.Epoch, false); k >= 0 {
-		p.Ranges = minusRanges(p.Ranges, st.Epochs[k].Seen)
-	}
-	t.significant = true
 }
 
 // joinRun takes epoch, another bridge's for the current run, into the run: its copies are the run's
@@ -412,23 +377,31 @@ func (t *tracker) placedRunBegins(o *fpmObservation) *pending {
 	return p
 }
 
-// joinPlaced takes o's epoch into a run whose restart gap is held and whose first number follows o's,
-// when o was received just before it under an older epoch, newer than the run the restart ended: both
-// epochs are the one run's (two bridges that did not agree on it, the one that stored its copies late
-// having stopped just before the other's first number). The run's restart gap then takes the older
-// epoch's copies, and that epoch's own placed start (placedRunBegins), if it had one, is the same run's
-// start: dropped.
+// joinPlaced takes o's epoch into a run whose restart gap is held, when o, under an older epoch newer
+// than the run the restart ended, is another bridge's copy of the run's first message (its number,
+// received within sameRunTolerance of it) or of the number just before it, received just before it:
+// the two bridges could not agree on the run, and the one that recorded it first, held up (a full disk,
+// a stopped process), stored its copies after the other's, having stopped, in the second case, just
+// before the other's first number. The restart gap then takes that epoch's copies, read already and
+// to come; for the current run, its numbers past the run's last go on with it. That epoch's own placed
+// start (placedRunBegins), if it had one, is the same run's start: dropped.
 func (t *tracker) joinPlaced(o *fpmObservation) {
 	st := t.st
 	i := slices.IndexFunc(st.Pending, func(p pending) bool {
-		return p.Kind == kindRestart && p.EpochLo > o.Epoch && o.Epoch > p.Before.Epoch && p.After.Seq == o.Seq+1 &&
-			o.ObservedAtMs <= p.After.ObservedAtMs && o.ObservedAtMs >= p.After.ObservedAtMs-sameRunTolerance
+		if p.Kind != kindRestart || p.EpochLo <= o.Epoch || o.Epoch <= p.Before.Epoch ||
+			o.ObservedAtMs < p.After.ObservedAtMs-sameRunTolerance || o.ObservedAtMs > p.After.ObservedAtMs+sameRunTolerance {
+			return false
+		}
+		return o.Seq == p.After.Seq || o.Seq+1 == p.After.Seq && o.ObservedAtMs <= p.After.ObservedAtMs
 	})
 	if i < 0 {
 		return
 	}
 	p := &st.Pending[i]
 	p.EpochLo = o.Epoch
+	if p.After.Seq == st.Run.FirstSeq && p.After.ObservedAtMs == st.Run.StartedAtMs {
+		st.Run.FirstEpoch = min(st.Run.FirstEpoch, o.Epoch)
+	}
 	if k := t.epoch(o.Epoch, false); k >= 0 {
 		p.Ranges = minusRanges(p.Ranges, st.Epochs[k].Seen)
 	}
