@@ -3,7 +3,9 @@ package natsservertest
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -97,9 +99,28 @@ func (c *Cluster) Start(i int) {
 	// As long as the meta leader may take: a node recovering its store on a loaded 2-core machine
 	// (other test packages running) was seen to need more than 10 s.
 	if !ns.ReadyForConnections(30 * time.Second) {
-		c.t.Fatalf("n%d not ready after 30s", i+1)
+		ns.Shutdown()
+		c.t.Fatalf("n%d not ready after 30s%s", i+1, takenPorts(o.Port, o.Cluster.Port))
 	}
 	c.Servers[i] = ns
+}
+
+// takenPorts names which of a node's ports something else holds (the usual reason a node never gets
+// ready), as ", client port 4222 taken: …"; "" when both can be bound.
+func takenPorts(client, route int) string {
+	var taken string
+	for _, p := range []struct {
+		what string
+		port int
+	}{{"client", client}, {"route", route}} {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
+		if err != nil {
+			taken += fmt.Sprintf(", %s port %d taken: %v", p.what, p.port, err)
+			continue
+		}
+		l.Close()
+	}
+	return taken
 }
 
 // Stop shuts node i down (idempotent).
