@@ -11,7 +11,8 @@ import (
 // per message, while almost every body is the bridge's canonical JSON of a Dynamo FPM: the same fields
 // in the same order, plain numbers, an ASCII worker_id. checkFPM recognises exactly that shape with one
 // pass over the bytes and accepts it; anything else (other field order, unknown fields, whitespace,
-// escapes, non-ASCII, exponents, negative numbers, over 18 digits) goes to schemas.ParseFPMJSON. The
+// escapes, non-ASCII, negative numbers, an integer part over 18 digits, an exponent beyond ±280) goes
+// to schemas.ParseFPMJSON. The
 // fast path only ever accepts, so the validation is schemas' own: every body it accepts is one that
 // ParseFPMJSON accepts with the same three values (every field present, version 1, a string
 // worker_id, integers >= 0 that fit an int64, finite numbers >= 0, valid UTF-8, no duplicate key).
@@ -83,7 +84,7 @@ func buildTemplate(layout []schemas.FPMField) []templatePart {
 	return append(parts, templatePart{lit, 0})
 }
 
-// maxFastDigits keeps every integer within int64 and every number finite.
+// maxFastDigits keeps every integer within int64.
 const maxFastDigits = 18
 
 // fastFPM matches body against fpmTemplate; ok is false for anything else.
@@ -109,17 +110,10 @@ func fastFPM(body []byte) (id fpmIdent, ok bool) {
 			}
 			p += n
 			if t.kind == 'f' {
-				if p >= len(body) || body[p] != '.' {
+				if n = fastFraction(body[p:]); n == 0 {
 					return id, false
 				}
-				p++
-				start := p
-				for p < len(body) && p-start <= maxFastDigits && body[p] >= '0' && body[p] <= '9' {
-					p++
-				}
-				if p == start || p-start > maxFastDigits {
-					return id, false
-				}
+				p += n
 				break
 			}
 			switch ints {
@@ -132,6 +126,47 @@ func fastFPM(body []byte) (id fpmIdent, ok bool) {
 		}
 	}
 	return id, p == len(body)
+}
+
+// maxFastExponent keeps a number whose integer part has at most maxFastDigits digits finite, and
+// clear of underflow, by a wide margin (float64 reaches 1.8e308 and 4.9e-324).
+const maxFastExponent = 280
+
+// fastFraction reads what follows a number's integer part as the canonical float format writes it
+// (schemas/canonical_json.go): a fraction ".d+", an exponent "e±d+", or both. n is the number of bytes
+// read, 0 when neither is there or the exponent is out of bounds. A fraction has as many digits as
+// it has: a forward pass's wall_time of a few ms is written "0.0029710211149514445", 17 significant
+// digits behind two zeros, and any number of digits after the point is a finite number.
+func fastFraction(b []byte) (n int) {
+	if n < len(b) && b[n] == '.' {
+		n++
+		start := n
+		for n < len(b) && b[n] >= '0' && b[n] <= '9' {
+			n++
+		}
+		if n == start {
+			return 0
+		}
+	}
+	if n == len(b) || b[n] != 'e' {
+		return n
+	}
+	n++
+	if n < len(b) && (b[n] == '+' || b[n] == '-') {
+		n++
+	}
+	exp, digits := 0, 0
+	for n < len(b) && b[n] >= '0' && b[n] <= '9' {
+		if exp = exp*10 + int(b[n]-'0'); exp > maxFastExponent {
+			return 0
+		}
+		n++
+		digits++
+	}
+	if digits == 0 {
+		return 0
+	}
+	return n
 }
 
 // fastUint reads a JSON integer without sign: "0" or [1-9][0-9]*, at most maxFastDigits digits. n is

@@ -72,6 +72,9 @@ func FuzzCheckFPM(f *testing.F) {
 		f.Add(bytes.Replace(b, []byte(`"dp_rank":3`), []byte(`"dp_rank":-3`), 1))
 		f.Add(bytes.Replace(b, []byte(`"version":1`), []byte(`"version":2`), 1))
 		f.Add(bytes.Replace(b, []byte(`0.0`), []byte(`1e400`), 1))
+		f.Add(bytes.Replace(b, []byte(`0.0`), []byte(`0.0029710211149514445`), 1))
+		f.Add(bytes.Replace(b, []byte(`0.0`), []byte(`1.5e-7`), 1))
+		f.Add(bytes.Replace(b, []byte(`0.0`), []byte(`1e+281`), 1))
 		f.Add(bytes.Replace(b, []byte(`"counter_id":`), []byte(`"counter_id":00`), 1))
 		f.Add(append(append([]byte(nil), b[:len(b)-2]...), `,"x":1}}`...))
 		f.Add(bytes.Replace(b, []byte(`"worker_id":"`), []byte(`"worker_id":"\u00e9`), 1))
@@ -108,6 +111,35 @@ func TestFastPathTakesTheCanonicalBodies(t *testing.T) {
 			id, ok := fastFPM(b)
 			if !ok || id.WorkerID != tf.key.WorkerID || id.DPRank != int64(tf.key.DPRank) || id.CounterID != tf.counter {
 				t.Fatalf("fastFPM = %+v, %v for %s", id, ok, b)
+			}
+		})
+	}
+}
+
+// The numbers of real forward passes, as the bridge writes them (the canonical float format): a
+// wall_time of a few milliseconds has 17 significant digits behind the point's zeros, and a tiny or
+// huge value has an exponent. Each body is the bridge's own (DecodeFPM of the msgpack a worker
+// sends), and the fast path takes it.
+func TestFastPathTakesEveryCanonicalNumber(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct{ wallTime, varKV float64 }{
+		"a few ms":              {0.0029710211149514445, 610726.1245674741},
+		"a whole second":        {1, 0},
+		"below the fifth place": {1.5e-7, 0.5},
+		"a huge variance":       {0.25, 2.5e+20},
+		"hundreds of places":    {0.001, 1.5e+250},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := schemas.FPM{Version: schemas.FPMVersion, WorkerID: "w-1", DPRank: 2, CounterID: 41, WallTime: tc.wallTime}
+			f.Scheduled.NumDecodeRequests, f.Scheduled.VarDecodeKVTokens = 3, tc.varKV
+			var d schemas.Decoder
+			var g schemas.FPM
+			if err := d.DecodeFPM(schemas.EncodeMsgpack(&f), &g); err != nil {
+				t.Fatal(err)
+			}
+			id, ok := fastFPM(g.JSON)
+			if !ok || id.WorkerID != "w-1" || id.DPRank != 2 || id.CounterID != 41 {
+				t.Fatalf("fastFPM = %+v, %v for %s", id, ok, g.JSON)
 			}
 		})
 	}
