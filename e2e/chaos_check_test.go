@@ -26,6 +26,7 @@ import (
 	"bytes"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -694,7 +695,9 @@ func elsewhere(ns []naming, seqs []uint64, r *chaosRun, k streams.Key, applies f
 // headExcuse reports whether r's first numbers up to headTo are unknowable: r began while no bridge
 // process that had stored anything of k was running (none ran, or each had only just started), or
 // each that was running was killed (SIGKILL) before it stored anything received from r's start on
-// (what it saw of the restart died with it: nothing of it was stored, recorded or spooled), and
+// (what it saw of the restart died with it: nothing of it was stored, recorded or spooled) or was
+// told to stop before r sent its first message of k and stored nothing of k from r's start on (it
+// stopped reading then: it never saw r), and
 // headTo is the last number stored of the runs before (earlier, oldest first). The first bridge to
 // receive r then takes it for its first run of k and the run before going on (bridge/epoch.go): it
 // names the numbers above that last one, and those up to it cannot be told from the old run's.
@@ -708,15 +711,20 @@ func headExcuse(o *chaosObserved, k streams.Key, earlier []*chaosRun, r *chaosRu
 		return 0, false
 	}
 	at := r.start.UnixMilli()
+	firstSent := int64(math.MaxInt64)
+	for _, m := range r.sent[k] {
+		firstSent = min(firstSent, m.sentAtMs)
+	}
 	for _, s := range o.bridges {
 		if s.start.After(r.start) || (!s.end.IsZero() && s.end.Before(r.start)) {
 			continue
 		}
 		mine := func(m chaosStored) bool { return m.bridge == s.id || s.id == "" && m.bridge != "chaos-b2" }
-		if s.killed && !slices.ContainsFunc(o.stored, func(m chaosStored) bool {
+		deaf := s.killed || !s.stopped.IsZero() && s.stopped.UnixMilli() < firstSent
+		if deaf && !slices.ContainsFunc(o.stored, func(m chaosStored) bool {
 			return m.key == k && m.recvMs >= at && m.recvMs < s.end.UnixMilli() && mine(m)
 		}) {
-			continue // killed before it stored anything of r: its knowledge of the restart died with it
+			continue // killed, or stopped, before it stored anything of r: it knew nothing of the restart
 		}
 		for _, m := range o.stored {
 			if m.key == k && m.recvMs >= s.start.UnixMilli() && m.recvMs < at && mine(m) {

@@ -151,6 +151,10 @@ type chaosBridgeSpan struct {
 	id         string // its --bridge-id; "" for `fpmbus up`'s own (any id but a redundant bridge's)
 	start, end time.Time
 	killed     bool // it ended by SIGKILL: whatever it held in memory was lost with it
+	// stopped is when the schedule first told it to stop (SIGTERM or SIGKILL; zero: never, it ended by
+	// itself or at the end). A bridge stops reading ZMQ as soon as it is told (Bridge.Run), so nothing
+	// a publisher sent after that reached it, however long its stop took.
+	stopped time.Time
 }
 
 type healthSample struct {
@@ -190,7 +194,8 @@ type chaosEnv struct {
 	// bridge2Stopping is the last redundant bridge sent SIGTERM, until it exits.
 	bridge2Stopping *proc
 	spanMu          sync.Mutex
-	spans           []*chaosBridgeSpan // every bridge process, with its end once it exited
+	spans           []*chaosBridgeSpan  // every bridge process, with its end once it exited
+	stopSent        map[*proc]time.Time // when each process was first told to stop (stopSignal); spanMu
 	faults          []chaosFault
 	open            map[string]time.Time // faults not healed yet, by what
 	log             []string             // the steps as executed, with their actual times
@@ -342,9 +347,22 @@ func (e *chaosEnv) trackBridge(id string, p *proc) {
 		var exit *exec.ExitError
 		killed := errors.As(p.err, &exit) && exit.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL
 		e.spanMu.Lock()
-		s.end, s.killed = time.Now(), killed
+		s.end, s.killed, s.stopped = time.Now(), killed, e.stopSent[p]
 		e.spanMu.Unlock()
 	}()
+}
+
+// stopSignal sends p sig (SIGTERM or SIGKILL) and records when p was first told to stop.
+func (e *chaosEnv) stopSignal(p *proc, sig os.Signal) {
+	e.spanMu.Lock()
+	if _, ok := e.stopSent[p]; !ok {
+		if e.stopSent == nil {
+			e.stopSent = map[*proc]time.Time{}
+		}
+		e.stopSent[p] = time.Now()
+	}
+	e.spanMu.Unlock()
+	_ = p.cmd.Process.Signal(sig)
 }
 
 // supervise is the service manager's turn: a component whose run ended by itself is started again
@@ -452,7 +470,7 @@ func (e *chaosEnv) step(st chaosStep) {
 		}
 		c.down = true
 		if c.running() {
-			_ = c.cur.cmd.Process.Kill()
+			e.stopSignal(c.cur, syscall.SIGKILL)
 			e.waitExit(c.cur, 10*time.Second)
 		}
 	case actPause:
@@ -481,7 +499,7 @@ func (e *chaosEnv) step(st chaosStep) {
 		}
 		c.down = true
 		if c.running() {
-			_ = c.cur.cmd.Process.Signal(syscall.SIGTERM)
+			e.stopSignal(c.cur, syscall.SIGTERM)
 			if !e.waitExit(c.cur, chaosStopWait) {
 				e.note("%s did not exit within %v of SIGTERM: killed", st.Comp, chaosStopWait)
 				_ = c.cur.cmd.Process.Kill()
@@ -763,7 +781,7 @@ func (e *chaosEnv) stopBridge2() {
 		return
 	}
 	p := e.bridge2
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	e.stopSignal(p, syscall.SIGTERM)
 	stopInBackground(p)
 	e.bridge2, e.bridge2Stopping = nil, p
 }

@@ -371,6 +371,13 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 		o.bridges = []chaosBridgeSpan{{start: t0.Add(-time.Hour), end: end, killed: true}, {start: end.Add(time.Second)}}
 		return o
 	}
+	// stoppedBridge: the bridge that stored run 0 ran when run 2 began and was told to stop at stop (its
+	// stop took until end); another started a second later.
+	stoppedBridge := func(o *chaosObserved, stop time.Time) *chaosObserved {
+		end := r2.start.Add(time.Second)
+		o.bridges = []chaosBridgeSpan{{start: t0.Add(-time.Hour), end: end, stopped: stop}, {start: end.Add(time.Second)}}
+		return o
+	}
 	bridgeDown := func(o *chaosObserved) *chaosObserved {
 		o.bridges = []chaosBridgeSpan{{start: t0.Add(-time.Hour), end: r2.start.Add(-time.Second)}, {start: r2.start.Add(2 * time.Second)}}
 		return o
@@ -388,6 +395,10 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 			observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), "lost,report", 0},
 		"the bridge that knew the publisher was killed before it stored anything of the run: an unknowable head": {
 			killedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(time.Second)), "", 10},
+		"the bridge that knew the publisher was told to stop before the run's first message: an unknowable head": {
+			stoppedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(-time.Millisecond)), "", 10},
+		"the bridge that knew the publisher was told to stop after the run's first message: the head is lost": {
+			stoppedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(time.Millisecond)), "lost,report", 0},
 		"the bridge that knew the publisher was killed after it stored some of the run: the head is lost": {
 			killedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(4*time.Second)), "lost,report", 0},
 	} {
