@@ -10,15 +10,14 @@
 //	                  and Run, which runs it in a durable.Runner
 //	group.go          the consumer group: partitioning by worker_id, ack policy, retention-loss
 //	                  events, and replacing consumers declared otherwise (the other mode, by hand)
-//	writer.go         writer: one owned partition's producers and the messages waiting to be done
-//	writer_full.go    full mode: every valid message becomes one line
+//	writer.go         writer: one owned partition's producers and the messages waiting to be done;
+//	                  record, a message checked into a tracefile.Record (its line) with its delivery;
+//	                  full mode, where every valid message becomes one line
 //	writer_sampled.go sampled mode: newest message per key per event-time interval
-//	line.go           record: a message checked into a tracefile.Record (its line), and its delivery
 //	flush.go          flusher: compresses, writes and fsyncs off the loop (retrying a failed write
 //	                  with backoff); the completed flush marks its messages done
 //	recover.go        takeover recovery: the lines an earlier owner wrote for redelivered messages
-//	                  (found by tracefile's line identity)
-//	seqstate.go       per producer, which redelivered messages to skip
+//	                  (found by tracefile's line identity), and per producer which ones to skip
 //	segment_writer.go SegmentWriter: one producer's segments, one gzip member per flush, roll, prune
 //	                  (recording what a pruned segment held), cutting a failed write back
 //	continuation.go   processSegments: a later writer of a producer in this process continues its
@@ -46,7 +45,7 @@
 //   - A line is written at most once per stream message. A message whose acknowledgement did not
 //     reach the server (kill -9 between the fsync and the ack, a connection cut, or under cumulative
 //     acks a later message durable before an earlier one) comes again to the partition's next owner,
-//     which may be this process restarted: the takeover recovery (recover.go, seqstate.go) finds such
+//     which may be this process restarted: the takeover recovery (recover.go) finds such
 //     lines by identity (producer, observed_at_unix_ms and a hash of namespace, component, producer_id
 //     and the fpm object — nothing is added to the line) and skips those messages. Lines in segments
 //     already pruned cannot be found.

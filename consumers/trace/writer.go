@@ -12,6 +12,30 @@ import (
 	"github.com/fpmbus/fpmbus/tracefile"
 )
 
+// delivery is one message as the writer sees it: what it reads, and how it says the message is done
+// (its line, or the line that replaces it, is durable) or can never be written. *durable.Msg is one;
+// a backfill's replayed messages have nothing to settle.
+type delivery interface {
+	tracefile.Message
+	Done()
+	Reject(reason error)
+}
+
+// record is one message of the FPM stream, checked and ready to become a trace line
+// (tracefile.Record), and the delivery that settles it.
+type record struct {
+	tracefile.Record
+	d delivery
+}
+
+// parseRecord checks d as tracefile.ParseRecord does (the rule by which `fpmbus trace verify` files
+// stream messages too) and keeps d to settle it. An error means the message can never be written (bad
+// subject or body): the caller rejects it.
+func parseRecord(d delivery, md tracefile.MsgMeta, producerOverride string, keys tracefile.SubjectKeys) (record, error) {
+	r, err := tracefile.ParseRecord(d, md, producerOverride, keys)
+	return record{Record: r, d: d}, err
+}
+
 // writer turns the records of one ordered stream of messages — an owned partition's (Consumer) or a
 // backfill's range — into lines in their producers' segments, and says each message done once the
 // line holding it is durable (for a message that needs no line of its own, once the lines appended
@@ -137,6 +161,22 @@ func (w *writer) handle(r *record) error {
 		return w.sampler.add(w, r)
 	}
 	return w.handleFull(r)
+}
+
+// handleFull is full mode (DYN_FPM_MODE=full): every valid message, idle heartbeats included, becomes
+// one line in its producer's segments, in stream order; handleFull writes r's line and queues its Done
+// behind that line, so the message is done once that line is durable. (Sampled mode is
+// writer_sampled.go's.)
+func (w *writer) handleFull(r *record) error {
+	p, err := w.producerFor(r.Producer)
+	if err != nil {
+		return err
+	}
+	if err := w.write(p, r); err != nil {
+		return err
+	}
+	p.pending = append(p.pending, pendingDone{d: r.d, line: p.sw.Appended()})
+	return w.account(p, 1)
 }
 
 // write appends r's line to p's segments.
