@@ -153,6 +153,9 @@ func (t *tracker) observe(o *fpmObservation) {
 		markedFrom = t.markedRestart(o)
 		newRun = markedFrom != 0
 	}
+	// Or a drop marker of o's own bridge shows the run got to or past o before (markedPast).
+	past := !newRun && o.Epoch > st.MaxEpoch && o.RunStart == "" && t.markedPast(o)
+	newRun = newRun || past
 	if !newRun {
 		if o.Epoch > st.MaxEpoch && o.RunStart == "" {
 			t.cross(o)
@@ -173,12 +176,12 @@ func (t *tracker) observe(o *fpmObservation) {
 		st.Run.LastSeq, st.Run.LastEpoch, st.Run.LastAtMs = o.Seq, o.Epoch, o.ObservedAtMs
 		st.MaxEpoch = max(st.MaxEpoch, o.Epoch)
 	} else {
-		t.restart(o, stale != nil, silentMs, advance && o.RunStart != streams.RunStartRestart && markedFrom == 0, markedFrom)
+		t.restart(o, stale != nil, silentMs, advance && o.RunStart != streams.RunStartRestart && markedFrom == 0 && !past, markedFrom)
 	}
 	t.count(o)
 	st.LastSeenMs = max(st.LastSeenMs, o.ObservedAtMs)
 	if stale != nil {
-		t.resume(o, stale, newRun, advance && newRun && o.RunStart != streams.RunStartRestart && markedFrom == 0)
+		t.resume(o, stale, newRun, advance && newRun && o.RunStart != streams.RunStartRestart && markedFrom == 0 && !past)
 	}
 	if len(st.Markers) > 0 {
 		t.prune()
@@ -641,6 +644,27 @@ func (t *tracker) markedRestart(o *fpmObservation) int64 {
 		}
 	}
 	return from
+}
+
+// markedPast reports whether a drop marker of o's bridge, under an epoch between the last FPM seen and
+// o's, goes on from that FPM (the run's numbers its bridge received and could not store, as
+// markedTail takes them) to o's number or past it: the run got there before o's epoch began, and a
+// bridge receives a publisher's numbers in order and, started again, only those sent after, so o, a
+// bridge's first run (no run start) that would otherwise read as the run going on, begins a new run.
+// The restart then names the old run's numbers up to the marker's last under its epochs (markedTail).
+func (t *tracker) markedPast(o *fpmObservation) bool {
+	st := t.st
+	if st.Last.Seq == math.MaxUint64 {
+		return false
+	}
+	for i := range st.Markers {
+		m := &st.Markers[i]
+		if !m.Used && m.Bridge == o.Bridge && m.Epoch > st.MaxEpoch && m.Epoch < o.Epoch &&
+			m.FirstSeq > st.Last.Seq && m.LastSeq >= o.Seq {
+			return true
+		}
+	}
+	return false
 }
 
 // showsRestart reports whether drop marker m shows a publisher restart between last, the last FPM seen

@@ -700,6 +700,26 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"bridge_drop@1:40-45", "publisher_restart@3:0-59", "bridge_drop@3:1-9"},
 		},
+		// The bridge was killed while the run went on, started again on a full store, received the run's
+		// later numbers, could store none and stopped (a marker of them under its epoch); started once
+		// more, it received a rerun's numbers, taken for its first run (no run start), above the last
+		// FPM stored but below the marker's last. The marker shows the run got past them before: the
+		// sequence went back, a restart; the old run's numbers up to the marker are named under its
+		// epochs, the new run's before its first FPM under the new one.
+		"a bridge's first run below where its own earlier drop marker shows the run got": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 26, 1, t0)
+				s.marker(2, 75, 105, "shutdown") // the run going on, dropped by the bridge's next start
+				step()
+				s.run(30, 40, 3, at+45_000) // the bridge's third start: a rerun, no run start
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(31), s.st.Counters.Missing.BridgeDrop)
+				equal(s.t, uint64(30), s.st.Counters.Missing.PublisherRestart)
+				equal(s.t, int64(3), s.st.Run.FirstEpoch)
+			},
+			want: []string{"stale@1", "stale@3", "zmq_drop@2:27-74", "bridge_drop@2:75-105", "publisher_restart@3:0-29"},
+		},
 		// The same marker read only after the grace, the jump classified: it was spooled by the bridge
 		// that stopped and published when that bridge started again, long after. The new run's numbers
 		// up to the old run's last, taken for the old run's, are named then under the marker's epoch.
@@ -925,7 +945,8 @@ func TestTrackerEpochs(t *testing.T) {
 			want: []string{"publisher_restart@2:0-29", "publisher_restart@3:0-30"},
 		},
 		// A marker from seq 0 under a newer epoch of another bridge, or one of the same bridge that goes
-		// on past the last number seen, shows no restart: the next FPM goes on with the run.
+		// on past the last number seen, shows no restart: the next FPM goes on with the run. (The same
+		// bridge started again receives only numbers sent after it subscribed: above the marker's.)
 		"a drop marker of another bridge or mid-run shows no restart": {
 			play: func(s *script, step func()) {
 				at := s.run(0, 39, 1, t0)
@@ -933,11 +954,11 @@ func TestTrackerEpochs(t *testing.T) {
 					Count: 10, Reason: "shutdown", Bridge: "other"}, 100)
 				s.marker(2, 42, 43, "shutdown")
 				step()
-				s.run(41, 45, 3, at+3_000)
+				s.run(45, 49, 3, at+3_000)
 				s.tr.expire(s.nowMs + 10_000)
 				equal(s.t, uint64(0), s.st.Counters.Restarts)
 			},
-			want: []string{"zmq_drop@3:40-40"},
+			want: []string{"zmq_drop@3:40-41", "bridge_drop@3:42-43", "zmq_drop@3:44-44"},
 		},
 		// A gap across a bridge restart is named under both epochs; a late copy takes its number back
 		// once, whichever epoch it came under.
