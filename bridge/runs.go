@@ -122,7 +122,8 @@ import (
 //     saw no new run, keeps its own. (A bridge lagging more than the stream's duplicate
 //     window, 30 s, stores its own copies whatever the epochs.)
 //   - Where the bridges share no message of a run (this one joined it after the other stopped storing
-//     it, or a moment after the other recorded its first message), the numbers show it: the other's
+//     it, started while the other's copies were held up, or connected a moment after the other
+//     recorded its first message), the numbers show it: the other's
 //     newest FPM is the number just before this one's first, received at most continuationWindow
 //     earlier, or a number the run's own pace carries on to this one's first (runPace), or its
 //     recorded run began with the number just before within evidenceTolerance. A publisher that
@@ -735,14 +736,15 @@ func (b *Bridge) evidenceApart(m *jetstream.RawStreamMsg, r *run, prev int64) (i
 // when r's first message was received (runPace, the run recorded in entries). That bridge stored the
 // run up to where it stopped, and this one joined it further on (this bridge missed the run's first
 // messages: it was stopped, or connected late, and the other stopped storing before this one began),
-// so the two share no message to show it. Not for a bridge's first run after it starts: that one
-// takes the run of a live bridge by the messages both received, and otherwise begins an epoch of its
-// own (which changes only how the gap detector reads the start, see above). A publisher restart
-// between the two whose new run this bridge joined at exactly that number would be taken for the run
-// going on: a coincidence of numbers within the window, which the limits above state.
+// so the two share no message to show it. A bridge's first run after it starts too: a redundant
+// bridge started while the other's publishing was held up (its process stopped, its broker away)
+// shares no message with what the other stored so far, and the other's copies of the numbers both
+// received come only later; an epoch of its own would store them twice. A publisher restart between
+// the two whose new run this bridge joined at exactly that number would be taken for the run going
+// on: a coincidence of numbers within the window, which the limits above state.
 func (b *Bridge) continuedIn(m *jetstream.RawStreamMsg, r *run, prev int64, entries []streams.RunEntry) (int64, runKind, bool) {
 	epoch, seq, at, ok := storedFPM(m)
-	if r.kind == runStart || !ok || epoch < prev || (r.kind == runRestart && epoch == prev) ||
+	if !ok || epoch < prev || (r.kind == runRestart && epoch == prev) ||
 		m.Header.Get(streams.HeaderBridge) == b.cfg.BridgeID || seq >= r.firstSeq {
 		return 0, 0, false
 	}

@@ -334,6 +334,15 @@ func TestAgreeRun(t *testing.T) {
 			stored: &storedCopy{runMsg{4, "x4", now - 600}, now - 1400, "restart", ""},
 			want:   want{epoch: now - 1400, start: "restart", reads: 1},
 		},
+		// The same for this bridge's first run after it started: the other bridge's copies went from the
+		// run's first (0, 1.4 s ago) to 4 (0.6 s ago) and its copies of the numbers both received are
+		// held up (its process stopped, its broker away), to be stored after this bridge's.
+		"starting while the other bridge's copies of the run stop a few numbers before at its pace": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 1400, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 1400, Bridge: other}},
+			stored: &storedCopy{runMsg{4, "x4", now - 600}, now - 1400, "", ""},
+			want:   want{epoch: now - 1400, start: "", reads: 1},
+		},
 		// At that pace the run the other bridge stored (0 at 2.4 s ago, 4 at 1.6 s ago) would be at 12
 		// now: this bridge's 7 may be a restart after it, at about the same pace.
 		"a restart after the run the other bridge stored, at its pace, is a run of its own": {
