@@ -677,6 +677,8 @@ func (t *tracker) markedPast(o *fpmObservation) bool {
 //   - A marker of next's bridge: from 0, or from at or below the last number seen when that was the
 //     same bridge's (a bridge gives a run that goes on a new epoch only when it starts again, and then
 //     past every number it received before: it missed the run's 0, subscribing after it was sent).
+//   - Last's bridge's, whoever's next is: from at or below last's number, received after last was
+//     (that bridge's numbers went back: it stopped, and started again on a new run).
 //   - Another bridge's: from 0, received after last was. Redundant bridges that could not agree give
 //     one run two epochs and either may have dropped numbers below the other's, but a bridge that
 //     received a run's 0 after another bridge's later number of it cannot be reading that run.
@@ -685,6 +687,9 @@ func showsRestart(m *heldMarker, maxEpoch int64, last, next point) bool {
 		return false
 	}
 	if m.Bridge == next.Bridge && (m.FirstSeq == 0 || m.FirstSeq <= last.Seq && last.Bridge == m.Bridge) {
+		return true
+	}
+	if m.Bridge == last.Bridge && m.FirstSeq <= last.Seq && m.FirstReceivedAtMs > last.ObservedAtMs {
 		return true
 	}
 	return m.FirstSeq == 0 && m.FirstReceivedAtMs > last.ObservedAtMs

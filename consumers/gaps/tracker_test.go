@@ -720,6 +720,26 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"stale@1", "stale@3", "zmq_drop@2:27-74", "bridge_drop@2:75-105", "publisher_restart@3:0-29"},
 		},
+		// The bridge that stored the last FPM seen stopped, started again on the publisher's next run,
+		// received its numbers from below that FPM's (the sequence went back), could store none and
+		// stopped (a marker of them under its new epoch, spooled and published when it started once
+		// more); the next FPM is another bridge's first run. The marker shows the restart all the same.
+		"a restart the last FPM's bridge's marker shows, the next FPM another bridge's": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 214, 1, t0)
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: 2, FirstSeq: 62, LastSeq: 265,
+					Count: 204, Reason: "shutdown", Bridge: "b", FirstReceivedAtMs: at + 40_000, LastReceivedAtMs: at + 50_000}, 100)
+				step()
+				s.fpmFrom("c", 490, 3, at+60_000) // another bridge's first run: no run start
+				s.fpmFrom("c", 491, 3, at+60_050)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(204), s.st.Counters.Missing.BridgeDrop)
+				equal(s.t, uint64(490-204), s.st.Counters.Missing.PublisherRestart)
+				equal(s.t, int64(2), s.st.Run.FirstEpoch)
+			},
+			want: []string{"stale@1", "stale@3", "publisher_restart@3:0-489", "bridge_drop@3:62-265"},
+		},
 		// The same marker read only after the grace, the jump classified: it was spooled by the bridge
 		// that stopped and published when that bridge started again, long after. The new run's numbers
 		// up to the old run's last, taken for the old run's, are named then under the marker's epoch.
