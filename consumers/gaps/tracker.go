@@ -196,13 +196,17 @@ func (t *tracker) observe(o *fpmObservation) {
 // the current run's numbers under an epoch of its own: redundant bridges that could not agree on the
 // run give it two epochs (a bridge stopped while its runs were held agrees them at its stop with what
 // it has; a bridge started while the other's copies were held up, by a full disk or a stopped process,
-// for longer than it looks for them records the run anew).
+// for longer than it looks for them records the run anew). A number below the run's first that such a
+// bridge received before the run's first number and well before its last is one too: the bridge that
+// joined first stored the run's earlier numbers under an epoch placed after the other's, its run not
+// having ended when it recorded it.
 func (t *tracker) copyOfRun(o *fpmObservation) bool {
 	st := t.st
+	firstRun := o.RunStart == "" && o.ObservedAtMs+sameRunTolerance < st.Run.LastAtMs
 	if o.Seq < st.Run.FirstSeq {
-		return o.ObservedAtMs+sameRunTolerance < st.Run.StartedAtMs
+		return o.ObservedAtMs+sameRunTolerance < st.Run.StartedAtMs || firstRun && o.ObservedAtMs < st.Run.StartedAtMs
 	}
-	return o.RunStart == "" && o.ObservedAtMs+sameRunTolerance < st.Run.LastAtMs
+	return firstRun
 }
 
 // joinRun takes epoch, another bridge's for the current run, into the run: its copies are the run's

@@ -740,6 +740,25 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"stale@1", "stale@3", "publisher_restart@3:0-489", "bridge_drop@3:62-265"},
 		},
+		// Redundant bridges that could not agree on a restarted run: one, started a moment before the
+		// other's first copy of it, stored the run's 50-53 under an epoch of its own (placed after the
+		// other's: its run had not ended), read after the other's 56-117. They were received before the
+		// run's first copy and long before its last: no later run, but the run's own first numbers.
+		"another bridge's copy of numbers below the run's first, received just before it": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 199, 1, t0)
+				s.run(56, 117, 2, at+3_000)
+				step()
+				for q := uint64(50); q <= 53; q++ {
+					s.fpmFrom("c", q, 3, at+3_000-300+int64(q-50)*50)
+				}
+				s.run(119, 130, 4, at+3_000+6_300) // the first bridge started again: no run start
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(56-4), s.st.Counters.Missing.PublisherRestart)
+			},
+			want: []string{"publisher_restart@2:0-55", "zmq_drop@4:118-118"},
+		},
 		// The same marker read only after the grace, the jump classified: it was spooled by the bridge
 		// that stopped and published when that bridge started again, long after. The new run's numbers
 		// up to the old run's last, taken for the old run's, are named then under the marker's epoch.
