@@ -126,7 +126,8 @@ import (
 //     recorded its first message), the numbers show it: the other's
 //     newest FPM is the number just before this one's first, received at most continuationWindow
 //     earlier, or a number the run's own pace carries on to this one's first (runPace), or its
-//     recorded run began with the number just before within evidenceTolerance. A publisher that
+//     recorded run began with the number just before within evidenceTolerance, or at the number this
+//     run's own pace, carried back, was at when it was received (ownPace). A publisher that
 //     restarted in between and whose new run this bridge joined at exactly that next number, or at the
 //     number the old run's pace predicts (the new run going faster than the old, by the old run's
 //     newest number over the time between), would be taken for the run going on (its restart unseen
@@ -796,6 +797,19 @@ func (p pace) reaches(seq uint64, atMs int64) bool {
 	return math.Abs(predicted-float64(seq)) <= tolerance
 }
 
+// reachedBack reports whether the run, at p's pace, was at number seq at atMs, before its first
+// message here (number p.first, received at p.firstMs): within a fifth of the numbers between (at
+// least 2) and within half of seq (at least 1). A run that began after atMs, a restart, numbers from 0
+// then: at the same pace it is carried back below 0 at atMs, and the bound keeps it from matching.
+func (p ownPace) reachedBack(seq uint64, atMs int64) bool {
+	if p.perMs == 0 || seq >= p.first || atMs >= p.firstMs {
+		return false
+	}
+	predicted := float64(p.first) - float64(p.firstMs-atMs)*p.perMs
+	tolerance := min(max(2, float64(p.first-seq)/5), max(float64(seq)/2, 1))
+	return math.Abs(predicted-float64(seq)) <= tolerance
+}
+
 // msgIDDigest is the payload digest in an FPM's message id (streams.FPMMsgID: <key>:<seq>:<digest>:e<epoch>),
 // "" if the id is not of that form.
 func msgIDDigest(id string) string {
@@ -835,6 +849,17 @@ func (b *Bridge) recordedEvidence(r *run, entries []streams.RunEntry, prev int64
 		e := entries[i]
 		if d := r.firstRecvMs() - e.FirstReceivedAtMs; e.Epoch > prev && e.Bridge != b.cfg.BridgeID &&
 			e.FirstSeq+1 == r.firstSeq && d >= 0 && d <= evidenceTolerance.Milliseconds() {
+			return e, true
+		}
+	}
+	// The recorded run began at the number this run's own pace, carried back from its first message,
+	// was at when the recording bridge received it: this bridge joined that run further on (started, or
+	// connected, while the other's copies were held up, so that none is stored to show it).
+	own := b.epochs.ownPace(r)
+	for i := len(entries) - 1; i >= 0; i-- {
+		e := entries[i]
+		if d := r.firstRecvMs() - e.FirstReceivedAtMs; e.Epoch > prev && e.Bridge != b.cfg.BridgeID && e.FirstReceivedAtMs > 0 &&
+			d > 0 && d <= continuationWindow.Milliseconds() && own.reachedBack(e.FirstSeq, e.FirstReceivedAtMs) {
 			return e, true
 		}
 	}

@@ -99,6 +99,9 @@ func TestAgreeRun(t *testing.T) {
 		// started: applying streams, opening buckets); stored is the other bridge's copy of a number
 		// below it, received just before it, and late its copy of the run's first
 		early bool
+		// every: the run's messages here come this many ms apart (0: 20 ms for the first three, then
+		// 1 ms), so that its own pace can be measured
+		every int64
 		want  want
 	}{
 		"first bridge ever": {
@@ -343,6 +346,21 @@ func TestAgreeRun(t *testing.T) {
 			stored: &storedCopy{runMsg{4, "x4", now - 600}, now - 1400, "", ""},
 			want:   want{epoch: now - 1400, start: "", reads: 1},
 		},
+		// Nothing of the other bridge's is stored: its copies are held up (its process stopped, its
+		// broker away), but it recorded the run from 2, received 250 ms before this bridge's first, 7:
+		// where this run's own pace (a number every 50 ms, 7 to 14) puts it then.
+		"starting while the other bridge's copies are held up, its record where this run's pace was": {
+			kind: runStart, t0: now, every: 50, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 250, FirstSeq: 2, FirstDigest: dg("x2"), FirstReceivedAtMs: now - 250, Bridge: other}},
+			want: want{epoch: now - 250, start: "", reads: 1},
+		},
+		// The same record 300 ms earlier: this run's pace carries 7 back to below 0 then, not to 2: this
+		// run may have begun after that one's first message (a restart), so it is recorded anew.
+		"starting after another bridge's record the run's pace does not reach back to": {
+			kind: runStart, t0: now, every: 50, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 550, FirstSeq: 2, FirstDigest: dg("x2"), FirstReceivedAtMs: now - 550, Bridge: other}},
+			want: want{written: true},
+		},
 		// At that pace the run the other bridge stored (0 at 2.4 s ago, 4 at 1.6 s ago) would be at 12
 		// now: this bridge's 7 may be a restart after it, at about the same pace.
 		"a restart after the run the other bridge stored, at its pace, is a run of its own": {
@@ -508,8 +526,9 @@ func TestAgreeRun(t *testing.T) {
 				first, firstSeq = runMsg{3, "d3", tc.t0}, 3 // below the previous run's 5
 			}
 			r, _ := e.observe(k, firstSeq, tc.t0, dg(first.digest), 0, session)
+			step := cmp.Or(tc.every, 20)
 			for i, q := range []uint64{firstSeq + 1, firstSeq + 2} {
-				e.observe(k, q, tc.t0+20*int64(i+1), dg("d"+strconv.FormatUint(q, 10)), 0, session)
+				e.observe(k, q, tc.t0+step*int64(i+1), dg("d"+strconv.FormatUint(q, 10)), 0, session)
 			}
 			if tc.kind == runRestart {
 				// The other bridge's messages 7, 8 are this run's too.
@@ -519,7 +538,11 @@ func TestAgreeRun(t *testing.T) {
 			}
 			for i := range tc.more {
 				q := firstSeq + 3 + i
-				e.observe(k, q, tc.t0+60+int64(i), dg("d"+strconv.FormatUint(q, 10)), 0, session)
+				at := tc.t0 + 60 + int64(i)
+				if tc.every > 0 {
+					at = tc.t0 + tc.every*int64(3+i)
+				}
+				e.observe(k, q, at, dg("d"+strconv.FormatUint(q, 10)), 0, session)
 			}
 			if tc.ended {
 				e.observe(k, 0, tc.t0+9000, dg("next0"), 0, 3<<32|3)
