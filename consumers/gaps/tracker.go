@@ -650,12 +650,14 @@ func (t *tracker) markedRestart(o *fpmObservation) int64 {
 	return from
 }
 
-// markedPast reports whether a drop marker of o's bridge, under an epoch between the last FPM seen and
-// o's, goes on from that FPM (the run's numbers its bridge received and could not store, as
-// markedTail takes them) to o's number or past it: the run got there before o's epoch began, and a
-// bridge receives a publisher's numbers in order and, started again, only those sent after, so o, a
-// bridge's first run (no run start) that would otherwise read as the run going on, begins a new run.
-// The restart then names the old run's numbers up to the marker's last under its epochs (markedTail).
+// markedPast reports whether a drop marker of o's bridge, under an epoch of the current run or one
+// between the last FPM seen and o's, names the run's numbers past that FPM (numbers its bridge
+// received and could not store, as markedTail takes them) up to o's number or past it: the run got
+// there before o's epoch began, and a bridge receives a publisher's numbers in order and, started
+// again, only those sent after, so o, a bridge's first run (no run start) that would otherwise read as
+// the run going on, begins a new run. The restart then names the old run's numbers up to the marker's
+// last under its epochs (markedTail). (A marker under an epoch between that begins at or below the
+// last FPM is a run of its own: showsRestart.)
 func (t *tracker) markedPast(o *fpmObservation) bool {
 	st := t.st
 	if st.Last.Seq == math.MaxUint64 {
@@ -663,10 +665,11 @@ func (t *tracker) markedPast(o *fpmObservation) bool {
 	}
 	for i := range st.Markers {
 		m := &st.Markers[i]
-		if !m.Used && m.Bridge == o.Bridge && m.Epoch > st.MaxEpoch && m.Epoch < o.Epoch &&
-			m.FirstSeq > st.Last.Seq && m.LastSeq >= o.Seq {
-			return true
+		if m.Used || m.Bridge != o.Bridge || m.Epoch < st.Run.FirstEpoch || m.Epoch >= o.Epoch ||
+			m.LastSeq <= st.Last.Seq || m.LastSeq < o.Seq || m.Epoch > st.MaxEpoch && m.FirstSeq <= st.Last.Seq {
+			continue
 		}
+		return true
 	}
 	return false
 }

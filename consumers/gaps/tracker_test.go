@@ -759,6 +759,22 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"publisher_restart@2:0-55", "zmq_drop@4:118-118"},
 		},
+		// The same with the marker under the run's own epoch: the bridge dropped the run's last numbers
+		// at its stop (a full store) and, started again, received a later run's numbers from below the
+		// marker's last.
+		"a bridge's first run below where its own drop marker under the run's epoch shows the run got": {
+			play: func(s *script, step func()) {
+				at := s.run(2, 29, 1, t0)
+				s.marker(1, 30, 70, "shutdown")
+				step()
+				s.run(62, 80, 3, at+45_000)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(41), s.st.Counters.Missing.BridgeDrop)
+				equal(s.t, uint64(62), s.st.Counters.Missing.PublisherRestart)
+			},
+			want: []string{"stale@1", "bridge_drop@1:30-70", "stale@3", "late_start@1:0-1", "publisher_restart@3:0-61"},
+		},
 		// The same marker read only after the grace, the jump classified: it was spooled by the bridge
 		// that stopped and published when that bridge started again, long after. The new run's numbers
 		// up to the old run's last, taken for the old run's, are named then under the marker's epoch.
