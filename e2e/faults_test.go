@@ -79,20 +79,23 @@ func TestBridgeKill9RestartNoDuplicates(t *testing.T) {
 	}
 	stored := storedFPMs(t, env.JS, ">")
 	seen := map[string]bool{}
-	epochs := map[string]bool{}
+	bridges := map[string]bool{}
 	for _, m := range stored {
 		k := fmt.Sprintf("%d/%d", m.key.DPRank, m.seq) // the publisher never restarted: seq is unique per rank
 		if seen[k] {
 			t.Fatalf("rank %d seq %d stored twice", m.key.DPRank, m.seq)
 		}
 		seen[k] = true
-		epochs[fmt.Sprintf("%d/%s", m.key.DPRank, m.epoch)] = true
+		bridges[fmt.Sprintf("%d/%s", m.key.DPRank, m.header.Get(streams.HeaderBridge))] = true
 	}
 	if len(stored) < 2*6000/3 {
 		t.Fatalf("only %d of %d messages stored: both bridges should have stored most", len(stored), 2*6000)
 	}
-	if len(epochs) < 2*2 {
-		t.Fatalf("want a distinct (rank, epoch) per bridge and rank, got %d", len(epochs))
+	// (Whether the restarted bridge takes the run under the killed one's epoch, its numbers going on
+	// from where that one stopped, or begins an epoch of its own changes how the gap detector reads the
+	// run, not what is stored.)
+	if len(bridges) != 2*2 {
+		t.Fatalf("want each bridge's copies of each rank stored, got %d (rank, bridge) pairs: %v", len(bridges), bridges)
 	}
 }
 
