@@ -395,11 +395,14 @@ func (t *tracker) placedRunBegins(o *fpmObservation) *pending {
 func (t *tracker) joinPlaced(o *fpmObservation) {
 	st := t.st
 	i := slices.IndexFunc(st.Pending, func(p pending) bool {
-		if p.Kind != kindRestart || p.EpochLo <= o.Epoch || o.Epoch <= p.Before.Epoch ||
-			o.ObservedAtMs < p.After.ObservedAtMs-sameRunTolerance || o.ObservedAtMs > p.After.ObservedAtMs+sameRunTolerance {
+		if p.Kind != kindRestart || p.EpochLo <= o.Epoch || o.Epoch <= p.Before.Epoch {
 			return false
 		}
-		return o.Seq == p.After.Seq || o.Seq+1 == p.After.Seq && o.ObservedAtMs <= p.After.ObservedAtMs
+		if o.ObservedAtMs >= p.After.ObservedAtMs-sameRunTolerance && o.ObservedAtMs <= p.After.ObservedAtMs+sameRunTolerance &&
+			(o.Seq == p.After.Seq || o.Seq+1 == p.After.Seq && o.ObservedAtMs <= p.After.ObservedAtMs) {
+			return true
+		}
+		return t.runPaceReachesBack(&p, o)
 	})
 	if i < 0 {
 		return
@@ -418,6 +421,36 @@ func (t *tracker) joinPlaced(o *fpmObservation) {
 		st.Counters.Restarts--
 	}
 }
+
+// runPaceReachesBack reports whether o, a number below the first of the current run whose restart p
+// holds, received before it, is where the run's pace, carried back from that first number, puts the
+// run when o was received: within a fifth of the numbers between (at least 2) and within half of o's
+// number (at least 1). The bridge that recorded the run first stalled (its process stopped) after a
+// few numbers and read the rest late, so that only its first copies were received in time; the other
+// joined the run further on and recorded it. A restart after o began at 0 later: at the run's pace it
+// is carried back below 0, which the bound keeps from matching. The pace is the run's from its first
+// number to its last seen, over at least minPaceNumbers numbers and minPaceSpanMs.
+func (t *tracker) runPaceReachesBack(p *pending, o *fpmObservation) bool {
+	st := t.st
+	if p.After.Seq != st.Run.FirstSeq || p.After.ObservedAtMs != st.Run.StartedAtMs || o.Seq >= p.After.Seq ||
+		o.ObservedAtMs >= p.After.ObservedAtMs || o.ObservedAtMs <= p.Before.ObservedAtMs {
+		return false
+	}
+	n, span := st.Run.LastSeq-st.Run.FirstSeq, st.Run.LastAtMs-st.Run.StartedAtMs
+	if st.Run.LastSeq <= st.Run.FirstSeq || n < minPaceNumbers || span < minPaceSpanMs {
+		return false
+	}
+	predicted := float64(p.After.Seq) - float64(p.After.ObservedAtMs-o.ObservedAtMs)*float64(n)/float64(span)
+	tolerance := min(max(2, float64(p.After.Seq-o.Seq)/5), max(float64(o.Seq)/2, 1))
+	return math.Abs(predicted-float64(o.Seq)) <= tolerance
+}
+
+// minPaceNumbers and minPaceSpanMs bound what a run's pace is measured on (runPaceReachesBack), so that
+// one late message does not make a pace.
+const (
+	minPaceNumbers = 4
+	minPaceSpanMs  = 200
+)
 
 // maxNamed bounds epochSeen.Named.
 const maxNamed = 64

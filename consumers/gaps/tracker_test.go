@@ -775,6 +775,30 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"stale@1", "bridge_drop@1:30-70", "stale@3", "late_start@1:0-1", "publisher_restart@3:0-61"},
 		},
+		// Redundant bridges that could not agree on a restarted run: one received its first numbers and
+		// stalled (its process stopped), so the other, started meanwhile, recorded the run from 53; the
+		// first stores its copies of 0-52, under an older epoch of its own, only after the other's. Its
+		// first copy is where the run's pace, carried back from 53, puts it: the run's own first numbers.
+		"a stalled bridge's copies of a run's first numbers, stored after the run another bridge recorded": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 130, 1, t0)
+				begin := at + 2_000 // the run's 0, at the stalled bridge
+				for q := uint64(53); q <= 94; q++ {
+					s.fpmFrom("c", q, 3, begin+int64(q)*100)
+				}
+				for q := uint64(0); q <= 52; q++ {
+					recv := begin + int64(q)*100
+					if q > 10 {
+						recv = begin + 6_000 + int64(q) // read in a burst once the process ran again
+					}
+					s.fpm(q, 2, recv)
+				}
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(1), s.st.Counters.Restarts)
+				equal(s.t, uint64(0), s.st.Counters.Missing.PublisherRestart)
+			},
+			want: []string{"stale@1", "stale@3", "publisher_restart@3"},
+		},
 		// The same marker read only after the grace, the jump classified: it was spooled by the bridge
 		// that stopped and published when that bridge started again, long after. The new run's numbers
 		// up to the old run's last, taken for the old run's, are named then under the marker's epoch.
