@@ -697,7 +697,10 @@ func elsewhere(ns []naming, seqs []uint64, r *chaosRun, k streams.Key, applies f
 // each that was running was killed (SIGKILL) before it stored anything received from r's start on
 // (what it saw of the restart died with it: nothing of it was stored, recorded or spooled) or was
 // told to stop before r sent its first message of k and stored nothing of k from r's start on (it
-// stopped reading then: it never saw r), and
+// stopped reading then: it never saw r), or was paused (SIGSTOP) or down when r sent its first message
+// of k and stored nothing of k received from r's start until it ran again (a rerun is a new process:
+// the paused bridge's connection to the old one is gone, and it meets r, if at all, on a new one,
+// further on), and
 // headTo is the last number stored of the runs before (earlier, oldest first). The first bridge to
 // receive r then takes it for its first run of k and the run before going on (bridge/epoch.go): it
 // names the numbers above that last one, and those up to it cannot be told from the old run's.
@@ -726,6 +729,11 @@ func headExcuse(o *chaosObserved, k streams.Key, earlier []*chaosRun, r *chaosRu
 		}) {
 			continue // killed, or stopped, before it stored anything of r: it knew nothing of the restart
 		}
+		if healed, ok := o.pausedAt(s, firstSent); ok && !slices.ContainsFunc(o.stored, func(m chaosStored) bool {
+			return m.key == k && m.recvMs >= at && m.recvMs < healed && mine(m)
+		}) {
+			continue // paused or down when r began, and nothing of r stored from before it ran again
+		}
 		for _, m := range o.stored {
 			if m.key == k && m.recvMs >= s.start.UnixMilli() && m.recvMs < at && mine(m) {
 				return 0, false // a bridge that knew the publisher ran when r began: it saw the restart
@@ -733,6 +741,19 @@ func headExcuse(o *chaosObserved, k streams.Key, earlier []*chaosRun, r *chaosRu
 		}
 	}
 	return headTo, true
+}
+
+// pausedAt reports whether bridge span s's component (`up`'s own bridge, or the split shape's bridge;
+// not the redundant one, which is only started and stopped) was paused or down at ms by a fault
+// window, and when it was healed (the window's end less faultHealPad).
+func (o *chaosObserved) pausedAt(s chaosBridgeSpan, ms int64) (healed int64, ok bool) {
+	comp := map[string]string{"": "up", "chaos-b1": "bridge"}[s.id]
+	for _, f := range o.faults {
+		if comp != "" && f.what == comp && f.start.UnixMilli() <= ms && ms < f.end.Add(-faultHealPad).UnixMilli() {
+			return f.end.Add(-faultHealPad).UnixMilli(), true
+		}
+	}
+	return 0, false
 }
 
 // tailExcuse says why r's last messages may be lost unknowably ("" if nothing does): it was killed, or

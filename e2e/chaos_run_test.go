@@ -418,10 +418,13 @@ func (e *chaosEnv) faultOpen(what string) {
 	}
 }
 
-// faultClose ends a fault window a few seconds after its heal: reconnecting and catching up take time.
+// faultHealPad is how long after its heal a fault window ends: reconnecting and catching up take time.
+const faultHealPad = 5 * time.Second
+
+// faultClose ends a fault window faultHealPad after its heal.
 func (e *chaosEnv) faultClose(what string) {
 	if at, ok := e.open[what]; ok {
-		e.faults = append(e.faults, chaosFault{what, at, time.Now().Add(5 * time.Second)})
+		e.faults = append(e.faults, chaosFault{what, at, time.Now().Add(faultHealPad)})
 		delete(e.open, what)
 	}
 }

@@ -378,6 +378,13 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 		o.bridges = []chaosBridgeSpan{{start: t0.Add(-time.Hour), end: end, stopped: stop}, {start: end.Add(time.Second)}}
 		return o
 	}
+	// pausedBridge: `up`, whose bridge stored run 0, ran throughout; it was paused from pause until
+	// cont (the fault window ends faultHealPad after the heal).
+	pausedBridge := func(o *chaosObserved, pause, cont time.Time) *chaosObserved {
+		o.bridges = []chaosBridgeSpan{{start: t0.Add(-time.Hour)}}
+		o.faults = []chaosFault{{"up", pause, cont.Add(faultHealPad)}}
+		return o
+	}
 	bridgeDown := func(o *chaosObserved) *chaosObserved {
 		o.bridges = []chaosBridgeSpan{{start: t0.Add(-time.Hour), end: r2.start.Add(-time.Second)}, {start: r2.start.Add(2 * time.Second)}}
 		return o
@@ -399,6 +406,10 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 			stoppedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(-time.Millisecond)), "", 10},
 		"the bridge that knew the publisher was told to stop after the run's first message: the head is lost": {
 			stoppedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(time.Millisecond)), "lost,report", 0},
+		"the bridge that knew the publisher was paused before the run's first message, and stored it only after: an unknowable head": {
+			pausedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(-time.Millisecond), r2.start.Add(2*time.Second)), "", 10},
+		"the bridge that knew the publisher was paused only after the run's first message: the head is lost": {
+			pausedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(time.Millisecond), r2.start.Add(2*time.Second)), "lost,report", 0},
 		"the bridge that knew the publisher was killed after it stored some of the run: the head is lost": {
 			killedBridge(observe([]*chaosRun{r0, r2}, headStored, []gaps.Event{gap(e2, 10, 11)}, report(18, 2)), r2.start.Add(4*time.Second)), "lost,report", 0},
 	} {
