@@ -289,26 +289,20 @@ func (e *epochs) evidence(r *run) runEvidence {
 	return runEvidence{lastMs: r.lastMs, ended: r.ended}
 }
 
-// ownPace is how fast r's numbers went as this bridge received them, from its first message to its
-// latest (runs.go, reachedBack); zero while they span too little to measure it (minPaceNumbers,
-// minPaceSpan).
-type ownPace struct {
-	first   uint64 // r's first number here
-	firstMs int64  // when it was received
-	perMs   float64
-}
-
-func (e *epochs) ownPace(r *run) ownPace {
+// ownPace is how fast r's numbers went as this bridge received them, from its first message (the
+// anchor) to its latest (runs.go, pace.reachedBack); zero while they span too little to measure it
+// (minPaceNumbers, minPaceSpan).
+func (e *epochs) ownPace(r *run) pace {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if r.nRecv == 0 || len(r.first) == 0 {
-		return ownPace{}
+		return pace{}
 	}
 	f, l := r.first[0], r.recent[(r.nRecv-1)%runRecent]
 	if l.seq <= f.seq || l.seq-f.seq < minPaceNumbers || l.recvMs-f.recvMs < minPaceSpan.Milliseconds() {
-		return ownPace{first: f.seq, firstMs: f.recvMs}
+		return pace{}
 	}
-	return ownPace{first: f.seq, firstMs: f.recvMs, perMs: float64(l.seq-f.seq) / float64(l.recvMs-f.recvMs)}
+	return pace{seq: f.seq, atMs: f.recvMs, perMs: float64(l.seq-f.seq) / float64(l.recvMs-f.recvMs)}
 }
 
 // received reports when r received message seq with payload digest, if it keeps it.

@@ -127,7 +127,7 @@ import (
 //     newest FPM is the number just before this one's first, received at most continuationWindow
 //     earlier, or a number the run's own pace carries on to this one's first (runPace), or its
 //     recorded run began with the number just before within evidenceTolerance, or at the number this
-//     run's own pace, carried back, was at when it was received (ownPace). A publisher that
+//     run's own pace, carried back, was at when it was received (epochs.ownPace). A publisher that
 //     restarted in between and whose new run this bridge joined at exactly that next number, or at the
 //     number the old run's pace predicts (the new run going faster than the old, by the old run's
 //     newest number over the time between), would be taken for the run going on (its restart unseen
@@ -758,17 +758,19 @@ func (b *Bridge) continuedIn(m *jetstream.RawStreamMsg, r *run, prev int64, entr
 	return epoch, parseRunKind(m.Header.Get(streams.HeaderRunStart)), true
 }
 
-// pace is how fast a recorded run's numbers went, as the bridge that recorded it received them: from
-// its recorded first message to its newest stored copy (number last, received at lastMs). The zero
-// pace reaches nothing.
+// pace is how fast a run's numbers went, anchored at one of them (number seq, received at atMs): a
+// recorded run's from its recorded first message to another bridge's newest stored copy (runPace), or
+// this bridge's run from its first message here to its latest (epochs.ownPace, anchored at the first).
+// The zero pace reaches nothing.
 type pace struct {
-	last   uint64
-	lastMs int64
-	perMs  float64 // 0: no pace
+	seq   uint64
+	atMs  int64
+	perMs float64 // 0: no pace
 }
 
 // runPace is the pace of the run recorded under epoch whose newest stored copy is number last,
-// received at lastMs; zero when the run is not recorded or its copies span too little to measure it.
+// received at lastMs, anchored there; zero when the run is not recorded or its copies span too little
+// to measure it.
 func runPace(entries []streams.RunEntry, epoch int64, last uint64, lastMs int64) pace {
 	for _, e := range entries {
 		if e.Epoch != epoch || e.FirstSeq >= last {
@@ -778,35 +780,36 @@ func runPace(entries []streams.RunEntry, epoch int64, last uint64, lastMs int64)
 		if n < minPaceNumbers || span < minPaceSpan.Milliseconds() {
 			return pace{}
 		}
-		return pace{last: last, lastMs: lastMs, perMs: float64(n) / float64(span)}
+		return pace{seq: last, atMs: lastMs, perMs: float64(n) / float64(span)}
 	}
 	return pace{}
 }
 
-// reaches reports whether the run, going on at its pace, was at number seq when seq was received at
-// atMs: within a fifth of the numbers between (at least 2: scheduling, one forward pass more or less),
-// and within half the run's newest number. A publisher that restarted after the newest copy numbers
-// from 0 again: at the same pace it is behind the run going on by at least that newest number, so the
-// bound keeps a restart at about the run's pace from being taken for it.
+// reaches reports whether the run, going on at its pace from the anchor (the newest copy), was at
+// number seq when seq was received at atMs: within a fifth of the numbers between (at least 2:
+// scheduling, one forward pass more or less), and within half the anchor's number. A publisher that
+// restarted after the newest copy numbers from 0 again: at the same pace it is behind the run going on
+// by at least that newest number, so the bound keeps a restart at about the run's pace from being
+// taken for it.
 func (p pace) reaches(seq uint64, atMs int64) bool {
-	if p.perMs == 0 || seq <= p.last || atMs <= p.lastMs {
+	if p.perMs == 0 || seq <= p.seq || atMs <= p.atMs {
 		return false
 	}
-	predicted := float64(p.last) + float64(atMs-p.lastMs)*p.perMs
-	tolerance := min(max(2, float64(seq-p.last)/5), float64(p.last)/2)
+	predicted := float64(p.seq) + float64(atMs-p.atMs)*p.perMs
+	tolerance := min(max(2, float64(seq-p.seq)/5), float64(p.seq)/2)
 	return math.Abs(predicted-float64(seq)) <= tolerance
 }
 
-// reachedBack reports whether the run, at p's pace, was at number seq at atMs, before its first
-// message here (number p.first, received at p.firstMs): within a fifth of the numbers between (at
-// least 2) and within half of seq (at least 1). A run that began after atMs, a restart, numbers from 0
-// then: at the same pace it is carried back below 0 at atMs, and the bound keeps it from matching.
-func (p ownPace) reachedBack(seq uint64, atMs int64) bool {
-	if p.perMs == 0 || seq >= p.first || atMs >= p.firstMs {
+// reachedBack reports whether the run, at its pace, was at number seq at atMs, before the anchor (its
+// first message here): within a fifth of the numbers between (at least 2) and within half of seq (at
+// least 1). A run that began after atMs, a restart, numbers from 0 then: at the same pace it is carried
+// back below 0 at atMs, and the bound keeps it from matching.
+func (p pace) reachedBack(seq uint64, atMs int64) bool {
+	if p.perMs == 0 || seq >= p.seq || atMs >= p.atMs {
 		return false
 	}
-	predicted := float64(p.first) - float64(p.firstMs-atMs)*p.perMs
-	tolerance := min(max(2, float64(p.first-seq)/5), max(float64(seq)/2, 1))
+	predicted := float64(p.seq) - float64(p.atMs-atMs)*p.perMs
+	tolerance := min(max(2, float64(p.seq-seq)/5), max(float64(seq)/2, 1))
 	return math.Abs(predicted-float64(seq)) <= tolerance
 }
 
