@@ -219,7 +219,7 @@ func (t *tracker) joinRun(epoch int64) {
 	for i := range st.Pending {
 		// The run's first numbers held as a gap, and every gap within the run (a jump across a
 		// restarted bridge's epoch): the joined epoch's copies fill them.
-		if p := &st.Pending[i]; (p.Kind == kindRestart || p.Kind == kindStart) && p.After.Seq == st.Run.FirstSeq && p.After.ObservedAtMs == st.Run.StartedAtMs ||
+		if p := &st.Pending[i]; (p.Kind == kindRestart || p.Kind == kindStart) && t.beginsCurrentRun(p) ||
 			p.EpochLo >= st.Run.FirstEpoch && p.After.Epoch >= st.Run.FirstEpoch {
 			p.EpochHi = max(p.EpochHi, epoch)
 		}
@@ -409,7 +409,7 @@ func (t *tracker) joinPlaced(o *fpmObservation) {
 	}
 	p := &st.Pending[i]
 	p.EpochLo = o.Epoch
-	if p.After.Seq == st.Run.FirstSeq && p.After.ObservedAtMs == st.Run.StartedAtMs {
+	if t.beginsCurrentRun(p) {
 		st.Run.FirstEpoch = min(st.Run.FirstEpoch, o.Epoch)
 	}
 	if k := t.epoch(o.Epoch, false); k >= 0 {
@@ -422,6 +422,12 @@ func (t *tracker) joinPlaced(o *fpmObservation) {
 	}
 }
 
+// beginsCurrentRun reports whether p's revealing FPM is the current run's first: p holds that run's
+// first numbers (its restart or start gap).
+func (t *tracker) beginsCurrentRun(p *pending) bool {
+	return p.After.Seq == t.st.Run.FirstSeq && p.After.ObservedAtMs == t.st.Run.StartedAtMs
+}
+
 // runPaceReachesBack reports whether o, a number below the first of the current run whose restart p
 // holds, received before it, is where the run's pace, carried back from that first number, puts the
 // run when o was received: within a fifth of the numbers between (at least 2) and within half of o's
@@ -432,7 +438,7 @@ func (t *tracker) joinPlaced(o *fpmObservation) {
 // number to its last seen, over at least minPaceNumbers numbers and minPaceSpanMs.
 func (t *tracker) runPaceReachesBack(p *pending, o *fpmObservation) bool {
 	st := t.st
-	if p.After.Seq != st.Run.FirstSeq || p.After.ObservedAtMs != st.Run.StartedAtMs || o.Seq >= p.After.Seq ||
+	if !t.beginsCurrentRun(p) || o.Seq >= p.After.Seq ||
 		o.ObservedAtMs >= p.After.ObservedAtMs || o.ObservedAtMs <= p.Before.ObservedAtMs {
 		return false
 	}
