@@ -1219,7 +1219,7 @@ func readStored(js jetstream.JetStream) ([]chaosStored, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, chaosStored{key: k, seq: seq, epoch: epoch, recvMs: recv, streamSeq: md.Sequence.Stream,
+		out = append(out, chaosStored{key: k, seq: seq, epoch: epoch, recvMs: recv, streamSeq: md.Sequence.Stream, storedMs: md.Timestamp.UnixMilli(),
 			producer: h.Get(streams.HeaderProducer), bridge: h.Get(streams.HeaderBridge), body: m.Data()})
 	}
 	return out, nil

@@ -280,8 +280,29 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 	dupStored := storeRun(r0, e0)
 	dup := dupStored[3]
 	dup.recvMs += 100
-	cases["stored twice"] = plant{observe([]*chaosRun{r0}, append(dupStored, dup), nil, report(11, 0)), []string{"duplicate"}, "seqs 3"}
+	dup.storedMs = dupStored[3].storedMs + chaosDuplicateWindow.Milliseconds() - 1
+	cases["stored twice"] = plant{observe([]*chaosRun{r0}, append(dupStored, dup), nil, report(10, 0)), []string{"duplicate"}, "seqs 3"}
+	// A redundant bridge's copy that a server paused past its duplicate window stored again: the
+	// window's stated limit (the gap detector counts it as a duplicate; one line traces both).
+	pastStored := storeRun(r0, e0)
+	past := pastStored[3]
+	past.storedMs = pastStored[3].storedMs + chaosDuplicateWindow.Milliseconds()
+	pastStored[3].recvMs = past.recvMs
+	pastObserved := observe([]*chaosRun{r0}, append(slices.Clone(pastStored), past), nil, report(10, 0))
+	pastObserved.outputs[0].lines = traced(pastStored) // a restarted writer found the copy's line on disk
+	cases["stored again past the duplicate window"] = plant{pastObserved, nil, ""}
 	r1 := run(1, 10, true)
+	// Run 1, of run 0's bytes, stored whole, one copy again past the window; run 0's 3-5 were named
+	// missing. The second copy has run 1's epoch: it is run 1's FPM again, not run 0's number 4.
+	again := append(storeRun(r0, e0, 3, 4, 5), storeRun(r1, r1.start.UnixMilli()+1)...)
+	copyOf4 := again[7+4]
+	copyOf4.storedMs += chaosDuplicateWindow.Milliseconds() + 1
+	again = append(again, copyOf4)
+	for i := range again {
+		again[i].streamSeq = uint64(i + 1)
+	}
+	cases["a copy stored again is the run's whose epoch it carries, not an earlier run's of the same bytes"] = plant{
+		observe([]*chaosRun{r0, r1}, again, []gaps.Event{gap(e0, 3, 5)}, report(17, 3)), nil, ""}
 	cases["a second run of identical bytes deduplicated away"] = plant{observe([]*chaosRun{r0, r1}, storeRun(r0, e0), nil, report(10, 0)), []string{"lost", "report"}, "seqs 0-9"}
 	// A copy of run 0's seq 3 stored twice (two bridges that did not agree on its epoch), the second
 	// received before run 1, of identical bytes, began: run 0's duplicate, not a message of run 1.
@@ -327,7 +348,7 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 	cases["a stalled bridge's drained copies of a run's last numbers, sent again by a rerun, are the run's"] = plant{
 		observe([]*chaosRun{r0, r1}, drained, []gaps.Event{gap(e1, 0, 7)}, report(12, 8)), nil, ""}
 	other := append(storeRun(r0, e0), chaosStored{key: key, seq: 3, epoch: e0, recvMs: e0 + 50, producer: "w", body: []byte(`{"other":1}`)})
-	cases["nobody sent it"] = plant{observe([]*chaosRun{r0}, other, nil, report(11, 0)), []string{"phantom"}, "seq 3"}
+	cases["nobody sent it"] = plant{observe([]*chaosRun{r0}, other, nil, report(10, 0)), []string{"phantom"}, "seq 3"}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			res := chaosCheck(c.o)
