@@ -653,7 +653,7 @@ func TestStopTimeoutPublishesShutdownMarkers(t *testing.T) {
 		if err := jsonUnmarshal(m.Data(), &dm); err != nil {
 			t.Fatal(err)
 		}
-		if dm.Reason != reasonShutdown {
+		if dm.Reason != reasonShutdown || dm.RunStart != "" { // the bridge's first run of the publisher
 			t.Fatalf("marker %+v", dm)
 		}
 		for seq := dm.FirstSeq; seq <= dm.LastSeq; seq++ {
@@ -678,4 +678,58 @@ func TestStopTimeoutPublishesShutdownMarkers(t *testing.T) {
 		t.Fatalf("%d sequences both stored and reported dropped", both)
 	}
 	t.Logf("published %d, dropped %d (shutdown) in %d marker(s), %d both", r.Published, r.Dropped, s.MarkersPublished, both)
+}
+
+// A drop marker says how its run began (run_start): where it is all that is stored of a run, that is
+// what tells the gap detector a run the bridge saw the publisher restart into from the run before
+// going on. Here the worker restarts and the bridge, stopped with the new run's backlog unsent,
+// publishes shutdown markers of it.
+func TestDropMarkerCarriesItsRunsStart(t *testing.T) {
+	t.Parallel()
+	const n = 5000
+	env := natsservertest.Start(t)
+	pub := newTestPub(t, "tcp://127.0.0.1:*")
+	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) {
+		c.MaxInFlight = 1
+		c.StopTimeout = time.Millisecond
+	})
+	pub.waitSubscribed()
+	for seq := uint64(0); seq < 100; seq++ {
+		pub.send(seq, payload("w", 0, seq))
+	}
+	h.waitStats(15*time.Second, "first run published", func(s stats) bool { return s.Ranks[0].Published == 100 })
+	url := pub.URL
+	pub.Close()
+	pub = newTestPub(t, url)
+	pub.waitSubscribed()
+	for seq := uint64(0); seq < n; seq++ {
+		pub.send(seq, payload("w", 0, seq+1_000_000))
+	}
+	h.waitStats(15*time.Second, "second run received", func(s stats) bool { return s.Ranks[0].Received == 100+n })
+	if err := h.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if r := h.b.Stats().Ranks[0]; r.Dropped == 0 {
+		t.Fatalf("nothing dropped at the stop: %+v", r)
+	}
+	second := ""
+	for _, m := range messages(t, env.JS, streams.StreamFPM, ">") {
+		if hdrUint(t, m, streams.HeaderSeq) == 0 && m.Headers().Get(streams.HeaderRunStart) != "" {
+			second = m.Headers().Get(streams.HeaderEpoch)
+		}
+	}
+	markers := 0
+	for _, m := range messages(t, env.JS, streams.StreamEvents, streams.DropMarkerWildcard) {
+		dm, err := streams.ParseDropMarker(m.Data())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dm.RunStart != streams.RunStartRestart || strconv.FormatInt(dm.Epoch, 10) != second && second != "" {
+			t.Fatalf("marker %+v of the restarted run (epoch %s): run_start %q, want %q", dm, second, dm.RunStart, streams.RunStartRestart)
+		}
+		markers++
+	}
+	if markers == 0 {
+		t.Fatal("no drop marker stored")
+	}
 }

@@ -227,10 +227,12 @@ func (b *Bridge) deadLetter(slot int, frames [][]byte, stage, reason string, seq
 
 // markerItem builds the message of a closed drop range (streams.DropMarker.Msg).
 func (b *Bridge) markerItem(r *dropRange) *item {
+	epoch, start := b.dropRangeEpoch(r)
 	m := streams.DropMarker{
 		Type:              streams.DropMarkerEvent,
 		Key:               r.key,
-		Epoch:             b.dropRangeEpoch(r),
+		Epoch:             epoch,
+		RunStart:          start,
 		FirstSeq:          r.first,
 		LastSeq:           r.last,
 		Count:             r.count,

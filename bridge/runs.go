@@ -1035,14 +1035,23 @@ func (b *Bridge) afterStall(r *run, next uint64) error {
 // afterStallTimeout bounds afterStall's read of the record.
 const afterStallTimeout = 500 * time.Millisecond
 
-// dropRangeEpoch returns the agreed epoch of drop range r's run, recording it in r for the logs; the
-// run's local epoch when it has none or the broker is away (a marker is only built to be published
-// once the broker is back, so that is rare). Publisher goroutine.
-func (b *Bridge) dropRangeEpoch(r *dropRange) int64 {
-	if r.run != nil {
-		if _, err := b.runEpoch(r.run); err == nil {
-			r.epoch, _, _ = r.run.epochFor(r.first)
-		}
+// dropRangeEpoch returns the agreed epoch of drop range r's run, recording it in r for the logs, and
+// how that run began (Fpm-Run-Start's value: the marker's run_start); the run's local epoch and what
+// this bridge saw of its start when it has none or the broker is away (a marker is only built to be
+// published once the broker is back, so that is rare; a bridge stopped while its store refused writes
+// spools its markers unagreed). A marker may be all that is stored of a run, and its start is what
+// tells the gap detector such a run from the one before going on. Publisher goroutine.
+func (b *Bridge) dropRangeEpoch(r *dropRange) (int64, string) {
+	if r.run == nil {
+		return r.epoch, ""
 	}
-	return r.epoch
+	if _, err := b.runEpoch(r.run); err == nil {
+		var hdr []string
+		r.epoch, _, hdr = r.run.epochFor(r.first)
+		if len(hdr) > 0 {
+			return r.epoch, hdr[0]
+		}
+		return r.epoch, ""
+	}
+	return r.epoch, r.run.kind.String()
 }

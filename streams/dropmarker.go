@@ -30,6 +30,10 @@ type DropMarker struct {
 	Bridge            string `json:"bridge"`
 	FirstReceivedAtMs int64  `json:"first_received_at_ms"`
 	LastReceivedAtMs  int64  `json:"last_received_at_ms"`
+	// RunStart is how the run (Epoch) began, as Fpm-Run-Start says on its FPMs (RunStartRestart,
+	// RunStartReconnect; "" for a bridge's first run of the publisher, which it cannot tell from the
+	// run going on). It matters where a marker is all that is stored of a run.
+	RunStart string `json:"run_start,omitempty"`
 }
 
 // Msg is the marker's message: subject DropMarkerSubject(m.Key), the marker as JSON, Nats-Msg-Id
@@ -57,6 +61,7 @@ type rawDropMarker struct {
 	Bridge            *string `json:"bridge"`
 	FirstReceivedAtMs *int64  `json:"first_received_at_ms"`
 	LastReceivedAtMs  *int64  `json:"last_received_at_ms"`
+	RunStart          *string `json:"run_start"`
 }
 
 // ParseDropMarker decodes and checks one drop marker body. Unknown fields are ignored (a newer bridge
@@ -95,6 +100,8 @@ func ParseDropMarker(data []byte) (DropMarker, error) {
 		return bad("count %d does not match first_seq %d..last_seq %d", *r.Count, *r.FirstSeq, *r.LastSeq)
 	case r.Reason == nil || *r.Reason == "":
 		return bad("missing reason")
+	case r.RunStart != nil && *r.RunStart != "" && *r.RunStart != RunStartRestart && *r.RunStart != RunStartReconnect:
+		return bad("run_start %q, want %q, %q or none", *r.RunStart, RunStartRestart, RunStartReconnect)
 	}
 	m := DropMarker{
 		Type:     *r.Type,
@@ -113,6 +120,9 @@ func ParseDropMarker(data []byte) (DropMarker, error) {
 	}
 	if r.LastReceivedAtMs != nil {
 		m.LastReceivedAtMs = *r.LastReceivedAtMs
+	}
+	if r.RunStart != nil {
+		m.RunStart = *r.RunStart
 	}
 	return m, nil
 }

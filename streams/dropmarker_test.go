@@ -55,15 +55,16 @@ func TestParseDropMarkerErrorsNameTheField(t *testing.T) {
 		body string
 		want string
 	}{
-		"wrong type":       {`{"type":"gap"}`, `type "gap", want "drop_marker"`},
-		"no key":           {`{"type":"drop_marker"}`, "missing key"},
-		"partial key":      {`{"type":"drop_marker","key":{"namespace":"a"}}`, "key needs namespace, component, worker_id and dp_rank"},
-		"inverted range":   {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":0},"epoch":1,"first_seq":10,"last_seq":5,"reason":"x"}`, "first_seq 10 > last_seq 5"},
-		"count mismatch":   {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":0},"epoch":1,"first_seq":1,"last_seq":5,"count":4,"reason":"x"}`, "count 4 does not match"},
-		"no reason":        {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":0},"epoch":1,"first_seq":1,"last_seq":5}`, "missing reason"},
-		"negative rank":    {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":-1},"epoch":1,"first_seq":1,"last_seq":5,"reason":"x"}`, "dp_rank -1 out of range"},
-		"not json":         {`{"type":`, "unexpected end"},
-		"string for a seq": {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":0},"epoch":1,"first_seq":"1","last_seq":5,"reason":"x"}`, "cannot unmarshal"},
+		"wrong type":        {`{"type":"gap"}`, `type "gap", want "drop_marker"`},
+		"no key":            {`{"type":"drop_marker"}`, "missing key"},
+		"partial key":       {`{"type":"drop_marker","key":{"namespace":"a"}}`, "key needs namespace, component, worker_id and dp_rank"},
+		"inverted range":    {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":0},"epoch":1,"first_seq":10,"last_seq":5,"reason":"x"}`, "first_seq 10 > last_seq 5"},
+		"count mismatch":    {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":0},"epoch":1,"first_seq":1,"last_seq":5,"count":4,"reason":"x"}`, "count 4 does not match"},
+		"no reason":         {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":0},"epoch":1,"first_seq":1,"last_seq":5}`, "missing reason"},
+		"negative rank":     {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":-1},"epoch":1,"first_seq":1,"last_seq":5,"reason":"x"}`, "dp_rank -1 out of range"},
+		"not json":          {`{"type":`, "unexpected end"},
+		"unknown run start": {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":0},"epoch":1,"first_seq":1,"last_seq":5,"reason":"x","run_start":"reboot"}`, `run_start "reboot"`},
+		"string for a seq":  {`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"","dp_rank":0},"epoch":1,"first_seq":"1","last_seq":5,"reason":"x"}`, "cannot unmarshal"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -76,12 +77,12 @@ func TestParseDropMarkerErrorsNameTheField(t *testing.T) {
 			}
 		})
 	}
-	m, err := ParseDropMarker([]byte(`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"w","dp_rank":2},"epoch":9,"first_seq":3,"last_seq":5,"reason":"buffer_full","bridge":"x","first_received_at_ms":1,"last_received_at_ms":2}`))
+	m, err := ParseDropMarker([]byte(`{"type":"drop_marker","key":{"namespace":"a","component":"b","worker_id":"w","dp_rank":2},"epoch":9,"first_seq":3,"last_seq":5,"reason":"buffer_full","bridge":"x","first_received_at_ms":1,"last_received_at_ms":2,"run_start":"restart"}`))
 	if err != nil {
 		t.Fatalf("valid marker: %v", err)
 	}
 	want := DropMarker{Type: DropMarkerEvent, Key: Key{Namespace: "a", Component: "b", WorkerID: "w", DPRank: 2}, Epoch: 9, FirstSeq: 3, LastSeq: 5, Count: 3,
-		Reason: "buffer_full", Bridge: "x", FirstReceivedAtMs: 1, LastReceivedAtMs: 2}
+		Reason: "buffer_full", Bridge: "x", FirstReceivedAtMs: 1, LastReceivedAtMs: 2, RunStart: RunStartRestart}
 	if !reflect.DeepEqual(want, m) {
 		t.Fatalf("want %+v\n got %+v", want, m)
 	}
@@ -92,7 +93,7 @@ func TestParseDropMarkerErrorsNameTheField(t *testing.T) {
 func TestDropMarkerMsgRoundTrip(t *testing.T) {
 	m := DropMarker{Type: DropMarkerEvent, Key: Key{Namespace: "dynamo", Component: "backend", WorkerID: "w.1", DPRank: 3},
 		Epoch: 1700000000000, FirstSeq: 10, LastSeq: 14, Count: 5, Reason: "buffer_full", Bridge: "b1",
-		FirstReceivedAtMs: 1700000000100, LastReceivedAtMs: 1700000000200}
+		FirstReceivedAtMs: 1700000000100, LastReceivedAtMs: 1700000000200, RunStart: RunStartReconnect}
 	msg := m.Msg()
 	if msg.Subject != "fpmevents.drop.dynamo.backend.w%2E1.3" {
 		t.Fatalf("subject %q", msg.Subject)

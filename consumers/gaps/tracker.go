@@ -651,6 +651,7 @@ func (t *tracker) startRun(o *fpmObservation, byRestart bool) {
 func (t *tracker) restart(o *fpmObservation, afterStale bool, silentMs int64, reconnect bool, markedFrom int64) {
 	st := t.st
 	t.markedTail(o)
+	t.markedRuns(o)
 	old := st.Run
 	before := st.Last
 	t.endRun()
@@ -759,8 +760,8 @@ func (t *tracker) cross(o *fpmObservation) {
 // restart. The new run's numbers up to the last one the old run got to, taken then for the old run's
 // (counted or named under its epochs), are revealed as a gap of the new run under the marker's
 // epoch: those m covers are the bridge's drops, the others a publisher_restart's missing numbers;
-// the numbers above them the crossing's jump named already.
-func (t *tracker) markedLate(m *heldMarker) {
+// the numbers above them the crossing's jump named already. It reports whether m was such a marker.
+func (t *tracker) markedLate(m *heldMarker) bool {
 	st := t.st
 	for i := len(st.Crossings) - 1; i >= 0; i-- {
 		c := st.Crossings[i]
@@ -772,8 +773,9 @@ func (t *tracker) markedLate(m *heldMarker) {
 		t.reveal(pending{Kind: kindMarked, Ranges: [][2]uint64{{0, c.Before.Seq}}, Before: c.Before,
 			After:      point{Seq: m.LastSeq, ObservedAtMs: m.LastReceivedAtMs, Epoch: m.Epoch, Bridge: m.Bridge},
 			RevealedMs: m.LastReceivedAtMs, EpochLo: m.Epoch, EpochHi: m.Epoch})
-		return
+		return true
 	}
+	return false
 }
 
 // waitsForMarkers reports whether o, applied now, would take the run as going on across a new bridge
@@ -795,7 +797,8 @@ func (t *tracker) waitsForMarkers(o *fpmObservation) bool {
 // subscribed, a bridge restart) named as lost before the bridge. A marker of the run's epochs may
 // begin at or below its last FPM (counted from the number after it); one of a later epoch, a bridge
 // that started meanwhile, only when it goes on from it, as an FPM of that epoch would (a marker that
-// begins lower is a run of its own, counted from the marker alone, see unrevealed.go).
+// begins lower, or whose bridge saw the publisher restart, is a run of its own, counted from the
+// marker alone, see unrevealed.go and markedrun.go).
 func (t *tracker) markedTail(o *fpmObservation) {
 	st := t.st
 	if st.Last.Seq == math.MaxUint64 {
@@ -805,7 +808,7 @@ func (t *tracker) markedTail(o *fpmObservation) {
 	for i := range st.Markers {
 		m := &st.Markers[i]
 		if m.Epoch < st.Run.FirstEpoch || m.Epoch >= o.Epoch || m.LastSeq <= st.Last.Seq ||
-			m.Epoch > st.MaxEpoch && m.FirstSeq <= st.Last.Seq {
+			m.Epoch > st.MaxEpoch && (m.FirstSeq <= st.Last.Seq || m.RunStart == streams.RunStartRestart) {
 			continue
 		}
 		if tail == nil || m.LastSeq > tail.LastSeq {
@@ -839,7 +842,8 @@ func (t *tracker) markedEndedTail(m *heldMarker) {
 	}
 	e := &st.Epochs[i]
 	last := e.RunLast
-	if last == nil || last.Seq == math.MaxUint64 || m.LastSeq <= last.Seq || e.Epoch < m.Epoch && m.FirstSeq <= last.Seq {
+	if last == nil || last.Seq == math.MaxUint64 || m.LastSeq <= last.Seq ||
+		e.Epoch < m.Epoch && (m.FirstSeq <= last.Seq || m.RunStart == streams.RunStartRestart) {
 		return
 	}
 	ended := e.Epoch
@@ -966,7 +970,9 @@ func (t *tracker) addMarker(m streams.DropMarker, eventsSeq uint64) {
 	st.Counters.Markers++
 	st.Markers = append(st.Markers, heldMarker{DropMarker: m})
 	t.markedEndedTail(&st.Markers[len(st.Markers)-1])
-	t.markedLate(&st.Markers[len(st.Markers)-1])
+	if !t.markedLate(&st.Markers[len(st.Markers)-1]) {
+		t.markedRunLate(&st.Markers[len(st.Markers)-1])
+	}
 	for i := 0; i < len(st.Pending); {
 		if !t.tryResolve(i, false) {
 			i++

@@ -740,6 +740,63 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"stale@1", "stale@3", "publisher_restart@3:0-489", "bridge_drop@3:62-265"},
 		},
+		// The publisher restarted while the store refused writes: the redundant bridge saw it restart,
+		// received its numbers from 3 (0-2 were sent before it was subscribed to the new process), could
+		// store none and was stopped (its marker spooled); the run was killed, and the next run's first
+		// FPM (a restart both bridges saw) is all that follows. The marker is all that was stored of the
+		// run: its numbers are the report's (unrevealed.go), those below them are the run's restart's.
+		"a run only a restart marker saw, followed by the next run": {
+			play: func(s *script, step func()) {
+				s.runStart = map[int64]string{3: streams.RunStartRestart}
+				at := s.run(0, 46, 1, t0)
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 3, LastSeq: 12,
+					Count: 10, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 2_150, RunStart: streams.RunStartRestart}, 100)
+				step()
+				s.fpm(0, at+14_000, at+14_000)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(2), s.st.Counters.Restarts)
+				equal(s.t, uint64(3), s.st.Counters.Missing.PublisherRestart)
+				equal(s.t, uint64(48), s.st.Counters.Messages)
+			},
+			want: []string{"stale@1", fmt.Sprintf("publisher_restart@%d:0-2", 1_000_000+47*100+1_700), fmt.Sprintf("publisher_restart@%d", 1_000_000+47*100+14_000), fmt.Sprintf("stale@%d", 1_000_000+47*100+14_000)},
+		},
+		"a run only a restart marker saw, the marker read after the next run's first FPM": {
+			play: func(s *script, step func()) {
+				at := s.run(0, 46, 1, t0)
+				s.runStart = map[int64]string{at + 14_000: streams.RunStartRestart}
+				s.fpm(0, at+14_000, at+14_000)
+				s.run(1, 5, at+14_000, at+14_100)
+				step()
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 3, LastSeq: 12,
+					Count: 10, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 2_150, RunStart: streams.RunStartRestart}, 100)
+				step()
+				// A second copy of the marker's run from another bridge, its epoch about the same: one run.
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_750, FirstSeq: 4, LastSeq: 9,
+					Count: 6, Reason: "shutdown", Bridge: "d", FirstReceivedAtMs: at + 1_750, LastReceivedAtMs: at + 2_000, RunStart: streams.RunStartRestart}, 101)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(3), s.st.Counters.Missing.PublisherRestart)
+			},
+			want: []string{"stale@1", fmt.Sprintf("publisher_restart@%d", 1_000_000+47*100+14_000), fmt.Sprintf("stale@%d", 1_000_000+47*100+14_000), fmt.Sprintf("publisher_restart@%d:0-2", 1_000_000+47*100+1_700)},
+		},
+		// Nothing tells the numbers below a marker's first from numbers its bridge never received in
+		// the run: a marker of a bridge's first run of the publisher (no run start: it cannot tell a
+		// restart from the run going on), or one whose bridge received the run's earlier numbers and
+		// stored or dropped them otherwise (its first receive is the epoch, before the marker's first).
+		"a marker-only run whose start no bridge saw, or whose first numbers its bridge received, is not named": {
+			play: func(s *script, step func()) {
+				s.runStart = map[int64]string{3: streams.RunStartRestart}
+				at := s.run(0, 46, 1, t0)
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 3, LastSeq: 12,
+					Count: 10, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 2_150}, 100)
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 5_000, FirstSeq: 3, LastSeq: 12,
+					Count: 10, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 5_100, LastReceivedAtMs: at + 5_550, RunStart: streams.RunStartRestart}, 101)
+				step()
+				s.fpm(0, at+14_000, at+14_000)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(0), s.st.Counters.Missing.PublisherRestart)
+			},
+			want: []string{"stale@1", fmt.Sprintf("publisher_restart@%d", 1_000_000+47*100+14_000), fmt.Sprintf("stale@%d", 1_000_000+47*100+14_000)},
+		},
 		// Redundant bridges that could not agree on a restarted run: one, started a moment before the
 		// other's first copy of it, stored the run's 50-53 under an epoch of its own (placed after the
 		// other's: its run had not ended), read after the other's 56-117. They were received before the
