@@ -299,7 +299,7 @@ func (e *epochs) ownPace(r *run) pace {
 		return pace{}
 	}
 	f, l := r.first[0], r.recent[(r.nRecv-1)%runRecent]
-	if l.seq <= f.seq || l.seq-f.seq < minPaceNumbers || l.recvMs-f.recvMs < minPaceSpan.Milliseconds() {
+	if l.seq <= f.seq || l.seq-f.seq < minPaceNumbers || l.recvMs-f.recvMs < minOwnPaceSpan.Milliseconds() {
 		return pace{}
 	}
 	return pace{seq: f.seq, atMs: f.recvMs, perMs: float64(l.seq-f.seq) / float64(l.recvMs-f.recvMs)}

@@ -186,6 +186,10 @@ const (
 	// this many numbers, so that one late message does not make a pace.
 	minPaceSpan    = 200 * time.Millisecond
 	minPaceNumbers = 4
+	// minOwnPaceSpan is minPaceSpan for this bridge's own run (epochs.ownPace): its receive times come
+	// from one reader and one clock, with no broker or other bridge between, and a bridge stopped a
+	// moment into a run (it agrees the run at its stop) has only that moment's numbers to go on.
+	minOwnPaceSpan = 80 * time.Millisecond
 	// evidenceTolerance is how far apart two bridges' receive times of one message may be for them to
 	// take it for the same message (clock offset, scheduling). Two runs whose FPMs at one number are the
 	// same bytes (idle heartbeats, a deterministic publisher restarted) that close together cannot be

@@ -354,6 +354,19 @@ func TestAgreeRun(t *testing.T) {
 				{Epoch: now - 250, FirstSeq: 2, FirstDigest: dg("x2"), FirstReceivedAtMs: now - 250, Bridge: other}},
 			want: want{epoch: now - 250, start: "", reads: 1},
 		},
+		// This bridge was stopped a tenth of a second into the run (7 to 11, a number every 25 ms) and
+		// agrees it at its stop: its own pace, over those few numbers, carries 7 back to 4 at the other
+		// bridge's record.
+		"a run this bridge received for a tenth of a second, the other's record where its pace was": {
+			kind: runStart, t0: now, every: 25, more: 2, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 75, FirstSeq: 4, FirstDigest: dg("x4"), FirstReceivedAtMs: now - 75, Bridge: other}},
+			want: want{epoch: now - 75, start: "", reads: 1},
+		},
+		"a run this bridge received for a tenth of a second, the other's record before its pace reaches back": {
+			kind: runStart, t0: now, every: 25, more: 2, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 200, FirstSeq: 4, FirstDigest: dg("x4"), FirstReceivedAtMs: now - 200, Bridge: other}},
+			want: want{written: true},
+		},
 		// The same record 300 ms earlier: this run's pace carries 7 back to below 0 then, not to 2: this
 		// run may have begun after that one's first message (a restart), so it is recorded anew.
 		"starting after another bridge's record the run's pace does not reach back to": {
