@@ -1,6 +1,7 @@
 package natsconn
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -245,7 +246,7 @@ func connectContext(ctx context.Context, c ConnConfig) (*nats.Conn, error) {
 			return nc, nil
 		}
 		ce := c.explain(where, err, dialer.last())
-		if ce.Kind == ErrUnreachable && dialer.requiresClientCert() && c.TLSCert == "" {
+		if ce.Kind == ErrUnreachable && c.TLSCert == "" && dialer.requiresClientCert() {
 			// The server said it requires a client certificate and none was given: whatever the
 			// connection's end looked like, the next attempt would end the same way.
 			ce.Kind, ce.Detail = ErrTLS, "the server requires a client certificate (its INFO says tls_verify), and none was given"
@@ -445,32 +446,26 @@ func (c ConnConfig) describeAuth() string {
 }
 
 // recordingDialer dials like nats.go's default dialer and keeps the last error, which nats.go replaces
-// by "no servers available" when the server refused the connection. It also reads the server's INFO
-// line as it passes (sent in the clear before the TLS upgrade): a server that requires a client
-// certificate says so there (tls_verify), and under load its refusal of a client without one can reach
-// the client as a connection closed without a word, which would otherwise look like a server that is
-// not reachable yet and be retried until the timeout.
+// by "no servers available" when the server refused the connection, and the last address it reached.
+// It returns the connection itself: nats.go reads it for the connection's life, and nothing of
+// fpmbus's sits on that path.
 type recordingDialer struct {
-	d    net.Dialer
-	mu   sync.Mutex
-	err  error
-	info serverInfo
-}
-
-// serverInfo is the part of the server's INFO the first connection's diagnosis needs.
-type serverInfo struct {
-	TLSVerify bool `json:"tls_verify"`
+	d       net.Dialer
+	mu      sync.Mutex
+	err     error
+	reached string
 }
 
 func (r *recordingDialer) Dial(network, address string) (net.Conn, error) {
 	conn, err := r.d.Dial(network, address)
+	r.mu.Lock()
 	if err != nil {
-		r.mu.Lock()
 		r.err = err
-		r.mu.Unlock()
-		return conn, err
+	} else {
+		r.reached = address
 	}
-	return &infoSniffer{Conn: conn, dialer: r}, nil
+	r.mu.Unlock()
+	return conn, err
 }
 
 func (r *recordingDialer) last() error {
@@ -479,51 +474,47 @@ func (r *recordingDialer) last() error {
 	return r.err
 }
 
-// requiresClientCert says whether the server's INFO, on the last connection, required a client
-// certificate.
+// requiresClientCert says whether the server the last attempt reached requires a client certificate.
+// Under load, such a server's refusal of a client without one can reach the client as a connection
+// closed without a word, which would otherwise look like a server that is not reachable yet and be
+// retried until the timeout. The server says so in its INFO line, sent in the clear before the TLS
+// upgrade: read on a connection of its own, made only after such an attempt (a server set to
+// handshake first sends none, and a server that does not answer within infoProbeTimeout is taken
+// not to require one).
 func (r *recordingDialer) requiresClientCert() bool {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.info.TLSVerify
+	address := r.reached
+	r.mu.Unlock()
+	if address == "" {
+		return false
+	}
+	d := r.d
+	d.Timeout = min(d.Timeout, infoProbeTimeout)
+	conn, err := d.Dial("tcp", address)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	if conn.SetReadDeadline(time.Now().Add(infoProbeTimeout)) != nil {
+		return false
+	}
+	line, err := bufio.NewReaderSize(conn, maxInfoLine).ReadSlice('\n')
+	if err != nil {
+		return false
+	}
+	body, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("INFO "))
+	var info struct {
+		TLSVerify bool `json:"tls_verify"`
+	}
+	return ok && json.Unmarshal(body, &info) == nil && info.TLSVerify
 }
 
-// infoSniffer keeps the bytes read until the first line ends (the server's INFO), parses it, and
-// then only passes reads through. A line that is not a plain INFO (TLS handshake first, a foreign
-// server) is ignored: the diagnosis falls back to the error alone.
-type infoSniffer struct {
-	net.Conn
-	dialer *recordingDialer
-	line   []byte
-	done   bool
-}
-
-// maxInfoLine bounds what the sniffer keeps; a real INFO line is a few hundred bytes.
+// maxInfoLine bounds the INFO line read; a real one is a few hundred bytes (a cluster's connect_urls
+// make it longer).
 const maxInfoLine = 64 << 10
 
-func (s *infoSniffer) Read(p []byte) (int, error) {
-	n, err := s.Conn.Read(p)
-	if s.done || n == 0 {
-		return n, err
-	}
-	s.line = append(s.line, p[:n]...)
-	end := bytes.Index(s.line, []byte("\r\n"))
-	if end < 0 && len(s.line) < maxInfoLine {
-		return n, err
-	}
-	s.done = true
-	if end >= 0 {
-		if body, ok := bytes.CutPrefix(s.line[:end], []byte("INFO ")); ok {
-			var info serverInfo
-			if json.Unmarshal(body, &info) == nil {
-				s.dialer.mu.Lock()
-				s.dialer.info = info
-				s.dialer.mu.Unlock()
-			}
-		}
-	}
-	s.line = nil
-	return n, err
-}
+// infoProbeTimeout bounds requiresClientCert's connection and read.
+const infoProbeTimeout = time.Second
 
 // OnClosed calls f once, with the connection's last error (nil after a Close by its owner), when nc is
 // closed for good: at once if it is closed already. It keeps the handler nc had.
