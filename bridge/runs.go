@@ -591,6 +591,13 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, entries
 		return e, k, true, false, nil
 	}
 	newest := b.readNewest(m, prev)
+	if o, err := b.othersBeside(ctx, stream, r, m, newest); err != nil {
+		return 0, 0, false, false, err
+	} else if o != nil {
+		if e, k, ok := b.continuedIn(o, r, prev, entries); ok {
+			return e, k, true, false, nil
+		}
+	}
 	behind = b.catchingUp(newest, r)
 	scan := evidenceScan
 	if newest.overtook(r) {
@@ -621,6 +628,39 @@ func (b *Bridge) storedEvidence(ctx context.Context, r *run, prev int64, entries
 	}
 	return 0, 0, false, behind, nil
 }
+
+// othersBeside returns, when the key's newest FPM m (read as newest) is this bridge's previous
+// instance's copy and r is this instance's first run of the key, the newest copy another bridge stored
+// of the same run shortly before it (nil if none): redundant bridges storing one run interleave their
+// copies, and the one that happens to be stored last says nothing of the other's, whose copies show
+// the run going on (continuedIn) as they would had it been stored last. (`fpmbus up` restarted while a
+// redundant bridge's further copies are held up: they are stored too late to be seen.) A lone bridge
+// has no such copies: it begins a new epoch as before.
+func (b *Bridge) othersBeside(ctx context.Context, stream string, r *run, m *jetstream.RawStreamMsg, newest newestCopy) (*jetstream.RawStreamMsg, error) {
+	if !newest.current || newest.other || r.kind != runStart || newest.at >= b.startMs || newest.seq >= r.firstSeq {
+		return nil, nil
+	}
+	epoch, _, _, _ := storedFPM(m)
+	var found *jetstream.RawStreamMsg
+	o, err := natsconn.NextMsgFromLeaderAt(ctx, b.js, stream, r.subject, time.UnixMilli(newest.at).Add(-besideScanBack))
+	for i := 0; i < besideScan && err == nil && o.Sequence < m.Sequence; i++ {
+		if e, _, _, ok := storedFPM(o); ok && e == epoch && o.Header.Get(streams.HeaderBridge) != b.cfg.BridgeID {
+			found = o
+		}
+		o, err = natsconn.NextMsgFromLeader(ctx, b.js, stream, r.subject, o.Sequence+1)
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, err
+	}
+	return found, nil
+}
+
+// besideScan bounds the FPMs othersBeside reads, from besideScanBack before the newest copy was
+// received: enough for two bridges' interleaved copies of a publisher's last second.
+const (
+	besideScan     = 2 * runFirst
+	besideScanBack = time.Second
+)
 
 // newestCopy is what the run evidence reads of the key's newest FPM when it is no evidence: its number
 // and its bridge's receive time, whether it is under an epoch not older than the previous run's

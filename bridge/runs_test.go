@@ -346,6 +346,25 @@ func TestAgreeRun(t *testing.T) {
 			stored: &storedCopy{runMsg{4, "x4", now - 600}, now - 1400, "", ""},
 			want:   want{epoch: now - 1400, start: "", reads: 1},
 		},
+		// `fpmbus up` restarted into a run both bridges were storing: their copies interleave, and the
+		// newest is this bridge's previous instance's (5), the other's further copies held up. The
+		// other's copy just before it (4), at the run's pace, reaches this run's first: the run goes on.
+		"restarted into a run whose newest copy is this bridge's previous instance's, the other's just before it": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 1400, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 1400, Bridge: other}},
+			earlier: []storedCopy{{runMsg{4, "x4", now - 600}, now - 1400, "", ""}},
+			stored:  &storedCopy{runMsg{5, "x5", now - 60_000}, now - 1400, "", "test-bridge"},
+			want:    want{epoch: now - 1400, start: "", reads: 1},
+		},
+		// A lone bridge restarted: only its previous instance's copies are stored, and it begins a new
+		// epoch, as a lone bridge always has.
+		"restarted into a run only this bridge's previous instance stored": {
+			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 1400, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 1400, Bridge: "test-bridge"}},
+			earlier: []storedCopy{{runMsg{4, "x4", now - 60_100}, now - 1400, "", "test-bridge"}},
+			stored:  &storedCopy{runMsg{5, "x5", now - 60_000}, now - 1400, "", "test-bridge"},
+			want:    want{written: true},
+		},
 		// Nothing of the other bridge's is stored: its copies are held up (its process stopped, its
 		// broker away), but it recorded the run from 2, received 250 ms before this bridge's first, 7:
 		// where this run's own pace (a number every 50 ms, 7 to 14) puts it then.
