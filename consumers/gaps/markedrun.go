@@ -26,7 +26,10 @@ import (
 // Markers of redundant bridges whose epochs are within sameRunTolerance of each other (both received
 // the run's first message about together) are one run, named from the lowest first number among
 // them; a bridge that joined the run later gives it an epoch further off and is not grouped (its
-// numbers below its own first may then be named under both).
+// numbers below its own first may then be named under both). Copies of such a run stored after the next
+// run began, under another bridge's epoch (a bridge that lagged by more than a run and the marker
+// grace), are counted as that epoch's messages while the numbers stay named: the limit every late copy
+// under an epoch of its own has (recover takes back only numbers named under the copy's epoch).
 
 // markedRuns names the first numbers of the runs seen only by held drop markers between the last FPM
 // and o, the first FPM of a run after them.
