@@ -910,6 +910,17 @@ func (b *Bridge) recordedEvidence(r *run, entries []streams.RunEntry, prev int64
 			return e, true
 		}
 	}
+	// Or it began at the number this run's own pace, carried on from its first message, was at when the
+	// recording bridge received it: that bridge joined this run further on and recorded it before this
+	// one could (its own write timed out: a bucket outage), and the recorded first message is one this
+	// bridge received but no longer keeps (runFirst, runRecent).
+	for i := len(entries) - 1; i >= 0; i-- {
+		e := entries[i]
+		if d := e.FirstReceivedAtMs - r.firstRecvMs(); e.Epoch > prev && e.Bridge != b.cfg.BridgeID &&
+			d > 0 && d <= continuationWindow.Milliseconds() && own.reaches(e.FirstSeq, e.FirstReceivedAtMs) {
+			return e, true
+		}
+	}
 	return streams.RunEntry{}, false
 }
 

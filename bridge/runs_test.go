@@ -386,6 +386,19 @@ func TestAgreeRun(t *testing.T) {
 				{Epoch: now - 200, FirstSeq: 4, FirstDigest: dg("x4"), FirstReceivedAtMs: now - 200, Bridge: other}},
 			want: want{written: true},
 		},
+		// The other bridge joined this run further on and recorded it from 12, received 250 ms after
+		// this bridge's first, 7 (this bridge's own record of it failed: a bucket outage): where this
+		// run's own pace (a number every 50 ms, 7 to 14) was then.
+		"a run another bridge recorded from further on, where this run's pace was when it received it": {
+			kind: runStart, t0: now, every: 50, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now + 250, FirstSeq: 12, FirstDigest: dg("x12"), FirstReceivedAtMs: now + 250, Bridge: other}},
+			want: want{epoch: now + 250, start: "", reads: 1},
+		},
+		"a run another bridge recorded from further on, where this run's pace was not": {
+			kind: runStart, t0: now, every: 50, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now + 250, FirstSeq: 30, FirstDigest: dg("x30"), FirstReceivedAtMs: now + 250, Bridge: other}},
+			want: want{written: true},
+		},
 		// The same record 300 ms earlier: this run's pace carries 7 back to below 0 then, not to 2: this
 		// run may have begun after that one's first message (a restart), so it is recorded anew.
 		"starting after another bridge's record the run's pace does not reach back to": {
