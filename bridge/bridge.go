@@ -195,6 +195,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 		for _, r := range readers {
 			r.stop()
 		}
+		b.epochs.stopReading()
 		if err := zctx.Term(); err != nil {
 			b.log.Warn("zmq context term", "error", err)
 		}

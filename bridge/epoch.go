@@ -47,6 +47,16 @@ import (
 type epochs struct {
 	mu   sync.Mutex
 	keys map[streams.Key]*epochState
+	// readersStopped: the bridge is stopping and reads no more; every run is over here at its last
+	// message (evidence), as one a later run followed is.
+	readersStopped bool
+}
+
+// stopReading records that the readers stopped: no run receives another message here.
+func (e *epochs) stopReading() {
+	e.mu.Lock()
+	e.readersStopped = true
+	e.mu.Unlock()
 }
 
 // epochState is the state of one publisher key, guarded by epochs.mu.
@@ -279,14 +289,14 @@ func (e *epochs) observe(k streams.Key, seq uint64, nowMs int64, digest string, 
 // runEvidence is what the publisher goroutine reads of a run to resolve it (runs.go).
 type runEvidence struct {
 	lastMs int64 // receive time of the run's latest message so far
-	ended  bool  // a later run began: the run is over on this bridge
+	ended  bool  // a later run began, or the readers stopped: the run is over on this bridge
 }
 
 // evidence returns r's receive span so far.
 func (e *epochs) evidence(r *run) runEvidence {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return runEvidence{lastMs: r.lastMs, ended: r.ended}
+	return runEvidence{lastMs: r.lastMs, ended: r.ended || e.readersStopped}
 }
 
 // ownPace is how fast r's numbers went as this bridge received them, from its first message (the

@@ -962,7 +962,10 @@ func (b *Bridge) mayWait(r *run, entries []streams.RunEntry, prev int64) bool {
 
 // placeEpoch chooses the epoch of a new run r: its local epoch, raised above the previous run's and
 // every recorded run that began before r ended here, and kept below those that began after (this
-// bridge is resolving runs the others have gone past), so a publisher's epochs increase with its runs.
+// bridge is resolving runs the others have gone past, or agreeing at its stop a run its readers no
+// longer read), so a publisher's epochs increase with its runs. A run not over here may go on past
+// what has been received of it, so a recorded run that began after its last message bounds it only
+// from below.
 func (b *Bridge) placeEpoch(r *run, entries []streams.RunEntry, prev int64) int64 {
 	ev := b.epochs.evidence(r)
 	lower, upper, newest := prev, int64(math.MaxInt64), prev

@@ -730,3 +730,45 @@ func TestRunRecordedAnewWhileThePublisherStalled(t *testing.T) {
 		})
 	}
 }
+
+// A run agreed at the bridge's stop is over here at its last message, as one a later run followed is:
+// runs the other bridge recorded as beginning after it bound its epoch from above (a bridge stopped a
+// moment into a run, the publisher killed, restarted and recorded by the other bridge meanwhile).
+// While the readers read, such a run may go on past its last message, and those runs bound it only
+// from below.
+func TestPlaceEpochOfARunAgreedAtTheStop(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		stopped bool
+		below   bool // placed below the runs recorded after its last message
+	}{
+		"agreed at the stop":       {stopped: true, below: true},
+		"agreed while reading yet": {stopped: false, below: false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := &Bridge{cfg: Config{BridgeID: "test-bridge"}, log: testLogger(), epochs: newEpochs()}
+			k := streams.Key{Namespace: "dynamo", Component: "backend", WorkerID: "w", DPRank: 0}
+			const t0, prev = 1_800_000_000_000, 1_799_999_000_000
+			var r *run
+			for q := uint64(554); q <= 557; q++ {
+				rr, _ := b.epochs.observe(k, q, t0+50*int64(q-554), dg("d"), 0, 1<<32|1)
+				if r == nil {
+					r = rr
+				}
+			}
+			if tc.stopped {
+				b.epochs.stopReading()
+			}
+			entries := []streams.RunEntry{
+				{Epoch: prev, FirstSeq: 0, FirstReceivedAtMs: prev, Bridge: "other"},
+				{Epoch: t0 + 300, FirstSeq: 0, FirstReceivedAtMs: t0 + 300, Start: "restart", Bridge: "other"},
+				{Epoch: t0 + 6000, FirstSeq: 0, FirstReceivedAtMs: t0 + 6000, Start: "restart", Bridge: "other"},
+			}
+			got := b.placeEpoch(r, entries, prev)
+			if below := got < t0+300; below != tc.below || got <= prev {
+				t.Fatalf("epoch %d (first message here %d, runs recorded from %d and %d): below them %v, want %v", got, int64(t0), int64(t0+300), int64(t0+6000), below, tc.below)
+			}
+		})
+	}
+}
