@@ -150,7 +150,7 @@ func BuildReport(ctx context.Context, js jetstream.JetStream, rc ReportConfig) (
 		}
 		if e.Type == TypeGap && e.Cause == CausePublisherRestart && e.Evidence.OldRun != nil {
 			r := e.Evidence.OldRun
-			ended[e.Key] = append(ended[e.Key], endedRun{r.FirstEpoch, r.LastEpoch, r.LastSeq})
+			ended[e.Key] = append(ended[e.Key], endedRun{r.FirstEpoch, r.LastEpoch, r.LastSeq, e.Epoch})
 		}
 		if e.Type == TypeGap && e.Cause == streams.GapCauseLostAfterAck {
 			p := get(e.Key)

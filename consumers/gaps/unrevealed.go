@@ -23,10 +23,12 @@ import (
 // predates it and is left out (the first run's numbers before its first FPM are a late_start gap).
 // Overlapping markers (redundant bridges dropping the same numbers) count once.
 
-// endedRun is how far a run got, from its publisher_restart event.
+// endedRun is how far a run got, from its publisher_restart event, and when the run after it began
+// (the event's epoch: its first message's receive time; 0 when not known).
 type endedRun struct {
 	firstEpoch, lastEpoch int64
 	lastSeq               uint64
+	nextBeganMs           int64
 }
 
 // lateRunLast is how far run r got with its numbers stored after the next run began (state.Epochs'
@@ -65,8 +67,12 @@ const sameRunTolerance = 500
 // another bridge's epoch of the same run: one within sameRunTolerance of m's epoch (both bridges
 // received the run's first message), or one that began while m's bridge was receiving the run, up to
 // m's last number (the other bridge joined the run later, its epoch its receive time of a later number;
-// runs of one publisher do not overlap in time).
-func minusSeenNear(st *state, m streams.DropMarker, lo, hi uint64) [][2]uint64 {
+// runs of one publisher do not overlap in time), or one whose messages were received from before m's
+// first to after it, of a run not ended before m's first (the other bridge was in the run all along and
+// m's bridge, starting, recorded it anew: redundant bridges that could not agree on it). A run a restart
+// ended before m's bridge received m's first is another run, whatever a stalled bridge received of it
+// later.
+func minusSeenNear(st *state, m streams.DropMarker, lo, hi uint64, ended []endedRun) [][2]uint64 {
 	out := [][2]uint64{{lo, hi}}
 	if st == nil {
 		return out
@@ -74,12 +80,25 @@ func minusSeenNear(st *state, m streams.DropMarker, lo, hi uint64) [][2]uint64 {
 	for _, e := range st.Epochs {
 		near := e.Epoch >= m.Epoch-sameRunTolerance && e.Epoch <= m.Epoch+sameRunTolerance
 		during := e.Epoch > m.Epoch && e.Epoch <= m.LastReceivedAtMs
-		if e.Epoch == m.Epoch || !near && !during {
+		across := m.FirstReceivedAtMs > 0 && e.Epoch < m.Epoch && e.First != nil &&
+			e.First.ObservedAtMs <= m.FirstReceivedAtMs && e.LastAtMs >= m.FirstReceivedAtMs && !endedBefore(ended, e.Epoch, m.FirstReceivedAtMs)
+		if e.Epoch == m.Epoch || !near && !during && !across {
 			continue
 		}
 		out = minusRanges(out, e.Seen)
 	}
 	return out
+}
+
+// endedBefore reports whether a restart ended the run epoch belongs to before atMs: the run after it
+// began by then.
+func endedBefore(ended []endedRun, epoch, atMs int64) bool {
+	for _, r := range ended {
+		if epoch >= r.firstEpoch && epoch <= r.lastEpoch && r.nextBeganMs > 0 && r.nextBeganMs <= atMs {
+			return true
+		}
+	}
+	return false
 }
 
 // minusRanges returns the numbers of ranges rs not in ranges seen.
@@ -163,7 +182,7 @@ func dropUnrevealed(markers []streams.DropMarker, st *state, ended []endedRun) u
 		// A run the detector saw no FPM of under the marker's epoch may be one another bridge stored under
 		// its own epoch (redundant bridges that could not agree on it): its numbers stored there are not
 		// missing.
-		above[rk] = append(above[rk], minusSeenNear(st, m, first, m.LastSeq)...)
+		above[rk] = append(above[rk], minusSeenNear(st, m, first, m.LastSeq, ended)...)
 	}
 	var n uint64
 	for _, rs := range above {

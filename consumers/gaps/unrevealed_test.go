@@ -30,6 +30,13 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 	// began after the marker's last number was received.
 	joinedLater := &state{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
 		Epochs: []epochSeen{{Epoch: e3 + 750, Seen: [][2]uint64{{0, 39}}}, {Epoch: e3 + 1900, Seen: [][2]uint64{{0, 60}}}}}
+	// The other bridge was in the run all along, under an older epoch (its copies received from 900 ms
+	// before the marker's first to 2 s after), while the marker's bridge, starting, recorded the run
+	// anew and dropped 50-59 of it at its stop; or that run was ended by a restart before the marker's
+	// first, and a stalled bridge received its numbers late.
+	allAlong := &state{Started: true, Run: cur.Run, MaxEpoch: e2, Last: cur.Last,
+		Epochs: []epochSeen{{Epoch: e3 - 900, Seen: [][2]uint64{{0, 99}}, First: &point{Seq: 0, ObservedAtMs: e3 - 900}, LastAtMs: e3 + 2000}}}
+	endedBeforeIt := []endedRun{{firstEpoch: e3 - 900, lastEpoch: e3 - 900, lastSeq: 99, nextBeganMs: e3 - 100}}
 	received := func(m streams.DropMarker, firstMs, lastMs int64) streams.DropMarker {
 		m.FirstReceivedAtMs, m.LastReceivedAtMs = firstMs, lastMs
 		return m
@@ -55,6 +62,10 @@ func TestDropUnrevealedCountsOnlyNumbersNoGapEventCanName(t *testing.T) {
 		"a run another bridge stored under its own epoch": {markers: []streams.DropMarker{mk(e3, 0, 9)}, st: otherBridge, want: 4},
 		"a run another bridge joined later stored under its own epoch": {
 			markers: []streams.DropMarker{received(mk(e3, 3, 39), e3, e3+1800), received(mk(e3, 40, 44), e3+1850, e3+1890)}, st: joinedLater, want: 5},
+		"a run another bridge was in all along, under an older epoch": {
+			markers: []streams.DropMarker{received(mk(e3, 50, 59), e3, e3+450)}, st: allAlong, want: 0},
+		"a run a restart ended before the marker's first, its numbers received late": {
+			markers: []streams.DropMarker{received(mk(e3, 50, 59), e3, e3+450)}, st: allAlong, ended: endedBeforeIt, want: 10},
 		// e1's run got to 54 with FPMs stored after the next run began (its old_run says 49).
 		"an ended run's tail, past its last FPMs stored late": {markers: []streams.DropMarker{mk(e1+3, 40, 59)}, st: lateTail, ended: ended, want: 5},
 	} {
