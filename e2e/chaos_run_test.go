@@ -767,7 +767,7 @@ func (e *chaosEnv) secondStop() {
 			sc.status += "; the first had ended before it got to work: the only owner"
 		}
 		sc.mu.Unlock()
-		if !strings.Contains(out, sc.ready) && strings.Contains(out, "NATS server not reachable yet") {
+		if !strings.Contains(out, sc.ready) && (strings.Contains(out, "NATS server not reachable yet") || e.serverFaultDuring(sc.at, sc.at.Add(chaosSecondWait))) {
 			sc.unjudged = true
 			sc.status += "; it never got to work, waiting for the server the schedule had stopped: not judged"
 		}
@@ -775,6 +775,20 @@ func (e *chaosEnv) secondStop() {
 		stopInBackground(sc.proc)
 	}
 	e.logf("second instance: %s", sc.status)
+}
+
+// serverFaultDuring reports whether nats-server was down or paused (a fault window, closed or still
+// open) at some time from from to to: a second trace writer's refusal reads the stream, so one started
+// then may still wait for the server when its time to refuse is up (connected before the server went
+// away, it does not log that the server is not reachable).
+func (e *chaosEnv) serverFaultDuring(from, to time.Time) bool {
+	for _, f := range e.faults {
+		if f.what == "server" && f.start.Before(to) && f.end.After(from) {
+			return true
+		}
+	}
+	at, open := e.open["server"]
+	return open && at.Before(to)
 }
 
 // stopBridge2 sends the redundant bridge SIGTERM; it stops in the background (killed if it takes
