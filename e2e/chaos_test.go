@@ -649,3 +649,30 @@ func dumpChaos(t *testing.T, dir string, s *chaosSchedule, e *chaosEnv, o *chaos
 	})
 	t.Logf("observations written to %s", dir)
 }
+
+// A second trace writer is judged only when the server could answer it: a fault window of the server
+// (closed, or still open when it is judged) during its time to refuse leaves it unjudged.
+func TestChaosServerFaultDuringASecondInstance(t *testing.T) {
+	t.Parallel()
+	t0 := time.UnixMilli(1_800_000_000_000)
+	from, to := t0, t0.Add(chaosSecondWait)
+	for name, tc := range map[string]struct {
+		faults []chaosFault
+		open   map[string]time.Time
+		want   bool
+	}{
+		"no fault":                            {want: false},
+		"the server restarted during it":      {faults: []chaosFault{{"server", t0.Add(time.Second), t0.Add(7 * time.Second)}}, want: true},
+		"the server down since, still":        {open: map[string]time.Time{"server": t0.Add(2 * time.Second)}, want: true},
+		"the server paused before it, healed": {faults: []chaosFault{{"server", t0.Add(-20 * time.Second), t0.Add(-time.Second)}}, want: false},
+		"another component's fault":           {faults: []chaosFault{{"trace", t0, to}}, open: map[string]time.Time{"gaps": t0}, want: false},
+		"the server down only after it":       {open: map[string]time.Time{"server": to.Add(time.Second)}, want: false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := &chaosEnv{faults: tc.faults, open: tc.open}
+			if got := e.serverFaultDuring(from, to); got != tc.want {
+				t.Fatalf("serverFaultDuring = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
