@@ -127,13 +127,16 @@ import (
 //     newest FPM is the number just before this one's first, received at most continuationWindow
 //     earlier, or a number the run's own pace carries on to this one's first (runPace), or its
 //     recorded run began with the number just before within evidenceTolerance, or at the number this
-//     run's own pace, carried back, was at when it was received (epochs.ownPace). A publisher that
+//     run's own pace, carried back or on, was at when it was received (epochs.ownPace). Where the
+//     newest FPM is this bridge's previous instance's, the other bridge's copy stored just before it
+//     counts (othersBeside). A publisher that
 //     restarted in between and whose new run this bridge joined at exactly that next number, or at the
 //     number the old run's pace predicts (the new run going faster than the old, by the old run's
 //     newest number over the time between), would be taken for the run going on (its restart unseen
 //     by the gap detector).
 //   - Evidence needs the same message at about the same time: bridges whose clocks differ by more than
-//     evidenceTolerance never find it (new epochs), and two runs whose FPMs at one number are the same
+//     evidenceTolerance never find it (new epochs), nor do two when one read the run late (its process
+//     stopped: its receive times late by the stall) and the other received it only then, and two runs whose FPMs at one number are the same
 //     bytes received within evidenceTolerance of each other (idle heartbeats or a deterministic
 //     publisher, restarted and run again in less than that) can be taken for one where only the other
 //     run's copy is there to see (where both are, the copy received nearest to this bridge's wins).
@@ -872,7 +875,9 @@ func msgIDDigest(id string) string {
 }
 
 // recordedEvidence returns the recorded run, newer than the previous one, whose first message (as the
-// bridge that recorded it received it) this bridge received in r at about the same time.
+// bridge that recorded it received it) this bridge received in r at about the same time; else one
+// another bridge recorded from the number just before r's first, or from where r's own pace, carried
+// back or on, was when that bridge received it.
 func (b *Bridge) recordedEvidence(r *run, entries []streams.RunEntry, prev int64) (streams.RunEntry, bool) {
 	// The nearest in time, should two recorded runs begin with the same bytes within evidenceTolerance
 	// (a deterministic publisher rerun at once).
