@@ -184,6 +184,12 @@ const (
 	// of the number just before it may have been received for the run to be taken as the one that
 	// bridge stored (continuedIn): a bridge stopped or reconnecting for a few seconds.
 	continuationWindow = 5 * time.Second
+	// ownPaceWindow is how far apart in time this bridge's first message of a run and another bridge's
+	// recorded first message may be for this run's own pace to join them (recordedEvidence): longer
+	// than continuationWindow, since the pace, not the time, tells a restart (numbering from 0 again)
+	// from the run going on, and a bridge started while the other's copies were held up by a full disk
+	// or a broker restart joins a run the other recorded seconds before.
+	ownPaceWindow = 30 * time.Second
 	// minPaceSpan and minPaceNumbers bound what a run's pace is measured on (runPace): the other
 	// bridge's copies from the run's recorded first message to its newest span at least this long and
 	// this many numbers, so that one late message does not make a pace.
@@ -911,7 +917,7 @@ func (b *Bridge) recordedEvidence(r *run, entries []streams.RunEntry, prev int64
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]
 		if d := r.firstRecvMs() - e.FirstReceivedAtMs; e.Epoch > prev && e.Bridge != b.cfg.BridgeID && e.FirstReceivedAtMs > 0 &&
-			d > 0 && d <= continuationWindow.Milliseconds() && own.reachedBack(e.FirstSeq, e.FirstReceivedAtMs) {
+			d > 0 && d <= ownPaceWindow.Milliseconds() && own.reachedBack(e.FirstSeq, e.FirstReceivedAtMs) {
 			return e, true
 		}
 	}
@@ -922,7 +928,7 @@ func (b *Bridge) recordedEvidence(r *run, entries []streams.RunEntry, prev int64
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]
 		if d := e.FirstReceivedAtMs - r.firstRecvMs(); e.Epoch > prev && e.Bridge != b.cfg.BridgeID &&
-			d > 0 && d <= continuationWindow.Milliseconds() && own.reaches(e.FirstSeq, e.FirstReceivedAtMs) {
+			d > 0 && d <= ownPaceWindow.Milliseconds() && own.reaches(e.FirstSeq, e.FirstReceivedAtMs) {
 			return e, true
 		}
 	}

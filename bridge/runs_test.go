@@ -399,6 +399,13 @@ func TestAgreeRun(t *testing.T) {
 				{Epoch: now + 250, FirstSeq: 30, FirstDigest: dg("x30"), FirstReceivedAtMs: now + 250, Bridge: other}},
 			want: want{written: true},
 		},
+		// A number a second here (7 to 14): the other bridge recorded the run from 1, 6 s before this
+		// bridge's first (it was held up by a full disk meanwhile, storing nothing).
+		"starting while the other bridge's copies are held up, its record seconds before where this run's pace was": {
+			kind: runStart, t0: now, every: 1000, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+				{Epoch: now - 6000, FirstSeq: 1, FirstDigest: dg("x1"), FirstReceivedAtMs: now - 6000, Bridge: other}},
+			want: want{epoch: now - 6000, start: "", reads: 1},
+		},
 		// The same record 300 ms earlier: this run's pace carries 7 back to below 0 then, not to 2: this
 		// run may have begun after that one's first message (a restart), so it is recorded anew.
 		"starting after another bridge's record the run's pace does not reach back to": {
