@@ -64,6 +64,12 @@ func TestAgreeRun(t *testing.T) {
 		pEpoch = 1_000_000 // the previous run, agreed by both bridges long ago
 		other  = "other-bridge"
 	)
+	// recordedFrom is the record of the previous run and another bridge's of this one, which it
+	// received from first at atMs (its epoch).
+	recordedFrom := func(first uint64, atMs int64) []streams.RunEntry {
+		return []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
+			{Epoch: atMs, FirstSeq: first, FirstDigest: dg("x" + strconv.FormatUint(first, 10)), FirstReceivedAtMs: atMs, Bridge: other}}
+	}
 	type want struct {
 		epoch   int64  // 0: the epoch this bridge wrote (checked against the record)
 		start   string // Fpm-Run-Start of the agreed run
@@ -341,8 +347,7 @@ func TestAgreeRun(t *testing.T) {
 		// run's first (0, 1.4 s ago) to 4 (0.6 s ago) and its copies of the numbers both received are
 		// held up (its process stopped, its broker away), to be stored after this bridge's.
 		"starting while the other bridge's copies of the run stop a few numbers before at its pace": {
-			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
-				{Epoch: now - 1400, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 1400, Bridge: other}},
+			kind: runStart, t0: now, runs: recordedFrom(0, now-1400),
 			stored: &storedCopy{runMsg{4, "x4", now - 600}, now - 1400, "", ""},
 			want:   want{epoch: now - 1400, start: "", reads: 1},
 		},
@@ -350,8 +355,7 @@ func TestAgreeRun(t *testing.T) {
 		// newest is this bridge's previous instance's (5), the other's further copies held up. The
 		// other's copy just before it (4), at the run's pace, reaches this run's first: the run goes on.
 		"restarted into a run whose newest copy is this bridge's previous instance's, the other's just before it": {
-			kind: runStart, t0: now, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
-				{Epoch: now - 1400, FirstSeq: 0, FirstDigest: dg("x0"), FirstReceivedAtMs: now - 1400, Bridge: other}},
+			kind: runStart, t0: now, runs: recordedFrom(0, now-1400),
 			earlier: []storedCopy{{runMsg{4, "x4", now - 600}, now - 1400, "", ""}},
 			stored:  &storedCopy{runMsg{5, "x5", now - 60_000}, now - 1400, "", "test-bridge"},
 			want:    want{epoch: now - 1400, start: "", reads: 1},
@@ -369,48 +373,41 @@ func TestAgreeRun(t *testing.T) {
 		// broker away), but it recorded the run from 2, received 250 ms before this bridge's first, 7:
 		// where this run's own pace (a number every 50 ms, 7 to 14) puts it then.
 		"starting while the other bridge's copies are held up, its record where this run's pace was": {
-			kind: runStart, t0: now, every: 50, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
-				{Epoch: now - 250, FirstSeq: 2, FirstDigest: dg("x2"), FirstReceivedAtMs: now - 250, Bridge: other}},
+			kind: runStart, t0: now, every: 50, more: 5, runs: recordedFrom(2, now-250),
 			want: want{epoch: now - 250, start: "", reads: 1},
 		},
 		// This bridge was stopped a tenth of a second into the run (7 to 11, a number every 25 ms) and
 		// agrees it at its stop: its own pace, over those few numbers, carries 7 back to 4 at the other
 		// bridge's record.
 		"a run this bridge received for a tenth of a second, the other's record where its pace was": {
-			kind: runStart, t0: now, every: 25, more: 2, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
-				{Epoch: now - 75, FirstSeq: 4, FirstDigest: dg("x4"), FirstReceivedAtMs: now - 75, Bridge: other}},
+			kind: runStart, t0: now, every: 25, more: 2, runs: recordedFrom(4, now-75),
 			want: want{epoch: now - 75, start: "", reads: 1},
 		},
 		"a run this bridge received for a tenth of a second, the other's record before its pace reaches back": {
-			kind: runStart, t0: now, every: 25, more: 2, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
-				{Epoch: now - 200, FirstSeq: 4, FirstDigest: dg("x4"), FirstReceivedAtMs: now - 200, Bridge: other}},
+			kind: runStart, t0: now, every: 25, more: 2, runs: recordedFrom(4, now-200),
 			want: want{written: true},
 		},
 		// The other bridge joined this run further on and recorded it from 12, received 250 ms after
 		// this bridge's first, 7 (this bridge's own record of it failed: a bucket outage): where this
 		// run's own pace (a number every 50 ms, 7 to 14) was then.
 		"a run another bridge recorded from further on, where this run's pace was when it received it": {
-			kind: runStart, t0: now, every: 50, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
-				{Epoch: now + 250, FirstSeq: 12, FirstDigest: dg("x12"), FirstReceivedAtMs: now + 250, Bridge: other}},
+			kind: runStart, t0: now, every: 50, more: 5, runs: recordedFrom(12, now+250),
 			want: want{epoch: now + 250, start: "", reads: 1},
 		},
 		"a run another bridge recorded from further on, where this run's pace was not": {
-			kind: runStart, t0: now, every: 50, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
-				{Epoch: now + 250, FirstSeq: 30, FirstDigest: dg("x30"), FirstReceivedAtMs: now + 250, Bridge: other}},
+			kind: runStart, t0: now, every: 50, more: 5, runs: recordedFrom(30, now+250),
 			want: want{written: true},
 		},
 		// A number a second here (7 to 14): the other bridge recorded the run from 1, 6 s before this
 		// bridge's first (it was held up by a full disk meanwhile, storing nothing).
 		"starting while the other bridge's copies are held up, its record seconds before where this run's pace was": {
-			kind: runStart, t0: now, every: 1000, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
-				{Epoch: now - 6000, FirstSeq: 1, FirstDigest: dg("x1"), FirstReceivedAtMs: now - 6000, Bridge: other}},
+			kind: runStart, t0: now, every: 1000, more: 5, runs: recordedFrom(1, now-6000),
 			want: want{epoch: now - 6000, start: "", reads: 1},
 		},
 		// The same record 300 ms earlier: this run's pace carries 7 back to below 0 then, not to 2: this
 		// run may have begun after that one's first message (a restart), so it is recorded anew.
 		"starting after another bridge's record the run's pace does not reach back to": {
-			kind: runStart, t0: now, every: 50, more: 5, runs: []streams.RunEntry{{Epoch: pEpoch, Bridge: other},
-				{Epoch: now - 550, FirstSeq: 2, FirstDigest: dg("x2"), FirstReceivedAtMs: now - 550, Bridge: other}},
+			kind: runStart, t0: now, every: 50, more: 5, runs: recordedFrom(2, now-550),
 			want: want{written: true},
 		},
 		// At that pace the run the other bridge stored (0 at 2.4 s ago, 4 at 1.6 s ago) would be at 12
