@@ -686,7 +686,7 @@ func TestStopTimeoutPublishesShutdownMarkers(t *testing.T) {
 // publishes shutdown markers of it.
 func TestDropMarkerCarriesItsRunsStart(t *testing.T) {
 	t.Parallel()
-	const n = 5000
+	const n = 20000 // a backlog the 1 ms stop cannot publish, as TestStopTimeoutPublishesShutdownMarkers
 	env := natsservertest.Start(t)
 	pub := newTestPub(t, "tcp://127.0.0.1:*")
 	h := startBridge(t, env, []Endpoint{{URL: pub.URL, DPRank: 0}}, func(c *Config) {
