@@ -18,7 +18,7 @@ import (
 // them, so the detector names them from the markers, once per run, under the epoch of the bridge that
 // received the run first:
 //   - when the first FPM of a later run arrives with the markers held (markedRuns): the later run's
-//     first number is below the markers' first and was received after their last (a bridge receives a
+//     first number is not past the markers' last and was received well after it (a bridge receives a
 //     publisher's numbers in order: it cannot be the markers' run going on);
 //   - when a marker arrives after that FPM (markedRunLate), by the same test against the first FPM
 //     received under the first epoch seen after the marker's.
@@ -39,7 +39,7 @@ func (t *tracker) markedRuns(o *fpmObservation) {
 	for i := range st.Markers {
 		m := &st.Markers[i]
 		if !m.Used && m.RunStart == streams.RunStartRestart && m.Epoch > st.MaxEpoch && m.Epoch < o.Epoch &&
-			m.FirstReceivedAtMs > st.Last.ObservedAtMs && o.Seq < m.FirstSeq && o.ObservedAtMs > m.LastReceivedAtMs {
+			m.FirstReceivedAtMs > st.Last.ObservedAtMs && after(o.point(), m) {
 			ms = append(ms, m)
 		}
 	}
@@ -69,8 +69,7 @@ func (t *tracker) markedRunLate(m *heldMarker) {
 		return // an epoch counted in, or nothing seen before (or after) it
 	}
 	prev, next := &st.Epochs[i-1], &st.Epochs[i]
-	if prev.LastAtMs >= m.FirstReceivedAtMs || next.First == nil || next.First.Seq >= m.FirstSeq ||
-		next.First.ObservedAtMs <= m.LastReceivedAtMs {
+	if prev.LastAtMs >= m.FirstReceivedAtMs || next.First == nil || !after(*next.First, m) {
 		return
 	}
 	var ms []*heldMarker
@@ -82,6 +81,13 @@ func (t *tracker) markedRunLate(m *heldMarker) {
 		}
 	}
 	t.nameMarkedRuns(ms, nil)
+}
+
+// after reports whether p, an FPM, belongs to a run after marker m's: its number is not past the
+// marker's last (the numbers went back) and it was received more than sameRunTolerance after it (no
+// bridge lags that far behind another on one run and numbers it as this one).
+func after(p point, m *heldMarker) bool {
+	return p.Seq <= m.LastSeq && p.ObservedAtMs > m.LastReceivedAtMs+sameRunTolerance
 }
 
 // nameMarkedRuns groups markers ms into runs (epochs within sameRunTolerance of the run's first) and

@@ -760,6 +760,24 @@ func TestTrackerEpochs(t *testing.T) {
 			},
 			want: []string{"stale@1", fmt.Sprintf("publisher_restart@%d:0-2", 1_000_000+47*100+1_700), fmt.Sprintf("publisher_restart@%d", 1_000_000+47*100+14_000), fmt.Sprintf("stale@%d", 1_000_000+47*100+14_000)},
 		},
+		// The next run's first FPM here is 1 (its 0 was lost), the number the marker's run began with:
+		// numbers gone back, 40 s after the marker's last, a later run all the same.
+		"a run only restart markers saw, the next run's first number the same as theirs": {
+			play: func(s *script, step func()) {
+				s.runStart = map[int64]string{3: streams.RunStartRestart}
+				at := s.run(0, 46, 1, t0)
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 1, LastSeq: 9,
+					Count: 9, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 2_100, RunStart: streams.RunStartRestart}, 100)
+				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 1, LastSeq: 6,
+					Count: 6, Reason: "shutdown", Bridge: "d", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 1_950, RunStart: streams.RunStartRestart}, 101)
+				step()
+				s.runStart[at+40_000] = streams.RunStartRestart
+				s.fpm(1, at+40_000, at+40_000)
+				s.tr.expire(s.nowMs + 10_000)
+				equal(s.t, uint64(2), s.st.Counters.Missing.PublisherRestart) // 0 of each run
+			},
+			want: []string{"stale@1", fmt.Sprintf("publisher_restart@%d:0-0", 1_000_000+47*100+1_700), fmt.Sprintf("stale@%d", 1_000_000+47*100+40_000), fmt.Sprintf("publisher_restart@%d:0-0", 1_000_000+47*100+40_000)},
+		},
 		"a run only a restart marker saw, the marker read after the next run's first FPM": {
 			play: func(s *script, step func()) {
 				at := s.run(0, 46, 1, t0)
