@@ -31,6 +31,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -828,7 +829,25 @@ func tailExcuse(o *chaosObserved, r *chaosRun) string {
 			return "ended during " + f.what
 		}
 	}
+	// Held by a bridge that could not store it (/healthz not ok while the run was sent) and was
+	// killed within faultHealPad of the run's end: what a killed bridge holds in memory is lost with
+	// it, and a run that ended before its next FPM has nothing that could reveal its numbers.
+	for _, s := range o.bridges {
+		if s.killed && !s.end.Before(r.end) && s.end.Sub(r.end) <= faultHealPad && o.unhealthyDuring(r.start, r.end) {
+			return "held by a bridge that could not store it, killed"
+		}
+	}
 	return ""
+}
+
+// unhealthyDuring reports whether /healthz answered anything but 200 (or nothing) from from to to.
+func (o *chaosObserved) unhealthyDuring(from, to time.Time) bool {
+	for _, h := range o.health {
+		if !h.at.Before(from) && !h.at.After(to) && h.code != 200 {
+			return true
+		}
+	}
+	return false
 }
 
 func maxSeq(m map[uint64]sentFPM) (uint64, bool) {

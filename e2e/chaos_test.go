@@ -371,6 +371,27 @@ func TestChaosCheckerFindsPlanted(t *testing.T) {
 	if res := chaosCheck(observe([]*chaosRun{killed}, storeRun(killed, e0, 8, 9), nil, report(8, 0))); len(res.violations) != 0 {
 		t.Fatalf("killed run's tail: %s", res.describe())
 	}
+	// A run held by a bridge that could not store it (/healthz 503 meanwhile) and was killed a moment
+	// after the run ended: nothing of it stored, nothing to reveal it, unknowable; with /healthz ok
+	// throughout, lost.
+	for name, tc := range map[string]struct {
+		code int
+		want string
+	}{"the store refused writes meanwhile": {503, ""}, "the pipeline said it was healthy": {200, "lost"}} {
+		held := observe([]*chaosRun{r0}, nil, nil, report(0, 0))
+		held.bridges = []chaosBridgeSpan{{start: t0.Add(-time.Hour), end: r0.end.Add(10 * time.Millisecond), killed: true}, {start: r0.end.Add(2 * time.Second)}}
+		held.health = []healthSample{{r0.start.Add(time.Second), tc.code}}
+		res := chaosCheck(held)
+		var kinds []string
+		for _, v := range res.violations {
+			if v.kind != "report" {
+				kinds = append(kinds, v.kind)
+			}
+		}
+		if strings.Join(kinds, ",") != tc.want {
+			t.Fatalf("%s: violations %v, want %q:\n%s", name, kinds, tc.want, res.describe())
+		}
+	}
 	faulted := observe([]*chaosRun{r0}, storeRun(r0, e0, 9), nil, report(9, 0))
 	faulted.faults = []chaosFault{{"bridge", r0.end.Add(-time.Second), r0.end.Add(time.Second)}}
 	if res := chaosCheck(faulted); len(res.violations) != 0 {
