@@ -130,6 +130,8 @@ func (t *tracker) observe(o *fpmObservation) {
 			if o.Epoch >= st.Run.FirstEpoch && o.Seq < st.Run.FirstSeq && !st.Run.ByRestart {
 				st.Run.FirstSeq = o.Seq // before the first number seen of the first run
 			}
+		case t.recoverNear(o):
+			// Named missing by a gap event under another bridge's epoch of its run, stored after all.
 		case t.late(o):
 			// Neither counted nor named under its own epoch yet: a message, counted by late.
 		case t.recover(o):
@@ -483,17 +485,45 @@ func (t *tracker) named(p *pending, r namedRange) {
 // off its cause and, with the contiguous copies that follow it, reported by a recovered event, so
 // that the events, the counters and `gaps report` never name a stored FPM missing.
 func (t *tracker) recover(o *fpmObservation) bool {
-	st := t.st
 	i := t.epoch(o.Epoch, false)
 	if i < 0 {
 		return false
 	}
-	e := &st.Epochs[i]
-	j := slices.IndexFunc(e.Named, func(r namedRange) bool { return o.Seq >= r.Lo && o.Seq <= r.Hi })
+	j := slices.IndexFunc(t.st.Epochs[i].Named, func(r namedRange) bool { return o.Seq >= r.Lo && o.Seq <= r.Hi })
 	if j < 0 {
 		return false
 	}
-	r := e.Named[j]
+	t.takeBack(o, t.st.Epochs[i].Named[j])
+	return true
+}
+
+// recoverNear is recover for a late copy under another bridge's epoch of the run whose gap event
+// named its number: an epoch within sameRunTolerance of the event's (both bridges received the run's
+// first messages about together, and could not agree on it), under which its number is neither
+// counted nor named. Without it the copy would be counted under its own epoch while the number stays
+// named: a stored FPM named missing.
+func (t *tracker) recoverNear(o *fpmObservation) bool {
+	st := t.st
+	if i := t.epoch(o.Epoch, false); i >= 0 && rangesHold(st.Epochs[i].Seen, o.Seq) {
+		return false
+	}
+	for k := range st.Epochs {
+		e := &st.Epochs[k]
+		if e.Epoch == o.Epoch || e.Epoch < o.Epoch-sameRunTolerance || e.Epoch > o.Epoch+sameRunTolerance {
+			continue
+		}
+		if j := slices.IndexFunc(e.Named, func(r namedRange) bool { return o.Seq >= r.Lo && o.Seq <= r.Hi }); j >= 0 {
+			t.takeBack(o, e.Named[j])
+			return true
+		}
+	}
+	return false
+}
+
+// takeBack counts o, whose number gap event r named missing, and takes the number back from every
+// epoch the event named it under (recover).
+func (t *tracker) takeBack(o *fpmObservation, r namedRange) {
+	st := t.st
 	// The event named the number under every epoch of its gap: taken back once, from all of them.
 	for k := range st.Epochs {
 		named := st.Epochs[k].Named
@@ -514,7 +544,6 @@ func (t *tracker) recover(o *fpmObservation) bool {
 		}
 		st.Epochs[k].Named = named
 	}
-	e = &st.Epochs[i]
 	t.significant = true
 	st.Counters.Missing.sub(r.Cause, 1)
 	st.Counters.Recovered++
@@ -525,10 +554,13 @@ func (t *tracker) recover(o *fpmObservation) bool {
 		t.flushRecovered()
 		st.Recovering = &recovering{Epoch: o.Epoch, Lo: o.Seq, Hi: o.Seq, Cause: r.Cause, Gap: r.Gap, First: o.point(), Last: o.point()}
 	}
-	if !slices.ContainsFunc(e.Named, func(n namedRange) bool { return n.Gap == r.Gap }) {
+	left := false
+	for k := range st.Epochs {
+		left = left || slices.ContainsFunc(st.Epochs[k].Named, func(n namedRange) bool { return n.Gap == r.Gap })
+	}
+	if !left {
 		t.flushRecovered() // every number the event named is stored: nothing more to wait for
 	}
-	return true
 }
 
 // flushRecovered reports the numbers recovered since the last report (state.Recovering) in one

@@ -1188,7 +1188,8 @@ func TestTrackerEpochs(t *testing.T) {
 		// Redundant bridges that could not agree on a run's epoch each store their own copy of it. Here
 		// the bridge with the older epoch stalled and stored its copy, out of order, after the other's
 		// and after the grace of the restart it revealed: every FPM of its copy is stored once under
-		// its epoch, a message.
+		// its epoch, a message, and the numbers the restart named missing are taken back (its epoch is
+		// within sameRunTolerance of the other's: the same run).
 		"a redundant bridge's own copy of a run under an older epoch, stored late and out of order": {
 			play: func(s *script, step func()) {
 				at := s.run(0, 76, 1, t0)     // the run before (epoch 1)
@@ -1205,7 +1206,23 @@ func TestTrackerEpochs(t *testing.T) {
 				equal(s.t, uint64(78+104+303), s.st.Counters.Messages)
 				equal(s.t, uint64(1), s.st.Counters.Duplicates)
 			},
-			want: []string{"publisher_restart@3:0-29"},
+			want: []string{"publisher_restart@3:0-29", "recovered publisher_restart@2:0-29"},
+		},
+		// Two bridges received a replay about together and could not agree on it: one's first was 4
+		// (a late_start names 0-3 under its epoch), the other's 0, 101 ms earlier, under an epoch of
+		// its own, stored after the event: the same run's 0, taken back.
+		"another bridge's copy of a late start's number, under its own epoch of the run, stored after the event": {
+			play: func(s *script, step func()) {
+				e1 := int64(t0 + 101)
+				s.run(4, 20, e1, e1)
+				s.tr.expire(s.nowMs + 10_000)
+				step()
+				s.fpm(0, t0, t0)
+				s.tr.flushRecovered() // as the detector's clock does
+				equal(s.t, uint64(3), s.st.Counters.Missing.LateStart)
+				equal(s.t, uint64(18), s.st.Counters.Messages)
+			},
+			want: []string{"late_start@1000101:0-3", "recovered late_start@1000000:0-0"},
 		},
 		// Bridge B, started while a new run was live, takes it for the run before going on (no
 		// Fpm-Run-Start); bridge A, stalled, stores the old run's copies under the old epoch after B's
