@@ -1,6 +1,7 @@
 package gaps
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
@@ -56,15 +57,7 @@ func (t *tracker) markedRunLate(m *heldMarker) {
 	if !st.Started || m.Used || m.RunStart != streams.RunStartRestart || m.Epoch >= st.MaxEpoch {
 		return
 	}
-	i, found := slices.BinarySearchFunc(st.Epochs, m.Epoch, func(e epochSeen, epoch int64) int {
-		switch {
-		case e.Epoch < epoch:
-			return -1
-		case e.Epoch > epoch:
-			return 1
-		}
-		return 0
-	})
+	i, found := slices.BinarySearchFunc(st.Epochs, m.Epoch, func(e epochSeen, epoch int64) int { return cmp.Compare(e.Epoch, epoch) })
 	if found || i == 0 || i == len(st.Epochs) {
 		return // an epoch counted in, or nothing seen before (or after) it
 	}
@@ -96,15 +89,7 @@ func after(p point, m *heldMarker) bool {
 // received under its epoch. before is the last FPM of the run the restart ended, nil when unknown
 // (a marker applied late).
 func (t *tracker) nameMarkedRuns(ms []*heldMarker, before *point) {
-	slices.SortFunc(ms, func(a, b *heldMarker) int {
-		switch {
-		case a.Epoch < b.Epoch:
-			return -1
-		case a.Epoch > b.Epoch:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ms, func(a, b *heldMarker) int { return cmp.Compare(a.Epoch, b.Epoch) })
 	for len(ms) > 0 {
 		n := 1
 		for n < len(ms) && ms[n].Epoch <= ms[0].Epoch+sameRunTolerance {
@@ -142,9 +127,7 @@ func (t *tracker) nameMarkedRun(ms []*heldMarker, before *point) {
 		low.Bridge, first, low.Epoch, low.FirstSeq, low.LastSeq, low.Reason, first)
 	t.seen(epoch, 0, first-1)
 	id := streams.RestartMsgID(t.key, epoch)
-	if i := t.epoch(epoch, false); i >= 0 {
-		st.Epochs[i].Named = append(st.Epochs[i].Named, namedRange{Lo: 0, Hi: first - 1, Cause: CausePublisherRestart, Gap: id})
-	}
+	t.named(&pending{After: point{Epoch: epoch}, EpochLo: epoch, EpochHi: epoch}, namedRange{Lo: 0, Hi: first - 1, Cause: CausePublisherRestart, Gap: id})
 	st.Counters.Restarts++
 	t.emit(&Event{GapEventFields: streams.GapEventFields{Type: TypeGap, ID: id, Cause: CausePublisherRestart, Epoch: epoch,
 		FirstMissing: u64p(0), LastMissing: u64p(first - 1), Missing: first, Before: before}, After: &after, Evidence: ev})

@@ -46,6 +46,19 @@ func (s *script) run(first, last uint64, epoch, atMs int64) int64 {
 	return atMs
 }
 
+// restartMarker is bridge's shutdown marker of first..last under epoch, received from firstMs to
+// lastMs, of a run it saw begin as a restart; firstRunMarker the same of its first run of the publisher.
+func restartMarker(bridge string, epoch int64, first, last uint64, firstMs, lastMs int64) streams.DropMarker {
+	m := firstRunMarker(bridge, epoch, first, last, firstMs, lastMs)
+	m.RunStart = streams.RunStartRestart
+	return m
+}
+
+func firstRunMarker(bridge string, epoch int64, first, last uint64, firstMs, lastMs int64) streams.DropMarker {
+	return streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: epoch, FirstSeq: first, LastSeq: last,
+		Count: last - first + 1, Reason: "shutdown", Bridge: bridge, FirstReceivedAtMs: firstMs, LastReceivedAtMs: lastMs}
+}
+
 func (s *script) marker(epoch int64, first, last uint64, reason string) {
 	s.streamSeq++
 	s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: epoch, FirstSeq: first, LastSeq: last,
@@ -727,8 +740,7 @@ func TestTrackerEpochs(t *testing.T) {
 		"a restart the last FPM's bridge's marker shows, the next FPM another bridge's": {
 			play: func(s *script, step func()) {
 				at := s.run(0, 214, 1, t0)
-				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: 2, FirstSeq: 62, LastSeq: 265,
-					Count: 204, Reason: "shutdown", Bridge: "b", FirstReceivedAtMs: at + 40_000, LastReceivedAtMs: at + 50_000}, 100)
+				s.tr.addMarker(firstRunMarker("b", 2, 62, 265, at+40_000, at+50_000), 100)
 				step()
 				s.fpmFrom("c", 490, 3, at+60_000) // another bridge's first run: no run start
 				s.fpmFrom("c", 491, 3, at+60_050)
@@ -749,8 +761,7 @@ func TestTrackerEpochs(t *testing.T) {
 			play: func(s *script, step func()) {
 				s.runStart = map[int64]string{3: streams.RunStartRestart}
 				at := s.run(0, 46, 1, t0)
-				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 3, LastSeq: 12,
-					Count: 10, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 2_150, RunStart: streams.RunStartRestart}, 100)
+				s.tr.addMarker(restartMarker("c", at+1_700, 3, 12, at+1_700, at+2_150), 100)
 				step()
 				s.fpm(0, at+14_000, at+14_000)
 				s.tr.expire(s.nowMs + 10_000)
@@ -766,10 +777,8 @@ func TestTrackerEpochs(t *testing.T) {
 			play: func(s *script, step func()) {
 				s.runStart = map[int64]string{3: streams.RunStartRestart}
 				at := s.run(0, 46, 1, t0)
-				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 1, LastSeq: 9,
-					Count: 9, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 2_100, RunStart: streams.RunStartRestart}, 100)
-				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 1, LastSeq: 6,
-					Count: 6, Reason: "shutdown", Bridge: "d", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 1_950, RunStart: streams.RunStartRestart}, 101)
+				s.tr.addMarker(restartMarker("c", at+1_700, 1, 9, at+1_700, at+2_100), 100)
+				s.tr.addMarker(restartMarker("d", at+1_700, 1, 6, at+1_700, at+1_950), 101)
 				step()
 				s.runStart[at+40_000] = streams.RunStartRestart
 				s.fpm(1, at+40_000, at+40_000)
@@ -785,12 +794,10 @@ func TestTrackerEpochs(t *testing.T) {
 				s.fpm(0, at+14_000, at+14_000)
 				s.run(1, 5, at+14_000, at+14_100)
 				step()
-				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 3, LastSeq: 12,
-					Count: 10, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 2_150, RunStart: streams.RunStartRestart}, 100)
+				s.tr.addMarker(restartMarker("c", at+1_700, 3, 12, at+1_700, at+2_150), 100)
 				step()
 				// A second copy of the marker's run from another bridge, its epoch about the same: one run.
-				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_750, FirstSeq: 4, LastSeq: 9,
-					Count: 6, Reason: "shutdown", Bridge: "d", FirstReceivedAtMs: at + 1_750, LastReceivedAtMs: at + 2_000, RunStart: streams.RunStartRestart}, 101)
+				s.tr.addMarker(restartMarker("d", at+1_750, 4, 9, at+1_750, at+2_000), 101)
 				s.tr.expire(s.nowMs + 10_000)
 				equal(s.t, uint64(3), s.st.Counters.Missing.PublisherRestart)
 			},
@@ -804,10 +811,8 @@ func TestTrackerEpochs(t *testing.T) {
 			play: func(s *script, step func()) {
 				s.runStart = map[int64]string{3: streams.RunStartRestart}
 				at := s.run(0, 46, 1, t0)
-				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 1_700, FirstSeq: 3, LastSeq: 12,
-					Count: 10, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 1_700, LastReceivedAtMs: at + 2_150}, 100)
-				s.tr.addMarker(streams.DropMarker{Type: streams.DropMarkerEvent, Key: tkey, Epoch: at + 5_000, FirstSeq: 3, LastSeq: 12,
-					Count: 10, Reason: "shutdown", Bridge: "c", FirstReceivedAtMs: at + 5_100, LastReceivedAtMs: at + 5_550, RunStart: streams.RunStartRestart}, 101)
+				s.tr.addMarker(firstRunMarker("c", at+1_700, 3, 12, at+1_700, at+2_150), 100)
+				s.tr.addMarker(restartMarker("c", at+5_000, 3, 12, at+5_100, at+5_550), 101)
 				step()
 				s.fpm(0, at+14_000, at+14_000)
 				s.tr.expire(s.nowMs + 10_000)
